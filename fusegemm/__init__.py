@@ -1,0 +1,27 @@
+"""fusegemm: generated fused GEMM kernels for Mixture-of-Experts training.
+
+Declarative YAML specs (``specs/``) are rendered into CuTe/CUTLASS CUDA C++ (``templates/``),
+JIT-compiled with NVRTC into a content-addressed cubin cache (``runtime/``) and launched from
+Python with validated arguments (``fusegemm.ops``).
+
+Importing this package touches neither CUDA nor the disk: the first call that needs them does.
+"""
+from __future__ import annotations
+
+from pathlib import Path as _Path
+
+__version__ = "0.1.0"
+
+# In a wheel, hatchling maps generator/, runtime/, templates/ and specs/ inside this package.
+# In a source checkout (editable install, or tests run from the repo) they sit beside it at
+# the repo top level, where the design card wants them visible; extending __path__ makes
+# `fusegemm.generator` resolve there. Only the checkout layout triggers this.
+_here = _Path(__file__).resolve().parent
+if not (_here / "generator").is_dir() and (_here.parent / "generator" / "__init__.py").is_file():
+    __path__.append(str(_here.parent))  # type: ignore[name-defined]  # noqa: F821
+
+
+def package_data_dir(name: str) -> _Path:
+    """Folder of a non-Python package part (``templates`` or ``specs``) in either layout."""
+    inside = _here / name
+    return inside if inside.is_dir() else _here.parent / name

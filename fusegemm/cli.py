@@ -1,0 +1,306 @@
+"""The ``fusegemm`` command: thin click wrappers over library functions.
+
+Every failure becomes a ClickException (message, non-zero exit); ``--json`` prints
+machine-readable output on the reporting commands.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .runtime.errors import FusegemmError
+
+
+def _fail(exc: Exception) -> click.ClickException:
+    return click.ClickException(str(exc))
+
+
+def _archs(value: str | None) -> tuple[str, ...]:
+    from .runtime import config
+    from .generator.axes import ARCHS
+    if value is None:
+        return config.default_archs()
+    archs = tuple(a.strip() for a in value.split(",") if a.strip())
+    bad = [a for a in archs if a not in ARCHS]
+    if bad or not archs:
+        raise click.BadParameter(f"got {value!r}; allowed: comma list of {', '.join(ARCHS)}",
+                                 param_hint="--arch")
+    return archs
+
+
+def _echo_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=1, sort_keys=False, default=str))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="fusegemm")
+def main() -> None:
+    """fusegemm: fused GEMM kernels for MoE training, generated from YAML specs."""
+
+
+@main.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_cmd(as_json: bool) -> None:
+    """List the specs and the size of their support surfaces."""
+    from .generator.spec import list_specs, load_spec
+    from .generator.variants import prebuild_variants, variants
+    rows = []
+    try:
+        for p in list_specs():
+            s = load_spec(p)
+            rows.append({"name": s.name, "kernel": s.kernel, "problem": s.problem, "seed": s.seed,
+                         "variants": sum(1 for _ in variants(s)),
+                         "prebuild": len(prebuild_variants(s)), "path": str(p)})
+    except FusegemmError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        return _echo_json(rows)
+    _table(["spec", "kernel", "problem", "surface", "prebuild"],
+           [[r["name"], r["kernel"], r["problem"], r["variants"], r["prebuild"]] for r in rows])
+
+
+@main.command()
+@click.argument("spec")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def show(spec: str, as_json: bool) -> None:
+    """Show a spec: epilogue, choices, constraints, defaults and prebuild variants."""
+    from .generator.spec import find_spec
+    from .generator.variants import prebuild_variants
+    try:
+        s = find_spec(spec)
+        pre = [v.readable for v in prebuild_variants(s)]
+    except FusegemmError as exc:
+        raise _fail(exc) from None
+    info = {
+        "name": s.name, "path": s.path, "kernel": s.kernel, "problem": s.problem, "seed": s.seed,
+        "summary": s.summary,
+        "epilogue": {"inputs": {i.name: {"per": i.per, "dtype": i.dtype, "required": i.required}
+                                for i in s.inputs},
+                     "compute": [st.text for st in s.compute],
+                     "outputs": {o.name: o.dtype for o in s.outputs},
+                     "quantization": s.quantization.__dict__ if s.quantization else None,
+                     "reductions": [r.__dict__ for r in s.reductions]},
+        "choices": {a: list(v) for a, v in s.choices},
+        "constraints": [{"if": dict(c.when), "then": dict(c.then), "because": c.because}
+                        for c in s.constraints],
+        "defaults": {k: (dict(v) if isinstance(v, tuple) else v) for k, v in s.defaults},
+        "prebuild": pre,
+    }
+    if as_json:
+        return _echo_json(info)
+    click.echo(f"{s.name}  ({s.kernel}, {s.problem})  {s.path}")
+    click.echo(f"  {s.summary}")
+    click.echo("epilogue:")
+    for st in s.compute:
+        click.echo(f"  {st.text}")
+    click.echo("choices:")
+    for a, vals in s.choices:
+        click.echo(f"  {a}: {', '.join(map(str, vals))}")
+    click.echo("constraints:")
+    for c in s.constraints:
+        click.echo(f"  if {dict(c.when)} then {dict(c.then)}: {c.because}")
+    click.echo("prebuild:")
+    for n in pre:
+        click.echo(f"  {n}")
+
+
+@main.command()
+@click.argument("spec")
+@click.option("--variant", "variant_opts", multiple=True, metavar="AXIS=VALUE",
+              help="Override a default choice (repeatable), e.g. --variant d_dtype=float32.")
+@click.option("--arch", default=None, help="Comma list of sm_100a, sm_90a.")
+@click.option("--prebuild", is_flag=True, help="Every prebuild variant instead of the default one.")
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Folder for the generated .cu files.")
+def generate(spec: str, variant_opts: tuple[str, ...], arch: str | None, prebuild: bool,
+             out_dir: str) -> None:
+    """Write the generated CUDA C++ of a spec's variants to a folder (no compile)."""
+    from .generator.render import render
+    from .generator.spec import find_spec
+    from .generator.variants import make_variant, parse_variant_options, prebuild_variants
+    try:
+        s = find_spec(spec)
+        archs = _archs(arch)
+        if prebuild:
+            vs = prebuild_variants(s, archs)
+        else:
+            choices = parse_variant_options(variant_opts)
+            vs = [make_variant(s, arch=a, **choices) for a in archs if a in s.choice_map["arch"]]
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for v in vs:
+            src = render(v)
+            path = out / f"{src.name}.cu"
+            path.write_text(src.text)
+            click.echo(str(path))
+    except FusegemmError as exc:
+        raise _fail(exc) from None
+
+
+@main.command("build")
+@click.argument("specs", nargs=-1)
+@click.option("--arch", default=None, help="Comma list of sm_100a, sm_90a (default: both).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="Parallel compile processes (default: FUSEGEMM_JOBS or CPU count).")
+@click.option("--all", "all_variants", is_flag=True, help="The whole support surface (large).")
+@click.option("--variant", "variant_opts", multiple=True, metavar="AXIS=VALUE",
+              help="Build one chosen point per arch instead of the prebuild list.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def build_cmd(specs: tuple[str, ...], arch: str | None, jobs: int | None, all_variants: bool,
+              variant_opts: tuple[str, ...], as_json: bool) -> None:
+    """Compile spec variants into the kernel cache and print what was built."""
+    from . import build as b
+    from .generator.variants import parse_variant_options
+    from .runtime import config
+    try:
+        vs = b.select(specs or None, _archs(arch), all_variants=all_variants,
+                      choices=parse_variant_options(variant_opts) or None)
+        jobs = jobs or config.jobs()
+    except FusegemmError as exc:
+        raise _fail(exc) from None
+    t0 = time.perf_counter()
+    results = _run_with_progress(vs, jobs, quiet=as_json)
+    wall = time.perf_counter() - t0
+    failed = [r for r in results if not r.ok]
+    if as_json:
+        _echo_json({"results": [r.as_dict() for r in results], "wall_seconds": round(wall, 2),
+                    "cache": str(config.cache_dir()), "failed": len(failed)})
+    else:
+        _table(["kernel", "arch", "regs", "smem", "spills", "threads", "seconds", "cached"],
+               [[r.name + (" [staging]" if r.staging else ""), r.arch, r.registers, r.smem_bytes,
+                 r.spill_bytes, r.threads, f"{r.seconds:.2f}", "yes" if r.cached else "no"]
+                for r in results if r.ok])
+        n_cached = sum(r.cached for r in results if r.ok)
+        click.echo(f"{len(results) - len(failed)} built ({n_cached} cached), {len(failed)} failed, "
+                   f"{wall:.1f} s wall, cache {config.cache_dir()}")
+        for r in failed:
+            click.echo(f"\nFAILED {r.name} ({r.arch}):\n{r.error}", err=True)
+    if failed:
+        sys.exit(1)
+
+
+def _run_with_progress(vs, jobs: int, quiet: bool):
+    from . import build as b
+    if quiet or not sys.stderr.isatty():
+        done = [0]
+
+        def tick(r):
+            done[0] += 1
+            if not quiet:
+                state = "cached" if r.cached else ("ok" if r.ok else "FAILED")
+                click.echo(f"[{done[0]}/{len(vs)}] {r.name} {state} {r.seconds:.2f}s", err=True)
+        return b.build(vs, jobs=jobs, on_done=tick)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with Progress(TextColumn("building"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), transient=True) as prog:
+        task = prog.add_task("", total=len(vs))
+        return b.build(vs, jobs=jobs, on_done=lambda r: prog.update(task, advance=1, description=r.name))
+
+
+@main.command()
+@click.argument("name")
+@click.option("--sass/--no-sass", default=True, help="Include the SASS instruction histogram.")
+@click.option("--top", default=25, show_default=True, help="Histogram rows to print.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
+    """Registers, shared memory, spills and SASS of a cached kernel (name prefix) or a .cubin."""
+    from .runtime import disasm
+    from .runtime.cache import default_cache
+    from .runtime.inspect import Cubin
+    try:
+        path = Path(name)
+        if path.suffix == ".cubin" and path.is_file():
+            data, meta = path.read_bytes(), {}
+        else:
+            matches = [e for e in default_cache().entries()
+                       if not e.get("corrupted") and (e["name"].startswith(name) or Path(e["path"]).name.startswith(name))]
+            if not matches:
+                raise click.ClickException(f"no cached kernel matches {name!r}; "
+                                           f"see `fusegemm cache list` or build it first")
+            if len({m["key"] for m in matches}) > 1:
+                raise click.ClickException(f"{name!r} matches {len(matches)} kernels: "
+                                           + ", ".join(m["name"] for m in matches[:8]))
+            meta = matches[0]
+            data = (Path(meta["path"]) / "kernel.cubin").read_bytes()
+        cub = Cubin(data)
+        info: dict[str, Any] = {"name": meta.get("name", str(path)), "arch": meta.get("arch"),
+                                "kernels": []}
+        for k in cub.kernels():
+            res = cub.resources(k).__dict__
+            try:
+                res["launch"] = cub.launch_info(k).__dict__
+            except FusegemmError:
+                pass
+            info["kernels"].append(res)
+        if sass:
+            info["sass"] = disasm.sass_histogram(data)
+    except FusegemmError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        return _echo_json(info)
+    click.echo(f"{info['name']}  arch={info['arch']}")
+    for k in info["kernels"]:
+        launch = k.get("launch", {})
+        click.echo(f"  kernel {k['kernel']}: registers={k['registers']} "
+                   f"static_smem={k['static_shared_bytes']} B dynamic_smem={launch.get('smem_bytes', '?')} B "
+                   f"local(spills)={k['local_bytes']} B threads={launch.get('threads', k['max_threads'])}")
+    if sass:
+        hist = info["sass"]
+        click.echo(f"  SASS: {sum(hist.values())} instructions, {len(hist)} opcodes")
+        _table(["opcode", "count"], [[op, n] for op, n in list(hist.items())[:top]])
+
+
+@main.group()
+def cache() -> None:
+    """Inspect or clear the kernel cache."""
+
+
+@cache.command("path")
+def cache_path() -> None:
+    """Print the cache folder."""
+    from .runtime import config
+    click.echo(str(config.cache_dir()))
+
+
+@cache.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def cache_list(as_json: bool) -> None:
+    """List cached kernels."""
+    from .runtime.cache import default_cache
+    rows = default_cache().entries()
+    if as_json:
+        return _echo_json(rows)
+    _table(["name", "arch", "regs", "seconds", "state"],
+           [[e.get("name"), e.get("arch", "?"), e.get("resources", {}).get("registers", "?"),
+             e.get("compile_seconds", "?"), "corrupted" if e.get("corrupted") else "ok"] for e in rows])
+    click.echo(f"{len(rows)} entries in {default_cache().root}")
+
+
+@cache.command("clear")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def cache_clear(yes: bool) -> None:
+    """Delete every cached kernel."""
+    from .runtime.cache import default_cache
+    c = default_cache()
+    if not yes and sys.stdin.isatty():
+        click.confirm(f"Delete every entry under {c.root}?", abort=True)
+    click.echo(f"removed {c.clear()} entries from {c.root}")
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> None:
+    """Plain aligned table (stable for logs and tests; rich only draws the progress bar)."""
+    cells = [headers] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for j, r in enumerate(cells):
+        click.echo("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        if j == 0:
+            click.echo("  ".join("-" * w for w in widths))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,79 @@
+"""The closed vocabulary of variant axes: every choice a spec can make, with allowed values.
+
+A spec's ``choices`` narrows these; its ``constraints`` relate them. Values reach C++ only
+through the tables here (dtype -> C++ type) or as validated integers/booleans.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ARCHS = ("sm_100a", "sm_90a")
+
+# dtype name -> C++ element type (CUTLASS spellings). Scale dtypes map to the unsigned
+# scale types the block-scaled MMAs consume.
+CPP_TYPES: dict[str, str] = {
+    "bfloat16": "cutlass::bfloat16_t",
+    "float16": "cutlass::half_t",
+    "float32": "float",
+    "float8_e4m3fn": "cutlass::float_e4m3_t",
+    "float8_e5m2": "cutlass::float_e5m2_t",
+    "float4_e2m1fn_x2": "cutlass::float_e2m1_t",
+    "float8_e8m0fnu": "cutlass::float_ue8m0_t",
+}
+SCALE_CPP_TYPES = {"float8_e8m0fnu": "cutlass::float_ue8m0_t", "float8_e4m3fn": "cutlass::float_ue4m3_t"}
+
+SHORT: dict[str, str] = {
+    "bfloat16": "bf16", "float16": "f16", "float32": "f32", "float8_e4m3fn": "e4m3",
+    "float8_e5m2": "e5m2", "float4_e2m1fn_x2": "e2m1", "float8_e8m0fnu": "ue8m0", "none": "none",
+}
+
+AB_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
+OUT_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    allowed: tuple[Any, ...] | None  # None: open numeric axis checked by `check`
+    doc: str
+    kind: str = "enum"               # enum | bool | int | positive_float_or_none
+
+    def check(self, value: Any) -> str | None:
+        """None if ``value`` is allowed, else a description of what is allowed."""
+        if self.kind == "bool":
+            return None if isinstance(value, bool) else "true or false"
+        if self.kind == "positive_float_or_none":
+            if value == "none" or value is None:
+                return None
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+            return None if ok else "none or a positive number"
+        if self.kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            return "one of " + ", ".join(map(str, self.allowed or ()))
+        if self.allowed is not None and value not in self.allowed:
+            return "one of " + ", ".join(map(str, self.allowed))
+        return None
+
+
+AXES: dict[str, Axis] = {a.name: a for a in (
+    Axis("arch", ARCHS, "target architecture"),
+    Axis("ab_dtype", AB_DTYPES, "A and B element type (float4_e2m1fn_x2 = packed FP4)"),
+    Axis("sf_dtype", ("none", "float8_e8m0fnu", "float8_e4m3fn"), "block-scale factor type"),
+    Axis("sf_vec_size", (0, 16, 32), "K elements per scale factor (0 = not block-scaled)", "int"),
+    Axis("c_dtype", ("none",) + OUT_DTYPES, "C output (or input, dSwiGLU) type"),
+    Axis("d_dtype", ("none",) + OUT_DTYPES, "D output type"),
+    Axis("bias_dtype", ("none", "bfloat16", "float16", "float32"), "bias type (none = no bias)"),
+    Axis("weight_mode", ("dense", "discrete"), "B as one (N, K, L) tensor or per-expert pointers"),
+    Axis("a_major", ("k", "m"), "A contiguous dimension"),
+    Axis("b_major", ("k", "n"), "B contiguous dimension"),
+    Axis("cd_major", ("n", "m"), "C/D contiguous dimension"),
+    Axis("scheduler", ("static", "dynamic"), "persistent tile scheduling"),
+    Axis("generate_c", None, "materialise C", "bool"),
+    Axis("discrete_col_sfd", None, "column scale factors grouped by expert tile", "bool"),
+    Axis("vector_f32", None, "packed f32 epilogue arithmetic", "bool"),
+    Axis("tanh_clamp_scale", None, "sReLU soft clamp s (compile-time)", "positive_float_or_none"),
+    Axis("tile_m", (64, 128, 256), "CTA-pair tile M (256 = 2-CTA on sm_100a)", "int"),
+    Axis("tile_n", (64, 128, 256), "tile N", "int"),
+    Axis("cluster_m", (1, 2, 4), "cluster shape M", "int"),
+    Axis("cluster_n", (1, 2, 4), "cluster shape N", "int"),
+)}

@@ -1,0 +1,58 @@
+"""Parameter structs of the kernel families (the ABI every op launches with).
+
+One superset struct serves every grouped op (seeds 000-003) so that the shared kernel pieces
+(scheduler, TMA loads, epilogue) read the same field names on sm_90a and sm_100a; a field an op
+does not use stays zero. The batched GEMM+amax family (seed 004) uses the same struct with
+``num_experts`` = batch and no offsets.
+"""
+from __future__ import annotations
+
+from .abi import Field, ParamStruct
+
+GROUPED_PARAMS = ParamStruct("Params", (
+    # TMA descriptors, encoded on the host (runtime/tensormap.py).
+    Field("tma_a", "tensormap", "A (rows, K) K-major; batched: (M, K, L)"),
+    Field("tma_b", "tensormap", "B (N, K, L) dense; discrete: template for per-expert maps"),
+    Field("tma_sfa", "tensormap", "SFA atoms (block-scaled ops)"),
+    Field("tma_sfb", "tensormap", "SFB atoms (block-scaled ops)"),
+    Field("tma_c_in", "tensormap", "dSwiGLU forward C input (rows, 2N)"),
+    Field("tma_d", "tensormap", "D store (rows, N), when the epilogue stores through TMA"),
+    # Device pointers (inputs).
+    Field("offsets", "cptr", "padded_offsets int32 (L,): cumulative expert row ends"),
+    Field("b_ptrs", "cptr", "discrete weights: uint64 (L,) per-expert (N, K) pointers"),
+    Field("sfb_ptrs", "cptr", "discrete weights: uint64 (L,) per-expert SFB pointers"),
+    Field("alpha", "cptr", "float (L,) per-expert scale"),
+    Field("beta", "cptr", "float (L,) per-expert C scale (dSwiGLU)"),
+    Field("prob", "cptr", "float (rows,) per-row gate; null means 1"),
+    Field("bias", "cptr", "bias (N, L), expert stride N elements"),
+    Field("norm_const", "cptr", "float (1,) output quantization constant"),
+    # Device pointers (outputs).
+    Field("c_out", "ptr", "C (rows, N) row-major, ldc elements per row"),
+    Field("d_out", "ptr", "D (rows, N) row-major, ldd elements per row"),
+    Field("d_col_out", "ptr", "column-quantized D"),
+    Field("sfd_row", "ptr", "row scale factors of D"),
+    Field("sfd_col", "ptr", "column scale factors of D"),
+    Field("amax", "ptr", "float amax per expert (L,...) or global (1,1,1)"),
+    Field("dprob", "ptr", "float (rows,) dSwiGLU prob gradient, accumulated atomically"),
+    # Per-call scratch (owned by the call or the compiled op, never global: graph-safe).
+    Field("sched_counter", "ptr", "uint32 tile counter for dynamic scheduling, zeroed per call"),
+    Field("tmap_workspace", "ptr", "per-CTA tensor-map slots (discrete weights), 128 B each"),
+    # Sizes.
+    Field("m_rows", "i32", "rows of A's allocation (>= valid_m = offsets[L-1])"),
+    Field("n", "i32", "N (output columns)"),
+    Field("k", "i32", "K (reduction length, in elements)"),
+    Field("num_experts", "i32", "L"),
+    Field("ldc", "i64", "C row stride in elements"),
+    Field("ldd", "i64", "D row stride in elements"),
+))
+
+
+def params_for(kernel: str) -> ParamStruct:
+    """The parameter struct of a kernel family (every current family shares one)."""
+    if kernel not in KERNEL_FAMILIES:
+        raise ValueError(f"kernel: got {kernel!r}; allowed: {sorted(KERNEL_FAMILIES)}")
+    return GROUPED_PARAMS
+
+
+KERNEL_FAMILIES = ("grouped_gemm", "grouped_gemm_srelu", "grouped_gemm_quant",
+                   "grouped_gemm_dswiglu", "gemm_amax")

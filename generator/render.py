@@ -1,0 +1,86 @@
+"""Variant -> CUDA C++ translation unit, via Jinja (StrictUndefined, byte-for-byte deterministic).
+
+Templates instantiate; kernel logic lives in headers under templates/include/fusegemm/.
+Only validated values reach the template: dtypes through the C++ type table, integers,
+booleans, identifiers, and the parameter struct rendered from generator/params.py.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import lru_cache
+
+import jinja2
+
+from .axes import CPP_TYPES, SCALE_CPP_TYPES
+from .params import params_for
+from .variants import Variant
+
+# kernel family -> (template, which archs have a real kernel). Families whose kernels have not
+# landed yet render the staging carrier (templates/staging.cu.j2): it runs the shared building
+# blocks (grouped scheduler, TMA tile loads) so the pipeline builds real device code for every
+# spec, and ops refuse to launch it.
+TEMPLATES: dict[str, str] = {
+    "grouped_gemm": "grouped_gemm.cu.j2",
+    "grouped_gemm_srelu": "staging.cu.j2",
+    "grouped_gemm_quant": "staging.cu.j2",
+    "grouped_gemm_dswiglu": "staging.cu.j2",
+    "gemm_amax": "staging.cu.j2",
+}
+_HASH_PLACEHOLDER = "FUSEGEMM_KERNEL_SYMBOL"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A rendered translation unit and its identity."""
+
+    variant: Variant
+    name: str          # readable name + "." + hash12 (cache folder, logs)
+    symbol: str        # extern "C" kernel symbol
+    text: str
+    digest: str        # sha256 of the text rendered with a placeholder symbol
+    template: str
+
+    @property
+    def staging(self) -> bool:
+        return self.template == "staging.cu.j2"
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    from fusegemm import package_data_dir
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(package_data_dir("templates"))),
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+        trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env.filters["cpp_type"] = _cpp_type
+    env.filters["scale_type"] = _scale_type
+    env.filters["cpp_bool"] = lambda v: "true" if v else "false"
+    return env
+
+
+def _cpp_type(dtype: str, none_as: str = "float") -> str:
+    if dtype == "none":
+        return none_as
+    return CPP_TYPES[dtype]
+
+
+def _scale_type(dtype: str) -> str:
+    return SCALE_CPP_TYPES.get(dtype, "cutlass::float_ue8m0_t")
+
+
+def _render(v: Variant, template: str, symbol: str) -> str:
+    return _env().get_template(template).render(
+        v=v, spec=v.spec, symbol=symbol, arch_dir="sm100" if v.arch == "sm_100a" else "sm90",
+        params=params_for(v.kernel).cpp(), readable=v.readable)
+
+
+def render(v: Variant) -> Source:
+    """Render ``v``. The symbol embeds the hash of the source rendered without it."""
+    template = TEMPLATES[v.kernel]
+    probe = _render(v, template, _HASH_PLACEHOLDER)
+    digest = hashlib.sha256(probe.encode()).hexdigest()
+    symbol = f"fg_{v.spec.name}_{v.arch.replace('_', '')}_{digest[:12]}"
+    text = _render(v, template, symbol)
+    return Source(variant=v, name=f"{v.readable}.{digest[:12]}", symbol=symbol, text=text,
+                  digest=digest, template=template)

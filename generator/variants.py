@@ -1,0 +1,203 @@
+"""Variants: points of a spec's support surface. ``variants(spec)`` enumerates them.
+
+A :class:`Variant` fixes every axis (dtypes, layouts, tiles, cluster, arch, options). Axes a spec
+does not offer take neutral values, so every kernel family sees the same attribute set.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, fields
+from typing import Any, Iterator
+
+from ..runtime.errors import UnsupportedError
+from .axes import AXES, SHORT
+from .spec import Spec, check_choice, defaults_for, find_spec
+
+NEUTRAL: dict[str, Any] = {
+    "ab_dtype": "bfloat16", "sf_dtype": "none", "sf_vec_size": 0, "c_dtype": "none",
+    "d_dtype": "none", "bias_dtype": "none", "weight_mode": "dense", "a_major": "k",
+    "b_major": "k", "cd_major": "n", "scheduler": "static", "generate_c": False,
+    "discrete_col_sfd": False, "vector_f32": False, "tanh_clamp_scale": "none",
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compilable point: a spec plus a value for every axis."""
+
+    spec: Spec
+    arch: str
+    ab_dtype: str
+    sf_dtype: str
+    sf_vec_size: int
+    c_dtype: str
+    d_dtype: str
+    bias_dtype: str
+    weight_mode: str
+    a_major: str
+    b_major: str
+    cd_major: str
+    scheduler: str
+    generate_c: bool
+    discrete_col_sfd: bool
+    vector_f32: bool
+    tanh_clamp_scale: Any
+    tile_m: int
+    tile_n: int
+    cluster_m: int
+    cluster_n: int
+
+    def __post_init__(self) -> None:
+        for axis in AXES:
+            why = AXES[axis].check(getattr(self, axis))
+            if why is not None:
+                raise UnsupportedError(f"{axis}: got {getattr(self, axis)!r}; allowed: {why}")
+
+    @property
+    def kernel(self) -> str:
+        return self.spec.kernel
+
+    @property
+    def choices(self) -> dict[str, Any]:
+        return {a: getattr(self, a) for a in AXES}
+
+    @property
+    def two_cta(self) -> bool:
+        return self.arch == "sm_100a" and self.tile_m == 256
+
+    @property
+    def readable(self) -> str:
+        """People's name: spec, the axes the spec varies, tile, cluster, arch."""
+        parts = [self.spec.name]
+        offered = self.spec.choice_map
+        for axis, fmt in _NAME_PARTS:
+            if axis in offered and len(offered[axis]) > 1:
+                part = fmt(getattr(self, axis))
+                if part:
+                    parts.append(part)
+        parts.append(f"t{self.tile_m}x{self.tile_n}")
+        parts.append(f"c{self.cluster_m}x{self.cluster_n}")
+        parts.append(self.arch.replace("_", ""))
+        return ".".join(parts)
+
+
+def _dt(prefix: str):
+    return lambda v: f"{prefix}{SHORT.get(v, v)}" if v != "none" else ""
+
+
+_NAME_PARTS = (
+    ("ab_dtype", lambda v: SHORT[v]),
+    ("sf_dtype", lambda v: f"sf{SHORT[v]}" if v != "none" else ""),
+    ("sf_vec_size", lambda v: f"v{v}" if v else ""),
+    ("c_dtype", _dt("c")),
+    ("d_dtype", _dt("d")),
+    ("bias_dtype", lambda v: f"bias{SHORT[v]}" if v != "none" else "nobias"),
+    ("weight_mode", lambda v: v),
+    ("a_major", lambda v: f"a{v}"),
+    ("b_major", lambda v: f"b{v}"),
+    ("cd_major", lambda v: f"cd{v}"),
+    ("scheduler", lambda v: "dyn" if v == "dynamic" else "static"),
+    ("generate_c", lambda v: "genc" if v else "noc"),
+    ("discrete_col_sfd", lambda v: "dcolsfd" if v else ""),
+    ("vector_f32", lambda v: "vf32" if v else ""),
+    ("tanh_clamp_scale", lambda v: f"tanh{v:g}" if v != "none" else ""),
+)
+
+_VARIANT_AXES = tuple(f.name for f in fields(Variant) if f.name != "spec")
+
+
+def _build(spec: Spec, choice: dict[str, Any]) -> Variant:
+    full = {**NEUTRAL, **choice}
+    return Variant(spec=spec, **{a: full[a] for a in _VARIANT_AXES})
+
+
+def make_variant(spec: Spec | str, *, arch: str, **choices: Any) -> Variant:
+    """The variant of ``spec`` for ``arch`` with the spec's defaults overridden by ``choices``.
+
+    Raises :class:`UnsupportedError` naming the axis, the value and what is allowed, or the
+    constraint that rules the combination out.
+    """
+    if isinstance(spec, str):
+        spec = find_spec(spec)
+    offered = spec.choice_map
+    if arch not in offered["arch"]:
+        raise UnsupportedError(f"arch: got {arch!r}; spec {spec.name} allows: {', '.join(offered['arch'])}")
+    choice = defaults_for(spec, arch)
+    for axis, value in choices.items():
+        if axis not in AXES:
+            raise UnsupportedError(f"{axis}: not a variant axis; allowed: {', '.join(AXES)}")
+        if value is None:
+            value = NEUTRAL.get(axis, value)
+        if axis not in offered:
+            if value != NEUTRAL.get(axis):
+                raise UnsupportedError(f"{axis}: got {value!r}; spec {spec.name} does not offer this "
+                                       f"axis (only {NEUTRAL.get(axis)!r})")
+            continue
+        why = AXES[axis].check(value)
+        open_axis = AXES[axis].kind == "positive_float_or_none"
+        if why is not None or (not open_axis and value not in offered[axis]):
+            allowed = why or ", ".join(map(str, offered[axis]))
+            raise UnsupportedError(f"{axis}: got {value!r}; spec {spec.name} allows: {allowed}")
+        choice[axis] = value
+    why = check_choice(choice, spec.constraints)
+    if why:
+        raise UnsupportedError(f"spec {spec.name} ({arch}): {why}")
+    return _build(spec, choice)
+
+
+def variants(spec: Spec, archs: tuple[str, ...] | None = None) -> Iterator[Variant]:
+    """Every variant of the support surface (for the given archs), constraints applied."""
+    offered = spec.choice_map
+    axes = [a for a in offered if a != "arch"]
+    for arch in archs or offered["arch"]:
+        if arch not in offered["arch"]:
+            continue
+        for values in itertools.product(*(offered[a] for a in axes)):
+            choice = dict(zip(axes, values), arch=arch)
+            if check_choice(choice, spec.constraints) is None:
+                yield _build(spec, choice)
+
+
+def prebuild_variants(spec: Spec, archs: tuple[str, ...] | None = None) -> list[Variant]:
+    """The variants ``fusegemm build`` compiles by default (the spec's ``prebuild`` list)."""
+    out: list[Variant] = []
+    for arch in archs or spec.choice_map["arch"]:
+        if arch not in spec.choice_map["arch"]:
+            continue
+        for entry in spec.prebuild:
+            e = dict(entry)
+            if e.pop("arch", arch) != arch:
+                continue
+            v = make_variant(spec, arch=arch, **e)
+            if v not in out:
+                out.append(v)
+    return out
+
+
+def parse_variant_options(items: tuple[str, ...]) -> dict[str, Any]:
+    """CLI ``--variant axis=value`` pairs -> typed choices (validated later by make_variant)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise UnsupportedError(f"--variant: got {item!r}; allowed: axis=value, axes: {', '.join(AXES)}")
+        axis, raw = (s.strip() for s in item.split("=", 1))
+        if axis not in AXES:
+            raise UnsupportedError(f"--variant: unknown axis {axis!r}; allowed: {', '.join(AXES)}")
+        kind = AXES[axis].kind
+        value: Any = raw
+        if kind == "bool":
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise UnsupportedError(f"--variant {axis}: got {raw!r}; allowed: true, false")
+            value = raw.lower() in ("true", "1")
+        elif kind == "int":
+            try:
+                value = int(raw)
+            except ValueError:
+                raise UnsupportedError(f"--variant {axis}: got {raw!r}; allowed: an integer") from None
+        elif kind == "positive_float_or_none" and raw != "none":
+            try:
+                value = float(raw)
+            except ValueError:
+                raise UnsupportedError(f"--variant {axis}: got {raw!r}; allowed: none or a number") from None
+        out[axis] = value
+    return out

@@ -1,0 +1,257 @@
+"""Content-addressed cubin cache: in-process layer in front of an atomic on-disk store.
+
+Layout (inspectable; raw cubins so cuobjdump/nvdisasm work on them)::
+
+    <cache>/<readable name>.<key16>/{kernel.cu, kernel.cubin, meta.json}
+
+The key hashes labelled, length-prefixed fields: cache schema, package version, rendered
+source, the content of every header reached by ``#include``, NVRTC version, options, arch.
+Entries are written in a temp dir and renamed into place; a per-key file lock with a re-check
+after acquiring means concurrent builders compile once. ``get`` verifies size and sha256 of
+the cubin, so a truncated or corrupted entry reads as a miss and is rebuilt. Entries hold only
+cubins and metadata, never anything executable on the host.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import config
+from .compile import compile_options, compile_source, headers, nvrtc_version
+from .errors import CacheError
+from .headers import headers_digest
+from .inspect import LaunchInfo, Resources, launch_info, resources
+
+CACHE_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Built:
+    """A compiled kernel ready to load: cubin bytes plus what the runtime needs to launch it."""
+
+    name: str
+    kernel_name: str
+    arch: str
+    key: str
+    cubin: bytes
+    launch: LaunchInfo
+    resources: Resources
+    compile_seconds: float
+    cached: bool                  # True when served from the disk or memory cache
+    path: Path | None = None      # entry folder, when the disk cache is in use
+    staging: bool = False         # the family's fused kernel has not landed (never launch as op)
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+def key_fields(source_text: str, arch: str, *, version: str | None = None) -> list[tuple[str, str]]:
+    """The labelled inputs of a cache key, in order (tests check each one changes the key)."""
+    from fusegemm import __version__
+    hs = headers()
+    return [
+        ("cache_schema", str(CACHE_SCHEMA)),
+        ("package_version", version or __version__),
+        ("source", source_text),
+        ("headers", headers_digest(source_text, hs.dirs)),
+        ("nvrtc_version", "%d.%d" % nvrtc_version()),
+        ("options", "\0".join(compile_options(arch))),
+        ("arch", arch),
+    ]
+
+
+def make_key(fields: list[tuple[str, str]]) -> str:
+    h = hashlib.sha256()
+    for label, value in fields:
+        data = value.encode()
+        h.update(f"{len(label)}:{label}|{len(data)}:".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+class KernelCache:
+    """The disk store under ``root`` plus an in-process dict. Owned by whoever creates it."""
+
+    def __init__(self, root: Path | None = None, *, disk: bool | None = None) -> None:
+        self._root = root
+        self.disk = config.disk_cache_enabled() if disk is None else disk
+        self._mem: dict[str, Built] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def root(self) -> Path:
+        return self._root if self._root is not None else config.cache_dir()
+
+    def entry_dir(self, name: str, key: str) -> Path:
+        return self.root / f"{name.rsplit('.', 1)[0]}.{key[:16]}"
+
+    # -- reading --------------------------------------------------------------------------
+    def get(self, name: str, key: str) -> Built | None:
+        """The entry for ``key`` or None (missing, truncated, corrupted: all read as a miss)."""
+        with self._lock:
+            hit = self._mem.get(key)
+        if hit is not None:
+            return hit
+        if not self.disk:
+            return None
+        d = self.entry_dir(name, key)
+        try:
+            meta = json.loads((d / "meta.json").read_text())
+            cubin = (d / "kernel.cubin").read_bytes()
+        except (OSError, ValueError):
+            return None
+        if (meta.get("key") != key or meta.get("cubin_size") != len(cubin)
+                or meta.get("cubin_sha256") != hashlib.sha256(cubin).hexdigest()):
+            return None
+        built = self._from_meta(meta, cubin, d)
+        if built is not None:
+            with self._lock:
+                self._mem[key] = built
+        return built
+
+    @staticmethod
+    def _from_meta(meta: dict[str, Any], cubin: bytes, d: Path) -> Built | None:
+        try:
+            return Built(name=meta["name"], kernel_name=meta["kernel"], arch=meta["arch"],
+                         key=meta["key"], cubin=cubin, launch=LaunchInfo(**meta["launch"]),
+                         resources=Resources(**meta["resources"]),
+                         compile_seconds=meta["compile_seconds"], cached=True, path=d,
+                         staging=meta.get("staging", False), meta=meta)
+        except (KeyError, TypeError):
+            return None
+
+    # -- writing --------------------------------------------------------------------------
+    def put(self, built: Built, source_text: str, meta_extra: dict[str, Any]) -> Built:
+        """Store atomically; returns the Built with its path. Memory-only when disk is off."""
+        if not self.disk:
+            with self._lock:
+                self._mem[built.key] = dataclasses.replace(built, cached=True)
+            return built
+        final = self.entry_dir(built.name, built.key)
+        tmp = self._mkdir(self.root / f".tmp-{uuid.uuid4().hex}")
+        meta = {
+            "key": built.key, "name": built.name, "kernel": built.kernel_name, "arch": built.arch,
+            "cubin_size": len(built.cubin), "cubin_sha256": hashlib.sha256(built.cubin).hexdigest(),
+            "launch": built.launch.__dict__, "resources": built.resources.__dict__,
+            "compile_seconds": round(built.compile_seconds, 3), "created": time.time(),
+            "staging": built.staging, **meta_extra,
+        }
+        try:
+            (tmp / "kernel.cu").write_text(source_text)
+            (tmp / "kernel.cubin").write_bytes(built.cubin)
+            # meta.json last: an entry without it is incomplete and reads as a miss.
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+            if final.exists():
+                _discard(final)  # corrupted (we hold the key lock and get() missed)
+            os.rename(tmp, final)
+        except OSError:
+            _discard(tmp)
+            if self.get(built.name, built.key) is None:
+                raise
+        stored = dataclasses.replace(built, path=final, meta=meta)
+        with self._lock:  # later lookups are hits; this caller sees its own compile
+            self._mem[built.key] = dataclasses.replace(stored, cached=True)
+        return stored
+
+    def lock(self, key: str):
+        import filelock
+        locks = self._mkdir(self.root / ".locks", exist_ok=True)
+        return filelock.FileLock(str(locks / f"{key[:32]}.lock"), timeout=600)
+
+    def _mkdir(self, path: Path, exist_ok: bool = False) -> Path:
+        try:
+            path.mkdir(parents=True, exist_ok=exist_ok)
+        except OSError as exc:
+            raise CacheError(f"cannot write the kernel cache at {self.root}: {exc.strerror}. "
+                             f"Set FUSEGEMM_CACHE_DIR to a writable folder") from None
+        return path
+
+    # -- maintenance ----------------------------------------------------------------------
+    def entries(self) -> list[dict[str, Any]]:
+        out = []
+        if not self.root.is_dir():
+            return out
+        for d in sorted(self.root.iterdir()):
+            if d.name.startswith(".") or not d.is_dir():
+                continue
+            try:
+                meta = json.loads((d / "meta.json").read_text())
+            except (OSError, ValueError):
+                meta = {"name": d.name, "corrupted": True}
+            meta["path"] = str(d)
+            out.append(meta)
+        return out
+
+    def clear(self) -> int:
+        n = 0
+        with self._lock:
+            self._mem.clear()
+        if self.root.is_dir():
+            for d in self.root.iterdir():
+                if d.is_dir() and not d.name.startswith(".locks"):
+                    _discard(d)
+                    n += not d.name.startswith(".")
+        return n
+
+
+def _discard(d: Path) -> None:
+    """Remove a folder without ever exposing a half-deleted entry under its final name."""
+    trash = d.with_name(f".trash-{uuid.uuid4().hex}")
+    try:
+        os.rename(d, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+_default: KernelCache | None = None
+
+
+def default_cache() -> KernelCache:
+    """The process-wide cache (created on first use, never at import)."""
+    global _default
+    if _default is None:
+        _default = KernelCache()
+    return _default
+
+
+def get_or_build(variant, cache: KernelCache | None = None) -> Built:
+    """Render, look up and (once, under the key's lock) compile ``variant``."""
+    from ..generator.render import render
+    cache = cache or default_cache()
+    source = render(variant)
+    fields = key_fields(source.text, variant.arch)
+    key = make_key(fields)
+    hit = cache.get(source.name, key)
+    if hit is not None:
+        return hit
+    if not cache.disk:
+        return cache.put(_compile(source, key), source.text, {})
+    with cache.lock(key):
+        hit = cache.get(source.name, key)  # another process may have built it meanwhile
+        if hit is not None:
+            return hit
+        built = _compile(source, key)
+        return cache.put(built, source.text, {
+            "spec": variant.spec.name, "spec_path": variant.spec.path, "template": source.template,
+            "variant": {k: v for k, v in variant.choices.items()},
+            "key_fields": {label: (value if label != "source" else source.digest)
+                           for label, value in fields},
+        })
+
+
+def _compile(source, key: str) -> Built:
+    v = source.variant
+    cubin = compile_source(source.text, arch=v.arch, kernel=source.symbol,
+                           name=f"{source.symbol}.cu", spec_path=v.spec.path)
+    return Built(name=source.name, kernel_name=source.symbol, arch=v.arch, key=key,
+                 cubin=cubin.data, launch=launch_info(cubin.data, source.symbol),
+                 resources=resources(cubin.data, source.symbol),
+                 compile_seconds=cubin.seconds, cached=False, staging=source.staging)

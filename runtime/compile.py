@@ -1,0 +1,124 @@
+"""NVRTC: CUDA C++ source -> cubin, for sm_100a and sm_90a, without a CUDA toolkit."""
+from __future__ import annotations
+
+import functools
+import re
+import time
+from dataclasses import dataclass, field
+
+from . import config
+from .errors import CompileError, ToolchainError
+from .headers import HeaderSet, header_set
+
+ARCHS = ("sm_100a", "sm_90a")
+
+# -default-device: NVRTC otherwise rejects CuTe's host functions ("host functions are not
+# allowed in JIT mode"). -DNDEBUG drops device asserts. C++17 is what CUTLASS 4.2 needs.
+BASE_OPTIONS = ("-default-device", "-std=c++17", "-DNDEBUG", "--device-int128")
+
+
+@dataclass(frozen=True)
+class Cubin:
+    """A compiled kernel image plus what produced it."""
+
+    data: bytes
+    arch: str
+    kernel: str
+    log: str = ""
+    seconds: float = 0.0
+    options: tuple[str, ...] = field(default=())
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:  # cuda-python < 12.6 spells it cuda.nvrtc
+        try:
+            from cuda import nvrtc  # type: ignore[no-redef]
+        except ImportError as exc:
+            raise ToolchainError("cuda-bindings is not installed (pip install cuda-bindings)") from exc
+    return nvrtc
+
+
+def _check(result, what: str):
+    err = result[0]
+    if int(err) != 0:
+        raise ToolchainError(f"NVRTC {what} failed: {err!r}")
+    return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
+
+
+@functools.lru_cache(maxsize=1)
+def nvrtc_version() -> tuple[int, int]:
+    """(major, minor) of the NVRTC library cuda-bindings loads."""
+    nv = _nvrtc()
+    try:
+        res = nv.nvrtcVersion()
+    except Exception as exc:  # library missing: cuda-bindings raises on first use
+        raise ToolchainError(f"NVRTC library could not be loaded ({exc}); install "
+                             "nvidia-cuda-nvrtc-cu12 (CUDA 12.9) or nvidia-cuda-nvrtc (CUDA 13)") from exc
+    major, minor = _check(res, "version")
+    return int(major), int(minor)
+
+
+def headers() -> HeaderSet:
+    return header_set(nvrtc_version()[0])
+
+
+def compile_options(arch: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Every NVRTC option for ``arch``, minus include paths (those are located per machine)."""
+    if arch not in ARCHS:
+        raise ValueError(f"arch: got {arch!r}; allowed: {', '.join(ARCHS)}")
+    return (f"-arch={arch}", *BASE_OPTIONS, *extra, *config.nvrtc_extra_options())
+
+
+_LOC_RE = re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\): (?:error|catastrophic error)", re.MULTILINE)
+
+
+def source_excerpt(source: str, log: str, name: str, context: int = 2, limit: int = 5) -> str:
+    """Lines of ``source`` that NVRTC's log blames (first ``limit`` places), caret-marked."""
+    lines = source.splitlines()
+    out: list[str] = []
+    blamed: list[int] = []
+    for m in _LOC_RE.finditer(log):
+        n = int(m.group("line"))
+        if m.group("file").endswith(name) and n not in blamed and 1 <= n <= len(lines):
+            blamed.append(n)
+    for n in blamed[:limit]:
+        for i in range(max(1, n - context), min(len(lines), n + context) + 1):
+            out.append(f"{'>' if i == n else ' '}{i:5d} | {lines[i - 1]}")
+            if i == n:
+                text = lines[i - 1]
+                indent = len(text) - len(text.lstrip())
+                out.append("       | " + " " * indent + "^" * max(1, len(text.strip())))
+        out.append("")
+    if len(blamed) > limit:
+        out.append(f"... and {len(blamed) - limit} more blamed lines (see the log)")
+    if not blamed and lines:  # the error is inside a header: show the unit's includes
+        out = [f" {i:5d} | {l}" for i, l in enumerate(lines[:12], 1)]
+    return "\n".join(out)
+
+
+def compile_source(source: str, *, arch: str, kernel: str, name: str = "kernel.cu",
+                   spec_path: str | None = None, extra: tuple[str, ...] = ()) -> Cubin:
+    """Compile one translation unit to a cubin. Raises :class:`CompileError` with context."""
+    nv = _nvrtc()
+    opts = [*compile_options(arch, extra), *headers().options()]
+    t0 = time.perf_counter()
+    prog = _check(nv.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "create")
+    try:
+        enc = [o.encode() for o in opts]
+        err = nv.nvrtcCompileProgram(prog, len(enc), enc)[0]
+        size = _check(nv.nvrtcGetProgramLogSize(prog), "log size")
+        buf = b" " * size
+        nv.nvrtcGetProgramLog(prog, buf)
+        log = buf.rstrip(b"\x00").decode("utf-8", "replace")
+        if int(err) != 0:
+            raise CompileError(kernel=kernel, spec_path=spec_path, arch=arch, log=log,
+                               excerpt=source_excerpt(source, log, name))
+        size = _check(nv.nvrtcGetCUBINSize(prog), "cubin size")
+        data = b" " * size
+        _check((nv.nvrtcGetCUBIN(prog, data)[0], None), "get cubin")
+    finally:
+        nv.nvrtcDestroyProgram(prog)
+    return Cubin(data=bytes(data), arch=arch, kernel=kernel, log=log,
+                 seconds=time.perf_counter() - t0, options=tuple(opts))

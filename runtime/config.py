@@ -1,0 +1,138 @@
+"""The one place that reads ``FUSEGEMM_*`` environment variables.
+
+Each variable is declared once with its type, default and documentation; values are parsed
+on every access (cheap) so tests can change them with :func:`override`. A bad value raises
+:class:`ConfigError` naming the variable, the value and what is allowed.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .errors import ConfigError
+
+_overrides: dict[str, str | None] = {}
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+    default: str | None
+    parse: Callable[[str], object]
+    allowed: str
+    doc: str
+
+    def raw(self) -> str | None:
+        if self.name in _overrides:
+            return _overrides[self.name]
+        return os.environ.get(self.name, self.default)
+
+    def get(self) -> object:
+        raw = self.raw()
+        if raw is None or raw == "":
+            return None if self.default is None else self.parse(self.default)
+        try:
+            return self.parse(raw)
+        except (ValueError, TypeError):
+            raise ConfigError(f"{self.name}={raw!r} is invalid; allowed: {self.allowed}") from None
+
+
+def _bool(s: str) -> bool:
+    v = s.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(s)
+
+
+def _positive_int(s: str) -> int:
+    v = int(s)
+    if v < 1:
+        raise ValueError(s)
+    return v
+
+
+def _archs(s: str) -> tuple[str, ...]:
+    items = tuple(a.strip() for a in s.split(",") if a.strip())
+    if not items or any(a not in ("sm_90a", "sm_100a") for a in items):
+        raise ValueError(s)
+    return items
+
+
+VARS: dict[str, Var] = {v.name: v for v in (
+    Var("FUSEGEMM_CACHE_DIR", None, lambda s: Path(s).expanduser(), "a directory path",
+        "Kernel cache root. Default: the user cache dir (platformdirs), e.g. ~/.cache/fusegemm."),
+    Var("FUSEGEMM_DISABLE_DISK_CACHE", "0", _bool, "0/1, true/false",
+        "Compile in memory only; nothing is read from or written to the disk cache."),
+    Var("FUSEGEMM_JOBS", None, _positive_int, "a positive integer",
+        "Parallel compile processes for `fusegemm build` (default: CPU count)."),
+    Var("FUSEGEMM_ARCHS", "sm_100a,sm_90a", _archs, "comma list of sm_100a, sm_90a",
+        "Architectures `fusegemm build` compiles when --arch is not given."),
+    Var("FUSEGEMM_VALIDATE_OFFSETS", "0", _bool, "0/1, true/false",
+        "Copy padded_offsets to the host and check their values before each launch "
+        "(never during CUDA graph capture)."),
+    Var("FUSEGEMM_NVRTC_EXTRA", "", lambda s: tuple(s.split()), "space-separated NVRTC options",
+        "Extra NVRTC options appended to every compile (part of the cache key)."),
+)}
+
+
+def get(name: str) -> object:
+    """Parsed value of the declared variable ``name``."""
+    try:
+        var = VARS[name]
+    except KeyError:
+        raise ConfigError(f"unknown configuration variable {name!r}; declared: {sorted(VARS)}") from None
+    return var.get()
+
+
+def cache_dir() -> Path:
+    value = get("FUSEGEMM_CACHE_DIR")
+    if value is not None:
+        return value  # type: ignore[return-value]
+    import platformdirs
+    return Path(platformdirs.user_cache_dir("fusegemm", appauthor=False))
+
+
+def disk_cache_enabled() -> bool:
+    return not get("FUSEGEMM_DISABLE_DISK_CACHE")
+
+
+def jobs() -> int:
+    value = get("FUSEGEMM_JOBS")
+    return int(value) if value is not None else max(1, os.cpu_count() or 1)
+
+
+def default_archs() -> tuple[str, ...]:
+    return get("FUSEGEMM_ARCHS")  # type: ignore[return-value]
+
+
+def validate_offsets() -> bool:
+    return bool(get("FUSEGEMM_VALIDATE_OFFSETS"))
+
+
+def nvrtc_extra_options() -> tuple[str, ...]:
+    return get("FUSEGEMM_NVRTC_EXTRA")  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def override(**values: str | None) -> Iterator[None]:
+    """Temporarily set variables (``None`` = unset), e.g. ``override(FUSEGEMM_JOBS="2")``."""
+    for name in values:
+        if name not in VARS:
+            raise ConfigError(f"unknown configuration variable {name!r}; declared: {sorted(VARS)}")
+    saved = dict(_overrides)
+    _overrides.update(values)
+    try:
+        yield
+    finally:
+        _overrides.clear()
+        _overrides.update(saved)
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(name, current raw value, documentation) for every variable, for docs and the CLI."""
+    return [(v.name, str(v.raw()), v.doc) for v in VARS.values()]

@@ -1,0 +1,29 @@
+// fusegemm common definitions shared by every generated kernel (sm_90a and sm_100a).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+// NVRTC cannot parse cuda.h, so the tensor-map type is declared here, with CUDA 13's
+// alignment (cuda.h: alignas(128)). The bytes are produced on the host by
+// cuTensorMapEncodeTiled (runtime/tensormap.py) and passed inside the __grid_constant__
+// parameter struct.
+#ifndef FUSEGEMM_CUTENSORMAP_DECLARED
+#define FUSEGEMM_CUTENSORMAP_DECLARED
+struct alignas(128) CUtensorMap {
+  unsigned long long opaque[16];
+};
+#endif
+static_assert(sizeof(CUtensorMap) == 128, "CUtensorMap must be 128 bytes");
+
+#define FUSEGEMM_DEVICE __device__ __forceinline__
+
+namespace fusegemm {
+
+template <class T>
+FUSEGEMM_DEVICE T ceil_div(T a, T b) { return (a + b - 1) / b; }
+
+// Every padded_offsets value is a multiple of this (seed contract: m_aligned == 256).
+constexpr int kMAligned = 256;
+
+}  // namespace fusegemm

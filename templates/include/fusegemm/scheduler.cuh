@@ -1,0 +1,86 @@
+// Tile scheduler over padded_offsets, shared by the sm_90a and sm_100a kernels.
+//
+// Rows of all experts are concatenated; expert e owns rows [offsets[e-1], offsets[e]).
+// Every offset is a multiple of 256 and TILE_M divides 256, so an M tile never spans two
+// experts, and an empty expert owns no tile: it costs nothing. The linear tile space is
+// (valid_m / TILE_M) x ceil(N / TILE_N), rasterised in bands of kGroupM M-blocks (N-blocks
+// iterate inside a band) so that concurrently running CTAs share A rows and B columns in L2.
+//
+// Static persistent scheduling: CTA c runs tiles c, c + grid, c + 2*grid, ... (every role of
+// a warp-specialised kernel walks the same sequence, so no scheduler pipeline is needed).
+// Dynamic scheduling: tiles are claimed with atomicAdd on a per-call counter that the host
+// zeroes before the launch; the claiming thread broadcasts through shared memory.
+#pragma once
+
+#include "fusegemm/common.cuh"
+
+namespace fusegemm {
+
+struct GroupedTile {
+  int expert;     // owning expert
+  int m_block;    // global M block (row0 = m_block * TILE_M)
+  int n_block;    // N block (col0 = n_block * TILE_N)
+  int linear;     // linear tile id
+  FUSEGEMM_DEVICE bool valid() const { return linear >= 0; }
+};
+
+template <int TILE_M, int TILE_N, int kGroupM = 8>
+struct GroupedScheduler {
+  static_assert(kMAligned % TILE_M == 0, "TILE_M must divide the 256-row expert padding");
+
+  const int* offsets;   // device padded_offsets, int32 (L,)
+  int num_experts;
+  int m_blocks;         // valid_m / TILE_M, valid_m = offsets[L-1]
+  int n_blocks;
+
+  FUSEGEMM_DEVICE GroupedScheduler(const int* offsets_, int num_experts_, int n)
+      : offsets(offsets_), num_experts(num_experts_), n_blocks((n + TILE_N - 1) / TILE_N) {
+    int valid_m = num_experts_ > 0 ? __ldg(offsets_ + num_experts_ - 1) : 0;
+    m_blocks = valid_m > 0 ? valid_m / TILE_M : 0;
+  }
+
+  FUSEGEMM_DEVICE int num_tiles() const { return m_blocks * n_blocks; }
+
+  // Expert owning global row `row`: the first e with offsets[e] > row (binary search, L <= 1024).
+  FUSEGEMM_DEVICE int expert_of_row(int row) const {
+    int lo = 0, hi = num_experts - 1;
+    while (lo < hi) {
+      int mid = (lo + hi) >> 1;
+      if (__ldg(offsets + mid) > row) hi = mid; else lo = mid + 1;
+    }
+    return lo;
+  }
+
+  FUSEGEMM_DEVICE int expert_begin(int e) const { return e == 0 ? 0 : __ldg(offsets + e - 1); }
+  FUSEGEMM_DEVICE int expert_end(int e) const { return __ldg(offsets + e); }
+
+  FUSEGEMM_DEVICE GroupedTile tile(int linear) const {
+    GroupedTile t{-1, 0, 0, -1};
+    if (linear < 0 || linear >= num_tiles()) return t;
+    int band = linear / (kGroupM * n_blocks);
+    int first_m = band * kGroupM;
+    int band_rows = min(kGroupM, m_blocks - first_m);
+    int local = linear - band * kGroupM * n_blocks;
+    t.m_block = first_m + local % band_rows;
+    t.n_block = local / band_rows;
+    t.expert = expert_of_row(t.m_block * TILE_M);
+    t.linear = linear;
+    return t;
+  }
+};
+
+// Static persistent walk: first tile of this CTA, then stride by the grid.
+struct StaticWalk {
+  int next;
+  int stride;
+  FUSEGEMM_DEVICE StaticWalk(int cta, int grid) : next(cta), stride(grid) {}
+  FUSEGEMM_DEVICE int claim() { int t = next; next += stride; return t; }
+};
+
+// Dynamic walk: one thread claims from the global counter. Callers broadcast the result to
+// the other roles themselves (through shared memory and a barrier they already own).
+FUSEGEMM_DEVICE int dynamic_claim(unsigned int* counter) {
+  return static_cast<int>(atomicAdd(counter, 1u));
+}
+
+}  // namespace fusegemm

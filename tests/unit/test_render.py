@@ -1,0 +1,69 @@
+"""Rendering: golden sources, determinism, strictness, naming."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fusegemm.generator.render import render
+from fusegemm.generator.variants import make_variant
+
+GOLDEN = Path(__file__).parent / "golden"
+
+GOLDEN_CASES = {
+    "grouped_gemm.sm90a.cu": ("grouped_gemm", "sm_90a", {}),
+    "grouped_gemm.bias.sm100a.cu": ("grouped_gemm", "sm_100a",
+                                    {"bias_dtype": "float32", "generate_c": True, "c_dtype": "float32"}),
+    "gemm_amax.staging.sm100a.cu": ("gemm_amax", "sm_100a", {}),
+}
+
+
+@pytest.mark.parametrize("fname", sorted(GOLDEN_CASES))
+def test_golden_sources(fname, update_golden):
+    spec, arch, choices = GOLDEN_CASES[fname]
+    text = render(make_variant(spec, arch=arch, **choices)).text
+    path = GOLDEN / fname
+    if update_golden:
+        path.write_text(text)
+    assert path.is_file(), f"missing golden {path}; run pytest --update-golden"
+    assert text == path.read_text(), f"rendered source changed: inspect and run pytest --update-golden"
+
+
+def test_render_is_deterministic_across_processes():
+    v = make_variant("grouped_gemm", arch="sm_100a", scheduler="dynamic")
+    here = render(v)
+    code = ("from fusegemm.generator.render import render;"
+            "from fusegemm.generator.variants import make_variant;"
+            "import sys; s = render(make_variant('grouped_gemm', arch='sm_100a', scheduler='dynamic'));"
+            "sys.stdout.write(s.digest + '\\n' + s.text)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    digest, text = out.split("\n", 1)
+    assert digest == here.digest and text == here.text
+    assert render(v) == here
+
+
+def test_name_is_readable_plus_hash():
+    s = render(make_variant("grouped_gemm", arch="sm_90a", weight_mode="discrete"))
+    assert s.name == ("grouped_gemm.cbf16.dbf16.nobias.discrete.static.noc.t128x256.c1x1.sm90a."
+                      + s.digest[:12])
+    assert s.symbol == "fg_grouped_gemm_sm90a_" + s.digest[:12]
+    assert f"void __launch_bounds__(Kernel::kThreads, 1)\n{s.symbol}(" in s.text
+
+
+def test_different_variants_different_hashes():
+    a = render(make_variant("grouped_gemm", arch="sm_90a"))
+    b = render(make_variant("grouped_gemm", arch="sm_90a", d_dtype="float32"))
+    assert a.digest != b.digest and a.symbol != b.symbol
+
+
+def test_strict_undefined(tmp_path, monkeypatch):
+    import jinja2
+    from fusegemm.generator import render as r
+    env = jinja2.Environment(loader=jinja2.DictLoader({"t.j2": "{{ v.no_such_field }}"}),
+                             undefined=jinja2.StrictUndefined)
+    monkeypatch.setattr(r, "_env", lambda: env)
+    monkeypatch.setitem(r.TEMPLATES, "grouped_gemm", "t.j2")
+    with pytest.raises(jinja2.UndefinedError, match="no_such_field"):
+        r.render(make_variant("grouped_gemm", arch="sm_90a"))

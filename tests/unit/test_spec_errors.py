@@ -1,0 +1,133 @@
+"""Spec mistakes are reported as file:line: key: message; allowed: ... (exact messages)."""
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fusegemm.generator.spec import load_spec, parse_spec
+from fusegemm.runtime.errors import SpecError
+
+GOOD = textwrap.dedent("""\
+    schema: 1
+    name: demo
+    kernel: grouped_gemm
+    problem: grouped
+    summary: test spec
+    epilogue:
+      inputs:
+        alpha: {per: expert, dtype: float32}
+      compute:
+        - d = alpha * acc
+      outputs:
+        d: {dtype: d_dtype}
+    choices:
+      arch: [sm_100a, sm_90a]
+      d_dtype: [bfloat16, float32]
+      tile_m: [128, 256]
+      tile_n: [256]
+      cluster_m: [1, 2]
+      cluster_n: [1]
+    constraints:
+      - if: {tile_m: 256}
+        then: {cluster_m: [2]}
+        because: "TILE_M 256 is 2-CTA"
+    defaults:
+      d_dtype: bfloat16
+      tile_m: 128
+      cluster_m: 1
+    """)
+
+
+def _err(text: str) -> str:
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, "demo.yaml", expected_name="demo")
+    return str(info.value)
+
+
+def test_good_spec_loads():
+    s = parse_spec(GOOD, "demo.yaml", expected_name="demo")
+    assert s.name == "demo" and dict(s.choices)["tile_m"] == (128, 256)
+    assert [st.target for st in s.compute] == ["d"]
+
+
+CASES = [
+    # (kind, edit, exact expected message)
+    ("yaml syntax", lambda t: t.replace("  d_dtype: [bfloat16, float32]", "  d_dtype: [bfloat16, float32"),
+     "demo.yaml:16: invalid YAML: expected ',' or ']', but got ':'"),
+    ("unknown top-level key", lambda t: t + "colour: blue\n",
+     "demo.yaml:28: colour: unknown key; allowed: choices, constraints, defaults, epilogue, kernel, "
+     "name, prebuild, problem, schema, seed, summary"),
+    ("missing required key", lambda t: t.replace("problem: grouped\n", ""),
+     "demo.yaml:1: problem: required key is missing"),
+    ("wrong type", lambda t: t.replace("schema: 1", "schema: one"),
+     "demo.yaml:1: schema: expected an integer, got a string 'one'"),
+    ("unknown kernel family", lambda t: t.replace("kernel: grouped_gemm", "kernel: grouped_gemm_relu"),
+     "demo.yaml:3: kernel: got 'grouped_gemm_relu'; allowed: grouped_gemm, grouped_gemm_srelu, "
+     "grouped_gemm_quant, grouped_gemm_dswiglu, gemm_amax"),
+    ("name/file mismatch", lambda t: t.replace("name: demo", "name: other"),
+     "demo.yaml:2: name: 'other' must match the file name 'demo'"),
+    ("unknown axis", lambda t: t.replace("  tile_n: [256]", "  tile_k: [64]"),
+     "demo.yaml:17: choices.tile_k: unknown key; allowed: a_major, ab_dtype, arch, b_major, bias_dtype, "
+     "c_dtype, cd_major, cluster_m, cluster_n, d_dtype, discrete_col_sfd, generate_c, "
+     "scheduler, sf_dtype, sf_vec_size, tanh_clamp_scale, tile_m, tile_n, vector_f32, weight_mode"),
+    ("bad axis value", lambda t: t.replace("tile_m: [128, 256]", "tile_m: [96, 256]"),
+     "demo.yaml:16: choices.tile_m: got 96; allowed: one of 64, 128, 256"),
+    ("default outside choices", lambda t: t.replace("  d_dtype: bfloat16", "  d_dtype: float16"),
+     "demo.yaml:25: defaults.d_dtype: 'float16' is not among this spec's choices; allowed: bfloat16, float32"),
+    ("constraint on unknown axis", lambda t: t.replace("then: {cluster_m: [2]}", "then: {cluster_k: [2]}"),
+     "demo.yaml:22: constraints[0].then.cluster_k: unknown key; allowed: a_major, ab_dtype, arch, b_major, "
+     "bias_dtype, c_dtype, cd_major, cluster_m, cluster_n, d_dtype, discrete_col_sfd, generate_c, "
+     "scheduler, sf_dtype, sf_vec_size, tanh_clamp_scale, tile_m, tile_n, vector_f32, weight_mode"),
+    ("defaults violate a constraint", lambda t: t.replace("  tile_m: 128\n  cluster_m: 1", "  tile_m: 256\n  cluster_m: 1"),
+     "demo.yaml:24: defaults: the defaults violate a constraint for sm_100a: cluster_m=1 but "
+     "TILE_M 256 is 2-CTA (allowed: [2])"),
+    ("epilogue unknown name", lambda t: t.replace("d = alpha * acc", "d = gamma * acc"),
+     "demo.yaml:10: epilogue.compute[0]: unknown name 'gamma' at column 5 of 'd = gamma * acc'; "
+     "allowed: acc, alpha"),
+    ("epilogue unknown function", lambda t: t.replace("d = alpha * acc", "d = gelu(acc)"),
+     "demo.yaml:10: epilogue.compute[0]: unknown function 'gelu' at column 5 of 'd = gelu(acc)'; "
+     "allowed: abs, exp, max, min, relu, sigmoid, silu, square, tanh"),
+    ("duplicate key", lambda t: t.replace("problem: grouped\n", "problem: grouped\nproblem: batched\n"),
+     "demo.yaml:5: duplicate key 'problem' (first at line 4)"),
+    ("empty choice list", lambda t: t.replace("tile_n: [256]", "tile_n: []"),
+     "demo.yaml:17: choices.tile_n: empty list; give at least one value"),
+    ("output never computed", lambda t: t.replace("    d: {dtype: d_dtype}", "    e: {dtype: d_dtype}"),
+     "demo.yaml:12: epilogue.outputs.e: output 'e' is never computed; computed: acc, alpha, d"),
+    ("unsupported schema version", lambda t: t.replace("schema: 1", "schema: 2"),
+     "demo.yaml:1: schema: unsupported schema version 2; allowed: 1"),
+]
+
+
+@pytest.mark.parametrize("kind,edit,expected", CASES, ids=[c[0] for c in CASES])
+def test_spec_mistake_messages(kind, edit, expected):
+    text = edit(GOOD)
+    assert text != GOOD, f"the edit for {kind!r} did not apply"
+    assert _err(text) == expected
+
+
+def test_every_message_has_a_line_number():
+    for kind, edit, _ in CASES:
+        assert re.match(r"^demo\.yaml:\d+: ", _err(edit(GOOD))), kind
+
+
+def test_yaml_is_loaded_safely(tmp_path: Path):
+    p = tmp_path / "demo.yaml"
+    p.write_text(GOOD.replace("summary: test spec", "summary: !!python/object/apply:os.system ['true']"))
+    with pytest.raises(SpecError, match=r"^.*demo\.yaml:5: invalid YAML: .*python/object/apply"):
+        load_spec(p)
+
+
+def test_code_injection_in_epilogue_is_rejected():
+    msg = _err(GOOD.replace("d = alpha * acc", 'd = acc; asm("trap")'))
+    assert msg == ("demo.yaml:10: epilogue.compute[0]: unexpected character ';' at column 8 of "
+                   "'d = acc; asm(\"trap\")'; allowed: names, numbers, + - * / ( ) ,")
+
+
+def test_seed_specs_load():
+    from fusegemm.generator.spec import list_specs
+    names = sorted(load_spec(p).name for p in list_specs())
+    assert names == ["gemm_amax", "grouped_gemm", "grouped_gemm_dswiglu", "grouped_gemm_quant",
+                     "grouped_gemm_srelu"]
