@@ -33,6 +33,7 @@ class BuildResult:
     smem_bytes: int = 0       # static + dynamic shared memory per CTA
     spill_bytes: int = 0      # local memory frame per thread
     threads: int = 0
+    tmem_cols: int = 0        # sm_100a TMEM columns per CTA
     staging: bool = False
     error: str = ""
 
@@ -63,6 +64,7 @@ def _result(v: Variant, b: Built, seconds: float) -> BuildResult:
                        seconds=seconds, registers=b.resources.registers,
                        smem_bytes=b.resources.static_shared_bytes + b.launch.smem_bytes,
                        spill_bytes=b.resources.local_bytes, threads=b.launch.threads,
+                       tmem_cols=b.launch.tmem_cols,
                        staging=b.staging)
 
 

@@ -171,9 +171,10 @@ def build_cmd(specs: tuple[str, ...], arch: str | None, jobs: int | None, all_va
         _echo_json({"results": [r.as_dict() for r in results], "wall_seconds": round(wall, 2),
                     "cache": str(config.cache_dir()), "failed": len(failed)})
     else:
-        _table(["kernel", "arch", "regs", "smem", "spills", "threads", "seconds", "cached"],
+        _table(["kernel", "arch", "regs", "smem", "spills", "threads", "tmem", "seconds", "cached"],
                [[r.name + (" [staging]" if r.staging else ""), r.arch, r.registers, r.smem_bytes,
-                 r.spill_bytes, r.threads, f"{r.seconds:.2f}", "yes" if r.cached else "no"]
+                 r.spill_bytes, r.threads, r.tmem_cols or "-", f"{r.seconds:.2f}",
+                 "yes" if r.cached else "no"]
                 for r in results if r.ok])
         n_cached = sum(r.cached for r in results if r.ok)
         click.echo(f"{len(results) - len(failed)} built ({n_cached} cached), {len(failed)} failed, "

@@ -16,17 +16,16 @@ from .axes import CPP_TYPES, SCALE_CPP_TYPES
 from .params import params_for
 from .variants import Variant
 
-# kernel family -> (template, which archs have a real kernel). Families whose kernels have not
-# landed yet render the staging carrier (templates/staging.cu.j2): it runs the shared building
-# blocks (grouped scheduler, TMA tile loads) so the pipeline builds real device code for every
-# spec, and ops refuse to launch it.
-TEMPLATES: dict[str, str] = {
-    "grouped_gemm": "grouped_gemm.cu.j2",
-    "grouped_gemm_srelu": "staging.cu.j2",
-    "grouped_gemm_quant": "staging.cu.j2",
-    "grouped_gemm_dswiglu": "staging.cu.j2",
-    "gemm_amax": "staging.cu.j2",
+# (kernel family, arch) -> template. Families whose kernels have not landed on an arch render
+# the staging carrier (templates/staging.cu.j2): it runs the shared building blocks (grouped
+# scheduler, TMA tile loads) so the pipeline builds real device code for every spec, and the
+# ops refuse to launch it.
+TEMPLATES: dict[tuple[str, str], str] = {
+    ("grouped_gemm", "sm_90a"): "grouped_gemm.cu.j2",
+    ("grouped_gemm", "sm_100a"): "grouped_gemm.cu.j2",
+    ("gemm_amax", "sm_100a"): "blockscaled_gemm.cu.j2",
 }
+STAGING_TEMPLATE = "staging.cu.j2"
 _HASH_PLACEHOLDER = "FUSEGEMM_KERNEL_SYMBOL"
 
 
@@ -43,7 +42,7 @@ class Source:
 
     @property
     def staging(self) -> bool:
-        return self.template == "staging.cu.j2"
+        return self.template == STAGING_TEMPLATE
 
 
 @lru_cache(maxsize=1)
@@ -77,7 +76,7 @@ def _render(v: Variant, template: str, symbol: str) -> str:
 
 def render(v: Variant) -> Source:
     """Render ``v``. The symbol embeds the hash of the source rendered without it."""
-    template = TEMPLATES[v.kernel]
+    template = TEMPLATES.get((v.kernel, v.arch), STAGING_TEMPLATE)
     probe = _render(v, template, _HASH_PLACEHOLDER)
     digest = hashlib.sha256(probe.encode()).hexdigest()
     symbol = f"fg_{v.spec.name}_{v.arch.replace('_', '')}_{digest[:12]}"

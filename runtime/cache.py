@@ -27,7 +27,7 @@ from typing import Any
 
 from . import config
 from .compile import compile_options, compile_source, headers, nvrtc_version
-from .errors import CacheError
+from .errors import CacheError, FusegemmError
 from .headers import headers_digest
 from .inspect import LaunchInfo, Resources, launch_info, resources
 
@@ -118,13 +118,16 @@ class KernelCache:
 
     @staticmethod
     def _from_meta(meta: dict[str, Any], cubin: bytes, d: Path) -> Built | None:
+        # Launch facts and resources are re-read from the cubin (an ELF parse, microseconds),
+        # so an entry written by an older inspector still reports every field.
         try:
-            return Built(name=meta["name"], kernel_name=meta["kernel"], arch=meta["arch"],
-                         key=meta["key"], cubin=cubin, launch=LaunchInfo(**meta["launch"]),
-                         resources=Resources(**meta["resources"]),
+            kernel = meta["kernel"]
+            return Built(name=meta["name"], kernel_name=kernel, arch=meta["arch"],
+                         key=meta["key"], cubin=cubin, launch=launch_info(cubin, kernel),
+                         resources=resources(cubin, kernel),
                          compile_seconds=meta["compile_seconds"], cached=True, path=d,
                          staging=meta.get("staging", False), meta=meta)
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, FusegemmError):
             return None
 
     # -- writing --------------------------------------------------------------------------

@@ -36,12 +36,19 @@ class Resources:
 
 @dataclass(frozen=True)
 class LaunchInfo:
-    """Block size, dynamic shared memory and cluster shape the kernel was built for."""
+    """Block size, dynamic shared memory and cluster shape the kernel was built for.
+
+    sm_100a kernels also export their TMEM columns and the TMA box rows of A and B (a 2-CTA
+    tile loads half of its rows per CTA); 0 where the kernel has none.
+    """
 
     threads: int
     smem_bytes: int
     cluster_m: int
     cluster_n: int
+    tmem_cols: int = 0
+    box_rows_a: int = 0
+    box_rows_b: int = 0
 
 
 @dataclass(frozen=True)
@@ -139,9 +146,17 @@ class Cubin:
                 return struct.unpack_from(f"<{count}i", self.data, sec.offset + value)
         raise CubinFormatError(f"symbol {symbol!r} with {count} initialised ints not in cubin")
 
+    def has_symbol(self, symbol: str) -> bool:
+        return any(name == symbol for name, *_ in self._symbols)
+
     def launch_info(self, kernel: str) -> LaunchInfo:
         threads, smem, cm, cn = self.global_ints(f"{kernel}_launch_info", 4)
-        return LaunchInfo(threads, smem, cm, cn)
+        tmem = boxes = None
+        if self.has_symbol(f"{kernel}_tmem_cols"):
+            (tmem,) = self.global_ints(f"{kernel}_tmem_cols", 1)
+        if self.has_symbol(f"{kernel}_boxes"):
+            boxes = self.global_ints(f"{kernel}_boxes", 2)
+        return LaunchInfo(threads, smem, cm, cn, tmem or 0, *(boxes or (0, 0)))
 
 
 def resources(cubin: bytes, kernel: str) -> Resources:

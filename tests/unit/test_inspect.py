@@ -41,7 +41,8 @@ def test_resources(cubin):
     assert r.static_shared_bytes >= 1200
     assert c.resources("plain").local_bytes == 0
     assert c.launch_info("spill").__dict__ == {"threads": 256, "smem_bytes": 4096, "cluster_m": 2,
-                                                "cluster_n": 1}
+                                                "cluster_n": 1, "tmem_cols": 0, "box_rows_a": 0,
+                                                "box_rows_b": 0}
 
 
 @needs_disasm

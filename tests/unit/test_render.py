@@ -16,7 +16,8 @@ GOLDEN_CASES = {
     "grouped_gemm.sm90a.cu": ("grouped_gemm", "sm_90a", {}),
     "grouped_gemm.bias.sm100a.cu": ("grouped_gemm", "sm_100a",
                                     {"bias_dtype": "float32", "generate_c": True, "c_dtype": "float32"}),
-    "gemm_amax.staging.sm100a.cu": ("gemm_amax", "sm_100a", {}),
+    "gemm_amax.sm100a.cu": ("gemm_amax", "sm_100a", {}),
+    "grouped_gemm_srelu.staging.sm90a.cu": ("grouped_gemm_srelu", "sm_90a", {}),
 }
 
 
@@ -64,6 +65,6 @@ def test_strict_undefined(tmp_path, monkeypatch):
     env = jinja2.Environment(loader=jinja2.DictLoader({"t.j2": "{{ v.no_such_field }}"}),
                              undefined=jinja2.StrictUndefined)
     monkeypatch.setattr(r, "_env", lambda: env)
-    monkeypatch.setitem(r.TEMPLATES, "grouped_gemm", "t.j2")
+    monkeypatch.setitem(r.TEMPLATES, ("grouped_gemm", "sm_90a"), "t.j2")
     with pytest.raises(jinja2.UndefinedError, match="no_such_field"):
         r.render(make_variant("grouped_gemm", arch="sm_90a"))

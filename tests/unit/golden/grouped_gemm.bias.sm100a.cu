@@ -87,12 +87,17 @@ struct Config {
 using Kernel = fusegemm::sm100::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Launch facts read from the cubin by the runtime (runtime/inspect.py), so host and device
-// can never disagree on block size or shared memory.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_c67b3d024728_launch_info[4] = {
+// can never disagree on block size, shared memory, cluster shape or TMA boxes.
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_7573e7e15a79_launch_info[4] = {
     Kernel::kThreads, Kernel::kSmemBytes, fusegemm_gen::Config::kClusterM,
     fusegemm_gen::Config::kClusterN};
+// sm_100a: TMEM columns allocated per CTA and the TMA box rows of A and B (a 2-CTA tile
+// loads half of its rows per CTA).
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_7573e7e15a79_tmem_cols = Kernel::kTmemCols;
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_7573e7e15a79_boxes[2] = {
+    Kernel::kBoxRowsA, Kernel::kBoxRowsB};
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm100a_c67b3d024728(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm100a_7573e7e15a79(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

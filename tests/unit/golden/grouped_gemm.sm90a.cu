@@ -87,12 +87,12 @@ struct Config {
 using Kernel = fusegemm::sm90::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Launch facts read from the cubin by the runtime (runtime/inspect.py), so host and device
-// can never disagree on block size or shared memory.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm90a_43072179bacf_launch_info[4] = {
+// can never disagree on block size, shared memory, cluster shape or TMA boxes.
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm90a_b27111bf5fa5_launch_info[4] = {
     Kernel::kThreads, Kernel::kSmemBytes, fusegemm_gen::Config::kClusterM,
     fusegemm_gen::Config::kClusterN};
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm90a_43072179bacf(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm90a_b27111bf5fa5(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -1,0 +1,116 @@
+"""Launch a loaded kernel: grid, block, cluster dims, dynamic smem, one packed-struct argument.
+
+Every fusegemm kernel takes exactly one ``__grid_constant__`` parameter struct, so the
+argument list is always one pointer to the packed bytes (``generator/abi.py`` packs them).
+Cluster launches go through ``cuLaunchKernelEx`` with a cluster-dimension attribute; 1x1x1
+clusters use plain ``cuLaunchKernel`` (cheaper to build on the host).
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+from .errors import ArgumentError
+from .load import LoadedKernel, check, driver
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Launch geometry, validated on construction."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    cluster: tuple[int, int, int] = (1, 1, 1)
+    smem_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("grid", "block", "cluster"):
+            dims = getattr(self, name)
+            if len(dims) != 3 or any(not isinstance(d, int) or d < 1 for d in dims):
+                raise ArgumentError(f"LaunchConfig.{name}", dims, "three positive integers")
+        if self.block[0] * self.block[1] * self.block[2] > 1024:
+            raise ArgumentError("LaunchConfig.block", self.block, "at most 1024 threads")
+        for g, c, axis in zip(self.grid, self.cluster, "xyz"):
+            if g % c:
+                raise ArgumentError(f"LaunchConfig.grid.{axis}", g,
+                                    f"a multiple of the cluster extent {c}")
+        if self.smem_bytes < 0:
+            raise ArgumentError("LaunchConfig.smem_bytes", self.smem_bytes, ">= 0")
+
+    @property
+    def clustered(self) -> bool:
+        return self.cluster != (1, 1, 1)
+
+
+class ParamBuffer:
+    """Host memory holding the packed struct plus the one-entry ``void*`` argument array.
+
+    cuLaunchKernel copies the argument bytes before it returns, so one buffer per op can be
+    refilled for every launch (also while a CUDA graph is being captured).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._data = ctypes.create_string_buffer(size)
+        self._argv = (ctypes.c_void_p * 1)(ctypes.addressof(self._data))
+        self.argv_address = ctypes.addressof(self._argv)
+
+    def fill(self, raw: bytes) -> None:
+        if len(raw) != self.size:
+            raise ArgumentError("params", f"{len(raw)} bytes", f"exactly {self.size} bytes")
+        ctypes.memmove(self._data, raw, self.size)
+
+
+_direct: list = []
+
+
+def _direct_launch():
+    """libcuda's cuLaunchKernel through ctypes, or None where it cannot be loaded.
+
+    cuda-bindings' wrapper converts and checks every argument in Python (several
+    microseconds per call); the host budget per launch is ~10 us, so the plain
+    (non-cluster) path calls the driver entry point directly.
+    """
+    if not _direct:
+        fn = None
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            fn = lib.cuLaunchKernel
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        except (OSError, AttributeError):
+            fn = None
+        _direct.append(fn)
+    return _direct[0]
+
+
+def launch(kernel: LoadedKernel, cfg: LaunchConfig, params: ParamBuffer, stream: int) -> None:
+    """Enqueue ``kernel`` on ``stream`` (a raw CUstream handle as int; 0 = legacy default)."""
+    if cfg.smem_bytes > kernel.smem_bytes:
+        raise ArgumentError("LaunchConfig.smem_bytes", cfg.smem_bytes,
+                            f"at most the {kernel.smem_bytes} bytes the kernel was loaded with")
+    if not cfg.clustered:
+        fn = _direct_launch()
+        if fn is not None:
+            err = fn(kernel.handle, *cfg.grid, *cfg.block, cfg.smem_bytes, stream or None,
+                     params.argv_address, None)
+            if err:
+                check((driver().CUresult(err),), f"cuLaunchKernel({kernel.name})")
+            return
+        drv = driver()
+        check(drv.cuLaunchKernel(kernel.function, *cfg.grid, *cfg.block, cfg.smem_bytes, stream,
+                                 params.argv_address, 0), f"cuLaunchKernel({kernel.name})")
+        return
+    drv = driver()
+    lc = drv.CUlaunchConfig()
+    lc.gridDimX, lc.gridDimY, lc.gridDimZ = cfg.grid
+    lc.blockDimX, lc.blockDimY, lc.blockDimZ = cfg.block
+    lc.sharedMemBytes = cfg.smem_bytes
+    lc.hStream = drv.CUstream(stream)
+    attr = drv.CUlaunchAttribute()
+    attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cfg.cluster
+    lc.attrs = [attr]
+    lc.numAttrs = 1
+    check(drv.cuLaunchKernelEx(lc, kernel.function, params.argv_address, 0),
+          f"cuLaunchKernelEx({kernel.name}, cluster={cfg.cluster})")

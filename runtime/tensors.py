@@ -1,0 +1,187 @@
+"""Tensor adapter: what an op needs to know about an argument, whatever produced it.
+
+torch tensors take the fast path (attribute reads only). Any other object exposing
+``__cuda_array_interface__`` (CuPy, Numba, ...) is described from the interface dict;
+objects exposing only ``__dlpack__`` (JAX eager arrays, ...) are wrapped with
+``torch.from_dlpack`` (zero copy) when torch is available. Strides are in elements.
+
+Streams: ``None`` means torch's current stream on the tensor's device (the legacy default
+stream without torch); ints are raw ``CUstream`` handles; objects with ``cuda_stream``
+(torch.cuda.Stream), ``__cuda_stream__`` (cuda.core) or ``getPtr`` / ``int()``
+(cuda-bindings ``CUstream``) are accepted.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from .errors import ArgumentError
+
+# Canonical dtype names of the element types fusegemm reads or writes.
+_TORCH_NAMES = {
+    "torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32",
+    "torch.float64": "float64", "torch.int32": "int32", "torch.int64": "int64",
+    "torch.uint64": "uint64", "torch.uint8": "uint8", "torch.int8": "int8",
+    "torch.bool": "bool",
+}
+_TYPESTR = {
+    "<f2": "float16", "<f4": "float32", "<f8": "float64", "<i4": "int32", "<i8": "int64",
+    "<u8": "uint64", "|u1": "uint8", "|i1": "int8", "<V2": "bfloat16", "|b1": "bool",
+}
+ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8,
+            "uint64": 8, "uint8": 1, "int8": 1, "bool": 1}
+
+
+class TensorView:
+    """Shape, strides (elements), dtype name, device and address of one argument.
+
+    A plain slotted class (not a frozen dataclass): it is built for every argument of every
+    call, and construction cost is host overhead per launch.
+    """
+
+    __slots__ = ("ptr", "shape", "strides", "dtype", "device", "obj")
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: str,
+                 device: tuple[str, int], obj: Any) -> None:
+        self.ptr, self.shape, self.strides, self.dtype, self.device, self.obj = (
+            ptr, shape, strides, dtype, device, obj)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE.get(self.dtype, 0)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device[0] == "cuda"
+
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def __repr__(self) -> str:
+        return (f"TensorView(shape={tuple(self.shape)}, strides={self.strides}, "
+                f"dtype={self.dtype}, device={self.device})")
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+_torch_dtypes: dict[Any, str] | None = None
+_CPU = ("cpu", -1)
+
+
+def _torch_dtype_names(torch: Any) -> dict[Any, str]:
+    global _torch_dtypes
+    if _torch_dtypes is None:
+        _torch_dtypes = {getattr(torch, k.split(".")[1]): v for k, v in _TORCH_NAMES.items()
+                         if hasattr(torch, k.split(".")[1])}
+    return _torch_dtypes
+
+
+def is_torch(x: Any) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def view(x: Any, name: str) -> TensorView:
+    """Describe argument ``name``; raise :class:`ArgumentError` for unsupported objects."""
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        dt = _torch_dtype_names(torch).get(x.dtype) or str(x.dtype).removeprefix("torch.")
+        return TensorView(x.data_ptr(), x.shape, x.stride(), dt,
+                          ("cuda", x.get_device()) if x.is_cuda else _CPU, x)
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is not None:
+        return _from_cai(x, cai, name)
+    if hasattr(x, "__dlpack__"):
+        if torch is None:
+            raise ArgumentError(name, type(x).__name__, "a torch tensor or an object with "
+                                "__cuda_array_interface__", "DLPack-only inputs need torch "
+                                "installed (they are wrapped with torch.from_dlpack)")
+        return view(torch.from_dlpack(x), name)
+    raise ArgumentError(name, type(x).__name__, "a torch tensor, or an object with "
+                        "__cuda_array_interface__ or __dlpack__")
+
+
+def _from_cai(x: Any, cai: dict, name: str) -> TensorView:
+    shape = tuple(int(d) for d in cai["shape"])
+    typestr = cai["typestr"]
+    dtype = _TYPESTR.get(typestr)
+    if dtype is None:
+        # CuPy has no bfloat16; ml_dtypes-backed arrays report a 2-byte void type.
+        raise ArgumentError(f"{name}.dtype", repr(typestr), ", ".join(sorted(set(_TYPESTR.values()))))
+    item = ITEMSIZE[dtype]
+    if cai.get("strides") is None:
+        strides, acc = [], 1
+        for d in reversed(shape):
+            strides.append(acc)
+            acc *= d
+        strides_t = tuple(reversed(strides))
+    else:
+        bs = tuple(int(s) for s in cai["strides"])
+        if any(s % item for s in bs):
+            raise ArgumentError(f"{name}.strides", bs, f"multiples of the {item}-byte element")
+        strides_t = tuple(s // item for s in bs)
+    ptr = int(cai["data"][0])
+    return TensorView(ptr=ptr, shape=shape, strides=strides_t, dtype=dtype,
+                      device=("cuda", pointer_device(ptr) if ptr else -1), obj=x)
+
+
+def pointer_device(ptr: int) -> int:
+    """CUDA device ordinal owning ``ptr`` (driver query; used only for non-torch inputs)."""
+    from .load import check, driver
+    drv = driver()
+    attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    return int(check(drv.cuPointerGetAttribute(attr, ptr), "cuPointerGetAttribute"))
+
+
+def resolve_stream(stream: Any, device: int) -> int:
+    """Raw ``CUstream`` handle (int) for ``stream`` on ``device``."""
+    if stream is None:
+        torch = _torch()
+        if torch is None:
+            return 0
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return int(raw(device))
+        return int(torch.cuda.current_stream(device).cuda_stream)
+    if isinstance(stream, bool):
+        raise ArgumentError("current_stream", stream, "None, a stream object or a raw handle")
+    if isinstance(stream, int):
+        if stream < 0:
+            raise ArgumentError("current_stream", stream, "a non-negative CUstream handle")
+        return stream
+    handle = getattr(stream, "cuda_stream", None)           # torch.cuda.Stream
+    if isinstance(handle, int):
+        return handle
+    proto = getattr(stream, "__cuda_stream__", None)         # cuda.core Stream
+    if callable(proto):
+        return int(proto()[1])
+    get_ptr = getattr(stream, "getPtr", None)                # cuda-bindings CUstream
+    if callable(get_ptr):
+        return int(stream)
+    raise ArgumentError("current_stream", type(stream).__name__,
+                        "None (torch's current stream), an int handle, torch.cuda.Stream, "
+                        "a cuda.core Stream or a cuda.bindings CUstream")
+
+
+def is_capturing(stream: int) -> bool:
+    """True when ``stream`` is capturing a CUDA graph (offsets must not be read back then)."""
+    torch = _torch()
+    if torch is not None and torch.cuda.is_available():
+        try:
+            if torch.cuda.is_current_stream_capturing():
+                return True
+        except RuntimeError:
+            pass
+    from .load import check, driver
+    drv = driver()
+    status = check(drv.cuStreamIsCapturing(drv.CUstream(stream)), "cuStreamIsCapturing")
+    return int(status) != int(drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)

@@ -1,0 +1,304 @@
+// sm_100a block-scaled GEMM mainloop (MXFP8 / NVFP4 / MXFP4) carried by the GEMM+amax
+// epilogue (seed 004: C = dequant(A) dequant(B)^T, amax = max |C| over everything), grouped over
+// padded_offsets (kBatched = false) or batched dense (kBatched = true, L = num_experts).
+//
+// Kinds (sm100-protocol.md §2-3; CUTLASS UMMA:990/1358, BSC):
+//   e4m3 / e5m2, vec 32, UE8M0       kind::mxf8f6f4          tile K 128 (128 B), 4 x K32
+//   e2m1 packed, vec 32, UE8M0       kind::mxf4.block32      tile K 256 (128 B), 4 x K64
+//   e2m1 packed, vec 16, UE4M3/UE8M0 kind::mxf4nvf4.block16  tile K 256 (128 B), 4 x K64
+// Scale factors (32x4x4 atoms, 512 B = 128 MN x 4 k) ride the A/B barrier (counted in
+// expect_tx, BSC:288-293), are copied to TMEM by the MMA thread with UTCCP 32x128b.warpx4 just
+// before the k-tile's MMAs (BSC:1059-1063; tensor-pipe order makes a wait unnecessary) into a
+// single TMEM buffer after the accumulators, laid out [k-atom][mn-atom][4 columns]: MMA row r
+// reads lane r%32, column base + r/32, byte sf_id (TRA:815).
+// TILE_M 64 issues M = 128 (block-scaled 1-CTA M is 128 only): the 64 rows land in the half of a
+// 128-row smem stage that matches their half of the 128-row SF atom, so SF lanes line up; the
+// other half of the accumulator is ignored (DeepGEMM pads the same way).
+//
+// Host contract (tensor maps, runtime/tensormap.py):
+//   tma_a   uint8 view of A, K-major: grouped 2-D (K bytes, rows); batched 3-D (K bytes, M, L);
+//           box (128, kBoxRowsA), SWIZZLE_128B. (packed FP4: K bytes = K / 2)
+//   tma_b   uint8 view of B: dense 3-D (K bytes, N, L); discrete 2-D template; box (128, kBoxRowsB), SW128
+//   c_out   N-major: (row, col, l) at (l * M + row) * ldc + col (grouped: l = 0); M-major
+//           (kCMajorM): at (l * N + col) * ldc + row; packed FP4 C: element index / 2 bytes.
+//   tma_sfa/tma_sfb  uint32 view of the SF atoms, 4-D {128, ceil(sfk/4), ceil(mn/128), L}
+//           (grouped A: L = 1), box {128, kSfKAtoms, 1 | kTileN/128, 1}, no swizzle.
+#pragma once
+
+#include "fusegemm/sm100/kernel_frame.cuh"
+
+namespace fusegemm::sm100 {
+
+// Batched tile space: (ceil(M/TILE_M) x ceil(N/TILE_N)) per batch, batch-major.
+template <int TILE_M, int TILE_N>
+struct BatchedScheduler {
+  int m, m_blocks, n_blocks, batches;
+  FUSEGEMM_DEVICE BatchedScheduler(int m_, int n, int l)
+      : m(m_), m_blocks((m_ + TILE_M - 1) / TILE_M), n_blocks((n + TILE_N - 1) / TILE_N), batches(l) {}
+  FUSEGEMM_DEVICE int num_tiles() const { return m_blocks * n_blocks * batches; }
+  FUSEGEMM_DEVICE GroupedTile tile(int linear) const {
+    GroupedTile t{-1, 0, 0, -1};
+    if (linear < 0 || linear >= num_tiles()) return t;
+    int per = m_blocks * n_blocks, local = linear % per;
+    t.expert = linear / per;
+    t.m_block = local % m_blocks;  // consecutive CTAs share B columns
+    t.n_block = local / m_blocks;
+    t.linear = linear;
+    return t;
+  }
+};
+
+// Operand format code: packed e2m1 uses the kind::mxf4/mxf4nvf4 code (1), not f8f6f4's 5.
+template <class T> constexpr MxFmt mx_fmt() {
+  return cute::is_same_v<T, cutlass::float_e5m2_t> ? MxFmt::E5M2
+         : cute::is_same_v<T, cutlass::float_e2m1_t> ? MxFmt::E2M1_PACKED : MxFmt::E4M3;
+}
+
+template <class Config>
+struct BlockScaledGemmKernel {
+  using ElementAB = typename Config::ElementA;
+  using ElementSF = typename Config::ElementSF;
+  using ElementC = typename Config::ElementC;
+  static_assert(cute::is_same_v<ElementAB, typename Config::ElementB>, "A and B share one format");
+  static constexpr bool kFp4 = cute::is_same_v<ElementAB, cutlass::float_e2m1_t>;
+  static constexpr bool kFp8 = cute::is_same_v<ElementAB, cutlass::float_e4m3_t> ||
+                               cute::is_same_v<ElementAB, cutlass::float_e5m2_t>;
+  static constexpr bool kUe8m0 = cute::is_same_v<ElementSF, cutlass::float_ue8m0_t>;
+  static constexpr int kSfVec = Config::kSfVec;
+  static_assert(kFp4 || kFp8, "block-scaled A/B: e4m3, e5m2 or e2m1");
+  static_assert(kUe8m0 || cute::is_same_v<ElementSF, cutlass::float_ue4m3_t>, "SF: ue8m0 or ue4m3");
+  static_assert(kSfVec == 16 || kSfVec == 32, "sf_vec_size 16 or 32");
+  static_assert(!kFp8 || (kSfVec == 32 && kUe8m0), "FP8 A/B: MXFP8 (vec 32, E8M0) only");
+  static_assert(kUe8m0 || kSfVec == 16, "E4M3 scales need vec 16 (NVFP4)");
+  static constexpr MmaKind kKind = kFp8 ? MmaKind::MXF8F6F4 : kSfVec == 32 ? MmaKind::MXF4 : MmaKind::MXF4NVF4;
+
+  static constexpr int kFault = fault_injection<Config>();
+  static constexpr int kTileM = Config::kTileM, kTileN = Config::kTileN;
+  static constexpr int kCtaGroup = kTileM == 256 ? 2 : 1;
+  static constexpr int kMmaM = kTileM == 64 ? 128 : kTileM;  // M=64 padded to the legal 128
+  static constexpr int kRowsD = kTileM / kCtaGroup;         // accumulator rows a CTA owns
+  static constexpr int kRowsA = kMmaM / kCtaGroup;          // A rows per smem stage
+  static constexpr int kRowsB = kTileN / kCtaGroup;
+  static constexpr int kElemsPerByte = kFp4 ? 2 : 1;
+  static constexpr int kBlockKBytes = 128;                  // one SW128 atom row
+  static constexpr int kBlockK = kBlockKBytes * kElemsPerByte;  // elements per k-block
+  static constexpr int kUmmaK = kUmmaKBytes * kElemsPerByte;    // 32 (fp8) / 64 (fp4)
+  static constexpr int kMmasPerBlock = kBlockK / kUmmaK;        // 4
+  static constexpr int kSfPerMma = kUmmaK / kSfVec;             // 1, 2 or 4 scale bytes
+  static constexpr int kSfKAtoms = kBlockK / (4 * kSfVec);      // 1, 2 or 4 atoms per k-block
+  static constexpr int kSfbMnAtoms = kTileN / 128;              // every CTA holds SFB of all N
+  static constexpr int kSfaBytes = kSfKAtoms * 512, kSfbBytes = kSfbMnAtoms * kSfKAtoms * 512;
+  static constexpr int kStageBytesA = kRowsA * kBlockKBytes;
+  static constexpr int kStageBytesB = kRowsB * kBlockKBytes;
+  static constexpr int kTxPerCta = kRowsD * kBlockKBytes + kStageBytesB + kSfaBytes + kSfbBytes;
+  static constexpr int kSfaCols = kSfKAtoms * 4, kSfbCols = kSfbMnAtoms * kSfKAtoms * 4;
+  static constexpr int kAccStages = 2 * kTileN + kSfaCols + kSfbCols <= kTmemColumns ? 2 : 1;
+  static constexpr int kSfaCol = kAccStages * kTileN, kSfbCol = kSfaCol + kSfaCols;
+  static constexpr int kTmemCols = tmem_alloc_columns(kSfbCol + kSfbCols);
+  static constexpr bool kCMajorM = Config::kCMajorM;
+  static_assert(!Config::kAMajorMN && !Config::kBMajorMN,
+                "MN-major A/B are not implemented on sm_100a yet (K-major only)");
+  static_assert(!kCMajorM || out_bits<ElementC>() >= 8, "packed FP4 C must be N-major");
+  static_assert(out_bits<ElementC>() != 8 || kFp4, "FP8 C needs FP4 A/B (FP8 A/B with FP8 C is disabled)");
+  static_assert(out_bits<ElementC>() != 4 || kFp4, "FP4 C needs FP4 A/B");
+  // Staged 16/32-bit N-major stores; narrow or M-major C stores directly (the staging area then
+  // only carries the amax reduction).
+  static constexpr int staging_per_warp() {
+    if constexpr (!kCMajorM && !is_narrow<ElementC>()) return staging_bytes<ElementC>();
+    else return 128;
+  }
+  static constexpr int kStagingBytes = staging_per_warp();
+
+  using Frame = KernelFrame<kCtaGroup, Config::kDynamicSched, kStageBytesA, kStageBytesB,
+                            kSfaBytes + kSfbBytes, kAccStages, kTileN, kTmemCols,
+                            kStagingBytes * kNumEpiWarps, Config::kDiscreteB ? 2 : 0, kTxPerCta>;
+  static constexpr int kStages = Frame::kStages, kThreads = Frame::kThreads;
+  static constexpr int kSmemBytes = Frame::kSmemBytes, kTmapSlots = Frame::kTmapSlots;
+  static constexpr int kTmapSlotStride = Frame::kTmapSlotStride;
+  static constexpr int kBoxKBytes = kBlockKBytes, kBoxRowsA = kRowsD, kBoxRowsB = kRowsB;
+
+  // ---- static protocol checks (sm100-protocol.md §8) ----
+  static constexpr uint32_t kIdesc = idesc_block_scaled(
+      kMmaM, kTileN, mx_fmt<ElementAB>(), kFault == kFaultWrongFormat ? MxFmt::E2M1_UNPACKED : mx_fmt<ElementAB>(),
+      kUe8m0 ? ScaleFmt::UE8M0 : ScaleFmt::UE4M3);
+  static constexpr uint32_t kGolden = kFp8 ? 0x08c00000u : kUe8m0 ? 0x08c00480u : 0x08400480u;
+  static_assert(legal_block_scaled_shape<kCtaGroup, kMmaM, kTileN, kFp8>(), "bug #9: illegal block-scaled shape");
+  static_assert(kTileM == 64 || kTileM == 128 || kTileM == 256, "TILE_M in {64, 128, 256}");
+  static_assert(kTileN == 128 || kTileN == 256, "TILE_N in {128, 256}");
+  static_assert(kCtaGroup == 1 || Config::kClusterM % 2 == 0, "TILE_M 256 pairs CTAs along cluster M");
+  static_assert(Config::kClusterM <= 4 && Config::kClusterN <= 4, "block-scaled clusters <= 4 per dim (KRN:319)");
+  static_assert(cute::is_same_v<ElementAB, cutlass::float_e5m2_t> ||
+                    (kIdesc & ~kIdescShapeMask) == (kGolden & ~kIdescShapeMask),
+                "bug #3: instruction descriptor differs from the golden block-scaled descriptor");
+  static_assert((kIdesc & ((3u << 29) | (3u << 4))) == 0, "sf_id fields start at 0");
+  static_assert(kUmmaK * 8 / kElemsPerByte / 128 == int(kDescKStep), "bug #6: K advance +2 per k-block");
+  static_assert(kSfPerMma * kMmasPerBlock == 4 * kSfKAtoms, "scale bytes per k-block");
+  static_assert(kSfbCol + kSfbCols <= kTmemCols && kTmemCols <= kTmemColumns, "bug #10: TMEM overflow");
+  static_assert(Frame::kTxBytes == uint32_t(kTxPerCta * kCtaGroup), "bug #1: expect_tx");
+
+  // Scale-factor placement per MMA k of a k-block: TMEM column offsets of SFA / SFB and the
+  // byte (sf_id) inside the 4-byte column, for the [k-atom][mn-atom][4 col] layout above.
+  static constexpr int sfa_col_of(int k) { return (k * kSfPerMma) / 4 * 4; }
+  static constexpr int sfb_col_of(int k) { return (k * kSfPerMma) / 4 * kSfbMnAtoms * 4; }
+  static constexpr uint32_t sf_byte_of(int k) { return uint32_t(k * kSfPerMma) % 4; }
+  // The per-kind tables of sm100-protocol.md §3 "TMEM SF layout" (bug #11).
+  static_assert(kKind != MmaKind::MXF8F6F4 ||
+                    (sfa_col_of(3) == 0 && sfb_col_of(3) == 0 && sf_byte_of(0) == 0 && sf_byte_of(3) == 3),
+                "MXF8: byte = k, one column group");
+  static_assert(kKind != MmaKind::MXF4 ||
+                    (sfa_col_of(0) == 0 && sf_byte_of(0) == 0 && sfa_col_of(1) == 0 && sf_byte_of(1) == 2 &&
+                     sfa_col_of(2) == 4 && sf_byte_of(2) == 0 && sfa_col_of(3) == 4 && sf_byte_of(3) == 2),
+                "MXF4 vec32: (col, byte) = (0,0) (0,2) (4,0) (4,2)");
+  static_assert(kKind != MmaKind::MXF4NVF4 ||
+                    (sf_byte_of(1) == 0 && sf_byte_of(3) == 0 && sfa_col_of(1) == 4 && sfa_col_of(3) == 12 &&
+                     (kTileN != 256 || sfb_col_of(1) == 8)),
+                "NVF4 vec16: byte 0; column +4 (SFA) / +8 (SFB, N = 256)");
+  static_assert(kSfaCols == sfa_col_of(kMmasPerBlock - 1) + 4 &&
+                    kSfbCols == sfb_col_of(kMmasPerBlock - 1) + 4 * kSfbMnAtoms,
+                "SF columns per operand = (MN/32) * tileK / (4 vec)");
+
+  template <class Params>
+  static __device__ void run(const Params& p) {
+    if constexpr (Config::kBatched) {
+      run_with(p, BatchedScheduler<kTileM, kTileN>(p.m_rows, p.n, p.num_experts));
+    } else {
+      run_with(p, GroupedScheduler<kTileM, kTileN>(static_cast<const int*>(p.offsets), p.num_experts, p.n));
+    }
+  }
+
+  template <class Params, class Sched>
+  static __device__ void run_with(const Params& p, const Sched& sched) {
+    Frame f;
+    f.setup(p);
+    const int k_bytes = (p.k + kElemsPerByte - 1) / kElemsPerByte;
+    const int k_blocks = (k_bytes + kBlockKBytes - 1) / kBlockKBytes;
+    if (f.warp == kWarpTma) {
+      producer(p, f, sched, k_blocks);
+    } else if (f.warp == kWarpMma) {
+      if (f.is_leader) {
+        f.mma_loop(sched, k_blocks, [&](uint32_t d_tmem, int s, bool accumulate) { issue(f, d_tmem, s, accumulate); });
+      }
+    } else if (f.warp == kWarpSched) {
+      f.claim_tiles(p, sched.num_tiles());
+    } else if (f.warp >= kFirstEpiWarp) {
+      epilogue(p, f, sched, k_blocks);
+    }
+    f.teardown();
+  }
+
+  template <class Params, class Sched>
+  static __device__ void producer(const Params& p, Frame& f, const Sched& sched, int k_blocks) {
+    DeviceTmap<Frame::kTmapSlots> dtm_b, dtm_sfb;  // discrete weights: B and SFB per expert
+    const CUtensorMap* tmap_b = &p.tma_b;
+    const CUtensorMap* tmap_sfb = &p.tma_sfb;
+    int map_expert = -1;
+    if (Config::kDiscreteB && f.lane == 0) {
+      CUtensorMap* ws = static_cast<CUtensorMap*>(p.tmap_workspace) + cta_linear_id() * Frame::kTmapSlotStride;
+      dtm_b.init(&p.tma_b, ws, f.tmap_staging);
+      dtm_sfb.init(&p.tma_sfb, ws + Frame::kTmapSlotsPerMap, f.tmap_staging + 1);
+    }
+    f.producer(p, sched, k_blocks, [&](const GroupedTile& t, int kb, uint64_t* bar, int s) {
+      if constexpr (Config::kDiscreteB) {
+        if (t.expert != map_expert) {
+          tmap_b = dtm_b.update(reinterpret_cast<const void*>(__ldg(static_cast<const unsigned long long*>(p.b_ptrs) + t.expert)));
+          tmap_sfb = dtm_sfb.update(reinterpret_cast<const void*>(__ldg(static_cast<const unsigned long long*>(p.sfb_ptrs) + t.expert)));
+          map_expert = t.expert;
+        }
+      }
+      const int l = Config::kBatched ? t.expert : 0;            // batch coordinate of A / SFA
+      const int lb = Config::kDiscreteB ? 0 : t.expert;          // expert / batch coordinate of B / SFB
+      const int m_row = t.m_block * kTileM + f.cta_half * kRowsD;  // first A row this CTA loads
+      const int n_row = t.n_block * kTileN + f.cta_half * kRowsB;
+      // TILE_M 64: rows go to the half of the 128-row stage matching their half of the SF atom.
+      uint8_t* sa = f.smem_a(s) + (kTileM == 64 ? (m_row % 128) / 64 * (64 * kBlockKBytes) : 0);
+      const int kx = kb * kBlockKBytes;
+      tma_load_nd<kCtaGroup, Config::kBatched ? 3 : 2>(&p.tma_a, bar, sa, kx, m_row, l, 0, CacheHint::kEvictFirst);
+      tma_load_nd<kCtaGroup, Config::kDiscreteB ? 2 : 3>(tmap_b, bar, f.smem_b(s), kx, n_row, lb, 0, CacheHint::kEvictLast);
+      uint8_t* sf = f.smem_sf(s);
+      tma_load_nd<kCtaGroup, 4>(&p.tma_sfa, bar, sf, 0, kb * kSfKAtoms, m_row / 128, l);
+      tma_load_nd<kCtaGroup, 4>(tmap_sfb, bar, sf + kSfaBytes, 0, kb * kSfKAtoms, t.n_block * kSfbMnAtoms, lb);
+    });
+  }
+
+  // One k-block on the elected MMA lane: UTCCP the scale atoms, then the 4 MMAs.
+  static __device__ void issue(const Frame& f, uint32_t d_tmem, int s, bool accumulate) {
+    const uint32_t sf_addr = smem_u32(f.smem_sf(s));
+#pragma unroll
+    for (int ka = 0; ka < kSfKAtoms; ++ka) {
+      utccp_sf_atom<kCtaGroup>(make_smem_desc(sf_addr + ka * 512, kSfUtccpHi, 0),
+                               f.tmem_base + kSfaCol + ka * 4);
+#pragma unroll
+      for (int j = 0; j < kSfbMnAtoms; ++j) {
+        utccp_sf_atom<kCtaGroup>(make_smem_desc(sf_addr + kSfaBytes + (j * kSfKAtoms + ka) * 512, kSfUtccpHi, 0),
+                                 f.tmem_base + kSfbCol + (ka * kSfbMnAtoms + j) * 4);
+      }
+    }
+    const uint64_t da = make_smem_desc(smem_u32(f.smem_a(s)), kSw128KMajorHi, kSw128KMajorLbo);
+    const uint64_t db = make_smem_desc(smem_u32(f.smem_b(s)), kSw128KMajorHi, kSw128KMajorLbo);
+#pragma unroll
+    for (int k = 0; k < kMmasPerBlock; ++k) {
+      if constexpr (kFault != kFaultSkipMma) {
+        mma_block_scaled<kCtaGroup, kKind>(d_tmem, da + k * kDescKStep, db + k * kDescKStep,
+                                           idesc_with_sf_id(kIdesc, sf_byte_of(k), sf_byte_of(k)),
+                                           accumulate || k > 0, f.tmem_base + kSfaCol + sfa_col_of(k),
+                                           f.tmem_base + kSfbCol + sfb_col_of(k));
+      }
+    }
+  }
+
+  template <class Params, class Sched>
+  static __device__ void epilogue(const Params& p, Frame& f, const Sched& sched, int k_blocks) {
+    const int ew = f.warp - kFirstEpiWarp;  // TMEM lanes 32*ew..
+    const uint32_t buf = smem_u32(f.staging) + ew * kStagingBytes;
+    int amax_bits = 0;                      // max |C| as float bits (NaN sorts above +inf)
+    f.epilogue_loop(sched, [&](const GroupedTile& t, uint32_t acc_col) {
+      const int m0 = t.m_block * kTileM + f.cta_half * kRowsD;  // first row this CTA stores
+      const int half = kTileM == 64 ? (m0 % 128) / 64 : 0;
+      const int local = ew * 32 - half * 64;                      // first tile row of this warp
+      int rows_valid = (local >= 0 && local < kRowsD) ? 32 : 0;
+      if constexpr (Config::kBatched) rows_valid = min(rows_valid, max(p.m_rows - (m0 + local), 0));
+      const int64_t row0 = (Config::kBatched ? int64_t(t.expert) * p.m_rows : 0) + m0 + local;
+      const int n0 = t.n_block * kTileN;
+#pragma unroll 1
+      for (int c = 0; c < kTileN / kEpiChunkCols; ++c) {
+        float acc[32];
+        tmem_load_chunk(tmem_addr(f.tmem_base, 32 * ew, acc_col + c * kEpiChunkCols), k_blocks == 0, acc);
+        if (c == kTileN / kEpiChunkCols - 1) f.release_accumulator();
+        const int col0 = n0 + c * kEpiChunkCols, cols_valid = p.n - col0;
+        if (cols_valid <= 0 || rows_valid <= 0) continue;  // warp-uniform
+        if (f.lane < rows_valid) {
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            if (j < cols_valid) amax_bits = max(amax_bits, __float_as_int(fabsf(acc[j])));
+          }
+        }
+        if constexpr (kFault == kFaultSpill) spill_through_local(acc, f.lane);
+        ElementC* c_out = static_cast<ElementC*>(p.c_out);
+        if constexpr (kCMajorM) {
+          // (row, col, l) at (l * N + col) * ldc + row: ldc = M for a dense (M, N, L) M-major C.
+          const int64_t col_base = ((Config::kBatched ? int64_t(t.expert) * p.n : 0) + col0) * p.ldc;
+          store_col32<ElementC>(c_out + col_base + (m0 + local + f.lane), p.ldc, cols_valid, f.lane < rows_valid, acc);
+        } else if constexpr (is_narrow<ElementC>()) {
+          if (f.lane < rows_valid) {
+            const int64_t e = (row0 + f.lane) * p.ldc + col0;  // element index; FP4 packs 2 per byte
+            store_row32_narrow<ElementC>(static_cast<uint8_t*>(p.c_out) + e * out_bits<ElementC>() / 8, cols_valid, acc);
+          }
+        } else {
+          store_block32<ElementC>(buf, c_out + row0 * p.ldc + col0, p.ldc, cols_valid, rows_valid, f.lane, acc);
+        }
+      }
+    });
+    // One global atomicMax per CTA (seed 004 amax), over everything this CTA stored.
+    amax_bits = __reduce_max_sync(0xffffffffu, amax_bits);
+    int* slot = reinterpret_cast<int*>(f.staging);  // staging is idle now
+    named_barrier_sync(1, 32 * kNumEpiWarps);
+    if (f.lane == 0) slot[ew] = amax_bits;
+    named_barrier_sync(1, 32 * kNumEpiWarps);
+    if (ew == 0 && f.lane == 0 && p.amax != nullptr) {
+      int m = max(max(slot[0], slot[1]), max(slot[2], slot[3]));
+      atomicMax(static_cast<int*>(p.amax), m);  // init 0 or -inf: float order == int order for >= 0
+    }
+  }
+};
+
+}  // namespace fusegemm::sm100

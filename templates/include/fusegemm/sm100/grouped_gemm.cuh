@@ -1,0 +1,176 @@
+// sm_100a BF16 grouped GEMM (seed 001): tcgen05.mma kind::f16, FP32 accumulator in TMEM.
+//
+// Persistent warp-specialised kernel, 256 threads, 1 CTA per SM (role layout after CUTLASS
+// KRN:144/418 and DeepGEMM impls/sm100_bf16_gemm.cuh, adapted):
+//   warp 0      TMA producer: A (rows, K) and B (N, K, L) k-blocks into an smem ring
+//   warp 1      MMA issuer: one elected lane issues tcgen05.mma + tcgen05.commit
+//               (2-CTA tiles: only the even "leader" CTA of the pair issues)
+//   warp 2      TMEM allocator (alloc at start, dealloc at the end)
+//   warp 3      tile claimer (dynamic scheduling only)
+//   warps 4..7  epilogue (one warpgroup: warp w reads TMEM lanes 32*(w%4)..)
+// TILE_M 256 runs as a CTA pair with cta_group::2 (instruction M = 256): each CTA loads its 128
+// A rows and half of B's rows, owns 128x TILE_N accumulators in its own TMEM and stores its
+// rows. TILE_M 64 uses the M=64 instruction (accumulator rows in TMEM lanes (r%16)+32(r/16)).
+// Barrier and fence protocol: fusegemm/sm100/pipeline.cuh header, sm100-protocol.md §1/§4.
+#pragma once
+
+#include "fusegemm/sm100/kernel_frame.cuh"
+
+namespace fusegemm::sm100 {
+
+template <class Config>
+struct GroupedGemmKernel {
+  using ElementA = typename Config::ElementA;
+  using ElementB = typename Config::ElementB;
+  using ElementC = typename Config::ElementC;
+  using ElementD = typename Config::ElementD;
+  static_assert(cute::is_same_v<ElementA, ElementB>, "A and B share one 16-bit format");
+  static_assert(cute::is_same_v<ElementA, cutlass::bfloat16_t> || cute::is_same_v<ElementA, cutlass::half_t>,
+                "kind::f16 kernel: A/B are bf16 or fp16");
+
+  static constexpr int kFault = fault_injection<Config>();
+  static constexpr int kTileM = Config::kTileM;
+  static constexpr int kTileN = Config::kTileN;
+  static constexpr int kCtaGroup = kTileM == 256 ? 2 : 1;
+  static constexpr int kBlockK = 64;                       // 128 B of K per row: one SW128 atom
+  static constexpr int kUmmaK = 16;                        // 256 bits of bf16
+  static constexpr int kRowsA = kTileM / kCtaGroup;        // A rows (and D rows) per CTA
+  static constexpr int kRowsB = kTileN / kCtaGroup;        // B rows per CTA (N split over the pair)
+  static constexpr int kStageBytesA = kRowsA * kBlockK * 2;
+  static constexpr int kStageBytesB = kRowsB * kBlockK * 2;
+  static constexpr int kAccStages = 2 * kTileN <= kTmemColumns ? 2 : 1;
+  static constexpr int kAccCols = kAccStages * kTileN;
+  static constexpr int kTmemCols = tmem_alloc_columns(kAccCols);
+  static constexpr int kStagingBytes =
+      staging_bytes<ElementC>() > staging_bytes<ElementD>() ? staging_bytes<ElementC>() : staging_bytes<ElementD>();
+
+  using Frame = KernelFrame<kCtaGroup, Config::kDynamicSched, kStageBytesA, kStageBytesB, 0,
+                            kAccStages, kTileN, kTmemCols, kStagingBytes * kNumEpiWarps,
+                            Config::kDiscreteB ? 1 : 0>;
+  static constexpr int kStages = Frame::kStages;
+  static constexpr int kThreads = Frame::kThreads;
+  static constexpr int kSmemBytes = Frame::kSmemBytes;
+  static constexpr int kTmapSlots = Frame::kTmapSlots, kTmapSlotStride = Frame::kTmapSlotStride;
+  // Host contract for the tensor maps (runtime/tensormap.py): SWIZZLE_128B, K innermost.
+  static constexpr int kBoxK = kBlockK, kBoxRowsA = kRowsA, kBoxRowsB = kRowsB;
+
+  // ---- static protocol checks (sm100-protocol.md §8) ----
+  static constexpr uint32_t kIdesc =
+      idesc_f16(kTileM, kTileN, kFault == kFaultWrongFormat ? F16Fmt::F16 : f16_fmt<ElementA>(),
+                f16_fmt<ElementB>());
+  static_assert(legal_f16_shape<kCtaGroup, kTileM, kTileN>(), "bug #9: illegal kind::f16 shape");
+  static_assert(kTileM == 64 || kTileM == 128 || kTileM == 256, "TILE_M in {64, 128, 256}");
+  static_assert(kTileN == 128 || kTileN == 256, "TILE_N in {128, 256}");
+  static_assert(kCtaGroup == 1 || Config::kClusterM % 2 == 0, "TILE_M 256 pairs CTAs along cluster M");
+  // bug #3: every field but M/N equals the golden bf16 descriptor 0x08400490 (F32 acc, BF16 A/B,
+  // K-major, dense); M/N fields as the instruction shape.
+  static_assert(!cute::is_same_v<ElementA, cutlass::bfloat16_t> ||
+                    (kIdesc & ~kIdescShapeMask) == (0x08400490u & ~kIdescShapeMask),
+                "bug #3: instruction descriptor differs from the golden bf16 descriptor");
+  static_assert((kIdesc & kIdescShapeMask) == ((uint32_t(kTileN >> 3) << 17) | (uint32_t(kTileM >> 4) << 24)),
+                "bug #3: instruction shape fields");
+  static_assert(kUmmaK * 16 / 128 == int(kDescKStep), "bug #6: K advance +2 per k-block");
+  static_assert(kBlockK * 2 == 128, "bug #4: K-major SW128 descriptor assumes 128-B rows");
+  static_assert(kAccCols <= kTmemCols && kTmemCols <= kTmemColumns, "bug #10: TMEM overflow");
+  static_assert(Frame::kTxBytes == (kStageBytesA + kStageBytesB) * kCtaGroup,
+                "bug #1: expect_tx = boxes of both CTAs");
+
+  template <class Params>
+  static __device__ void run(const Params& p) {
+    Frame f;
+    f.setup(p);
+    GroupedScheduler<kTileM, kTileN> sched(static_cast<const int*>(p.offsets), p.num_experts, p.n);
+    const int k_blocks = (p.k + kBlockK - 1) / kBlockK;
+
+    if (f.warp == kWarpTma) {
+      // Discrete weights: per-expert B maps rewritten on the device (tma.cuh DeviceTmap).
+      DeviceTmap<Frame::kTmapSlots> dtm;
+      const CUtensorMap* tmap_b = &p.tma_b;
+      int map_expert = -1;
+      if (Config::kDiscreteB && f.lane == 0) {
+        dtm.init(&p.tma_b, static_cast<CUtensorMap*>(p.tmap_workspace) + cta_linear_id() * Frame::kTmapSlotStride,
+                 f.tmap_staging);
+      }
+      f.producer(p, sched, k_blocks, [&](const GroupedTile& t, int kb, uint64_t* bar, int s) {
+        if constexpr (Config::kDiscreteB) {
+          if (t.expert != map_expert) {
+            tmap_b = dtm.update(reinterpret_cast<const void*>(
+                __ldg(static_cast<const unsigned long long*>(p.b_ptrs) + t.expert)));
+            map_expert = t.expert;
+          }
+        }
+        const int m_row = t.m_block * kTileM + f.cta_half * kRowsA;
+        const int n_row = t.n_block * kTileN + f.cta_half * kRowsB;
+        tma_load_nd<kCtaGroup, 2>(&p.tma_a, bar, f.smem_a(s), kb * kBlockK, m_row, 0, 0, CacheHint::kEvictFirst);
+        // Dense B: 3-D map (K, N, L); discrete: the expert's 2-D (K, N) map.
+        tma_load_nd<kCtaGroup, Config::kDiscreteB ? 2 : 3>(tmap_b, bar, f.smem_b(s), kb * kBlockK, n_row,
+                                                          t.expert, 0, CacheHint::kEvictLast);
+      });
+    } else if (f.warp == kWarpMma) {
+      if (f.is_leader) {
+        f.mma_loop(sched, k_blocks, [&](uint32_t d_tmem, int s, bool accumulate) {
+          const uint64_t da = make_smem_desc(smem_u32(f.smem_a(s)), kSw128KMajorHi, kSw128KMajorLbo);
+          const uint64_t db = make_smem_desc(smem_u32(f.smem_b(s)), kSw128KMajorHi, kSw128KMajorLbo);
+#pragma unroll
+          for (int k = 0; k < kBlockK / kUmmaK; ++k) {
+            if constexpr (kFault != kFaultSkipMma) {
+              mma_f16<kCtaGroup>(d_tmem, da + k * kDescKStep, db + k * kDescKStep, kIdesc, accumulate || k > 0);
+            }
+          }
+        });
+      }
+    } else if (f.warp == kWarpSched) {
+      f.claim_tiles(p, sched.num_tiles());
+    } else if (f.warp >= kFirstEpiWarp) {
+      epilogue(p, f, sched, k_blocks);
+    }
+    f.teardown();
+  }
+
+  template <class Params, class Sched>
+  static __device__ void epilogue(const Params& p, Frame& f, const Sched& sched, int k_blocks) {
+    const int ew = f.warp - kFirstEpiWarp;  // == warp % 4: the TMEM lane quarter it may read
+    constexpr bool kM64 = kTileM == 64;
+    const int rows_valid = kM64 ? 16 : 32;
+    const uint32_t buf = smem_u32(f.staging) + ew * kStagingBytes;
+    epi::GroupedGemmRule<Config> rule;
+    f.epilogue_loop(sched, [&](const GroupedTile& t, uint32_t acc_col) {
+      const int warp_row0 = t.m_block * kTileM + f.cta_half * kRowsA + ew * rows_valid;
+      const int row = warp_row0 + f.lane;  // meaningful for lane < rows_valid
+      rule.begin_tile(p, t.expert);
+      const float prob = f.lane < rows_valid ? rule.row(p, row) : 0.0f;
+      const int n0 = t.n_block * kTileN;
+#pragma unroll 1
+      for (int c = 0; c < kTileN / kEpiChunkCols; ++c) {
+        float acc[32];
+        tmem_load_chunk(tmem_addr(f.tmem_base, 32 * ew, acc_col + c * kEpiChunkCols), k_blocks == 0, acc);
+        if (c == kTileN / kEpiChunkCols - 1) f.release_accumulator();  // after wait::ld
+        const int col0 = n0 + c * kEpiChunkCols;
+        const int cols_valid = p.n - col0;
+        if (cols_valid <= 0) continue;
+        float out[32];
+        if constexpr (Config::kGenerateC) {
+#pragma unroll
+          for (int j = 0; j < 32; j += 2) {
+            float2 b = rule.col2(p, col0 + j);
+            out[j] = rule.apply(acc[j], prob, b.x).c;
+            out[j + 1] = rule.apply(acc[j + 1], prob, b.y).c;
+          }
+          store_block32<ElementC>(buf, static_cast<ElementC*>(p.c_out) + int64_t(warp_row0) * p.ldc + col0,
+                                  p.ldc, cols_valid, rows_valid, f.lane, out);
+        }
+#pragma unroll
+        for (int j = 0; j < 32; j += 2) {
+          float2 b = rule.col2(p, col0 + j);
+          out[j] = rule.apply(acc[j], prob, b.x).d;
+          out[j + 1] = rule.apply(acc[j + 1], prob, b.y).d;
+        }
+        if constexpr (kFault == kFaultSpill) spill_through_local(out, f.lane);
+        store_block32<ElementD>(buf, static_cast<ElementD*>(p.d_out) + int64_t(warp_row0) * p.ldd + col0,
+                                p.ldd, cols_valid, rows_valid, f.lane, out);
+      }
+    });
+  }
+};
+
+}  // namespace fusegemm::sm100

@@ -1,0 +1,232 @@
+// sm_100a pipeline pieces that the arch-neutral fusegemm/tma.cuh does not have: pipeline
+// state, cluster geometry and barriers, 2-CTA (cta_group::2) TMA loads, cluster-scope waits,
+// and the tile stream (static walk or a dynamic claim ring) every warp role consumes.
+//
+// Barrier protocol (sm100-protocol.md §1 "Pipelines", §4; CUTLASS P100/P90, KRN):
+//   smem stage  full[s]      count 1: the MMA-leader CTA's producer does arrive.expect_tx with
+//                            the bytes of *both* CTAs of a pair; a follower's TMA completes its
+//                            bytes on the leader's barrier (address & 0xFEFFFFFF, copy_sm100_tma.hpp:45).
+//               empty[s]     count 1: one tcgen05.commit per k-tile (multicast to the pair).
+//   accumulator tmem_full[a] count 1: tcgen05.commit after the tile's last k-tile (multicast to the pair).
+//               tmem_empty[a] count 128 x cta_group: every epilogue thread of both CTAs arrives on the
+//                            leader's barrier (P100:272-276).
+//   producer side waits with the inverted phase (starts at phase 1, P90:254-260).
+#pragma once
+
+#include "fusegemm/common.cuh"
+#include "fusegemm/scheduler.cuh"
+#include "fusegemm/tma.cuh"
+
+namespace fusegemm::sm100 {
+
+template <int kStages>
+struct PipeState {
+  int index = 0;
+  uint32_t phase = 0;
+  FUSEGEMM_DEVICE void advance() {
+    if (++index == kStages) { index = 0; phase ^= 1u; }
+  }
+};
+
+// ---- cluster geometry (PTX special registers) -------------------------------------------------
+FUSEGEMM_DEVICE uint32_t cluster_cta_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+FUSEGEMM_DEVICE uint32_t cluster_num_ctas() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+  return r;
+}
+// Linear cluster id in the grid and number of clusters.
+FUSEGEMM_DEVICE uint32_t cluster_linear_id() {
+  uint32_t x, y, z, nx, ny;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(x));
+  asm volatile("mov.u32 %0, %%clusterid.y;" : "=r"(y));
+  asm volatile("mov.u32 %0, %%clusterid.z;" : "=r"(z));
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(nx));
+  asm volatile("mov.u32 %0, %%nclusterid.y;" : "=r"(ny));
+  return x + nx * (y + ny * z);
+}
+FUSEGEMM_DEVICE uint32_t cluster_count() {
+  uint32_t nx, ny, nz;
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(nx));
+  asm volatile("mov.u32 %0, %%nclusterid.y;" : "=r"(ny));
+  asm volatile("mov.u32 %0, %%nclusterid.z;" : "=r"(nz));
+  return nx * ny * nz;
+}
+FUSEGEMM_DEVICE uint32_t cta_linear_id() {
+  return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+}
+
+// Full cluster barrier, all threads of every CTA (CUTLASS cluster_sync: arrive.release +
+// wait.acquire; the release orders this thread's smem writes and remote arrivals before it).
+FUSEGEMM_DEVICE void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// ---- 2-CTA TMA loads (copy_sm100_tma.hpp SM100_TMA_2SM_LOAD_*) ---------------------------------
+// Both CTAs of the pair load into their own smem; the transaction bytes complete on the
+// leader's barrier: clearing the peer bit of the shared::cluster address maps the local
+// barrier offset to the even (leader) CTA.
+constexpr uint32_t kPeerBitMask = 0xFEFFFFFFu;
+
+FUSEGEMM_DEVICE void tma_load_2sm_2d(const CUtensorMap* desc, uint64_t* bar, void* smem, int c0,
+                                     int c1, CacheHint hint = CacheHint::kNormal) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.cta_group::2.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4}], [%2], %5;"
+      ::"r"(smem_u32(smem)), "l"(desc), "r"(smem_u32(bar) & kPeerBitMask), "r"(c0), "r"(c1),
+        "l"(static_cast<uint64_t>(hint))
+      : "memory");
+}
+
+FUSEGEMM_DEVICE void tma_load_2sm_3d(const CUtensorMap* desc, uint64_t* bar, void* smem, int c0,
+                                     int c1, int c2, CacheHint hint = CacheHint::kNormal) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.cta_group::2.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;"
+      ::"r"(smem_u32(smem)), "l"(desc), "r"(smem_u32(bar) & kPeerBitMask), "r"(c0), "r"(c1),
+        "r"(c2), "l"(static_cast<uint64_t>(hint))
+      : "memory");
+}
+
+// 4-D loads (scale-factor atoms: {128 words, k-atoms, mn-atoms, L}); tma.cuh stops at 3-D.
+FUSEGEMM_DEVICE void tma_load_4d(const CUtensorMap* desc, uint64_t* bar, void* smem, int c0, int c1,
+                                 int c2, int c3, CacheHint hint = CacheHint::kNormal) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;"
+      ::"r"(smem_u32(smem)), "l"(desc), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+        "l"(static_cast<uint64_t>(hint))
+      : "memory");
+}
+
+FUSEGEMM_DEVICE void tma_load_2sm_4d(const CUtensorMap* desc, uint64_t* bar, void* smem, int c0,
+                                     int c1, int c2, int c3, CacheHint hint = CacheHint::kNormal) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.cta_group::2.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;"
+      ::"r"(smem_u32(smem)), "l"(desc), "r"(smem_u32(bar) & kPeerBitMask), "r"(c0), "r"(c1),
+        "r"(c2), "r"(c3), "l"(static_cast<uint64_t>(hint))
+      : "memory");
+}
+
+// One TMA load of kDims (2..4) coordinates, 1-CTA or 2-CTA form, chosen at compile time.
+template <int kCtaGroup, int kDims>
+FUSEGEMM_DEVICE void tma_load_nd(const CUtensorMap* desc, uint64_t* bar, void* smem, int c0, int c1,
+                                 int c2 = 0, int c3 = 0, CacheHint hint = CacheHint::kNormal) {
+  static_assert(kDims >= 2 && kDims <= 4, "2-D to 4-D maps");
+  if constexpr (kCtaGroup == 1) {
+    if constexpr (kDims == 2) tma_load_2d(desc, bar, smem, c0, c1, hint);
+    if constexpr (kDims == 3) tma_load_3d(desc, bar, smem, c0, c1, c2, hint);
+    if constexpr (kDims == 4) tma_load_4d(desc, bar, smem, c0, c1, c2, c3, hint);
+  } else {
+    if constexpr (kDims == 2) tma_load_2sm_2d(desc, bar, smem, c0, c1, hint);
+    if constexpr (kDims == 3) tma_load_2sm_3d(desc, bar, smem, c0, c1, c2, hint);
+    if constexpr (kDims == 4) tma_load_2sm_4d(desc, bar, smem, c0, c1, c2, c3, hint);
+  }
+}
+
+// ---- cluster-scope barrier pieces ---------------------------------------------------------------
+// Wait with cluster-scope acquire: the data guarded by the phase was written by another CTA.
+FUSEGEMM_DEVICE void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      "WAIT_%=:\n"
+      " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra WAIT_%=;\n}\n"
+      ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+}
+
+// Arrive on CTA `cta`'s barrier at the same offset, default (.release.cta) semantics, as CUTLASS
+// ClusterBarrier::arrive(cta_id) (BAR:466) and umma_arrive_2x1SM_sm0: used for the follower's
+// tmem_empty arrivals, where tcgen05.wait::ld + tcgen05.fence::before_thread_sync carry the
+// ordering that matters (TMEM reads done) and a cluster-scope release would stall every
+// epilogue thread on its outstanding global stores.
+FUSEGEMM_DEVICE void mbar_arrive_remote(uint64_t* bar, uint32_t cta) {
+  asm volatile(
+      "{\n .reg .b32 remote;\n"
+      " mapa.shared::cluster.u32 remote, %0, %1;\n"
+      " mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n"
+      ::"r"(smem_u32(bar)), "r"(cta) : "memory");
+}
+
+// 32-bit store into CTA `cta`'s shared memory at the same offset as `local`.
+FUSEGEMM_DEVICE void st_shared_cluster(const void* local, uint32_t cta, int value) {
+  asm volatile(
+      "{\n .reg .b32 remote;\n"
+      " mapa.shared::cluster.u32 remote, %0, %1;\n"
+      " st.shared::cluster.b32 [remote], %2;\n}\n"
+      ::"r"(smem_u32(local)), "r"(cta), "r"(value) : "memory");
+}
+
+// ---- tile stream ---------------------------------------------------------------------------------
+// Every role walks the same sequence of linear tile ids. Static: unit u takes u, u+U, u+2U...
+// Dynamic: the first tile is u (no atomic), later ones U + atomicAdd(counter) (host zeroes the
+// counter per call). The scheduler warp of the leader CTA claims into a small smem ring; in a
+// 2-CTA pair it also writes the follower's ring and arrives on its `full`; consumers of both
+// CTAs release a slot on the leader's `empty` (one arrival per consuming warp). A claim past
+// the last tile is pushed too: it tells every consumer to stop.
+constexpr int kSchedStages = 4;
+
+struct TileRing {
+  uint64_t full[kSchedStages];
+  uint64_t empty[kSchedStages];
+  int tile[kSchedStages];
+};
+
+template <bool kDynamic, int kCtaGroup>
+struct TileStream {
+  TileRing* ring;
+  int unit, num_units;
+  PipeState<kSchedStages> st;
+  bool first = true;
+
+  FUSEGEMM_DEVICE TileStream(TileRing* r, int unit_, int num_units_)
+      : ring(r), unit(unit_), num_units(num_units_) {}
+
+  // Whole warp calls; returns the same id in every lane. One arrival per warp on the leader.
+  FUSEGEMM_DEVICE int next(bool is_leader) {
+    if constexpr (!kDynamic) {
+      int t = first ? unit : unit + num_units;
+      unit = t;
+      first = false;
+      return t;
+    } else {
+      if constexpr (kCtaGroup == 1) mbar_wait(&ring->full[st.index], st.phase);
+      else mbar_wait_cluster(&ring->full[st.index], st.phase);
+      int t = ring->tile[st.index];
+      __syncwarp();
+      if (elect_one()) {
+        if (kCtaGroup == 1 || is_leader) mbar_arrive(&ring->empty[st.index]);
+        else mbar_arrive_cluster(&ring->empty[st.index], cluster_cta_rank() & ~1u);
+      }
+      st.advance();
+      return t;
+    }
+  }
+};
+
+// Scheduler warp body (one lane), dynamic scheduling only, leader CTA only.
+template <int kCtaGroup>
+FUSEGEMM_DEVICE void run_tile_claimer(TileRing* ring, unsigned int* counter, int unit,
+                                      int num_units, int num_tiles) {
+  PipeState<kSchedStages> st;
+  for (int i = 0;; ++i) {
+    int t = i == 0 ? unit : num_units + dynamic_claim(counter);
+    mbar_wait(&ring->empty[st.index], st.phase ^ 1u);
+    ring->tile[st.index] = t;
+    mbar_arrive(&ring->full[st.index]);
+    if constexpr (kCtaGroup == 2) {
+      uint32_t peer = cluster_cta_rank() | 1u;
+      st_shared_cluster(&ring->tile[st.index], peer, t);
+      mbar_arrive_cluster(&ring->full[st.index], peer);  // release.cluster orders the store
+    }
+    if (t >= num_tiles) break;
+    st.advance();
+  }
+}
+
+}  // namespace fusegemm::sm100

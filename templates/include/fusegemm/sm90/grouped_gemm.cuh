@@ -1,0 +1,351 @@
+// Persistent, warp-specialized BF16 grouped GEMM for sm_90a (seed 001).
+//
+//   warpgroups 0 .. kConsumerWGs-1 : WGMMA consumers, 64 rows of the tile each, FP32
+//                                    accumulators in registers, then the epilogue
+//   last warpgroup                 : producer; one elected thread schedules tiles and
+//                                    issues the TMA loads of A and B
+//
+// Pipeline: kStages smem stages of (TILE_M x 64) A + (TILE_N x 64) B, SWIZZLE_128B,
+// guarded by full (1 arrival + TMA bytes) and empty (one arrival per consumer warp)
+// mbarriers. Tiles flow from the producer to the consumers through a small ring in smem
+// (kTileRing slots, own full/empty barriers), so static and dynamic scheduling differ only
+// in how the producer picks the next linear tile; the consumers never touch the scheduler.
+// The producer runs ahead across tiles, so the next tile's loads overlap this epilogue.
+//
+// Epilogue: each consumer warp owns 16 complete rows of the tile in its WGMMA fragment,
+// so it stages 128-byte column chunks in its own padded smem buffer and writes full
+// cache lines (epi::WarpStagedStore), synchronising with __syncwarp only.
+#pragma once
+
+#include "fusegemm/common.cuh"
+#include "fusegemm/epilogue.cuh"
+#include "fusegemm/scheduler.cuh"
+#include "fusegemm/tma.cuh"
+#include "fusegemm/sm90/wgmma.cuh"
+
+// M-blocks per rasterisation band of the tile order (scheduler.cuh). A macro so that
+// tuning runs can compare bands through FUSEGEMM_NVRTC_EXTRA without a new template axis.
+#ifndef FUSEGEMM_RASTER_GROUP
+#define FUSEGEMM_RASTER_GROUP 8
+#endif
+
+// Consumer stagger: warpgroup 1 starts after warpgroup 0 has consumed this many k-blocks
+// of its first tile (0 = lockstep). Both warpgroups then keep the offset, so one
+// warpgroup's epilogue overlaps the other's WGMMAs instead of idling the tensor cores.
+// At most kStages (the producer can run that far ahead of the slower warpgroup).
+#ifndef FUSEGEMM_SM90_STAGGER
+#define FUSEGEMM_SM90_STAGGER 0
+#endif
+
+namespace fusegemm {
+namespace sm90 {
+
+template <class Config>
+struct GroupedGemmKernel {
+  using ElementC = typename Config::ElementC;
+  using ElementD = typename Config::ElementD;
+  using Rule = epi::GroupedGemmRule<Config>;
+  using StoreC = epi::WarpStagedStore<ElementC>;
+  using StoreD = epi::WarpStagedStore<ElementD>;
+
+  static constexpr int kTileM = Config::kTileM;
+  static constexpr int kTileN = Config::kTileN;
+  static constexpr int kTileK = 64;  // 128 bytes of BF16: one SWIZZLE_128B row
+  static_assert(kTileM == 64 || kTileM == 128, "sm_90a kernel: TILE_M must be 64 or 128");
+  static_assert(kTileN == 128 || kTileN == 256, "sm_90a kernel: TILE_N must be 128 or 256");
+  static_assert(Config::kClusterM == 1 && Config::kClusterN == 1,
+                "sm_90a kernel: clusters are not implemented (cluster must be 1x1)");
+
+  static constexpr int kConsumerWGs = kTileM / 64;
+  static constexpr int kConsumerWarps = 4 * kConsumerWGs;
+  static constexpr int kThreads = 128 * (kConsumerWGs + 1);
+  static constexpr int kAccum = kTileN / 2;  // FP32 accumulators per consumer thread
+
+  // Shared memory plan (offsets from the 1024-aligned dynamic smem base).
+  static constexpr int kABytes = kTileM * kTileK * 2;
+  static constexpr int kBBytes = kTileN * kTileK * 2;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kEpiWarpBytes =
+      StoreC::kBytes > StoreD::kBytes ? StoreC::kBytes : StoreD::kBytes;
+  static constexpr int kEpiBytes = kConsumerWarps * kEpiWarpBytes;
+  static constexpr int kTileRing = 4;
+  static constexpr int kMiscBytes = 128 /*tensor-map staging*/ + 16 * kTileRing;
+  // sm_90 opt-in maximum per block (227 KB), less 1 KB that ptxas reports as static smem
+  // for the 1 KB-aligned extern declaration.
+  static constexpr int kSmemLimit = 232448 - 1024;
+  static constexpr int kMaxStages =
+      (kSmemLimit - kEpiBytes - kMiscBytes - 8 * 2 * (8 + kTileRing)) / kStageBytes;
+  static constexpr int kStages = kMaxStages > 8 ? 8 : kMaxStages;
+  static_assert(kStages >= 3, "not enough shared memory for a 3-stage pipeline");
+
+  static constexpr int kOffA = 0;
+  static constexpr int kOffB = kOffA + kStages * kABytes;
+  static constexpr int kOffEpi = kOffB + kStages * kBBytes;
+  static constexpr int kOffTmap = kOffEpi + kEpiBytes;            // 128-aligned (below)
+  static constexpr int kOffRing = kOffTmap + 128;
+  static constexpr int kOffBars = kOffRing + 16 * kTileRing;
+  static constexpr int kNumBars = 2 * kStages + 2 * kTileRing;
+  static constexpr int kSmemBytes = kOffBars + 8 * kNumBars;
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "SW128 stages need 1 KB alignment");
+  static_assert(kOffTmap % 128 == 0, "tensor-map staging must be 128-byte aligned");
+  static_assert(kSmemBytes <= kSmemLimit, "shared memory plan exceeds 227 KB");
+
+  // Register split (setmaxnreg): producer warps give registers to the consumers.
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 232 : 240;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= 65536,
+                "register split exceeds the register file");
+
+  // Slots per CTA in tmap_workspace (discrete weights): a slot is rewritten only after the
+  // pipeline has drained every load issued kStages loads ago (see DeviceTmap). The host
+  // reserves kTmapSlotStride slots of 128 bytes per CTA (ops/grouped_gemm.py).
+  static constexpr int kTmapSlots = kStages;
+  static constexpr int kTmapSlotStride = 8;
+  static_assert(kTmapSlots <= kTmapSlotStride, "more stages than reserved tensor-map slots");
+
+  using Sched = GroupedScheduler<kTileM, kTileN, FUSEGEMM_RASTER_GROUP>;
+
+  static constexpr int kStagger = kConsumerWGs == 2 ? FUSEGEMM_SM90_STAGGER : 0;
+  static_assert(kStagger >= 0 && kStagger <= kStages, "stagger must be within the pipeline");
+  static constexpr uint32_t kStaggerBarrier = 3;  // named barrier id (0 is __syncthreads)
+
+  template <class Params>
+  static __device__ void run(const Params& p) {
+    extern __shared__ __align__(1024) uint8_t smem[];
+    const int tid = threadIdx.x;
+    const int wg = tid / 128;
+
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBars);
+    uint64_t* empty = full + kStages;
+    uint64_t* tile_full = empty + kStages;
+    uint64_t* tile_empty = tile_full + kTileRing;
+    int4* ring = reinterpret_cast<int4*>(smem + kOffRing);
+
+    if (tid == 0) {
+      // SW128 tiles and descriptors assume a 1 KB aligned base; a silent misalignment
+      // would produce wrong results, so stop loudly instead.
+      if (smem_u32(smem) % 1024 != 0) __trap();
+      for (int s = 0; s < kStages; ++s) {
+        mbar_init(&full[s], 1);
+        mbar_init(&empty[s], kConsumerWarps);
+      }
+      for (int s = 0; s < kTileRing; ++s) {
+        mbar_init(&tile_full[s], 1);
+        mbar_init(&tile_empty[s], kConsumerWarps);
+      }
+      mbar_fence_init();
+    }
+    __syncthreads();
+
+    if (wg == kConsumerWGs) {
+      cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+      if (tid % 128 < 32 && elect_one()) {
+        produce(p, smem, full, empty, tile_full, tile_empty, ring);
+      }
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+      consume(p, smem, wg, full, empty, tile_full, tile_empty, ring);
+    }
+  }
+
+  // ------------------------------------------------------------------------------------
+  // Producer: one thread.
+  // ------------------------------------------------------------------------------------
+  template <class Params>
+  static __device__ void produce(const Params& p, uint8_t* smem, uint64_t* full,
+                                 uint64_t* empty, uint64_t* tile_full, uint64_t* tile_empty,
+                                 int4* ring) {
+    prefetch_tmap(&p.tma_a);
+    prefetch_tmap(&p.tma_b);
+    const Sched sched(reinterpret_cast<const int*>(p.offsets), p.num_experts, p.n);
+    const int num_k_blocks = (p.k + kTileK - 1) / kTileK;
+
+    DeviceTmap<kTmapSlots> dtm;
+    const CUtensorMap* tmap_b = &p.tma_b;
+    int tmap_expert = -1;
+    if constexpr (Config::kDiscreteB) {
+      dtm.init(&p.tma_b,
+               reinterpret_cast<CUtensorMap*>(p.tmap_workspace) + blockIdx.x * kTmapSlotStride,
+               reinterpret_cast<CUtensorMap*>(smem + kOffTmap));
+    }
+
+    StaticWalk walk(blockIdx.x, gridDim.x);
+    int stage = 0, slot = 0;
+    uint32_t phase = 0, ring_phase = 0;
+    while (true) {
+      const int linear = Config::kDynamicSched
+                             ? dynamic_claim(reinterpret_cast<unsigned int*>(p.sched_counter))
+                             : walk.claim();
+      const GroupedTile t = sched.tile(linear);
+
+      mbar_wait(&tile_empty[slot], ring_phase ^ 1);
+      ring[slot] = make_int4(t.expert, t.m_block, t.n_block, t.linear);
+      mbar_arrive(&tile_full[slot]);
+      if (++slot == kTileRing) { slot = 0; ring_phase ^= 1; }
+      if (!t.valid()) break;
+
+      const int m0 = t.m_block * kTileM;
+      const int n0 = t.n_block * kTileN;
+      for (int kb = 0; kb < num_k_blocks; ++kb) {
+        mbar_wait(&empty[stage], phase ^ 1);
+        if constexpr (Config::kDiscreteB) {
+          // Rewrite only here, after the empty wait (see kTmapSlots).
+          if (kb == 0 && t.expert != tmap_expert) {
+            const uint64_t* ptrs = reinterpret_cast<const uint64_t*>(p.b_ptrs);
+            tmap_b = dtm.update(reinterpret_cast<const void*>(ptrs[t.expert]));
+            tmap_expert = t.expert;
+          }
+        }
+        mbar_arrive_expect_tx(&full[stage], kStageBytes);
+        tma_load_2d(&p.tma_a, &full[stage], smem + kOffA + stage * kABytes, kb * kTileK, m0);
+        if constexpr (Config::kDiscreteB) {
+          tma_load_2d(tmap_b, &full[stage], smem + kOffB + stage * kBBytes, kb * kTileK, n0);
+        } else {
+          tma_load_3d(tmap_b, &full[stage], smem + kOffB + stage * kBBytes, kb * kTileK, n0,
+                      t.expert);
+        }
+        if (++stage == kStages) { stage = 0; phase ^= 1; }
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------------------------
+  // Consumers: one warpgroup per 64 rows.
+  // ------------------------------------------------------------------------------------
+  template <class Params>
+  static __device__ void consume(const Params& p, uint8_t* smem, int wg, uint64_t* full,
+                                 uint64_t* empty, uint64_t* tile_full, uint64_t* tile_empty,
+                                 int4* ring) {
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;  // 0 .. kConsumerWarps-1
+    const int num_k_blocks = (p.k + kTileK - 1) / kTileK;
+
+    const uint32_t a_base = smem_u32(smem + kOffA) + wg * 64 * 128;
+    const uint32_t b_base = smem_u32(smem + kOffB);
+    const uint64_t da0 = sw128_kmajor_desc(a_base);
+    const uint64_t db0 = sw128_kmajor_desc(b_base);
+
+    int stage = 0, slot = 0;
+    uint32_t phase = 0, ring_phase = 0;
+    float acc[kAccum];
+
+    // Stagger handshake: warpgroup 0 arrives exactly once (after kStagger k-blocks of its
+    // first tile, at the end of that tile if it is shorter, or on exit if it gets none);
+    // warpgroup 1 waits once before its first tile.
+    bool stagger_pending = kStagger > 0 && wg == 0;
+    if constexpr (kStagger > 0) {
+      if (wg == 1) named_barrier_sync(kStaggerBarrier, 256);
+    }
+    auto stagger_release = [&]() {
+      if constexpr (kStagger > 0) {
+        if (stagger_pending) {
+          asm volatile("bar.arrive %0, %1;" ::"r"(kStaggerBarrier), "r"(256) : "memory");
+          stagger_pending = false;
+        }
+      }
+    };
+
+    while (true) {
+      mbar_wait(&tile_full[slot], ring_phase);
+      const int4 t = ring[slot];
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&tile_empty[slot]);
+      if (++slot == kTileRing) { slot = 0; ring_phase ^= 1; }
+      if (t.w < 0) break;
+
+      int prev_stage = 0;
+      for (int kb = 0; kb < num_k_blocks; ++kb) {
+        mbar_wait(&full[stage], phase);
+        fence_acc(acc);
+        cute::warpgroup_arrive();
+        // Descriptor address field is in 16-byte units: stage offsets and the 32-byte K
+        // step are added to the low word directly.
+        const uint64_t da = da0 + static_cast<uint64_t>((stage * kABytes) >> 4);
+        const uint64_t db = db0 + static_cast<uint64_t>((stage * kBBytes) >> 4);
+#pragma unroll
+        for (int k = 0; k < kTileK / 16; ++k) {
+          gmma_64xN<kTileN>(da + 2 * k, db + 2 * k, acc, (kb > 0 || k > 0) ? 1 : 0);
+        }
+        cute::warpgroup_commit_batch();
+        fence_acc(acc);
+        // Keep one batch in flight; the one before it has finished reading its stage.
+        cute::warpgroup_wait<1>();
+        if (kb > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
+        prev_stage = stage;
+        if (++stage == kStages) { stage = 0; phase ^= 1; }
+        if (kb + 1 == kStagger) stagger_release();
+      }
+      stagger_release();
+      cute::warpgroup_wait<0>();
+      fence_acc(acc);
+      if (num_k_blocks > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
+
+      epilogue(p, smem, t.x, t.y, t.z, wg, warp, lane, acc);
+    }
+    stagger_release();
+  }
+
+  // ------------------------------------------------------------------------------------
+  // Epilogue: warp `warp` owns tile rows [16*warp, 16*warp + 16) (warpgroup wg holds rows
+  // 64*wg..). Fragment: acc[4j + {0,1}] -> (row lane/4, cols 8j + 2(lane%4) + {0,1}),
+  // acc[4j + {2,3}] -> same columns, row lane/4 + 8.
+  // ------------------------------------------------------------------------------------
+  template <class Out, class Store, bool kIsC, class Params>
+  static __device__ void store_output(const Params& p, const Rule& rule, uint32_t buf,
+                                      Out* out, int64_t ld, int row0, int n0, float p0,
+                                      float p1, int lane, const float (&acc)[kAccum]) {
+    constexpr int kCols = Store::kCols;
+    const int r0 = lane / 4;
+    const int cq = (lane % 4) * 2;
+#pragma unroll
+    for (int c = 0; c < kTileN / kCols; ++c) {
+      const int chunk_col = n0 + c * kCols;
+      if (chunk_col >= p.n) break;  // warp-uniform: the rest of the tile is past N
+      __syncwarp();                 // previous flush has finished reading the buffer
+#pragma unroll
+      for (int jj = 0; jj < kCols / 8; ++jj) {
+        const int j = c * (kCols / 8) + jj;
+        const float2 b = rule.col2(p, chunk_col + jj * 8 + cq);
+        const auto o00 = rule.apply(acc[4 * j + 0], p0, b.x);
+        const auto o01 = rule.apply(acc[4 * j + 1], p0, b.y);
+        const auto o10 = rule.apply(acc[4 * j + 2], p1, b.x);
+        const auto o11 = rule.apply(acc[4 * j + 3], p1, b.y);
+        if constexpr (kIsC) {
+          Store::put(buf, r0, jj * 8 + cq, o00.c, o01.c);
+          Store::put(buf, r0 + 8, jj * 8 + cq, o10.c, o11.c);
+        } else {
+          Store::put(buf, r0, jj * 8 + cq, o00.d, o01.d);
+          Store::put(buf, r0 + 8, jj * 8 + cq, o10.d, o11.d);
+        }
+      }
+      __syncwarp();
+      Store::flush(buf, out + static_cast<int64_t>(row0) * ld + chunk_col, ld,
+                   p.n - chunk_col, lane);
+    }
+  }
+
+  template <class Params>
+  static __device__ void epilogue(const Params& p, uint8_t* smem, int expert, int m_block,
+                                  int n_block, int wg, int warp, int lane,
+                                  const float (&acc)[kAccum]) {
+    const int row0 = m_block * kTileM + 16 * warp;  // warp = 4*wg + warp-in-group
+    const int n0 = n_block * kTileN;
+    Rule rule;
+    rule.begin_tile(p, expert);
+    const float p0 = rule.row(p, row0 + lane / 4);
+    const float p1 = rule.row(p, row0 + lane / 4 + 8);
+    const uint32_t buf = smem_u32(smem + kOffEpi) + warp * kEpiWarpBytes;
+    if constexpr (Config::kGenerateC) {
+      if (p.c_out != nullptr) {
+        store_output<ElementC, StoreC, true>(p, rule, buf, reinterpret_cast<ElementC*>(p.c_out),
+                                             p.ldc, row0, n0, p0, p1, lane, acc);
+      }
+    }
+    store_output<ElementD, StoreD, false>(p, rule, buf, reinterpret_cast<ElementD*>(p.d_out),
+                                          p.ldd, row0, n0, p0, p1, lane, acc);
+    (void)wg;
+  }
+};
+
+}  // namespace sm90
+}  // namespace fusegemm

@@ -1,0 +1,60 @@
+// WGMMA pieces for the sm_90a mainloop: shared-memory matrix descriptors and the
+// m64nNk16 BF16 -> FP32 instruction over an accumulator array.
+#pragma once
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "fusegemm/common.cuh"
+
+namespace fusegemm {
+namespace sm90 {
+
+// K-major operand tile stored by TMA with SWIZZLE_128B: rows of 64 BF16 (128 bytes),
+// swizzle atoms of 8 rows x 128 bytes = 1024 bytes stacked along M/N.
+//   bits [0,14)  start address >> 4
+//   bits [16,30) leading byte offset >> 4 (ignored for swizzled K-major; 1 as CuTe sets it)
+//   bits [32,46) stride byte offset >> 4  (1024 bytes between 8-row groups)
+//   bits [62,64) layout: 1 = SWIZZLE_128B
+// Stepping K by 16 elements inside the 128-byte atom adds 32 bytes (2 in the low field):
+// the hardware applies the swizzle to the computed address, as CUTLASS/DeepGEMM rely on.
+FUSEGEMM_DEVICE uint64_t sw128_kmajor_desc(uint32_t smem_addr) {
+  return static_cast<uint64_t>((smem_addr >> 4) & 0x3FFF) | (1ull << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
+}
+
+template <int N>
+struct BF16Gmma;
+
+template <>
+struct BF16Gmma<256> {
+  using Op = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
+                                                            cute::SM90::GMMA::Major::K>;
+};
+template <>
+struct BF16Gmma<128> {
+  using Op = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
+                                                            cute::SM90::GMMA::Major::K>;
+};
+
+// One 64xNx16 WGMMA accumulating into acc[N/2] (the m64nN FP32 fragment of this thread).
+// scale_d == 0 overwrites instead of accumulating (first MMA of a tile).
+template <int N, int... I>
+FUSEGEMM_DEVICE void gmma_impl(uint64_t da, uint64_t db, float* acc, int scale_d,
+                               cute::integer_sequence<int, I...>) {
+  BF16Gmma<N>::Op::fma(da, db, acc[I]..., static_cast<cute::SM90::GMMA::ScaleOut>(scale_d));
+}
+
+template <int N>
+FUSEGEMM_DEVICE void gmma_64xN(uint64_t da, uint64_t db, float (&acc)[N / 2], int scale_d) {
+  gmma_impl<N>(da, db, acc, scale_d, cute::make_integer_sequence<int, N / 2>{});
+}
+
+template <int kN>
+FUSEGEMM_DEVICE void fence_acc(float (&acc)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) cute::warpgroup_fence_operand(acc[i]);
+}
+
+}  // namespace sm90
+}  // namespace fusegemm

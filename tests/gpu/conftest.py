@@ -1,0 +1,33 @@
+"""GPU test gate: every test marked ``gpu`` is skipped, with the reason, when no usable GPU
+is present (torch missing, no CUDA device, or an architecture without a fusegemm kernel).
+Nothing here touches CUDA unless torch reports a device."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_skip_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        return "no CUDA GPU (torch.cuda.is_available() is False)"
+    cc = torch.cuda.get_device_capability(0)
+    if cc not in ((9, 0), (10, 0)):
+        return f"GPU compute capability {cc[0]}.{cc[1]} has no fusegemm kernel (needs 9.0 or 10.0)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = None
+    for item in items:
+        if item.get_closest_marker("gpu") is None:
+            continue
+        if reason is None:
+            reason = gpu_skip_reason() or ""
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
