@@ -256,6 +256,32 @@ def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
         _table(["opcode", "count"], [[op, n] for op, n in list(hist.items())[:top]])
 
 
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def selftest(as_json: bool) -> None:
+    """Run every op family on this GPU against the numpy references (pass/fail table)."""
+    from . import selftest as st
+    arch, device = st.detect_arch()
+    if arch is None:
+        if as_json:
+            return _echo_json({"device": None, "reason": device, "rows": []})
+        click.echo(f"selftest: nothing to run: {device}")
+        return
+    rows = st.run(arch)
+    failed = [r for r in rows if r.status == "FAIL"]
+    if as_json:
+        _echo_json({"device": device, "arch": arch, "rows": [r.__dict__ for r in rows]})
+    else:
+        click.echo(f"selftest on {device}")
+        _table(["family", "case", "status", "max error", "seconds", "detail"],
+               [[r.family, r.case, r.status, "-" if r.max_error is None else f"{r.max_error:.3g}",
+                 f"{r.seconds:.2f}", r.detail] for r in rows])
+        click.echo(f"{sum(r.status == 'pass' for r in rows)} passed, {len(failed)} failed, "
+                   f"{sum(r.status == 'not available' for r in rows)} not available")
+    if failed:
+        sys.exit(1)
+
+
 @main.group()
 def cache() -> None:
     """Inspect or clear the kernel cache."""
@@ -294,11 +320,23 @@ def cache_clear(yes: bool) -> None:
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> None:
-    """Plain aligned table (stable for logs and tests; rich only draws the progress bar)."""
+    """Plain aligned table (stable for logs and tests; rich only draws the progress bar).
+    Numeric columns align right, text columns left."""
     cells = [headers] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def numeric(i: int) -> bool:
+        def num(v: str) -> bool:
+            try:
+                float(v)
+            except ValueError:
+                return v == "-"
+            return True
+        return len(cells) > 1 and all(num(r[i]) for r in cells[1:])
+    right = [numeric(i) for i in range(len(headers))]
     for j, r in enumerate(cells):
-        click.echo("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        click.echo("  ".join(c.rjust(w) if right[i] else c.ljust(w)
+                             for i, (c, w) in enumerate(zip(r, widths))).rstrip())
         if j == 0:
             click.echo("  ".join("-" * w for w in widths))
 

@@ -1,0 +1,163 @@
+"""``fusegemm selftest``: run every op family on the GPU that is present, against the numpy
+references, and report a pass/fail table.
+
+Families whose kernel has not landed for the device's arch (the build renders the staging
+carrier) are listed as ``not available`` with the reason; they are not failures. No GPU, or a
+GPU fusegemm has no kernels for, is reported and is not a failure either (exit 0).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .generator.render import STAGING_TEMPLATE, TEMPLATES
+from .generator.params import KERNEL_FAMILIES
+
+# dtype -> relative tolerance: one unit in the last place of the output (rounding of the FP32
+# result, plus one flip at a rounding boundary); the absolute term bounds FP32 accumulation
+# order against the float32 reference: 2**-16 * sum |a||b| per element.
+REL = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-22}
+
+
+@dataclass(frozen=True)
+class Row:
+    family: str
+    case: str
+    status: str          # pass | FAIL | not available
+    max_error: float | None = None
+    seconds: float = 0.0
+    detail: str = ""
+
+
+def detect_arch() -> tuple[str | None, str]:
+    """(arch, description) of CUDA device 0, or (None, why nothing can run)."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return None, "cuda-bindings is not installed"
+    try:
+        err, = driver.cuInit(0)
+    except Exception as exc:  # cuda-bindings raises when libcuda.so is absent (no driver)
+        return None, f"no CUDA driver: {exc}"
+    if int(err) != 0:
+        return None, f"no usable CUDA driver ({err.name})"
+    err, count = driver.cuDeviceGetCount()
+    if int(err) != 0 or count == 0:
+        return None, "no CUDA GPU present"
+    _, dev = driver.cuDeviceGet(0)
+    attr = driver.CUdevice_attribute
+    _, major = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+    _, minor = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+    _, raw = driver.cuDeviceGetName(64, dev)
+    name = raw.split(b"\0", 1)[0].decode()
+    arch = {(9, 0): "sm_90a", (10, 0): "sm_100a"}.get((major, minor))
+    if arch is None:
+        return None, (f"{name} (compute capability {major}.{minor}) is not supported: fusegemm "
+                      f"kernels target 9.0 (sm_90a) and 10.0 (sm_100a)")
+    return arch, f"{name} (compute capability {major}.{minor}, {arch})"
+
+
+def _to_torch(x: Any, torch: Any) -> Any:
+    if not isinstance(x, np.ndarray):
+        return x
+    if x.dtype.name == "bfloat16":
+        return torch.from_numpy(np.ascontiguousarray(x.astype(np.float32))).to("cuda", torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(x)).to("cuda")
+
+
+def _compare(got: Any, ref: np.ndarray, scale: np.ndarray, dtype: str) -> tuple[float, bool]:
+    g = got.float().cpu().numpy().reshape(ref.shape).astype(np.float64)
+    r = ref.astype(np.float64)
+    err = np.abs(g - r)
+    tol = REL[dtype] * np.abs(r) + 2.0**-16 * scale + 1e-30
+    return (float(err.max()) if err.size else 0.0), bool(np.all(err <= tol) and np.isfinite(g).all())
+
+
+def _grouped_gemm_cases() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        ("dense, ragged + empty experts", dict(tokens=[300, 0, 1000, 17, 0, 512], n=256, k=200)),
+        ("dense, dynamic scheduler", dict(tokens=[256, 700], n=384, k=128, use_dynamic_sched=True)),
+        ("dense, L=1, fp32 D", dict(tokens=[1024], n=512, k=256, d_dtype="float32")),
+        ("bias + generate_c, fp32 C", dict(tokens=[200, 300, 0], n=256, k=192, bias=True,
+                                          generate_c=True, c_dtype="float32")),
+        ("discrete weights", dict(tokens=[128, 0, 640], n=256, k=256, discrete=True)),
+        ("many experts (L=64)", dict(tokens=[64] * 64, n=128, k=64, d_dtype="float16")),
+    ]
+
+
+def _run_grouped_gemm(case: dict[str, Any]) -> tuple[float, bool, str]:
+    import torch
+
+    from . import problems, reference
+    from .ops.grouped_gemm import grouped_gemm
+    opts = dict(case)
+    call_opts = {k: opts.pop(k) for k in ("use_dynamic_sched", "generate_c", "c_dtype", "d_dtype")
+                 if k in opts}
+    tokens = opts.pop("tokens")
+    pb = problems.make_grouped_problem("grouped_gemm", num_experts=len(tokens), tokens=tokens,
+                                       seed=7, values="realistic", layout="canonical", **opts)
+    kwargs = pb.kwargs(**call_opts)
+    ref = reference.grouped_gemm(**kwargs)
+    dev = {k: _to_torch(v, torch) for k, v in kwargs.items() if k not in ("b_list",)}
+    keep = None
+    if pb.b_list is not None:   # the GPU op takes device pointers
+        keep = [_to_torch(b, torch) for b in pb.b_list]
+        dev["b_ptrs"] = torch.tensor([w.data_ptr() for w in keep], dtype=torch.int64, device="cuda")
+    out = grouped_gemm(**dev)
+    torch.cuda.synchronize()
+    del keep
+    # accumulation-order bound: alpha * |A| |B|^T (+ |prob bias|), from the reference itself
+    absa = {**kwargs, "a_tensor": np.abs(kwargs["a_tensor"].astype(np.float32)),
+            "alpha_tensor": np.abs(kwargs["alpha_tensor"]), "bias_tensor": None,
+            "d_dtype": "float32", "c_dtype": "float32", "generate_c": True}
+    if "b_tensor" in absa:
+        absa["b_tensor"] = np.abs(kwargs["b_tensor"].astype(np.float32))
+    if "b_list" in absa:
+        absa["b_list"] = [np.abs(b.astype(np.float32)) for b in kwargs["b_list"]]
+    absa.pop("prob_tensor", None)
+    scale = np.asarray(reference.grouped_gemm(**absa)["c_tensor"], dtype=np.float64) + 1.0
+    worst, ok = 0.0, True
+    valid = pb.valid_m
+    for key, dtype in (("d_tensor", call_opts.get("d_dtype", "bfloat16")),
+                       ("c_tensor", call_opts.get("c_dtype", "bfloat16"))):
+        if ref[key] is None:
+            continue
+        r = np.asarray(ref[key], dtype=np.float64)[:valid]
+        e, good = _compare(out[key][:valid], r, scale[:valid], dtype)
+        worst, ok = max(worst, e), ok and good
+    return worst, ok, f"valid_m={valid}"
+
+
+RUNNERS: dict[str, Callable[[], list[tuple[str, dict[str, Any]]]]] = {
+    "grouped_gemm": _grouped_gemm_cases,
+}
+CASE_RUNNERS: dict[str, Callable[[dict[str, Any]], tuple[float, bool, str]]] = {
+    "grouped_gemm": _run_grouped_gemm,
+}
+
+
+def run(arch: str, families: tuple[str, ...] = KERNEL_FAMILIES) -> list[Row]:
+    """Every case of every family on ``arch``; exceptions become FAIL rows."""
+    rows: list[Row] = []
+    for fam in families:
+        if TEMPLATES.get((fam, arch), STAGING_TEMPLATE) == STAGING_TEMPLATE:
+            rows.append(Row(fam, "-", "not available", detail=f"no {fam} kernel for {arch} yet "
+                                                               "(the build renders the staging carrier)"))
+            continue
+        if fam not in RUNNERS:
+            rows.append(Row(fam, "-", "not available",
+                            detail=f"the {fam} kernel compiles for {arch} but has no public op yet"))
+            continue
+        for label, case in RUNNERS[fam]():
+            t0 = time.perf_counter()
+            try:
+                err, ok, detail = CASE_RUNNERS[fam](case)
+                rows.append(Row(fam, label, "pass" if ok else "FAIL", err,
+                                time.perf_counter() - t0, detail))
+            except Exception as exc:  # a crash is a failed case, reported with its message
+                rows.append(Row(fam, label, "FAIL", None, time.perf_counter() - t0,
+                                f"{type(exc).__name__}: {exc}"[:300]))
+    return rows
