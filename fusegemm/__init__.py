@@ -21,6 +21,23 @@ if not (_here / "generator").is_dir() and (_here.parent / "generator" / "__init_
     __path__.append(str(_here.parent))  # type: ignore[name-defined]  # noqa: F821
 
 
+_EXPORTS = {
+    "grouped_gemm": ("fusegemm.ops.grouped_gemm", "grouped_gemm"),
+    "GroupedGemm": ("fusegemm.ops.grouped_gemm", "GroupedGemm"),
+    "TupleDict": ("fusegemm.tupledict", "TupleDict"),
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    # Lazy public API: `import fusegemm` stays cheap and touches neither CUDA nor the disk.
+    if name in _EXPORTS:
+        import importlib
+        module, attr = _EXPORTS[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'fusegemm' has no attribute {name!r}")
+
+
 def package_data_dir(name: str) -> _Path:
     """Folder of a non-Python package part (``templates`` or ``specs``) in either layout."""
     inside = _here / name

@@ -115,8 +115,8 @@ def build(vs: list[Variant], *, jobs: int = 1, cache: KernelCache | None = None,
         for i in misses:
             done(i, _build_one(vs[i], cache))
     elif misses:
-        # fork: the parent never initialised CUDA (only NVRTC, which is fork-safe when idle).
-        ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+        # forkserver: safe when the caller has threads (torch, CUDA); workers need no CUDA.
+        ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
         with ProcessPoolExecutor(max_workers=min(jobs, len(misses)), mp_context=ctx) as pool:
             futures = {pool.submit(_build_one, vs[i]): i for i in misses}
             for fut in as_completed(futures):

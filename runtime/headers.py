@@ -45,16 +45,25 @@ class HeaderSet:
     cutlass: Path
     cuda_runtime: Path
     cccl: Path
+    cccl_parent: Path | None = None   # CUDA 13: the folder holding cccl/ (for <cccl/...>)
 
     @property
     def dirs(self) -> tuple[Path, ...]:
-        out: list[Path] = [self.own, self.cutlass, self.cuda_runtime]
-        if self.cccl != self.cuda_runtime:
-            out.append(self.cccl)
+        out: list[Path] = []
+        for d in (self.own, self.cutlass, self.cuda_runtime, self.cccl_parent, self.cccl):
+            if d is not None and d not in out:
+                out.append(d)
         return tuple(out)
 
     def options(self) -> list[str]:
         return [f"-I{d}" for d in self.dirs]
+
+
+# Last resort when the CUDA 13 header wheels are missing but a CUDA 13 installation is present
+# (the H200 image ships NVRTC 13 without nvidia-cuda-cccl): the same header trees, same layout.
+_TOOLKIT_INCLUDES = ("/usr/local/cuda/targets/x86_64-linux/include",
+                     "/usr/local/cuda-13.0/targets/x86_64-linux/include",
+                     "/usr/local/cuda/targets/sbsa-linux/include")
 
 
 @functools.lru_cache(maxsize=4)
@@ -65,17 +74,28 @@ def header_set(cuda_major: int) -> HeaderSet:
         raise ToolchainError("CUTLASS/CuTe headers not found: install the nvidia-cutlass wheel "
                              "(pip install nvidia-cutlass==4.2.0.0)")
     if cuda_major >= 13:
+        # CUDA 13 puts CCCL under include/cccl. CUTLASS 4.2 includes it as <cccl/cuda/std/...>
+        # (parent on the path) while CuTe's config.hpp includes <cuda/std/...> (cccl itself on
+        # the path): both are needed.
         runtime = _search(("nvidia/cu13/include",), "cuda_fp16.h")
-        cccl_dir = _search(("nvidia/cu13/include",), "cccl/cuda/std/type_traits")
-        want = "nvidia-cuda-runtime and nvidia-cuda-cccl (CUDA 13 wheels)"
+        parent = _search(("nvidia/cu13/include",), "cccl/cuda/std/type_traits")
+        if runtime is None or parent is None:
+            for inc in _TOOLKIT_INCLUDES:
+                p = Path(inc)
+                if (p / "cuda_fp16.h").is_file() and (p / "cccl/cuda/std/type_traits").is_file():
+                    runtime, parent = p.resolve(), p.resolve()
+                    break
+        cccl_dir = parent / "cccl" if parent is not None else None
+        want = "nvidia-cuda-runtime and nvidia-cuda-cccl (CUDA 13 wheels: pip install 'fusegemm[cu13]')"
     else:
+        parent = None
         runtime = _search(("nvidia/cuda_runtime/include",), "cuda_fp16.h")
         cccl_dir = _search(("nvidia/cuda_cccl/include",), "cuda/std/type_traits")
         want = "nvidia-cuda-runtime-cu12 and nvidia-cuda-cccl-cu12"
     if runtime is None or cccl_dir is None:
         missing = "CUDA runtime headers (cuda_fp16.h)" if runtime is None else "CCCL headers"
         raise ToolchainError(f"{missing} for CUDA {cuda_major} not found on sys.path; install {want}")
-    return HeaderSet(cuda_major, own_include_dir().resolve(), cutlass, runtime, cccl_dir)
+    return HeaderSet(cuda_major, own_include_dir().resolve(), cutlass, runtime, cccl_dir, parent)
 
 
 def _resolve(name: str, current_dir: Path, dirs: tuple[Path, ...]) -> Path | None:

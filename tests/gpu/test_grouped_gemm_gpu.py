@@ -89,6 +89,12 @@ def check(out, ref, scale, dtype, valid_m, name):
     tol = REL[dtype] * ref.abs() + 2.0**-20 * scale + 1e-30
     err = (got - ref).abs()
     worst = float((err / tol).max()) if err.numel() else 0.0
+    out_dir = os.environ.get("FUSEGEMM_TEST_OUT")
+    if out_dir and err.numel():
+        rel = float((err / ref.abs().clamp_min(1e-3)).max())
+        with open(os.path.join(out_dir, "errors.txt"), "a") as fh:
+            fh.write(f"{name}: {dtype} max_abs {float(err.max()):.3e} max_rel {rel:.3e} "
+                     f"max_err/tol {worst:.3f}\n")
     assert worst <= 1.0, f"{name}: error {float(err.max()):.3e} exceeds tolerance (ratio {worst:.2f})"
     if out2.shape[0] > valid_m:
         assert torch.isnan(out2[valid_m:].float()).all(), f"{name}: rows at/past valid_m were written"

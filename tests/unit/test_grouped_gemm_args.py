@@ -328,3 +328,96 @@ def test_case_count():
     n = (len(WRAPPER_CASES) + len(MOCKED_CASES) + len(CLASS_CASES) + len(SUPPORT_CASES)
          + len(EXECUTE_CASES) + 3)
     assert n >= 100, n
+
+
+# ---- host pieces that need no GPU ---------------------------------------------------
+def test_struct_packer_matches_paramstruct():
+    from fusegemm.generator.params import GROUPED_PARAMS
+    from fusegemm.ops._common import StructPacker
+    values = {"tma_a": bytes(range(128)), "tma_b": bytes(reversed(range(128))), "offsets": 0x1000,
+              "alpha": 0x2000, "sched_counter": 0x3000, "m_rows": 4096, "n": 7168, "k": 2048,
+              "num_experts": 8, "ldc": 7168, "ldd": 7168}
+    assert StructPacker(GROUPED_PARAMS).pack(values) == GROUPED_PARAMS.pack(values)
+    with pytest.raises(ArgumentError, match="params field"):
+        StructPacker(GROUPED_PARAMS).pack({"bogus": 1})
+
+
+TMAP_CASES = [
+    (dict(dtype="int4"), r"tensor map dtype"),
+    (dict(shape=()), r"tensor map rank"),
+    (dict(shape=(64, 64, 1, 1, 1, 1), strides=(128,) * 5, box=(64,) * 6), r"tensor map rank"),
+    (dict(strides=()), r"tensor map strides"),
+    (dict(box=(64,)), r"tensor map box"),
+    (dict(shape=(0, 64)), r"tensor map shape\[0\]"),
+    (dict(strides=(100,)), r"tensor map stride\[1\]: got 100"),
+    (dict(box=(64, 512)), r"tensor map box\[1\]: got 512"),
+    (dict(box=(4, 64)), r"tensor map box\[0\]: got 4"),
+    (dict(box=(128, 64)), r"at most 64 elements with a 128-byte swizzle"),
+    (dict(swizzle=16), r"tensor map swizzle"),
+    (dict(l2_promotion=32), r"tensor map l2_promotion"),
+    (dict(oob_fill="inf"), r"tensor map oob_fill"),
+]
+
+
+@pytest.mark.parametrize("over,msg", TMAP_CASES)
+def test_tiled_map_spec_rejects(over, msg):
+    from fusegemm.runtime.tensormap import TiledMapSpec
+    kw = dict(dtype="bfloat16", shape=(64, 256), strides=(128,), box=(64, 128))
+    kw.update(over)
+    with pytest.raises(ArgumentError, match=msg):
+        TiledMapSpec(**kw)
+
+
+def test_tiled_map_spec_ok_and_address_checked():
+    from fusegemm.runtime.tensormap import TiledMapSpec, encode_tiled
+    spec = TiledMapSpec("bfloat16", (7168, 16384), (14336,), (64, 128))
+    assert spec.box_bytes == 64 * 128 * 2
+    with pytest.raises(ArgumentError, match="tensor map address"):
+        encode_tiled(0x1008, spec)
+
+
+def test_launch_config_rejects():
+    from fusegemm.runtime.launch import LaunchConfig
+    with pytest.raises(ArgumentError, match="LaunchConfig.block"):
+        LaunchConfig(grid=(1, 1, 1), block=(2048, 1, 1))
+    with pytest.raises(ArgumentError, match="LaunchConfig.grid.x"):
+        LaunchConfig(grid=(3, 1, 1), block=(128, 1, 1), cluster=(2, 1, 1))
+    with pytest.raises(ArgumentError, match="LaunchConfig.grid"):
+        LaunchConfig(grid=(0, 1, 1), block=(128, 1, 1))
+
+
+def test_stream_resolution_without_cuda():
+    from fusegemm.runtime.tensors import resolve_stream
+    assert resolve_stream(1234, 0) == 1234
+
+    class TorchLike:
+        cuda_stream = 77
+
+    class CoreLike:
+        def __cuda_stream__(self):
+            return (0, 99)
+
+    assert resolve_stream(TorchLike(), 0) == 77
+    assert resolve_stream(CoreLike(), 0) == 99
+    with pytest.raises(ArgumentError, match="current_stream"):
+        resolve_stream(-1, 0)
+    with pytest.raises(ArgumentError, match="current_stream"):
+        resolve_stream("default", 0)
+
+
+def test_cuda_array_interface_inputs_are_described():
+    from fusegemm.runtime.tensors import view
+
+    class Cai:
+        __cuda_array_interface__ = {"shape": (4, 8), "typestr": "<f4", "data": (0, False),
+                                    "strides": None, "version": 3}
+
+    v = view(Cai(), "x")
+    assert v.shape == (4, 8) and v.strides == (8, 1) and v.dtype == "float32"
+
+    class BadStride:
+        __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, False),
+                                    "strides": (2,), "version": 3}
+
+    with pytest.raises(ArgumentError, match="x.strides"):
+        view(BadStride(), "x")

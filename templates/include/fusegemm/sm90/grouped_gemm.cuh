@@ -25,14 +25,18 @@
 
 // M-blocks per rasterisation band of the tile order (scheduler.cuh). A macro so that
 // tuning runs can compare bands through FUSEGEMM_NVRTC_EXTRA without a new template axis.
+// H200, same-process A/B (bench --configs ...:g8): 16 was 1-2% faster than 8 on
+// mixtral-fc1 and dsv3-fc2 (the concurrent B working set of a band fits L2 better), equal
+// elsewhere; 4 was no better.
 #ifndef FUSEGEMM_RASTER_GROUP
-#define FUSEGEMM_RASTER_GROUP 8
+#define FUSEGEMM_RASTER_GROUP 16
 #endif
 
 // Consumer stagger: warpgroup 1 starts after warpgroup 0 has consumed this many k-blocks
 // of its first tile (0 = lockstep). Both warpgroups then keep the offset, so one
 // warpgroup's epilogue overlaps the other's WGMMAs instead of idling the tensor cores.
 // At most kStages (the producer can run that far ahead of the slower warpgroup).
+// H200: staggers of 1 and 2 k-blocks measured within run-to-run noise (+-3%), so off.
 #ifndef FUSEGEMM_SM90_STAGGER
 #define FUSEGEMM_SM90_STAGGER 0
 #endif
