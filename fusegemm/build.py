@@ -5,6 +5,7 @@ Cache hits are resolved in this process (render + key + read: milliseconds), so 
 """
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import sys
 import time
@@ -36,6 +37,7 @@ class BuildResult:
     tmem_cols: int = 0        # sm_100a TMEM columns per CTA
     staging: bool = False
     error: str = ""
+    variants: int = 1         # variants served by this kernel (e.g. every cluster shape)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -60,6 +62,7 @@ def select(specs: Iterable[str] | None, archs: tuple[str, ...], *, all_variants:
 
 
 def _result(v: Variant, b: Built, seconds: float) -> BuildResult:
+    # b.name is the kernel's name (readable + source hash), shared by its variants
     return BuildResult(name=b.name, spec=v.spec.name, arch=v.arch, ok=True, cached=b.cached,
                        seconds=seconds, registers=b.resources.registers,
                        smem_bytes=b.resources.static_shared_bytes + b.launch.smem_bytes,
@@ -87,20 +90,43 @@ def _lookup(v: Variant, cache: KernelCache) -> BuildResult | None:
 
 
 def build(vs: list[Variant], *, jobs: int = 1, cache: KernelCache | None = None,
-          on_done: Callable[[BuildResult], None] | None = None) -> list[BuildResult]:
-    """Build ``vs``; results come back in input order. Failures are rows, not exceptions.
+          on_done: Callable[[BuildResult], None] | None = None,
+          on_plan: Callable[[int], None] | None = None) -> list[BuildResult]:
+    """Build the kernels of ``vs``: one row per distinct kernel, in first-seen order.
 
-    Workers use the default cache, so a custom ``cache`` builds in this process.
+    Variants that render the same source (they differ only in launch attributes such as the
+    cluster shape) share one kernel and one row (``variants`` counts them). Failures are rows,
+    not exceptions. Workers use the default cache, so a custom ``cache`` builds in-process.
     """
-    results: list[BuildResult | None] = [None] * len(vs)
+    kernels: dict[tuple[str, str], Variant] = {}
+    served: dict[tuple[str, str], int] = {}
+    failed_early: list[BuildResult] = []
+    for v in vs:
+        try:
+            digest = render(v).digest
+        except FusegemmError as exc:
+            failed_early.append(BuildResult(name=v.readable, spec=v.spec.name, arch=v.arch,
+                                            ok=False, cached=False, seconds=0.0, error=str(exc)))
+            continue
+        k = (digest, v.arch)
+        kernels.setdefault(k, v)
+        served[k] = served.get(k, 0) + 1
+    order = list(kernels)
+    uniq = [kernels[k] for k in order]
+    if on_plan:
+        on_plan(len(uniq) + len(failed_early))
+    results: list[BuildResult | None] = [None] * len(uniq)
 
     def done(i: int, r: BuildResult) -> None:
-        results[i] = r
+        results[i] = dataclasses.replace(r, variants=served[order[i]])
+        if on_done:
+            on_done(results[i])
+
+    for r in failed_early:
         if on_done:
             on_done(r)
-
     misses: list[int] = []
-    for i, v in enumerate(vs):
+    for i, v in enumerate(uniq):
         try:
             hit = _lookup(v, cache or default_cache())
         except FusegemmError as exc:
@@ -113,12 +139,12 @@ def build(vs: list[Variant], *, jobs: int = 1, cache: KernelCache | None = None,
             misses.append(i)
     if jobs <= 1 or len(misses) <= 1 or cache is not None:
         for i in misses:
-            done(i, _build_one(vs[i], cache))
+            done(i, _build_one(uniq[i], cache))
     elif misses:
         # forkserver: safe when the caller has threads (torch, CUDA); workers need no CUDA.
         ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
         with ProcessPoolExecutor(max_workers=min(jobs, len(misses)), mp_context=ctx) as pool:
-            futures = {pool.submit(_build_one, vs[i]): i for i in misses}
+            futures = {pool.submit(_build_one, uniq[i]): i for i in misses}
             for fut in as_completed(futures):
                 done(futures[fut], fut.result())
-    return [r for r in results if r is not None]
+    return failed_early + [r for r in results if r is not None]

@@ -171,13 +171,16 @@ def build_cmd(specs: tuple[str, ...], arch: str | None, jobs: int | None, all_va
         _echo_json({"results": [r.as_dict() for r in results], "wall_seconds": round(wall, 2),
                     "cache": str(config.cache_dir()), "failed": len(failed)})
     else:
-        _table(["kernel", "arch", "regs", "smem", "spills", "threads", "tmem", "seconds", "cached"],
-               [[r.name + (" [staging]" if r.staging else ""), r.arch, r.registers, r.smem_bytes,
+        _table(["kernel", "arch", "variants", "regs", "smem", "spills", "threads", "tmem", "seconds",
+                "cached"],
+               [[r.name + (" [staging]" if r.staging else ""), r.arch, r.variants, r.registers, r.smem_bytes,
                  r.spill_bytes, r.threads, r.tmem_cols or "-", f"{r.seconds:.2f}",
                  "yes" if r.cached else "no"]
                 for r in results if r.ok])
         n_cached = sum(r.cached for r in results if r.ok)
-        click.echo(f"{len(results) - len(failed)} built ({n_cached} cached), {len(failed)} failed, "
+        n_variants = sum(r.variants for r in results if r.ok)
+        extra = f" serving {n_variants} variants" if n_variants != len(results) - len(failed) else ""
+        click.echo(f"{len(results) - len(failed)} built ({n_cached} cached){extra}, {len(failed)} failed, "
                    f"{wall:.1f} s wall, cache {config.cache_dir()}")
         for r in failed:
             click.echo(f"\nFAILED {r.name} ({r.arch}):\n{r.error}", err=True)
@@ -188,19 +191,23 @@ def build_cmd(specs: tuple[str, ...], arch: str | None, jobs: int | None, all_va
 def _run_with_progress(vs, jobs: int, quiet: bool):
     from . import build as b
     if quiet or not sys.stderr.isatty():
-        done = [0]
+        state = {"done": 0, "total": len(vs)}
+
+        def plan(n: int) -> None:
+            state["total"] = n
 
         def tick(r):
-            done[0] += 1
+            state["done"] += 1
             if not quiet:
-                state = "cached" if r.cached else ("ok" if r.ok else "FAILED")
-                click.echo(f"[{done[0]}/{len(vs)}] {r.name} {state} {r.seconds:.2f}s", err=True)
-        return b.build(vs, jobs=jobs, on_done=tick)
+                what = "cached" if r.cached else ("ok" if r.ok else "FAILED")
+                click.echo(f"[{state['done']}/{state['total']}] {r.name} {what} {r.seconds:.2f}s", err=True)
+        return b.build(vs, jobs=jobs, on_done=tick, on_plan=plan)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     with Progress(TextColumn("building"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), transient=True) as prog:
         task = prog.add_task("", total=len(vs))
-        return b.build(vs, jobs=jobs, on_done=lambda r: prog.update(task, advance=1, description=r.name))
+        return b.build(vs, jobs=jobs, on_plan=lambda n: prog.update(task, total=n),
+                       on_done=lambda r: prog.update(task, advance=1, description=r.name))
 
 
 @main.command()

@@ -68,18 +68,26 @@ def _scale_type(dtype: str) -> str:
     return SCALE_CPP_TYPES.get(dtype, "cutlass::float_ue8m0_t")
 
 
-def _render(v: Variant, template: str, symbol: str) -> str:
+def _render(v: Variant, template: str, symbol: str, readable: str) -> str:
     return _env().get_template(template).render(
         v=v, spec=v.spec, symbol=symbol, arch_dir="sm100" if v.arch == "sm_100a" else "sm90",
-        params=params_for(v.kernel).cpp(), readable=v.readable)
+        params=params_for(v.kernel).cpp(), readable=readable)
 
 
 def render(v: Variant) -> Source:
-    """Render ``v``. The symbol embeds the hash of the source rendered without it."""
+    """Render ``v``. The symbol embeds the hash of the source rendered without it.
+
+    Variants whose kernels are identical render identical text (same digest, same cache
+    entry): the cluster shape never reaches the source, and a staging unit depends only on the
+    family, tile and arch.
+    """
     template = TEMPLATES.get((v.kernel, v.arch), STAGING_TEMPLATE)
-    probe = _render(v, template, _HASH_PLACEHOLDER)
+    readable = v.readable
+    if template == STAGING_TEMPLATE:
+        readable = f"{v.spec.name}.staging.t{v.tile_m}x{v.tile_n}.{v.arch.replace('_', '')}"
+    probe = _render(v, template, _HASH_PLACEHOLDER, readable)
     digest = hashlib.sha256(probe.encode()).hexdigest()
     symbol = f"fg_{v.spec.name}_{v.arch.replace('_', '')}_{digest[:12]}"
-    text = _render(v, template, symbol)
-    return Source(variant=v, name=f"{v.readable}.{digest[:12]}", symbol=symbol, text=text,
+    text = _render(v, template, symbol, readable)
+    return Source(variant=v, name=f"{readable}.{digest[:12]}", symbol=symbol, text=text,
                   digest=digest, template=template)

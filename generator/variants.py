@@ -67,7 +67,11 @@ class Variant:
 
     @property
     def readable(self) -> str:
-        """People's name: spec, the axes the spec varies, tile, cluster, arch."""
+        """People's name of the kernel: spec, the axes the spec varies, tile, arch.
+
+        The cluster shape is not part of it: it is a launch attribute (the kernels depend only
+        on the CTA pair of 2-CTA tiles), so variants that differ only in cluster share a cubin.
+        """
         parts = [self.spec.name]
         offered = self.spec.choice_map
         for axis, fmt in _NAME_PARTS:
@@ -76,9 +80,12 @@ class Variant:
                 if part:
                     parts.append(part)
         parts.append(f"t{self.tile_m}x{self.tile_n}")
-        parts.append(f"c{self.cluster_m}x{self.cluster_n}")
         parts.append(self.arch.replace("_", ""))
         return ".".join(parts)
+
+    @property
+    def cluster(self) -> tuple[int, int]:
+        return self.cluster_m, self.cluster_n
 
 
 def _dt(prefix: str):

@@ -175,7 +175,14 @@ class GroupedGemm:
         # (sm_100a 2-CTA tiles load half the rows per CTA); 0/absent means the tile.
         self._box_a = getattr(built.launch, "box_rows_a", 0) or self.tile[0]
         self._box_b = getattr(built.launch, "box_rows_b", 0) or self.tile[1]
-        self._cluster_ctas = built.launch.cluster_m * built.launch.cluster_n
+        # The cluster is a launch attribute (one cubin serves every legal shape); the cubin
+        # states the smallest it needs (2x1 for a 2-CTA pair), which the spec constraints on
+        # the variant already guarantee this op's cluster is a multiple of.
+        cm_, cn_ = self.cluster
+        if cm_ % built.launch.cluster_m or cn_ % built.launch.cluster_n:
+            raise UnsupportedError(f"cluster_shape_mn={self.cluster}: the {self.arch} kernel needs a "
+                                   f"multiple of ({built.launch.cluster_m}, {built.launch.cluster_n})")
+        self._cluster_ctas = cm_ * cn_
         return self
 
     # ---------------------------------------------------------------------------------
@@ -280,7 +287,7 @@ class GroupedGemm:
             info = self._built.launch
             cfg = self._launch_cfgs[grid] = LaunchConfig(
                 grid=(grid, 1, 1), block=(info.threads, 1, 1),
-                cluster=(info.cluster_m * info.cluster_n, 1, 1), smem_bytes=self._kernel.smem_bytes)
+                cluster=(self._cluster_ctas, 1, 1), smem_bytes=self._kernel.smem_bytes)
         if memo_key is not None:
             buf = ParamBuffer(_PACKER.size)
             if len(self._prepared) >= 32:
