@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 
 from .generator.spec import find_spec, list_specs
 from .generator.variants import Variant, make_variant, prebuild_variants, variants
-from .generator.render import render
+from .generator.render import Source, render
 from .runtime.cache import Built, KernelCache, default_cache, get_or_build, key_fields, make_key
 from .runtime.errors import FusegemmError
 
@@ -81,10 +81,10 @@ def _build_one(v: Variant, cache: KernelCache | None = None) -> BuildResult:
     return _result(v, b, b.compile_seconds if not b.cached else time.perf_counter() - t0)
 
 
-def _lookup(v: Variant, cache: KernelCache) -> BuildResult | None:
-    """The cached result of ``v``, or None on a miss (render + key + read, no compile)."""
+def _lookup(src: Source, cache: KernelCache) -> BuildResult | None:
+    """The cached result of ``src``'s kernel, or None on a miss (key + read, no compile)."""
     t0 = time.perf_counter()
-    src = render(v)
+    v = src.variant
     hit = cache.get(src.name, make_key(key_fields(src.text, v.arch)))
     return None if hit is None else _result(v, hit, time.perf_counter() - t0)
 
@@ -98,21 +98,22 @@ def build(vs: list[Variant], *, jobs: int = 1, cache: KernelCache | None = None,
     cluster shape) share one kernel and one row (``variants`` counts them). Failures are rows,
     not exceptions. Workers use the default cache, so a custom ``cache`` builds in-process.
     """
-    kernels: dict[tuple[str, str], Variant] = {}
+    kernels: dict[tuple[str, str], Source] = {}
     served: dict[tuple[str, str], int] = {}
     failed_early: list[BuildResult] = []
     for v in vs:
         try:
-            digest = render(v).digest
+            src = render(v)
         except FusegemmError as exc:
             failed_early.append(BuildResult(name=v.readable, spec=v.spec.name, arch=v.arch,
                                             ok=False, cached=False, seconds=0.0, error=str(exc)))
             continue
-        k = (digest, v.arch)
-        kernels.setdefault(k, v)
+        k = (src.digest, v.arch)
+        kernels.setdefault(k, src)
         served[k] = served.get(k, 0) + 1
     order = list(kernels)
-    uniq = [kernels[k] for k in order]
+    sources = [kernels[k] for k in order]
+    uniq = [s.variant for s in sources]
     if on_plan:
         on_plan(len(uniq) + len(failed_early))
     results: list[BuildResult | None] = [None] * len(uniq)
@@ -126,9 +127,9 @@ def build(vs: list[Variant], *, jobs: int = 1, cache: KernelCache | None = None,
         if on_done:
             on_done(r)
     misses: list[int] = []
-    for i, v in enumerate(uniq):
+    for i, (v, src) in enumerate(zip(uniq, sources)):
         try:
-            hit = _lookup(v, cache or default_cache())
+            hit = _lookup(src, cache or default_cache())
         except FusegemmError as exc:
             done(i, BuildResult(name=v.readable, spec=v.spec.name, arch=v.arch, ok=False,
                                 cached=False, seconds=0.0, error=str(exc)))

@@ -314,7 +314,7 @@ def _prebuild(ctx, node, choices, constraints, defaults) -> tuple:
 
 def _dtype_ref(ctx: _Ctx, node: Node, key: str, choices) -> str:
     v = ctx.typed(node, key, (str,), "a dtype name or an axis name")
-    if v in OUT_DTYPES or v in ("float32",):
+    if v in OUT_DTYPES:
         return v
     if v in AXES and v.endswith("_dtype"):
         if v not in choices:
