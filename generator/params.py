@@ -44,6 +44,11 @@ GROUPED_PARAMS = ParamStruct("Params", (
     Field("num_experts", "i32", "L"),
     Field("ldc", "i64", "C row stride in elements"),
     Field("ldd", "i64", "D row stride in elements"),
+    # Launch cluster shape (a launch attribute, not compiled in): rank r of the 1-D launch
+    # cluster is CTA (r % cluster_m, r / cluster_m); 2-CTA pairs are ranks (2i, 2i+1) along M.
+    # Zero (a host that predates these fields) means no multicast: pairs only.
+    Field("cluster_m", "i32", "cluster M in CTAs (sm_100a TMA multicast of B along M); 0 = pairs only"),
+    Field("cluster_n", "i32", "cluster N in CTAs (sm_100a TMA multicast of A along N); 0 = pairs only"),
 ))
 
 

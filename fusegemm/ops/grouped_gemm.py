@@ -279,6 +279,7 @@ class GroupedGemm:
             "prob": prob_ptr, "bias": bias_ptr, "b_ptrs": bptrs_ptr, "d_out": d_ptr,
             "ldd": lay.ldd, "c_out": c_ptr, "ldc": lay.ldc, "m_rows": lay.m, "n": lay.n,
             "k": lay.k, "num_experts": lay.l,
+            "cluster_m": self.cluster[0], "cluster_n": self.cluster[1],
         }
         if scratch:
             values.update(self._workspace(grid, stream, current_stream is not None))

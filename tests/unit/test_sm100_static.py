@@ -5,10 +5,20 @@ what a CPU can establish: the translation unit compiles with NVRTC for sm_100a (
 the headers' static_asserts against the golden descriptor values of
 shared/notes/sm100-protocol.md), and the cubin then passes the checks of ``static_problems``:
 no local memory, registers and shared memory within budget, a legal TMEM allocation, the
-instructions the variant must use (UTCHMMA / UTCQMMA / UTCOMMA, UTMALDG, LDTM, UTCCP, UTCBAR,
-``.2CTA`` forms for 2-CTA tiles), the transaction-byte and barrier-count protocol values
-compared with an independent Python computation, and, on the PTX, the fence order of the
-protocol. The last tests prove the checks fail on deliberately broken kernels.
+instructions the variant must use (UTCHMMA / UTCQMMA / UTCOMMA, UTMALDG and its cluster-multicast
+form for every operand, LDTM, UTCCP, UTCBAR and its multicast form, ``.2CTA`` forms for 2-CTA
+tiles), the transaction-byte and barrier-count protocol values compared with an independent
+Python computation, and, on the PTX, the fence order of the protocol.
+
+The cluster shape is a launch attribute, so every cubin carries the multicast protocol for every
+cluster: each variant exports, for a list of launch clusters, what every CTA computes (its
+coordinates, multicast masks, empty-barrier counts, which k-blocks it issues); the checks compare
+that with CUTLASS's formulas (create_tma_multicast_mask, calculate_multicast_mask) written here in
+Python and simulate one stage of the pipeline on it (every box reaches every CTA exactly once,
+every empty barrier gets exactly its count of arrivals, every producer waits for every CTA it
+writes). MN-major (FP8) descriptors are compared with CUTLASS's make_umma_desc<Major::MN>
+evaluated in the same translation unit. The last tests prove the checks fail on deliberately
+broken kernels.
 """
 from __future__ import annotations
 
@@ -42,20 +52,74 @@ def _b(v: bool) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Translation units, rendered exactly as templates/grouped_gemm.cu.j2 does for sm_100a, plus two
-# exported constants the checks read: the TMEM column count and the protocol values.
+# Launch clusters whose multicast protocol every variant exports: (cluster_m, cluster_n, CTAs of
+# the launch cluster). The last rows are what an older host (zeros) or an inconsistent shape
+# produce: the kernel must fall back to pairs only.
+# ---------------------------------------------------------------------------------------------
+CLUSTERS = {
+    1: [(1, 1, 1), (2, 1, 2), (1, 2, 2), (2, 2, 4), (4, 1, 4), (1, 4, 4), (4, 2, 8), (2, 4, 8),
+        (4, 4, 16), (3, 1, 3), (0, 0, 1), (0, 0, 4), (2, 2, 8), (1, 2, 4)],
+    2: [(2, 1, 2), (4, 1, 4), (2, 2, 4), (4, 2, 8), (2, 4, 8), (4, 4, 16), (0, 0, 2), (0, 0, 8),
+        (1, 2, 2), (2, 2, 8)],
+}
+MC_FIELDS = ("mi", "ni", "base", "size", "a_mask", "b_mask", "commit", "pair", "empty", "ring", "issues")
+MC_SLICES, MC_KBLOCKS = 4, 8
+# issues (what the CTA loads when its operands are shared): bit i = A slice i, bit 4 + i = B
+# slice i, bit 8 + kb = the SFA box of k-block kb, bit 16 + kb = the SFB box.
+
+
+# What every CTA computes, tabulated at compile time from the kernel's own Frame (the same
+# constexpr functions the kernel runs) for each launch cluster of CLUSTERS.
+_MC_FN = """
+namespace fusegemm_test {
+template <int N> struct Ints { int v[N]; };
+template <class F, int kRows, int kShapes>
+constexpr Ints<kRows * 11> mc_table(const int (&shapes)[kShapes][3]) {
+  Ints<kRows * 11> t{};
+  int i = 0;
+  for (int s = 0; s < kShapes; ++s) {
+    for (int r = 0; r < shapes[s][2]; ++r) {
+      const auto g = F::Geom::make(shapes[s][0], shapes[s][1], r, shapes[s][2]);
+      const auto sa = F::share_a_of(g);
+      const auto sb = F::share_b_of(g, true);
+      int issues = 0;
+      for (int j = 0; j < 4; ++j) issues |= (int(sa.issues_slice(j)) << j) | (int(sb.issues_slice(j)) << (4 + j));
+      for (int kb = 0; kb < 8; ++kb) issues |= (int(sa.issues_whole(kb)) << (8 + kb)) | (int(sb.issues_whole(kb)) << (16 + kb));
+      const int row[11] = {g.mi, g.ni, g.base, g.size(), int(g.a_mask()), int(g.b_mask()),
+                           int(F::stage_commit_mask(g)), int(g.pair_mask()), int(F::empty_count(g)),
+                           int(F::ring_empty_count(g)), issues};
+      for (int k = 0; k < 11; ++k) t.v[i++] = row[k];
+    }
+  }
+  return t;
+}
+}  // namespace fusegemm_test
+"""
+
+
+def mc_table_cpp(frame: str, cg: int, symbol: str) -> str:
+    """C++ defining ``symbol``: the multicast table of ``frame`` (a KernelFrame type)."""
+    shapes = CLUSTERS[cg]
+    rows = sum(ncta for _, _, ncta in shapes)
+    init = ", ".join(f"{{{cm}, {cn}, {n}}}" for cm, cn, n in shapes)
+    return (f"constexpr int {symbol}_shapes[][3] = {{{init}}};\n"
+            f'extern "C" __device__ __attribute__((used)) const fusegemm_test::Ints<{rows * len(MC_FIELDS)}> '
+            f"{symbol} = fusegemm_test::mc_table<{frame}, {rows}>({symbol}_shapes);\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Translation units, rendered as templates/{grouped,blockscaled}_gemm.cu.j2 do for sm_100a, plus
+# exported constants the checks read: TMEM columns, protocol values and the multicast table.
 # ---------------------------------------------------------------------------------------------
 _TAIL = """
 using Kernel = fusegemm::sm100::{kernel}<fusegemm_gen::Config>;
 extern "C" __device__ __attribute__((used)) const int {name}_launch_info[4] = {{
-    Kernel::kThreads, Kernel::kSmemBytes, fusegemm_gen::Config::kClusterM, fusegemm_gen::Config::kClusterN}};
+    Kernel::kThreads, Kernel::kSmemBytes, {min_cluster_m}, 1}};
 extern "C" __device__ __attribute__((used)) const int {name}_tmem_cols = Kernel::kTmemCols;
-extern "C" __device__ __attribute__((used)) const int {name}_protocol[8] = {{
+extern "C" __device__ __attribute__((used)) const int {name}_protocol[6] = {{
     Kernel::kStages, Kernel::Frame::kAccStages, int(Kernel::Frame::kFullCount),
-    int(Kernel::Frame::kEmptyCount), int(Kernel::Frame::kTmemFullCount),
-    int(Kernel::Frame::kTmemEmptyCount), int(Kernel::Frame::kRingEmptyCount),
-    int(Kernel::Frame::kTxBytes)}};
-extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
+    int(Kernel::Frame::kTmemFullCount), int(Kernel::Frame::kTmemEmptyCount), int(Kernel::Frame::kTxBytes)}};
+{mc_table}extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
 {name}(const __grid_constant__ fusegemm_gen::Params params) {{
   Kernel::run(params);
 }}
@@ -69,8 +133,6 @@ class V:
     family: str
     tile_m: int = 128
     tile_n: int = 256
-    cluster_m: int = 1
-    cluster_n: int = 1
     ab: str = "bf16"
     sf: str = "ue8m0"
     vec: int = 32
@@ -82,11 +144,17 @@ class V:
     discrete: bool = False
     batched: bool = False
     c_major_m: bool = False
+    a_mn: bool = False  # block-scaled FP8: M-major A
+    b_mn: bool = False  # block-scaled FP8: N-major B
     fault: int = 0  # fusegemm::sm100 kFault* (tests only)
 
     @property
     def two_cta(self) -> bool:
         return self.tile_m == 256
+
+    @property
+    def cta_group(self) -> int:
+        return 2 if self.two_cta else 1
 
     @property
     def label(self) -> str:
@@ -95,7 +163,8 @@ class V:
             parts += [self.sf, f"v{self.vec}", "batched" if self.batched else "grouped", f"c{self.c}"]
             if self.c_major_m:
                 parts.append("cmajm")
-        parts += [f"t{self.tile_m}x{self.tile_n}", f"c{self.cluster_m}x{self.cluster_n}"]
+            parts += [x for x, on in (("amn", self.a_mn), ("bnn", self.b_mn)) if on]
+        parts.append(f"t{self.tile_m}x{self.tile_n}")
         parts += [x for x, on in (("dyn", self.dynamic), ("disc", self.discrete), ("genc", self.generate_c)) if on]
         if self.bias != "none":
             parts.append(f"bias{self.bias}")
@@ -103,32 +172,39 @@ class V:
             parts.append(f"fault{self.fault}")
         return ".".join(parts)
 
+    @property
+    def kernel(self) -> str:
+        return "GroupedGemmKernel" if self.family == "bf16" else "BlockScaledGemmKernel"
+
     def source(self, name: str) -> str:
+        head = '#include "fusegemm/sm100/grouped_gemm.cuh"\n' if self.family == "bf16" else \
+            '#include "fusegemm/sm100/blockscaled_gemm.cuh"\n'
+        table = mc_table_cpp("Kernel::Frame", self.cta_group, f"{name}_mc")
+        return (head + "namespace fusegemm_gen {\n" + GROUPED_PARAMS.cpp() + "\n" + self.config_cpp("Config")
+                + "}  // namespace fusegemm_gen\n" + _MC_FN
+                + _TAIL.format(kernel=self.kernel, name=name, min_cluster_m=self.cta_group, mc_table=table))
+
+    def config_cpp(self, struct: str) -> str:
         extra = f"  static constexpr int kFaultInjection = {self.fault};\n" if self.fault else ""
         if self.family == "bf16":
-            head = '#include "fusegemm/sm100/grouped_gemm.cuh"\n'
             cfg = (f"  using ElementA = {AB[self.ab]};\n  using ElementB = {AB[self.ab]};\n"
                    f"  using ElementC = {OUT[self.c]};\n  using ElementD = {OUT[self.d]};\n"
                    f"  using ElementBias = {OUT.get(self.bias, 'float')};\n"
                    f"  static constexpr bool kHasBias = {_b(self.bias != 'none')};\n"
                    f"  static constexpr bool kGenerateC = {_b(self.generate_c)};\n")
-            kernel = "GroupedGemmKernel"
         else:
-            head = '#include "fusegemm/sm100/blockscaled_gemm.cuh"\n'
             cfg = (f"  using ElementA = {AB[self.ab]};\n  using ElementB = {AB[self.ab]};\n"
                    f"  using ElementSF = {SF[self.sf]};\n  using ElementC = {OUT[self.c]};\n"
                    f"  static constexpr int kSfVec = {self.vec};\n"
                    f"  static constexpr bool kBatched = {_b(self.batched)};\n"
                    f"  static constexpr bool kCMajorM = {_b(self.c_major_m)};\n"
-                   "  static constexpr bool kAMajorMN = false;\n  static constexpr bool kBMajorMN = false;\n")
-            kernel = "BlockScaledGemmKernel"
+                   f"  static constexpr bool kAMajorMN = {_b(self.a_mn)};\n"
+                   f"  static constexpr bool kBMajorMN = {_b(self.b_mn)};\n")
         cfg += (f"  static constexpr bool kDynamicSched = {_b(self.dynamic)};\n"
                 f"  static constexpr bool kDiscreteB = {_b(self.discrete)};\n"
                 f"  static constexpr int kTileM = {self.tile_m};\n  static constexpr int kTileN = {self.tile_n};\n"
-                f"  static constexpr int kClusterM = {self.cluster_m};\n"
-                f"  static constexpr int kClusterN = {self.cluster_n};\n" + extra)
-        return (head + "namespace fusegemm_gen {\n" + GROUPED_PARAMS.cpp() + "\nstruct Config {\n" + cfg
-                + "};\n}  // namespace fusegemm_gen\n" + _TAIL.format(kernel=kernel, name=name))
+                + extra)
+        return f"struct {struct} {{\n{cfg}}};\n"
 
     # Independent expectations (sm100-protocol.md §1-4), computed without the headers.
     def expected_tx_bytes(self) -> int:
@@ -137,9 +213,16 @@ class V:
             return (self.tile_m // cg * 64 * 2 + self.tile_n // cg * 64 * 2) * cg
         elems_per_byte = 2 if self.ab == "e2m1" else 1
         sf_katoms = 128 * elems_per_byte // (4 * self.vec)
-        a = self.tile_m // cg * 128
+        # M-major A loads whole 128-row M atoms (TILE_M 64 included); K-major A only its rows.
+        a = max(self.tile_m // cg, 128 if self.a_mn else 0) * 128
         b = self.tile_n // cg * 128
         return (a + b + sf_katoms * 512 + self.tile_n // 128 * sf_katoms * 512) * cg
+
+    def expected_multicast_dims(self) -> set[str]:
+        """TMA dimensionalities that must appear in multicast form: A, B (and the 4-D SF maps)."""
+        a = "3D" if self.family == "bs" and self.batched else "2D"
+        b = "2D" if self.discrete else "3D"
+        return {a, b} | ({"4D"} if self.family == "bs" else set())
 
     def expected_mma(self) -> str:
         if self.family == "bf16":
@@ -156,6 +239,7 @@ class Built:
     launch: inspect.LaunchInfo
     tmem_cols: int | None
     protocol: tuple[int, ...] | None
+    mc: tuple[int, ...] | None
     hist: dict[str, int]
     sass: str
 
@@ -180,7 +264,9 @@ def build(v: V) -> Built:
 def from_cubin(v: V, name: str, data: bytes, seconds: float) -> Built:
     c = inspect.Cubin(data)
     optional = {}
-    for key, sym, n in (("tmem_cols", f"{name}_tmem_cols", 1), ("protocol", f"{name}_protocol", 8)):
+    mc_len = sum(ncta for _, _, ncta in CLUSTERS[v.cta_group]) * len(MC_FIELDS)
+    for key, sym, n in (("tmem_cols", f"{name}_tmem_cols", 1), ("protocol", f"{name}_protocol", 6),
+                        ("mc", f"{name}_mc", mc_len)):
         try:
             vals = c.global_ints(sym, n)
             optional[key] = vals[0] if n == 1 else vals
@@ -188,7 +274,7 @@ def from_cubin(v: V, name: str, data: bytes, seconds: float) -> Built:
             optional[key] = None
     text = disasm.sass(data)
     return Built(v, name, seconds, c.resources(name), c.launch_info(name), optional["tmem_cols"],
-                 optional["protocol"], disasm.histogram(text), text)
+                 optional["protocol"], optional["mc"], disasm.histogram(text), text)
 
 
 def static_problems(b: Built) -> list[str]:
@@ -209,17 +295,20 @@ def static_problems(b: Built) -> list[str]:
             out.append(f"TMEM: {t} columns is not a power of two in [32, {TMEM_COLUMNS}]")
         if t < (2 if v.family == "bf16" and v.tile_n <= 256 else 1) * v.tile_n:
             out.append(f"TMEM: {t} columns cannot hold the accumulators")
+    if b.launch.cluster_m != v.cta_group or b.launch.cluster_n != 1:
+        out.append(f"launch_info: minimum cluster {b.launch.cluster_m}x{b.launch.cluster_n}, expected {v.cta_group}x1")
     if b.protocol is not None:
-        stages, acc_stages, full, empty, tfull, tempty, ring, tx = b.protocol
-        cg = 2 if v.two_cta else 1
-        want = {"full": (full, 1), "empty": (empty, 1), "tmem_full": (tfull, 1),
-                "tmem_empty": (tempty, 128 * cg), "ring_empty": (ring, 6 + 5 * (cg - 1)),
+        stages, acc_stages, full, tfull, tempty, tx = b.protocol
+        cg = v.cta_group
+        want = {"full": (full, 1), "tmem_full": (tfull, 1), "tmem_empty": (tempty, 128 * cg),
                 "expect_tx": (tx, v.expected_tx_bytes())}
         for what, (got, exp) in want.items():
             if got != exp:
                 out.append(f"protocol: {what} = {got}, expected {exp}")
         if stages < 2 or acc_stages not in (1, 2):
             out.append(f"protocol: {stages} smem stages, {acc_stages} accumulator stages")
+    if b.mc is not None:
+        out += mc_problems(v.cta_group, b.mc)
     mmas = {m: count(m) for m in ("UTCHMMA", "UTCQMMA", "UTCOMMA")}
     want_mma = v.expected_mma()
     if mmas[want_mma] == 0:
@@ -230,6 +319,13 @@ def static_problems(b: Built) -> list[str]:
     for op in ("UTMALDG", "LDTM", "UTCBAR"):
         if count(op) == 0:
             out.append(f"SASS: no {op}")
+    # Multicast: every operand has a multicast load form (A along N, B along M, SFs with them),
+    # and stage releases can reach the cluster (a 1-CTA tile also has the plain form, 1x1).
+    for dims in sorted(v.expected_multicast_dims()):
+        if not any(op.startswith(f"UTMALDG.{dims}") and "MULTICAST" in op.split(".") for op in h):
+            out.append(f"SASS: no multicast UTMALDG.{dims} (operand loads are not shared in the cluster)")
+    if not any(op.startswith("UTCBAR") and "MULTICAST" in op.split(".") for op in h):
+        out.append("SASS: no UTCBAR.MULTICAST (stage releases cannot reach the cluster)")
     if (count("UTCCP") > 0) != (v.family == "bs"):
         out.append(f"SASS: UTCCP x{count('UTCCP')} (scale factors reach TMEM by UTCCP in block-scaled kernels only)")
     if not any(op.startswith("UTCATOMSWS") and "FIND_AND_SET" in op for op in h):
@@ -248,6 +344,114 @@ def static_problems(b: Built) -> list[str]:
         out += _order_problems(b.sass)
     elif any(".2CTA" in op for op in h):
         out.append("SASS: 1-CTA tile with .2CTA forms")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The multicast protocol, independently: CUTLASS's formulas, then a one-stage simulation.
+# ---------------------------------------------------------------------------------------------
+def cutlass_model(cg: int, cluster_m: int, cluster_n: int, ncta: int, r: int) -> dict[str, int]:
+    """What CTA ``r`` must compute, from CUTLASS's definitions: the vmnk coordinates of
+    tiled_divide(cluster, AtomThrID) (v = pair half, m = MMA unit, n), create_tma_multicast_mask
+    <2> (A: every n) / <1> (B: every m), calculate_multicast_mask<kRowCol> (release: same unit
+    row or same n), calculate_umma_peer_mask (the pair), PipelineTmaUmmaAsync's consumer count
+    and our ring count (TMA + 4 epilogue warps per CTA, one MMA warp per unit)."""
+    legal = cluster_m >= 1 and cluster_n >= 1 and cluster_m % cg == 0 and cluster_m * cluster_n == ncta <= 16
+    cm, cn = (cluster_m, cluster_n) if legal else (cg, 1)
+    size = cm * cn
+    base = r - r % size
+    x, y = (r - base) % cm, (r - base) // cm
+    ctas = [(xx, yy) for yy in range(cn) for xx in range(cm)]
+
+    def mask(pred) -> int:
+        return sum(1 << (base + xx + cm * yy) for xx, yy in ctas if pred(xx, yy))
+
+    return {"mi": x, "ni": y, "base": base, "size": size,
+            "a_mask": mask(lambda xx, yy: xx % cg == x % cg and xx // cg == x // cg),
+            "b_mask": mask(lambda xx, yy: xx % cg == x % cg and yy == y),
+            "commit": mask(lambda xx, yy: xx // cg == x // cg or yy == y),
+            "pair": mask(lambda xx, yy: xx // cg == x // cg and yy == y),
+            "empty": cm // cg + cn - 1, "ring": size * 5 + size // cg}
+
+
+def mc_rows(cg: int, table: tuple[int, ...]):
+    n, i = len(MC_FIELDS), 0
+    for cm, cn, ncta in CLUSTERS[cg]:
+        rows = [dict(zip(MC_FIELDS, table[(i + r) * n:(i + r + 1) * n])) for r in range(ncta)]
+        i += ncta
+        yield (cm, cn, ncta), rows
+
+
+def _simulate(cg: int, tag: str, rows: list[dict[str, int]]) -> list[str]:
+    """One stage of the pipeline on the kernel's table (CTAs = ranks, MMA units = even ranks of a
+    pair): every A/B slice and SF box reaches every CTA exactly once, from a member of its share
+    group; every member loads part of every stage; each empty barrier receives exactly its count
+    of releases; every CTA a producer writes into releases the stage to that producer; and no
+    unit can release round r+1 of a stage before every unit released round r (its full barrier
+    waits, through the producers that fill it, on every unit's release), so no empty barrier can
+    count a release in the wrong phase."""
+    out, n = [], len(rows)
+    units = [r for r in range(n) if rows[r]["mi"] % cg == 0]
+    unit_of = {r: r - rows[r]["mi"] % cg for r in range(n)}
+    releasers = {x: {u for u in units if rows[u]["commit"] >> x & 1} for x in range(n)}
+    for d in range(n):
+        if len(releasers[d]) != rows[d]["empty"]:
+            out.append(f"multicast: {tag} rank {d}: {len(releasers[d])} stage releases per phase, "
+                       f"empty barrier counts {rows[d]['empty']}")
+    for same_b in (True, False):
+        for kb in range(MC_KBLOCKS):  # the stage of k-block kb
+            writers = {d: {d} for d in range(n)}  # CTAs whose loads land in d's stage
+            for op, key, first, sf_bit in (("A", "a_mask", 0, 8 + kb), ("B", "b_mask", 4, 16 + kb)):
+                for d in range(n):
+                    group = [x for x in range(n) if rows[d][key] >> x & 1]
+                    if len(group) == 1:  # private: the CTA loads every slice itself
+                        if (rows[d]["issues"] >> first) & 0xF != 0xF:
+                            out.append(f"multicast: {tag} rank {d} does not load all of its private {op}")
+                        continue
+                    if op == "B" and not same_b:  # a block across experts: every CTA loads its own B
+                        continue
+                    for x in group:
+                        if rows[x][key] != rows[d][key]:
+                            out.append(f"multicast: {tag}: ranks {x} and {d} disagree on the {op} group")
+                        if (rows[x]["issues"] >> first) & 0xF == 0:
+                            out.append(f"multicast: {tag}: rank {x} loads no {op} slice (the stages of its "
+                                       f"group would not wait for its empty barrier)")
+                    for bit in [first + i for i in range(MC_SLICES)] + [sf_bit]:
+                        src = [x for x in group if rows[x]["issues"] >> bit & 1]
+                        if len(src) != 1:
+                            out.append(f"multicast: {tag}: {op} bit {bit} reaches rank {d} from {src}")
+                        writers[d] |= set(src)
+            for d in range(n):
+                for x in writers[d]:
+                    if unit_of[d] not in releasers[x]:
+                        out.append(f"multicast: {tag}: rank {x} writes into rank {d}, whose MMA unit (rank "
+                                   f"{unit_of[d]}) never releases the stage to it")
+            for u in units:
+                feeders = {u} | set().union(*(writers[d] for d in range(u, u + cg)))
+                waits = set().union(*(releasers[x] for x in feeders))
+                peers = {v for v in units if rows[v]["base"] == rows[u]["base"]}  # its sub-cluster
+                if waits != peers:
+                    out.append(f"multicast: {tag} (B shared: {same_b}): unit {u} can release a stage a "
+                               f"round ahead of units {sorted(peers - waits)}")
+    return list(dict.fromkeys(out))
+
+
+def mc_problems(cg: int, table: tuple[int, ...]) -> list[str]:
+    """The kernel's multicast table against CUTLASS's formulas, then a simulated stage."""
+    out = []
+    want_len = sum(ncta for _, _, ncta in CLUSTERS[cg]) * len(MC_FIELDS)
+    if len(table) != want_len:
+        return [f"multicast: table of {len(table)} values, expected {want_len} (cta_group {cg})"]
+    for (cm, cn, ncta), rows in mc_rows(cg, table):
+        tag = f"cluster {cm}x{cn} ({ncta} CTAs)"
+        for r, row in enumerate(rows):
+            want = cutlass_model(cg, cm, cn, ncta, r)
+            bad = {k: (row[k], v) for k, v in want.items() if row[k] != v}
+            if bad:
+                out.append(f"multicast: {tag} rank {r}: (got, expected) {bad}")
+        if out:
+            return out
+        out += _simulate(cg, tag, rows)
     return out
 
 
@@ -271,28 +475,33 @@ def _order_problems(sass: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 CORE = [
     V("bf16", 128, 256),                                                   # 1-CTA, 2 acc stages = 512 cols
-    V("bf16", 256, 256, cluster_m=2),                                      # 2-CTA pair
+    V("bf16", 256, 256),                                                   # 2-CTA pair
     V("bf16", 64, 128, bias="bf16", generate_c=True, c="f32"),             # M=64 instruction
-    V("bf16", 256, 128, cluster_m=2, dynamic=True, discrete=True, d="f16"),
+    V("bf16", 256, 128, dynamic=True, discrete=True, d="f16"),
     V("bs", 128, 256, ab="e4m3", c="f32", batched=True),                   # MXFP8, seed 004
-    V("bs", 256, 256, cluster_m=2, ab="e2m1", sf="ue4m3", vec=16, discrete=True, dynamic=True),  # NVFP4 2-CTA
+    V("bs", 128, 256, ab="e4m3", c="f32", batched=True, a_mn=True, b_mn=True),  # seed 004 M-/N-major
+    V("bs", 256, 256, ab="e2m1", sf="ue4m3", vec=16, discrete=True, dynamic=True),  # NVFP4 2-CTA
     V("bs", 64, 128, ab="e2m1", sf="ue8m0", vec=32, c="bf16"),             # MXFP4, M=64 over padded M=128
-    V("bs", 128, 128, ab="e2m1", sf="ue4m3", vec=16, c="e4m3", batched=True),  # FP8 C from NVFP4
 ]
 EXTENDED = [
-    V("bf16", 128, 128, cluster_n=2, dynamic=True),
+    V("bs", 128, 128, ab="e2m1", sf="ue4m3", vec=16, c="e4m3", batched=True),  # FP8 C from NVFP4
+    V("bf16", 128, 128, dynamic=True),
     V("bf16", 64, 256, discrete=True, d="f32"),
     V("bf16", 128, 256, bias="f32", generate_c=True, c="f16", d="f32"),
-    V("bf16", 256, 256, cluster_m=4, cluster_n=2, bias="f16"),
+    V("bf16", 256, 256, bias="f16"),
     V("bs", 128, 128, ab="e5m2", c="bf16", batched=True),
     V("bs", 128, 256, ab="e2m1", sf="ue4m3", vec=16, c="f16", batched=True),
     V("bs", 128, 256, ab="e2m1", sf="ue8m0", vec=16, c="f32"),             # MXFP4 vec16 -> mxf4nvf4
-    V("bs", 256, 128, cluster_m=2, ab="e4m3", c="f32"),
-    V("bs", 256, 256, cluster_m=4, cluster_n=2, ab="e2m1", sf="ue8m0", vec=32, c="bf16", dynamic=True),
+    V("bs", 256, 128, ab="e4m3", c="f32"),
+    V("bs", 256, 256, ab="e2m1", sf="ue8m0", vec=32, c="bf16", dynamic=True),
     V("bs", 64, 256, ab="e4m3", c="f16", discrete=True),
     V("bs", 128, 128, ab="e4m3", c="f32", batched=True, c_major_m=True),   # seed 004 cd_major m
     V("bs", 128, 256, ab="e2m1", sf="ue8m0", vec=32, c="e2m1", batched=True),  # packed FP4 C
     V("bs", 128, 256, ab="e2m1", sf="ue4m3", vec=16, c="e5m2", batched=True, c_major_m=True),
+    V("bs", 256, 128, ab="e4m3", c="bf16", a_mn=True, b_mn=True),          # 2-CTA MN-major: B in SW64 atoms
+    V("bs", 256, 256, ab="e5m2", c="f32", b_mn=True, discrete=True, dynamic=True),
+    V("bs", 64, 256, ab="e4m3", c="f16", a_mn=True),                       # M-major A: a whole 128-row atom
+    V("bs", 128, 128, ab="e4m3", c="f32", batched=True, a_mn=True, dynamic=True, c_major_m=True),
 ]
 
 
@@ -304,18 +513,23 @@ def test_variant_passes_static_checks(v: V):
     assert static_problems(b) == [], b.v.label
 
 
-def test_generated_translation_unit_passes_static_checks():
-    """The lead's renderer (templates/grouped_gemm.cu.j2) instantiates the same kernel."""
+@pytest.mark.parametrize("spec,choices,expect", [
+    ("grouped_gemm", {}, {"family": "bf16"}),  # spec default: t256x256, cluster 2x1
+    # seed 004 M-major A, N-major B: the template's kAMajorMN / kBMajorMN flags
+    ("gemm_amax", {"a_major": "m", "b_major": "n"},
+     {"family": "bs", "ab": "e4m3", "c": "f32", "batched": True, "a_mn": True, "b_mn": True}),
+], ids=["grouped_gemm", "gemm_amax.am.bn"])
+def test_generated_translation_unit_passes_static_checks(spec, choices, expect):
+    """The renderer (templates/{grouped,blockscaled}_gemm.cu.j2) instantiates the same kernels."""
     _skip_without_toolchain()
     from fusegemm.generator.render import render
     from fusegemm.generator.variants import make_variant
 
-    var = make_variant("grouped_gemm", arch="sm_100a")  # spec default: t256x256, cluster 2x1
+    var = make_variant(spec, arch="sm_100a", **choices)
     src = render(var)
     t0 = time.perf_counter()
     cub = compile_source(src.text, arch="sm_100a", kernel=src.symbol)
-    b = from_cubin(V("bf16", var.tile_m, var.tile_n, var.cluster_m, var.cluster_n), src.symbol, cub.data,
-                   time.perf_counter() - t0)
+    b = from_cubin(V(tile_m=var.tile_m, tile_n=var.tile_n, **expect), src.symbol, cub.data, time.perf_counter() - t0)
     assert static_problems(b) == []
 
 
@@ -370,7 +584,7 @@ def ptx_order_problems(ptx: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("v", [CORE[1], CORE[5]], ids=lambda v: v.label)
+@pytest.mark.parametrize("v", [CORE[1], CORE[6]], ids=lambda v: v.label)
 def test_ptx_fence_and_commit_order(v: V):
     _skip_without_toolchain()
     assert ptx_order_problems(ptx_of(v)) == []
@@ -383,6 +597,12 @@ def test_checks_catch_missing_mma_issue():
     _skip_without_toolchain()
     problems = static_problems(build(V("bf16", 128, 256, fault=1)))
     assert "SASS: no UTCHMMA (the MMA issue path is missing)" in problems
+
+
+
+@pytest.mark.slow
+def test_checks_catch_missing_block_scaled_mma_issue():
+    _skip_without_toolchain()
     problems = static_problems(build(V("bs", 128, 256, ab="e4m3", c="f32", batched=True, fault=1)))
     assert "SASS: no UTCQMMA (the MMA issue path is missing)" in problems
 
@@ -406,13 +626,199 @@ def test_checks_catch_protocol_and_pairing_errors():
     presented as a 2-CTA tile is reported."""
     _skip_without_toolchain()
     b = build(CORE[0])
-    lie = Built(V("bf16", 256, 256, cluster_m=2), b.name, b.seconds, b.res, b.launch, b.tmem_cols,
-                b.protocol, b.hist, b.sass)
+    lie = Built(V("bf16", 256, 256), b.name, b.seconds, b.res, b.launch, b.tmem_cols,
+                b.protocol, b.mc, b.hist, b.sass)
     problems = static_problems(lie)
     assert any(p.startswith("protocol: expect_tx") for p in problems), problems
     assert any(p.startswith("protocol: tmem_empty") for p in problems), problems
     assert any(p.startswith("SASS order") for p in problems), problems
+    assert any(p.startswith("multicast: table") for p in problems), problems
     broken_ptx = "mbarrier.try_wait.parity.shared::cta.b64 p, [%r1], %r2;\ntcgen05.mma.cta_group::1.kind::f16 [%r3];\n" \
                  "tcgen05.ld.sync.aligned.32x32b.x32.b32 {%r4}, [%r5];\nmbarrier.arrive.shared::cta.b64 _, [%r6];\n"
     problems = ptx_order_problems(broken_ptx)
     assert len(problems) == 3, problems
+
+
+def test_checks_catch_missing_multicast():
+    """Fault 4: every CTA loads its own boxes; the SASS check sees no multicast load forms."""
+    _skip_without_toolchain()
+    problems = static_problems(build(V("bf16", 128, 256, fault=4)))
+    assert "SASS: no multicast UTMALDG.2D (operand loads are not shared in the cluster)" in problems, problems
+    assert "SASS: no multicast UTMALDG.3D (operand loads are not shared in the cluster)" in problems, problems
+
+
+def test_multicast_model_catches_protocol_errors():
+    """The model side alone: perturbing a good table (a dropped release bit, an off-by-one empty
+    count, a second issuer of a slice, a group member that loads nothing) is reported."""
+    _skip_without_toolchain()
+    good = list(build(CORE[1]).mc)
+    assert mc_problems(2, tuple(good)) == []
+    n, f = len(MC_FIELDS), MC_FIELDS.index
+    i = sum(ncta for _, _, ncta in CLUSTERS[2][:3]) * n  # cluster 4x2, rank 0
+    # Cluster 4x2 of pairs: rank 0 drops a release bit / miscounts its empty barrier / issues A
+    # slice 1 too (its A group partner rank 4 already does); rank 4 loads no A slice at all.
+    cases = [(0, "commit", lambda x: x & ~(1 << 5)), (0, "empty", lambda x: x + 1),
+             (0, "issues", lambda x: x | 0x2), (4, "issues", lambda x: x & ~0xF)]
+    for r, field, change in cases:
+        bad = good.copy()
+        bad[i + r * n + f(field)] = change(bad[i + r * n + f(field)])
+        assert mc_problems(2, tuple(bad)), (r, field)
+    # One issuer per k-block instead of slices (every member loading part of every stage): in a
+    # 1-CTA 2x2 cluster, at k-block 0 rank 0 feeds itself A and B, and could release that stage a
+    # whole ring ahead of rank 3, which shares neither its row nor its column.
+    rows = dict(mc_rows(1, build(CORE[0]).mc))[(2, 2, 4)]
+    for r in rows:
+        r["issues"] = (r["issues"] & ~0xFF) | (0xF if r["ni"] == 0 else 0) | (0xF0 if r["mi"] == 0 else 0)
+    problems = _simulate(1, "2x2", rows)
+    assert "multicast: 2x2 (B shared: True): unit 0 can release a stage a round ahead of units [3]" in problems
+
+
+# ---------------------------------------------------------------------------------------------
+# One probe translation unit, no kernel instantiated: CUTLASS's MN-major UMMA descriptors next to
+# the kernels' (make_umma_desc is not constexpr: both sides are stored from a probe kernel and read
+# back from the PTX, where NVRTC folds them to immediates), the multicast tables of two faulty
+# frames, and the cluster-block walk.
+# ---------------------------------------------------------------------------------------------
+MN_PROBES = [
+    V("bs", 128, 256, ab="e4m3", c="f32", batched=True, a_mn=True, b_mn=True),  # SW128, 2 B atoms
+    V("bs", 256, 128, ab="e4m3", c="bf16", a_mn=True, b_mn=True),               # 2-CTA: B in SW64
+    V("bs", 64, 128, ab="e5m2", c="f16", a_mn=True, b_mn=True),
+    V("bs", 128, 256, ab="e4m3", c="f32", batched=True, a_mn=True, b_mn=True, fault=6),  # LBO/SBO swapped
+]
+PAIR_COMMIT_FAULTS = [V("bf16", 128, 256, fault=5), V("bf16", 256, 256, fault=5)]
+MN_FIELDS = ("hi_a", "lbo_a", "kstep_a", "hi_b", "lbo_b", "kstep_b", "idesc")
+WALKS = [(5, 3, 2, 8), (3, 4, 1, 8), (9, 2, 4, 8), (1, 1, 4, 8), (20, 3, 1, 8)]  # (bm, bn, pm, band rows x pm)
+
+_PROBE_FN = """
+template <class K, class Atom, int kMn>
+__device__ void cutlass_mn_desc(uint32_t* out, uint8_t* buf) {
+  using namespace cute;
+  // CUTLASS's MN-major smem layout (sm100 collectives: tile_to_mma_shape(..., Step<_2,_1,_3>)):
+  // K tiled first inside an MN atom, then the next MN atom.
+  using L = decltype(tile_to_shape(Atom{}, Shape<Int<kMn>, Int<K::kBlockK>>{}, Step<_2, _1>{}));
+  UMMA::SmemDescriptor d = UMMA::make_umma_desc<UMMA::Major::MN>(make_tensor(make_smem_ptr(buf), L{}));
+  out[0] = d.hi;
+  out[1] = (d.lo >> 16) << 4;             // LBO in bytes
+  out[2] = uint32_t(L{}(0, K::kUmmaK)) / 16;  // descriptor advance of the next instruction's K slice
+}
+template <class K, class C>
+__device__ void probe_one(uint32_t* out, uint8_t* buf) {
+  using namespace cute;
+  using AtomA = UMMA::Layout_MN_SW128_Atom<uint8_t>;
+  using AtomB = conditional_t<K::kBSwizzle == 128, UMMA::Layout_MN_SW128_Atom<uint8_t>, UMMA::Layout_MN_SW64_Atom<uint8_t>>;
+  cutlass_mn_desc<K, AtomA, K::kRowsA>(out, buf);
+  cutlass_mn_desc<K, AtomB, K::kRowsB>(out + 3, buf);
+  out[6] = uint32_t(UMMA::make_instr_desc_block_scaled<typename C::ElementA, typename C::ElementB, float,
+      typename C::ElementSF, K::kMmaM, K::kTileN, K::kAMn ? UMMA::Major::MN : UMMA::Major::K,
+      K::kBMn ? UMMA::Major::MN : UMMA::Major::K>());
+  const uint32_t ours[7] = {K::kDescHiA, K::kLboA, K::kKStepA, K::kDescHiB, K::kLboB, K::kKStepB, K::kIdesc};
+  for (int i = 0; i < 7; ++i) out[7 + i] = ours[i];
+}
+"""
+
+
+def probe_source() -> str:
+    cfgs = "".join(v.config_cpp(f"P{i}") for i, v in enumerate(MN_PROBES + PAIR_COMMIT_FAULTS))
+    src = ['#include "fusegemm/sm100/blockscaled_gemm.cuh"', '#include "fusegemm/sm100/grouped_gemm.cuh"',
+           "#include <cute/atom/mma_traits_sm100.hpp>", "namespace fusegemm_gen {", GROUPED_PARAMS.cpp(), cfgs,
+           "}  // namespace fusegemm_gen", _MC_FN, _PROBE_FN]
+    for i, v in enumerate(MN_PROBES + PAIR_COMMIT_FAULTS):
+        src.append(f"using K{i} = fusegemm::sm100::{v.kernel}<fusegemm_gen::P{i}>;")
+    for j, v in enumerate(PAIR_COMMIT_FAULTS):
+        src.append(mc_table_cpp(f"K{len(MN_PROBES) + j}::Frame", v.cta_group, f"probe_mc{j}"))
+    walk = []
+    for bm, bn, pm, band in WALKS:
+        for blk in range(bm * bn):
+            c = f"fusegemm::sm100::grouped_block_coord({blk}, {bm}, {bn}, {max(1, band // pm)})"
+            walk.append(f"{c}.bm, {c}.bn")
+    src.append(f'extern "C" __device__ __attribute__((used)) const int probe_walk[{2 * len(walk)}] = {{'
+               + ", ".join(walk) + "};")
+    body = "".join(f"  probe_one<K{i}, fusegemm_gen::P{i}>(out + {16 * i}, buf);\n" for i in range(len(MN_PROBES)))
+    src.append('extern "C" __global__ void probe(uint32_t* out) {\n'
+               "  __shared__ alignas(1024) uint8_t buf[32768];\n" + body + "}")
+    return "\n".join(src) + "\n"
+
+
+@functools.lru_cache(maxsize=1)
+def probe() -> tuple[str, bytes]:
+    from cuda.bindings import nvrtc
+
+    opts = [b"-arch=sm_100a", *(o.encode() for o in BASE_OPTIONS), *(o.encode() for o in headers().options())]
+    err, prog = nvrtc.nvrtcCreateProgram(probe_source().encode(), b"probe.cu", 0, [], [])
+    try:
+        if int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) != 0:
+            log = b" " * nvrtc.nvrtcGetProgramLogSize(prog)[1]
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            raise CompileError(log.decode(errors="replace")[:4000])
+        ptx = b" " * nvrtc.nvrtcGetPTXSize(prog)[1]
+        nvrtc.nvrtcGetPTX(prog, ptx)
+        cubin = b" " * nvrtc.nvrtcGetCUBINSize(prog)[1]
+        nvrtc.nvrtcGetCUBIN(prog, cubin)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return ptx.rstrip(b"\0").decode(), cubin
+
+
+def ptx_stored_constants(ptx: str) -> dict[int, int]:
+    """Byte offset -> value of every ``st.global.u32 [%rd+off], imm-or-%r`` of the probe kernel."""
+    regs, out = {}, {}
+    for m in re.finditer(r"mov\.(?:b|u)32\s+(%r\d+),\s*(-?\d+);", ptx):
+        regs[m.group(1)] = int(m.group(2)) & 0xFFFFFFFF
+    for m in re.finditer(r"st\.global\.u32\s+\[%rd\d+(?:\+(\d+))?\],\s*(%r\d+|-?\d+);", ptx):
+        v = m.group(2)
+        out[int(m.group(1) or 0)] = regs[v] if v.startswith("%") else int(v) & 0xFFFFFFFF
+    return out
+
+
+def mn_desc_problems(i: int, stored: dict[int, int]) -> list[str]:
+    """Probe i: the kernel's MN-major descriptor constants against CUTLASS's."""
+    base = 64 * i
+    cut = [stored.get(base + 4 * k) for k in range(7)]
+    ours = [stored.get(base + 28 + 4 * k) for k in range(7)]
+    v = MN_PROBES[i]
+    return [f"{v.label}: {f} = {o:#x}, CUTLASS {c:#x}" for f, o, c in zip(MN_FIELDS, ours, cut)
+            if (f.endswith("_a") and v.a_mn or f.endswith("_b") and v.b_mn or f == "idesc") and o != c]
+
+
+def test_mn_major_descriptors_match_cutlass():
+    _skip_without_toolchain()
+    stored = ptx_stored_constants(probe()[0])
+    assert len(stored) == 16 * len(MN_PROBES) - 2 * len(MN_PROBES), sorted(stored)
+    for i in range(len(MN_PROBES) - 1):
+        assert mn_desc_problems(i, stored) == []
+    # The kernel's own constants, pinned (sm100-protocol.md §2 style): SW128 hi 0x40004040, LBO
+    # 16 KB between two N atoms (0 for a single M atom, as CUTLASS) and K advance 256; 2-CTA N 128
+    # puts 64 columns per CTA in one SW64 atom.
+    assert [stored[28 + 4 * k] for k in range(7)] == [0x40004040, 0, 256, 0x40004040, 16384, 256, 0x08C18000]
+    assert [stored[64 + 40 + 4 * k] for k in range(3)] == [0x80004020, 0, 128]
+    # The broken probe (fault 6, LBO and SBO swapped) is caught.
+    bad = mn_desc_problems(len(MN_PROBES) - 1, stored)
+    assert any("hi_a" in p for p in bad) and any("lbo_a" in p for p in bad) and any("hi_b" in p for p in bad), bad
+
+
+def test_pair_only_release_fails_the_multicast_model():
+    """Fault 5: stage releases to the pair only, empty count 1, whatever the launch cluster."""
+    _skip_without_toolchain()
+    c = inspect.Cubin(probe()[1])
+    for j, v in enumerate(PAIR_COMMIT_FAULTS):
+        n = sum(ncta for _, _, ncta in CLUSTERS[v.cta_group]) * len(MC_FIELDS)
+        problems = mc_problems(v.cta_group, c.global_ints(f"probe_mc{j}", n))
+        assert any("commit" in p or "empty" in p for p in problems), problems
+
+
+def test_cluster_block_walk_covers_every_tile_once():
+    """grouped_block_coord is a bijection onto the block grid; cluster blocks of pm x pn tiles
+    cover every tile of the problem exactly once (the rest are phantoms past the edge)."""
+    _skip_without_toolchain()
+    c = inspect.Cubin(probe()[1])
+    vals = c.global_ints("probe_walk", 2 * sum(bm * bn for bm, bn, _, _ in WALKS))
+    i = 0
+    for bm, bn, pm, _ in WALKS:
+        coords = [(vals[i + 2 * b], vals[i + 2 * b + 1]) for b in range(bm * bn)]
+        i += 2 * bm * bn
+        assert sorted(coords) == [(x, y) for x in range(bm) for y in range(bn)], (bm, bn, pm)
+        for pn in (1, 2, 4):
+            m_tiles, n_tiles = bm * pm - (pm - 1), bn * pn - (pn - 1)  # ragged last block
+            tiles = [(x * pm + u, y * pn + w) for x, y in coords for u in range(pm) for w in range(pn)]
+            inside = [t for t in tiles if t[0] < m_tiles and t[1] < n_tiles]
+            assert sorted(inside) == [(m, n) for m in range(m_tiles) for n in range(n_tiles)]

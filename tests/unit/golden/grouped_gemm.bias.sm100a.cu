@@ -34,6 +34,8 @@ struct alignas(128) Params {
   int32_t num_experts;  // L
   int64_t ldc;  // C row stride in elements
   int64_t ldd;  // D row stride in elements
+  int32_t cluster_m;  // cluster M in CTAs (sm_100a TMA multicast of B along M); 0 = pairs only
+  int32_t cluster_n;  // cluster N in CTAs (sm_100a TMA multicast of A along N); 0 = pairs only
 };
 static_assert(sizeof(Params::tma_a) == 128 && alignof(decltype(Params::tma_a)) == 128, "ABI: Params.tma_a (CUtensorMap) at byte 0");
 static_assert(sizeof(Params::tma_b) == 128 && alignof(decltype(Params::tma_b)) == 128, "ABI: Params.tma_b (CUtensorMap) at byte 128");
@@ -64,6 +66,8 @@ static_assert(sizeof(Params::k) == 4 && alignof(decltype(Params::k)) == 4, "ABI:
 static_assert(sizeof(Params::num_experts) == 4 && alignof(decltype(Params::num_experts)) == 4, "ABI: Params.num_experts (int32_t) at byte 916");
 static_assert(sizeof(Params::ldc) == 8 && alignof(decltype(Params::ldc)) == 8, "ABI: Params.ldc (int64_t) at byte 920");
 static_assert(sizeof(Params::ldd) == 8 && alignof(decltype(Params::ldd)) == 8, "ABI: Params.ldd (int64_t) at byte 928");
+static_assert(sizeof(Params::cluster_m) == 4 && alignof(decltype(Params::cluster_m)) == 4, "ABI: Params.cluster_m (int32_t) at byte 936");
+static_assert(sizeof(Params::cluster_n) == 4 && alignof(decltype(Params::cluster_n)) == 4, "ABI: Params.cluster_n (int32_t) at byte 940");
 static_assert(sizeof(Params) == 1024 && alignof(Params) == 128, "ABI: sizeof(Params) must be 1024");
 
 struct Config {
@@ -88,15 +92,15 @@ using Kernel = fusegemm::sm100::GroupedGemmKernel<fusegemm_gen::Config>;
 // can never disagree on block size, shared memory or TMA boxes. The last two values are the
 // smallest cluster the kernel needs (a 2-CTA tile needs its pair); the launch cluster is any
 // legal multiple of it, chosen per call.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_48b13b92effb_launch_info[4] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_16fdc3fedad5_launch_info[4] = {
     Kernel::kThreads, Kernel::kSmemBytes, 2, 1};
-// sm_100a: TMEM columns allocated per CTA and the TMA box rows of A and B (a 2-CTA tile
-// loads half of its rows per CTA).
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_48b13b92effb_tmem_cols = Kernel::kTmemCols;
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_48b13b92effb_boxes[2] = {
+// sm_100a: TMEM columns allocated per CTA and the TMA box rows of A and B per load (each
+// operand tile is loaded as fixed slices so cluster peers can multicast them).
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_16fdc3fedad5_tmem_cols = Kernel::kTmemCols;
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_16fdc3fedad5_boxes[2] = {
     Kernel::kBoxRowsA, Kernel::kBoxRowsB};
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm100a_48b13b92effb(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm100a_16fdc3fedad5(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -15,10 +15,30 @@
 // 128-row smem stage that matches their half of the 128-row SF atom, so SF lanes line up; the
 // other half of the accumulator is ignored (DeepGEMM pads the same way).
 //
-// Host contract (tensor maps, runtime/tensormap.py):
+// MN-major A / B (FP8 only, Config::kAMajorMN / kBMajorMN; seed 004 a_major m, b_major n): the
+// stage of an MN-major operand holds, per swizzle atom, S MN-bytes (S = 128, or 64 when a CTA
+// holds 64 columns of B) by kBlockK K rows (loaded as four K slices), atoms one after another;
+// descriptors, K advance and the instruction descriptor's a_major/b_major bits as umma.cuh
+// "MN-major" (CUTLASS make_umma_desc<Major::MN> on the layout its sm100 collectives build with
+// tile_to_mma_shape(..., Step<_2,_1,_3>): K first inside an MN atom).
+// TILE_M 64 loads the whole 128-row M atom that holds its rows (tx = 16 KB for A), so the
+// accumulator rows sit in the same half as the K-major path puts them.
+//
+// Cluster multicast (fusegemm/sm100/cluster.cuh): A and SFA k-blocks are multicast along cluster
+// N, B and SFB along cluster M; the tile walk hands a cluster pm x cn neighbouring tiles.
+//
+// Host contract (tensor maps, runtime/tensormap.py; MN-major maps are not encoded by any public
+// op yet, this is their contract). Every A/B box is a quarter slice (kMcSlices) of what a CTA
+// holds per stage, so that each CTA of a multicast group loads part of every stage (cluster.cuh):
 //   tma_a   uint8 view of A, K-major: grouped 2-D (K bytes, rows); batched 3-D (K bytes, M, L);
-//           box (128, kBoxRowsA), SWIZZLE_128B. (packed FP4: K bytes = K / 2)
-//   tma_b   uint8 view of B: dense 3-D (K bytes, N, L); discrete 2-D template; box (128, kBoxRowsB), SW128
+//           box (128, kBoxRowsA = rows / 4), SWIZZLE_128B. (packed FP4: K bytes = K / 2)
+//           M-major (kAMajorMN): grouped 2-D (rows, K); batched 3-D (M, K, L) (element (m, k, l)
+//           at (l * K + k) * lda + m); box (kBoxRowsA = 128 M, kBoxKA = 32 K), SWIZZLE_128B.
+//   tma_b   uint8 view of B: dense 3-D (K bytes, N, L); discrete 2-D template; box (128, kBoxRowsB =
+//           rows / 4), SW128.
+//           N-major (kBMajorMN): dense 3-D (N, K, L); discrete 2-D (N, K); box (kBoxRowsB, kBoxKB = 32)
+//           with kBoxRowsB = kBSwizzle N (128, or 64 for 2-CTA tiles of N 128: SWIZZLE_64B); a CTA
+//           loads kRowsB / kBoxRowsB of them side by side per K slice.
 //   c_out   N-major: (row, col, l) at (l * M + row) * ldc + col (grouped: l = 0); M-major
 //           (kCMajorM): at (l * N + col) * ldc + row; packed FP4 C: element index / 2 bytes.
 //   tma_sfa/tma_sfb  uint32 view of the SF atoms, 4-D {128, ceil(sfk/4), ceil(mn/128), L}
@@ -28,25 +48,6 @@
 #include "fusegemm/sm100/kernel_frame.cuh"
 
 namespace fusegemm::sm100 {
-
-// Batched tile space: (ceil(M/TILE_M) x ceil(N/TILE_N)) per batch, batch-major.
-template <int TILE_M, int TILE_N>
-struct BatchedScheduler {
-  int m, m_blocks, n_blocks, batches;
-  FUSEGEMM_DEVICE BatchedScheduler(int m_, int n, int l)
-      : m(m_), m_blocks((m_ + TILE_M - 1) / TILE_M), n_blocks((n + TILE_N - 1) / TILE_N), batches(l) {}
-  FUSEGEMM_DEVICE int num_tiles() const { return m_blocks * n_blocks * batches; }
-  FUSEGEMM_DEVICE GroupedTile tile(int linear) const {
-    GroupedTile t{-1, 0, 0, -1};
-    if (linear < 0 || linear >= num_tiles()) return t;
-    int per = m_blocks * n_blocks, local = linear % per;
-    t.expert = linear / per;
-    t.m_block = local % m_blocks;  // consecutive CTAs share B columns
-    t.n_block = local / m_blocks;
-    t.linear = linear;
-    return t;
-  }
-};
 
 // Operand format code: packed e2m1 uses the kind::mxf4/mxf4nvf4 code (1), not f8f6f4's 5.
 template <class T> constexpr MxFmt mx_fmt() {
@@ -90,14 +91,22 @@ struct BlockScaledGemmKernel {
   static constexpr int kSfaBytes = kSfKAtoms * 512, kSfbBytes = kSfbMnAtoms * kSfKAtoms * 512;
   static constexpr int kStageBytesA = kRowsA * kBlockKBytes;
   static constexpr int kStageBytesB = kRowsB * kBlockKBytes;
-  static constexpr int kTxPerCta = kRowsD * kBlockKBytes + kStageBytesB + kSfaBytes + kSfbBytes;
+  // MN-major operands (FP8 only): swizzle atoms of kASwizzle / kBSwizzle MN-bytes (umma.cuh).
+  static constexpr bool kAMn = Config::kAMajorMN, kBMn = Config::kBMajorMN;
+  static constexpr int kASwizzle = mn_major_swizzle(kRowsA), kBSwizzle = mn_major_swizzle(kRowsB);
+  static constexpr int kBMnAtoms = kRowsB / kBSwizzle;
+  // A bytes TMA delivers per CTA: K-major TILE_M 64 loads its 64 rows, M-major the whole M atom.
+  static constexpr int kTxBytesA = kAMn ? kStageBytesA : kRowsD * kBlockKBytes;
+  static constexpr int kTxPerCta = kTxBytesA + kStageBytesB + kSfaBytes + kSfbBytes;
   static constexpr int kSfaCols = kSfKAtoms * 4, kSfbCols = kSfbMnAtoms * kSfKAtoms * 4;
   static constexpr int kAccStages = 2 * kTileN + kSfaCols + kSfbCols <= kTmemColumns ? 2 : 1;
   static constexpr int kSfaCol = kAccStages * kTileN, kSfbCol = kSfaCol + kSfaCols;
   static constexpr int kTmemCols = tmem_alloc_columns(kSfbCol + kSfbCols);
   static constexpr bool kCMajorM = Config::kCMajorM;
-  static_assert(!Config::kAMajorMN && !Config::kBMajorMN,
-                "MN-major A/B are not implemented on sm_100a yet (K-major only)");
+  static_assert(kFp8 || (!kAMn && !kBMn),
+                "packed FP4 A/B must be K-major (kind::mxf4/mxf4nvf4, sm1xx_common.inl:660)");
+  static_assert(!kAMn || kRowsA == 128, "M-major A: one 128-element swizzle atom per CTA");
+  static_assert(!kBMn || kRowsB % kBSwizzle == 0, "N-major B: whole swizzle atoms per CTA");
   static_assert(!kCMajorM || out_bits<ElementC>() >= 8, "packed FP4 C must be N-major");
   static_assert(out_bits<ElementC>() != 8 || kFp4, "FP8 C needs FP4 A/B (FP8 A/B with FP8 C is disabled)");
   static_assert(out_bits<ElementC>() != 4 || kFp4, "FP4 C needs FP4 A/B");
@@ -111,17 +120,42 @@ struct BlockScaledGemmKernel {
 
   using Frame = KernelFrame<kCtaGroup, Config::kDynamicSched, kStageBytesA, kStageBytesB,
                             kSfaBytes + kSfbBytes, kAccStages, kTileN, kTmemCols,
-                            kStagingBytes * kNumEpiWarps, Config::kDiscreteB ? 2 : 0, kTxPerCta>;
+                            kStagingBytes * kNumEpiWarps, Config::kDiscreteB ? 2 : 0, kTxPerCta, kFault>;
   static constexpr int kStages = Frame::kStages, kThreads = Frame::kThreads;
   static constexpr int kSmemBytes = Frame::kSmemBytes, kTmapSlots = Frame::kTmapSlots;
   static constexpr int kTmapSlotStride = Frame::kTmapSlotStride;
-  static constexpr int kBoxKBytes = kBlockKBytes, kBoxRowsA = kRowsD, kBoxRowsB = kRowsB;
+  // Boxes (see the host contract above). Every operand box of a stage is loaded as kMcSlices
+  // slices (cluster.cuh): K-major along rows, (kBoxKBytes, kRows / 4); MN-major along K,
+  // (swizzle atom, kBlockK / 4 K rows), per MN atom.
+  static constexpr int kBoxKBytes = kBlockKBytes;
+  static constexpr int kSliceRowsA = kRowsD / kMcSlices, kSliceRowsB = kRowsB / kMcSlices;
+  static constexpr int kSliceK = kBlockK / kMcSlices;  // MN-major K rows per slice
+  static constexpr int kBoxRowsA = kAMn ? kASwizzle : kSliceRowsA, kBoxRowsB = kBMn ? kBSwizzle : kSliceRowsB;
+  static constexpr int kBoxKA = kAMn ? kSliceK : kBlockK, kBoxKB = kBMn ? kSliceK : kBlockK;
+  static_assert(kSliceRowsA % 8 == 0 && kSliceRowsB % 8 == 0 && (kSliceK * kBSwizzle) % 1024 == 0,
+                "bug #5: slices start 1024-B aligned (whole 8-row swizzle atoms)");
 
   // ---- static protocol checks (sm100-protocol.md §8) ----
   static constexpr uint32_t kIdesc = idesc_block_scaled(
       kMmaM, kTileN, mx_fmt<ElementAB>(), kFault == kFaultWrongFormat ? MxFmt::E2M1_UNPACKED : mx_fmt<ElementAB>(),
-      kUe8m0 ? ScaleFmt::UE8M0 : ScaleFmt::UE4M3);
-  static constexpr uint32_t kGolden = kFp8 ? 0x08c00000u : kUe8m0 ? 0x08c00480u : 0x08400480u;
+      kUe8m0 ? ScaleFmt::UE8M0 : ScaleFmt::UE4M3, 0, 0, kAMn, kBMn);
+  // Golden K-major values (sm100-protocol.md §2) plus the major bits a_major [15], b_major [16].
+  static constexpr uint32_t kGolden = (kFp8 ? 0x08c00000u : kUe8m0 ? 0x08c00480u : 0x08400480u) |
+                                      (uint32_t(kAMn) << 15) | (uint32_t(kBMn) << 16);
+  // Shared-memory descriptors: hi words, LBOs and K advance per instruction (bug #4, #6).
+  static constexpr bool kSwapMn = kFault == kFaultMnDescSwap;
+  static constexpr uint32_t mn_hi(int swz, int atoms) {
+    return mn_major_hi(swz, kSwapMn ? mn_major_lbo(swz, kBlockK, atoms) : mn_major_sbo(swz));
+  }
+  static constexpr uint32_t mn_lbo(int swz, int atoms) {
+    return kSwapMn ? mn_major_sbo(swz) : mn_major_lbo(swz, kBlockK, atoms);
+  }
+  static constexpr uint32_t kDescHiA = kAMn ? mn_hi(kASwizzle, kRowsA / kASwizzle) : kSw128KMajorHi;
+  static constexpr uint32_t kDescHiB = kBMn ? mn_hi(kBSwizzle, kBMnAtoms) : kSw128KMajorHi;
+  static constexpr uint32_t kLboA = kAMn ? mn_lbo(kASwizzle, kRowsA / kASwizzle) : kSw128KMajorLbo;
+  static constexpr uint32_t kLboB = kBMn ? mn_lbo(kBSwizzle, kBMnAtoms) : kSw128KMajorLbo;
+  static constexpr uint32_t kKStepA = kAMn ? mn_major_kstep(kASwizzle, kUmmaK) : kDescKStep;
+  static constexpr uint32_t kKStepB = kBMn ? mn_major_kstep(kBSwizzle, kUmmaK) : kDescKStep;
   static_assert(legal_block_scaled_shape<kCtaGroup, kMmaM, kTileN, kFp8>(), "bug #9: illegal block-scaled shape");
   static_assert(kTileM == 64 || kTileM == 128 || kTileM == 256, "TILE_M in {64, 128, 256}");
   static_assert(kTileN == 128 || kTileN == 256, "TILE_N in {128, 256}");
@@ -136,6 +170,14 @@ struct BlockScaledGemmKernel {
   static_assert(kSfPerMma * kMmasPerBlock == 4 * kSfKAtoms, "scale bytes per k-block");
   static_assert(kSfbCol + kSfbCols <= kTmemCols && kTmemCols <= kTmemColumns, "bug #10: TMEM overflow");
   static_assert(Frame::kTxBytes == uint32_t(kTxPerCta * kCtaGroup), "bug #1: expect_tx");
+  static_assert(!kAMn || kFault == kFaultMnDescSwap ||
+                    (kDescHiA == 0x40004040u && kLboA == 0u && kKStepA == 256u),
+                "bug #4/#6: M-major A descriptor (CUTLASS make_umma_desc<Major::MN>, SW128)");
+  static_assert(!kBMn || kFault == kFaultMnDescSwap ||
+                    (kBSwizzle == 128 ? (kDescHiB == 0x40004040u && kLboB == (kBMnAtoms > 1 ? 16384u : 0u) &&
+                                         kKStepB == 256u)
+                                      : (kDescHiB == 0x80004020u && kLboB == 0u && kKStepB == 128u)),
+                "bug #4/#6: N-major B descriptor (CUTLASS make_umma_desc<Major::MN>, SW128 / SW64)");
 
   // Scale-factor placement per MMA k of a k-block: TMEM column offsets of SFA / SFB and the
   // byte (sf_id) inside the 4-byte column, for the [k-atom][mn-atom][4 col] layout above.
@@ -160,17 +202,18 @@ struct BlockScaledGemmKernel {
 
   template <class Params>
   static __device__ void run(const Params& p) {
+    Frame f;
+    f.setup(p);
     if constexpr (Config::kBatched) {
-      run_with(p, BatchedScheduler<kTileM, kTileN>(p.m_rows, p.n, p.num_experts));
+      run_with(p, f, BatchedClusterScheduler<kTileM, kTileN, kCtaGroup>(p.m_rows, p.n, p.num_experts, f.geom));
     } else {
-      run_with(p, GroupedScheduler<kTileM, kTileN>(static_cast<const int*>(p.offsets), p.num_experts, p.n));
+      run_with(p, f, GroupedClusterScheduler<kTileM, kTileN, kCtaGroup>(static_cast<const int*>(p.offsets),
+                                                                        p.num_experts, p.n, f.geom));
     }
   }
 
   template <class Params, class Sched>
-  static __device__ void run_with(const Params& p, const Sched& sched) {
-    Frame f;
-    f.setup(p);
+  static __device__ void run_with(const Params& p, Frame& f, const Sched& sched) {
     const int k_bytes = (p.k + kElemsPerByte - 1) / kElemsPerByte;
     const int k_blocks = (k_bytes + kBlockKBytes - 1) / kBlockKBytes;
     if (f.warp == kWarpTma) {
@@ -198,7 +241,7 @@ struct BlockScaledGemmKernel {
       dtm_b.init(&p.tma_b, ws, f.tmap_staging);
       dtm_sfb.init(&p.tma_sfb, ws + Frame::kTmapSlotsPerMap, f.tmap_staging + 1);
     }
-    f.producer(p, sched, k_blocks, [&](const GroupedTile& t, int kb, uint64_t* bar, int s) {
+    f.producer(p, sched, k_blocks, [&](const ClusterTile& t, int kb, uint64_t* bar, int s) {
       if constexpr (Config::kDiscreteB) {
         if (t.expert != map_expert) {
           tmap_b = dtm_b.update(reinterpret_cast<const void*>(__ldg(static_cast<const unsigned long long*>(p.b_ptrs) + t.expert)));
@@ -210,14 +253,42 @@ struct BlockScaledGemmKernel {
       const int lb = Config::kDiscreteB ? 0 : t.expert;          // expert / batch coordinate of B / SFB
       const int m_row = t.m_block * kTileM + f.cta_half * kRowsD;  // first A row this CTA loads
       const int n_row = t.n_block * kTileN + f.cta_half * kRowsB;
-      // TILE_M 64: rows go to the half of the 128-row stage matching their half of the SF atom.
-      uint8_t* sa = f.smem_a(s) + (kTileM == 64 ? (m_row % 128) / 64 * (64 * kBlockKBytes) : 0);
-      const int kx = kb * kBlockKBytes;
-      tma_load_nd<kCtaGroup, Config::kBatched ? 3 : 2>(&p.tma_a, bar, sa, kx, m_row, l, 0, CacheHint::kEvictFirst);
-      tma_load_nd<kCtaGroup, Config::kDiscreteB ? 2 : 3>(tmap_b, bar, f.smem_b(s), kx, n_row, lb, 0, CacheHint::kEvictLast);
+      const int kx = kb * kBlockKBytes;  // K offset in bytes (= elements for FP8)
+      // A (and SFA) shared along cluster N, B (and SFB) along cluster M (cluster.cuh); A and B
+      // slice by slice, the scale-factor boxes whole.
+      const Share sh_a = f.share_a(), sh_b = f.share_b(t.share_b);
+      constexpr int kDimsA = Config::kBatched ? 3 : 2, kDimsB = Config::kDiscreteB ? 2 : 3;
+#pragma unroll 1
+      for (int i = 0; i < kMcSlices; ++i) {
+        if constexpr (kAMn) {
+          // M-major: the 128-row M atom holding this CTA's rows (TILE_M 64: its aligned 128
+          // rows), sliced along K.
+          f.template load_slice<kDimsA>(sh_a, i, &p.tma_a, bar, f.smem_a(s) + i * kSliceK * kASwizzle,
+                                        m_row / 128 * 128, kx + i * kSliceK, l, 0, CacheHint::kEvictFirst);
+        } else {
+          // TILE_M 64: rows go to the half of the 128-row stage matching their half of the SF atom.
+          uint8_t* sa = f.smem_a(s) + (kTileM == 64 ? (m_row % 128) / 64 * (64 * kBlockKBytes) : 0);
+          f.template load_slice<kDimsA>(sh_a, i, &p.tma_a, bar, sa + i * kSliceRowsA * kBlockKBytes, kx,
+                                        m_row + i * kSliceRowsA, l, 0, CacheHint::kEvictFirst);
+        }
+      }
+#pragma unroll 1
+      for (int i = 0; i < kMcSlices; ++i) {
+        if constexpr (kBMn) {
+#pragma unroll
+          for (int j = 0; j < kBMnAtoms; ++j) {  // per swizzle atom of the CTA's columns
+            f.template load_slice<kDimsB>(sh_b, i, tmap_b, bar,
+                                          f.smem_b(s) + j * kBSwizzle * kBlockKBytes + i * kSliceK * kBSwizzle,
+                                          n_row + j * kBSwizzle, kx + i * kSliceK, lb, 0, CacheHint::kEvictLast);
+          }
+        } else {
+          f.template load_slice<kDimsB>(sh_b, i, tmap_b, bar, f.smem_b(s) + i * kSliceRowsB * kBlockKBytes, kx,
+                                        n_row + i * kSliceRowsB, lb, 0, CacheHint::kEvictLast);
+        }
+      }
       uint8_t* sf = f.smem_sf(s);
-      tma_load_nd<kCtaGroup, 4>(&p.tma_sfa, bar, sf, 0, kb * kSfKAtoms, m_row / 128, l);
-      tma_load_nd<kCtaGroup, 4>(tmap_sfb, bar, sf + kSfaBytes, 0, kb * kSfKAtoms, t.n_block * kSfbMnAtoms, lb);
+      f.template load_whole<4>(sh_a, kb, &p.tma_sfa, bar, sf, 0, kb * kSfKAtoms, m_row / 128, l);
+      f.template load_whole<4>(sh_b, kb, tmap_sfb, bar, sf + kSfaBytes, 0, kb * kSfKAtoms, t.n_block * kSfbMnAtoms, lb);
     });
   }
 
@@ -234,12 +305,12 @@ struct BlockScaledGemmKernel {
                                  f.tmem_base + kSfbCol + (ka * kSfbMnAtoms + j) * 4);
       }
     }
-    const uint64_t da = make_smem_desc(smem_u32(f.smem_a(s)), kSw128KMajorHi, kSw128KMajorLbo);
-    const uint64_t db = make_smem_desc(smem_u32(f.smem_b(s)), kSw128KMajorHi, kSw128KMajorLbo);
+    const uint64_t da = make_smem_desc(smem_u32(f.smem_a(s)), kDescHiA, kLboA);
+    const uint64_t db = make_smem_desc(smem_u32(f.smem_b(s)), kDescHiB, kLboB);
 #pragma unroll
     for (int k = 0; k < kMmasPerBlock; ++k) {
       if constexpr (kFault != kFaultSkipMma) {
-        mma_block_scaled<kCtaGroup, kKind>(d_tmem, da + k * kDescKStep, db + k * kDescKStep,
+        mma_block_scaled<kCtaGroup, kKind>(d_tmem, da + k * kKStepA, db + k * kKStepB,
                                            idesc_with_sf_id(kIdesc, sf_byte_of(k), sf_byte_of(k)),
                                            accumulate || k > 0, f.tmem_base + kSfaCol + sfa_col_of(k),
                                            f.tmem_base + kSfbCol + sfb_col_of(k));
@@ -252,7 +323,7 @@ struct BlockScaledGemmKernel {
     const int ew = f.warp - kFirstEpiWarp;  // TMEM lanes 32*ew..
     const uint32_t buf = smem_u32(f.staging) + ew * kStagingBytes;
     int amax_bits = 0;                      // max |C| as float bits (NaN sorts above +inf)
-    f.epilogue_loop(sched, [&](const GroupedTile& t, uint32_t acc_col) {
+    f.epilogue_loop(sched, [&](const ClusterTile& t, uint32_t acc_col) {
       const int m0 = t.m_block * kTileM + f.cta_half * kRowsD;  // first row this CTA stores
       const int half = kTileM == 64 ? (m0 % 128) / 64 : 0;
       const int local = ew * 32 - half * 64;                      // first tile row of this warp

@@ -11,6 +11,9 @@
 // TILE_M 256 runs as a CTA pair with cta_group::2 (instruction M = 256): each CTA loads its 128
 // A rows and half of B's rows, owns 128x TILE_N accumulators in its own TMEM and stores its
 // rows. TILE_M 64 uses the M=64 instruction (accumulator rows in TMEM lanes (r%16)+32(r/16)).
+// In a cluster larger than one MMA unit (CTA or pair), A k-blocks are multicast along cluster N
+// and B k-blocks along cluster M (same expert only) and the cluster walks blocks of neighbouring
+// tiles; fusegemm/sm100/cluster.cuh has the protocol.
 // Barrier and fence protocol: fusegemm/sm100/pipeline.cuh header, sm100-protocol.md §1/§4.
 #pragma once
 
@@ -46,13 +49,20 @@ struct GroupedGemmKernel {
 
   using Frame = KernelFrame<kCtaGroup, Config::kDynamicSched, kStageBytesA, kStageBytesB, 0,
                             kAccStages, kTileN, kTmemCols, kStagingBytes * kNumEpiWarps,
-                            Config::kDiscreteB ? 1 : 0>;
+                            Config::kDiscreteB ? 1 : 0, kStageBytesA + kStageBytesB, kFault>;
+  using Scheduler = GroupedClusterScheduler<kTileM, kTileN, kCtaGroup>;
   static constexpr int kStages = Frame::kStages;
   static constexpr int kThreads = Frame::kThreads;
   static constexpr int kSmemBytes = Frame::kSmemBytes;
   static constexpr int kTmapSlots = Frame::kTmapSlots, kTmapSlotStride = Frame::kTmapSlotStride;
-  // Host contract for the tensor maps (runtime/tensormap.py): SWIZZLE_128B, K innermost.
-  static constexpr int kBoxK = kBlockK, kBoxRowsA = kRowsA, kBoxRowsB = kRowsB;
+  // Host contract for the tensor maps (runtime/tensormap.py): SWIZZLE_128B, K innermost, boxes
+  // of (kBoxK, kBoxRows*): a CTA's rows are loaded as kMcSlices slices so that every CTA of a
+  // multicast group loads a part of every stage (cluster.cuh); the host reads the box rows from
+  // the cubin's launch facts.
+  static constexpr int kSliceRowsA = kRowsA / kMcSlices, kSliceRowsB = kRowsB / kMcSlices;
+  static constexpr int kBoxK = kBlockK, kBoxRowsA = kSliceRowsA, kBoxRowsB = kSliceRowsB;
+  static_assert(kSliceRowsA % 8 == 0 && kSliceRowsB % 8 == 0,
+                "bug #5: slices are whole 8-row SW128 atoms (1024-B aligned destinations)");
 
   // ---- static protocol checks (sm100-protocol.md §8) ----
   static constexpr uint32_t kIdesc =
@@ -61,9 +71,9 @@ struct GroupedGemmKernel {
   static_assert(legal_f16_shape<kCtaGroup, kTileM, kTileN>(), "bug #9: illegal kind::f16 shape");
   static_assert(kTileM == 64 || kTileM == 128 || kTileM == 256, "TILE_M in {64, 128, 256}");
   static_assert(kTileN == 128 || kTileN == 256, "TILE_N in {128, 256}");
-  // The cluster shape is a launch attribute: the code depends only on the CTA pair
-  // (kCtaGroup), so one cubin serves every legal cluster. The spec constraints and the
-  // launcher keep cluster M even for 2-CTA tiles (the kernel exports its minimum, 2x1).
+  // The cluster shape is a launch attribute (Params::cluster_m/cluster_n, cluster.cuh): one
+  // cubin serves every legal cluster. The spec constraints and the launcher keep cluster M even
+  // for 2-CTA tiles (the kernel exports its minimum, 2x1).
   // bug #3: every field but M/N equals the golden bf16 descriptor 0x08400490 (F32 acc, BF16 A/B,
   // K-major, dense); M/N fields as the instruction shape.
   static_assert(!cute::is_same_v<ElementA, cutlass::bfloat16_t> ||
@@ -81,7 +91,7 @@ struct GroupedGemmKernel {
   static __device__ void run(const Params& p) {
     Frame f;
     f.setup(p);
-    GroupedScheduler<kTileM, kTileN> sched(static_cast<const int*>(p.offsets), p.num_experts, p.n);
+    const Scheduler sched(static_cast<const int*>(p.offsets), p.num_experts, p.n, f.geom);
     const int k_blocks = (p.k + kBlockK - 1) / kBlockK;
 
     if (f.warp == kWarpTma) {
@@ -93,7 +103,7 @@ struct GroupedGemmKernel {
         dtm.init(&p.tma_b, static_cast<CUtensorMap*>(p.tmap_workspace) + cta_linear_id() * Frame::kTmapSlotStride,
                  f.tmap_staging);
       }
-      f.producer(p, sched, k_blocks, [&](const GroupedTile& t, int kb, uint64_t* bar, int s) {
+      f.producer(p, sched, k_blocks, [&](const ClusterTile& t, int kb, uint64_t* bar, int s) {
         if constexpr (Config::kDiscreteB) {
           if (t.expert != map_expert) {
             tmap_b = dtm.update(reinterpret_cast<const void*>(
@@ -103,10 +113,21 @@ struct GroupedGemmKernel {
         }
         const int m_row = t.m_block * kTileM + f.cta_half * kRowsA;
         const int n_row = t.n_block * kTileN + f.cta_half * kRowsB;
-        tma_load_nd<kCtaGroup, 2>(&p.tma_a, bar, f.smem_a(s), kb * kBlockK, m_row, 0, 0, CacheHint::kEvictFirst);
-        // Dense B: 3-D map (K, N, L); discrete: the expert's 2-D (K, N) map.
-        tma_load_nd<kCtaGroup, Config::kDiscreteB ? 2 : 3>(tmap_b, bar, f.smem_b(s), kb * kBlockK, n_row,
-                                                          t.expert, 0, CacheHint::kEvictLast);
+        // A is shared along cluster N, B along cluster M (cluster.cuh), slice by slice (not
+        // unrolled: the producer's hoisted slice addresses would raise the kernel's registers).
+        const Share sa = f.share_a(), sb = f.share_b(t.share_b);
+#pragma unroll 1
+        for (int i = 0; i < kMcSlices; ++i) {
+          f.template load_slice<2>(sa, i, &p.tma_a, bar, f.smem_a(s) + i * kSliceRowsA * kBlockK * 2,
+                                   kb * kBlockK, m_row + i * kSliceRowsA, 0, 0, CacheHint::kEvictFirst);
+        }
+#pragma unroll 1
+        for (int i = 0; i < kMcSlices; ++i) {
+          // Dense B: 3-D map (K, N, L); discrete: the expert's 2-D (K, N) map.
+          f.template load_slice<Config::kDiscreteB ? 2 : 3>(sb, i, tmap_b, bar, f.smem_b(s) + i * kSliceRowsB * kBlockK * 2,
+                                                            kb * kBlockK, n_row + i * kSliceRowsB, t.expert, 0,
+                                                            CacheHint::kEvictLast);
+        }
       });
     } else if (f.warp == kWarpMma) {
       if (f.is_leader) {
@@ -136,7 +157,7 @@ struct GroupedGemmKernel {
     const int rows_valid = kM64 ? 16 : 32;
     const uint32_t buf = smem_u32(f.staging) + ew * kStagingBytes;
     epi::GroupedGemmRule<Config> rule;
-    f.epilogue_loop(sched, [&](const GroupedTile& t, uint32_t acc_col) {
+    f.epilogue_loop(sched, [&](const ClusterTile& t, uint32_t acc_col) {
       const int warp_row0 = t.m_block * kTileM + f.cta_half * kRowsA + ew * rows_valid;
       const int row = warp_row0 + f.lane;  // meaningful for lane < rows_valid
       rule.begin_tile(p, t.expert);

@@ -12,6 +12,7 @@
 
 #include "fusegemm/scheduler.cuh"
 #include "fusegemm/tma.cuh"
+#include "fusegemm/sm100/cluster.cuh"
 #include "fusegemm/sm100/pipeline.cuh"
 #include "fusegemm/sm100/tmem.cuh"
 #include "fusegemm/sm100/umma.cuh"
@@ -28,7 +29,12 @@ constexpr int kMaxStages = 8;
 
 // ---- fault injection (tests only): Config::kFaultInjection, absent in generated configs ----
 // Lets tests/unit/test_sm100_static.py prove each static check fails on a broken kernel.
-enum : int { kFaultNone = 0, kFaultSkipMma = 1, kFaultSpill = 2, kFaultWrongFormat = 3 };
+enum : int {
+  kFaultNone = 0, kFaultSkipMma = 1, kFaultSpill = 2, kFaultWrongFormat = 3,
+  kFaultNoMulticast = 4,   // every CTA loads its own boxes (no multicast instructions)
+  kFaultPairCommit = 5,    // stage release to the pair only, empty count 1, whatever the cluster
+  kFaultMnDescSwap = 6,    // MN-major smem descriptors with LBO and SBO swapped
+};
 template <class...> using void_t = void;
 template <class C, class = void> struct FaultOf { static constexpr int value = kFaultNone; };
 template <class C> struct FaultOf<C, void_t<decltype(C::kFaultInjection)>> {
@@ -57,14 +63,16 @@ constexpr uint32_t kIdescShapeMask = (0x3Fu << 17) | (0x1Fu << 24);
 // kTxPerCta: bytes TMA delivers per CTA and stage (< stage bytes when A is half-loaded).
 template <int kCtaGroup_, bool kDynamic, int kStageA, int kStageB, int kStageSF, int kAccStages_,
           int kAccStride, int kTmemCols_, int kEpiSmem, int kTmapsPerCta,
-          int kTxPerCta = kStageA + kStageB + kStageSF>
+          int kTxPerCta = kStageA + kStageB + kStageSF, int kFault = kFaultNone>
 struct KernelFrame {
   static constexpr int kCtaGroup = kCtaGroup_;
   static constexpr int kAccStages = kAccStages_;
   static constexpr int kTmemCols = kTmemCols_;
   static constexpr int kThreads = kNumWarps * 32;
   static constexpr int kStageBytes = kStageA + kStageB + kStageSF;
-  static constexpr uint32_t kTxBytes = uint32_t(kTxPerCta) * kCtaGroup;  // leader expects the pair
+  // Every CTA receives its whole stage per k-block, from its own loads or from peers' multicast;
+  // the leader of a pair expects the bytes of both CTAs.
+  static constexpr uint32_t kTxBytes = uint32_t(kTxPerCta) * kCtaGroup;
   static constexpr int kAuxBytes = 512;
   static constexpr int kFixedBytes = 1024 /* base alignment */ + kEpiSmem + 128 * kTmapsPerCta + kAuxBytes;
   static constexpr int kStagesFit = (kSmemLimit - kFixedBytes) / kStageBytes;
@@ -76,7 +84,8 @@ struct KernelFrame {
   static constexpr int kTmapSlotsPerMap = 8;
   static constexpr int kTmapSlotStride = kTmapSlotsPerMap * (kTmapsPerCta > 0 ? kTmapsPerCta : 1);
   // Shared-memory plan (offsets from a 1024-aligned base). Every A/B stage starts 1024-aligned:
-  // the SW128 descriptors carry base_offset 0 (bug #5).
+  // the SW128 descriptors carry base_offset 0 (bug #5). Multicast lands a box at the same
+  // offset in every destination CTA: all CTAs of a launch share this plan.
   static constexpr int kOffA = 0;
   static constexpr int kOffB = kOffA + kStages * kStageA;
   static constexpr int kOffSF = kOffB + kStages * kStageB;
@@ -102,18 +111,32 @@ struct KernelFrame {
   };
   static_assert(sizeof(Aux) <= kAuxBytes, "aux region");
 
-  // Arrivals per phase (sm100-protocol.md §1 table, §4).
-  static constexpr uint32_t kFullCount = 1, kEmptyCount = 1, kTmemFullCount = 1;
+  // ---- protocol (sm100-protocol.md §1 table, §4; fusegemm/sm100/cluster.cuh) ----
+  using Geom = ClusterGeom<kCtaGroup>;
+  static constexpr uint32_t kFullCount = 1, kTmemFullCount = 1;
   static constexpr uint32_t kTmemEmptyCount = 32 * kNumEpiWarps * kCtaGroup;
-  // Ring consumers: TMA + MMA + epilogue warps of the leader, TMA + epilogue warps of a follower.
-  static constexpr uint32_t kRingEmptyCount = (2 + kNumEpiWarps) + (kCtaGroup - 1) * (1 + kNumEpiWarps);
+  static constexpr bool kMulticast = kFault != kFaultNoMulticast;
+  // Arrivals per phase on a stage's empty barrier, and the CTAs a stage release reaches.
+  static constexpr uint32_t empty_count(const Geom& g) {
+    return kFault == kFaultPairCommit ? 1u : g.empty_count();
+  }
+  static constexpr uint16_t stage_commit_mask(const Geom& g) {
+    return kFault == kFaultPairCommit ? g.pair_mask() : g.commit_mask();
+  }
+  // Ring consumers (on the owner CTA): TMA + epilogue warps of every CTA, the MMA warp of every
+  // MMA unit.
+  static constexpr uint32_t ring_empty_count(const Geom& g) {
+    return uint32_t(g.size() * (1 + kNumEpiWarps) + g.size() / kCtaGroup);
+  }
 
   uint8_t* base;
   Aux* aux;
   uint8_t* staging;
   CUtensorMap* tmap_staging;
   int warp, lane;
-  uint32_t rank;
+  uint32_t rank, ncta;
+  Geom geom;
+  uint16_t mask_commit;
   bool is_leader;
   int cta_half;
   int unit, num_units;
@@ -123,6 +146,11 @@ struct KernelFrame {
   FUSEGEMM_DEVICE uint8_t* smem_a(int s) const { return base + kOffA + s * kStageA; }
   FUSEGEMM_DEVICE uint8_t* smem_b(int s) const { return base + kOffB + s * kStageB; }
   FUSEGEMM_DEVICE uint8_t* smem_sf(int s) const { return base + kOffSF + s * kStageSF; }
+  // A cluster of more than one CTA synchronises cluster-wide (peers multicast into this CTA and
+  // arrive on its barriers); a single CTA only needs its own threads.
+  FUSEGEMM_DEVICE void sync_cluster_or_cta() const {
+    if (kCtaGroup == 2 || ncta > 1) cluster_sync_all(); else __syncthreads();
+  }
 
   template <class Params>
   FUSEGEMM_DEVICE void setup(const Params& p) {
@@ -135,11 +163,13 @@ struct KernelFrame {
     warp = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);
     lane = int(threadIdx.x) % 32;
     rank = cluster_cta_rank();
+    ncta = cluster_num_ctas();
+    geom = Geom::make(p.cluster_m, p.cluster_n, int(rank), int(ncta));
+    mask_commit = stage_commit_mask(geom);
     is_leader = kCtaGroup == 1 || (rank & 1u) == 0;
     cta_half = kCtaGroup == 2 ? int(rank & 1u) : 0;
-    const uint32_t ncta = cluster_num_ctas();
-    unit = int((cluster_linear_id() * ncta + rank) / kCtaGroup);
-    num_units = int(cluster_count() * ncta / kCtaGroup);
+    unit = int((cluster_linear_id() * ncta + rank) / uint32_t(geom.size()));
+    num_units = int(cluster_count() * ncta / uint32_t(geom.size()));
 
     if (warp == kWarpTma && lane == 0) {
       prefetch_tmap(&p.tma_a);
@@ -149,33 +179,41 @@ struct KernelFrame {
     // cta_group::2 allocation needs the peer CTA running: cluster barrier first (KRN:614).
     if constexpr (kCtaGroup == 2) cluster_sync_all();
     if (warp == kWarpMma && lane == 0) {
-      for (int s = 0; s < kStages; ++s) { mbar_init(&aux->full[s], kFullCount); mbar_init(&aux->empty[s], kEmptyCount); }
+      const uint32_t empty = empty_count(geom);
+      for (int s = 0; s < kStages; ++s) { mbar_init(&aux->full[s], kFullCount); mbar_init(&aux->empty[s], empty); }
       for (int a = 0; a < kAccStages; ++a) {
         mbar_init(&aux->tmem_full[a], kTmemFullCount);
         mbar_init(&aux->tmem_empty[a], kTmemEmptyCount);
       }
-      for (int i = 0; i < kSchedStages; ++i) { mbar_init(&aux->ring.full[i], 1); mbar_init(&aux->ring.empty[i], kRingEmptyCount); }
-      mbar_fence_init();
+      const uint32_t ring_empty = ring_empty_count(geom);
+      for (int i = 0; i < kSchedStages; ++i) { mbar_init(&aux->ring.full[i], 1); mbar_init(&aux->ring.empty[i], ring_empty); }
+      mbar_fence_init();  // release.cluster: peers multicast into / arrive on these barriers
     }
     if (warp == kWarpTmem) {  // Allocator1Sm/2Sm: one full warp, same warp id in both CTAs
       tmem_alloc<kCtaGroup>(smem_u32(&aux->tmem_base), kTmemCols);
       tmem_relinquish<kCtaGroup>();
     }
     tcgen05_fence_before();
-    if constexpr (kCtaGroup == 2) cluster_sync_all(); else __syncthreads();
+    sync_cluster_or_cta();  // barrier inits visible cluster-wide before any multicast (P90:1364-1385)
     tcgen05_fence_after();
     tmem_base = aux->tmem_base;
   }
 
+  FUSEGEMM_DEVICE TileStream<kDynamic> tile_stream() const {
+    return TileStream<kDynamic>(&aux->ring, unit, num_units, uint32_t(geom.base), rank);
+  }
+
   // ---- TMA producer (whole warp; lane 0 issues) -------------------------------------------------
-  // load(tile, k_block, full_barrier, stage) issues this CTA's TMA loads of one stage; it runs
-  // on lane 0 only, right after the stage's `empty` wait (tma.cuh DeviceTmap reuse rule).
+  // load(tile, k_block, full_barrier, stage) issues this CTA's TMA loads of one stage (through
+  // load_slice / load_whole, which multicast shared boxes); it runs on lane 0 only, right after
+  // the stage's `empty` wait (tma.cuh DeviceTmap reuse rule; and every CTA a multicast reaches
+  // has released the stage: its MMA unit is one of the empty barrier's arrivals).
   template <class Params, class Sched, class Load>
   FUSEGEMM_DEVICE void producer(const Params& p, const Sched& sched, int k_blocks, Load&& load) {
-    TileStream<kDynamic, kCtaGroup> ts(&aux->ring, unit, num_units);
+    auto ts = tile_stream();
     PipeState<kStages> ps;
     for (;;) {
-      const auto tile = sched.tile(ts.next(is_leader));
+      const auto tile = sched.tile(ts.next());
       if (!tile.valid()) break;
       for (int kb = 0; kb < k_blocks; ++kb) {
         mbar_wait(&aux->empty[ps.index], ps.phase ^ 1u);
@@ -187,9 +225,35 @@ struct KernelFrame {
         ps.advance();
       }
     }
-    // Producer tail (P90 producer_tail): every commit arrival on our empty barriers has landed
-    // before the CTA may exit.
+    // Producer tail (P90 producer_tail): every commit arrival on our empty barriers (from every
+    // MMA unit of our cluster row and column) has landed before the CTA may exit.
     for (int s = 0; s < kStages; ++s) { mbar_wait(&aux->empty[ps.index], ps.phase ^ 1u); ps.advance(); }
+  }
+
+  // Multicast roles (cluster.cuh): A and SFA are shared along cluster N; B and SFB along
+  // cluster M when the block's MMA units multiply the same B.
+  static constexpr Share share_a_of(const Geom& g) {
+    return Share{kMulticast && g.a_group() > 1, g.a_group(), g.a_member(), g.a_mask()};
+  }
+  static constexpr Share share_b_of(const Geom& g, bool same_b) {
+    return Share{kMulticast && same_b && g.b_group() > 1, g.b_group(), g.b_member(), g.b_mask()};
+  }
+  FUSEGEMM_DEVICE Share share_a() const { return share_a_of(geom); }
+  FUSEGEMM_DEVICE Share share_b(bool same_b) const { return share_b_of(geom, same_b); }
+  // Slice i of a sliced operand box / the whole box of k-block kb: loaded privately, or by its
+  // issuer only and multicast to the share group (each destination's pair leader counts the
+  // bytes). Every slice lands at the same offset in every destination.
+  template <int kDims>
+  FUSEGEMM_DEVICE void load_slice(const Share& sh, int i, const CUtensorMap* desc, uint64_t* bar, void* smem,
+                                  int c0, int c1, int c2 = 0, int c3 = 0, CacheHint hint = CacheHint::kNormal) const {
+    if (!sh.shared) tma_load_nd<kCtaGroup, kDims>(desc, bar, smem, c0, c1, c2, c3, hint);
+    else if (sh.issues_slice(i)) tma_load_mc_nd<kCtaGroup, kDims>(desc, bar, smem, sh.mask, c0, c1, c2, c3, hint);
+  }
+  template <int kDims>
+  FUSEGEMM_DEVICE void load_whole(const Share& sh, int kb, const CUtensorMap* desc, uint64_t* bar, void* smem,
+                                  int c0, int c1, int c2 = 0, int c3 = 0, CacheHint hint = CacheHint::kNormal) const {
+    if (!sh.shared) tma_load_nd<kCtaGroup, kDims>(desc, bar, smem, c0, c1, c2, c3, hint);
+    else if (sh.issues_whole(kb)) tma_load_mc_nd<kCtaGroup, kDims>(desc, bar, smem, sh.mask, c0, c1, c2, c3, hint);
   }
 
   // ---- MMA issuer (leader CTA, whole warp; one elected lane issues and commits) -------------
@@ -197,11 +261,11 @@ struct KernelFrame {
   // only for the first k-block of a tile, bug #14).
   template <class Sched, class Issue>
   FUSEGEMM_DEVICE void mma_loop(const Sched& sched, int k_blocks, Issue&& issue) {
-    TileStream<kDynamic, kCtaGroup> ts(&aux->ring, unit, num_units);
+    auto ts = tile_stream();
     PipeState<kStages> ps;
     PipeState<kAccStages> as;
     for (;;) {
-      const auto tile = sched.tile(ts.next(true));
+      const auto tile = sched.tile(ts.next());
       if (!tile.valid()) break;
       mbar_wait(&aux->tmem_empty[as.index], as.phase ^ 1u);
       tcgen05_fence_after();
@@ -211,14 +275,14 @@ struct KernelFrame {
         tcgen05_fence_after();
         if (elect_one()) {  // the lane that issues is the lane that commits (bug #7)
           issue(d_tmem, ps.index, kb > 0);
-          commit(&aux->empty[ps.index]);
-          if (kb == k_blocks - 1) commit(&aux->tmem_full[as.index]);
+          commit_stage(&aux->empty[ps.index]);
+          if (kb == k_blocks - 1) commit_acc(&aux->tmem_full[as.index]);
         }
         __syncwarp();
         ps.advance();
       }
       if (k_blocks == 0) {  // nothing to multiply: hand over at once (epilogue writes zeros)
-        if (elect_one()) commit(&aux->tmem_full[as.index]);
+        if (elect_one()) commit_acc(&aux->tmem_full[as.index]);
         __syncwarp();
       }
       as.advance();
@@ -227,25 +291,39 @@ struct KernelFrame {
     for (int a = 0; a < kAccStages; ++a) { mbar_wait(&aux->tmem_empty[as.index], as.phase ^ 1u); as.advance(); }
   }
 
-  // tcgen05.commit: 1 CTA plain; a pair multicasts to both CTAs' barriers (P100:739-757).
-  FUSEGEMM_DEVICE void commit(uint64_t* bar) const {
+  // Stage release: to every CTA whose producer may have written this MMA unit's smem (P100:739-757
+  // consumer_release: umma_arrive_multicast[_2x1SM] with the kRowCol mask); a lone CTA commits
+  // plainly.
+  FUSEGEMM_DEVICE void commit_stage(uint64_t* bar) const {
+    if constexpr (kCtaGroup == 1) {
+      if (geom.size() == 1) umma_commit<1>(smem_u32(bar));
+      else umma_commit_multicast<1>(smem_u32(bar), mask_commit);
+    } else {
+      umma_commit_multicast<2>(smem_u32(bar), mask_commit);
+    }
+  }
+  // Accumulator full: this CTA, or both CTAs of the pair (P100:258-268).
+  FUSEGEMM_DEVICE void commit_acc(uint64_t* bar) const {
     if constexpr (kCtaGroup == 1) umma_commit<1>(smem_u32(bar));
-    else umma_commit_multicast<2>(smem_u32(bar), uint16_t(3u << rank));
+    else umma_commit_multicast<2>(smem_u32(bar), geom.pair_mask());
   }
 
   // ---- accumulator consumer (epilogue warps) -----------------------------------------------------
   // body(tile, acc_col) must call release_accumulator() once, after its last tcgen05.ld's wait.
+  // A phantom tile (past the problem edge, run for the cluster's barrier protocol) is released
+  // at once and never reaches the body.
   template <class Sched, class Body>
   FUSEGEMM_DEVICE void epilogue_loop(const Sched& sched, Body&& body) {
-    TileStream<kDynamic, kCtaGroup> ts(&aux->ring, unit, num_units);
+    auto ts = tile_stream();
     PipeState<kAccStages> as;
     for (;;) {
-      const auto tile = sched.tile(ts.next(is_leader));
+      const auto tile = sched.tile(ts.next());
       if (!tile.valid()) break;
       mbar_wait(&aux->tmem_full[as.index], as.phase);
       tcgen05_fence_after();
       cur_acc = as.index;
-      body(tile, uint32_t(as.index * kAccStride));
+      if (tile.in_range) body(tile, uint32_t(as.index * kAccStride));
+      else release_accumulator();
       as.advance();
     }
   }
@@ -261,9 +339,9 @@ struct KernelFrame {
   template <class Params>
   FUSEGEMM_DEVICE void claim_tiles(const Params& p, int num_tiles) {
     if constexpr (kDynamic) {
-      if (is_leader && lane == 0) {
-        run_tile_claimer<kCtaGroup>(&aux->ring, static_cast<unsigned int*>(p.sched_counter), unit,
-                                    num_units, num_tiles);
+      if (rank == uint32_t(geom.base) && lane == 0) {
+        run_tile_claimer(&aux->ring, static_cast<unsigned int*>(p.sched_counter), unit, num_units,
+                         num_tiles, rank, geom.size());
       }
     }
   }
@@ -273,7 +351,7 @@ struct KernelFrame {
   FUSEGEMM_DEVICE void teardown() {
     __syncwarp();
     tcgen05_fence_before();
-    if constexpr (kCtaGroup == 2) cluster_sync_all(); else __syncthreads();
+    sync_cluster_or_cta();
     if (warp == kWarpTmem) {
       tcgen05_fence_after();
       tmem_dealloc<kCtaGroup>(tmem_base, kTmemCols);

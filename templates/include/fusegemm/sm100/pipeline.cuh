@@ -5,8 +5,11 @@
 // Barrier protocol (sm100-protocol.md §1 "Pipelines", §4; CUTLASS P100/P90, KRN):
 //   smem stage  full[s]      count 1: the MMA-leader CTA's producer does arrive.expect_tx with
 //                            the bytes of *both* CTAs of a pair; a follower's TMA completes its
-//                            bytes on the leader's barrier (address & 0xFEFFFFFF, copy_sm100_tma.hpp:45).
-//               empty[s]     count 1: one tcgen05.commit per k-tile (multicast to the pair).
+//                            bytes on the leader's barrier (address & 0xFEFFFFFF, copy_sm100_tma.hpp:45);
+//                            multicast loads of peers complete theirs on it too (cluster.cuh).
+//               empty[s]     count cluster_m / cta_group + cluster_n - 1: one tcgen05.commit per
+//                            k-tile from every MMA unit of this CTA's cluster row and column
+//                            (multicast; P100:565, P100:57-92; 1 when nothing is multicast).
 //   accumulator tmem_full[a] count 1: tcgen05.commit after the tile's last k-tile (multicast to the pair).
 //               tmem_empty[a] count 128 x cta_group: every epilogue thread of both CTAs arrives on the
 //                            leader's barrier (P100:272-276).
@@ -129,6 +132,38 @@ FUSEGEMM_DEVICE void tma_load_nd(const CUtensorMap* desc, uint64_t* bar, void* s
   }
 }
 
+// ---- multicast TMA loads (copy_sm90_tma.hpp SM90_TMA_LOAD_MULTICAST_*, copy_sm100_tma.hpp
+// SM100_TMA_2SM_LOAD_MULTICAST_*) -----------------------------------------------------------------
+// One box from global memory lands at the same smem offset in every CTA of `mask`, and the
+// transaction bytes complete on the barrier at `bar`'s offset in each destination CTA. The 2-CTA
+// form clears the peer bit of the barrier address, so every destination CTA's bytes complete on
+// the barrier of its pair's leader (the CTA that expects the pair's bytes), exactly as the
+// unicast 2-CTA load above.
+#define FUSEGEMM_TMA_MC(DIMS, GROUP, BAR, COORDS, ...)                                            \
+  asm volatile("cp.async.bulk.tensor." DIMS GROUP ".shared::cluster.global.mbarrier::complete_tx::bytes" \
+               ".multicast::cluster.L2::cache_hint [%0], [%1, " COORDS "], [%2], %3, %4;"          \
+               ::"r"(smem_u32(smem)), "l"(desc), "r"(BAR), "h"(mask),                              \
+                 "l"(static_cast<uint64_t>(hint)), __VA_ARGS__ : "memory")
+
+template <int kCtaGroup, int kDims>
+FUSEGEMM_DEVICE void tma_load_mc_nd(const CUtensorMap* desc, uint64_t* bar, void* smem, uint16_t mask,
+                                    int c0, int c1, int c2 = 0, int c3 = 0,
+                                    CacheHint hint = CacheHint::kNormal) {
+  static_assert(kDims >= 2 && kDims <= 4, "2-D to 4-D maps");
+  static_assert(kCtaGroup == 1 || kCtaGroup == 2, "cta_group is 1 or 2");
+  const uint32_t b = kCtaGroup == 2 ? (smem_u32(bar) & kPeerBitMask) : smem_u32(bar);
+  if constexpr (kCtaGroup == 1) {
+    if constexpr (kDims == 2) FUSEGEMM_TMA_MC("2d", "", b, "{%5, %6}", "r"(c0), "r"(c1));
+    if constexpr (kDims == 3) FUSEGEMM_TMA_MC("3d", "", b, "{%5, %6, %7}", "r"(c0), "r"(c1), "r"(c2));
+    if constexpr (kDims == 4) FUSEGEMM_TMA_MC("4d", "", b, "{%5, %6, %7, %8}", "r"(c0), "r"(c1), "r"(c2), "r"(c3));
+  } else {
+    if constexpr (kDims == 2) FUSEGEMM_TMA_MC("2d", ".cta_group::2", b, "{%5, %6}", "r"(c0), "r"(c1));
+    if constexpr (kDims == 3) FUSEGEMM_TMA_MC("3d", ".cta_group::2", b, "{%5, %6, %7}", "r"(c0), "r"(c1), "r"(c2));
+    if constexpr (kDims == 4) FUSEGEMM_TMA_MC("4d", ".cta_group::2", b, "{%5, %6, %7, %8}", "r"(c0), "r"(c1), "r"(c2), "r"(c3));
+  }
+}
+#undef FUSEGEMM_TMA_MC
+
 // ---- cluster-scope barrier pieces ---------------------------------------------------------------
 // Wait with cluster-scope acquire: the data guarded by the phase was written by another CTA.
 FUSEGEMM_DEVICE void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
@@ -163,12 +198,14 @@ FUSEGEMM_DEVICE void st_shared_cluster(const void* local, uint32_t cta, int valu
 }
 
 // ---- tile stream ---------------------------------------------------------------------------------
-// Every role walks the same sequence of linear tile ids. Static: unit u takes u, u+U, u+2U...
-// Dynamic: the first tile is u (no atomic), later ones U + atomicAdd(counter) (host zeroes the
-// counter per call). The scheduler warp of the leader CTA claims into a small smem ring; in a
-// 2-CTA pair it also writes the follower's ring and arrives on its `full`; consumers of both
-// CTAs release a slot on the leader's `empty` (one arrival per consuming warp). A claim past
-// the last tile is pushed too: it tells every consumer to stop.
+// Every role walks the same sequence of block ids (one block per sub-cluster step, see
+// fusegemm/sm100/cluster.cuh). Static: unit u takes u, u+U, u+2U... Dynamic: the first block is
+// u (no atomic), later ones U + atomicAdd(counter) (host zeroes the counter per call). The
+// scheduler warp of the sub-cluster's first CTA (the owner) claims into a small smem ring and
+// writes every CTA's ring of the sub-cluster (st.shared::cluster, then a release.cluster arrival
+// on that CTA's `full`); consumers of every CTA release a slot on the owner's `empty` (one
+// arrival per consuming warp: TMA and epilogue warps of every CTA, the MMA warp of every MMA
+// unit). A claim past the last block is pushed too: it tells every consumer to stop.
 constexpr int kSchedStages = 4;
 
 struct TileRing {
@@ -177,31 +214,32 @@ struct TileRing {
   int tile[kSchedStages];
 };
 
-template <bool kDynamic, int kCtaGroup>
+template <bool kDynamic>
 struct TileStream {
   TileRing* ring;
   int unit, num_units;
+  uint32_t owner;  // cluster rank of the claiming CTA
+  bool is_owner;
   PipeState<kSchedStages> st;
   bool first = true;
 
-  FUSEGEMM_DEVICE TileStream(TileRing* r, int unit_, int num_units_)
-      : ring(r), unit(unit_), num_units(num_units_) {}
+  FUSEGEMM_DEVICE TileStream(TileRing* r, int unit_, int num_units_, uint32_t owner_, uint32_t rank)
+      : ring(r), unit(unit_), num_units(num_units_), owner(owner_), is_owner(owner_ == rank) {}
 
-  // Whole warp calls; returns the same id in every lane. One arrival per warp on the leader.
-  FUSEGEMM_DEVICE int next(bool is_leader) {
+  // Whole warp calls; returns the same id in every lane. One arrival per warp on the owner.
+  FUSEGEMM_DEVICE int next() {
     if constexpr (!kDynamic) {
       int t = first ? unit : unit + num_units;
       unit = t;
       first = false;
       return t;
     } else {
-      if constexpr (kCtaGroup == 1) mbar_wait(&ring->full[st.index], st.phase);
-      else mbar_wait_cluster(&ring->full[st.index], st.phase);
+      mbar_wait_cluster(&ring->full[st.index], st.phase);
       int t = ring->tile[st.index];
       __syncwarp();
       if (elect_one()) {
-        if (kCtaGroup == 1 || is_leader) mbar_arrive(&ring->empty[st.index]);
-        else mbar_arrive_cluster(&ring->empty[st.index], cluster_cta_rank() & ~1u);
+        if (is_owner) mbar_arrive(&ring->empty[st.index]);
+        else mbar_arrive_cluster(&ring->empty[st.index], owner);
       }
       st.advance();
       return t;
@@ -209,20 +247,20 @@ struct TileStream {
   }
 };
 
-// Scheduler warp body (one lane), dynamic scheduling only, leader CTA only.
-template <int kCtaGroup>
-FUSEGEMM_DEVICE void run_tile_claimer(TileRing* ring, unsigned int* counter, int unit,
-                                      int num_units, int num_tiles) {
+// Scheduler warp body (one lane), dynamic scheduling only, owner CTA only: claims for the
+// `ctas` CTAs of ranks [rank, rank + ctas).
+FUSEGEMM_DEVICE void run_tile_claimer(TileRing* ring, unsigned int* counter, int unit, int num_units,
+                                      int num_tiles, uint32_t rank, int ctas) {
   PipeState<kSchedStages> st;
   for (int i = 0;; ++i) {
     int t = i == 0 ? unit : num_units + dynamic_claim(counter);
-    mbar_wait(&ring->empty[st.index], st.phase ^ 1u);
+    // Cluster-scope acquire: remote consumers' reads of the slot precede our remote rewrite.
+    mbar_wait_cluster(&ring->empty[st.index], st.phase ^ 1u);
     ring->tile[st.index] = t;
     mbar_arrive(&ring->full[st.index]);
-    if constexpr (kCtaGroup == 2) {
-      uint32_t peer = cluster_cta_rank() | 1u;
-      st_shared_cluster(&ring->tile[st.index], peer, t);
-      mbar_arrive_cluster(&ring->full[st.index], peer);  // release.cluster orders the store
+    for (int c = 1; c < ctas; ++c) {
+      st_shared_cluster(&ring->tile[st.index], rank + c, t);
+      mbar_arrive_cluster(&ring->full[st.index], rank + c);  // release.cluster orders the store
     }
     if (t >= num_tiles) break;
     st.advance();

@@ -110,6 +110,41 @@ constexpr uint32_t kSw128KMajorHi = smem_desc_hi(1024, SmemLayout::SW128);
 constexpr uint32_t kSw128KMajorLbo = 16;
 static_assert(kSw128KMajorHi == 0x40004040u, "K-major SW128 descriptor hi (TRA:271-303)");
 
+// MN-major operand of 8-bit elements (FP8 A M-major / B N-major; kind::mxf4/mxf4nvf4 need
+// K-major). Canonical MN-major swizzled layout (make_umma_desc<Major::MN>, TRA:176-250), in
+// 16-byte units ((S/16, mn_atoms), (8, k_groups)) : ((1, LBO), (S/16, SBO)) for an S-byte swizzle:
+// an atom is S bytes (S elements) along MN by 8 K rows. Our stage holds one TMA box of
+// S MN-bytes x kBlockK K-rows per MN atom, atoms one after another ([mn atom][K row][S bytes],
+// DeepGEMM make_umma_desc MN branch), so
+//   SBO = 8 * S               (next group of 8 K rows inside an atom)
+//   LBO = kBlockK * S         (next MN atom; with one atom nothing steps to it and CUTLASS
+//                             writes 0, the stride of a size-1 mode: we do the same)
+//   K advance per instruction = UMMA_K rows * S bytes / 16 (K runs across rows, not along them).
+// S is 128 (SW128) when a CTA's MN extent is a multiple of 128 elements, 64 (SW64) for 64
+// (2-CTA tile N 128: 64 B columns per CTA), as CUTLASS's sm100 smem selector picks the widest
+// swizzle that divides the extent.
+constexpr SmemLayout mn_major_layout(int swz_bytes) {
+  return swz_bytes == 128 ? SmemLayout::SW128 : swz_bytes == 64 ? SmemLayout::SW64 : SmemLayout::SW32;
+}
+constexpr int mn_major_swizzle(int mn_bytes) { return mn_bytes % 128 == 0 ? 128 : 64; }
+constexpr uint32_t mn_major_sbo(int swz_bytes) { return uint32_t(8 * swz_bytes); }
+constexpr uint32_t mn_major_lbo(int swz_bytes, int block_k_rows, int mn_atoms) {
+  return mn_atoms > 1 ? uint32_t(block_k_rows * swz_bytes) : 0u;
+}
+constexpr uint32_t mn_major_hi(int swz_bytes, uint32_t sbo_bytes) {
+  return smem_desc_hi(sbo_bytes, mn_major_layout(swz_bytes));
+}
+constexpr uint32_t mn_major_kstep(int swz_bytes, int umma_k_rows) { return uint32_t(umma_k_rows * swz_bytes / 16); }
+// Golden values: CUTLASS make_umma_desc<Major::MN> on tile_to_shape(Layout_MN_SW128_Atom<uint8_t>,
+// (256, 128), Step<_2,_1>) gives hi 0x40004040 and LBO 16384 (LBO 0 for (128, 128)); the K=32
+// slice starts 4096 B on (tests/unit/test_sm100_static.py recomputes them from the CuTe headers).
+static_assert(mn_major_hi(128, mn_major_sbo(128)) == 0x40004040u && mn_major_lbo(128, 128, 2) == 16384 &&
+                  mn_major_lbo(128, 128, 1) == 0 && mn_major_kstep(128, 32) == 256,
+              "MN-major SW128 descriptor (8-bit, 128 K rows per stage)");
+static_assert(mn_major_hi(64, mn_major_sbo(64)) == 0x80004020u && mn_major_lbo(64, 128, 2) == 8192 &&
+                  mn_major_kstep(64, 32) == 128,
+              "MN-major SW64 descriptor (8-bit, 128 K rows per stage)");
+
 // UTCCP source for one 512-B scale-factor atom: no swizzle, 8x16-B core matrices 128 B apart
 // (DeepGEMM make_sf_desc: SBO = 128, LBO = 0).
 constexpr uint32_t kSfUtccpHi = smem_desc_hi(128, SmemLayout::NONE);
