@@ -1,0 +1,166 @@
+"""sm_100a multicast and MN-major checks: CUTLASS's MN-major UMMA descriptors against the
+kernels', faulty multicast frames against the CUTLASS model, and the cluster-block tile walk.
+The harness is shared with test_sm100_static.py (``_sm100.py``)."""
+from __future__ import annotations
+
+import functools
+import re
+
+from fusegemm.generator.params import GROUPED_PARAMS
+from fusegemm.runtime import inspect
+
+from fusegemm.runtime.compile import BASE_OPTIONS, headers
+from fusegemm.runtime.errors import CompileError
+
+from _sm100 import (CLUSTERS, MC_FIELDS, V, _MC_FN,
+                    _skip_without_toolchain, mc_problems, mc_table_cpp)
+
+# ---------------------------------------------------------------------------------------------
+# One probe translation unit, no kernel instantiated: CUTLASS's MN-major UMMA descriptors next to
+# the kernels' (make_umma_desc is not constexpr: both sides are stored from a probe kernel and read
+# back from the PTX, where NVRTC folds them to immediates), the multicast tables of two faulty
+# frames, and the cluster-block walk.
+# ---------------------------------------------------------------------------------------------
+MN_PROBES = [
+    V("bs", 128, 256, ab="e4m3", c="f32", batched=True, a_mn=True, b_mn=True),  # SW128, 2 B atoms
+    V("bs", 256, 128, ab="e4m3", c="bf16", a_mn=True, b_mn=True),               # 2-CTA: B in SW64
+    V("bs", 64, 128, ab="e5m2", c="f16", a_mn=True, b_mn=True),
+    V("bs", 128, 256, ab="e4m3", c="f32", batched=True, a_mn=True, b_mn=True, fault=6),  # LBO/SBO swapped
+]
+PAIR_COMMIT_FAULTS = [V("bf16", 128, 256, fault=5), V("bf16", 256, 256, fault=5)]
+MN_FIELDS = ("hi_a", "lbo_a", "kstep_a", "hi_b", "lbo_b", "kstep_b", "idesc")
+WALKS = [(5, 3, 2, 8), (3, 4, 1, 8), (9, 2, 4, 8), (1, 1, 4, 8), (20, 3, 1, 8)]  # (bm, bn, pm, band rows x pm)
+
+_PROBE_FN = """
+template <class K, class Atom, int kMn>
+__device__ void cutlass_mn_desc(uint32_t* out, uint8_t* buf) {
+  using namespace cute;
+  // CUTLASS's MN-major smem layout (sm100 collectives: tile_to_mma_shape(..., Step<_2,_1,_3>)):
+  // K tiled first inside an MN atom, then the next MN atom.
+  using L = decltype(tile_to_shape(Atom{}, Shape<Int<kMn>, Int<K::kBlockK>>{}, Step<_2, _1>{}));
+  UMMA::SmemDescriptor d = UMMA::make_umma_desc<UMMA::Major::MN>(make_tensor(make_smem_ptr(buf), L{}));
+  out[0] = d.hi;
+  out[1] = (d.lo >> 16) << 4;             // LBO in bytes
+  out[2] = uint32_t(L{}(0, K::kUmmaK)) / 16;  // descriptor advance of the next instruction's K slice
+}
+template <class K, class C>
+__device__ void probe_one(uint32_t* out, uint8_t* buf) {
+  using namespace cute;
+  using AtomA = UMMA::Layout_MN_SW128_Atom<uint8_t>;
+  using AtomB = conditional_t<K::kBSwizzle == 128, UMMA::Layout_MN_SW128_Atom<uint8_t>, UMMA::Layout_MN_SW64_Atom<uint8_t>>;
+  cutlass_mn_desc<K, AtomA, K::kRowsA>(out, buf);
+  cutlass_mn_desc<K, AtomB, K::kRowsB>(out + 3, buf);
+  out[6] = uint32_t(UMMA::make_instr_desc_block_scaled<typename C::ElementA, typename C::ElementB, float,
+      typename C::ElementSF, K::kMmaM, K::kTileN, K::kAMn ? UMMA::Major::MN : UMMA::Major::K,
+      K::kBMn ? UMMA::Major::MN : UMMA::Major::K>());
+  const uint32_t ours[7] = {K::kDescHiA, K::kLboA, K::kKStepA, K::kDescHiB, K::kLboB, K::kKStepB, K::kIdesc};
+  for (int i = 0; i < 7; ++i) out[7 + i] = ours[i];
+}
+"""
+
+
+def probe_source() -> str:
+    cfgs = "".join(v.config_cpp(f"P{i}") for i, v in enumerate(MN_PROBES + PAIR_COMMIT_FAULTS))
+    src = ['#include "fusegemm/sm100/blockscaled_gemm.cuh"', '#include "fusegemm/sm100/grouped_gemm.cuh"',
+           "#include <cute/atom/mma_traits_sm100.hpp>", "namespace fusegemm_gen {", GROUPED_PARAMS.cpp(), cfgs,
+           "}  // namespace fusegemm_gen", _MC_FN, _PROBE_FN]
+    for i, v in enumerate(MN_PROBES + PAIR_COMMIT_FAULTS):
+        src.append(f"using K{i} = fusegemm::sm100::{v.kernel}<fusegemm_gen::P{i}>;")
+    for j, v in enumerate(PAIR_COMMIT_FAULTS):
+        src.append(mc_table_cpp(f"K{len(MN_PROBES) + j}::Frame", v.cta_group, f"probe_mc{j}"))
+    walk = []
+    for bm, bn, pm, band in WALKS:
+        for blk in range(bm * bn):
+            c = f"fusegemm::sm100::grouped_block_coord({blk}, {bm}, {bn}, {max(1, band // pm)})"
+            walk.append(f"{c}.bm, {c}.bn")
+    src.append(f'extern "C" __device__ __attribute__((used)) const int probe_walk[{2 * len(walk)}] = {{'
+               + ", ".join(walk) + "};")
+    body = "".join(f"  probe_one<K{i}, fusegemm_gen::P{i}>(out + {16 * i}, buf);\n" for i in range(len(MN_PROBES)))
+    src.append('extern "C" __global__ void probe(uint32_t* out) {\n'
+               "  __shared__ alignas(1024) uint8_t buf[32768];\n" + body + "}")
+    return "\n".join(src) + "\n"
+
+
+@functools.lru_cache(maxsize=1)
+def probe() -> tuple[str, bytes]:
+    from cuda.bindings import nvrtc
+
+    opts = [b"-arch=sm_100a", *(o.encode() for o in BASE_OPTIONS), *(o.encode() for o in headers().options())]
+    err, prog = nvrtc.nvrtcCreateProgram(probe_source().encode(), b"probe.cu", 0, [], [])
+    try:
+        if int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) != 0:
+            log = b" " * nvrtc.nvrtcGetProgramLogSize(prog)[1]
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            raise CompileError(log.decode(errors="replace")[:4000])
+        ptx = b" " * nvrtc.nvrtcGetPTXSize(prog)[1]
+        nvrtc.nvrtcGetPTX(prog, ptx)
+        cubin = b" " * nvrtc.nvrtcGetCUBINSize(prog)[1]
+        nvrtc.nvrtcGetCUBIN(prog, cubin)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return ptx.rstrip(b"\0").decode(), cubin
+
+
+def ptx_stored_constants(ptx: str) -> dict[int, int]:
+    """Byte offset -> value of every ``st.global.u32 [%rd+off], imm-or-%r`` of the probe kernel."""
+    regs, out = {}, {}
+    for m in re.finditer(r"mov\.(?:b|u)32\s+(%r\d+),\s*(-?\d+);", ptx):
+        regs[m.group(1)] = int(m.group(2)) & 0xFFFFFFFF
+    for m in re.finditer(r"st\.global\.u32\s+\[%rd\d+(?:\+(\d+))?\],\s*(%r\d+|-?\d+);", ptx):
+        v = m.group(2)
+        out[int(m.group(1) or 0)] = regs[v] if v.startswith("%") else int(v) & 0xFFFFFFFF
+    return out
+
+
+def mn_desc_problems(i: int, stored: dict[int, int]) -> list[str]:
+    """Probe i: the kernel's MN-major descriptor constants against CUTLASS's."""
+    base = 64 * i
+    cut = [stored.get(base + 4 * k) for k in range(7)]
+    ours = [stored.get(base + 28 + 4 * k) for k in range(7)]
+    v = MN_PROBES[i]
+    return [f"{v.label}: {f} = {o:#x}, CUTLASS {c:#x}" for f, o, c in zip(MN_FIELDS, ours, cut)
+            if (f.endswith("_a") and v.a_mn or f.endswith("_b") and v.b_mn or f == "idesc") and o != c]
+
+
+def test_mn_major_descriptors_match_cutlass():
+    _skip_without_toolchain()
+    stored = ptx_stored_constants(probe()[0])
+    assert len(stored) == 16 * len(MN_PROBES) - 2 * len(MN_PROBES), sorted(stored)
+    for i in range(len(MN_PROBES) - 1):
+        assert mn_desc_problems(i, stored) == []
+    # The kernel's own constants, pinned (sm100-protocol.md §2 style): SW128 hi 0x40004040, LBO
+    # 16 KB between two N atoms (0 for a single M atom, as CUTLASS) and K advance 256; 2-CTA N 128
+    # puts 64 columns per CTA in one SW64 atom.
+    assert [stored[28 + 4 * k] for k in range(7)] == [0x40004040, 0, 256, 0x40004040, 16384, 256, 0x08C18000]
+    assert [stored[64 + 40 + 4 * k] for k in range(3)] == [0x80004020, 0, 128]
+    # The broken probe (fault 6, LBO and SBO swapped) is caught.
+    bad = mn_desc_problems(len(MN_PROBES) - 1, stored)
+    assert any("hi_a" in p for p in bad) and any("lbo_a" in p for p in bad) and any("hi_b" in p for p in bad), bad
+
+
+def test_pair_only_release_fails_the_multicast_model():
+    """Fault 5: stage releases to the pair only, empty count 1, whatever the launch cluster."""
+    _skip_without_toolchain()
+    c = inspect.Cubin(probe()[1])
+    for j, v in enumerate(PAIR_COMMIT_FAULTS):
+        n = sum(ncta for _, _, ncta in CLUSTERS[v.cta_group]) * len(MC_FIELDS)
+        problems = mc_problems(v.cta_group, c.global_ints(f"probe_mc{j}", n))
+        assert any("commit" in p or "empty" in p for p in problems), problems
+
+
+def test_cluster_block_walk_covers_every_tile_once():
+    """grouped_block_coord is a bijection onto the block grid; cluster blocks of pm x pn tiles
+    cover every tile of the problem exactly once (the rest are phantoms past the edge)."""
+    _skip_without_toolchain()
+    c = inspect.Cubin(probe()[1])
+    vals = c.global_ints("probe_walk", 2 * sum(bm * bn for bm, bn, _, _ in WALKS))
+    i = 0
+    for bm, bn, pm, _ in WALKS:
+        coords = [(vals[i + 2 * b], vals[i + 2 * b + 1]) for b in range(bm * bn)]
+        i += 2 * bm * bn
+        assert sorted(coords) == [(x, y) for x in range(bm) for y in range(bn)], (bm, bn, pm)
+        for pn in (1, 2, 4):
+            m_tiles, n_tiles = bm * pm - (pm - 1), bn * pn - (pn - 1)  # ragged last block
+            tiles = [(x * pm + u, y * pn + w) for x, y in coords for u in range(pm) for w in range(pn)]
+            inside = [t for t in tiles if t[0] < m_tiles and t[1] < n_tiles]
+            assert sorted(inside) == [(m, n) for m in range(m_tiles) for n in range(n_tiles)]
