@@ -173,7 +173,7 @@ def build_cmd(specs: tuple[str, ...], arch: str | None, jobs: int | None, all_va
     else:
         _table(["kernel", "arch", "variants", "regs", "smem", "spills", "threads", "tmem", "seconds",
                 "cached"],
-               [[r.name + (" [staging]" if r.staging else ""), r.arch, r.variants, r.registers, r.smem_bytes,
+               [[r.name + (" [carrier]" if r.staging else ""), r.arch, r.variants, r.registers, r.smem_bytes,
                  r.spill_bytes, r.threads, r.tmem_cols or "-", f"{r.seconds:.2f}",
                  "yes" if r.cached else "no"]
                 for r in results if r.ok])
