@@ -93,19 +93,21 @@ def _grouped_gemm_cases() -> list[tuple[str, dict[str, Any]]]:
 
 
 def _magnitude(pb: Any) -> np.ndarray:
-    """Per-element bound of the accumulation: |alpha_e| |A_e| |B_e|^T (+ |prob bias|)."""
+    """Per-element bound of the accumulation: |alpha_e| |A_e| |B_e|^T + |prob bias_e|."""
     f = np.float64
     a = np.abs(np.asarray(pb.a_tensor, dtype=f).reshape(pb.a_tensor.shape[0], -1))
+    prob = np.abs(np.asarray(pb.prob_tensor, dtype=f).reshape(-1))
     off = np.concatenate([[0], np.asarray(pb.padded_offsets, dtype=np.int64)])
     out = np.zeros((a.shape[0], pb.n))
     for e in range(pb.num_experts):
-        b = pb.b_list[e] if pb.b_list is not None else (
-            pb.b_tensor[e] if pb.b_tensor.shape[0] == pb.num_experts and pb.b_tensor.ndim == 3
-            and pb.layout == "canonical" else pb.b_tensor[:, :, e])
+        if pb.b_list is not None:
+            b = pb.b_list[e]
+        else:  # canonical B is (L, N, K); the kernel-facing view is (N, K, L)
+            b = pb.b_tensor[e] if pb.layout == "canonical" else pb.b_tensor[:, :, e]
         rows = slice(off[e], off[e + 1])
         out[rows] = abs(float(pb.alpha_tensor[e])) * (a[rows] @ np.abs(np.asarray(b, dtype=f)).T)
         if pb.bias_tensor is not None:
-            out[rows] += np.abs(np.asarray(pb.bias_tensor, dtype=f)[:, e])[None, :]
+            out[rows] += prob[rows, None] * np.abs(np.asarray(pb.bias_tensor, dtype=f)[:, e])[None, :]
     return out
 
 

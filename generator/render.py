@@ -39,7 +39,7 @@ def carrier_kind(family: str, arch: str) -> str | None:
     """None when ``family`` has its own kernel on ``arch``, else what the build compiles."""
     if (family, arch) in OP_KERNELS:
         return None
-    return "staging" if TEMPLATES.get((family, arch), STAGING_TEMPLATE) == STAGING_TEMPLATE \
+    return "staging unit" if TEMPLATES.get((family, arch), STAGING_TEMPLATE) == STAGING_TEMPLATE \
         else "block-scaled mainloop carrier"
 _HASH_PLACEHOLDER = "FUSEGEMM_KERNEL_SYMBOL"
 
