@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path as _Path
 
-__version__ = "0.1.0"
+from .base.package import __version__
 
 # In a wheel, hatchling maps generator/, runtime/, templates/ and specs/ inside this package.
 # In a source checkout (editable install, or tests run from the repo) they sit beside it at
@@ -25,8 +25,11 @@ _EXPORTS = {
     "grouped_gemm": ("fusegemm.ops.grouped_gemm", "grouped_gemm"),
     "GroupedGemm": ("fusegemm.ops.grouped_gemm", "GroupedGemm"),
     "TupleDict": ("fusegemm.tupledict", "TupleDict"),
+    **{name: ("fusegemm.base.errors", name) for name in (
+        "FusegemmError", "ArgumentError", "UnsupportedError", "SpecError", "CompileError",
+        "ToolchainError", "CacheError", "ConfigError", "ContractError", "UnverifiedError")},
 }
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS) + ["__version__"]
 
 
 def __getattr__(name: str):
@@ -37,8 +40,3 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'fusegemm' has no attribute {name!r}")
 
-
-def package_data_dir(name: str) -> _Path:
-    """Folder of a non-Python package part (``templates`` or ``specs``) in either layout."""
-    inside = _here / name
-    return inside if inside.is_dir() else _here.parent / name

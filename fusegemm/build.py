@@ -1,7 +1,8 @@
 """Build many variants into the cache, in parallel processes, with progress.
 
-Cache hits are resolved in this process (render + key + read: milliseconds), so a warm
-``fusegemm build`` never starts a worker; only misses go to the process pool.
+Only what the registry implements is built (carriers on request). Cache hits are resolved in
+this process (render + key + read: milliseconds), so a warm ``fusegemm build`` never starts a
+worker; only misses go to the process pool, and each kernel is rendered and keyed once.
 """
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from .generator.spec import find_spec, list_specs
-from .generator.variants import Variant, make_variant, prebuild_variants, variants
-from .generator.render import Source, render
-from .runtime.cache import Built, KernelCache, default_cache, get_or_build, key_fields, make_key
-from .runtime.errors import FusegemmError
+from .base.errors import FusegemmError, UnsupportedError
+from .generator import registry
+from .generator.spec import Spec, find_spec, list_specs
+from .generator.variants import Variant, make_variant, prebuild_variants, surface
+from .pipeline import Planned, compile_planned, lookup, plan
+from .runtime.cache import Built, KernelCache, default_cache
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class BuildResult:
     spill_bytes: int = 0      # local memory frame per thread
     threads: int = 0
     tmem_cols: int = 0        # sm_100a TMEM columns per CTA
-    staging: bool = False
+    carrier: bool = False
     error: str = ""
     variants: int = 1         # variants served by this kernel (e.g. every cluster shape)
 
@@ -43,80 +45,114 @@ class BuildResult:
         return dict(self.__dict__)
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """A (spec, arch) of the request that builds nothing, and why."""
+
+    spec: str
+    arch: str
+    status: str               # registry status: carrier | none | implemented (all variants out of its limits)
+    reason: str
+
+
 def select(specs: Iterable[str] | None, archs: tuple[str, ...], *, all_variants: bool = False,
-           choices: dict[str, Any] | None = None) -> list[Variant]:
-    """Variants to build: each spec's prebuild list, its whole surface, or one chosen point."""
+           choices: dict[str, Any] | None = None,
+           carriers: bool = False) -> tuple[list[Variant], list[Skipped]]:
+    """Variants to build (each spec's prebuild list; with ``all_variants`` its whole surface;
+    with ``choices`` (a dict, maybe empty) the one point per arch they pick from the defaults),
+    restricted to what the registry implements (plus carriers when ``carriers``), and the
+    (spec, arch) pairs that build nothing, with the reason."""
+    if all_variants and choices is not None:
+        raise UnsupportedError("--all and --variant: got both; allowed: one of them (--all builds "
+                               "the whole implemented surface, --variant one point of it)")
     names = list(specs) if specs else [p.stem for p in list_specs()]
     out: list[Variant] = []
+    skipped: list[Skipped] = []
     for name in names:
         spec = find_spec(name)
-        if choices:
-            for arch in archs:
-                if arch in spec.choice_map["arch"]:
-                    out.append(make_variant(spec, arch=arch, **choices))
-        elif all_variants:
-            out.extend(variants(spec, archs))
-        else:
-            out.extend(prebuild_variants(spec, archs))
-    return out
+        for arch in archs:
+            if arch not in spec.choice_map["arch"]:
+                continue
+            row = registry.lookup(spec.kernel, arch)
+            if row is None:
+                skipped.append(Skipped(spec.name, arch, registry.NONE, f"no kernel for {arch}"))
+                continue
+            if row.carrier and not carriers:
+                skipped.append(Skipped(spec.name, arch, registry.CARRIER,
+                                       f"{row.note}; `--carriers` builds it"))
+                continue
+            got = _for_arch(spec, arch, row, all_variants, choices)
+            if not got:
+                skipped.append(Skipped(spec.name, arch, row.status, "no variant of the request is "
+                                       "inside the kernel's implemented limits"))
+            out.extend(got)
+    return out, skipped
+
+
+def _for_arch(spec: Spec, arch: str, row: registry.Implementation, all_variants: bool,
+              choices: dict[str, Any] | None) -> list[Variant]:
+    if choices is not None:
+        row.reaching(choices)
+        v = make_variant(spec, arch=arch, **choices)
+        why = row.problem(v.choices)
+        if why is not None:
+            raise UnsupportedError(why)
+        return [v]
+    if all_variants:
+        return [v for v in surface(spec, arch, as_variants=True) if row.problem(v.choices) is None]
+    return [v for v in prebuild_variants(spec, (arch,)) if row.problem(v.choices) is None]
 
 
 def _result(v: Variant, b: Built, seconds: float) -> BuildResult:
     # b.name is the kernel's name (readable + source hash), shared by its variants
     return BuildResult(name=b.name, spec=v.spec.name, arch=v.arch, ok=True, cached=b.cached,
                        seconds=seconds, registers=b.resources.registers,
-                       smem_bytes=b.resources.static_shared_bytes + b.launch.smem_bytes,
-                       spill_bytes=b.resources.local_bytes, threads=b.launch.threads,
-                       tmem_cols=b.launch.tmem_cols,
-                       staging=b.staging)
+                       smem_bytes=b.resources.static_shared_bytes + b.contract.smem_bytes,
+                       spill_bytes=b.resources.local_bytes, threads=b.contract.threads,
+                       tmem_cols=b.contract.tmem_cols, carrier=b.carrier)
 
 
-def _build_one(v: Variant, cache: KernelCache | None = None) -> BuildResult:
+def _failed(v: Variant, seconds: float, exc: Exception) -> BuildResult:
+    return BuildResult(name=v.readable, spec=v.spec.name, arch=v.arch, ok=False, cached=False,
+                       seconds=seconds, error=str(exc))
+
+
+def _compile_one(p: Planned, cache: KernelCache | None = None) -> BuildResult:
+    """Worker body: compile a planned kernel (rendered and keyed in the parent)."""
     t0 = time.perf_counter()
     try:
-        b = get_or_build(v, cache)
+        b = compile_planned(p, cache)
     except FusegemmError as exc:
-        return BuildResult(name=v.readable, spec=v.spec.name, arch=v.arch, ok=False, cached=False,
-                           seconds=time.perf_counter() - t0, error=str(exc))
-    return _result(v, b, b.compile_seconds if not b.cached else time.perf_counter() - t0)
-
-
-def _lookup(src: Source, cache: KernelCache) -> BuildResult | None:
-    """The cached result of ``src``'s kernel, or None on a miss (key + read, no compile)."""
-    t0 = time.perf_counter()
-    v = src.variant
-    hit = cache.get(src.name, make_key(key_fields(src.text, v.arch)))
-    return None if hit is None else _result(v, hit, time.perf_counter() - t0)
+        return _failed(p.variant, time.perf_counter() - t0, exc)
+    return _result(p.variant, b, b.compile_seconds if not b.cached else time.perf_counter() - t0)
 
 
 def build(vs: list[Variant], *, jobs: int = 1, cache: KernelCache | None = None,
-          on_done: Callable[[BuildResult], None] | None = None,
+          carriers: bool = False, on_done: Callable[[BuildResult], None] | None = None,
           on_plan: Callable[[int], None] | None = None) -> list[BuildResult]:
     """Build the kernels of ``vs``: one row per distinct kernel, in first-seen order.
 
-    Variants that render the same source (they differ only in launch attributes such as the
-    cluster shape) share one kernel and one row (``variants`` counts them). Failures are rows,
-    not exceptions. Workers use the default cache, so a custom ``cache`` builds in-process.
+    Each variant is rendered and keyed once, here; variants with the same key (they differ
+    only in launch attributes such as the cluster shape) share one kernel and one row
+    (``variants`` counts them). Cache hits are read here; only misses go to worker processes
+    (forkserver), which compile the planned source. Failures are rows, not exceptions. A
+    custom ``cache`` builds in-process.
     """
-    kernels: dict[tuple[str, str], Source] = {}
-    served: dict[tuple[str, str], int] = {}
+    planned: dict[str, Planned] = {}
+    served: dict[str, int] = {}
     failed_early: list[BuildResult] = []
     for v in vs:
         try:
-            src = render(v)
+            p = plan(v, carriers=carriers)
         except FusegemmError as exc:
-            failed_early.append(BuildResult(name=v.readable, spec=v.spec.name, arch=v.arch,
-                                            ok=False, cached=False, seconds=0.0, error=str(exc)))
+            failed_early.append(_failed(v, 0.0, exc))
             continue
-        k = (src.digest, v.arch)
-        kernels.setdefault(k, src)
-        served[k] = served.get(k, 0) + 1
-    order = list(kernels)
-    sources = [kernels[k] for k in order]
-    uniq = [s.variant for s in sources]
+        planned.setdefault(p.key, p)
+        served[p.key] = served.get(p.key, 0) + 1
+    order = list(planned)
     if on_plan:
-        on_plan(len(uniq) + len(failed_early))
-    results: list[BuildResult | None] = [None] * len(uniq)
+        on_plan(len(order) + len(failed_early))
+    results: list[BuildResult | None] = [None] * len(order)
 
     def done(i: int, r: BuildResult) -> None:
         results[i] = dataclasses.replace(r, variants=served[order[i]])
@@ -127,25 +163,26 @@ def build(vs: list[Variant], *, jobs: int = 1, cache: KernelCache | None = None,
         if on_done:
             on_done(r)
     misses: list[int] = []
-    for i, (v, src) in enumerate(zip(uniq, sources)):
+    for i, key in enumerate(order):
+        p = planned[key]
+        t0 = time.perf_counter()
         try:
-            hit = _lookup(src, cache or default_cache())
+            hit = lookup(p, cache or default_cache())
         except FusegemmError as exc:
-            done(i, BuildResult(name=v.readable, spec=v.spec.name, arch=v.arch, ok=False,
-                                cached=False, seconds=0.0, error=str(exc)))
+            done(i, _failed(p.variant, 0.0, exc))
             continue
         if hit is not None:
-            done(i, hit)
+            done(i, _result(p.variant, hit, time.perf_counter() - t0))
         else:
             misses.append(i)
     if jobs <= 1 or len(misses) <= 1 or cache is not None:
         for i in misses:
-            done(i, _build_one(uniq[i], cache))
+            done(i, _compile_one(planned[order[i]], cache))
     elif misses:
         # forkserver: safe when the caller has threads (torch, CUDA); workers need no CUDA.
         ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
         with ProcessPoolExecutor(max_workers=min(jobs, len(misses)), mp_context=ctx) as pool:
-            futures = {pool.submit(_build_one, uniq[i]): i for i in misses}
+            futures = {pool.submit(_compile_one, planned[order[i]]): i for i in misses}
             for fut in as_completed(futures):
                 done(futures[fut], fut.result())
     return failed_early + [r for r in results if r is not None]

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from .runtime.errors import FusegemmError
+from .base.errors import FusegemmError
 
 
 def _fail(exc: Exception) -> click.ClickException:
@@ -21,14 +21,14 @@ def _fail(exc: Exception) -> click.ClickException:
 
 
 def _archs(value: str | None) -> tuple[str, ...]:
+    from .base.archs import ARCH_NAMES
     from .runtime import config
-    from .generator.axes import ARCHS
     if value is None:
         return config.default_archs()
     archs = tuple(a.strip() for a in value.split(",") if a.strip())
-    bad = [a for a in archs if a not in ARCHS]
+    bad = [a for a in archs if a not in ARCH_NAMES]
     if bad or not archs:
-        raise click.BadParameter(f"got {value!r}; allowed: comma list of {', '.join(ARCHS)}",
+        raise click.BadParameter(f"got {value!r}; allowed: comma list of {', '.join(ARCH_NAMES)}",
                                  param_hint="--arch")
     return archs
 
@@ -46,29 +46,44 @@ def main() -> None:
 @main.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_cmd(as_json: bool) -> None:
-    """List the specs and the size of their support surfaces."""
+    """List the specs: declared and implemented surface per arch, side by side.
+
+    "declared" counts the variants the spec allows; "implemented" those the arch's kernel
+    builds (generator/registry.py); a carrier implements none.
+    """
+    from .generator import registry
     from .generator.spec import list_specs, load_spec
-    from .generator.variants import prebuild_variants, variants
+    from .generator.variants import prebuild_variants, surface
     rows = []
     try:
         for p in list_specs():
             s = load_spec(p)
-            rows.append({"name": s.name, "kernel": s.kernel, "problem": s.problem, "seed": s.seed,
-                         "variants": sum(1 for _ in variants(s)),
-                         "prebuild": len(prebuild_variants(s)), "path": str(p)})
+            for arch in s.choice_map["arch"]:
+                row = registry.lookup(s.kernel, arch)
+                declared = implemented = 0
+                for choice in surface(s, arch):
+                    declared += 1
+                    implemented += (row is not None and not row.carrier and row.problem(choice) is None)
+                rows.append({"name": s.name, "kernel": s.kernel, "problem": s.problem, "seed": s.seed,
+                             "arch": arch, "status": registry.status(s.kernel, arch),
+                             "declared": declared, "implemented": implemented,
+                             "prebuild": len(prebuild_variants(s, (arch,))), "path": str(p)})
     except FusegemmError as exc:
         raise _fail(exc) from None
     if as_json:
         return _echo_json(rows)
-    _table(["spec", "kernel", "problem", "surface", "prebuild"],
-           [[r["name"], r["kernel"], r["problem"], r["variants"], r["prebuild"]] for r in rows])
+    _table(["spec", "problem", "arch", "status", "declared", "implemented", "prebuild"],
+           [[r["name"], r["problem"], r["arch"], r["status"], r["declared"], r["implemented"],
+             r["prebuild"]] for r in rows])
 
 
 @main.command()
 @click.argument("spec")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def show(spec: str, as_json: bool) -> None:
-    """Show a spec: epilogue, choices, constraints, defaults and prebuild variants."""
+    """Show a spec: epilogue, choices, constraints, defaults, prebuild variants, and per arch the
+    kernel that implements it (status, limits, defaults, the axes that reach its source)."""
+    from .generator import registry
     from .generator.spec import find_spec
     from .generator.variants import prebuild_variants
     try:
@@ -76,6 +91,14 @@ def show(spec: str, as_json: bool) -> None:
         pre = [v.readable for v in prebuild_variants(s)]
     except FusegemmError as exc:
         raise _fail(exc) from None
+    impls = {}
+    for arch in s.choice_map["arch"]:
+        row = registry.lookup(s.kernel, arch)
+        impls[arch] = {"status": registry.status(s.kernel, arch)} if row is None else {
+            "status": row.status, "template": row.template, "kernel": row.kernel, "rule": row.rule,
+            "source_axes": list(row.source_axes),
+            "limits": [{"axis": l.axis, "values": list(l.values), "because": l.because} for l in row.limits],
+            "defaults": dict(row.defaults), "note": row.note}
     info = {
         "name": s.name, "path": s.path, "kernel": s.kernel, "problem": s.problem, "seed": s.seed,
         "summary": s.summary,
@@ -88,8 +111,9 @@ def show(spec: str, as_json: bool) -> None:
         "choices": {a: list(v) for a, v in s.choices},
         "constraints": [{"if": dict(c.when), "then": dict(c.then), "because": c.because}
                         for c in s.constraints],
-        "defaults": {k: (dict(v) if isinstance(v, tuple) else v) for k, v in s.defaults},
+        "defaults": dict(s.defaults),
         "prebuild": pre,
+        "implementations": impls,
     }
     if as_json:
         return _echo_json(info)
@@ -98,12 +122,24 @@ def show(spec: str, as_json: bool) -> None:
     click.echo("epilogue:")
     for st in s.compute:
         click.echo(f"  {st.text}")
-    click.echo("choices:")
+    click.echo("choices (declared):")
     for a, vals in s.choices:
         click.echo(f"  {a}: {', '.join(map(str, vals))}")
     click.echo("constraints:")
     for c in s.constraints:
         click.echo(f"  if {dict(c.when)} then {dict(c.then)}: {c.because}")
+    click.echo("implementations:")
+    for arch, impl in impls.items():
+        if impl["status"] == registry.NONE:
+            click.echo(f"  {arch}: none")
+            continue
+        click.echo(f"  {arch}: {impl['status']} ({impl['kernel']}, {impl['template']})")
+        if impl["note"]:
+            click.echo(f"    {impl['note']}")
+        for lim in impl["limits"]:
+            click.echo(f"    {lim['axis']}: {', '.join(map(str, lim['values']))} only ({lim['because']})")
+        if impl["defaults"]:
+            click.echo(f"    defaults: {', '.join(f'{k}={v}' for k, v in impl['defaults'].items())}")
     click.echo("prebuild:")
     for n in pre:
         click.echo(f"  {n}")
@@ -113,28 +149,29 @@ def show(spec: str, as_json: bool) -> None:
 @click.argument("spec")
 @click.option("--variant", "variant_opts", multiple=True, metavar="AXIS=VALUE",
               help="Override a default choice (repeatable), e.g. --variant d_dtype=float32.")
-@click.option("--arch", default=None, help="Comma list of sm_100a, sm_90a.")
+@click.option("--arch", default=None, help="Comma list of archs (default: FUSEGEMM_ARCHS).")
 @click.option("--prebuild", is_flag=True, help="Every prebuild variant instead of the default one.")
+@click.option("--carriers", is_flag=True, help="Include carriers (stand-ins for kernels that have not landed).")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for the generated .cu files.")
 def generate(spec: str, variant_opts: tuple[str, ...], arch: str | None, prebuild: bool,
-             out_dir: str) -> None:
+             carriers: bool, out_dir: str) -> None:
     """Write the generated CUDA C++ of a spec's variants to a folder (no compile)."""
+    from . import build as b
     from .generator.render import render
-    from .generator.spec import find_spec
-    from .generator.variants import make_variant, parse_variant_options, prebuild_variants
+    from .generator.variants import parse_variant_options
     try:
-        s = find_spec(spec)
-        archs = _archs(arch)
-        if prebuild:
-            vs = prebuild_variants(s, archs)
-        else:
-            choices = parse_variant_options(variant_opts)
-            vs = [make_variant(s, arch=a, **choices) for a in archs if a in s.choice_map["arch"]]
+        if prebuild and variant_opts:
+            raise click.UsageError("--prebuild and --variant: got both; allowed: one of them")
+        choices = None if prebuild else parse_variant_options(variant_opts)
+        vs, skipped = b.select([spec], _archs(arch), choices=choices, carriers=carriers)
+        _echo_skipped(skipped)
+        if not vs:
+            raise click.ClickException(f"nothing to generate for {spec}")
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         for v in vs:
-            src = render(v)
+            src = render(v, carriers=carriers)
             path = out / f"{src.name}.cu"
             path.write_text(src.text)
             click.echo(str(path))
@@ -142,53 +179,84 @@ def generate(spec: str, variant_opts: tuple[str, ...], arch: str | None, prebuil
         raise _fail(exc) from None
 
 
+def _echo_skipped(skipped) -> None:
+    """Carriers on one line (they are expected); any other skip with its reason."""
+    from .generator.registry import CARRIER
+    carriers: dict[str, list[str]] = {}
+    for sk in skipped:
+        if sk.status == CARRIER:
+            carriers.setdefault(sk.spec, []).append(sk.arch)
+        else:
+            click.echo(f"not built: {sk.spec} on {sk.arch} ({sk.status}): {sk.reason}", err=True)
+    if carriers:
+        listed = ", ".join(f"{spec} ({', '.join(archs)})" for spec, archs in carriers.items())
+        click.echo(f"not built: carriers, stand-ins for kernels that have not landed (--carriers "
+                   f"builds them; `fusegemm show SPEC` says what each compiles): {listed}", err=True)
+
+
 @main.command("build")
 @click.argument("specs", nargs=-1)
-@click.option("--arch", default=None, help="Comma list of sm_100a, sm_90a (default: both).")
+@click.option("--arch", default=None, help="Comma list of archs (default: FUSEGEMM_ARCHS).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Parallel compile processes (default: FUSEGEMM_JOBS or CPU count).")
-@click.option("--all", "all_variants", is_flag=True, help="The whole support surface (large).")
+@click.option("--all", "all_variants", is_flag=True, help="The whole implemented surface (large).")
 @click.option("--variant", "variant_opts", multiple=True, metavar="AXIS=VALUE",
               help="Build one chosen point per arch instead of the prebuild list.")
+@click.option("--carriers", is_flag=True,
+              help="Also build carriers: stand-ins compiling the pieces of kernels that have not landed.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def build_cmd(specs: tuple[str, ...], arch: str | None, jobs: int | None, all_variants: bool,
-              variant_opts: tuple[str, ...], as_json: bool) -> None:
-    """Compile spec variants into the kernel cache and print what was built."""
+              variant_opts: tuple[str, ...], carriers: bool, as_json: bool) -> None:
+    """Compile spec variants into the kernel cache and print what was built.
+
+    Only kernels the registry implements are built; carriers only with --carriers. A spec or
+    arch with nothing to build is listed as "not built" with the reason.
+    """
     from . import build as b
     from .generator.variants import parse_variant_options
     from .runtime import config
     try:
-        vs = b.select(specs or None, _archs(arch), all_variants=all_variants,
-                      choices=parse_variant_options(variant_opts) or None)
+        vs, skipped = b.select(specs or None, _archs(arch), all_variants=all_variants,
+                               choices=parse_variant_options(variant_opts) if variant_opts else None,
+                               carriers=carriers)
         jobs = jobs or config.jobs()
     except FusegemmError as exc:
         raise _fail(exc) from None
+    if not as_json:
+        _echo_skipped(skipped)
+    if not vs:
+        if as_json:
+            _echo_json({"results": [], "skipped": [sk.__dict__ for sk in skipped], "failed": 0})
+        raise click.ClickException("nothing to build: " + "; ".join(
+            f"{sk.spec} on {sk.arch} ({sk.status})" for sk in skipped))
     t0 = time.perf_counter()
-    results = _run_with_progress(vs, jobs, quiet=as_json)
+    results = _run_with_progress(vs, jobs, quiet=as_json, carriers=carriers)
     wall = time.perf_counter() - t0
     failed = [r for r in results if not r.ok]
     if as_json:
-        _echo_json({"results": [r.as_dict() for r in results], "wall_seconds": round(wall, 2),
-                    "cache": str(config.cache_dir()), "failed": len(failed)})
+        _echo_json({"results": [r.as_dict() for r in results], "skipped": [sk.__dict__ for sk in skipped],
+                    "wall_seconds": round(wall, 2), "cache": str(config.cache_dir()), "failed": len(failed)})
     else:
         _table(["kernel", "arch", "variants", "regs", "smem", "spills", "threads", "tmem", "seconds",
                 "cached"],
-               [[r.name + (" [carrier]" if r.staging else ""), r.arch, r.variants, r.registers, r.smem_bytes,
+               [[r.name + (" [carrier]" if r.carrier else ""), r.arch, r.variants, r.registers, r.smem_bytes,
                  r.spill_bytes, r.threads, r.tmem_cols or "-", f"{r.seconds:.2f}",
                  "yes" if r.cached else "no"]
                 for r in results if r.ok])
         n_cached = sum(r.cached for r in results if r.ok)
         n_variants = sum(r.variants for r in results if r.ok)
+        n_carriers = sum(r.carrier for r in results if r.ok)
         extra = f" serving {n_variants} variants" if n_variants != len(results) - len(failed) else ""
-        click.echo(f"{len(results) - len(failed)} built ({n_cached} cached){extra}, {len(failed)} failed, "
-                   f"{wall:.1f} s wall, cache {config.cache_dir()}")
+        carrier_note = f" ({n_carriers} carriers)" if n_carriers else ""
+        click.echo(f"{len(results) - len(failed)} built{carrier_note} ({n_cached} cached){extra}, "
+                   f"{len(failed)} failed, {wall:.1f} s wall, cache {config.cache_dir()}")
         for r in failed:
             click.echo(f"\nFAILED {r.name} ({r.arch}):\n{r.error}", err=True)
     if failed:
         sys.exit(1)
 
 
-def _run_with_progress(vs, jobs: int, quiet: bool):
+def _run_with_progress(vs, jobs: int, quiet: bool, carriers: bool):
     from . import build as b
     if quiet or not sys.stderr.isatty():
         state = {"done": 0, "total": len(vs)}
@@ -201,12 +269,12 @@ def _run_with_progress(vs, jobs: int, quiet: bool):
             if not quiet:
                 what = "cached" if r.cached else ("ok" if r.ok else "FAILED")
                 click.echo(f"[{state['done']}/{state['total']}] {r.name} {what} {r.seconds:.2f}s", err=True)
-        return b.build(vs, jobs=jobs, on_done=tick, on_plan=plan)
+        return b.build(vs, jobs=jobs, carriers=carriers, on_done=tick, on_plan=plan)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     with Progress(TextColumn("building"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), transient=True) as prog:
         task = prog.add_task("", total=len(vs))
-        return b.build(vs, jobs=jobs, on_plan=lambda n: prog.update(task, total=n),
+        return b.build(vs, jobs=jobs, carriers=carriers, on_plan=lambda n: prog.update(task, total=n),
                        on_done=lambda r: prog.update(task, advance=1, description=r.name))
 
 
@@ -241,7 +309,7 @@ def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
         for k in cub.kernels():
             res = cub.resources(k).__dict__
             try:
-                res["launch"] = cub.launch_info(k).__dict__
+                res["contract"] = cub.contract(k).__dict__
             except FusegemmError:
                 pass
             info["kernels"].append(res)
@@ -253,7 +321,7 @@ def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
         return _echo_json(info)
     click.echo(f"{info['name']}  arch={info['arch']}")
     for k in info["kernels"]:
-        launch = k.get("launch", {})
+        launch = k.get("contract", {})
         click.echo(f"  kernel {k['kernel']}: registers={k['registers']} "
                    f"static_smem={k['static_shared_bytes']} B dynamic_smem={launch.get('smem_bytes', '?')} B "
                    f"local(spills)={k['local_bytes']} B threads={launch.get('threads', k['max_threads'])}")

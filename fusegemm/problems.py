@@ -32,6 +32,7 @@ import ml_dtypes
 import numpy as np
 
 from . import reference
+from .arguments import M_ALIGNED, MAX_EXPERTS
 from .formats.blockscale import block_format, quantize_blockwise
 from .formats.dtypes import FP8_NAMES, resolve_dtype
 from .formats.elements import to_format
@@ -45,8 +46,6 @@ SKEWS = ("balanced", "skewed", "with_empty")
 VALUES = ("nvidia", "realistic")
 LAYOUTS = ("kernel", "canonical")
 PAD_ROWS = ("zero", "random")
-M_ALIGNED = 256
-MAX_EXPERTS = 1024
 AB_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2", "uint8")
 _META_FIELDS = ("op", "layout", "tokens", "n", "k", "ab_dtype", "sf_dtype", "options")
 

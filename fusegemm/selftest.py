@@ -1,9 +1,11 @@
 """``fusegemm selftest``: run every op family on the GPU that is present, against the numpy
 references, and report a pass/fail table.
 
-Families whose kernel has not landed for the device's arch (the build renders the staging
-carrier) are listed as ``not available`` with the reason; they are not failures. No GPU, or a
-GPU fusegemm has no kernels for, is reported and is not a failure either (exit 0).
+The families and their status come from the registry (generator/registry.py): a family whose
+kernel on the device's arch is a carrier or absent is listed as ``not available`` with the
+reason; it is not a failure. No GPU, or a GPU fusegemm has no kernels for, is reported and is
+not a failure either (exit 0). The same cases are the first-run verification of a family on an
+arch the project has not executed on (fusegemm/verify.py).
 """
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .generator.render import carrier_kind
-from .generator.params import KERNEL_FAMILIES
+from .base.archs import arch_of_capability, supported_capabilities
+from .generator import registry
 
 # dtype -> relative tolerance: one unit in the last place of the output. The reference is
 # rounded to the output dtype too, so a kernel whose FP32 sum (accumulated in another order)
@@ -54,11 +56,11 @@ def detect_arch() -> tuple[str | None, str]:
     _, minor = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
     _, raw = driver.cuDeviceGetName(64, dev)
     name = raw.split(b"\0", 1)[0].decode()
-    arch = {(9, 0): "sm_90a", (10, 0): "sm_100a"}.get((major, minor))
+    arch = arch_of_capability(major, minor)
     if arch is None:
         return None, (f"{name} (compute capability {major}.{minor}) is not supported: fusegemm "
-                      f"kernels target 9.0 (sm_90a) and 10.0 (sm_100a)")
-    return arch, f"{name} (compute capability {major}.{minor}, {arch})"
+                      f"kernels target {supported_capabilities()}")
+    return arch.name, f"{name} (compute capability {major}.{minor}, {arch.name})"
 
 
 def _to_torch(x: Any, torch: Any, device: str) -> Any:
@@ -111,7 +113,7 @@ def _magnitude(pb: Any) -> np.ndarray:
     return out
 
 
-def _run_grouped_gemm(case: dict[str, Any], device: str = "cuda") -> tuple[float, bool, str]:
+def _run_grouped_gemm(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool, str]:
     import torch
 
     from . import problems, reference
@@ -132,8 +134,8 @@ def _run_grouped_gemm(case: dict[str, Any], device: str = "cuda") -> tuple[float
         keep = [_to_torch(b, torch, device) for b in pb.b_list]
         dev["b_ptrs"] = torch.tensor([w.data_ptr() for w in keep], dtype=torch.int64, device=device)
     out = op.grouped_gemm(**dev)
-    if device == "cuda":
-        torch.cuda.synchronize()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
     del keep
     scale = _magnitude(pb)
     worst, ok = 0.0, True
@@ -151,31 +153,38 @@ def _run_grouped_gemm(case: dict[str, Any], device: str = "cuda") -> tuple[float
 RUNNERS: dict[str, Callable[[], list[tuple[str, dict[str, Any]]]]] = {
     "grouped_gemm": _grouped_gemm_cases,
 }
-CASE_RUNNERS: dict[str, Callable[[dict[str, Any]], tuple[float, bool, str]]] = {
+CASE_RUNNERS: dict[str, Callable[..., tuple[float, bool, str]]] = {
     "grouped_gemm": _run_grouped_gemm,
 }
 
 
-def run(arch: str, families: tuple[str, ...] = KERNEL_FAMILIES) -> list[Row]:
-    """Every case of every family on ``arch``; exceptions become FAIL rows."""
+def run(arch: str, families: tuple[str, ...] | None = None, device: int = 0) -> list[Row]:
+    """Every case of every family (default: every registry family) on ``arch`` / ``device``;
+    exceptions become FAIL rows."""
     rows: list[Row] = []
-    for fam in families:
-        carrier = carrier_kind(fam, arch)
-        if carrier is not None:
-            rows.append(Row(fam, "-", "not available", detail=f"no {fam} kernel for {arch} yet "
-                                                               f"(the build compiles the {carrier})"))
+    for fam in families or registry.families():
+        row = registry.lookup(fam, arch)
+        if row is None or row.carrier:
+            why = f"carrier: {row.note}" if row is not None else "no kernel for this arch"
+            rows.append(Row(fam, "-", "not available", detail=f"{fam} on {arch}: {why}"))
             continue
         if fam not in RUNNERS:
             rows.append(Row(fam, "-", "not available",
                             detail=f"the {fam} kernel compiles for {arch} but has no public op yet"))
             continue
-        for label, case in RUNNERS[fam]():
-            t0 = time.perf_counter()
-            try:
-                err, ok, detail = CASE_RUNNERS[fam](case)
-                rows.append(Row(fam, label, "pass" if ok else "FAIL", err,
-                                time.perf_counter() - t0, detail))
-            except Exception as exc:  # a crash is a failed case, reported with its message
-                rows.append(Row(fam, label, "FAIL", None, time.perf_counter() - t0,
-                                f"{type(exc).__name__}: {exc}"[:300]))
+        rows.extend(run_family(fam, device))
+    return rows
+
+
+def run_family(family: str, device: int = 0) -> list[Row]:
+    """The selftest cases of ``family`` on ``device`` (the family must have a runner)."""
+    rows: list[Row] = []
+    for label, case in RUNNERS[family]():
+        t0 = time.perf_counter()
+        try:
+            err, ok, detail = CASE_RUNNERS[family](case, f"cuda:{device}")
+            rows.append(Row(family, label, "pass" if ok else "FAIL", err, time.perf_counter() - t0, detail))
+        except Exception as exc:  # a crash is a failed case, reported with its message
+            rows.append(Row(family, label, "FAIL", None, time.perf_counter() - t0,
+                            f"{type(exc).__name__}: {exc}"[:300]))
     return rows

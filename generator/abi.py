@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Mapping
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -108,29 +109,44 @@ class ParamStruct:
                      f"{self.align}, \"ABI: sizeof({self.name}) must be {self.size}\");")
         return "\n".join(lines)
 
+    @cached_property
+    def _packer(self) -> tuple[struct.Struct, dict[str, int], tuple[object, ...], tuple[int, ...]]:
+        """One precompiled ``struct.Struct`` for the whole layout (the per-launch host path)."""
+        fmt, cur, defaults = ["<"], 0, []
+        for f, off in zip(self.fields, self.offsets().values()):
+            if off > cur:
+                fmt.append(f"{off - cur}x")
+            fmt.append(KINDS[f.kind][3])
+            cur = off + f.size
+            defaults.append(b"\0" * 128 if f.kind == "tensormap" else 0)
+        if self.size > cur:
+            fmt.append(f"{self.size - cur}x")
+        index = {f.name: i for i, f in enumerate(self.fields)}
+        maps = tuple(i for i, f in enumerate(self.fields) if f.kind == "tensormap")
+        return struct.Struct("".join(fmt)), index, tuple(defaults), maps
+
     def pack(self, values: Mapping[str, object]) -> bytes:
         """Argument bytes. Missing fields are zero (null pointers); unknown names are errors.
 
         ``tensormap`` values are 128 raw bytes (or anything with ``.opaque``, as cuda-bindings'
         ``CUtensorMap``); pointer values are ints or objects with ``data_ptr()``.
         """
-        unknown = set(values) - {f.name for f in self.fields}
-        if unknown:
-            raise ValueError(f"{self.name}.pack: unknown fields {sorted(unknown)}; "
-                             f"allowed: {[f.name for f in self.fields]}")
-        buf = bytearray(self.size)
-        for f, off in zip(self.fields, self.offsets().values()):
-            if f.name not in values or values[f.name] is None:
-                continue
-            v = values[f.name]
-            if f.kind == "tensormap":
-                raw = _tensormap_bytes(v)
-                buf[off:off + 128] = raw
-            else:
-                if f.kind in ("ptr", "cptr") and hasattr(v, "data_ptr"):
-                    v = v.data_ptr()
-                struct.pack_into("<" + KINDS[f.kind][3], buf, off, v)
-        return bytes(buf)
+        st, index, defaults, maps = self._packer
+        out = list(defaults)
+        for k, v in values.items():
+            i = index.get(k)
+            if i is None:
+                unknown = sorted(set(values) - set(index))
+                raise ValueError(f"{self.name}.pack: unknown fields {unknown}; allowed: {list(index)}")
+            if v is not None:
+                out[i] = v.data_ptr() if hasattr(v, "data_ptr") else v
+        for i in maps:
+            if out[i].__class__ is not bytes or len(out[i]) != 128:
+                out[i] = _tensormap_bytes(out[i])
+        try:
+            return st.pack(*out)
+        except struct.error as exc:
+            raise ValueError(f"{self.name}.pack: {exc}") from None
 
 
 def _tensormap_bytes(v: object) -> bytes:

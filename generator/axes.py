@@ -1,32 +1,15 @@
 """The closed vocabulary of variant axes: every choice a spec can make, with allowed values.
 
 A spec's ``choices`` narrows these; its ``constraints`` relate them. Values reach C++ only
-through the tables here (dtype -> C++ type) or as validated integers/booleans.
+through the dtype table (``fusegemm/base/dtypes.py``: dtype -> C++ type) or as validated
+integers/booleans. ``LAUNCH_AXES`` never reach the source: they are launch attributes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-ARCHS = ("sm_100a", "sm_90a")
-
-# dtype name -> C++ element type (CUTLASS spellings). Scale dtypes map to the unsigned
-# scale types the block-scaled MMAs consume.
-CPP_TYPES: dict[str, str] = {
-    "bfloat16": "cutlass::bfloat16_t",
-    "float16": "cutlass::half_t",
-    "float32": "float",
-    "float8_e4m3fn": "cutlass::float_e4m3_t",
-    "float8_e5m2": "cutlass::float_e5m2_t",
-    "float4_e2m1fn_x2": "cutlass::float_e2m1_t",
-    "float8_e8m0fnu": "cutlass::float_ue8m0_t",
-}
-SCALE_CPP_TYPES = {"float8_e8m0fnu": "cutlass::float_ue8m0_t", "float8_e4m3fn": "cutlass::float_ue4m3_t"}
-
-SHORT: dict[str, str] = {
-    "bfloat16": "bf16", "float16": "f16", "float32": "f32", "float8_e4m3fn": "e4m3",
-    "float8_e5m2": "e5m2", "float4_e2m1fn_x2": "e2m1", "float8_e8m0fnu": "ue8m0", "none": "none",
-}
+from ..base.archs import ARCH_NAMES
 
 AB_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
 OUT_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
@@ -38,6 +21,11 @@ class Axis:
     allowed: tuple[Any, ...] | None  # None: open numeric axis checked by `check`
     doc: str
     kind: str = "enum"               # enum | bool | int | positive_float_or_none
+
+    @property
+    def constant(self) -> bool:
+        """A numeric compile-time constant an epilogue statement may name (tanh_clamp_scale)."""
+        return self.kind == "positive_float_or_none"
 
     def check(self, value: Any) -> str | None:
         """None if ``value`` is allowed, else a description of what is allowed."""
@@ -56,7 +44,7 @@ class Axis:
 
 
 AXES: dict[str, Axis] = {a.name: a for a in (
-    Axis("arch", ARCHS, "target architecture"),
+    Axis("arch", ARCH_NAMES, "target architecture"),
     Axis("ab_dtype", AB_DTYPES, "A and B element type (float4_e2m1fn_x2 = packed FP4)"),
     Axis("sf_dtype", ("none", "float8_e8m0fnu", "float8_e4m3fn"), "block-scale factor type"),
     Axis("sf_vec_size", (0, 16, 32), "K elements per scale factor (0 = not block-scaled)", "int"),
@@ -77,3 +65,6 @@ AXES: dict[str, Axis] = {a.name: a for a in (
     Axis("cluster_m", (1, 2, 4), "cluster shape M", "int"),
     Axis("cluster_n", (1, 2, 4), "cluster shape N", "int"),
 )}
+
+# Axes that are launch attributes: one cubin serves every legal value (generator/registry.py).
+LAUNCH_AXES = ("cluster_m", "cluster_n")

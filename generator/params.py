@@ -8,6 +8,7 @@ does not use stays zero. The batched GEMM+amax family (seed 004) uses the same s
 from __future__ import annotations
 
 from .abi import Field, ParamStruct
+from .registry import families
 
 GROUPED_PARAMS = ParamStruct("Params", (
     # TMA descriptors, encoded on the host (runtime/tensormap.py).
@@ -54,10 +55,6 @@ GROUPED_PARAMS = ParamStruct("Params", (
 
 def params_for(kernel: str) -> ParamStruct:
     """The parameter struct of a kernel family (every current family shares one)."""
-    if kernel not in KERNEL_FAMILIES:
-        raise ValueError(f"kernel: got {kernel!r}; allowed: {sorted(KERNEL_FAMILIES)}")
+    if kernel not in families():
+        raise ValueError(f"kernel: got {kernel!r}; allowed: {', '.join(families())}")
     return GROUPED_PARAMS
-
-
-KERNEL_FAMILIES = ("grouped_gemm", "grouped_gemm_srelu", "grouped_gemm_quant",
-                   "grouped_gemm_dswiglu", "gemm_amax")

@@ -1,8 +1,10 @@
 """Variant -> CUDA C++ translation unit, via Jinja (StrictUndefined, byte-for-byte deterministic).
 
-Templates instantiate; kernel logic lives in headers under templates/include/fusegemm/.
-Only validated values reach the template: dtypes through the C++ type table, integers,
-booleans, identifiers, and the parameter struct rendered from generator/params.py.
+Templates instantiate; kernel logic lives in headers under templates/include/fusegemm/. Which
+template, header and kernel class a variant renders is the registry's answer
+(generator/registry.py). Only validated values reach the template: dtypes through the dtype
+table's C++ column, integers, booleans, identifiers from the registry, the parameter struct
+(generator/params.py) and the contract export list (fusegemm/base/contract.py).
 """
 from __future__ import annotations
 
@@ -12,35 +14,13 @@ from functools import lru_cache
 
 import jinja2
 
-from .axes import CPP_TYPES, SCALE_CPP_TYPES, SHORT
+from ..base.archs import ARCHS
+from ..base.contract import FIELDS as CONTRACT_FIELDS
+from ..base.dtypes import dtype
 from .params import params_for
+from .registry import Implementation, resolve
 from .variants import Variant
 
-# (kernel family, arch) -> template. Families whose fused epilogue has not landed render a
-# carrier that the ops never launch: on sm_100a the grouped block-scaled mainloop with the plain
-# GEMM+amax epilogue (the mainloop those ops will use, in every dtype / sf_vec / tile / layout
-# combination their spec allows); elsewhere the staging unit (templates/staging.cu.j2: grouped
-# scheduler + TMA tile loads), so the pipeline builds real device code for every spec.
-TEMPLATES: dict[tuple[str, str], str] = {
-    ("grouped_gemm", "sm_90a"): "grouped_gemm.cu.j2",
-    ("grouped_gemm", "sm_100a"): "grouped_gemm.cu.j2",
-    ("gemm_amax", "sm_100a"): "blockscaled_gemm.cu.j2",
-    ("grouped_gemm_srelu", "sm_100a"): "blockscaled_gemm.cu.j2",
-    ("grouped_gemm_quant", "sm_100a"): "blockscaled_gemm.cu.j2",
-    ("grouped_gemm_dswiglu", "sm_100a"): "blockscaled_gemm.cu.j2",
-}
-STAGING_TEMPLATE = "staging.cu.j2"
-# The (family, arch) pairs whose template implements the op itself.
-OP_KERNELS = frozenset({("grouped_gemm", "sm_90a"), ("grouped_gemm", "sm_100a"),
-                        ("gemm_amax", "sm_100a")})
-
-
-def carrier_kind(family: str, arch: str) -> str | None:
-    """None when ``family`` has its own kernel on ``arch``, else what the build compiles."""
-    if (family, arch) in OP_KERNELS:
-        return None
-    return "staging unit" if TEMPLATES.get((family, arch), STAGING_TEMPLATE) == STAGING_TEMPLATE \
-        else "block-scaled mainloop carrier"
 _HASH_PLACEHOLDER = "FUSEGEMM_KERNEL_SYMBOL"
 
 
@@ -49,21 +29,25 @@ class Source:
     """A rendered translation unit and its identity."""
 
     variant: Variant
-    name: str          # readable name + "." + hash12 (cache folder, logs)
-    symbol: str        # extern "C" kernel symbol
+    impl: Implementation   # the registry row it instantiates
+    name: str              # readable name + "." + hash12 (cache folder, logs)
+    symbol: str            # extern "C" kernel symbol
     text: str
-    digest: str        # sha256 of the text rendered with a placeholder symbol
-    template: str
+    digest: str            # sha256 of the text rendered with a placeholder symbol
 
     @property
-    def staging(self) -> bool:
-        """True for carriers (staging or mainloop): not the op's kernel, never launched as it."""
-        return (self.variant.kernel, self.variant.arch) not in OP_KERNELS
+    def carrier(self) -> bool:
+        """True for carriers: not the op's kernel, never launched as it."""
+        return self.impl.carrier
+
+    @property
+    def template(self) -> str:
+        return self.impl.template
 
 
 @lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
-    from fusegemm import package_data_dir
+    from ..base.package import package_data_dir
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(package_data_dir("templates"))),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
@@ -74,41 +58,54 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def _cpp_type(dtype: str, none_as: str = "float") -> str:
-    if dtype == "none":
+def _cpp_type(name: str, none_as: str = "float") -> str:
+    if name == "none":
         return none_as
-    return CPP_TYPES[dtype]
+    cpp = dtype(name).cpp
+    if cpp is None:
+        raise ValueError(f"dtype {name!r} has no C++ element type")
+    return cpp
 
 
-def _scale_type(dtype: str) -> str:
-    return SCALE_CPP_TYPES.get(dtype, "cutlass::float_ue8m0_t")
+def _scale_type(name: str) -> str:
+    cpp = dtype(name).scale_cpp if name != "none" else None
+    if cpp is None:
+        raise ValueError(f"sf_dtype: got {name!r}; allowed: a block-scale factor type (float8_e8m0fnu, "
+                         f"float8_e4m3fn)")
+    return cpp
 
 
-def _render(v: Variant, template: str, symbol: str, readable: str) -> str:
-    return _env().get_template(template).render(
-        v=v, spec=v.spec, symbol=symbol, arch_dir="sm100" if v.arch == "sm_100a" else "sm90",
-        params=params_for(v.kernel).cpp(), readable=readable,
-        carrier=(v.kernel, v.arch) not in OP_KERNELS)
+def kernel_name(v: Variant, impl: Implementation) -> str:
+    """People's name of the kernel: the axes that reach its source, tile and arch.
 
-
-def render(v: Variant) -> Source:
-    """Render ``v``. The symbol embeds the hash of the source rendered without it.
-
-    Variants whose kernels are identical render identical text (same digest, same cache
-    entry): the cluster shape never reaches the source, and a staging unit depends only on the
-    family, tile and arch.
+    Carriers say so in their name (``<spec>.carrier.<...>``).
     """
-    template = TEMPLATES.get((v.kernel, v.arch), STAGING_TEMPLATE)
-    readable = v.readable
-    arch = v.arch.replace("_", "")
-    if template == STAGING_TEMPLATE:
-        readable = f"{v.spec.name}.staging.t{v.tile_m}x{v.tile_n}.{arch}"
-    elif (v.kernel, v.arch) not in OP_KERNELS:  # mainloop carrier: name the axes it depends on
-        readable = (f"{v.spec.name}.carrier.{SHORT[v.ab_dtype]}.sf{SHORT[v.sf_dtype]}."
-                    f"v{v.sf_vec_size}.b{v.b_major}.{v.weight_mode}.t{v.tile_m}x{v.tile_n}.{arch}")
-    probe = _render(v, template, _HASH_PLACEHOLDER, readable)
+    name = v.name_for(impl.source_axes)
+    if impl.carrier:
+        spec, rest = name.split(".", 1)
+        name = f"{spec}.carrier.{rest}"
+    return name
+
+
+def _render(v: Variant, impl: Implementation, symbol: str, readable: str) -> str:
+    return _env().get_template(impl.template).render(
+        v=v, spec=v.spec, impl=impl, symbol=symbol, readable=readable,
+        params=params_for(v.kernel).cpp(), contract=CONTRACT_FIELDS)
+
+
+def render(v: Variant, *, carriers: bool = False) -> Source:
+    """Render ``v`` with the kernel the registry assigns it (``carriers``: accept a carrier).
+
+    The symbol embeds the hash of the source rendered without it, so variants whose kernels are
+    identical render identical text (same digest, same cache entry): the cluster shape never
+    reaches the source, nor does any axis outside the row's ``source_axes``. Raises
+    UnsupportedError when no kernel implements ``v`` (with the reason).
+    """
+    impl = resolve(v.kernel, v.arch, v.choices, carriers=carriers)
+    readable = kernel_name(v, impl)
+    probe = _render(v, impl, _HASH_PLACEHOLDER, readable)
     digest = hashlib.sha256(probe.encode()).hexdigest()
-    symbol = f"fg_{v.spec.name}_{v.arch.replace('_', '')}_{digest[:12]}"
-    text = _render(v, template, symbol, readable)
-    return Source(variant=v, name=f"{readable}.{digest[:12]}", symbol=symbol, text=text,
-                  digest=digest, template=template)
+    symbol = f"fg_{v.spec.name}_{ARCHS[v.arch].short}_{digest[:12]}"
+    text = probe.replace(_HASH_PLACEHOLDER, symbol)
+    return Source(variant=v, impl=impl, name=f"{readable}.{digest[:12]}", symbol=symbol, text=text,
+                  digest=digest)

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..runtime.errors import SpecError
+from ..base.archs import ARCH_NAMES
+from ..base.errors import SpecError
 from .axes import AXES, OUT_DTYPES
 from .expr import ExprError, Statement, parse_statement
-from .params import KERNEL_FAMILIES
+from .registry import families
 from .yamlload import Node, load_yaml, plain
 
 SCHEMA_VERSION = 1
@@ -167,7 +168,7 @@ def parse_spec(text: str, path: str, expected_name: str | None = None) -> Spec:
         raise ctx.fail(top["name"], "name", f"{name!r} is not a lower-case identifier ([a-z][a-z0-9_]*)")
     if expected_name is not None and name != expected_name:
         raise ctx.fail(top["name"], "name", f"{name!r} must match the file name {expected_name!r}")
-    kernel = _enum(ctx, top["kernel"], "kernel", KERNEL_FAMILIES)
+    kernel = _enum(ctx, top["kernel"], "kernel", families())
     problem = _enum(ctx, top["problem"], "problem", PROBLEMS)
     summary = ctx.typed(top["summary"], "summary", (str,), "a string")
     seed = ctx.typed(top["seed"], "seed", (str,), "a string") if "seed" in top else ""
@@ -182,8 +183,7 @@ def parse_spec(text: str, path: str, expected_name: str | None = None) -> Spec:
     return Spec(name=name, path=path, kernel=kernel, problem=problem, seed=seed, summary=summary,
                 inputs=inputs, compute=compute, outputs=outputs, quantization=quant,
                 reductions=reds, choices=tuple(choices.items()), constraints=constraints,
-                defaults=tuple((k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
-                               for k, v in defaults.items()),
+                defaults=tuple(defaults.items()),
                 prebuild=prebuild)
 
 
@@ -205,10 +205,12 @@ def _axis_value(ctx: _Ctx, node: Node, key: str, axis: str) -> Any:
 
 
 def _choices(ctx: _Ctx, node: Node) -> dict[str, tuple[Any, ...]]:
-    d = ctx.mapping(node, "choices", {"arch"}, set(AXES) - {"arch"})
+    d = ctx.mapping(node, "choices", set(), set(AXES))
     out: dict[str, tuple[Any, ...]] = {}
     for axis in AXES:  # canonical axis order, whatever the file's order
         if axis not in d:
+            if axis == "arch":  # a spec declares the op, not where it runs: every arch by default
+                out[axis] = ARCH_NAMES
             continue
         items = ctx.seq(d[axis], f"choices.{axis}")
         if not items:
@@ -257,12 +259,12 @@ def check_choice(choice: dict[str, Any], constraints: tuple[Constraint, ...]) ->
 
 
 def _defaults(ctx: _Ctx, node: Node, choices, constraints) -> dict[str, Any]:
-    """Default choice per axis; an arch name maps to per-arch overrides (e.g. sm_90a tiles).
+    """The op's default choice of every axis (the seed API's defaults).
 
-    Returned as {axis: value, "<arch>": {axis: value}}; :func:`defaults_for` merges them.
+    Defaults an arch's kernel prefers (sm_90a's tiles) are implementation facts: they live in
+    the registry (generator/registry.py), not in the spec.
     """
-    archs = set(choices["arch"])
-    d = ctx.mapping(node, "defaults", set(), (set(AXES) - {"arch"}) | archs)
+    d = ctx.mapping(node, "defaults", set(), set(AXES) - {"arch"})
     out: dict[str, Any] = {}
     for axis in choices:
         if axis == "arch":
@@ -275,25 +277,13 @@ def _defaults(ctx: _Ctx, node: Node, choices, constraints) -> dict[str, Any]:
                                                      f"needs a default among {list(choices[axis])}")
         out[axis] = _in_choices(ctx, d[axis], f"defaults.{axis}", axis, choices)
     for axis in d:
-        if axis not in choices and axis not in archs:
+        if axis not in choices:
             raise ctx.fail(d[axis], f"defaults.{axis}", f"axis not in choices; allowed: {', '.join(choices)}")
     for arch in choices["arch"]:
-        over = {}
-        if arch in d:
-            m = ctx.mapping(d[arch], f"defaults.{arch}", set(), set(choices) - {"arch"})
-            over = {a: _in_choices(ctx, v, f"defaults.{arch}.{a}", a, choices) for a, v in m.items()}
-            out[arch] = over
-        why = check_choice({**out, **over, "arch": arch}, constraints)
+        why = check_choice({**out, "arch": arch}, constraints)
         if why:
-            raise ctx.fail(d.get(arch, node), "defaults", f"the defaults violate a constraint for {arch}: {why}")
+            raise ctx.fail(node, "defaults", f"the defaults violate a constraint for {arch}: {why}")
     return out
-
-
-def defaults_for(spec: "Spec", arch: str) -> dict[str, Any]:
-    """The default choice of every axis for ``arch`` (per-arch overrides applied)."""
-    base = {k: v for k, v in spec.defaults if k not in AXES["arch"].allowed}
-    over = dict(dict(spec.defaults).get(arch, ()))
-    return {**base, **over, "arch": arch}
 
 
 def _prebuild(ctx, node, choices, constraints, defaults) -> tuple:
@@ -304,8 +294,7 @@ def _prebuild(ctx, node, choices, constraints, defaults) -> tuple:
         d = ctx.mapping(item, f"prebuild[{i}]", set(), set(choices))
         entry = {a: _in_choices(ctx, v, f"prebuild[{i}].{a}", a, choices) for a, v in d.items()}
         for arch in (entry.get("arch"),) if "arch" in entry else choices["arch"]:
-            base = {k: v for k, v in defaults.items() if k not in choices["arch"]}
-            why = check_choice({**base, **defaults.get(arch, {}), **entry, "arch": arch}, constraints)
+            why = check_choice({**defaults, **entry, "arch": arch}, constraints)
             if why:
                 raise ctx.fail(item, f"prebuild[{i}]", f"violates a constraint for {arch}: {why}")
         out.append(tuple(sorted(entry.items())))
@@ -336,7 +325,7 @@ def _epilogue(ctx: _Ctx, node: Node, choices):
                                     _dtype_ref(ctx, m["dtype"], f"{key}.dtype", choices),
                                     ctx.typed(m["required"], f"{key}.required", (bool,), "true or false")
                                     if "required" in m else True))
-    known = set(BUILTIN_NAMES) | {i.name for i in inputs} | {a for a in choices if a == "tanh_clamp_scale"}
+    known = set(BUILTIN_NAMES) | {i.name for i in inputs} | {a for a in choices if AXES[a].constant}
     compute = []
     for i, snode in enumerate(ctx.seq(d["compute"], "epilogue.compute")):
         try:
@@ -407,7 +396,7 @@ def _reduction(ctx: _Ctx, node: Node, i: int, names: set[str]) -> Reduction:
 
 
 def spec_dir() -> Path:
-    from fusegemm import package_data_dir
+    from ..base.package import package_data_dir
     return package_data_dir("specs")
 
 

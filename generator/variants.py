@@ -1,7 +1,8 @@
-"""Variants: points of a spec's support surface. ``variants(spec)`` enumerates them.
+"""Variants: points of a spec's declared surface. ``surface(spec, arch)`` enumerates them.
 
 A :class:`Variant` fixes every axis (dtypes, layouts, tiles, cluster, arch, options). Axes a spec
-does not offer take neutral values, so every kernel family sees the same attribute set.
+does not offer take neutral values, so every kernel family sees the same attribute set. Which
+kernel builds a variant, if any, is the registry's answer (generator/registry.py).
 """
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import itertools
 from dataclasses import dataclass, fields
 from typing import Any, Iterator
 
-from ..runtime.errors import UnsupportedError
-from .axes import AXES, SHORT
-from .spec import Spec, check_choice, defaults_for, find_spec
+from ..base.dtypes import short
+from ..base.errors import UnsupportedError
+from .axes import AXES
+from .registry import lookup
+from .spec import Spec, check_choice, find_spec
 
 NEUTRAL: dict[str, Any] = {
     "ab_dtype": "bfloat16", "sf_dtype": "none", "sf_vec_size": 0, "c_dtype": "none",
@@ -62,20 +65,20 @@ class Variant:
         return {a: getattr(self, a) for a in AXES}
 
     @property
-    def two_cta(self) -> bool:
-        return self.arch == "sm_100a" and self.tile_m == 256
-
-    @property
     def readable(self) -> str:
-        """People's name of the kernel: spec, the axes the spec varies, tile, arch.
+        """People's name of the variant: spec, every axis the spec varies, tile, arch."""
+        return self.name_for(AXES)
 
-        The cluster shape is not part of it: it is a launch attribute (the kernels depend only
-        on the CTA pair of 2-CTA tiles), so variants that differ only in cluster share a cubin.
+    def name_for(self, axes) -> str:
+        """Spec name, then the values of those of ``axes`` the spec varies, tile and arch.
+
+        The cluster shape is never part of it: it is a launch attribute, so variants that
+        differ only in cluster share a kernel (and a name).
         """
         parts = [self.spec.name]
         offered = self.spec.choice_map
         for axis, fmt in _NAME_PARTS:
-            if axis in offered and len(offered[axis]) > 1:
+            if axis in axes and axis in offered and len(offered[axis]) > 1:
                 part = fmt(getattr(self, axis))
                 if part:
                     parts.append(part)
@@ -89,16 +92,16 @@ class Variant:
 
 
 def _dt(prefix: str):
-    return lambda v: f"{prefix}{SHORT.get(v, v)}" if v != "none" else ""
+    return lambda v: f"{prefix}{short(v)}" if v != "none" else ""
 
 
 _NAME_PARTS = (
-    ("ab_dtype", lambda v: SHORT[v]),
-    ("sf_dtype", lambda v: f"sf{SHORT[v]}" if v != "none" else ""),
+    ("ab_dtype", short),
+    ("sf_dtype", lambda v: f"sf{short(v)}" if v != "none" else ""),
     ("sf_vec_size", lambda v: f"v{v}" if v else ""),
     ("c_dtype", _dt("c")),
     ("d_dtype", _dt("d")),
-    ("bias_dtype", lambda v: f"bias{SHORT[v]}" if v != "none" else "nobias"),
+    ("bias_dtype", lambda v: f"bias{short(v)}" if v != "none" else "nobias"),
     ("weight_mode", lambda v: v),
     ("a_major", lambda v: f"a{v}"),
     ("b_major", lambda v: f"b{v}"),
@@ -118,10 +121,24 @@ def _build(spec: Spec, choice: dict[str, Any]) -> Variant:
     return Variant(spec=spec, **{a: full[a] for a in _VARIANT_AXES})
 
 
-def make_variant(spec: Spec | str, *, arch: str, **choices: Any) -> Variant:
-    """The variant of ``spec`` for ``arch`` with the spec's defaults overridden by ``choices``.
+def default_choice(spec: Spec, arch: str) -> dict[str, Any]:
+    """The default of every axis on ``arch``: the spec's (the op's defaults), then those the
+    arch's kernel prefers (registry row ``defaults``, where the spec offers that value)."""
+    choice = {**dict(spec.defaults), "arch": arch}
+    row = lookup(spec.kernel, arch)
+    offered = spec.choice_map
+    for axis, value in (row.defaults if row is not None else ()):
+        if axis in offered and value in offered[axis]:
+            choice[axis] = value
+    return choice
 
-    Raises :class:`UnsupportedError` naming the axis, the value and what is allowed, or the
+
+def make_variant(spec: Spec | str, *, arch: str, **choices: Any) -> Variant:
+    """The variant of ``spec`` for ``arch``: :func:`default_choice` overridden by ``choices``.
+
+    A variant is a point of the *declared* surface; which kernel builds it (and whether one
+    does) is the registry's answer (``generator/registry.py``). Raises
+    :class:`UnsupportedError` naming the axis, the value and what is allowed, or the
     constraint that rules the combination out.
     """
     if isinstance(spec, str):
@@ -129,7 +146,7 @@ def make_variant(spec: Spec | str, *, arch: str, **choices: Any) -> Variant:
     offered = spec.choice_map
     if arch not in offered["arch"]:
         raise UnsupportedError(f"arch: got {arch!r}; spec {spec.name} allows: {', '.join(offered['arch'])}")
-    choice = defaults_for(spec, arch)
+    choice = default_choice(spec, arch)
     for axis, value in choices.items():
         if axis not in AXES:
             raise UnsupportedError(f"{axis}: not a variant axis; allowed: {', '.join(AXES)}")
@@ -138,13 +155,13 @@ def make_variant(spec: Spec | str, *, arch: str, **choices: Any) -> Variant:
         if axis not in offered:
             if value != NEUTRAL.get(axis):
                 raise UnsupportedError(f"{axis}: got {value!r}; spec {spec.name} does not offer this "
-                                       f"axis (only {NEUTRAL.get(axis)!r})")
+                                       f"axis (only {NEUTRAL.get(axis)!r})", axis=axis)
             continue
         why = AXES[axis].check(value)
         open_axis = AXES[axis].kind == "positive_float_or_none"
         if why is not None or (not open_axis and value not in offered[axis]):
             allowed = why or ", ".join(map(str, offered[axis]))
-            raise UnsupportedError(f"{axis}: got {value!r}; spec {spec.name} allows: {allowed}")
+            raise UnsupportedError(f"{axis}: got {value!r}; spec {spec.name} allows: {allowed}", axis=axis)
         choice[axis] = value
     why = check_choice(choice, spec.constraints)
     if why:
@@ -152,17 +169,17 @@ def make_variant(spec: Spec | str, *, arch: str, **choices: Any) -> Variant:
     return _build(spec, choice)
 
 
-def variants(spec: Spec, archs: tuple[str, ...] | None = None) -> Iterator[Variant]:
-    """Every variant of the support surface (for the given archs), constraints applied."""
+def surface(spec: Spec, arch: str, *, as_variants: bool = False) -> Iterator[Any]:
+    """Every point of ``spec``'s declared surface on ``arch``, constraints applied: full choice
+    dicts (every axis, cheap to count and filter), or :class:`Variant` objects."""
     offered = spec.choice_map
+    if arch not in offered["arch"]:
+        return
     axes = [a for a in offered if a != "arch"]
-    for arch in archs or offered["arch"]:
-        if arch not in offered["arch"]:
-            continue
-        for values in itertools.product(*(offered[a] for a in axes)):
-            choice = dict(zip(axes, values), arch=arch)
-            if check_choice(choice, spec.constraints) is None:
-                yield _build(spec, choice)
+    for values in itertools.product(*(offered[a] for a in axes)):
+        choice = dict(zip(axes, values), arch=arch)
+        if check_choice(choice, spec.constraints) is None:
+            yield _build(spec, choice) if as_variants else {**NEUTRAL, **choice}
 
 
 def prebuild_variants(spec: Spec, archs: tuple[str, ...] | None = None) -> list[Variant]:
@@ -190,6 +207,9 @@ def parse_variant_options(items: tuple[str, ...]) -> dict[str, Any]:
         axis, raw = (s.strip() for s in item.split("=", 1))
         if axis not in AXES:
             raise UnsupportedError(f"--variant: unknown axis {axis!r}; allowed: {', '.join(AXES)}")
+        if axis in out:
+            raise UnsupportedError(f"--variant {axis}: given twice ({out[axis]!r} and {raw!r}); "
+                                   f"allowed: one value per axis")
         kind = AXES[axis].kind
         value: Any = raw
         if kind == "bool":

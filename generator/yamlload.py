@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from ..runtime.errors import SpecError
+from ..base.errors import SpecError
 
 
 @dataclass(frozen=True)

@@ -25,13 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..base.contract import KernelContract
+from ..base.errors import CacheError, FusegemmError
 from . import config
-from .compile import compile_options, compile_source, headers, nvrtc_version
-from .errors import CacheError, FusegemmError
+from .compile import compile_options, headers, nvrtc_version
 from .headers import headers_digest
-from .inspect import LaunchInfo, Resources, launch_info, resources
+from .inspect import Cubin, Resources
 
-CACHE_SCHEMA = 1
+# 2: meta.json "contract" (the kernel's exported host contract) and "carrier" replace
+# "launch" and "staging".
+CACHE_SCHEMA = 2
 
 
 @dataclass(frozen=True)
@@ -43,18 +46,29 @@ class Built:
     arch: str
     key: str
     cubin: bytes
-    launch: LaunchInfo
+    contract: KernelContract
     resources: Resources
     compile_seconds: float
     cached: bool                  # True when served from the disk or memory cache
     path: Path | None = None      # entry folder, when the disk cache is in use
-    staging: bool = False         # the family's fused kernel has not landed (never launch as op)
+    carrier: bool = False         # a carrier, not the op's kernel (never launched as the op)
     meta: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @staticmethod
+    def from_cubin(*, name: str, kernel_name: str, arch: str, key: str, cubin: bytes,
+                   compile_seconds: float, cached: bool, carrier: bool, path: Path | None = None,
+                   meta: dict[str, Any] | None = None) -> "Built":
+        """A Built whose contract and resources are read from ``cubin`` (one ELF parse)."""
+        c = Cubin(cubin)
+        return Built(name=name, kernel_name=kernel_name, arch=arch, key=key, cubin=cubin,
+                     contract=c.contract(kernel_name), resources=c.resources(kernel_name),
+                     compile_seconds=compile_seconds, cached=cached, path=path, carrier=carrier,
+                     meta=meta or {})
 
 
 def key_fields(source_text: str, arch: str, *, version: str | None = None) -> list[tuple[str, str]]:
     """The labelled inputs of a cache key, in order (tests check each one changes the key)."""
-    from fusegemm import __version__
+    from ..base.package import __version__
     hs = headers()
     return [
         ("cache_schema", str(CACHE_SCHEMA)),
@@ -107,6 +121,8 @@ class KernelCache:
             cubin = (d / "kernel.cubin").read_bytes()
         except (OSError, ValueError):
             return None
+        if not isinstance(meta, dict):
+            return None
         if (meta.get("key") != key or meta.get("cubin_size") != len(cubin)
                 or meta.get("cubin_sha256") != hashlib.sha256(cubin).hexdigest()):
             return None
@@ -118,15 +134,13 @@ class KernelCache:
 
     @staticmethod
     def _from_meta(meta: dict[str, Any], cubin: bytes, d: Path) -> Built | None:
-        # Launch facts and resources are re-read from the cubin (an ELF parse, microseconds),
-        # so an entry written by an older inspector still reports every field.
+        # The contract and resources are re-read from the cubin (an ELF parse, microseconds):
+        # the cubin is what will run, so it is the authority, not a copy in meta.json.
         try:
-            kernel = meta["kernel"]
-            return Built(name=meta["name"], kernel_name=kernel, arch=meta["arch"],
-                         key=meta["key"], cubin=cubin, launch=launch_info(cubin, kernel),
-                         resources=resources(cubin, kernel),
-                         compile_seconds=meta["compile_seconds"], cached=True, path=d,
-                         staging=meta.get("staging", False), meta=meta)
+            return Built.from_cubin(name=meta["name"], kernel_name=meta["kernel"], arch=meta["arch"],
+                                    key=meta["key"], cubin=cubin, compile_seconds=meta["compile_seconds"],
+                                    cached=True, carrier=bool(meta.get("carrier", False)), path=d,
+                                    meta=meta)
         except (KeyError, TypeError, FusegemmError):
             return None
 
@@ -142,9 +156,9 @@ class KernelCache:
         meta = {
             "key": built.key, "name": built.name, "kernel": built.kernel_name, "arch": built.arch,
             "cubin_size": len(built.cubin), "cubin_sha256": hashlib.sha256(built.cubin).hexdigest(),
-            "launch": built.launch.__dict__, "resources": built.resources.__dict__,
+            "contract": built.contract.__dict__, "resources": built.resources.__dict__,
             "compile_seconds": round(built.compile_seconds, 3), "created": time.time(),
-            "staging": built.staging, **meta_extra,
+            "carrier": built.carrier, **meta_extra,
         }
         try:
             (tmp / "kernel.cu").write_text(source_text)
@@ -187,6 +201,8 @@ class KernelCache:
             try:
                 meta = json.loads((d / "meta.json").read_text())
             except (OSError, ValueError):
+                meta = None
+            if not isinstance(meta, dict):
                 meta = {"name": d.name, "corrupted": True}
             meta["path"] = str(d)
             out.append(meta)
@@ -223,38 +239,3 @@ def default_cache() -> KernelCache:
     if _default is None:
         _default = KernelCache()
     return _default
-
-
-def get_or_build(variant, cache: KernelCache | None = None) -> Built:
-    """Render, look up and (once, under the key's lock) compile ``variant``."""
-    from ..generator.render import render
-    cache = cache or default_cache()
-    source = render(variant)
-    fields = key_fields(source.text, variant.arch)
-    key = make_key(fields)
-    hit = cache.get(source.name, key)
-    if hit is not None:
-        return hit
-    if not cache.disk:
-        return cache.put(_compile(source, key), source.text, {})
-    with cache.lock(key):
-        hit = cache.get(source.name, key)  # another process may have built it meanwhile
-        if hit is not None:
-            return hit
-        built = _compile(source, key)
-        return cache.put(built, source.text, {
-            "spec": variant.spec.name, "spec_path": variant.spec.path, "template": source.template,
-            "variant": {k: v for k, v in variant.choices.items()},
-            "key_fields": {label: (value if label != "source" else source.digest)
-                           for label, value in fields},
-        })
-
-
-def _compile(source, key: str) -> Built:
-    v = source.variant
-    cubin = compile_source(source.text, arch=v.arch, kernel=source.symbol,
-                           name=f"{source.symbol}.cu", spec_path=v.spec.path)
-    return Built(name=source.name, kernel_name=source.symbol, arch=v.arch, key=key,
-                 cubin=cubin.data, launch=launch_info(cubin.data, source.symbol),
-                 resources=resources(cubin.data, source.symbol),
-                 compile_seconds=cubin.seconds, cached=False, staging=source.staging)

@@ -1,4 +1,4 @@
-"""NVRTC: CUDA C++ source -> cubin, for sm_100a and sm_90a, without a CUDA toolkit."""
+"""NVRTC: CUDA C++ source -> cubin, for the archs of fusegemm/base/archs.py, without a CUDA toolkit."""
 from __future__ import annotations
 
 import functools
@@ -6,11 +6,11 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from ..base.archs import ARCH_NAMES
+from ..base.errors import CompileError, ToolchainError
 from . import config
-from .errors import CompileError, ToolchainError
 from .headers import HeaderSet, header_set
 
-ARCHS = ("sm_100a", "sm_90a")
 
 # -default-device: NVRTC otherwise rejects CuTe's host functions ("host functions are not
 # allowed in JIT mode"). -DNDEBUG drops device asserts. C++17 is what CUTLASS 4.2 needs.
@@ -66,8 +66,8 @@ def headers() -> HeaderSet:
 
 def compile_options(arch: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     """Every NVRTC option for ``arch``, minus include paths (those are located per machine)."""
-    if arch not in ARCHS:
-        raise ValueError(f"arch: got {arch!r}; allowed: {', '.join(ARCHS)}")
+    if arch not in ARCH_NAMES:
+        raise ValueError(f"arch: got {arch!r}; allowed: {', '.join(ARCH_NAMES)}")
     return (f"-arch={arch}", *BASE_OPTIONS, *extra, *config.nvrtc_extra_options())
 
 

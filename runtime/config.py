@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .errors import ConfigError
+from ..base.archs import ARCH_NAMES
+from ..base.errors import ConfigError
 
 _overrides: dict[str, str | None] = {}
 
@@ -58,7 +59,7 @@ def _positive_int(s: str) -> int:
 
 def _archs(s: str) -> tuple[str, ...]:
     items = tuple(a.strip() for a in s.split(",") if a.strip())
-    if not items or any(a not in ("sm_90a", "sm_100a") for a in items):
+    if not items or any(a not in ARCH_NAMES for a in items):
         raise ValueError(s)
     return items
 
@@ -70,13 +71,16 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "Compile in memory only; nothing is read from or written to the disk cache."),
     Var("FUSEGEMM_JOBS", None, _positive_int, "a positive integer",
         "Parallel compile processes for `fusegemm build` (default: CPU count)."),
-    Var("FUSEGEMM_ARCHS", "sm_100a,sm_90a", _archs, "comma list of sm_100a, sm_90a",
+    Var("FUSEGEMM_ARCHS", ",".join(ARCH_NAMES), _archs, "comma list of " + ", ".join(ARCH_NAMES),
         "Architectures `fusegemm build` compiles when --arch is not given."),
     Var("FUSEGEMM_VALIDATE_OFFSETS", "0", _bool, "0/1, true/false",
         "Copy padded_offsets to the host and check their values before each launch "
         "(never during CUDA graph capture)."),
     Var("FUSEGEMM_NVRTC_EXTRA", "", lambda s: tuple(s.split()), "space-separated NVRTC options",
         "Extra NVRTC options appended to every compile (part of the cache key)."),
+    Var("FUSEGEMM_TRUST_UNVERIFIED", "0", _bool, "0/1, true/false",
+        "Skip the first-run verification of kernel families on an arch fusegemm has not executed "
+        "on (sm_100a today): launch without running their selftest cases first."),
 )}
 
 
@@ -112,6 +116,10 @@ def default_archs() -> tuple[str, ...]:
 
 def validate_offsets() -> bool:
     return bool(get("FUSEGEMM_VALIDATE_OFFSETS"))
+
+
+def trust_unverified() -> bool:
+    return bool(get("FUSEGEMM_TRUST_UNVERIFIED"))
 
 
 def nvrtc_extra_options() -> tuple[str, ...]:

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .errors import ToolchainError
+from ..base.errors import ToolchainError
 
 _BIN_DIRS = ("nvidia/cu13/bin", "nvidia/cuda_nvdisasm/bin", "nvidia/cu12/bin")
 # "/*0040*/   @!P0 UTCHMMA.2CTA gdesc[UR4], ... ;" -> opcode with modifiers

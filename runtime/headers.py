@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ToolchainError
+from ..base.errors import ToolchainError
 
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
 
@@ -32,7 +32,7 @@ def _search(rel_dirs: tuple[str, ...], must_hold: str) -> Path | None:
 
 
 def own_include_dir() -> Path:
-    from fusegemm import package_data_dir
+    from ..base.package import package_data_dir
     return package_data_dir("templates") / "include"
 
 

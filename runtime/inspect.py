@@ -1,4 +1,4 @@
-"""Read a cubin without a GPU: per-kernel resources and the launch facts the template embeds.
+"""Read a cubin without a GPU: per-kernel resources and the host contract the kernel exports.
 
 A cubin is an ELF file. Register counts and stack frames are EIATTR records in ``.nv.info``
 (keyed by symbol index), per-kernel limits (max threads from ``__launch_bounds__``) in
@@ -10,7 +10,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from .errors import FusegemmError
+from ..base.contract import FIELDS, SYMBOL_SUFFIX, KernelContract, from_ints
+from ..base.errors import FusegemmError
 
 EIATTR_MAX_THREADS = 0x05
 EIATTR_FRAME_SIZE = 0x11
@@ -32,23 +33,6 @@ class Resources:
     static_shared_bytes: int
     local_bytes: int          # stack frame per thread: local arrays and register spills
     max_threads: int | None   # from __launch_bounds__, when present
-
-
-@dataclass(frozen=True)
-class LaunchInfo:
-    """Block size, dynamic shared memory and cluster shape the kernel was built for.
-
-    sm_100a kernels also export their TMEM columns and the TMA box rows of A and B (a 2-CTA
-    tile loads half of its rows per CTA); 0 where the kernel has none.
-    """
-
-    threads: int
-    smem_bytes: int
-    cluster_m: int
-    cluster_n: int
-    tmem_cols: int = 0
-    box_rows_a: int = 0
-    box_rows_b: int = 0
 
 
 @dataclass(frozen=True)
@@ -137,31 +121,31 @@ class Cubin:
         return Resources(kernel, regs, shared.size if shared else 0, frame, max_threads)
 
     def global_ints(self, symbol: str, count: int) -> tuple[int, ...]:
-        """Initial value of a ``__device__ const int symbol[count]`` global."""
+        """Initial value of a ``__device__ const int symbol[count]`` global (exactly that size)."""
         for name, shndx, value, size in self._symbols:
             if name == symbol:
                 sec = self.sections[shndx]
-                if size < 4 * count or sec.type == 8:  # NOBITS: no initial data
-                    break
+                if size != 4 * count or sec.type == 8:  # NOBITS: no initial data
+                    raise CubinFormatError(f"symbol {symbol!r} holds {size} bytes; expected {count} "
+                                           f"initialised ints ({4 * count} bytes)")
                 return struct.unpack_from(f"<{count}i", self.data, sec.offset + value)
         raise CubinFormatError(f"symbol {symbol!r} with {count} initialised ints not in cubin")
 
     def has_symbol(self, symbol: str) -> bool:
         return any(name == symbol for name, *_ in self._symbols)
 
-    def launch_info(self, kernel: str) -> LaunchInfo:
-        threads, smem, cm, cn = self.global_ints(f"{kernel}_launch_info", 4)
-        tmem = boxes = None
-        if self.has_symbol(f"{kernel}_tmem_cols"):
-            (tmem,) = self.global_ints(f"{kernel}_tmem_cols", 1)
-        if self.has_symbol(f"{kernel}_boxes"):
-            boxes = self.global_ints(f"{kernel}_boxes", 2)
-        return LaunchInfo(threads, smem, cm, cn, tmem or 0, *(boxes or (0, 0)))
+    def contract(self, kernel: str) -> KernelContract:
+        """The host contract ``kernel`` exports (fusegemm/base/contract.py).
+
+        A cubin built against another field list has an array of another size and is refused
+        (CubinFormatError), never misread.
+        """
+        return from_ints(self.global_ints(kernel + SYMBOL_SUFFIX, len(FIELDS)))
 
 
 def resources(cubin: bytes, kernel: str) -> Resources:
     return Cubin(cubin).resources(kernel)
 
 
-def launch_info(cubin: bytes, kernel: str) -> LaunchInfo:
-    return Cubin(cubin).launch_info(kernel)
+def contract(cubin: bytes, kernel: str) -> KernelContract:
+    return Cubin(cubin).contract(kernel)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from .errors import ArgumentError
+from ..base.errors import ArgumentError
 from .load import LoadedKernel, check, driver
 
 
@@ -89,6 +89,10 @@ def launch(kernel: LoadedKernel, cfg: LaunchConfig, params: ParamBuffer, stream:
     if cfg.smem_bytes > kernel.smem_bytes:
         raise ArgumentError("LaunchConfig.smem_bytes", cfg.smem_bytes,
                             f"at most the {kernel.smem_bytes} bytes the kernel was loaded with")
+    ctas = cfg.cluster[0] * cfg.cluster[1] * cfg.cluster[2]
+    if ctas > kernel.max_cluster_ctas:
+        raise ArgumentError("LaunchConfig.cluster", cfg.cluster,
+                            f"at most {kernel.max_cluster_ctas} CTAs (the kernel's contract)")
     if not cfg.clustered:
         fn = _direct_launch()
         if fn is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from .errors import FusegemmError, ToolchainError
+from ..base.errors import FusegemmError, ToolchainError
 
 
 class CudaError(FusegemmError, RuntimeError):
@@ -76,6 +76,7 @@ class LoadedKernel:
     smem_bytes: int
     context: int
     device: int
+    max_cluster_ctas: int = 1   # largest launch cluster the kernel was loaded for
 
 
 def device_attribute(device: int, name: str) -> int:
@@ -94,7 +95,12 @@ class ModuleCache:
         self._loaded: dict[tuple[int, str, str], LoadedKernel] = {}
 
     def get(self, cubin: bytes, kernel_name: str, *, key: str, smem_bytes: int,
-            device: int) -> LoadedKernel:
+            device: int, max_cluster_ctas: int = 1) -> LoadedKernel:
+        """The kernel loaded in ``device``'s context (loaded once per context).
+
+        ``max_cluster_ctas``: the largest launch cluster the kernel's contract allows; above
+        the portable 8 CTAs the function is marked non-portable-cluster-capable at load.
+        """
         ctx = ensure_context(device)
         k = (ctx, key, kernel_name)
         hit = self._loaded.get(k)
@@ -103,7 +109,7 @@ class ModuleCache:
         with self._lock:
             hit = self._loaded.get(k)
             if hit is None:
-                hit = _load(cubin, kernel_name, smem_bytes, ctx, device)
+                hit = _load(cubin, kernel_name, smem_bytes, ctx, device, max_cluster_ctas)
                 self._loaded[k] = hit
         return hit
 
@@ -111,7 +117,12 @@ class ModuleCache:
         return len(self._loaded)
 
 
-def _load(cubin: bytes, kernel_name: str, smem_bytes: int, ctx: int, device: int) -> LoadedKernel:
+# Clusters of more than this many CTAs need CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED.
+PORTABLE_CLUSTER_CTAS = 8
+
+
+def _load(cubin: bytes, kernel_name: str, smem_bytes: int, ctx: int, device: int,
+          max_cluster_ctas: int) -> LoadedKernel:
     drv = driver()
     optin = device_attribute(device, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
     if smem_bytes > optin:
@@ -123,9 +134,15 @@ def _load(cubin: bytes, kernel_name: str, smem_bytes: int, ctx: int, device: int
     check(drv.cuFuncSetAttribute(
         fn, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes),
         f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={smem_bytes})")
+    if max_cluster_ctas > PORTABLE_CLUSTER_CTAS:
+        # sm_100a kernels take clusters of up to 16 CTAs (4x4); without this attribute the
+        # launch of such a cluster fails (CUDA_ERROR_CLUSTER_SIZE...).
+        check(drv.cuFuncSetAttribute(
+            fn, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+            "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED=1)")
     return LoadedKernel(function=fn, module=module, handle=int(fn), name=kernel_name,
-                        smem_bytes=smem_bytes,
-                        context=ctx, device=device)
+                        smem_bytes=smem_bytes, context=ctx, device=device,
+                        max_cluster_ctas=max_cluster_ctas)
 
 
 _default: ModuleCache | None = None

@@ -15,16 +15,13 @@ import struct
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .errors import ArgumentError, ToolchainError
+from ..base.dtypes import DTYPES
+from ..base.errors import ArgumentError, ToolchainError
 
-# dtype name -> (CUtensorMapDataType member name, bytes per element)
-DTYPES: dict[str, tuple[str, int]] = {
-    "bfloat16": ("CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", 2),
-    "float16": ("CU_TENSOR_MAP_DATA_TYPE_FLOAT16", 2),
-    "float32": ("CU_TENSOR_MAP_DATA_TYPE_FLOAT32", 4),
-    "uint8": ("CU_TENSOR_MAP_DATA_TYPE_UINT8", 1),
-    "int32": ("CU_TENSOR_MAP_DATA_TYPE_INT32", 4),
-}
+# The element types a map can be encoded for: the dtype table's rows whose ``tma`` is their own
+# type (FP8/FP4 rows travel as uint8 maps).
+MAP_DTYPES: tuple[str, ...] = tuple(d.name for d in DTYPES.values()
+                                    if d.tma is not None and d.tma == d.name.upper())
 SWIZZLES: dict[int, str] = {
     0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
     64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B",
@@ -46,7 +43,7 @@ class TiledMapSpec:
     Parameters
     ----------
     dtype : str
-        Element type name (see ``DTYPES``).
+        Element type name (see ``MAP_DTYPES``).
     shape : tuple of int
         Global extent per dimension, innermost first (rank 1..5).
     strides : tuple of int
@@ -70,8 +67,8 @@ class TiledMapSpec:
     oob_fill: str = "zero"
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ArgumentError("tensor map dtype", repr(self.dtype), ", ".join(DTYPES))
+        if self.dtype not in MAP_DTYPES:
+            raise ArgumentError("tensor map dtype", repr(self.dtype), ", ".join(MAP_DTYPES))
         rank = len(self.shape)
         if not 1 <= rank <= 5:
             raise ArgumentError("tensor map rank", rank, "1 to 5 dimensions")
@@ -88,7 +85,7 @@ class TiledMapSpec:
                 raise ArgumentError(f"tensor map stride[{i + 1}]", s,
                                     "a positive multiple of 16 bytes below 2**40",
                                     "TMA needs 16-byte aligned rows: pad the inner dimension")
-        elem = DTYPES[self.dtype][1]
+        elem = DTYPES[self.dtype].itemsize
         for i, b in enumerate(self.box):
             if not isinstance(b, int) or not 1 <= b <= 256:
                 raise ArgumentError(f"tensor map box[{i}]", b, "an integer in [1, 256]")
@@ -108,7 +105,7 @@ class TiledMapSpec:
 
     @property
     def box_bytes(self) -> int:
-        n = DTYPES[self.dtype][1]
+        n = DTYPES[self.dtype].itemsize
         for b in self.box:
             n *= b
         return n
@@ -130,7 +127,7 @@ def encode_tiled(address: int, spec: TiledMapSpec) -> bytes:
     drv = _driver()
     rank = len(spec.shape)
     err, tmap = drv.cuTensorMapEncodeTiled(
-        getattr(drv.CUtensorMapDataType, DTYPES[spec.dtype][0]), rank, address,
+        getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{DTYPES[spec.dtype].tma}"), rank, address,
         [drv.cuuint64_t(d) for d in spec.shape], [drv.cuuint64_t(x) for x in spec.strides],
         [drv.cuuint32_t(b) for b in spec.box], [drv.cuuint32_t(1)] * rank,
         drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,

@@ -15,22 +15,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .errors import ArgumentError
+from ..base.errors import ArgumentError
 
-# Canonical dtype names of the element types fusegemm reads or writes.
-_TORCH_NAMES = {
-    "torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32",
-    "torch.float64": "float64", "torch.int32": "int32", "torch.int64": "int64",
-    "torch.uint64": "uint64", "torch.uint8": "uint8", "torch.int8": "int8",
-    "torch.bool": "bool",
-}
-_TYPESTR = {
-    "<f2": "float16", "<f4": "float32", "<f8": "float64", "<i4": "int32", "<i8": "int64",
-    "<u8": "uint64", "|u1": "uint8", "|i1": "int8", "<V2": "bfloat16", "|b1": "bool",
-}
-ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8,
-            "uint64": 8, "uint8": 1, "int8": 1, "bool": 1}
-
+from ..base.dtypes import BY_TYPESTR, DTYPES
 
 class TensorView:
     """Shape, strides (elements), dtype name, device and address of one argument.
@@ -52,7 +39,8 @@ class TensorView:
 
     @property
     def itemsize(self) -> int:
-        return ITEMSIZE.get(self.dtype, 0)
+        d = DTYPES.get(self.dtype)
+        return d.itemsize if d is not None else 0
 
     @property
     def is_cuda(self) -> bool:
@@ -78,10 +66,10 @@ _CPU = ("cpu", -1)
 
 
 def _torch_dtype_names(torch: Any) -> dict[Any, str]:
+    # torch spells every table dtype it has by the table's name (torch.bfloat16, torch.uint8...)
     global _torch_dtypes
     if _torch_dtypes is None:
-        _torch_dtypes = {getattr(torch, k.split(".")[1]): v for k, v in _TORCH_NAMES.items()
-                         if hasattr(torch, k.split(".")[1])}
+        _torch_dtypes = {getattr(torch, name): name for name in DTYPES if hasattr(torch, name)}
     return _torch_dtypes
 
 
@@ -97,6 +85,8 @@ def view(x: Any, name: str) -> TensorView:
         dt = _torch_dtype_names(torch).get(x.dtype) or str(x.dtype).removeprefix("torch.")
         return TensorView(x.data_ptr(), x.shape, x.stride(), dt,
                           ("cuda", x.get_device()) if x.is_cuda else _CPU, x)
+    if type(x).__module__ == "numpy" and hasattr(x, "__array_interface__"):
+        return _from_numpy(x, name)
     cai = getattr(x, "__cuda_array_interface__", None)
     if cai is not None:
         return _from_cai(x, cai, name)
@@ -110,14 +100,24 @@ def view(x: Any, name: str) -> TensorView:
                         "__cuda_array_interface__ or __dlpack__")
 
 
+def _from_numpy(x: Any, name: str) -> TensorView:
+    """A host numpy array (the references validate their arguments with the ops' rules)."""
+    dt = x.dtype.name  # numpy's and ml_dtypes' names are the table's
+    if dt not in DTYPES:
+        raise ArgumentError(f"{name}.dtype", repr(x.dtype.name), ", ".join(DTYPES))
+    item = x.dtype.itemsize
+    strides = tuple(s // item if s % item == 0 else s for s in x.strides)
+    return TensorView(int(x.__array_interface__["data"][0]), tuple(x.shape), strides, dt, _CPU, x)
+
+
 def _from_cai(x: Any, cai: dict, name: str) -> TensorView:
     shape = tuple(int(d) for d in cai["shape"])
     typestr = cai["typestr"]
-    dtype = _TYPESTR.get(typestr)
+    dtype = BY_TYPESTR.get(typestr)
     if dtype is None:
         # CuPy has no bfloat16; ml_dtypes-backed arrays report a 2-byte void type.
-        raise ArgumentError(f"{name}.dtype", repr(typestr), ", ".join(sorted(set(_TYPESTR.values()))))
-    item = ITEMSIZE[dtype]
+        raise ArgumentError(f"{name}.dtype", repr(typestr), ", ".join(sorted(BY_TYPESTR)))
+    item = DTYPES[dtype].itemsize
     if cai.get("strides") is None:
         strides, acc = [], 1
         for d in reversed(shape):

@@ -13,6 +13,8 @@ from typing import Any, Iterable
 import ml_dtypes
 import numpy as np
 
+from ..base.dtypes import DTYPES
+
 __all__ = [
     "ElementFormat",
     "FORMATS",
@@ -49,27 +51,10 @@ class ElementFormat:
     packed: bool = False
 
 
-def _fmt(name: str, storage: Any, max_finite: float, packed: bool = False) -> ElementFormat:
-    return ElementFormat(name, np.dtype(storage), float(max_finite), packed)
-
-
+# Every host format of the one dtype table (fusegemm/base/dtypes.py), with its numpy storage.
 FORMATS: dict[str, ElementFormat] = {
-    f.name: f
-    for f in (
-        _fmt("float64", np.float64, np.finfo(np.float64).max),
-        _fmt("float32", np.float32, np.finfo(np.float32).max),
-        _fmt("float16", np.float16, np.finfo(np.float16).max),
-        _fmt("bfloat16", ml_dtypes.bfloat16, float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)),
-        _fmt("float8_e4m3fn", ml_dtypes.float8_e4m3fn, 448.0),
-        _fmt("float8_e5m2", ml_dtypes.float8_e5m2, 57344.0),
-        _fmt("float8_e8m0fnu", ml_dtypes.float8_e8m0fnu, 2.0**127),
-        _fmt("float4_e2m1fn", ml_dtypes.float4_e2m1fn, 6.0),
-        _fmt("float4_e2m1fn_x2", np.uint8, 6.0, packed=True),
-        _fmt("uint8", np.uint8, np.inf),
-        _fmt("int8", np.int8, np.inf),
-        _fmt("int32", np.int32, np.inf),
-        _fmt("int64", np.int64, np.inf),
-    )
+    d.name: ElementFormat(d.name, np.dtype(d.numpy_type()), d.max_finite, d.packed)
+    for d in DTYPES.values()
 }
 
 FP8_NAMES = ("float8_e4m3fn", "float8_e5m2")

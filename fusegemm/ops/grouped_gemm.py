@@ -3,33 +3,44 @@
 For rows of expert e (``[padded_offsets[e-1], padded_offsets[e])``):
 ``G = alpha[e] * A_e @ B_e^T`` (FP32 accumulation); with bias ``C = G + prob * bias[:, e]``,
 ``D = C``; without bias ``C = G``, ``D = prob * G``. Rows at or past
-``valid_m = padded_offsets[-1]`` are never written. One call dispatches the sm_90a kernel on
-Hopper and the sm_100a kernel on Blackwell.
+``valid_m = padded_offsets[-1]`` are never written. One call dispatches the device's arch: the
+kernel, its defaults and its implemented tiles come from ``specs/grouped_gemm.yaml`` and the
+registry (generator/registry.py); its launch facts from the kernel's exported contract.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Any
 
+from ..base.dtypes import DTYPES
+from ..base.errors import ArgumentError, UnsupportedError
 from ..generator.params import GROUPED_PARAMS
 from ..runtime import config
-from ..runtime.errors import ArgumentError, UnsupportedError
 from ..runtime.tensormap import TensorMapCache
-from ..runtime.tensors import resolve_stream
+from ..runtime.tensors import resolve_stream, view
 from ..tupledict import TupleDict
-from . import _common as cm
-from ._common import (_ALIGN_16, _ALIGN_SMALL, M_ALIGNED, OUT_DTYPES, Layout, _signature,
-                      check_offsets_values, check_output, parse_call)
+from . import checks
+from . import device as _device
+from .device import alloc, num_sms, offsets_on_host, record_stream
+from .grouped_operands import ALIGNMENT, Layout, check_output, parse_call
+from .prepared import OpCache, check_contract, persistent_grid, signature, tma_dtype_name
 
-TILE_K = 64
-# Per-arch defaults and what each kernel implements (check_support explains the rest).
-DEFAULT_TILE = {"sm_90a": (128, 256), "sm_100a": (256, 256)}
-DEFAULT_CLUSTER = {"sm_90a": (1, 1), "sm_100a": (2, 1)}
-SM90_TILES = {(128, 128), (128, 256)}
-# tmap_workspace contract: the kernels rotate through kStages <= 8 slots of 128 bytes per CTA.
-TMAP_SLOTS_PER_CTA = 8
-_PACKER = cm.StructPacker(GROUPED_PARAMS)
+SPEC = "grouped_gemm"
+# The execute() arguments in the order of its fast-path tuples (addresses, alignment checks).
+_ARGS = ("a_tensor", "padded_offsets", "alpha_tensor", "b_tensor", "b_ptrs", "bias_tensor",
+         "prob_tensor", "d_tensor", "c_tensor")
+_ALIGN = tuple((i, name, ALIGNMENT[name]) for i, name in enumerate(_ARGS))
+@functools.lru_cache(maxsize=1)
+def _spec():
+    from ..generator.spec import find_spec
+    return find_spec(SPEC)
+
+
+def _dtypes(axis: str) -> tuple[str, ...]:
+    """The dtypes the spec declares for ``axis`` (none excluded)."""
+    return tuple(d for d in _spec().choice_map[axis] if d != "none")
 
 
 @dataclass(frozen=True)
@@ -57,8 +68,9 @@ class GroupedGemm:
         Write C (``c_tensor`` in ``execute``).
     use_dynamic_sched : bool
         Claim tiles from an atomic counter instead of the static persistent walk.
-    mma_tiler_mn, cluster_shape_mn : tile and cluster (defaults per arch).
-    arch : "sm_90a" or "sm_100a"; default: the device's.
+    mma_tiler_mn, cluster_shape_mn : tile and cluster; default: the spec's, or what the arch's
+        kernel prefers (``fusegemm show grouped_gemm`` lists both).
+    arch : an arch of ``fusegemm.base.archs``; default: the device's.
     """
 
     def __init__(self, sample_a: Any, sample_c: Any = None, sample_d: Any = None,
@@ -69,51 +81,45 @@ class GroupedGemm:
                  generate_c: bool = False, use_dynamic_sched: bool = False,
                  mma_tiler_mn: Any = None, cluster_shape_mn: Any = None, m_aligned: int = 256,
                  arch: str | None = None) -> None:
-        cm.dtype_arg(acc_dtype, "acc_dtype", ("float32",))
+        from ..arguments import M_ALIGNED
+        from ..generator.variants import default_choice
+        checks.dtype_arg(acc_dtype, "acc_dtype", ("float32",))
         if m_aligned != M_ALIGNED:
             raise ArgumentError("m_aligned", m_aligned, str(M_ALIGNED))
-        gen_c = cm.bool_arg(generate_c, "generate_c")
-        dynamic = cm.bool_arg(use_dynamic_sched, "use_dynamic_sched")
-        for name, value in (("c_dtype", c_dtype), ("d_dtype", d_dtype)):
-            if value is not None:
-                cm.dtype_arg(value, name, OUT_DTYPES)
-        tile = cm.tile_arg(mma_tiler_mn, "mma_tiler_mn", (0, 0))
-        cluster = cm.tile_arg(cluster_shape_mn, "cluster_shape_mn", (0, 0))
+        gen_c = checks.bool_arg(generate_c, "generate_c")
+        dynamic = checks.bool_arg(use_dynamic_sched, "use_dynamic_sched")
+        out_c, out_d = _dtypes("c_dtype"), _dtypes("d_dtype")
+        tile = None if mma_tiler_mn is None else checks.pair_arg(mma_tiler_mn, "mma_tiler_mn")
+        cluster = None if cluster_shape_mn is None else checks.pair_arg(cluster_shape_mn, "cluster_shape_mn")
         discrete = sample_b is None
         n = None
         if discrete:
             if num_experts is None or b_shape is None:
                 raise ArgumentError("sample_b", None, "a dense (N, K, L) sample, or num_experts= and "
                                     "b_shape=(N, K) for discrete weights")
-            try:
-                n, kb = (int(x) for x in b_shape)
-            except (TypeError, ValueError):
-                raise ArgumentError("b_shape", repr(b_shape), "a pair (N, K)") from None
-            k = cm.tensor_arg(sample_a, "sample_a", ndims=(2, 3), dtypes=("bfloat16",)).shape[1]
+            n, kb = checks.pair_arg(b_shape, "b_shape")
+            k = view(sample_a, "sample_a").shape[1] if sample_a is not None else None
             if kb != k:
                 raise ArgumentError("b_shape", b_shape, f"(N, {k}): K must equal sample_a's K")
-        call = parse_call(sample_a, sample_padded_offsets, sample_alpha, sample_b, None,
-                          sample_bias, sample_prob, n=n, b_dtype=b_dtype, b_major=b_major,
+        call = parse_call(sample_a, sample_padded_offsets, sample_alpha, sample_b, None, sample_bias,
+                          sample_prob, ab_dtypes=_dtypes("ab_dtype"), bias_dtypes=_dtypes("bias_dtype"),
+                          n=n, b_dtype=b_dtype, b_major=b_major,
                           discrete_experts=num_experts if discrete else None)
-        c_name = cm.dtype_arg(c_dtype if sample_c is None else cm.view(sample_c, "sample_c").dtype,
-                              "c_dtype", OUT_DTYPES) if (sample_c is not None or c_dtype is not None) \
-            else "bfloat16"
-        d_name = cm.dtype_arg(d_dtype if sample_d is None else cm.view(sample_d, "sample_d").dtype,
-                              "d_dtype", OUT_DTYPES) if (sample_d is not None or d_dtype is not None) \
-            else "bfloat16"
+        c_name = _out_dtype(sample_c, c_dtype, "c_dtype", out_c)
+        d_name = _out_dtype(sample_d, d_dtype, "d_dtype", out_d)
         if sample_d is not None:
             check_output(sample_d, "sample_d", call, d_name)
-        if sample_c is not None and generate_c:
+        if sample_c is not None and gen_c:
             check_output(sample_c, "sample_c", call, c_name)
         self.features = Features(c_dtype=c_name, d_dtype=d_name,
                                  bias_dtype=call.bias.dtype if call.bias is not None else None,
                                  discrete=discrete, generate_c=gen_c, dynamic=dynamic)
         self.device = call.a.device[1]
         self._n = call.n   # discrete weights: N is not visible on the device pointers
-        self.arch = arch or cm.device_arch(self.device)
-        self.tile = tile if mma_tiler_mn is not None else DEFAULT_TILE.get(self.arch, (0, 0))
-        self.cluster = (cluster if cluster_shape_mn is not None
-                        else DEFAULT_CLUSTER.get(self.arch, (1, 1)))
+        self.arch = arch or _device.device_arch(self.device)
+        defaults = default_choice(_spec(), self.arch)
+        self.tile = tile or (defaults["tile_m"], defaults["tile_n"])
+        self.cluster = cluster or (defaults["cluster_m"], defaults["cluster_n"])
         self._kernel = None
         self._built = None
         self._tmaps = TensorMapCache()
@@ -123,21 +129,34 @@ class GroupedGemm:
         self._local = threading.local()
 
     # ---------------------------------------------------------------------------------
+    def _choice(self) -> dict[str, Any]:
+        """The variant axes this op's configuration sets."""
+        f = self.features
+        return dict(c_dtype=f.c_dtype, d_dtype=f.d_dtype, bias_dtype=f.bias_dtype or "none",
+                    weight_mode="discrete" if f.discrete else "dense",
+                    scheduler="dynamic" if f.dynamic else "static", generate_c=f.generate_c,
+                    tile_m=self.tile[0], tile_n=self.tile[1], cluster_m=self.cluster[0],
+                    cluster_n=self.cluster[1])
+
+    def _variant(self):
+        from ..generator.variants import make_variant
+        return make_variant(_spec(), arch=self.arch, **self._choice())
+
     def support_problem(self) -> str | None:
-        """Why this configuration cannot run, or None."""
-        if self.arch not in DEFAULT_TILE:
-            return f"arch {self.arch!r} is not supported; fusegemm targets sm_90a and sm_100a"
-        if self.arch == "sm_90a":
-            if self.tile not in SM90_TILES:
-                return (f"mma_tiler_mn={self.tile} is not implemented on sm_90a; allowed: "
-                        f"{sorted(SM90_TILES)} (two 64-row consumer warpgroups per tile)")
-            if self.cluster != (1, 1):
-                return (f"cluster_shape_mn={self.cluster} is not implemented on sm_90a; allowed: "
-                        f"(1, 1) (no TMA multicast yet)")
+        """Why this configuration cannot run, or None: outside what the arch's kernel implements
+        (the registry row's status and limits, checked first: they say the most), or outside the
+        spec's declared surface."""
+        from ..generator import registry
+        from ..generator.variants import default_choice
         try:
+            registry.resolve(SPEC, self.arch, {**default_choice(_spec(), self.arch), **self._choice()})
             self._variant()
         except UnsupportedError as exc:
-            return str(exc)
+            # Name the API argument that set the axis (a tile is one argument, two axes).
+            arg = {"tile_m": ("mma_tiler_mn", self.tile), "tile_n": ("mma_tiler_mn", self.tile),
+                   "cluster_m": ("cluster_shape_mn", self.cluster),
+                   "cluster_n": ("cluster_shape_mn", self.cluster)}.get(exc.axis or "")
+            return f"{arg[0]}={arg[1]}: {exc}" if arg else str(exc)
         return None
 
     def check_support(self) -> bool:
@@ -147,42 +166,31 @@ class GroupedGemm:
             raise UnsupportedError(why)
         return True
 
-    def _variant(self):
-        from ..generator.variants import make_variant
-        f = self.features
-        return make_variant("grouped_gemm", arch=self.arch, c_dtype=f.c_dtype, d_dtype=f.d_dtype,
-                            bias_dtype=f.bias_dtype or "none",
-                            weight_mode="discrete" if f.discrete else "dense",
-                            scheduler="dynamic" if f.dynamic else "static",
-                            generate_c=f.generate_c, tile_m=self.tile[0], tile_n=self.tile[1],
-                            cluster_m=self.cluster[0], cluster_n=self.cluster[1])
-
     def compile(self) -> "GroupedGemm":
-        """Build (or fetch from the kernel cache) and load the kernel on the sample's device."""
+        """Build (or fetch from the kernel cache) and load the kernel on the sample's device.
+
+        On an arch the project has not executed kernels on (``fusegemm.base.archs``), the first
+        compile of the family in a process runs its selftest cases on the device first
+        (``fusegemm/verify.py``) and refuses to continue if they fail.
+        """
         if self._kernel is not None:
             return self
         self.check_support()
-        from ..runtime.cache import get_or_build
+        from .. import verify
+        from ..pipeline import get_kernel
         from ..runtime.load import default_modules
-        built = get_or_build(self._variant())
-        if built.staging:
-            raise UnsupportedError(f"{built.name}: the {self.arch} kernel of this op has not landed")
+        v = self._variant()
+        built = get_kernel(v)
+        c = built.contract
+        check_contract(c, kernel=built.name, tile=self.tile, ab_dtype=v.ab_dtype, cluster=self.cluster,
+                       discrete=self.features.discrete)
+        verify.ensure_verified(v.kernel, self.arch, self.device)
         self._kernel = default_modules().get(built.cubin, built.kernel_name, key=built.key,
-                                             smem_bytes=built.launch.smem_bytes, device=self.device)
-        self._built = built
-        self._sms = cm.num_sms(self.device)
-        # TMA box rows per CTA: the kernel exports them where they differ from the tile
-        # (sm_100a 2-CTA tiles load half the rows per CTA); 0/absent means the tile.
-        self._box_a = getattr(built.launch, "box_rows_a", 0) or self.tile[0]
-        self._box_b = getattr(built.launch, "box_rows_b", 0) or self.tile[1]
-        # The cluster is a launch attribute (one cubin serves every legal shape); the cubin
-        # states the smallest it needs (2x1 for a 2-CTA pair), which the spec constraints on
-        # the variant already guarantee this op's cluster is a multiple of.
-        cm_, cn_ = self.cluster
-        if cm_ % built.launch.cluster_m or cn_ % built.launch.cluster_n:
-            raise UnsupportedError(f"cluster_shape_mn={self.cluster}: the {self.arch} kernel needs a "
-                                   f"multiple of ({built.launch.cluster_m}, {built.launch.cluster_n})")
-        self._cluster_ctas = cm_ * cn_
+                                             smem_bytes=c.smem_bytes, device=self.device,
+                                             max_cluster_ctas=c.max_cluster_ctas)
+        self._built, self._contract = built, c
+        self._sms = num_sms(self.device)
+        self._tma = (tma_dtype_name(c.tma_dtype_a), DTYPES[v.ab_dtype].itemsize)
         return self
 
     # ---------------------------------------------------------------------------------
@@ -199,7 +207,7 @@ class GroupedGemm:
         gen_c = self.features.generate_c
         args = (a_tensor, padded_offsets, alpha_tensor, b_tensor, b_ptrs, bias_tensor,
                 prob_tensor, d_tensor, c_tensor if gen_c else None)
-        sig = _signature(args)
+        sig = signature(args)
         lay = self._layouts.get(sig) if sig is not None else None
         if lay is None:
             lay = self._validate(args)
@@ -210,21 +218,19 @@ class GroupedGemm:
         if sig is not None:
             ptrs = tuple([0 if x is None else x.data_ptr() for x in args])
         else:
-            ptrs = tuple([0 if x is None else cm.view(x, "").ptr for x in args])
-        for i, name in _ALIGN_16:
-            if ptrs[i] & 15:
-                cm.aligned(cm.view(args[i], name), name)
-        for i, name, nb in _ALIGN_SMALL:
-            if ptrs[i] % nb:
-                cm.aligned(cm.view(args[i], name), name, nb)
+            ptrs = tuple([0 if x is None else view(x, "").ptr for x in args])
+        for i, name, nbytes in _ALIGN:
+            if ptrs[i] % nbytes:
+                checks.aligned(view(args[i], name), name, nbytes)
         self._run(lay, ptrs, padded_offsets, current_stream, validate_offsets)
 
-    def _validate(self, args: tuple) -> "Layout":
+    def _validate(self, args: tuple) -> Layout:
         a_tensor, padded_offsets, alpha_tensor, b_tensor, b_ptrs, bias_tensor, prob_tensor, \
             d_tensor, c_tensor = args
         f = self.features
         call = parse_call(a_tensor, padded_offsets, alpha_tensor, b_tensor, b_ptrs, bias_tensor,
-                          prob_tensor, n=self._n if b_ptrs is not None else None)
+                          prob_tensor, ab_dtypes=_dtypes("ab_dtype"), bias_dtypes=_dtypes("bias_dtype"),
+                          n=self._n if b_ptrs is not None else None)
         if (call.b_ptrs is not None) != f.discrete:
             raise ArgumentError("b_tensor/b_ptrs", "b_ptrs" if call.b_ptrs is not None else "b_tensor",
                                 "b_ptrs (this op was built for discrete weights)" if f.discrete
@@ -240,21 +246,21 @@ class GroupedGemm:
                                 f"cuda:{self.device} (the device this op was compiled for)")
         return Layout.of(call, c, d)
 
-    def _run(self, lay: "Layout", ptrs: tuple, offsets_obj: Any, current_stream: Any,
+    def _run(self, lay: Layout, ptrs: tuple, offsets_obj: Any, current_stream: Any,
              validate_offsets: bool | None) -> None:
+        from ..arguments import offsets_values
         from ..runtime.launch import LaunchConfig, ParamBuffer, launch
         if self._kernel is None:
             self.compile()
         stream = resolve_stream(current_stream, self.device)
         if validate_offsets or (validate_offsets is None and config.validate_offsets()):
-            check_offsets_values(offsets_obj, lay.m, stream)
-        tm, tn = self.tile
-        max_tiles = (lay.m // tm) * (-(-lay.n // tn))
-        if max_tiles == 0:
+            values = offsets_on_host(offsets_obj, stream)
+            if values is not None:
+                offsets_values(values, lay.m)
+        c = self._contract
+        if lay.m // self.tile[0] == 0:
             return
-        # Persistent grid: one CTA per SM at most, a whole number of clusters.
-        cs = self._cluster_ctas
-        grid = max(cs, min(self._sms, max_tiles) // cs * cs)
+        grid = persistent_grid(lay.m, lay.n, self.tile, c.ctas_per_tile, self.cluster, self._sms)
         scratch = self.features.dynamic or lay.discrete
         # Without per-call scratch the argument bytes depend only on (layout, addresses):
         # a repeat call reuses its packed buffer (host fast path; bounded, content-keyed).
@@ -265,15 +271,16 @@ class GroupedGemm:
             return
         tiled = self._tmaps.tiled
         a_ptr, off_ptr, alpha_ptr, b_ptr, bptrs_ptr, bias_ptr, prob_ptr, d_ptr, c_ptr = ptrs
-        box_a, box_b = self._box_a, self._box_b
-        a_map = tiled(a_ptr, "bfloat16", (lay.k, lay.m), (lay.a_ld * 2,), (TILE_K, box_a))
+        tma_dtype, item = self._tma
+        box_a, box_b = (c.box_a_inner, c.box_a_outer), (c.box_b_inner, c.box_b_outer)
+        a_map = tiled(a_ptr, tma_dtype, (lay.k, lay.m), (lay.a_ld * item,), box_a, c.swizzle_a)
         if lay.discrete:
             # Template of the device-side per-expert maps: any valid aligned address will do
             # (the kernel swaps in each expert's base before use); A's base is one.
-            b_map = tiled(a_ptr, "bfloat16", (lay.k, lay.n), (lay.k * 2,), (TILE_K, box_b))
+            b_map = tiled(a_ptr, tma_dtype, (lay.k, lay.n), (lay.k * item,), box_b, c.swizzle_b)
         else:
-            b_map = tiled(b_ptr, "bfloat16", (lay.k, lay.n, lay.l), (lay.b_sn * 2, lay.b_sl * 2),
-                          (TILE_K, box_b, 1))
+            b_map = tiled(b_ptr, tma_dtype, (lay.k, lay.n, lay.l), (lay.b_sn * item, lay.b_sl * item),
+                          box_b + (1,), c.swizzle_b)
         values: dict[str, Any] = {
             "tma_a": a_map, "tma_b": b_map, "offsets": off_ptr, "alpha": alpha_ptr,
             "prob": prob_ptr, "bias": bias_ptr, "b_ptrs": bptrs_ptr, "d_out": d_ptr,
@@ -285,12 +292,11 @@ class GroupedGemm:
             values.update(self._workspace(grid, stream, current_stream is not None))
         cfg = self._launch_cfgs.get(grid)
         if cfg is None:
-            info = self._built.launch
             cfg = self._launch_cfgs[grid] = LaunchConfig(
-                grid=(grid, 1, 1), block=(info.threads, 1, 1),
-                cluster=(self._cluster_ctas, 1, 1), smem_bytes=self._kernel.smem_bytes)
+                grid=(grid, 1, 1), block=(c.threads, 1, 1),
+                cluster=(self.cluster[0] * self.cluster[1], 1, 1), smem_bytes=self._kernel.smem_bytes)
         if memo_key is not None:
-            buf = ParamBuffer(_PACKER.size)
+            buf = ParamBuffer(GROUPED_PARAMS.size)
             if len(self._prepared) >= 32:
                 self._prepared.clear()
             self._prepared[memo_key] = (buf, cfg)
@@ -298,19 +304,19 @@ class GroupedGemm:
             # One argument buffer per thread (cuLaunchKernel copies it before returning).
             buf = getattr(self._local, "buf", None)
             if buf is None:
-                buf = self._local.buf = ParamBuffer(_PACKER.size)
-        buf.fill(_PACKER.pack(values))
+                buf = self._local.buf = ParamBuffer(GROUPED_PARAMS.size)
+        buf.fill(GROUPED_PARAMS.pack(values))
         launch(self._kernel, cfg, buf, stream)
 
     def _workspace(self, grid: int, stream: int, foreign_stream: bool) -> dict[str, Any]:
-        """Per-call scratch: a zeroed tile counter and per-CTA tensor-map slots. Allocated from
-        torch's stream-ordered allocator for this call, so graph replays and concurrent calls
-        never share it."""
+        """Per-call scratch: a zeroed tile counter and the per-CTA tensor-map slots the kernel's
+        contract asks for. Allocated from torch's stream-ordered allocator for this call, so
+        graph replays and concurrent calls never share it."""
         from ..runtime.load import check, driver
-        slots = grid * TMAP_SLOTS_PER_CTA if self.features.discrete else 0
-        ws = cm.alloc((128 + 128 * slots,), "uint8", self.device)
+        slots = grid * self._contract.tmap_slot_stride if self.features.discrete else 0
+        ws = alloc((128 + 128 * slots,), "uint8", self.device)
         if foreign_stream:
-            _record(ws, stream)
+            record_stream(ws, stream)
         out: dict[str, Any] = {}
         if self.features.dynamic:
             check(driver().cuMemsetD32Async(ws.data_ptr(), 0, 1, stream), "cuMemsetD32Async")
@@ -320,11 +326,11 @@ class GroupedGemm:
         return out
 
 
-def _record(t: Any, stream: int) -> None:
-    """Tell torch's allocator the workspace is used on a stream it does not own."""
-    import torch
-    if stream != torch.cuda.current_stream(t.device).cuda_stream:
-        t.record_stream(torch.cuda.ExternalStream(stream, device=t.device))
+def _out_dtype(sample: Any, given: Any, name: str, allowed: tuple[str, ...]) -> str:
+    """An output dtype from its sample tensor, else the dtype argument, else bfloat16."""
+    if sample is not None:
+        return checks.dtype_arg(view(sample, f"sample_{name[0]}").dtype, name, allowed)
+    return checks.dtype_arg(given, name, allowed) if given is not None else "bfloat16"
 
 
 def grouped_gemm(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: Any = None,
@@ -338,27 +344,28 @@ def grouped_gemm(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor
     """Grouped BF16 GEMM (seed 001 wrapper). Returns ``TupleDict(d_tensor, c_tensor)``;
     ``c_tensor`` is None unless ``generate_c``. Outputs are (M, N, 1) for a (M, K, 1) A and
     (M, N) for a 2-D A; rows at or past ``padded_offsets[-1]`` are left unwritten."""
+    from ..arguments import M_ALIGNED
     if cd_major != "n":
         raise ArgumentError("cd_major", repr(cd_major), "'n'")
     if vector_f32:
         raise ArgumentError("vector_f32", vector_f32, "False", "packed FP32 math is not offered")
     if m_aligned != M_ALIGNED:
         raise ArgumentError("m_aligned", m_aligned, str(M_ALIGNED))
-    cm.dtype_arg(acc_dtype, "acc_dtype", ("float32",))
-    c_name = cm.dtype_arg(c_dtype, "c_dtype", OUT_DTYPES)
-    d_name = cm.dtype_arg(d_dtype, "d_dtype", OUT_DTYPES)
-    gen_c = cm.bool_arg(generate_c, "generate_c")
-    dyn = cm.bool_arg(use_dynamic_sched, "use_dynamic_sched")
-    tile = None if mma_tiler_mn is None else cm.tile_arg(mma_tiler_mn, "mma_tiler_mn", (0, 0))
-    cluster = None if cluster_shape_mn is None else cm.tile_arg(cluster_shape_mn,
-                                                               "cluster_shape_mn", (0, 0))
+    checks.dtype_arg(acc_dtype, "acc_dtype", ("float32",))
+    c_name = checks.dtype_arg(c_dtype, "c_dtype", _dtypes("c_dtype"))
+    d_name = checks.dtype_arg(d_dtype, "d_dtype", _dtypes("d_dtype"))
+    gen_c = checks.bool_arg(generate_c, "generate_c")
+    dyn = checks.bool_arg(use_dynamic_sched, "use_dynamic_sched")
+    tile = None if mma_tiler_mn is None else checks.pair_arg(mma_tiler_mn, "mma_tiler_mn")
+    cluster = None if cluster_shape_mn is None else checks.pair_arg(cluster_shape_mn, "cluster_shape_mn")
     call = parse_call(a_tensor, padded_offsets, alpha_tensor, b_tensor, b_ptrs, bias_tensor,
-                      prob_tensor, n=n, b_dtype=b_dtype, b_major=b_major)
+                      prob_tensor, ab_dtypes=_dtypes("ab_dtype"), bias_dtypes=_dtypes("bias_dtype"),
+                      n=n, b_dtype=b_dtype, b_major=b_major)
     device = call.a.device[1]
     shape = (call.m, call.n) if call.canonical else (call.m, call.n, 1)
-    d = cm.alloc(shape, d_name, device)
-    c = cm.alloc(shape, c_name, device) if gen_c else None
-    key = ("grouped_gemm", device, c_name, d_name, call.bias.dtype if call.bias else None,
+    d = alloc(shape, d_name, device)
+    c = alloc(shape, c_name, device) if gen_c else None
+    key = (SPEC, device, c_name, d_name, call.bias.dtype if call.bias else None,
            call.b_ptrs is not None, gen_c, dyn, tile, cluster)
 
     def make() -> GroupedGemm:
@@ -370,8 +377,8 @@ def grouped_gemm(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor
         return op.compile()
 
     op = _ops().get_or_create(key, make)
-    cv = cm.view(c, "c_tensor") if c is not None else None
-    dv = cm.view(d, "d_tensor")
+    cv = view(c, "c_tensor") if c is not None else None
+    dv = view(d, "d_tensor")
     ptrs = (call.a.ptr, call.offsets.ptr, call.alpha.ptr, call.b.ptr if call.b else 0,
             call.b_ptrs.ptr if call.b_ptrs else 0, call.bias.ptr if call.bias else 0,
             call.prob.ptr if call.prob else 0, dv.ptr, cv.ptr if cv else 0)
@@ -379,11 +386,11 @@ def grouped_gemm(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor
     return TupleDict(d_tensor=d, c_tensor=c)
 
 
-_OPS: cm.OpCache | None = None
+_OPS: OpCache | None = None
 
 
-def _ops() -> cm.OpCache:
+def _ops() -> OpCache:
     global _OPS
     if _OPS is None:
-        _OPS = cm.OpCache()
+        _OPS = OpCache()
     return _OPS

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.dtypes import FORMATS, resolve_dtype
+from ..formats.dtypes import FORMATS
 from ..formats.elements import to_float32, to_format
 from ..formats.scales import pack_sf, pack_sf_discrete_col, sf_to_kernel_view
 from ..formats.views import cd_to_kernel, prob_to_kernel
+from ._args import dtype_option
 
 FLT_MAX = np.float32(np.finfo(np.float32).max)
 _TINY = np.float32(2.0**-126)  # smallest normal float32: rcp.approx.ftz flushes below it
@@ -34,9 +35,9 @@ SFD_BLOCK = 32
 QUANTIZED_OUTPUTS = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
 
 
-def output_name(dtype: object, argument: str, allowed: tuple[str, ...]) -> str:
+def output_name(dtype: object, argument: str, allowed: tuple[str, ...], context: str = "") -> str:
     """Canonical output dtype name (``uint8`` means packed FP4 ``float4_e2m1fn_x2``)."""
-    name = resolve_dtype(dtype, argument=argument, allowed=allowed)
+    name = dtype_option(dtype, argument, allowed, context=context)
     return "float4_e2m1fn_x2" if name == "uint8" else name
 
 

@@ -14,30 +14,33 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .. import arguments
+from ..base.errors import ArgumentError
 from ..formats.blockscale import block_format
-from ..formats.dtypes import FP8_NAMES, resolve_dtype, to_numpy
+from ..formats.dtypes import FP8_NAMES, to_numpy
 from ..formats.elements import to_float32
-from ..formats.scales import unpack_sf
-from ._args import expert_ranges, parse_offsets
+from ..formats.scales import sf_physical_shape, sf_view_shape, unpack_sf
+from ..runtime.tensors import TensorView
+from ._args import dtype_option, expert_ranges, parse_offsets
 
 BLOCKSCALED_AB = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2", "uint8", "float4_e2m1fn")
 SF_DTYPES = ("float8_e8m0fnu", "float8_e4m3fn", "uint8", "int8")
+# A scale buffer is flat (1-D), physical or the kernel-facing view (both 6-D).
+SF_NDIMS = (1, 6)
 
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def elem_name(arr: np.ndarray, argument: str, allowed: Sequence[str]) -> str:
-    """Canonical element name of an A/B array (``uint8`` means packed FP4)."""
-    name = resolve_dtype(arr.dtype, argument=f"{argument}.dtype", allowed=allowed)
-    return "float4_e2m1fn_x2" if name == "uint8" else name
+def elem_of(dtype: str) -> str:
+    """Canonical element name of an A/B/C dtype name (``uint8`` means packed FP4)."""
+    return "float4_e2m1fn_x2" if dtype == "uint8" else dtype
 
 
-def sf_name(arr: np.ndarray, argument: str) -> str:
+def sf_of(dtype: str) -> str:
     """Canonical scale dtype name (raw ``uint8``/``int8`` bytes are E8M0, as in the seed pages)."""
-    name = resolve_dtype(arr.dtype, argument=f"{argument}.dtype", allowed=SF_DTYPES)
-    return "float8_e8m0fnu" if name in ("uint8", "int8") else name
+    return "float8_e8m0fnu" if dtype in ("uint8", "int8") else dtype
 
 
 def logical_k(k_stored: int, name: str) -> int:
@@ -67,12 +70,31 @@ def dequant(data: np.ndarray, name: str, scales: np.ndarray | None, vec: int | N
     return values
 
 
-def parse_scales(buf: Any, argument: str, mn: int, sfk: int, l: int) -> tuple[np.ndarray, str]:
+def scale_tensor(buf: Any, name: str) -> TensorView:
+    """A scale buffer's rank and dtype (flat or 6-D; E8M0, e4m3 or raw E8M0 bytes)."""
+    return arguments.tensor(buf, name, ndims=SF_NDIMS, dtypes=SF_DTYPES)
+
+
+def _check_sf_shape(v: TensorView, name: str, mn: int, sfk: int, l: int) -> None:
+    """Scales for ``(l, mn, sfk)`` in one of the three accepted forms (reference-only forms:
+    the ops take the kernel-facing view)."""
+    view_shape, phys_shape = sf_view_shape(mn, sfk, l), sf_physical_shape(mn, sfk, l)
+    size = int(np.prod(phys_shape))
+    shape = tuple(v.shape)
+    if shape in (view_shape, phys_shape) or (size and shape == (size,)):
+        return
+    raise ArgumentError(f"{name}.shape", shape, f"the kernel-facing view {view_shape}, the physical "
+                        f"buffer {phys_shape} or a flat ({size},) buffer (scales of mn={mn}, "
+                        f"sfk={sfk}, L={l})")
+
+
+def parse_scales(buf: Any, name: str, mn: int, sfk: int, l: int) -> tuple[np.ndarray, str]:
     """Logical float32 scales ``(L, mn, sfk)`` and their dtype name from any accepted SF form."""
-    arr = to_numpy(buf, argument=argument)
-    name = sf_name(arr, argument)
-    logical = unpack_sf(arr.view(np.uint8), mn, sfk, l=l, batch_first=True)
-    return decode_scales(logical, name), name
+    v = scale_tensor(buf, name)
+    _check_sf_shape(v, name, mn, sfk, l)
+    sf = sf_of(v.dtype)
+    logical = unpack_sf(to_numpy(buf, argument=name).view(np.uint8), mn, sfk, l=l, batch_first=True)
+    return decode_scales(logical, sf), sf
 
 
 @dataclass(frozen=True)
@@ -136,65 +158,66 @@ class GroupedOperands:
 
 
 def _parse_a(a_tensor: Any, allowed: Sequence[str]) -> tuple[np.ndarray, str, bool]:
+    """A as ``(M, K_stored)``, its element name and whether it came canonical (2-D)."""
+    rows = arguments.rows(a_tensor, allowed)
     a = to_numpy(a_tensor, argument="a_tensor")
-    if a.ndim == 3 and a.shape[2] == 1:
-        a2, canonical = a[:, :, 0], False
-    elif a.ndim == 2:
-        a2, canonical = a, True
-    else:
-        raise ValueError(
-            f"a_tensor has shape {tuple(a.shape)}; expected (M, K, 1) (kernel-facing) or (M, K) "
-            "(canonical); packed FP4 has K/2 innermost"
-        )
-    return a2, elem_name(a2, "a_tensor", allowed), canonical
+    return (a if rows.canonical else a[:, :, 0]), elem_of(rows.a.dtype), rows.canonical
 
 
-def _parse_dense_b(b_tensor: Any, kb: int, l: int) -> np.ndarray:
-    """B as ``(L, N, Kb)`` from the kernel-facing ``(N, Kb, L)`` view or canonical ``(L, N, Kb)``."""
+def same_elements(v: TensorView, name: str, ab: str) -> None:
+    """Weights hold A's element type (reference rule: the ops allow one A/B dtype per kernel)."""
+    if elem_of(v.dtype) != ab:
+        raise ArgumentError(f"{name}.dtype", v.dtype, f"{ab} (the dtype of a_tensor)")
+
+
+def _parse_dense_b(b_tensor: Any, kb: int, l: int, ab: str, allowed: Sequence[str]) -> tuple[np.ndarray, ...]:
+    """Per-expert ``(N, Kb)`` weights from the kernel-facing ``(N, Kb, L)`` view or ``(L, N, Kb)``."""
+    dense = arguments.dense_b(b_tensor, kb, l, allowed)
+    same_elements(dense.b, "b_tensor", ab)
     b = to_numpy(b_tensor, argument="b_tensor")
-    if b.ndim != 3:
-        raise ValueError(f"b_tensor has shape {tuple(b.shape)}; expected (N, K, L) or (L, N, K)")
-    kernel = b.shape[1] == kb and b.shape[2] == l
-    canonical = b.shape[0] == l and b.shape[2] == kb
-    if kernel and canonical:
-        # Same shape both ways (N == K == L): the seed's view has K unit-stride and L outermost.
-        canonical = not (b.strides[2] >= b.strides[0] >= b.strides[1])
-        kernel = not canonical
-    if kernel:
-        return np.transpose(b, (2, 0, 1))
-    if canonical:
-        return b
-    raise ValueError(
-        f"b_tensor has shape {tuple(b.shape)}; with K={kb} (stored, from a_tensor) and L={l} "
-        f"(from padded_offsets) expected (N, {kb}, {l}) (kernel-facing) or ({l}, N, {kb}) (canonical)"
-    )
+    b_lnk = b if dense.canonical else np.transpose(b, (2, 0, 1))
+    return tuple(b_lnk[e] for e in range(l))
+
+
+def _parse_b_list(b_list: Sequence[Any], kb: int, l: int, ab: str, allowed: Sequence[str]) -> tuple[np.ndarray, ...]:
+    """Per-expert ``(N, Kb)`` weights from ``b_list`` (the host stand-in for ``b_ptrs``)."""
+    if len(b_list) != l:
+        raise ArgumentError("len(b_list)", len(b_list), f"{l} (L, the length of padded_offsets)")
+    experts, n = [], None
+    for i, x in enumerate(b_list):
+        name = f"b_list[{i}]"
+        v = arguments.tensor(x, name, ndims=(2,), dtypes=allowed)
+        same_elements(v, name, ab)
+        if v.shape[1] != kb or (n is not None and v.shape[0] != n):
+            want = f"(N, {kb}) with K from a_tensor" if n is None else f"({n}, {kb}), as b_list[0]"
+            raise ArgumentError(f"{name}.shape", tuple(v.shape), want)
+        n = v.shape[0]
+        experts.append(to_numpy(x, argument=name))
+    return tuple(experts)
+
+
+def _exactly_one(dense: Any, listed: Any, names: tuple[str, str], allowed: str) -> None:
+    """Exactly one of a dense tensor and its per-expert list."""
+    if (dense is None) == (listed is None):
+        raise ArgumentError(f"{names[0]}/{names[1]}", "both" if dense is not None else "neither",
+                            allowed)
 
 
 def _parse_weights(
     b_tensor: Any, b_list: Sequence[Any] | None, kb: int, l: int, ab: str, allowed: Sequence[str]
 ) -> tuple[np.ndarray, ...]:
     """Per-expert ``(N, Kb)`` weights from a dense B (either layout) or a per-expert list."""
-    if (b_tensor is None) == (b_list is None):
-        raise ValueError(
-            "pass exactly one of b_tensor (dense weights) and b_list (one (N, K) array per expert); "
-            f"got b_tensor={'set' if b_tensor is not None else None}, "
-            f"b_list={'set' if b_list is not None else None}"
-        )
+    _exactly_one(b_tensor, b_list, ("b_tensor", "b_list"),
+                 "exactly one of b_tensor (dense weights) and b_list (one (N, K) array per expert)")
     if b_tensor is not None:
-        b_lnk = _parse_dense_b(b_tensor, kb, l)
-        names = {elem_name(b_lnk, "b_tensor", allowed)}
-        experts = tuple(b_lnk[e] for e in range(l))
-    else:
-        experts = tuple(to_numpy(x, argument=f"b_list[{i}]") for i, x in enumerate(b_list))
-        if len(experts) != l:
-            raise ValueError(f"b_list has {len(experts)} arrays; expected L={l} (len(padded_offsets))")
-        shapes = {tuple(x.shape) for x in experts}
-        if len(shapes) != 1 or len(next(iter(shapes))) != 2 or next(iter(shapes))[1] != kb:
-            raise ValueError(f"b_list arrays must all have shape (N, {kb}); got shapes {sorted(shapes)}")
-        names = {elem_name(x, f"b_list[{i}]", allowed) for i, x in enumerate(experts)}
-    if names != {ab}:
-        raise ValueError(f"B dtype {', '.join(sorted(names))} must match a_tensor dtype {ab}")
-    return experts
+        return _parse_dense_b(b_tensor, kb, l, ab, allowed)
+    return _parse_b_list(b_list, kb, l, ab, allowed)
+
+
+def same_scales(got: str, name: str, sf: str) -> None:
+    """SFB holds SFA's scale type (raw bytes count as E8M0)."""
+    if got != sf:
+        raise ArgumentError(f"{name}.dtype", got, f"{sf} (the scale type of sfa_tensor)")
 
 
 def _parse_grouped_scales(
@@ -203,24 +226,44 @@ def _parse_grouped_scales(
 ) -> tuple[np.ndarray, tuple[np.ndarray, ...], str]:
     """Logical float32 SFA ``(M, sfk)``, per-expert SFB ``(N, sfk)`` and the scale dtype name."""
     if sfa_tensor is None:
-        raise ValueError(f"sfa_tensor is required for block-scaled A/B ({ab})")
-    sf = sf_name(to_numpy(sfa_tensor, argument="sfa_tensor"), "sfa_tensor")
+        raise ArgumentError("sfa_tensor", None, "a tensor", f"sfa_tensor is required for "
+                            f"block-scaled A/B ({ab})")
+    sf = sf_of(scale_tensor(sfa_tensor, "sfa_tensor").dtype)
     block_format(ab, sf, vec)  # raises for the invalid (ab, sf, sf_vec_size) combinations
     sfk = _ceil_div(k, vec)
     sfa = parse_scales(sfa_tensor, "sfa_tensor", m, sfk, 1)[0][0]
-    if (sfb_tensor is None) == (sfb_list is None):
-        raise ValueError("pass exactly one of sfb_tensor (dense) and sfb_list (one SF buffer per expert)")
+    _exactly_one(sfb_tensor, sfb_list, ("sfb_tensor", "sfb_list"),
+                 "exactly one of sfb_tensor (dense) and sfb_list (one SF buffer per expert)")
     if sfb_tensor is not None:
         sfb_all, sfb_dtype = parse_scales(sfb_tensor, "sfb_tensor", n, sfk, l)
-        sfb, dtypes = tuple(sfb_all[e] for e in range(l)), {sfb_dtype}
-    else:
-        if len(sfb_list) != l:
-            raise ValueError(f"sfb_list has {len(sfb_list)} buffers; expected L={l}")
-        parsed = [parse_scales(x, f"sfb_list[{i}]", n, sfk, 1) for i, x in enumerate(sfb_list)]
-        sfb, dtypes = tuple(p[0][0] for p in parsed), {p[1] for p in parsed}
-    if dtypes != {sf}:
-        raise ValueError(f"SFB dtype {', '.join(sorted(dtypes))} must match SFA dtype {sf}")
-    return sfa, sfb, sf
+        same_scales(sfb_dtype, "sfb_tensor", sf)
+        return sfa, tuple(sfb_all[e] for e in range(l)), sf
+    if len(sfb_list) != l:
+        raise ArgumentError("len(sfb_list)", len(sfb_list), f"{l} (L, the length of padded_offsets)")
+    sfb = []
+    for i, x in enumerate(sfb_list):
+        values, dtype = parse_scales(x, f"sfb_list[{i}]", n, sfk, 1)
+        same_scales(dtype, f"sfb_list[{i}]", sf)
+        sfb.append(values[0])
+    return sfa, tuple(sfb), sf
+
+
+def _refuse_pointers(b_ptrs: Any, sfb_ptrs: Any) -> None:
+    """Device pointer tables cannot be read on the host: the lists stand in for them."""
+    for name, value, listed in (("b_ptrs", b_ptrs, "b_list"), ("sfb_ptrs", sfb_ptrs, "sfb_list")):
+        if value is not None:
+            raise ArgumentError(name, "device pointers", "None (the host reference cannot read "
+                                "device memory)", f"Pass the per-expert arrays as {listed} instead")
+
+
+def _check_b_options(b_dtype: Any, b_major: str, ab: str, allowed: Sequence[str]) -> None:
+    """``b_dtype`` and ``b_major`` agree with the weights (they describe discrete weights on the GPU)."""
+    if b_dtype is not None and elem_of(dtype_option(b_dtype, "b_dtype", allowed)) != ab:
+        raise ArgumentError("b_dtype", repr(b_dtype), f"None or {ab} (the dtype of the weights)")
+    majors = ("k", "n") if ab in FP8_NAMES else ("k",)
+    if b_major not in majors:
+        raise ArgumentError("b_major", repr(b_major), f"{', '.join(map(repr, majors))} (with {ab} "
+                            "weights)")
 
 
 def parse_grouped(
@@ -243,12 +286,7 @@ def parse_grouped(
 ) -> GroupedOperands:
     """Parse the operands of any grouped op; ``sf_vec_size=None`` means the BF16 op (no scales)."""
     blockscaled = sf_vec_size is not None
-    for name, value in (("b_ptrs", b_ptrs), ("sfb_ptrs", sfb_ptrs)):
-        if value is not None:
-            raise ValueError(
-                f"{name} holds device pointers, which the host reference cannot read; pass the "
-                f"per-expert arrays as {'b_list' if name == 'b_ptrs' else 'sfb_list'} instead"
-            )
+    _refuse_pointers(b_ptrs, sfb_ptrs)
     allowed = BLOCKSCALED_AB if blockscaled else ("bfloat16",)
     a, ab, canonical = _parse_a(a_tensor, allowed)
     m, kb = int(a.shape[0]), int(a.shape[1])
@@ -256,16 +294,10 @@ def parse_grouped(
     offsets = parse_offsets(padded_offsets, m, m_aligned)
     l = int(offsets.size)
     experts = _parse_weights(b_tensor, b_list, kb, l, ab, allowed)
-    if b_dtype is not None:
-        want = resolve_dtype(b_dtype, argument="b_dtype", allowed=allowed)
-        if ("float4_e2m1fn_x2" if want == "uint8" else want) != ab:
-            raise ValueError(f"b_dtype={b_dtype!r} does not match the weights' dtype {ab}")
-    if b_major not in ("k", "n") or (b_major == "n" and ab not in FP8_NAMES):
-        allowed_major = "'k', 'n'" if ab in FP8_NAMES else "'k'"
-        raise ValueError(f"b_major={b_major!r} is not supported for ab_dtype {ab}; allowed: {allowed_major}")
+    _check_b_options(b_dtype, b_major, ab, allowed)
     n_out = int(experts[0].shape[0])
     if n is not None and n != n_out:
-        raise ValueError(f"n={n!r} does not match the weights' N={n_out}")
+        raise ArgumentError("n", n, f"None or {n_out} (the weights' N)")
     sfa = sfb = sf = None
     if blockscaled:
         sfa, sfb, sf = _parse_grouped_scales(sfa_tensor, sfb_tensor, sfb_list, ab, sf_vec_size, m, n_out, k, l)

@@ -25,21 +25,23 @@ from typing import Any
 
 import numpy as np
 
+from .. import arguments
+from ..base.errors import ArgumentError
 from ..formats.dtypes import to_numpy
 from ..tupledict import TupleDict
 from ._args import (
     EPILOGUE_OPS,
-    check_choice,
+    PER_EXPERT,
     check_common,
     d_dtypes_for,
-    float_vector,
+    host_vector,
     parse_norm_const,
     parse_prob,
     rcp_max,
     row_expert,
 )
 from ._epilogue import QUANTIZED_OUTPUTS, SFD_RULES, expert_amax, finish_output, output_name, place_rows, vector_layout
-from ._operands import decode, elem_name, parse_grouped
+from ._operands import decode, elem_of, parse_grouped
 
 __all__ = ["grouped_gemm_dswiglu", "interleave_blocks", "split_blocks"]
 
@@ -101,7 +103,7 @@ def grouped_gemm_dswiglu(
         As for :func:`~fusegemm.reference.grouped_gemm_srelu` (dense B only).
     c_tensor : (M, 2N, 1) or (M, 2N)
         Forward intermediate: float32, float16, bfloat16, float8_e4m3fn or float8_e5m2.
-    beta_tensor : (L,) float32, or None (1).
+    beta_tensor : (L,), (L, 1) or (L, 1, 1) float32, or None (1).
     prob_tensor : (M, 1, 1) or (M,), float32 or bfloat16; required.
     norm_const_tensor : (1,) float32; required for FP8 D.
     d_dtype : FP8 A/B: float8_e4m3fn, float8_e5m2; FP4 A/B: bfloat16 (default), float32.
@@ -120,34 +122,31 @@ def grouped_gemm_dswiglu(
         ``a_tensor`` is 2-D. Rows at or past valid_m are zero.
     """
     acc = check_common(cd_major=cd_major, acc_dtype=acc_dtype)
-    check_choice(epilogue_op, "epilogue_op", EPILOGUE_OPS)
+    arguments.choice(epilogue_op, "epilogue_op", EPILOGUE_OPS)
     ops = parse_grouped(
         a_tensor=a_tensor, b_tensor=b_tensor, b_list=None, padded_offsets=padded_offsets,
         m_aligned=m_aligned, acc=acc, sfa_tensor=sfa_tensor, sfb_tensor=sfb_tensor,
         sf_vec_size=sf_vec_size,
     )
     if ops.n % BLOCK:
-        raise ValueError(f"N={ops.n} must be a multiple of {BLOCK} (32-column gate/up interleave)")
-    allowed, label = d_dtypes_for(ops.is_fp8, D_FROM_FP8, D_FROM_FP4)
-    d_name = output_name(d_dtype, label, allowed)
+        raise ArgumentError("b_tensor N", ops.n, f"a multiple of {BLOCK}",
+                            "dSwiGLU interleaves 32-column gate/up blocks")
+    allowed, context = d_dtypes_for(ops.is_fp8, D_FROM_FP8, D_FROM_FP4)
+    d_name = output_name(d_dtype, "d_dtype", allowed, context)
     nc = parse_norm_const(norm_const_tensor, d_name in QUANTIZED_OUTPUTS)
     rl = rcp_max(d_name, e5m2_rcp_max)
-    alpha = float_vector(alpha_tensor, "alpha_tensor", ops.l, shapes=f"({ops.l},)")
+    alpha = host_vector(arguments.vector(alpha_tensor, "alpha_tensor", ops.l, what=PER_EXPERT))
     beta = (
         np.ones(ops.l, np.float32)
         if beta_tensor is None
-        else float_vector(beta_tensor, "beta_tensor", ops.l, shapes=f"({ops.l},)")
+        else host_vector(arguments.vector(beta_tensor, "beta_tensor", ops.l, what=PER_EXPERT))
     )
     prob = parse_prob(prob_tensor, ops.m, required=True, allowed=("float32", "bfloat16"))
+    c_view = arguments.output(c_tensor, "c_tensor", ops.m, 2 * ops.n, C_DTYPES,
+                              what="(M, 2N) or (M, 2N, 1)")
     c = to_numpy(c_tensor, argument="c_tensor")
-    if c.ndim == 3 and c.shape[2] == 1:
-        c = c[:, :, 0]
-    if c.shape != (ops.m, 2 * ops.n):
-        raise ValueError(
-            f"c_tensor has shape {tuple(to_numpy(c_tensor).shape)}; expected ({ops.m}, {2 * ops.n}, 1) "
-            f"or ({ops.m}, {2 * ops.n})"
-        )
-    c_values = decode(c[: ops.valid_m], elem_name(c, "c_tensor", C_DTYPES))
+    c = c if c.ndim == 2 else c[:, :, 0]
+    c_values = decode(c[: ops.valid_m], elem_of(c_view.dtype))
 
     rows = row_expert(ops.offsets)
     alpha_sq = (alpha * alpha)[rows][:, None]

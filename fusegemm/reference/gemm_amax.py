@@ -12,26 +12,55 @@ from typing import Any
 
 import numpy as np
 
+from .. import arguments
+from ..base.errors import ArgumentError
 from ..formats.blockscale import block_format
-from ..formats.dtypes import FP8_NAMES, to_numpy
+from ..formats.dtypes import FLOAT_OUTPUT_NAMES, FP8_NAMES, to_numpy
+from ..runtime.tensors import TensorView
 from ..tupledict import TupleDict
-from ._args import check_choice, resolve_acc
+from ._args import resolve_acc
 from ._epilogue import output_name, round_output
-from ._operands import BLOCKSCALED_AB, dequant, elem_name, logical_k, parse_scales, sf_name
+from ._operands import (
+    BLOCKSCALED_AB,
+    dequant,
+    elem_of,
+    logical_k,
+    parse_scales,
+    same_elements,
+    same_scales,
+    scale_tensor,
+    sf_of,
+)
 
 __all__ = ["gemm_amax"]
 
 C_DTYPES = ("float32", "float16", "bfloat16", "float8_e5m2", "float8_e4m3fn", "float4_e2m1fn_x2", "uint8")
 
 
-def _batched(x: Any, argument: str, dims: str) -> tuple[np.ndarray, bool]:
+def _batched(x: Any, name: str) -> tuple[np.ndarray, TensorView]:
     """``(L, rows, K_stored)`` from the kernel-facing ``(rows, K, L)`` or a 2-D ``(rows, K)``."""
-    arr = to_numpy(x, argument=argument)
-    if arr.ndim == 3:
-        return np.transpose(arr, (2, 0, 1)), False
-    if arr.ndim == 2:
-        return arr[None], True
-    raise ValueError(f"{argument} has shape {tuple(arr.shape)}; expected {dims} or a 2-D matrix (L = 1)")
+    v = arguments.tensor(x, name, ndims=(2, 3), dtypes=BLOCKSCALED_AB)
+    arr = to_numpy(x, argument=name)
+    return (arr[None] if v.ndim == 2 else np.transpose(arr, (2, 0, 1))), v
+
+
+def _check_b_extents(a: np.ndarray, b: np.ndarray, b_view: TensorView) -> None:
+    """B shares A's K (stored) and L."""
+    l, kb = a.shape[0], a.shape[2]
+    if b.shape[0] != l or b.shape[2] != kb:
+        two_d = f" or (N, {kb})" if l == 1 else ""
+        raise ArgumentError("b_tensor.shape", tuple(b_view.shape),
+                            f"(N, {kb}, {l}){two_d} (K and L from a_tensor)")
+
+
+def _check_c(c_name: str, c_major: str, ab: str) -> None:
+    """C dtypes the kernels build: FP8 A/B give a float C; FP4 C is n-major (packed along N)."""
+    if ab in FP8_NAMES and c_name not in FLOAT_OUTPUT_NAMES:
+        raise ArgumentError("c_dtype", repr(c_name), f"{', '.join(FLOAT_OUTPUT_NAMES)} (with FP8 A/B)",
+                            "FP8 and FP4 C need FP4 A/B, as on the GPU")
+    if c_name == "float4_e2m1fn_x2" and c_major != "n":
+        raise ArgumentError("c_major", repr(c_major), "'n' (with an FP4 C)",
+                            "Packed FP4 C holds two elements per byte along N")
 
 
 def gemm_amax(
@@ -72,30 +101,22 @@ def gemm_amax(
         (1, 1, 1) float32.
     """
     acc = resolve_acc(acc_dtype)
-    check_choice(c_major, "c_major", ("m", "n"))
-    a, canonical = _batched(a_tensor, "a_tensor", "(M, K, L)")
-    b, _ = _batched(b_tensor, "b_tensor", "(N, K, L)")
-    ab = elem_name(a, "a_tensor", BLOCKSCALED_AB)
-    if elem_name(b, "b_tensor", BLOCKSCALED_AB) != ab:
-        raise ValueError(f"b_tensor dtype {b.dtype} must match a_tensor dtype {a.dtype}")
-    if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[2]:
-        raise ValueError(
-            f"a_tensor (L={a.shape[0]}, K={a.shape[2]}) and b_tensor (L={b.shape[0]}, "
-            f"K={b.shape[2]}) must agree in K and L"
-        )
+    arguments.choice(c_major, "c_major", ("m", "n"))
+    a, a_view = _batched(a_tensor, "a_tensor")
+    b, b_view = _batched(b_tensor, "b_tensor")
+    ab = elem_of(a_view.dtype)
+    same_elements(b_view, "b_tensor", ab)
+    _check_b_extents(a, b, b_view)
     c_name = output_name(c_dtype, "c_dtype", C_DTYPES)
-    if ab in FP8_NAMES and c_name in FP8_NAMES:
-        raise ValueError(f"c_dtype={c_name!r} with FP8 A/B ({ab}) is disabled; allowed: float32, float16, bfloat16")
-    if c_name == "float4_e2m1fn_x2" and (ab in FP8_NAMES or c_major != "n"):
-        raise ValueError(f"an FP4 C needs FP4 A/B and c_major='n'; got ab={ab}, c_major={c_major!r}")
-    sf = sf_name(to_numpy(sfa_tensor, argument="sfa_tensor"), "sfa_tensor")
+    _check_c(c_name, c_major, ab)
+    sf = sf_of(scale_tensor(sfa_tensor, "sfa_tensor").dtype)
     block_format(ab, sf, sf_vec_size)
     l, m, n, k = a.shape[0], a.shape[1], b.shape[1], logical_k(a.shape[2], ab)
     sfk = -(-k // sf_vec_size)
     sfa, _ = parse_scales(sfa_tensor, "sfa_tensor", m, sfk, l)
     sfb, sfb_dtype = parse_scales(sfb_tensor, "sfb_tensor", n, sfk, l)
-    if sfb_dtype != sf:
-        raise ValueError(f"SFB dtype {sfb_dtype} must match SFA dtype {sf}")
+    same_scales(sfb_dtype, "sfb_tensor", sf)
+    canonical = a_view.ndim == 2
 
     acc_type = np.float64 if acc == "float64" else np.float32
     c = np.empty((l, m, n), dtype=np.float32)

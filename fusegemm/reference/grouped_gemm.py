@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from .. import arguments
 from ..formats.dtypes import FLOAT_OUTPUT_NAMES
 from ..tupledict import TupleDict
-from ._args import check_common, float_vector, parse_bias, parse_prob, row_expert
+from ._args import BIAS_DTYPES, PER_EXPERT, check_common, host_float32, host_vector, parse_prob, row_expert
 from ._epilogue import cd_layout, output_name, place_rows, round_output
 from ._operands import parse_grouped
 
@@ -56,7 +57,7 @@ def grouped_gemm(
         Rows of all experts; M may exceed ``valid_m``.
     padded_offsets : (L,) int32
         Cumulative expert row ends, nondecreasing multiples of 256 (checked), L <= 1024.
-    alpha_tensor : (L,) float32
+    alpha_tensor : (L,), (L, 1) or (L, 1, 1) float32
     b_tensor : (N, K, L) kernel-facing view or (L, N, K) canonical, bfloat16
         Dense weights; exclusive with ``b_list``.
     bias_tensor : (N, L) bfloat16/float16/float32, optional
@@ -90,8 +91,10 @@ def grouped_gemm(
     )
     c_name = output_name(c_dtype, "c_dtype", FLOAT_OUTPUT_NAMES)
     d_name = output_name(d_dtype, "d_dtype", FLOAT_OUTPUT_NAMES)
-    alpha = float_vector(alpha_tensor, "alpha_tensor", ops.l, shapes=f"({ops.l},)")
-    bias = parse_bias(bias_tensor, ops.n, ops.l)
+    alpha = host_vector(arguments.vector(alpha_tensor, "alpha_tensor", ops.l, what=PER_EXPERT))
+    bias = None
+    if bias_tensor is not None:
+        bias = host_float32(arguments.bias(bias_tensor, ops.n, ops.l, BIAS_DTYPES))
     prob = parse_prob(prob_tensor, ops.m, required=False)
 
     rows = row_expert(ops.offsets)

@@ -19,12 +19,15 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 
+from .. import arguments
 from ..tupledict import TupleDict
 from ._args import (
+    BIAS_DTYPES,
+    PER_EXPERT,
     check_common,
     d_dtypes_for,
-    float_vector,
-    parse_bias,
+    host_float32,
+    host_vector,
     parse_norm_const,
     parse_prob,
     rcp_max,
@@ -85,7 +88,7 @@ def grouped_gemm_quant(
     sf_vec_size : 16 (default, the wrapper's) or 32; FP8 A/B require 32, e4m3 scales 16.
     discrete_col_sfd : bool
         Lay SFD_col out per expert.
-    row_scale_tensor : (M,) float32, optional
+    row_scale_tensor : (M,), (M, 1) or (M, 1, 1) float32, optional
         Per-row factor of the GEMM term (NVIDIA's kernel; keyword only).
     generate_amax : bool
         Compute amax for bf16/fp16 D (keyword only).
@@ -106,17 +109,20 @@ def grouped_gemm_quant(
         sfa_tensor=sfa_tensor, sfb_tensor=sfb_tensor, sfb_list=sfb_list, sfb_ptrs=sfb_ptrs,
         sf_vec_size=sf_vec_size,
     )
-    allowed, label = d_dtypes_for(ops.is_fp8, D_FROM_FP8, D_FROM_FP4)
-    d_name = output_name(d_dtype, label, allowed)
+    allowed, context = d_dtypes_for(ops.is_fp8, D_FROM_FP8, D_FROM_FP4)
+    d_name = output_name(d_dtype, "d_dtype", allowed, context)
     nc = parse_norm_const(norm_const_tensor, d_name in QUANTIZED_OUTPUTS)
     rl = rcp_max(d_name, e5m2_rcp_max)
-    alpha = float_vector(alpha_tensor, "alpha_tensor", ops.l, shapes=f"({ops.l},)")
-    bias = parse_bias(bias_tensor, ops.n, ops.l)
+    alpha = host_vector(arguments.vector(alpha_tensor, "alpha_tensor", ops.l, what=PER_EXPERT))
+    bias = None
+    if bias_tensor is not None:
+        bias = host_float32(arguments.bias(bias_tensor, ops.n, ops.l, BIAS_DTYPES))
     prob = parse_prob(prob_tensor, ops.m, required=False)[: ops.valid_m, None]
     rows = row_expert(ops.offsets)
     scale = alpha[rows]
     if row_scale_tensor is not None:
-        row_scale = float_vector(row_scale_tensor, "row_scale_tensor", ops.m, shapes=f"({ops.m},)")
+        row_scale = host_vector(arguments.vector(row_scale_tensor, "row_scale_tensor", ops.m,
+                                                 what="(one factor per row)"))
         scale = scale * row_scale[: ops.valid_m]
     scale = scale[:, None]
 

@@ -23,12 +23,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .. import arguments
+from ..base.errors import ArgumentError
 from ..tupledict import TupleDict
 from ._args import (
+    BIAS_DTYPES,
+    PER_EXPERT,
     check_common,
     d_dtypes_for,
-    float_vector,
-    parse_bias,
+    host_float32,
+    host_vector,
     parse_norm_const,
     parse_prob,
     rcp_max,
@@ -59,10 +63,7 @@ def _check_clamp(tanh_clamp_scale: Any) -> np.float32 | None:
     if isinstance(tanh_clamp_scale, bool) or not isinstance(tanh_clamp_scale, (int, float)) or not (
         math.isfinite(tanh_clamp_scale) and tanh_clamp_scale > 0
     ):
-        raise ValueError(
-            f"tanh_clamp_scale={tanh_clamp_scale!r} is not supported; allowed: None or a positive "
-            "finite float"
-        )
+        raise ArgumentError("tanh_clamp_scale", repr(tanh_clamp_scale), "None or a positive finite float")
     return np.float32(tanh_clamp_scale)
 
 
@@ -119,7 +120,7 @@ def grouped_gemm_srelu(
         Kernel-facing 6-D view, physical ``(L, ceil(mn/128), ceil(sfk/4), 32, 4, 4)`` or flat;
         E8M0 (``uint8``/``int8`` bytes read as E8M0) or e4m3.
     padded_offsets : (L,) int32, nondecreasing multiples of 256.
-    alpha_tensor : (L,) float32.
+    alpha_tensor : (L,), (L, 1) or (L, 1, 1) float32.
     bias_tensor : (N, L), optional; added after alpha, not gated by prob.
     norm_const_tensor : (1,) float32; required for SFD outputs (FP8 A/B with FP8/FP4 D).
     prob_tensor : (M, 1, 1) or (M,) float32, required.
@@ -154,14 +155,16 @@ def grouped_gemm_srelu(
         sf_vec_size=sf_vec_size,
     )
     c_name = output_name(c_dtype, "c_dtype", C_DTYPES)
-    allowed, label = d_dtypes_for(ops.is_fp8, D_FROM_FP8, D_FROM_FP4)
-    d_name = output_name(d_dtype, label, allowed)
+    allowed, context = d_dtypes_for(ops.is_fp8, D_FROM_FP8, D_FROM_FP4)
+    d_name = output_name(d_dtype, "d_dtype", allowed, context)
     clamp = _check_clamp(tanh_clamp_scale)
     quantized = d_name in QUANTIZED_OUTPUTS
     nc = parse_norm_const(norm_const_tensor, quantized)
     rl = rcp_max(d_name, e5m2_rcp_max)
-    alpha = float_vector(alpha_tensor, "alpha_tensor", ops.l, shapes=f"({ops.l},)")
-    bias = parse_bias(bias_tensor, ops.n, ops.l)
+    alpha = host_vector(arguments.vector(alpha_tensor, "alpha_tensor", ops.l, what=PER_EXPERT))
+    bias = None
+    if bias_tensor is not None:
+        bias = host_float32(arguments.bias(bias_tensor, ops.n, ops.l, BIAS_DTYPES))
     prob = parse_prob(prob_tensor, ops.m, required=True)
 
     rows = row_expert(ops.offsets)

@@ -155,10 +155,9 @@ VARIANTS = (
 def _prebuild():
     from fusegemm.build import build
     from fusegemm.generator.variants import make_variant
-    from fusegemm.ops._common import device_arch
+    from fusegemm.ops.device import device_arch
     arch = device_arch(0)
-    base = dict(c_dtype="bfloat16", d_dtype="bfloat16", tile_m=128, tile_n=256, cluster_m=1,
-                cluster_n=1) if arch == "sm_90a" else dict(c_dtype="bfloat16", d_dtype="bfloat16")
+    base = dict(c_dtype="bfloat16", d_dtype="bfloat16")   # tiles and cluster: the arch's defaults
     vs = [make_variant("grouped_gemm", arch=arch, **{**base, **kw}) for kw in VARIANTS]
     failed = [r for r in build(vs, jobs=os.cpu_count() or 1) if not r.ok]
     assert not failed, "\n".join(f"{r.name}: {r.error}" for r in failed)

@@ -1,19 +1,33 @@
 """Shared harness of the sm_100a static checks (test_sm100_static.py, test_sm100_multicast.py):
-variants, translation units, compile + cubin facts, the static checks, and the CUTLASS multicast
-model with its pipeline simulation. test_sm100_static.py says what is verified and why."""
+variants, translation units, compile + cubin facts and the static checks; the CUTLASS multicast
+model with its pipeline simulation is _sm100_model.py. test_sm100_static.py says what is verified
+and why.
+
+Every translation unit checked here is the one the product generates: a ``V`` maps to a real
+``Variant`` (``V.variant()``, ``V.route``), rendered by ``fusegemm.generator.render.render`` with
+its registry row's template; the checks read the generated host contract. The harness only
+appends test-only exports after the generated text (protocol values, the multicast table) and,
+for the fault tests, plants one ``kFaultInjection`` line in the generated Config."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
-from fusegemm.generator.params import GROUPED_PARAMS
+from fusegemm.base.contract import KernelContract
+from fusegemm.base.errors import ToolchainError, UnsupportedError
+from fusegemm.generator.render import Source, render
+from fusegemm.generator.spec import Spec, find_spec
+from fusegemm.generator.variants import NEUTRAL, Variant, make_variant
 from fusegemm.runtime import disasm, inspect
 from fusegemm.runtime.compile import compile_source, headers
-from fusegemm.runtime.errors import ToolchainError
+
+from _sm100_model import (CLUSTERS, MC_FIELDS, MC_KBLOCKS, MC_SLICES, _MC_FN, _simulate,  # noqa: F401 (re-exported)
+                          cutlass_model, mc_problems, mc_rows, mc_table_cpp)
 
 SMEM_DYNAMIC_LIMIT = 232448      # sm_100 opt-in dynamic shared memory per block (227 KB)
 SMEM_SM_LIMIT = 233472           # per SM (228 KB), including the 1 KB the system reserves per block
@@ -33,83 +47,55 @@ def _b(v: bool) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Launch clusters whose multicast protocol every variant exports: (cluster_m, cluster_n, CTAs of
-# the launch cluster). The last rows are what an older host (zeros) or an inconsistent shape
-# produce: the kernel must fall back to pairs only.
+# Translation units: what the product generates (fusegemm.generator.render.render of a real
+# Variant, the registry row's template), then test-only exports APPENDED after it. The generated
+# unit defines ``using Kernel = ...;`` and the kernel ``<symbol>``; the tail adds what the checks
+# read and the product does not export: the barrier protocol values and the multicast table.
+# The host contract (``<symbol>_contract``) is the generated one, read with Cubin.contract.
 # ---------------------------------------------------------------------------------------------
-CLUSTERS = {
-    1: [(1, 1, 1), (2, 1, 2), (1, 2, 2), (2, 2, 4), (4, 1, 4), (1, 4, 4), (4, 2, 8), (2, 4, 8),
-        (4, 4, 16), (3, 1, 3), (0, 0, 1), (0, 0, 4), (2, 2, 8), (1, 2, 4)],
-    2: [(2, 1, 2), (4, 1, 4), (2, 2, 4), (4, 2, 8), (2, 4, 8), (4, 4, 16), (0, 0, 2), (0, 0, 8),
-        (1, 2, 2), (2, 2, 8)],
-}
-MC_FIELDS = ("mi", "ni", "base", "size", "a_mask", "b_mask", "commit", "pair", "empty", "ring", "issues")
-MC_SLICES, MC_KBLOCKS = 4, 8
-# issues (what the CTA loads when its operands are shared): bit i = A slice i, bit 4 + i = B
-# slice i, bit 8 + kb = the SFA box of k-block kb, bit 16 + kb = the SFB box.
-
-
-# What every CTA computes, tabulated at compile time from the kernel's own Frame (the same
-# constexpr functions the kernel runs) for each launch cluster of CLUSTERS.
-_MC_FN = """
-namespace fusegemm_test {
-template <int N> struct Ints { int v[N]; };
-template <class F, int kRows, int kShapes>
-constexpr Ints<kRows * 11> mc_table(const int (&shapes)[kShapes][3]) {
-  Ints<kRows * 11> t{};
-  int i = 0;
-  for (int s = 0; s < kShapes; ++s) {
-    for (int r = 0; r < shapes[s][2]; ++r) {
-      const auto g = F::Geom::make(shapes[s][0], shapes[s][1], r, shapes[s][2]);
-      const auto sa = F::share_a_of(g);
-      const auto sb = F::share_b_of(g, true);
-      int issues = 0;
-      for (int j = 0; j < 4; ++j) issues |= (int(sa.issues_slice(j)) << j) | (int(sb.issues_slice(j)) << (4 + j));
-      for (int kb = 0; kb < 8; ++kb) issues |= (int(sa.issues_whole(kb)) << (8 + kb)) | (int(sb.issues_whole(kb)) << (16 + kb));
-      const int row[11] = {g.mi, g.ni, g.base, g.size(), int(g.a_mask()), int(g.b_mask()),
-                           int(F::stage_commit_mask(g)), int(g.pair_mask()), int(F::empty_count(g)),
-                           int(F::ring_empty_count(g)), issues};
-      for (int k = 0; k < 11; ++k) t.v[i++] = row[k];
-    }
-  }
-  return t;
-}
-}  // namespace fusegemm_test
-"""
-
-
-def mc_table_cpp(frame: str, cg: int, symbol: str) -> str:
-    """C++ defining ``symbol``: the multicast table of ``frame`` (a KernelFrame type)."""
-    shapes = CLUSTERS[cg]
-    rows = sum(ncta for _, _, ncta in shapes)
-    init = ", ".join(f"{{{cm}, {cn}, {n}}}" for cm, cn, n in shapes)
-    return (f"constexpr int {symbol}_shapes[][3] = {{{init}}};\n"
-            f'extern "C" __device__ __attribute__((used)) const fusegemm_test::Ints<{rows * len(MC_FIELDS)}> '
-            f"{symbol} = fusegemm_test::mc_table<{frame}, {rows}>({symbol}_shapes);\n")
-
-
-# ---------------------------------------------------------------------------------------------
-# Translation units, rendered as templates/{grouped,blockscaled}_gemm.cu.j2 do for sm_100a, plus
-# exported constants the checks read: TMEM columns, protocol values and the multicast table.
-# ---------------------------------------------------------------------------------------------
-_TAIL = """
-using Kernel = fusegemm::sm100::{kernel}<fusegemm_gen::Config>;
-extern "C" __device__ __attribute__((used)) const int {name}_launch_info[4] = {{
-    Kernel::kThreads, Kernel::kSmemBytes, {min_cluster_m}, 1}};
-extern "C" __device__ __attribute__((used)) const int {name}_tmem_cols = Kernel::kTmemCols;
+_TEST_TAIL = """
+// ---- tests/unit/_sm100.py: test-only exports, appended after the generated translation unit ----
+{mc_fn}
 extern "C" __device__ __attribute__((used)) const int {name}_protocol[6] = {{
     Kernel::kStages, Kernel::Frame::kAccStages, int(Kernel::Frame::kFullCount),
     int(Kernel::Frame::kTmemFullCount), int(Kernel::Frame::kTmemEmptyCount), int(Kernel::Frame::kTxBytes)}};
-{mc_table}extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-{name}(const __grid_constant__ fusegemm_gen::Params params) {{
-  Kernel::run(params);
-}}
-"""
+{mc_table}"""
+
+_FAULT_ANCHOR = "struct Config {\n"
+
+# V's short names -> dtype names of the axis vocabulary (generator/axes.py).
+_AXIS_DTYPE = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "e4m3": "float8_e4m3fn",
+               "e5m2": "float8_e5m2", "e2m1": "float4_e2m1fn_x2", "none": "none"}
+_AXIS_SF = {"ue8m0": "float8_e8m0fnu", "ue4m3": "float8_e4m3fn"}
+
+# How a V reaches a real template (``V.route``):
+ROUTE_BF16 = "grouped_gemm"                # make_variant("grouped_gemm"): the op's kernel
+ROUTE_BATCHED = "gemm_amax"                # make_variant("gemm_amax"): the op's kernel
+ROUTE_BATCHED_DIRECT = "gemm_amax:direct"  # Variant(...) of the gemm_amax spec: the spec's
+#   choices/constraints exclude the point (scheduler dynamic, which gemm_amax does not offer;
+#   tile N 256 + sf_vec_size 16 + a 16-bit C), the template and row still instantiate it.
+ROUTE_CARRIER = "grouped_gemm_srelu:carrier"  # make_variant("grouped_gemm_srelu") rendered with
+#   carriers=True: the real carrier TU (FP32 C, grouped) that `fusegemm build --carriers` makes;
+#   used for grouped V's with FP32 C whose axes the srelu spec offers (static scheduler, K-major
+#   A, tile M 128/256, its constraints).
+ROUTE_GROUPED_DIRECT = "gemm_amax@grouped:direct"  # Variant(...) of gemm_amax's spec with
+#   problem "grouped" (the template reads spec.problem for kBatched) rendered through gemm_amax's
+#   row: no seed spec declares a grouped block-scaled kernel with a chosen C dtype, so every
+#   other grouped V (BF16/F16 C, scheduler dynamic, M-major A, tile M 64) goes this way.
+
+
+@functools.lru_cache(maxsize=None)
+def _spec(name: str, problem: str | None = None) -> Spec:
+    spec = find_spec(name)
+    if problem is not None and problem != spec.problem:
+        spec = dataclasses.replace(spec, name=f"{name}_{problem}", problem=problem)
+    return spec
 
 
 @dataclass(frozen=True)
 class V:
-    """One kernel configuration of a family ("bf16": GroupedGemmKernel, "bs": BlockScaledGemmKernel)."""
+    """One kernel configuration of a family ("bf16": GroupedGemmKernel, "bs": BlockScaledGemmKernel),
+    rendered through the product's templates (``variant`` / ``route`` / ``translation_unit``)."""
 
     family: str
     tile_m: int = 128
@@ -157,37 +143,52 @@ class V:
     def kernel(self) -> str:
         return "GroupedGemmKernel" if self.family == "bf16" else "BlockScaledGemmKernel"
 
-    def source(self, name: str) -> str:
-        head = '#include "fusegemm/sm100/grouped_gemm.cuh"\n' if self.family == "bf16" else \
-            '#include "fusegemm/sm100/blockscaled_gemm.cuh"\n'
-        table = mc_table_cpp("Kernel::Frame", self.cta_group, f"{name}_mc")
-        return (head + "namespace fusegemm_gen {\n" + GROUPED_PARAMS.cpp() + "\n" + self.config_cpp("Config")
-                + "}  // namespace fusegemm_gen\n" + _MC_FN
-                + _TAIL.format(kernel=self.kernel, name=name, min_cluster_m=self.cta_group, mc_table=table))
-
-    def config_cpp(self, struct: str) -> str:
-        extra = f"  static constexpr int kFaultInjection = {self.fault};\n" if self.fault else ""
+    # -- the real variant ----------------------------------------------------------------------
+    def axes(self) -> dict[str, object]:
+        """The variant axes of this configuration. The cluster is a launch attribute (it never
+        reaches the source); a 2-CTA tile takes cluster M 2, the smallest the specs allow."""
+        common = {"ab_dtype": _AXIS_DTYPE[self.ab], "c_dtype": _AXIS_DTYPE[self.c],
+                  "scheduler": "dynamic" if self.dynamic else "static",
+                  "weight_mode": "discrete" if self.discrete else "dense",
+                  "tile_m": self.tile_m, "tile_n": self.tile_n, "cluster_m": self.cta_group, "cluster_n": 1}
         if self.family == "bf16":
-            cfg = (f"  using ElementA = {AB[self.ab]};\n  using ElementB = {AB[self.ab]};\n"
-                   f"  using ElementC = {OUT[self.c]};\n  using ElementD = {OUT[self.d]};\n"
-                   f"  using ElementBias = {OUT.get(self.bias, 'float')};\n"
-                   f"  static constexpr bool kHasBias = {_b(self.bias != 'none')};\n"
-                   f"  static constexpr bool kGenerateC = {_b(self.generate_c)};\n")
-        else:
-            cfg = (f"  using ElementA = {AB[self.ab]};\n  using ElementB = {AB[self.ab]};\n"
-                   f"  using ElementSF = {SF[self.sf]};\n  using ElementC = {OUT[self.c]};\n"
-                   f"  static constexpr int kSfVec = {self.vec};\n"
-                   f"  static constexpr bool kBatched = {_b(self.batched)};\n"
-                   f"  static constexpr bool kCMajorM = {_b(self.c_major_m)};\n"
-                   f"  static constexpr bool kAMajorMN = {_b(self.a_mn)};\n"
-                   f"  static constexpr bool kBMajorMN = {_b(self.b_mn)};\n")
-        cfg += (f"  static constexpr bool kDynamicSched = {_b(self.dynamic)};\n"
-                f"  static constexpr bool kDiscreteB = {_b(self.discrete)};\n"
-                f"  static constexpr int kTileM = {self.tile_m};\n  static constexpr int kTileN = {self.tile_n};\n"
-                + extra)
-        return f"struct {struct} {{\n{cfg}}};\n"
+            return {**common, "d_dtype": _AXIS_DTYPE[self.d], "bias_dtype": _AXIS_DTYPE[self.bias],
+                    "generate_c": self.generate_c}
+        return {**common, "sf_dtype": _AXIS_SF[self.sf], "sf_vec_size": self.vec,
+                "a_major": "m" if self.a_mn else "k", "b_major": "n" if self.b_mn else "k",
+                "cd_major": "m" if self.c_major_m else "n"}
+
+    @property
+    def route(self) -> str:
+        return _variant_of(replace(self, fault=0))[0]
+
+    def variant(self) -> Variant:
+        return _variant_of(replace(self, fault=0))[1]
 
     # Independent expectations (sm100-protocol.md §1-4), computed without the headers.
+    def expected_config(self) -> list[str]:
+        """Lines the generated ``struct Config`` must contain, written from this V's fields
+        alone: the V -> variant -> template mapping must reproduce every one of them."""
+        lines = [f"using ElementA = {AB[self.ab]};", f"using ElementB = {AB[self.ab]};"]
+        if self.family == "bf16":
+            lines += [f"using ElementC = {OUT[self.c]};", f"using ElementD = {OUT[self.d]};",
+                      f"using ElementBias = {OUT.get(self.bias, 'float')};",
+                      f"static constexpr bool kHasBias = {_b(self.bias != 'none')};",
+                      f"static constexpr bool kGenerateC = {_b(self.generate_c)};"]
+        else:
+            lines += [f"using ElementSF = {SF[self.sf]};", f"using ElementC = {OUT[self.c]};",
+                      f"static constexpr int kSfVec = {self.vec};",
+                      f"static constexpr bool kBatched = {_b(self.batched)};",
+                      f"static constexpr bool kCMajorM = {_b(self.c_major_m)};",
+                      f"static constexpr bool kAMajorMN = {_b(self.a_mn)};",
+                      f"static constexpr bool kBMajorMN = {_b(self.b_mn)};"]
+        lines += [f"static constexpr bool kDynamicSched = {_b(self.dynamic)};",
+                  f"static constexpr bool kDiscreteB = {_b(self.discrete)};",
+                  f"static constexpr int kTileM = {self.tile_m};", f"static constexpr int kTileN = {self.tile_n};"]
+        if self.fault:
+            lines.append(f"static constexpr int kFaultInjection = {self.fault};")
+        return lines
+
     def expected_tx_bytes(self) -> int:
         cg = 2 if self.two_cta else 1
         if self.family == "bf16":
@@ -211,16 +212,75 @@ class V:
         return "UTCQMMA" if self.ab in ("e4m3", "e5m2") else "UTCOMMA"
 
 
+@functools.lru_cache(maxsize=None)
+def _variant_of(v: V) -> tuple[str, Variant]:
+    """(route, Variant) of ``v`` (fault 0); the routes are described at ROUTE_*."""
+    axes = v.axes()
+    if v.family == "bf16":
+        return ROUTE_BF16, make_variant("grouped_gemm", arch="sm_100a", **axes)
+    if v.batched:
+        try:
+            return ROUTE_BATCHED, make_variant("gemm_amax", arch="sm_100a", **axes)
+        except UnsupportedError:
+            return ROUTE_BATCHED_DIRECT, Variant(spec=_spec("gemm_amax"), arch="sm_100a", **{**NEUTRAL, **axes})
+    if v.c == "f32":
+        try:
+            return ROUTE_CARRIER, make_variant("grouped_gemm_srelu", arch="sm_100a", **axes)
+        except UnsupportedError:
+            pass
+    return ROUTE_GROUPED_DIRECT, Variant(spec=_spec("gemm_amax", "grouped"), arch="sm_100a", **{**NEUTRAL, **axes})
+
+
+@functools.lru_cache(maxsize=None)
+def rendered(v: V) -> Source:
+    """The product's translation unit of ``v`` (fault 0): render(variant, carriers=True)."""
+    return render(_variant_of(replace(v, fault=0))[1], carriers=True)
+
+
+def plant_fault(text: str, fault: int) -> str:
+    """The generated unit plus one planted line, ``kFaultInjection`` in its Config."""
+    if text.count(_FAULT_ANCHOR) != 1:
+        raise AssertionError(f"fault injection: {text.count(_FAULT_ANCHOR)} occurrences of "
+                             f"{_FAULT_ANCHOR!r} in the generated unit, expected exactly 1")
+    return text.replace(_FAULT_ANCHOR, f"{_FAULT_ANCHOR}  static constexpr int kFaultInjection = {fault};\n")
+
+
+def config_problems(v: V, text: str) -> list[str]:
+    """``v.expected_config()`` lines missing from the (only) ``struct Config`` of ``text``."""
+    m = re.findall(r"^struct Config \{\n(.*?)^\};", text, re.M | re.S)
+    if len(m) != 1:
+        return [f"{len(m)} struct Config definitions in the generated unit, expected 1"]
+    have = {line.strip() for line in m[0].splitlines()}
+    return [f"{v.label}: generated Config lacks {line!r}" for line in v.expected_config() if line not in have]
+
+
+def generated_unit(v: V) -> tuple[str, str]:
+    """(symbol, text): the rendered translation unit of ``v``, fault line planted if any, checked
+    against ``v``'s expected Config (the V -> template mapping loses nothing)."""
+    src = rendered(v)
+    text = plant_fault(src.text, v.fault) if v.fault else src.text
+    problems = config_problems(v, text)
+    if problems:
+        raise AssertionError(f"{v.label} ({v.route}): " + "; ".join(problems))
+    return src.symbol, text
+
+
+def translation_unit(v: V) -> tuple[str, str]:
+    """(kernel symbol, text): the generated unit of ``v`` plus the test-only exports."""
+    symbol, text = generated_unit(v)
+    table = mc_table_cpp("Kernel::Frame", v.cta_group, f"{symbol}_mc")
+    return symbol, text + _TEST_TAIL.format(mc_fn=_MC_FN, name=symbol, mc_table=table)
+
+
 @dataclass(frozen=True)
 class Built:
     v: V
     name: str
     seconds: float
     res: inspect.Resources
-    launch: inspect.LaunchInfo
-    tmem_cols: int | None
-    protocol: tuple[int, ...] | None
-    mc: tuple[int, ...] | None
+    contract: KernelContract
+    protocol: tuple[int, ...]
+    mc: tuple[int, ...]
     hist: dict[str, int]
     sass: str
 
@@ -235,27 +295,19 @@ def _skip_without_toolchain() -> None:
 
 @functools.lru_cache(maxsize=None)
 def build(v: V) -> Built:
-    name = "fg_sm100_" + re.sub(r"[^A-Za-z0-9]", "_", v.label)
+    name, text = translation_unit(v)
     t0 = time.perf_counter()
-    cub = compile_source(v.source(name), arch="sm_100a", kernel=name)
+    cub = compile_source(text, arch="sm_100a", kernel=name)
     seconds = time.perf_counter() - t0
     return from_cubin(v, name, cub.data, seconds)
 
 
 def from_cubin(v: V, name: str, data: bytes, seconds: float) -> Built:
     c = inspect.Cubin(data)
-    optional = {}
     mc_len = sum(ncta for _, _, ncta in CLUSTERS[v.cta_group]) * len(MC_FIELDS)
-    for key, sym, n in (("tmem_cols", f"{name}_tmem_cols", 1), ("protocol", f"{name}_protocol", 6),
-                        ("mc", f"{name}_mc", mc_len)):
-        try:
-            vals = c.global_ints(sym, n)
-            optional[key] = vals[0] if n == 1 else vals
-        except inspect.CubinFormatError:
-            optional[key] = None
     text = disasm.sass(data)
-    return Built(v, name, seconds, c.resources(name), c.launch_info(name), optional["tmem_cols"],
-                 optional["protocol"], optional["mc"], disasm.histogram(text), text)
+    return Built(v, name, seconds, c.resources(name), c.contract(name), c.global_ints(f"{name}_protocol", 6),
+                 c.global_ints(f"{name}_mc", mc_len), disasm.histogram(text), text)
 
 
 def static_problems(b: Built) -> list[str]:
@@ -266,30 +318,27 @@ def static_problems(b: Built) -> list[str]:
         out.append(f"local memory: {r.local_bytes} bytes per thread (spills or local arrays)")
     if r.registers > REGISTER_BUDGET:
         out.append(f"registers: {r.registers} > budget {REGISTER_BUDGET}")
-    if b.launch.threads != THREADS or r.max_threads != THREADS:
-        out.append(f"threads: launch {b.launch.threads}, bounds {r.max_threads}; expected {THREADS}")
-    if b.launch.smem_bytes > SMEM_DYNAMIC_LIMIT or b.launch.smem_bytes + r.static_shared_bytes > SMEM_SM_LIMIT:
-        out.append(f"shared memory: {b.launch.smem_bytes} dynamic + {r.static_shared_bytes} static over the sm_100 limit")
-    if b.tmem_cols is not None:
-        t = b.tmem_cols
-        if not (32 <= t <= TMEM_COLUMNS and t & (t - 1) == 0):
-            out.append(f"TMEM: {t} columns is not a power of two in [32, {TMEM_COLUMNS}]")
-        if t < (2 if v.family == "bf16" and v.tile_n <= 256 else 1) * v.tile_n:
-            out.append(f"TMEM: {t} columns cannot hold the accumulators")
-    if b.launch.cluster_m != v.cta_group or b.launch.cluster_n != 1:
-        out.append(f"launch_info: minimum cluster {b.launch.cluster_m}x{b.launch.cluster_n}, expected {v.cta_group}x1")
-    if b.protocol is not None:
-        stages, acc_stages, full, tfull, tempty, tx = b.protocol
-        cg = v.cta_group
-        want = {"full": (full, 1), "tmem_full": (tfull, 1), "tmem_empty": (tempty, 128 * cg),
-                "expect_tx": (tx, v.expected_tx_bytes())}
-        for what, (got, exp) in want.items():
-            if got != exp:
-                out.append(f"protocol: {what} = {got}, expected {exp}")
-        if stages < 2 or acc_stages not in (1, 2):
-            out.append(f"protocol: {stages} smem stages, {acc_stages} accumulator stages")
-    if b.mc is not None:
-        out += mc_problems(v.cta_group, b.mc)
+    k = b.contract
+    if k.threads != THREADS or r.max_threads != THREADS:
+        out.append(f"threads: contract {k.threads}, bounds {r.max_threads}; expected {THREADS}")
+    if k.smem_bytes > SMEM_DYNAMIC_LIMIT or k.smem_bytes + r.static_shared_bytes > SMEM_SM_LIMIT:
+        out.append(f"shared memory: {k.smem_bytes} dynamic + {r.static_shared_bytes} static over the sm_100 limit")
+    t = k.tmem_cols
+    if not (32 <= t <= TMEM_COLUMNS and t & (t - 1) == 0):
+        out.append(f"TMEM: {t} columns is not a power of two in [32, {TMEM_COLUMNS}]")
+    if t < (2 if v.family == "bf16" and v.tile_n <= 256 else 1) * v.tile_n:
+        out.append(f"TMEM: {t} columns cannot hold the accumulators")
+    out += contract_problems(v, k)
+    stages, acc_stages, full, tfull, tempty, tx = b.protocol
+    cg = v.cta_group
+    want = {"full": (full, 1), "tmem_full": (tfull, 1), "tmem_empty": (tempty, 128 * cg),
+            "expect_tx": (tx, v.expected_tx_bytes())}
+    for what, (got, exp) in want.items():
+        if got != exp:
+            out.append(f"protocol: {what} = {got}, expected {exp}")
+    if stages < 2 or acc_stages not in (1, 2):
+        out.append(f"protocol: {stages} smem stages, {acc_stages} accumulator stages")
+    out += mc_problems(v.cta_group, b.mc)
     mmas = {m: count(m) for m in ("UTCHMMA", "UTCQMMA", "UTCOMMA")}
     want_mma = v.expected_mma()
     if mmas[want_mma] == 0:
@@ -328,111 +377,20 @@ def static_problems(b: Built) -> list[str]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# The multicast protocol, independently: CUTLASS's formulas, then a one-stage simulation.
-# ---------------------------------------------------------------------------------------------
-def cutlass_model(cg: int, cluster_m: int, cluster_n: int, ncta: int, r: int) -> dict[str, int]:
-    """What CTA ``r`` must compute, from CUTLASS's definitions: the vmnk coordinates of
-    tiled_divide(cluster, AtomThrID) (v = pair half, m = MMA unit, n), create_tma_multicast_mask
-    <2> (A: every n) / <1> (B: every m), calculate_multicast_mask<kRowCol> (release: same unit
-    row or same n), calculate_umma_peer_mask (the pair), PipelineTmaUmmaAsync's consumer count
-    and our ring count (TMA + 4 epilogue warps per CTA, one MMA warp per unit)."""
-    legal = cluster_m >= 1 and cluster_n >= 1 and cluster_m % cg == 0 and cluster_m * cluster_n == ncta <= 16
-    cm, cn = (cluster_m, cluster_n) if legal else (cg, 1)
-    size = cm * cn
-    base = r - r % size
-    x, y = (r - base) % cm, (r - base) // cm
-    ctas = [(xx, yy) for yy in range(cn) for xx in range(cm)]
-
-    def mask(pred) -> int:
-        return sum(1 << (base + xx + cm * yy) for xx, yy in ctas if pred(xx, yy))
-
-    return {"mi": x, "ni": y, "base": base, "size": size,
-            "a_mask": mask(lambda xx, yy: xx % cg == x % cg and xx // cg == x // cg),
-            "b_mask": mask(lambda xx, yy: xx % cg == x % cg and yy == y),
-            "commit": mask(lambda xx, yy: xx // cg == x // cg or yy == y),
-            "pair": mask(lambda xx, yy: xx // cg == x // cg and yy == y),
-            "empty": cm // cg + cn - 1, "ring": size * 5 + size // cg}
-
-
-def mc_rows(cg: int, table: tuple[int, ...]):
-    n, i = len(MC_FIELDS), 0
-    for cm, cn, ncta in CLUSTERS[cg]:
-        rows = [dict(zip(MC_FIELDS, table[(i + r) * n:(i + r + 1) * n])) for r in range(ncta)]
-        i += ncta
-        yield (cm, cn, ncta), rows
-
-
-def _simulate(cg: int, tag: str, rows: list[dict[str, int]]) -> list[str]:
-    """One stage of the pipeline on the kernel's table (CTAs = ranks, MMA units = even ranks of a
-    pair): every A/B slice and SF box reaches every CTA exactly once, from a member of its share
-    group; every member loads part of every stage; each empty barrier receives exactly its count
-    of releases; every CTA a producer writes into releases the stage to that producer; and no
-    unit can release round r+1 of a stage before every unit released round r (its full barrier
-    waits, through the producers that fill it, on every unit's release), so no empty barrier can
-    count a release in the wrong phase."""
-    out, n = [], len(rows)
-    units = [r for r in range(n) if rows[r]["mi"] % cg == 0]
-    unit_of = {r: r - rows[r]["mi"] % cg for r in range(n)}
-    releasers = {x: {u for u in units if rows[u]["commit"] >> x & 1} for x in range(n)}
-    for d in range(n):
-        if len(releasers[d]) != rows[d]["empty"]:
-            out.append(f"multicast: {tag} rank {d}: {len(releasers[d])} stage releases per phase, "
-                       f"empty barrier counts {rows[d]['empty']}")
-    for same_b in (True, False):
-        for kb in range(MC_KBLOCKS):  # the stage of k-block kb
-            writers = {d: {d} for d in range(n)}  # CTAs whose loads land in d's stage
-            for op, key, first, sf_bit in (("A", "a_mask", 0, 8 + kb), ("B", "b_mask", 4, 16 + kb)):
-                for d in range(n):
-                    group = [x for x in range(n) if rows[d][key] >> x & 1]
-                    if len(group) == 1:  # private: the CTA loads every slice itself
-                        if (rows[d]["issues"] >> first) & 0xF != 0xF:
-                            out.append(f"multicast: {tag} rank {d} does not load all of its private {op}")
-                        continue
-                    if op == "B" and not same_b:  # a block across experts: every CTA loads its own B
-                        continue
-                    for x in group:
-                        if rows[x][key] != rows[d][key]:
-                            out.append(f"multicast: {tag}: ranks {x} and {d} disagree on the {op} group")
-                        if (rows[x]["issues"] >> first) & 0xF == 0:
-                            out.append(f"multicast: {tag}: rank {x} loads no {op} slice (the stages of its "
-                                       f"group would not wait for its empty barrier)")
-                    for bit in [first + i for i in range(MC_SLICES)] + [sf_bit]:
-                        src = [x for x in group if rows[x]["issues"] >> bit & 1]
-                        if len(src) != 1:
-                            out.append(f"multicast: {tag}: {op} bit {bit} reaches rank {d} from {src}")
-                        writers[d] |= set(src)
-            for d in range(n):
-                for x in writers[d]:
-                    if unit_of[d] not in releasers[x]:
-                        out.append(f"multicast: {tag}: rank {x} writes into rank {d}, whose MMA unit (rank "
-                                   f"{unit_of[d]}) never releases the stage to it")
-            for u in units:
-                feeders = {u} | set().union(*(writers[d] for d in range(u, u + cg)))
-                waits = set().union(*(releasers[x] for x in feeders))
-                peers = {v for v in units if rows[v]["base"] == rows[u]["base"]}  # its sub-cluster
-                if waits != peers:
-                    out.append(f"multicast: {tag} (B shared: {same_b}): unit {u} can release a stage a "
-                               f"round ahead of units {sorted(peers - waits)}")
-    return list(dict.fromkeys(out))
-
-
-def mc_problems(cg: int, table: tuple[int, ...]) -> list[str]:
-    """The kernel's multicast table against CUTLASS's formulas, then a simulated stage."""
+def contract_problems(v: V, k: KernelContract) -> list[str]:
+    """The generated host contract against what the variant implies, written independently."""
     out = []
-    want_len = sum(ncta for _, _, ncta in CLUSTERS[cg]) * len(MC_FIELDS)
-    if len(table) != want_len:
-        return [f"multicast: table of {len(table)} values, expected {want_len} (cta_group {cg})"]
-    for (cm, cn, ncta), rows in mc_rows(cg, table):
-        tag = f"cluster {cm}x{cn} ({ncta} CTAs)"
-        for r, row in enumerate(rows):
-            want = cutlass_model(cg, cm, cn, ncta, r)
-            bad = {k: (row[k], v) for k, v in want.items() if row[k] != v}
-            if bad:
-                out.append(f"multicast: {tag} rank {r}: (got, expected) {bad}")
-        if out:
-            return out
-        out += _simulate(cg, tag, rows)
+    want_dtype = 9 if v.family == "bf16" else 0  # CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 / _UINT8 (packed bytes)
+    want = {"min_cluster_m": v.cta_group, "min_cluster_n": 1, "max_cluster_ctas": 16,
+            "ctas_per_tile": v.cta_group, "tile_m": v.tile_m, "tile_n": v.tile_n,
+            "tma_dtype_a": want_dtype, "tma_dtype_b": want_dtype}
+    for field, exp in want.items():
+        got = getattr(k, field)
+        if got != exp:
+            out.append(f"contract: {field} = {got}, expected {exp}")
+    if (k.tmap_slot_stride != 0) != v.discrete:
+        out.append(f"contract: tmap_slot_stride = {k.tmap_slot_stride} with weight_mode "
+                   f"{'discrete' if v.discrete else 'dense'} (a tensor-map workspace is for discrete B only)")
     return out
 
 

@@ -8,7 +8,7 @@ import pytest
 from fusegemm.generator.abi import Field, ParamStruct
 from fusegemm.generator.params import GROUPED_PARAMS
 from fusegemm.runtime.compile import compile_source
-from fusegemm.runtime.errors import CompileError
+from fusegemm.base.errors import CompileError
 
 DEMO = ParamStruct("Demo", (Field("tm", "tensormap"), Field("n", "i32"), Field("ptr", "cptr"),
                             Field("scale", "f32"), Field("ld", "i64")))

@@ -8,12 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from fusegemm import pipeline
 from fusegemm.generator.variants import make_variant
-from fusegemm.runtime import cache as c
-from fusegemm.runtime.cache import KernelCache, get_or_build
+from fusegemm.runtime.cache import KernelCache
 
 # The staging carrier is the cheapest real kernel to compile (about 2 s).
 VARIANT = dict(spec="gemm_amax", arch="sm_90a")
+
+
+def get_or_build(v, cache):
+    return pipeline.get_kernel(v, cache, carriers=True)
 
 
 def _variant():
@@ -21,13 +25,13 @@ def _variant():
 
 
 def _count_compiles(monkeypatch, log: Path):
-    real = c._compile
+    real = pipeline._compile
 
-    def counted(source, key):
+    def counted(planned):
         with open(log, "a") as f:
             f.write(f"{os.getpid()}\n")
-        return real(source, key)
-    monkeypatch.setattr(c, "_compile", counted)
+        return real(planned)
+    monkeypatch.setattr(pipeline, "_compile", counted)
 
 
 def test_entry_layout_and_hit(tmp_path, monkeypatch):
@@ -51,7 +55,7 @@ def test_entry_layout_and_hit(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("damage", ["truncate_cubin", "flip_byte", "delete_meta", "garbage_meta",
-                                    "delete_cubin"])
+                                    "meta_not_object", "delete_cubin"])
 def test_corrupted_entry_is_rebuilt(tmp_path, monkeypatch, damage):
     root = tmp_path / "cache"
     good = get_or_build(_variant(), KernelCache(root, disk=True))
@@ -66,6 +70,8 @@ def test_corrupted_entry_is_rebuilt(tmp_path, monkeypatch, damage):
         meta.unlink()
     elif damage == "garbage_meta":
         meta.write_text("{not json")
+    elif damage == "meta_not_object":
+        meta.write_text("[1, 2]")
     else:
         cub.unlink()
     log = tmp_path / "compiles"
@@ -78,13 +84,13 @@ def test_corrupted_entry_is_rebuilt(tmp_path, monkeypatch, damage):
 
 def _builder(root: str, log: str, barrier) -> str:
     # runs in a forked child: count compiles, wait for every builder, then race
-    real = c._compile
+    real = pipeline._compile
 
-    def counted(source, key):
+    def counted(planned):
         with open(log, "a") as f:
             f.write(f"{os.getpid()}\n")
-        return real(source, key)
-    c._compile = counted
+        return real(planned)
+    pipeline._compile = counted
     barrier.wait()
     b = get_or_build(_variant(), KernelCache(Path(root), disk=True))
     return b.key + ":" + str(len(b.cubin))
@@ -123,7 +129,7 @@ def test_clear_and_entries(tmp_path):
 
 
 def test_unwritable_cache_is_a_clear_error(tmp_path):
-    from fusegemm.runtime.errors import CacheError
+    from fusegemm.base.errors import CacheError
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(CacheError, match="cannot write the kernel cache at .*FUSEGEMM_CACHE_DIR"):

@@ -15,9 +15,24 @@ def run(*args: str):
 def test_list_json():
     r = run("list", "--json")
     assert r.exit_code == 0
-    names = [row["name"] for row in json.loads(r.output)]
-    assert names == ["gemm_amax", "grouped_gemm", "grouped_gemm_dswiglu", "grouped_gemm_quant",
-                     "grouped_gemm_srelu"]
+    rows = {(row["name"], row["arch"]): row for row in json.loads(r.output)}
+    assert sorted({name for name, _ in rows}) == ["gemm_amax", "grouped_gemm", "grouped_gemm_dswiglu",
+                                                  "grouped_gemm_quant", "grouped_gemm_srelu"]
+    # declared and implemented side by side: sm_90a implements tile M 64/128 without clusters
+    # (1 tile of 3, 1 cluster of 9 of the declared grouped_gemm surface)...
+    g90, g100 = rows[("grouped_gemm", "sm_90a")], rows[("grouped_gemm", "sm_100a")]
+    assert g90["declared"] == g100["declared"] == g100["implemented"] > 0
+    assert g90["status"] == "implemented" and 0 < g90["implemented"] < g90["declared"]
+    # ... and a carrier implements nothing.
+    s = rows[("grouped_gemm_srelu", "sm_100a")]
+    assert s["status"] == "carrier" and s["implemented"] == 0 and s["declared"] > 0
+
+
+def test_list_text_names_status():
+    r = run("list")
+    assert r.exit_code == 0
+    assert any(line.split()[:4] == ["grouped_gemm_srelu", "grouped", "sm_90a", "carrier"]
+               for line in r.output.splitlines())
 
 
 def test_show_text_and_json():
@@ -48,6 +63,37 @@ def test_generate_bad_variant_exit_1(tmp_path):
     assert "tile_m: got 96; spec grouped_gemm allows: one of 64, 128, 256" in r.output
     r = run("generate", "grouped_gemm", "--arch", "sm_90a", "--variant", "tile_m=256", "-o", str(tmp_path))
     assert r.exit_code == 1 and "TILE_M 256 uses 2-CTA" in r.output
+    # declared by the spec, not implemented by the sm_90a kernel (registry limits)
+    r = run("generate", "grouped_gemm", "--arch", "sm_90a", "--variant", "tile_m=256", "--variant",
+            "cluster_m=2", "-o", str(tmp_path))
+    assert r.exit_code == 1
+    assert "Error: tile_m=256 is not implemented for grouped_gemm on sm_90a; implemented: 64, 128" in r.output
+
+
+def test_variant_axis_must_reach_the_kernel(tmp_path):
+    r = run("generate", "grouped_gemm_srelu", "--carriers", "--arch", "sm_100a", "--variant",
+            "d_dtype=float8_e4m3fn", "-o", str(tmp_path))
+    assert r.exit_code == 1
+    assert "Error: d_dtype: does not reach the sm_100a carrier of grouped_gemm_srelu" in r.output
+    r = run("build", "grouped_gemm_srelu", "--carriers", "--arch", "sm_90a", "--variant", "ab_dtype=float8_e5m2")
+    assert r.exit_code == 1 and "ab_dtype: does not reach the sm_90a carrier of grouped_gemm_srelu" in r.output
+
+
+def test_carriers_build_only_on_request():
+    r = run("build", "grouped_gemm_srelu")
+    assert r.exit_code == 1
+    assert "not built: carriers, stand-ins for kernels that have not landed" in r.output
+    assert "Error: nothing to build: grouped_gemm_srelu on sm_100a (carrier); grouped_gemm_srelu on " \
+           "sm_90a (carrier)" in r.output
+
+
+def test_variant_option_mistakes(tmp_path):
+    r = run("build", "grouped_gemm", "--all", "--variant", "d_dtype=float32")
+    assert r.exit_code == 1 and "--all and --variant: got both" in r.output
+    r = run("build", "grouped_gemm", "--variant", "d_dtype=float32", "--variant", "d_dtype=float16")
+    assert r.exit_code == 1 and "--variant d_dtype: given twice ('float32' and 'float16')" in r.output
+    r = run("generate", "grouped_gemm", "--prebuild", "--variant", "d_dtype=float32", "-o", str(tmp_path))
+    assert r.exit_code == 2 and "--prebuild and --variant: got both" in r.output
 
 
 def test_bad_arch_is_usage_error_exit_2():
@@ -60,17 +106,17 @@ def test_unknown_command_exit_2():
 
 
 def test_build_inspect_cache_roundtrip(cache_dir):
-    r = run("build", "gemm_amax", "--arch", "sm_90a", "--variant", "c_dtype=bfloat16", "-j", "1")
+    r = run("build", "gemm_amax", "--arch", "sm_90a", "--carriers", "--variant", "tile_n=128", "-j", "1")
     assert r.exit_code == 0, r.output
-    assert "1 built (0 cached), 0 failed" in r.output
-    r2 = run("build", "gemm_amax", "--arch", "sm_90a", "--variant", "c_dtype=bfloat16", "--json")
+    assert "1 built (1 carriers) (0 cached), 0 failed" in r.output
+    r2 = run("build", "gemm_amax", "--arch", "sm_90a", "--carriers", "--variant", "tile_n=128", "--json")
     data = json.loads(r2.output)
     assert data["failed"] == 0 and data["results"][0]["cached"] is True
     name = data["results"][0]["name"]
     r3 = run("inspect", name[:40], "--json", "--no-sass")
     assert r3.exit_code == 0, r3.output
     info = json.loads(r3.output)
-    assert info["kernels"][0]["local_bytes"] == 0 and info["kernels"][0]["launch"]["threads"] == 128
+    assert info["kernels"][0]["local_bytes"] == 0 and info["kernels"][0]["contract"]["threads"] == 128
     rows = json.loads(run("cache", "list", "--json").output)
     assert [row["name"] for row in rows] == [name]
     assert run("cache", "path").output.strip() == str(cache_dir)
@@ -94,15 +140,16 @@ def test_inspect_unknown_exit_1(cache_dir):
 
 
 def test_build_failure_exit_1(cache_dir, monkeypatch):
-    from fusegemm.generator import render as rmod
-    real = rmod.render
+    import dataclasses
 
-    def broken(v):
-        s = real(v)
-        return rmod.Source(v, s.name, s.symbol, s.text + "\n#error deliberately broken\n", s.digest, s.template)
-    monkeypatch.setattr(rmod, "render", broken)
-    monkeypatch.setattr("fusegemm.build.render", broken)
-    r = CliRunner().invoke(main, ["build", "gemm_amax", "--arch", "sm_90a", "-j", "1",
+    from fusegemm import pipeline
+    real = pipeline.render
+
+    def broken(v, carriers=False):
+        s = real(v, carriers=carriers)
+        return dataclasses.replace(s, text=s.text + "\n#error deliberately broken\n")
+    monkeypatch.setattr(pipeline, "render", broken)
+    r = CliRunner().invoke(main, ["build", "gemm_amax", "--arch", "sm_100a", "-j", "1",
                                   "--variant", "c_dtype=float16"])
     assert r.exit_code == 1
     assert "0 built (0 cached), 1 failed" in r.output and "deliberately broken" in r.output

@@ -4,11 +4,12 @@ from __future__ import annotations
 import pytest
 
 from fusegemm import build as b
+from fusegemm import pipeline
 from fusegemm.generator.render import Source, render
 from fusegemm.generator.variants import make_variant
 from fusegemm.runtime import cache as c
 from fusegemm.runtime.compile import compile_source
-from fusegemm.runtime.errors import CompileError, SpecError
+from fusegemm.base.errors import CompileError, SpecError
 
 BROKEN = """#include "fusegemm/common.cuh"
 extern "C" __global__ void broken_kernel(float* p) {
@@ -35,11 +36,11 @@ def test_compile_error_carries_context():
 def test_generated_kernel_error_names_spec_and_kernel(monkeypatch, tmp_path):
     v = make_variant("gemm_amax", arch="sm_100a")
     good = render(v)
-    bad = Source(variant=v, name=good.name, symbol=good.symbol, text=good.text + "\nint oops = ;\n",
-                 digest=good.digest, template=good.template)
-    monkeypatch.setattr("fusegemm.generator.render.render", lambda _v: bad)
+    bad = Source(variant=v, impl=good.impl, name=good.name, symbol=good.symbol,
+                 text=good.text + "\nint oops = ;\n", digest=good.digest)
+    monkeypatch.setattr("fusegemm.pipeline.render", lambda _v, carriers=False: bad)
     with pytest.raises(CompileError) as info:
-        c.get_or_build(v, c.KernelCache(tmp_path, disk=True))
+        pipeline.get_kernel(v, c.KernelCache(tmp_path, disk=True))
     msg = str(info.value)
     assert good.symbol in msg and v.spec.path in msg and "expected an expression" in msg
 
@@ -60,9 +61,10 @@ def test_cluster_shapes_share_one_kernel(session_cache):
 
 @pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
 def test_every_prebuild_variant_compiles(arch, session_cache):
-    """Every kernel `fusegemm build` makes by default compiles for both archs, spill-free."""
-    vs = b.select(None, (arch,))
-    results = b.build(vs, cache=session_cache)
+    """Every kernel `fusegemm build` makes by default, and every carrier it makes with
+    --carriers, compiles for both archs, spill-free."""
+    vs, _ = b.select(None, (arch,), carriers=True)
+    results = b.build(vs, cache=session_cache, carriers=True)
     failed = [f"{r.name}: {r.error[:2000]}" for r in results if not r.ok]
     assert failed == []
     assert sum(r.variants for r in results) == len(vs) >= 10   # every variant is served

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from fusegemm.runtime import config
-from fusegemm.runtime.errors import ConfigError
+from fusegemm.base.errors import ConfigError
 
 
 def test_defaults(monkeypatch):

@@ -7,11 +7,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import fusegemm.ops._common as cm  # noqa: E402
+import fusegemm.ops.checks as checks  # noqa: E402
+import fusegemm.ops.device as device  # noqa: E402
+import fusegemm.ops.grouped_gemm as op_mod  # noqa: E402
 import fusegemm.runtime.launch as launch_mod  # noqa: E402
 from fusegemm.compat import GroupedGemmSm100, grouped_gemm_wrapper_sm100  # noqa: E402
 from fusegemm.ops.grouped_gemm import GroupedGemm, grouped_gemm  # noqa: E402
-from fusegemm.runtime.errors import ArgumentError, UnsupportedError  # noqa: E402
+from fusegemm.base.errors import ArgumentError, UnsupportedError  # noqa: E402
 
 M, K, N, L = 512, 64, 128, 2
 BF, F16, F32, I32, I64 = torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64
@@ -22,15 +24,15 @@ def no_launch(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("a kernel was launched")
     monkeypatch.setattr(launch_mod, "launch", boom)
-    monkeypatch.setattr(cm, "device_arch", lambda d: (_ for _ in ()).throw(
+    monkeypatch.setattr(device, "device_arch", lambda d: (_ for _ in ()).throw(
         AssertionError("CUDA was queried")))
 
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
     """Treat CPU tensors as device 0 (for the checks that come after device checks)."""
-    monkeypatch.setattr(cm, "require_cuda", lambda v, n: 0)
-    monkeypatch.setattr(cm, "same_device", lambda views, dev: None)
+    monkeypatch.setattr(checks, "require_cuda", lambda v, n: 0)
+    monkeypatch.setattr(checks, "same_device", lambda views, dev: None)
 
 
 def base(**over):
@@ -94,9 +96,9 @@ WRAPPER_CASES = [
      r"b_tensor.dtype: got float16"),
     ("b_2d", base(b_tensor=torch.zeros(N, K, dtype=BF)), ArgumentError, r"b_tensor.shape"),
     ("b_wrong_k", base(b_tensor=torch.zeros(L, N, 32, dtype=BF).permute(1, 2, 0)), ArgumentError,
-     r"^b_tensor: got shape"),
+     r"^b_tensor.shape: got \(128, 32, 2\); allowed: \(N, 64, 2\) \(kernel-facing\) or \(2, N, 64\)"),
     ("b_wrong_l", base(b_tensor=torch.zeros(3, N, K, dtype=BF).permute(1, 2, 0)), ArgumentError,
-     r"^b_tensor: got shape"),
+     r"^b_tensor.shape: got \(128, 64, 3\)"),
     ("b_n_major", base(b_tensor=torch.zeros(L, K, N, dtype=BF).permute(2, 1, 0)), ArgumentError,
      r"K-major"),
     ("b_n_mismatch", base(n=64), ArgumentError, r"^n: got 64; allowed: None or 128"),
@@ -186,7 +188,7 @@ def test_wrapper_rejects(case, kw, exc, msg):
 @pytest.mark.parametrize("case,kw,exc,msg", MOCKED_CASES, ids=[c[0] for c in MOCKED_CASES])
 def test_wrapper_rejects_after_device_checks(fake_cuda, monkeypatch, case, kw, exc, msg):
     if exc is None:  # 8-byte aligned pointer table is legal: must get past validation
-        monkeypatch.setattr(cm, "alloc", lambda *a: (_ for _ in ()).throw(RuntimeError("passed")))
+        monkeypatch.setattr(op_mod, "alloc", lambda *a: (_ for _ in ()).throw(RuntimeError("passed")))
         with pytest.raises(RuntimeError, match="passed"):
             grouped_gemm(**kw)
         return
@@ -248,12 +250,18 @@ def test_class_rejects(fake_cuda, case, kw, exc, msg):
 
 
 SUPPORT_CASES = [
-    ("tile_256x256", dict(mma_tiler_mn=(256, 256)), r"mma_tiler_mn=\(256, 256\) is not implemented on sm_90a"),
-    ("tile_64x256", dict(mma_tiler_mn=(64, 256)), r"mma_tiler_mn=\(64, 256\)"),
-    ("tile_128x64", dict(mma_tiler_mn=(128, 64)), r"mma_tiler_mn=\(128, 64\)"),
-    ("cluster_2x1", dict(cluster_shape_mn=(2, 1)), r"cluster_shape_mn=\(2, 1\) is not implemented"),
-    ("cluster_1x2", dict(cluster_shape_mn=(1, 2)), r"cluster_shape_mn"),
-    ("arch_sm80", dict(arch="sm_80"), r"arch 'sm_80' is not supported"),
+    # registry limits of the sm_90a kernel (declared by the spec, not implemented there)
+    ("tile_256x256", dict(mma_tiler_mn=(256, 256)),
+     r"^mma_tiler_mn=\(256, 256\): tile_m=256 is not implemented for grouped_gemm on sm_90a; "
+     r"implemented: 64, 128 \(one 64-row WGMMA consumer warpgroup"),
+    ("cluster_2x1", dict(cluster_shape_mn=(2, 1)),
+     r"^cluster_shape_mn=\(2, 1\): cluster_m=2 is not implemented for grouped_gemm on sm_90a; "
+     r"implemented: 1 \(no TMA multicast on sm_90a yet"),
+    ("cluster_1x2", dict(cluster_shape_mn=(1, 2)), r"^cluster_shape_mn=\(1, 2\): cluster_n=2 is not implemented"),
+    # outside the spec's declared surface
+    ("tile_128x64", dict(mma_tiler_mn=(128, 64)),
+     r"^mma_tiler_mn=\(128, 64\): tile_n: got 64; spec grouped_gemm allows: 128, 256$"),
+    ("arch_sm80", dict(arch="sm_80"), r"^arch: got 'sm_80'; allowed: sm_100a, sm_90a$"),
 ]
 
 
@@ -270,6 +278,22 @@ def test_check_support_says_why(fake_cuda, case, kw, msg):
 def test_check_support_ok(fake_cuda):
     op = GroupedGemm(**samples())
     assert op.support_problem() is None and op.check_support() is True
+    # defaults come from the spec plus the registry: sm_90a prefers 128x256 without clusters,
+    # sm_100a takes the spec's 256x256 on a 2x1 cluster
+    assert (op.tile, op.cluster) == ((128, 256), (1, 1))
+    op100 = GroupedGemm(**samples(arch="sm_100a"))
+    assert (op100.tile, op100.cluster) == ((256, 256), (2, 1)) and op100.check_support()
+
+
+def test_tile_m_64_runs_on_sm90a(fake_cuda, session_cache, monkeypatch):
+    """The spec and the sm_90a kernel allow tile M 64; the op used to refuse it (it kept its own
+    table of tiles). Now the op's surface is the spec's plus the registry's, and the kernel of
+    that variant compiles."""
+    from fusegemm import pipeline
+    op = GroupedGemm(**samples(mma_tiler_mn=(64, 256)))
+    assert op.check_support() is True
+    built = pipeline.get_kernel(op._variant(), session_cache)
+    assert built.contract.tile_m == 64 and built.resources.local_bytes == 0
 
 
 def execute_args(**over):
@@ -290,7 +314,7 @@ EXECUTE_CASES = [
     ("d_pitch", execute_args(d_tensor=torch.zeros(M, N + 4, 1, dtype=BF)[:, :N]), r"d_tensor.stride\[0\]"),
     ("d_misaligned", execute_args(d_tensor=torch.zeros(M * N + 1, dtype=BF)[1:].view(M, N, 1)),
      r"d_tensor.data_ptr"),
-    ("a_k_changed", execute_args(a_tensor=torch.zeros(M, 32, 1, dtype=BF)), r"^b_tensor: got shape"),
+    ("a_k_changed", execute_args(a_tensor=torch.zeros(M, 32, 1, dtype=BF)), r"^b_tensor.shape: got"),
     ("alpha_len", execute_args(alpha_tensor=torch.ones(5)), r"alpha_tensor.shape"),
     ("offsets_dtype", execute_args(padded_offsets=torch.tensor([256, 512], dtype=I64)), r"padded_offsets.dtype"),
 ]
@@ -324,24 +348,7 @@ def test_no_cuda_at_import():
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
-def test_case_count():
-    n = (len(WRAPPER_CASES) + len(MOCKED_CASES) + len(CLASS_CASES) + len(SUPPORT_CASES)
-         + len(EXECUTE_CASES) + 3)
-    assert n >= 100, n
-
-
 # ---- host pieces that need no GPU ---------------------------------------------------
-def test_struct_packer_matches_paramstruct():
-    from fusegemm.generator.params import GROUPED_PARAMS
-    from fusegemm.ops._common import StructPacker
-    values = {"tma_a": bytes(range(128)), "tma_b": bytes(reversed(range(128))), "offsets": 0x1000,
-              "alpha": 0x2000, "sched_counter": 0x3000, "m_rows": 4096, "n": 7168, "k": 2048,
-              "num_experts": 8, "ldc": 7168, "ldd": 7168}
-    assert StructPacker(GROUPED_PARAMS).pack(values) == GROUPED_PARAMS.pack(values)
-    with pytest.raises(ArgumentError, match="params field"):
-        StructPacker(GROUPED_PARAMS).pack({"bogus": 1})
-
-
 TMAP_CASES = [
     (dict(dtype="int4"), r"tensor map dtype"),
     (dict(shape=()), r"tensor map rank"),

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from fusegemm.runtime import headers as h
-from fusegemm.runtime.errors import ToolchainError
+from fusegemm.base.errors import ToolchainError
 
 
 def _touch(path):

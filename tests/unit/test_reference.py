@@ -11,6 +11,7 @@ import pytest
 
 from fusegemm import formats as F
 from fusegemm import reference as R
+from fusegemm.base.errors import ArgumentError
 from fusegemm.problems import make_batched_problem, make_grouped_problem
 from fusegemm.tupledict import TupleDict
 
@@ -658,54 +659,151 @@ def test_all_experts_empty(op):
 
 
 def test_errors_name_argument_value_and_allowed():
+    """Seed rules (fusegemm.arguments, shared with the ops) and reference options."""
     base = hand_fp8_problem()
     cases = [
         (dict(padded_offsets=np.array([100, 256, 512], np.int32)),
-         r"^padded_offsets\[0\]=100 is invalid: offsets must be nondecreasing multiples of 256"),
-        (dict(padded_offsets=np.array([512, 256, 512], np.int32)), r"^padded_offsets\[1\]=256 is invalid"),
+         r"^padded_offsets\[0\]: got 100; allowed: nondecreasing multiples of 256 \(previous end 0\)$"),
+        (dict(padded_offsets=np.array([512, 256, 512], np.int32)),
+         r"^padded_offsets\[1\]: got 256; allowed: nondecreasing multiples of 256 \(previous end 512\)$"),
         (dict(padded_offsets=np.array([256, 512, 1024], np.int32)),
-         r"^padded_offsets\[-1\]=1024 \(valid_m\) exceeds the 768 rows of a_tensor$"),
-        (dict(sf_vec_size=16), r"^sf_vec_size=16 is not allowed with ab_dtype='float8_e4m3fn'; FP8"),
-        (dict(d_dtype="float32"), r"^d_dtype \(with FP8 A/B\)='float32' is not supported; allowed: float16, bfloat16"),
-        (dict(d_dtype="float8_e4m3fn"), r"^norm_const_tensor is required when FP8 A/B produce"),
-        (dict(b_ptrs=np.zeros(3, np.int64)), r"^b_ptrs holds device pointers.*pass the per-expert arrays as b_list"),
-        (dict(alpha_tensor=np.ones(2, np.float32)), r"^alpha_tensor has shape \(2,\); expected \(3,\)$"),
-        (dict(prob_tensor=np.ones(768, np.float64)), r"^prob_tensor.dtype='float64' is not supported; allowed: float32$"),
-        (dict(m_aligned=128), r"^m_aligned=128 is not supported; allowed: 256$"),
-        (dict(cd_major="m"), r"^cd_major='m' is not supported; allowed: 'n'$"),
-        (dict(acc_dtype="float16"), r"^acc_dtype='float16' is not supported; allowed: float32, float64$"),
-        (dict(e5m2_rcp_max="exact"), r"^e5m2_rcp_max='exact' is not supported; allowed: 'page', 'nvidia'$"),
-        (dict(b_tensor=np.zeros((32, 16, 3), E4M3)), r"^b_tensor has shape \(32, 16, 3\); with K=32"),
+         r"^padded_offsets\[-1\]: got 1024; allowed: <= 768 \(rows of a_tensor\)$"),
+        (dict(padded_offsets=np.array([256, 512, 768], np.float32)),
+         r"^padded_offsets\.dtype: got float32; allowed: int32, int64$"),
+        (dict(padded_offsets=np.zeros(0, np.int32)),
+         r"^padded_offsets\.shape: got \(0,\); allowed: \(L,\) with 1 <= L <= 1024$"),
+        (dict(a_tensor=np.zeros((700, 32, 1), E4M3)),
+         r"^a_tensor\.shape\[0\]: got 700; allowed: a multiple of 256 \(padded rows\)$"),
+        (dict(a_tensor=np.zeros((768, 32, 2), E4M3)), r"^a_tensor\.shape: got \(768, 32, 2\); allowed: \(M, K, 1\) or \(M, K\)$"),
+        (dict(d_dtype="float32"), r"^d_dtype: got 'float32'; allowed: float16, bfloat16, float8_e4m3fn, float8_e5m2, "
+                                  r"float4_e2m1fn_x2, uint8 \(with FP8 A/B\)$"),
+        (dict(d_dtype="float8_e4m3fn"), r"^norm_const_tensor: got None; allowed: a \(1,\) float32 tensor\. It is required "
+                                        r"when FP8 A/B produce an FP8/FP4 D \(SFD outputs\), e\.g\. "),
+        (dict(d_dtype="float8_e4m3fn", norm_const_tensor=np.ones(2, np.float32)),
+         r"^norm_const_tensor\.shape: got \(2,\); allowed: \(1,\) or \(1, 1, 1\)$"),
+        (dict(b_ptrs=np.zeros(3, np.int64)), r"^b_ptrs: got device pointers; allowed: None \(the host reference cannot "
+                                             r"read device memory\)\. Pass the per-expert arrays as b_list instead$"),
+        (dict(alpha_tensor=np.ones(2, np.float32)),
+         r"^alpha_tensor\.shape: got \(2,\); allowed: \(3,\) or \(3, 1, 1\) \(one scale per expert\)$"),
+        (dict(alpha_tensor=np.ones(3, np.float16)), r"^alpha_tensor\.dtype: got float16; allowed: float32$"),
+        (dict(prob_tensor=np.ones(768, np.float64)), r"^prob_tensor\.dtype: got float64; allowed: float32$"),
+        (dict(prob_tensor=np.ones(512, np.float32)),
+         r"^prob_tensor\.shape: got \(512,\); allowed: \(768,\) or \(768, 1, 1\) \(one gate per row\)$"),
+        (dict(row_scale_tensor=np.ones((768, 2), np.float32)),
+         r"^row_scale_tensor\.shape: got \(768, 2\); allowed: \(768,\) or \(768, 1, 1\) \(one factor per row\)$"),
+        (dict(bias_tensor=np.zeros((3, 32), np.float32)), r"^bias_tensor\.shape: got \(3, 32\); allowed: \(32, 3\) = \(N, L\)$"),
+        (dict(bias_tensor=np.zeros((32, 3), np.int32)), r"^bias_tensor\.dtype: got int32; allowed: bfloat16, float16, float32$"),
+        (dict(m_aligned=128), r"^m_aligned: got 128; allowed: 256$"),
+        (dict(cd_major="m"), r"^cd_major: got 'm'; allowed: 'n'$"),
+        (dict(acc_dtype="float16"), r"^acc_dtype: got 'float16'; allowed: float32, float64$"),
+        (dict(acc_dtype=np.float16), r"^acc_dtype: got 'float16'; allowed: float32, float64$"),
+        (dict(e5m2_rcp_max="exact"), r"^e5m2_rcp_max: got 'exact'; allowed: 'page', 'nvidia'$"),
+        (dict(b_tensor=np.zeros((32, 16, 3), E4M3)),
+         r"^b_tensor\.shape: got \(32, 16, 3\); allowed: \(N, 32, 3\) \(kernel-facing\) or \(3, N, 32\) \(canonical\), "
+         r"with K from a_tensor and L from padded_offsets$"),
     ]
     for change, message in cases:
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(ArgumentError, match=message):
             R.grouped_gemm_quant(**dict(base, **change))
-    with pytest.raises(ValueError, match=r"^prob_tensor is required"):
+    # block-format combinations keep the format helpers' explanation (fusegemm.formats.blockscale)
+    with pytest.raises(ValueError, match=r"^sf_vec_size=16 is not allowed with ab_dtype='float8_e4m3fn'; FP8 "
+                                         r"elements \(MXFP8\) need sf_vec_size=32$"):
+        R.grouped_gemm_quant(**dict(base, sf_vec_size=16))
+    with pytest.raises(ArgumentError, match=r"^prob_tensor: got None; allowed: a \(768,\) or \(768, 1, 1\) float32 "
+                                            r"tensor\. The kernel multiplies by the per-row gating probability; "
+                                            r"pass ones of shape \(768, 1, 1\) for no gating$"):
         R.grouped_gemm_srelu(**dict(base, prob_tensor=None))
-    with pytest.raises(ValueError, match=r"^tanh_clamp_scale=-1.0 is not supported; allowed: None or a positive"):
+    with pytest.raises(ArgumentError, match=r"^tanh_clamp_scale: got -1\.0; allowed: None or a positive finite float$"):
         R.grouped_gemm_srelu(**base, tanh_clamp_scale=-1.0)
-    with pytest.raises(ValueError, match=r"^a_tensor.dtype='float8_e4m3fn' is not supported; allowed: bfloat16$"):
+    with pytest.raises(ArgumentError, match=r"^a_tensor\.dtype: got float8_e4m3fn; allowed: bfloat16$"):
         R.grouped_gemm(a_tensor=base["a_tensor"], padded_offsets=base["padded_offsets"],
                        alpha_tensor=base["alpha_tensor"], b_tensor=base["b_tensor"])
-    with pytest.raises(TypeError, match=r"^padded_offsets is required; got None$"):
+    with pytest.raises(ArgumentError, match=r"^padded_offsets: got None; allowed: a tensor\. padded_offsets is required$"):
         R.grouped_gemm_srelu(**dict(base, padded_offsets=None))
+
+
+def test_reference_only_rules_name_argument_value_and_allowed():
+    """Rules of the host reference itself: per-expert lists, pointers, scale buffers, options."""
+    base = hand_fp8_problem()
+    b_list = [np.zeros((32, 32), E4M3)] * 3
+    sfb_list = [e8m0_sf(np.full((32, 1), 127))] * 3
+    cases = [
+        (dict(b_tensor=None), r"^b_tensor/b_list: got neither; allowed: exactly one of b_tensor \(dense weights\) and "
+                              r"b_list \(one \(N, K\) array per expert\)$"),
+        (dict(b_list=b_list), r"^b_tensor/b_list: got both; allowed: exactly one of b_tensor"),
+        (dict(b_tensor=None, b_list=b_list[:2]), r"^len\(b_list\): got 2; allowed: 3 \(L, the length of padded_offsets\)$"),
+        (dict(b_tensor=None, b_list=[np.zeros((32, 16), E4M3)] * 3),
+         r"^b_list\[0\]\.shape: got \(32, 16\); allowed: \(N, 32\) with K from a_tensor$"),
+        (dict(b_tensor=None, b_list=b_list[:2] + [np.zeros((64, 32), E4M3)]),
+         r"^b_list\[2\]\.shape: got \(64, 32\); allowed: \(32, 32\), as b_list\[0\]$"),
+        (dict(b_tensor=None, b_list=b_list[:1] + [np.zeros((32, 32), ml_dtypes.float8_e5m2)] * 2),
+         r"^b_list\[1\]\.dtype: got float8_e5m2; allowed: float8_e4m3fn \(the dtype of a_tensor\)$"),
+        (dict(b_tensor=np.zeros((32, 32, 3), ml_dtypes.float8_e5m2)),
+         r"^b_tensor\.dtype: got float8_e5m2; allowed: float8_e4m3fn \(the dtype of a_tensor\)$"),
+        (dict(sfb_ptrs=np.zeros(3, np.int64)), r"^sfb_ptrs: got device pointers; allowed: None \(the host reference "
+                                               r"cannot read device memory\)\. Pass the per-expert arrays as sfb_list instead$"),
+        (dict(sfb_list=sfb_list), r"^sfb_tensor/sfb_list: got both; allowed: exactly one of sfb_tensor \(dense\) and "
+                                  r"sfb_list \(one SF buffer per expert\)$"),
+        (dict(sfb_tensor=None, sfb_list=sfb_list[:2]), r"^len\(sfb_list\): got 2; allowed: 3 \(L, the length of padded_offsets\)$"),
+        (dict(sfa_tensor=None), r"^sfa_tensor: got None; allowed: a tensor\. sfa_tensor is required for block-scaled "
+                                r"A/B \(float8_e4m3fn\)$"),
+        (dict(sfa_tensor=np.zeros(10, np.uint8)),
+         r"^sfa_tensor\.shape: got \(10,\); allowed: the kernel-facing view \(32, 4, 6, 4, 1, 1\), the physical buffer "
+         r"\(1, 6, 1, 32, 4, 4\) or a flat \(3072,\) buffer \(scales of mn=768, sfk=1, L=1\)$"),
+        (dict(sfa_tensor=np.zeros(3072, np.float32)),
+         r"^sfa_tensor\.dtype: got float32; allowed: float8_e8m0fnu, float8_e4m3fn, uint8, int8$"),
+        (dict(sfb_tensor=np.zeros(base["sfb_tensor"].shape, E4M3)),
+         r"^sfb_tensor\.dtype: got float8_e4m3fn; allowed: float8_e8m0fnu \(the scale type of sfa_tensor\)$"),
+        (dict(b_dtype="float8_e5m2"), r"^b_dtype: got 'float8_e5m2'; allowed: None or float8_e4m3fn \(the dtype of the weights\)$"),
+        (dict(b_major="m"), r"^b_major: got 'm'; allowed: 'k', 'n' \(with float8_e4m3fn weights\)$"),
+        (dict(n=64), r"^n: got 64; allowed: None or 32 \(the weights' N\)$"),
+    ]
+    for change, message in cases:
+        with pytest.raises(ArgumentError, match=message):
+            R.grouped_gemm_quant(**dict(base, **change))
+    # int64 offsets and the per-expert lists are host conveniences the reference accepts
+    sfb_codes = np.full((3, 32, 1), 127)
+    sfb_codes[0, 0, 0] = 128  # as hand_fp8_problem
+    listed = dict(base, b_tensor=None, b_list=[F.b_from_kernel(base["b_tensor"])[e] for e in range(3)],
+                  sfb_tensor=None, sfb_list=[e8m0_sf(sfb_codes[e]) for e in range(3)],
+                  padded_offsets=base["padded_offsets"].astype(np.int64))
+    assert np.array_equal(f32(R.grouped_gemm_quant(**listed)[0]), f32(R.grouped_gemm_quant(**base)[0]))
 
 
 def test_dswiglu_and_gemm_amax_errors():
     a, b, offsets = dswiglu_problem()
     b = np.zeros((2, 48, 32), np.float32)
-    with pytest.raises(ValueError, match=r"^N=48 must be a multiple of 32"):
+    with pytest.raises(ArgumentError, match=r"^b_tensor N: got 48; allowed: a multiple of 32\. dSwiGLU interleaves "
+                                            r"32-column gate/up blocks$"):
         run_dswiglu(a, b, offsets, np.zeros((512, 96)), alpha=[1, 1], beta=[1, 1], prob=np.ones(512))
     a, b, offsets = dswiglu_problem()
-    with pytest.raises(ValueError, match=r"^c_tensor has shape \(512, 64, 1\); expected \(512, 128, 1\) or \(512, 128\)$"):
+    with pytest.raises(ArgumentError, match=r"^c_tensor\.shape: got \(512, 64, 1\); allowed: \(512, 128, 1\) = "
+                                            r"\(M, 2N\) or \(M, 2N, 1\)$"):
         run_dswiglu(a, b, offsets, np.zeros((512, 64)), alpha=[1, 1], beta=[1, 1], prob=np.ones(512))
-    with pytest.raises(ValueError, match=r"^epilogue_op='gelu' is not supported"):
+    with pytest.raises(ArgumentError, match=r"^beta_tensor\.shape: got \(3,\); allowed: \(2,\) or \(2, 1, 1\) "
+                                            r"\(one scale per expert\)$"):
+        run_dswiglu(a, b, offsets, np.zeros((512, 128)), alpha=[1, 1], beta=[1, 1, 1], prob=np.ones(512))
+    with pytest.raises(ArgumentError, match=r"^epilogue_op: got 'gelu'; allowed: None, 'none', 'identity', 'relu', "
+                                            r"'srelu'$"):
         R.grouped_gemm_dswiglu(None, None, None, None, None, None, None, None, None, epilogue_op="gelu")
     p = make_batched_problem(m=128, n=128, k=64)
-    with pytest.raises(ValueError, match=r"^c_dtype='float8_e4m3fn' with FP8 A/B \(float8_e4m3fn\) is disabled"):
+    with pytest.raises(ArgumentError, match=r"^c_dtype: got 'float8_e4m3fn'; allowed: float32, float16, bfloat16 "
+                                            r"\(with FP8 A/B\)\. FP8 and FP4 C need FP4 A/B, as on the GPU$"):
         R.gemm_amax(**p.kwargs(c_dtype="float8_e4m3fn"))
-    with pytest.raises(ValueError, match=r"^c_major='k' is not supported; allowed: 'm', 'n'$"):
+    with pytest.raises(ArgumentError, match=r"^c_major: got 'k'; allowed: 'm', 'n'$"):
         R.gemm_amax(**p.kwargs(), c_major="k")
+    with pytest.raises(ArgumentError, match=r"^b_tensor\.shape: got \(128, 32, 1\); allowed: \(N, 64, 1\) or "
+                                            r"\(N, 64\) \(K and L from a_tensor\)$"):
+        R.gemm_amax(**p.kwargs(b_tensor=np.zeros((128, 32, 1), E4M3)))
+    with pytest.raises(ArgumentError, match=r"^b_tensor\.dtype: got float8_e5m2; allowed: float8_e4m3fn "
+                                            r"\(the dtype of a_tensor\)$"):
+        R.gemm_amax(**p.kwargs(b_tensor=np.zeros((128, 64, 1), ml_dtypes.float8_e5m2)))
+    with pytest.raises(ArgumentError, match=r"^a_tensor\.shape: got \(128, 64, 1, 1\); allowed: 2-D or 3-D tensor$"):
+        R.gemm_amax(**p.kwargs(a_tensor=np.zeros((128, 64, 1, 1), E4M3)))
+    fp4 = make_batched_problem(m=128, n=128, k=64, ab_dtype="float4_e2m1fn_x2")
+    with pytest.raises(ArgumentError, match=r"^c_major: got 'm'; allowed: 'n' \(with an FP4 C\)\. Packed FP4 C holds "
+                                            r"two elements per byte along N$"):
+        R.gemm_amax(**fp4.kwargs(c_dtype="float4_e2m1fn_x2"), c_major="m")
 
 
 # ---------------------------------------------------------------- speed

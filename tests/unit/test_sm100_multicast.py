@@ -6,21 +6,24 @@ from __future__ import annotations
 import functools
 import re
 
-from fusegemm.generator.params import GROUPED_PARAMS
 from fusegemm.runtime import inspect
 
 from fusegemm.runtime.compile import BASE_OPTIONS, headers
-from fusegemm.runtime.errors import CompileError
+from fusegemm.base.errors import CompileError
 
-from _sm100 import (CLUSTERS, MC_FIELDS, V, _MC_FN,
-                    _skip_without_toolchain, mc_problems, mc_table_cpp)
+from _sm100 import (CLUSTERS, MC_FIELDS, V, _MC_FN, _skip_without_toolchain, contract_problems,
+                    generated_unit, mc_problems, mc_table_cpp)
 
 # ---------------------------------------------------------------------------------------------
-# One probe translation unit, no kernel instantiated: CUTLASS's MN-major UMMA descriptors next to
-# the kernels' (make_umma_desc is not constexpr: both sides are stored from a probe kernel and read
-# back from the PTX, where NVRTC folds them to immediates), the multicast tables of two faulty
-# frames, and the cluster-block walk.
+# One probe translation unit, no kernel entry point instantiated: CUTLASS's MN-major UMMA
+# descriptors next to the kernels' (make_umma_desc is not constexpr: both sides are stored from a
+# probe kernel and read back from the PTX, where NVRTC folds them to immediates), the multicast
+# tables of two faulty frames, and the cluster-block walk. Each probe's Config and kernel class
+# are the generated ones (render() of the probe's variant, see probe_unit).
 # ---------------------------------------------------------------------------------------------
+# Routes (_sm100.V.route): MN_PROBES 0 and 3 make_variant("gemm_amax"), 1 and 2 gemm_amax's spec with
+# problem grouped (no seed spec declares a grouped block-scaled kernel with a chosen C dtype);
+# PAIR_COMMIT_FAULTS make_variant("grouped_gemm"). Faults: the generated Config plus one line.
 MN_PROBES = [
     V("bs", 128, 256, ab="e4m3", c="f32", batched=True, a_mn=True, b_mn=True),  # SW128, 2 B atoms
     V("bs", 256, 128, ab="e4m3", c="bf16", a_mn=True, b_mn=True),               # 2-CTA: B in SW64
@@ -59,13 +62,40 @@ __device__ void probe_one(uint32_t* out, uint8_t* buf) {
 """
 
 
+_ENTRY = 'extern "C" __global__'
+
+
+def probe_unit(i: int, v: V) -> str:
+    """Probe ``i``'s part of the probe unit: the generated translation unit of ``v`` (fault line
+    planted), up to its kernel entry point, renamed so that several fit one unit.
+
+    One unit for all probes, by text substitution, rather than one compile per probe: the probes
+    only read each kernel class's constants and Frame, so dropping the generated ``__global__``
+    entry (the one thing that would instantiate ``Kernel::run``) keeps this a single ~2 s NVRTC
+    compile instead of six, with the Config, the ``using Kernel`` and the contract export exactly
+    as generated. Renamed: ``namespace fusegemm_gen`` -> ``fusegemm_gen_p<i>``, ``Kernel`` ->
+    ``K<i>``, the symbol -> ``probe_k<i>`` (a fault probe has its good twin's symbol: the fault
+    line is planted after the renderer hashed the text).
+    """
+    symbol, text = generated_unit(v)
+    if text.count(_ENTRY) != 1:
+        raise AssertionError(f"{v.label}: {text.count(_ENTRY)} kernel entry points in the generated unit, expected 1")
+    entry = text[text.index(_ENTRY):]
+    if f"\n{symbol}(" not in entry or entry.count("{") != 1:
+        raise AssertionError(f"{v.label}: the generated unit does not end with its kernel entry point")
+    text = text[:text.index(_ENTRY)]
+    text = re.sub(r"\bfusegemm_gen\b", f"fusegemm_gen_p{i}", text)
+    text = re.sub(r"\bKernel\b", f"K{i}", text)
+    text = text.replace(symbol, f"probe_k{i}")
+    if f"using K{i} = " not in text or "fusegemm_gen::" in text or symbol in text:
+        raise AssertionError(f"{v.label}: renaming the generated unit for probe {i} failed")
+    return text
+
+
 def probe_source() -> str:
-    cfgs = "".join(v.config_cpp(f"P{i}") for i, v in enumerate(MN_PROBES + PAIR_COMMIT_FAULTS))
-    src = ['#include "fusegemm/sm100/blockscaled_gemm.cuh"', '#include "fusegemm/sm100/grouped_gemm.cuh"',
-           "#include <cute/atom/mma_traits_sm100.hpp>", "namespace fusegemm_gen {", GROUPED_PARAMS.cpp(), cfgs,
-           "}  // namespace fusegemm_gen", _MC_FN, _PROBE_FN]
-    for i, v in enumerate(MN_PROBES + PAIR_COMMIT_FAULTS):
-        src.append(f"using K{i} = fusegemm::sm100::{v.kernel}<fusegemm_gen::P{i}>;")
+    probes = MN_PROBES + PAIR_COMMIT_FAULTS
+    src = [probe_unit(i, v) for i, v in enumerate(probes)]
+    src += ["#include <cute/atom/mma_traits_sm100.hpp>", _MC_FN, _PROBE_FN]
     for j, v in enumerate(PAIR_COMMIT_FAULTS):
         src.append(mc_table_cpp(f"K{len(MN_PROBES) + j}::Frame", v.cta_group, f"probe_mc{j}"))
     walk = []
@@ -75,7 +105,8 @@ def probe_source() -> str:
             walk.append(f"{c}.bm, {c}.bn")
     src.append(f'extern "C" __device__ __attribute__((used)) const int probe_walk[{2 * len(walk)}] = {{'
                + ", ".join(walk) + "};")
-    body = "".join(f"  probe_one<K{i}, fusegemm_gen::P{i}>(out + {16 * i}, buf);\n" for i in range(len(MN_PROBES)))
+    body = "".join(f"  probe_one<K{i}, fusegemm_gen_p{i}::Config>(out + {16 * i}, buf);\n"
+                   for i in range(len(MN_PROBES)))
     src.append('extern "C" __global__ void probe(uint32_t* out) {\n'
                "  __shared__ alignas(1024) uint8_t buf[32768];\n" + body + "}")
     return "\n".join(src) + "\n"
@@ -136,6 +167,15 @@ def test_mn_major_descriptors_match_cutlass():
     # The broken probe (fault 6, LBO and SBO swapped) is caught.
     bad = mn_desc_problems(len(MN_PROBES) - 1, stored)
     assert any("hi_a" in p for p in bad) and any("lbo_a" in p for p in bad) and any("hi_b" in p for p in bad), bad
+
+
+def test_probe_kernels_are_the_generated_ones():
+    """The probes' kernel classes come from the generated units: each exports its generated
+    contract (renamed probe_k<i>), which agrees with the probe's variant."""
+    _skip_without_toolchain()
+    c = inspect.Cubin(probe()[1])
+    for i, v in enumerate(MN_PROBES + PAIR_COMMIT_FAULTS):
+        assert contract_problems(v, c.contract(f"probe_k{i}")) == [], v.label
 
 
 def test_pair_only_release_fails_the_multicast_model():

@@ -19,21 +19,34 @@ every empty barrier gets exactly its count of arrivals, every producer waits for
 writes). MN-major (FP8) descriptors are compared with CUTLASS's make_umma_desc<Major::MN>
 evaluated in the same translation unit. The last tests prove the checks fail on deliberately
 broken kernels.
+
+Every unit compiled here is the product's own: each ``V`` maps to a real ``Variant`` rendered by
+``fusegemm.generator.render.render`` with its registry row's template (``_sm100.V.route`` says
+which), the limits and the minimum cluster come from the generated host contract
+(``<symbol>_contract``), and the harness only appends test-only exports after the generated text
+(or, for the fault tests, plants one ``kFaultInjection`` line in its Config).
 """
 from __future__ import annotations
 
-import time
+from dataclasses import replace
 
 import pytest
 
-from fusegemm.runtime.compile import BASE_OPTIONS, compile_source, headers
+from fusegemm.generator.variants import make_variant
+from fusegemm.runtime.compile import BASE_OPTIONS, headers
 
-from _sm100 import (Built, CLUSTERS, MC_FIELDS, V, _simulate,
-                    _skip_without_toolchain, build, from_cubin,
-                    mc_problems, mc_rows, static_problems)
+from _sm100 import (CLUSTERS, MC_FIELDS, ROUTE_BATCHED, ROUTE_BATCHED_DIRECT, ROUTE_BF16, ROUTE_CARRIER,
+                    ROUTE_GROUPED_DIRECT, V, _simulate, _skip_without_toolchain, build, mc_problems,
+                    mc_rows, config_problems, plant_fault, static_problems,
+                    translation_unit)
 
 # ---------------------------------------------------------------------------------------------
 # The variants. Unmarked ones cover every family once (CI-sized); the rest are marked slow.
+# Route to the real template (_sm100.ROUTE_*, pinned by test_variants_render_through_the_registry):
+# "bf16" -> make_variant("grouped_gemm"); batched "bs" -> make_variant("gemm_amax"), or a Variant
+# of gemm_amax built directly where its spec excludes the point ("direct" below); grouped "bs"
+# -> the grouped_gemm_srelu carrier (FP32 C, "carrier") or gemm_amax's spec with problem grouped
+# ("grouped"), since no seed spec declares a grouped block-scaled kernel with a chosen C dtype.
 # ---------------------------------------------------------------------------------------------
 CORE = [
     V("bf16", 128, 256),                                                   # 1-CTA, 2 acc stages = 512 cols
@@ -42,8 +55,8 @@ CORE = [
     V("bf16", 256, 128, dynamic=True, discrete=True, d="f16"),
     V("bs", 128, 256, ab="e4m3", c="f32", batched=True),                   # MXFP8, seed 004
     V("bs", 128, 256, ab="e4m3", c="f32", batched=True, a_mn=True, b_mn=True),  # seed 004 M-/N-major
-    V("bs", 256, 256, ab="e2m1", sf="ue4m3", vec=16, discrete=True, dynamic=True),  # NVFP4 2-CTA
-    V("bs", 64, 128, ab="e2m1", sf="ue8m0", vec=32, c="bf16"),             # MXFP4, M=64 over padded M=128
+    V("bs", 256, 256, ab="e2m1", sf="ue4m3", vec=16, discrete=True, dynamic=True),  # NVFP4 2-CTA; grouped
+    V("bs", 64, 128, ab="e2m1", sf="ue8m0", vec=32, c="bf16"),             # MXFP4, M=64 over padded M=128; grouped
 ]
 EXTENDED = [
     V("bs", 128, 128, ab="e2m1", sf="ue4m3", vec=16, c="e4m3", batched=True),  # FP8 C from NVFP4
@@ -52,19 +65,58 @@ EXTENDED = [
     V("bf16", 128, 256, bias="f32", generate_c=True, c="f16", d="f32"),
     V("bf16", 256, 256, bias="f16"),
     V("bs", 128, 128, ab="e5m2", c="bf16", batched=True),
-    V("bs", 128, 256, ab="e2m1", sf="ue4m3", vec=16, c="f16", batched=True),
-    V("bs", 128, 256, ab="e2m1", sf="ue8m0", vec=16, c="f32"),             # MXFP4 vec16 -> mxf4nvf4
-    V("bs", 256, 128, ab="e4m3", c="f32"),
-    V("bs", 256, 256, ab="e2m1", sf="ue8m0", vec=32, c="bf16", dynamic=True),
-    V("bs", 64, 256, ab="e4m3", c="f16", discrete=True),
+    V("bs", 128, 256, ab="e2m1", sf="ue4m3", vec=16, c="f16", batched=True),  # direct (N 256 + vec 16 + 16-bit C)
+    V("bs", 128, 256, ab="e2m1", sf="ue8m0", vec=16, c="f32"),             # MXFP4 vec16 -> mxf4nvf4; carrier
+    V("bs", 256, 128, ab="e4m3", c="f32"),                                 # carrier
+    V("bs", 256, 256, ab="e2m1", sf="ue8m0", vec=32, c="bf16", dynamic=True),  # grouped
+    V("bs", 64, 256, ab="e4m3", c="f16", discrete=True),                   # grouped
     V("bs", 128, 128, ab="e4m3", c="f32", batched=True, c_major_m=True),   # seed 004 cd_major m
     V("bs", 128, 256, ab="e2m1", sf="ue8m0", vec=32, c="e2m1", batched=True),  # packed FP4 C
     V("bs", 128, 256, ab="e2m1", sf="ue4m3", vec=16, c="e5m2", batched=True, c_major_m=True),
-    V("bs", 256, 128, ab="e4m3", c="bf16", a_mn=True, b_mn=True),          # 2-CTA MN-major: B in SW64 atoms
-    V("bs", 256, 256, ab="e5m2", c="f32", b_mn=True, discrete=True, dynamic=True),
-    V("bs", 64, 256, ab="e4m3", c="f16", a_mn=True),                       # M-major A: a whole 128-row atom
-    V("bs", 128, 128, ab="e4m3", c="f32", batched=True, a_mn=True, dynamic=True, c_major_m=True),
+    V("bs", 256, 128, ab="e4m3", c="bf16", a_mn=True, b_mn=True),          # 2-CTA MN-major: B in SW64 atoms; grouped
+    V("bs", 256, 256, ab="e5m2", c="f32", b_mn=True, discrete=True, dynamic=True),  # grouped (srelu: no scheduler)
+    V("bs", 64, 256, ab="e4m3", c="f16", a_mn=True),                       # M-major A: a whole 128-row atom; grouped
+    V("bs", 128, 128, ab="e4m3", c="f32", batched=True, a_mn=True, dynamic=True, c_major_m=True),  # direct (dynamic)
 ]
+# The fault tests' variants (below): the real template plus one planted kFaultInjection line.
+FAULTY = [V("bf16", 128, 256, fault=1), V("bs", 128, 256, ab="e4m3", c="f32", batched=True, fault=1),
+          V("bf16", 128, 128, fault=2), V("bf16", 128, 256, fault=3), V("bs", 128, 256, ab="e4m3", c="f32", fault=3),
+          V("bf16", 128, 256, fault=4)]
+
+
+def test_variants_render_through_the_registry():
+    """No toolchain needed: every V renders through its registry row's real template by the route
+    documented above, its generated Config has every constant the V implies (V.expected_config,
+    written from the V's fields alone), and a fault plants exactly one line."""
+    direct = {"bs.e2m1.ue4m3.v16.batched.cf16.t128x256": ROUTE_BATCHED_DIRECT,
+              "bs.e4m3.ue8m0.v32.batched.cf32.cmajm.amn.t128x128.dyn": ROUTE_BATCHED_DIRECT,
+              "bs.e2m1.ue8m0.v16.grouped.cf32.t128x256": ROUTE_CARRIER,
+              "bs.e4m3.ue8m0.v32.grouped.cf32.t256x128": ROUTE_CARRIER,
+              "bs.e4m3.ue8m0.v32.grouped.cf32.t128x256.fault3": ROUTE_CARRIER}
+    assert set(direct) <= {v.label for v in CORE + EXTENDED + FAULTY}
+    for v in CORE + EXTENDED + FAULTY:
+        if v.family == "bf16":
+            want = ROUTE_BF16
+        elif v.batched:
+            want = direct.get(v.label, ROUTE_BATCHED)
+        else:
+            want = direct.get(v.label, ROUTE_GROUPED_DIRECT)
+        assert v.route == want, v.label
+        symbol, text = translation_unit(v)  # raises if the generated Config departs from the V
+        assert text.count(f"{symbol}_contract[") == 1 and text.count(f"\n{symbol}(") == 1, v.label
+        assert text.count("kFaultInjection") == (1 if v.fault else 0), v.label
+        impl = v.variant().spec.kernel
+        assert impl == {ROUTE_BF16: "grouped_gemm", ROUTE_CARRIER: "grouped_gemm_srelu"}.get(v.route, "gemm_amax")
+    # The Config comparison and the fault planting can fail: another V's unit, a unit with no or
+    # two Config anchors.
+    text = translation_unit(CORE[5])[1]
+    assert config_problems(CORE[4], text) == [f"{CORE[4].label}: generated Config lacks {line!r}" for line in
+                                              ("static constexpr bool kAMajorMN = false;",
+                                               "static constexpr bool kBMajorMN = false;")]
+    assert config_problems(replace(CORE[5], fault=6), text)
+    for bad in (text.replace("struct Config {\n", "struct Config{\n"), text + text):
+        with pytest.raises(AssertionError, match="fault injection"):
+            plant_fault(bad, 1)
 
 
 @pytest.mark.parametrize("v", CORE + [pytest.param(v, marks=pytest.mark.slow) for v in EXTENDED],
@@ -75,24 +127,21 @@ def test_variant_passes_static_checks(v: V):
     assert static_problems(b) == [], b.v.label
 
 
-@pytest.mark.parametrize("spec,choices,expect", [
-    ("grouped_gemm", {}, {"family": "bf16"}),  # spec default: t256x256, cluster 2x1
+@pytest.mark.parametrize("spec,choices,v", [
+    ("grouped_gemm", {}, V("bf16", 256, 256)),  # spec default: t256x256, cluster 2x1 (= CORE[1])
     # seed 004 M-major A, N-major B: the template's kAMajorMN / kBMajorMN flags
     ("gemm_amax", {"a_major": "m", "b_major": "n"},
-     {"family": "bs", "ab": "e4m3", "c": "f32", "batched": True, "a_mn": True, "b_mn": True}),
-], ids=["grouped_gemm", "gemm_amax.am.bn"])
-def test_generated_translation_unit_passes_static_checks(spec, choices, expect):
-    """The renderer (templates/{grouped,blockscaled}_gemm.cu.j2) instantiates the same kernels."""
+     V("bs", 128, 128, ab="e4m3", c="f32", batched=True, a_mn=True, b_mn=True)),
+    # the carrier of the spec default (t256x256 MXFP8, cluster 2x1); c_dtype does not reach a
+    # carrier (FP32 C), the V says float32 so that the variants compare equal
+    ("grouped_gemm_srelu", {"c_dtype": "float32"}, V("bs", 256, 256, ab="e4m3", c="f32")),
+], ids=["grouped_gemm", "gemm_amax.am.bn", "grouped_gemm_srelu.carrier"])
+def test_spec_default_variant_passes_static_checks(spec, choices, v):
+    """Every V is rendered by the product's renderer now; this pins that a spec's default variant
+    (what `fusegemm build` makes first) is exactly the variant its V maps to, and checks it."""
+    assert v.variant() == make_variant(spec, arch="sm_100a", **choices)
     _skip_without_toolchain()
-    from fusegemm.generator.render import render
-    from fusegemm.generator.variants import make_variant
-
-    var = make_variant(spec, arch="sm_100a", **choices)
-    src = render(var)
-    t0 = time.perf_counter()
-    cub = compile_source(src.text, arch="sm_100a", kernel=src.symbol)
-    b = from_cubin(V(tile_m=var.tile_m, tile_n=var.tile_n, **expect), src.symbol, cub.data, time.perf_counter() - t0)
-    assert static_problems(b) == []
+    assert static_problems(build(v)) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,7 +151,7 @@ def ptx_of(v: V) -> str:
     from cuda.bindings import nvrtc
 
     opts = [b"-arch=compute_100a", *(o.encode() for o in BASE_OPTIONS), *(o.encode() for o in headers().options())]
-    err, prog = nvrtc.nvrtcCreateProgram(v.source("k").encode(), b"k.cu", 0, [], [])
+    err, prog = nvrtc.nvrtcCreateProgram(translation_unit(v)[1].encode(), b"k.cu", 0, [], [])
     try:
         assert int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) == 0
         size = nvrtc.nvrtcGetPTXSize(prog)[1]
@@ -157,7 +206,7 @@ def test_ptx_fence_and_commit_order(v: V):
 # ---------------------------------------------------------------------------------------------
 def test_checks_catch_missing_mma_issue():
     _skip_without_toolchain()
-    problems = static_problems(build(V("bf16", 128, 256, fault=1)))
+    problems = static_problems(build(FAULTY[0]))
     assert "SASS: no UTCHMMA (the MMA issue path is missing)" in problems
 
 
@@ -165,22 +214,22 @@ def test_checks_catch_missing_mma_issue():
 @pytest.mark.slow
 def test_checks_catch_missing_block_scaled_mma_issue():
     _skip_without_toolchain()
-    problems = static_problems(build(V("bs", 128, 256, ab="e4m3", c="f32", batched=True, fault=1)))
+    problems = static_problems(build(FAULTY[1]))
     assert "SASS: no UTCQMMA (the MMA issue path is missing)" in problems
 
 
 def test_checks_catch_local_memory():
     _skip_without_toolchain()
-    problems = static_problems(build(V("bf16", 128, 128, fault=2)))
+    problems = static_problems(build(FAULTY[2]))
     assert any(p.startswith("local memory:") for p in problems), problems
 
 
 def test_wrong_descriptor_fails_the_build():
     _skip_without_toolchain()
     with pytest.raises(match="bug #3"):
-        build(V("bf16", 128, 256, fault=3))
+        build(FAULTY[3])
     with pytest.raises(match="bug #3"):
-        build(V("bs", 128, 256, ab="e4m3", c="f32", fault=3))
+        build(FAULTY[4])
 
 
 def test_checks_catch_protocol_and_pairing_errors():
@@ -188,13 +237,21 @@ def test_checks_catch_protocol_and_pairing_errors():
     presented as a 2-CTA tile is reported."""
     _skip_without_toolchain()
     b = build(CORE[0])
-    lie = Built(V("bf16", 256, 256), b.name, b.seconds, b.res, b.launch, b.tmem_cols,
-                b.protocol, b.mc, b.hist, b.sass)
-    problems = static_problems(lie)
+    problems = static_problems(replace(b, v=V("bf16", 256, 256)))
     assert any(p.startswith("protocol: expect_tx") for p in problems), problems
     assert any(p.startswith("protocol: tmem_empty") for p in problems), problems
     assert any(p.startswith("SASS order") for p in problems), problems
     assert any(p.startswith("multicast: table") for p in problems), problems
+    # The contract side: the 1-CTA kernel's contract contradicts a 2-CTA tile, and a contract
+    # that disagrees with its variant anywhere is reported field by field.
+    assert "contract: min_cluster_m = 1, expected 2" in problems, problems
+    assert "contract: ctas_per_tile = 1, expected 2" in problems, problems
+    for change, field in [({"tile_n": 128}, "tile_n"), ({"max_cluster_ctas": 8}, "max_cluster_ctas"),
+                          ({"tma_dtype_b": 0}, "tma_dtype_b"), ({"tmap_slot_stride": 16}, "tmap_slot_stride"),
+                          ({"min_cluster_n": 2}, "min_cluster_n"), ({"tmem_cols": 384}, "TMEM"),
+                          ({"threads": 384}, "threads"), ({"smem_bytes": 240000}, "shared memory")]:
+        problems = static_problems(replace(b, contract=replace(b.contract, **change)))
+        assert any(field in p for p in problems), (field, problems)
     broken_ptx = "mbarrier.try_wait.parity.shared::cta.b64 p, [%r1], %r2;\ntcgen05.mma.cta_group::1.kind::f16 [%r3];\n" \
                  "tcgen05.ld.sync.aligned.32x32b.x32.b32 {%r4}, [%r5];\nmbarrier.arrive.shared::cta.b64 _, [%r6];\n"
     problems = ptx_order_problems(broken_ptx)
@@ -204,7 +261,7 @@ def test_checks_catch_protocol_and_pairing_errors():
 def test_checks_catch_missing_multicast():
     """Fault 4: every CTA loads its own boxes; the SASS check sees no multicast load forms."""
     _skip_without_toolchain()
-    problems = static_problems(build(V("bf16", 128, 256, fault=4)))
+    problems = static_problems(build(FAULTY[5]))
     assert "SASS: no multicast UTMALDG.2D (operand loads are not shared in the cluster)" in problems, problems
     assert "SASS: no multicast UTMALDG.3D (operand loads are not shared in the cluster)" in problems, problems
 

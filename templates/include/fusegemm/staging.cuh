@@ -12,6 +12,7 @@
 
 #include "fusegemm/common.cuh"
 #include "fusegemm/scheduler.cuh"
+#include "fusegemm/tma.cuh"
 
 namespace fusegemm::staging {
 
@@ -20,6 +21,16 @@ struct ChecksumKernel {
   static constexpr int kThreads = 128;
   static constexpr int kBoxBytesK = 128;          // one 128-byte K slab per TMA load
   static constexpr int kSmemBytes = TILE_M * kBoxBytesK + 128;
+
+  // Host contract (fusegemm/base/contract.py): A as uint8 (rows, K bytes), box (128, TILE_M),
+  // no swizzle; no B, no clusters, no tensor-map workspace, no TMEM.
+  static constexpr int kTileM = TILE_M, kTileN = TILE_N, kTileK = kBoxBytesK;
+  static constexpr int kMinClusterM = 1, kMinClusterN = 1, kMaxClusterCtas = 1, kCtasPerTile = 1;
+  static constexpr int kMAligned = fusegemm::kMAligned;
+  static constexpr int kBoxAInner = kBoxBytesK, kBoxAOuter = TILE_M, kBoxBInner = 0, kBoxBOuter = 0;
+  static constexpr int kSwizzleA = 0, kSwizzleB = 0;
+  static constexpr int kTmaDtypeA = TmaDtype<uint8_t>::value, kTmaDtypeB = 0;
+  static constexpr int kTmapSlotStride = 0, kTmemCols = 0;
 
   // tma_a views A as uint8 (rows, K bytes) with box (kBoxBytesK, TILE_M).
   template <class Params>

@@ -123,7 +123,6 @@ struct BlockScaledGemmKernel {
                             kStagingBytes * kNumEpiWarps, Config::kDiscreteB ? 2 : 0, kTxPerCta, kFault>;
   static constexpr int kStages = Frame::kStages, kThreads = Frame::kThreads;
   static constexpr int kSmemBytes = Frame::kSmemBytes, kTmapSlots = Frame::kTmapSlots;
-  static constexpr int kTmapSlotStride = Frame::kTmapSlotStride;
   // Boxes (see the host contract above). Every operand box of a stage is loaded as kMcSlices
   // slices (cluster.cuh): K-major along rows, (kBoxKBytes, kRows / 4); MN-major along K,
   // (swizzle atom, kBlockK / 4 K rows), per MN atom.
@@ -134,6 +133,18 @@ struct BlockScaledGemmKernel {
   static constexpr int kBoxKA = kAMn ? kSliceK : kBlockK, kBoxKB = kBMn ? kSliceK : kBlockK;
   static_assert(kSliceRowsA % 8 == 0 && kSliceRowsB % 8 == 0 && (kSliceK * kBSwizzle) % 1024 == 0,
                 "bug #5: slices start 1024-B aligned (whole 8-row swizzle atoms)");
+  // Host contract (fusegemm/base/contract.py): A and B maps are uint8 views; a K-major box is
+  // (kBoxKBytes, rows), an MN-major one (swizzle atom of MN bytes, K rows); discrete weights get
+  // Frame::kTmapSlotStride slots of 128 B per CTA ([B x 8][SFB x 8]).
+  static constexpr int kTileK = kBlockK;
+  static constexpr int kMinClusterM = kCtaGroup, kMinClusterN = 1, kCtasPerTile = kCtaGroup;
+  static constexpr int kMaxClusterCtas = fusegemm::sm100::kMaxClusterCtas;
+  static constexpr int kMAligned = fusegemm::kMAligned;
+  static constexpr int kBoxAInner = kAMn ? kBoxRowsA : kBoxKBytes, kBoxAOuter = kAMn ? kBoxKA : kBoxRowsA;
+  static constexpr int kBoxBInner = kBMn ? kBoxRowsB : kBoxKBytes, kBoxBOuter = kBMn ? kBoxKB : kBoxRowsB;
+  static constexpr int kSwizzleA = kAMn ? kASwizzle : 128, kSwizzleB = kBMn ? kBSwizzle : 128;
+  static constexpr int kTmaDtypeA = TmaDtype<uint8_t>::value, kTmaDtypeB = TmaDtype<uint8_t>::value;
+  static constexpr int kTmapSlotStride = Config::kDiscreteB ? Frame::kTmapSlotStride : 0;
 
   // ---- static protocol checks (sm100-protocol.md §8) ----
   static constexpr uint32_t kIdesc = idesc_block_scaled(

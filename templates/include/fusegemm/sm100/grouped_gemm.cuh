@@ -30,6 +30,7 @@ struct GroupedGemmKernel {
   static_assert(cute::is_same_v<ElementA, ElementB>, "A and B share one 16-bit format");
   static_assert(cute::is_same_v<ElementA, cutlass::bfloat16_t> || cute::is_same_v<ElementA, cutlass::half_t>,
                 "kind::f16 kernel: A/B are bf16 or fp16");
+  static_assert(!Config::kBMajorMN, "kind::f16 grouped kernel: K-major B only");
 
   static constexpr int kFault = fault_injection<Config>();
   static constexpr int kTileM = Config::kTileM;
@@ -54,13 +55,24 @@ struct GroupedGemmKernel {
   static constexpr int kStages = Frame::kStages;
   static constexpr int kThreads = Frame::kThreads;
   static constexpr int kSmemBytes = Frame::kSmemBytes;
-  static constexpr int kTmapSlots = Frame::kTmapSlots, kTmapSlotStride = Frame::kTmapSlotStride;
+  static constexpr int kTmapSlots = Frame::kTmapSlots;
   // Host contract for the tensor maps (runtime/tensormap.py): SWIZZLE_128B, K innermost, boxes
   // of (kBoxK, kBoxRows*): a CTA's rows are loaded as kMcSlices slices so that every CTA of a
   // multicast group loads a part of every stage (cluster.cuh); the host reads the box rows from
   // the cubin's launch facts.
   static constexpr int kSliceRowsA = kRowsA / kMcSlices, kSliceRowsB = kRowsB / kMcSlices;
   static constexpr int kBoxK = kBlockK, kBoxRowsA = kSliceRowsA, kBoxRowsB = kSliceRowsB;
+  // Host contract (fusegemm/base/contract.py): the boxes above, SWIZZLE_128B, in the elements'
+  // own TMA type; the smallest cluster is the CTA pair of a 2-CTA tile; discrete weights get
+  // Frame::kTmapSlotStride slots of 128 B per CTA in tmap_workspace.
+  static constexpr int kTileK = kBlockK;
+  static constexpr int kMinClusterM = kCtaGroup, kMinClusterN = 1, kCtasPerTile = kCtaGroup;
+  static constexpr int kMaxClusterCtas = fusegemm::sm100::kMaxClusterCtas;
+  static constexpr int kMAligned = fusegemm::kMAligned;
+  static constexpr int kBoxAInner = kBoxK, kBoxAOuter = kBoxRowsA, kBoxBInner = kBoxK, kBoxBOuter = kBoxRowsB;
+  static constexpr int kSwizzleA = 128, kSwizzleB = 128;
+  static constexpr int kTmaDtypeA = TmaDtype<ElementA>::value, kTmaDtypeB = TmaDtype<ElementB>::value;
+  static constexpr int kTmapSlotStride = Config::kDiscreteB ? Frame::kTmapSlotStride : 0;
   static_assert(kSliceRowsA % 8 == 0 && kSliceRowsB % 8 == 0,
                 "bug #5: slices are whole 8-row SW128 atoms (1024-B aligned destinations)");
 
@@ -156,7 +168,7 @@ struct GroupedGemmKernel {
     constexpr bool kM64 = kTileM == 64;
     const int rows_valid = kM64 ? 16 : 32;
     const uint32_t buf = smem_u32(f.staging) + ew * kStagingBytes;
-    epi::GroupedGemmRule<Config> rule;
+    typename Config::Rule rule;  // the epilogue rule (generator/registry.py row)
     f.epilogue_loop(sched, [&](const ClusterTile& t, uint32_t acc_col) {
       const int warp_row0 = t.m_block * kTileM + f.cta_half * kRowsA + ew * rows_valid;
       const int row = warp_row0 + f.lane;  // meaningful for lane < rows_valid

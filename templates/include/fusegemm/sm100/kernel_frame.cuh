@@ -79,7 +79,7 @@ struct KernelFrame {
   static constexpr int kStages = kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
   // Device-rewritten maps (tma.cuh DeviceTmap): kStages slots per map, rotated; the host
   // reserves 8 slots of 128 B per map per CTA, CTA c at slot c * kTmapSlotStride
-  // (ops/grouped_gemm.py TMAP_SLOTS_PER_CTA; block-scaled discrete: [B x 8][SFB x 8]).
+  // (exported to the host as kTmapSlotStride, fusegemm/base/contract.py; block-scaled discrete: [B x 8][SFB x 8]).
   static constexpr int kTmapSlots = kStages;
   static constexpr int kTmapSlotsPerMap = 8;
   static constexpr int kTmapSlotStride = kTmapSlotsPerMap * (kTmapsPerCta > 0 ? kTmapsPerCta : 1);

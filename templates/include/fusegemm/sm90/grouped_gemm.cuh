@@ -46,19 +46,24 @@ namespace sm90 {
 
 template <class Config>
 struct GroupedGemmKernel {
+  using ElementA = typename Config::ElementA;
+  using ElementB = typename Config::ElementB;
   using ElementC = typename Config::ElementC;
   using ElementD = typename Config::ElementD;
-  using Rule = epi::GroupedGemmRule<Config>;
+  using Rule = typename Config::Rule;  // the epilogue rule (generator/registry.py row)
   using StoreC = epi::WarpStagedStore<ElementC>;
   using StoreD = epi::WarpStagedStore<ElementD>;
+  static_assert(cute::is_same_v<ElementA, cutlass::bfloat16_t> && cute::is_same_v<ElementB, cutlass::bfloat16_t>,
+                "sm_90a grouped kernel: BF16 A and B");
+  static_assert(!Config::kBMajorMN, "sm_90a grouped kernel: K-major B only");
 
   static constexpr int kTileM = Config::kTileM;
   static constexpr int kTileN = Config::kTileN;
   static constexpr int kTileK = 64;  // 128 bytes of BF16: one SWIZZLE_128B row
   static_assert(kTileM == 64 || kTileM == 128, "sm_90a kernel: TILE_M must be 64 or 128");
   static_assert(kTileN == 128 || kTileN == 256, "sm_90a kernel: TILE_N must be 128 or 256");
-  // No clusters on sm_90a yet (no B multicast): the cluster shape is a launch attribute that
-  // the spec (cluster 1x1 on sm_90a) and GroupedGemm.check_support() hold at 1x1.
+  // No clusters on sm_90a yet (no B multicast): the kernel exports a largest cluster of one CTA
+  // (kMaxClusterCtas), which the registry's sm_90a limits match (tests/unit/test_contract.py).
 
   static constexpr int kConsumerWGs = kTileM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
@@ -102,10 +107,21 @@ struct GroupedGemmKernel {
 
   // Slots per CTA in tmap_workspace (discrete weights): a slot is rewritten only after the
   // pipeline has drained every load issued kStages loads ago (see DeviceTmap). The host
-  // reserves kTmapSlotStride slots of 128 bytes per CTA (ops/grouped_gemm.py).
+  // reserves kTmapSlotStride (exported) slots of 128 bytes per CTA.
   static constexpr int kTmapSlots = kStages;
-  static constexpr int kTmapSlotStride = 8;
-  static_assert(kTmapSlots <= kTmapSlotStride, "more stages than reserved tensor-map slots");
+  static constexpr int kTmapSlotsPerCta = 8;
+  static_assert(kTmapSlots <= kTmapSlotsPerCta, "more stages than reserved tensor-map slots");
+
+  // Host contract (fusegemm/base/contract.py): A (K, rows) and B (K, N, L) maps with boxes of
+  // (kTileK, kTileM) and (kTileK, kTileN), SWIZZLE_128B, in the elements' own TMA type; discrete
+  // weights get kTmapSlotsPerCta slots of 128 B per CTA in tmap_workspace.
+  static constexpr int kMinClusterM = 1, kMinClusterN = 1, kMaxClusterCtas = 1, kCtasPerTile = 1;
+  static constexpr int kMAligned = fusegemm::kMAligned;
+  static constexpr int kBoxAInner = kTileK, kBoxAOuter = kTileM, kBoxBInner = kTileK, kBoxBOuter = kTileN;
+  static constexpr int kSwizzleA = 128, kSwizzleB = 128;
+  static constexpr int kTmaDtypeA = TmaDtype<ElementA>::value, kTmaDtypeB = TmaDtype<ElementB>::value;
+  static constexpr int kTmapSlotStride = Config::kDiscreteB ? kTmapSlotsPerCta : 0;
+  static constexpr int kTmemCols = 0;
 
   using Sched = GroupedScheduler<kTileM, kTileN, FUSEGEMM_RASTER_GROUP>;
 
@@ -169,7 +185,7 @@ struct GroupedGemmKernel {
     int tmap_expert = -1;
     if constexpr (Config::kDiscreteB) {
       dtm.init(&p.tma_b,
-               reinterpret_cast<CUtensorMap*>(p.tmap_workspace) + blockIdx.x * kTmapSlotStride,
+               reinterpret_cast<CUtensorMap*>(p.tmap_workspace) + blockIdx.x * kTmapSlotsPerCta,
                reinterpret_cast<CUtensorMap*>(smem + kOffTmap));
     }
 

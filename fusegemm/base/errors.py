@@ -25,7 +25,15 @@ class SpecError(FusegemmError, ValueError):
 
 
 class UnsupportedError(FusegemmError, ValueError):
-    """A requested configuration is outside the supported surface (says why)."""
+    """A requested configuration is outside the supported surface (says why).
+
+    ``axis`` names the variant axis at fault when there is one (``tile_m``, ``d_dtype``...), so
+    an op can translate it into its own argument name.
+    """
+
+    def __init__(self, message: str, *, axis: str | None = None) -> None:
+        super().__init__(message)
+        self.axis = axis
 
 
 class ArgumentError(FusegemmError, ValueError):
@@ -65,3 +73,11 @@ class CompileError(FusegemmError, RuntimeError):
 
 class CacheError(FusegemmError, RuntimeError):
     """The kernel cache directory cannot be used (permissions, disk)."""
+
+
+class ContractError(FusegemmError, RuntimeError):
+    """A compiled kernel's exported contract disagrees with what its launcher needs."""
+
+
+class UnverifiedError(FusegemmError, RuntimeError):
+    """A kernel family failed its first-run verification on an arch fusegemm has not executed on."""

@@ -1,0 +1,73 @@
+"""What the kernels need of an argument beyond the seed contract (fusegemm/arguments.py):
+strides, alignment, devices, and the plain option types of the op signatures.
+
+Every failure is an :class:`ArgumentError` naming the argument, what was received and what is
+allowed, raised before anything is launched.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..base.errors import ArgumentError
+from ..formats.dtypes import dtype_name
+from ..runtime.tensors import TensorView
+
+
+def dtype_arg(value: Any, name: str, allowed: tuple[str, ...]) -> str:
+    """Canonical dtype name of a dtype argument (torch/numpy dtype or string)."""
+    got = dtype_name(value) if value is not None else None
+    if got is None or got not in allowed:
+        raise ArgumentError(name, repr(value), ", ".join(allowed))
+    return got
+
+
+def pair_arg(value: Any, name: str) -> tuple[int, int]:
+    """A (tile or cluster) pair of ints."""
+    try:
+        a, b = value
+        a, b = int(a), int(b)
+    except (TypeError, ValueError):
+        raise ArgumentError(name, repr(value), "a pair of ints, e.g. (128, 256)") from None
+    return a, b
+
+
+def bool_arg(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ArgumentError(name, repr(value), "True or False")
+    return value
+
+
+def unit_stride(v: TensorView, name: str) -> None:
+    """A vector read with unit stride (one element per row / expert)."""
+    if v.shape[0] > 1 and v.strides[0] != 1:
+        raise ArgumentError(f"{name}.stride", v.strides, "unit stride along the first dimension",
+                            f"pass {name}.contiguous()")
+
+
+def aligned(v: TensorView, name: str, nbytes: int = 16) -> None:
+    if v.ptr % nbytes:
+        raise ArgumentError(f"{name}.data_ptr", hex(v.ptr), f"a multiple of {nbytes} bytes",
+                            "TMA and vector stores need aligned bases; slice offsets break it")
+
+
+def row_pitch_aligned(stride: int, itemsize: int, name: str, nbytes: int = 16) -> None:
+    if (stride * itemsize) % nbytes:
+        raise ArgumentError(name, stride, f"a row stride that is a multiple of {nbytes} bytes "
+                            f"({nbytes // itemsize} elements)")
+
+
+def require_cuda(v: TensorView, name: str) -> int:
+    if not v.is_cuda:
+        raise ArgumentError(f"{name}.device", _dev(v.device), "a CUDA device")
+    return v.device[1]
+
+
+def same_device(views: list[tuple[str, TensorView]], device: tuple[str, int]) -> None:
+    for name, v in views:
+        if v.device != device:
+            raise ArgumentError(f"{name}.device", _dev(v.device), _dev(device),
+                                "every tensor must be on a_tensor's device")
+
+
+def _dev(d: tuple[str, int]) -> str:
+    return d[0] if d[1] < 0 else f"{d[0]}:{d[1]}"

@@ -1,0 +1,53 @@
+"""Device facts the ops need, read once per device: arch, SM count; per-call allocations."""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ..base.archs import arch_of_capability, supported_capabilities
+from ..base.errors import UnsupportedError
+from ..runtime.tensors import is_capturing
+
+
+@functools.lru_cache(maxsize=16)
+def device_arch(device: int) -> str:
+    """The arch (fusegemm/base/archs.py) whose kernels run on ``device``; UnsupportedError
+    naming the capability otherwise."""
+    from ..runtime.load import device_attribute, ensure_context
+    ensure_context(device)
+    cc = (device_attribute(device, "COMPUTE_CAPABILITY_MAJOR"),
+          device_attribute(device, "COMPUTE_CAPABILITY_MINOR"))
+    arch = arch_of_capability(*cc)
+    if arch is None:
+        raise UnsupportedError(f"device {device} has compute capability {cc[0]}.{cc[1]}; fusegemm "
+                               f"kernels need {supported_capabilities()}")
+    return arch.name
+
+
+@functools.lru_cache(maxsize=16)
+def num_sms(device: int) -> int:
+    from ..runtime.load import device_attribute
+    return device_attribute(device, "MULTIPROCESSOR_COUNT")
+
+
+def alloc(shape: tuple[int, ...], dtype: str, device: int) -> Any:
+    """A new torch tensor (outputs and per-call workspaces use torch's caching allocator,
+    which is stream-ordered and CUDA-graph aware)."""
+    import torch
+    return torch.empty(shape, dtype=getattr(torch, dtype), device=f"cuda:{device}")
+
+
+def record_stream(t: Any, stream: int) -> None:
+    """Tell torch's allocator a tensor is used on a stream it does not own."""
+    import torch
+    if stream != torch.cuda.current_stream(t.device).cuda_stream:
+        t.record_stream(torch.cuda.ExternalStream(stream, device=t.device))
+
+
+def offsets_on_host(offsets: Any, stream: int) -> list[int] | None:
+    """padded_offsets values copied to the host, or None while ``stream`` captures a CUDA graph
+    (a copy there would break the capture)."""
+    if is_capturing(stream):
+        return None
+    import torch
+    return torch.as_tensor(offsets).to("cpu").tolist()

@@ -1,0 +1,138 @@
+"""First-run verification on an arch the project has not executed kernels on.
+
+fusegemm's sm_100a kernels are compiled and statically checked, but no Blackwell GPU has run
+them in the project's own tests (``fusegemm/base/archs.py``: ``executed=False``). So the first
+time a kernel family is about to launch on such an arch, :func:`ensure_verified` runs that
+family's selftest cases on the device (seconds; fusegemm/selftest.py compares every output with
+the numpy reference) and:
+
+* records a pass in the kernel cache (``<cache>/verified/<family>.<arch>.json``, keyed by what
+  changes the kernels: fusegemm version, NVRTC version, the templates and headers, the device),
+  so later processes skip it;
+* refuses to launch, with :class:`UnverifiedError` and the failing cases, when any case fails.
+
+``FUSEGEMM_TRUST_UNVERIFIED=1`` skips the check. On an executed arch (sm_90a) nothing happens.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from .base.archs import arch as arch_entry
+from .base.errors import UnverifiedError
+from .base.package import __version__, package_data_dir
+from .runtime import config
+
+_log = logging.getLogger("fusegemm")
+_lock = threading.Lock()
+_verified: set[tuple[str, str, int]] = set()
+_local = threading.local()   # set while the cases run: their own launches pass the gate
+
+
+def ensure_verified(family: str, arch: str, device: int) -> None:
+    """Return when ``family`` may launch on ``device`` (an ``arch`` device); else raise
+    UnverifiedError naming the failing selftest cases."""
+    if arch_entry(arch).executed or config.trust_unverified() or getattr(_local, "active", False):
+        return
+    key = (family, arch, device)
+    if key in _verified:
+        return
+    with _lock:
+        if key in _verified:
+            return
+        ident = identity(family, arch, device)
+        path = record_path(family, arch)
+        if path is not None and _read(path) == ident:
+            _verified.add(key)
+            return
+        _log.warning("fusegemm: first launch of %s on %s, an arch fusegemm has not executed on: "
+                     "running its selftest cases on device %d first (FUSEGEMM_TRUST_UNVERIFIED=1 "
+                     "skips this)", family, arch, device)
+        t0 = time.perf_counter()
+        rows = _run_cases(family, device)
+        failed = [r for r in rows if r.status != "pass"]
+        if failed or not rows:
+            lines = "\n".join(f"  {r.case}: {r.status} {r.detail}" for r in failed) or "  (no cases)"
+            raise UnverifiedError(
+                f"{family} failed its first-run verification on {arch} (device {device}, "
+                f"{ident['device']}): {len(failed)} of {len(rows)} selftest cases failed\n{lines}\n"
+                f"fusegemm has not executed its {arch} kernels on hardware before; please report this "
+                f"with the output of `fusegemm selftest --json`. FUSEGEMM_TRUST_UNVERIFIED=1 launches "
+                f"anyway, at your own risk.")
+        if path is not None:
+            _write(path, {**ident, "cases": len(rows), "seconds": round(time.perf_counter() - t0, 3)})
+        _verified.add(key)
+
+
+def _run_cases(family: str, device: int) -> list[Any]:
+    """The family's selftest rows, with this thread's launches let through the gate."""
+    from . import selftest
+    if family not in selftest.RUNNERS:
+        return []
+    _local.active = True
+    try:
+        return selftest.run_family(family, device)
+    finally:
+        _local.active = False
+
+
+def identity(family: str, arch: str, device: int) -> dict[str, Any]:
+    """What a recorded pass is valid for: anything that changes the kernels or the device."""
+    from .runtime.compile import nvrtc_version
+    return {"family": family, "arch": arch, "fusegemm": __version__,
+            "nvrtc": "%d.%d" % nvrtc_version(), "templates": _templates_digest(),
+            "device": _device_name(device)}
+
+
+def record_path(family: str, arch: str) -> Path | None:
+    """Where a pass is recorded (None when the disk cache is off: the pass lasts the process)."""
+    if not config.disk_cache_enabled():
+        return None
+    return config.cache_dir() / "verified" / f"{family}.{arch}.json"
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {k: data.get(k) for k in ("family", "arch", "fusegemm", "nvrtc", "templates", "device")}
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    # Atomic (temp file + rename); a cache that cannot be written only costs a rerun next time.
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError as exc:
+        _log.warning("fusegemm: could not record the verification in %s: %s", path, exc.strerror)
+
+
+@lru_cache(maxsize=1)
+def _templates_digest() -> str:
+    root = package_data_dir("templates")
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.suffix in (".j2", ".cuh", ".h", ".hpp"):
+            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _device_name(device: int) -> str:
+    from .runtime.load import check, driver
+    drv = driver()
+    dev = check(drv.cuDeviceGet(device), f"cuDeviceGet({device})")
+    raw = check(drv.cuDeviceGetName(64, dev), "cuDeviceGetName")
+    return raw.split(b"\0", 1)[0].decode()

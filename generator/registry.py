@@ -1,0 +1,178 @@
+"""What is implemented, written down once: one row per (kernel family, arch).
+
+A spec declares an op's surface (every combination of choices the seed API allows); this table
+says which kernel implements it on each arch, and how much of it:
+
+* ``template`` and ``header`` / ``kernel``: the translation unit the renderer instantiates and the
+  kernel class (in the arch's header folder) it instantiates;
+* ``rule``: the epilogue rule the kernel instantiates (``None``: the kernel's own);
+* ``source_axes``: the variant axes that reach the generated source (the launch axes,
+  ``cluster_m`` / ``cluster_n``, never do: one cubin serves every legal cluster). Naming any
+  other axis on the command line is an error, since it would not change the kernel;
+* ``limits`` and ``defaults``: where the kernel implements less of an axis than the spec
+  declares, and the defaults it prefers on this arch;
+* ``status``: ``implemented`` (the kernel is the op's kernel) or ``carrier`` (a stand-in that
+  compiles the pieces the op will use; built only on request and never launched as the op).
+  A (family, arch) with no row has status ``none``.
+
+The renderer, the ops, ``fusegemm build`` / ``list`` / ``show`` and ``selftest`` read this
+table and nothing else; the host contract of each kernel is exported by the kernel itself
+(``fusegemm/base/contract.py``). Adding an arch is a row in ``fusegemm/base/archs.py``, rows
+here and its headers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from ..base.archs import ARCHS, arch as arch_entry
+from ..base.errors import UnsupportedError
+from .axes import AXES, LAUNCH_AXES
+
+IMPLEMENTED, CARRIER, NONE = "implemented", "carrier", "none"
+
+
+@dataclass(frozen=True)
+class Limit:
+    """An axis the kernel implements only partly: the values it implements, and why."""
+
+    axis: str
+    values: tuple[Any, ...]
+    because: str
+
+    def __post_init__(self) -> None:
+        if self.axis not in AXES:
+            raise ValueError(f"Limit.axis: got {self.axis!r}; allowed: {', '.join(AXES)}")
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One registry row: how ``family`` is built on ``arch``."""
+
+    family: str
+    arch: str
+    status: str
+    template: str
+    header: str
+    kernel: str
+    rule: str | None
+    source_axes: tuple[str, ...]
+    limits: tuple[Limit, ...] = ()
+    defaults: tuple[tuple[str, Any], ...] = ()
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        arch_entry(self.arch)  # a row for an unknown arch is a programming error: fail at import
+        if self.status not in (IMPLEMENTED, CARRIER):
+            raise ValueError(f"Implementation.status: got {self.status!r}; allowed: {IMPLEMENTED}, {CARRIER}")
+        bad = [a for a in self.source_axes if a not in AXES or a in LAUNCH_AXES or a == "arch"]
+        if bad:
+            raise ValueError(f"Implementation.source_axes: got {bad}; allowed: variant axes that "
+                             f"are not launch attributes")
+
+    @property
+    def carrier(self) -> bool:
+        return self.status == CARRIER
+
+    def problem(self, choice: dict[str, Any]) -> str | None:
+        """Why this implementation does not cover ``choice`` (axis -> value), or None."""
+        for lim in self.limits:
+            value = choice.get(lim.axis)
+            if value not in lim.values:
+                return (f"{lim.axis}={value!r} is not implemented for {self.family} on {self.arch}; "
+                        f"implemented: {', '.join(map(str, lim.values))} ({lim.because})")
+        return None
+
+    def reaching(self, axes: Iterable[str]) -> None:
+        """Raise naming the first of ``axes`` that would not change this kernel."""
+        for axis in axes:
+            if axis not in self.source_axes and axis not in LAUNCH_AXES:
+                what = "carrier" if self.carrier else "kernel"
+                reach = ", ".join(self.source_axes + LAUNCH_AXES)
+                raise UnsupportedError(
+                    axis=axis, message=f"{axis}: does not reach the {self.arch} {what} of {self.family} (its generated "
+                    f"source does not depend on it{'; ' + self.note if self.carrier and self.note else ''}); "
+                    f"axes that reach it: {reach}")
+
+
+def _row(family: str, arch: str, status: str, template: str, header: str, kernel: str,
+         source_axes: tuple[str, ...], *, rule: str | None = None, limits: tuple[Limit, ...] = (),
+         defaults: dict[str, Any] | None = None, note: str = "") -> Implementation:
+    """A row whose header and kernel class live in ``arch``'s header folder (its namespace)."""
+    folder = ARCHS[arch].headers
+    return Implementation(family, arch, status, template, f"fusegemm/{folder}/{header}",
+                          f"fusegemm::{folder}::{kernel}", rule, source_axes, limits,
+                          tuple(sorted((defaults or {}).items())), note)
+
+
+# Axes each template reads (tests/unit/test_registry.py renders every row with each axis
+# changed and checks that exactly these change the source).
+_GROUPED_BF16 = ("ab_dtype", "c_dtype", "d_dtype", "bias_dtype", "weight_mode", "b_major",
+                 "scheduler", "generate_c", "tile_m", "tile_n")
+_BLOCKSCALED = ("ab_dtype", "sf_dtype", "sf_vec_size", "c_dtype", "a_major", "b_major", "cd_major",
+                "scheduler", "weight_mode", "tile_m", "tile_n")
+_MAINLOOP_CARRIER = tuple(a for a in _BLOCKSCALED if a != "c_dtype")
+_STAGING = ("tile_m", "tile_n")
+_FUSED = ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu")
+
+_SM100_CARRIER_NOTE = ("the fused epilogue has not landed; the carrier compiles the block-scaled "
+                       "mainloop the op will use, with the GEMM + amax epilogue and FP32 C")
+_STAGING_NOTE = ("no kernel for this arch yet; the carrier compiles the shared scheduler and TMA "
+                 "tile loads")
+
+ROWS: tuple[Implementation, ...] = (
+    _row("grouped_gemm", "sm_100a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
+         "GroupedGemmKernel", _GROUPED_BF16, rule="fusegemm::epi::GroupedGemmRule"),
+    _row("grouped_gemm", "sm_90a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
+         "GroupedGemmKernel", _GROUPED_BF16, rule="fusegemm::epi::GroupedGemmRule",
+         limits=(Limit("tile_m", (64, 128), "one 64-row WGMMA consumer warpgroup per 64 rows of "
+                                            "the tile, at most two"),
+                 Limit("cluster_m", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1"),
+                 Limit("cluster_n", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1")),
+         defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}),
+    _row("gemm_amax", "sm_100a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
+         "BlockScaledGemmKernel", _BLOCKSCALED),
+    *(_row(family, "sm_100a", CARRIER, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
+           "BlockScaledGemmKernel", _MAINLOOP_CARRIER, note=_SM100_CARRIER_NOTE) for family in _FUSED),
+    # The staging kernel is arch-neutral (fusegemm/staging.cuh, namespace fusegemm::staging).
+    *(Implementation(family, "sm_90a", CARRIER, "staging.cu.j2", "fusegemm/staging.cuh",
+                     "fusegemm::staging::ChecksumKernel", None, _STAGING, note=_STAGING_NOTE)
+      for family in ("gemm_amax",) + _FUSED),
+)
+
+_BY_KEY: dict[tuple[str, str], Implementation] = {(r.family, r.arch): r for r in ROWS}
+
+
+def lookup(family: str, arch: str) -> Implementation | None:
+    """The row of (``family``, ``arch``), or None (status ``none``)."""
+    return _BY_KEY.get((family, arch))
+
+
+def status(family: str, arch: str) -> str:
+    """``implemented``, ``carrier`` or ``none``."""
+    row = lookup(family, arch)
+    return row.status if row is not None else NONE
+
+
+def families() -> tuple[str, ...]:
+    """Every family with at least one row, in table order."""
+    return tuple(dict.fromkeys(r.family for r in ROWS))
+
+
+def resolve(family: str, arch: str, choice: dict[str, Any], *, carriers: bool = False) -> Implementation:
+    """The row that builds ``choice`` of ``family`` on ``arch``; UnsupportedError saying why not.
+
+    ``carriers``: accept a carrier row (``fusegemm build --carriers``); otherwise only the op's
+    own kernel is accepted.
+    """
+    if arch not in ARCHS:
+        raise UnsupportedError(f"arch: got {arch!r}; allowed: {', '.join(ARCHS)}", axis="arch")
+    row = lookup(family, arch)
+    if row is None:
+        raise UnsupportedError(f"{family} has no kernel for {arch} (status: none)")
+    if row.carrier and not carriers:
+        raise UnsupportedError(f"{family} has no kernel for {arch} yet (status: carrier: {row.note})")
+    for lim in row.limits:
+        if choice.get(lim.axis) not in lim.values:
+            raise UnsupportedError(row.problem(choice), axis=lim.axis)
+    return row
