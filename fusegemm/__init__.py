@@ -24,7 +24,9 @@ if not (_here / "generator").is_dir() and (_here.parent / "generator" / "__init_
 _EXPORTS = {
     "grouped_gemm": ("fusegemm.ops.grouped_gemm", "grouped_gemm"),
     "GroupedGemm": ("fusegemm.ops.grouped_gemm", "GroupedGemm"),
+    "EpilogueGemm": ("fusegemm.ops.epilogue_gemm", "EpilogueGemm"),
     "TupleDict": ("fusegemm.tupledict", "TupleDict"),
+    "load_spec": ("fusegemm.generator.spec", "load_spec"),
     **{name: ("fusegemm.base.errors", name) for name in (
         "FusegemmError", "ArgumentError", "UnsupportedError", "SpecError", "CompileError",
         "ToolchainError", "CacheError", "ConfigError", "ContractError", "UnverifiedError")},

@@ -127,6 +127,24 @@ def _compile_one(p: Planned, cache: KernelCache | None = None) -> BuildResult:
     return _result(p.variant, b, b.compile_seconds if not b.cached else time.perf_counter() - t0)
 
 
+def compile_all(planned: list[Planned], *, jobs: int = 1) -> list[BuildResult]:
+    """Compile rendered-and-keyed sources (kernels or epilogue harnesses) that the disk cache
+    does not hold yet, in ``jobs`` worker processes; one row per source, hits included."""
+    rows: list[BuildResult] = []
+    misses: list[Planned] = []
+    for p in {p.key: p for p in planned}.values():
+        hit = lookup(p, default_cache())
+        if hit is not None:
+            rows.append(_result(p.variant, hit, 0.0))
+        else:
+            misses.append(p)
+    if jobs <= 1 or len(misses) <= 1:
+        return rows + [_compile_one(p) for p in misses]
+    ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(misses)), mp_context=ctx) as pool:
+        return rows + list(pool.map(_compile_one, misses))
+
+
 def build(vs: list[Variant], *, jobs: int = 1, cache: KernelCache | None = None,
           carriers: bool = False, on_done: Callable[[BuildResult], None] | None = None,
           on_plan: Callable[[int], None] | None = None) -> list[BuildResult]:

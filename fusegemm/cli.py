@@ -102,12 +102,7 @@ def show(spec: str, as_json: bool) -> None:
     info = {
         "name": s.name, "path": s.path, "kernel": s.kernel, "problem": s.problem, "seed": s.seed,
         "summary": s.summary,
-        "epilogue": {"inputs": {i.name: {"per": i.per, "dtype": i.dtype, "required": i.required}
-                                for i in s.inputs},
-                     "compute": [st.text for st in s.compute],
-                     "outputs": {o.name: o.dtype for o in s.outputs},
-                     "quantization": s.quantization.__dict__ if s.quantization else None,
-                     "reductions": [r.__dict__ for r in s.reductions]},
+        "epilogue": _epilogue_info(s),
         "choices": {a: list(v) for a, v in s.choices},
         "constraints": [{"if": dict(c.when), "then": dict(c.then), "because": c.because}
                         for c in s.constraints],
@@ -119,9 +114,7 @@ def show(spec: str, as_json: bool) -> None:
         return _echo_json(info)
     click.echo(f"{s.name}  ({s.kernel}, {s.problem})  {s.path}")
     click.echo(f"  {s.summary}")
-    click.echo("epilogue:")
-    for st in s.compute:
-        click.echo(f"  {st.text}")
+    _echo_epilogue(s)
     click.echo("choices (declared):")
     for a, vals in s.choices:
         click.echo(f"  {a}: {', '.join(map(str, vals))}")
@@ -143,6 +136,123 @@ def show(spec: str, as_json: bool) -> None:
     click.echo("prebuild:")
     for n in pre:
         click.echo(f"  {n}")
+
+
+@main.command()
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def validate(path: str, as_json: bool) -> None:
+    """Parse and type-check the spec file PATH (any folder) and print its epilogue and, for the
+    spec's default variant on each arch, the C++ epilogue rule a kernel would instantiate.
+
+    Nothing is compiled. A mistake exits 1 with "file:line: key: message".
+    """
+    from .generator.emit import rule_model
+    from .generator.render import _env
+    from .generator.spec import load_spec
+    from .generator.variants import make_variant
+    try:
+        s = load_spec(path)
+        rules = {}
+        for arch in s.choice_map["arch"]:
+            v = make_variant(s, arch=arch)
+            model = rule_model(s.epilogue.resolve(v.choices))
+            rules[arch] = {"variant": v.readable,
+                           "choices": {a: val for a, val in v.choices.items() if a in s.choice_map},
+                           "traits": {name: value for name, value in model.traits},
+                           "cpp": _env().get_template("rule.cu.j2").render(rule=model, spec=s)}
+    except FusegemmError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        return _echo_json({"name": s.name, "path": s.path, "kernel": s.kernel, "problem": s.problem,
+                           "valid": True, "epilogue": _epilogue_info(s), "rules": rules})
+    click.echo(f"{s.name}  ({s.kernel}, {s.problem})  {s.path}: valid")
+    _echo_epilogue(s)
+    for arch, r in rules.items():
+        click.echo(f"rule for {arch} (default variant {r['variant']}):")
+        for line in r["cpp"].rstrip("\n").splitlines():
+            click.echo(f"  {line}" if line else "")
+
+
+def _when(cond) -> dict[str, list[Any]]:
+    return {axis: list(vals) for axis, vals in cond.terms}
+
+
+def _when_text(cond) -> str:
+    if not cond.terms:
+        return ""
+    return "  when " + " and ".join(axis if vals == (True,) else f"{axis} in [{', '.join(map(str, vals))}]"
+                                    for axis, vals in cond.terms)
+
+
+def _epilogue_info(s) -> dict[str, Any]:
+    """The spec's epilogue (generator/epilogue.py's Epilogue) as plain data."""
+    from .generator.epilogue import QUANTIZED
+    ep = s.epilogue
+    quantized = [o.name for o in ep.outputs if o.quantize is not None]
+    return {
+        "inputs": {i.name: {"per": i.per, "dtype": i.dtype, "slot": i.slot, "default": i.default,
+                            "paired": i.paired, "optional": i.dtype in s.choice_map
+                            and "none" in s.choice_map[i.dtype]}
+                   for i in ep.inputs},
+        "pairing": None if ep.pairing is None else {"block": ep.pairing.block, "roles": list(ep.pairing.roles),
+                                                    "acc": ep.pairing.acc},
+        "constants": list(ep.constants),
+        "compute": [st.text for st in ep.statements],
+        "outputs": {o.name: {"dtype": o.dtype, "value": o.value,
+                             "paired": None if o.paired is None else dict(zip(ep.pairing.roles, o.paired)),
+                             "when": _when(o.when),
+                             "quantize": None if o.quantize is None else dict(o.quantize.__dict__)}
+                    for o in ep.outputs},
+        # SFD quantization: E8M0-style scale per 32 elements, for the outputs that declare it,
+        # in the variants where their dtype is one of `dtypes`.
+        "quantization": {"block": 32, "dtypes": list(QUANTIZED), "outputs": quantized} if quantized else None,
+        "reductions": [{"name": r.name, "kind": r.kind, "of": r.of, "scope": r.scope, "slot": r.slot,
+                        "when": _when(r.when)} for r in ep.reductions],
+    }
+
+
+def _echo_epilogue(s) -> None:
+    ep = s.epilogue
+    click.echo("epilogue:")
+    if ep.inputs:
+        click.echo("  inputs:")
+        rows = []
+        for i in ep.inputs:
+            notes = []
+            if i.default is not None:
+                notes.append(f"default {i.default!r} (null pointer)")
+            if i.dtype in s.choice_map and "none" in s.choice_map[i.dtype]:
+                notes.append(f"absent when {i.dtype} is none")
+            if i.paired:
+                notes.append("paired")
+            rows.append([i.name, i.per, i.dtype, f"slot {i.slot}", ", ".join(notes)])
+        widths = [max(len(r[k]) for r in rows) for k in range(4)]
+        for r in rows:
+            click.echo(("    " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[4]).rstrip())
+    if ep.pairing is not None:
+        p = ep.pairing
+        click.echo(f"  pairing: {p.block}-column blocks, roles {p.roles[0]}/{p.roles[1]}"
+                   f"{', the accumulator is paired' if p.acc else ''}")
+    click.echo("  compute:")
+    for st in ep.statements:
+        click.echo(f"    {st.text}")
+    click.echo("  outputs:")
+    for o in ep.outputs:
+        value = o.value if o.paired is None else ", ".join(
+            f"{role}: {v}" for role, v in zip(ep.pairing.roles, o.paired))
+        line = f"    {o.name}: {o.dtype} <- {value}{_when_text(o.when)}"
+        q = o.quantize
+        if q is not None:
+            parts = (["row"] if q.row else []) + ([f"col {q.col}"] if q.col else [])
+            line += (f"; quantized when FP8/FP4 ({' + '.join(parts)}, norm_const {q.norm_const}, "
+                     f"convention {q.convention})")
+        click.echo(line)
+    if ep.reductions:
+        click.echo("  reductions:")
+        for r in ep.reductions:
+            scope = "over everything" if r.scope == "global" else f"per {r.scope}"
+            click.echo(f"    {r.name}[{r.slot}]: {r.kind} of {r.of} {scope}{_when_text(r.when)}")
 
 
 @main.command()

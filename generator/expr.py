@@ -1,55 +1,74 @@
-"""Epilogue expressions in specs: ``name = expr`` statements, parsed into a small AST.
+"""Epilogue statements: ``name = expr`` parsed into a small AST (no Python ``eval``, no C++ text).
 
-This is the seam of the epilogue expression language: specs already state their epilogue as
-parsed statements (validated here: only declared names, known functions, numbers and
-arithmetic), so a spec can never inject C++ text. The arch-neutral C++ emitter and the numpy
-interpreter arrive with the expression-language issue and consume this AST.
+Grammar (ASCII only; anything else is an error naming the column)::
+
+    statement := NAME "=" expr
+    expr      := sum [("<" | "<=" | ">" | ">=" | "==" | "!=") sum]
+    sum       := term (("+" | "-") term)*
+    term      := unary (("*" | "/") unary)*
+    unary     := "-" unary | primary
+    primary   := NUMBER | NAME ["." NAME] | NAME "(" expr ("," expr)* ")" | "(" expr ")"
+
+Numbers are rounded to FP32 when parsed and must be finite there. Names and roles are resolved
+and typed by generator/epilogue.py; this module only knows the shapes of statements. Sizes are
+bounded (statement length, nesting depth) so a spec cannot make the parser or the emitter
+run away.
 """
 from __future__ import annotations
 
 import re
+import struct
 from dataclasses import dataclass
 from typing import Union
 
-# name -> arity (None: variadic >= 2)
-FUNCTIONS: dict[str, int | None] = {
-    "relu": 1, "square": 1, "tanh": 1, "sigmoid": 1, "exp": 1, "abs": 1,
-    "min": None, "max": None, "silu": 1,
-}
+from .functions import FUNCTIONS, SPECIAL
 
-_TOKEN = re.compile(r"\s*(?:(?P<num>\d+\.\d*(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?|\.\d+)|"
-                    r"(?P<id>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>[-+*/(),=]))")
+MAX_STATEMENT_CHARS = 400
+MAX_DEPTH = 24
+FLT_MAX = 3.4028234663852886e38
+
+_TOKEN = re.compile(r"(?P<num>\d+\.\d*(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)"
+                    r"|(?P<id>[A-Za-z_][A-Za-z0-9_]*)"
+                    r"|(?P<op><=|>=|==|!=|[-+*/(),=<>.])")
+_SPACE = re.compile(r"[ \t]*")
+COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
 
 
 @dataclass(frozen=True)
 class Num:
-    value: float
+    value: float          # already an FP32 value
+    col: int = 0
 
 
 @dataclass(frozen=True)
-class Var:
+class Ref:
     name: str
+    role: str | None      # "gate"/"up" of a paired value, else None
+    col: int = 0
 
 
 @dataclass(frozen=True)
 class Call:
     fn: str
     args: tuple["Expr", ...]
+    col: int = 0
 
 
 @dataclass(frozen=True)
 class BinOp:
-    op: str
+    op: str               # + - * / or a comparison
     lhs: "Expr"
     rhs: "Expr"
+    col: int = 0
 
 
 @dataclass(frozen=True)
 class Neg:
     arg: "Expr"
+    col: int = 0
 
 
-Expr = Union[Num, Var, Call, BinOp, Neg]
+Expr = Union[Num, Ref, Call, BinOp, Neg]
 
 
 @dataclass(frozen=True)
@@ -60,28 +79,34 @@ class Statement:
 
 
 class ExprError(ValueError):
-    """A statement does not parse or uses an unknown name; the message says where."""
+    """A statement does not parse; the message says where (column) and what is allowed."""
+
+
+def fp32(value: float) -> float:
+    """``value`` rounded to FP32 (as a Python float)."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
 def _tokenize(text: str) -> list[tuple[str, str, int]]:
     out, pos = [], 0
-    while pos < len(text):
-        if text[pos:].strip() == "":
+    while True:
+        pos = _SPACE.match(text, pos).end()
+        if pos >= len(text):
             break
         m = _TOKEN.match(text, pos)
-        if not m or m.end() == pos:
-            raise ExprError(f"unexpected character {text[pos:].strip()[0]!r} at column {pos + 1} "
-                            f"of {text!r}; allowed: names, numbers, + - * / ( ) ,")
+        if not m:
+            raise ExprError(f"unexpected character {text[pos]!r} at column {pos + 1} of {text!r}; "
+                            f"allowed: ASCII names, numbers, + - * / < <= > >= == != ( ) , .")
         kind = m.lastgroup or "op"
-        out.append((kind, m.group(kind), m.start(kind)))
+        out.append((kind, m.group(kind), m.start()))
         pos = m.end()
     out.append(("end", "", len(text)))
     return out
 
 
 class _Parser:
-    def __init__(self, text: str, names: frozenset[str]) -> None:
-        self.text, self.names, self.toks, self.i = text, names, _tokenize(text), 0
+    def __init__(self, text: str) -> None:
+        self.text, self.toks, self.i, self.depth = text, _tokenize(text), 0, 0
 
     def peek(self) -> tuple[str, str, int]:
         return self.toks[self.i]
@@ -94,71 +119,110 @@ class _Parser:
         self.i += 1
         return tok
 
+    def _enter(self, col: int) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise ExprError(f"expression nested deeper than {MAX_DEPTH} levels at column {col + 1} "
+                            f"of {self.text!r}; split it into several statements")
+
     def expr(self) -> Expr:
+        node = self.sum()
+        if self.peek()[1] in COMPARISONS:
+            op, col = self.take()[1:]
+            node = BinOp(op, node, self.sum(), col)
+            if self.peek()[1] in COMPARISONS:
+                raise ExprError(f"chained comparison at column {self.peek()[2] + 1} of {self.text!r}; "
+                                f"compare two values at a time")
+        return node
+
+    def sum(self) -> Expr:
         node = self.term()
         while self.peek()[1] in ("+", "-"):
-            op = self.take()[1]
-            node = BinOp(op, node, self.term())
+            op, col = self.take()[1:]
+            node = BinOp(op, node, self.term(), col)
         return node
 
     def term(self) -> Expr:
         node = self.unary()
         while self.peek()[1] in ("*", "/"):
-            op = self.take()[1]
-            node = BinOp(op, node, self.unary())
+            op, col = self.take()[1:]
+            node = BinOp(op, node, self.unary(), col)
         return node
 
     def unary(self) -> Expr:
         if self.peek()[1] == "-":
-            self.take()
-            return Neg(self.unary())
+            col = self.take()[2]
+            self._enter(col)
+            node = Neg(self.unary(), col)
+            self.depth -= 1
+            return node
         return self.primary()
 
     def primary(self) -> Expr:
         kind, value, col = self.take()
         if kind == "num":
-            return Num(float(value))
+            v = float(value)
+            if not abs(v) <= FLT_MAX:
+                raise ExprError(f"number {value} at column {col + 1} of {self.text!r} is not a finite "
+                                f"FP32 value; allowed: |x| <= {FLT_MAX:.7g}")
+            return Num(fp32(v), col)
         if kind == "id":
             if self.peek()[1] == "(":
                 return self.call(value, col)
-            if value not in self.names:
-                raise ExprError(f"unknown name {value!r} at column {col + 1} of {self.text!r}; "
-                                f"allowed: {', '.join(sorted(self.names))}")
-            return Var(value)
+            role = None
+            if self.peek()[1] == ".":
+                self.take()
+                rkind, role, rcol = self.take()
+                if rkind != "id":
+                    raise ExprError(f"expected a role name after '.' at column {rcol + 1} of {self.text!r}")
+            return Ref(value, role, col)
         if value == "(":
+            self._enter(col)
             node = self.expr()
             self.take(")")
+            self.depth -= 1
             return node
         raise ExprError(f"unexpected {value or 'end of text'!r} at column {col + 1} of {self.text!r}")
 
     def call(self, fn: str, col: int) -> Expr:
-        if fn not in FUNCTIONS:
-            raise ExprError(f"unknown function {fn!r} at column {col + 1} of {self.text!r}; "
-                            f"allowed: {', '.join(sorted(FUNCTIONS))}")
+        if fn not in FUNCTIONS and fn not in SPECIAL:
+            raise ExprError(f"unknown function {fn!r} at column {col + 1} of {self.text!r}; allowed: "
+                            f"{', '.join(sorted(set(FUNCTIONS) | SPECIAL))}")
+        self._enter(col)
         self.take("(")
         args = [self.expr()]
         while self.peek()[1] == ",":
             self.take()
             args.append(self.expr())
         self.take(")")
-        arity = FUNCTIONS[fn]
-        if (arity is None and len(args) < 2) or (arity is not None and len(args) != arity):
-            want = "at least 2" if arity is None else str(arity)
-            raise ExprError(f"{fn}() takes {want} argument(s), got {len(args)} in {self.text!r}")
-        return Call(fn, tuple(args))
+        self.depth -= 1
+        arity = 3 if fn == "where" else 1 if fn == "present" else FUNCTIONS[fn].arity
+        if len(args) != arity:
+            raise ExprError(f"{fn}() takes {arity} argument(s), got {len(args)} at column {col + 1} "
+                            f"of {self.text!r}")
+        if fn == "present" and not (isinstance(args[0], Ref) and args[0].role is None):
+            raise ExprError(f"present() takes the name of an input or constant, at column {col + 1} "
+                            f"of {self.text!r}")
+        return Call(fn, tuple(args), col)
 
 
-def parse_statement(text: str, names: frozenset[str]) -> Statement:
-    """Parse ``target = expr``; every name in ``expr`` must be in ``names``."""
+def parse_statement(text: object) -> Statement:
+    """Parse ``target = expr`` (names are checked by the epilogue type checker)."""
+    if text is None:
+        raise ExprError("empty statement; allowed: a string like 'd = prob * c' (in YAML, '- #...' is a "
+                        "comment, not a statement)")
     if not isinstance(text, str):
-        raise ExprError(f"a statement must be a string like 'd = prob * c', got {text!r}")
+        raise ExprError(f"a statement must be a string like 'd = prob * c', got {text!r}"[:200])
+    if len(text) > MAX_STATEMENT_CHARS:
+        raise ExprError(f"statement of {len(text)} characters; allowed: at most {MAX_STATEMENT_CHARS} "
+                        f"(split it into several statements)")
     toks = _tokenize(text)
     if len(toks) < 3 or toks[0][0] != "id" or toks[1][1] != "=":
         raise ExprError(f"a statement must read 'name = expression', got {text!r}")
     target = toks[0][1]
-    if target in FUNCTIONS:
+    if target in FUNCTIONS or target in SPECIAL:
         raise ExprError(f"cannot assign to function name {target!r} in {text!r}")
-    parser = _Parser(text, names)
+    parser = _Parser(text)
     parser.i = 2
     expr = parser.expr()
     if parser.peek()[0] != "end":
@@ -167,13 +231,14 @@ def parse_statement(text: str, names: frozenset[str]) -> Statement:
     return Statement(target, expr, text.strip())
 
 
-def names_used(expr: Expr) -> set[str]:
-    if isinstance(expr, Var):
-        return {expr.name}
-    if isinstance(expr, Num):
-        return set()
+def walk(expr: Expr):
+    """Every node of ``expr``, depth first."""
+    yield expr
     if isinstance(expr, Neg):
-        return names_used(expr.arg)
-    if isinstance(expr, BinOp):
-        return names_used(expr.lhs) | names_used(expr.rhs)
-    return set().union(*(names_used(a) for a in expr.args))
+        yield from walk(expr.arg)
+    elif isinstance(expr, BinOp):
+        yield from walk(expr.lhs)
+        yield from walk(expr.rhs)
+    elif isinstance(expr, Call):
+        for a in expr.args:
+            yield from walk(a)

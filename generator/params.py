@@ -25,7 +25,9 @@ GROUPED_PARAMS = ParamStruct("Params", (
     Field("alpha", "cptr", "float (L,) per-expert scale"),
     Field("beta", "cptr", "float (L,) per-expert C scale (dSwiGLU)"),
     Field("prob", "cptr", "float (rows,) per-row gate; null means 1"),
+    Field("row_scale", "cptr", "second per-row input (seed 003 row_scale)"),
     Field("bias", "cptr", "bias (N, L), expert stride N elements"),
+    Field("c_in", "cptr", "element input (dSwiGLU C), ld_c_in elements per row"),
     Field("norm_const", "cptr", "float (1,) output quantization constant"),
     # Device pointers (outputs).
     Field("c_out", "ptr", "C (rows, N) row-major, ldc elements per row"),
@@ -44,7 +46,9 @@ GROUPED_PARAMS = ParamStruct("Params", (
     Field("k", "i32", "K (reduction length, in elements)"),
     Field("num_experts", "i32", "L"),
     Field("ldc", "i64", "C row stride in elements"),
-    Field("ldd", "i64", "D row stride in elements"),
+    Field("ldd", "i64", "D row stride in elements (D_col: the same)"),
+    Field("ld_c_in", "i64", "element input row stride in elements"),
+    Field("rcp_max", "f32", "SFD: 1 / the FP8/FP4 output's largest value (e5m2: 1/57344 or 1/128)"),
     # Launch cluster shape (a launch attribute, not compiled in): rank r of the 1-D launch
     # cluster is CTA (r % cluster_m, r / cluster_m); 2-CTA pairs are ranks (2i, 2i+1) along M.
     # Zero (a host that predates these fields) means no multicast: pairs only.
@@ -58,3 +62,11 @@ def params_for(kernel: str) -> ParamStruct:
     if kernel not in families():
         raise ValueError(f"kernel: got {kernel!r}; allowed: {', '.join(families())}")
     return GROUPED_PARAMS
+
+
+# The epilogue harness (templates/harness.cu.j2) takes the kernels' struct plus the accumulators
+# it runs the rule on: the engine reads the same fields either way.
+HARNESS_PARAMS = ParamStruct("Params", GROUPED_PARAMS.fields + (
+    Field("acc", "cptr", "float (valid_m, N) accumulators the rule is applied to"),
+    Field("ld_acc", "i64", "accumulator row stride in elements"),
+))

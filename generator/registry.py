@@ -5,7 +5,9 @@ says which kernel implements it on each arch, and how much of it:
 
 * ``template`` and ``header`` / ``kernel``: the translation unit the renderer instantiates and the
   kernel class (in the arch's header folder) it instantiates;
-* ``rule``: the epilogue rule the kernel instantiates (``None``: the kernel's own);
+* ``rule``: the epilogue rule the kernel instantiates: ``spec`` (generated from the spec's
+  epilogue, generator/emit.py), ``carrier`` (the GEMM + amax rule of specs/gemm_amax.yaml with
+  FP32 C, which carriers compile), ``None`` (the kernel has none);
 * ``source_axes``: the variant axes that reach the generated source (the launch axes,
   ``cluster_m`` / ``cluster_n``, never do: one cubin serves every legal cluster). Naming any
   other axis on the command line is an error, since it would not change the kernel;
@@ -30,6 +32,7 @@ from ..base.errors import UnsupportedError
 from .axes import AXES, LAUNCH_AXES
 
 IMPLEMENTED, CARRIER, NONE = "implemented", "carrier", "none"
+SPEC_RULE, CARRIER_RULE = "spec", "carrier"   # Implementation.rule values
 
 
 @dataclass(frozen=True)
@@ -122,18 +125,19 @@ _STAGING_NOTE = ("no kernel for this arch yet; the carrier compiles the shared s
 
 ROWS: tuple[Implementation, ...] = (
     _row("grouped_gemm", "sm_100a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
-         "GroupedGemmKernel", _GROUPED_BF16, rule="fusegemm::epi::GroupedGemmRule"),
+         "GroupedGemmKernel", _GROUPED_BF16, rule=SPEC_RULE),
     _row("grouped_gemm", "sm_90a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
-         "GroupedGemmKernel", _GROUPED_BF16, rule="fusegemm::epi::GroupedGemmRule",
+         "GroupedGemmKernel", _GROUPED_BF16, rule=SPEC_RULE,
          limits=(Limit("tile_m", (64, 128), "one 64-row WGMMA consumer warpgroup per 64 rows of "
                                             "the tile, at most two"),
                  Limit("cluster_m", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1"),
                  Limit("cluster_n", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1")),
          defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}),
     _row("gemm_amax", "sm_100a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
-         "BlockScaledGemmKernel", _BLOCKSCALED),
+         "BlockScaledGemmKernel", _BLOCKSCALED, rule=SPEC_RULE),
     *(_row(family, "sm_100a", CARRIER, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
-           "BlockScaledGemmKernel", _MAINLOOP_CARRIER, note=_SM100_CARRIER_NOTE) for family in _FUSED),
+           "BlockScaledGemmKernel", _MAINLOOP_CARRIER, rule=CARRIER_RULE, note=_SM100_CARRIER_NOTE)
+      for family in _FUSED),
     # The staging kernel is arch-neutral (fusegemm/staging.cuh, namespace fusegemm::staging).
     *(Implementation(family, "sm_90a", CARRIER, "staging.cu.j2", "fusegemm/staging.cuh",
                      "fusegemm::staging::ChecksumKernel", None, _STAGING, note=_STAGING_NOTE)

@@ -17,8 +17,9 @@ import jinja2
 from ..base.archs import ARCHS
 from ..base.contract import FIELDS as CONTRACT_FIELDS
 from ..base.dtypes import dtype
+from .emit import rule_model
 from .params import params_for
-from .registry import Implementation, resolve
+from .registry import CARRIER_RULE, SPEC_RULE, Implementation, resolve
 from .variants import Variant
 
 _HASH_PLACEHOLDER = "FUSEGEMM_KERNEL_SYMBOL"
@@ -87,10 +88,20 @@ def kernel_name(v: Variant, impl: Implementation) -> str:
     return name
 
 
+def rule_of(v: Variant, impl: Implementation):
+    """The model of the epilogue rule ``impl`` instantiates for ``v`` (None: no rule)."""
+    if impl.rule == SPEC_RULE:
+        return rule_model(v.spec.epilogue.resolve(v.choices))
+    if impl.rule == CARRIER_RULE:   # the GEMM + amax rule, FP32 C (what a carrier compiles)
+        from .spec import find_spec
+        return rule_model(find_spec("gemm_amax").epilogue.resolve({"c_dtype": "float32"}))
+    return None
+
+
 def _render(v: Variant, impl: Implementation, symbol: str, readable: str) -> str:
     return _env().get_template(impl.template).render(
         v=v, spec=v.spec, impl=impl, symbol=symbol, readable=readable,
-        params=params_for(v.kernel).cpp(), contract=CONTRACT_FIELDS)
+        params=params_for(v.kernel).cpp(), contract=CONTRACT_FIELDS, rule=rule_of(v, impl))
 
 
 def render(v: Variant, *, carriers: bool = False) -> Source:

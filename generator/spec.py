@@ -8,56 +8,21 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..base.archs import ARCH_NAMES
 from ..base.errors import SpecError
-from .axes import AXES, OUT_DTYPES
-from .expr import ExprError, Statement, parse_statement
+from .axes import AXES
+from .epilogue import EPILOGUE_AXES, Epilogue, parse_epilogue
 from .registry import families
 from .yamlload import Node, load_yaml, plain
 
-SCHEMA_VERSION = 1
+# 2: the epilogue language (generator/epilogue.py): typed inputs by kind, pairing, outputs with
+# quantization, reductions with ABI slots.
+SCHEMA_VERSION = 2
 _IDENT = re.compile(r"^[a-z][a-z0-9_]*$")
 
 PROBLEMS = ("grouped", "batched")
-INPUT_PER = ("scalar", "expert", "row", "n_expert", "row_2n")
-BUILTIN_NAMES = frozenset({"acc"})  # the FP32 accumulator element
-
-
-@dataclass(frozen=True)
-class EpilogueInput:
-    name: str
-    per: str
-    dtype: str          # a dtype name or an axis name (e.g. "bias_dtype")
-    required: bool
-
-
-@dataclass(frozen=True)
-class EpilogueOutput:
-    name: str
-    dtype: str          # dtype or axis name
-    doc: str
-
-
-@dataclass(frozen=True)
-class Quantization:
-    outputs: tuple[str, ...]
-    when_d_dtype: tuple[str, ...]
-    row: bool
-    col: bool
-    block: int
-    scale_dtype: str
-    norm_const: str
-
-
-@dataclass(frozen=True)
-class Reduction:
-    name: str
-    kind: str
-    of: tuple[str, ...]
-    scope: str
-    when_d_dtype: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -89,11 +54,7 @@ class Spec:
     problem: str
     seed: str
     summary: str
-    inputs: tuple[EpilogueInput, ...]
-    compute: tuple[Statement, ...]
-    outputs: tuple[EpilogueOutput, ...]
-    quantization: Quantization | None
-    reductions: tuple[Reduction, ...]
+    epilogue: Epilogue
     choices: tuple[tuple[str, tuple[Any, ...]], ...]
     constraints: tuple[Constraint, ...]
     defaults: tuple[tuple[str, Any], ...]
@@ -174,15 +135,21 @@ def parse_spec(text: str, path: str, expected_name: str | None = None) -> Spec:
     seed = ctx.typed(top["seed"], "seed", (str,), "a string") if "seed" in top else ""
 
     choices = _choices(ctx, top["choices"])
-    inputs, compute, outputs, quant, reds = _epilogue(ctx, top["epilogue"], choices)
+    epilogue = parse_epilogue(ctx, top["epilogue"], choices, problem)
+    read = epilogue.axes_read()
+    for axis in EPILOGUE_AXES:
+        if len(choices.get(axis, ())) > 1 and axis not in read:
+            raise ctx.fail(top["choices"].value[axis], f"choices.{axis}",
+                           f"offers {len(choices[axis])} values but the epilogue never reads {axis}, so the "
+                           f"choice would change nothing; allowed: use it in the epilogue (an input or output "
+                           f"dtype, a when: condition, a statement) or offer one value")
     constraints = tuple(_constraint(ctx, n, choices, i)
                         for i, n in enumerate(ctx.seq(top["constraints"], "constraints"))) \
         if "constraints" in top else ()
     defaults = _defaults(ctx, top["defaults"], choices, constraints)
     prebuild = _prebuild(ctx, top.get("prebuild"), choices, constraints, defaults)
     return Spec(name=name, path=path, kernel=kernel, problem=problem, seed=seed, summary=summary,
-                inputs=inputs, compute=compute, outputs=outputs, quantization=quant,
-                reductions=reds, choices=tuple(choices.items()), constraints=constraints,
+                epilogue=epilogue, choices=tuple(choices.items()), constraints=constraints,
                 defaults=tuple(defaults.items()),
                 prebuild=prebuild)
 
@@ -299,100 +266,6 @@ def _prebuild(ctx, node, choices, constraints, defaults) -> tuple:
                 raise ctx.fail(item, f"prebuild[{i}]", f"violates a constraint for {arch}: {why}")
         out.append(tuple(sorted(entry.items())))
     return tuple(out)
-
-
-def _dtype_ref(ctx: _Ctx, node: Node, key: str, choices) -> str:
-    v = ctx.typed(node, key, (str,), "a dtype name or an axis name")
-    if v in OUT_DTYPES:
-        return v
-    if v in AXES and v.endswith("_dtype"):
-        if v not in choices:
-            raise ctx.fail(node, key, f"axis {v!r} is not in this spec's choices")
-        return v
-    raise ctx.fail(node, key, f"got {v!r}; allowed: a dtype ({', '.join(OUT_DTYPES)}) "
-                              f"or a dtype axis in choices")
-
-
-def _epilogue(ctx: _Ctx, node: Node, choices):
-    d = ctx.mapping(node, "epilogue", {"inputs", "compute", "outputs"}, {"quantization", "reductions"})
-    inputs = []
-    for name, inode in ctx.mapping(d["inputs"], "epilogue.inputs", set(), _any_keys(d["inputs"])).items():
-        key = f"epilogue.inputs.{name}"
-        if not _IDENT.match(name) or name in BUILTIN_NAMES:
-            raise ctx.fail(inode, key, f"{name!r} is not a valid input name")
-        m = ctx.mapping(inode, key, {"per", "dtype"}, {"required"})
-        inputs.append(EpilogueInput(name, _enum(ctx, m["per"], f"{key}.per", INPUT_PER),
-                                    _dtype_ref(ctx, m["dtype"], f"{key}.dtype", choices),
-                                    ctx.typed(m["required"], f"{key}.required", (bool,), "true or false")
-                                    if "required" in m else True))
-    known = set(BUILTIN_NAMES) | {i.name for i in inputs} | {a for a in choices if AXES[a].constant}
-    compute = []
-    for i, snode in enumerate(ctx.seq(d["compute"], "epilogue.compute")):
-        try:
-            st = parse_statement(snode.value, frozenset(known))
-        except ExprError as exc:
-            raise ctx.fail(snode, f"epilogue.compute[{i}]", str(exc)) from None
-        compute.append(st)
-        known.add(st.target)
-    outputs = []
-    for name, onode in ctx.mapping(d["outputs"], "epilogue.outputs", set(), _any_keys(d["outputs"])).items():
-        key = f"epilogue.outputs.{name}"
-        m = ctx.mapping(onode, key, {"dtype"}, {"doc"})
-        if name not in known:
-            raise ctx.fail(onode, key, f"output {name!r} is never computed; computed: {', '.join(sorted(known))}")
-        outputs.append(EpilogueOutput(name, _dtype_ref(ctx, m["dtype"], f"{key}.dtype", choices),
-                                      ctx.typed(m["doc"], f"{key}.doc", (str,), "a string") if "doc" in m else ""))
-    quant = _quant(ctx, d["quantization"], {o.name for o in outputs}) if "quantization" in d else None
-    reds = tuple(_reduction(ctx, n, i, {o.name for o in outputs} | known)
-                 for i, n in enumerate(ctx.seq(d["reductions"], "epilogue.reductions"))) \
-        if "reductions" in d else ()
-    return tuple(inputs), tuple(compute), tuple(outputs), quant, reds
-
-
-def _any_keys(node: Node) -> set[str]:
-    return set(node.value) if isinstance(node.value, dict) else set()
-
-
-def _str_list(ctx: _Ctx, node: Node, key: str, check: Callable[[str], bool], allowed: str) -> tuple[str, ...]:
-    out = []
-    for it in ctx.seq(node, key):
-        if not isinstance(it.value, str) or not check(it.value):
-            raise ctx.fail(it, key, f"got {plain(it)!r}; allowed: {allowed}")
-        out.append(it.value)
-    return tuple(out)
-
-
-def _quant(ctx: _Ctx, node: Node, outputs: set[str]) -> Quantization:
-    key = "epilogue.quantization"
-    m = ctx.mapping(node, key, {"outputs", "when_d_dtype", "block", "scale_dtype", "norm_const"},
-                    {"row", "col"})
-    block = ctx.typed(m["block"], f"{key}.block", (int,), "an integer")
-    if block != 32:
-        raise ctx.fail(m["block"], f"{key}.block", f"got {block}; allowed: 32 (SFD blocks are always 32 wide)")
-    return Quantization(
-        outputs=_str_list(ctx, m["outputs"], f"{key}.outputs", outputs.__contains__, ", ".join(sorted(outputs))),
-        when_d_dtype=_str_list(ctx, m["when_d_dtype"], f"{key}.when_d_dtype", OUT_DTYPES.__contains__,
-                               ", ".join(OUT_DTYPES)),
-        row=ctx.typed(m["row"], f"{key}.row", (bool,), "true or false") if "row" in m else True,
-        col=ctx.typed(m["col"], f"{key}.col", (bool,), "true or false") if "col" in m else False,
-        block=block,
-        scale_dtype=_enum(ctx, m["scale_dtype"], f"{key}.scale_dtype", ("float8_e8m0fnu",)),
-        norm_const=ctx.typed(m["norm_const"], f"{key}.norm_const", (str,), "an input name"),
-    )
-
-
-def _reduction(ctx: _Ctx, node: Node, i: int, names: set[str]) -> Reduction:
-    key = f"epilogue.reductions[{i}]"
-    m = ctx.mapping(node, key, {"name", "kind", "of", "scope"}, {"when_d_dtype"})
-    name = ctx.typed(m["name"], f"{key}.name", (str,), "a string")
-    return Reduction(
-        name=name,
-        kind=_enum(ctx, m["kind"], f"{key}.kind", ("amax", "sum")),
-        of=_str_list(ctx, m["of"], f"{key}.of", names.__contains__, ", ".join(sorted(names))),
-        scope=_enum(ctx, m["scope"], f"{key}.scope", ("expert", "global", "row")),
-        when_d_dtype=_str_list(ctx, m["when_d_dtype"], f"{key}.when_d_dtype", OUT_DTYPES.__contains__,
-                               ", ".join(OUT_DTYPES)) if "when_d_dtype" in m else (),
-    )
 
 
 def spec_dir() -> Path:

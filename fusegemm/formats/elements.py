@@ -8,7 +8,8 @@ Rounding and special values
   turns NaN into ±0. E8M0 (unsigned powers of two 2^-127..2^127, 0xFF = NaN) rounds the mantissa
   to nearest; 0, negatives, NaN and overflow become NaN (0xFF).
 * ``saturate=True`` first clamps to ±max finite, as the kernels' ``cvt.rn.satfinite`` does:
-  overflow and ±Inf give ±max, NaN stays NaN (e2m1: ±0, as above). For E8M0 it clamps to 2^127.
+  overflow and ±Inf give ±max, NaN stays NaN, except e2m1, which has no NaN: NaN gives +6
+  (0x7), as CUDA's conversion does. For E8M0 it clamps to 2^127.
 * ``rounding="up"`` (E8M0 only) is ``cvt.rp[.satfinite].ue8m0x2.f32``, the rounding the SFD
   epilogues use: the byte is ``clamp(ceil(log2 |x|), -127, 127) + 127``. The sign is ignored
   (as in CUDA's host emulation), 0 and anything at or below 2^-127 give 0x00, NaN gives 0xFF,
@@ -143,6 +144,10 @@ def to_format(
             top = fmt.max_finite
             if name == "float8_e8m0fnu":
                 values = np.minimum(values, top)  # E8M0 has no sign: clamp only the top
+            elif name == "float4_e2m1fn":
+                # e2m1 has no NaN: satfinite turns NaN into +6 (CUDA's cuda_fp4.hpp: "NaN converts
+                # to positive FP4_MAXNORM"; measured on the H200 through the epilogue harness)
+                values = np.where(np.isnan(values), top, np.clip(values, -top, top))
             else:
                 values = np.clip(values, -top, top)
         return values.astype(fmt.storage)

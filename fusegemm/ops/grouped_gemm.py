@@ -10,22 +10,20 @@ registry (generator/registry.py); its launch facts from the kernel's exported co
 from __future__ import annotations
 
 import functools
-import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ..base.dtypes import DTYPES
 from ..base.errors import ArgumentError, UnsupportedError
 from ..generator.params import GROUPED_PARAMS
 from ..runtime import config
-from ..runtime.tensormap import TensorMapCache
 from ..runtime.tensors import resolve_stream, view
 from ..tupledict import TupleDict
 from . import checks
 from . import device as _device
-from .device import alloc, num_sms, offsets_on_host, record_stream
+from .device import alloc, offsets_on_host
 from .grouped_operands import ALIGNMENT, Layout, check_output, parse_call
-from .prepared import OpCache, check_contract, persistent_grid, signature, tma_dtype_name
+from .launcher import GroupedLauncher
+from .prepared import OpCache, signature
 
 SPEC = "grouped_gemm"
 # The execute() arguments in the order of its fast-path tuples (addresses, alignment checks).
@@ -120,13 +118,9 @@ class GroupedGemm:
         defaults = default_choice(_spec(), self.arch)
         self.tile = tile or (defaults["tile_m"], defaults["tile_n"])
         self.cluster = cluster or (defaults["cluster_m"], defaults["cluster_n"])
-        self._kernel = None
-        self._built = None
-        self._tmaps = TensorMapCache()
-        self._launch_cfgs: dict[int, Any] = {}
+        self._launcher: GroupedLauncher | None = None
         self._layouts: dict[tuple, Layout] = {}
         self._prepared: dict[tuple, tuple] = {}
-        self._local = threading.local()
 
     # ---------------------------------------------------------------------------------
     def _choice(self) -> dict[str, Any]:
@@ -173,24 +167,10 @@ class GroupedGemm:
         compile of the family in a process runs its selftest cases on the device first
         (``fusegemm/verify.py``) and refuses to continue if they fail.
         """
-        if self._kernel is not None:
+        if self._launcher is not None:
             return self
         self.check_support()
-        from .. import verify
-        from ..pipeline import get_kernel
-        from ..runtime.load import default_modules
-        v = self._variant()
-        built = get_kernel(v)
-        c = built.contract
-        check_contract(c, kernel=built.name, tile=self.tile, ab_dtype=v.ab_dtype, cluster=self.cluster,
-                       discrete=self.features.discrete)
-        verify.ensure_verified(v.kernel, self.arch, self.device)
-        self._kernel = default_modules().get(built.cubin, built.kernel_name, key=built.key,
-                                             smem_bytes=c.smem_bytes, device=self.device,
-                                             max_cluster_ctas=c.max_cluster_ctas)
-        self._built, self._contract = built, c
-        self._sms = num_sms(self.device)
-        self._tma = (tma_dtype_name(c.tma_dtype_a), DTYPES[v.ab_dtype].itemsize)
+        self._launcher = GroupedLauncher.build(self._variant(), self.device)
         return self
 
     # ---------------------------------------------------------------------------------
@@ -249,81 +229,42 @@ class GroupedGemm:
     def _run(self, lay: Layout, ptrs: tuple, offsets_obj: Any, current_stream: Any,
              validate_offsets: bool | None) -> None:
         from ..arguments import offsets_values
-        from ..runtime.launch import LaunchConfig, ParamBuffer, launch
-        if self._kernel is None:
+        from ..runtime.launch import ParamBuffer, launch
+        if self._launcher is None:
             self.compile()
+        ln, s = self._launcher, lay.shape
         stream = resolve_stream(current_stream, self.device)
         if validate_offsets or (validate_offsets is None and config.validate_offsets()):
             values = offsets_on_host(offsets_obj, stream)
             if values is not None:
-                offsets_values(values, lay.m)
-        c = self._contract
-        if lay.m // self.tile[0] == 0:
+                offsets_values(values, s.m)
+        if s.m // self.tile[0] == 0:
             return
-        grid = persistent_grid(lay.m, lay.n, self.tile, c.ctas_per_tile, self.cluster, self._sms)
-        scratch = self.features.dynamic or lay.discrete
+        grid = ln.grid(s)
+        scratch = self.features.dynamic or s.discrete
         # Without per-call scratch the argument bytes depend only on (layout, addresses):
         # a repeat call reuses its packed buffer (host fast path; bounded, content-keyed).
         memo_key = None if scratch else (lay, ptrs)
         hit = self._prepared.get(memo_key) if memo_key is not None else None
         if hit is not None:
-            launch(self._kernel, hit[1], hit[0], stream)
+            launch(ln.kernel, hit[1], hit[0], stream)
             return
-        tiled = self._tmaps.tiled
         a_ptr, off_ptr, alpha_ptr, b_ptr, bptrs_ptr, bias_ptr, prob_ptr, d_ptr, c_ptr = ptrs
-        tma_dtype, item = self._tma
-        box_a, box_b = (c.box_a_inner, c.box_a_outer), (c.box_b_inner, c.box_b_outer)
-        a_map = tiled(a_ptr, tma_dtype, (lay.k, lay.m), (lay.a_ld * item,), box_a, c.swizzle_a)
-        if lay.discrete:
-            # Template of the device-side per-expert maps: any valid aligned address will do
-            # (the kernel swaps in each expert's base before use); A's base is one.
-            b_map = tiled(a_ptr, tma_dtype, (lay.k, lay.n), (lay.k * item,), box_b, c.swizzle_b)
-        else:
-            b_map = tiled(b_ptr, tma_dtype, (lay.k, lay.n, lay.l), (lay.b_sn * item, lay.b_sl * item),
-                          box_b + (1,), c.swizzle_b)
         values: dict[str, Any] = {
-            "tma_a": a_map, "tma_b": b_map, "offsets": off_ptr, "alpha": alpha_ptr,
+            **ln.maps(s, a_ptr, b_ptr), **ln.scalars(s), "offsets": off_ptr, "alpha": alpha_ptr,
             "prob": prob_ptr, "bias": bias_ptr, "b_ptrs": bptrs_ptr, "d_out": d_ptr,
-            "ldd": lay.ldd, "c_out": c_ptr, "ldc": lay.ldc, "m_rows": lay.m, "n": lay.n,
-            "k": lay.k, "num_experts": lay.l,
-            "cluster_m": self.cluster[0], "cluster_n": self.cluster[1],
+            "ldd": lay.ldd, "c_out": c_ptr, "ldc": lay.ldc,
         }
         if scratch:
-            values.update(self._workspace(grid, stream, current_stream is not None))
-        cfg = self._launch_cfgs.get(grid)
-        if cfg is None:
-            cfg = self._launch_cfgs[grid] = LaunchConfig(
-                grid=(grid, 1, 1), block=(c.threads, 1, 1),
-                cluster=(self.cluster[0] * self.cluster[1], 1, 1), smem_bytes=self._kernel.smem_bytes)
-        if memo_key is not None:
-            buf = ParamBuffer(GROUPED_PARAMS.size)
-            if len(self._prepared) >= 32:
-                self._prepared.clear()
-            self._prepared[memo_key] = (buf, cfg)
-        else:
-            # One argument buffer per thread (cuLaunchKernel copies it before returning).
-            buf = getattr(self._local, "buf", None)
-            if buf is None:
-                buf = self._local.buf = ParamBuffer(GROUPED_PARAMS.size)
+            values.update(ln.workspace(grid, s.discrete, stream, current_stream is not None))
+            ln.launch(values, grid, stream)
+            return
+        buf = ParamBuffer(GROUPED_PARAMS.size)
         buf.fill(GROUPED_PARAMS.pack(values))
-        launch(self._kernel, cfg, buf, stream)
-
-    def _workspace(self, grid: int, stream: int, foreign_stream: bool) -> dict[str, Any]:
-        """Per-call scratch: a zeroed tile counter and the per-CTA tensor-map slots the kernel's
-        contract asks for. Allocated from torch's stream-ordered allocator for this call, so
-        graph replays and concurrent calls never share it."""
-        from ..runtime.load import check, driver
-        slots = grid * self._contract.tmap_slot_stride if self.features.discrete else 0
-        ws = alloc((128 + 128 * slots,), "uint8", self.device)
-        if foreign_stream:
-            record_stream(ws, stream)
-        out: dict[str, Any] = {}
-        if self.features.dynamic:
-            check(driver().cuMemsetD32Async(ws.data_ptr(), 0, 1, stream), "cuMemsetD32Async")
-            out["sched_counter"] = ws.data_ptr()
-        if slots:
-            out["tmap_workspace"] = ws.data_ptr() + 128
-        return out
+        if len(self._prepared) >= 32:
+            self._prepared.clear()
+        self._prepared[memo_key] = (buf, ln.config(grid))
+        launch(ln.kernel, ln.config(grid), buf, stream)
 
 
 def _out_dtype(sample: Any, given: Any, name: str, allowed: tuple[str, ...]) -> str:

@@ -16,6 +16,7 @@ from ..base.errors import ArgumentError
 from ..runtime.tensors import TensorView
 from . import checks
 from .checks import aligned, dtype_arg, row_pitch_aligned, unit_stride
+from .launcher import GroupedShape
 
 
 @dataclass
@@ -28,7 +29,7 @@ class Call:
     l: int
     a: TensorView
     offsets: TensorView
-    alpha: TensorView
+    alpha: TensorView | None
     b: TensorView | None          # dense weights
     b_strides: tuple[int, int]    # (N stride, L stride) in elements, dense only
     b_ptrs: TensorView | None     # discrete weights
@@ -40,11 +41,13 @@ class Call:
 def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: Any,
                b_ptrs: Any, bias_tensor: Any, prob_tensor: Any, *, ab_dtypes: tuple[str, ...],
                bias_dtypes: tuple[str, ...], n: Any = None, b_dtype: Any = None,
-               b_major: str = "k", discrete_experts: int | None = None) -> Call:
+               b_major: str = "k", discrete_experts: int | None = None,
+               alpha_required: bool = True) -> Call:
     """Validate the inputs (shapes, strides, dtypes first; devices last).
 
     ``discrete_experts`` describes discrete weights without a pointer table (class API
-    samples: ``num_experts=`` instead of ``b_ptrs``).
+    samples: ``num_experts=`` instead of ``b_ptrs``). ``alpha_required=False``: the GEMM operands
+    only (a spec-driven op validates its epilogue inputs itself).
     """
     r = args.rows(a_tensor, ab_dtypes)
     a, m, k = r.a, r.m, r.k_stored
@@ -58,8 +61,10 @@ def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: 
 
     off, l = args.offsets(padded_offsets)
     unit_stride(off, "padded_offsets")
-    alpha = args.vector(alpha_tensor, "alpha_tensor", l, what="(one scale per expert)")
-    unit_stride(alpha, "alpha_tensor")
+    alpha = None
+    if alpha_tensor is not None or alpha_required:
+        alpha = args.vector(alpha_tensor, "alpha_tensor", l, what="(one scale per expert)")
+        unit_stride(alpha, "alpha_tensor")
 
     args.choice(b_major, "b_major", ("k",))
     if b_dtype is not None:
@@ -141,22 +146,19 @@ ALIGNMENT = {"a_tensor": 16, "b_tensor": 16, "bias_tensor": 16, "c_tensor": 16, 
 class Layout:
     """Everything a launch needs from validated arguments except their addresses."""
 
-    m: int
-    n: int
-    k: int
-    l: int
-    a_ld: int
-    b_sn: int
-    b_sl: int
+    shape: GroupedShape
     ldd: int
     ldc: int
-    discrete: bool
 
     @staticmethod
     def of(call: Call, c: TensorView | None, d: TensorView) -> "Layout":
-        sn, sl = call.b_strides
-        if call.b is not None and call.l == 1:
-            sl = sn * call.n   # L == 1 may report any expert stride; give TMA a legal one
-        return Layout(m=call.m, n=call.n, k=call.k, l=call.l, a_ld=call.a.strides[0], b_sn=sn,
-                      b_sl=sl, ldd=d.strides[0], ldc=c.strides[0] if c is not None else 0,
-                      discrete=call.b_ptrs is not None)
+        return Layout(shape_of(call), ldd=d.strides[0], ldc=c.strides[0] if c is not None else 0)
+
+
+def shape_of(call: Call) -> GroupedShape:
+    """The launch shape of validated grouped operands."""
+    sn, sl = call.b_strides
+    if call.b is not None and call.l == 1:
+        sl = sn * call.n   # L == 1 may report any expert stride; give TMA a legal one
+    return GroupedShape(m=call.m, n=call.n, k=call.k, l=call.l, a_ld=call.a.strides[0], b_sn=sn, b_sl=sl,
+                        discrete=call.b_ptrs is not None)

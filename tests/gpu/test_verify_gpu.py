@@ -90,5 +90,5 @@ def test_a_failing_case_refuses_the_launch(unexecuted_arch, monkeypatch, cache_d
     with pytest.raises(UnverifiedError, match=r"grouped_gemm failed its first-run verification on "
                                               r"sm_\w+ \(device 0, .*\): 6 of 6 selftest cases failed"):
         op.compile()
-    assert op._kernel is None
+    assert op._launcher is None
     assert not (cache_dir / "verified").exists()

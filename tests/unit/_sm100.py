@@ -171,10 +171,12 @@ class V:
         alone: the V -> variant -> template mapping must reproduce every one of them."""
         lines = [f"using ElementA = {AB[self.ab]};", f"using ElementB = {AB[self.ab]};"]
         if self.family == "bf16":
+            # Bias and C reach the kernel through the rule generated from the spec's epilogue:
+            # a column input read in the bias's dtype, an output c only with generate_c.
             lines += [f"using ElementC = {OUT[self.c]};", f"using ElementD = {OUT[self.d]};",
-                      f"using ElementBias = {OUT.get(self.bias, 'float')};",
-                      f"static constexpr bool kHasBias = {_b(self.bias != 'none')};",
-                      f"static constexpr bool kGenerateC = {_b(self.generate_c)};"]
+                      f"static constexpr bool kHasC = {_b(self.generate_c)};"]
+            if self.bias != "none":
+                lines.append(f"e.bias = fusegemm::epi::ldf<{OUT[self.bias]}>(col_base_, col);")
         else:
             lines += [f"using ElementSF = {SF[self.sf]};", f"using ElementC = {OUT[self.c]};",
                       f"static constexpr int kSfVec = {self.vec};",
@@ -246,11 +248,14 @@ def plant_fault(text: str, fault: int) -> str:
 
 
 def config_problems(v: V, text: str) -> list[str]:
-    """``v.expected_config()`` lines missing from the (only) ``struct Config`` of ``text``."""
-    m = re.findall(r"^struct Config \{\n(.*?)^\};", text, re.M | re.S)
-    if len(m) != 1:
-        return [f"{len(m)} struct Config definitions in the generated unit, expected 1"]
-    have = {line.strip() for line in m[0].splitlines()}
+    """``v.expected_config()`` lines missing from the (only) ``struct Config`` and the generated
+    epilogue ``struct Rule`` of ``text``."""
+    have: set[str] = set()
+    for struct in ("Config", "Rule"):
+        m = re.findall(rf"^struct {struct} \{{\n(.*?)^\}};", text, re.M | re.S)
+        if len(m) != 1:
+            return [f"{len(m)} struct {struct} definitions in the generated unit, expected 1"]
+        have |= {line.strip() for line in m[0].splitlines()}
     return [f"{v.label}: generated Config lacks {line!r}" for line in v.expected_config() if line not in have]
 
 

@@ -17,7 +17,8 @@ def test_list_json():
     assert r.exit_code == 0
     rows = {(row["name"], row["arch"]): row for row in json.loads(r.output)}
     assert sorted({name for name, _ in rows}) == ["gemm_amax", "grouped_gemm", "grouped_gemm_dswiglu",
-                                                  "grouped_gemm_quant", "grouped_gemm_srelu"]
+                                                  "grouped_gemm_quant", "grouped_gemm_srelu",
+                                                  "grouped_gemm_swiglu"]
     # declared and implemented side by side: sm_90a implements tile M 64/128 without clusters
     # (1 tile of 3, 1 cluster of 9 of the declared grouped_gemm surface)...
     g90, g100 = rows[("grouped_gemm", "sm_90a")], rows[("grouped_gemm", "sm_100a")]
@@ -153,3 +154,116 @@ def test_build_failure_exit_1(cache_dir, monkeypatch):
                                   "--variant", "c_dtype=float16"])
     assert r.exit_code == 1
     assert "0 built (0 cached), 1 failed" in r.output and "deliberately broken" in r.output
+
+
+# ---- fusegemm validate / show of the schema 2 epilogue ------------------------------------------
+USER_SPEC = """\
+# A user's op, outside specs/: SwiGLU forward on the BF16 grouped GEMM, FP8 D row-quantized.
+schema: 2
+name: my_swiglu
+kernel: grouped_gemm
+problem: grouped
+summary: D = prob * silu(G.gate) * G.up
+epilogue:
+  inputs:
+    alpha: {per: expert}
+    prob: {per: row, default: 1.0}
+    norm_const: {per: scalar}
+  pairing: {block: 32, roles: [gate, up], acc: true}
+  compute:
+    - gate = alpha * acc.gate
+    - up = alpha * acc.up
+    - h = silu(gate) * up * prob
+  outputs:
+    d: {dtype: d_dtype, value: h, quantize: {row: true, norm_const: norm_const}}
+choices:
+  ab_dtype: [bfloat16]
+  d_dtype: [float8_e4m3fn, bfloat16]
+  tile_m: [128]
+  tile_n: [256]
+  cluster_m: [1]
+  cluster_n: [1]
+defaults:
+  d_dtype: float8_e4m3fn
+"""
+
+
+def _user_spec(tmp_path, text=USER_SPEC):
+    path = tmp_path / "my_swiglu.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_validate_good_user_spec(tmp_path):
+    path = _user_spec(tmp_path)
+    r = run("validate", str(path))
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert out.startswith(f"my_swiglu  (grouped_gemm, grouped)  {path}: valid\n")
+    for line in ("    gate = alpha * acc.gate", "    h = silu(gate) * up * prob",
+                 "    prob        row     float32  slot prob        default 1.0 (null pointer)",
+                 "  pairing: 32-column blocks, roles gate/up, the accumulator is paired",
+                 "    d: d_dtype <- h; quantized when FP8/FP4 (row, norm_const norm_const, convention quant)"):
+        assert line in out.splitlines(), line
+    for arch in ("sm_100a", "sm_90a"):      # the default variant's rule on every arch
+        assert f"rule for {arch} (default variant my_swiglu." in out
+    assert out.count("struct Rule {") == 2
+    assert "static constexpr bool kPairedAcc = true;" in out and "static constexpr bool kQuantRowD = true;" in out
+    assert "const float v_h = __fmul_rn(__fmul_rn(__fmul_rn(v_gate, fusegemm::epi::sigmoid(v_gate)), v_up), " \
+           "ri.prob);" in out
+
+
+def test_validate_broken_spec_exit_1(tmp_path):
+    path = _user_spec(tmp_path, USER_SPEC.replace("- h = silu(gate) * up * prob", "- h = silu(gate) * upp * prob"))
+    r = run("validate", str(path))
+    assert r.exit_code == 1
+    assert r.output == (f"Error: {path}:16: epilogue.compute[2]: unknown name 'upp' at column 18 of "
+                        f"'h = silu(gate) * upp * prob'; allowed: acc, alpha, gate, norm_const, prob, up\n")
+    assert "struct Rule" not in r.output
+    r = run("validate", str(tmp_path / "missing.yaml"))
+    assert r.exit_code == 1 and f"Error: {tmp_path / 'missing.yaml'}: cannot read spec" in r.output
+
+
+def test_validate_json_keys(tmp_path):
+    r = run("validate", str(_user_spec(tmp_path)), "--json")
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.output)
+    assert list(info) == ["name", "path", "kernel", "problem", "valid", "epilogue", "rules"]
+    assert info["valid"] is True and info["name"] == "my_swiglu"
+    ep = info["epilogue"]
+    assert list(ep) == ["inputs", "pairing", "constants", "compute", "outputs", "quantization", "reductions"]
+    assert ep["inputs"]["prob"] == {"per": "row", "dtype": "float32", "slot": "prob", "default": 1.0,
+                                    "paired": False, "optional": False}
+    assert ep["pairing"] == {"block": 32, "roles": ["gate", "up"], "acc": True}
+    assert ep["compute"] == ["gate = alpha * acc.gate", "up = alpha * acc.up", "h = silu(gate) * up * prob"]
+    assert ep["outputs"]["d"]["value"] == "h" and ep["outputs"]["d"]["quantize"]["row"] is True
+    assert ep["quantization"]["outputs"] == ["d"] and ep["reductions"] == []
+    assert sorted(info["rules"]) == ["sm_100a", "sm_90a"]
+    rule = info["rules"]["sm_100a"]
+    assert list(rule) == ["variant", "choices", "traits", "cpp"]
+    assert rule["choices"]["d_dtype"] == "float8_e4m3fn" and rule["traits"]["kPairedAcc"] == "true"
+    assert rule["cpp"].count("struct Rule {") == 1
+
+
+def test_validate_broken_spec_json_exit_1(tmp_path):
+    path = _user_spec(tmp_path, USER_SPEC.replace("block: 32", "block: 16"))
+    r = run("validate", str(path), "--json")
+    assert r.exit_code == 1
+    assert f"Error: {path}:12: epilogue.pairing.block: got 16; allowed: 32" in r.output
+
+
+def test_show_prints_the_epilogue_statements():
+    r = run("show", "grouped_gemm")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    for st in ("g = alpha * acc", "c = where(present(bias), g + prob * bias, g)",
+               "d = where(present(bias), c, prob * g)"):
+        assert f"    {st}" in lines, st
+    assert "    bias   column  bias_dtype  slot bias   absent when bias_dtype is none" in lines
+    assert "    c: c_dtype <- c  when generate_c" in lines
+    info = json.loads(run("show", "grouped_gemm_dswiglu", "--json").output)
+    ep = info["epilogue"]
+    assert ep["compute"][0] == "r = alpha * alpha * acc"
+    assert ep["inputs"]["c"]["paired"] is True and ep["inputs"]["c"]["slot"] == "c_in"
+    assert ep["outputs"]["d"]["paired"] == {"gate": "dswiglu", "up": "ab"}
+    assert [(x["name"], x["slot"]) for x in ep["reductions"]] == [("dprob", 0), ("amax", 0), ("amax", 1)]

@@ -144,6 +144,29 @@ def test_spec_default_variant_passes_static_checks(spec, choices, v):
     assert static_problems(build(v)) == []
 
 
+@pytest.mark.parametrize("d_dtype", ["float8_e4m3fn", "bfloat16"])
+def test_yaml_authored_epilogue_passes_static_checks(d_dtype):
+    """specs/grouped_gemm_swiglu.yaml (a paired accumulator, MXFP8 D + SFD_row, written in YAML
+    only) builds for sm_100a through the product's renderer, and its cubin passes the checks of
+    the kernel it instantiates: the spec default is the BF16 family's t256x256 2-CTA kernel, so
+    V("bf16", 256, 256) states the mainloop's expectations; only the epilogue rule differs."""
+    from fusegemm.generator.render import render
+    from fusegemm.runtime.compile import compile_source
+
+    from _sm100 import _MC_FN, _TEST_TAIL, from_cubin, mc_table_cpp
+
+    variant = make_variant("grouped_gemm_swiglu", arch="sm_100a", d_dtype=d_dtype)
+    v = V("bf16", 256, 256)
+    assert (variant.tile_m, variant.tile_n, variant.ab_dtype) == (v.tile_m, v.tile_n, "bfloat16")
+    _skip_without_toolchain()
+    src = render(variant)
+    assert "kPairedAcc = true" in src.text and f"kQuantRowD = {'true' if d_dtype != 'bfloat16' else 'false'}" in src.text
+    text = src.text + _TEST_TAIL.format(mc_fn=_MC_FN, name=src.symbol,
+                                        mc_table=mc_table_cpp("Kernel::Frame", v.cta_group, f"{src.symbol}_mc"))
+    cub = compile_source(text, arch="sm_100a", kernel=src.symbol)
+    assert static_problems(from_cubin(v, src.symbol, cub.data, 0.0)) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # PTX-level protocol order (fences emit no SASS): bugs #7 and #13 of sm100-protocol.md §8.
 # ---------------------------------------------------------------------------------------------

@@ -10,8 +10,10 @@ import pytest
 from fusegemm.generator.spec import load_spec, parse_spec
 from fusegemm.base.errors import SpecError
 
+# Schema 2 (the epilogue language, generator/epilogue.py): the same demo spec as in schema 1 still
+# reads the same (an expert input, one statement, output d), so the line numbers below hold.
 GOOD = textwrap.dedent("""\
-    schema: 1
+    schema: 2
     name: demo
     kernel: grouped_gemm
     problem: grouped
@@ -50,7 +52,10 @@ def _err(text: str) -> str:
 def test_good_spec_loads():
     s = parse_spec(GOOD, "demo.yaml", expected_name="demo")
     assert s.name == "demo" and dict(s.choices)["tile_m"] == (128, 256)
-    assert [st.target for st in s.compute] == ["d"]
+    ep = s.epilogue
+    assert [st.target for st in ep.statements] == ["d"]
+    assert [(i.name, i.per, i.dtype, i.slot) for i in ep.inputs] == [("alpha", "expert", "float32", "alpha")]
+    assert [(o.name, o.dtype, o.value) for o in ep.outputs] == [("d", "d_dtype", "d")]
 
 
 CASES = [
@@ -62,7 +67,7 @@ CASES = [
      "name, prebuild, problem, schema, seed, summary"),
     ("missing required key", lambda t: t.replace("problem: grouped\n", ""),
      "demo.yaml:1: problem: required key is missing"),
-    ("wrong type", lambda t: t.replace("schema: 1", "schema: one"),
+    ("wrong type", lambda t: t.replace("schema: 2", "schema: one"),
      "demo.yaml:1: schema: expected an integer, got a string 'one'"),
     ("unknown kernel family", lambda t: t.replace("kernel: grouped_gemm", "kernel: grouped_gemm_relu"),
      "demo.yaml:3: kernel: got 'grouped_gemm_relu'; allowed: grouped_gemm, gemm_amax, "
@@ -89,15 +94,20 @@ CASES = [
      "allowed: acc, alpha"),
     ("epilogue unknown function", lambda t: t.replace("d = alpha * acc", "d = gelu(acc)"),
      "demo.yaml:10: epilogue.compute[0]: unknown function 'gelu' at column 5 of 'd = gelu(acc)'; "
-     "allowed: abs, exp, max, min, relu, sigmoid, silu, square, tanh"),
+     "allowed: abs, clamp, exp, fma, gelu_tanh, isnan, log, max, min, present, rcp, relu, sigmoid, silu, "
+     "sqrt, square, tanh, where"),
     ("duplicate key", lambda t: t.replace("problem: grouped\n", "problem: grouped\nproblem: batched\n"),
      "demo.yaml:5: duplicate key 'problem' (first at line 4)"),
     ("empty choice list", lambda t: t.replace("tile_n: [256]", "tile_n: []"),
      "demo.yaml:17: choices.tile_n: empty list; give at least one value"),
-    ("output never computed", lambda t: t.replace("    d: {dtype: d_dtype}", "    e: {dtype: d_dtype}"),
-     "demo.yaml:12: epilogue.outputs.e: output 'e' is never computed; computed: acc, alpha, d"),
-    ("unsupported schema version", lambda t: t.replace("schema: 1", "schema: 2"),
-     "demo.yaml:1: schema: unsupported schema version 2; allowed: 1"),
+    # schema 2: outputs are the kernel ABI's c and d, so the never-computed output is c (e: next case)
+    ("output never computed", lambda t: t.replace("    d: {dtype: d_dtype}", "    c: {dtype: d_dtype}"),
+     "demo.yaml:12: epilogue.outputs.c: output 'c' is never computed; computed: d (or give value:)"),
+    ("output not an ABI tensor", lambda t: t.replace("    d: {dtype: d_dtype}", "    e: {dtype: d_dtype}"),
+     "demo.yaml:12: epilogue.outputs.e: 'e' is not an output of the kernel ABI; allowed: c, d (its output "
+     "tensors; name the value to store with value:)"),
+    ("unsupported schema version", lambda t: t.replace("schema: 2", "schema: 1"),
+     "demo.yaml:1: schema: unsupported schema version 1; allowed: 2"),
 ]
 
 
@@ -123,11 +133,17 @@ def test_yaml_is_loaded_safely(tmp_path: Path):
 def test_code_injection_in_epilogue_is_rejected():
     msg = _err(GOOD.replace("d = alpha * acc", 'd = acc; asm("trap")'))
     assert msg == ("demo.yaml:10: epilogue.compute[0]: unexpected character ';' at column 8 of "
-                   "'d = acc; asm(\"trap\")'; allowed: names, numbers, + - * / ( ) ,")
+                   "'d = acc; asm(\"trap\")'; allowed: ASCII names, numbers, + - * / < <= > >= == != ( ) , .")
 
 
 def test_seed_specs_load():
     from fusegemm.generator.spec import list_specs
     names = sorted(load_spec(p).name for p in list_specs())
     assert names == ["gemm_amax", "grouped_gemm", "grouped_gemm_dswiglu", "grouped_gemm_quant",
-                     "grouped_gemm_srelu"]
+                     "grouped_gemm_srelu", "grouped_gemm_swiglu"]
+
+
+def test_public_load_spec():
+    import fusegemm
+    from fusegemm.generator.spec import spec_dir
+    assert fusegemm.load_spec(spec_dir() / "grouped_gemm.yaml").epilogue.statements[0].text == "g = alpha * acc"

@@ -119,4 +119,4 @@ def test_op_compile_runs_the_gate_before_loading(gate, monkeypatch, session_cach
                      torch.ones(512, 1, 1), arch="sm_100a")
     with pytest.raises(UnverifiedError, match="grouped_gemm failed its first-run verification on sm_100a"):
         op.compile()
-    assert op._kernel is None and runs == [("grouped_gemm", -1, False)]   # CPU tensors: device -1
+    assert op._launcher is None and runs == [("grouped_gemm", -1, False)]   # CPU tensors: device -1

@@ -1,34 +1,47 @@
-// Epilogue building blocks shared by the sm_90a and sm_100a grouped kernels.
+// Epilogue building blocks shared by every kernel (sm_90a, sm_100a and the epilogue harness).
 //
-// The seam every epilogue goes through (and that the epilogue expression language will
-// generate later) is one per-element rule:
-//
-//     FP32 accumulator value + (row, column, expert) contexts  ->  output values
-//
-// Contexts are loaded once per tile (expert scalars: alpha), once per row (prob) and once
-// per column (bias), so the rule itself is a handful of FMAs on registers. Everything
-// here is arch-neutral: the mainloop only decides which (row, col) pairs of the tile a
-// thread holds (WGMMA fragment on sm_90a, TMEM lanes on sm_100a) and calls
-//
-//     Rule rule; rule.begin_tile(params, expert);        // per tile
-//     float p = rule.row(params, row);                   // per row the thread owns
-//     float2 b = rule.col2(params, col);                 // per column pair (col even)
-//     typename Rule::Out o = rule.apply(acc, p, b.x);    // per element -> o.c, o.d
-//
-// and then hands the converted values to a store helper (WarpStagedStore below: a warp
-// stages 16 rows x 128 bytes in padded smem and writes full 128-byte row segments with
-// 16-byte vector stores). Rows never need masks (tiles never cross valid_m); columns past
-// N are masked per 16-byte vector, so N must be a multiple of 8 (16-byte rows for every
-// output dtype).
+// The per-element math of an epilogue is the rule generated from the spec (generator/emit.py,
+// templates/rule.cu.j2): a struct with begin_tile(p, expert), row(p, row), elem(p, row, col) and
+// apply(acc0, acc1, row_inputs, element_inputs) -> Out. This header holds what every rule and
+// engine uses: the NaN-propagating math helpers the rules call, loads that convert any input
+// dtype to FP32, conversions to every output dtype, and the warp-staged row store. The engine
+// that quantizes, reduces and stores a rule's outputs is fusegemm/epilogue_block.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp4.h>
+#include <cuda_fp8.h>
 
 #include "fusegemm/common.cuh"
 
 namespace fusegemm {
 namespace epi {
+
+// ---------------------------------------------------------------------------------------
+// Math the generated rules call (generator/functions.py gives each one's numpy twin).
+// ---------------------------------------------------------------------------------------
+FUSEGEMM_DEVICE float relu(float x) { return x > 0.0f ? x : (x != x ? x : 0.0f); }
+FUSEGEMM_DEVICE float fmin_nan(float a, float b) { return (a < b || a != a) ? a : b; }
+FUSEGEMM_DEVICE float fmax_nan(float a, float b) { return (a > b || a != a) ? a : b; }
+// Overflow-free logistic: for x < 0 it is e^x / (1 + e^x), so a very negative x gives the tiny
+// true value instead of 1 / (1 + Inf) = 0 (silu(-90) would otherwise be -0, 45M ulps away).
+FUSEGEMM_DEVICE float sigmoid(float x) {
+  if (x >= 0.0f) return __frcp_rn(__fadd_rn(1.0f, expf(-x)));
+  const float e = expf(x);  // NaN lands here and stays NaN
+  return __fdiv_rn(e, __fadd_rn(1.0f, e));
+}
+// The polynomial argument u is spelled in FP32 exactly as fusegemm/interpret.py spells it; then
+// 0.5 x (1 + tanh u) = x * sigmoid(2u), which avoids the cancellation of 1 + tanh(u) for x < -1.
+FUSEGEMM_DEVICE float gelu_tanh_arg(float x) {
+  const float x3 = __fmul_rn(__fmul_rn(x, x), x);
+  return __fmul_rn(0x1.988454p-1f /* sqrt(2/pi) */, __fadd_rn(x, __fmul_rn(0x1.6e4e26p-5f /* 0.044715 */, x3)));
+}
+FUSEGEMM_DEVICE float gelu_tanh(float x) { return __fmul_rn(x, sigmoid(__fmul_rn(2.0f, gelu_tanh_arg(x)))); }
+
+// 32-column gate/up interleave: element column j of a role lives at this column of the
+// paired tensor (role 0: even 32-column blocks, role 1: odd ones).
+FUSEGEMM_DEVICE int paired_col(int j, int role) { return ((j >> 5) << 6) + (j & 31) + 32 * role; }
 
 // ---------------------------------------------------------------------------------------
 // Element conversion
@@ -47,6 +60,9 @@ struct Cvt<cutlass::bfloat16_t> {
     __nv_bfloat162 v = *reinterpret_cast<__nv_bfloat162*>(&raw);
     return __bfloat1622float2(v);
   }
+  FUSEGEMM_DEVICE static float load(const void* p, int64_t i) {
+    return __uint_as_float(uint32_t(__ldg(static_cast<const unsigned short*>(p) + i)) << 16);
+  }
 };
 
 template <>
@@ -60,12 +76,38 @@ struct Cvt<cutlass::half_t> {
     __half2 v = *reinterpret_cast<__half2*>(&raw);
     return __half22float2(v);
   }
+  FUSEGEMM_DEVICE static float load(const void* p, int64_t i) {
+    return __half2float(__ushort_as_half(__ldg(static_cast<const unsigned short*>(p) + i)));
+  }
 };
 
 template <>
 struct Cvt<float> {
   static constexpr int kBytes = 4;
+  FUSEGEMM_DEVICE static float load(const void* p, int64_t i) { return __ldg(static_cast<const float*>(p) + i); }
 };
+
+template <>
+struct Cvt<cutlass::float_e4m3_t> {
+  static constexpr int kBytes = 1;
+  FUSEGEMM_DEVICE static float load(const void* p, int64_t i) {
+    __nv_fp8_storage_t raw = __ldg(static_cast<const unsigned char*>(p) + i);
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(raw, __NV_E4M3)));
+  }
+};
+
+template <>
+struct Cvt<cutlass::float_e5m2_t> {
+  static constexpr int kBytes = 1;
+  FUSEGEMM_DEVICE static float load(const void* p, int64_t i) {
+    __nv_fp8_storage_t raw = __ldg(static_cast<const unsigned char*>(p) + i);
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(raw, __NV_E5M2)));
+  }
+};
+
+// Element i of an input of type T as FP32 (the rules' input loads).
+template <class T>
+FUSEGEMM_DEVICE float ldf(const void* p, int64_t i) { return Cvt<T>::load(p, i); }
 
 // Two adjacent elements at `p` (p 2-element aligned) as floats, read-only path.
 template <class T>
@@ -74,6 +116,25 @@ FUSEGEMM_DEVICE float2 load2(const T* p) {
     return __ldg(reinterpret_cast<const float2*>(p));
   } else {
     return Cvt<T>::unpack2(__ldg(reinterpret_cast<const unsigned int*>(p)));
+  }
+}
+
+// ---- narrow outputs (FP8, packed FP4) ---------------------------------------------------
+template <class T> constexpr int out_bits() {
+  return cute::is_same_v<T, cutlass::float_e2m1_t> ? 4
+         : (cute::is_same_v<T, cutlass::float_e4m3_t> || cute::is_same_v<T, cutlass::float_e5m2_t>) ? 8
+         : int(sizeof(T)) * 8;
+}
+template <class T> constexpr bool is_narrow() { return out_bits<T>() < 16; }
+
+// Two values -> two FP8 bytes (a in the low byte) / one FP4 byte (a in the low nibble), round to
+// nearest even, saturating to the finite range (cvt.rn.satfinite); FP8 NaN stays NaN.
+template <class T> FUSEGEMM_DEVICE uint32_t cvt_narrow2(float a, float b) {
+  if constexpr (cute::is_same_v<T, cutlass::float_e2m1_t>) {
+    return __nv_cvt_float2_to_fp4x2(make_float2(a, b), __NV_E2M1, cudaRoundNearest);
+  } else {
+    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE,
+                                    cute::is_same_v<T, cutlass::float_e5m2_t> ? __NV_E5M2 : __NV_E4M3);
   }
 }
 
@@ -86,66 +147,6 @@ FUSEGEMM_DEVICE void st_shared2(uint32_t addr, float a, float b) {
     asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(Cvt<T>::pack2(a, b)) : "memory");
   }
 }
-
-// ---------------------------------------------------------------------------------------
-// Seed 001 rule (BF16 grouped GEMM):  G = alpha[e] * acc
-//   bias:     C = G + prob[m] * bias[n, e],  D = C
-//   no bias:  C = G,                         D = prob[m] * G
-// prob == nullptr means 1. Bias is (N, L) with (n, e) at bias[e * N + n].
-// ---------------------------------------------------------------------------------------
-template <class Config>
-struct GroupedGemmRule {
-  using ElementBias = typename Config::ElementBias;
-  static constexpr bool kHasBias = Config::kHasBias;
-
-  struct Out {
-    float c, d;
-  };
-
-  float alpha;
-  const ElementBias* bias_e;  // bias column of this tile's expert (nullptr without bias)
-  int n;
-
-  template <class Params>
-  FUSEGEMM_DEVICE void begin_tile(const Params& p, int expert) {
-    alpha = __ldg(reinterpret_cast<const float*>(p.alpha) + expert);
-    n = p.n;
-    if constexpr (kHasBias) {
-      bias_e = reinterpret_cast<const ElementBias*>(p.bias) + static_cast<int64_t>(expert) * p.n;
-    } else {
-      bias_e = nullptr;
-    }
-  }
-
-  template <class Params>
-  FUSEGEMM_DEVICE float row(const Params& p, int row) const {
-    const float* prob = reinterpret_cast<const float*>(p.prob);
-    return prob != nullptr ? __ldg(prob + row) : 1.0f;
-  }
-
-  // Bias for columns (col, col + 1), col even; zero past N (those columns are never
-  // stored, and reading them would run into the next expert's bias or off the end).
-  template <class Params>
-  FUSEGEMM_DEVICE float2 col2(const Params&, int col) const {
-    if constexpr (kHasBias) {
-      if (col < n) return load2(bias_e + col);
-    }
-    return make_float2(0.0f, 0.0f);
-  }
-
-  FUSEGEMM_DEVICE Out apply(float acc, float prob, float bias) const {
-    float g = alpha * acc;
-    Out o;
-    if constexpr (kHasBias) {
-      o.c = fmaf(prob, bias, g);
-      o.d = o.c;
-    } else {
-      o.c = g;
-      o.d = prob * g;
-    }
-    return o;
-  }
-};
 
 // ---------------------------------------------------------------------------------------
 // Warp-staged row store: one warp writes kRows x 128 bytes of one output.

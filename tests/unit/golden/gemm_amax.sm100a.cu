@@ -17,7 +17,9 @@ struct alignas(128) Params {
   const void* alpha;  // float (L,) per-expert scale
   const void* beta;  // float (L,) per-expert C scale (dSwiGLU)
   const void* prob;  // float (rows,) per-row gate; null means 1
+  const void* row_scale;  // second per-row input (seed 003 row_scale)
   const void* bias;  // bias (N, L), expert stride N elements
+  const void* c_in;  // element input (dSwiGLU C), ld_c_in elements per row
   const void* norm_const;  // float (1,) output quantization constant
   void* c_out;  // C (rows, N) row-major, ldc elements per row
   void* d_out;  // D (rows, N) row-major, ldd elements per row
@@ -33,7 +35,9 @@ struct alignas(128) Params {
   int32_t k;  // K (reduction length, in elements)
   int32_t num_experts;  // L
   int64_t ldc;  // C row stride in elements
-  int64_t ldd;  // D row stride in elements
+  int64_t ldd;  // D row stride in elements (D_col: the same)
+  int64_t ld_c_in;  // element input row stride in elements
+  float rcp_max;  // SFD: 1 / the FP8/FP4 output's largest value (e5m2: 1/57344 or 1/128)
   int32_t cluster_m;  // cluster M in CTAs (sm_100a TMA multicast of B along M); 0 = pairs only
   int32_t cluster_n;  // cluster N in CTAs (sm_100a TMA multicast of A along N); 0 = pairs only
 };
@@ -49,26 +53,93 @@ static_assert(sizeof(Params::sfb_ptrs) == 8 && alignof(decltype(Params::sfb_ptrs
 static_assert(sizeof(Params::alpha) == 8 && alignof(decltype(Params::alpha)) == 8, "ABI: Params.alpha (const void*) at byte 792");
 static_assert(sizeof(Params::beta) == 8 && alignof(decltype(Params::beta)) == 8, "ABI: Params.beta (const void*) at byte 800");
 static_assert(sizeof(Params::prob) == 8 && alignof(decltype(Params::prob)) == 8, "ABI: Params.prob (const void*) at byte 808");
-static_assert(sizeof(Params::bias) == 8 && alignof(decltype(Params::bias)) == 8, "ABI: Params.bias (const void*) at byte 816");
-static_assert(sizeof(Params::norm_const) == 8 && alignof(decltype(Params::norm_const)) == 8, "ABI: Params.norm_const (const void*) at byte 824");
-static_assert(sizeof(Params::c_out) == 8 && alignof(decltype(Params::c_out)) == 8, "ABI: Params.c_out (void*) at byte 832");
-static_assert(sizeof(Params::d_out) == 8 && alignof(decltype(Params::d_out)) == 8, "ABI: Params.d_out (void*) at byte 840");
-static_assert(sizeof(Params::d_col_out) == 8 && alignof(decltype(Params::d_col_out)) == 8, "ABI: Params.d_col_out (void*) at byte 848");
-static_assert(sizeof(Params::sfd_row) == 8 && alignof(decltype(Params::sfd_row)) == 8, "ABI: Params.sfd_row (void*) at byte 856");
-static_assert(sizeof(Params::sfd_col) == 8 && alignof(decltype(Params::sfd_col)) == 8, "ABI: Params.sfd_col (void*) at byte 864");
-static_assert(sizeof(Params::amax) == 8 && alignof(decltype(Params::amax)) == 8, "ABI: Params.amax (void*) at byte 872");
-static_assert(sizeof(Params::dprob) == 8 && alignof(decltype(Params::dprob)) == 8, "ABI: Params.dprob (void*) at byte 880");
-static_assert(sizeof(Params::sched_counter) == 8 && alignof(decltype(Params::sched_counter)) == 8, "ABI: Params.sched_counter (void*) at byte 888");
-static_assert(sizeof(Params::tmap_workspace) == 8 && alignof(decltype(Params::tmap_workspace)) == 8, "ABI: Params.tmap_workspace (void*) at byte 896");
-static_assert(sizeof(Params::m_rows) == 4 && alignof(decltype(Params::m_rows)) == 4, "ABI: Params.m_rows (int32_t) at byte 904");
-static_assert(sizeof(Params::n) == 4 && alignof(decltype(Params::n)) == 4, "ABI: Params.n (int32_t) at byte 908");
-static_assert(sizeof(Params::k) == 4 && alignof(decltype(Params::k)) == 4, "ABI: Params.k (int32_t) at byte 912");
-static_assert(sizeof(Params::num_experts) == 4 && alignof(decltype(Params::num_experts)) == 4, "ABI: Params.num_experts (int32_t) at byte 916");
-static_assert(sizeof(Params::ldc) == 8 && alignof(decltype(Params::ldc)) == 8, "ABI: Params.ldc (int64_t) at byte 920");
-static_assert(sizeof(Params::ldd) == 8 && alignof(decltype(Params::ldd)) == 8, "ABI: Params.ldd (int64_t) at byte 928");
-static_assert(sizeof(Params::cluster_m) == 4 && alignof(decltype(Params::cluster_m)) == 4, "ABI: Params.cluster_m (int32_t) at byte 936");
-static_assert(sizeof(Params::cluster_n) == 4 && alignof(decltype(Params::cluster_n)) == 4, "ABI: Params.cluster_n (int32_t) at byte 940");
+static_assert(sizeof(Params::row_scale) == 8 && alignof(decltype(Params::row_scale)) == 8, "ABI: Params.row_scale (const void*) at byte 816");
+static_assert(sizeof(Params::bias) == 8 && alignof(decltype(Params::bias)) == 8, "ABI: Params.bias (const void*) at byte 824");
+static_assert(sizeof(Params::c_in) == 8 && alignof(decltype(Params::c_in)) == 8, "ABI: Params.c_in (const void*) at byte 832");
+static_assert(sizeof(Params::norm_const) == 8 && alignof(decltype(Params::norm_const)) == 8, "ABI: Params.norm_const (const void*) at byte 840");
+static_assert(sizeof(Params::c_out) == 8 && alignof(decltype(Params::c_out)) == 8, "ABI: Params.c_out (void*) at byte 848");
+static_assert(sizeof(Params::d_out) == 8 && alignof(decltype(Params::d_out)) == 8, "ABI: Params.d_out (void*) at byte 856");
+static_assert(sizeof(Params::d_col_out) == 8 && alignof(decltype(Params::d_col_out)) == 8, "ABI: Params.d_col_out (void*) at byte 864");
+static_assert(sizeof(Params::sfd_row) == 8 && alignof(decltype(Params::sfd_row)) == 8, "ABI: Params.sfd_row (void*) at byte 872");
+static_assert(sizeof(Params::sfd_col) == 8 && alignof(decltype(Params::sfd_col)) == 8, "ABI: Params.sfd_col (void*) at byte 880");
+static_assert(sizeof(Params::amax) == 8 && alignof(decltype(Params::amax)) == 8, "ABI: Params.amax (void*) at byte 888");
+static_assert(sizeof(Params::dprob) == 8 && alignof(decltype(Params::dprob)) == 8, "ABI: Params.dprob (void*) at byte 896");
+static_assert(sizeof(Params::sched_counter) == 8 && alignof(decltype(Params::sched_counter)) == 8, "ABI: Params.sched_counter (void*) at byte 904");
+static_assert(sizeof(Params::tmap_workspace) == 8 && alignof(decltype(Params::tmap_workspace)) == 8, "ABI: Params.tmap_workspace (void*) at byte 912");
+static_assert(sizeof(Params::m_rows) == 4 && alignof(decltype(Params::m_rows)) == 4, "ABI: Params.m_rows (int32_t) at byte 920");
+static_assert(sizeof(Params::n) == 4 && alignof(decltype(Params::n)) == 4, "ABI: Params.n (int32_t) at byte 924");
+static_assert(sizeof(Params::k) == 4 && alignof(decltype(Params::k)) == 4, "ABI: Params.k (int32_t) at byte 928");
+static_assert(sizeof(Params::num_experts) == 4 && alignof(decltype(Params::num_experts)) == 4, "ABI: Params.num_experts (int32_t) at byte 932");
+static_assert(sizeof(Params::ldc) == 8 && alignof(decltype(Params::ldc)) == 8, "ABI: Params.ldc (int64_t) at byte 936");
+static_assert(sizeof(Params::ldd) == 8 && alignof(decltype(Params::ldd)) == 8, "ABI: Params.ldd (int64_t) at byte 944");
+static_assert(sizeof(Params::ld_c_in) == 8 && alignof(decltype(Params::ld_c_in)) == 8, "ABI: Params.ld_c_in (int64_t) at byte 952");
+static_assert(sizeof(Params::rcp_max) == 4 && alignof(decltype(Params::rcp_max)) == 4, "ABI: Params.rcp_max (float) at byte 960");
+static_assert(sizeof(Params::cluster_m) == 4 && alignof(decltype(Params::cluster_m)) == 4, "ABI: Params.cluster_m (int32_t) at byte 964");
+static_assert(sizeof(Params::cluster_n) == 4 && alignof(decltype(Params::cluster_n)) == 4, "ABI: Params.cluster_n (int32_t) at byte 968");
 static_assert(sizeof(Params) == 1024 && alignof(Params) == 128, "ABI: sizeof(Params) must be 1024");
+
+// The epilogue rule generated from the epilogue of specs/gemm_amax.yaml (generator/emit.py).
+// Every name below is the emitter's own spelling; the statements are the spec's, one per line.
+struct Rule {
+  static constexpr bool kPairedAcc = false;
+  static constexpr bool kHasC = true;
+  static constexpr bool kHasD = false;
+  static constexpr bool kPairedD = false;
+  static constexpr bool kQuantRowD = false;
+  static constexpr bool kQuantColD = false;
+  static constexpr int kSfdConvention = 0;
+  static constexpr int kAmaxCount = 1;
+  static constexpr int kAmaxSlots = 1;
+  static constexpr bool kAmaxGlobal = true;
+  static constexpr bool kRowSum = false;
+  static constexpr bool kElementwise = false;
+  static constexpr int kAmaxSlot0 = 0;
+
+  // Values fixed for a tile: per-expert and per-call inputs.
+  const void* col_base_;   // column inputs of the tile's expert
+  int n_;                  // GEMM N (the column inputs' expert stride)
+
+  struct RowIn {
+  };
+  struct ElemIn {
+  };
+  struct Out {
+    float c;
+    float amax0;
+  };
+
+  template <class Params>
+  FUSEGEMM_DEVICE void begin_tile(const Params& p, int expert) {
+    n_ = p.n;
+    col_base_ = nullptr;
+  }
+
+  template <class Params>
+  FUSEGEMM_DEVICE RowIn row(const Params& p, int row) const {
+    RowIn r;
+    (void)p; (void)row;
+    return r;
+  }
+
+  // Inputs of element (row, col); col counts the element space (half the accumulator's columns
+  // when it is paired). Paired values sit in alternate 32-column blocks (fusegemm::epi::paired_col).
+  template <class Params>
+  FUSEGEMM_DEVICE ElemIn elem(const Params& p, int row, int col) const {
+    ElemIn e;
+    (void)p; (void)row; (void)col;
+    return e;
+  }
+
+  // The spec's statements. acc0 is the accumulator (acc1 is unused).
+  FUSEGEMM_DEVICE Out apply(float acc0, float acc1, const RowIn& ri, const ElemIn& ei) const {
+    (void)acc0; (void)acc1; (void)ri; (void)ei;
+    const float v_c = acc0;
+    Out o;
+    o.c = v_c;
+    o.amax0 = v_c;
+    return o;
+  }
+};
 
 struct Config {
   using ElementA = cutlass::float_e4m3_t;
@@ -84,6 +155,7 @@ struct Config {
   static constexpr bool kDiscreteB = false;
   static constexpr int kTileM = 128;
   static constexpr int kTileN = 128;
+  using Rule = fusegemm_gen::Rule;  // generated from the spec's epilogue (above)
 };
 
 }  // namespace fusegemm_gen
@@ -92,7 +164,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_7350a93fd08d_contract[20] = {
+extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_a7ea2eb873b7_contract[20] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -116,6 +188,6 @@ extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_7350a9
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_gemm_amax_sm100a_7350a93fd08d(const __grid_constant__ fusegemm_gen::Params params) {
+fg_gemm_amax_sm100a_a7ea2eb873b7(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -110,13 +110,12 @@ struct BlockScaledGemmKernel {
   static_assert(!kCMajorM || out_bits<ElementC>() >= 8, "packed FP4 C must be N-major");
   static_assert(out_bits<ElementC>() != 8 || kFp4, "FP8 C needs FP4 A/B (FP8 A/B with FP8 C is disabled)");
   static_assert(out_bits<ElementC>() != 4 || kFp4, "FP4 C needs FP4 A/B");
-  // Staged 16/32-bit N-major stores; narrow or M-major C stores directly (the staging area then
-  // only carries the amax reduction).
-  static constexpr int staging_per_warp() {
-    if constexpr (!kCMajorM && !is_narrow<ElementC>()) return staging_bytes<ElementC>();
-    else return 128;
-  }
-  static constexpr int kStagingBytes = staging_per_warp();
+  // The epilogue rule generated from the spec (the carriers: the GEMM + amax rule with FP32 C),
+  // run by the arch-neutral engine; it stages only 16/32-bit N-major outputs.
+  using Rule = typename Config::Rule;
+  using Engine = epi::BlockEngine<Rule, ElementC, ElementC, Config::kBatched, kCMajorM>;
+  static_assert(!Rule::kHasD && !Rule::kPairedAcc, "block-scaled kernel: the rule writes C (seed 004)");
+  static constexpr int kStagingBytes = Engine::kStageBytes > 128 ? Engine::kStageBytes : 128;
 
   using Frame = KernelFrame<kCtaGroup, Config::kDynamicSched, kStageBytesA, kStageBytesB,
                             kSfaBytes + kSfbBytes, kAccStages, kTileN, kTmemCols,
@@ -333,54 +332,30 @@ struct BlockScaledGemmKernel {
   static __device__ void epilogue(const Params& p, Frame& f, const Sched& sched, int k_blocks) {
     const int ew = f.warp - kFirstEpiWarp;  // TMEM lanes 32*ew..
     const uint32_t buf = smem_u32(f.staging) + ew * kStagingBytes;
-    int amax_bits = 0;                      // max |C| as float bits (NaN sorts above +inf)
+    Rule rule;
+    typename Engine::Partials part;
+    part.reset();
     f.epilogue_loop(sched, [&](const ClusterTile& t, uint32_t acc_col) {
       const int m0 = t.m_block * kTileM + f.cta_half * kRowsD;  // first row this CTA stores
       const int half = kTileM == 64 ? (m0 % 128) / 64 : 0;
       const int local = ew * 32 - half * 64;                      // first tile row of this warp
       int rows_valid = (local >= 0 && local < kRowsD) ? 32 : 0;
       if constexpr (Config::kBatched) rows_valid = min(rows_valid, max(p.m_rows - (m0 + local), 0));
-      const int64_t row0 = (Config::kBatched ? int64_t(t.expert) * p.m_rows : 0) + m0 + local;
       const int n0 = t.n_block * kTileN;
+      rule.begin_tile(p, t.expert);
 #pragma unroll 1
       for (int c = 0; c < kTileN / kEpiChunkCols; ++c) {
         float acc[32];
         tmem_load_chunk(tmem_addr(f.tmem_base, 32 * ew, acc_col + c * kEpiChunkCols), k_blocks == 0, acc);
         if (c == kTileN / kEpiChunkCols - 1) f.release_accumulator();
-        const int col0 = n0 + c * kEpiChunkCols, cols_valid = p.n - col0;
-        if (cols_valid <= 0 || rows_valid <= 0) continue;  // warp-uniform
-        if (f.lane < rows_valid) {
-#pragma unroll
-          for (int j = 0; j < 32; ++j) {
-            if (j < cols_valid) amax_bits = max(amax_bits, __float_as_int(fabsf(acc[j])));
-          }
-        }
+        const int col0 = n0 + c * kEpiChunkCols;
+        if (col0 >= p.n || rows_valid <= 0) continue;  // warp-uniform
         if constexpr (kFault == kFaultSpill) spill_through_local(acc, f.lane);
-        ElementC* c_out = static_cast<ElementC*>(p.c_out);
-        if constexpr (kCMajorM) {
-          // (row, col, l) at (l * N + col) * ldc + row: ldc = M for a dense (M, N, L) M-major C.
-          const int64_t col_base = ((Config::kBatched ? int64_t(t.expert) * p.n : 0) + col0) * p.ldc;
-          store_col32<ElementC>(c_out + col_base + (m0 + local + f.lane), p.ldc, cols_valid, f.lane < rows_valid, acc);
-        } else if constexpr (is_narrow<ElementC>()) {
-          if (f.lane < rows_valid) {
-            const int64_t e = (row0 + f.lane) * p.ldc + col0;  // element index; FP4 packs 2 per byte
-            store_row32_narrow<ElementC>(static_cast<uint8_t*>(p.c_out) + e * out_bits<ElementC>() / 8, cols_valid, acc);
-          }
-        } else {
-          store_block32<ElementC>(buf, c_out + row0 * p.ldc + col0, p.ldc, cols_valid, rows_valid, f.lane, acc);
-        }
+        Engine::run(rule, p, t.expert, m0 + local, rows_valid, col0, p.n, acc, buf, f.lane, part);
       }
+      if (rows_valid > 0) Engine::flush_tile(part, p, t.expert, m0 + local, rows_valid, f.lane);
     });
-    // One global atomicMax per CTA (seed 004 amax), over everything this CTA stored.
-    amax_bits = __reduce_max_sync(0xffffffffu, amax_bits);
-    int* slot = reinterpret_cast<int*>(f.staging);  // staging is idle now
-    named_barrier_sync(1, 32 * kNumEpiWarps);
-    if (f.lane == 0) slot[ew] = amax_bits;
-    named_barrier_sync(1, 32 * kNumEpiWarps);
-    if (ew == 0 && f.lane == 0 && p.amax != nullptr) {
-      int m = max(max(slot[0], slot[1]), max(slot[2], slot[3]));
-      atomicMax(static_cast<int*>(p.amax), m);  // init 0 or -inf: float order == int order for >= 0
-    }
+    Engine::flush_end(part, p, f.lane);  // seed 004: one global amax atomic per warp
   }
 };
 

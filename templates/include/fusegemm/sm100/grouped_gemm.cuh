@@ -45,8 +45,13 @@ struct GroupedGemmKernel {
   static constexpr int kAccStages = 2 * kTileN <= kTmemColumns ? 2 : 1;
   static constexpr int kAccCols = kAccStages * kTileN;
   static constexpr int kTmemCols = tmem_alloc_columns(kAccCols);
-  static constexpr int kStagingBytes =
-      staging_bytes<ElementC>() > staging_bytes<ElementD>() ? staging_bytes<ElementC>() : staging_bytes<ElementD>();
+  using Rule = typename Config::Rule;  // the epilogue rule generated from the spec
+  using Engine = epi::BlockEngine<Rule, ElementC, ElementD>;
+  // Accumulator columns per engine block: 32, or a gate block and an up block when paired.
+  static constexpr int kAccPerBlock = Rule::kPairedAcc ? 64 : 32;
+  static_assert(kTileN % kAccPerBlock == 0, "tile N holds whole gate/up block pairs");
+  static_assert(!Rule::kQuantColD || kTileM != 64, "column SFD needs 32 rows per epilogue warp (tile M >= 128)");
+  static constexpr int kStagingBytes = Engine::kStageBytes > 128 ? Engine::kStageBytes : 128;
 
   using Frame = KernelFrame<kCtaGroup, Config::kDynamicSched, kStageBytesA, kStageBytesB, 0,
                             kAccStages, kTileN, kTmemCols, kStagingBytes * kNumEpiWarps,
@@ -168,42 +173,29 @@ struct GroupedGemmKernel {
     constexpr bool kM64 = kTileM == 64;
     const int rows_valid = kM64 ? 16 : 32;
     const uint32_t buf = smem_u32(f.staging) + ew * kStagingBytes;
-    typename Config::Rule rule;  // the epilogue rule (generator/registry.py row)
+    Rule rule;
+    typename Engine::Partials part;
+    part.reset();
+    // Element columns: the accumulator's, or half of them when the rule pairs gate/up blocks.
+    const int width = Rule::kPairedAcc ? p.n / 2 : p.n;
     f.epilogue_loop(sched, [&](const ClusterTile& t, uint32_t acc_col) {
       const int warp_row0 = t.m_block * kTileM + f.cta_half * kRowsA + ew * rows_valid;
-      const int row = warp_row0 + f.lane;  // meaningful for lane < rows_valid
       rule.begin_tile(p, t.expert);
-      const float prob = f.lane < rows_valid ? rule.row(p, row) : 0.0f;
-      const int n0 = t.n_block * kTileN;
 #pragma unroll 1
-      for (int c = 0; c < kTileN / kEpiChunkCols; ++c) {
-        float acc[32];
-        tmem_load_chunk(tmem_addr(f.tmem_base, 32 * ew, acc_col + c * kEpiChunkCols), k_blocks == 0, acc);
-        if (c == kTileN / kEpiChunkCols - 1) f.release_accumulator();  // after wait::ld
-        const int col0 = n0 + c * kEpiChunkCols;
-        const int cols_valid = p.n - col0;
-        if (cols_valid <= 0) continue;
-        float out[32];
-        if constexpr (Config::kGenerateC) {
-#pragma unroll
-          for (int j = 0; j < 32; j += 2) {
-            float2 b = rule.col2(p, col0 + j);
-            out[j] = rule.apply(acc[j], prob, b.x).c;
-            out[j + 1] = rule.apply(acc[j + 1], prob, b.y).c;
-          }
-          store_block32<ElementC>(buf, static_cast<ElementC*>(p.c_out) + int64_t(warp_row0) * p.ldc + col0,
-                                  p.ldc, cols_valid, rows_valid, f.lane, out);
+      for (int c = 0; c < kTileN / kAccPerBlock; ++c) {
+        float acc[Engine::kAccVals];
+        tmem_load_chunk(tmem_addr(f.tmem_base, 32 * ew, acc_col + c * kAccPerBlock), k_blocks == 0, acc);
+        if constexpr (Rule::kPairedAcc) {  // the up block, 32 columns after the gate block
+          tmem_load_chunk(tmem_addr(f.tmem_base, 32 * ew, acc_col + c * kAccPerBlock + kEpiChunkCols),
+                          k_blocks == 0, acc + 32);
         }
-#pragma unroll
-        for (int j = 0; j < 32; j += 2) {
-          float2 b = rule.col2(p, col0 + j);
-          out[j] = rule.apply(acc[j], prob, b.x).d;
-          out[j + 1] = rule.apply(acc[j + 1], prob, b.y).d;
-        }
-        if constexpr (kFault == kFaultSpill) spill_through_local(out, f.lane);
-        store_block32<ElementD>(buf, static_cast<ElementD*>(p.d_out) + int64_t(warp_row0) * p.ldd + col0,
-                                p.ldd, cols_valid, rows_valid, f.lane, out);
+        if (c == kTileN / kAccPerBlock - 1) f.release_accumulator();  // after the last wait::ld
+        if constexpr (kFault == kFaultSpill) spill_through_local(*reinterpret_cast<float(*)[32]>(acc), f.lane);
+        const int j0 = (t.n_block * kTileN + c * kAccPerBlock) / (Rule::kPairedAcc ? 2 : 1);
+        if (j0 >= width) continue;  // warp-uniform: past N
+        Engine::run(rule, p, t.expert, warp_row0, rows_valid, j0, width, acc, buf, f.lane, part);
       }
+      Engine::flush_tile(part, p, t.expert, warp_row0, rows_valid, f.lane);
     });
   }
 };

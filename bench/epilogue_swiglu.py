@@ -1,0 +1,126 @@
+"""Benchmark the YAML-authored SwiGLU epilogue (specs/grouped_gemm_swiglu.yaml) against torch in
+the same run; prints JSON.
+
+The FC1 of an MoE layer with gate and up projections interleaved in 32-column blocks
+(N = 2 * intermediate): D = prob * silu(alpha[e] * G.gate) * (alpha[e] * G.up), half as wide.
+
+* fusegemm: ``EpilogueGemm("grouped_gemm_swiglu")``, one kernel: BF16 D, and MXFP8 D with its
+  E8M0 row scales (SFD_row) for the next GEMM. Each call allocates its outputs (included).
+* torch: ``torch._grouped_mm`` to a BF16 (M, N) tensor, then the same epilogue in eager torch
+  (per-row alpha, silu, products; BF16). This is what a framework runs without fusion.
+
+Shapes and expert-size distributions are bench/grouped_gemm.py's; times are CUDA-event medians
+over interleaved rounds. Reported: milliseconds, the GEMM's TFLOP/s (2 * rows * N * K / time),
+and fusegemm's speed-up over torch (torch_ms / fusegemm_ms).
+
+    python bench/epilogue_swiglu.py [--out bench/results/epilogue_swiglu_h200.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+
+from grouped_gemm import SHAPES, expert_sizes, time_ms
+
+DEFAULT_SHAPES = "dsv3-fc1,qwen3-fc1"
+
+
+def bench_shape(name: str, dist: str, args) -> dict:
+    import torch
+    from fusegemm import EpilogueGemm
+    experts, tokens, n, k = SHAPES[name]
+    sizes = expert_sizes(experts, tokens, dist)
+    m = sum(sizes)
+    dev = "cuda"
+    torch.manual_seed(0)
+    a = (torch.randn((m, k), device=dev) * 0.5).to(torch.bfloat16)
+    b = (torch.randn((experts, n, k), device=dev) * 0.05).to(torch.bfloat16)   # (L, N, K)
+    offsets = torch.tensor([sum(sizes[: i + 1]) for i in range(experts)], dtype=torch.int32, device=dev)
+    alpha = torch.rand((experts,), device=dev) + 0.5
+    prob = torch.rand((m,), device=dev)
+    flops = 2.0 * m * n * k
+    row = {"shape": name, "dist": dist, "experts": experts, "rows": m, "n": n, "k": k, "sizes": sizes}
+
+    ops = {"fusegemm_bf16": EpilogueGemm("grouped_gemm_swiglu", d_dtype="bfloat16").compile(),
+           "fusegemm_mxfp8": EpilogueGemm("grouped_gemm_swiglu", d_dtype="float8_e4m3fn").compile()}
+    inputs = {"fusegemm_bf16": {"alpha": alpha, "prob": prob},
+              "fusegemm_mxfp8": {"alpha": alpha, "prob": prob, "norm_const": 1.0}}
+    methods = {key: (lambda op=op, key=key: op(a, offsets, b, inputs=inputs[key])) for key, op in ops.items()}
+
+    bt = b.transpose(-2, -1)                                        # (L, K, N), as _grouped_mm expects
+    alpha_rows = alpha.repeat_interleave(torch.tensor(sizes, device=dev)).unsqueeze(1)
+    prob_col = prob.unsqueeze(1)
+
+    def torch_swiglu():
+        g = torch._grouped_mm(a, bt, offs=offsets).view(m, n // 64, 2, 32)
+        gate = (g[:, :, 0].reshape(m, n // 2) * alpha_rows)
+        up = (g[:, :, 1].reshape(m, n // 2) * alpha_rows)
+        return (torch.nn.functional.silu(gate) * up * prob_col).to(torch.bfloat16)
+
+    if hasattr(torch, "_grouped_mm"):
+        methods["torch_grouped_mm_eager"] = torch_swiglu
+    # correctness guard: the two BF16 results agree (a benchmark of wrong output is no benchmark)
+    if "torch_grouped_mm_eager" in methods:
+        ours = methods["fusegemm_bf16"]()["d"].float()
+        theirs = torch_swiglu().float()
+        row["max_rel_diff_vs_torch"] = float(((ours - theirs).abs() / (theirs.abs() + 1e-2)).max())
+    samples: dict[str, list[float]] = {key: [] for key in methods}
+    for _ in range(args.rounds):
+        for key, fn in methods.items():
+            samples[key].append(time_ms(fn, args.warmup, args.iters))
+    for key, v in samples.items():
+        ms = statistics.median(v)
+        row[f"{key}_ms"], row[f"{key}_tflops"] = ms, flops / ms / 1e9
+    if "torch_grouped_mm_eager_ms" in row:
+        for key in ops:
+            row[f"speedup_{key}_vs_torch"] = row["torch_grouped_mm_eager_ms"] / row[f"{key}_ms"]
+    methods.clear()
+    torch.cuda.empty_cache()
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES)
+    ap.add_argument("--dists", default="balanced,skewed")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=10, help="timed launches per round (median)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per method")
+    ap.add_argument("--out", default=None, help="write the JSON here as well")
+    args = ap.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print(json.dumps({"error": "no CUDA GPU"}))
+        return 1
+    rows = []
+    for name in args.shapes.split(","):
+        if name not in SHAPES:
+            raise SystemExit(f"--shapes: unknown {name!r}; allowed: {', '.join(SHAPES)}")
+        for dist in args.dists.split(","):
+            rows.append(bench_shape(name, dist, args))
+            r = rows[-1]
+            print(f"{name:12s} {dist:8s} bf16 {r['fusegemm_bf16_ms']:.3f} ms  mxfp8 {r['fusegemm_mxfp8_ms']:.3f} ms  "
+                  f"torch {r.get('torch_grouped_mm_eager_ms', float('nan')):.3f} ms  "
+                  f"x{r.get('speedup_fusegemm_bf16_vs_torch', float('nan')):.2f}", file=sys.stderr)
+    result = {
+        "benchmark": "grouped GEMM + SwiGLU (specs/grouped_gemm_swiglu.yaml), BF16 A/B",
+        "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+        "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
+        "method": f"CUDA events; {args.rounds} interleaved rounds per method, each the median of "
+                  f"{args.iters} launches after {args.warmup} warm-ups; median over rounds",
+        "rows": rows,
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,208 @@
+"""A grouped BF16 GEMM whose epilogue is any spec's: ``EpilogueGemm(spec, ...)``.
+
+For a spec of kernel family ``grouped_gemm`` (specs/grouped_gemm.yaml, a user spec such as
+specs/grouped_gemm_swiglu.yaml, or one loaded from any path), the op runs the family's kernel with
+the rule generated from the spec's epilogue, takes the epilogue's inputs by their spec names and
+returns every output the epilogue declares. ``reference(...)`` computes the same outputs with
+the numpy interpreter (fusegemm/interpret.py): a user-authored epilogue gets a reference for
+free.
+
+    op = EpilogueGemm("grouped_gemm_swiglu", d_dtype="float8_e4m3fn")
+    out = op(a, padded_offsets, b, inputs={"alpha": alpha, "prob": prob, "norm_const": 0.01})
+    out["d"], out["sfd_row"]
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from .. import arguments as args
+from ..base.dtypes import DTYPES
+from ..base.errors import ArgumentError, UnsupportedError
+from ..tupledict import TupleDict
+from . import checks
+from . import device as _device
+from .device import alloc
+from .grouped_operands import parse_call, shape_of
+from .launcher import GroupedLauncher
+
+FAMILY = "grouped_gemm"
+# SFD: 1 / the largest value of the quantized output (e5m2: the seed page's 1/57344, or NVIDIA's
+# kernels' 1/128 with e5m2_rcp_max="nvidia").
+RCP_MAX = {"float8_e4m3fn": 1.0 / 448.0, "float4_e2m1fn_x2": 1.0 / 6.0}
+E5M2_RCP_MAX = {"page": 1.0 / 57344.0, "nvidia": 1.0 / 128.0}
+
+
+class EpilogueGemm:
+    """Compiled grouped BF16 GEMM with a spec's epilogue, for one variant.
+
+    Parameters
+    ----------
+    spec : Spec, spec name or path to a YAML file
+        A spec of kernel family ``grouped_gemm``.
+    arch : str, optional
+        Default: the device's (``device``).
+    device : int
+        CUDA device ordinal (default 0).
+    e5m2_rcp_max : {"page", "nvidia"}
+        SFD convention of an e5m2 output.
+    **axes
+        Variant choices (``d_dtype="float8_e4m3fn"``, ``weight_mode="discrete"``, tiles...);
+        the rest take the spec's and the arch's defaults.
+    """
+
+    def __init__(self, spec: Any, *, arch: str | None = None, device: int = 0,
+                 e5m2_rcp_max: str = "page", **axes: Any) -> None:
+        from ..generator.spec import Spec, find_spec
+        from ..generator.variants import make_variant
+        self.spec = spec if isinstance(spec, Spec) else find_spec(str(spec) if isinstance(spec, Path) else spec)
+        if self.spec.kernel != FAMILY:
+            raise UnsupportedError(f"spec {self.spec.name}: kernel family {self.spec.kernel!r}; EpilogueGemm "
+                                   f"runs family {FAMILY!r} (BF16 A/B)")
+        args.choice(e5m2_rcp_max, "e5m2_rcp_max", tuple(E5M2_RCP_MAX))
+        self.device = device
+        self.arch = arch or _device.device_arch(device)
+        self.variant = make_variant(self.spec, arch=self.arch, **axes)
+        self.epilogue = self.spec.epilogue.resolve(self.variant.choices)
+        self._e5m2 = e5m2_rcp_max
+        self._launcher: GroupedLauncher | None = None
+
+    # ---------------------------------------------------------------------------------
+    def check_support(self) -> bool:
+        """True when the arch's kernel implements this variant; UnsupportedError says why not."""
+        from ..generator import registry
+        registry.resolve(FAMILY, self.arch, self.variant.choices)
+        return True
+
+    def compile(self) -> "EpilogueGemm":
+        if self._launcher is None:
+            self.check_support()
+            self._launcher = GroupedLauncher.build(self.variant, self.device)
+        return self
+
+    @property
+    def rcp_max(self) -> float:
+        """SFD's 1 / max of the quantized output (0 when nothing is quantized)."""
+        q = [o for o in self.epilogue.outputs if o.quantize is not None]
+        if not q:
+            return 0.0
+        dt = q[0].dtype
+        return E5M2_RCP_MAX[self._e5m2] if dt == "float8_e5m2" else RCP_MAX[dt]
+
+    def widths(self, n: int) -> tuple[int, dict[str, int]]:
+        """(element columns, columns of each output) for a GEMM of N = ``n``."""
+        r = self.epilogue
+        if r.paired_acc and n % 64:
+            raise ArgumentError("b_tensor N", n, "a multiple of 64 (the accumulator holds 32-column gate/up "
+                                                  "block pairs)")
+        w = n // 2 if r.paired_acc else n
+        return w, {o.name: (2 * w if o.paired else w) for o in r.outputs}
+
+    # ---------------------------------------------------------------------------------
+    def __call__(self, a_tensor: Any, padded_offsets: Any, b_tensor: Any = None, *, b_ptrs: Any = None,
+                 n: int | None = None, inputs: Mapping[str, Any] | None = None,
+                 current_stream: Any = None) -> TupleDict:
+        """Run on ``a_tensor`` (M, K[, 1]) bf16, ``padded_offsets`` (L,) int32, dense ``b_tensor``
+        ((N, K, L) or (L, N, K)) or discrete ``b_ptrs`` with ``n``, and the epilogue's ``inputs``
+        by spec name. Returns the outputs the epilogue declares: c, d, d_col, sfd_row, sfd_col,
+        amax, dprob (present ones only; amax starts at -inf, dprob at 0)."""
+        from ..runtime.tensors import resolve_stream
+        self.compile()
+        call = parse_call(a_tensor, padded_offsets, None, b_tensor, b_ptrs, None, None,
+                          ab_dtypes=("bfloat16",), bias_dtypes=(), n=n, alpha_required=False)
+        if (call.b_ptrs is not None) != (self.variant.weight_mode == "discrete"):
+            raise ArgumentError("b_tensor/b_ptrs", "b_ptrs" if call.b_ptrs is not None else "b_tensor",
+                                f"the {self.variant.weight_mode} weights this op was built for")
+        dev = call.a.device[1]
+        w, cols = self.widths(call.n)
+        values, keep = self._inputs(inputs or {}, call, w)
+        out = self._outputs(call, dev)
+        ln = self._launcher
+        s = shape_of(call)
+        stream = resolve_stream(current_stream, self.device)
+        grid = ln.grid(s)
+        values.update(ln.maps(s, call.a.ptr, call.b.ptr if call.b is not None else 0))
+        values.update(ln.scalars(s))
+        values.update({"offsets": call.offsets.ptr, "b_ptrs": call.b_ptrs.ptr if call.b_ptrs else 0,
+                       "rcp_max": self.rcp_max})
+        for name, field in (("c", "c_out"), ("d", "d_out"), ("d_col", "d_col_out"), ("sfd_row", "sfd_row"),
+                            ("sfd_col", "sfd_col"), ("amax", "amax"), ("dprob", "dprob")):
+            if out.get(name) is not None:
+                values[field] = out[name].data_ptr()
+        values["ldc"], values["ldd"] = cols.get("c", 0), cols.get("d", 0)
+        values.update(ln.workspace(grid, s.discrete, stream, current_stream is not None))
+        if s.m >= self.variant.tile_m:
+            ln.launch(values, grid, stream)
+        del keep
+        return TupleDict(**out)
+
+    def _inputs(self, given: Mapping[str, Any], call: Any, w: int) -> tuple[dict[str, int], list[Any]]:
+        """Validate the epilogue's inputs; their ABI slot values (and what must stay alive)."""
+        r = self.epilogue
+        known = {i.name for i in r.inputs}
+        extra = sorted(set(given) - {i.name for i in self.spec.epilogue.inputs})
+        if extra:
+            raise ArgumentError(f"inputs[{extra[0]!r}]", "given", f"the epilogue's inputs: {', '.join(sorted(known))}")
+        values: dict[str, int] = {}
+        keep: list[Any] = []
+        for inp in r.inputs:
+            x = given.get(inp.name)
+            name = f"inputs[{inp.name!r}]"
+            if x is None:
+                if inp.default is None:
+                    raise ArgumentError(name, None, f"a {inp.per} input ({inp.dtype}): the epilogue reads it")
+                continue
+            if inp.per == "scalar":
+                if isinstance(x, (int, float)) and not isinstance(x, bool):
+                    x = alloc((1,), "float32", self.device).fill_(float(x))
+                v = args.vector(x, name, 1)
+            elif inp.per == "expert":
+                v = args.vector(x, name, call.l, what="(one value per expert)")
+            elif inp.per == "row":
+                v = args.vector(x, name, call.m, dtypes=(inp.dtype,), what="(one value per row)")
+            elif inp.per == "column":
+                v = args.bias(x, call.n, call.l, (inp.dtype,))
+                if v.strides[0] != 1 or (call.l > 1 and v.strides[1] != call.n):
+                    raise ArgumentError(f"{name}.stride", v.strides, f"(1, {call.n}): (N, L) with N contiguous")
+            else:
+                width = 2 * w if inp.paired else w
+                v = args.output(x, name, call.m, width, (inp.dtype,), what=f"(M, {width}) or (M, {width}, 1)")
+                if v.strides[1] != 1:
+                    raise ArgumentError(f"{name}.stride", v.strides, "row-major (stride 1 along columns)")
+                values["ld_c_in"] = v.strides[0]
+            if inp.per in ("row", "expert"):
+                checks.unit_stride(v, name)
+            checks.same_device([(name, v)], call.a.device)
+            checks.aligned(v, name, 2 if DTYPES[inp.dtype].itemsize == 2 else 4)
+            values[inp.slot] = v.ptr
+            keep.append(x)
+        return values, keep
+
+    def _outputs(self, call: Any, dev: int) -> dict[str, Any]:
+        import torch
+        return {name: torch.full(shape, fill, dtype=getattr(torch, store), device=f"cuda:{dev}")
+                for name, (shape, store, fill) in self.epilogue.buffers(call.n, call.m, call.l).items()}
+
+    # ---------------------------------------------------------------------------------
+    def reference(self, a_tensor: Any, padded_offsets: Any, b_tensor: Any, *,
+                  inputs: Mapping[str, Any] | None = None) -> Any:
+        """The same call computed on the host by the numpy interpreter (dense B), from the
+        FP32 accumulation of A and B (float64 products, rounded to FP32)."""
+        import numpy as np
+
+        from ..formats.dtypes import to_numpy
+        from ..interpret import interpret
+        a = to_numpy(a_tensor).astype(np.float64)
+        a = a.reshape(a.shape[0], -1)
+        off = to_numpy(padded_offsets).astype(np.int64)
+        b = to_numpy(b_tensor).astype(np.float64)
+        db = args.dense_b(b_tensor, a.shape[1], off.size, ("bfloat16",))
+        b_lnk = np.transpose(b, (2, 0, 1)) if not db.canonical else b
+        acc = np.zeros((int(off[-1]), b_lnk.shape[1]), dtype=np.float32)
+        start = 0
+        for e, end in enumerate(off):
+            acc[start:end] = (a[start:end] @ b_lnk[e].T).astype(np.float32)
+            start = int(end)
+        host = {k: (v if isinstance(v, (int, float)) else to_numpy(v)) for k, v in (inputs or {}).items()}
+        return interpret(self.epilogue, acc, offsets=off, m_rows=a.shape[0], inputs=host,
+                         rcp_max=self.rcp_max or None)

@@ -1,0 +1,154 @@
+"""Resolved epilogue -> the model of its generated C++ rule (rendered by templates/rule.cu.j2).
+
+The rule is the only per-spec C++ a kernel instantiates. Everything in it comes from this
+module's own code and from validated AST nodes: names map to fixed member spellings
+(``in_<name>``, ``v_<name>``), numbers become exact FP32 hexadecimal literals, operators and
+functions become the intrinsics of generator/functions.py. No text of the spec reaches C++.
+
+The engine that calls the rule (fusegemm/epilogue.cuh) reads its traits: which outputs it
+writes, whether the accumulator or D is paired, how D is quantized, which reductions it feeds.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from ..base.dtypes import dtype as dtype_entry
+from .epilogue import Resolved
+from .expr import BinOp, Call, Expr, Neg, Num, Ref
+from .functions import FUNCTIONS
+
+_ARITH = {"+": "__fadd_rn", "-": "__fsub_rn", "*": "__fmul_rn", "/": "__fdiv_rn"}
+CONVENTION_CODE = {"quant": 0, "srelu": 1, "dswiglu": 2}
+
+
+@dataclass(frozen=True)
+class Load:
+    """One input read: the C++ field it fills, the ABI slot, the element type, the default."""
+
+    field: str
+    slot: str
+    cpp_type: str
+    default: str | None        # C++ literal used when the pointer is null
+    role: int                  # 0: unpaired, 1: gate (first role), 2: up (second role)
+
+
+@dataclass(frozen=True)
+class RuleModel:
+    """What templates/rule.cu.j2 renders (and ``fusegemm validate`` prints)."""
+
+    traits: tuple[tuple[str, str], ...]     # (constant, C++ value)
+    expert_loads: tuple[Load, ...]          # once per tile (per expert)
+    scalar_loads: tuple[Load, ...]          # once per tile
+    column_loads: tuple[Load, ...]          # per element: column inputs (expert's row of (N, L))
+    element_loads: tuple[Load, ...]         # per element: loaded tensors
+    row_loads: tuple[Load, ...]             # once per row
+    statements: tuple[tuple[str, str], ...]  # (C++ name, C++ expression)
+    out_fields: tuple[tuple[str, str], ...]  # (Out field, C++ name of its value)
+    norm_const: str | None                   # the member scaling D's SFD quantization
+
+
+def hex_float(value: float) -> str:
+    """An exact C++ FP32 literal of ``value`` rounded to FP32 (hexadecimal: no decimal
+    rounding on either side), e.g. ``0x1.8000000000000p+0f``."""
+    return struct.unpack("<f", struct.pack("<f", value))[0].hex() + "f"
+
+
+def rule_model(r: Resolved) -> RuleModel:
+    """The rule of one variant's epilogue."""
+    roles = r.pairing.roles if r.pairing is not None else ()
+    names: dict[tuple[str, str | None], str] = {}
+    expert, scalar, column, element, row = [], [], [], [], []
+    for inp in r.inputs:
+        cpp = dtype_entry(inp.dtype).cpp
+        default = hex_float(inp.default) if inp.default is not None else None
+        paired = (inp.per == "element" and inp.paired) or (inp.per == "column" and r.paired_acc)
+        if inp.per == "expert":
+            expert.append(Load(f"in_{inp.name}", inp.slot, cpp, default, 0))
+            names[(inp.name, None)] = f"in_{inp.name}"
+        elif inp.per == "scalar":
+            scalar.append(Load(f"in_{inp.name}", inp.slot, cpp, default, 0))
+            names[(inp.name, None)] = f"in_{inp.name}"
+        elif inp.per == "row":
+            row.append(Load(inp.name, inp.slot, cpp, default, 0))
+            names[(inp.name, None)] = f"ri.{inp.name}"
+        else:
+            target = column if inp.per == "column" else element
+            if paired:
+                for k, role in enumerate(roles):
+                    target.append(Load(f"{inp.name}_{role}", inp.slot, cpp, None, k + 1))
+                    names[(inp.name, role)] = f"ei.{inp.name}_{role}"
+            else:
+                target.append(Load(inp.name, inp.slot, cpp, None, 0))
+                names[(inp.name, None)] = f"ei.{inp.name}"
+    if r.paired_acc:
+        names[("acc", roles[0])], names[("acc", roles[1])] = "acc0", "acc1"
+    else:
+        names[("acc", None)] = "acc0"
+    for c, value in r.constants.items():
+        names[(c, None)] = hex_float(value)
+    statements = []
+    for st in r.statements:
+        statements.append((f"v_{st.target}", _expr(st.expr, names)))
+        names[(st.target, None)] = f"v_{st.target}"
+    out_fields: list[tuple[str, str]] = []
+    c, d = r.output("c"), r.output("d")
+    if c is not None:
+        out_fields.append(("c", f"v_{c.value}"))
+    if d is not None:
+        if d.paired:
+            out_fields += [("d0", f"v_{d.paired[0]}"), ("d1", f"v_{d.paired[1]}")]
+        else:
+            out_fields.append(("d", f"v_{d.value}"))
+    amax = [x for x in r.reductions if x.kind == "amax"]
+    for k, red in enumerate(amax):
+        out_fields.append((f"amax{k}", f"v_{red.of}"))
+    rowsum = [x for x in r.reductions if x.kind == "sum"]
+    if rowsum:
+        out_fields.append(("rowsum", f"v_{rowsum[0].of}"))
+    q = d.quantize if d is not None else None
+    traits = [
+        ("kPairedAcc", _b(r.paired_acc)),
+        ("kHasC", _b(c is not None)),
+        ("kHasD", _b(d is not None)),
+        ("kPairedD", _b(d is not None and d.paired is not None)),
+        ("kQuantRowD", _b(q is not None and q.row)),
+        ("kQuantColD", _b(q is not None and q.col is not None)),
+        ("kSfdConvention", str(CONVENTION_CODE[q.convention] if q is not None else 0)),
+        ("kAmaxCount", str(len(amax))),
+        ("kAmaxSlots", str(max((x.slot for x in amax), default=-1) + 1)),
+        ("kAmaxGlobal", _b(any(x.scope == "global" for x in amax))),
+        ("kRowSum", _b(bool(rowsum))),
+        ("kElementwise", _b(not r.paired_acc and (d is None or (d.paired is None and q is None))
+                            and not amax and not rowsum
+                            and all(dtype_entry(o.dtype).bits >= 16 for o in r.outputs))),
+    ]
+    for k, red in enumerate(amax):
+        traits.append((f"kAmaxSlot{k}", str(red.slot)))
+    return RuleModel(tuple(traits), tuple(expert), tuple(scalar), tuple(column), tuple(element),
+                     tuple(row), tuple(statements), tuple(out_fields),
+                     f"in_{q.norm_const}" if q is not None else None)
+
+
+def _b(v: bool) -> str:
+    return "true" if v else "false"
+
+
+def _expr(e: Expr, names: dict[tuple[str, str | None], str]) -> str:
+    if isinstance(e, Num):
+        return hex_float(e.value)
+    if isinstance(e, Ref):
+        return names[(e.name, e.role)]
+    if isinstance(e, Neg):
+        return f"(-{_expr(e.arg, names)})"
+    if isinstance(e, BinOp):
+        lhs, rhs = _expr(e.lhs, names), _expr(e.rhs, names)
+        if e.op in _ARITH:
+            return f"{_ARITH[e.op]}({lhs}, {rhs})"
+        return f"({lhs} {e.op} {rhs})"
+    if isinstance(e, Call):
+        args = [_expr(a, names) for a in e.args]
+        if e.fn == "where":
+            return f"({args[0]} ? {args[1]} : {args[2]})"
+        return FUNCTIONS[e.fn].cpp.format(*args)
+    raise TypeError(f"unexpected node {type(e).__name__}")  # pragma: no cover - folded before

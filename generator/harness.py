@@ -1,0 +1,49 @@
+"""Variant -> the translation unit of its epilogue harness (templates/harness.cu.j2).
+
+The harness runs a spec's generated rule on given FP32 accumulators with the kernels' own
+epilogue code (fusegemm/harness.cuh): ``block`` mode through the engine every sm_100a kernel
+uses, ``fragment`` mode through the sm_90a kernel's fragment path (element-wise rules only).
+It is compiled for sm_90a, so the H200 executes the epilogue code of both archs. The host side
+is fusegemm/harness.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+from ..base.archs import ARCHS
+from ..base.contract import FIELDS as CONTRACT_FIELDS
+from ..base.dtypes import dtype
+from ..base.errors import UnsupportedError
+from .emit import rule_model
+from .params import HARNESS_PARAMS
+from .registry import lookup
+from .render import Source, _env
+from .variants import Variant
+
+MODES = ("block", "fragment")
+HARNESS_ARCH = "sm_90a"   # what the harness is compiled for: the arch we can execute
+
+
+def render_harness(v: Variant, mode: str) -> Source:
+    """The harness of ``v``'s epilogue in ``mode``; UnsupportedError for a fragment harness of a
+    rule that is not element-wise."""
+    if mode not in MODES:
+        raise UnsupportedError(f"mode: got {mode!r}; allowed: {', '.join(MODES)}")
+    v = dataclasses.replace(v, arch=HARNESS_ARCH)
+    resolved = v.spec.epilogue.resolve(v.choices)
+    rule = rule_model(resolved)
+    if mode == "fragment" and dict(rule.traits)["kElementwise"] != "true":
+        raise UnsupportedError(f"mode: fragment runs element-wise rules only; {v.spec.name}'s rule pairs, "
+                               f"quantizes or reduces: use block")
+    types = {o.name: dtype(o.dtype).cpp for o in resolved.outputs}
+    impl = lookup(v.kernel, HARNESS_ARCH)
+    readable = f"{v.spec.name}.harness.{mode}.{v.name_for(v.spec.choice_map).split('.', 1)[-1]}"
+    text = _env().get_template("harness.cu.j2").render(
+        spec=v.spec, mode=mode, readable=readable, params=HARNESS_PARAMS.cpp(), rule=rule,
+        c_type=types.get("c", "float"), d_type=types.get("d", "float"), tile_n=v.tile_n,
+        discrete_col_sfd=v.discrete_col_sfd, symbol="FUSEGEMM_KERNEL_SYMBOL", contract=CONTRACT_FIELDS)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    symbol = f"fg_harness_{ARCHS[HARNESS_ARCH].short}_{digest[:12]}"
+    return Source(variant=v, impl=impl, name=f"{readable}.{digest[:12]}", symbol=symbol,
+                  text=text.replace("FUSEGEMM_KERNEL_SYMBOL", symbol), digest=digest)

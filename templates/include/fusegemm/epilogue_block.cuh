@@ -1,0 +1,404 @@
+// The epilogue engine: one warp turns a block of 32 rows x 32 columns of accumulators into every
+// output, SFD scale, reduction and store of a generated rule (fusegemm/epilogue.cuh, rule.cu.j2).
+//
+// Ownership: lane l holds row row0 + l and, for that row, the accumulator columns of 32
+// consecutive element columns j0 .. j0+31 (64 values when the rule pairs the accumulator: the
+// gate block, then the up block). That is the sm_100a TMEM layout (tcgen05.ld 32x32b), the
+// layout the sm_90a kernel stages its WGMMA fragments into for rules that quantize, pair or
+// reduce, and the layout the epilogue harness loads from global memory: all three run this
+// code, so what the harness checks on the H200 is what runs on Blackwell.
+//
+// Per block, in order: the rule's row inputs and element inputs, apply(); C; D (row SFD: one
+// scale per lane's 32 values; column SFD: one scale per column over the warp's 32 rows);
+// amax (NaN-propagating max of |x|, one atomic per warp); row sums (one atomic per row).
+// Bit-level SFD rules: notes/sfd-semantics.md and fusegemm/reference/_epilogue.py, which the
+// functions below follow step by step (round-up E8M0, exact power-of-two reciprocal with the
+// rcp.approx.ftz flushes, FLT_MAX clamp, fl(x * scale), cvt.rn.satfinite).
+#pragma once
+
+#include "fusegemm/epilogue.cuh"
+
+namespace fusegemm {
+namespace epi {
+
+constexpr int kBlockCols = 32;     // columns per block (one SFD_row block)
+constexpr float kFltMax = 3.402823466e+38f;
+
+// ---- SFD ------------------------------------------------------------------------------
+// E8M0 byte of s rounded up (cvt.rp[.satfinite].ue8m0x2.f32): ceil(log2 s) + 127, 0x00 for
+// s <= 2^-127 (zero included), 0xFF for NaN, and for s > 2^127: 0xFE with satfinite, else 0xFF.
+FUSEGEMM_DEVICE uint32_t e8m0_up(float s, bool satfinite) {
+  const uint32_t bits = __float_as_uint(s) & 0x7FFFFFFFu;
+  if (bits > 0x7F800000u) return 0xFFu;
+  const uint32_t e = bits >> 23, m = bits & 0x7FFFFFu;
+  if (e == 0xFFu) return satfinite ? 0xFEu : 0xFFu;
+  if (e == 0) return m > (1u << 22) ? 1u : 0u;
+  const uint32_t b = e + (m != 0 ? 1u : 0u);
+  return b > 254u ? (satfinite ? 0xFEu : 0xFFu) : b;
+}
+
+// rcp.approx.ftz of the decoded byte: 0x00 decodes to 2^-127 (subnormal, flushed: +Inf), 0xFF
+// is NaN, 0xFE is 2^127 (its reciprocal 2^-127 is subnormal: flushed to 0), else 2^(127 - b).
+FUSEGEMM_DEVICE float sfd_rcp(uint32_t b) {
+  if (b == 0) return __uint_as_float(0x7F800000u);
+  if (b == 0xFFu) return __uint_as_float(0x7FFFFFFFu);
+  if (b == 0xFEu) return 0.0f;
+  return __uint_as_float((254u - b) << 23);
+}
+
+struct Sfd {
+  uint32_t stored;   // the byte written to SFD
+  float scale;       // what the block's values are multiplied by before conversion
+};
+
+// One block's scale from a = max|x| (conventions: 0 quant, 1 srelu, 2 dswiglu; kCol: the
+// column path, which srelu and dswiglu associate and clamp differently).
+template <int kConv, bool kCol>
+FUSEGEMM_DEVICE Sfd sfd_block(float a, float nc, float rl) {
+  constexpr bool kAlt = kCol && kConv != 0;
+  const float s = kAlt ? __fmul_rn(a, __fmul_rn(rl, nc)) : __fmul_rn(__fmul_rn(a, rl), nc);
+  const float r = sfd_rcp(e8m0_up(s, kConv != 0));
+  const float scale = kAlt ? __fmul_rn(nc, fmin_nan(r, kFltMax)) : fmin_nan(__fmul_rn(nc, r), kFltMax);
+  return Sfd{e8m0_up(s, kConv == 2), scale};
+}
+
+// Byte offset of logical scale (mn, k) in the 32x4x4 atom layout of an (MN, K) scale tensor
+// with kt = ceil(K / 4) atoms along K (formats/scales.py pack_sf).
+FUSEGEMM_DEVICE int64_t sf_atom_offset(int mn, int k, int kt) {
+  return (int64_t(mn >> 7) * kt + (k >> 2)) * 512 + (mn & 31) * 16 + ((mn >> 5) & 3) * 4 + (k & 3);
+}
+
+// NaN-propagating max of |x| over a warp's lanes (|x| bits order as unsigned ints, NaN above Inf).
+FUSEGEMM_DEVICE float warp_amax(float x) {
+  return __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(fabsf(x))));
+}
+
+// ---- stores -----------------------------------------------------------------------------
+// Staging bytes one warp needs for 32 rows of a 16/32-bit output.
+template <class T>
+constexpr int staging_bytes() {
+  if constexpr (is_narrow<T>()) {
+    return 0;
+  } else {
+    return WarpStagedStore<T, 32>::kBytes;
+  }
+}
+
+// Convert 32 values of one row to T and deposit them at `col0` (element offset inside the
+// 128-byte staged segment) of row `lane`: 16-byte shared stores, conflict-free for 2-byte T.
+template <class T>
+FUSEGEMM_DEVICE void stage_row32(uint32_t buf, int lane, int col0, const float (&v)[32]) {
+  using S = WarpStagedStore<T, 32>;
+  uint32_t row = buf + lane * S::kPitch + col0 * S::kElem;
+  if constexpr (S::kElem == 4) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};"
+                   ::"r"(row + 16 * i), "f"(v[4 * i]), "f"(v[4 * i + 1]), "f"(v[4 * i + 2]),
+                     "f"(v[4 * i + 3]) : "memory");
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};"
+                   ::"r"(row + 16 * i), "r"(Cvt<T>::pack2(v[8 * i], v[8 * i + 1])),
+                     "r"(Cvt<T>::pack2(v[8 * i + 2], v[8 * i + 3])),
+                     "r"(Cvt<T>::pack2(v[8 * i + 4], v[8 * i + 5])),
+                     "r"(Cvt<T>::pack2(v[8 * i + 6], v[8 * i + 7])) : "memory");
+    }
+  }
+}
+
+// Write one 32-row x 32-column block of a 16/32-bit output through the warp's staging buffer
+// (full 16-byte row segments). `gbase` = element (row 0 of the warp, col 0 of the block); rows
+// of the warp >= `rows_valid` and columns >= `cols_valid` are not written (cols_valid keeps
+// 16-byte granularity: N % 8 == 0).
+template <class T>
+FUSEGEMM_DEVICE void store_block32(uint32_t buf, T* gbase, int64_t ld, int cols_valid,
+                                   int rows_valid, int lane, const float (&v)[32]) {
+  using S = WarpStagedStore<T, 32>;
+  static_assert(S::kCols >= kBlockCols, "a block fits one staged segment");
+  stage_row32<T>(buf, lane, 0, v);
+  __syncwarp();
+  if (rows_valid >= 32) {
+    S::flush(buf, gbase, ld, cols_valid < kBlockCols ? cols_valid : kBlockCols, lane);
+  } else {
+#pragma unroll
+    for (int i = 0; i < S::kVecPerLane; ++i) {
+      int vi = lane + 32 * i;
+      int r = vi / S::kVecPerRow, seg = vi % S::kVecPerRow, col = seg * (16 / S::kElem);
+      if (r < rows_valid && col < cols_valid && col < kBlockCols) {
+        uint4 val;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                     : "r"(buf + r * S::kPitch + seg * 16) : "memory");
+        *reinterpret_cast<uint4*>(gbase + r * ld + col) = val;
+      }
+    }
+  }
+  __syncwarp();  // the buffer is reused by the next block
+}
+
+// One lane's 32 values of a row of a narrow output (FP8 / packed FP4), N-major, at byte address
+// `dst` (element col0 of the row): 16-byte stores when the whole block is in range.
+template <class T>
+FUSEGEMM_DEVICE void store_row32_narrow(uint8_t* dst, int cols_valid, const float (&v)[32]) {
+  constexpr int kBits = out_bits<T>(), kWords = kBits;  // 32 values x kBits / 32
+  uint32_t w[kWords];
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) {
+    if constexpr (kBits == 8) {
+      w[i] = cvt_narrow2<T>(v[4 * i], v[4 * i + 1]) | (cvt_narrow2<T>(v[4 * i + 2], v[4 * i + 3]) << 16);
+    } else {
+      w[i] = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) w[i] |= cvt_narrow2<T>(v[8 * i + 2 * j], v[8 * i + 2 * j + 1]) << (8 * j);
+    }
+  }
+  if (cols_valid >= 32 && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+#pragma unroll
+    for (int i = 0; i < kWords / 4; ++i) {
+      *reinterpret_cast<uint4*>(dst + 16 * i) = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+    }
+  } else {
+    const int bytes = (min(cols_valid, 32) * kBits + 7) / 8;
+#pragma unroll
+    for (int j = 0; j < 4 * kWords; ++j) {
+      if (j < bytes) dst[j] = uint8_t(w[j / 4] >> (8 * (j % 4)));
+    }
+  }
+}
+
+// M-major output: element (r, c) at base[c * ld + r]. Lane = row, so each column is one
+// coalesced warp store of 32 consecutive elements.
+template <class T>
+FUSEGEMM_DEVICE void store_col32(T* base_row0, int64_t ld, int cols_valid, bool row_valid, const float (&v)[32]) {
+  if (!row_valid) return;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    if (j < cols_valid) {
+      if constexpr (is_narrow<T>()) {
+        reinterpret_cast<uint8_t*>(base_row0)[j * ld] = uint8_t(cvt_narrow2<T>(v[j], 0.0f));
+      } else {
+        base_row0[j * ld] = T(v[j]);
+      }
+    }
+  }
+}
+
+// One 32-row x 32-column block of an N-major output of type T (wide: staged; narrow: direct).
+template <class T>
+FUSEGEMM_DEVICE void store_nmajor(uint32_t stage, void* base, int64_t ld, int64_t row0, int row, bool row_valid,
+                                  int col0, int cols_valid, int rows_valid, int lane, const float (&v)[32]) {
+  if constexpr (is_narrow<T>()) {
+    if (row_valid) {
+      uint8_t* dst = static_cast<uint8_t*>(base) + ((int64_t(row) * ld + col0) * out_bits<T>()) / 8;
+      store_row32_narrow<T>(dst, cols_valid, v);
+    }
+  } else {
+    store_block32<T>(stage, static_cast<T*>(base) + row0 * ld + col0, ld, cols_valid, rows_valid, lane, v);
+  }
+}
+
+// ---- the engine -------------------------------------------------------------------------
+// Rule: the generated rule. ElementC/ElementD: output types (unused ones are ignored).
+// kBatched: rows are per batch (gemm_amax): output row = batch * m_rows + row. kCMajorM: C is
+// M-major. kDiscreteColSfd: SFD_col grouped by expert tile (formats/scales.py).
+template <class Rule, class ElementC, class ElementD, bool kBatched = false, bool kCMajorM = false,
+          bool kDiscreteColSfd = false>
+struct BlockEngine {
+  static constexpr bool kPaired = Rule::kPairedAcc;
+  static constexpr int kAccVals = kPaired ? 64 : 32;
+  static constexpr int kStageC = Rule::kHasC && !kCMajorM ? staging_bytes<ElementC>() : 0;
+  static constexpr int kStageD = Rule::kHasD ? staging_bytes<ElementD>() : 0;
+  // Staging bytes one warp needs (0 when every output is narrow or M-major).
+  static constexpr int kStageBytes = kStageC > kStageD ? kStageC : kStageD;
+  static constexpr bool kQuant = Rule::kQuantRowD || Rule::kQuantColD;
+  static_assert(!kQuant || is_narrow<ElementD>(), "SFD quantization needs an FP8/FP4 D");
+  static_assert(!kQuant || !kBatched, "SFD outputs are grouped (seed 000-003) outputs");
+  static_assert(!Rule::kHasD || !is_narrow<ElementD>() || kQuant || !Rule::kPairedD,
+                "a paired FP8 D is SFD-quantized");
+
+  // Column count of D (its 32-column blocks; paired D is twice the element space).
+  FUSEGEMM_DEVICE static int d_width(int width) { return Rule::kPairedD ? 2 * width : width; }
+
+  // Per-lane partial reductions a caller keeps across blocks and flushes: per tile (per-expert
+  // amax, row sums: the rows and the expert are the tile's) or once at the end (global amax).
+  struct Partials {
+    float amax[Rule::kAmaxCount > 0 ? Rule::kAmaxCount : 1];
+    float rowsum;
+    FUSEGEMM_DEVICE void reset() {
+#pragma unroll
+      for (int k = 0; k < (Rule::kAmaxCount > 0 ? Rule::kAmaxCount : 1); ++k) amax[k] = 0.0f;
+      rowsum = 0.0f;
+    }
+  };
+
+  // One block. expert: the tile's expert (batch when kBatched). row0: the warp's first row (rows
+  // of the problem; batched: of the batch). rows_valid: real rows of the warp (32, or fewer for
+  // M=64 tiles and batch edges). j0: first element column (a multiple of 32). width: element
+  // columns. part: this lane's running reductions.
+  template <class P>
+  FUSEGEMM_DEVICE static void run(const Rule& rule, const P& p, int expert, int row0, int rows_valid,
+                                  int j0, int width, const float (&acc)[kAccVals], uint32_t stage, int lane,
+                                  Partials& part) {
+    run_with(rule, p, expert, row0, rows_valid, j0, width, [&](int i) { return acc[i]; }, stage, lane, part);
+  }
+
+  // The same, reading accumulator value i (0 .. kAccVals-1) through acc_at(i): the sm_90a engine
+  // path reads its shared-memory stage directly instead of holding a register copy next to the
+  // WGMMA fragment.
+  template <class P, class AccAt>
+  FUSEGEMM_DEVICE static void run_with(const Rule& rule, const P& p, int expert, int row0, int rows_valid,
+                                       int j0, int width, const AccAt& acc_at, uint32_t stage, int lane,
+                                       Partials& part) {
+    const int row = row0 + lane;
+    const bool row_ok = lane < rows_valid;
+    const typename Rule::RowIn ri = rule.row(p, row_ok ? row : row0);
+    float vc[32], vd0[32], vd1[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int j = j0 + i;
+      const bool in = row_ok && j < width;
+      typename Rule::Out o{};
+      if (in) o = rule.apply(acc_at(i), kPaired ? acc_at(32 + i) : 0.0f, ri, rule.elem(p, row, j));
+      if constexpr (Rule::kHasC) vc[i] = in ? o.c : 0.0f;
+      if constexpr (Rule::kHasD && Rule::kPairedD) { vd0[i] = in ? o.d0 : 0.0f; vd1[i] = in ? o.d1 : 0.0f; }
+      if constexpr (Rule::kHasD && !Rule::kPairedD) vd0[i] = in ? o.d : 0.0f;
+      if constexpr (Rule::kAmaxCount > 0) part.amax[0] = fmax_nan(part.amax[0], in ? fabsf(o.amax0) : 0.0f);
+      if constexpr (Rule::kAmaxCount > 1) part.amax[1] = fmax_nan(part.amax[1], in ? fabsf(o.amax1) : 0.0f);
+      if constexpr (Rule::kRowSum) part.rowsum = in ? __fadd_rn(part.rowsum, o.rowsum) : part.rowsum;
+    }
+    (void)vd1;
+    const int64_t orow0 = kBatched ? int64_t(expert) * p.m_rows + row0 : row0;
+    if constexpr (Rule::kHasC) {
+      if (p.c_out != nullptr) {
+        if constexpr (kCMajorM) {
+          ElementC* base = static_cast<ElementC*>(p.c_out) +
+                           (kBatched ? int64_t(expert) * p.n : 0) * p.ldc + row;
+          store_col32<ElementC>(base + int64_t(j0) * p.ldc, p.ldc, width - j0, row_ok, vc);
+        } else {
+          store_nmajor<ElementC>(stage, p.c_out, p.ldc, orow0, int(orow0) + lane, row_ok, j0, width - j0,
+                                 rows_valid, lane, vc);
+        }
+      }
+    }
+    if constexpr (Rule::kHasD) {
+      const int dw = d_width(width);
+      if constexpr (Rule::kPairedD) {
+        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0, dw, vd0, stage, lane);
+        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0 + 32, dw, vd1, stage, lane);
+      } else {
+        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, j0, dw, vd0, stage, lane);
+      }
+    }
+  }
+
+  // End of a tile: the row sums (one atomic per row) and the per-expert amax (one atomic per
+  // warp and reduction); both restart. Every lane of the warp calls it.
+  template <class P>
+  FUSEGEMM_DEVICE static void flush_tile(Partials& part, const P& p, int expert, int row0, int rows_valid, int lane) {
+    if constexpr (Rule::kRowSum) {
+      if (lane < rows_valid && p.dprob != nullptr) atomicAdd(static_cast<float*>(p.dprob) + row0 + lane, part.rowsum);
+      part.rowsum = 0.0f;
+    }
+    if constexpr (Rule::kAmaxCount > 0 && !Rule::kAmaxGlobal) flush_amax(part, p, expert, lane);
+  }
+
+  // End of the kernel: the global amax (one atomic per warp).
+  template <class P>
+  FUSEGEMM_DEVICE static void flush_end(Partials& part, const P& p, int lane) {
+    if constexpr (Rule::kAmaxCount > 0 && Rule::kAmaxGlobal) flush_amax(part, p, 0, lane);
+  }
+
+  template <class P>
+  FUSEGEMM_DEVICE static void flush_amax(Partials& part, const P& p, int expert, int lane) {
+    float* amax = static_cast<float*>(p.amax);
+#pragma unroll
+    for (int k = 0; k < Rule::kAmaxCount; ++k) {
+      const float m = warp_amax(part.amax[k]);
+      part.amax[k] = 0.0f;
+      const int slot = k == 0 ? Rule::kAmaxSlot0 : amax_slot1<Rule>();
+      const int64_t idx = Rule::kAmaxGlobal ? 0 : int64_t(expert) * Rule::kAmaxSlots + slot;
+      // |x| bits as int: non-negative floats order as ints, NaN sits above +Inf, and the buffer
+      // starts at -inf (a negative int).
+      if (lane == 0 && amax != nullptr) atomicMax(reinterpret_cast<int*>(amax) + idx, __float_as_int(m));
+    }
+  }
+
+  template <class R>
+  FUSEGEMM_DEVICE static constexpr int amax_slot1() {
+    if constexpr (R::kAmaxCount > 1) return R::kAmaxSlot1; else return 0;
+  }
+
+  // One 32-column block of D at D column dc0 (of dw): plain, or SFD-quantized by row and/or column.
+  template <class P>
+  FUSEGEMM_DEVICE static void d_block(const Rule& rule, const P& p, int expert, int row0, int64_t orow0, bool row_ok,
+                                      int rows_valid, int dc0, int dw, const float (&v)[32], uint32_t stage, int lane) {
+    const int row = row0 + lane;
+    const int cols_valid = dw - dc0;
+    if (cols_valid <= 0) return;
+    if constexpr (!kQuant) {
+      store_nmajor<ElementD>(stage, p.d_out, p.ldd, orow0, int(orow0) + lane, row_ok, dc0, cols_valid,
+                             rows_valid, lane, v);
+    } else {
+      constexpr int kConv = Rule::kSfdConvention;
+      const float nc = rule.sfd_norm_const();
+      const float rl = p.rcp_max;
+      if constexpr (Rule::kQuantRowD) {
+        float a = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) a = fmax_nan(a, fabsf(v[i]));
+        const Sfd sf = sfd_block<kConv, false>(a, nc, rl);
+        float y[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) y[i] = __fmul_rn(v[i], sf.scale);
+        store_nmajor<ElementD>(stage, p.d_out, p.ldd, orow0, row, row_ok, dc0, cols_valid, rows_valid, lane, y);
+        if (row_ok && p.sfd_row != nullptr) {
+          const int kt = ((dw + 31) / 32 + 3) / 4;
+          static_cast<uint8_t*>(p.sfd_row)[sf_atom_offset(row, dc0 / 32, kt)] = uint8_t(sf.stored);
+        }
+      }
+      if constexpr (Rule::kQuantColD) {
+        // Column c of the block: max over the warp's 32 rows (one 32-row SFD_col block).
+        float mine = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const float a = warp_amax(v[i]);
+          if (lane == i) mine = a;
+        }
+        const Sfd sf = sfd_block<kConv, true>(mine, nc, rl);
+        const int n = dc0 + lane;
+        if (n < dw && p.sfd_col != nullptr) {
+          static_cast<uint8_t*>(p.sfd_col)[col_sfd_offset(p, expert, n, row0, dw)] = uint8_t(sf.stored);
+        }
+        float y[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) y[i] = __fmul_rn(v[i], __shfl_sync(0xFFFFFFFFu, sf.scale, i));
+        if (p.d_col_out != nullptr) {
+          store_nmajor<ElementD>(stage, p.d_col_out, p.ldd, orow0, row, row_ok, dc0, cols_valid, rows_valid,
+                                 lane, y);
+        }
+      }
+    }
+  }
+
+  // SFD_col byte of column n for the 32-row block starting at row0 (formats/scales.py pack_sf of
+  // sf[n, m // 32]; discrete: the expert's atoms, contiguous, after those of earlier experts).
+  template <class P>
+  FUSEGEMM_DEVICE static int64_t col_sfd_offset(const P& p, int expert, int n, int row0, int dw) {
+    if constexpr (kDiscreteColSfd) {
+      const int* off = static_cast<const int*>(p.offsets);
+      const int start = expert == 0 ? 0 : __ldg(off + expert - 1);
+      const int tiles = (__ldg(off + expert) - start) >> 7;
+      const int64_t atom = int64_t(start >> 7) * ((dw + 127) >> 7) + int64_t(n >> 7) * tiles + ((row0 - start) >> 7);
+      return atom * 512 + (n & 31) * 16 + ((n >> 5) & 3) * 4 + ((row0 >> 5) & 3);
+    } else {
+      const int rm = ((p.m_rows + 31) / 32 + 3) / 4;
+      return sf_atom_offset(n, row0 >> 5, rm);
+    }
+  }
+};
+
+}  // namespace epi
+}  // namespace fusegemm

@@ -1,0 +1,493 @@
+"""GPU: the epilogue rules generated from YAML, executed on the device, against the interpreter.
+
+1. Every seed spec's epilogue (and the SwiGLU example) through the block harness, the code every
+   sm_100a kernel and the sm_90a engine path run (fusegemm/harness.cuh), against
+   fusegemm.interpret on the same FP32 accumulators: C, D, D_col, SFD bytes and amax bit-exact for
+   rules without transcendental functions; within stated bounds for the rest (below).
+2. The fragment path of the sm_90a kernel for element-wise rules (grouped_gemm), bit-exact.
+3. The function table's ``ulp`` column measured: each transcendental function on a sweep with
+   NaN, +-Inf, -0, subnormals and overflow edges, within its declared bound.
+4. End to end: EpilogueGemm on the SwiGLU spec (BF16 and MXFP8 D + SFD_row) against the numpy
+   GEMM + interpreter; a YAML edit of grouped_gemm's rule changes what the kernel computes.
+
+Tolerances. Bit-exact wherever every function in the rule has ulp 0 (the IEEE-rounded
+operators of generator/functions.py). Rules with exp/sigmoid/silu/tanh: FP32 values may differ
+by the table's ulps, which can move a narrow output by one rounding step or an SFD byte by one:
+such differences must be one step and in at most 1% of elements. dprob is an atomic sum (order differs):
+|got - want| <= 2^-20 * sum |dp| of the row. GEMM end to end: the GPU's FP32 accumulation order
+differs from the float64 reference's (|error| ~ K 2^-24 sum |a b|), so BF16 D within 2^-7
+relative + 2^-14 absolute, and MXFP8 D, dequantized with its own block scale, within half an FP8
+step (2^-4 relative) + the same absolute term.
+
+The module first compiles every harness and kernel it launches in parallel worker processes
+(fusegemm.build.compile_all), so device time is not spent compiling one source at a time.
+"""
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fusegemm.generator.expr import Call, walk
+from fusegemm.generator.functions import FUNCTIONS, SUBNORMAL_ABS
+from fusegemm.generator.spec import find_spec, parse_spec
+from fusegemm.generator.variants import make_variant
+
+pytestmark = pytest.mark.gpu
+
+F32 = np.float32
+NAN, INF = float("nan"), float("inf")
+RL = {"float8_e4m3fn": 1.0 / 448.0, "float8_e5m2": 1.0 / 57344.0, "float4_e2m1fn_x2": 1.0 / 6.0}
+DEVICE = "cuda:0"
+
+
+@pytest.fixture(scope="module")
+def torch():
+    import torch
+    return torch
+
+
+def _function_names() -> list[str]:
+    return ["exp", "log", "tanh", "sigmoid", "silu", "gelu_tanh"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled_ahead(torch, doubled_spec_path):
+    """Compile every source this module launches, in parallel, before the first test."""
+    from fusegemm.build import compile_all
+    from fusegemm.harness import plan_harness
+    from fusegemm.pipeline import plan
+    planned = [plan_harness(make_variant(spec, arch="sm_90a", **axes), "block") for spec, axes in BLOCK_CASES]
+    planned += [plan_harness(make_variant("grouped_gemm", arch="sm_90a", **axes), "fragment")
+                for axes in FRAGMENT_CASES]
+    planned += [plan_harness(make_variant(_function_spec(f), arch="sm_90a"), "block") for f in _function_names()]
+    planned.append(plan_harness(make_variant(_kitchen_spec(), arch="sm_90a"), "block"))
+    planned.append(plan_harness(make_variant("grouped_gemm", arch="sm_90a", **EDGE_AXES), "block"))
+    planned += [plan(make_variant("grouped_gemm_swiglu", arch="sm_90a", d_dtype=d)) for d in SWIGLU_D]
+    planned += [plan(make_variant(s, arch="sm_90a", d_dtype="float32"))
+                for s in ("grouped_gemm", find_spec(str(doubled_spec_path)))]
+    failed = [r for r in compile_all(planned, jobs=os.cpu_count() or 1) if not r.ok]
+    assert not failed, f"{len(failed)} sources failed to compile: {failed[0]}"
+
+
+# --------------------------------------------------------------------------------------------
+# problem construction
+# --------------------------------------------------------------------------------------------
+def _acc(rng, rows: int, cols: int, specials: bool) -> np.ndarray:
+    """FP32 accumulators over many binades; zero rows (SFD byte 0), an overflowing value, NaN
+    and Inf when ``specials``."""
+    acc = (rng.standard_normal((rows, cols)) * 2.0 ** rng.integers(-6, 6, (rows, cols))).astype(F32)
+    acc[5:9] = 0.0
+    acc[40, :16] = 2.0 ** rng.integers(-3, 3, 16)       # exact powers of two: SFD boundaries
+    if specials:
+        acc[33, 3] = 3e38
+        acc[34, 40] = NAN
+        acc[35, 7] = -INF
+        acc[36, 9] = -0.0
+        acc[37, 11] = 1e-40                              # subnormal
+    return acc
+
+
+def _inputs(torch, r, rng, *, experts: int, m_rows: int, n_acc: int, w: int, dev: str):
+    """Device tensors and host arrays of every input the resolved epilogue reads."""
+    dev_in, host = {}, {}
+    for inp in r.inputs:
+        if inp.per == "scalar":
+            x = np.array([0.5], F32)
+            dev_in[inp.name] = torch.tensor(x, device=dev)
+            host[inp.name] = x
+            continue
+        shape = {"expert": (experts,), "row": (m_rows,), "column": (experts, n_acc),
+                 "element": (m_rows, 2 * w if inp.paired else w)}[inp.per]
+        vals = rng.uniform(0.25, 2.0, shape) if inp.per in ("expert", "row") else rng.standard_normal(shape)
+        t = torch.tensor(vals.astype(F32), device=dev).to(getattr(torch, inp.dtype))
+        if inp.per == "column":
+            t = t.T                                     # (N_acc, L), N contiguous
+        dev_in[inp.name] = t
+        host[inp.name] = _host(torch, t)
+    return dev_in, host
+
+
+def _host(torch, t) -> np.ndarray:
+    from fusegemm.formats.dtypes import to_numpy
+    return to_numpy(t)
+
+
+def _uses_inexact_functions(r) -> bool:
+    return any(isinstance(n, Call) and n.fn in FUNCTIONS and FUNCTIONS[n.fn].ulp
+               for s in r.statements for n in walk(s.expr))
+
+
+def run_case(torch, spec, *, mode: str = "block", seed: int = 0, offsets=(256, 256, 512, 768),
+             n_acc: int = 256, m_rows: int = 1024, specials: bool = True, **axes):
+    """Harness and interpreter on one seeded problem; returns (got, want, resolved, exact)."""
+    from fusegemm.harness import run_harness
+    from fusegemm.interpret import interpret
+    v = make_variant(spec, arch="sm_90a", **axes)
+    r = v.spec.epilogue.resolve(v.choices)
+    rng = np.random.default_rng(seed)
+    off = np.asarray(offsets, np.int32)
+    valid_m = int(off[-1])
+    acc = _acc(rng, valid_m, n_acc, specials)
+    dev = DEVICE
+    dev_in, host = _inputs(torch, r, rng, experts=off.size, m_rows=m_rows, n_acc=n_acc, w=r.width(n_acc), dev=dev)
+    quantized = [o.dtype for o in r.outputs if o.quantize is not None and o.dtype in RL]
+    rl = RL[quantized[0]] if quantized else 0.0
+    got = run_harness(v, mode, torch.tensor(acc, device=dev), torch.tensor(off, device=dev), dev_in,
+                      m_rows=m_rows, rcp_max=rl)
+    want = interpret(r, acc, offsets=off, m_rows=m_rows, inputs=host, rcp_max=rl or None,
+                     discrete_col_sfd=v.discrete_col_sfd)
+    return {k: _host(torch, t) for k, t in got.items()}, want, r, not _uses_inexact_functions(r)
+
+
+# --------------------------------------------------------------------------------------------
+# comparison
+# --------------------------------------------------------------------------------------------
+def _bytes(x) -> np.ndarray:
+    return np.ascontiguousarray(x).view(np.uint8).ravel()
+
+
+def _ordered(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Integer keys in value order (adjacent representable values differ by 1)."""
+    bits = {"float32": np.uint32, "bfloat16": np.uint16, "float16": np.uint16}.get(dtype, np.uint8)
+    i = np.ascontiguousarray(x).view(bits).astype(np.int64).ravel()
+    top = 1 << (8 * np.dtype(bits).itemsize - 1)
+    return np.where(i >= top, -(i - top), i)
+
+
+def _decoded(x, dtype: str) -> np.ndarray:
+    if dtype in ("float32", "float16"):
+        return np.asarray(x).astype(np.float64).ravel()
+    return np.ascontiguousarray(x).view(getattr(ml_dtypes, dtype)).astype(np.float64).ravel()
+
+
+def _dtype_of(r, key: str) -> str:
+    o = r.output("d" if key == "d_col" else key)
+    return o.dtype
+
+
+def _close_steps(got, want, dtype: str, what: str, skip: np.ndarray | None = None) -> None:
+    """Values equal, or one rounding step apart in at most 1% of elements (NaN where NaN)."""
+    g, w = _decoded(got, dtype), _decoded(want, dtype)
+    assert g.shape == w.shape, f"{what}: shape {g.shape} vs {w.shape}"
+    nan = np.isnan(w)
+    assert np.array_equal(np.isnan(g), nan), f"{what}: NaN positions differ ({np.isnan(g).sum()} vs {nan.sum()})"
+    steps = np.abs(_ordered(got, dtype) - _ordered(want, dtype))
+    steps[nan] = 0
+    if skip is not None:
+        steps[skip.ravel()] = 0
+    bad = np.flatnonzero(steps > 1)
+    assert bad.size == 0, (f"{what}: {bad.size} elements more than one step apart, first at {bad[0]}: "
+                           f"{g[bad[0]]} vs {w[bad[0]]}")
+    assert np.count_nonzero(steps) <= max(2, steps.size // 100), f"{what}: {np.count_nonzero(steps)} differ"
+
+
+def _assert_same_values(got, want, dtype: str, what: str) -> None:
+    """Bit-identical, except that a NaN equals any NaN (payload and sign are not part of the
+    contract: CUDA's conversions write canonical NaNs, numpy keeps payloads)."""
+    if dtype == "float4_e2m1fn_x2":                  # no NaN encoding
+        return _assert_same_bytes(got, want, what)
+    g, w = _decoded(got, dtype), _decoded(want, dtype)
+    nan = np.isnan(w)
+    assert np.array_equal(np.isnan(g), nan), f"{what}: NaN positions differ ({np.isnan(g).sum()} vs {nan.sum()})"
+    keys_g, keys_w = _ordered(got, dtype), _ordered(want, dtype)
+    bad = np.flatnonzero((keys_g != keys_w) & ~nan)
+    assert bad.size == 0, f"{what}: {bad.size} elements differ, first at {bad[0]}: {g[bad[0]]!r} vs {w[bad[0]]!r}"
+
+
+def _assert_same_bytes(got, want, what: str) -> None:
+    gb, wb = _bytes(got), _bytes(want)
+    assert gb.size == wb.size, f"{what}: {gb.size} bytes vs {wb.size}"
+    bad = np.flatnonzero(gb != wb)
+    assert bad.size == 0, f"{what}: {bad.size} bytes differ, first at byte {bad[0]} ({gb[bad[0]]} vs {wb[bad[0]]})"
+
+
+def compare(got: dict, want, r, exact: bool) -> None:
+    keys = [k for k in ("c", "d", "d_col", "sfd_row", "sfd_col", "amax", "dprob") if want[k] is not None]
+    assert sorted(keys) == sorted(got), f"buffers {sorted(got)}, interpreter {keys}"
+    for key in keys:
+        g, w = got[key], want[key]
+        if key == "dprob":
+            dp = np.abs(want.values["dp"].astype(np.float64)).sum(axis=1)
+            tol = 2.0 ** -20 * np.concatenate([dp, np.zeros(w.size - dp.size)])
+            g64, w64 = g.astype(np.float64).ravel(), w.astype(np.float64).ravel()
+            nan = np.isnan(w64)
+            assert np.array_equal(np.isnan(g64), nan), "dprob: NaN rows differ"
+            fin = ~nan & np.isfinite(w64)
+            err = np.abs(g64[fin] - w64[fin])
+            assert np.array_equal(g64[np.isinf(w64)], w64[np.isinf(w64)]), "dprob: Inf rows differ"
+            assert np.all(err <= tol[fin]), f"dprob: worst {err.max()} beyond 2^-20 sum|dp|"
+            continue
+        if key.startswith("sfd") and exact:
+            _assert_same_bytes(g, w, key)
+        elif key == "amax" and exact:
+            _assert_same_values(np.asarray(g, F32), np.asarray(w, F32), "float32", key)
+        elif exact:
+            dtype = _dtype_of(r, key)
+            _assert_same_values(g.reshape(np.shape(w)) if dtype in RL else g, w, dtype, key)
+        elif key.startswith("sfd"):
+            diff = np.abs(_bytes(g).astype(int) - _bytes(w).astype(int))
+            assert diff.max() <= 1 and np.count_nonzero(diff) <= max(2, diff.size // 100), f"{key}: {diff.max()}"
+        elif key == "amax":
+            # the max of thousands of values, each within the rule's ulps: a few steps, any count
+            steps = np.abs(_ordered(np.asarray(g, F32), "float32") - _ordered(np.asarray(w, F32), "float32"))
+            assert np.array_equal(np.isnan(np.asarray(g, F32)), np.isnan(np.asarray(w, F32))), "amax: NaN"
+            assert steps[~np.isnan(np.asarray(w, F32)).ravel()].max(initial=0) <= 8, f"amax: {steps.max()} steps"
+        else:
+            dtype = _dtype_of(r, key)
+            if dtype == "float4_e2m1fn_x2":
+                _assert_same_bytes(g, w, key)
+                continue
+            _close_steps(g.reshape(np.shape(w)) if dtype in RL else g, w, dtype, key)
+
+
+# --------------------------------------------------------------------------------------------
+# 1. block harness: every seed epilogue
+# --------------------------------------------------------------------------------------------
+BLOCK_CASES = [  # (spec, axes)
+    ("grouped_gemm", dict(c_dtype="float32", d_dtype="bfloat16", bias_dtype="bfloat16", generate_c=True)),
+    ("grouped_gemm", dict(c_dtype="float16", d_dtype="float32", bias_dtype="none", generate_c=True)),
+    ("grouped_gemm_srelu", dict(c_dtype="bfloat16", d_dtype="float8_e4m3fn", bias_dtype="bfloat16")),
+    ("grouped_gemm_srelu", dict(c_dtype="float32", d_dtype="float8_e5m2", discrete_col_sfd=True)),
+    ("grouped_gemm_srelu", dict(ab_dtype="float4_e2m1fn_x2", sf_dtype="float8_e4m3fn", sf_vec_size=16,
+                                c_dtype="float32", d_dtype="bfloat16")),
+    ("grouped_gemm_quant", dict(d_dtype="float8_e4m3fn", bias_dtype="bfloat16")),
+    ("grouped_gemm_quant", dict(d_dtype="float8_e5m2", discrete_col_sfd=True)),
+    ("grouped_gemm_quant", dict(d_dtype="float4_e2m1fn_x2")),
+    ("grouped_gemm_srelu", dict(c_dtype="float4_e2m1fn_x2", d_dtype="float4_e2m1fn_x2")),
+    ("grouped_gemm_dswiglu", dict(c_dtype="bfloat16", d_dtype="float8_e4m3fn")),
+    ("grouped_gemm_dswiglu", dict(c_dtype="float8_e5m2", d_dtype="float8_e5m2", discrete_col_sfd=True)),
+    ("grouped_gemm_dswiglu", dict(ab_dtype="float4_e2m1fn_x2", sf_dtype="float8_e4m3fn", sf_vec_size=16,
+                                  c_dtype="float32", d_dtype="bfloat16")),
+    ("gemm_amax", dict(c_dtype="bfloat16")),
+    ("gemm_amax", dict(ab_dtype="float4_e2m1fn_x2", sf_dtype="float8_e4m3fn", sf_vec_size=16,
+                       c_dtype="float8_e4m3fn")),
+    ("grouped_gemm_swiglu", dict(d_dtype="float8_e4m3fn")),
+    ("grouped_gemm_swiglu", dict(d_dtype="float8_e5m2")),
+    ("grouped_gemm_swiglu", dict(d_dtype="bfloat16")),
+]
+
+
+def _axes_id(case) -> str:
+    spec, axes = case
+    return spec + "-" + "-".join(f"{v}" for v in axes.values())
+
+
+@pytest.mark.parametrize("case", BLOCK_CASES, ids=_axes_id)
+def test_block_harness_matches_interpreter(torch, case):
+    spec, axes = case
+    got, want, r, exact = run_case(torch, spec, **axes)
+    compare(got, want, r, exact)
+    assert any(np.any(_bytes(got[k])) for k in got if k not in ("amax", "dprob")), "all outputs zero"
+
+
+def test_block_harness_transcendental_rules_are_mostly_bit_exact(torch):
+    """The tolerance of inexact rules is a safety margin, not the norm: > 99% identical bytes."""
+    got, want, _, exact = run_case(torch, "grouped_gemm_swiglu", d_dtype="bfloat16", seed=3)
+    assert not exact
+    same = np.count_nonzero(_bytes(got["d"]) == _bytes(want.d))
+    assert same >= 0.99 * _bytes(want.d).size
+
+
+EDGE_AXES = dict(c_dtype="bfloat16", d_dtype="float16", bias_dtype="float32", generate_c=True)
+
+
+def test_block_harness_empty_experts_and_partial_width(torch):
+    """Empty experts first and last, width not a multiple of 32 (the engine's column guard)."""
+    got, want, r, exact = run_case(torch, "grouped_gemm", offsets=(0, 256, 256, 512, 512), n_acc=200,
+                                   m_rows=768, **EDGE_AXES)
+    compare(got, want, r, exact)
+
+
+# --------------------------------------------------------------------------------------------
+# 2. fragment path (sm_90a element-wise rules)
+# --------------------------------------------------------------------------------------------
+FRAGMENT_CASES = [
+    dict(c_dtype="bfloat16", d_dtype="bfloat16", bias_dtype="bfloat16", generate_c=True),
+    dict(c_dtype="float32", d_dtype="float16", bias_dtype="none", generate_c=True),
+    dict(c_dtype="bfloat16", d_dtype="float32", bias_dtype="float16", generate_c=False),
+]
+
+
+@pytest.mark.parametrize("axes", FRAGMENT_CASES, ids=lambda a: "-".join(map(str, a.values())))
+def test_fragment_harness_matches_interpreter(torch, axes):
+    got, want, r, exact = run_case(torch, "grouped_gemm", mode="fragment", n_acc=384, **axes)
+    assert exact
+    compare(got, want, r, exact)
+
+
+# --------------------------------------------------------------------------------------------
+# 3. the ulp column of the function table, measured
+# --------------------------------------------------------------------------------------------
+def _function_spec(fn: str):
+    text = textwrap.dedent(f"""\
+        schema: 2
+        name: fn_{fn}
+        kernel: grouped_gemm
+        problem: grouped
+        summary: one function on the accumulator
+        epilogue:
+          compute:
+            - y = {fn}(acc)
+          outputs:
+            c: {{dtype: float32, value: y}}
+        choices:
+          ab_dtype: [bfloat16]
+          tile_m: [128]
+          tile_n: [128]
+          cluster_m: [1]
+          cluster_n: [1]
+        defaults: {{}}
+        """)
+    return parse_spec(text, f"fn_{fn}.yaml", expected_name=f"fn_{fn}")
+
+
+def _sweep(rows: int, cols: int) -> np.ndarray:
+    edges = [0.0, -0.0, NAN, INF, -INF, 1e-45, -1e-45, 1e-40, -1e-40, 1.1754944e-38, 88.7, 88.8, -88.7,
+             -88.8, -90.0, -100.0, -103.0, -104.0, 20.0, -20.0, 1.0, -1.0, 0.5, 1e-3, -1e-3, 3e38, -3e38]
+    x = np.concatenate([np.array(edges), np.linspace(-110, 110, 40000), np.linspace(-10, 10, 40000),
+                        np.geomspace(1e-30, 1e3, 20000), -np.geomspace(1e-30, 1e3, 20000)])
+    x = np.resize(x.astype(F32), rows * cols).reshape(rows, cols)
+    return x
+
+
+@pytest.mark.parametrize("fn", _function_names())
+def test_function_table_ulp_bounds_hold_on_device(torch, fn):
+    from fusegemm.harness import run_harness
+    from fusegemm.interpret import NUMPY_FUNCTIONS
+    spec = _function_spec(fn)
+    v = make_variant(spec, arch="sm_90a")
+    rows, cols = 512, 256
+    x = _sweep(rows, cols)
+    off = torch.tensor([rows], dtype=torch.int32, device=DEVICE)
+    got = run_harness(v, "block", torch.tensor(x, device=DEVICE), off, {}, m_rows=rows)["c"].cpu().numpy()
+    want = NUMPY_FUNCTIONS[fn](x).ravel()
+    got = got.ravel()
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan), f"{fn}: NaN positions differ"
+    ulps = np.abs(_ordered(got, "float32") - _ordered(want, "float32"))
+    ulps[nan] = 0
+    # where an intermediate is subnormal the table promises SUBNORMAL_ABS absolute instead
+    with np.errstate(invalid="ignore"):                     # Inf - Inf where both are Inf
+        tiny = np.abs(got.astype(np.float64) - want.astype(np.float64)) <= SUBNORMAL_ABS
+    ulps[tiny & (np.abs(want) < 2.0 ** -119)] = 0
+    worst = int(ulps.argmax())
+    assert ulps.max() <= FUNCTIONS[fn].ulp, (f"{fn}: {ulps.max()} ulp at x={x.ravel()[worst]!r} "
+                                             f"({got[worst]!r} vs {want[worst]!r}); "
+                                             f"the table says {FUNCTIONS[fn].ulp}")
+
+
+def _kitchen_spec():
+    text = textwrap.dedent("""\
+        schema: 2
+        name: kitchen
+        kernel: grouped_gemm
+        problem: grouped
+        summary: exact operators
+        epilogue:
+          inputs:
+            alpha: {per: expert}
+            prob: {per: row, dtype: bfloat16}
+            bias: {per: column, dtype: float16}
+            res: {per: element, dtype: bfloat16}
+            k: {per: scalar}
+          compute:
+            - a = alpha * acc * 0.1 + acc / 3 - bias
+            - b = clamp(fma(a, prob, res), -4.5, 7) + rcp(abs(a) + 1) - sqrt(abs(acc))
+            - y = where(isnan(b), -1.25, max(min(b, k * 8), -(k * 8)))
+          outputs:
+            c: {dtype: float32, value: y}
+            d: {dtype: bfloat16, value: b}
+          reductions:
+            - {name: amax, kind: amax, of: a, scope: expert}
+        choices:
+          ab_dtype: [bfloat16]
+          tile_m: [128]
+          tile_n: [128]
+          cluster_m: [1]
+          cluster_n: [1]
+        defaults: {}
+        """)
+    return parse_spec(text, "kitchen.yaml", expected_name="kitchen")
+
+
+def test_exact_operators_and_inputs_of_every_kind(torch):
+    """min/max/clamp/fma/rcp/sqrt/abs/where/isnan, FP32 literals, inputs of each kind and dtype."""
+    spec = _kitchen_spec()
+    got, want, r, exact = run_case(torch, spec, n_acc=224)
+    assert exact
+    compare(got, want, r, exact)
+
+
+# --------------------------------------------------------------------------------------------
+# 4. end to end: EpilogueGemm
+# --------------------------------------------------------------------------------------------
+def _gemm_problem(torch, *, n: int, k: int = 256, seed: int = 0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    sizes = [256, 0, 512, 256]                    # an empty expert
+    offsets = torch.tensor(np.cumsum(sizes), dtype=torch.int32)
+    m = int(offsets[-1]) + 256                    # padding rows past valid_m
+    a = (torch.randn(m, k, generator=g) * 0.5).to(torch.bfloat16)
+    b = (torch.randn(len(sizes), n, k, generator=g) * 0.1).to(torch.bfloat16)
+    alpha = torch.rand(len(sizes), generator=g) + 0.5
+    prob = torch.rand(m, generator=g)
+    return a, offsets, b, alpha, prob
+
+
+SWIGLU_D = ["bfloat16", "float8_e4m3fn"]
+
+
+@pytest.mark.parametrize("d_dtype", SWIGLU_D)
+def test_swiglu_gemm_end_to_end(torch, d_dtype):
+    from fusegemm import EpilogueGemm
+    a, offsets, b, alpha, prob = _gemm_problem(torch, n=512)
+    op = EpilogueGemm("grouped_gemm_swiglu", d_dtype=d_dtype)
+    inputs = {"alpha": alpha, "prob": prob, "norm_const": 1.0}
+    if d_dtype == "bfloat16":
+        del inputs["norm_const"]
+    dev = {k: (v.cuda() if hasattr(v, "cuda") else v) for k, v in inputs.items()}
+    out = op(a.cuda(), offsets.cuda(), b.cuda(), inputs=dev)
+    ref = op.reference(a, offsets, b, inputs=inputs)
+    valid = int(offsets[-1])
+    h = ref.values["h"][:valid].astype(np.float64)
+    if d_dtype == "bfloat16":
+        d = out["d"].float().cpu().numpy()[:valid]
+        assert np.all(np.abs(d - h) <= 2.0 ** -7 * np.abs(h) + 2.0 ** -14)
+    else:
+        d = out["d"].cpu().numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float64)[:valid]
+        from fusegemm.formats import unpack_sf
+        m_rows, blocks = out["d"].shape[0], d.shape[1] // 32
+        byte = unpack_sf(_host(torch, out["sfd_row"]).view(np.uint8), m_rows, blocks)[:valid, :, 0]
+        scale = np.repeat(2.0 ** (byte.astype(np.float64) - 127), 32, axis=1)       # norm_const 1
+        deq = d * scale
+        assert np.all(np.abs(deq - h) <= 2.0 ** -4 * 1.01 * np.abs(h) + scale * 2.0 ** -9 + 2.0 ** -14)
+        ref_bytes = unpack_sf(np.ascontiguousarray(ref.sfd_row).view(np.uint8), m_rows, blocks)[:valid, :, 0]
+        assert np.count_nonzero(byte != ref_bytes) <= max(2, byte.size // 100)
+    assert not out["d"][valid:].any()             # rows past valid_m untouched (zero)
+
+
+@pytest.fixture(scope="module")
+def doubled_spec_path(tmp_path_factory) -> Path:
+    """grouped_gemm.yaml with D's rule edited to twice its value, saved as a user's file."""
+    src = Path(find_spec("grouped_gemm").path).read_text()
+    edited = src.replace("name: grouped_gemm\n", "name: grouped_gemm_x2\n").replace(
+        "- d = where(present(bias), c, prob * g)", "- d = where(present(bias), c, 2 * prob * g)")
+    assert edited.count("2 * prob * g") == 1 and "name: grouped_gemm_x2" in edited
+    path = tmp_path_factory.mktemp("specs") / "grouped_gemm_x2.yaml"
+    path.write_text(edited)
+    return path
+
+
+def test_yaml_edit_changes_the_kernel(torch, doubled_spec_path):
+    """Doubling D in grouped_gemm.yaml's rule doubles what the compiled GEMM writes."""
+    from fusegemm import EpilogueGemm
+    a, offsets, b, alpha, prob = _gemm_problem(torch, n=256, seed=4)
+    args = (a.cuda(), offsets.cuda(), b.cuda())
+    inputs = {"alpha": alpha.cuda(), "prob": prob.cuda()}
+    base = EpilogueGemm("grouped_gemm", d_dtype="float32")(*args, inputs=inputs)["d"]
+    twice = EpilogueGemm(doubled_spec_path, d_dtype="float32")(*args, inputs=inputs)["d"]
+    assert torch.equal(twice, 2 * base) and base.abs().max() > 0

@@ -1,0 +1,52 @@
+"""The epilogue harness (CPU side): rendering, refusals, compilation, argument checks.
+
+Its execution against the interpreter is tests/gpu/test_epilogue_gpu.py; here every harness
+kind compiles with NVRTC and the host checks run before anything touches a GPU.
+"""
+from __future__ import annotations
+
+import pytest
+
+from fusegemm.base.errors import ArgumentError, UnsupportedError
+from fusegemm.generator.harness import render_harness
+from fusegemm.generator.variants import make_variant
+from fusegemm.pipeline import compile_planned
+
+
+def test_fragment_mode_refuses_rules_that_are_not_elementwise():
+    v = make_variant("grouped_gemm_swiglu", arch="sm_90a")
+    with pytest.raises(UnsupportedError, match="fragment runs element-wise rules only"):
+        render_harness(v, "fragment")
+    with pytest.raises(UnsupportedError, match="allowed: block, fragment"):
+        render_harness(v, "warp")
+
+
+def test_harness_is_compiled_for_the_executable_arch_from_either_variant():
+    a = render_harness(make_variant("grouped_gemm_swiglu", arch="sm_100a"), "block")
+    b = render_harness(make_variant("grouped_gemm_swiglu", arch="sm_90a"), "block")
+    assert a.variant.arch == b.variant.arch == "sm_90a"
+    rule = lambda src: src.text[src.text.index("struct Rule"):src.text.index("struct Config")]  # noqa: E731
+    assert rule(a) == rule(b) and "BlockHarness" in a.text           # one rule, whichever arch asked
+
+
+@pytest.mark.parametrize("spec, axes, mode", [
+    ("grouped_gemm_swiglu", {"d_dtype": "float8_e4m3fn"}, "block"),
+    ("grouped_gemm_dswiglu", {"c_dtype": "float8_e5m2", "d_dtype": "float8_e5m2", "discrete_col_sfd": True}, "block"),
+    ("grouped_gemm", {"c_dtype": "bfloat16", "bias_dtype": "bfloat16", "generate_c": True}, "fragment"),
+], ids=["swiglu-block", "dswiglu-block", "grouped-fragment"])
+def test_harness_compiles_without_spills(spec, axes, mode):
+    from fusegemm.harness import plan_harness
+    built = compile_planned(plan_harness(make_variant(spec, arch="sm_90a", **axes), mode))
+    assert built.resources.local_bytes == 0, f"{built.resources.local_bytes} bytes of local memory (spills)"
+    assert built.contract.threads == 128
+
+
+def test_run_harness_checks_the_accumulator_before_compiling():
+    torch = pytest.importorskip("torch")
+    from fusegemm.harness import run_harness
+    v = make_variant("grouped_gemm", arch="sm_90a")
+    offsets = torch.tensor([256, 512], dtype=torch.int32)
+    with pytest.raises(ArgumentError, match=r"acc.*float32 \(512, N\) row-major"):
+        run_harness(v, "block", torch.zeros(256, 64), offsets, {}, m_rows=512)
+    with pytest.raises(ArgumentError, match=r"acc"):
+        run_harness(v, "block", torch.zeros(512, 64, dtype=torch.float16), offsets, {}, m_rows=512)
