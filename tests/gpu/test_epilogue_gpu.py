@@ -66,6 +66,7 @@ def compiled_ahead(torch, doubled_spec_path):
                 for axes in FRAGMENT_CASES]
     planned += [plan_harness(make_variant(_function_spec(f), arch="sm_90a"), "block") for f in _function_names()]
     planned.append(plan_harness(make_variant(_kitchen_spec(), arch="sm_90a"), "block"))
+    planned += [plan_harness(make_variant(spec, arch="sm_90a", **axes), "block") for spec, axes in BOUNDARY_CASES]
     planned.append(plan_harness(make_variant("grouped_gemm", arch="sm_90a", **EDGE_AXES), "block"))
     planned += [plan(make_variant("grouped_gemm_swiglu", arch="sm_90a", d_dtype=d)) for d in SWIGLU_D]
     planned += [plan(make_variant(s, arch="sm_90a", d_dtype="float32"))
@@ -123,8 +124,9 @@ def _uses_inexact_functions(r) -> bool:
 
 
 def run_case(torch, spec, *, mode: str = "block", seed: int = 0, offsets=(256, 256, 512, 768),
-             n_acc: int = 256, m_rows: int = 1024, specials: bool = True, **axes):
-    """Harness and interpreter on one seeded problem; returns (got, want, resolved, exact)."""
+             n_acc: int = 256, m_rows: int = 1024, specials: bool = True, acc=None, ones=(), **axes):
+    """Harness and interpreter on one seeded problem; returns (got, want, resolved, exact).
+    ``acc``: the accumulator to use (else seeded); ``ones``: inputs set to 1 (exact scaling)."""
     from fusegemm.harness import run_harness
     from fusegemm.interpret import interpret
     v = make_variant(spec, arch="sm_90a", **axes)
@@ -132,9 +134,12 @@ def run_case(torch, spec, *, mode: str = "block", seed: int = 0, offsets=(256, 2
     rng = np.random.default_rng(seed)
     off = np.asarray(offsets, np.int32)
     valid_m = int(off[-1])
-    acc = _acc(rng, valid_m, n_acc, specials)
+    acc = _acc(rng, valid_m, n_acc, specials) if acc is None else acc
     dev = DEVICE
     dev_in, host = _inputs(torch, r, rng, experts=off.size, m_rows=m_rows, n_acc=n_acc, w=r.width(n_acc), dev=dev)
+    for name in (n for n in ones if n in dev_in):
+        dev_in[name] = torch.ones_like(dev_in[name])
+        host[name] = _host(torch, dev_in[name])
     quantized = [o.dtype for o in r.outputs if o.quantize is not None and o.dtype in RL]
     rl = RL[quantized[0]] if quantized else 0.0
     got = run_harness(v, mode, torch.tensor(acc, device=dev), torch.tensor(off, device=dev), dev_in,
@@ -283,6 +288,60 @@ def test_block_harness_matches_interpreter(torch, case):
     got, want, r, exact = run_case(torch, spec, **axes)
     compare(got, want, r, exact)
     assert any(np.any(_bytes(got[k])) for k in got if k not in ("amax", "dprob")), "all outputs zero"
+
+
+def _boundary_acc(rows: int, cols: int) -> np.ndarray:
+    """Each 32-column block's largest |value| at or next to a power of two times an FP8/FP4 top
+    (448, 57344, 6, 1): where the E8M0 byte rounds up or not. Plus all-zero blocks, saturating
+    blocks (3e38, +-Inf) and a NaN block."""
+    rng = np.random.default_rng(11)
+    acc = (rng.uniform(-0.5, 0.5, (rows, cols))).astype(F32)
+    tops = [448.0, 57344.0, 6.0, 1.0]
+    cand = []
+    for top in tops:
+        for j in range(-24, 24, 3):
+            v = F32(top * 2.0 ** j)
+            cand += [v, np.nextafter(v, F32(np.inf)), np.nextafter(v, F32(0))]
+    cand = np.array(cand, F32)
+    blocks = cols // 32
+    for r in range(rows):
+        for b in range(blocks):
+            k = (r * blocks + b) % (cand.size + 4)
+            blk = acc[r, 32 * b: 32 * b + 32]
+            if k < cand.size:
+                blk *= cand[k]                       # the rest stays below the maximum
+                blk[(r + b) % 32] = cand[k] * (1 if (r + b) % 2 else -1)
+            elif k == cand.size:
+                blk[:] = 0.0
+            elif k == cand.size + 1:
+                blk[3] = 3e38
+            elif k == cand.size + 2:
+                blk[5] = -np.inf
+            else:
+                blk[7] = np.nan
+    return acc
+
+
+BOUNDARY_CASES = [
+    ("grouped_gemm_quant", dict(d_dtype="float8_e4m3fn")),
+    ("grouped_gemm_quant", dict(d_dtype="float8_e5m2", discrete_col_sfd=True)),
+    ("grouped_gemm_quant", dict(d_dtype="float4_e2m1fn_x2")),
+    ("grouped_gemm_srelu", dict(c_dtype="float32", d_dtype="float8_e4m3fn")),
+    ("grouped_gemm_swiglu", dict(d_dtype="float8_e4m3fn")),
+]
+
+
+@pytest.mark.parametrize("case", BOUNDARY_CASES, ids=_axes_id)
+def test_sfd_rounding_boundaries(torch, case):
+    """Block maxima at and next to the powers of two where the scale byte changes, with every
+    scaling input 1 and norm_const 0.5, so the boundaries survive to the quantizer."""
+    spec, axes = case
+    got, want, r, exact = run_case(torch, spec, acc=_boundary_acc(512, 256), offsets=(256, 512), m_rows=512,
+                                   ones=("alpha", "prob", "row_scale"), **axes)
+    compare(got, want, r, exact)
+    if exact:
+        sfd = _bytes(want["sfd_row"] if want["sfd_row"] is not None else want["sfd_col"])
+        assert len(set(sfd.tolist())) > 20, "the boundary problem should exercise many scale bytes"
 
 
 def test_block_harness_transcendental_rules_are_mostly_bit_exact(torch):
