@@ -46,6 +46,8 @@ class RuleModel:
     statements: tuple[tuple[str, str], ...]  # (C++ name, C++ expression)
     out_fields: tuple[tuple[str, str], ...]  # (Out field, C++ name of its value)
     norm_const: str | None                   # the member scaling D's SFD quantization
+    c_type: str = "float"                    # C++ element type of output c ("float": no c)
+    d_type: str = "float"                    # C++ element type of output d ("float": no d)
 
 
 def hex_float(value: float) -> str:
@@ -125,9 +127,11 @@ def rule_model(r: Resolved) -> RuleModel:
     ]
     for k, red in enumerate(amax):
         traits.append((f"kAmaxSlot{k}", str(red.slot)))
+    types = {o.name: dtype_entry(o.dtype).cpp for o in r.outputs}
     return RuleModel(tuple(traits), tuple(expert), tuple(scalar), tuple(column), tuple(element),
                      tuple(row), tuple(statements), tuple(out_fields),
-                     f"in_{q.norm_const}" if q is not None else None)
+                     f"in_{q.norm_const}" if q is not None else None,
+                     types.get("c", "float"), types.get("d", "float"))
 
 
 def _b(v: bool) -> str:

@@ -6,8 +6,7 @@ says which kernel implements it on each arch, and how much of it:
 * ``template`` and ``header`` / ``kernel``: the translation unit the renderer instantiates and the
   kernel class (in the arch's header folder) it instantiates;
 * ``rule``: the epilogue rule the kernel instantiates: ``spec`` (generated from the spec's
-  epilogue, generator/emit.py), ``carrier`` (the GEMM + amax rule of specs/gemm_amax.yaml with
-  FP32 C, which carriers compile), ``None`` (the kernel has none);
+  epilogue, generator/emit.py) or ``None`` (the kernel has none);
 * ``source_axes``: the variant axes that reach the generated source (the launch axes,
   ``cluster_m`` / ``cluster_n``, never do: one cubin serves every legal cluster). Naming any
   other axis on the command line is an error, since it would not change the kernel;
@@ -32,7 +31,7 @@ from ..base.errors import UnsupportedError
 from .axes import AXES, LAUNCH_AXES
 
 IMPLEMENTED, CARRIER, NONE = "implemented", "carrier", "none"
-SPEC_RULE, CARRIER_RULE = "spec", "carrier"   # Implementation.rule values
+SPEC_RULE = "spec"   # Implementation.rule: the rule generated from the spec's epilogue
 
 
 @dataclass(frozen=True)
@@ -115,11 +114,15 @@ _GROUPED_BF16 = ("ab_dtype", "c_dtype", "d_dtype", "bias_dtype", "weight_mode", 
 _BLOCKSCALED = ("ab_dtype", "sf_dtype", "sf_vec_size", "c_dtype", "a_major", "b_major", "cd_major",
                 "scheduler", "weight_mode", "tile_m", "tile_n")
 _MAINLOOP_CARRIER = tuple(a for a in _BLOCKSCALED if a != "c_dtype")
+# The fused families add what their rules read (quant has no C output: c_dtype does not reach).
+_FUSED_AXES = {
+    "grouped_gemm_srelu": _BLOCKSCALED + ("d_dtype", "bias_dtype", "discrete_col_sfd", "tanh_clamp_scale"),
+    "grouped_gemm_quant": _MAINLOOP_CARRIER + ("d_dtype", "bias_dtype", "discrete_col_sfd"),
+    "grouped_gemm_dswiglu": _BLOCKSCALED + ("d_dtype", "discrete_col_sfd"),
+}
 _STAGING = ("tile_m", "tile_n")
 _FUSED = ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu")
 
-_SM100_CARRIER_NOTE = ("the fused epilogue has not landed; the carrier compiles the block-scaled "
-                       "mainloop the op will use, with the GEMM + amax epilogue and FP32 C")
 _STAGING_NOTE = ("no kernel for this arch yet; the carrier compiles the shared scheduler and TMA "
                  "tile loads")
 
@@ -134,10 +137,9 @@ ROWS: tuple[Implementation, ...] = (
                  Limit("cluster_n", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1")),
          defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}),
     _row("gemm_amax", "sm_100a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
-         "BlockScaledGemmKernel", _BLOCKSCALED, rule=SPEC_RULE),
-    *(_row(family, "sm_100a", CARRIER, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
-           "BlockScaledGemmKernel", _MAINLOOP_CARRIER, rule=CARRIER_RULE, note=_SM100_CARRIER_NOTE)
-      for family in _FUSED),
+         "BlockScaledGemmKernel", _BLOCKSCALED + ("discrete_col_sfd",), rule=SPEC_RULE),
+    *(_row(family, "sm_100a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
+           "BlockScaledGemmKernel", _FUSED_AXES[family], rule=SPEC_RULE) for family in _FUSED),
     # The staging kernel is arch-neutral (fusegemm/staging.cuh, namespace fusegemm::staging).
     *(Implementation(family, "sm_90a", CARRIER, "staging.cu.j2", "fusegemm/staging.cuh",
                      "fusegemm::staging::ChecksumKernel", None, _STAGING, note=_STAGING_NOTE)

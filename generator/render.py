@@ -19,7 +19,7 @@ from ..base.contract import FIELDS as CONTRACT_FIELDS
 from ..base.dtypes import dtype
 from .emit import rule_model
 from .params import params_for
-from .registry import CARRIER_RULE, SPEC_RULE, Implementation, resolve
+from .registry import SPEC_RULE, Implementation, resolve
 from .variants import Variant
 
 _HASH_PLACEHOLDER = "FUSEGEMM_KERNEL_SYMBOL"
@@ -92,9 +92,6 @@ def rule_of(v: Variant, impl: Implementation):
     """The model of the epilogue rule ``impl`` instantiates for ``v`` (None: no rule)."""
     if impl.rule == SPEC_RULE:
         return rule_model(v.spec.epilogue.resolve(v.choices))
-    if impl.rule == CARRIER_RULE:   # the GEMM + amax rule, FP32 C (what a carrier compiles)
-        from .spec import find_spec
-        return rule_model(find_spec("gemm_amax").epilogue.resolve({"c_dtype": "float32"}))
     return None
 
 

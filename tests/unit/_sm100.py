@@ -74,10 +74,9 @@ ROUTE_BATCHED = "gemm_amax"                # make_variant("gemm_amax"): the op's
 ROUTE_BATCHED_DIRECT = "gemm_amax:direct"  # Variant(...) of the gemm_amax spec: the spec's
 #   choices/constraints exclude the point (scheduler dynamic, which gemm_amax does not offer;
 #   tile N 256 + sf_vec_size 16 + a 16-bit C), the template and row still instantiate it.
-ROUTE_CARRIER = "grouped_gemm_srelu:carrier"  # make_variant("grouped_gemm_srelu") rendered with
-#   carriers=True: the real carrier TU (FP32 C, grouped) that `fusegemm build --carriers` makes;
-#   used for grouped V's with FP32 C whose axes the srelu spec offers (static scheduler, K-major
-#   A, tile M 128/256, its constraints).
+ROUTE_SRELU = "grouped_gemm_srelu"       # make_variant("grouped_gemm_srelu"): the sReLU op's
+#   kernel with FP32 C (and its default BF16 D); used for grouped V's with FP32 C whose axes the
+#   srelu spec offers (static scheduler, K-major A, tile M 128/256, its constraints).
 ROUTE_GROUPED_DIRECT = "gemm_amax@grouped:direct"  # Variant(...) of gemm_amax's spec with
 #   problem "grouped" (the template reads spec.problem for kBatched) rendered through gemm_amax's
 #   row: no seed spec declares a grouped block-scaled kernel with a chosen C dtype, so every
@@ -227,7 +226,7 @@ def _variant_of(v: V) -> tuple[str, Variant]:
             return ROUTE_BATCHED_DIRECT, Variant(spec=_spec("gemm_amax"), arch="sm_100a", **{**NEUTRAL, **axes})
     if v.c == "f32":
         try:
-            return ROUTE_CARRIER, make_variant("grouped_gemm_srelu", arch="sm_100a", **axes)
+            return ROUTE_SRELU, make_variant("grouped_gemm_srelu", arch="sm_100a", **axes)
         except UnsupportedError:
             pass
     return ROUTE_GROUPED_DIRECT, Variant(spec=_spec("gemm_amax", "grouped"), arch="sm_100a", **{**NEUTRAL, **axes})

@@ -17,6 +17,7 @@ GOLDEN_CASES = {
     "grouped_gemm.bias.sm100a.cu": ("grouped_gemm", "sm_100a",
                                     {"bias_dtype": "float32", "generate_c": True, "c_dtype": "float32"}),
     "gemm_amax.sm100a.cu": ("gemm_amax", "sm_100a", {}),
+    "grouped_gemm_dswiglu.sm100a.cu": ("grouped_gemm_dswiglu", "sm_100a", {"discrete_col_sfd": True}),
     "grouped_gemm_srelu.carrier.sm90a.cu": ("grouped_gemm_srelu", "sm_90a", {}),
 }
 
@@ -73,10 +74,10 @@ def test_strict_undefined():
 
 def test_carriers_render_only_on_request():
     from fusegemm.base.errors import UnsupportedError
-    v = make_variant("grouped_gemm_srelu", arch="sm_100a")
-    with pytest.raises(UnsupportedError, match=r"^grouped_gemm_srelu has no kernel for sm_100a yet "
-                                               r"\(status: carrier: the fused epilogue has not landed"):
+    v = make_variant("grouped_gemm_srelu", arch="sm_90a")
+    with pytest.raises(UnsupportedError, match=r"^grouped_gemm_srelu has no kernel for sm_90a yet "
+                                               r"\(status: carrier: no kernel for this arch yet"):
         render(v)
     src = render(v, carriers=True)
-    assert src.carrier and src.name.startswith("grouped_gemm_srelu.carrier.e4m3.")
-    assert "CARRIER: the fused epilogue has not landed" in src.text
+    assert src.carrier and src.name.startswith("grouped_gemm_srelu.carrier.")
+    assert "CARRIER: no kernel for this arch yet" in src.text

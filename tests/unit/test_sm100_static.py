@@ -35,7 +35,7 @@ import pytest
 from fusegemm.generator.variants import make_variant
 from fusegemm.runtime.compile import BASE_OPTIONS, headers
 
-from _sm100 import (CLUSTERS, MC_FIELDS, ROUTE_BATCHED, ROUTE_BATCHED_DIRECT, ROUTE_BF16, ROUTE_CARRIER,
+from _sm100 import (CLUSTERS, MC_FIELDS, ROUTE_BATCHED, ROUTE_BATCHED_DIRECT, ROUTE_BF16, ROUTE_SRELU,
                     ROUTE_GROUPED_DIRECT, V, _simulate, _skip_without_toolchain, build, mc_problems,
                     mc_rows, config_problems, plant_fault, static_problems,
                     translation_unit)
@@ -45,7 +45,7 @@ from _sm100 import (CLUSTERS, MC_FIELDS, ROUTE_BATCHED, ROUTE_BATCHED_DIRECT, RO
 # Route to the real template (_sm100.ROUTE_*, pinned by test_variants_render_through_the_registry):
 # "bf16" -> make_variant("grouped_gemm"); batched "bs" -> make_variant("gemm_amax"), or a Variant
 # of gemm_amax built directly where its spec excludes the point ("direct" below); grouped "bs"
-# -> the grouped_gemm_srelu carrier (FP32 C, "carrier") or gemm_amax's spec with problem grouped
+# -> the grouped_gemm_srelu kernel (FP32 C, "srelu") or gemm_amax's spec with problem grouped
 # ("grouped"), since no seed spec declares a grouped block-scaled kernel with a chosen C dtype.
 # ---------------------------------------------------------------------------------------------
 CORE = [
@@ -66,8 +66,8 @@ EXTENDED = [
     V("bf16", 256, 256, bias="f16"),
     V("bs", 128, 128, ab="e5m2", c="bf16", batched=True),
     V("bs", 128, 256, ab="e2m1", sf="ue4m3", vec=16, c="f16", batched=True),  # direct (N 256 + vec 16 + 16-bit C)
-    V("bs", 128, 256, ab="e2m1", sf="ue8m0", vec=16, c="f32"),             # MXFP4 vec16 -> mxf4nvf4; carrier
-    V("bs", 256, 128, ab="e4m3", c="f32"),                                 # carrier
+    V("bs", 128, 256, ab="e2m1", sf="ue8m0", vec=16, c="f32"),             # MXFP4 vec16 -> mxf4nvf4; srelu
+    V("bs", 256, 128, ab="e4m3", c="f32"),                                 # srelu
     V("bs", 256, 256, ab="e2m1", sf="ue8m0", vec=32, c="bf16", dynamic=True),  # grouped
     V("bs", 64, 256, ab="e4m3", c="f16", discrete=True),                   # grouped
     V("bs", 128, 128, ab="e4m3", c="f32", batched=True, c_major_m=True),   # seed 004 cd_major m
@@ -90,9 +90,9 @@ def test_variants_render_through_the_registry():
     written from the V's fields alone), and a fault plants exactly one line."""
     direct = {"bs.e2m1.ue4m3.v16.batched.cf16.t128x256": ROUTE_BATCHED_DIRECT,
               "bs.e4m3.ue8m0.v32.batched.cf32.cmajm.amn.t128x128.dyn": ROUTE_BATCHED_DIRECT,
-              "bs.e2m1.ue8m0.v16.grouped.cf32.t128x256": ROUTE_CARRIER,
-              "bs.e4m3.ue8m0.v32.grouped.cf32.t256x128": ROUTE_CARRIER,
-              "bs.e4m3.ue8m0.v32.grouped.cf32.t128x256.fault3": ROUTE_CARRIER}
+              "bs.e2m1.ue8m0.v16.grouped.cf32.t128x256": ROUTE_SRELU,
+              "bs.e4m3.ue8m0.v32.grouped.cf32.t256x128": ROUTE_SRELU,
+              "bs.e4m3.ue8m0.v32.grouped.cf32.t128x256.fault3": ROUTE_SRELU}
     assert set(direct) <= {v.label for v in CORE + EXTENDED + FAULTY}
     for v in CORE + EXTENDED + FAULTY:
         if v.family == "bf16":
@@ -106,7 +106,7 @@ def test_variants_render_through_the_registry():
         assert text.count(f"{symbol}_contract[") == 1 and text.count(f"\n{symbol}(") == 1, v.label
         assert text.count("kFaultInjection") == (1 if v.fault else 0), v.label
         impl = v.variant().spec.kernel
-        assert impl == {ROUTE_BF16: "grouped_gemm", ROUTE_CARRIER: "grouped_gemm_srelu"}.get(v.route, "gemm_amax")
+        assert impl == {ROUTE_BF16: "grouped_gemm", ROUTE_SRELU: "grouped_gemm_srelu"}.get(v.route, "gemm_amax")
     # The Config comparison and the fault planting can fail: another V's unit, a unit with no or
     # two Config anchors.
     text = translation_unit(CORE[5])[1]
@@ -132,10 +132,9 @@ def test_variant_passes_static_checks(v: V):
     # seed 004 M-major A, N-major B: the template's kAMajorMN / kBMajorMN flags
     ("gemm_amax", {"a_major": "m", "b_major": "n"},
      V("bs", 128, 128, ab="e4m3", c="f32", batched=True, a_mn=True, b_mn=True)),
-    # the carrier of the spec default (t256x256 MXFP8, cluster 2x1); c_dtype does not reach a
-    # carrier (FP32 C), the V says float32 so that the variants compare equal
+    # the sReLU kernel of the spec default (t256x256 MXFP8, cluster 2x1) with FP32 C
     ("grouped_gemm_srelu", {"c_dtype": "float32"}, V("bs", 256, 256, ab="e4m3", c="f32")),
-], ids=["grouped_gemm", "gemm_amax.am.bn", "grouped_gemm_srelu.carrier"])
+], ids=["grouped_gemm", "gemm_amax.am.bn", "grouped_gemm_srelu.cf32"])
 def test_spec_default_variant_passes_static_checks(spec, choices, v):
     """Every V is rendered by the product's renderer now; this pins that a spec's default variant
     (what `fusegemm build` makes first) is exactly the variant its V maps to, and checks it."""
@@ -144,27 +143,74 @@ def test_spec_default_variant_passes_static_checks(spec, choices, v):
     assert static_problems(build(v)) == []
 
 
+def _product_build(spec: str, axes: dict, v: V):
+    """The product's own translation unit of make_variant(spec, sm_100a, **axes) (render, no
+    Config checks), compiled with the test-only exports; ``v`` states the mainloop it must be."""
+    from fusegemm.generator.render import render
+    from fusegemm.runtime.compile import compile_source
+
+    from _sm100 import _MC_FN, _TEST_TAIL, from_cubin, mc_table_cpp
+
+    variant = make_variant(spec, arch="sm_100a", **axes)
+    mainloop = {"tile_m": v.tile_m, "tile_n": v.tile_n, "weight_mode": "discrete" if v.discrete else "dense"}
+    if v.family == "bs":
+        mainloop.update(ab_dtype=v.variant().ab_dtype, sf_dtype=v.variant().sf_dtype, sf_vec_size=v.vec,
+                        b_major="n" if v.b_mn else "k")
+    assert {k: getattr(variant, k) for k in mainloop} == mainloop, (spec, axes, v.label)
+    _skip_without_toolchain()
+    src = render(variant)
+    assert not src.carrier
+    text = src.text + _TEST_TAIL.format(mc_fn=_MC_FN, name=src.symbol,
+                                        mc_table=mc_table_cpp("Kernel::Frame", v.cta_group, f"{src.symbol}_mc"))
+    cub = compile_source(text, arch="sm_100a", kernel=src.symbol)
+    return src, from_cubin(v, src.symbol, cub.data, 0.0)
+
+
 @pytest.mark.parametrize("d_dtype", ["float8_e4m3fn", "bfloat16"])
 def test_yaml_authored_epilogue_passes_static_checks(d_dtype):
     """specs/grouped_gemm_swiglu.yaml (a paired accumulator, MXFP8 D + SFD_row, written in YAML
     only) builds for sm_100a through the product's renderer, and its cubin passes the checks of
     the kernel it instantiates: the spec default is the BF16 family's t256x256 2-CTA kernel, so
     V("bf16", 256, 256) states the mainloop's expectations; only the epilogue rule differs."""
-    from fusegemm.generator.render import render
-    from fusegemm.runtime.compile import compile_source
+    src, b = _product_build("grouped_gemm_swiglu", {"d_dtype": d_dtype}, V("bf16", 256, 256))
+    assert "kPairedAcc = true" in src.text
+    assert f"kQuantRowD = {'true' if d_dtype != 'bfloat16' else 'false'}" in src.text
+    assert static_problems(b) == []
 
-    from _sm100 import _MC_FN, _TEST_TAIL, from_cubin, mc_table_cpp
 
-    variant = make_variant("grouped_gemm_swiglu", arch="sm_100a", d_dtype=d_dtype)
-    v = V("bf16", 256, 256)
-    assert (variant.tile_m, variant.tile_n, variant.ab_dtype) == (v.tile_m, v.tile_n, "bfloat16")
-    _skip_without_toolchain()
-    src = render(variant)
-    assert "kPairedAcc = true" in src.text and f"kQuantRowD = {'true' if d_dtype != 'bfloat16' else 'false'}" in src.text
-    text = src.text + _TEST_TAIL.format(mc_fn=_MC_FN, name=src.symbol,
-                                        mc_table=mc_table_cpp("Kernel::Frame", v.cta_group, f"{src.symbol}_mc"))
-    cub = compile_source(text, arch="sm_100a", kernel=src.symbol)
-    assert static_problems(from_cubin(v, src.symbol, cub.data, 0.0)) == []
+# The fused block-scaled ops on the block-scaled tcgen05 kernel: (spec, axes, the mainloop's V).
+_MX8 = dict(ab="e4m3")
+_NVFP4 = dict(ab="e2m1", sf="ue4m3", vec=16)
+_NVFP4_AXES = dict(ab_dtype="float4_e2m1fn_x2", sf_dtype="float8_e4m3fn", sf_vec_size=16)
+FUSED_CORE = [
+    ("grouped_gemm_srelu", {}, V("bs", 256, 256, **_MX8)),
+    ("grouped_gemm_srelu", dict(c_dtype="float8_e4m3fn", d_dtype="float8_e4m3fn", discrete_col_sfd=True,
+                                bias_dtype="bfloat16"), V("bs", 256, 256, **_MX8)),
+    ("grouped_gemm_quant", dict(d_dtype="float8_e4m3fn", bias_dtype="bfloat16"), V("bs", 256, 256, **_MX8)),
+    ("grouped_gemm_dswiglu", {}, V("bs", 256, 256, **_MX8)),
+    ("grouped_gemm_dswiglu", dict(d_dtype="bfloat16", **_NVFP4_AXES), V("bs", 256, 256, **_NVFP4)),
+]
+FUSED_EXTENDED = [
+    ("grouped_gemm_quant", dict(d_dtype="float4_e2m1fn_x2", tile_m=128, cluster_m=1), V("bs", 128, 256, **_MX8)),
+    ("grouped_gemm_quant", dict(d_dtype="float32", **_NVFP4_AXES), V("bs", 256, 256, **_NVFP4)),
+    ("grouped_gemm_srelu", dict(ab_dtype="float8_e5m2", weight_mode="discrete", b_major="n", tile_m=128,
+                                tile_n=128, cluster_m=1, d_dtype="float8_e5m2"),
+     V("bs", 128, 128, ab="e5m2", b_mn=True, discrete=True)),
+    ("grouped_gemm_srelu", dict(c_dtype="float4_e2m1fn_x2", d_dtype="float4_e2m1fn_x2"), V("bs", 256, 256, **_MX8)),
+    ("grouped_gemm_dswiglu", dict(ab_dtype="float8_e5m2", c_dtype="float8_e5m2", d_dtype="float8_e5m2",
+                                  discrete_col_sfd=True, tile_n=128), V("bs", 256, 128, ab="e5m2")),
+]
+
+
+@pytest.mark.parametrize("case", FUSED_CORE + [pytest.param(c, marks=pytest.mark.slow) for c in FUSED_EXTENDED],
+                         ids=lambda c: c[0] + "." + ".".join(f"{v}" for v in c[1].values()))
+def test_fused_block_scaled_ops_pass_static_checks(case):
+    """sReLU, quant and dSwiGLU are kernels on sm_100a (no carriers): the block-scaled tcgen05
+    mainloop with the rule generated from each spec; 0 spills and every static check."""
+    spec, axes, v = case
+    src, b = _product_build(spec, axes, v)
+    assert "CARRIER" not in src.text
+    assert static_problems(b) == [], (spec, axes)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -145,12 +145,15 @@ struct Config {
   using ElementA = cutlass::float_e4m3_t;
   using ElementB = cutlass::float_e4m3_t;
   using ElementSF = cutlass::float_ue8m0_t;
+  // Output element types: the rule's c and d (float where it has none).
   using ElementC = float;
+  using ElementD = float;
   static constexpr int kSfVec = 32;
   static constexpr bool kBatched = true;
   static constexpr bool kCMajorM = false;
   static constexpr bool kAMajorMN = false;
   static constexpr bool kBMajorMN = false;
+  static constexpr bool kDiscreteColSfd = false;
   static constexpr bool kDynamicSched = false;
   static constexpr bool kDiscreteB = false;
   static constexpr int kTileM = 128;
@@ -164,7 +167,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_a7ea2eb873b7_contract[20] = {
+extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_ba1d17945ca2_contract[20] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -188,6 +191,6 @@ extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_a7ea2e
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_gemm_amax_sm100a_a7ea2eb873b7(const __grid_constant__ fusegemm_gen::Params params) {
+fg_gemm_amax_sm100a_ba1d17945ca2(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

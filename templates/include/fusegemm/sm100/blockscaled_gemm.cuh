@@ -108,13 +108,15 @@ struct BlockScaledGemmKernel {
   static_assert(!kAMn || kRowsA == 128, "M-major A: one 128-element swizzle atom per CTA");
   static_assert(!kBMn || kRowsB % kBSwizzle == 0, "N-major B: whole swizzle atoms per CTA");
   static_assert(!kCMajorM || out_bits<ElementC>() >= 8, "packed FP4 C must be N-major");
-  static_assert(out_bits<ElementC>() != 8 || kFp4, "FP8 C needs FP4 A/B (FP8 A/B with FP8 C is disabled)");
-  static_assert(out_bits<ElementC>() != 4 || kFp4, "FP4 C needs FP4 A/B");
+  // Which C/D dtypes go with which A/B is each seed's surface (its spec's constraints), not
+  // this kernel's: any pairing compiles.
   // The epilogue rule generated from the spec (the carriers: the GEMM + amax rule with FP32 C),
-  // run by the arch-neutral engine; it stages only 16/32-bit N-major outputs.
+  // run by the arch-neutral engine: C, D (paired or not), D_col, SFD, amax and dprob.
   using Rule = typename Config::Rule;
-  using Engine = epi::BlockEngine<Rule, ElementC, ElementC, Config::kBatched, kCMajorM>;
-  static_assert(!Rule::kHasD && !Rule::kPairedAcc, "block-scaled kernel: the rule writes C (seed 004)");
+  using ElementD = typename Config::ElementD;
+  using Engine = epi::BlockEngine<Rule, ElementC, ElementD, Config::kBatched, kCMajorM, Config::kDiscreteColSfd>;
+  static_assert(!Rule::kPairedAcc, "block-scaled kernel: the accumulator is not gate/up paired (no seed pairs it)");
+  static_assert(!kCMajorM || !Rule::kHasD, "M-major output: C only (seed 004)");
   static constexpr int kStagingBytes = Engine::kStageBytes > 128 ? Engine::kStageBytes : 128;
 
   using Frame = KernelFrame<kCtaGroup, Config::kDynamicSched, kStageBytesA, kStageBytesB,
