@@ -160,16 +160,7 @@ NUMPY_FUNCTIONS: dict[str, Callable[..., np.ndarray]] = {
 # --------------------------------------------------------------------------------------------
 def _e8m0_up(s: np.ndarray, satfinite: bool) -> np.ndarray:
     """``cvt.rp[.satfinite].ue8m0x2.f32`` of float32 ``s`` (sign ignored) as uint8 codes."""
-    bits = np.ascontiguousarray(s, dtype=F32).view(np.uint32) & np.uint32(0x7FFFFFFF)
-    e = (bits >> np.uint32(23)).astype(np.int64)
-    m = (bits & np.uint32(0x7FFFFF)).astype(np.int64)
-    over = 0xFE if satfinite else 0xFF
-    b = e + (m != 0)
-    out = np.where(b > 254, over, b)
-    out = np.where(e == 0, np.where(m > (1 << 22), 1, 0), out)   # zero and subnormal s
-    out = np.where(e == 0xFF, over, out)                          # Inf
-    out = np.where(bits > 0x7F800000, 0xFF, out)                  # NaN
-    return out.astype(np.uint8)
+    return to_format(_f32(s), "float8_e8m0fnu", rounding="up", saturate=satfinite).view(np.uint8)
 
 
 def _sfd_rcp(b: np.ndarray) -> np.ndarray:
