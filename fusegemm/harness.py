@@ -57,6 +57,7 @@ def run_harness(v: Variant, mode: str, acc: Any, offsets: Any, inputs: Mapping[s
     """
     import torch
 
+    from .ops.device import alloc_outputs
     from .pipeline import compile_planned, lookup
     from .runtime.launch import LaunchConfig, ParamBuffer, launch
     from .runtime.load import default_modules
@@ -66,7 +67,7 @@ def run_harness(v: Variant, mode: str, acc: Any, offsets: Any, inputs: Mapping[s
     dev = acc.device
     device = dev.index if device is None else device
     n_acc = acc.shape[1]
-    w = n_acc // 2 if r.paired_acc else n_acc
+    w = r.width(n_acc)
     l = offsets.shape[0]
     valid_m = int(offsets[-1].item()) if l else 0
     if acc.shape[0] != valid_m or acc.dtype != torch.float32 or acc.stride(1) != 1:
@@ -76,8 +77,7 @@ def run_harness(v: Variant, mode: str, acc: Any, offsets: Any, inputs: Mapping[s
     kernel = default_modules().get(built.cubin, built.kernel_name, key=built.key,
                                    smem_bytes=built.contract.smem_bytes, device=device)
 
-    bufs = {name: torch.full(shape, fill, dtype=getattr(torch, store), device=dev)
-            for name, (shape, store, fill) in r.buffers(n_acc, m_rows, l).items()}
+    bufs = alloc_outputs(r, n_acc, m_rows, l, dev)
     values: dict[str, Any] = {"offsets": offsets, "num_experts": l, "n": n_acc, "m_rows": m_rows,
                               "k": 0, "acc": acc, "ld_acc": acc.stride(0), "rcp_max": rcp_max}
     keep = []
@@ -93,14 +93,7 @@ def run_harness(v: Variant, mode: str, acc: Any, offsets: Any, inputs: Mapping[s
         values[inp.slot] = x.data_ptr()
         if inp.per == "element":
             values["ld_c_in"] = x.stride(0)
-    for name, field in (("c", "c_out"), ("d", "d_out"), ("d_col", "d_col_out"), ("sfd_row", "sfd_row"),
-                        ("sfd_col", "sfd_col"), ("amax", "amax"), ("dprob", "dprob")):
-        if name in bufs:
-            values[field] = bufs[name].data_ptr()
-    for name, ld in (("c", "ldc"), ("d", "ldd")):
-        o = r.output(name)
-        if o is not None:
-            values[ld] = 2 * w if o.paired else w
+    values.update(r.buffer_params({name: t.data_ptr() for name, t in bufs.items()}, n_acc))
     if mode == "block":
         grid = (max(1, -(-w // 128)), max(1, valid_m // 32), 1)
     else:

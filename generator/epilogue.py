@@ -57,6 +57,9 @@ SLOTS: dict[str, tuple[str, ...]] = {
     "column": ("bias",), "element": ("c_in",),
 }
 OUTPUT_SLOTS = ("c", "d")
+# The kernel ABI field (generator/params.py) of every buffer an epilogue writes (Resolved.buffers).
+BUFFER_FIELDS = {"c": "c_out", "d": "d_out", "d_col": "d_col_out", "sfd_row": "sfd_row",
+                 "sfd_col": "sfd_col", "amax": "amax", "dprob": "dprob"}
 REDUCTION_SLOTS = {"amax": "amax", "dprob": "sum"}
 INPUT_DTYPES = ("float32", "bfloat16", "float16")
 ELEMENT_DTYPES = INPUT_DTYPES + ("float8_e4m3fn", "float8_e5m2")   # loaded tensors may be FP8 (unscaled)
@@ -231,6 +234,20 @@ class Resolved:
         """Element columns of a GEMM with ``n_acc`` accumulator columns."""
         return n_acc // 2 if self.paired_acc else n_acc
 
+    def columns(self, n_acc: int) -> dict[str, int]:
+        """Columns of each output (c, d) of a GEMM with ``n_acc`` accumulator columns: the
+        element width, twice that for a paired output."""
+        w = self.width(n_acc)
+        return {o.name: 2 * w if o.paired else w for o in self.outputs}
+
+    def buffer_params(self, ptrs: dict[str, int], n_acc: int) -> dict[str, int]:
+        """Kernel ABI values of the output buffers: each buffer's pointer under its field
+        (BUFFER_FIELDS) and the row pitches ``ldc`` / ``ldd`` (0 where there is no output)."""
+        cols = self.columns(n_acc)
+        out = {BUFFER_FIELDS[name]: ptr for name, ptr in ptrs.items()}
+        out["ldc"], out["ldd"] = cols.get("c", 0), cols.get("d", 0)
+        return out
+
     def buffers(self, n_acc: int, m_rows: int, experts: int) -> dict[str, tuple[tuple[int, ...], str, float]]:
         """(shape, storage dtype, initial value) of every buffer the epilogue writes, by name:
         c, d (and d_col), sfd_row, sfd_col, amax, dprob. FP8/FP4 outputs are raw bytes
@@ -241,10 +258,9 @@ class Resolved:
         def ceil(a: int, b: int) -> int:
             return -(-a // b)
 
-        w = self.width(n_acc)
         out: dict[str, tuple[tuple[int, ...], str, float]] = {}
         for o in self.outputs:
-            cols = 2 * w if o.paired else w
+            cols = self.columns(n_acc)[o.name]
             bits = dtype_entry(o.dtype).bits
             shape, store = ((m_rows, cols * bits // 8), "uint8") if bits < 16 else ((m_rows, cols), o.dtype)
             out[o.name] = (shape, store, 0.0)

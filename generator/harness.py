@@ -13,7 +13,6 @@ import hashlib
 
 from ..base.archs import ARCHS
 from ..base.contract import FIELDS as CONTRACT_FIELDS
-from ..base.dtypes import dtype
 from ..base.errors import UnsupportedError
 from .emit import rule_model
 from .params import HARNESS_PARAMS
@@ -36,13 +35,11 @@ def render_harness(v: Variant, mode: str) -> Source:
     if mode == "fragment" and dict(rule.traits)["kElementwise"] != "true":
         raise UnsupportedError(f"mode: fragment runs element-wise rules only; {v.spec.name}'s rule pairs, "
                                f"quantizes or reduces: use block")
-    types = {o.name: dtype(o.dtype).cpp for o in resolved.outputs}
     impl = lookup(v.kernel, HARNESS_ARCH)
     readable = f"{v.spec.name}.harness.{mode}.{v.name_for(v.spec.choice_map).split('.', 1)[-1]}"
     text = _env().get_template("harness.cu.j2").render(
         spec=v.spec, mode=mode, readable=readable, params=HARNESS_PARAMS.cpp(), rule=rule,
-        c_type=types.get("c", "float"), d_type=types.get("d", "float"), tile_n=v.tile_n,
-        discrete_col_sfd=v.discrete_col_sfd, symbol="FUSEGEMM_KERNEL_SYMBOL", contract=CONTRACT_FIELDS)
+        tile_n=v.tile_n, discrete_col_sfd=v.discrete_col_sfd, symbol="FUSEGEMM_KERNEL_SYMBOL", contract=CONTRACT_FIELDS)
     digest = hashlib.sha256(text.encode()).hexdigest()
     symbol = f"fg_harness_{ARCHS[HARNESS_ARCH].short}_{digest[:12]}"
     return Source(variant=v, impl=impl, name=f"{readable}.{digest[:12]}", symbol=symbol,

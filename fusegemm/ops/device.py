@@ -37,6 +37,14 @@ def alloc(shape: tuple[int, ...], dtype: str, device: int) -> Any:
     return torch.empty(shape, dtype=getattr(torch, dtype), device=f"cuda:{device}")
 
 
+def alloc_outputs(resolved: Any, n_acc: int, m_rows: int, experts: int, device: Any) -> dict[str, Any]:
+    """The buffers a resolved epilogue writes (``Resolved.buffers``), as torch tensors on
+    ``device`` filled with their initial values (amax -inf, the rest 0)."""
+    import torch
+    return {name: torch.full(shape, fill, dtype=getattr(torch, store), device=device)
+            for name, (shape, store, fill) in resolved.buffers(n_acc, m_rows, experts).items()}
+
+
 def record_stream(t: Any, stream: int) -> None:
     """Tell torch's allocator a tensor is used on a stream it does not own."""
     import torch

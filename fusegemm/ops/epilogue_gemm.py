@@ -22,7 +22,7 @@ from ..base.errors import ArgumentError, UnsupportedError
 from ..tupledict import TupleDict
 from . import checks
 from . import device as _device
-from .device import alloc
+from .device import alloc, alloc_outputs
 from .grouped_operands import parse_call, shape_of
 from .launcher import GroupedLauncher
 
@@ -95,8 +95,7 @@ class EpilogueGemm:
         if r.paired_acc and n % 64:
             raise ArgumentError("b_tensor N", n, "a multiple of 64 (the accumulator holds 32-column gate/up "
                                                   "block pairs)")
-        w = n // 2 if r.paired_acc else n
-        return w, {o.name: (2 * w if o.paired else w) for o in r.outputs}
+        return r.width(n), r.columns(n)
 
     # ---------------------------------------------------------------------------------
     def __call__(self, a_tensor: Any, padded_offsets: Any, b_tensor: Any = None, *, b_ptrs: Any = None,
@@ -114,9 +113,9 @@ class EpilogueGemm:
             raise ArgumentError("b_tensor/b_ptrs", "b_ptrs" if call.b_ptrs is not None else "b_tensor",
                                 f"the {self.variant.weight_mode} weights this op was built for")
         dev = call.a.device[1]
-        w, cols = self.widths(call.n)
+        w = self.widths(call.n)[0]          # checks N against the pairing
         values, keep = self._inputs(inputs or {}, call, w)
-        out = self._outputs(call, dev)
+        out = alloc_outputs(self.epilogue, call.n, call.m, call.l, f"cuda:{dev}")
         ln = self._launcher
         s = shape_of(call)
         stream = resolve_stream(current_stream, self.device)
@@ -125,11 +124,7 @@ class EpilogueGemm:
         values.update(ln.scalars(s))
         values.update({"offsets": call.offsets.ptr, "b_ptrs": call.b_ptrs.ptr if call.b_ptrs else 0,
                        "rcp_max": self.rcp_max})
-        for name, field in (("c", "c_out"), ("d", "d_out"), ("d_col", "d_col_out"), ("sfd_row", "sfd_row"),
-                            ("sfd_col", "sfd_col"), ("amax", "amax"), ("dprob", "dprob")):
-            if out.get(name) is not None:
-                values[field] = out[name].data_ptr()
-        values["ldc"], values["ldd"] = cols.get("c", 0), cols.get("d", 0)
+        values.update(self.epilogue.buffer_params({name: t.data_ptr() for name, t in out.items()}, call.n))
         values.update(ln.workspace(grid, s.discrete, stream, current_stream is not None))
         if s.m >= self.variant.tile_m:
             ln.launch(values, grid, stream)
@@ -177,11 +172,6 @@ class EpilogueGemm:
             values[inp.slot] = v.ptr
             keep.append(x)
         return values, keep
-
-    def _outputs(self, call: Any, dev: int) -> dict[str, Any]:
-        import torch
-        return {name: torch.full(shape, fill, dtype=getattr(torch, store), device=f"cuda:{dev}")
-                for name, (shape, store, fill) in self.epilogue.buffers(call.n, call.m, call.l).items()}
 
     # ---------------------------------------------------------------------------------
     def reference(self, a_tensor: Any, padded_offsets: Any, b_tensor: Any, *,
