@@ -127,22 +127,42 @@ def _compile_one(p: Planned, cache: KernelCache | None = None) -> BuildResult:
     return _result(p.variant, b, b.compile_seconds if not b.cached else time.perf_counter() - t0)
 
 
+def _build_planned(ps: list[Planned], *, jobs: int, cache: KernelCache | None,
+                   done: Callable[[int, BuildResult], None]) -> None:
+    """Cache hits are read here; misses are compiled, in ``jobs`` worker processes (forkserver)
+    unless ``jobs`` is 1 or a custom ``cache`` is given (in-process). ``done(i, row)`` for each."""
+    misses: list[int] = []
+    for i, p in enumerate(ps):
+        t0 = time.perf_counter()
+        try:
+            hit = lookup(p, cache or default_cache())
+        except FusegemmError as exc:
+            done(i, _failed(p.variant, 0.0, exc))
+            continue
+        if hit is not None:
+            done(i, _result(p.variant, hit, time.perf_counter() - t0))
+        else:
+            misses.append(i)
+    if jobs <= 1 or len(misses) <= 1 or cache is not None:
+        for i in misses:
+            done(i, _compile_one(ps[i], cache))
+    elif misses:
+        # forkserver: safe when the caller has threads (torch, CUDA); workers need no CUDA.
+        ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+        with ProcessPoolExecutor(max_workers=min(jobs, len(misses)), mp_context=ctx) as pool:
+            futures = {pool.submit(_compile_one, ps[i]): i for i in misses}
+            for fut in as_completed(futures):
+                done(futures[fut], fut.result())
+
+
 def compile_all(planned: list[Planned], *, jobs: int = 1) -> list[BuildResult]:
     """Compile rendered-and-keyed sources (kernels or epilogue harnesses) that the disk cache
-    does not hold yet, in ``jobs`` worker processes; one row per source, hits included."""
-    rows: list[BuildResult] = []
-    misses: list[Planned] = []
-    for p in {p.key: p for p in planned}.values():
-        hit = lookup(p, default_cache())
-        if hit is not None:
-            rows.append(_result(p.variant, hit, 0.0))
-        else:
-            misses.append(p)
-    if jobs <= 1 or len(misses) <= 1:
-        return rows + [_compile_one(p) for p in misses]
-    ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(misses)), mp_context=ctx) as pool:
-        return rows + list(pool.map(_compile_one, misses))
+    does not hold yet, in ``jobs`` worker processes; one row per distinct source, in order,
+    hits included."""
+    ps = list({p.key: p for p in planned}.values())
+    rows: list[BuildResult | None] = [None] * len(ps)
+    _build_planned(ps, jobs=jobs, cache=None, done=rows.__setitem__)
+    return [r for r in rows if r is not None]
 
 
 def build(vs: list[Variant], *, jobs: int = 1, cache: KernelCache | None = None,
@@ -180,27 +200,5 @@ def build(vs: list[Variant], *, jobs: int = 1, cache: KernelCache | None = None,
     for r in failed_early:
         if on_done:
             on_done(r)
-    misses: list[int] = []
-    for i, key in enumerate(order):
-        p = planned[key]
-        t0 = time.perf_counter()
-        try:
-            hit = lookup(p, cache or default_cache())
-        except FusegemmError as exc:
-            done(i, _failed(p.variant, 0.0, exc))
-            continue
-        if hit is not None:
-            done(i, _result(p.variant, hit, time.perf_counter() - t0))
-        else:
-            misses.append(i)
-    if jobs <= 1 or len(misses) <= 1 or cache is not None:
-        for i in misses:
-            done(i, _compile_one(planned[order[i]], cache))
-    elif misses:
-        # forkserver: safe when the caller has threads (torch, CUDA); workers need no CUDA.
-        ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
-        with ProcessPoolExecutor(max_workers=min(jobs, len(misses)), mp_context=ctx) as pool:
-            futures = {pool.submit(_compile_one, planned[order[i]]): i for i in misses}
-            for fut in as_completed(futures):
-                done(futures[fut], fut.result())
+    _build_planned([planned[key] for key in order], jobs=jobs, cache=cache, done=done)
     return failed_early + [r for r in results if r is not None]
