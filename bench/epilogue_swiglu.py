@@ -18,13 +18,8 @@ and fusegemm's speed-up over torch (torch_ms / fusegemm_ms).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import statistics
-import sys
-import time
 
-from grouped_gemm import SHAPES, expert_sizes, time_ms
+from _common import SHAPES, add_run_arguments, expert_sizes, interleaved_ms, run
 
 DEFAULT_SHAPES = "dsv3-fc1,qwen3-fc1"
 
@@ -68,12 +63,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
         ours = methods["fusegemm_bf16"]()["d"].float()
         theirs = torch_swiglu().float()
         row["max_rel_diff_vs_torch"] = float(((ours - theirs).abs() / (theirs.abs() + 1e-2)).max())
-    samples: dict[str, list[float]] = {key: [] for key in methods}
-    for _ in range(args.rounds):
-        for key, fn in methods.items():
-            samples[key].append(time_ms(fn, args.warmup, args.iters))
-    for key, v in samples.items():
-        ms = statistics.median(v)
+    for key, ms in interleaved_ms(methods, args).items():
         row[f"{key}_ms"], row[f"{key}_tflops"] = ms, flops / ms / 1e9
     if "torch_grouped_mm_eager_ms" in row:
         for key in ops:
@@ -83,43 +73,18 @@ def bench_shape(name: str, dist: str, args) -> dict:
     return row
 
 
+def _summary(r: dict) -> str:
+    return (f"bf16 {r['fusegemm_bf16_ms']:.3f} ms  mxfp8 {r['fusegemm_mxfp8_ms']:.3f} ms  "
+            f"torch {r.get('torch_grouped_mm_eager_ms', float('nan')):.3f} ms  "
+            f"x{r.get('speedup_fusegemm_bf16_vs_torch', float('nan')):.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--shapes", default=DEFAULT_SHAPES)
-    ap.add_argument("--dists", default="balanced,skewed")
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--iters", type=int, default=10, help="timed launches per round (median)")
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per method")
-    ap.add_argument("--out", default=None, help="write the JSON here as well")
+    add_run_arguments(ap, DEFAULT_SHAPES)
     args = ap.parse_args(argv)
-    import torch
-    if not torch.cuda.is_available():
-        print(json.dumps({"error": "no CUDA GPU"}))
-        return 1
-    rows = []
-    for name in args.shapes.split(","):
-        if name not in SHAPES:
-            raise SystemExit(f"--shapes: unknown {name!r}; allowed: {', '.join(SHAPES)}")
-        for dist in args.dists.split(","):
-            rows.append(bench_shape(name, dist, args))
-            r = rows[-1]
-            print(f"{name:12s} {dist:8s} bf16 {r['fusegemm_bf16_ms']:.3f} ms  mxfp8 {r['fusegemm_mxfp8_ms']:.3f} ms  "
-                  f"torch {r.get('torch_grouped_mm_eager_ms', float('nan')):.3f} ms  "
-                  f"x{r.get('speedup_fusegemm_bf16_vs_torch', float('nan')):.2f}", file=sys.stderr)
-    result = {
-        "benchmark": "grouped GEMM + SwiGLU (specs/grouped_gemm_swiglu.yaml), BF16 A/B",
-        "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-        "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
-        "method": f"CUDA events; {args.rounds} interleaved rounds per method, each the median of "
-                  f"{args.iters} launches after {args.warmup} warm-ups; median over rounds",
-        "rows": rows,
-    }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text + "\n")
-    return 0
+    return run(args, bench_shape, _summary,
+               {"benchmark": "grouped GEMM + SwiGLU (specs/grouped_gemm_swiglu.yaml), BF16 A/B"})
 
 
 if __name__ == "__main__":

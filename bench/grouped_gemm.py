@@ -15,43 +15,8 @@ and reports TFLOP/s (2 * rows * N * K / time) and the ratios to both peers.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import statistics
-import sys
-import time
 
-SHAPES = {
-    "dsv3-fc1": (8, 16384, 4096, 7168),
-    "dsv3-fc2": (8, 16384, 7168, 2048),
-    "mixtral-fc1": (8, 32768, 28672, 4096),
-    "qwen3-fc1": (32, 16384, 1536, 2048),
-}
-
-
-def expert_sizes(experts: int, tokens: int, dist: str, seed: int = 0) -> list[int]:
-    import numpy as np
-    if dist == "balanced":
-        raw = [tokens / experts] * experts
-    else:
-        raw = list(np.random.default_rng(seed).dirichlet(np.ones(experts)) * tokens)
-    return [int(-(-r // 256) * 256) for r in raw]
-
-
-def time_ms(fn, warmup: int, iters: int) -> float:
-    import torch
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from _common import SHAPES, add_run_arguments, expert_sizes, interleaved_ms, run
 
 
 def bench_shape(name: str, dist: str, args) -> dict:
@@ -74,9 +39,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
     row = {"shape": name, "dist": dist, "experts": experts, "tokens": tokens, "rows": m, "n": n,
            "k": k, "sizes": sizes}
 
-    # Every method is timed in each of --rounds interleaved rounds and the median over all
-    # samples is reported: clocks and neighbours drift during a run, and interleaving keeps
-    # that drift out of the ratios.
+    # Every method is timed in interleaved rounds (_common.interleaved_ms).
     a3, b_view = a.unsqueeze(-1), b.permute(1, 2, 0)
     methods: dict[str, object] = {}
     configs = [c for c in args.configs.split(",") if c]
@@ -98,11 +61,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
         methods["torch_grouped_mm"] = lambda: torch._grouped_mm(a, bt, offs=offsets)
     w = b[0].t()               # (K, N) K-major: the same operand layout as the grouped weights
     methods["cublas_dense"] = lambda: torch.mm(a, w)
-    samples: dict[str, list[float]] = {key: [] for key in methods}
-    for _ in range(args.rounds):
-        for key, fn in methods.items():
-            samples[key].append(time_ms(fn, args.warmup, args.iters))
-    ms = {key: statistics.median(v) for key, v in samples.items()}
+    ms = interleaved_ms(methods, args)
 
     row["configs"] = {cfg: {"ms": ms[cfg], "tflops": flops / ms[cfg] / 1e9} for cfg in configs}
     row["fusegemm_config"], row["fusegemm_ms"] = configs[0], ms[configs[0]]
@@ -120,48 +79,21 @@ def bench_shape(name: str, dist: str, args) -> dict:
     return row
 
 
+def _summary(r: dict) -> str:
+    return (f"fusegemm {r['fusegemm_tflops']:6.1f}  grouped_mm {r.get('torch_grouped_mm_tflops', float('nan')):6.1f}  "
+            f"dense {r['cublas_dense_tflops']:6.1f}  x{r.get('ratio_vs_torch_grouped_mm', float('nan')):.3f}  best "
+            f"{r['fusegemm_best_config']} {r['fusegemm_best_tflops']:6.1f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--dists", default="balanced,skewed")
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--iters", type=int, default=10, help="timed launches per round (median)")
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per method")
+    add_run_arguments(ap, ",".join(SHAPES))
     ap.add_argument("--configs", default="128x256:static",
                     help="comma list of TILE_MxTILE_N:static|dynamic[:gN]; the first is the headline")
-    ap.add_argument("--out", default=None, help="write the JSON here as well")
     args = ap.parse_args(argv)
-    import torch
-    if not torch.cuda.is_available():
-        print(json.dumps({"error": "no CUDA GPU"}))
-        return 1
-    rows = []
-    for name in args.shapes.split(","):
-        if name not in SHAPES:
-            raise SystemExit(f"--shapes: unknown {name!r}; allowed: {', '.join(SHAPES)}")
-        for dist in args.dists.split(","):
-            rows.append(bench_shape(name, dist, args))
-            r = rows[-1]
-            print(f"{name:12s} {dist:8s} fusegemm {r['fusegemm_tflops']:6.1f}  "
-                  f"grouped_mm {r.get('torch_grouped_mm_tflops', float('nan')):6.1f}  "
-                  f"dense {r['cublas_dense_tflops']:6.1f}  "
-                  f"x{r.get('ratio_vs_torch_grouped_mm', float('nan')):.3f}  best "
-                  f"{r['fusegemm_best_config']} {r['fusegemm_best_tflops']:6.1f}", file=sys.stderr)
-    result = {
-        "benchmark": "grouped_gemm (seed 001), BF16 A/B/D, alpha and prob applied",
-        "headline_config": args.configs.split(",")[0],
-        "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-        "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d"), "method": f"CUDA events; {args.rounds} interleaved rounds per "
-        f"method, each the median of {args.iters} launches after {args.warmup} warm-ups; median "
-        f"over rounds; TFLOP/s = 2*rows*N*K/time", "rows": rows,
-    }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text + "\n")
-    return 0
+    header = {"benchmark": "grouped_gemm (seed 001), BF16 A/B/D, alpha and prob applied",
+              "headline_config": args.configs.split(",")[0]}
+    return run(args, bench_shape, _summary, header, method_note="; TFLOP/s = 2*rows*N*K/time")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,94 @@
+"""What the benchmarks under bench/ share: the MoE shapes, expert-size distributions, CUDA-event
+timing, interleaved rounds, the command-line options and the JSON they print."""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+SHAPES = {
+    "dsv3-fc1": (8, 16384, 4096, 7168),
+    "dsv3-fc2": (8, 16384, 7168, 2048),
+    "mixtral-fc1": (8, 32768, 28672, 4096),
+    "qwen3-fc1": (32, 16384, 1536, 2048),
+}
+
+
+def expert_sizes(experts: int, tokens: int, dist: str, seed: int = 0) -> list[int]:
+    import numpy as np
+    if dist == "balanced":
+        raw = [tokens / experts] * experts
+    else:
+        raw = list(np.random.default_rng(seed).dirichlet(np.ones(experts)) * tokens)
+    return [int(-(-r // 256) * 256) for r in raw]
+
+
+def time_ms(fn, warmup: int, iters: int) -> float:
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def interleaved_ms(methods: dict, args) -> dict[str, float]:
+    """Every method timed in each of ``args.rounds`` interleaved rounds; the median over all
+    samples. Clocks and neighbours drift during a run, and interleaving keeps that drift out of
+    the ratios."""
+    samples: dict[str, list[float]] = {key: [] for key in methods}
+    for _ in range(args.rounds):
+        for key, fn in methods.items():
+            samples[key].append(time_ms(fn, args.warmup, args.iters))
+    return {key: statistics.median(v) for key, v in samples.items()}
+
+
+def add_run_arguments(ap: argparse.ArgumentParser, shapes: str) -> None:
+    ap.add_argument("--shapes", default=shapes)
+    ap.add_argument("--dists", default="balanced,skewed")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=10, help="timed launches per round (median)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per method")
+    ap.add_argument("--out", default=None, help="write the JSON here as well")
+
+
+def run(args, bench_shape, summary, header: dict, method_note: str = "") -> int:
+    """``bench_shape(name, dist, args)`` for every --shapes x --dists row (``summary(row)`` goes
+    to stderr as each finishes); prints the JSON (``header``, the run's facts and method with
+    ``method_note`` appended, the rows) and writes it to --out. 1 without a CUDA GPU."""
+    import sys
+
+    import torch
+    if not torch.cuda.is_available():
+        print(json.dumps({"error": "no CUDA GPU"}))
+        return 1
+    rows = []
+    for name in args.shapes.split(","):
+        if name not in SHAPES:
+            raise SystemExit(f"--shapes: unknown {name!r}; allowed: {', '.join(SHAPES)}")
+        for dist in args.dists.split(","):
+            rows.append(bench_shape(name, dist, args))
+            print(f"{name:12s} {dist:8s} {summary(rows[-1])}", file=sys.stderr)
+    result = {
+        **header,
+        "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"), "method": f"CUDA events; {args.rounds} interleaved rounds per "
+        f"method, each the median of {args.iters} launches after {args.warmup} warm-ups; median "
+        f"over rounds{method_note}", "rows": rows,
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+    return 0
