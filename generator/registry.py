@@ -113,11 +113,11 @@ _GROUPED_BF16 = ("ab_dtype", "c_dtype", "d_dtype", "bias_dtype", "weight_mode", 
                  "scheduler", "generate_c", "tile_m", "tile_n")
 _BLOCKSCALED = ("ab_dtype", "sf_dtype", "sf_vec_size", "c_dtype", "a_major", "b_major", "cd_major",
                 "scheduler", "weight_mode", "tile_m", "tile_n")
-_MAINLOOP_CARRIER = tuple(a for a in _BLOCKSCALED if a != "c_dtype")
+_BLOCKSCALED_NO_C = tuple(a for a in _BLOCKSCALED if a != "c_dtype")
 # The fused families add what their rules read (quant has no C output: c_dtype does not reach).
 _FUSED_AXES = {
     "grouped_gemm_srelu": _BLOCKSCALED + ("d_dtype", "bias_dtype", "discrete_col_sfd", "tanh_clamp_scale"),
-    "grouped_gemm_quant": _MAINLOOP_CARRIER + ("d_dtype", "bias_dtype", "discrete_col_sfd"),
+    "grouped_gemm_quant": _BLOCKSCALED_NO_C + ("d_dtype", "bias_dtype", "discrete_col_sfd"),
     "grouped_gemm_dswiglu": _BLOCKSCALED + ("d_dtype", "discrete_col_sfd"),
 }
 _STAGING = ("tile_m", "tile_n")

@@ -32,6 +32,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from fusegemm.formats.dtypes import to_numpy
 from fusegemm.generator.expr import Call, walk
 from fusegemm.generator.functions import FUNCTIONS, SUBNORMAL_ABS
 from fusegemm.generator.spec import find_spec, parse_spec
@@ -109,13 +110,8 @@ def _inputs(torch, r, rng, *, experts: int, m_rows: int, n_acc: int, w: int, dev
         if inp.per == "column":
             t = t.T                                     # (N_acc, L), N contiguous
         dev_in[inp.name] = t
-        host[inp.name] = _host(torch, t)
+        host[inp.name] = to_numpy(t)
     return dev_in, host
-
-
-def _host(torch, t) -> np.ndarray:
-    from fusegemm.formats.dtypes import to_numpy
-    return to_numpy(t)
 
 
 def _uses_inexact_functions(r) -> bool:
@@ -139,14 +135,14 @@ def run_case(torch, spec, *, mode: str = "block", seed: int = 0, offsets=(256, 2
     dev_in, host = _inputs(torch, r, rng, experts=off.size, m_rows=m_rows, n_acc=n_acc, w=r.width(n_acc), dev=dev)
     for name in (n for n in ones if n in dev_in):
         dev_in[name] = torch.ones_like(dev_in[name])
-        host[name] = _host(torch, dev_in[name])
+        host[name] = to_numpy(dev_in[name])
     quantized = [o.dtype for o in r.outputs if o.quantize is not None and o.dtype in RL]
     rl = RL[quantized[0]] if quantized else 0.0
     got = run_harness(v, mode, torch.tensor(acc, device=dev), torch.tensor(off, device=dev), dev_in,
                       m_rows=m_rows, rcp_max=rl)
     want = interpret(r, acc, offsets=off, m_rows=m_rows, inputs=host, rcp_max=rl or None,
                      discrete_col_sfd=v.discrete_col_sfd)
-    return {k: _host(torch, t) for k, t in got.items()}, want, r, not _uses_inexact_functions(r)
+    return {k: to_numpy(t) for k, t in got.items()}, want, r, not _uses_inexact_functions(r)
 
 
 # --------------------------------------------------------------------------------------------
@@ -382,27 +378,22 @@ def test_fragment_harness_matches_interpreter(torch, axes):
 # --------------------------------------------------------------------------------------------
 # 3. the ulp column of the function table, measured
 # --------------------------------------------------------------------------------------------
+def _test_spec(name: str, epilogue: str):
+    """A one-variant grouped_gemm spec with this epilogue (YAML, indented as under epilogue:)."""
+    text = (f"schema: 2\nname: {name}\nkernel: grouped_gemm\nproblem: grouped\nsummary: test epilogue\n"
+            f"epilogue:\n{textwrap.indent(textwrap.dedent(epilogue), '  ')}"
+            "choices:\n  ab_dtype: [bfloat16]\n  tile_m: [128]\n  tile_n: [128]\n  cluster_m: [1]\n"
+            "  cluster_n: [1]\ndefaults: {}\n")
+    return parse_spec(text, f"{name}.yaml", expected_name=name)
+
+
 def _function_spec(fn: str):
-    text = textwrap.dedent(f"""\
-        schema: 2
-        name: fn_{fn}
-        kernel: grouped_gemm
-        problem: grouped
-        summary: one function on the accumulator
-        epilogue:
-          compute:
-            - y = {fn}(acc)
-          outputs:
-            c: {{dtype: float32, value: y}}
-        choices:
-          ab_dtype: [bfloat16]
-          tile_m: [128]
-          tile_n: [128]
-          cluster_m: [1]
-          cluster_n: [1]
-        defaults: {{}}
+    return _test_spec(f"fn_{fn}", f"""\
+        compute:
+          - y = {fn}(acc)
+        outputs:
+          c: {{dtype: float32, value: y}}
         """)
-    return parse_spec(text, f"fn_{fn}.yaml", expected_name=f"fn_{fn}")
 
 
 def _sweep(rows: int, cols: int) -> np.ndarray:
@@ -441,37 +432,23 @@ def test_function_table_ulp_bounds_hold_on_device(torch, fn):
 
 
 def _kitchen_spec():
-    text = textwrap.dedent("""\
-        schema: 2
-        name: kitchen
-        kernel: grouped_gemm
-        problem: grouped
-        summary: exact operators
-        epilogue:
-          inputs:
-            alpha: {per: expert}
-            prob: {per: row, dtype: bfloat16}
-            bias: {per: column, dtype: float16}
-            res: {per: element, dtype: bfloat16}
-            k: {per: scalar}
-          compute:
-            - a = alpha * acc * 0.1 + acc / 3 - bias
-            - b = clamp(fma(a, prob, res), -4.5, 7) + rcp(abs(a) + 1) - sqrt(abs(acc))
-            - y = where(isnan(b), -1.25, max(min(b, k * 8), -(k * 8)))
-          outputs:
-            c: {dtype: float32, value: y}
-            d: {dtype: bfloat16, value: b}
-          reductions:
-            - {name: amax, kind: amax, of: a, scope: expert}
-        choices:
-          ab_dtype: [bfloat16]
-          tile_m: [128]
-          tile_n: [128]
-          cluster_m: [1]
-          cluster_n: [1]
-        defaults: {}
+    return _test_spec("kitchen", """\
+        inputs:
+          alpha: {per: expert}
+          prob: {per: row, dtype: bfloat16}
+          bias: {per: column, dtype: float16}
+          res: {per: element, dtype: bfloat16}
+          k: {per: scalar}
+        compute:
+          - a = alpha * acc * 0.1 + acc / 3 - bias
+          - b = clamp(fma(a, prob, res), -4.5, 7) + rcp(abs(a) + 1) - sqrt(abs(acc))
+          - y = where(isnan(b), -1.25, max(min(b, k * 8), -(k * 8)))
+        outputs:
+          c: {dtype: float32, value: y}
+          d: {dtype: bfloat16, value: b}
+        reductions:
+          - {name: amax, kind: amax, of: a, scope: expert}
         """)
-    return parse_spec(text, "kitchen.yaml", expected_name="kitchen")
 
 
 def test_exact_operators_and_inputs_of_every_kind(torch):
@@ -520,7 +497,7 @@ def test_swiglu_gemm_end_to_end(torch, d_dtype):
         d = out["d"].cpu().numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float64)[:valid]
         from fusegemm.formats import unpack_sf
         m_rows, blocks = out["d"].shape[0], d.shape[1] // 32
-        byte = unpack_sf(_host(torch, out["sfd_row"]).view(np.uint8), m_rows, blocks)[:valid, :, 0]
+        byte = unpack_sf(to_numpy(out["sfd_row"]).view(np.uint8), m_rows, blocks)[:valid, :, 0]
         scale = np.repeat(2.0 ** (byte.astype(np.float64) - 127), 32, axis=1)       # norm_const 1
         deq = d * scale
         assert np.all(np.abs(deq - h) <= 2.0 ** -4 * 1.01 * np.abs(h) + scale * 2.0 ** -9 + 2.0 ** -14)
