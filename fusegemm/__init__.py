@@ -25,6 +25,11 @@ _EXPORTS = {
     "grouped_gemm": ("fusegemm.ops.grouped_gemm", "grouped_gemm"),
     "GroupedGemm": ("fusegemm.ops.grouped_gemm", "GroupedGemm"),
     "EpilogueGemm": ("fusegemm.ops.epilogue_gemm", "EpilogueGemm"),
+    "BlockScaledGemm": ("fusegemm.ops.blockscaled", "BlockScaledGemm"),
+    **{name: ("fusegemm.ops.scaled_seeds", name) for name in (
+        "grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax")},
+    **{name: ("fusegemm.ops.scaled_classes", name) for name in (
+        "GroupedGemmSrelu", "GroupedGemmQuant", "GroupedGemmDswiglu")},
     "TupleDict": ("fusegemm.tupledict", "TupleDict"),
     "load_spec": ("fusegemm.generator.spec", "load_spec"),
     **{name: ("fusegemm.base.errors", name) for name in (

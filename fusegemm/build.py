@@ -1,8 +1,8 @@
 """Build many variants into the cache, in parallel processes, with progress.
 
-Only what the registry implements is built (carriers on request). Cache hits are resolved in
-this process (render + key + read: milliseconds), so a warm ``fusegemm build`` never starts a
-worker; only misses go to the process pool, and each kernel is rendered and keyed once.
+Only what the registry implements is built. Cache hits are resolved in this process (render +
+key + read: milliseconds), so a warm ``fusegemm build`` never starts a worker; only misses go to
+the process pool, and each kernel is rendered and keyed once.
 """
 from __future__ import annotations
 
@@ -37,7 +37,6 @@ class BuildResult:
     spill_bytes: int = 0      # local memory frame per thread
     threads: int = 0
     tmem_cols: int = 0        # sm_100a TMEM columns per CTA
-    carrier: bool = False
     error: str = ""
     variants: int = 1         # variants served by this kernel (e.g. every cluster shape)
 
@@ -51,17 +50,16 @@ class Skipped:
 
     spec: str
     arch: str
-    status: str               # registry status: carrier | none | implemented (all variants out of its limits)
+    status: str               # registry status: none | implemented (all variants out of its limits)
     reason: str
 
 
 def select(specs: Iterable[str] | None, archs: tuple[str, ...], *, all_variants: bool = False,
-           choices: dict[str, Any] | None = None,
-           carriers: bool = False) -> tuple[list[Variant], list[Skipped]]:
+           choices: dict[str, Any] | None = None) -> tuple[list[Variant], list[Skipped]]:
     """Variants to build (each spec's prebuild list; with ``all_variants`` its whole surface;
     with ``choices`` (a dict, maybe empty) the one point per arch they pick from the defaults),
-    restricted to what the registry implements (plus carriers when ``carriers``), and the
-    (spec, arch) pairs that build nothing, with the reason."""
+    restricted to what the registry implements, and the (spec, arch) pairs that build nothing,
+    with the reason."""
     if all_variants and choices is not None:
         raise UnsupportedError("--all and --variant: got both; allowed: one of them (--all builds "
                                "the whole implemented surface, --variant one point of it)")
@@ -76,10 +74,6 @@ def select(specs: Iterable[str] | None, archs: tuple[str, ...], *, all_variants:
             row = registry.lookup(spec.kernel, arch)
             if row is None:
                 skipped.append(Skipped(spec.name, arch, registry.NONE, f"no kernel for {arch}"))
-                continue
-            if row.carrier and not carriers:
-                skipped.append(Skipped(spec.name, arch, registry.CARRIER,
-                                       f"{row.note}; `--carriers` builds it"))
                 continue
             got = _for_arch(spec, arch, row, all_variants, choices)
             if not got:
@@ -109,7 +103,7 @@ def _result(v: Variant, b: Built, seconds: float) -> BuildResult:
                        seconds=seconds, registers=b.resources.registers,
                        smem_bytes=b.resources.static_shared_bytes + b.contract.smem_bytes,
                        spill_bytes=b.resources.local_bytes, threads=b.contract.threads,
-                       tmem_cols=b.contract.tmem_cols, carrier=b.carrier)
+                       tmem_cols=b.contract.tmem_cols)
 
 
 def _failed(v: Variant, seconds: float, exc: Exception) -> BuildResult:
@@ -166,7 +160,7 @@ def compile_all(planned: list[Planned], *, jobs: int = 1) -> list[BuildResult]:
 
 
 def build(vs: list[Variant], *, jobs: int = 1, cache: KernelCache | None = None,
-          carriers: bool = False, on_done: Callable[[BuildResult], None] | None = None,
+          on_done: Callable[[BuildResult], None] | None = None,
           on_plan: Callable[[int], None] | None = None) -> list[BuildResult]:
     """Build the kernels of ``vs``: one row per distinct kernel, in first-seen order.
 
@@ -181,7 +175,7 @@ def build(vs: list[Variant], *, jobs: int = 1, cache: KernelCache | None = None,
     failed_early: list[BuildResult] = []
     for v in vs:
         try:
-            p = plan(v, carriers=carriers)
+            p = plan(v)
         except FusegemmError as exc:
             failed_early.append(_failed(v, 0.0, exc))
             continue

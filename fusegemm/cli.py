@@ -49,7 +49,7 @@ def list_cmd(as_json: bool) -> None:
     """List the specs: declared and implemented surface per arch, side by side.
 
     "declared" counts the variants the spec allows; "implemented" those the arch's kernel
-    builds (generator/registry.py); a carrier implements none.
+    builds (generator/registry.py).
     """
     from .generator import registry
     from .generator.spec import list_specs, load_spec
@@ -63,7 +63,7 @@ def list_cmd(as_json: bool) -> None:
                 declared = implemented = 0
                 for choice in surface(s, arch):
                     declared += 1
-                    implemented += (row is not None and not row.carrier and row.problem(choice) is None)
+                    implemented += (row is not None and row.problem(choice) is None)
                 rows.append({"name": s.name, "kernel": s.kernel, "problem": s.problem, "seed": s.seed,
                              "arch": arch, "status": registry.status(s.kernel, arch),
                              "declared": declared, "implemented": implemented,
@@ -98,7 +98,7 @@ def show(spec: str, as_json: bool) -> None:
             "status": row.status, "template": row.template, "kernel": row.kernel, "rule": row.rule,
             "source_axes": list(row.source_axes),
             "limits": [{"axis": l.axis, "values": list(l.values), "because": l.because} for l in row.limits],
-            "defaults": dict(row.defaults), "note": row.note}
+            "defaults": dict(row.defaults)}
     info = {
         "name": s.name, "path": s.path, "kernel": s.kernel, "problem": s.problem, "seed": s.seed,
         "summary": s.summary,
@@ -127,8 +127,6 @@ def show(spec: str, as_json: bool) -> None:
             click.echo(f"  {arch}: none")
             continue
         click.echo(f"  {arch}: {impl['status']} ({impl['kernel']}, {impl['template']})")
-        if impl["note"]:
-            click.echo(f"    {impl['note']}")
         for lim in impl["limits"]:
             click.echo(f"    {lim['axis']}: {', '.join(map(str, lim['values']))} only ({lim['because']})")
         if impl["defaults"]:
@@ -261,11 +259,10 @@ def _echo_epilogue(s) -> None:
               help="Override a default choice (repeatable), e.g. --variant d_dtype=float32.")
 @click.option("--arch", default=None, help="Comma list of archs (default: FUSEGEMM_ARCHS).")
 @click.option("--prebuild", is_flag=True, help="Every prebuild variant instead of the default one.")
-@click.option("--carriers", is_flag=True, help="Include carriers (stand-ins for kernels that have not landed).")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for the generated .cu files.")
 def generate(spec: str, variant_opts: tuple[str, ...], arch: str | None, prebuild: bool,
-             carriers: bool, out_dir: str) -> None:
+             out_dir: str) -> None:
     """Write the generated CUDA C++ of a spec's variants to a folder (no compile)."""
     from . import build as b
     from .generator.render import render
@@ -274,14 +271,14 @@ def generate(spec: str, variant_opts: tuple[str, ...], arch: str | None, prebuil
         if prebuild and variant_opts:
             raise click.UsageError("--prebuild and --variant: got both; allowed: one of them")
         choices = None if prebuild else parse_variant_options(variant_opts)
-        vs, skipped = b.select([spec], _archs(arch), choices=choices, carriers=carriers)
+        vs, skipped = b.select([spec], _archs(arch), choices=choices)
         _echo_skipped(skipped)
         if not vs:
             raise click.ClickException(f"nothing to generate for {spec}")
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         for v in vs:
-            src = render(v, carriers=carriers)
+            src = render(v)
             path = out / f"{src.name}.cu"
             path.write_text(src.text)
             click.echo(str(path))
@@ -290,18 +287,9 @@ def generate(spec: str, variant_opts: tuple[str, ...], arch: str | None, prebuil
 
 
 def _echo_skipped(skipped) -> None:
-    """Carriers on one line (they are expected); any other skip with its reason."""
-    from .generator.registry import CARRIER
-    carriers: dict[str, list[str]] = {}
+    """Each (spec, arch) that builds nothing, with its reason (on stderr: the tables stay clean)."""
     for sk in skipped:
-        if sk.status == CARRIER:
-            carriers.setdefault(sk.spec, []).append(sk.arch)
-        else:
-            click.echo(f"not built: {sk.spec} on {sk.arch} ({sk.status}): {sk.reason}", err=True)
-    if carriers:
-        listed = ", ".join(f"{spec} ({', '.join(archs)})" for spec, archs in carriers.items())
-        click.echo(f"not built: carriers, stand-ins for kernels that have not landed (--carriers "
-                   f"builds them; `fusegemm show SPEC` says what each compiles): {listed}", err=True)
+        click.echo(f"not built: {sk.spec} on {sk.arch} ({sk.status}): {sk.reason}", err=True)
 
 
 @main.command("build")
@@ -312,23 +300,20 @@ def _echo_skipped(skipped) -> None:
 @click.option("--all", "all_variants", is_flag=True, help="The whole implemented surface (large).")
 @click.option("--variant", "variant_opts", multiple=True, metavar="AXIS=VALUE",
               help="Build one chosen point per arch instead of the prebuild list.")
-@click.option("--carriers", is_flag=True,
-              help="Also build carriers: stand-ins compiling the pieces of kernels that have not landed.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def build_cmd(specs: tuple[str, ...], arch: str | None, jobs: int | None, all_variants: bool,
-              variant_opts: tuple[str, ...], carriers: bool, as_json: bool) -> None:
+              variant_opts: tuple[str, ...], as_json: bool) -> None:
     """Compile spec variants into the kernel cache and print what was built.
 
-    Only kernels the registry implements are built; carriers only with --carriers. A spec or
-    arch with nothing to build is listed as "not built" with the reason.
+    Only kernels the registry implements are built. A spec or arch with nothing to build is
+    listed as "not built" with the reason.
     """
     from . import build as b
     from .generator.variants import parse_variant_options
     from .runtime import config
     try:
         vs, skipped = b.select(specs or None, _archs(arch), all_variants=all_variants,
-                               choices=parse_variant_options(variant_opts) if variant_opts else None,
-                               carriers=carriers)
+                               choices=parse_variant_options(variant_opts) if variant_opts else None)
         jobs = jobs or config.jobs()
     except FusegemmError as exc:
         raise _fail(exc) from None
@@ -340,7 +325,7 @@ def build_cmd(specs: tuple[str, ...], arch: str | None, jobs: int | None, all_va
         raise click.ClickException("nothing to build: " + "; ".join(
             f"{sk.spec} on {sk.arch} ({sk.status})" for sk in skipped))
     t0 = time.perf_counter()
-    results = _run_with_progress(vs, jobs, quiet=as_json, carriers=carriers)
+    results = _run_with_progress(vs, jobs, quiet=as_json)
     wall = time.perf_counter() - t0
     failed = [r for r in results if not r.ok]
     if as_json:
@@ -349,16 +334,14 @@ def build_cmd(specs: tuple[str, ...], arch: str | None, jobs: int | None, all_va
     else:
         _table(["kernel", "arch", "variants", "regs", "smem", "spills", "threads", "tmem", "seconds",
                 "cached"],
-               [[r.name + (" [carrier]" if r.carrier else ""), r.arch, r.variants, r.registers, r.smem_bytes,
+               [[r.name, r.arch, r.variants, r.registers, r.smem_bytes,
                  r.spill_bytes, r.threads, r.tmem_cols or "-", f"{r.seconds:.2f}",
                  "yes" if r.cached else "no"]
                 for r in results if r.ok])
         n_cached = sum(r.cached for r in results if r.ok)
         n_variants = sum(r.variants for r in results if r.ok)
-        n_carriers = sum(r.carrier for r in results if r.ok)
         extra = f" serving {n_variants} variants" if n_variants != len(results) - len(failed) else ""
-        carrier_note = f" ({n_carriers} carriers)" if n_carriers else ""
-        click.echo(f"{len(results) - len(failed)} built{carrier_note} ({n_cached} cached){extra}, "
+        click.echo(f"{len(results) - len(failed)} built ({n_cached} cached){extra}, "
                    f"{len(failed)} failed, {wall:.1f} s wall, cache {config.cache_dir()}")
         for r in failed:
             click.echo(f"\nFAILED {r.name} ({r.arch}):\n{r.error}", err=True)
@@ -366,7 +349,7 @@ def build_cmd(specs: tuple[str, ...], arch: str | None, jobs: int | None, all_va
         sys.exit(1)
 
 
-def _run_with_progress(vs, jobs: int, quiet: bool, carriers: bool):
+def _run_with_progress(vs, jobs: int, quiet: bool):
     from . import build as b
     if quiet or not sys.stderr.isatty():
         state = {"done": 0, "total": len(vs)}
@@ -379,12 +362,12 @@ def _run_with_progress(vs, jobs: int, quiet: bool, carriers: bool):
             if not quiet:
                 what = "cached" if r.cached else ("ok" if r.ok else "FAILED")
                 click.echo(f"[{state['done']}/{state['total']}] {r.name} {what} {r.seconds:.2f}s", err=True)
-        return b.build(vs, jobs=jobs, carriers=carriers, on_done=tick, on_plan=plan)
+        return b.build(vs, jobs=jobs, on_done=tick, on_plan=plan)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     with Progress(TextColumn("building"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), transient=True) as prog:
         task = prog.add_task("", total=len(vs))
-        return b.build(vs, jobs=jobs, carriers=carriers, on_plan=lambda n: prog.update(task, total=n),
+        return b.build(vs, jobs=jobs, on_plan=lambda n: prog.update(task, total=n),
                        on_done=lambda r: prog.update(task, advance=1, description=r.name))
 
 

@@ -31,9 +31,9 @@ class Planned:
         return self.source.name
 
 
-def plan(v: Variant, *, carriers: bool = False) -> Planned:
+def plan(v: Variant) -> Planned:
     """Render ``v`` (the registry's kernel for it) and compute its cache key."""
-    src = render(v, carriers=carriers)
+    src = render(v)
     fields = key_fields(src.text, v.arch)
     return Planned(src, make_key(fields), tuple(fields))
 
@@ -62,9 +62,9 @@ def compile_planned(p: Planned, cache: KernelCache | None = None) -> Built:
         })
 
 
-def get_kernel(v: Variant, cache: KernelCache | None = None, *, carriers: bool = False) -> Built:
+def get_kernel(v: Variant, cache: KernelCache | None = None) -> Built:
     """The compiled kernel of ``v``: from the cache, or compiled once and stored."""
-    p = plan(v, carriers=carriers)
+    p = plan(v)
     hit = lookup(p, cache)
     return hit if hit is not None else compile_planned(p, cache)
 
@@ -74,5 +74,4 @@ def _compile(p: Planned) -> Built:
     cubin = compile_source(src.text, arch=v.arch, kernel=src.symbol, name=f"{src.symbol}.cu",
                            spec_path=v.spec.path)
     return Built.from_cubin(name=src.name, kernel_name=src.symbol, arch=v.arch, key=p.key,
-                            cubin=cubin.data, compile_seconds=cubin.seconds, cached=False,
-                            carrier=src.carrier)
+                            cubin=cubin.data, compile_seconds=cubin.seconds, cached=False)

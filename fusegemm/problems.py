@@ -9,7 +9,9 @@ Values
 ------
 ``values="nvidia"`` follows NVIDIA's tests: A, B ~ U(-2, 2) rounded to the element format, scales
 drawn from {1, 2}, alpha, prob and beta small integers in {1, 2}, bias integers in [-2, 2],
-norm_const 0.01, C ~ U(-2, 2). ``values="realistic"``: A ~ N(0, 1) with a log-normal per-row
+norm_const 0.01, C ~ U(-2, 2). ``values="integer"``: the same with A and B rounded to integers
+in [-2, 2], so every FP32 accumulation is exact in any order (kernel outputs then match the
+references bit for bit, quantized bytes included). ``values="realistic"``: A ~ N(0, 1) with a log-normal per-row
 magnitude, B ~ N(0, 1/K), both block-quantized with amax-derived scales
 (:func:`fusegemm.formats.quantize_blockwise`), alpha, beta ~ U(0.5, 2), prob ~ U(0, 1),
 bias ~ N(0, 0.1), C ~ N(0, 1), norm_const 1.
@@ -43,7 +45,7 @@ __all__ = ["GroupedProblem", "BatchedProblem", "make_grouped_problem", "make_bat
 
 OPS = ("grouped_gemm", "grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu")
 SKEWS = ("balanced", "skewed", "with_empty")
-VALUES = ("nvidia", "realistic")
+VALUES = ("nvidia", "realistic", "integer")
 LAYOUTS = ("kernel", "canonical")
 PAD_ROWS = ("zero", "random")
 AB_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2", "uint8")
@@ -199,8 +201,10 @@ def _operand(rng: np.random.Generator, shape: tuple[int, ...], ab: str, sf: str,
     magnitude, weights N(0, 1/K).
     """
     k = shape[-1]
-    if values == "nvidia":
+    if values != "realistic":
         x = _uniform(rng, shape)
+        if values == "integer":
+            np.rint(x, out=x)
     else:
         x = rng.standard_normal(shape, dtype=np.float32)
         if live_rows is None:
@@ -217,7 +221,7 @@ def _operand(rng: np.random.Generator, shape: tuple[int, ...], ab: str, sf: str,
 
 
 def _small_ints(rng: np.random.Generator, size: int, values: str, low: float, high: float) -> np.ndarray:
-    if values == "nvidia":
+    if values != "realistic":
         return rng.integers(1, 3, size).astype(np.float32)
     return rng.uniform(low, high, size).astype(np.float32)
 
@@ -260,7 +264,7 @@ def make_grouped_problem(
     sf_dtype, sf_vec_size : scale format; default E8M0/32 for FP8 and e4m3/16 (NVFP4) for FP4.
     skew : {"balanced", "skewed", "with_empty"}
     seed : int
-    values : {"nvidia", "realistic"}
+    values : {"nvidia", "realistic", "integer"}
     layout : {"kernel", "canonical"}
         Seed-page shapes (A (M, K, 1), B (N, K, L) view, SF 6-D views, prob (M, 1, 1)) or
         canonical ones (A (M, K), B (L, N, K), physical SF buffers, prob (M,)).
@@ -313,17 +317,17 @@ def make_grouped_problem(
     out["alpha_tensor"] = _small_ints(rng, num_experts, values, 0.5, 2.0)
     prob = _small_ints(rng, m, values, 0.0, 1.0)
     if bias:
-        raw = rng.integers(-2, 3, (num_experts, n)) if values == "nvidia" else rng.normal(0, 0.1, (num_experts, n))
+        raw = rng.integers(-2, 3, (num_experts, n)) if values != "realistic" else rng.normal(0, 0.1, (num_experts, n))
         out["bias_tensor"] = raw.astype(np.float32).astype(ml_dtypes.bfloat16).T  # (N, L), strides (1, N)
     if op != "grouped_gemm":
-        nc = norm_const if norm_const is not None else (0.01 if values == "nvidia" else 1.0)
+        nc = norm_const if norm_const is not None else (0.01 if values != "realistic" else 1.0)
         out["norm_const_tensor"] = np.array([nc], dtype=np.float32)
     c = None
     if op == "grouped_gemm_dswiglu":
         out["beta_tensor"] = _small_ints(rng, num_experts, values, 0.5, 2.0)
         c_name = resolve_dtype(c_dtype or "bfloat16", argument="c_dtype",
                                allowed=("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"))
-        raw_c = _uniform(rng, (m, 2 * n)) if values == "nvidia" else rng.standard_normal((m, 2 * n), np.float32)
+        raw_c = _uniform(rng, (m, 2 * n)) if values != "realistic" else rng.standard_normal((m, 2 * n), np.float32)
         c = to_format(raw_c, c_name, saturate=True)
         out["d_dtype"] = d_dtype or ("float8_e4m3fn" if out["ab_dtype"] in FP8_NAMES else "bfloat16")
     else:
@@ -356,11 +360,13 @@ def _bf16_operands(rng: np.random.Generator, m: int, b_shape: tuple[int, int, in
     k = b_shape[2]
     b = np.empty(b_shape, dtype=ml_dtypes.bfloat16)
     for e in range(b_shape[0]):  # one expert at a time keeps the float32 copy small
-        b[e] = _uniform(rng, b_shape[1:]) if values == "nvidia" else (
+        b[e] = _uniform(rng, b_shape[1:]) if values != "realistic" else (
             rng.standard_normal(b_shape[1:], np.float32) / np.float32(np.sqrt(k)))
-    a = _uniform(rng, (m, k)) if values == "nvidia" else rng.standard_normal((m, k), np.float32)
+    a = _uniform(rng, (m, k)) if values != "realistic" else rng.standard_normal((m, k), np.float32)
     a[~live] = 0.0
-    return a.astype(ml_dtypes.bfloat16), b
+    if values == "integer":
+        a, b = np.rint(a), np.rint(b.astype(np.float32))
+    return a.astype(ml_dtypes.bfloat16), b.astype(ml_dtypes.bfloat16)
 
 
 def _arrange(kernel: bool, a: np.ndarray, b: np.ndarray, sfa: np.ndarray | None, sfb: np.ndarray | None,

@@ -66,5 +66,13 @@ AXES: dict[str, Axis] = {a.name: a for a in (
     Axis("cluster_n", (1, 2, 4), "cluster shape N", "int"),
 )}
 
+# The value of an axis a spec does not choose (no bias, K-major, not block-scaled, ...).
+NEUTRAL: dict[str, Any] = {
+    "ab_dtype": "bfloat16", "sf_dtype": "none", "sf_vec_size": 0, "c_dtype": "none",
+    "d_dtype": "none", "bias_dtype": "none", "weight_mode": "dense", "a_major": "k",
+    "b_major": "k", "cd_major": "n", "scheduler": "static", "generate_c": False,
+    "discrete_col_sfd": False, "vector_f32": False, "tanh_clamp_scale": "none",
+}
+
 # Axes that are launch attributes: one cubin serves every legal value (generator/registry.py).
 LAUNCH_AXES = ("cluster_m", "cluster_n")

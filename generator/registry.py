@@ -12,9 +12,8 @@ says which kernel implements it on each arch, and how much of it:
   other axis on the command line is an error, since it would not change the kernel;
 * ``limits`` and ``defaults``: where the kernel implements less of an axis than the spec
   declares, and the defaults it prefers on this arch;
-* ``status``: ``implemented`` (the kernel is the op's kernel) or ``carrier`` (a stand-in that
-  compiles the pieces the op will use; built only on request and never launched as the op).
-  A (family, arch) with no row has status ``none``.
+* ``status``: ``implemented`` (the row's kernel is the op's kernel). A (family, arch) with no
+  row has status ``none``.
 
 The renderer, the ops, ``fusegemm build`` / ``list`` / ``show`` and ``selftest`` read this
 table and nothing else; the host contract of each kernel is exported by the kernel itself
@@ -28,9 +27,9 @@ from typing import Any, Iterable
 
 from ..base.archs import ARCHS, arch as arch_entry
 from ..base.errors import UnsupportedError
-from .axes import AXES, LAUNCH_AXES
+from .axes import AXES, LAUNCH_AXES, NEUTRAL
 
-IMPLEMENTED, CARRIER, NONE = "implemented", "carrier", "none"
+IMPLEMENTED, NONE = "implemented", "none"
 SPEC_RULE = "spec"   # Implementation.rule: the rule generated from the spec's epilogue
 
 
@@ -61,50 +60,45 @@ class Implementation:
     source_axes: tuple[str, ...]
     limits: tuple[Limit, ...] = ()
     defaults: tuple[tuple[str, Any], ...] = ()
-    note: str = ""
 
     def __post_init__(self) -> None:
         arch_entry(self.arch)  # a row for an unknown arch is a programming error: fail at import
-        if self.status not in (IMPLEMENTED, CARRIER):
-            raise ValueError(f"Implementation.status: got {self.status!r}; allowed: {IMPLEMENTED}, {CARRIER}")
+        if self.status != IMPLEMENTED:  # ``none`` is the absence of a row, never a row
+            raise ValueError(f"Implementation.status: got {self.status!r}; allowed: {IMPLEMENTED}")
         bad = [a for a in self.source_axes if a not in AXES or a in LAUNCH_AXES or a == "arch"]
         if bad:
             raise ValueError(f"Implementation.source_axes: got {bad}; allowed: variant axes that "
                              f"are not launch attributes")
 
-    @property
-    def carrier(self) -> bool:
-        return self.status == CARRIER
-
     def problem(self, choice: dict[str, Any]) -> str | None:
         """Why this implementation does not cover ``choice`` (axis -> value), or None."""
         for lim in self.limits:
-            value = choice.get(lim.axis)
+            value = choice.get(lim.axis, NEUTRAL.get(lim.axis))  # an axis the spec does not choose
             if value not in lim.values:
                 return (f"{lim.axis}={value!r} is not implemented for {self.family} on {self.arch}; "
                         f"implemented: {', '.join(map(str, lim.values))} ({lim.because})")
         return None
 
     def reaching(self, axes: Iterable[str]) -> None:
-        """Raise naming the first of ``axes`` that would not change this kernel."""
+        """Raise naming the first of ``axes`` that would not change this kernel. An axis the row
+        limits is checked by its limit instead (which says what is implemented and why)."""
+        limited = {lim.axis for lim in self.limits}
         for axis in axes:
-            if axis not in self.source_axes and axis not in LAUNCH_AXES:
-                what = "carrier" if self.carrier else "kernel"
+            if axis not in self.source_axes and axis not in LAUNCH_AXES and axis not in limited:
                 reach = ", ".join(self.source_axes + LAUNCH_AXES)
                 raise UnsupportedError(
-                    axis=axis, message=f"{axis}: does not reach the {self.arch} {what} of {self.family} (its generated "
-                    f"source does not depend on it{'; ' + self.note if self.carrier and self.note else ''}); "
-                    f"axes that reach it: {reach}")
+                    axis=axis, message=f"{axis}: does not reach the {self.arch} kernel of {self.family} (its "
+                    f"generated source does not depend on it); axes that reach it: {reach}")
 
 
 def _row(family: str, arch: str, status: str, template: str, header: str, kernel: str,
          source_axes: tuple[str, ...], *, rule: str | None = None, limits: tuple[Limit, ...] = (),
-         defaults: dict[str, Any] | None = None, note: str = "") -> Implementation:
+         defaults: dict[str, Any] | None = None) -> Implementation:
     """A row whose header and kernel class live in ``arch``'s header folder (its namespace)."""
     folder = ARCHS[arch].headers
     return Implementation(family, arch, status, template, f"fusegemm/{folder}/{header}",
                           f"fusegemm::{folder}::{kernel}", rule, source_axes, limits,
-                          tuple(sorted((defaults or {}).items())), note)
+                          tuple(sorted((defaults or {}).items())))
 
 
 # Axes each template reads (tests/unit/test_registry.py renders every row with each axis
@@ -120,11 +114,27 @@ _FUSED_AXES = {
     "grouped_gemm_quant": _BLOCKSCALED_NO_C + ("d_dtype", "bias_dtype", "discrete_col_sfd"),
     "grouped_gemm_dswiglu": _BLOCKSCALED + ("d_dtype", "discrete_col_sfd"),
 }
-_STAGING = ("tile_m", "tile_n")
+_SM90_BLOCKSCALED_LIMITS = (
+    Limit("ab_dtype", ("float8_e4m3fn", "float8_e5m2"),
+          "MXFP8 only: FP4 A/B need sm_100a (Hopper has no FP4 tensor cores, and even FP8's "
+          "dequantizing mainloop runs at a quarter of BF16 speed on the H200)"),
+    Limit("a_major", ("k",), "FP8 WGMMA reads K-major A only"),
+    Limit("b_major", ("k",), "FP8 WGMMA reads K-major B only"),
+    Limit("tile_m", (128,), "two 64-row WGMMA consumer warpgroups"),
+    Limit("cluster_m", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1"),
+    Limit("cluster_n", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1"),
+)
+
+
+def _sm90_axes(axes: tuple[str, ...]) -> tuple[str, ...]:
+    """The sm_90a block-scaled kernel implements one value of these axes, so they cannot change
+    its source."""
+    return tuple(a for a in axes if a not in ("a_major", "b_major", "tile_m"))
+
+
+_SM90_BLOCKSCALED_DEFAULTS = {"tile_m": 128, "cluster_m": 1, "cluster_n": 1}
 _FUSED = ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu")
 
-_STAGING_NOTE = ("no kernel for this arch yet; the carrier compiles the shared scheduler and TMA "
-                 "tile loads")
 
 ROWS: tuple[Implementation, ...] = (
     _row("grouped_gemm", "sm_100a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
@@ -140,9 +150,10 @@ ROWS: tuple[Implementation, ...] = (
          "BlockScaledGemmKernel", _BLOCKSCALED + ("discrete_col_sfd",), rule=SPEC_RULE),
     *(_row(family, "sm_100a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _FUSED_AXES[family], rule=SPEC_RULE) for family in _FUSED),
-    # The staging kernel is arch-neutral (fusegemm/staging.cuh, namespace fusegemm::staging).
-    *(Implementation(family, "sm_90a", CARRIER, "staging.cu.j2", "fusegemm/staging.cuh",
-                     "fusegemm::staging::ChecksumKernel", None, _STAGING, note=_STAGING_NOTE)
+    # sm_90a: the WGMMA block-scaled kernel (FP8 WGMMA per 32 K with FP32 scale promotion).
+    *(_row(family, "sm_90a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
+           "BlockScaledGemmKernel", _sm90_axes(_FUSED_AXES.get(family, _BLOCKSCALED + ("discrete_col_sfd",))),
+           rule=SPEC_RULE, limits=_SM90_BLOCKSCALED_LIMITS, defaults=_SM90_BLOCKSCALED_DEFAULTS)
       for family in ("gemm_amax",) + _FUSED),
 )
 
@@ -155,7 +166,7 @@ def lookup(family: str, arch: str) -> Implementation | None:
 
 
 def status(family: str, arch: str) -> str:
-    """``implemented``, ``carrier`` or ``none``."""
+    """``implemented`` or ``none``."""
     row = lookup(family, arch)
     return row.status if row is not None else NONE
 
@@ -165,20 +176,14 @@ def families() -> tuple[str, ...]:
     return tuple(dict.fromkeys(r.family for r in ROWS))
 
 
-def resolve(family: str, arch: str, choice: dict[str, Any], *, carriers: bool = False) -> Implementation:
-    """The row that builds ``choice`` of ``family`` on ``arch``; UnsupportedError saying why not.
-
-    ``carriers``: accept a carrier row (``fusegemm build --carriers``); otherwise only the op's
-    own kernel is accepted.
-    """
+def resolve(family: str, arch: str, choice: dict[str, Any]) -> Implementation:
+    """The row that builds ``choice`` of ``family`` on ``arch``; UnsupportedError saying why not."""
     if arch not in ARCHS:
         raise UnsupportedError(f"arch: got {arch!r}; allowed: {', '.join(ARCHS)}", axis="arch")
     row = lookup(family, arch)
     if row is None:
         raise UnsupportedError(f"{family} has no kernel for {arch} (status: none)")
-    if row.carrier and not carriers:
-        raise UnsupportedError(f"{family} has no kernel for {arch} yet (status: carrier: {row.note})")
     for lim in row.limits:
-        if choice.get(lim.axis) not in lim.values:
+        if choice.get(lim.axis, NEUTRAL.get(lim.axis)) not in lim.values:
             raise UnsupportedError(row.problem(choice), axis=lim.axis)
     return row

@@ -37,11 +37,6 @@ class Source:
     digest: str            # sha256 of the text rendered with a placeholder symbol
 
     @property
-    def carrier(self) -> bool:
-        """True for carriers: not the op's kernel, never launched as it."""
-        return self.impl.carrier
-
-    @property
     def template(self) -> str:
         return self.impl.template
 
@@ -77,15 +72,8 @@ def _scale_type(name: str) -> str:
 
 
 def kernel_name(v: Variant, impl: Implementation) -> str:
-    """People's name of the kernel: the axes that reach its source, tile and arch.
-
-    Carriers say so in their name (``<spec>.carrier.<...>``).
-    """
-    name = v.name_for(impl.source_axes)
-    if impl.carrier:
-        spec, rest = name.split(".", 1)
-        name = f"{spec}.carrier.{rest}"
-    return name
+    """People's name of the kernel: the axes that reach its source, tile and arch."""
+    return v.name_for(impl.source_axes)
 
 
 def rule_of(v: Variant, impl: Implementation):
@@ -101,15 +89,15 @@ def _render(v: Variant, impl: Implementation, symbol: str, readable: str) -> str
         params=params_for(v.kernel).cpp(), contract=CONTRACT_FIELDS, rule=rule_of(v, impl))
 
 
-def render(v: Variant, *, carriers: bool = False) -> Source:
-    """Render ``v`` with the kernel the registry assigns it (``carriers``: accept a carrier).
+def render(v: Variant) -> Source:
+    """Render ``v`` with the kernel the registry assigns it.
 
     The symbol embeds the hash of the source rendered without it, so variants whose kernels are
     identical render identical text (same digest, same cache entry): the cluster shape never
     reaches the source, nor does any axis outside the row's ``source_axes``. Raises
     UnsupportedError when no kernel implements ``v`` (with the reason).
     """
-    impl = resolve(v.kernel, v.arch, v.choices, carriers=carriers)
+    impl = resolve(v.kernel, v.arch, v.choices)
     readable = kernel_name(v, impl)
     probe = _render(v, impl, _HASH_PLACEHOLDER, readable)
     digest = hashlib.sha256(probe.encode()).hexdigest()

@@ -12,16 +12,10 @@ from typing import Any, Iterator
 
 from ..base.dtypes import short
 from ..base.errors import UnsupportedError
-from .axes import AXES
+from .axes import AXES, NEUTRAL
 from .registry import lookup
 from .spec import Spec, check_choice, find_spec
 
-NEUTRAL: dict[str, Any] = {
-    "ab_dtype": "bfloat16", "sf_dtype": "none", "sf_vec_size": 0, "c_dtype": "none",
-    "d_dtype": "none", "bias_dtype": "none", "weight_mode": "dense", "a_major": "k",
-    "b_major": "k", "cd_major": "n", "scheduler": "static", "generate_c": False,
-    "discrete_col_sfd": False, "vector_f32": False, "tanh_clamp_scale": "none",
-}
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,9 @@ from .compile import compile_options, headers, nvrtc_version
 from .headers import headers_digest
 from .inspect import Cubin, Resources
 
-# 2: meta.json "contract" (the kernel's exported host contract) and "carrier" replace
-# "launch" and "staging".
+# 2: meta.json "contract" (the kernel's exported host contract) replaces "launch" and "staging".
+# Entries written before carriers were removed also hold a "carrier" flag; nothing reads it, so
+# they stay valid under this schema.
 CACHE_SCHEMA = 2
 
 
@@ -51,19 +52,17 @@ class Built:
     compile_seconds: float
     cached: bool                  # True when served from the disk or memory cache
     path: Path | None = None      # entry folder, when the disk cache is in use
-    carrier: bool = False         # a carrier, not the op's kernel (never launched as the op)
     meta: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def from_cubin(*, name: str, kernel_name: str, arch: str, key: str, cubin: bytes,
-                   compile_seconds: float, cached: bool, carrier: bool, path: Path | None = None,
+                   compile_seconds: float, cached: bool, path: Path | None = None,
                    meta: dict[str, Any] | None = None) -> "Built":
         """A Built whose contract and resources are read from ``cubin`` (one ELF parse)."""
         c = Cubin(cubin)
         return Built(name=name, kernel_name=kernel_name, arch=arch, key=key, cubin=cubin,
                      contract=c.contract(kernel_name), resources=c.resources(kernel_name),
-                     compile_seconds=compile_seconds, cached=cached, path=path, carrier=carrier,
-                     meta=meta or {})
+                     compile_seconds=compile_seconds, cached=cached, path=path, meta=meta or {})
 
 
 def key_fields(source_text: str, arch: str, *, version: str | None = None) -> list[tuple[str, str]]:
@@ -139,8 +138,7 @@ class KernelCache:
         try:
             return Built.from_cubin(name=meta["name"], kernel_name=meta["kernel"], arch=meta["arch"],
                                     key=meta["key"], cubin=cubin, compile_seconds=meta["compile_seconds"],
-                                    cached=True, carrier=bool(meta.get("carrier", False)), path=d,
-                                    meta=meta)
+                                    cached=True, path=d, meta=meta)
         except (KeyError, TypeError, FusegemmError):
             return None
 
@@ -158,7 +156,7 @@ class KernelCache:
             "cubin_size": len(built.cubin), "cubin_sha256": hashlib.sha256(built.cubin).hexdigest(),
             "contract": built.contract.__dict__, "resources": built.resources.__dict__,
             "compile_seconds": round(built.compile_seconds, 3), "created": time.time(),
-            "carrier": built.carrier, **meta_extra,
+            **meta_extra,
         }
         try:
             (tmp / "kernel.cu").write_text(source_text)

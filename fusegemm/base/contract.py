@@ -47,6 +47,8 @@ class KernelContract:
     tma_dtype_b: int = _f("kTmaDtypeB", "CUtensorMapDataType of B's map")
     tmap_slot_stride: int = _f("kTmapSlotStride", "128-byte tensor-map slots per CTA in tmap_workspace (0: none)")
     tmem_cols: int = _f("kTmemCols", "TMEM columns allocated per CTA (0: no TMEM)")
+    sf_box_k: int = _f("kSfBoxK", "scale-factor maps: 512-byte SF atoms along K per box (0: no scales)")
+    sf_box_nb: int = _f("kSfBoxNB", "SFB map: SF atoms along N per box (SFA: always 1)")
 
 
 # (field, kernel constant) in export order.

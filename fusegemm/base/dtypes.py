@@ -89,6 +89,8 @@ DTYPES: dict[str, DType] = {d.name: d for d in (
     DType("uint8", "u8", 8, "uint8", _INF, "uint8_t", tma="UINT8", typestr="|u1"),
     DType("int8", "i8", 8, "int8", _INF, "int8_t", typestr="|i1"),
     DType("int32", "i32", 32, "int32", _INF, "int32_t", tma="INT32", typestr="<i4"),
+    # Scale-factor atoms travel as uint32 maps (one 512-byte atom = a 128-element box row).
+    DType("uint32", "u32", 32, "uint32", _INF, "uint32_t", tma="UINT32", typestr="<u4"),
     DType("int64", "i64", 64, "int64", _INF, "int64_t", tma="INT64", typestr="<i8"),
     DType("uint64", "u64", 64, "uint64", _INF, "uint64_t", tma="UINT64", typestr="<u8"),
     DType("bool", "b", 8, "bool_", _INF, "bool", typestr="|b1"),

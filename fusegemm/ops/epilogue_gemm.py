@@ -33,32 +33,21 @@ RCP_MAX = {"float8_e4m3fn": 1.0 / 448.0, "float4_e2m1fn_x2": 1.0 / 6.0}
 E5M2_RCP_MAX = {"page": 1.0 / 57344.0, "nvidia": 1.0 / 128.0}
 
 
-class EpilogueGemm:
-    """Compiled grouped BF16 GEMM with a spec's epilogue, for one variant.
+class SpecGemm:
+    """What every spec-driven op shares: the spec, its variant on an arch, the resolved epilogue
+    and the epilogue's inputs by spec name. Subclasses set ``FAMILIES`` and run the kernel."""
 
-    Parameters
-    ----------
-    spec : Spec, spec name or path to a YAML file
-        A spec of kernel family ``grouped_gemm``.
-    arch : str, optional
-        Default: the device's (``device``).
-    device : int
-        CUDA device ordinal (default 0).
-    e5m2_rcp_max : {"page", "nvidia"}
-        SFD convention of an e5m2 output.
-    **axes
-        Variant choices (``d_dtype="float8_e4m3fn"``, ``weight_mode="discrete"``, tiles...);
-        the rest take the spec's and the arch's defaults.
-    """
+    FAMILIES: tuple[str, ...] = ()
+    WHAT = ""
 
     def __init__(self, spec: Any, *, arch: str | None = None, device: int = 0,
                  e5m2_rcp_max: str = "page", **axes: Any) -> None:
         from ..generator.spec import Spec, find_spec
         from ..generator.variants import make_variant
         self.spec = spec if isinstance(spec, Spec) else find_spec(str(spec) if isinstance(spec, Path) else spec)
-        if self.spec.kernel != FAMILY:
-            raise UnsupportedError(f"spec {self.spec.name}: kernel family {self.spec.kernel!r}; EpilogueGemm "
-                                   f"runs family {FAMILY!r} (BF16 A/B)")
+        if self.spec.kernel not in self.FAMILIES:
+            raise UnsupportedError(f"spec {self.spec.name}: kernel family {self.spec.kernel!r}; "
+                                   f"{type(self).__name__} runs {', '.join(map(repr, self.FAMILIES))} ({self.WHAT})")
         args.choice(e5m2_rcp_max, "e5m2_rcp_max", tuple(E5M2_RCP_MAX))
         self.device = device
         self.arch = arch or _device.device_arch(device)
@@ -71,10 +60,11 @@ class EpilogueGemm:
     def check_support(self) -> bool:
         """True when the arch's kernel implements this variant; UnsupportedError says why not."""
         from ..generator import registry
-        registry.resolve(FAMILY, self.arch, self.variant.choices)
+        registry.resolve(self.spec.kernel, self.arch, self.variant.choices)
         return True
 
-    def compile(self) -> "EpilogueGemm":
+    def compile(self) -> "SpecGemm":
+        """Compile (or fetch from the cache) and load the kernel; returns self."""
         if self._launcher is None:
             self.check_support()
             self._launcher = GroupedLauncher.build(self.variant, self.device)
@@ -96,6 +86,80 @@ class EpilogueGemm:
             raise ArgumentError("b_tensor N", n, "a multiple of 64 (the accumulator holds 32-column gate/up "
                                                   "block pairs)")
         return r.width(n), r.columns(n)
+
+    def _inputs(self, given: Mapping[str, Any], call: Any, w: int, deferred: list | None = None,
+                names: Mapping[str, str] | None = None) -> tuple[dict[str, int], list[Any]]:
+        """Validate the epilogue's inputs; their ABI slot values (and what must stay alive).
+
+        ``deferred``: collect ``(name, view, alignment)`` there instead of checking devices and
+        addresses now (callers that check every device last, after all shapes and dtypes).
+        ``names``: the caller's argument name of each input in messages (a seed wrapper's
+        ``alpha_tensor``); default ``inputs['alpha']``."""
+        r = self.epilogue
+        known = {i.name for i in r.inputs}
+        extra = sorted(set(given) - {i.name for i in self.spec.epilogue.inputs})
+        if extra:
+            raise ArgumentError(f"inputs[{extra[0]!r}]", "given", f"the epilogue's inputs: {', '.join(sorted(known))}")
+        values: dict[str, int] = {}
+        keep: list[Any] = []
+        for inp in r.inputs:
+            x = given.get(inp.name)
+            name = (names or {}).get(inp.name, f"inputs[{inp.name!r}]")
+            if x is None:
+                if inp.default is None:
+                    raise ArgumentError(name, None, f"a {inp.per} input ({inp.dtype}): the epilogue reads it")
+                continue
+            if inp.per == "scalar":
+                if isinstance(x, (int, float)) and not isinstance(x, bool):
+                    x = alloc((1,), "float32", self.device).fill_(float(x))
+                v = args.vector(x, name, 1)
+            elif inp.per == "expert":
+                v = args.vector(x, name, call.l, what="(one value per expert)")
+            elif inp.per == "row":
+                v = args.vector(x, name, call.m, dtypes=(inp.dtype,), what="(one value per row)")
+            elif inp.per == "column":
+                v = args.bias(x, call.n, call.l, (inp.dtype,))
+                if v.strides[0] != 1 or (call.l > 1 and v.strides[1] != call.n):
+                    raise ArgumentError(f"{name}.stride", v.strides, f"(1, {call.n}): (N, L) with N contiguous")
+            else:
+                width = 2 * w if inp.paired else w
+                v = args.output(x, name, call.m, width, (inp.dtype,), what=f"(M, {width}) or (M, {width}, 1)")
+                if v.strides[1] != 1:
+                    raise ArgumentError(f"{name}.stride", v.strides, "row-major (stride 1 along columns)")
+                values["ld_c_in"] = v.strides[0]
+            if inp.per in ("row", "expert"):
+                checks.unit_stride(v, name)
+            align = 2 if DTYPES[inp.dtype].itemsize == 2 else 4
+            if deferred is None:
+                checks.same_device([(name, v)], call.a.device)
+                checks.aligned(v, name, align)
+            else:
+                deferred.append((name, v, align))
+            values[inp.slot] = v.ptr
+            keep.append(x)
+        return values, keep
+
+
+class EpilogueGemm(SpecGemm):
+    """Compiled grouped BF16 GEMM with a spec's epilogue, for one variant.
+
+    Parameters
+    ----------
+    spec : Spec, spec name or path to a YAML file
+        A spec of kernel family ``grouped_gemm``.
+    arch : str, optional
+        Default: the device's (``device``).
+    device : int
+        CUDA device ordinal (default 0).
+    e5m2_rcp_max : {"page", "nvidia"}
+        SFD convention of an e5m2 output.
+    **axes
+        Variant choices (``d_dtype="float8_e4m3fn"``, ``weight_mode="discrete"``, tiles...);
+        the rest take the spec's and the arch's defaults.
+    """
+
+    FAMILIES = (FAMILY,)
+    WHAT = "BF16 A/B"
 
     # ---------------------------------------------------------------------------------
     def __call__(self, a_tensor: Any, padded_offsets: Any, b_tensor: Any = None, *, b_ptrs: Any = None,
@@ -130,48 +194,6 @@ class EpilogueGemm:
             ln.launch(values, grid, stream)
         del keep
         return TupleDict(**out)
-
-    def _inputs(self, given: Mapping[str, Any], call: Any, w: int) -> tuple[dict[str, int], list[Any]]:
-        """Validate the epilogue's inputs; their ABI slot values (and what must stay alive)."""
-        r = self.epilogue
-        known = {i.name for i in r.inputs}
-        extra = sorted(set(given) - {i.name for i in self.spec.epilogue.inputs})
-        if extra:
-            raise ArgumentError(f"inputs[{extra[0]!r}]", "given", f"the epilogue's inputs: {', '.join(sorted(known))}")
-        values: dict[str, int] = {}
-        keep: list[Any] = []
-        for inp in r.inputs:
-            x = given.get(inp.name)
-            name = f"inputs[{inp.name!r}]"
-            if x is None:
-                if inp.default is None:
-                    raise ArgumentError(name, None, f"a {inp.per} input ({inp.dtype}): the epilogue reads it")
-                continue
-            if inp.per == "scalar":
-                if isinstance(x, (int, float)) and not isinstance(x, bool):
-                    x = alloc((1,), "float32", self.device).fill_(float(x))
-                v = args.vector(x, name, 1)
-            elif inp.per == "expert":
-                v = args.vector(x, name, call.l, what="(one value per expert)")
-            elif inp.per == "row":
-                v = args.vector(x, name, call.m, dtypes=(inp.dtype,), what="(one value per row)")
-            elif inp.per == "column":
-                v = args.bias(x, call.n, call.l, (inp.dtype,))
-                if v.strides[0] != 1 or (call.l > 1 and v.strides[1] != call.n):
-                    raise ArgumentError(f"{name}.stride", v.strides, f"(1, {call.n}): (N, L) with N contiguous")
-            else:
-                width = 2 * w if inp.paired else w
-                v = args.output(x, name, call.m, width, (inp.dtype,), what=f"(M, {width}) or (M, {width}, 1)")
-                if v.strides[1] != 1:
-                    raise ArgumentError(f"{name}.stride", v.strides, "row-major (stride 1 along columns)")
-                values["ld_c_in"] = v.strides[0]
-            if inp.per in ("row", "expert"):
-                checks.unit_stride(v, name)
-            checks.same_device([(name, v)], call.a.device)
-            checks.aligned(v, name, 2 if DTYPES[inp.dtype].itemsize == 2 else 4)
-            values[inp.slot] = v.ptr
-            keep.append(x)
-        return values, keep
 
     # ---------------------------------------------------------------------------------
     def reference(self, a_tensor: Any, padded_offsets: Any, b_tensor: Any, *,

@@ -234,8 +234,8 @@ def _variant_of(v: V) -> tuple[str, Variant]:
 
 @functools.lru_cache(maxsize=None)
 def rendered(v: V) -> Source:
-    """The product's translation unit of ``v`` (fault 0): render(variant, carriers=True)."""
-    return render(_variant_of(replace(v, fault=0))[1], carriers=True)
+    """The product's translation unit of ``v`` (fault 0): render(variant)."""
+    return render(_variant_of(replace(v, fault=0))[1])
 
 
 def plant_fault(text: str, fault: int) -> str:

@@ -24,9 +24,11 @@ def test_list_json():
     g90, g100 = rows[("grouped_gemm", "sm_90a")], rows[("grouped_gemm", "sm_100a")]
     assert g90["declared"] == g100["declared"] == g100["implemented"] > 0
     assert g90["status"] == "implemented" and 0 < g90["implemented"] < g90["declared"]
-    # ... and a carrier implements nothing; the fused ops are kernels on sm_100a.
-    s = rows[("grouped_gemm_srelu", "sm_90a")]
-    assert s["status"] == "carrier" and s["implemented"] == 0 and s["declared"] > 0
+    # ... and the sm_90a block-scaled kernel implements part of each fused op (MXFP8, K-major,
+    # tile M 128, 1x1 clusters); on sm_100a the fused ops implement their whole surface.
+    for fused in ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu"):
+        r90 = rows[(fused, "sm_90a")]
+        assert r90["status"] == "implemented" and 0 < r90["implemented"] < r90["declared"]
     for fused in ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu"):
         r100 = rows[(fused, "sm_100a")]
         assert r100["status"] == "implemented" and r100["implemented"] == r100["declared"] > 0
@@ -35,7 +37,7 @@ def test_list_json():
 def test_list_text_names_status():
     r = run("list")
     assert r.exit_code == 0
-    assert any(line.split()[:4] == ["grouped_gemm_srelu", "grouped", "sm_90a", "carrier"]
+    assert any(line.split()[:4] == ["grouped_gemm_srelu", "grouped", "sm_90a", "implemented"]
                for line in r.output.splitlines())
 
 
@@ -75,22 +77,33 @@ def test_generate_bad_variant_exit_1(tmp_path):
 
 
 def test_variant_axis_must_reach_the_kernel(tmp_path):
-    r = run("generate", "grouped_gemm_srelu", "--arch", "sm_100a", "--variant", "d_dtype=float8_e4m3fn",
+    r = run("generate", "grouped_gemm_srelu", "--arch", "sm_100a", "--variant", "b_major=k",
             "-o", str(tmp_path))
-    assert r.exit_code == 0, r.output                      # the sm_100a kernel: d_dtype reaches it
-    r = run("generate", "grouped_gemm_srelu", "--carriers", "--arch", "sm_90a", "--variant",
-            "d_dtype=float8_e4m3fn", "-o", str(tmp_path))
+    assert r.exit_code == 0, r.output                      # the sm_100a kernel: b_major reaches it
+    # the sm_90a kernel implements K-major B only: the limit says so (not "does not reach")
+    r = run("generate", "grouped_gemm_srelu", "--arch", "sm_90a", "--variant", "b_major=k",
+            "-o", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    r = run("generate", "grouped_gemm_srelu", "--arch", "sm_90a", "--variant", "b_major=n",
+            "--variant", "weight_mode=discrete", "-o", str(tmp_path))
     assert r.exit_code == 1
-    assert "Error: d_dtype: does not reach the sm_90a carrier of grouped_gemm_srelu" in r.output
-    r = run("build", "grouped_gemm_srelu", "--carriers", "--arch", "sm_90a", "--variant", "ab_dtype=float8_e5m2")
-    assert r.exit_code == 1 and "ab_dtype: does not reach the sm_90a carrier of grouped_gemm_srelu" in r.output
+    assert "b_major='n' is not implemented for grouped_gemm_srelu on sm_90a; implemented: k" in r.output
+    # an axis the spec offers but no kernel reads is refused by name
+    r = run("generate", "grouped_gemm", "--arch", "sm_90a", "--variant", "vector_f32=true", "-o", str(tmp_path))
+    assert r.exit_code == 1 and "vector_f32" in r.output, r.output
 
 
-def test_carriers_build_only_on_request():
-    r = run("build", "grouped_gemm_srelu", "--arch", "sm_90a")
+def test_build_refuses_what_the_arch_does_not_implement(tmp_path):
+    """NVFP4 A/B is declared by the spec and implemented on sm_100a; the sm_90a kernel is MXFP8
+    only, and the build says so (the axis, what is implemented, why) before compiling anything."""
+    nvfp4 = ("--variant", "ab_dtype=float4_e2m1fn_x2", "--variant", "sf_dtype=float8_e4m3fn",
+             "--variant", "sf_vec_size=16")
+    r = run("generate", "grouped_gemm_srelu", "--arch", "sm_100a", *nvfp4, "-o", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    r = run("build", "grouped_gemm_srelu", "--arch", "sm_90a", *nvfp4)
     assert r.exit_code == 1
-    assert "not built: carriers, stand-ins for kernels that have not landed" in r.output
-    assert "Error: nothing to build: grouped_gemm_srelu on sm_90a (carrier)" in r.output
+    assert ("Error: ab_dtype='float4_e2m1fn_x2' is not implemented for grouped_gemm_srelu on sm_90a; "
+            "implemented: float8_e4m3fn, float8_e5m2 (MXFP8 only") in r.output
 
 
 def test_variant_option_mistakes(tmp_path):
@@ -112,17 +125,18 @@ def test_unknown_command_exit_2():
 
 
 def test_build_inspect_cache_roundtrip(cache_dir):
-    r = run("build", "gemm_amax", "--arch", "sm_90a", "--carriers", "--variant", "tile_n=128", "-j", "1")
+    r = run("build", "gemm_amax", "--arch", "sm_90a", "--variant", "tile_n=128", "-j", "1")
     assert r.exit_code == 0, r.output
-    assert "1 built (1 carriers) (0 cached), 0 failed" in r.output
-    r2 = run("build", "gemm_amax", "--arch", "sm_90a", "--carriers", "--variant", "tile_n=128", "--json")
+    assert "1 built (0 cached), 0 failed" in r.output
+    r2 = run("build", "gemm_amax", "--arch", "sm_90a", "--variant", "tile_n=128", "--json")
     data = json.loads(r2.output)
     assert data["failed"] == 0 and data["results"][0]["cached"] is True
     name = data["results"][0]["name"]
     r3 = run("inspect", name[:40], "--json", "--no-sass")
     assert r3.exit_code == 0, r3.output
     info = json.loads(r3.output)
-    assert info["kernels"][0]["local_bytes"] == 0 and info["kernels"][0]["contract"]["threads"] == 128
+    # the sm_90a block-scaled kernel: a producer warpgroup and two 64-row WGMMA consumer warpgroups
+    assert info["kernels"][0]["local_bytes"] == 0 and info["kernels"][0]["contract"]["threads"] == 384
     rows = json.loads(run("cache", "list", "--json").output)
     assert [row["name"] for row in rows] == [name]
     assert run("cache", "path").output.strip() == str(cache_dir)
@@ -151,8 +165,8 @@ def test_build_failure_exit_1(cache_dir, monkeypatch):
     from fusegemm import pipeline
     real = pipeline.render
 
-    def broken(v, carriers=False):
-        s = real(v, carriers=carriers)
+    def broken(v):
+        s = real(v)
         return dataclasses.replace(s, text=s.text + "\n#error deliberately broken\n")
     monkeypatch.setattr(pipeline, "render", broken)
     r = CliRunner().invoke(main, ["build", "gemm_amax", "--arch", "sm_100a", "-j", "1",

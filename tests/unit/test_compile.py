@@ -38,7 +38,7 @@ def test_generated_kernel_error_names_spec_and_kernel(monkeypatch, tmp_path):
     good = render(v)
     bad = Source(variant=v, impl=good.impl, name=good.name, symbol=good.symbol,
                  text=good.text + "\nint oops = ;\n", digest=good.digest)
-    monkeypatch.setattr("fusegemm.pipeline.render", lambda _v, carriers=False: bad)
+    monkeypatch.setattr("fusegemm.pipeline.render", lambda _v: bad)
     with pytest.raises(CompileError) as info:
         pipeline.get_kernel(v, c.KernelCache(tmp_path, disk=True))
     msg = str(info.value)
@@ -61,10 +61,9 @@ def test_cluster_shapes_share_one_kernel(session_cache):
 
 @pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
 def test_every_prebuild_variant_compiles(arch, session_cache):
-    """Every kernel `fusegemm build` makes by default, and every carrier it makes with
-    --carriers, compiles for both archs, spill-free."""
-    vs, _ = b.select(None, (arch,), carriers=True)
-    results = b.build(vs, cache=session_cache, carriers=True)
+    """Every kernel `fusegemm build` makes by default compiles for both archs, spill-free."""
+    vs, _ = b.select(None, (arch,))
+    results = b.build(vs, cache=session_cache)
     failed = [f"{r.name}: {r.error[:2000]}" for r in results if not r.ok]
     assert failed == []
     assert sum(r.variants for r in results) == len(vs) >= 10   # every variant is served

@@ -96,14 +96,14 @@ def test_a_kernel_that_disagrees_with_its_variant_is_refused(session_cache):
     assert text != src.text
     cub = compile_source(text, arch="sm_100a", kernel=src.symbol)
     b = Built.from_cubin(name=src.name, kernel_name=src.symbol, arch="sm_100a", key="x", cubin=cub.data,
-                         compile_seconds=0.0, cached=False, carrier=False)
+                         compile_seconds=0.0, cached=False)
     assert tma_dtype_name(b.contract.tma_dtype_a) == "float16"
     with pytest.raises(ContractError, match=r"tma_dtype_a is 'float16'; the host launches 'bfloat16'"):
         check_contract(b.contract, kernel=b.name, tile=(128, 256), ab_dtype="bfloat16", cluster=(1, 1),
                        discrete=False)
 
 
-@pytest.mark.parametrize("row", [r for r in registry.ROWS if not r.carrier], ids=lambda r: f"{r.family}.{r.arch}")
+@pytest.mark.parametrize("row", registry.ROWS, ids=lambda r: f"{r.family}.{r.arch}")
 def test_registry_never_offers_a_cluster_the_kernel_refuses(row, session_cache):
     """The registry's implemented surface (spec choices within the row's limits) fits the
     largest cluster every kernel of the row exports: sm_90a's kernels take no clusters, and

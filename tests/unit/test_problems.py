@@ -148,7 +148,7 @@ def test_grouped_problem_errors():
         make_grouped_problem("grouped_gemm", num_experts=2, tokens=10, n=16, k=16, ab_dtype="float8_e4m3fn")
     with pytest.raises(ValueError, match=r"^sf_vec_size=16 is not allowed with ab_dtype='float8_e4m3fn'"):
         make_grouped_problem("grouped_gemm_quant", num_experts=2, tokens=10, n=16, k=32, sf_vec_size=16)
-    with pytest.raises(ValueError, match=r"^values='random' is not supported; allowed: 'nvidia', 'realistic'$"):
+    with pytest.raises(ValueError, match=r"^values='random' is not supported; allowed: 'nvidia', 'realistic', 'integer'$"):
         make_grouped_problem("grouped_gemm", num_experts=2, tokens=10, n=16, k=16, values="random")
 
 
@@ -169,3 +169,17 @@ def test_batched_problem_layouts_and_reference():
         make_batched_problem(m=128, n=128, k=64, ab_dtype="float4_e2m1fn_x2", a_major="m")
     with pytest.raises(ValueError, match=r"^layout='canonical' \(2-D A/B\) needs batch=1; got batch=2$"):
         make_batched_problem(m=128, n=128, k=64, batch=2, layout="canonical")
+
+
+def test_integer_values_make_exact_sums():
+    """values="integer": A and B hold integers in [-2, 2], so the float32 and float64 references
+    agree bit for bit (the GPU tests compare kernels to them exactly)."""
+    from fusegemm import reference
+    pb = make_grouped_problem("grouped_gemm_quant", num_experts=2, tokens=[256, 100], n=128, k=256,
+                              values="integer", d_dtype="float8_e4m3fn", seed=3)
+    a = np.asarray(pb.a_tensor).astype(np.float32)
+    assert np.array_equal(a, np.rint(a)) and np.abs(a).max() <= 2
+    r32 = reference.grouped_gemm_quant(**pb.kwargs(sf_vec_size=32))
+    r64 = reference.grouped_gemm_quant(**pb.kwargs(sf_vec_size=32, acc_dtype="float64"))
+    for key in ("d_tensor", "sfd_row_tensor", "sfd_col_tensor"):   # quantized bytes: equal
+        assert np.array_equal(np.asarray(r32[key]).view(np.uint8), np.asarray(r64[key]).view(np.uint8)), key

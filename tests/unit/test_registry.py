@@ -40,7 +40,7 @@ def test_source_axes_are_exactly_the_axes_that_change_the_source(row):
     A wrong declaration would let `--variant` accept an axis that changes nothing, or refuse
     one that does."""
     base = make_variant(SPEC_OF[row.family], arch=row.arch)
-    ref = render(base, carriers=True).digest
+    ref = render(base).digest
     changes = {}
     for axis in AXES:
         if axis == "arch":
@@ -48,7 +48,7 @@ def test_source_axes_are_exactly_the_axes_that_change_the_source(row):
         digests = set()
         for alt in _alternatives(axis, getattr(base, axis)):
             try:
-                digests.add(render(dataclasses.replace(base, **{axis: alt}), carriers=True).digest)
+                digests.add(render(dataclasses.replace(base, **{axis: alt})).digest)
             except (ValueError, UnsupportedError):
                 continue   # e.g. an sf_dtype with no scale type, or a value outside the row's limits
         changes[axis] = any(d != ref for d in digests)
@@ -77,10 +77,14 @@ def test_resolve_says_why():
                                                r"sm_90a; implemented: 64, 128 \(") as info:
         registry.resolve("grouped_gemm", "sm_90a", {**choice, "tile_m": 256})
     assert info.value.axis == "tile_m"
-    with pytest.raises(UnsupportedError, match=r"^grouped_gemm_srelu has no kernel for sm_90a yet "
-                                               r"\(status: carrier: no kernel for this arch yet"):
-        registry.resolve("grouped_gemm_srelu", "sm_90a", {})
-    assert registry.resolve("grouped_gemm_srelu", "sm_90a", {}, carriers=True).carrier
+    # The sm_90a block-scaled kernel implements MXFP8 only: FP4 A/B is refused naming the axis.
+    srelu = default_choice(find_spec("grouped_gemm_srelu"), "sm_90a")
+    assert registry.resolve("grouped_gemm_srelu", "sm_90a", srelu).status == registry.IMPLEMENTED
+    with pytest.raises(UnsupportedError, match=r"^ab_dtype='float4_e2m1fn_x2' is not implemented for "
+                                               r"grouped_gemm_srelu on sm_90a; implemented: "
+                                               r"float8_e4m3fn, float8_e5m2 \(MXFP8 only") as info:
+        registry.resolve("grouped_gemm_srelu", "sm_90a", {"ab_dtype": "float4_e2m1fn_x2"})
+    assert info.value.axis == "ab_dtype"
     with pytest.raises(UnsupportedError, match=r"^arch: got 'sm_80'; allowed: sm_100a, sm_90a$"):
         registry.resolve("grouped_gemm", "sm_80", choice)
     assert registry.status("grouped_gemm", "sm_80") == registry.NONE
@@ -93,6 +97,8 @@ def test_rows_are_validated():
         registry.Implementation("x", "sm_90a", registry.IMPLEMENTED, "t", "h", "k", None, ("cluster_m",))
     with pytest.raises(ValueError, match=r"status: got 'done'"):
         registry.Implementation("x", "sm_90a", "done", "t", "h", "k", None, ())
+    with pytest.raises(ValueError, match=r"status: got 'none'; allowed: implemented$"):  # no row, never a row
+        registry.Implementation("x", "sm_90a", registry.NONE, "t", "h", "k", None, ())
 
 
 ADD_AN_ARCH = r"""

@@ -18,19 +18,19 @@ GOLDEN_CASES = {
                                     {"bias_dtype": "float32", "generate_c": True, "c_dtype": "float32"}),
     "gemm_amax.sm100a.cu": ("gemm_amax", "sm_100a", {}),
     "grouped_gemm_dswiglu.sm100a.cu": ("grouped_gemm_dswiglu", "sm_100a", {"discrete_col_sfd": True}),
-    "grouped_gemm_srelu.carrier.sm90a.cu": ("grouped_gemm_srelu", "sm_90a", {}),
+    "grouped_gemm_srelu.sm90a.cu": ("grouped_gemm_srelu", "sm_90a", {}),
 }
 
 
 @pytest.mark.parametrize("fname", sorted(GOLDEN_CASES))
 def test_golden_sources(fname, update_golden):
     spec, arch, choices = GOLDEN_CASES[fname]
-    text = render(make_variant(spec, arch=arch, **choices), carriers=True).text
+    text = render(make_variant(spec, arch=arch, **choices)).text
     path = GOLDEN / fname
     if update_golden:
         path.write_text(text)
     assert path.is_file(), f"missing golden {path}; run pytest --update-golden"
-    assert text == path.read_text(), f"rendered source changed: inspect and run pytest --update-golden"
+    assert text == path.read_text(), "rendered source changed: inspect and run pytest --update-golden"
 
 
 def test_render_is_deterministic_across_processes():
@@ -70,14 +70,3 @@ def test_strict_undefined():
         r._env().from_string("{{ v.no_such_field }}").render(v=v)
     with pytest.raises(jinja2.UndefinedError, match="'undeclared' is undefined"):
         r._env().from_string("x = {{ undeclared }};").render()
-
-
-def test_carriers_render_only_on_request():
-    from fusegemm.base.errors import UnsupportedError
-    v = make_variant("grouped_gemm_srelu", arch="sm_90a")
-    with pytest.raises(UnsupportedError, match=r"^grouped_gemm_srelu has no kernel for sm_90a yet "
-                                               r"\(status: carrier: no kernel for this arch yet"):
-        render(v)
-    src = render(v, carriers=True)
-    assert src.carrier and src.name.startswith("grouped_gemm_srelu.carrier.")
-    assert "CARRIER: no kernel for this arch yet" in src.text

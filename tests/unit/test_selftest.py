@@ -17,27 +17,42 @@ def test_no_gpu_exits_zero_with_reason(monkeypatch):
     assert r.exit_code == 0 and r.output == "selftest: nothing to run: no CUDA GPU present\n"
 
 
-def test_unavailable_families_are_listed_not_failed(monkeypatch):
+def _only(monkeypatch, family, cases, runner):
+    """Run only ``family`` (the others get no cases) with a fake case runner."""
+    for fam in list(st.RUNNERS):
+        monkeypatch.setitem(st.RUNNERS, fam, (lambda: cases) if fam == family else (lambda: []))
+    monkeypatch.setitem(st.CASE_RUNNERS, family, runner)
+
+
+def test_every_family_has_cases_on_sm90a(monkeypatch):
+    """The five families all run on the H200: each has selftest cases and a public op."""
+    from fusegemm.generator import registry
+    assert set(st.RUNNERS) == set(registry.families())
     monkeypatch.setattr(st, "detect_arch", lambda: ("sm_90a", "fake H200"))
-    monkeypatch.setitem(st.RUNNERS, "grouped_gemm", lambda: [("ok case", {})])
-    monkeypatch.setitem(st.CASE_RUNNERS, "grouped_gemm", lambda case, device: (1e-3, True, "fine"))
+    for fam in list(st.RUNNERS):
+        monkeypatch.setitem(st.CASE_RUNNERS, fam, lambda case, device: (1e-3, True, "fine"))
     r = CliRunner().invoke(main, ["selftest"])
     assert r.exit_code == 0, r.output
-    assert re.search(r"^grouped_gemm +ok case +pass +0.001 ", r.output, re.M)
-    assert re.search(r"^gemm_amax +- +not available +- .* gemm_amax on sm_90a: carrier: no kernel for "
-                     r"this arch yet", r.output, re.M)
-    assert "1 passed, 0 failed, 4 not available" in r.output
+    for fam in ("grouped_gemm", "gemm_amax", "grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu"):
+        assert re.search(rf"^{fam} +.+ +pass +0.001 ", r.output, re.M), fam
+    assert re.search(r"\b0 failed, 0 not available", r.output), r.output
+
+
+def test_family_without_a_kernel_is_not_available():
+    """A family with no registry row on the arch is listed with the reason, not run."""
+    rows = st.run("sm_90a", families=("no_such_family",))
+    assert rows == [st.Row("no_such_family", "-", "not available",
+                           detail="no_such_family on sm_90a: no kernel for this arch")]
 
 
 def test_failure_exits_one(monkeypatch):
     monkeypatch.setattr(st, "detect_arch", lambda: ("sm_90a", "fake H200"))
-    monkeypatch.setitem(st.RUNNERS, "grouped_gemm", lambda: [("bad", {}), ("boom", {"x": 1})])
 
     def runner(case, device):
         if case:
             raise RuntimeError("device fault")
         return 5.0, False, "too far"
-    monkeypatch.setitem(st.CASE_RUNNERS, "grouped_gemm", runner)
+    _only(monkeypatch, "grouped_gemm", [("bad", {}), ("boom", {"x": 1})], runner)
     r = CliRunner().invoke(main, ["selftest"])
     assert r.exit_code == 1
     assert "0 passed, 2 failed" in r.output and "RuntimeError: device fault" in r.output
@@ -73,3 +88,35 @@ def test_grouped_gemm_cases_logic_on_cpu(monkeypatch):
             continue
         err, ok, detail = st._run_grouped_gemm(case, device="cpu")
         assert ok, (label, err)
+
+
+@pytest.mark.parametrize("family", ["grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax"])
+def test_block_scaled_cases_logic_on_cpu(monkeypatch, family):
+    """Each block-scaled case's problem -> tensors -> compare path, with the reference standing in
+    for the GPU op on CPU tensors: conversions and the comparison rules are checked without a GPU."""
+    torch = pytest.importorskip("torch")
+
+    import fusegemm
+    from fusegemm import reference
+
+    def host(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu):
+            import ml_dtypes
+            return t.view(torch.uint8).numpy().view(getattr(ml_dtypes, str(t.dtype).split(".")[1]))
+        if t.dtype == torch.bfloat16:
+            import ml_dtypes
+            return t.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+        return t.numpy()
+
+    def fake(**kw):
+        if "b_ptrs" in kw:   # pointer tables are device-only: stand in with the lists
+            pytest.skip("discrete pointers are device-only")
+        return getattr(reference, family)(**{k: host(v) for k, v in kw.items()})
+    monkeypatch.setattr(fusegemm, family, fake, raising=False)
+    for label, case in st.RUNNERS[family]():
+        if case.get("discrete"):
+            continue
+        err, ok, detail = st._run_scaled(family, case, "cpu")
+        assert ok and err == 0.0, (label, detail)

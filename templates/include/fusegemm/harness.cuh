@@ -21,7 +21,7 @@ namespace fusegemm::harness {
   static constexpr int kTileK = 0, kMAligned = fusegemm::kMAligned;                             \
   static constexpr int kBoxAInner = 0, kBoxAOuter = 0, kBoxBInner = 0, kBoxBOuter = 0;         \
   static constexpr int kSwizzleA = 0, kSwizzleB = 0, kTmaDtypeA = 0, kTmaDtypeB = 0;           \
-  static constexpr int kTmapSlotStride = 0, kTmemCols = 0;
+  static constexpr int kTmapSlotStride = 0, kTmemCols = 0, kSfBoxK = 0, kSfBoxNB = 0;
 
 // Expert owning global row `row` (padded_offsets, cumulative ends).
 FUSEGEMM_DEVICE int expert_of_row(const int* offsets, int num_experts, int row) {
@@ -86,7 +86,7 @@ struct FragmentHarness {
   static_assert(Rule::kElementwise, "the fragment path serves element-wise rules");
   static constexpr int kThreads = 128;
   static constexpr int kTileN = Config::kTileN;
-  static constexpr int kSmemBytes = Kernel::kEpiBytes;
+  static constexpr int kSmemBytes = Kernel::Epi::kBytes;
   // Contract (fusegemm/base/contract.py): a 64-row x kTileN grid, no TMA.
   static constexpr int kTileM = 64;
   CONTRACT_NONE_OF_THE_REST
@@ -115,7 +115,9 @@ struct FragmentHarness {
       acc[4 * j + 3] = in ? a1[col + 1] : 0.0f;
     }
     // The kernel's epilogue with this CTA's one warpgroup as consumer warpgroup 0 of an M-64 tile.
-    Kernel::epilogue(p, smem, expert, m_block, n_block, 0, warp, lane, acc);
+    typename Kernel::Epi::Partials part;
+    part.reset();
+    Kernel::Epi::run(p, smem, expert, m_block * 64, n_block * kTileN, 0, warp, lane, acc, part);
   }
 };
 

@@ -14,6 +14,15 @@
 
 #include "fusegemm/common.cuh"
 
+// sm_90a kernels: M-blocks per rasterisation band of the tile order (below). A macro so that
+// tuning runs can compare bands through FUSEGEMM_NVRTC_EXTRA without a new template axis.
+// H200, same-process A/B (bench --configs ...:g8): 16 was 1-2% faster than 8 on
+// mixtral-fc1 and dsv3-fc2 (the concurrent B working set of a band fits L2 better), equal
+// elsewhere; 4 was no better.
+#ifndef FUSEGEMM_RASTER_GROUP
+#define FUSEGEMM_RASTER_GROUP 16
+#endif
+
 namespace fusegemm {
 
 struct GroupedTile {
@@ -64,6 +73,38 @@ struct GroupedScheduler {
     t.m_block = first_m + local % band_rows;
     t.n_block = local / band_rows;
     t.expert = expert_of_row(t.m_block * TILE_M);
+    t.linear = linear;
+    return t;
+  }
+};
+
+// Batched dense tile space (seed 004: L batches of M x N): ceil(M / TILE_M) x ceil(N / TILE_N)
+// tiles per batch, batch-major, each batch rasterised in bands of kGroupM M-blocks as above.
+// GroupedTile.expert is the batch and m_block counts within it (rows past M are TMA-filled
+// zeros and never stored).
+template <int TILE_M, int TILE_N, int kGroupM = 8>
+struct BatchedScheduler {
+  int batches;
+  int m_blocks;   // per batch
+  int n_blocks;
+
+  FUSEGEMM_DEVICE BatchedScheduler(int m, int n, int batches_)
+      : batches(batches_), m_blocks((m + TILE_M - 1) / TILE_M), n_blocks((n + TILE_N - 1) / TILE_N) {}
+
+  FUSEGEMM_DEVICE int num_tiles() const { return batches * m_blocks * n_blocks; }
+
+  FUSEGEMM_DEVICE GroupedTile tile(int linear) const {
+    GroupedTile t{-1, 0, 0, -1};
+    if (linear < 0 || linear >= num_tiles()) return t;
+    const int per_batch = m_blocks * n_blocks;
+    t.expert = linear / per_batch;
+    const int rest = linear - t.expert * per_batch;
+    const int band = rest / (kGroupM * n_blocks);
+    const int first_m = band * kGroupM;
+    const int band_rows = min(kGroupM, m_blocks - first_m);
+    const int local = rest - band * kGroupM * n_blocks;
+    t.m_block = first_m + local % band_rows;
+    t.n_block = local / band_rows;
     t.linear = linear;
     return t;
   }

@@ -137,6 +137,16 @@ FUSEGEMM_DEVICE void tma_load_3d(const CUtensorMap* desc, uint64_t* bar, void* s
       : "memory");
 }
 
+FUSEGEMM_DEVICE void tma_load_4d(const CUtensorMap* desc, uint64_t* bar, void* smem, int c0,
+                                 int c1, int c2, int c3, CacheHint hint = CacheHint::kNormal) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;"
+      ::"r"(smem_u32(smem)), "l"(desc), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+        "l"(static_cast<uint64_t>(hint))
+      : "memory");
+}
+
 // Multicast: the same box lands at the same smem offset in every CTA of `cta_mask`, and
 // each destination CTA's barrier (same offset) receives the transaction bytes.
 FUSEGEMM_DEVICE void tma_load_2d_multicast(const CUtensorMap* desc, uint64_t* bar, void* smem,

@@ -167,7 +167,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_ba1d17945ca2_contract[20] = {
+extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_d2077e60733a_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -188,9 +188,11 @@ extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_ba1d17
     Kernel::kTmaDtypeB,  // tma_dtype_b
     Kernel::kTmapSlotStride,  // tmap_slot_stride
     Kernel::kTmemCols,  // tmem_cols
+    Kernel::kSfBoxK,  // sf_box_k
+    Kernel::kSfBoxNB,  // sf_box_nb
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_gemm_amax_sm100a_ba1d17945ca2(const __grid_constant__ fusegemm_gen::Params params) {
+fg_gemm_amax_sm100a_d2077e60733a(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

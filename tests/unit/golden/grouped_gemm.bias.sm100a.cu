@@ -169,7 +169,7 @@ using Kernel = fusegemm::sm100::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_e289da0a5fc5_contract[20] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_24712854554e_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -190,9 +190,11 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_e28
     Kernel::kTmaDtypeB,  // tma_dtype_b
     Kernel::kTmapSlotStride,  // tmap_slot_stride
     Kernel::kTmemCols,  // tmem_cols
+    Kernel::kSfBoxK,  // sf_box_k
+    Kernel::kSfBoxNB,  // sf_box_nb
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm100a_e289da0a5fc5(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm100a_24712854554e(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -1,6 +1,6 @@
-// sm_100a block-scaled GEMM mainloop (MXFP8 / NVFP4 / MXFP4) carried by the GEMM+amax
-// epilogue (seed 004: C = dequant(A) dequant(B)^T, amax = max |C| over everything), grouped over
-// padded_offsets (kBatched = false) or batched dense (kBatched = true, L = num_experts).
+// sm_100a block-scaled GEMM (MXFP8 / NVFP4 / MXFP4) with the spec's epilogue rule (seeds 000, 002,
+// 003, 004: dSwiGLU, sReLU, quant, GEMM + amax), grouped over padded_offsets (kBatched = false) or
+// batched dense (kBatched = true, L = num_experts).
 //
 // Kinds (sm100-protocol.md §2-3; CUTLASS UMMA:990/1358, BSC):
 //   e4m3 / e5m2, vec 32, UE8M0       kind::mxf8f6f4          tile K 128 (128 B), 4 x K32
@@ -102,6 +102,8 @@ struct BlockScaledGemmKernel {
   static constexpr int kAccStages = 2 * kTileN + kSfaCols + kSfbCols <= kTmemColumns ? 2 : 1;
   static constexpr int kSfaCol = kAccStages * kTileN, kSfbCol = kSfaCol + kSfaCols;
   static constexpr int kTmemCols = tmem_alloc_columns(kSfbCol + kSfbCols);
+  // SF boxes (host contract): kSfKAtoms atoms along K; SFB kSfbMnAtoms along N, SFA one.
+  static constexpr int kSfBoxK = kSfKAtoms, kSfBoxNB = kSfbMnAtoms;
   static constexpr bool kCMajorM = Config::kCMajorM;
   static_assert(kFp8 || (!kAMn && !kBMn),
                 "packed FP4 A/B must be K-major (kind::mxf4/mxf4nvf4, sm1xx_common.inl:660)");
@@ -110,7 +112,7 @@ struct BlockScaledGemmKernel {
   static_assert(!kCMajorM || out_bits<ElementC>() >= 8, "packed FP4 C must be N-major");
   // Which C/D dtypes go with which A/B is each seed's surface (its spec's constraints), not
   // this kernel's: any pairing compiles.
-  // The epilogue rule generated from the spec (the carriers: the GEMM + amax rule with FP32 C),
+  // The epilogue rule generated from the spec (GEMM + amax, sReLU, quant or dSwiGLU),
   // run by the arch-neutral engine: C, D (paired or not), D_col, SFD, amax and dprob.
   using Rule = typename Config::Rule;
   using ElementD = typename Config::ElementD;

@@ -45,6 +45,7 @@ struct GroupedGemmKernel {
   static constexpr int kAccStages = 2 * kTileN <= kTmemColumns ? 2 : 1;
   static constexpr int kAccCols = kAccStages * kTileN;
   static constexpr int kTmemCols = tmem_alloc_columns(kAccCols);
+  static constexpr int kSfBoxK = 0, kSfBoxNB = 0;  // no scale factors
   using Rule = typename Config::Rule;  // the epilogue rule generated from the spec
   using Engine = epi::BlockEngine<Rule, ElementC, ElementD>;
   // Accumulator columns per engine block: 32, or a gate block and an up block when paired.

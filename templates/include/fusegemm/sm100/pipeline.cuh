@@ -95,17 +95,7 @@ FUSEGEMM_DEVICE void tma_load_2sm_3d(const CUtensorMap* desc, uint64_t* bar, voi
       : "memory");
 }
 
-// 4-D loads (scale-factor atoms: {128 words, k-atoms, mn-atoms, L}); tma.cuh stops at 3-D.
-FUSEGEMM_DEVICE void tma_load_4d(const CUtensorMap* desc, uint64_t* bar, void* smem, int c0, int c1,
-                                 int c2, int c3, CacheHint hint = CacheHint::kNormal) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;"
-      ::"r"(smem_u32(smem)), "l"(desc), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-        "l"(static_cast<uint64_t>(hint))
-      : "memory");
-}
-
+// 4-D loads (scale-factor atoms: {128 words, k-atoms, mn-atoms, L}): tma_load_4d is in tma.cuh.
 FUSEGEMM_DEVICE void tma_load_2sm_4d(const CUtensorMap* desc, uint64_t* bar, void* smem, int c0,
                                      int c1, int c2, int c3, CacheHint hint = CacheHint::kNormal) {
   asm volatile(

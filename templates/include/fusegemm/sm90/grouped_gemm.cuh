@@ -12,25 +12,18 @@
 // in how the producer picks the next linear tile; the consumers never touch the scheduler.
 // The producer runs ahead across tiles, so the next tile's loads overlap this epilogue.
 //
-// Epilogue: each consumer warp owns 16 complete rows of the tile in its WGMMA fragment,
-// so it stages 128-byte column chunks in its own padded smem buffer and writes full
-// cache lines (epi::WarpStagedStore), synchronising with __syncwarp only.
+// Epilogue (fusegemm/sm90/epilogue.cuh): each consumer warp owns 16 complete rows of the tile in
+// its WGMMA fragment, so element-wise rules stage 128-byte column chunks in the warp's own padded
+// smem buffer and write full cache lines (epi::WarpStagedStore), synchronising with __syncwarp
+// only; other rules run the arch-neutral engine.
 #pragma once
 
 #include "fusegemm/common.cuh"
 #include "fusegemm/epilogue_block.cuh"
+#include "fusegemm/sm90/epilogue.cuh"
 #include "fusegemm/scheduler.cuh"
 #include "fusegemm/tma.cuh"
 #include "fusegemm/sm90/wgmma.cuh"
-
-// M-blocks per rasterisation band of the tile order (scheduler.cuh). A macro so that
-// tuning runs can compare bands through FUSEGEMM_NVRTC_EXTRA without a new template axis.
-// H200, same-process A/B (bench --configs ...:g8): 16 was 1-2% faster than 8 on
-// mixtral-fc1 and dsv3-fc2 (the concurrent B working set of a band fits L2 better), equal
-// elsewhere; 4 was no better.
-#ifndef FUSEGEMM_RASTER_GROUP
-#define FUSEGEMM_RASTER_GROUP 16
-#endif
 
 // Consumer stagger: warpgroup 1 starts after warpgroup 0 has consumed this many k-blocks
 // of its first tile (0 = lockstep). Both warpgroups then keep the offset, so one
@@ -51,8 +44,6 @@ struct GroupedGemmKernel {
   using ElementC = typename Config::ElementC;
   using ElementD = typename Config::ElementD;
   using Rule = typename Config::Rule;  // the epilogue rule (generator/registry.py row)
-  using StoreC = epi::WarpStagedStore<ElementC>;
-  using StoreD = epi::WarpStagedStore<ElementD>;
   static_assert(cute::is_same_v<ElementA, cutlass::bfloat16_t> && cute::is_same_v<ElementB, cutlass::bfloat16_t>,
                 "sm_90a grouped kernel: BF16 A and B");
   static_assert(!Config::kBMajorMN, "sm_90a grouped kernel: K-major B only");
@@ -74,19 +65,11 @@ struct GroupedGemmKernel {
   static constexpr int kABytes = kTileM * kTileK * 2;
   static constexpr int kBBytes = kTileN * kTileK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  static constexpr int kEpiWarpBytes =
-      StoreC::kBytes > StoreD::kBytes ? StoreC::kBytes : StoreD::kBytes;
-  // Epilogue paths (see the epilogue below): the fragment path stages converted rows per warp;
-  // the engine path stages [64 rows][kAccPitch] FP32 accumulators per warpgroup plus the
-  // engine's buffers for its two active warps.
-  static constexpr bool kFragmentEpilogue = Rule::kElementwise;
+  // The epilogue (fusegemm/sm90/epilogue.cuh): fragment path for element-wise rules, else the
+  // arch-neutral engine.
   using Engine = epi::BlockEngine<Rule, ElementC, ElementD>;
-  static constexpr int kAccPerBlock = Rule::kPairedAcc ? 64 : 32;
-  static constexpr int kAccPitch = kAccPerBlock + 1;  // floats: lane-per-row reads hit distinct banks
-  static constexpr int kWgAccBytes = 64 * kAccPitch * 4;
-  static constexpr int kWgEpiBytes = kWgAccBytes + 2 * Engine::kStageBytes;
-  static_assert(kTileN % kAccPerBlock == 0, "tile N holds whole gate/up block pairs");
-  static constexpr int kEpiBytes = kFragmentEpilogue ? kConsumerWarps * kEpiWarpBytes : kConsumerWGs * kWgEpiBytes;
+  using Epi = WgmmaEpilogue<kTileM, kTileN, Rule, ElementC, ElementD, Engine>;
+  static constexpr int kEpiBytes = Epi::kBytes;
   static constexpr int kTileRing = 4;
   static constexpr int kMiscBytes = 128 /*tensor-map staging*/ + 16 * kTileRing;
   // sm_90 opt-in maximum per block (227 KB), less 1 KB that ptxas reports as static smem
@@ -131,7 +114,7 @@ struct GroupedGemmKernel {
   static constexpr int kSwizzleA = 128, kSwizzleB = 128;
   static constexpr int kTmaDtypeA = TmaDtype<ElementA>::value, kTmaDtypeB = TmaDtype<ElementB>::value;
   static constexpr int kTmapSlotStride = Config::kDiscreteB ? kTmapSlotsPerCta : 0;
-  static constexpr int kTmemCols = 0;
+  static constexpr int kTmemCols = 0, kSfBoxK = 0, kSfBoxNB = 0;
 
   using Sched = GroupedScheduler<kTileM, kTileN, FUSEGEMM_RASTER_GROUP>;
 
@@ -258,6 +241,8 @@ struct GroupedGemmKernel {
     int stage = 0, slot = 0;
     uint32_t phase = 0, ring_phase = 0;
     float acc[kAccum];
+    typename Epi::Partials part;
+    part.reset();
 
     // Stagger handshake: warpgroup 0 arrives exactly once (after kStagger k-blocks of its
     // first tile, at the end of that tile if it is shorter, or on exit if it gets none);
@@ -310,141 +295,12 @@ struct GroupedGemmKernel {
       fence_acc(acc);
       if (num_k_blocks > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
 
-      epilogue(p, smem + kOffEpi, t.x, t.y, t.z, wg, warp, lane, acc);
+      Epi::run(p, smem + kOffEpi, t.x, t.y * kTileM, t.z * kTileN, wg, warp, lane, acc, part);
     }
     stagger_release();
+    Epi::finish(part, p, warp, lane);
   }
 
-  // ------------------------------------------------------------------------------------
-  // Epilogue: warp `warp` owns tile rows [16*warp, 16*warp + 16) (warpgroup wg holds rows
-  // 64*wg..). Fragment: acc[4j + {0,1}] -> (row lane/4, cols 8j + 2(lane%4) + {0,1}),
-  // acc[4j + {2,3}] -> same columns, row lane/4 + 8.
-  //
-  // Element-wise rules (no pairing, quantization or reduction; 16/32-bit outputs) apply the
-  // rule on the fragment itself and stage converted rows per warp (the fast path of seed 001).
-  // Every other rule goes through the arch-neutral engine (fusegemm/epilogue_block.cuh): each
-  // warpgroup stages a block of its 64 accumulator rows in shared memory and two of its warps
-  // run the engine on 32 rows each, lane = row, exactly as the sm_100a kernel and the
-  // epilogue harness do.
-  // ------------------------------------------------------------------------------------
-  template <class Out, class Store, bool kIsC, class Params>
-  static __device__ void store_output(const Params& p, const Rule& rule, uint32_t buf,
-                                      Out* out, int64_t ld, int row0, int n0,
-                                      const typename Rule::RowIn& r0in, const typename Rule::RowIn& r1in,
-                                      int lane, const float (&acc)[kAccum]) {
-    constexpr int kCols = Store::kCols;
-    const int r0 = lane / 4;
-    const int cq = (lane % 4) * 2;
-#pragma unroll
-    for (int c = 0; c < kTileN / kCols; ++c) {
-      const int chunk_col = n0 + c * kCols;
-      if (chunk_col >= p.n) break;  // warp-uniform: the rest of the tile is past N
-      __syncwarp();                 // previous flush has finished reading the buffer
-#pragma unroll
-      for (int jj = 0; jj < kCols / 8; ++jj) {
-        const int j = c * (kCols / 8) + jj;
-        const int col = chunk_col + jj * 8 + cq;
-        // Columns past N are never stored; their inputs are not read (they would run into the
-        // next expert's column inputs or off the end).
-        const bool in0 = col < p.n, in1 = col + 1 < p.n;
-        const auto e0 = in0 ? rule.elem(p, row0 + r0, col) : typename Rule::ElemIn{};
-        const auto e1 = in1 ? rule.elem(p, row0 + r0, col + 1) : typename Rule::ElemIn{};
-        const auto e2 = in0 ? rule.elem(p, row0 + r0 + 8, col) : typename Rule::ElemIn{};
-        const auto e3 = in1 ? rule.elem(p, row0 + r0 + 8, col + 1) : typename Rule::ElemIn{};
-        const auto o00 = rule.apply(acc[4 * j + 0], 0.0f, r0in, e0);
-        const auto o01 = rule.apply(acc[4 * j + 1], 0.0f, r0in, e1);
-        const auto o10 = rule.apply(acc[4 * j + 2], 0.0f, r1in, e2);
-        const auto o11 = rule.apply(acc[4 * j + 3], 0.0f, r1in, e3);
-        if constexpr (kIsC) {
-          Store::put(buf, r0, jj * 8 + cq, o00.c, o01.c);
-          Store::put(buf, r0 + 8, jj * 8 + cq, o10.c, o11.c);
-        } else {
-          Store::put(buf, r0, jj * 8 + cq, o00.d, o01.d);
-          Store::put(buf, r0 + 8, jj * 8 + cq, o10.d, o11.d);
-        }
-      }
-      __syncwarp();
-      Store::flush(buf, out + static_cast<int64_t>(row0) * ld + chunk_col, ld,
-                   p.n - chunk_col, lane);
-    }
-  }
-
-  // epi_smem: the epilogue's shared-memory region (kEpiBytes at kOffEpi in the kernel; the
-  // epilogue harness passes its own).
-  template <class Params>
-  static __device__ void epilogue(const Params& p, uint8_t* epi_smem, int expert, int m_block,
-                                  int n_block, int wg, int warp, int lane,
-                                  const float (&acc)[kAccum]) {
-    Rule rule;
-    rule.begin_tile(p, expert);
-    if constexpr (kFragmentEpilogue) {
-      const int row0 = m_block * kTileM + 16 * warp;  // warp = 4*wg + warp-in-group
-      const int n0 = n_block * kTileN;
-      const auto r0in = rule.row(p, row0 + lane / 4);
-      const auto r1in = rule.row(p, row0 + lane / 4 + 8);
-      const uint32_t buf = smem_u32(epi_smem) + warp * kEpiWarpBytes;
-      if constexpr (Rule::kHasC) {
-        if (p.c_out != nullptr) {
-          store_output<ElementC, StoreC, true>(p, rule, buf, reinterpret_cast<ElementC*>(p.c_out),
-                                               p.ldc, row0, n0, r0in, r1in, lane, acc);
-        }
-      }
-      if constexpr (Rule::kHasD) {
-        store_output<ElementD, StoreD, false>(p, rule, buf, reinterpret_cast<ElementD*>(p.d_out),
-                                              p.ldd, row0, n0, r0in, r1in, lane, acc);
-      }
-    } else {
-      engine_epilogue(p, epi_smem, rule, expert, m_block, n_block, wg, warp % 4, lane, acc);
-    }
-  }
-
-  // The engine path: per block of kAccPerBlock accumulator columns, the warpgroup's four warps
-  // write their fragments into [64 rows][kAccPitch] floats, then warps 0 and 1 run the engine on
-  // rows 0-31 and 32-63 (lane = row). Named barrier 1 + wg orders the two phases.
-  template <class Params>
-  static __device__ void engine_epilogue(const Params& p, uint8_t* epi_smem, Rule& rule, int expert, int m_block,
-                                         int n_block, int wg, int wl, int lane, const float (&acc)[kAccum]) {
-    uint8_t* region = epi_smem + wg * kWgEpiBytes;
-    float* stage = reinterpret_cast<float*>(region);
-    const uint32_t engine_buf = smem_u32(region + kWgAccBytes) + (wl & 1) * Engine::kStageBytes;
-    const int width = Rule::kPairedAcc ? p.n / 2 : p.n;
-    const int row_wg0 = m_block * kTileM + 64 * wg;
-    const int fr = 16 * wl + lane / 4;    // fragment rows fr and fr + 8 (of the warpgroup's 64)
-    const int cq = (lane % 4) * 2;
-    typename Engine::Partials part;
-    part.reset();
-#pragma unroll 1
-    for (int c = 0; c < kTileN / kAccPerBlock; ++c) {
-      const int j0 = (n_block * kTileN + c * kAccPerBlock) / (Rule::kPairedAcc ? 2 : 1);
-      if (j0 >= width) break;  // warpgroup-uniform: past N
-      // Fragment -> stage. The fragment index must be a compile-time constant (a run-time
-      // index would put acc[] in local memory), so every block's stores are emitted and
-      // predicated on c.
-#pragma unroll
-      for (int cc = 0; cc < kTileN / kAccPerBlock; ++cc) {
-        if (cc == c) {
-#pragma unroll
-          for (int g = 0; g < kAccPerBlock / 8; ++g) {
-            const int j = cc * (kAccPerBlock / 8) + g;
-            float* r0 = stage + fr * kAccPitch + 8 * g + cq;
-            float* r1 = r0 + 8 * kAccPitch;
-            r0[0] = acc[4 * j];
-            r0[1] = acc[4 * j + 1];
-            r1[0] = acc[4 * j + 2];
-            r1[1] = acc[4 * j + 3];
-          }
-        }
-      }
-      named_barrier_sync(1 + wg, 128);
-      if (wl < 2) {
-        const float* src = stage + (32 * wl + lane) * kAccPitch;  // this lane's row
-        Engine::run_with(rule, p, expert, row_wg0 + 32 * wl, 32, j0, width, [&](int i) { return src[i]; },
-                         engine_buf, lane, part);
-      }
-      named_barrier_sync(1 + wg, 128);
-    }
-    if (wl < 2) Engine::flush_tile(part, p, expert, row_wg0 + 32 * wl, 32, lane);
-  }
 };
 
 }  // namespace sm90

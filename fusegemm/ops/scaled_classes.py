@@ -1,0 +1,302 @@
+"""The class APIs of the block-scaled seeds: ``GroupedGemmSrelu``, ``GroupedGemmQuant``,
+``GroupedGemmDswiglu`` and ``GemmAmax`` (``check_support() -> compile() -> execute()``).
+
+The constructor takes the seed's ``sample_*`` tensors (their dtypes and layouts choose the kernel
+variant) and options; ``execute`` takes the inputs and the caller's *output* tensors, checks each
+output against the layout the kernel writes (shape, dtype, dense strides, device, no overlap with
+an input), resets the reductions (amax to -inf, dprob to 0) on the launch stream and writes into
+them. The math, argument names and checks are the wrappers' (fusegemm/ops/scaled_seeds.py), so a
+class call and a wrapper call give the same bytes.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..base.errors import ArgumentError
+from ..formats.scales import sf_from_kernel_view
+from ..runtime.tensors import TensorView, view
+from . import checks
+from .blockscaled import BlockScaledGemm
+from .scaled_seeds import (
+    SEED_NAMES,
+    _bias_axis,
+    _clamp,
+    _common,
+    _op,
+    _operand_axes,
+    _OUT,
+    _present,
+)
+
+# Seed argument name of each output buffer of the grouped seeds (dSwiGLU names D d_row_tensor).
+OUT_NAMES = {"c": "c_tensor", "d": "d_tensor", "d_col": "d_col_tensor", "sfd_row": "sfd_row_tensor",
+             "sfd_col": "sfd_col_tensor", "amax": "amax_tensor", "dprob": "dprob_tensor"}
+AMAX_BITS, ZERO_BITS = 0xFF800000, 0   # -inf and +0.0 as 32-bit patterns (cuMemsetD32)
+
+
+def _extent(v: TensorView) -> tuple[int, int]:
+    """[first, last] byte addresses a view touches."""
+    span = sum((d - 1) * abs(s) for d, s in zip(v.shape, v.strides) if d > 0) if v.numel() else -1
+    return v.ptr, v.ptr + (span + 1) * max(v.itemsize, 1) - 1
+
+
+def native_output(x: Any, name: str, shape: tuple[int, ...], store: str) -> TensorView:
+    """The caller's output ``x`` (seed layout) as the dense buffer the kernel writes: C/D
+    ``(M, N[, 1])`` rows, FP8 as its bytes, SF as the physical atoms, amax ``(L, slots[, 1])``,
+    dprob ``(M[, 1, 1])``."""
+    import torch
+    if x is None:
+        raise ArgumentError(name, None, f"a tensor (the kernel writes {shape} {store} here)")
+    v = view(x, name)
+    t = x
+    if len(shape) == 6 and v.ndim == 6 and tuple(v.shape[3:]) != (32, 4, 4):
+        t = sf_from_kernel_view(t)                       # kernel-facing SF view -> physical atoms
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu, torch.int8):
+        t = t.view(torch.uint8)
+    if tuple(t.shape) != tuple(shape) and _squeezed(t.shape) == _squeezed(shape):
+        try:
+            t = t.view(shape)                            # (M, N, 1) -> (M, N), (M, 1, 1) -> (M,), ...
+        except RuntimeError:
+            raise ArgumentError(f"{name}.stride", tuple(v.strides), "the dense layout the kernel writes "
+                                "(as the wrapper returns it)") from None
+    got = view(t, name)
+    if tuple(got.shape) != tuple(shape):
+        raise ArgumentError(f"{name}.shape", tuple(v.shape), f"the layout the kernel writes ({shape} {store}, "
+                            "or its seed view)")
+    if got.dtype != store:
+        raise ArgumentError(f"{name}.dtype", v.dtype, f"{store} storage (the op's output dtype)")
+    if not t.is_contiguous():
+        raise ArgumentError(f"{name}.stride", tuple(v.strides), "the dense layout the kernel writes "
+                            "(as the wrapper returns it)")
+    return got
+
+
+def _squeezed(shape: Any) -> list[int]:
+    """Extents other than 1: the seed's (M, N, 1) and the kernel's (M, N) hold the same data."""
+    return [int(d) for d in shape if d != 1]
+
+
+class _ScaledSeedOp:
+    """What the four classes share: a variant chosen from samples, a compiled op, output checks."""
+
+    SPEC = ""
+
+    def __init__(self, axes: dict[str, Any], sample_a: Any, e5m2_rcp_max: str = "page") -> None:
+        self._axes = axes
+        self._rcp = e5m2_rcp_max
+        self.op: BlockScaledGemm = _op(self.SPEC, sample_a, e5m2_rcp_max, axes)
+
+    def check_support(self) -> bool:
+        """True when this device's kernel implements the configuration; UnsupportedError says
+        why not."""
+        return self.op.check_support()
+
+    def compile(self) -> "_ScaledSeedOp":
+        """Compile (or fetch from the cache) and load the kernel; returns self."""
+        self.op.compile()
+        return self
+
+    def _outputs(self, given: Mapping[str, Any], n: int, m_rows: int, experts: int,
+                 inputs: list[TensorView], names: Mapping[str, str] = OUT_NAMES) -> dict[str, TensorView]:
+        """Every buffer the epilogue writes, from the caller's tensors, checked."""
+        out: dict[str, TensorView] = {}
+        for key, (shape, store, _) in self.op.epilogue.buffers(n, m_rows, experts).items():
+            name = names[key]
+            out[key] = native_output(given.get(key), name, shape, store)
+        views = list(out.items())
+        for i, (key, v) in enumerate(views):
+            lo, hi = _extent(v)
+            for other_key, w in views[i + 1:]:
+                other_name = names[other_key]
+                wlo, whi = _extent(w)
+                if lo <= whi and wlo <= hi:
+                    raise ArgumentError(names[key], "memory shared with " + other_name, "its own buffer")
+            for inp in inputs:
+                if inp is None:
+                    continue
+                ilo, ihi = _extent(inp)
+                if lo <= ihi and ilo <= hi:
+                    raise ArgumentError(names[key], "memory shared with an input", "its own buffer "
+                                        "(outputs may not alias inputs)")
+        return out
+
+    def _reset(self, out: Mapping[str, TensorView], stream: int) -> None:
+        """amax to -inf and dprob to 0 before the kernel's atomics accumulate into them."""
+        from ..runtime.load import check, driver
+        for key, bits in (("amax", AMAX_BITS), ("dprob", ZERO_BITS)):
+            if key in out:
+                v = out[key]
+                check(driver().cuMemsetD32Async(v.ptr, bits, v.numel(), stream), "cuMemsetD32Async")
+
+
+class _GroupedSeedOp(_ScaledSeedOp):
+    """Grouped block-scaled seeds (002, 003, 000)."""
+
+    def _execute(self, *, a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_tensor: Any, padded_offsets: Any,
+                 b_ptrs: Any = None, sfb_ptrs: Any = None, n: Any = None, inputs: Mapping[str, Any],
+                 outputs: Mapping[str, Any], current_stream: Any, names: Mapping[str, str] = OUT_NAMES) -> None:
+        from ..runtime.tensors import resolve_stream
+        from .blockscaled import check_devices, parse_scaled
+        op = self.op
+        call = parse_scaled(a_tensor, sfa_tensor, padded_offsets, b_tensor, sfb_tensor, b_ptrs, sfb_ptrs, n,
+                            op.variant.sf_vec_size)
+        op.check_operands(call)
+        w = op.widths(call.n)[0]
+        deferred: list = []
+        values, keep = op._inputs(_present(**inputs), call, w, deferred, SEED_NAMES)
+        ins = [call.a, call.b, call.sfa, call.sfb, call.offsets] + [v for _, v, _ in deferred]
+        out = self._outputs(outputs, call.n, call.m, call.l, ins, names)
+        # C / D rows are written with 16-byte vector stores; scales and reductions by word.
+        aligns = [(names[k], v, 16 if k in ("c", "d", "d_col") else 4) for k, v in out.items()]
+        device = check_devices(call, deferred + aligns)
+        if device != op.device:
+            raise ArgumentError("a_tensor.device", f"cuda:{device}", f"cuda:{op.device} (this op's device)")
+        op.compile()
+        stream = resolve_stream(current_stream, op.device)
+        self._reset(out, stream)
+        op.launch(call, values, {k: _Ptr(v.ptr) for k, v in out.items()}, current_stream)
+        del keep
+
+
+class _Ptr:
+    """A buffer address with the ``data_ptr()`` spelling ``BlockScaledGemm.launch`` reads."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+def _sample_dtype(sample: Any, name: str, default: Any) -> Any:
+    return view(sample, name).dtype if sample is not None else default
+
+
+class GroupedGemmSrelu(_GroupedSeedOp):
+    """Seed 002's class API (``cudnn.GroupedGemmSreluSm100``): grouped block-scaled GEMM + sReLU.
+
+    Samples choose the variant: ``sample_a``/``sample_sfa`` the formats, ``sample_c``/``sample_d``
+    the output dtypes, ``sample_b`` (dense) or ``num_experts`` + ``b_shape`` (discrete) the weights,
+    ``sample_bias`` its presence. ``execute`` takes every input and output tensor (outputs as the
+    wrapper returns them); see :func:`fusegemm.grouped_gemm_srelu` for the math.
+    """
+
+    SPEC = "grouped_gemm_srelu"
+
+    def __init__(self, sample_a: Any, sample_b: Any = None, sample_c: Any = None, sample_d: Any = None,
+                 sample_sfa: Any = None, sample_sfb: Any = None, sample_padded_offsets: Any = None,
+                 sample_alpha: Any = None, sample_d_col: Any = None, sample_sfd_row: Any = None,
+                 sample_sfd_col: Any = None, sample_amax: Any = None, sample_norm_const: Any = None,
+                 sample_prob: Any = None, sample_bias: Any = None, *, acc_dtype: Any = "float32",
+                 mma_tiler_mn: Any = None, cluster_shape_mn: Any = None, sf_vec_size: int = 16,
+                 vector_f32: bool = False, m_aligned: int = 256, discrete_col_sfd: bool = False,
+                 use_dynamic_sched: bool = False, b_major: str = "k", tanh_clamp_scale: float | None = None,
+                 e5m2_rcp_max: str = "page") -> None:
+        axes = _common(acc_dtype=acc_dtype, cd_major="n", m_aligned=m_aligned, vector_f32=vector_f32,
+                       e5m2_rcp_max=e5m2_rcp_max, mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
+        axes.update(_operand_axes(sample_a, sample_sfa, sf_vec_size, sample_b, None, b_major))
+        axes.update(c_dtype=checks.dtype_arg(_sample_dtype(sample_c, "sample_c", "bfloat16"), "sample_c.dtype", _OUT),
+                    d_dtype=checks.dtype_arg(_sample_dtype(sample_d, "sample_d", "bfloat16"), "sample_d.dtype", _OUT),
+                    bias_dtype=_bias_axis(sample_bias),
+                    discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"),
+                    scheduler="dynamic" if checks.bool_arg(use_dynamic_sched, "use_dynamic_sched") else "static",
+                    tanh_clamp_scale=_clamp(tanh_clamp_scale))
+        super().__init__(axes, sample_a, e5m2_rcp_max)
+
+    def execute(self, a_tensor: Any, b_tensor: Any = None, c_tensor: Any = None, d_tensor: Any = None,
+                sfa_tensor: Any = None, sfb_tensor: Any = None, padded_offsets: Any = None,
+                alpha_tensor: Any = None, d_col_tensor: Any = None, sfd_row_tensor: Any = None,
+                sfd_col_tensor: Any = None, amax_tensor: Any = None, norm_const_tensor: Any = None,
+                prob_tensor: Any = None, bias_tensor: Any = None, b_ptrs: Any = None, sfb_ptrs: Any = None,
+                n: int | None = None, current_stream: Any = None) -> None:
+        """Run once into the given outputs (those the configuration writes are required)."""
+        self._execute(a_tensor=a_tensor, b_tensor=b_tensor, sfa_tensor=sfa_tensor, sfb_tensor=sfb_tensor,
+                      padded_offsets=padded_offsets, b_ptrs=b_ptrs, sfb_ptrs=sfb_ptrs, n=n,
+                      inputs=dict(alpha=alpha_tensor, prob=prob_tensor, bias=bias_tensor, norm_const=norm_const_tensor),
+                      outputs=dict(c=c_tensor, d=d_tensor, d_col=d_col_tensor, sfd_row=sfd_row_tensor,
+                                   sfd_col=sfd_col_tensor, amax=amax_tensor),
+                      current_stream=current_stream)
+
+
+class GroupedGemmQuant(_GroupedSeedOp):
+    """Seed 003's class API (``cudnn.GroupedGemmQuantSm100``): grouped block-scaled GEMM + quant.
+    See :func:`fusegemm.grouped_gemm_quant` for the math; samples and ``execute`` as
+    :class:`GroupedGemmSrelu` (no C)."""
+
+    SPEC = "grouped_gemm_quant"
+
+    def __init__(self, sample_a: Any, sample_b: Any = None, sample_d: Any = None, sample_sfa: Any = None,
+                 sample_sfb: Any = None, sample_padded_offsets: Any = None, sample_alpha: Any = None,
+                 sample_d_col: Any = None, sample_sfd_row: Any = None, sample_sfd_col: Any = None,
+                 sample_amax: Any = None, sample_norm_const: Any = None, sample_prob: Any = None,
+                 sample_bias: Any = None, *, acc_dtype: Any = "float32", mma_tiler_mn: Any = None,
+                 cluster_shape_mn: Any = None, sf_vec_size: int = 16, vector_f32: bool = False,
+                 m_aligned: int = 256, discrete_col_sfd: bool = False, use_dynamic_sched: bool = False,
+                 e5m2_rcp_max: str = "page") -> None:
+        axes = _common(acc_dtype=acc_dtype, cd_major="n", m_aligned=m_aligned, vector_f32=vector_f32,
+                       e5m2_rcp_max=e5m2_rcp_max, mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
+        axes.update(_operand_axes(sample_a, sample_sfa, sf_vec_size, sample_b, None, "k"))
+        axes.update(d_dtype=checks.dtype_arg(_sample_dtype(sample_d, "sample_d", "bfloat16"), "sample_d.dtype", _OUT),
+                    bias_dtype=_bias_axis(sample_bias),
+                    discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"),
+                    scheduler="dynamic" if checks.bool_arg(use_dynamic_sched, "use_dynamic_sched") else "static")
+        super().__init__(axes, sample_a, e5m2_rcp_max)
+
+    def execute(self, a_tensor: Any, b_tensor: Any = None, d_tensor: Any = None, sfa_tensor: Any = None,
+                sfb_tensor: Any = None, padded_offsets: Any = None, alpha_tensor: Any = None,
+                d_col_tensor: Any = None, sfd_row_tensor: Any = None, sfd_col_tensor: Any = None,
+                amax_tensor: Any = None, norm_const_tensor: Any = None, prob_tensor: Any = None,
+                bias_tensor: Any = None, row_scale_tensor: Any = None, current_stream: Any = None) -> None:
+        """Run once into the given outputs (those the configuration writes are required)."""
+        self._execute(a_tensor=a_tensor, b_tensor=b_tensor, sfa_tensor=sfa_tensor, sfb_tensor=sfb_tensor,
+                      padded_offsets=padded_offsets,
+                      inputs=dict(alpha=alpha_tensor, prob=prob_tensor, row_scale=row_scale_tensor, bias=bias_tensor,
+                                  norm_const=norm_const_tensor),
+                      outputs=dict(d=d_tensor, d_col=d_col_tensor, sfd_row=sfd_row_tensor, sfd_col=sfd_col_tensor,
+                                   amax=amax_tensor),
+                      current_stream=current_stream)
+
+
+class GroupedGemmDswiglu(_GroupedSeedOp):
+    """Seed 000's class API (``cudnn.GroupedGemmDswigluSm100``): grouped block-scaled GEMM +
+    dSwiGLU backward. See :func:`fusegemm.grouped_gemm_dswiglu`; ``sample_c`` is the forward's
+    ``(M, 2N)`` input, ``d_row_tensor`` the ``(M, 2N)`` output."""
+
+    SPEC = "grouped_gemm_dswiglu"
+    NAMES = {**OUT_NAMES, "d": "d_row_tensor"}
+
+    def __init__(self, sample_a: Any, sample_b: Any = None, sample_c: Any = None, sample_d_row: Any = None,
+                 sample_sfa: Any = None, sample_sfb: Any = None, sample_padded_offsets: Any = None,
+                 sample_alpha: Any = None, sample_beta: Any = None, sample_prob: Any = None,
+                 sample_d_col: Any = None, sample_dprob: Any = None, sample_amax: Any = None,
+                 sample_sfd_row: Any = None, sample_sfd_col: Any = None, sample_norm_const: Any = None, *,
+                 acc_dtype: Any = "float32", mma_tiler_mn: Any = None, cluster_shape_mn: Any = None,
+                 sf_vec_size: int = 16, vector_f32: bool = False, m_aligned: int = 256,
+                 discrete_col_sfd: bool = False, e5m2_rcp_max: str = "page") -> None:
+        axes = _common(acc_dtype=acc_dtype, cd_major="n", m_aligned=m_aligned, vector_f32=vector_f32,
+                       e5m2_rcp_max=e5m2_rcp_max, mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
+        axes.update(_operand_axes(sample_a, sample_sfa, sf_vec_size, sample_b, None, "k"))
+        if sample_c is None:
+            raise ArgumentError("sample_c", None, "the forward's (M, 2N) input (its dtype chooses the kernel)")
+        axes.update(c_dtype=view(sample_c, "sample_c").dtype,
+                    d_dtype=checks.dtype_arg(_sample_dtype(sample_d_row, "sample_d_row", "bfloat16"),
+                                             "sample_d_row.dtype", _OUT),
+                    discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"))
+        super().__init__(axes, sample_a, e5m2_rcp_max)
+
+    def execute(self, a_tensor: Any, b_tensor: Any, c_tensor: Any, d_row_tensor: Any = None, sfa_tensor: Any = None,
+                sfb_tensor: Any = None, padded_offsets: Any = None, alpha_tensor: Any = None,
+                beta_tensor: Any = None, prob_tensor: Any = None, d_col_tensor: Any = None,
+                dprob_tensor: Any = None, amax_tensor: Any = None, sfd_row_tensor: Any = None,
+                sfd_col_tensor: Any = None, norm_const_tensor: Any = None, current_stream: Any = None) -> None:
+        """Run once into the given outputs (those the configuration writes are required)."""
+        amax = amax_tensor.squeeze(-1) if amax_tensor is not None and amax_tensor.dim() == 3 else amax_tensor
+        self._execute(a_tensor=a_tensor, b_tensor=b_tensor, sfa_tensor=sfa_tensor, sfb_tensor=sfb_tensor,
+                      padded_offsets=padded_offsets,
+                      inputs=dict(alpha=alpha_tensor, beta=beta_tensor, prob=prob_tensor, c=c_tensor,
+                                  norm_const=norm_const_tensor),
+                      outputs=dict(d=d_row_tensor, d_col=d_col_tensor, sfd_row=sfd_row_tensor, sfd_col=sfd_col_tensor,
+                                   amax=amax, dprob=dprob_tensor),
+                      current_stream=current_stream, names=self.NAMES)

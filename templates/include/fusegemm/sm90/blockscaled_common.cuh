@@ -1,0 +1,130 @@
+// What the two sm_90a block-scaled mainloops (blockscaled_promote.cuh, blockscaled_dequant.cuh)
+// share: the operand checks, the tile schedule (grouped over padded_offsets or batched), the
+// tile ring the producer publishes tiles through, the B / SFB tensor maps of discrete weights,
+// and the host contract fields that do not depend on the mainloop.
+#pragma once
+
+#include "fusegemm/common.cuh"
+#include "fusegemm/scheduler.cuh"
+#include "fusegemm/tma.cuh"
+
+namespace fusegemm {
+namespace sm90 {
+
+// The Config facts both kernels require (the registry's sm_90a limits state the same).
+template <class Config>
+struct ScaledConfigChecks {
+  using ElementAB = typename Config::ElementA;
+  static constexpr bool kE4M3 = cute::is_same_v<ElementAB, cutlass::float_e4m3_t>;
+  static_assert(cute::is_same_v<ElementAB, typename Config::ElementB>, "A and B share one format");
+  static_assert(kE4M3 || cute::is_same_v<ElementAB, cutlass::float_e5m2_t>,
+                "sm_90a block-scaled kernel: MXFP8 (e4m3 / e5m2) A and B");
+  static_assert(cute::is_same_v<typename Config::ElementSF, cutlass::float_ue8m0_t> && Config::kSfVec == 32,
+                "MXFP8: E8M0 scales per 32 K");
+  static_assert(!Config::kAMajorMN && !Config::kBMajorMN, "K-major A and B (the registry's sm_90a limits)");
+  static_assert(!Config::Rule::kPairedAcc,
+                "block-scaled kernel: the accumulator is not gate/up paired (no seed pairs it)");
+  static_assert(!Config::kCMajorM || !Config::Rule::kHasD, "M-major output: C only (seed 004)");
+  static_assert(Config::kTileM == 128, "sm_90a block-scaled kernel: TILE_M 128 (two consumer warpgroups)");
+  static_assert(Config::kTileN == 128 || Config::kTileN == 256, "sm_90a block-scaled kernel: TILE_N 128 or 256");
+};
+
+// The tile order: grouped over padded_offsets, or batched (seed 004: L batches of m_rows rows).
+template <int kTileM, int kTileN, bool kBatched>
+struct ScaledSchedule {
+  using Grouped = GroupedScheduler<kTileM, kTileN, FUSEGEMM_RASTER_GROUP>;
+  using Batched = BatchedScheduler<kTileM, kTileN, FUSEGEMM_RASTER_GROUP>;
+  using Sched = cute::conditional_t<kBatched, Batched, Grouped>;
+
+  template <class Params>
+  static __device__ Sched make(const Params& p) {
+    if constexpr (kBatched) {
+      return Batched(p.m_rows, p.n, p.num_experts);
+    } else {
+      return Grouped(reinterpret_cast<const int*>(p.offsets), p.num_experts, p.n);
+    }
+  }
+};
+
+// Tiles flow from the producer to every other role through a ring of kSlots int4 entries
+// (expert, m_block, n_block, linear; linear < 0 ends the walk) with full / empty barriers.
+template <int kSlots>
+struct TileRing {
+  uint64_t* full;
+  uint64_t* empty;   // one arrival per reading warp
+  int4* slots;
+
+  // One warp's walk: false at the end marker.
+  struct Reader {
+    int slot = 0;
+    uint32_t phase = 0;
+    FUSEGEMM_DEVICE bool next(const TileRing& r, int lane, int4& t) {
+      mbar_wait(&r.full[slot], phase);
+      t = r.slots[slot];
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&r.empty[slot]);
+      if (++slot == kSlots) { slot = 0; phase ^= 1; }
+      return t.w >= 0;
+    }
+  };
+
+  // The producer thread's side.
+  struct Writer {
+    int slot = 0;
+    uint32_t phase = 0;
+    FUSEGEMM_DEVICE void publish(const TileRing& r, const GroupedTile& t) {
+      mbar_wait(&r.empty[slot], phase ^ 1);
+      r.slots[slot] = make_int4(t.expert, t.m_block, t.n_block, t.linear);
+      mbar_arrive(&r.full[slot]);
+      if (++slot == kSlots) { slot = 0; phase ^= 1; }
+    }
+  };
+};
+
+// The B and SFB maps a load uses: the host's dense maps, or per-expert copies rewritten on the
+// device for discrete weights (kSlots slots per map in tmap_workspace, kSlotsPerMap reserved).
+template <bool kDiscrete, int kSlots, int kSlotsPerMap>
+struct WeightMaps {
+  DeviceTmap<kSlots> b_maps, sfb_maps;
+  const CUtensorMap* b = nullptr;
+  const CUtensorMap* sfb = nullptr;
+  int expert = -1;
+
+  // Single thread. staging: two 128-byte aligned shared-memory map copies.
+  template <class Params>
+  FUSEGEMM_DEVICE void init(const Params& p, CUtensorMap* staging, int slot_stride) {
+    prefetch_tmap(&p.tma_a);
+    prefetch_tmap(&p.tma_b);
+    prefetch_tmap(&p.tma_sfa);
+    prefetch_tmap(&p.tma_sfb);
+    b = &p.tma_b;
+    sfb = &p.tma_sfb;
+    if constexpr (kDiscrete) {
+      CUtensorMap* ws = reinterpret_cast<CUtensorMap*>(p.tmap_workspace) + blockIdx.x * slot_stride;
+      b_maps.init(&p.tma_b, ws, staging);
+      sfb_maps.init(&p.tma_sfb, ws + kSlotsPerMap, staging + 1);
+    }
+  }
+
+  // Call only after the stage's empty wait (DeviceTmap: a slot is rewritten kSlots loads later).
+  template <class Params>
+  FUSEGEMM_DEVICE void select(const Params& p, int e) {
+    if constexpr (kDiscrete) {
+      if (e != expert) {
+        b = b_maps.update(reinterpret_cast<const void*>(reinterpret_cast<const uint64_t*>(p.b_ptrs)[e]));
+        sfb = sfb_maps.update(reinterpret_cast<const void*>(reinterpret_cast<const uint64_t*>(p.sfb_ptrs)[e]));
+        expert = e;
+      }
+    }
+  }
+};
+
+// 2^(byte - 127) (0x00: 2^-127, an FP32 subnormal; 0xFF: NaN); 0 for a 32-K block past K, so SF
+// padding bytes never meet the zero-filled data.
+FUSEGEMM_DEVICE uint32_t e8m0_bits(uint32_t byte, bool real) {
+  const uint32_t bits = byte == 0 ? 0x00400000u : byte == 0xFFu ? 0x7FC00000u : byte << 23;
+  return real ? bits : 0u;
+}
+
+}  // namespace sm90
+}  // namespace fusegemm
