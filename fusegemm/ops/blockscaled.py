@@ -1,5 +1,6 @@
-"""Block-scaled grouped GEMMs with a spec's epilogue: ``BlockScaledGemm(spec, ...)``, the op under
-the seed wrappers of grouped GEMM + sReLU, + quant and + dSwiGLU (fusegemm/ops/seeds.py).
+"""Block-scaled GEMMs with a spec's epilogue: ``BlockScaledGemm(spec, ...)``, the op under the seed
+wrappers of grouped GEMM + sReLU, + quant, + dSwiGLU and batched GEMM + amax
+(fusegemm/ops/scaled_seeds.py, scaled_classes.py).
 
 The operands are MXFP8 (e4m3 / e5m2 A and B with E8M0 scales per 32 K; packed FP4 on sm_100a),
 A ``(M, K, 1)`` or ``(M, K)`` K-major, dense B ``(N, K, L)`` or ``(L, N, K)`` K-major or discrete
@@ -237,8 +238,9 @@ class BlockScaledGemm(SpecGemm):
     Parameters
     ----------
     spec : Spec, spec name or path to a YAML file
-        A spec of kernel family ``grouped_gemm_srelu``, ``grouped_gemm_quant`` or
-        ``grouped_gemm_dswiglu`` (or a user spec of one of them).
+        A spec of kernel family ``grouped_gemm_srelu``, ``grouped_gemm_quant``,
+        ``grouped_gemm_dswiglu`` (call the op) or ``gemm_amax`` (call :meth:`batched`), or a user
+        spec of one of them.
     arch : str, optional
         Default: the device's (``device``).
     device : int
