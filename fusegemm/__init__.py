@@ -29,7 +29,7 @@ _EXPORTS = {
     **{name: ("fusegemm.ops.scaled_seeds", name) for name in (
         "grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax")},
     **{name: ("fusegemm.ops.scaled_classes", name) for name in (
-        "GroupedGemmSrelu", "GroupedGemmQuant", "GroupedGemmDswiglu")},
+        "GroupedGemmSrelu", "GroupedGemmQuant", "GroupedGemmDswiglu", "GemmAmax")},
     "TupleDict": ("fusegemm.tupledict", "TupleDict"),
     "load_spec": ("fusegemm.generator.spec", "load_spec"),
     **{name: ("fusegemm.base.errors", name) for name in (

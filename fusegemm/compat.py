@@ -5,13 +5,13 @@ kernel on Blackwell: the ``Sm100`` in the names is the seed's, not a restriction
 from __future__ import annotations
 
 from .ops.grouped_gemm import GroupedGemm, grouped_gemm
-from .ops.scaled_classes import GroupedGemmDswiglu, GroupedGemmQuant, GroupedGemmSrelu
+from .ops.scaled_classes import GemmAmax, GroupedGemmDswiglu, GroupedGemmQuant, GroupedGemmSrelu
 from .ops.scaled_seeds import gemm_amax, grouped_gemm_dswiglu, grouped_gemm_quant, grouped_gemm_srelu
 
 __all__ = ["grouped_gemm_wrapper_sm100", "GroupedGemmSm100", "grouped_gemm_srelu_wrapper_sm100",
            "grouped_gemm_quant_wrapper_sm100", "grouped_gemm_dswiglu_wrapper_sm100",
            "gemm_amax_wrapper_sm100", "GroupedGemmSreluSm100", "GroupedGemmQuantSm100",
-           "GroupedGemmDswigluSm100"]
+           "GroupedGemmDswigluSm100", "GemmAmaxSm100"]
 
 #: ``cudnn.grouped_gemm_wrapper_sm100`` (seed 001)
 grouped_gemm_wrapper_sm100 = grouped_gemm
@@ -31,3 +31,5 @@ GroupedGemmSreluSm100 = GroupedGemmSrelu
 GroupedGemmQuantSm100 = GroupedGemmQuant
 #: ``cudnn.GroupedGemmDswigluSm100`` (seed 000)
 GroupedGemmDswigluSm100 = GroupedGemmDswiglu
+#: ``cudnn.GemmAmaxSm100`` (seed 004)
+GemmAmaxSm100 = GemmAmax

@@ -51,6 +51,7 @@ AXES: dict[str, Axis] = {a.name: a for a in (
     Axis("c_dtype", ("none",) + OUT_DTYPES, "C output (or input, dSwiGLU) type"),
     Axis("d_dtype", ("none",) + OUT_DTYPES, "D output type"),
     Axis("bias_dtype", ("none", "bfloat16", "float16", "float32"), "bias type (none = no bias)"),
+    Axis("prob_dtype", ("float32", "bfloat16"), "per-row gate (prob) input type"),
     Axis("weight_mode", ("dense", "discrete"), "B as one (N, K, L) tensor or per-expert pointers"),
     Axis("a_major", ("k", "m"), "A contiguous dimension"),
     Axis("b_major", ("k", "n"), "B contiguous dimension"),
@@ -69,7 +70,7 @@ AXES: dict[str, Axis] = {a.name: a for a in (
 # The value of an axis a spec does not choose (no bias, K-major, not block-scaled, ...).
 NEUTRAL: dict[str, Any] = {
     "ab_dtype": "bfloat16", "sf_dtype": "none", "sf_vec_size": 0, "c_dtype": "none",
-    "d_dtype": "none", "bias_dtype": "none", "weight_mode": "dense", "a_major": "k",
+    "d_dtype": "none", "bias_dtype": "none", "prob_dtype": "float32", "weight_mode": "dense", "a_major": "k",
     "b_major": "k", "cd_major": "n", "scheduler": "static", "generate_c": False,
     "discrete_col_sfd": False, "vector_f32": False, "tanh_clamp_scale": "none",
 }

@@ -112,7 +112,7 @@ _BLOCKSCALED_NO_C = tuple(a for a in _BLOCKSCALED if a != "c_dtype")
 _FUSED_AXES = {
     "grouped_gemm_srelu": _BLOCKSCALED + ("d_dtype", "bias_dtype", "discrete_col_sfd", "tanh_clamp_scale"),
     "grouped_gemm_quant": _BLOCKSCALED_NO_C + ("d_dtype", "bias_dtype", "discrete_col_sfd"),
-    "grouped_gemm_dswiglu": _BLOCKSCALED + ("d_dtype", "discrete_col_sfd"),
+    "grouped_gemm_dswiglu": _BLOCKSCALED + ("d_dtype", "discrete_col_sfd", "prob_dtype"),
 }
 _SM90_BLOCKSCALED_LIMITS = (
     Limit("ab_dtype", ("float8_e4m3fn", "float8_e5m2"),

@@ -30,6 +30,7 @@ class Variant:
     c_dtype: str
     d_dtype: str
     bias_dtype: str
+    prob_dtype: str
     weight_mode: str
     a_major: str
     b_major: str
@@ -96,6 +97,7 @@ _NAME_PARTS = (
     ("c_dtype", _dt("c")),
     ("d_dtype", _dt("d")),
     ("bias_dtype", lambda v: f"bias{short(v)}" if v != "none" else "nobias"),
+    ("prob_dtype", lambda v: f"prob{short(v)}" if v != "float32" else ""),
     ("weight_mode", lambda v: v),
     ("a_major", lambda v: f"a{v}"),
     ("b_major", lambda v: f"b{v}"),

@@ -26,6 +26,7 @@ from .scaled_seeds import (
     _operand_axes,
     _OUT,
     _present,
+    prob_axis,
 )
 
 # Seed argument name of each output buffer of the grouped seeds (dSwiGLU names D d_row_tensor).
@@ -283,7 +284,8 @@ class GroupedGemmDswiglu(_GroupedSeedOp):
         axes.update(c_dtype=view(sample_c, "sample_c").dtype,
                     d_dtype=checks.dtype_arg(_sample_dtype(sample_d_row, "sample_d_row", "bfloat16"),
                                              "sample_d_row.dtype", _OUT),
-                    discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"))
+                    discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"),
+                    prob_dtype=prob_axis(sample_prob, "sample_prob"))
         super().__init__(axes, sample_a, e5m2_rcp_max)
 
     def execute(self, a_tensor: Any, b_tensor: Any, c_tensor: Any, d_row_tensor: Any = None, sfa_tensor: Any = None,
@@ -300,3 +302,87 @@ class GroupedGemmDswiglu(_GroupedSeedOp):
                       outputs=dict(d=d_row_tensor, d_col=d_col_tensor, sfd_row=sfd_row_tensor, sfd_col=sfd_col_tensor,
                                    amax=amax, dprob=dprob_tensor),
                       current_stream=current_stream, names=self.NAMES)
+
+
+def _c_major(sample_c: Any) -> str:
+    """"m" when a (M, N, L) / (M, N) C sample is M-contiguous, else "n" (the default)."""
+    if sample_c is None:
+        return "n"
+    v = view(sample_c, "sample_c")
+    if v.ndim in (2, 3) and v.strides[0] == 1 and v.shape[0] > 1 and v.strides[1] != 1:
+        return "m"
+    return "n"
+
+
+class GemmAmax(_ScaledSeedOp):
+    """Seed 004's class API (``cudnn.GemmAmaxSm100``): block-scaled batched GEMM + global amax.
+
+    ``sample_c`` chooses C's dtype and memory order (N- or M-contiguous); ``execute`` writes C
+    ``(M, N, L)`` (or 2-D for L = 1) and amax ``(1, 1, 1)`` in place. See :func:`fusegemm.gemm_amax`.
+    """
+
+    SPEC = "gemm_amax"
+
+    def __init__(self, sample_a: Any, sample_b: Any, sample_sfa: Any, sample_sfb: Any, sample_c: Any = None,
+                 sample_amax: Any = None, *, acc_dtype: Any = "float32", mma_tiler_mn: Any = None,
+                 cluster_shape_mn: Any = None, sf_vec_size: int = 32) -> None:
+        from .scaled_seeds import amax_axes
+        c_dtype = _sample_dtype(sample_c, "sample_c", "float32")
+        axes = amax_axes(sample_a, sample_b, sample_sfa, sf_vec_size, c_dtype, _c_major(sample_c), acc_dtype,
+                         mma_tiler_mn, cluster_shape_mn)
+        super().__init__(axes, sample_a)
+
+    def execute(self, a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_tensor: Any, c_tensor: Any,
+                amax_tensor: Any, current_stream: Any = None) -> None:
+        """Run once: C and amax (reset to -inf first) in place."""
+        from ..runtime.tensors import resolve_stream
+        from .blockscaled import check_devices, parse_batched
+        op = self.op
+        call = parse_batched(a_tensor, b_tensor, sfa_tensor, sfb_tensor, op.variant.sf_vec_size)
+        op.check_operands(call)
+        (c_shape, c_store, _), (a_shape, a_store, _) = (op.epilogue.buffers(call.n, call.l * call.m, 1)[k]
+                                                        for k in ("c", "amax"))
+        c = self._native_c(c_tensor, call, c_shape, c_store)
+        amax = native_output(amax_tensor, "amax_tensor", a_shape, a_store)
+        for name, v in (("c_tensor", c), ("amax_tensor", amax)):
+            lo, hi = _extent(v)
+            for inp in (call.a, call.b, call.sfa, call.sfb):
+                ilo, ihi = _extent(inp)
+                if lo <= ihi and ilo <= hi:
+                    raise ArgumentError(name, "memory shared with an input", "its own buffer (outputs may not "
+                                        "alias inputs)")
+        clo, chi = _extent(c)
+        alo, ahi = _extent(amax)
+        if clo <= ahi and alo <= chi:
+            raise ArgumentError("amax_tensor", "memory shared with c_tensor", "its own buffer")
+        device = check_devices(call, [("c_tensor", c, 16), ("amax_tensor", amax, 4)])
+        if device != op.device:
+            raise ArgumentError("a_tensor.device", f"cuda:{device}", f"cuda:{op.device} (this op's device)")
+        op.compile()
+        stream = resolve_stream(current_stream, op.device)
+        self._reset({"amax": amax}, stream)
+        op.launch(call, {}, {"c": _Ptr(c.ptr), "amax": _Ptr(amax.ptr)}, current_stream)
+
+    def _native_c(self, c_tensor: Any, call: Any, shape: tuple[int, ...], store: str) -> TensorView:
+        """C as the kernel's rows: (L * M, N) for N-major, (L * N, M) for M-major."""
+        import torch
+        if c_tensor is None:
+            raise ArgumentError("c_tensor", None, "a tensor (the kernel writes C here)")
+        v = view(c_tensor, "c_tensor")
+        m, cols, l = call.m, shape[1], call.l
+        want = (m, call.n, l) if v.ndim == 3 else (m, call.n)
+        if tuple(v.shape) != want or (v.ndim == 2 and l != 1):
+            raise ArgumentError("c_tensor.shape", tuple(v.shape), f"{(m, call.n, l)} = (M, N, L)")
+        t = c_tensor if v.ndim == 3 else c_tensor.unsqueeze(-1)
+        if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            t = t.view(torch.uint8)
+        m_major = self.op.variant.cd_major == "m"
+        phys = t.permute(2, 1, 0) if m_major else t.permute(2, 0, 1)   # (L, N, M) or (L, M, N)
+        if not phys.is_contiguous():
+            order = "(1, M, M*N)" if m_major else "(N, 1, M*N)"
+            raise ArgumentError("c_tensor.stride", tuple(v.strides), f"{order}: the {'m' if m_major else 'n'}-major C "
+                                "this op was built for (from sample_c)")
+        got = view(phys.reshape(-1, m if m_major else cols), "c_tensor")
+        if got.dtype != store:
+            raise ArgumentError("c_tensor.dtype", v.dtype, f"{store} storage (the op's C dtype)")
+        return got

@@ -226,7 +226,8 @@ def grouped_gemm_dswiglu(a_tensor: Any, b_tensor: Any, c_tensor: Any, sfa_tensor
     if c_tensor is None:
         raise ArgumentError("c_tensor", None, "the forward's (M, 2N) input")
     axes.update(c_dtype=view(c_tensor, "c_tensor").dtype, d_dtype=checks.dtype_arg(d_dtype, "d_dtype", _OUT),
-                discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"))
+                discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"),
+                prob_dtype=prob_axis(prob_tensor, "prob_tensor"))
     op = _op("grouped_gemm_dswiglu", a_tensor, e5m2_rcp_max, axes)
     out = op(a_tensor, sfa_tensor, padded_offsets, b_tensor, sfb_tensor,
              inputs=_present(alpha=alpha_tensor, beta=beta_tensor, prob=prob_tensor, c=c_tensor,
@@ -242,7 +243,18 @@ def grouped_gemm_dswiglu(a_tensor: Any, b_tensor: Any, c_tensor: Any, sfa_tensor
 # Seed argument name of each spec input (messages name what the caller passed).
 SEED_NAMES = {"alpha": "alpha_tensor", "beta": "beta_tensor", "prob": "prob_tensor", "bias": "bias_tensor",
               "norm_const": "norm_const_tensor", "row_scale": "row_scale_tensor", "c": "c_tensor"}
+PROB_DTYPES = ("float32", "bfloat16")   # dSwiGLU's prob (seed 000)
 _OUT = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
+
+
+def prob_axis(prob: Any, name: str) -> str:
+    """dSwiGLU's prob_dtype axis from its prob tensor (float32 or bfloat16, seed 000)."""
+    if prob is None:
+        return "float32"
+    dtype = view(prob, name).dtype
+    if dtype not in PROB_DTYPES:
+        raise ArgumentError(f"{name}.dtype", dtype, ", ".join(PROB_DTYPES))
+    return dtype
 
 
 def _clamp(tanh_clamp_scale: Any) -> Any:
@@ -267,13 +279,8 @@ def gemm_amax(a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_tensor: Any, c_
 
     Returns ``TupleDict(c_tensor, amax_tensor)``: C (M, N, L) (2-D for 2-D inputs), amax (1, 1, 1).
     """
-    if c_major not in ("n", "m"):
-        raise ArgumentError("c_major", repr(c_major), "'n', 'm'")
-    axes = _common(acc_dtype=acc_dtype, cd_major="n", m_aligned=M_ALIGNED, vector_f32=False,
-                   e5m2_rcp_max="page", mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
-    axes.update(_operand_axes(a_tensor, sfa_tensor, sf_vec_size, b_tensor, None, "k"))
-    del axes["weight_mode"], axes["b_major"]
-    axes.update(c_dtype=checks.dtype_arg(c_dtype, "c_dtype", _OUT), cd_major=c_major)
+    axes = amax_axes(a_tensor, b_tensor, sfa_tensor, sf_vec_size, c_dtype, c_major, acc_dtype, mma_tiler_mn,
+                     cluster_shape_mn)
     op = _op("gemm_amax", a_tensor, "page", axes)
     out = op.batched(a_tensor, b_tensor, sfa_tensor, sfb_tensor, current_stream=stream)
     a = view(a_tensor, "a_tensor")
@@ -289,6 +296,19 @@ def gemm_amax(a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_tensor: Any, c_
     if a.ndim == 2:
         c = c[:, :, 0]
     return TupleDict(c_tensor=c, amax_tensor=out["amax"].view(1, 1, 1))
+
+
+def amax_axes(a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sf_vec_size: Any, c_dtype: Any, c_major: Any,
+              acc_dtype: Any, mma_tiler_mn: Any, cluster_shape_mn: Any) -> dict[str, Any]:
+    """The variant axes of a seed 004 call (wrapper and class)."""
+    if c_major not in ("n", "m"):
+        raise ArgumentError("c_major", repr(c_major), "'n', 'm'")
+    axes = _common(acc_dtype=acc_dtype, cd_major="n", m_aligned=M_ALIGNED, vector_f32=False,
+                   e5m2_rcp_max="page", mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
+    axes.update(_operand_axes(a_tensor, sfa_tensor, sf_vec_size, b_tensor, None, "k"))
+    del axes["weight_mode"], axes["b_major"]
+    axes.update(c_dtype=checks.dtype_arg(c_dtype, "c_dtype", _OUT), cd_major=c_major)
+    return axes
 
 
 def c_dtype_name(op: BlockScaledGemm) -> str:

@@ -69,6 +69,17 @@ def test_dswiglu_exact(d_dtype):
     compare(ref, out, exact=False, rtol=1e-5, name=f"dswiglu {d_dtype}")
 
 
+def test_dswiglu_bfloat16_prob():
+    """Seed 000 takes a bfloat16 prob: the kernel reads it as bf16 (prob_dtype variant)."""
+    import dataclasses
+    import ml_dtypes
+    pb = integer_problem("grouped_gemm_dswiglu", num_experts=2, tokens=[256, 300], n=128, k=256,
+                         d_dtype="float8_e4m3fn", seed=19)
+    pb = dataclasses.replace(pb, prob_tensor=np.asarray(pb.prob_tensor).astype(ml_dtypes.bfloat16))
+    ref, out = run("grouped_gemm_dswiglu", pb)
+    compare(ref, out, exact=False, rtol=1e-5, name="dswiglu bf16 prob")
+
+
 def test_srelu_realistic_values():
     pb = make_grouped_problem("grouped_gemm_srelu", num_experts=8, tokens=4000, n=1024, k=2048,
                               values="realistic", skew="skewed", d_dtype="bfloat16", seed=4)
@@ -202,6 +213,22 @@ def test_gemm_amax_exact(c_major, c_dtype):
     compare(ref, out, exact=True, name=f"gemm_amax {c_major} {c_dtype}")
     assert tuple(out["c_tensor"].stride()) == tuple(s // np.asarray(ref["c_tensor"]).itemsize
                                                    for s in np.asarray(ref["c_tensor"]).strides)
+
+
+@pytest.mark.parametrize("c_major", ["n", "m"])
+def test_gemm_amax_class_writes_what_the_wrapper_returns(c_major):
+    import torch
+    pb = batched_integer_problem(m=200, n=264, k=320, batch=2, seed=18)
+    dev, keep = device_kwargs(pb.kwargs())
+    want = fusegemm.gemm_amax(**dev, c_major=c_major)
+    c = torch.full_like(want["c_tensor"], 7.0)          # same strides: the op's memory order
+    amax = torch.full((1, 1, 1), 7.0, device="cuda")
+    op = fusegemm.GemmAmax(dev["a_tensor"], dev["b_tensor"], dev["sfa_tensor"], dev["sfb_tensor"], c, amax)
+    assert op.check_support()
+    op.compile()
+    for _ in range(2):   # amax is reset each time, not accumulated across calls
+        op.execute(dev["a_tensor"], dev["b_tensor"], dev["sfa_tensor"], dev["sfb_tensor"], c, amax)
+        assert torch.equal(c, want["c_tensor"]) and torch.equal(amax, want["amax_tensor"])
 
 
 def test_gemm_amax_single_batch_2d_e5m2():

@@ -369,3 +369,69 @@ def test_class_compat_names():
     assert compat.GroupedGemmSreluSm100 is fusegemm.GroupedGemmSrelu
     assert compat.GroupedGemmQuantSm100 is fusegemm.GroupedGemmQuant
     assert compat.GroupedGemmDswigluSm100 is fusegemm.GroupedGemmDswiglu
+
+
+def _amax_class(c=None, sample_c=None):
+    kw = amax_base()
+    m, n, l = kw["a_tensor"].shape[0], kw["b_tensor"].shape[0], kw["a_tensor"].shape[2]
+    c = c if c is not None else torch.zeros(l, m, n).permute(1, 2, 0)          # (M, N, L), N-major
+    op = fusegemm.GemmAmax(kw["a_tensor"], kw["b_tensor"], kw["sfa_tensor"], kw["sfb_tensor"],
+                           sample_c if sample_c is not None else c)
+    return op, kw, c
+
+
+def test_gemm_amax_class_reaches_the_device_check():
+    op, kw, c = _amax_class()
+    with pytest.raises(FusegemmError, match=r"^a_tensor\.device: got cpu"):
+        op.execute(kw["a_tensor"], kw["b_tensor"], kw["sfa_tensor"], kw["sfb_tensor"], c, torch.zeros(1, 1, 1))
+    # an M-major sample makes an M-major op: its C must be M-contiguous too
+    m_major = torch.zeros(2, 256, 200).permute(2, 1, 0)
+    op_m, kw, _ = _amax_class(c=m_major)
+    assert op_m.op.variant.cd_major == "m"
+    with pytest.raises(FusegemmError, match=r"^a_tensor\.device: got cpu"):
+        op_m.execute(kw["a_tensor"], kw["b_tensor"], kw["sfa_tensor"], kw["sfb_tensor"], m_major, torch.zeros(1))
+
+
+AMAX_CLASS_CASES = [
+    ("c_missing", lambda c, kw: (None, torch.zeros(1, 1, 1)), r"^c_tensor: got None"),
+    ("c_wrong_shape", lambda c, kw: (c[:100], torch.zeros(1, 1, 1)), r"^c_tensor\.shape: got \(100, 256, 2\)"),
+    ("c_wrong_dtype", lambda c, kw: (c.to(torch.bfloat16), torch.zeros(1, 1, 1)), r"^c_tensor\.dtype: got bfloat16"),
+    ("c_m_major_for_n_op", lambda c, kw: (torch.zeros(2, 256, 200).permute(2, 1, 0), torch.zeros(1, 1, 1)),
+     r"^c_tensor\.stride: got"),
+    ("amax_two", lambda c, kw: (c, torch.zeros(2)), r"^amax_tensor\.shape: got \(2,\)"),
+    ("amax_fp16", lambda c, kw: (c, torch.zeros(1, dtype=torch.float16)), r"^amax_tensor\.dtype: got float16"),
+    ("amax_in_c", lambda c, kw: (c, c.permute(2, 0, 1).reshape(-1)[:1]), r"^amax_tensor: got memory shared with c_tensor"),
+    ("c_aliases_a", "alias", r"^c_tensor: got memory shared with an input"),
+]
+
+
+@pytest.mark.parametrize("outputs,pattern", [pytest.param(f, p, id=i) for i, f, p in AMAX_CLASS_CASES])
+def test_gemm_amax_class_checks_outputs(outputs, pattern):
+    op, kw, c = _amax_class()
+    if outputs == "alias":   # A is the first bytes of the buffer C is written into
+        big = torch.zeros(4 * 200 * 256 * 2, dtype=torch.uint8)
+        kw["a_tensor"] = big[: 200 * 256 * 2].view(2, 200, 256).permute(1, 2, 0).view(torch.float8_e4m3fn)
+        c_out, amax = big.view(torch.float32).view(2, 200, 256).permute(1, 2, 0), torch.zeros(1)
+    else:
+        c_out, amax = outputs(c, kw)
+    with pytest.raises(FusegemmError) as info:
+        op.execute(kw["a_tensor"], kw["b_tensor"], kw["sfa_tensor"], kw["sfb_tensor"], c_out, amax)
+    assert re.search(pattern, str(info.value)), str(info.value)
+    assert "a_tensor.device" not in str(info.value)
+
+
+def test_gemm_amax_class_compat_name():
+    from fusegemm import compat
+    assert compat.GemmAmaxSm100 is fusegemm.GemmAmax
+
+
+def test_dswiglu_takes_a_bfloat16_prob():
+    """Seed 000 allows float32 or bfloat16 prob: bf16 selects its own variant (prob_dtype) and the
+    call validates through to the device check; other dtypes are refused by name."""
+    kw = base("grouped_gemm_dswiglu")
+    kw["prob_tensor"] = kw["prob_tensor"].to(torch.bfloat16)
+    with pytest.raises(FusegemmError, match=r"^a_tensor\.device: got cpu"):
+        fusegemm.grouped_gemm_dswiglu(**kw)
+    kw["prob_tensor"] = kw["prob_tensor"].half()
+    with pytest.raises(FusegemmError, match=r"^prob_tensor\.dtype: got float16; allowed: float32, bfloat16"):
+        fusegemm.grouped_gemm_dswiglu(**kw)

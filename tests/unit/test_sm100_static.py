@@ -187,6 +187,7 @@ FUSED_CORE = [
                                 bias_dtype="bfloat16"), V("bs", 256, 256, **_MX8)),
     ("grouped_gemm_quant", dict(d_dtype="float8_e4m3fn", bias_dtype="bfloat16"), V("bs", 256, 256, **_MX8)),
     ("grouped_gemm_dswiglu", {}, V("bs", 256, 256, **_MX8)),
+    ("grouped_gemm_dswiglu", dict(prob_dtype="bfloat16"), V("bs", 256, 256, **_MX8)),
     ("grouped_gemm_dswiglu", dict(d_dtype="bfloat16", **_NVFP4_AXES), V("bs", 256, 256, **_NVFP4)),
 ]
 FUSED_EXTENDED = [

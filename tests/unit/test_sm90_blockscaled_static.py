@@ -22,6 +22,7 @@ CASES = [
     ("grouped_gemm_quant", dict(d_dtype="float8_e4m3fn")),
     ("grouped_gemm_quant", dict(d_dtype="bfloat16", bias_dtype="bfloat16")),
     ("grouped_gemm_dswiglu", {}),
+    ("grouped_gemm_dswiglu", dict(prob_dtype="bfloat16")),
     ("grouped_gemm_dswiglu", dict(ab_dtype="float8_e5m2", c_dtype="float8_e5m2", d_dtype="float8_e5m2", tile_n=128)),
     ("gemm_amax", {}),
     ("gemm_amax", dict(cd_major="m", c_dtype="bfloat16", tile_n=256)),
