@@ -29,6 +29,19 @@ struct ScaledConfigChecks {
   static_assert(Config::kTileN == 128 || Config::kTileN == 256, "sm_90a block-scaled kernel: TILE_N 128 or 256");
 };
 
+// Host contract fields (fusegemm/base/contract.py) that do not depend on the mainloop: no
+// clusters, 256-row expert padding, uint8 maps, [B x 8][SFB x 8] tensor-map slots per CTA for
+// discrete weights, no TMEM.
+template <bool kDiscreteB>
+struct ScaledHostContract {
+  static constexpr int kMinClusterM = 1, kMinClusterN = 1, kMaxClusterCtas = 1, kCtasPerTile = 1;
+  static constexpr int kMAligned = fusegemm::kMAligned;
+  static constexpr int kTmaDtypeA = TmaDtype<uint8_t>::value, kTmaDtypeB = TmaDtype<uint8_t>::value;
+  static constexpr int kTmapSlotsPerMap = 8;
+  static constexpr int kTmapSlotStride = kDiscreteB ? 2 * kTmapSlotsPerMap : 0;
+  static constexpr int kTmemCols = 0;
+};
+
 // The tile order: grouped over padded_offsets, or batched (seed 004: L batches of m_rows rows).
 template <int kTileM, int kTileN, bool kBatched>
 struct ScaledSchedule {

@@ -68,7 +68,7 @@ FUSEGEMM_DEVICE uint32_t bf16x2_bits(float lo, float hi) {
 }
 
 template <class Config>
-struct BlockScaledDequantKernel {
+struct BlockScaledDequantKernel : ScaledHostContract<Config::kDiscreteB> {
   using Checks = ScaledConfigChecks<Config>;
   using ElementAB = typename Config::ElementA;
   using ElementC = typename Config::ElementC;
@@ -135,18 +135,16 @@ struct BlockScaledDequantKernel {
   static_assert(kProducerRegs * 256 + kConsumerRegs * 128 * kConsumerWGs <= 65536,
                 "register split exceeds the register file");
 
-  static constexpr int kTmapSlots = kRaw;
-  static constexpr int kTmapSlotsPerMap = 8;
-  static_assert(kTmapSlots <= kTmapSlotsPerMap, "more stages than reserved tensor-map slots");
 
-  // Host contract.
-  static constexpr int kMinClusterM = 1, kMinClusterN = 1, kMaxClusterCtas = 1, kCtasPerTile = 1;
-  static constexpr int kMAligned = fusegemm::kMAligned;
+  // Host contract (the rest: ScaledHostContract, a dependent base: named here).
+  using Contract = ScaledHostContract<Config::kDiscreteB>;
+  using Contract::kTmapSlotsPerMap;
+  using Contract::kTmapSlotStride;
+  // Discrete weights: B and SFB maps rewritten per expert (DeviceTmap), one slot per stage.
+  static constexpr int kTmapSlots = kRaw;
+  static_assert(kTmapSlots <= kTmapSlotsPerMap, "more stages than reserved tensor-map slots");
   static constexpr int kBoxAInner = kTileK, kBoxAOuter = kTileM, kBoxBInner = kTileK, kBoxBOuter = kMmaN;
   static constexpr int kSwizzleA = 0, kSwizzleB = 0;
-  static constexpr int kTmaDtypeA = TmaDtype<uint8_t>::value, kTmaDtypeB = TmaDtype<uint8_t>::value;
-  static constexpr int kTmapSlotStride = kDiscreteB ? 2 * kTmapSlotsPerMap : 0;
-  static constexpr int kTmemCols = 0;
   static constexpr int kSfBoxK = 1, kSfBoxNB = kSfbAtoms;
   static constexpr uint32_t kTxBytes = kRawBytes;
 
