@@ -21,7 +21,8 @@
 //                    blocks past K so that SF padding bytes (NaN in a 0xFF-filled buffer) never
 //                    meet the zero-filled data.
 // Pipeline: kStages stages of A (128 x 128 B), B (128 x 128 B), SFA + SFB (one 512-byte atom
-// each) and their tables. full[s]: TMA bytes; sf_ready[s]: the fill's converter warp (after full);
+// each) and their tables. full[s]: TMA bytes; sf_ready[s]: the fill's converter warp (after the
+// previous fill's release and full);
 // empty[s]: one arrival per consumer warp once the stage's last WGMMA and promotion are done.
 // A tile of kTileN 256 runs as two 128-column passes: acc plus two temporary sets of a 64 x 128
 // fragment are 192 registers per thread, 64 x 256 would not fit.
@@ -271,6 +272,13 @@ struct BlockScaledPromoteKernel : ScaledHostContract<Config::kDiscreteB> {
         if (t.z * kTileN + pass * kMmaN >= p.n) break;
         for (int kb = 0; kb < num_k_blocks; ++kb, ++fill) {
           if (fill % kConverters == which) {
+            // First the consumers' release of this stage's previous fill (the producer's own wait,
+            // same parity). Without it a parity wait on `full` can alias: this warp last waited
+            // on fill - kConverters, so when fill - kStages (another warp's, same stage) has not
+            // landed yet, `full` is one phase behind and its parity already reads as ours. After
+            // the release, `full` is within one phase of this fill and the wait is exact (and our
+            // table stores are ordered after the consumers' loads; racecheck flagged them before).
+            mbar_wait(&b.empty[stage], phase ^ 1);
             mbar_wait(&b.full[stage], phase);
             convert_stage(smem + kOffSf + stage * kSfRawBytes,
                           reinterpret_cast<float*>(smem + kOffTab + stage * kTabBytes), kb * kSubBlocks, sfk, lane);
