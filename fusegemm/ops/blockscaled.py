@@ -24,7 +24,8 @@ from ..formats.scales import sf_physical_shape, sf_view_shape
 from ..runtime.tensors import TensorView
 from ..tupledict import TupleDict
 from . import checks
-from .device import alloc_outputs
+from ..runtime import config
+from .device import alloc_outputs, offsets_on_host
 from .epilogue_gemm import SpecGemm
 from .launcher import GroupedShape
 
@@ -318,6 +319,11 @@ class BlockScaledGemm(SpecGemm):
         s = GroupedShape(m=rows, n=call.n, k=call.k, l=call.l, a_ld=call.a.strides[0], b_sn=call.b_strides[0],
                          b_sl=call.b_strides[1], discrete=call.discrete)
         stream = resolve_stream(current_stream, self.device)
+        if call.offsets is not None and config.validate_offsets():
+            # Opt-in (FUSEGEMM_VALIDATE_OFFSETS), as for the BF16 op: a host copy, never during capture.
+            host = offsets_on_host(call.offsets.obj, stream)
+            if host is not None:
+                args.offsets_values(host, call.m)
         grid = ln.grid(s)
         values.update(self.maps(call))
         values.update(ln.scalars(s))
