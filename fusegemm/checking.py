@@ -26,6 +26,7 @@ def to_device(x: Any, device: str = "cuda") -> Any:
     import torch
     if not isinstance(x, np.ndarray):
         return x
+    x = np.array(x, order="K")   # a writable copy in the same memory order (views stay views of it)
     name = x.dtype.name
     if name in _BYTE_TYPES or name == "bfloat16":
         t = torch.from_numpy(x.view(_RAW[x.dtype.itemsize])).view(getattr(torch, name))

@@ -64,17 +64,6 @@ def detect_arch() -> tuple[str | None, str]:
     return arch.name, f"{name} (compute capability {major}.{minor}, {arch.name})"
 
 
-def _to_torch(x: Any, torch: Any, device: str) -> Any:
-    """numpy (ml_dtypes bf16 included) -> tensor on ``device`` with the same shape and strides."""
-    import ml_dtypes
-    if not isinstance(x, np.ndarray):
-        return x
-    bf16 = x.dtype == np.dtype(ml_dtypes.bfloat16)
-    host = x.astype(np.float32) if bf16 else x.copy(order="K")
-    t = torch.from_numpy(host).to(device)
-    return t.to(torch.bfloat16) if bf16 else t
-
-
 def _compare(got: Any, ref: np.ndarray, scale: np.ndarray, dtype: str) -> tuple[float, bool]:
     g = got.float().cpu().numpy().reshape(ref.shape).astype(np.float64)
     r = ref.astype(np.float64)
@@ -117,7 +106,7 @@ def _magnitude(pb: Any) -> np.ndarray:
 def _run_grouped_gemm(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool, str]:
     import torch
 
-    from . import problems, reference
+    from . import checking, problems, reference
     from .ops import grouped_gemm as op
     opts = dict(case)
     call_opts = {k: opts.pop(k) for k in ("use_dynamic_sched", "generate_c", "c_dtype", "d_dtype")
@@ -127,13 +116,9 @@ def _run_grouped_gemm(case: dict[str, Any], device: str = "cuda:0") -> tuple[flo
                                        seed=7, values="realistic", layout="canonical", **opts)
     kwargs = pb.kwargs(**call_opts)
     ref = reference.grouped_gemm(**kwargs)
-    dev = {k: _to_torch(v, torch, device) for k, v in kwargs.items() if k != "b_list"}
+    dev, keep = checking.device_args(kwargs, device)   # b_list -> b_ptrs (the GPU op takes pointers)
     if "bias_tensor" in dev:   # the seed's bias is (N, L) with N contiguous
-        dev["bias_tensor"] = _to_torch(np.ascontiguousarray(kwargs["bias_tensor"].T), torch, device).t()
-    keep = None
-    if pb.b_list is not None:   # the GPU op takes device pointers
-        keep = [_to_torch(b, torch, device) for b in pb.b_list]
-        dev["b_ptrs"] = torch.tensor([w.data_ptr() for w in keep], dtype=torch.int64, device=device)
+        dev["bias_tensor"] = checking.to_device(np.ascontiguousarray(kwargs["bias_tensor"].T), device).t()
     out = op.grouped_gemm(**dev)
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)

@@ -270,10 +270,7 @@ class BlockScaledGemm(SpecGemm):
         w = self.widths(call.n)[0]
         deferred: list = []
         values, keep = self._inputs(inputs or {}, call, w, deferred, input_names)
-        device = check_devices(call, deferred)
-        if device != self.device:
-            raise ArgumentError("a_tensor.device", f"cuda:{device}", f"cuda:{self.device} (the device this op "
-                                "was built for)")
+        device = self.check_device(call, deferred)
         self.compile()
         out = alloc_outputs(self.epilogue, call.n, call.m, call.l, f"cuda:{device}")
         self.launch(call, values, out, current_stream)
@@ -289,14 +286,19 @@ class BlockScaledGemm(SpecGemm):
             raise ArgumentError("spec", self.spec.name, "a batched spec (problem: batched) for batched()")
         call = parse_batched(a_tensor, b_tensor, sfa_tensor, sfb_tensor, self.variant.sf_vec_size)
         self.check_operands(call)
-        device = check_devices(call)
-        if device != self.device:
-            raise ArgumentError("a_tensor.device", f"cuda:{device}", f"cuda:{self.device} (the device this op "
-                                "was built for)")
+        device = self.check_device(call)
         self.compile()
         out = alloc_outputs(self.epilogue, call.n, call.l * call.m, 1, f"cuda:{device}")
         self.launch(call, {}, out, current_stream)
         return TupleDict(**out)
+
+    def check_device(self, call: ScaledCall, more: list[tuple[str, TensorView, int]] = ()) -> int:
+        """:func:`check_devices`, and the device is the one this op was built for."""
+        device = check_devices(call, more)
+        if device != self.device:
+            raise ArgumentError("a_tensor.device", f"cuda:{device}", f"cuda:{self.device} (the device this op "
+                                "was built for)")
+        return device
 
     def check_operands(self, call: ScaledCall) -> None:
         """The operands are of the format this op was built for."""

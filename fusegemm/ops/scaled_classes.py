@@ -17,17 +17,7 @@ from ..formats.scales import sf_from_kernel_view
 from ..runtime.tensors import TensorView, view
 from . import checks
 from .blockscaled import BlockScaledGemm
-from .scaled_seeds import (
-    SEED_NAMES,
-    _bias_axis,
-    _clamp,
-    _common,
-    _op,
-    _operand_axes,
-    _OUT,
-    _present,
-    prob_axis,
-)
+from .scaled_seeds import SEED_NAMES, _OUT, _op, _present, dswiglu_axes, quant_axes, srelu_axes
 
 # Seed argument name of each output buffer of the grouped seeds (dSwiGLU names D d_row_tensor).
 OUT_NAMES = {"c": "c_tensor", "d": "d_tensor", "d_col": "d_col_tensor", "sfd_row": "sfd_row_tensor",
@@ -72,6 +62,23 @@ def native_output(x: Any, name: str, shape: tuple[int, ...], store: str) -> Tens
     return got
 
 
+def check_no_overlap(outputs: list[tuple[str, TensorView]], inputs: list[TensorView | None]) -> None:
+    """No output shares memory with a later output or with an input (named by the first)."""
+    for i, (name, v) in enumerate(outputs):
+        lo, hi = _extent(v)
+        for other, w in outputs[i + 1:]:
+            wlo, whi = _extent(w)
+            if lo <= whi and wlo <= hi:
+                raise ArgumentError(name, "memory shared with " + other, "its own buffer")
+        for inp in inputs:
+            if inp is None:
+                continue
+            ilo, ihi = _extent(inp)
+            if lo <= ihi and ilo <= hi:
+                raise ArgumentError(name, "memory shared with an input", "its own buffer (outputs may not "
+                                    "alias inputs)")
+
+
 def _squeezed(shape: Any) -> list[int]:
     """Extents other than 1: the seed's (M, N, 1) and the kernel's (M, N) hold the same data."""
     return [int(d) for d in shape if d != 1]
@@ -104,21 +111,7 @@ class _ScaledSeedOp:
         for key, (shape, store, _) in self.op.epilogue.buffers(n, m_rows, experts).items():
             name = names[key]
             out[key] = native_output(given.get(key), name, shape, store)
-        views = list(out.items())
-        for i, (key, v) in enumerate(views):
-            lo, hi = _extent(v)
-            for other_key, w in views[i + 1:]:
-                other_name = names[other_key]
-                wlo, whi = _extent(w)
-                if lo <= whi and wlo <= hi:
-                    raise ArgumentError(names[key], "memory shared with " + other_name, "its own buffer")
-            for inp in inputs:
-                if inp is None:
-                    continue
-                ilo, ihi = _extent(inp)
-                if lo <= ihi and ilo <= hi:
-                    raise ArgumentError(names[key], "memory shared with an input", "its own buffer "
-                                        "(outputs may not alias inputs)")
+        check_no_overlap([(names[k], v) for k, v in out.items()], inputs)
         return out
 
     def _reset(self, out: Mapping[str, TensorView], stream: int) -> None:
@@ -137,7 +130,7 @@ class _GroupedSeedOp(_ScaledSeedOp):
                  b_ptrs: Any = None, sfb_ptrs: Any = None, n: Any = None, inputs: Mapping[str, Any],
                  outputs: Mapping[str, Any], current_stream: Any, names: Mapping[str, str] = OUT_NAMES) -> None:
         from ..runtime.tensors import resolve_stream
-        from .blockscaled import check_devices, parse_scaled
+        from .blockscaled import parse_scaled
         op = self.op
         call = parse_scaled(a_tensor, sfa_tensor, padded_offsets, b_tensor, sfb_tensor, b_ptrs, sfb_ptrs, n,
                             op.variant.sf_vec_size)
@@ -149,9 +142,7 @@ class _GroupedSeedOp(_ScaledSeedOp):
         out = self._outputs(outputs, call.n, call.m, call.l, ins, names)
         # C / D rows are written with 16-byte vector stores; scales and reductions by word.
         aligns = [(names[k], v, 16 if k in ("c", "d", "d_col") else 4) for k, v in out.items()]
-        device = check_devices(call, deferred + aligns)
-        if device != op.device:
-            raise ArgumentError("a_tensor.device", f"cuda:{device}", f"cuda:{op.device} (this op's device)")
+        op.check_device(call, deferred + aligns)
         op.compile()
         stream = resolve_stream(current_stream, op.device)
         self._reset(out, stream)
@@ -175,6 +166,18 @@ def _sample_dtype(sample: Any, name: str, default: Any) -> Any:
     return view(sample, name).dtype if sample is not None else default
 
 
+def _sample_out(sample: Any, name: str) -> str:
+    """An output dtype from its sample (bfloat16 without one), checked under the sample's name."""
+    return checks.dtype_arg(_sample_dtype(sample, name, "bfloat16"), f"{name}.dtype", _OUT)
+
+
+def _options(acc_dtype: Any, m_aligned: Any, vector_f32: Any, e5m2_rcp_max: str, mma_tiler_mn: Any,
+             cluster_shape_mn: Any) -> dict[str, Any]:
+    """The options every class shares, as the wrappers' ``_common`` takes them (C/D are N-major)."""
+    return dict(acc_dtype=acc_dtype, cd_major="n", m_aligned=m_aligned, vector_f32=vector_f32,
+                e5m2_rcp_max=e5m2_rcp_max, mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
+
+
 class GroupedGemmSrelu(_GroupedSeedOp):
     """Seed 002's class API (``cudnn.GroupedGemmSreluSm100``): grouped block-scaled GEMM + sReLU.
 
@@ -195,15 +198,11 @@ class GroupedGemmSrelu(_GroupedSeedOp):
                  vector_f32: bool = False, m_aligned: int = 256, discrete_col_sfd: bool = False,
                  use_dynamic_sched: bool = False, b_major: str = "k", tanh_clamp_scale: float | None = None,
                  e5m2_rcp_max: str = "page") -> None:
-        axes = _common(acc_dtype=acc_dtype, cd_major="n", m_aligned=m_aligned, vector_f32=vector_f32,
-                       e5m2_rcp_max=e5m2_rcp_max, mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
-        axes.update(_operand_axes(sample_a, sample_sfa, sf_vec_size, sample_b, None, b_major))
-        axes.update(c_dtype=checks.dtype_arg(_sample_dtype(sample_c, "sample_c", "bfloat16"), "sample_c.dtype", _OUT),
-                    d_dtype=checks.dtype_arg(_sample_dtype(sample_d, "sample_d", "bfloat16"), "sample_d.dtype", _OUT),
-                    bias_dtype=_bias_axis(sample_bias),
-                    discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"),
-                    scheduler="dynamic" if checks.bool_arg(use_dynamic_sched, "use_dynamic_sched") else "static",
-                    tanh_clamp_scale=_clamp(tanh_clamp_scale))
+        axes = srelu_axes(sample_a, sample_sfa, sample_b, sf_vec_size=sf_vec_size, b_dtype=None, b_major=b_major,
+                          c_name=_sample_out(sample_c, "sample_c"), d_name=_sample_out(sample_d, "sample_d"),
+                          bias=sample_bias, discrete_col_sfd=discrete_col_sfd, use_dynamic_sched=use_dynamic_sched,
+                          tanh_clamp_scale=tanh_clamp_scale, **_options(acc_dtype, m_aligned, vector_f32,
+                                                                         e5m2_rcp_max, mma_tiler_mn, cluster_shape_mn))
         super().__init__(axes, sample_a, e5m2_rcp_max)
 
     def execute(self, a_tensor: Any, b_tensor: Any = None, c_tensor: Any = None, d_tensor: Any = None,
@@ -236,13 +235,10 @@ class GroupedGemmQuant(_GroupedSeedOp):
                  cluster_shape_mn: Any = None, sf_vec_size: int = 16, vector_f32: bool = False,
                  m_aligned: int = 256, discrete_col_sfd: bool = False, use_dynamic_sched: bool = False,
                  e5m2_rcp_max: str = "page") -> None:
-        axes = _common(acc_dtype=acc_dtype, cd_major="n", m_aligned=m_aligned, vector_f32=vector_f32,
-                       e5m2_rcp_max=e5m2_rcp_max, mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
-        axes.update(_operand_axes(sample_a, sample_sfa, sf_vec_size, sample_b, None, "k"))
-        axes.update(d_dtype=checks.dtype_arg(_sample_dtype(sample_d, "sample_d", "bfloat16"), "sample_d.dtype", _OUT),
-                    bias_dtype=_bias_axis(sample_bias),
-                    discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"),
-                    scheduler="dynamic" if checks.bool_arg(use_dynamic_sched, "use_dynamic_sched") else "static")
+        axes = quant_axes(sample_a, sample_sfa, sample_b, sf_vec_size=sf_vec_size, b_dtype=None, b_major="k",
+                          d_name=_sample_out(sample_d, "sample_d"), bias=sample_bias,
+                          discrete_col_sfd=discrete_col_sfd, use_dynamic_sched=use_dynamic_sched,
+                          **_options(acc_dtype, m_aligned, vector_f32, e5m2_rcp_max, mma_tiler_mn, cluster_shape_mn))
         super().__init__(axes, sample_a, e5m2_rcp_max)
 
     def execute(self, a_tensor: Any, b_tensor: Any = None, d_tensor: Any = None, sfa_tensor: Any = None,
@@ -276,16 +272,10 @@ class GroupedGemmDswiglu(_GroupedSeedOp):
                  acc_dtype: Any = "float32", mma_tiler_mn: Any = None, cluster_shape_mn: Any = None,
                  sf_vec_size: int = 16, vector_f32: bool = False, m_aligned: int = 256,
                  discrete_col_sfd: bool = False, e5m2_rcp_max: str = "page") -> None:
-        axes = _common(acc_dtype=acc_dtype, cd_major="n", m_aligned=m_aligned, vector_f32=vector_f32,
-                       e5m2_rcp_max=e5m2_rcp_max, mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
-        axes.update(_operand_axes(sample_a, sample_sfa, sf_vec_size, sample_b, None, "k"))
-        if sample_c is None:
-            raise ArgumentError("sample_c", None, "the forward's (M, 2N) input (its dtype chooses the kernel)")
-        axes.update(c_dtype=view(sample_c, "sample_c").dtype,
-                    d_dtype=checks.dtype_arg(_sample_dtype(sample_d_row, "sample_d_row", "bfloat16"),
-                                             "sample_d_row.dtype", _OUT),
-                    discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"),
-                    prob_dtype=prob_axis(sample_prob, "sample_prob"))
+        axes = dswiglu_axes(sample_a, sample_sfa, sample_b, sf_vec_size=sf_vec_size, c=sample_c, c_arg="sample_c",
+                            d_name=_sample_out(sample_d_row, "sample_d_row"), discrete_col_sfd=discrete_col_sfd,
+                            prob=sample_prob, prob_arg="sample_prob",
+                            **_options(acc_dtype, m_aligned, vector_f32, e5m2_rcp_max, mma_tiler_mn, cluster_shape_mn))
         super().__init__(axes, sample_a, e5m2_rcp_max)
 
     def execute(self, a_tensor: Any, b_tensor: Any, c_tensor: Any, d_row_tensor: Any = None, sfa_tensor: Any = None,
@@ -336,7 +326,7 @@ class GemmAmax(_ScaledSeedOp):
                 amax_tensor: Any, current_stream: Any = None) -> None:
         """Run once: C and amax (reset to -inf first) in place."""
         from ..runtime.tensors import resolve_stream
-        from .blockscaled import check_devices, parse_batched
+        from .blockscaled import parse_batched
         op = self.op
         call = parse_batched(a_tensor, b_tensor, sfa_tensor, sfb_tensor, op.variant.sf_vec_size)
         op.check_operands(call)
@@ -344,20 +334,8 @@ class GemmAmax(_ScaledSeedOp):
                                                         for k in ("c", "amax"))
         c = self._native_c(c_tensor, call, c_shape, c_store)
         amax = native_output(amax_tensor, "amax_tensor", a_shape, a_store)
-        for name, v in (("c_tensor", c), ("amax_tensor", amax)):
-            lo, hi = _extent(v)
-            for inp in (call.a, call.b, call.sfa, call.sfb):
-                ilo, ihi = _extent(inp)
-                if lo <= ihi and ilo <= hi:
-                    raise ArgumentError(name, "memory shared with an input", "its own buffer (outputs may not "
-                                        "alias inputs)")
-        clo, chi = _extent(c)
-        alo, ahi = _extent(amax)
-        if clo <= ahi and alo <= chi:
-            raise ArgumentError("amax_tensor", "memory shared with c_tensor", "its own buffer")
-        device = check_devices(call, [("c_tensor", c, 16), ("amax_tensor", amax, 4)])
-        if device != op.device:
-            raise ArgumentError("a_tensor.device", f"cuda:{device}", f"cuda:{op.device} (this op's device)")
+        check_no_overlap([("amax_tensor", amax), ("c_tensor", c)], [call.a, call.b, call.sfa, call.sfb])
+        op.check_device(call, [("c_tensor", c, 16), ("amax_tensor", amax, 4)])
         op.compile()
         stream = resolve_stream(current_stream, op.device)
         self._reset({"amax": amax}, stream)

@@ -145,15 +145,13 @@ def grouped_gemm_srelu(a_tensor: Any, b_tensor: Any = None, sfa_tensor: Any = No
     Returns ``TupleDict(c_tensor, d_tensor, d_col_tensor, amax_tensor, sfd_row_tensor,
     sfd_col_tensor)``; absent outputs are None.
     """
-    axes = _common(acc_dtype=acc_dtype, cd_major=cd_major, m_aligned=m_aligned, vector_f32=vector_f32,
-                   e5m2_rcp_max=e5m2_rcp_max, mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
-    axes.update(_operand_axes(a_tensor, sfa_tensor, sf_vec_size, b_tensor, b_dtype, b_major))
-    axes.update(c_dtype=checks.dtype_arg(c_dtype, "c_dtype", _OUT),
-                d_dtype=checks.dtype_arg(d_dtype, "d_dtype", _OUT),
-                bias_dtype=_bias_axis(bias_tensor),
-                discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"),
-                scheduler="dynamic" if checks.bool_arg(use_dynamic_sched, "use_dynamic_sched") else "static",
-                tanh_clamp_scale=_clamp(tanh_clamp_scale))
+    axes = srelu_axes(a_tensor, sfa_tensor, b_tensor, sf_vec_size=sf_vec_size, b_dtype=b_dtype, b_major=b_major,
+                      c_name=checks.dtype_arg(c_dtype, "c_dtype", _OUT),
+                      d_name=checks.dtype_arg(d_dtype, "d_dtype", _OUT), bias=bias_tensor,
+                      discrete_col_sfd=discrete_col_sfd, use_dynamic_sched=use_dynamic_sched,
+                      tanh_clamp_scale=tanh_clamp_scale, acc_dtype=acc_dtype, cd_major=cd_major,
+                      m_aligned=m_aligned, vector_f32=vector_f32, e5m2_rcp_max=e5m2_rcp_max,
+                      mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
     op = _op("grouped_gemm_srelu", a_tensor, e5m2_rcp_max, axes)
     out = op(a_tensor, sfa_tensor, padded_offsets, b_tensor, sfb_tensor, b_ptrs=b_ptrs, sfb_ptrs=sfb_ptrs, n=n,
              inputs=_present(alpha=alpha_tensor, prob=prob_tensor, bias=bias_tensor, norm_const=norm_const_tensor),
@@ -180,12 +178,11 @@ def grouped_gemm_quant(a_tensor: Any, sfa_tensor: Any, padded_offsets: Any, alph
 
     Returns ``TupleDict(d_tensor, d_col_tensor, amax_tensor, sfd_row_tensor, sfd_col_tensor)``.
     """
-    axes = _common(acc_dtype=acc_dtype, cd_major=cd_major, m_aligned=m_aligned, vector_f32=vector_f32,
-                   e5m2_rcp_max=e5m2_rcp_max, mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
-    axes.update(_operand_axes(a_tensor, sfa_tensor, sf_vec_size, b_tensor, b_dtype, b_major))
-    axes.update(d_dtype=checks.dtype_arg(d_dtype, "d_dtype", _OUT), bias_dtype=_bias_axis(bias_tensor),
-                discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"),
-                scheduler="dynamic" if checks.bool_arg(use_dynamic_sched, "use_dynamic_sched") else "static")
+    axes = quant_axes(a_tensor, sfa_tensor, b_tensor, sf_vec_size=sf_vec_size, b_dtype=b_dtype, b_major=b_major,
+                      d_name=checks.dtype_arg(d_dtype, "d_dtype", _OUT), bias=bias_tensor,
+                      discrete_col_sfd=discrete_col_sfd, use_dynamic_sched=use_dynamic_sched, acc_dtype=acc_dtype,
+                      cd_major=cd_major, m_aligned=m_aligned, vector_f32=vector_f32, e5m2_rcp_max=e5m2_rcp_max,
+                      mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
     want_amax = checks.bool_arg(generate_amax, "generate_amax")
     op = _op("grouped_gemm_quant", a_tensor, e5m2_rcp_max, axes)
     out = op(a_tensor, sfa_tensor, padded_offsets, b_tensor, sfb_tensor, b_ptrs=b_ptrs, sfb_ptrs=sfb_ptrs, n=n,
@@ -218,16 +215,11 @@ def grouped_gemm_dswiglu(a_tensor: Any, b_tensor: Any, c_tensor: Any, sfa_tensor
     """
     if epilogue_op not in (None, "none", "identity", "relu", "srelu"):
         raise ArgumentError("epilogue_op", repr(epilogue_op), "None, 'none', 'identity', 'relu', 'srelu'")
-    axes = _common(acc_dtype=acc_dtype, cd_major=cd_major, m_aligned=m_aligned, vector_f32=vector_f32,
-                   e5m2_rcp_max=e5m2_rcp_max, mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
-    axes.update(_operand_axes(a_tensor, sfa_tensor, sf_vec_size, b_tensor, None, "k"))
-    if b_tensor is None:
-        raise ArgumentError("b_tensor", None, "a dense (N, K, L) tensor (dSwiGLU has no discrete weights)")
-    if c_tensor is None:
-        raise ArgumentError("c_tensor", None, "the forward's (M, 2N) input")
-    axes.update(c_dtype=view(c_tensor, "c_tensor").dtype, d_dtype=checks.dtype_arg(d_dtype, "d_dtype", _OUT),
-                discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"),
-                prob_dtype=prob_axis(prob_tensor, "prob_tensor"))
+    axes = dswiglu_axes(a_tensor, sfa_tensor, b_tensor, sf_vec_size=sf_vec_size, c=c_tensor, c_arg="c_tensor",
+                        d_name=checks.dtype_arg(d_dtype, "d_dtype", _OUT), discrete_col_sfd=discrete_col_sfd,
+                        prob=prob_tensor, prob_arg="prob_tensor", acc_dtype=acc_dtype, cd_major=cd_major,
+                        m_aligned=m_aligned, vector_f32=vector_f32, e5m2_rcp_max=e5m2_rcp_max,
+                        mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
     op = _op("grouped_gemm_dswiglu", a_tensor, e5m2_rcp_max, axes)
     out = op(a_tensor, sfa_tensor, padded_offsets, b_tensor, sfb_tensor,
              inputs=_present(alpha=alpha_tensor, beta=beta_tensor, prob=prob_tensor, c=c_tensor,
@@ -296,6 +288,50 @@ def gemm_amax(a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_tensor: Any, c_
     if a.ndim == 2:
         c = c[:, :, 0]
     return TupleDict(c_tensor=c, amax_tensor=out["amax"].view(1, 1, 1))
+
+
+def srelu_axes(a: Any, sfa: Any, b: Any, *, sf_vec_size: Any, b_dtype: Any, b_major: str, c_name: str,
+               d_name: str, bias: Any, discrete_col_sfd: Any, use_dynamic_sched: Any, tanh_clamp_scale: Any,
+               **options: Any) -> dict[str, Any]:
+    """The variant axes of a seed 002 call (wrapper and class; output dtypes already checked,
+    ``options``: :func:`_common`'s)."""
+    axes = _common(**options)
+    axes.update(_operand_axes(a, sfa, sf_vec_size, b, b_dtype, b_major))
+    axes.update(c_dtype=c_name, d_dtype=d_name, bias_dtype=_bias_axis(bias),
+                discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"),
+                scheduler=_scheduler(use_dynamic_sched), tanh_clamp_scale=_clamp(tanh_clamp_scale))
+    return axes
+
+
+def quant_axes(a: Any, sfa: Any, b: Any, *, sf_vec_size: Any, b_dtype: Any, b_major: str, d_name: str, bias: Any,
+               discrete_col_sfd: Any, use_dynamic_sched: Any, **options: Any) -> dict[str, Any]:
+    """The variant axes of a seed 003 call (wrapper and class)."""
+    axes = _common(**options)
+    axes.update(_operand_axes(a, sfa, sf_vec_size, b, b_dtype, b_major))
+    axes.update(d_dtype=d_name, bias_dtype=_bias_axis(bias),
+                discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"),
+                scheduler=_scheduler(use_dynamic_sched))
+    return axes
+
+
+def dswiglu_axes(a: Any, sfa: Any, b: Any, *, sf_vec_size: Any, c: Any, c_arg: str, d_name: str,
+                 discrete_col_sfd: Any, prob: Any, prob_arg: str, **options: Any) -> dict[str, Any]:
+    """The variant axes of a seed 000 call (wrapper and class): C's dtype from the forward input
+    ``c`` (named ``c_arg``), prob's from ``prob``."""
+    axes = _common(**options)
+    axes.update(_operand_axes(a, sfa, sf_vec_size, b, None, "k"))
+    if b is None:
+        raise ArgumentError("b_tensor", None, "a dense (N, K, L) tensor (dSwiGLU has no discrete weights)")
+    if c is None:
+        raise ArgumentError(c_arg, None, "the forward's (M, 2N) input (its dtype chooses the kernel)")
+    axes.update(c_dtype=view(c, c_arg).dtype, d_dtype=d_name,
+                discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"),
+                prob_dtype=prob_axis(prob, prob_arg))
+    return axes
+
+
+def _scheduler(use_dynamic_sched: Any) -> str:
+    return "dynamic" if checks.bool_arg(use_dynamic_sched, "use_dynamic_sched") else "static"
 
 
 def amax_axes(a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sf_vec_size: Any, c_dtype: Any, c_major: Any,

@@ -20,10 +20,6 @@ pytestmark = pytest.mark.gpu
 FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
-def device_kwargs(kw):
-    return device_args(kw)
-
-
 def compare(ref, out, *, exact, rtol=1e-5, name=""):
     """fusegemm.checking's rules: quantized bytes always exact; other outputs exact or within
     ``rtol`` of the largest magnitude plus one bf16/fp16 ulp of the element."""
@@ -39,7 +35,7 @@ def integer_problem(op, **kw):
 def run(op, pb, **overrides):
     kw = pb.kwargs(sf_vec_size=32, **overrides)
     ref = getattr(reference, op)(**kw)
-    dev, keep = device_kwargs(kw)
+    dev, keep = device_args(kw)
     out = getattr(fusegemm, op)(**dev)
     return ref, out
 
@@ -170,7 +166,7 @@ def test_class_api_writes_what_the_wrapper_returns(op, d_dtype):
     import torch
     pb = integer_problem(op, num_experts=3, tokens=[256, 0, 300], n=256, k=256, d_dtype=d_dtype, seed=17)
     kw = pb.kwargs(sf_vec_size=32)
-    dev, keep = device_kwargs(kw)
+    dev, keep = device_args(kw)
     want = getattr(fusegemm, op)(**dev)
     outs = {k: (torch.full_like(v.view(torch.uint8) if v.dtype.itemsize == 1 else v, 7).view(v.dtype)
                 if v is not None else None) for k, v in want.items()}
@@ -208,7 +204,7 @@ def test_gemm_amax_exact(c_major, c_dtype):
     pb = batched_integer_problem(m=200, n=264, k=320, batch=3, c_dtype=c_dtype, seed=14)
     kw = pb.kwargs(c_major=c_major)
     ref = reference.gemm_amax(**kw)
-    dev, keep = device_kwargs(kw)
+    dev, keep = device_args(kw)
     out = fusegemm.gemm_amax(**dev)
     compare(ref, out, exact=True, name=f"gemm_amax {c_major} {c_dtype}")
     assert tuple(out["c_tensor"].stride()) == tuple(s // np.asarray(ref["c_tensor"]).itemsize
@@ -219,7 +215,7 @@ def test_gemm_amax_exact(c_major, c_dtype):
 def test_gemm_amax_class_writes_what_the_wrapper_returns(c_major):
     import torch
     pb = batched_integer_problem(m=200, n=264, k=320, batch=2, seed=18)
-    dev, keep = device_kwargs(pb.kwargs())
+    dev, keep = device_args(pb.kwargs())
     want = fusegemm.gemm_amax(**dev, c_major=c_major)
     c = torch.full_like(want["c_tensor"], 7.0)          # same strides: the op's memory order
     amax = torch.full((1, 1, 1), 7.0, device="cuda")
@@ -236,7 +232,7 @@ def test_gemm_amax_single_batch_2d_e5m2():
                                  layout="canonical")
     kw = pb.kwargs()
     ref = reference.gemm_amax(**kw)
-    dev, keep = device_kwargs(kw)
+    dev, keep = device_args(kw)
     compare(ref, fusegemm.gemm_amax(**dev), exact=True, name="gemm_amax 2-D e5m2")
 
 
@@ -250,7 +246,7 @@ def _sanitize_main() -> None:
         print(f"sanitize {op}: ok")
     pb = batched_integer_problem(m=130, n=128, k=128, batch=2, seed=16)
     kw = pb.kwargs()
-    dev, keep = device_kwargs(kw)
+    dev, keep = device_args(kw)
     compare(reference.gemm_amax(**kw), fusegemm.gemm_amax(**dev), exact=True, name="sanitize gemm_amax")
     print("sanitize gemm_amax: ok")
 

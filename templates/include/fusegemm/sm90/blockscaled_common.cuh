@@ -119,6 +119,26 @@ struct WeightMaps {
     }
   }
 
+  // One stage's loads, completing on `bar`: A rows m0.. (batch l) at `a`, B rows n0.. (expert or
+  // batch lb) at `b_dst`, and the SFA / SFB atoms of 128-K block k_atom at `sfa` / `sfb_dst`.
+  // kx: the stage's first K byte.
+  template <bool kBatched, class Params>
+  FUSEGEMM_DEVICE void load_stage(const Params& p, uint64_t* bar, uint8_t* a, uint8_t* b_dst, uint8_t* sfa,
+                                  uint8_t* sfb_dst, int kx, int k_atom, int m0, int n0, int l, int lb) const {
+    if constexpr (kBatched) {
+      tma_load_3d(&p.tma_a, bar, a, kx, m0, l);
+    } else {
+      tma_load_2d(&p.tma_a, bar, a, kx, m0);
+    }
+    if constexpr (kDiscrete) {
+      tma_load_2d(b, bar, b_dst, kx, n0);
+    } else {
+      tma_load_3d(b, bar, b_dst, kx, n0, lb);
+    }
+    tma_load_4d(&p.tma_sfa, bar, sfa, 0, k_atom, m0 / 128, l);
+    tma_load_4d(sfb, bar, sfb_dst, 0, k_atom, n0 / 128, lb);
+  }
+
   // Call only after the stage's empty wait (DeviceTmap: a slot is rewritten kSlots loads later).
   template <class Params>
   FUSEGEMM_DEVICE void select(const Params& p, int e) {
@@ -131,6 +151,14 @@ struct WeightMaps {
     }
   }
 };
+
+// The next tile of this CTA's persistent walk: claimed from the per-call counter (dynamic
+// scheduling) or the static stride.
+template <bool kDynamic, class Params, class Sched>
+FUSEGEMM_DEVICE GroupedTile claim_tile(const Params& p, StaticWalk& walk, const Sched& sched) {
+  const int linear = kDynamic ? dynamic_claim(reinterpret_cast<unsigned int*>(p.sched_counter)) : walk.claim();
+  return sched.tile(linear);
+}
 
 // 2^(byte - 127) (0x00: 2^-127, an FP32 subnormal; 0xFF: NaN); 0 for a 32-K block past K, so SF
 // padding bytes never meet the zero-filled data.

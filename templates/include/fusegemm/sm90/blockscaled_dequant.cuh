@@ -226,10 +226,7 @@ struct BlockScaledDequantKernel : ScaledHostContract<Config::kDiscreteB> {
     Cursor raw;
     typename Ring::Writer ring;
     while (true) {
-      const int linear = Config::kDynamicSched
-                             ? dynamic_claim(reinterpret_cast<unsigned int*>(p.sched_counter))
-                             : walk.claim();
-      const GroupedTile t = sched.tile(linear);
+      const GroupedTile t = claim_tile<Config::kDynamicSched>(p, walk, sched);
       ring.publish(b.ring, t);
       if (!t.valid()) break;
 
@@ -237,30 +234,20 @@ struct BlockScaledDequantKernel : ScaledHostContract<Config::kDiscreteB> {
       const int l = kBatched ? t.expert : 0;           // batch coordinate of A / SFA
       const int lb = kDiscreteB ? 0 : t.expert;        // expert / batch coordinate of B / SFB
       for (int pass = 0; pass < kPasses; ++pass) {
-      const int n0 = t.n_block * kTileN + pass * kMmaN;
-      if (n0 >= p.n) break;
-      for (int kb = 0; kb < num_k_blocks; ++kb) {
-        mbar_wait(&b.raw_empty[raw.stage], raw.phase ^ 1);
-        maps.select(p, t.expert);  // after the empty wait (DeviceTmap: kTmapSlots stages apart)
-        uint64_t* bar = &b.raw_full[raw.stage];
-        mbar_arrive_expect_tx(bar, kTxBytes);
-        uint8_t* base = smem + kOffRaw + raw.stage * kRawBytes;
-        const int kx = kb * kTileK;
-        if constexpr (kBatched) {
-          tma_load_3d(&p.tma_a, bar, base, kx, m0, l);
-        } else {
-          tma_load_2d(&p.tma_a, bar, base, kx, m0);
+        const int n0 = t.n_block * kTileN + pass * kMmaN;
+        if (n0 >= p.n) break;
+        for (int kb = 0; kb < num_k_blocks; ++kb) {
+          mbar_wait(&b.raw_empty[raw.stage], raw.phase ^ 1);
+          maps.select(p, t.expert);  // after the empty wait (DeviceTmap: kTmapSlots stages apart)
+          uint64_t* bar = &b.raw_full[raw.stage];
+          mbar_arrive_expect_tx(bar, kTxBytes);
+          uint8_t* base = smem + kOffRaw + raw.stage * kRawBytes;
+          uint8_t* sf = base + kRawABytes + kRawBBytes;
+          // A stage is 64 K: SF atom kb / 2 holds its scales (and the next stage's).
+          maps.template load_stage<kBatched>(p, bar, base, base + kRawABytes, sf, sf + kSfAtomBytes, kb * kTileK,
+                                             kb / 2, m0, n0, l, lb);
+          raw.template advance<kRaw>();
         }
-        if constexpr (kDiscreteB) {
-          tma_load_2d(maps.b, bar, base + kRawABytes, kx, n0);
-        } else {
-          tma_load_3d(maps.b, bar, base + kRawABytes, kx, n0, lb);
-        }
-        uint8_t* sf = base + kRawABytes + kRawBBytes;
-        tma_load_4d(&p.tma_sfa, bar, sf, 0, kb / 2, m0 / 128, l);
-        tma_load_4d(maps.sfb, bar, sf + kSfAtomBytes, 0, kb / 2, n0 / 128, lb);
-        raw.template advance<kRaw>();
-      }
       }
     }
   }
@@ -309,47 +296,47 @@ struct BlockScaledDequantKernel : ScaledHostContract<Config::kDiscreteB> {
     int4 t;
     while (ring.next(b.ring, lane, t)) {
       for (int pass = 0; pass < kPasses; ++pass) {
-      if (t.z * kTileN + pass * kMmaN >= p.n) break;
-      for (int kb = 0; kb < num_k_blocks; ++kb) {
-        mbar_wait(&b.raw_full[raw.stage], raw.phase);
-        const uint8_t* src = smem + kOffRaw + raw.stage * kRawBytes;
-        const uint8_t* sf = src + kRawABytes + kRawBBytes;
-        // The lane's 16 K lie in 32-K block kk of the stage's SF atom (four per 128 K).
-        const int kk = (kb % 2) * 2 + c / 2;
-        const bool real = kb * 2 + c / 2 < sfk;
-        // Loads of kBatch groups in flight, then their conversions and stores (the bf_empty wait
-        // after the first batch's loads).
-        uint8_t* dst = smem + kOffBf + bf.stage * kBfBytes;
+        if (t.z * kTileN + pass * kMmaN >= p.n) break;
+        for (int kb = 0; kb < num_k_blocks; ++kb) {
+          mbar_wait(&b.raw_full[raw.stage], raw.phase);
+          const uint8_t* src = smem + kOffRaw + raw.stage * kRawBytes;
+          const uint8_t* sf = src + kRawABytes + kRawBBytes;
+          // The lane's 16 K lie in 32-K block kk of the stage's SF atom (four per 128 K).
+          const int kk = (kb % 2) * 2 + c / 2;
+          const bool real = kb * 2 + c / 2 < sfk;
+          // Loads of kBatch groups in flight, then their conversions and stores (the bf_empty wait
+          // after the first batch's loads).
+          uint8_t* dst = smem + kOffBf + bf.stage * kBfBytes;
 #pragma unroll 1
-        for (int i0 = 0; i0 < kPerWarp; i0 += kBatch) {
-          uint4 q[kBatch];
-          float scale[kBatch];
+          for (int i0 = 0; i0 < kPerWarp; i0 += kBatch) {
+            uint4 q[kBatch];
+            float scale[kBatch];
 #pragma unroll
-          for (int i = 0; i < kBatch; ++i) {
-            const int g = d + (i0 + i) * kDequantWarps;
-            if (i0 + i < kPerWarp && g < kGroups) {
-              const int row = group_row(g, r8);
-              q[i] = *reinterpret_cast<const uint4*>(src + (g < kTileM / 8 ? 0 : kRawABytes) + row * kTileK + c * 16);
-              const uint8_t* atom = sf + (g < kTileM / 8 ? 0 : kSfAtomBytes);
-              scale[i] = e8m0_scale(atom[(row % 32) * 16 + ((row / 32) % 4) * 4 + kk], real);
+            for (int i = 0; i < kBatch; ++i) {
+              const int g = d + (i0 + i) * kDequantWarps;
+              if (i0 + i < kPerWarp && g < kGroups) {
+                const int row = group_row(g, r8);
+                q[i] = *reinterpret_cast<const uint4*>(src + (g < kTileM / 8 ? 0 : kRawABytes) + row * kTileK + c * 16);
+                const uint8_t* atom = sf + (g < kTileM / 8 ? 0 : kSfAtomBytes);
+                scale[i] = e8m0_scale(atom[(row % 32) * 16 + ((row / 32) % 4) * 4 + kk], real);
+              }
+            }
+            if (i0 == 0) mbar_wait(&b.bf_empty[bf.stage], bf.phase ^ 1);
+#pragma unroll
+            for (int i = 0; i < kBatch; ++i) {
+              const int g = d + (i0 + i) * kDequantWarps;
+              if (i0 + i < kPerWarp && g < kGroups) store_group(dst, g, group_row(g, r8), c, q[i], scale[i]);
             }
           }
-          if (i0 == 0) mbar_wait(&b.bf_empty[bf.stage], bf.phase ^ 1);
-#pragma unroll
-          for (int i = 0; i < kBatch; ++i) {
-            const int g = d + (i0 + i) * kDequantWarps;
-            if (i0 + i < kPerWarp && g < kGroups) store_group(dst, g, group_row(g, r8), c, q[i], scale[i]);
+          fence_async_shared();  // st.shared -> the async proxy WGMMA reads through
+          __syncwarp();
+          if (lane == 0) {
+            mbar_arrive(&b.bf_full[bf.stage]);
+            mbar_arrive(&b.raw_empty[raw.stage]);
           }
+          raw.template advance<kRaw>();
+          bf.template advance<kBf>();
         }
-        fence_async_shared();  // st.shared -> the async proxy WGMMA reads through
-        __syncwarp();
-        if (lane == 0) {
-          mbar_arrive(&b.bf_full[bf.stage]);
-          mbar_arrive(&b.raw_empty[raw.stage]);
-        }
-        raw.template advance<kRaw>();
-        bf.template advance<kBf>();
-      }
       }
     }
   }
@@ -372,33 +359,33 @@ struct BlockScaledDequantKernel : ScaledHostContract<Config::kDiscreteB> {
     int4 t;
     while (ring.next(b.ring, lane, t)) {
       for (int pass = 0; pass < kPasses; ++pass) {
-      const int n0 = t.z * kTileN + pass * kMmaN;
-      if (n0 >= p.n) break;
-      int prev_stage = 0;
-      for (int kb = 0; kb < num_k_blocks; ++kb) {
-        mbar_wait(&b.bf_full[bf.stage], bf.phase);
-        fence_acc(acc);
-        cute::warpgroup_arrive();
-        const uint64_t off = static_cast<uint64_t>((bf.stage * kBfBytes) >> 4);
+        const int n0 = t.z * kTileN + pass * kMmaN;
+        if (n0 >= p.n) break;
+        int prev_stage = 0;
+        for (int kb = 0; kb < num_k_blocks; ++kb) {
+          mbar_wait(&b.bf_full[bf.stage], bf.phase);
+          fence_acc(acc);
+          cute::warpgroup_arrive();
+          const uint64_t off = static_cast<uint64_t>((bf.stage * kBfBytes) >> 4);
 #pragma unroll
-        for (int k = 0; k < kTileK / 16; ++k) {
-          gmma_64xN<kMmaN>(da0 + off + 2 * k, db0 + off + 2 * k, acc, (kb > 0 || k > 0) ? 1 : 0);
+          for (int k = 0; k < kTileK / 16; ++k) {
+            gmma_64xN<kMmaN>(da0 + off + 2 * k, db0 + off + 2 * k, acc, (kb > 0 || k > 0) ? 1 : 0);
+          }
+          cute::warpgroup_commit_batch();
+          fence_acc(acc);
+          cute::warpgroup_wait<1>();  // the batch before this one has finished reading its stage
+          if (kb > 0 && lane == 0) mbar_arrive(&b.bf_empty[prev_stage]);
+          prev_stage = bf.stage;
+          bf.template advance<kBf>();
         }
-        cute::warpgroup_commit_batch();
+        cute::warpgroup_wait<0>();
         fence_acc(acc);
-        cute::warpgroup_wait<1>();  // the batch before this one has finished reading its stage
-        if (kb > 0 && lane == 0) mbar_arrive(&b.bf_empty[prev_stage]);
-        prev_stage = bf.stage;
-        bf.template advance<kBf>();
-      }
-      cute::warpgroup_wait<0>();
-      fence_acc(acc);
-      if (num_k_blocks > 0 && lane == 0) mbar_arrive(&b.bf_empty[prev_stage]);
-      if (num_k_blocks == 0) {
+        if (num_k_blocks > 0 && lane == 0) mbar_arrive(&b.bf_empty[prev_stage]);
+        if (num_k_blocks == 0) {
 #pragma unroll
-        for (int i = 0; i < kAccum; ++i) acc[i] = 0.0f;
-      }
-      Epi::run(p, smem + kOffEpi, t.x, t.y * kTileM, n0, wg, warp, lane, acc, part);
+          for (int i = 0; i < kAccum; ++i) acc[i] = 0.0f;
+        }
+        Epi::run(p, smem + kOffEpi, t.x, t.y * kTileM, n0, wg, warp, lane, acc, part);
       }
     }
     Epi::finish(part, p, warp, lane);

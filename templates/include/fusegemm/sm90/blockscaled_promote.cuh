@@ -212,10 +212,7 @@ struct BlockScaledPromoteKernel : ScaledHostContract<Config::kDiscreteB> {
     int stage = 0;
     uint32_t phase = 0;
     while (true) {
-      const int linear = Config::kDynamicSched
-                             ? dynamic_claim(reinterpret_cast<unsigned int*>(p.sched_counter))
-                             : walk.claim();
-      const GroupedTile t = sched.tile(linear);
+      const GroupedTile t = claim_tile<Config::kDynamicSched>(p, walk, sched);
       ring.publish(b.ring, t);
       if (!t.valid()) break;
 
@@ -230,22 +227,10 @@ struct BlockScaledPromoteKernel : ScaledHostContract<Config::kDiscreteB> {
           maps.select(p, t.expert);  // after the empty wait (DeviceTmap: kTmapSlots stages apart)
           uint64_t* bar = &b.full[stage];
           mbar_arrive_expect_tx(bar, kTxBytes);
-          uint8_t* sa = smem + kOffA + stage * kABytes;
-          uint8_t* sb = smem + kOffB + stage * kBBytes;
           uint8_t* sf = smem + kOffSf + stage * kSfRawBytes;
-          const int kx = kb * kTileK;
-          if constexpr (kBatched) {
-            tma_load_3d(&p.tma_a, bar, sa, kx, m0, l);
-          } else {
-            tma_load_2d(&p.tma_a, bar, sa, kx, m0);
-          }
-          if constexpr (kDiscreteB) {
-            tma_load_2d(maps.b, bar, sb, kx, n0);
-          } else {
-            tma_load_3d(maps.b, bar, sb, kx, n0, lb);
-          }
-          tma_load_4d(&p.tma_sfa, bar, sf, 0, kb, m0 / 128, l);
-          tma_load_4d(maps.sfb, bar, sf + kSfAtomBytes, 0, kb, n0 / 128, lb);
+          // A stage is 128 K: SF atom kb.
+          maps.template load_stage<kBatched>(p, bar, smem + kOffA + stage * kABytes, smem + kOffB + stage * kBBytes,
+                                             sf, sf + kSfAtomBytes, kb * kTileK, kb, m0, n0, l, lb);
           if (++stage == kStages) { stage = 0; phase ^= 1; }
         }
       }
@@ -256,8 +241,8 @@ struct BlockScaledPromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   // Scale converters: kConverters warps; warp c takes the stage fills c, c + kConverters, ...
   // so that a fill's conversion latency is hidden behind the others'. Per fill: 4 x 128 SFA and
   // 4 x 128 SFB bytes -> FP32 tables, one arrival on sf_ready once the warp's stores are done.
-  // A converter never falls behind the consumers (they wait for its arrival), so its parity
-  // waits on `full` are never a whole phase late.
+  // Each converter waits for the release of the stage's previous fill before `full` (see there):
+  // it skips fills, so `full` alone could be a phase behind.
   // ------------------------------------------------------------------------------------
   template <class Params>
   static __device__ void convert(const Params& p, uint8_t* smem, const Bars& b, int which, int lane) {
