@@ -15,15 +15,15 @@
 // Roles (384 threads):
 //   warpgroups 0-1 : consumers, 64 rows each of the 128-row tile: WGMMA, promotion, epilogue
 //   warpgroup 2    : warp 0, one elected thread: tile schedule and TMA loads (A, B, SFA, SFB);
-//                    warps 1-3, round robin over stage fills: turn the fill's scale bytes into
+//                    warps 1-3, each owning every third stage: turn a fill's scale bytes into
 //                    FP32 tables in the order the consumers' fragment columns read them (two LDS
 //                    per row pair, eight LDS.128 per 32 columns), and zero the scales of 32-K
 //                    blocks past K so that SF padding bytes (NaN in a 0xFF-filled buffer) never
 //                    meet the zero-filled data.
 // Pipeline: kStages stages of A (128 x 128 B), B (128 x 128 B), SFA + SFB (one 512-byte atom
-// each) and their tables. full[s]: TMA bytes; sf_ready[s]: the fill's converter warp (after the
+// each) and their tables. full[s]: TMA bytes; sf_ready[s]: the stage's converter warp (after the
 // previous fill's release and full);
-// empty[s]: one arrival per consumer warp once the stage's last WGMMA and promotion are done.
+// empty[s]: one arrival per consumer thread once the stage's last WGMMA and promotion are done.
 // A tile of kTileN 256 runs as two 128-column passes: acc plus two temporary sets of a 64 x 128
 // fragment are 192 registers per thread, 64 x 256 would not fit.
 //
@@ -173,8 +173,11 @@ struct BlockScaledPromoteKernel : ScaledHostContract<Config::kDiscreteB> {
       if (smem_u32(smem) % 1024 != 0) __trap();  // SW128 descriptors assume a 1 KB aligned base
       for (int s = 0; s < kStages; ++s) {
         mbar_init(&b.full[s], 1);
-        mbar_init(&b.sf_ready[s], 1);
-        mbar_init(&b.empty[s], kConsumerWarps);
+        // Every lane arrives on the barriers that order table stores and loads: each lane's own
+        // release covers its own accesses (lane 0 after __syncwarp covers them only through
+        // __syncwarp's ordering, which racecheck does not model).
+        mbar_init(&b.sf_ready[s], 32);
+        mbar_init(&b.empty[s], 32 * kConsumerWarps);
       }
       for (int s = 0; s < kTileRing; ++s) {
         mbar_init(&b.ring.full[s], 1);
@@ -238,37 +241,34 @@ struct BlockScaledPromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   }
 
   // ------------------------------------------------------------------------------------
-  // Scale converters: kConverters warps; warp c takes the stage fills c, c + kConverters, ...
-  // so that a fill's conversion latency is hidden behind the others'. Per fill: 4 x 128 SFA and
-  // 4 x 128 SFB bytes -> FP32 tables, one arrival on sf_ready once the warp's stores are done.
-  // Each converter waits for the release of the stage's previous fill before `full` (see there):
-  // it skips fills, so `full` alone could be a phase behind.
+  // Scale converters: kConverters warps; warp c owns the stages s with s % kConverters == c, so
+  // that one fill's conversion latency is hidden behind the others'. Per fill: 4 x 128 SFA and
+  // 4 x 128 SFB bytes -> FP32 tables, 32 arrivals on sf_ready once the warp's stores are done.
+  // A warp owns stages, not fills: it then waits on every phase of its stages' barriers in order,
+  // and a parity wait is exact only for a waiter that is never more than one phase behind.
+  // (Owning every kConverters-th *fill* instead let a warp skip phases of a stage: its parity waits
+  // on empty and full could then both pass a phase early -- a race racecheck reports.)
   // ------------------------------------------------------------------------------------
   template <class Params>
   static __device__ void convert(const Params& p, uint8_t* smem, const Bars& b, int which, int lane) {
     const int num_k_blocks = k_blocks(p.k);
     const int sfk = (p.k + kSubK - 1) / kSubK;  // real 32-K blocks; later ones are padding
     typename Ring::Reader ring;
-    int stage = 0, fill = 0;
+    int stage = 0;
     uint32_t phase = 0;
     int4 t;
     while (ring.next(b.ring, lane, t)) {
       for (int pass = 0; pass < kPasses; ++pass) {
         if (t.z * kTileN + pass * kMmaN >= p.n) break;
-        for (int kb = 0; kb < num_k_blocks; ++kb, ++fill) {
-          if (fill % kConverters == which) {
-            // First the consumers' release of this stage's previous fill (the producer's own wait,
-            // same parity). Without it a parity wait on `full` can alias: this warp last waited
-            // on fill - kConverters, so when fill - kStages (another warp's, same stage) has not
-            // landed yet, `full` is one phase behind and its parity already reads as ours. After
-            // the release, `full` is within one phase of this fill and the wait is exact (and our
-            // table stores are ordered after the consumers' loads; racecheck flagged them before).
+        for (int kb = 0; kb < num_k_blocks; ++kb) {
+          if (stage % kConverters == which) {
+            // The consumers' release of this stage's previous fill (so that the table stores
+            // follow their loads), then this fill's bytes.
             mbar_wait(&b.empty[stage], phase ^ 1);
             mbar_wait(&b.full[stage], phase);
             convert_stage(smem + kOffSf + stage * kSfRawBytes,
                           reinterpret_cast<float*>(smem + kOffTab + stage * kTabBytes), kb * kSubBlocks, sfk, lane);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&b.sf_ready[stage]);
+            mbar_arrive(&b.sf_ready[stage]);
           }
           if (++stage == kStages) { stage = 0; phase ^= 1; }
         }
@@ -352,7 +352,7 @@ struct BlockScaledPromoteKernel : ScaledHostContract<Config::kDiscreteB> {
         cute::warpgroup_wait<0>();
         promote(acc, t0, tab, kk, row0, q);
       }
-      if (lane == 0) mbar_arrive(&b.empty[stage]);
+      mbar_arrive(&b.empty[stage]);  // every lane: its table loads precede the converter's stores
       if (++stage == kStages) { stage = 0; phase ^= 1; }
     }
   }
@@ -372,7 +372,7 @@ struct BlockScaledPromoteKernel : ScaledHostContract<Config::kDiscreteB> {
         // The previous stage's last block: promote it, then hand its stage back.
         cute::warpgroup_wait<1>();
         promote(acc, t1, prev_tab, kSubBlocks - 1, row0, q);
-        if (lane == 0) mbar_arrive(&b.empty[prev_stage]);
+        mbar_arrive(&b.empty[prev_stage]);
       }
       issue(da, db, 1, t1);
       cute::warpgroup_wait<1>();
@@ -390,7 +390,7 @@ struct BlockScaledPromoteKernel : ScaledHostContract<Config::kDiscreteB> {
     if (num_k_blocks > 0) {
       cute::warpgroup_wait<0>();
       promote(acc, t1, prev_tab, kSubBlocks - 1, row0, q);
-      if (lane == 0) mbar_arrive(&b.empty[prev_stage]);
+      mbar_arrive(&b.empty[prev_stage]);
     }
   }
 
