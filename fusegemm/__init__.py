@@ -44,6 +44,8 @@ def __getattr__(name: str):
     if name in _EXPORTS:
         import importlib
         module, attr = _EXPORTS[name]
-        return getattr(importlib.import_module(module), attr)
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value   # resolved once: later lookups skip this hook (host fast path)
+        return value
     raise AttributeError(f"module 'fusegemm' has no attribute {name!r}")
 

@@ -61,6 +61,14 @@ class TupleDict(dict):
                     f"TupleDict keys must be str; got key {key!r} of type {type(key).__name__}"
                 )
 
+    @classmethod
+    def of(cls, **kwargs: Any) -> "TupleDict":
+        """Like ``TupleDict(**kwargs)`` without the key check (keyword names are str already);
+        the ops' host fast path builds its results with it."""
+        out = cls.__new__(cls)
+        dict.update(out, kwargs)
+        return out
+
     def __iter__(self) -> Iterator[Any]:
         return iter(dict.values(self))
 

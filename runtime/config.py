@@ -33,12 +33,24 @@ class Var:
 
     def get(self) -> object:
         raw = self.raw()
+        # Parsed once per raw value: the ops read FUSEGEMM_VALIDATE_OFFSETS on every call.
+        hit = _parsed.get((self.name, raw), _MISSING)
+        if hit is not _MISSING:
+            return hit
         if raw is None or raw == "":
-            return None if self.default is None else self.parse(self.default)
-        try:
-            return self.parse(raw)
-        except (ValueError, TypeError):
-            raise ConfigError(f"{self.name}={raw!r} is invalid; allowed: {self.allowed}") from None
+            value = None if self.default is None else self.parse(self.default)
+        else:
+            try:
+                value = self.parse(raw)
+            except (ValueError, TypeError):
+                raise ConfigError(f"{self.name}={raw!r} is invalid; allowed: {self.allowed}") from None
+        if len(_parsed) < 256:
+            _parsed[(self.name, raw)] = value
+        return value
+
+
+_MISSING = object()
+_parsed: dict[tuple[str, str | None], object] = {}
 
 
 def _bool(s: str) -> bool:

@@ -39,7 +39,7 @@ class LaunchConfig:
 
     @property
     def clustered(self) -> bool:
-        return self.cluster != (1, 1, 1)
+        return self.cluster[0] * self.cluster[1] * self.cluster[2] != 1
 
 
 class ParamBuffer:

@@ -72,19 +72,19 @@ _INF = float("inf")
 _F32_MAX = 3.4028234663852886e38
 
 DTYPES: dict[str, DType] = {d.name: d for d in (
-    DType("bfloat16", "bf16", 16, "bfloat16", 3.3895313892515355e38, "cutlass::bfloat16_t",
+    DType("bfloat16", "bf16", 16, "bfloat16", 3.3895313892515355e38, "fusegemm::bfloat16_t",
           tma="BFLOAT16", typestr="<V2"),
-    DType("float16", "f16", 16, "float16", 65504.0, "cutlass::half_t", tma="FLOAT16", typestr="<f2"),
+    DType("float16", "f16", 16, "float16", 65504.0, "fusegemm::half_t", tma="FLOAT16", typestr="<f2"),
     DType("float32", "f32", 32, "float32", _F32_MAX, "float", tma="FLOAT32", typestr="<f4"),
     DType("float64", "f64", 64, "float64", 1.7976931348623157e308, "double", tma="FLOAT64",
           typestr="<f8"),
-    DType("float8_e4m3fn", "e4m3", 8, "float8_e4m3fn", 448.0, "cutlass::float_e4m3_t",
-          scale_cpp="cutlass::float_ue4m3_t", tma="UINT8"),
-    DType("float8_e5m2", "e5m2", 8, "float8_e5m2", 57344.0, "cutlass::float_e5m2_t", tma="UINT8"),
-    DType("float8_e8m0fnu", "ue8m0", 8, "float8_e8m0fnu", 2.0**127, "cutlass::float_ue8m0_t",
-          scale_cpp="cutlass::float_ue8m0_t", tma="UINT8"),
+    DType("float8_e4m3fn", "e4m3", 8, "float8_e4m3fn", 448.0, "fusegemm::float_e4m3_t",
+          scale_cpp="fusegemm::float_ue4m3_t", tma="UINT8"),
+    DType("float8_e5m2", "e5m2", 8, "float8_e5m2", 57344.0, "fusegemm::float_e5m2_t", tma="UINT8"),
+    DType("float8_e8m0fnu", "ue8m0", 8, "float8_e8m0fnu", 2.0**127, "fusegemm::float_ue8m0_t",
+          scale_cpp="fusegemm::float_ue8m0_t", tma="UINT8"),
     DType("float4_e2m1fn", "e2m1u", 4, "float4_e2m1fn", 6.0),  # unpacked (ml_dtypes), host only
-    DType("float4_e2m1fn_x2", "e2m1", 4, "uint8", 6.0, "cutlass::float_e2m1_t", tma="UINT8",
+    DType("float4_e2m1fn_x2", "e2m1", 4, "uint8", 6.0, "fusegemm::float_e2m1_t", tma="UINT8",
           packed=True),
     DType("uint8", "u8", 8, "uint8", _INF, "uint8_t", tma="UINT8", typestr="|u1"),
     DType("int8", "i8", 8, "int8", _INF, "int8_t", typestr="|i1"),

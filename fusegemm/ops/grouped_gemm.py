@@ -10,12 +10,14 @@ registry (generator/registry.py); its launch facts from the kernel's exported co
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 from ..base.errors import ArgumentError, UnsupportedError
 from ..generator.params import GROUPED_PARAMS
 from ..runtime import config
+from ..runtime.launch import launch as _launch
 from ..runtime.tensors import resolve_stream, view
 from ..tupledict import TupleDict
 from . import checks
@@ -119,8 +121,8 @@ class GroupedGemm:
         self.tile = tile or (defaults["tile_m"], defaults["tile_n"])
         self.cluster = cluster or (defaults["cluster_m"], defaults["cluster_n"])
         self._launcher: GroupedLauncher | None = None
-        self._layouts: dict[tuple, Layout] = {}
-        self._prepared: dict[tuple, tuple] = {}
+        # Host fast path: per argument signature, what a full validation proved (_Entry).
+        self._entries: dict[tuple, _Entry] = {}
 
     # ---------------------------------------------------------------------------------
     def _choice(self) -> dict[str, Any]:
@@ -180,29 +182,21 @@ class GroupedGemm:
                 current_stream: Any = None, validate_offsets: bool | None = None) -> None:
         """Run on the given tensors (same dtypes/features as the samples; sizes may differ).
 
-        Host fast path: the layout derived from a full validation is memoised by the
-        arguments' (dtype, shape, strides, device) signature, so a repeat call with the same
-        layouts reads only those attributes and the addresses (alignment is re-checked).
+        Host fast path: what a full validation proves is memoised by the arguments' (dtype,
+        shape, strides, device) signature, so a repeat call with the same layouts reads only
+        those attributes and the addresses; base alignment is re-checked on every call.
         """
-        gen_c = self.features.generate_c
         args = (a_tensor, padded_offsets, alpha_tensor, b_tensor, b_ptrs, bias_tensor,
-                prob_tensor, d_tensor, c_tensor if gen_c else None)
+                prob_tensor, d_tensor, c_tensor if self.features.generate_c else None)
         sig = signature(args)
-        lay = self._layouts.get(sig) if sig is not None else None
-        if lay is None:
-            lay = self._validate(args)
-            if sig is not None:
-                if len(self._layouts) >= 64:
-                    self._layouts.clear()
-                self._layouts[sig] = lay
+        entry = self._entries.get(sig) if sig is not None else None
+        if entry is None:
+            entry = self._entry(self._validate(args), sig)
         if sig is not None:
             ptrs = tuple([0 if x is None else x.data_ptr() for x in args])
         else:
             ptrs = tuple([0 if x is None else view(x, "").ptr for x in args])
-        for i, name, nbytes in _ALIGN:
-            if ptrs[i] % nbytes:
-                checks.aligned(view(args[i], name), name, nbytes)
-        self._run(lay, ptrs, padded_offsets, current_stream, validate_offsets)
+        self._run(entry, ptrs, args, padded_offsets, current_stream, validate_offsets)
 
     def _validate(self, args: tuple) -> Layout:
         a_tensor, padded_offsets, alpha_tensor, b_tensor, b_ptrs, bias_tensor, prob_tensor, \
@@ -226,45 +220,74 @@ class GroupedGemm:
                                 f"cuda:{self.device} (the device this op was compiled for)")
         return Layout.of(call, c, d)
 
-    def _run(self, lay: Layout, ptrs: tuple, offsets_obj: Any, current_stream: Any,
-             validate_offsets: bool | None) -> None:
-        from ..arguments import offsets_values
-        from ..runtime.launch import ParamBuffer, launch
+    def _entry(self, lay: Layout, sig: tuple | None) -> "_Entry":
+        """The launch facts of a validated layout (kept under ``sig`` when there is one)."""
         if self._launcher is None:
             self.compile()
-        ln, s = self._launcher, lay.shape
+        ln = self._launcher
+        empty = lay.shape.m // self.tile[0] == 0
+        grid = 0 if empty else ln.grid(lay.shape)
+        entry = _Entry(lay, grid, None if empty else ln.config(grid),
+                       self.features.dynamic or lay.shape.discrete, empty)
+        if sig is not None:
+            if len(self._entries) >= 64:
+                self._entries.clear()
+            self._entries[sig] = entry
+        return entry
+
+    def _run(self, entry: "_Entry", ptrs: tuple, args: tuple, offsets_obj: Any, current_stream: Any,
+             validate_offsets: bool | None) -> None:
+        """Launch a validated layout at these addresses (``args``: the tensors behind ``ptrs``,
+        named in an alignment error)."""
+        # Base alignment, every call (a new tensor of a known layout may start anywhere):
+        # 16 bytes for TMA / vector operands, 4 for offsets and vectors, 8 for the pointer table.
+        if (ptrs[0] | ptrs[3] | ptrs[5] | ptrs[7] | ptrs[8]) & 15 or \
+                (ptrs[1] | ptrs[2] | ptrs[6]) & 3 or ptrs[4] & 7:
+            for i, name, nbytes in _ALIGN:
+                if ptrs[i] % nbytes:
+                    checks.aligned(view(args[i], name), name, nbytes)
         stream = resolve_stream(current_stream, self.device)
         if validate_offsets or (validate_offsets is None and config.validate_offsets()):
+            from ..arguments import offsets_values
             values = offsets_on_host(offsets_obj, stream)
             if values is not None:
-                offsets_values(values, s.m)
-        if s.m // self.tile[0] == 0:
+                offsets_values(values, entry.lay.shape.m)
+        if entry.empty:
             return
-        grid = ln.grid(s)
-        scratch = self.features.dynamic or s.discrete
-        # Without per-call scratch the argument bytes depend only on (layout, addresses):
-        # a repeat call reuses its packed buffer (host fast path; bounded, content-keyed).
-        memo_key = None if scratch else (lay, ptrs)
-        hit = self._prepared.get(memo_key) if memo_key is not None else None
-        if hit is not None:
-            launch(ln.kernel, hit[1], hit[0], stream)
+        ln = self._launcher
+        if entry.scratch:
+            ln.launch({**self._values(entry.lay, ptrs),
+                       **ln.workspace(entry.grid, entry.lay.shape.discrete, stream, current_stream is not None)},
+                      entry.grid, stream)
             return
+        # Without per-call scratch the argument bytes depend only on (layout, addresses): a
+        # repeat call reuses its packed buffer (bounded per layout).
+        buf = entry.bufs.get(ptrs)
+        if buf is None:
+            from ..runtime.launch import ParamBuffer
+            buf = ParamBuffer(GROUPED_PARAMS.size)
+            buf.fill(GROUPED_PARAMS.pack(self._values(entry.lay, ptrs)))
+            if len(entry.bufs) >= 32:
+                entry.bufs.clear()
+            entry.bufs[ptrs] = buf
+        _launch(ln.kernel, entry.cfg, buf, stream)
+
+    def _values(self, lay: Layout, ptrs: tuple) -> dict[str, Any]:
+        ln, s = self._launcher, lay.shape
         a_ptr, off_ptr, alpha_ptr, b_ptr, bptrs_ptr, bias_ptr, prob_ptr, d_ptr, c_ptr = ptrs
-        values: dict[str, Any] = {
-            **ln.maps(s, a_ptr, b_ptr), **ln.scalars(s), "offsets": off_ptr, "alpha": alpha_ptr,
-            "prob": prob_ptr, "bias": bias_ptr, "b_ptrs": bptrs_ptr, "d_out": d_ptr,
-            "ldd": lay.ldd, "c_out": c_ptr, "ldc": lay.ldc,
-        }
-        if scratch:
-            values.update(ln.workspace(grid, s.discrete, stream, current_stream is not None))
-            ln.launch(values, grid, stream)
-            return
-        buf = ParamBuffer(GROUPED_PARAMS.size)
-        buf.fill(GROUPED_PARAMS.pack(values))
-        if len(self._prepared) >= 32:
-            self._prepared.clear()
-        self._prepared[memo_key] = (buf, ln.config(grid))
-        launch(ln.kernel, ln.config(grid), buf, stream)
+        return {**ln.maps(s, a_ptr, b_ptr), **ln.scalars(s), "offsets": off_ptr, "alpha": alpha_ptr,
+                "prob": prob_ptr, "bias": bias_ptr, "b_ptrs": bptrs_ptr, "d_out": d_ptr,
+                "ldd": lay.ldd, "c_out": c_ptr, "ldc": lay.ldc}
+
+
+class _Entry:
+    """What one argument signature's validation proved, and its launch geometry."""
+
+    __slots__ = ("lay", "grid", "cfg", "scratch", "empty", "bufs")
+
+    def __init__(self, lay: Layout, grid: int, cfg: Any, scratch: bool, empty: bool) -> None:
+        self.lay, self.grid, self.cfg, self.scratch, self.empty = lay, grid, cfg, scratch, empty
+        self.bufs: dict[tuple, Any] = {}    # addresses -> packed parameter buffer
 
 
 def _out_dtype(sample: Any, given: Any, name: str, allowed: tuple[str, ...]) -> str:
@@ -284,8 +307,42 @@ def grouped_gemm(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor
                  validate_offsets: bool | None = None) -> TupleDict:
     """Grouped BF16 GEMM (seed 001 wrapper). Returns ``TupleDict(d_tensor, c_tensor)``;
     ``c_tensor`` is None unless ``generate_c``. Outputs are (M, N, 1) for a (M, K, 1) A and
-    (M, N) for a 2-D A; rows at or past ``padded_offsets[-1]`` are left unwritten."""
+    (M, N) for a 2-D A; rows at or past ``padded_offsets[-1]`` are left unwritten.
+
+    Host fast path: a call whose inputs have the (dtype, shape, strides, device) signature and
+    options of an earlier call skips the argument parsing that call did (base alignment is
+    re-checked) and allocates its outputs from the memoised shapes.
+    """
+    inputs = (a_tensor, padded_offsets, alpha_tensor, b_tensor, b_ptrs, bias_tensor, prob_tensor)
+    sig = signature(inputs)
+    key = None
+    if sig is not None:
+        key = (sig, n, b_dtype, b_major, acc_dtype, c_dtype, d_dtype, cd_major, mma_tiler_mn,
+               cluster_shape_mn, vector_f32, m_aligned, generate_c, use_dynamic_sched)
+        try:
+            fast = _ops().fast.get(key)
+        except TypeError:   # an unhashable option (a list tile): the full path
+            fast = key = None
+        if fast is not None:
+            op, entry, shape, d_dtype_t, c_dtype_t, device = fast
+            empty = sys.modules["torch"].empty    # a signature means torch is loaded
+            d = empty(shape, dtype=d_dtype_t, device=device)
+            c = empty(shape, dtype=c_dtype_t, device=device) if c_dtype_t is not None else None
+            ptrs = tuple([0 if x is None else x.data_ptr() for x in inputs]) + \
+                (d.data_ptr(), c.data_ptr() if c is not None else 0)
+            op._run(entry, ptrs, (*inputs, d, c), padded_offsets, current_stream, validate_offsets)
+            return TupleDict.of(d_tensor=d, c_tensor=c)
+    return _grouped_gemm_checked(inputs, key, n, b_dtype, b_major, acc_dtype, c_dtype, d_dtype, cd_major,
+                                 mma_tiler_mn, cluster_shape_mn, vector_f32, m_aligned, generate_c,
+                                 use_dynamic_sched, current_stream, validate_offsets)
+
+
+def _grouped_gemm_checked(inputs: tuple, key: tuple | None, n, b_dtype, b_major, acc_dtype, c_dtype,
+                          d_dtype, cd_major, mma_tiler_mn, cluster_shape_mn, vector_f32, m_aligned,
+                          generate_c, use_dynamic_sched, current_stream, validate_offsets) -> TupleDict:
+    """The wrapper with every argument checked; memoises what the fast path needs under ``key``."""
     from ..arguments import M_ALIGNED
+    a_tensor, padded_offsets, alpha_tensor, b_tensor, b_ptrs, bias_tensor, prob_tensor = inputs
     if cd_major != "n":
         raise ArgumentError("cd_major", repr(cd_major), "'n'")
     if vector_f32:
@@ -306,8 +363,8 @@ def grouped_gemm(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor
     shape = (call.m, call.n) if call.canonical else (call.m, call.n, 1)
     d = alloc(shape, d_name, device)
     c = alloc(shape, c_name, device) if gen_c else None
-    key = (SPEC, device, c_name, d_name, call.bias.dtype if call.bias else None,
-           call.b_ptrs is not None, gen_c, dyn, tile, cluster)
+    op_key = (SPEC, device, c_name, d_name, call.bias.dtype if call.bias else None,
+              call.b_ptrs is not None, gen_c, dyn, tile, cluster)
 
     def make() -> GroupedGemm:
         op = GroupedGemm(a_tensor, c, d, padded_offsets, alpha_tensor, b_tensor, bias_tensor,
@@ -317,13 +374,19 @@ def grouped_gemm(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor
                          use_dynamic_sched=dyn, mma_tiler_mn=tile, cluster_shape_mn=cluster)
         return op.compile()
 
-    op = _ops().get_or_create(key, make)
+    op = _ops().get_or_create(op_key, make)
     cv = view(c, "c_tensor") if c is not None else None
     dv = view(d, "d_tensor")
     ptrs = (call.a.ptr, call.offsets.ptr, call.alpha.ptr, call.b.ptr if call.b else 0,
             call.b_ptrs.ptr if call.b_ptrs else 0, call.bias.ptr if call.bias else 0,
             call.prob.ptr if call.prob else 0, dv.ptr, cv.ptr if cv else 0)
-    op._run(Layout.of(call, cv, dv), ptrs, padded_offsets, current_stream, validate_offsets)
+    entry = op._entry(Layout.of(call, cv, dv), None)
+    if key is not None:
+        fast = _ops().fast
+        if len(fast) >= 256:
+            fast.clear()
+        fast[key] = (op, entry, shape, d.dtype, c.dtype if c is not None else None, d.device)
+    op._run(entry, ptrs, (*inputs, d, c), padded_offsets, current_stream, validate_offsets)
     return TupleDict(d_tensor=d, c_tensor=c)
 
 

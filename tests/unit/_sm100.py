@@ -35,11 +35,11 @@ REGISTER_BUDGET = 232            # 256 threads x 1 CTA/SM allows 255; keep headr
 TMEM_COLUMNS = 512
 THREADS = 256
 
-AB = {"bf16": "cutlass::bfloat16_t", "e4m3": "cutlass::float_e4m3_t",
-      "e5m2": "cutlass::float_e5m2_t", "e2m1": "cutlass::float_e2m1_t"}
-OUT = {"bf16": "cutlass::bfloat16_t", "f16": "cutlass::half_t", "f32": "float",
-       "e4m3": "cutlass::float_e4m3_t", "e5m2": "cutlass::float_e5m2_t", "e2m1": "cutlass::float_e2m1_t"}
-SF = {"ue8m0": "cutlass::float_ue8m0_t", "ue4m3": "cutlass::float_ue4m3_t"}
+AB = {"bf16": "fusegemm::bfloat16_t", "e4m3": "fusegemm::float_e4m3_t",
+      "e5m2": "fusegemm::float_e5m2_t", "e2m1": "fusegemm::float_e2m1_t"}
+OUT = {"bf16": "fusegemm::bfloat16_t", "f16": "fusegemm::half_t", "f32": "float",
+       "e4m3": "fusegemm::float_e4m3_t", "e5m2": "fusegemm::float_e5m2_t", "e2m1": "fusegemm::float_e2m1_t"}
+SF = {"ue8m0": "fusegemm::float_ue8m0_t", "ue4m3": "fusegemm::float_ue4m3_t"}
 
 
 def _b(v: bool) -> str:

@@ -91,8 +91,8 @@ def test_a_kernel_that_disagrees_with_its_variant_is_refused(session_cache):
     tensor map is encoded."""
     v = make_variant("grouped_gemm", arch="sm_100a", tile_m=128, cluster_m=1)
     src = pipeline.plan(v).source
-    text = src.text.replace("using ElementA = cutlass::bfloat16_t;\n  using ElementB = cutlass::bfloat16_t;",
-                            "using ElementA = cutlass::half_t;\n  using ElementB = cutlass::half_t;")
+    text = src.text.replace("using ElementA = fusegemm::bfloat16_t;\n  using ElementB = fusegemm::bfloat16_t;",
+                            "using ElementA = fusegemm::half_t;\n  using ElementB = fusegemm::half_t;")
     assert text != src.text
     cub = compile_source(text, arch="sm_100a", kernel=src.symbol)
     b = Built.from_cubin(name=src.name, kernel_name=src.symbol, arch="sm_100a", key="x", cubin=cub.data,

@@ -9,7 +9,6 @@ import re
 from fusegemm.runtime import inspect
 
 from fusegemm.runtime.compile import BASE_OPTIONS, headers
-from fusegemm.base.errors import CompileError
 
 from _sm100 import (CLUSTERS, MC_FIELDS, V, _MC_FN, _skip_without_toolchain, contract_problems,
                     generated_unit, mc_problems, mc_table_cpp)
@@ -46,6 +45,14 @@ __device__ void cutlass_mn_desc(uint32_t* out, uint8_t* buf) {
   out[1] = (d.lo >> 16) << 4;             // LBO in bytes
   out[2] = uint32_t(L{}(0, K::kUmmaK)) / 16;  // descriptor advance of the next instruction's K slice
 }
+// The kernels name elements by fusegemm's tags (fusegemm/types.cuh); CUTLASS's descriptor
+// builders take CUTLASS's numeric types.
+template <class T> struct Cl;
+template <> struct Cl<fusegemm::float_e4m3_t> { using type = cutlass::float_e4m3_t; };
+template <> struct Cl<fusegemm::float_e5m2_t> { using type = cutlass::float_e5m2_t; };
+template <> struct Cl<fusegemm::float_e2m1_t> { using type = cutlass::float_e2m1_t; };
+template <> struct Cl<fusegemm::float_ue8m0_t> { using type = cutlass::float_ue8m0_t; };
+template <> struct Cl<fusegemm::float_ue4m3_t> { using type = cutlass::float_ue4m3_t; };
 template <class K, class C>
 __device__ void probe_one(uint32_t* out, uint8_t* buf) {
   using namespace cute;
@@ -53,8 +60,8 @@ __device__ void probe_one(uint32_t* out, uint8_t* buf) {
   using AtomB = conditional_t<K::kBSwizzle == 128, UMMA::Layout_MN_SW128_Atom<uint8_t>, UMMA::Layout_MN_SW64_Atom<uint8_t>>;
   cutlass_mn_desc<K, AtomA, K::kRowsA>(out, buf);
   cutlass_mn_desc<K, AtomB, K::kRowsB>(out + 3, buf);
-  out[6] = uint32_t(UMMA::make_instr_desc_block_scaled<typename C::ElementA, typename C::ElementB, float,
-      typename C::ElementSF, K::kMmaM, K::kTileN, K::kAMn ? UMMA::Major::MN : UMMA::Major::K,
+  out[6] = uint32_t(UMMA::make_instr_desc_block_scaled<typename Cl<typename C::ElementA>::type,
+      typename Cl<typename C::ElementB>::type, float, typename Cl<typename C::ElementSF>::type, K::kMmaM, K::kTileN, K::kAMn ? UMMA::Major::MN : UMMA::Major::K,
       K::kBMn ? UMMA::Major::MN : UMMA::Major::K>());
   const uint32_t ours[7] = {K::kDescHiA, K::kLboA, K::kKStepA, K::kDescHiB, K::kLboB, K::kKStepB, K::kIdesc};
   for (int i = 0; i < 7; ++i) out[7 + i] = ours[i];
@@ -122,7 +129,7 @@ def probe() -> tuple[str, bytes]:
         if int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) != 0:
             log = b" " * nvrtc.nvrtcGetProgramLogSize(prog)[1]
             nvrtc.nvrtcGetProgramLog(prog, log)
-            raise CompileError(log.decode(errors="replace")[:4000])
+            raise AssertionError("the probe unit did not compile:\n" + log.decode(errors="replace")[:4000])
         ptx = b" " * nvrtc.nvrtcGetPTXSize(prog)[1]
         nvrtc.nvrtcGetPTX(prog, ptx)
         cubin = b" " * nvrtc.nvrtcGetCUBINSize(prog)[1]

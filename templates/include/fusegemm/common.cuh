@@ -1,8 +1,7 @@
 // fusegemm common definitions shared by every generated kernel (sm_90a and sm_100a).
 #pragma once
 
-#include <cute/tensor.hpp>
-#include <cutlass/numeric_types.h>
+#include "fusegemm/types.cuh"  // element tags and traits (not cute/tensor.hpp: see there)
 
 // NVRTC cannot parse cuda.h, so the tensor-map type is declared here, with CUDA 13's
 // alignment (cuda.h: alignas(128)). The bytes are produced on the host by

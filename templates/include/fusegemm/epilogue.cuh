@@ -50,7 +50,7 @@ template <class T>
 struct Cvt;
 
 template <>
-struct Cvt<cutlass::bfloat16_t> {
+struct Cvt<fusegemm::bfloat16_t> {
   static constexpr int kBytes = 2;
   FUSEGEMM_DEVICE static uint32_t pack2(float a, float b) {
     __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
@@ -66,7 +66,7 @@ struct Cvt<cutlass::bfloat16_t> {
 };
 
 template <>
-struct Cvt<cutlass::half_t> {
+struct Cvt<fusegemm::half_t> {
   static constexpr int kBytes = 2;
   FUSEGEMM_DEVICE static uint32_t pack2(float a, float b) {
     __half2 v = __floats2half2_rn(a, b);
@@ -88,7 +88,7 @@ struct Cvt<float> {
 };
 
 template <>
-struct Cvt<cutlass::float_e4m3_t> {
+struct Cvt<fusegemm::float_e4m3_t> {
   static constexpr int kBytes = 1;
   FUSEGEMM_DEVICE static float load(const void* p, int64_t i) {
     __nv_fp8_storage_t raw = __ldg(static_cast<const unsigned char*>(p) + i);
@@ -97,7 +97,7 @@ struct Cvt<cutlass::float_e4m3_t> {
 };
 
 template <>
-struct Cvt<cutlass::float_e5m2_t> {
+struct Cvt<fusegemm::float_e5m2_t> {
   static constexpr int kBytes = 1;
   FUSEGEMM_DEVICE static float load(const void* p, int64_t i) {
     __nv_fp8_storage_t raw = __ldg(static_cast<const unsigned char*>(p) + i);
@@ -121,8 +121,8 @@ FUSEGEMM_DEVICE float2 load2(const T* p) {
 
 // ---- narrow outputs (FP8, packed FP4) ---------------------------------------------------
 template <class T> constexpr int out_bits() {
-  return cute::is_same_v<T, cutlass::float_e2m1_t> ? 4
-         : (cute::is_same_v<T, cutlass::float_e4m3_t> || cute::is_same_v<T, cutlass::float_e5m2_t>) ? 8
+  return fusegemm::is_same_v<T, fusegemm::float_e2m1_t> ? 4
+         : (fusegemm::is_same_v<T, fusegemm::float_e4m3_t> || fusegemm::is_same_v<T, fusegemm::float_e5m2_t>) ? 8
          : int(sizeof(T)) * 8;
 }
 template <class T> constexpr bool is_narrow() { return out_bits<T>() < 16; }
@@ -130,11 +130,11 @@ template <class T> constexpr bool is_narrow() { return out_bits<T>() < 16; }
 // Two values -> two FP8 bytes (a in the low byte) / one FP4 byte (a in the low nibble), round to
 // nearest even, saturating to the finite range (cvt.rn.satfinite); FP8 NaN stays NaN.
 template <class T> FUSEGEMM_DEVICE uint32_t cvt_narrow2(float a, float b) {
-  if constexpr (cute::is_same_v<T, cutlass::float_e2m1_t>) {
+  if constexpr (fusegemm::is_same_v<T, fusegemm::float_e2m1_t>) {
     return __nv_cvt_float2_to_fp4x2(make_float2(a, b), __NV_E2M1, cudaRoundNearest);
   } else {
     return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE,
-                                    cute::is_same_v<T, cutlass::float_e5m2_t> ? __NV_E5M2 : __NV_E4M3);
+                                    fusegemm::is_same_v<T, fusegemm::float_e5m2_t> ? __NV_E5M2 : __NV_E4M3);
   }
 }
 

@@ -179,8 +179,10 @@ FUSEGEMM_DEVICE void store_col32(T* base_row0, int64_t ld, int cols_valid, bool 
     if (j < cols_valid) {
       if constexpr (is_narrow<T>()) {
         reinterpret_cast<uint8_t*>(base_row0)[j * ld] = uint8_t(cvt_narrow2<T>(v[j], 0.0f));
+      } else if constexpr (Cvt<T>::kBytes == 4) {
+        reinterpret_cast<float*>(base_row0)[j * ld] = v[j];
       } else {
-        base_row0[j * ld] = T(v[j]);
+        reinterpret_cast<uint16_t*>(base_row0)[j * ld] = static_cast<uint16_t>(Cvt<T>::pack2(v[j], 0.0f));
       }
     }
   }

@@ -36,9 +36,9 @@ namespace fusegemm {
 // dtype table's `tma` column (fusegemm/base/dtypes.py); FP8/FP4 and scale bytes travel as UINT8.
 template <class T> struct TmaDtype;
 template <> struct TmaDtype<uint8_t> { static constexpr int value = 0; };                // UINT8
-template <> struct TmaDtype<cutlass::half_t> { static constexpr int value = 6; };        // FLOAT16
+template <> struct TmaDtype<fusegemm::half_t> { static constexpr int value = 6; };        // FLOAT16
 template <> struct TmaDtype<float> { static constexpr int value = 7; };                  // FLOAT32
-template <> struct TmaDtype<cutlass::bfloat16_t> { static constexpr int value = 9; };    // BFLOAT16
+template <> struct TmaDtype<fusegemm::bfloat16_t> { static constexpr int value = 9; };    // BFLOAT16
 
 // L2 cache hints for TMA loads (the 64-bit policies CUTLASS's CacheHintSm90 names).
 enum class CacheHint : uint64_t {

@@ -142,9 +142,9 @@ struct Rule {
 };
 
 struct Config {
-  using ElementA = cutlass::float_e4m3_t;
-  using ElementB = cutlass::float_e4m3_t;
-  using ElementSF = cutlass::float_ue8m0_t;
+  using ElementA = fusegemm::float_e4m3_t;
+  using ElementB = fusegemm::float_e4m3_t;
+  using ElementSF = fusegemm::float_ue8m0_t;
   // Output element types: the rule's c and d (float where it has none).
   using ElementC = float;
   using ElementD = float;
@@ -167,7 +167,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_d2077e60733a_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_36a92f7012b0_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -193,6 +193,6 @@ extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_d2077e
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_gemm_amax_sm100a_d2077e60733a(const __grid_constant__ fusegemm_gen::Params params) {
+fg_gemm_amax_sm100a_36a92f7012b0(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -151,10 +151,10 @@ struct Rule {
 };
 
 struct Config {
-  using ElementA = cutlass::bfloat16_t;
-  using ElementB = cutlass::bfloat16_t;
+  using ElementA = fusegemm::bfloat16_t;
+  using ElementB = fusegemm::bfloat16_t;
   using ElementC = float;
-  using ElementD = cutlass::bfloat16_t;
+  using ElementD = fusegemm::bfloat16_t;
   using Rule = fusegemm_gen::Rule;  // generated from the spec's epilogue (above)
   static constexpr bool kDynamicSched = false;
   static constexpr bool kDiscreteB = false;
@@ -169,7 +169,7 @@ using Kernel = fusegemm::sm100::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_24712854554e_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_a678e99b1094_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -195,6 +195,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_247
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm100a_24712854554e(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm100a_a678e99b1094(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

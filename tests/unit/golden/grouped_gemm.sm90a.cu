@@ -144,10 +144,10 @@ struct Rule {
 };
 
 struct Config {
-  using ElementA = cutlass::bfloat16_t;
-  using ElementB = cutlass::bfloat16_t;
-  using ElementC = cutlass::bfloat16_t;
-  using ElementD = cutlass::bfloat16_t;
+  using ElementA = fusegemm::bfloat16_t;
+  using ElementB = fusegemm::bfloat16_t;
+  using ElementC = fusegemm::bfloat16_t;
+  using ElementD = fusegemm::bfloat16_t;
   using Rule = fusegemm_gen::Rule;  // generated from the spec's epilogue (above)
   static constexpr bool kDynamicSched = false;
   static constexpr bool kDiscreteB = false;
@@ -162,7 +162,7 @@ using Kernel = fusegemm::sm90::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm90a_0c6ac1c75665_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm90a_3168fd3b986c_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -188,6 +188,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm90a_0c6a
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm90a_0c6ac1c75665(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm90a_3168fd3b986c(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

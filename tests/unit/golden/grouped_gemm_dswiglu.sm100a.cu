@@ -136,8 +136,8 @@ struct Rule {
   template <class Params>
   FUSEGEMM_DEVICE ElemIn elem(const Params& p, int row, int col) const {
     ElemIn e;
-    e.c_gate = fusegemm::epi::ldf<cutlass::bfloat16_t>(p.c_in, int64_t(row) * p.ld_c_in + fusegemm::epi::paired_col(col, 0));
-    e.c_up = fusegemm::epi::ldf<cutlass::bfloat16_t>(p.c_in, int64_t(row) * p.ld_c_in + fusegemm::epi::paired_col(col, 1));
+    e.c_gate = fusegemm::epi::ldf<fusegemm::bfloat16_t>(p.c_in, int64_t(row) * p.ld_c_in + fusegemm::epi::paired_col(col, 0));
+    e.c_up = fusegemm::epi::ldf<fusegemm::bfloat16_t>(p.c_in, int64_t(row) * p.ld_c_in + fusegemm::epi::paired_col(col, 1));
     (void)p; (void)row; (void)col;
     return e;
   }
@@ -165,12 +165,12 @@ struct Rule {
 };
 
 struct Config {
-  using ElementA = cutlass::float_e4m3_t;
-  using ElementB = cutlass::float_e4m3_t;
-  using ElementSF = cutlass::float_ue8m0_t;
+  using ElementA = fusegemm::float_e4m3_t;
+  using ElementB = fusegemm::float_e4m3_t;
+  using ElementSF = fusegemm::float_ue8m0_t;
   // Output element types: the rule's c and d (float where it has none).
   using ElementC = float;
-  using ElementD = cutlass::float_e4m3_t;
+  using ElementD = fusegemm::float_e4m3_t;
   static constexpr int kSfVec = 32;
   static constexpr bool kBatched = false;
   static constexpr bool kCMajorM = false;
@@ -190,7 +190,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_ca189f8a39e0_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_3e469572e7e9_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -216,6 +216,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_dswiglu_sm100a_ca189f8a39e0(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_dswiglu_sm100a_3e469572e7e9(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -151,12 +151,12 @@ struct Rule {
 };
 
 struct Config {
-  using ElementA = cutlass::float_e4m3_t;
-  using ElementB = cutlass::float_e4m3_t;
-  using ElementSF = cutlass::float_ue8m0_t;
+  using ElementA = fusegemm::float_e4m3_t;
+  using ElementB = fusegemm::float_e4m3_t;
+  using ElementSF = fusegemm::float_ue8m0_t;
   // Output element types: the rule's c and d (float where it has none).
-  using ElementC = cutlass::bfloat16_t;
-  using ElementD = cutlass::bfloat16_t;
+  using ElementC = fusegemm::bfloat16_t;
+  using ElementD = fusegemm::bfloat16_t;
   static constexpr int kSfVec = 32;
   static constexpr bool kBatched = false;
   static constexpr bool kCMajorM = false;
@@ -176,7 +176,7 @@ using Kernel = fusegemm::sm90::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90a_8a54a6e3d626_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90a_78ae7bcb4f98_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -202,6 +202,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_srelu_sm90a_8a54a6e3d626(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_srelu_sm90a_78ae7bcb4f98(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

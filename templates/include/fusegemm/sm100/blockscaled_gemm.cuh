@@ -51,8 +51,8 @@ namespace fusegemm::sm100 {
 
 // Operand format code: packed e2m1 uses the kind::mxf4/mxf4nvf4 code (1), not f8f6f4's 5.
 template <class T> constexpr MxFmt mx_fmt() {
-  return cute::is_same_v<T, cutlass::float_e5m2_t> ? MxFmt::E5M2
-         : cute::is_same_v<T, cutlass::float_e2m1_t> ? MxFmt::E2M1_PACKED : MxFmt::E4M3;
+  return fusegemm::is_same_v<T, fusegemm::float_e5m2_t> ? MxFmt::E5M2
+         : fusegemm::is_same_v<T, fusegemm::float_e2m1_t> ? MxFmt::E2M1_PACKED : MxFmt::E4M3;
 }
 
 template <class Config>
@@ -60,14 +60,14 @@ struct BlockScaledGemmKernel {
   using ElementAB = typename Config::ElementA;
   using ElementSF = typename Config::ElementSF;
   using ElementC = typename Config::ElementC;
-  static_assert(cute::is_same_v<ElementAB, typename Config::ElementB>, "A and B share one format");
-  static constexpr bool kFp4 = cute::is_same_v<ElementAB, cutlass::float_e2m1_t>;
-  static constexpr bool kFp8 = cute::is_same_v<ElementAB, cutlass::float_e4m3_t> ||
-                               cute::is_same_v<ElementAB, cutlass::float_e5m2_t>;
-  static constexpr bool kUe8m0 = cute::is_same_v<ElementSF, cutlass::float_ue8m0_t>;
+  static_assert(fusegemm::is_same_v<ElementAB, typename Config::ElementB>, "A and B share one format");
+  static constexpr bool kFp4 = fusegemm::is_same_v<ElementAB, fusegemm::float_e2m1_t>;
+  static constexpr bool kFp8 = fusegemm::is_same_v<ElementAB, fusegemm::float_e4m3_t> ||
+                               fusegemm::is_same_v<ElementAB, fusegemm::float_e5m2_t>;
+  static constexpr bool kUe8m0 = fusegemm::is_same_v<ElementSF, fusegemm::float_ue8m0_t>;
   static constexpr int kSfVec = Config::kSfVec;
   static_assert(kFp4 || kFp8, "block-scaled A/B: e4m3, e5m2 or e2m1");
-  static_assert(kUe8m0 || cute::is_same_v<ElementSF, cutlass::float_ue4m3_t>, "SF: ue8m0 or ue4m3");
+  static_assert(kUe8m0 || fusegemm::is_same_v<ElementSF, fusegemm::float_ue4m3_t>, "SF: ue8m0 or ue4m3");
   static_assert(kSfVec == 16 || kSfVec == 32, "sf_vec_size 16 or 32");
   static_assert(!kFp8 || (kSfVec == 32 && kUe8m0), "FP8 A/B: MXFP8 (vec 32, E8M0) only");
   static_assert(kUe8m0 || kSfVec == 16, "E4M3 scales need vec 16 (NVFP4)");
@@ -176,7 +176,7 @@ struct BlockScaledGemmKernel {
   // The cluster shape is a launch attribute: the code depends only on the CTA pair
   // (kCtaGroup), so one cubin serves every legal cluster. The spec constraints and the
   // launcher keep cluster M even for 2-CTA tiles and each dimension <= 4 (KRN:319).
-  static_assert(cute::is_same_v<ElementAB, cutlass::float_e5m2_t> ||
+  static_assert(fusegemm::is_same_v<ElementAB, fusegemm::float_e5m2_t> ||
                     (kIdesc & ~kIdescShapeMask) == (kGolden & ~kIdescShapeMask),
                 "bug #3: instruction descriptor differs from the golden block-scaled descriptor");
   static_assert((kIdesc & ((3u << 29) | (3u << 4))) == 0, "sf_id fields start at 0");

@@ -27,8 +27,8 @@ struct GroupedGemmKernel {
   using ElementB = typename Config::ElementB;
   using ElementC = typename Config::ElementC;
   using ElementD = typename Config::ElementD;
-  static_assert(cute::is_same_v<ElementA, ElementB>, "A and B share one 16-bit format");
-  static_assert(cute::is_same_v<ElementA, cutlass::bfloat16_t> || cute::is_same_v<ElementA, cutlass::half_t>,
+  static_assert(fusegemm::is_same_v<ElementA, ElementB>, "A and B share one 16-bit format");
+  static_assert(fusegemm::is_same_v<ElementA, fusegemm::bfloat16_t> || fusegemm::is_same_v<ElementA, fusegemm::half_t>,
                 "kind::f16 kernel: A/B are bf16 or fp16");
   static_assert(!Config::kBMajorMN, "kind::f16 grouped kernel: K-major B only");
 
@@ -94,7 +94,7 @@ struct GroupedGemmKernel {
   // for 2-CTA tiles (the kernel exports its minimum, 2x1).
   // bug #3: every field but M/N equals the golden bf16 descriptor 0x08400490 (F32 acc, BF16 A/B,
   // K-major, dense); M/N fields as the instruction shape.
-  static_assert(!cute::is_same_v<ElementA, cutlass::bfloat16_t> ||
+  static_assert(!fusegemm::is_same_v<ElementA, fusegemm::bfloat16_t> ||
                     (kIdesc & ~kIdescShapeMask) == (0x08400490u & ~kIdescShapeMask),
                 "bug #3: instruction descriptor differs from the golden bf16 descriptor");
   static_assert((kIdesc & kIdescShapeMask) == ((uint32_t(kTileN >> 3) << 17) | (uint32_t(kTileM >> 4) << 24)),

@@ -52,7 +52,7 @@ FUSEGEMM_DEVICE void spill_through_local(float (&v)[32], int lane) {
 }
 
 template <class T> constexpr F16Fmt f16_fmt() {
-  return cute::is_same_v<T, cutlass::half_t> ? F16Fmt::F16 : F16Fmt::BF16;
+  return fusegemm::is_same_v<T, fusegemm::half_t> ? F16Fmt::F16 : F16Fmt::BF16;
 }
 constexpr uint32_t kIdescShapeMask = (0x3Fu << 17) | (0x1Fu << 24);
 

@@ -15,11 +15,11 @@ namespace sm90 {
 template <class Config>
 struct ScaledConfigChecks {
   using ElementAB = typename Config::ElementA;
-  static constexpr bool kE4M3 = cute::is_same_v<ElementAB, cutlass::float_e4m3_t>;
-  static_assert(cute::is_same_v<ElementAB, typename Config::ElementB>, "A and B share one format");
-  static_assert(kE4M3 || cute::is_same_v<ElementAB, cutlass::float_e5m2_t>,
+  static constexpr bool kE4M3 = fusegemm::is_same_v<ElementAB, fusegemm::float_e4m3_t>;
+  static_assert(fusegemm::is_same_v<ElementAB, typename Config::ElementB>, "A and B share one format");
+  static_assert(kE4M3 || fusegemm::is_same_v<ElementAB, fusegemm::float_e5m2_t>,
                 "sm_90a block-scaled kernel: MXFP8 (e4m3 / e5m2) A and B");
-  static_assert(cute::is_same_v<typename Config::ElementSF, cutlass::float_ue8m0_t> && Config::kSfVec == 32,
+  static_assert(fusegemm::is_same_v<typename Config::ElementSF, fusegemm::float_ue8m0_t> && Config::kSfVec == 32,
                 "MXFP8: E8M0 scales per 32 K");
   static_assert(!Config::kAMajorMN && !Config::kBMajorMN, "K-major A and B (the registry's sm_90a limits)");
   static_assert(!Config::Rule::kPairedAcc,
@@ -47,7 +47,7 @@ template <int kTileM, int kTileN, bool kBatched>
 struct ScaledSchedule {
   using Grouped = GroupedScheduler<kTileM, kTileN, FUSEGEMM_RASTER_GROUP>;
   using Batched = BatchedScheduler<kTileM, kTileN, FUSEGEMM_RASTER_GROUP>;
-  using Sched = cute::conditional_t<kBatched, Batched, Grouped>;
+  using Sched = fusegemm::conditional_t<kBatched, Batched, Grouped>;
 
   template <class Params>
   static __device__ Sched make(const Params& p) {

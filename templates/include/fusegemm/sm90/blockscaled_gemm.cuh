@@ -21,7 +21,7 @@ namespace fusegemm {
 namespace sm90 {
 
 template <class Config>
-using BlockScaledGemmKernel = cute::conditional_t<FUSEGEMM_SM90_BS_MAINLOOP == 1, BlockScaledPromoteKernel<Config>,
+using BlockScaledGemmKernel = fusegemm::conditional_t<FUSEGEMM_SM90_BS_MAINLOOP == 1, BlockScaledPromoteKernel<Config>,
                                                   BlockScaledDequantKernel<Config>>;
 
 }  // namespace sm90

@@ -31,8 +31,8 @@ struct WgmmaEpilogue {
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
   static constexpr int kAccum = kTileN / 2;  // FP32 accumulators per consumer thread
   static constexpr bool kFragment = Rule::kElementwise && !kForceEngine && !kBatched;
-  using StoreC = epi::WarpStagedStore<cute::conditional_t<kFragment, ElementC, float>>;
-  using StoreD = epi::WarpStagedStore<cute::conditional_t<kFragment, ElementD, float>>;
+  using StoreC = epi::WarpStagedStore<fusegemm::conditional_t<kFragment, ElementC, float>>;
+  using StoreD = epi::WarpStagedStore<fusegemm::conditional_t<kFragment, ElementD, float>>;
   static constexpr int kEpiWarpBytes = StoreC::kBytes > StoreD::kBytes ? StoreC::kBytes : StoreD::kBytes;
   // The engine path stages [64 rows][kAccPitch] FP32 accumulators per warpgroup plus the engine's
   // buffers for its two active warps.

@@ -44,7 +44,7 @@ struct GroupedGemmKernel {
   using ElementC = typename Config::ElementC;
   using ElementD = typename Config::ElementD;
   using Rule = typename Config::Rule;  // the epilogue rule (generator/registry.py row)
-  static_assert(cute::is_same_v<ElementA, cutlass::bfloat16_t> && cute::is_same_v<ElementB, cutlass::bfloat16_t>,
+  static_assert(fusegemm::is_same_v<ElementA, fusegemm::bfloat16_t> && fusegemm::is_same_v<ElementB, fusegemm::bfloat16_t>,
                 "sm_90a grouped kernel: BF16 A and B");
   static_assert(!Config::kBMajorMN, "sm_90a grouped kernel: K-major B only");
 

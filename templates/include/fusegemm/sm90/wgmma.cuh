@@ -41,13 +41,13 @@ struct BF16Gmma<128> {
 // scale_d == 0 overwrites instead of accumulating (first MMA of a tile).
 template <int N, int... I>
 FUSEGEMM_DEVICE void gmma_impl(uint64_t da, uint64_t db, float* acc, int scale_d,
-                               cute::integer_sequence<int, I...>) {
+                               fusegemm::integer_sequence<int, I...>) {
   BF16Gmma<N>::Op::fma(da, db, acc[I]..., static_cast<cute::SM90::GMMA::ScaleOut>(scale_d));
 }
 
 template <int N>
 FUSEGEMM_DEVICE void gmma_64xN(uint64_t da, uint64_t db, float (&acc)[N / 2], int scale_d) {
-  gmma_impl<N>(da, db, acc, scale_d, cute::make_integer_sequence<int, N / 2>{});
+  gmma_impl<N>(da, db, acc, scale_d, fusegemm::make_integer_sequence<int, N / 2>{});
 }
 
 template <int kN>

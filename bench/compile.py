@@ -1,0 +1,115 @@
+"""Cold compile and cached load of the seed specs' prebuild kernels; prints JSON.
+
+For every kernel of the seed specs' prebuild list (both archs unless ``--archs``), one process,
+one core, a fresh temporary cache:
+
+* ``cold_s``  render + NVRTC + cache write (``fusegemm.pipeline.get_kernel`` on an empty cache);
+* ``nvrtc_s``  NVRTC alone (the compile's own timer);
+* ``cached_ms``  a later lookup: cache read + checksum (disk -> cubin bytes);
+* ``load_ms``  ``cuModuleLoadData`` + function attributes of the cubin (only with a GPU, and
+  only for kernels of the GPU's arch).
+
+Goals (issue 11): cold compile <= 1.0 s per kernel on the H200 machine; cached lookup + load
+<= 5 ms.
+
+    python bench/compile.py [--archs sm_90a,sm_100a] [--out bench/results/compile_<machine>.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--archs", default="sm_90a,sm_100a")
+    ap.add_argument("--specs", default=None, help="comma list (default: every seed spec)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="fusegemm-bench-compile-") as cache_dir:
+        os.environ["FUSEGEMM_CACHE_DIR"] = cache_dir     # before fusegemm reads its config
+        from fusegemm import build
+        from fusegemm.pipeline import get_kernel, lookup, plan
+        from fusegemm.runtime.cache import KernelCache
+        from fusegemm.runtime.compile import nvrtc_version
+
+        cache = KernelCache(Path(cache_dir))
+        archs = tuple(args.archs.split(","))
+        variants, _ = build.select(args.specs.split(",") if args.specs else None, archs)
+        gpu_arch = _gpu_arch()
+        rows = []
+        for v in variants:
+            t0 = time.perf_counter()
+            built = get_kernel(v, cache)
+            cold = time.perf_counter() - t0
+            p = plan(v)
+            reads = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                hit = lookup(p, KernelCache(Path(cache_dir)))   # a fresh one: disk, not memory
+                reads.append(time.perf_counter() - t0)
+            if hit is None:
+                raise SystemExit(f"{built.name}: not found in the cache after its build")
+            row = {"kernel": built.name, "arch": v.arch, "cold_s": round(cold, 3),
+                   "nvrtc_s": round(built.compile_seconds, 3),
+                   "cached_ms": round(statistics.median(reads) * 1e3, 2)}
+            if gpu_arch == v.arch:
+                row["load_ms"] = round(_load_ms(built) * 1e3, 2)
+            rows.append(row)
+            print(f"{built.name:90s} cold {cold:5.2f} s  cached {row['cached_ms']:5.2f} ms"
+                  + (f"  load {row['load_ms']:5.2f} ms" if "load_ms" in row else ""), file=sys.stderr)
+
+    def summary(key: str, arch: str | None = None) -> dict:
+        vals = [r[key] for r in rows if key in r and (arch is None or r["arch"] == arch)]
+        if not vals:
+            return {}
+        return {"median": round(statistics.median(vals), 3), "max": round(max(vals), 3),
+                "sum": round(sum(vals), 2)}
+
+    result = {
+        "benchmark": "compile", "machine": platform.node(), "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(), "python": platform.python_version(),
+        "nvrtc": ".".join(map(str, nvrtc_version())), "date": time.strftime("%Y-%m-%d"),
+        "method": "one process, one core, a fresh cache; each prebuild kernel built once (cold), "
+                  "then looked up 5 times from disk by a fresh cache object (median)",
+        "kernels": len(rows),
+        "cold_s": {a: summary("cold_s", a) for a in archs},
+        "cached_ms": summary("cached_ms"), "load_ms": summary("load_ms"),
+        "goals": {"cold_s_per_kernel": 1.0, "cached_plus_load_ms": 5.0},
+        "rows": rows,
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+    return 0
+
+
+def _gpu_arch() -> str | None:
+    try:
+        from fusegemm.ops.device import device_arch
+        return device_arch(0)
+    except Exception:   # no driver, no GPU: compile figures only
+        return None
+
+
+def _load_ms(built) -> float:
+    """Seconds to load ``built`` into a fresh module (not the process's module cache)."""
+    from fusegemm.runtime.load import _load, ensure_context
+    ctx = ensure_context(0)
+    t0 = time.perf_counter()
+    _load(built.cubin, built.kernel_name, built.contract.smem_bytes, ctx, 0, built.contract.max_cluster_ctas)
+    return time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,142 @@
+"""Host time per call of the BF16 grouped GEMM, against ``torch._grouped_mm`` in the same run;
+prints JSON.
+
+A tiny cached problem (the kernel is a few microseconds of GPU time), so what is timed is the
+Python and driver work of one call: ``time.perf_counter_ns`` around ``--calls`` back-to-back
+calls (no synchronisation inside; fewer calls than the launch queue holds, so the host never
+waits on the GPU), median over ``--rounds`` interleaved rounds. Methods:
+
+* ``class_execute``  ``GroupedGemm.execute`` with caller-owned outputs and ``current_stream``;
+* ``class_execute_default_stream``  the same, stream looked up (torch's current stream);
+* ``wrapper``  ``fusegemm.grouped_gemm`` (allocates D per call, as the seed wrapper does);
+* ``torch_grouped_mm``  ``torch._grouped_mm`` (allocates its output per call);
+* ``driver_launch_floor``  ``cuLaunchKernel`` of the same kernel and packed arguments through
+  ctypes, nothing else: the floor under any Python launch path on this machine.
+
+Goals (issue 11): class <= 6 us, wrapper <= 10 us. ``--profile`` adds cProfile's top entries
+for the two fusegemm paths (to stderr).
+
+    python bench/host_overhead.py [--out bench/results/host_overhead_h200.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+
+def per_call_us(fn, calls: int) -> float:
+    import torch
+    torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter_ns()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls / 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--experts", type=int, default=4)
+    ap.add_argument("--rows", type=int, default=256, help="rows per expert (a multiple of 256)")
+    ap.add_argument("--n", type=int, default=256)
+    ap.add_argument("--k", type=int, default=256)
+    ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    import torch
+    if not torch.cuda.is_available():
+        print(json.dumps({"error": "no CUDA GPU"}))
+        return 1
+    import fusegemm
+    L, m, n, k = args.experts, args.experts * args.rows, args.n, args.k
+    dev = "cuda"
+    a = torch.randn(m, k, device=dev).to(torch.bfloat16)
+    b = torch.randn(L, n, k, device=dev).to(torch.bfloat16)
+    off = torch.arange(1, L + 1, device=dev, dtype=torch.int32) * args.rows
+    alpha = torch.ones(L, device=dev)
+    d = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+    stream = torch.cuda.current_stream()
+    op = fusegemm.GroupedGemm(a, None, d, off, alpha, b).compile()
+    op.execute(a, d_tensor=d, padded_offsets=off, alpha_tensor=alpha, b_tensor=b, current_stream=stream)
+
+    methods = {
+        "class_execute": lambda: op.execute(a, d_tensor=d, padded_offsets=off, alpha_tensor=alpha,
+                                            b_tensor=b, current_stream=stream),
+        "class_execute_default_stream": lambda: op.execute(a, d_tensor=d, padded_offsets=off,
+                                                           alpha_tensor=alpha, b_tensor=b),
+        "wrapper": lambda: fusegemm.grouped_gemm(a, off, alpha, b_tensor=b),
+        "torch_grouped_mm": lambda: torch._grouped_mm(a, b.transpose(-2, -1), offs=off),
+    }
+    # The floor: the driver's cuLaunchKernel of the same kernel through ctypes, nothing else
+    # (what any Python launch path pays; the other methods add their own work on top).
+    from fusegemm.runtime.launch import _direct_launch
+    entry = next(iter(op._entries.values()))
+    buf = next(iter(entry.bufs.values())) if entry.bufs else None
+    raw = _direct_launch()
+    if buf is not None and raw is not None:
+        kern, cfg, handle = op._launcher.kernel, entry.cfg, stream.cuda_stream
+        methods["driver_launch_floor"] = lambda: raw(kern.handle, *cfg.grid, *cfg.block, cfg.smem_bytes,
+                                                     handle, buf.argv_address, None)
+    # Same numbers from both (the timing is meaningless if the op does something else).
+    ref = torch._grouped_mm(a, b.transpose(-2, -1), offs=off)
+    got = fusegemm.grouped_gemm(a, off, alpha, b_tensor=b)[0]
+    if not torch.allclose(got.float(), ref.float(), rtol=2e-2, atol=2e-2):
+        raise SystemExit("fusegemm and torch disagree on the benchmark problem")
+    for fn in methods.values():
+        for _ in range(20):
+            fn()
+    samples: dict[str, list[float]] = {key: [] for key in methods}
+    for _ in range(args.rounds):
+        for key, fn in methods.items():
+            samples[key].append(per_call_us(fn, args.calls))
+    us = {key: round(statistics.median(v), 2) for key, v in samples.items()}
+    gpu_us = {}
+    for key in ("class_execute", "torch_grouped_mm"):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(100):
+            methods[key]()
+        end.record()
+        end.synchronize()
+        gpu_us[key] = round(start.elapsed_time(end) * 10, 2)   # ms per 100 calls -> us per call
+    result = {
+        "benchmark": "host_overhead", "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+        "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
+        "problem": {"experts": L, "rows": m, "n": n, "k": k},
+        "method": f"perf_counter_ns around {args.calls} back-to-back calls, median of {args.rounds} "
+                  "interleaved rounds (host time; no synchronisation inside)",
+        "host_us_per_call": us,
+        "ratios": {"class_over_torch": round(us["class_execute"] / us["torch_grouped_mm"], 2),
+                   "wrapper_over_torch": round(us["wrapper"] / us["torch_grouped_mm"], 2)},
+        "goals_us": {"class_execute": 6.0, "wrapper": 10.0},
+        "gpu_us_per_call_back_to_back": gpu_us,
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+    if args.profile:
+        import cProfile
+        import pstats
+        import sys
+        for key in ("class_execute", "wrapper"):
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(2000):
+                methods[key]()
+            prof.disable()
+            print(f"--- cProfile {key} (2000 calls)", file=sys.stderr)
+            pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(22)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
