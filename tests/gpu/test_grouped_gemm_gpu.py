@@ -238,6 +238,38 @@ def test_wrapper_matches_class_and_caches():
     assert len(_ops()) == before, "a second identical call must reuse the compiled op"
 
 
+def test_fast_paths_recheck_alignment_and_follow_new_data():
+    """A repeat call with the signature of an earlier one takes the host fast path (wrapper and
+    class): it must still refuse a misaligned base and compute with the new addresses' data."""
+    from fusegemm.base.errors import ArgumentError
+    pb = make_problem([256, 512, 0], 128, 64, prob=False, canonical=True, seed=12)
+    args = dict(pb["args"])
+    m, k = pb["m"], pb["k"]
+    big = torch.zeros(m * k + 8, dtype=torch.bfloat16, device="cuda")
+    aligned_a, shifted_a = big[:m * k].view(m, k), big[1:m * k + 1].view(m, k)   # same signature
+    aligned_a.copy_(pb["a"])
+    d_first = grouped_gemm(**{**args, "a_tensor": aligned_a})[0].clone()
+    for _ in range(2):   # the second wrapper call is a fast-path hit
+        with pytest.raises(ArgumentError, match="a_tensor"):
+            grouped_gemm(**{**args, "a_tensor": shifted_a})
+    op = GroupedGemm(aligned_a, None, torch.empty_like(d_first), args["padded_offsets"], args["alpha_tensor"],
+                     args["b_tensor"]).compile()
+    d = torch.empty_like(d_first)
+    op.execute(aligned_a, d_tensor=d, padded_offsets=args["padded_offsets"], alpha_tensor=args["alpha_tensor"],
+               b_tensor=args["b_tensor"])
+    with pytest.raises(ArgumentError, match="a_tensor"):
+        op.execute(shifted_a, d_tensor=d, padded_offsets=args["padded_offsets"],
+                   alpha_tensor=args["alpha_tensor"], b_tensor=args["b_tensor"])
+    # New data at a new address, same signature: results follow the data.
+    pb2 = make_problem([256, 512, 0], 128, 64, prob=False, canonical=True, seed=13)
+    d2 = grouped_gemm(**{**args, "a_tensor": pb2["a"]})[0]
+    torch.cuda.synchronize()
+    rc, rd, scale = reference({**pb, "a": pb2["a"]})
+    valid_m = sum(pb["sizes"])
+    check(d2[:valid_m], rd, scale, "bfloat16", valid_m, "fast-path wrapper D")
+    check(d[:valid_m], reference(pb)[1], scale, "bfloat16", valid_m, "fast-path class D")
+
+
 def test_matches_project_reference():
     ref_mod = pytest.importorskip("fusegemm.reference")
     pb = make_problem(RAGGED, 256, 192, bias="float32", seed=9)

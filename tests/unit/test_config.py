@@ -60,3 +60,16 @@ def test_only_config_reads_the_environment():
             if p.name != "config.py" and ("os.environ" in p.read_text() or "os.getenv" in p.read_text()):
                 offenders.append(str(p.relative_to(root)))
     assert offenders == []
+
+
+def test_a_changed_value_is_seen_on_the_next_read(monkeypatch):
+    """Values are parsed once per raw string (the ops read FUSEGEMM_VALIDATE_OFFSETS on every
+    call), never once per process: a new value is seen on the next read, a bad one every time."""
+    monkeypatch.setenv("FUSEGEMM_VALIDATE_OFFSETS", "1")
+    assert config.validate_offsets() is True
+    monkeypatch.setenv("FUSEGEMM_VALIDATE_OFFSETS", "0")
+    assert config.validate_offsets() is False
+    monkeypatch.setenv("FUSEGEMM_VALIDATE_OFFSETS", "maybe")
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="FUSEGEMM_VALIDATE_OFFSETS='maybe'"):
+            config.validate_offsets()

@@ -49,6 +49,10 @@ def test_tupledict_unpacks_indexes_and_is_read_only():
         TupleDict({1: 2})
     again = pickle.loads(pickle.dumps(result))
     assert list(again.keys()) == ["d_tensor", "c_tensor"] and again[1] is None
+    fast = TupleDict.of(d_tensor=d, c_tensor=None)      # the ops' fast-path constructor
+    assert type(fast) is TupleDict and list(fast.items()) == list(result.items())
+    with pytest.raises(TypeError, match="read-only"):
+        fast["x"] = 1
 
 
 # ---------------------------------------------------------------- builders of hand-made problems
