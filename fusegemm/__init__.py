@@ -31,6 +31,7 @@ _EXPORTS = {
     **{name: ("fusegemm.ops.scaled_classes", name) for name in (
         "GroupedGemmSrelu", "GroupedGemmQuant", "GroupedGemmDswiglu", "GemmAmax")},
     "TupleDict": ("fusegemm.tupledict", "TupleDict"),
+    "add_bundle": ("fusegemm.pipeline", "add_bundle"),
     "load_spec": ("fusegemm.generator.spec", "load_spec"),
     **{name: ("fusegemm.base.errors", name) for name in (
         "FusegemmError", "ArgumentError", "UnsupportedError", "SpecError", "CompileError",

@@ -104,6 +104,16 @@ class DenseB:
     strides: tuple[int, int, int]  # (N, K, L) strides in elements, whatever the layout
 
 
+def b_is_canonical(shape: Sequence[int], strides: Sequence[int], k_stored: int, l: int) -> bool | None:
+    """Which reading of a 3-D B fits: False for ``(N, K, L)``, True for ``(L, N, K)``, None for
+    neither (shapes and strides only: the torch custom ops' fake implementations use it too)."""
+    kernel = shape[1] == k_stored and shape[2] == l
+    canonical = shape[0] == l and shape[2] == k_stored
+    if kernel and canonical:
+        return not (strides[2] >= strides[0] >= strides[1])
+    return True if canonical else (False if kernel else None)
+
+
 def dense_b(b_tensor: Any, k_stored: int, l: int, dtypes: Iterable[str]) -> DenseB:
     """B as ``(N, K, L)`` (kernel-facing) or ``(L, N, K)`` (canonical), decided by its shape.
 
@@ -112,12 +122,8 @@ def dense_b(b_tensor: Any, k_stored: int, l: int, dtypes: Iterable[str]) -> Dens
     """
     b = tensor(b_tensor, "b_tensor", ndims=(3,), dtypes=dtypes)
     s, st = b.shape, b.strides
-    kernel = s[1] == k_stored and s[2] == l
-    canonical = s[0] == l and s[2] == k_stored
-    if kernel and canonical:
-        canonical = not (st[2] >= st[0] >= st[1])
-        kernel = not canonical
-    if kernel:
+    canonical = b_is_canonical(s, st, k_stored, l)
+    if canonical is False:
         return DenseB(b, s[0], False, (st[0], st[1], st[2]))
     if canonical:
         return DenseB(b, s[1], True, (st[1], st[2], st[0]))

@@ -196,3 +196,38 @@ def build(vs: list[Variant], *, jobs: int = 1, cache: KernelCache | None = None,
             on_done(r)
     _build_planned([planned[key] for key in order], jobs=jobs, cache=cache, done=done)
     return failed_early + [r for r in results if r is not None]
+
+
+def write_bundle(vs: list[Variant], path: Any, cache: KernelCache | None = None) -> tuple[int, int]:
+    """Write the kernels of ``vs`` (built already, or compiled here) into one bundle file at
+    ``path`` (runtime/bundle.py). Returns (kernels, bytes of the file)."""
+    import os
+    from pathlib import Path
+
+    from .pipeline import bundle_key
+    from .runtime import bundle
+    from .runtime.compile import nvrtc_version
+    entries = []
+    for v in vs:
+        p = plan(v)
+        b = lookup(p, cache or default_cache()) or compile_planned(p, cache)
+        entries.append((bundle_key(p.source), {
+            "name": b.name, "kernel": b.kernel_name, "arch": b.arch, "cache_key": b.key,
+            "compile_seconds": round(b.compile_seconds, 3), "spec": v.spec.name,
+            "variant": {k: val for k, val in v.choices.items()}}, b.cubin))
+    n = bundle.write_bundle(Path(path), entries, _toolchain(nvrtc_version()))
+    return n, os.path.getsize(path)
+
+
+def _toolchain(nvrtc: tuple[int, int]) -> dict[str, str]:
+    """What built a bundle's cubins (recorded for the reader; loading does not depend on it)."""
+    from importlib import metadata
+
+    from .base.package import __version__
+    out = {"fusegemm": __version__, "nvrtc": "%d.%d" % nvrtc}
+    for dist in ("nvidia-cutlass", "nvidia-cuda-nvrtc-cu12", "nvidia-cuda-nvrtc"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out

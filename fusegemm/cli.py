@@ -300,13 +300,16 @@ def _echo_skipped(skipped) -> None:
 @click.option("--all", "all_variants", is_flag=True, help="The whole implemented surface (large).")
 @click.option("--variant", "variant_opts", multiple=True, metavar="AXIS=VALUE",
               help="Build one chosen point per arch instead of the prebuild list.")
+@click.option("--bundle", "bundle_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the built kernels into one bundle file (FUSEGEMM_BUNDLE loads it).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def build_cmd(specs: tuple[str, ...], arch: str | None, jobs: int | None, all_variants: bool,
-              variant_opts: tuple[str, ...], as_json: bool) -> None:
+              variant_opts: tuple[str, ...], bundle_path: str | None, as_json: bool) -> None:
     """Compile spec variants into the kernel cache and print what was built.
 
     Only kernels the registry implements are built. A spec or arch with nothing to build is
-    listed as "not built" with the reason.
+    listed as "not built" with the reason. With --bundle PATH the kernels are also written to
+    one read-only bundle file that runtimes load with FUSEGEMM_BUNDLE=PATH, without NVRTC.
     """
     from . import build as b
     from .generator.variants import parse_variant_options
@@ -346,7 +349,16 @@ def build_cmd(specs: tuple[str, ...], arch: str | None, jobs: int | None, all_va
         for r in failed:
             click.echo(f"\nFAILED {r.name} ({r.arch}):\n{r.error}", err=True)
     if failed:
+        if bundle_path:
+            click.echo(f"bundle {bundle_path} not written: {len(failed)} kernels failed", err=True)
         sys.exit(1)
+    if bundle_path:
+        try:
+            n, size = b.write_bundle(vs, bundle_path)
+        except FusegemmError as exc:
+            raise _fail(exc) from None
+        msg = f"bundle {bundle_path}: {n} kernels, {size / 1e6:.1f} MB (load with FUSEGEMM_BUNDLE={bundle_path})"
+        click.echo(msg, err=as_json)
 
 
 def _run_with_progress(vs, jobs: int, quiet: bool):

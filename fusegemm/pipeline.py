@@ -63,10 +63,60 @@ def compile_planned(p: Planned, cache: KernelCache | None = None) -> Built:
 
 
 def get_kernel(v: Variant, cache: KernelCache | None = None) -> Built:
-    """The compiled kernel of ``v``: from the cache, or compiled once and stored."""
-    p = plan(v)
+    """The compiled kernel of ``v``: from a kernel bundle (FUSEGEMM_BUNDLE / ``add_bundle``,
+    no NVRTC involved), else from the cache, else compiled once and stored."""
+    src = render(v)
+    hit = from_bundles(src)
+    if hit is not None:
+        return hit
+    fields = key_fields(src.text, v.arch)
+    p = Planned(src, make_key(fields), tuple(fields))
     hit = lookup(p, cache)
     return hit if hit is not None else compile_planned(p, cache)
+
+
+def add_bundle(path) -> int:
+    """Load kernels from the bundle at ``path`` (``fusegemm build --bundle``) in this process,
+    read-only and without NVRTC, after those of FUSEGEMM_BUNDLE. Returns its kernel count;
+    CacheError when the file is not a valid bundle."""
+    from .runtime.bundle import default_bundles
+    return len(default_bundles().add(path))
+
+
+def bundle_key(src: Source) -> str:
+    """The key of a rendered kernel in a bundle: what determines the cubin *given a compiler*
+    (source, fusegemm's own headers, options, arch, package version) and nothing that needs
+    one (no NVRTC version, no third-party header content; see runtime/bundle.py)."""
+    from .base.package import __version__
+    from .runtime.cache import CACHE_SCHEMA
+    from .runtime.compile import compile_options
+    from .runtime.headers import headers_digest, own_include_dir
+    v = src.variant
+    return make_key([
+        ("bundle_of_cache_schema", str(CACHE_SCHEMA)),
+        ("package_version", __version__),
+        ("source", src.text),
+        ("own_headers", headers_digest(src.text, (own_include_dir(),))),
+        ("options", "\0".join(compile_options(v.arch))),
+        ("arch", v.arch),
+    ])
+
+
+def from_bundles(src: Source) -> Built | None:
+    """The kernel of ``src`` from the process's bundles, or None (no bundle, or not in one)."""
+    from .runtime.bundle import default_bundles
+    bundles = default_bundles()
+    if not bundles.active():
+        return None
+    key = bundle_key(src)
+    found = bundles.find(key)
+    if found is None:
+        return None
+    bundle, cubin = found
+    e = bundle.entries[key]
+    return Built.from_cubin(name=e.name, kernel_name=e.kernel, arch=e.arch, key=e.meta.get("cache_key", key),
+                            cubin=cubin, compile_seconds=e.compile_seconds, cached=True,
+                            meta={**e.meta, "bundle": str(bundle.path)})
 
 
 def _compile(p: Planned) -> Built:

@@ -67,7 +67,8 @@ def ensure_verified(family: str, arch: str, device: int) -> None:
                 f"fusegemm has not executed its {arch} kernels on hardware before; please report this "
                 f"with the output of `fusegemm selftest --json`. FUSEGEMM_TRUST_UNVERIFIED=1 launches "
                 f"anyway, at your own risk.")
-        if path is not None:
+        from .runtime.cache import default_cache
+        if path is not None and not default_cache().readonly:   # read-only: the pass lasts the process
             _write(path, {**ident, "cases": len(rows), "seconds": round(time.perf_counter() - t0, 3)})
         _verified.add(key)
 
@@ -86,9 +87,14 @@ def _run_cases(family: str, device: int) -> list[Any]:
 
 def identity(family: str, arch: str, device: int) -> dict[str, Any]:
     """What a recorded pass is valid for: anything that changes the kernels or the device."""
+    from .base.errors import ToolchainError
     from .runtime.compile import nvrtc_version
+    try:
+        nvrtc = "%d.%d" % nvrtc_version()
+    except ToolchainError:   # kernels from a bundle on a machine without NVRTC
+        nvrtc = "none"
     return {"family": family, "arch": arch, "fusegemm": __version__,
-            "nvrtc": "%d.%d" % nvrtc_version(), "templates": _templates_digest(),
+            "nvrtc": nvrtc, "templates": _templates_digest(),
             "device": _device_name(device)}
 
 

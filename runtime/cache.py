@@ -102,6 +102,15 @@ class KernelCache:
     def root(self) -> Path:
         return self._root if self._root is not None else config.cache_dir()
 
+    @property
+    def readonly(self) -> bool:
+        """Read, never write: FUSEGEMM_CACHE_READONLY, or a cache folder this process cannot
+        write (a shared cache on a read-only mount). Misses are then compiled in memory."""
+        if config.cache_readonly():
+            return True
+        root = self.root
+        return root.is_dir() and not os.access(root, os.W_OK)
+
     def entry_dir(self, name: str, key: str) -> Path:
         return self.root / f"{name.rsplit('.', 1)[0]}.{key[:16]}"
 
@@ -144,8 +153,9 @@ class KernelCache:
 
     # -- writing --------------------------------------------------------------------------
     def put(self, built: Built, source_text: str, meta_extra: dict[str, Any]) -> Built:
-        """Store atomically; returns the Built with its path. Memory-only when disk is off."""
-        if not self.disk:
+        """Store atomically; returns the Built with its path. Memory-only when the disk cache
+        is off or read-only."""
+        if not self.disk or self.readonly:
             with self._lock:
                 self._mem[built.key] = dataclasses.replace(built, cached=True)
             return built
@@ -176,6 +186,9 @@ class KernelCache:
         return stored
 
     def lock(self, key: str):
+        if self.readonly:   # nothing will be written: no lock file either
+            import contextlib
+            return contextlib.nullcontext()
         import filelock
         locks = self._mkdir(self.root / ".locks", exist_ok=True)
         return filelock.FileLock(str(locks / f"{key[:32]}.lock"), timeout=600)

@@ -90,6 +90,13 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "(never during CUDA graph capture)."),
     Var("FUSEGEMM_NVRTC_EXTRA", "", lambda s: tuple(s.split()), "space-separated NVRTC options",
         "Extra NVRTC options appended to every compile (part of the cache key)."),
+    Var("FUSEGEMM_BUNDLE", "", lambda s: tuple(Path(p).expanduser() for p in s.split(os.pathsep) if p),
+        "bundle paths separated by " + repr(os.pathsep),
+        "Kernel bundles (`fusegemm build --bundle PATH`) the runtime loads kernels from before the "
+        "cache, read-only, without NVRTC; the first bundle holding a kernel wins."),
+    Var("FUSEGEMM_CACHE_READONLY", "0", _bool, "0/1, true/false",
+        "Read the disk cache but never write it (no lock files, no entries): kernels it lacks are "
+        "compiled in memory. A cache folder the process cannot write is read-only without this."),
     Var("FUSEGEMM_TRUST_UNVERIFIED", "0", _bool, "0/1, true/false",
         "Skip the first-run verification of kernel families on an arch fusegemm has not executed "
         "on (sm_100a today): launch without running their selftest cases first."),
@@ -128,6 +135,14 @@ def default_archs() -> tuple[str, ...]:
 
 def validate_offsets() -> bool:
     return bool(get("FUSEGEMM_VALIDATE_OFFSETS"))
+
+
+def bundle_paths() -> tuple[Path, ...]:
+    return get("FUSEGEMM_BUNDLE")  # type: ignore[return-value]
+
+
+def cache_readonly() -> bool:
+    return bool(get("FUSEGEMM_CACHE_READONLY"))
 
 
 def trust_unverified() -> bool:

@@ -1,0 +1,173 @@
+"""fusegemm inside torch: the custom op (opcheck), torch.compile(fullgraph=True) of a small MoE
+block, CUDA graph capture and replay on a side stream, and launches from a kernel bundle in a
+process without NVRTC. Tolerances: BF16 outputs of one kernel are compared exactly between
+eager and compiled/replayed runs (same kernel, same inputs); against float64 references with
+the bf16 rounding bound (2**-8 relative) plus the FP32 accumulation bound."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fusegemm  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _problem(sizes, n, k, seed=0, pad_rows=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    l = len(sizes)
+    m = sum(sizes) + pad_rows
+    a = (torch.rand((m, k), generator=g, device="cuda") - 0.5).to(torch.bfloat16)
+    b = (torch.rand((l, n, k), generator=g, device="cuda") - 0.5).to(torch.bfloat16)
+    off = torch.tensor([sum(sizes[: i + 1]) for i in range(l)], dtype=torch.int32, device="cuda")
+    alpha = torch.rand((l,), generator=g, device="cuda") + 0.5
+    return a, off, alpha, b
+
+
+def _reference(a, off, alpha, b):
+    out = torch.zeros((int(off[-1]), b.shape[1]), dtype=torch.float64, device="cuda")
+    start = 0
+    for e, end in enumerate(off.tolist()):
+        out[start:end] = float(alpha[e]) * (a[start:end].double() @ b[e].double().T)
+        start = end
+    return out
+
+
+def _close(got, want, a, b, off):
+    scale = torch.zeros_like(want)
+    start = 0
+    for e, end in enumerate(off.tolist()):
+        scale[start:end] = a[start:end].double().abs() @ b[e].double().abs().T
+        start = end
+    err = (got[: want.shape[0]].double() - want).abs()
+    assert bool((err <= 2.0**-8 * want.abs() + 2.0**-20 * 2 * scale + 1e-30).all()), float(err.max())
+
+
+def test_opcheck():
+    import fusegemm.torch_library as fg   # registers torch.ops.fusegemm.*
+    assert torch.ops.fusegemm.grouped_gemm.default is not None and fg.grouped_gemm
+    a, off, alpha, b = _problem([256, 512, 256], 256, 128, seed=1)
+    for args in ((a, off, alpha, b, None, None, None, None, torch.bfloat16, torch.bfloat16, False, False),
+                 (a, off, alpha, b, None, None, None, None, torch.float32, torch.bfloat16, True, False)):
+        torch.library.opcheck(torch.ops.fusegemm.grouped_gemm.default, args)
+
+
+class MoE(torch.nn.Module):
+    """Routing -> grouped GEMM (gate and up) -> SwiGLU in torch -> grouped GEMM (down) -> combine.
+    Static shapes: every expert's rows are padded to 256 inside a buffer sized for the worst case."""
+
+    def __init__(self, experts=4, hidden=256, ffn=512, top_k=2, seed=0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.e, self.top_k = experts, top_k
+        self.router = torch.nn.Parameter(torch.randn(hidden, experts, generator=g) * hidden ** -0.5)
+        self.w1 = torch.nn.Parameter((torch.randn(experts, 2 * ffn, hidden, generator=g) * hidden ** -0.5).bfloat16())
+        self.w2 = torch.nn.Parameter((torch.randn(experts, hidden, ffn, generator=g) * ffn ** -0.5).bfloat16())
+
+    def forward(self, x):
+        import fusegemm.torch_library as fg
+        t = x.shape[0]
+        probs, expert = torch.topk(torch.softmax(x.float() @ self.router, -1), self.top_k)
+        flat = expert.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.nn.functional.one_hot(flat, self.e).sum(0)   # static shape (not bincount)
+        padded = (counts + 255) // 256 * 256
+        ends = torch.cumsum(padded, 0)
+        starts = ends - padded
+        rank = torch.arange(flat.numel(), device=x.device) - (torch.cumsum(counts, 0) - counts)[flat[order]]
+        slot = torch.empty_like(flat)
+        slot[order] = starts[flat[order]] + rank
+        rows = (t * self.top_k + 256 * self.e + 255) // 256 * 256   # worst case, a multiple of 256
+        a = torch.zeros((rows, x.shape[1]), dtype=torch.bfloat16, device=x.device)
+        a[slot] = x.repeat_interleave(self.top_k, 0).bfloat16()
+        ones = torch.ones(self.e, device=x.device)
+        h, _ = fg.grouped_gemm(a, ends.to(torch.int32), ones, self.w1)
+        gate, up = h.float().chunk(2, dim=-1)
+        act = (torch.nn.functional.silu(gate) * up).bfloat16()
+        y, _ = fg.grouped_gemm(act, ends.to(torch.int32), ones, self.w2)
+        out = (y[slot].float() * probs.reshape(-1, 1)).view(t, self.top_k, -1).sum(1)
+        return out
+
+
+def test_torch_compile_fullgraph_moe_block_matches_eager():
+    import torch._dynamo
+    torch._dynamo.reset()
+    model = MoE().cuda()
+    x = torch.randn(300, 256, device="cuda")
+    eager = model(x)
+    compiled = torch.compile(model, fullgraph=True)
+    got = compiled(x)
+    torch.testing.assert_close(got, eager, rtol=2e-2, atol=2e-2)
+    x2 = torch.randn(300, 256, device="cuda")         # new data, same shapes: no recompile needed
+    torch.testing.assert_close(compiled(x2), model(x2), rtol=2e-2, atol=2e-2)
+
+
+def test_cuda_graph_capture_and_replay_on_a_side_stream():
+    """The wrapper, the class API and the custom op captured on a non-default stream; replays
+    with new data in the same input buffers give the new results."""
+    import fusegemm.torch_library as fg
+    a, off, alpha, b = _problem([256, 0, 512], 256, 128, seed=3)
+    op = fusegemm.GroupedGemm(a, None, torch.empty((a.shape[0], 256), dtype=torch.bfloat16, device="cuda"),
+                              off, alpha, b).compile()
+    d_cls = torch.empty((a.shape[0], 256), dtype=torch.bfloat16, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):   # warm-up (compiles, memoises) outside the capture
+        fusegemm.grouped_gemm(a, off, alpha, b_tensor=b)
+        fg.grouped_gemm(a, off, alpha, b)
+        op.execute(a, d_tensor=d_cls, padded_offsets=off, alpha_tensor=alpha, b_tensor=b, current_stream=s)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        d_wrap = fusegemm.grouped_gemm(a, off, alpha, b_tensor=b)[0]
+        d_op, _ = fg.grouped_gemm(a, off, alpha, b)
+        op.execute(a, d_tensor=d_cls, padded_offsets=off, alpha_tensor=alpha, b_tensor=b, current_stream=s)
+    for seed in (4, 5):
+        a2, _, alpha2, b2 = _problem([256, 0, 512], 256, 128, seed=seed)
+        a.copy_(a2), alpha.copy_(alpha2), b.copy_(b2)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = _reference(a, off, alpha, b)
+        for name, d in (("wrapper", d_wrap), ("custom op", d_op), ("class", d_cls)):
+            _close(d, ref, a, b, off)
+        assert torch.equal(d_wrap[:768], d_op[:768]) and torch.equal(d_wrap[:768], d_cls[:768])
+
+
+def test_launches_from_a_bundle_without_nvrtc(tmp_path):
+    """Build a bundle, then launch every seed op family's BF16 grouped GEMM from it in a process
+    where NVRTC cannot be imported and compiling raises."""
+    from fusegemm import build
+    path = tmp_path / "k.fgb"
+    vs, _ = build.select(["grouped_gemm"], ("sm_90a",))
+    build.write_bundle(vs, path)
+    code = textwrap.dedent("""
+        import json, sys
+        sys.modules["cuda.bindings.nvrtc"] = None
+        import fusegemm.runtime.compile as comp
+        def refuse(*a, **k): raise SystemExit("a compile was attempted")
+        comp.compile_source = refuse
+        import torch, fusegemm
+        a = torch.randn(512, 128, device="cuda").bfloat16()
+        b = torch.randn(2, 256, 128, device="cuda").bfloat16()
+        off = torch.tensor([256, 512], dtype=torch.int32, device="cuda")
+        d = fusegemm.grouped_gemm(a, off, torch.ones(2, device="cuda"), b_tensor=b)[0]
+        ref = torch.cat([a[:256].float() @ b[0].float().T, a[256:].float() @ b[1].float().T])
+        err = float((d.float() - ref).abs().max())
+        print(json.dumps({"err": err, "nvrtc": [m for m, v in sys.modules.items() if "nvrtc" in m and v is not None]}))
+    """)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {**os.environ, "FUSEGEMM_BUNDLE": str(path), "FUSEGEMM_CACHE_DIR": str(empty),
+           "FUSEGEMM_CACHE_READONLY": "1"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["nvrtc"] == [] and out["err"] < 0.5
+    assert not any(empty.iterdir())
