@@ -67,9 +67,12 @@ class MoE(torch.nn.Module):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         self.e, self.top_k = experts, top_k
-        self.router = torch.nn.Parameter(torch.randn(hidden, experts, generator=g) * hidden ** -0.5)
-        self.w1 = torch.nn.Parameter((torch.randn(experts, 2 * ffn, hidden, generator=g) * hidden ** -0.5).bfloat16())
-        self.w2 = torch.nn.Parameter((torch.randn(experts, hidden, ffn, generator=g) * ffn ** -0.5).bfloat16())
+        # Forward only: the custom op registers no autograd formula yet (backward raises torch's
+        # "no autograd formula" error), so the weights do not require grad.
+        p = lambda t: torch.nn.Parameter(t, requires_grad=False)  # noqa: E731
+        self.router = p(torch.randn(hidden, experts, generator=g) * hidden ** -0.5)
+        self.w1 = p((torch.randn(experts, 2 * ffn, hidden, generator=g) * hidden ** -0.5).bfloat16())
+        self.w2 = p((torch.randn(experts, hidden, ffn, generator=g) * ffn ** -0.5).bfloat16())
 
     def forward(self, x):
         import fusegemm.torch_library as fg
