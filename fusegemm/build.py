@@ -143,10 +143,35 @@ def _build_planned(ps: list[Planned], *, jobs: int, cache: KernelCache | None,
     elif misses:
         # forkserver: safe when the caller has threads (torch, CUDA); workers need no CUDA.
         ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
-        with ProcessPoolExecutor(max_workers=min(jobs, len(misses)), mp_context=ctx) as pool:
-            futures = {pool.submit(_compile_one, ps[i]): i for i in misses}
+        pool = ProcessPoolExecutor(max_workers=min(jobs, len(misses)), mp_context=ctx,
+                                   initializer=_worker_init)
+        futures = {pool.submit(_compile_one, ps[i]): i for i in misses}
+        try:
             for fut in as_completed(futures):
                 done(futures[fut], fut.result())
+        except BaseException:
+            # Ctrl-C (or a failing callback): start nothing new and stop the running compiles
+            # now. A stopped compile leaves at most a .tmp-* folder, which entries() ignores;
+            # every finished kernel is already in the cache for the next build.
+            _stop(pool)
+            raise
+        pool.shutdown(wait=True)
+
+
+def _worker_init() -> None:
+    """Workers ignore SIGINT: a terminal's Ctrl-C reaches the whole process group, and the parent
+    alone decides (it terminates them), so no worker dies mid-queue with a traceback."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        try:
+            proc.terminate()
+        except (OSError, ValueError):
+            pass
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def compile_all(planned: list[Planned], *, jobs: int = 1) -> list[BuildResult]:

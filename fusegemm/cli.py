@@ -5,7 +5,9 @@ machine-readable output on the reporting commands.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -284,6 +286,8 @@ def generate(spec: str, variant_opts: tuple[str, ...], arch: str | None, prebuil
             click.echo(str(path))
     except FusegemmError as exc:
         raise _fail(exc) from None
+    except OSError as exc:   # -o: missing parent on a read-only mount, no permission, a file...
+        raise click.ClickException(f"-o {out_dir}: cannot write there ({exc.strerror or exc})") from None
 
 
 def _echo_skipped(skipped) -> None:
@@ -328,7 +332,13 @@ def build_cmd(specs: tuple[str, ...], arch: str | None, jobs: int | None, all_va
         raise click.ClickException("nothing to build: " + "; ".join(
             f"{sk.spec} on {sk.arch} ({sk.status})" for sk in skipped))
     t0 = time.perf_counter()
-    results = _run_with_progress(vs, jobs, quiet=as_json)
+    try:
+        results = _run_with_progress(vs, jobs, quiet=as_json)
+    except KeyboardInterrupt:
+        # The workers are stopped (build._stop); finished kernels stay in the cache.
+        click.echo(f"\ninterrupted after {time.perf_counter() - t0:.1f} s; kernels finished so far are "
+                   f"in the cache ({config.cache_dir()}) and the next build reuses them", err=True)
+        sys.exit(130)
     wall = time.perf_counter() - t0
     failed = [r for r in results if not r.ok]
     if as_json:
@@ -393,13 +403,19 @@ def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
     from .runtime import disasm
     from .runtime.cache import default_cache
     from .runtime.inspect import Cubin
+    from .base.errors import ToolchainError
     try:
         path = Path(name)
-        if path.suffix == ".cubin" and path.is_file():
+        if path.is_file():
             data, meta = path.read_bytes(), {}
+            if data[:4] != b"\x7fELF":
+                raise click.ClickException(f"{name}: not a cubin (no ELF header); allowed: a .cubin file "
+                                           "or the name (prefix) of a cached kernel")
+        elif path.suffix == ".cubin" or os.sep in name:
+            raise click.ClickException(f"{name}: no such file")
         else:
             matches = [e for e in default_cache().entries()
-                       if not e.get("corrupted") and (e["name"].startswith(name) or Path(e["path"]).name.startswith(name))]
+                       if "key" in e and (e["name"].startswith(name) or Path(e["path"]).name.startswith(name))]
             if not matches:
                 raise click.ClickException(f"no cached kernel matches {name!r}; "
                                            f"see `fusegemm cache list` or build it first")
@@ -407,7 +423,10 @@ def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
                 raise click.ClickException(f"{name!r} matches {len(matches)} kernels: "
                                            + ", ".join(m["name"] for m in matches[:8]))
             meta = matches[0]
-            data = (Path(meta["path"]) / "kernel.cubin").read_bytes()
+            data = b"" if meta.get("corrupted") else (Path(meta["path"]) / "kernel.cubin").read_bytes()
+            if len(data) != meta.get("cubin_size") or hashlib.sha256(data).hexdigest() != meta.get("cubin_sha256"):
+                raise click.ClickException(f"cached kernel {meta['name']} is corrupted (its cubin does not "
+                                           "match the size and sha256 in meta.json); `fusegemm build` rebuilds it")
         cub = Cubin(data)
         info: dict[str, Any] = {"name": meta.get("name", str(path)), "arch": meta.get("arch"),
                                 "kernels": []}
@@ -419,9 +438,14 @@ def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
                 pass
             info["kernels"].append(res)
         if sass:
-            info["sass"] = disasm.sass_histogram(data)
+            try:
+                info["sass"] = disasm.sass_histogram(data)
+            except ToolchainError as exc:   # no disassembler: the resource figures still stand
+                info["sass_skipped"] = str(exc)
     except FusegemmError as exc:
         raise _fail(exc) from None
+    except OSError as exc:
+        raise click.ClickException(f"{name}: {exc.strerror}") from None
     if as_json:
         return _echo_json(info)
     click.echo(f"{info['name']}  arch={info['arch']}")
@@ -430,7 +454,9 @@ def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
         click.echo(f"  kernel {k['kernel']}: registers={k['registers']} "
                    f"static_smem={k['static_shared_bytes']} B dynamic_smem={launch.get('smem_bytes', '?')} B "
                    f"local(spills)={k['local_bytes']} B threads={launch.get('threads', k['max_threads'])}")
-    if sass:
+    if "sass_skipped" in info:
+        click.echo(f"  SASS skipped: {info['sass_skipped']}")
+    elif sass:
         hist = info["sass"]
         click.echo(f"  SASS: {sum(hist.values())} instructions, {len(hist)} opcodes")
         _table(["opcode", "count"], [[op, n] for op, n in list(hist.items())[:top]])
@@ -484,7 +510,8 @@ def cache_list(as_json: bool) -> None:
         return _echo_json(rows)
     _table(["name", "arch", "regs", "seconds", "state"],
            [[e.get("name"), e.get("arch", "?"), e.get("resources", {}).get("registers", "?"),
-             e.get("compile_seconds", "?"), "corrupted" if e.get("corrupted") else "ok"] for e in rows])
+             e.get("compile_seconds", "?"), f"corrupted ({e['corrupted']})" if e.get("corrupted") else "ok"]
+            for e in rows])
     click.echo(f"{len(rows)} entries in {default_cache().root}")
 
 
@@ -496,7 +523,11 @@ def cache_clear(yes: bool) -> None:
     c = default_cache()
     if not yes and sys.stdin.isatty():
         click.confirm(f"Delete every entry under {c.root}?", abort=True)
-    click.echo(f"removed {c.clear()} entries from {c.root}")
+    removed, failed = c.clear()
+    click.echo(f"removed {removed} entries from {c.root}")
+    if failed:
+        raise click.ClickException(f"{len(failed)} entries could not be removed (read-only cache?): "
+                                   + "; ".join(failed[:3]))
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> None:

@@ -11,6 +11,8 @@ from typing import Any
 
 from ..base.archs import ARCH_NAMES
 
+FLT_MIN, FLT_MAX = 1.1754943508222875e-38, 3.4028234663852886e38
+
 AB_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
 OUT_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
 
@@ -34,8 +36,11 @@ class Axis:
         if self.kind == "positive_float_or_none":
             if value == "none" or value is None:
                 return None
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-            return None if ok else "none or a positive number"
+            # A compile-time FP32 constant: finite and normal in FP32 (1e999 and .inf are not
+            # finite; 1e-320 would be 0 in the kernel).
+            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and FLT_MIN <= value <= FLT_MAX)
+            return None if ok else f"none or a positive finite FP32 number ({FLT_MIN:.8g} to {FLT_MAX:.8g})"
         if self.kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
             return "one of " + ", ".join(map(str, self.allowed or ()))
         if self.allowed is not None and value not in self.allowed:

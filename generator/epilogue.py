@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .axes import AXES
-from .expr import BinOp, Call, Expr, ExprError, Neg, Num, Ref, Statement, parse_statement, walk
+from .expr import BinOp, Call, Expr, ExprError, Neg, Num, Ref, Statement, fp32, parse_statement, walk
 from .functions import BOOL_FUNCTIONS, FUNCTIONS
 from .yamlload import plain
 
@@ -392,8 +392,10 @@ def _inputs(ctx, node, choices, pairing) -> tuple[Input, ...]:
                 raise ctx.fail(m["default"], f"{key}.default", f"{_a(per)} {per} input cannot have a default; "
                                                                f"allowed on scalar, expert and row inputs")
             v = m["default"].value
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not abs(float(v)) <= 3.4028234663852886e38:
-                raise ctx.fail(m["default"], f"{key}.default", f"got {v!r}; allowed: a finite number")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not abs(float(v)) <= 3.4028234663852886e38 \
+                    or (v != 0 and fp32(float(v)) == 0.0):
+                raise ctx.fail(m["default"], f"{key}.default", f"got {v!r}; allowed: a finite number that "
+                                                               "FP32 represents (0 or 1.4e-45 <= |x| <= 3.4e38)")
             default = float(v)
         paired = ctx.typed(m["paired"], f"{key}.paired", (bool,), "true or false") if "paired" in m else False
         if paired and per != "element":

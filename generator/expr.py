@@ -165,6 +165,9 @@ class _Parser:
             if not abs(v) <= FLT_MAX:
                 raise ExprError(f"number {value} at column {col + 1} of {self.text!r} is not a finite "
                                 f"FP32 value; allowed: |x| <= {FLT_MAX:.7g}")
+            if v != 0.0 and fp32(v) == 0.0:
+                raise ExprError(f"number {value} at column {col + 1} of {self.text!r} underflows to 0 in "
+                                f"FP32; allowed: 0 or |x| >= 1.4e-45")
             return Num(fp32(v), col)
         if kind == "id":
             if self.peek()[1] == "(":

@@ -73,6 +73,8 @@ class Implementation:
     def problem(self, choice: dict[str, Any]) -> str | None:
         """Why this implementation does not cover ``choice`` (axis -> value), or None."""
         for lim in self.limits:
+            if lim.axis not in choice and lim.axis not in NEUTRAL:
+                continue   # not chosen and no neutral value: nothing to check (tile_n of a partial choice)
             value = choice.get(lim.axis, NEUTRAL.get(lim.axis))  # an axis the spec does not choose
             if value not in lim.values:
                 return (f"{lim.axis}={value!r} is not implemented for {self.family} on {self.arch}; "
@@ -97,8 +99,15 @@ def _row(family: str, arch: str, status: str, template: str, header: str, kernel
     """A row whose header and kernel class live in ``arch``'s header folder (its namespace)."""
     folder = ARCHS[arch].headers
     return Implementation(family, arch, status, template, f"fusegemm/{folder}/{header}",
-                          f"fusegemm::{folder}::{kernel}", rule, source_axes, limits,
+                          f"fusegemm::{folder}::{kernel}", rule, source_axes, (*limits, _TILE_N),
                           tuple(sorted((defaults or {}).items())))
+
+
+# Every kernel's accumulator tile is 128 or 256 columns wide (static_asserts in each header); the
+# axis vocabulary also has 64, which a spec may declare but no kernel builds: refused here, with
+# this reason, instead of by NVRTC.
+_TILE_N = Limit("tile_n", (128, 256), "accumulator tiles of 128 or 256 columns (UMMA / WGMMA N); "
+                                       "64 is not implemented")
 
 
 # Axes each template reads (tests/unit/test_registry.py renders every row with each axis

@@ -65,6 +65,9 @@ class Spec:
         return dict(self.choices)
 
 
+MAX_MESSAGE = 600
+
+
 class _Ctx:
     """Error helper bound to one file."""
 
@@ -72,6 +75,8 @@ class _Ctx:
         self.path = path
 
     def fail(self, node: Node | None, key: str, msg: str) -> SpecError:
+        if len(msg) > MAX_MESSAGE:   # a message quotes the offending value: keep it readable
+            msg = f"{msg[:MAX_MESSAGE]}... ({len(msg)} characters)"
         return SpecError(msg, path=self.path, line=node.line if node else None, key=key)
 
     def mapping(self, node: Node, key: str, required: set[str], optional: set[str]) -> dict[str, Node]:
@@ -109,9 +114,13 @@ def load_spec(path: str | Path) -> Spec:
     """Load and validate one YAML spec file."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"cannot read spec: {exc.strerror}", path=str(p)) from None
+    except UnicodeDecodeError as exc:
+        line = p.read_bytes()[:exc.start].count(b"\n") + 1
+        raise SpecError(f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}; "
+                        "allowed: a UTF-8 YAML file", path=str(p), line=line) from None
     return parse_spec(text, str(p), expected_name=p.stem)
 
 

@@ -22,8 +22,32 @@ class Node:
     line: int
 
 
+# Deeper than any spec needs; bounds the composer's recursion (a 700-level nesting used to end in
+# a RecursionError traceback).
+MAX_DEPTH = 64
+
+
 class _Loader(yaml.SafeLoader):
-    pass
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        # Aliases are refused: with them a few hundred bytes expand to gigabytes (the classic
+        # "billion laughs"), and a spec never needs one -- write the value out.
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise SpecError("YAML aliases (*name) are not allowed in a spec; write the value out",
+                            line=mark.line + 1)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise SpecError(f"nested more than {MAX_DEPTH} levels deep; allowed: at most {MAX_DEPTH}",
+                                line=mark.line + 1)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> Node:
@@ -57,8 +81,11 @@ def load_yaml(text: str, path: str) -> Node:
     """Parse ``text``; YAML syntax errors become :class:`SpecError` with the line."""
     try:
         root = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader derives from SafeLoader
-    except SpecError as exc:
-        raise SpecError(str(exc).split(": ", 1)[-1], path=path, line=exc.line) from None
+    except SpecError as exc:   # raised by the constructors above, without a path
+        raise SpecError(str(exc) if exc.path is None else str(exc).split(": ", 1)[-1], path=path,
+                        line=exc.line) from None
+    except RecursionError:   # belt and braces: MAX_DEPTH should stop it first
+        raise SpecError(f"nested too deeply; allowed: at most {MAX_DEPTH} levels", path=path) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None

@@ -214,31 +214,45 @@ class KernelCache:
             except (OSError, ValueError):
                 meta = None
             if not isinstance(meta, dict):
-                meta = {"name": d.name, "corrupted": True}
+                meta = {"name": d.name, "corrupted": "meta.json unreadable"}
+            else:
+                try:
+                    cubin = (d / "kernel.cubin").read_bytes()
+                except OSError:
+                    cubin = None
+                if cubin is None or len(cubin) != meta.get("cubin_size") \
+                        or hashlib.sha256(cubin).hexdigest() != meta.get("cubin_sha256"):
+                    meta["corrupted"] = "cubin missing or not matching its size and sha256"
             meta["path"] = str(d)
             out.append(meta)
         return out
 
-    def clear(self) -> int:
-        n = 0
+    def clear(self) -> tuple[int, list[str]]:
+        """Remove every entry: (entries removed, "name: reason" of those that could not be)."""
+        n, failed = 0, []
         with self._lock:
             self._mem.clear()
         if self.root.is_dir():
             for d in self.root.iterdir():
                 if d.is_dir() and not d.name.startswith(".locks"):
-                    _discard(d)
-                    n += not d.name.startswith(".")
-        return n
+                    why = _discard(d)
+                    if why is None:
+                        n += not d.name.startswith(".")
+                    elif not d.name.startswith("."):
+                        failed.append(f"{d.name}: {why}")
+        return n, failed
 
 
-def _discard(d: Path) -> None:
-    """Remove a folder without ever exposing a half-deleted entry under its final name."""
+def _discard(d: Path) -> str | None:
+    """Remove a folder without ever exposing a half-deleted entry under its final name; the
+    reason when it cannot be removed, else None."""
     trash = d.with_name(f".trash-{uuid.uuid4().hex}")
     try:
         os.rename(d, trash)
-    except OSError:
-        return
+    except OSError as exc:
+        return exc.strerror or str(exc)
     shutil.rmtree(trash, ignore_errors=True)
+    return None
 
 
 _default: KernelCache | None = None

@@ -125,7 +125,7 @@ def test_clear_and_entries(tmp_path):
     (tmp_path / "cache" / "junk.deadbeef").mkdir()
     rows = store.entries()
     assert len(rows) == 2 and sum(1 for r in rows if r.get("corrupted")) == 1
-    assert store.clear() == 2
+    assert store.clear() == (2, [])
     assert store.entries() == []
 
 

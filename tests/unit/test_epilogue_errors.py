@@ -227,7 +227,8 @@ CASES = [
          "demo.yaml:10: epilogue.inputs.c.default: an element input cannot have a default; allowed on "
          "scalar, expert and row inputs"),
     case("default not finite", edit("default: 1.0", "default: .inf"),
-         "demo.yaml:9: epilogue.inputs.prob.default: got inf; allowed: a finite number"),
+         "demo.yaml:9: epilogue.inputs.prob.default: got inf; allowed: a finite number that FP32 "
+         "represents (0 or 1.4e-45 <= |x| <= 3.4e38)"),
     case("scalar input not float32", edit("norm_const: {per: scalar}", "norm_const: {per: scalar, dtype: bfloat16}"),
          "demo.yaml:11: epilogue.inputs.norm_const.dtype: got 'bfloat16'; allowed: float32 (scalar and "
          "expert inputs)"),

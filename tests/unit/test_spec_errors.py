@@ -147,3 +147,57 @@ def test_public_load_spec():
     import fusegemm
     from fusegemm.generator.spec import spec_dir
     assert fusegemm.load_spec(spec_dir() / "grouped_gemm.yaml").epilogue.statements[0].text == "g = alpha * acc"
+
+
+# ---------------------------------------------------------------- hostile files (issue 13)
+
+
+def test_a_file_that_is_not_utf8_is_a_spec_error(tmp_path: Path):
+    p = tmp_path / "demo.yaml"
+    p.write_bytes(GOOD.encode().replace(b"test spec", b"test \xff spec"))
+    with pytest.raises(SpecError, match=r"demo\.yaml:5: not UTF-8 text: byte 0xff at offset \d+"):
+        load_spec(p)
+
+
+def test_deep_nesting_is_a_spec_error():
+    deep = GOOD.replace("summary: test spec", "summary: " + "[" * 700 + "]" * 700)
+    assert _err(deep) == "demo.yaml:5: nested more than 64 levels deep; allowed: at most 64"
+
+
+def test_yaml_aliases_are_refused_quickly():
+    """A 'billion laughs' alias bomb used to run > 60 s and take 3 GB (the error message printed
+    the expanded value); aliases are refused while parsing."""
+    import time
+    levels = ['&a0 ["xxxxxxxx", "xxxxxxxx", "xxxxxxxx", "xxxxxxxx", "xxxxxxxx", "xxxxxxxx"]']
+    levels += [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    bomb = GOOD.replace("name: demo", "name: [" + ", ".join(levels) + "]")
+    t0 = time.perf_counter()
+    assert _err(bomb) == "demo.yaml:2: YAML aliases (*name) are not allowed in a spec; write the value out"
+    assert time.perf_counter() - t0 < 1.0
+    plain_anchor = GOOD.replace("summary: test spec", "summary: &s test spec")   # an anchor alone is fine
+    assert parse_spec(plain_anchor, "demo.yaml", expected_name="demo").summary == "test spec"
+
+
+@pytest.mark.parametrize("value", [".inf", "1e999", "1e-320", "-1.0", "0"])
+def test_compile_time_constants_must_be_normal_fp32(value):
+    from fusegemm.generator.axes import AXES
+    import yaml
+    got = yaml.safe_load(value)
+    assert AXES["tanh_clamp_scale"].check(got) == ("none or a positive finite FP32 number "
+                                                   "(1.1754944e-38 to 3.4028235e+38)")
+    assert AXES["tanh_clamp_scale"].check(2.5) is None and AXES["tanh_clamp_scale"].check("none") is None
+
+
+def test_long_values_are_cut_in_messages():
+    msg = _err(GOOD.replace("problem: grouped", "problem: " + "x" * 5000))
+    assert len(msg) < 800 and msg.endswith("characters)")
+
+
+def test_numbers_fp32_cannot_hold_are_refused():
+    """1e-320 would silently become 0 in the kernel; .inf and 1.0e999 are not finite."""
+    msg = _err(GOOD.replace("d = alpha * acc", "d = alpha * acc * 1e-320"))
+    assert "underflows to 0 in FP32" in msg and msg.startswith("demo.yaml:10: ")
+    for default in ("1.0e-320", ".inf", "1.0e999"):
+        msg = _err(GOOD.replace("alpha: {per: expert, dtype: float32}",
+                                f"alpha: {{per: expert, dtype: float32, default: {default}}}"))
+        assert "allowed: a finite number that FP32 represents" in msg, msg

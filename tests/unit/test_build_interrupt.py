@@ -1,0 +1,66 @@
+"""Ctrl-C during a parallel ``fusegemm build``: the build stops promptly (exit 130), leaves no
+process behind, and the next build uses the cache without error (issue 13)."""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+SPECS = ["grouped_gemm", "grouped_gemm_srelu"]
+
+
+def _group_alive(pgid: int) -> list[str]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":   # fields[2]: pgrp; fields[0]: state
+            out.append(pid)
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_interrupting_a_parallel_build_at_random_moments(tmp_path):
+    rng = random.Random(13)
+    cache = tmp_path / "cache"
+    env = {**os.environ, "FUSEGEMM_CACHE_DIR": str(cache)}
+    cmd = [sys.executable, "-m", "fusegemm.cli", "build", *SPECS, "-j", "2"]
+    interrupted = 0
+    for _ in range(20):
+        # Keep work for the build: drop about half of what earlier rounds finished (the rest is
+        # read as hits, so every round also checks the cache an interrupted build left).
+        for entry in (cache.iterdir() if cache.is_dir() else ()):
+            if not entry.name.startswith(".") and rng.random() < 0.5:
+                shutil.rmtree(entry)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        time.sleep(rng.uniform(0.3, 1.6))
+        os.killpg(proc.pid, signal.SIGINT)          # what a terminal's Ctrl-C does: the whole group
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail("the build did not stop within 30 s of Ctrl-C")
+        assert proc.returncode in (0, 130), err[-2000:]
+        if proc.returncode == 130:
+            interrupted += 1
+            assert "interrupted after" in err and "Traceback" not in err, err[-2000:]
+        deadline = time.time() + 10
+        while _group_alive(proc.pid) and time.time() < deadline:
+            time.sleep(0.1)
+        assert _group_alive(proc.pid) == [], "processes of the interrupted build are still running"
+    assert interrupted >= 15
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert " 0 failed" in res.stdout
