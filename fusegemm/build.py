@@ -143,8 +143,7 @@ def _build_planned(ps: list[Planned], *, jobs: int, cache: KernelCache | None,
     elif misses:
         # forkserver: safe when the caller has threads (torch, CUDA); workers need no CUDA.
         ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
-        pool = ProcessPoolExecutor(max_workers=min(jobs, len(misses)), mp_context=ctx,
-                                   initializer=_worker_init)
+        pool = _start_pool(min(jobs, len(misses)), ctx)
         futures = {pool.submit(_compile_one, ps[i]): i for i in misses}
         try:
             for fut in as_completed(futures):
@@ -156,6 +155,27 @@ def _build_planned(ps: list[Planned], *, jobs: int, cache: KernelCache | None,
             _stop(pool)
             raise
         pool.shutdown(wait=True)
+
+
+def _start_pool(workers: int, ctx: Any) -> ProcessPoolExecutor:
+    """A worker pool whose helper processes (forkserver, resource tracker, workers) ignore SIGINT.
+
+    They are started here, with SIGINT ignored in this process: an ignored signal stays ignored
+    across exec, so a Ctrl-C that reaches the process group while one of them is still importing
+    cannot print its traceback. This process keeps its own Ctrl-C handler (restored below); a
+    Ctrl-C during these few milliseconds is lost.
+    """
+    import signal
+    import threading
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init)
+        pool.submit(int).result()   # starts the forkserver, the resource tracker and a worker now
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+    return pool
 
 
 def _worker_init() -> None:

@@ -315,6 +315,18 @@ def build_cmd(specs: tuple[str, ...], arch: str | None, jobs: int | None, all_va
     listed as "not built" with the reason. With --bundle PATH the kernels are also written to
     one read-only bundle file that runtimes load with FUSEGEMM_BUNDLE=PATH, without NVRTC.
     """
+    t_start = time.perf_counter()
+    try:
+        _build(specs, arch, jobs, all_variants, variant_opts, bundle_path, as_json)
+    except KeyboardInterrupt:
+        # Workers are stopped (build._stop); finished kernels stay in the cache.
+        from .runtime import config
+        click.echo(f"\ninterrupted after {time.perf_counter() - t_start:.1f} s; kernels finished so far are "
+                   f"in the cache ({config.cache_dir()}) and the next build reuses them", err=True)
+        sys.exit(130)
+
+
+def _build(specs, arch, jobs, all_variants, variant_opts, bundle_path, as_json) -> None:
     from . import build as b
     from .generator.variants import parse_variant_options
     from .runtime import config
@@ -332,13 +344,7 @@ def build_cmd(specs: tuple[str, ...], arch: str | None, jobs: int | None, all_va
         raise click.ClickException("nothing to build: " + "; ".join(
             f"{sk.spec} on {sk.arch} ({sk.status})" for sk in skipped))
     t0 = time.perf_counter()
-    try:
-        results = _run_with_progress(vs, jobs, quiet=as_json)
-    except KeyboardInterrupt:
-        # The workers are stopped (build._stop); finished kernels stay in the cache.
-        click.echo(f"\ninterrupted after {time.perf_counter() - t0:.1f} s; kernels finished so far are "
-                   f"in the cache ({config.cache_dir()}) and the next build reuses them", err=True)
-        sys.exit(130)
+    results = _run_with_progress(vs, jobs, quiet=as_json)
     wall = time.perf_counter() - t0
     failed = [r for r in results if not r.ok]
     if as_json:
