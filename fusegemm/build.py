@@ -6,11 +6,12 @@ the process pool, and each kernel is rendered and keyed once.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -143,31 +144,65 @@ def _build_planned(ps: list[Planned], *, jobs: int, cache: KernelCache | None,
     elif misses:
         # forkserver: safe when the caller has threads (torch, CUDA); workers need no CUDA.
         ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
-        pool = _start_pool(min(jobs, len(misses)), ctx)
-        futures = {pool.submit(_compile_one, ps[i]): i for i in misses}
-        try:
-            for fut in as_completed(futures):
-                done(futures[fut], fut.result())
-        except BaseException:
-            # Ctrl-C (or a failing callback): start nothing new and stop the running compiles
-            # now. A stopped compile leaves at most a .tmp-* folder, which entries() ignores;
-            # every finished kernel is already in the cache for the next build.
-            _stop(pool)
-            raise
-        pool.shutdown(wait=True)
+        with _interrupt_flag() as interrupted:
+            pool = _start_pool(min(jobs, len(misses)), ctx)
+            futures = {pool.submit(_compile_one, ps[i]): i for i in misses}
+            try:
+                pending = set(futures)
+                while pending:
+                    if interrupted.is_set():
+                        raise KeyboardInterrupt
+                    finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        done(futures[fut], fut.result())
+            except BaseException:
+                # Ctrl-C (or a failing callback): start nothing new and stop the running
+                # compiles now. A stopped compile leaves at most a .tmp-* folder, which entries()
+                # ignores; every finished kernel is already in the cache for the next build.
+                _stop(pool)
+                raise
+            pool.shutdown(wait=True)
+        if interrupted.is_set():
+            raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _interrupt_flag():
+    """While the pool runs, Ctrl-C only sets a flag that the wait loop checks (every 0.2 s).
+
+    A KeyboardInterrupt raised at an arbitrary bytecode can leave one of the executor's locks
+    held (a `with lock:` interrupted between acquire and its try), and the shutdown that follows
+    then waits forever: seen once in 20 interrupted builds. Outside the main thread, nothing to do.
+    """
+    import signal
+    import threading
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: flag.set())
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _start_pool(workers: int, ctx: Any) -> ProcessPoolExecutor:
-    """A worker pool whose helper processes (forkserver, resource tracker, workers) ignore SIGINT.
+    """A worker pool whose helper processes (forkserver, resource tracker, workers) ignore
+    SIGINT, started without losing a Ctrl-C meant for this process.
 
-    They are started here, with SIGINT ignored in this process: an ignored signal stays ignored
-    across exec, so a Ctrl-C that reaches the process group while one of them is still importing
-    cannot print its traceback. This process keeps its own Ctrl-C handler (restored below); a
-    Ctrl-C during these few milliseconds is lost.
+    While they start, SIGINT is ignored *and* blocked here. The children inherit both across
+    fork and exec (the forkserver hands SIG_IGN on to every worker it forks), so a Ctrl-C that
+    reaches the process group while one of them is still importing cannot print a traceback or
+    break the pool. On Linux a blocked signal stays pending even while ignored, so when the
+    handler (_interrupt_flag's) and then the mask are restored below, a Ctrl-C that arrived
+    meanwhile is delivered to it.
     """
     import signal
     import threading
     main = threading.current_thread() is threading.main_thread()
+    masked = main and hasattr(signal, "pthread_sigmask")
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
     try:
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init)
@@ -175,6 +210,8 @@ def _start_pool(workers: int, ctx: Any) -> ProcessPoolExecutor:
     finally:
         if main:
             signal.signal(signal.SIGINT, previous)
+        if masked:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
     return pool
 
 
@@ -186,12 +223,24 @@ def _worker_init() -> None:
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:
-    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for proc in procs:
         try:
             proc.terminate()
         except (OSError, ValueError):
             pass
-    pool.shutdown(wait=True, cancel_futures=True)
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:   # bounded: a worker that ignores SIGTERM is killed
+        try:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+        except (OSError, ValueError, AssertionError):
+            pass
+    manager = getattr(pool, "_executor_manager_thread", None)
+    if manager is not None:   # it closes the pool's queues (their semaphores) once it sees the pool broken
+        manager.join(5)
 
 
 def compile_all(planned: list[Planned], *, jobs: int = 1) -> list[BuildResult]:

@@ -323,6 +323,8 @@ def build_cmd(specs: tuple[str, ...], arch: str | None, jobs: int | None, all_va
         from .runtime import config
         click.echo(f"\ninterrupted after {time.perf_counter() - t_start:.1f} s; kernels finished so far are "
                    f"in the cache ({config.cache_dir()}) and the next build reuses them", err=True)
+        # 130; rarely (1 in 40 interrupts while planning) CPython's exit path ends the process by
+        # SIGINT instead, the other conventional status of a Ctrl-C'd program.
         sys.exit(130)
 
 

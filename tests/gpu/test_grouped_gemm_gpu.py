@@ -270,6 +270,28 @@ def test_fast_paths_recheck_alignment_and_follow_new_data():
     check(d[:valid_m], reference(pb)[1], scale, "bfloat16", valid_m, "fast-path class D")
 
 
+def test_offsets_past_the_rows_never_write_outside_the_outputs():
+    """padded_offsets live on the device, unchecked by default: a last offset past A's rows must
+    give no store outside C/D (the kernel clamps the tile space to the allocation); with
+    FUSEGEMM_VALIDATE_OFFSETS the host refuses them first."""
+    from fusegemm.base.errors import ArgumentError
+    pb = make_problem([256, 256], 128, 64, prob=False, canonical=True, extra_rows=0, seed=14)
+    args = dict(pb["args"])
+    m = pb["m"]
+    bad = torch.tensor([256, 4096], dtype=torch.int32, device="cuda")     # 4096 > m = 512
+    guard = torch.full((m + 512, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+    d = guard[:m]
+    op = GroupedGemm(pb["a"], None, d, bad, args["alpha_tensor"], args["b_tensor"]).compile()
+    op.execute(pb["a"], d_tensor=d, padded_offsets=bad, alpha_tensor=args["alpha_tensor"], b_tensor=args["b_tensor"])
+    torch.cuda.synchronize()
+    assert torch.isnan(guard[m:].float()).all(), "a store landed past D's rows"
+    rc, rd, scale = reference(pb)                                          # rows < m: experts as given
+    check(d, rd, scale, "bfloat16", m, "clamped D")
+    with pytest.raises(ArgumentError, match=r"padded_offsets\[-1\]: got 4096; allowed: <= 512"):
+        op.execute(pb["a"], d_tensor=d, padded_offsets=bad, alpha_tensor=args["alpha_tensor"],
+                   b_tensor=args["b_tensor"], validate_offsets=True)
+
+
 def test_matches_project_reference():
     ref_mod = pytest.importorskip("fusegemm.reference")
     pb = make_problem(RAGGED, 256, 192, bias="float32", seed=9)

@@ -45,15 +45,17 @@ def test_interrupting_a_parallel_build_at_random_moments(tmp_path):
                 shutil.rmtree(entry)
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
-        time.sleep(rng.uniform(0.3, 1.6))
+        time.sleep(rng.uniform(0.1, 1.6))
         os.killpg(proc.pid, signal.SIGINT)          # what a terminal's Ctrl-C does: the whole group
         try:
             _, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             pytest.fail("the build did not stop within 30 s of Ctrl-C")
-        assert proc.returncode in (0, 130), err[-2000:]
-        if proc.returncode == 130:
+        # 130, or killed by SIGINT (-2, CPython's exit after a KeyboardInterrupt, rare), or 0: the
+        # Ctrl-C landed in the few milliseconds the pool starts (then the build simply finishes).
+        assert proc.returncode in (0, 130, -signal.SIGINT), err[-2000:]
+        if proc.returncode != 0:
             interrupted += 1
             assert "interrupted after" in err and "Traceback" not in err, err[-2000:]
         deadline = time.time() + 10

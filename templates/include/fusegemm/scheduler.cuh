@@ -39,12 +39,17 @@ struct GroupedScheduler {
 
   const int* offsets;   // device padded_offsets, int32 (L,)
   int num_experts;
-  int m_blocks;         // valid_m / TILE_M, valid_m = offsets[L-1]
+  int m_blocks;         // valid_m / TILE_M, valid_m = min(offsets[L-1], m_rows)
   int n_blocks;
 
-  FUSEGEMM_DEVICE GroupedScheduler(const int* offsets_, int num_experts_, int n)
+  // m_rows: the rows A, C and D were allocated with (the host checked them). padded_offsets
+  // values live on the device and are unchecked unless FUSEGEMM_VALIDATE_OFFSETS is set, so a
+  // last offset past the allocation is clamped here: tiles never reach rows that do not exist
+  // (wrong offsets give wrong results, never an out-of-bounds store).
+  FUSEGEMM_DEVICE GroupedScheduler(const int* offsets_, int num_experts_, int n, int m_rows)
       : offsets(offsets_), num_experts(num_experts_), n_blocks((n + TILE_N - 1) / TILE_N) {
     int valid_m = num_experts_ > 0 ? __ldg(offsets_ + num_experts_ - 1) : 0;
+    valid_m = min(valid_m, m_rows);
     m_blocks = valid_m > 0 ? valid_m / TILE_M : 0;
   }
 

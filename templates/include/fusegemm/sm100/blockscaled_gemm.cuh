@@ -222,7 +222,7 @@ struct BlockScaledGemmKernel {
       run_with(p, f, BatchedClusterScheduler<kTileM, kTileN, kCtaGroup>(p.m_rows, p.n, p.num_experts, f.geom));
     } else {
       run_with(p, f, GroupedClusterScheduler<kTileM, kTileN, kCtaGroup>(static_cast<const int*>(p.offsets),
-                                                                        p.num_experts, p.n, f.geom));
+                                                                        p.num_experts, p.n, p.m_rows, f.geom));
     }
   }
 

@@ -189,8 +189,9 @@ struct GroupedClusterScheduler {
   int pm, pn, unit_m, ni, bm_blocks, bn_blocks;
   static constexpr int band_blocks(int pm) { return kGroupM / pm > 1 ? kGroupM / pm : 1; }
 
-  FUSEGEMM_DEVICE GroupedClusterScheduler(const int* offsets, int num_experts, int n, const ClusterGeom<kCtaGroup>& geom)
-      : g(offsets, num_experts, n), pm(geom.pm()), pn(geom.cn), unit_m(geom.mi / kCtaGroup), ni(geom.ni) {
+  FUSEGEMM_DEVICE GroupedClusterScheduler(const int* offsets, int num_experts, int n, int m_rows,
+                                          const ClusterGeom<kCtaGroup>& geom)
+      : g(offsets, num_experts, n, m_rows), pm(geom.pm()), pn(geom.cn), unit_m(geom.mi / kCtaGroup), ni(geom.ni) {
     bm_blocks = (g.m_blocks + pm - 1) / pm;
     bn_blocks = (g.n_blocks + pn - 1) / pn;
   }

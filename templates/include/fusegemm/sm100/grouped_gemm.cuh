@@ -109,7 +109,7 @@ struct GroupedGemmKernel {
   static __device__ void run(const Params& p) {
     Frame f;
     f.setup(p);
-    const Scheduler sched(static_cast<const int*>(p.offsets), p.num_experts, p.n, f.geom);
+    const Scheduler sched(static_cast<const int*>(p.offsets), p.num_experts, p.n, p.m_rows, f.geom);
     const int k_blocks = (p.k + kBlockK - 1) / kBlockK;
 
     if (f.warp == kWarpTma) {

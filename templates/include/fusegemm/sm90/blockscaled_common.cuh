@@ -54,7 +54,7 @@ struct ScaledSchedule {
     if constexpr (kBatched) {
       return Batched(p.m_rows, p.n, p.num_experts);
     } else {
-      return Grouped(reinterpret_cast<const int*>(p.offsets), p.num_experts, p.n);
+      return Grouped(reinterpret_cast<const int*>(p.offsets), p.num_experts, p.n, p.m_rows);
     }
   }
 };

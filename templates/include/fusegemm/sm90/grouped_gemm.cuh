@@ -170,7 +170,7 @@ struct GroupedGemmKernel {
                                  int4* ring) {
     prefetch_tmap(&p.tma_a);
     prefetch_tmap(&p.tma_b);
-    const Sched sched(reinterpret_cast<const int*>(p.offsets), p.num_experts, p.n);
+    const Sched sched(reinterpret_cast<const int*>(p.offsets), p.num_experts, p.n, p.m_rows);
     const int num_k_blocks = (p.k + kTileK - 1) / kTileK;
 
     DeviceTmap<kTmapSlots> dtm;
