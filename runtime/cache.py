@@ -160,6 +160,7 @@ class KernelCache:
                 self._mem[built.key] = dataclasses.replace(built, cached=True)
             return built
         final = self.entry_dir(built.name, built.key)
+        self._sweep_stale()
         tmp = self._mkdir(self.root / f".tmp-{uuid.uuid4().hex}")
         meta = {
             "key": built.key, "name": built.name, "kernel": built.kernel_name, "arch": built.arch,
@@ -184,6 +185,27 @@ class KernelCache:
         with self._lock:  # later lookups are hits; this caller sees its own compile
             self._mem[built.key] = dataclasses.replace(stored, cached=True)
         return stored
+
+    # A writer killed mid-put (an interrupted build's worker) leaves its .tmp-* folder behind,
+    # and a failed rmtree a .trash-* one; entries() ignores both. Once per cache object, the
+    # writer removes those older than an hour (no live writer takes that long).
+    _STALE_SECONDS = 3600.0
+
+    def _sweep_stale(self) -> None:
+        if getattr(self, "_swept", False):
+            return
+        self._swept = True
+        now = time.time()
+        try:
+            leftovers = [d for d in self.root.iterdir() if d.name.startswith((".tmp-", ".trash-"))]
+        except OSError:
+            return
+        for d in leftovers:
+            try:
+                if now - d.stat().st_mtime > self._STALE_SECONDS:
+                    shutil.rmtree(d, ignore_errors=True)
+            except OSError:
+                pass
 
     def lock(self, key: str):
         if self.readonly:   # nothing will be written: no lock file either

@@ -135,3 +135,21 @@ def test_unwritable_cache_is_a_clear_error(tmp_path):
     blocker.write_text("x")
     with pytest.raises(CacheError, match="cannot write the kernel cache at .*FUSEGEMM_CACHE_DIR"):
         get_or_build(_variant(), KernelCache(blocker / "sub", disk=True))
+
+
+def test_stale_leftovers_of_killed_writers_are_swept(tmp_path):
+    """A worker killed mid-put leaves a .tmp-* folder; the next writer removes those older than
+    an hour and leaves younger ones (a live writer's) alone."""
+    import os
+    import time as _time
+
+    from fusegemm.runtime.cache import KernelCache
+    old, young = tmp_path / ".tmp-old", tmp_path / ".tmp-young"
+    for d in (old, young):
+        d.mkdir()
+        (d / "kernel.cubin").write_bytes(b"x")
+    past = _time.time() - 7200
+    os.utime(old, (past, past))
+    cache = KernelCache(tmp_path, disk=True)
+    cache._sweep_stale()
+    assert not old.exists() and young.exists()
