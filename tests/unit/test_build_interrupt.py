@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-SPECS = ["grouped_gemm", "grouped_gemm_srelu"]
+# Every seed spec (30 kernels, ~10 s at -j 2): a round's build cannot finish before its Ctrl-C.
+SPECS: list[str] = []
 
 
 def _group_alive(pgid: int) -> list[str]:
