@@ -86,9 +86,14 @@ def run(args, bench_shape, summary, header: dict, method_note: str = "") -> int:
         f"method, each the median of {args.iters} launches after {args.warmup} warm-ups; median "
         f"over rounds{method_note}", "rows": rows,
     }
+    emit_json(result, args.out)
+    return 0
+
+
+def emit_json(result: dict, out: str | None) -> None:
+    """Print a benchmark's JSON, and write it to ``out`` as well when given."""
     text = json.dumps(result, indent=1)
     print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
+    if out:
+        with open(out, "w") as fh:
             fh.write(text + "\n")
-    return 0

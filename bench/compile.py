@@ -17,7 +17,6 @@ Goals (issue 11): cold compile <= 1.0 s per kernel on the H200 machine; cached l
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -25,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import emit_json
 
 
 def main() -> int:
@@ -86,11 +87,7 @@ def main() -> int:
         "goals": {"cold_s_per_kernel": 1.0, "cached_plus_load_ms": 5.0},
         "rows": rows,
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text + "\n")
+    emit_json(result, args.out)
     return 0
 
 

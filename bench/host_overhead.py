@@ -26,6 +26,8 @@ import platform
 import statistics
 import time
 
+from _common import emit_json
+
 
 def per_call_us(fn, calls: int) -> float:
     import torch
@@ -118,11 +120,7 @@ def main() -> int:
         "goals_us": {"class_execute": 6.0, "wrapper": 10.0},
         "gpu_us_per_call_back_to_back": gpu_us,
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text + "\n")
+    emit_json(result, args.out)
     if args.profile:
         import cProfile
         import pstats

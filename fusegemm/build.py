@@ -308,7 +308,7 @@ def write_bundle(vs: list[Variant], path: Any, cache: KernelCache | None = None)
         entries.append((bundle_key(p.source), {
             "name": b.name, "kernel": b.kernel_name, "arch": b.arch, "cache_key": b.key,
             "compile_seconds": round(b.compile_seconds, 3), "spec": v.spec.name,
-            "variant": {k: val for k, val in v.choices.items()}}, b.cubin))
+            "variant": dict(v.choices)}, b.cubin))
     n = bundle.write_bundle(Path(path), entries, _toolchain(nvrtc_version()))
     return n, os.path.getsize(path)
 

@@ -5,7 +5,6 @@ machine-readable output on the reporting commands.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -431,10 +430,10 @@ def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
                 raise click.ClickException(f"{name!r} matches {len(matches)} kernels: "
                                            + ", ".join(m["name"] for m in matches[:8]))
             meta = matches[0]
-            data = b"" if meta.get("corrupted") else (Path(meta["path"]) / "kernel.cubin").read_bytes()
-            if len(data) != meta.get("cubin_size") or hashlib.sha256(data).hexdigest() != meta.get("cubin_sha256"):
+            if meta.get("corrupted"):   # entries() checked the cubin's size and sha256
                 raise click.ClickException(f"cached kernel {meta['name']} is corrupted (its cubin does not "
                                            "match the size and sha256 in meta.json); `fusegemm build` rebuilds it")
+            data = (Path(meta["path"]) / "kernel.cubin").read_bytes()
         cub = Cubin(data)
         info: dict[str, Any] = {"name": meta.get("name", str(path)), "arch": meta.get("arch"),
                                 "kernels": []}

@@ -33,8 +33,11 @@ class Planned:
 
 def plan(v: Variant) -> Planned:
     """Render ``v`` (the registry's kernel for it) and compute its cache key."""
-    src = render(v)
-    fields = key_fields(src.text, v.arch)
+    return _keyed(render(v))
+
+
+def _keyed(src: Source) -> Planned:
+    fields = key_fields(src.text, src.variant.arch)
     return Planned(src, make_key(fields), tuple(fields))
 
 
@@ -69,8 +72,7 @@ def get_kernel(v: Variant, cache: KernelCache | None = None) -> Built:
     hit = from_bundles(src)
     if hit is not None:
         return hit
-    fields = key_fields(src.text, v.arch)
-    p = Planned(src, make_key(fields), tuple(fields))
+    p = _keyed(src)
     hit = lookup(p, cache)
     return hit if hit is not None else compile_planned(p, cache)
 

@@ -149,29 +149,25 @@ class BundleSet:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._bundles: list[Bundle] = []
-        self._env_loaded: str | None = None
+        self._env: list[Bundle] = []        # FUSEGEMM_BUNDLE's, reopened when the variable changes
+        self._env_paths: tuple[Path, ...] | None = None
+        self._added: list[Bundle] = []      # add()'s, for the life of the process
 
     def add(self, path: Path | str) -> Bundle:
         b = Bundle(path)
         with self._lock:
-            self._bundles.append(b)
+            self._added = [*self._added, b]
         return b
 
     def active(self) -> list[Bundle]:
         from . import config
         paths = config.bundle_paths()
-        spec = ":".join(str(p) for p in paths)
-        if spec != self._env_loaded:
+        if paths != self._env_paths:
             with self._lock:
-                if spec != self._env_loaded:
-                    env = [Bundle(p) for p in paths]
-                    extra = [b for b in self._bundles if getattr(b, "_from_env", False) is False]
-                    for b in env:
-                        b._from_env = True  # type: ignore[attr-defined]
-                    self._bundles = env + extra
-                    self._env_loaded = spec
-        return self._bundles
+                if paths != self._env_paths:
+                    self._env = [Bundle(p) for p in paths]
+                    self._env_paths = paths
+        return self._env + self._added
 
     def find(self, key: str) -> tuple[Bundle, bytes] | None:
         for b in self.active():
@@ -183,8 +179,7 @@ class BundleSet:
 
     def clear(self) -> None:
         with self._lock:
-            self._bundles = []
-            self._env_loaded = None
+            self._env, self._env_paths, self._added = [], None, []
 
 
 _default: BundleSet | None = None

@@ -97,6 +97,7 @@ class KernelCache:
         self.disk = config.disk_cache_enabled() if disk is None else disk
         self._mem: dict[str, Built] = {}
         self._lock = threading.Lock()
+        self._swept = False   # stale .tmp-*/.trash-* removed by this object's first put
 
     @property
     def root(self) -> Path:
@@ -129,10 +130,7 @@ class KernelCache:
             cubin = (d / "kernel.cubin").read_bytes()
         except (OSError, ValueError):
             return None
-        if not isinstance(meta, dict):
-            return None
-        if (meta.get("key") != key or meta.get("cubin_size") != len(cubin)
-                or meta.get("cubin_sha256") != hashlib.sha256(cubin).hexdigest()):
+        if not isinstance(meta, dict) or meta.get("key") != key or not _cubin_matches(meta, cubin):
             return None
         built = self._from_meta(meta, cubin, d)
         if built is not None:
@@ -192,7 +190,7 @@ class KernelCache:
     _STALE_SECONDS = 3600.0
 
     def _sweep_stale(self) -> None:
-        if getattr(self, "_swept", False):
+        if self._swept:
             return
         self._swept = True
         now = time.time()
@@ -242,8 +240,7 @@ class KernelCache:
                     cubin = (d / "kernel.cubin").read_bytes()
                 except OSError:
                     cubin = None
-                if cubin is None or len(cubin) != meta.get("cubin_size") \
-                        or hashlib.sha256(cubin).hexdigest() != meta.get("cubin_sha256"):
+                if cubin is None or not _cubin_matches(meta, cubin):
                     meta["corrupted"] = "cubin missing or not matching its size and sha256"
             meta["path"] = str(d)
             out.append(meta)
@@ -263,6 +260,12 @@ class KernelCache:
                     elif not d.name.startswith("."):
                         failed.append(f"{d.name}: {why}")
         return n, failed
+
+
+def _cubin_matches(meta: dict[str, Any], cubin: bytes) -> bool:
+    """``cubin`` has the size and sha256 its meta.json recorded (a truncated, flipped or swapped
+    cubin does not)."""
+    return meta.get("cubin_size") == len(cubin) and meta.get("cubin_sha256") == hashlib.sha256(cubin).hexdigest()
 
 
 def _discard(d: Path) -> str | None:

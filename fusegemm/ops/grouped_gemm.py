@@ -10,6 +10,7 @@ registry (generator/registry.py); its launch facts from the kernel's exported co
 from __future__ import annotations
 
 import functools
+import operator
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ SPEC = "grouped_gemm"
 _ARGS = ("a_tensor", "padded_offsets", "alpha_tensor", "b_tensor", "b_ptrs", "bias_tensor",
          "prob_tensor", "d_tensor", "c_tensor")
 _ALIGN = tuple((i, name, ALIGNMENT[name]) for i, name in enumerate(_ARGS))
+_ALIGN_MASKS = tuple(nbytes - 1 for _, _, nbytes in _ALIGN)   # per position, for the per-call check
 @functools.lru_cache(maxsize=1)
 def _spec():
     from ..generator.spec import find_spec
@@ -239,10 +241,9 @@ class GroupedGemm:
              validate_offsets: bool | None) -> None:
         """Launch a validated layout at these addresses (``args``: the tensors behind ``ptrs``,
         named in an alignment error)."""
-        # Base alignment, every call (a new tensor of a known layout may start anywhere):
-        # 16 bytes for TMA / vector operands, 4 for offsets and vectors, 8 for the pointer table.
-        if (ptrs[0] | ptrs[3] | ptrs[5] | ptrs[7] | ptrs[8]) & 15 or \
-                (ptrs[1] | ptrs[2] | ptrs[6]) & 3 or ptrs[4] & 7:
+        # Base alignment, every call (a new tensor of a known layout may start anywhere): one
+        # pass over the addresses (~0.4 us); only a misaligned one takes the named check.
+        if any(map(operator.and_, ptrs, _ALIGN_MASKS)):
             for i, name, nbytes in _ALIGN:
                 if ptrs[i] % nbytes:
                     checks.aligned(view(args[i], name), name, nbytes)
