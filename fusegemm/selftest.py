@@ -87,7 +87,7 @@ def _grouped_gemm_cases() -> list[tuple[str, dict[str, Any]]]:
 def _magnitude(pb: Any) -> np.ndarray:
     """Per-element bound of the accumulation: |alpha_e| |A_e| |B_e|^T + |prob bias_e|."""
     f = np.float64
-    a = np.abs(np.asarray(pb.a_tensor, dtype=f).reshape(pb.a_tensor.shape[0], -1))
+    a = np.abs(np.asarray(pb.a_tensor, dtype=f).reshape(pb.a_tensor.shape[0], pb.k))
     prob = np.abs(np.asarray(pb.prob_tensor, dtype=f).reshape(-1))
     off = np.concatenate([[0], np.asarray(pb.padded_offsets, dtype=np.int64)])
     out = np.zeros((a.shape[0], pb.n))
@@ -109,8 +109,8 @@ def _run_grouped_gemm(case: dict[str, Any], device: str = "cuda:0") -> tuple[flo
     from . import checking, problems, reference
     from .ops import grouped_gemm as op
     opts = dict(case)
-    call_opts = {k: opts.pop(k) for k in ("use_dynamic_sched", "generate_c", "c_dtype", "d_dtype")
-                 if k in opts}
+    call_opts = {k: opts.pop(k) for k in ("use_dynamic_sched", "generate_c", "c_dtype", "d_dtype",
+                                         "mma_tiler_mn") if k in opts}
     tokens = opts.pop("tokens")
     pb = problems.make_grouped_problem("grouped_gemm", num_experts=len(tokens), tokens=tokens,
                                        seed=7, values="realistic", layout="canonical", **opts)

@@ -63,3 +63,134 @@ def grouped_gemm(a: Tensor, padded_offsets: Tensor, alpha: Tensor, b: Optional[T
     ``prob_tensor``)."""
     return torch.ops.fusegemm.grouped_gemm(a, padded_offsets, alpha, b, bias, b_ptrs, n, prob, c_dtype,
                                            d_dtype, generate_c, use_dynamic_sched)
+
+
+# ---------------------------------------------------------------- block-scaled ops (seeds 002-004)
+# Outputs in a fixed order per op; an output the configuration does not produce is an empty uint8
+# tensor (a schema has no optional outputs). The fake implementations run the eager wrappers on
+# the fake tensors under ``dry_run()`` (validation and allocation, no launch): the output shapes,
+# dtypes and strides come from the same code as the real op's.
+
+SRELU_OUT = ("c_tensor", "d_tensor", "d_col_tensor", "amax_tensor", "sfd_row_tensor", "sfd_col_tensor")
+QUANT_OUT = ("d_tensor", "d_col_tensor", "amax_tensor", "sfd_row_tensor", "sfd_col_tensor")
+DSWIGLU_OUT = ("d_row_tensor", "d_col_tensor", "dprob_tensor", "amax_tensor", "sfd_row_tensor", "sfd_col_tensor")
+AMAX_OUT = ("c_tensor", "amax_tensor")
+
+
+# Custom-op parameter -> the seed wrapper's keyword (the rest keep their names).
+_SEED_NAMES = {"b": "b_tensor", "c": "c_tensor", "sfa": "sfa_tensor", "sfb": "sfb_tensor", "alpha": "alpha_tensor",
+               "beta": "beta_tensor", "bias": "bias_tensor", "norm_const": "norm_const_tensor",
+               "prob": "prob_tensor", "row_scale": "row_scale_tensor"}
+
+
+def _call(op: str, names: tuple[str, ...], params: dict, fake: bool) -> tuple[Tensor, ...]:
+    """Run the eager seed wrapper ``op`` on the custom op's parameters (``fake``: under dry_run,
+    on fake tensors) and return its outputs in ``names`` order."""
+    import contextlib
+
+    from .ops import scaled_seeds
+    from .ops.prepared import dry_run
+    a = params["a"]
+    kwargs = {_SEED_NAMES.get(k, k): v for k, v in params.items() if k != "a"}
+    with dry_run() if fake else contextlib.nullcontext():
+        out = getattr(scaled_seeds, op)(a, **kwargs)
+    return tuple(out[k] if out[k] is not None else a.new_empty((0,), dtype=torch.uint8) for k in names)
+
+
+def _fake_of(op: str, names: tuple[str, ...]) -> object:
+    """The fake implementation of a block-scaled custom op: the same wrapper, launching nothing."""
+    def fake(*args, **kwargs):
+        params = [arg.name for arg in getattr(torch.ops.fusegemm, op).default._schema.arguments]
+        return _call(op, names, {**dict(zip(params, args)), **kwargs}, True)
+    return fake
+
+
+T6 = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+
+
+@torch.library.custom_op("fusegemm::grouped_gemm_srelu", mutates_args=())
+def _grouped_gemm_srelu(a: Tensor, b: Optional[Tensor], sfa: Tensor, sfb: Optional[Tensor], padded_offsets: Tensor,
+                        alpha: Tensor, bias: Optional[Tensor], b_ptrs: Optional[Tensor], sfb_ptrs: Optional[Tensor],
+                        n: Optional[int], norm_const: Optional[Tensor], prob: Optional[Tensor], c_dtype: torch.dtype,
+                        d_dtype: torch.dtype, sf_vec_size: int, discrete_col_sfd: bool, use_dynamic_sched: bool,
+                        tanh_clamp_scale: Optional[float], e5m2_rcp_max: str) -> T6:
+    return _call("grouped_gemm_srelu", SRELU_OUT, dict(locals()), False)
+
+
+_grouped_gemm_srelu.register_fake(_fake_of("grouped_gemm_srelu", SRELU_OUT))
+
+
+def grouped_gemm_srelu(a: Tensor, b: Optional[Tensor], sfa: Tensor, sfb: Optional[Tensor], padded_offsets: Tensor,
+                       alpha: Tensor, *, bias: Optional[Tensor] = None, b_ptrs: Optional[Tensor] = None,
+                       sfb_ptrs: Optional[Tensor] = None, n: Optional[int] = None,
+                       norm_const: Optional[Tensor] = None, prob: Optional[Tensor] = None,
+                       c_dtype: torch.dtype = torch.bfloat16, d_dtype: torch.dtype = torch.bfloat16,
+                       sf_vec_size: int = 16, discrete_col_sfd: bool = False, use_dynamic_sched: bool = False,
+                       tanh_clamp_scale: Optional[float] = None, e5m2_rcp_max: str = "page") -> T6:
+    """``torch.ops.fusegemm.grouped_gemm_srelu``: seed 002 as a custom op. Returns ``(c, d, d_col,
+    amax, sfd_row, sfd_col)`` as ``fusegemm.grouped_gemm_srelu`` does (absent ones: empty tensors)."""
+    return torch.ops.fusegemm.grouped_gemm_srelu(a, b, sfa, sfb, padded_offsets, alpha, bias, b_ptrs, sfb_ptrs, n,
+                                                 norm_const, prob, c_dtype, d_dtype, sf_vec_size, discrete_col_sfd,
+                                                 use_dynamic_sched, tanh_clamp_scale, e5m2_rcp_max)
+
+
+@torch.library.custom_op("fusegemm::grouped_gemm_quant", mutates_args=())
+def _grouped_gemm_quant(a: Tensor, sfa: Tensor, padded_offsets: Tensor, alpha: Tensor, b: Optional[Tensor],
+                        sfb: Optional[Tensor], bias: Optional[Tensor], b_ptrs: Optional[Tensor],
+                        sfb_ptrs: Optional[Tensor], n: Optional[int], norm_const: Optional[Tensor],
+                        prob: Optional[Tensor], row_scale: Optional[Tensor], d_dtype: torch.dtype, sf_vec_size: int,
+                        discrete_col_sfd: bool, use_dynamic_sched: bool, generate_amax: bool,
+                        e5m2_rcp_max: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return _call("grouped_gemm_quant", QUANT_OUT, dict(locals()), False)
+
+
+_grouped_gemm_quant.register_fake(_fake_of("grouped_gemm_quant", QUANT_OUT))
+
+
+def grouped_gemm_quant(a: Tensor, sfa: Tensor, padded_offsets: Tensor, alpha: Tensor, b: Optional[Tensor] = None,
+                       sfb: Optional[Tensor] = None, *, bias: Optional[Tensor] = None,
+                       b_ptrs: Optional[Tensor] = None, sfb_ptrs: Optional[Tensor] = None, n: Optional[int] = None,
+                       norm_const: Optional[Tensor] = None, prob: Optional[Tensor] = None,
+                       row_scale: Optional[Tensor] = None, d_dtype: torch.dtype = torch.bfloat16,
+                       sf_vec_size: int = 16, discrete_col_sfd: bool = False, use_dynamic_sched: bool = False,
+                       generate_amax: bool = True, e5m2_rcp_max: str = "page") -> tuple[Tensor, ...]:
+    """``torch.ops.fusegemm.grouped_gemm_quant``: seed 003 as a custom op. Returns ``(d, d_col, amax,
+    sfd_row, sfd_col)`` (absent ones: empty tensors)."""
+    return torch.ops.fusegemm.grouped_gemm_quant(a, sfa, padded_offsets, alpha, b, sfb, bias, b_ptrs, sfb_ptrs, n,
+                                                 norm_const, prob, row_scale, d_dtype, sf_vec_size,
+                                                 discrete_col_sfd, use_dynamic_sched, generate_amax, e5m2_rcp_max)
+
+
+@torch.library.custom_op("fusegemm::grouped_gemm_dswiglu", mutates_args=())
+def _grouped_gemm_dswiglu(a: Tensor, b: Tensor, c: Tensor, sfa: Tensor, sfb: Tensor, padded_offsets: Tensor,
+                          alpha: Tensor, beta: Tensor, prob: Tensor, norm_const: Optional[Tensor],
+                          d_dtype: torch.dtype, sf_vec_size: int, discrete_col_sfd: bool, e5m2_rcp_max: str) -> T6:
+    return _call("grouped_gemm_dswiglu", DSWIGLU_OUT, dict(locals()), False)
+
+
+_grouped_gemm_dswiglu.register_fake(_fake_of("grouped_gemm_dswiglu", DSWIGLU_OUT))
+
+
+def grouped_gemm_dswiglu(a: Tensor, b: Tensor, c: Tensor, sfa: Tensor, sfb: Tensor, padded_offsets: Tensor,
+                         alpha: Tensor, beta: Tensor, prob: Tensor, *, norm_const: Optional[Tensor] = None,
+                         d_dtype: torch.dtype = torch.bfloat16, sf_vec_size: int = 16,
+                         discrete_col_sfd: bool = False, e5m2_rcp_max: str = "page") -> T6:
+    """``torch.ops.fusegemm.grouped_gemm_dswiglu``: seed 000 as a custom op. Returns ``(d_row, d_col,
+    dprob, amax, sfd_row, sfd_col)`` (absent ones: empty tensors)."""
+    return torch.ops.fusegemm.grouped_gemm_dswiglu(a, b, c, sfa, sfb, padded_offsets, alpha, beta, prob, norm_const,
+                                                   d_dtype, sf_vec_size, discrete_col_sfd, e5m2_rcp_max)
+
+
+@torch.library.custom_op("fusegemm::gemm_amax", mutates_args=())
+def _gemm_amax(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, c_major: str, c_dtype: torch.dtype,
+               sf_vec_size: int) -> tuple[Tensor, Tensor]:
+    return _call("gemm_amax", AMAX_OUT, dict(locals()), False)
+
+
+_gemm_amax.register_fake(_fake_of("gemm_amax", AMAX_OUT))
+
+
+def gemm_amax(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, *, c_major: str = "n",
+              c_dtype: torch.dtype = torch.float32, sf_vec_size: int = 32) -> tuple[Tensor, Tensor]:
+    """``torch.ops.fusegemm.gemm_amax``: seed 004 as a custom op. Returns ``(c, amax)``."""
+    return torch.ops.fusegemm.gemm_amax(a, b, sfa, sfb, c_major, c_dtype, sf_vec_size)

@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..base.archs import ARCH_NAMES
-from ..base.errors import CompileError, ToolchainError
-from . import config
+from ..base.errors import CompileError
+from . import config, nvrtc
 from .headers import HeaderSet, header_set
 
 
@@ -29,35 +29,10 @@ class Cubin:
     options: tuple[str, ...] = field(default=())
 
 
-def _nvrtc():
-    try:
-        from cuda.bindings import nvrtc
-    except ImportError:  # cuda-python < 12.6 spells it cuda.nvrtc
-        try:
-            from cuda import nvrtc  # type: ignore[no-redef]
-        except ImportError as exc:
-            raise ToolchainError("cuda-bindings is not installed (pip install cuda-bindings)") from exc
-    return nvrtc
-
-
-def _check(result, what: str):
-    err = result[0]
-    if int(err) != 0:
-        raise ToolchainError(f"NVRTC {what} failed: {err!r}")
-    return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
-
-
 @functools.lru_cache(maxsize=1)
 def nvrtc_version() -> tuple[int, int]:
-    """(major, minor) of the NVRTC library cuda-bindings loads."""
-    nv = _nvrtc()
-    try:
-        res = nv.nvrtcVersion()
-    except Exception as exc:  # library missing: cuda-bindings raises on first use
-        raise ToolchainError(f"NVRTC library could not be loaded ({exc}); install "
-                             "nvidia-cuda-nvrtc-cu12 (CUDA 12.9) or nvidia-cuda-nvrtc (CUDA 13)") from exc
-    major, minor = _check(res, "version")
-    return int(major), int(minor)
+    """(major, minor) of the NVRTC this process compiles with (runtime/nvrtc.py chooses it)."""
+    return nvrtc.load().version
 
 
 def headers() -> HeaderSet:
@@ -101,24 +76,11 @@ def source_excerpt(source: str, log: str, name: str, context: int = 2, limit: in
 def compile_source(source: str, *, arch: str, kernel: str, name: str = "kernel.cu",
                    spec_path: str | None = None, extra: tuple[str, ...] = ()) -> Cubin:
     """Compile one translation unit to a cubin. Raises :class:`CompileError` with context."""
-    nv = _nvrtc()
     opts = [*compile_options(arch, extra), *headers().options()]
     t0 = time.perf_counter()
-    prog = _check(nv.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "create")
-    try:
-        enc = [o.encode() for o in opts]
-        err = nv.nvrtcCompileProgram(prog, len(enc), enc)[0]
-        size = _check(nv.nvrtcGetProgramLogSize(prog), "log size")
-        buf = b" " * size
-        nv.nvrtcGetProgramLog(prog, buf)
-        log = buf.rstrip(b"\x00").decode("utf-8", "replace")
-        if int(err) != 0:
-            raise CompileError(kernel=kernel, spec_path=spec_path, arch=arch, log=log,
-                               excerpt=source_excerpt(source, log, name))
-        size = _check(nv.nvrtcGetCUBINSize(prog), "cubin size")
-        data = b" " * size
-        _check((nv.nvrtcGetCUBIN(prog, data)[0], None), "get cubin")
-    finally:
-        nv.nvrtcDestroyProgram(prog)
+    ok, log, data = nvrtc.load().compile(source, name, opts)
+    if not ok:
+        raise CompileError(kernel=kernel, spec_path=spec_path, arch=arch, log=log,
+                           excerpt=source_excerpt(source, log, name))
     return Cubin(data=bytes(data), arch=arch, kernel=kernel, log=log,
                  seconds=time.perf_counter() - t0, options=tuple(opts))

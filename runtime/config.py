@@ -69,6 +69,15 @@ def _positive_int(s: str) -> int:
     return v
 
 
+def _nvrtc_major(s: str) -> int | None:
+    v = s.strip().lower()
+    if v == "auto":
+        return None
+    if v in ("12", "13"):
+        return int(v)
+    raise ValueError(s)
+
+
 def _archs(s: str) -> tuple[str, ...]:
     items = tuple(a.strip() for a in s.split(",") if a.strip())
     if not items or any(a not in ARCH_NAMES for a in items):
@@ -88,6 +97,9 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("FUSEGEMM_VALIDATE_OFFSETS", "0", _bool, "0/1, true/false",
         "Copy padded_offsets to the host and check their values before each launch "
         "(never during CUDA graph capture)."),
+    Var("FUSEGEMM_NVRTC_MAJOR", "auto", _nvrtc_major, "auto, 12, 13",
+        "NVRTC major to compile with when both the CUDA 12 and 13 wheels are installed. auto: the "
+        "newest whose cubins the driver loads (the newest installed without a driver)."),
     Var("FUSEGEMM_NVRTC_EXTRA", "", lambda s: tuple(s.split()), "space-separated NVRTC options",
         "Extra NVRTC options appended to every compile (part of the cache key)."),
     Var("FUSEGEMM_BUNDLE", "", lambda s: tuple(Path(p).expanduser() for p in s.split(os.pathsep) if p),
@@ -147,6 +159,10 @@ def cache_readonly() -> bool:
 
 def trust_unverified() -> bool:
     return bool(get("FUSEGEMM_TRUST_UNVERIFIED"))
+
+
+def nvrtc_major() -> int | None:
+    return get("FUSEGEMM_NVRTC_MAJOR")  # type: ignore[return-value]
 
 
 def nvrtc_extra_options() -> tuple[str, ...]:

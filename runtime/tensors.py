@@ -83,11 +83,22 @@ def view(x: Any, name: str) -> TensorView:
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor):
         dt = _torch_dtype_names(torch).get(x.dtype) or str(x.dtype).removeprefix("torch.")
-        return TensorView(x.data_ptr(), x.shape, x.stride(), dt,
+        if type(x) is torch.Tensor or not _is_fake(x):
+            return TensorView(x.data_ptr(), x.shape, x.stride(), dt,
+                              ("cuda", x.get_device()) if x.is_cuda else _CPU, x)
+        # A fake tensor (a custom op's fake implementation under torch.compile) has no storage,
+        # and its sizes may be symbolic: int() specialises them (a guard, so a new size
+        # recompiles) because the checks and the output shapes need plain integers.
+        return TensorView(0, tuple(int(d) for d in x.shape), tuple(int(d) for d in x.stride()), dt,
                           ("cuda", x.get_device()) if x.is_cuda else _CPU, x)
+    if type(x) is TensorView:    # already described (XLA FFI buffers, fusegemm/jax_ffi.py)
+        return x
     if type(x).__module__ == "numpy" and hasattr(x, "__array_interface__"):
         return _from_numpy(x, name)
-    cai = getattr(x, "__cuda_array_interface__", None)
+    try:
+        cai = getattr(x, "__cuda_array_interface__", None)
+    except Exception:   # noqa: BLE001 -- JAX raises for dtypes CAI cannot spell (bfloat16): use DLPack
+        cai = None
     if cai is not None:
         return _from_cai(x, cai, name)
     if hasattr(x, "__dlpack__"):
@@ -98,6 +109,11 @@ def view(x: Any, name: str) -> TensorView:
         return view(torch.from_dlpack(x), name)
     raise ArgumentError(name, type(x).__name__, "a torch tensor, or an object with "
                         "__cuda_array_interface__ or __dlpack__")
+
+
+def _is_fake(x: Any) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+    return is_fake(x)
 
 
 def _from_numpy(x: Any, name: str) -> TensorView:

@@ -28,6 +28,7 @@ from ..runtime import config
 from .device import alloc_outputs, offsets_on_host
 from .epilogue_gemm import SpecGemm
 from .launcher import GroupedShape
+from .prepared import is_dry
 
 FAMILIES = ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax")
 AB_DTYPES = ("float8_e4m3fn", "float8_e5m2", "uint8")        # uint8: packed FP4 (two per byte)
@@ -75,7 +76,7 @@ def sf_buffer(x: Any, name: str, mn: int, sfk: int, l: int) -> TensorView:
     else:
         raise ArgumentError(f"{name}.shape", shape, f"the kernel-facing view {view_shape}, the physical buffer "
                             f"{phys} or a flat ({size},) buffer (scales of mn={mn}, sfk={sfk}, L={l})")
-    if any(s != w for s, w, d in zip(v.strides, want, shape) if d > 1):
+    if size and any(s != w for s, w, d in zip(v.strides, want, shape) if d > 1):   # empty: arbitrary, unused
         raise ArgumentError(f"{name}.stride", tuple(v.strides), f"{want}: a view of the dense physical atom "
                             "buffer", "build it with fusegemm.formats.pack_sf (and sf_to_kernel_view)")
     return v
@@ -125,11 +126,12 @@ def parse_scaled(a_tensor: Any, sfa_tensor: Any, padded_offsets: Any, b_tensor: 
     r = args.rows(a_tensor, AB_DTYPES)
     a, m, kb = r.a, r.m, r.k_stored
     ab = a.dtype
-    if a.strides[1] != 1 and kb > 1:
+    if a.strides[1] != 1 and kb > 1 and m:   # an empty A's strides are arbitrary and unused
         raise ArgumentError("a_tensor.stride", a.strides, "K-major (stride 1 along K)", "pass a_tensor.contiguous()")
     if kb < 16 or kb % 16:
         raise ArgumentError("a_tensor.shape[1] (K bytes)", kb, "a multiple of 16 bytes, at least 16 (TMA rows)")
-    checks.row_pitch_aligned(a.strides[0], 1, "a_tensor.stride[0]")
+    if m:
+        checks.row_pitch_aligned(a.strides[0], 1, "a_tensor.stride[0]")
     k = 2 * kb if ab == "uint8" else kb
     off, l = args.offsets(padded_offsets)
     checks.unit_stride(off, "padded_offsets")
@@ -313,7 +315,11 @@ class BlockScaledGemm(SpecGemm):
 
     def launch(self, call: ScaledCall, values: dict[str, Any], out: dict[str, Any], current_stream: Any) -> None:
         """Encode the maps, pack the parameters and launch on ``current_stream``."""
+        from ..runtime.load import thread_context
         from ..runtime.tensors import resolve_stream
+        if is_dry():
+            return   # a fake implementation's trace: outputs allocated, nothing to launch
+        thread_context(self.device)
         ln = self._launcher
         tile_m = self.variant.tile_m
         # Batched: the grid covers L * ceil(M / TILE_M) row blocks; m_rows is M of one batch.
@@ -326,6 +332,8 @@ class BlockScaledGemm(SpecGemm):
             host = offsets_on_host(call.offsets.obj, stream)
             if host is not None:
                 args.offsets_values(host, call.m)
+        if rows < tile_m:
+            return   # no row tile (an empty A): nothing to map or launch; outputs hold their fills
         grid = ln.grid(s)
         values.update(self.maps(call))
         values.update(ln.scalars(s))
@@ -337,8 +345,7 @@ class BlockScaledGemm(SpecGemm):
         if self.variant.cd_major == "m":
             values["ldc"] = call.m   # C is (L, N, M): rows of M elements
         values.update(ln.workspace(grid, call.discrete, stream, current_stream is not None))
-        if rows >= tile_m:
-            ln.launch(values, grid, stream)
+        ln.launch(values, grid, stream)
 
     def maps(self, call: ScaledCall) -> dict[str, bytes]:
         """A, B, SFA and SFB tensor maps, boxes and swizzles from the kernel's contract."""

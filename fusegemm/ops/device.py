@@ -30,17 +30,27 @@ def num_sms(device: int) -> int:
     return device_attribute(device, "MULTIPROCESSOR_COUNT")
 
 
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise UnsupportedError("fusegemm allocates the wrappers' outputs and per-call scratch (dynamic "
+                               "scheduling, discrete weights) with torch's stream-ordered allocator: "
+                               "install torch") from None
+    return torch
+
+
 def alloc(shape: tuple[int, ...], dtype: str, device: int) -> Any:
     """A new torch tensor (outputs and per-call workspaces use torch's caching allocator,
     which is stream-ordered and CUDA-graph aware)."""
-    import torch
+    torch = _torch()
     return torch.empty(shape, dtype=getattr(torch, dtype), device=f"cuda:{device}")
 
 
 def alloc_outputs(resolved: Any, n_acc: int, m_rows: int, experts: int, device: Any) -> dict[str, Any]:
     """The buffers a resolved epilogue writes (``Resolved.buffers``), as torch tensors on
     ``device`` filled with their initial values (amax -inf, the rest 0)."""
-    import torch
+    torch = _torch()
     return {name: torch.full(shape, fill, dtype=getattr(torch, store), device=device)
             for name, (shape, store, fill) in resolved.buffers(n_acc, m_rows, experts).items()}
 
@@ -57,5 +67,4 @@ def offsets_on_host(offsets: Any, stream: int) -> list[int] | None:
     (a copy there would break the capture)."""
     if is_capturing(stream):
         return None
-    import torch
-    return torch.as_tensor(offsets).to("cpu").tolist()
+    return _torch().as_tensor(offsets).to("cpu").tolist()

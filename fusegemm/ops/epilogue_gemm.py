@@ -25,6 +25,7 @@ from . import device as _device
 from .device import alloc, alloc_outputs
 from .grouped_operands import parse_call, shape_of
 from .launcher import GroupedLauncher
+from .prepared import is_dry
 
 FAMILY = "grouped_gemm"
 # SFD: 1 / the largest value of the quantized output (e5m2: the seed page's 1/57344, or NVIDIA's
@@ -65,7 +66,7 @@ class SpecGemm:
 
     def compile(self) -> "SpecGemm":
         """Compile (or fetch from the cache) and load the kernel; returns self."""
-        if self._launcher is None:
+        if self._launcher is None and not is_dry():   # a fake implementation's trace needs no kernel
             self.check_support()
             self._launcher = GroupedLauncher.build(self.variant, self.device)
         return self
@@ -124,7 +125,7 @@ class SpecGemm:
             else:
                 width = 2 * w if inp.paired else w
                 v = args.output(x, name, call.m, width, (inp.dtype,), what=f"(M, {width}) or (M, {width}, 1)")
-                if v.strides[1] != 1:
+                if v.strides[1] != 1 and call.m:   # an empty C's strides are arbitrary and unused
                     raise ArgumentError(f"{name}.stride", v.strides, "row-major (stride 1 along columns)")
                 values["ld_c_in"] = v.strides[0]
             if inp.per in ("row", "expert"):
@@ -169,8 +170,10 @@ class EpilogueGemm(SpecGemm):
         ((N, K, L) or (L, N, K)) or discrete ``b_ptrs`` with ``n``, and the epilogue's ``inputs``
         by spec name. Returns the outputs the epilogue declares: c, d, d_col, sfd_row, sfd_col,
         amax, dprob (present ones only; amax starts at -inf, dprob at 0)."""
+        from ..runtime.load import thread_context
         from ..runtime.tensors import resolve_stream
         self.compile()
+        thread_context(self.device)
         call = parse_call(a_tensor, padded_offsets, None, b_tensor, b_ptrs, None, None,
                           ab_dtypes=("bfloat16",), bias_dtypes=(), n=n, alpha_required=False)
         if (call.b_ptrs is not None) != (self.variant.weight_mode == "discrete"):
@@ -183,6 +186,8 @@ class EpilogueGemm(SpecGemm):
         ln = self._launcher
         s = shape_of(call)
         stream = resolve_stream(current_stream, self.device)
+        if s.m < self.variant.tile_m:
+            return TupleDict(**out)   # no row tile (an empty A): nothing to map or launch
         grid = ln.grid(s)
         values.update(ln.maps(s, call.a.ptr, call.b.ptr if call.b is not None else 0))
         values.update(ln.scalars(s))
@@ -190,8 +195,7 @@ class EpilogueGemm(SpecGemm):
                        "rcp_max": self.rcp_max})
         values.update(self.epilogue.buffer_params({name: t.data_ptr() for name, t in out.items()}, call.n))
         values.update(ln.workspace(grid, s.discrete, stream, current_stream is not None))
-        if s.m >= self.variant.tile_m:
-            ln.launch(values, grid, stream)
+        ln.launch(values, grid, stream)
         del keep
         return TupleDict(**out)
 

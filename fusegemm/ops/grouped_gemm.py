@@ -18,7 +18,9 @@ from typing import Any
 from ..base.errors import ArgumentError, UnsupportedError
 from ..generator.params import GROUPED_PARAMS
 from ..runtime import config
+from ..runtime.interop import dlpack_io
 from ..runtime.launch import launch as _launch
+from ..runtime.load import thread_context
 from ..runtime.tensors import resolve_stream, view
 from ..tupledict import TupleDict
 from . import checks
@@ -241,6 +243,7 @@ class GroupedGemm:
              validate_offsets: bool | None) -> None:
         """Launch a validated layout at these addresses (``args``: the tensors behind ``ptrs``,
         named in an alignment error)."""
+        thread_context(self.device)
         # Base alignment, every call (a new tensor of a known layout may start anywhere): one
         # pass over the addresses (~0.4 us); only a misaligned one takes the named check.
         if any(map(operator.and_, ptrs, _ALIGN_MASKS)):
@@ -298,6 +301,7 @@ def _out_dtype(sample: Any, given: Any, name: str, allowed: tuple[str, ...]) -> 
     return checks.dtype_arg(given, name, allowed) if given is not None else "bfloat16"
 
 
+@dlpack_io
 def grouped_gemm(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: Any = None,
                  bias_tensor: Any = None, b_ptrs: Any = None, n: int | None = None,
                  b_dtype: Any = None, b_major: str = "k", prob_tensor: Any = None,

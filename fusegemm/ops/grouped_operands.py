@@ -52,12 +52,15 @@ def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: 
     r = args.rows(a_tensor, ab_dtypes)
     a, m, k = r.a, r.m, r.k_stored
     item = DTYPES[a.dtype].itemsize
-    if a.strides[1] != 1 and k > 1:
+    # Strides of an empty A (an expert-parallel rank that received no tokens) are arbitrary
+    # (numpy gives (0, 0)) and never used: nothing is launched for it.
+    if a.strides[1] != 1 and k > 1 and m:
         raise ArgumentError("a_tensor.stride", a.strides, "K-major (stride 1 along K)",
                             "pass a_tensor.contiguous()")
     if k < 8 or k % 8:
         raise ArgumentError("a_tensor.shape[1] (K)", k, "a multiple of 8, at least 8 (16-byte rows for TMA)")
-    row_pitch_aligned(a.strides[0], item, "a_tensor.stride[0]")
+    if m:
+        row_pitch_aligned(a.strides[0], item, "a_tensor.stride[0]")
 
     off, l = args.offsets(padded_offsets)
     unit_stride(off, "padded_offsets")

@@ -3,6 +3,7 @@ persistent grid, argument signatures for the host fast path, and the wrappers' c
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from typing import Any, Callable, Hashable
@@ -68,6 +69,28 @@ def persistent_grid(m_rows: int, n: int, tile: tuple[int, int], ctas_per_tile: i
     n_tiles = -(-n // tile[1])
     blocks = -(-m_tiles // units_m) * -(-n_tiles // cn)
     return cs * max(1, min(blocks, sms // cs))
+
+
+_dry = threading.local()
+
+
+@contextlib.contextmanager
+def dry_run():
+    """Validate and allocate outputs, launch nothing (this thread, inside the block).
+
+    The torch custom ops' fake implementations run the eager wrappers under it on fake
+    tensors, so one code path decides every output's shape, dtype and strides.
+    """
+    prev = getattr(_dry, "on", False)
+    _dry.on = True
+    try:
+        yield
+    finally:
+        _dry.on = prev
+
+
+def is_dry() -> bool:
+    return getattr(_dry, "on", False)
 
 
 def signature(args: tuple) -> tuple | None:

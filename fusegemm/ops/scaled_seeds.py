@@ -19,6 +19,7 @@ from typing import Any
 from ..arguments import M_ALIGNED
 from ..base.errors import ArgumentError
 from ..formats.scales import sf_to_kernel_view
+from ..runtime.interop import dlpack_io
 from ..runtime.tensors import view
 from ..tupledict import TupleDict
 from . import checks
@@ -124,6 +125,7 @@ def _shape_out(out: dict[str, Any], op: BlockScaledGemm, canonical: bool, sf_dty
     return shaped
 
 
+@dlpack_io
 def grouped_gemm_srelu(a_tensor: Any, b_tensor: Any = None, sfa_tensor: Any = None, sfb_tensor: Any = None,
                        padded_offsets: Any = None, alpha_tensor: Any = None, bias_tensor: Any = None,
                        b_ptrs: Any = None, sfb_ptrs: Any = None, n: int | None = None, b_dtype: Any = None,
@@ -161,6 +163,7 @@ def grouped_gemm_srelu(a_tensor: Any, b_tensor: Any = None, sfa_tensor: Any = No
                      amax_tensor=o.get("amax"), sfd_row_tensor=o.get("sfd_row"), sfd_col_tensor=o.get("sfd_col"))
 
 
+@dlpack_io
 def grouped_gemm_quant(a_tensor: Any, sfa_tensor: Any, padded_offsets: Any, alpha_tensor: Any,
                        b_tensor: Any = None, sfb_tensor: Any = None, bias_tensor: Any = None, b_ptrs: Any = None,
                        sfb_ptrs: Any = None, n: int | None = None, b_dtype: Any = None, b_major: str = "k",
@@ -195,6 +198,7 @@ def grouped_gemm_quant(a_tensor: Any, sfa_tensor: Any, padded_offsets: Any, alph
                      sfd_row_tensor=o.get("sfd_row"), sfd_col_tensor=o.get("sfd_col"))
 
 
+@dlpack_io
 def grouped_gemm_dswiglu(a_tensor: Any, b_tensor: Any, c_tensor: Any, sfa_tensor: Any, sfb_tensor: Any,
                          padded_offsets: Any, alpha_tensor: Any, beta_tensor: Any, prob_tensor: Any,
                          norm_const_tensor: Any = None, acc_dtype: Any = "float32", d_dtype: Any = "bfloat16",
@@ -259,6 +263,7 @@ def _clamp(tanh_clamp_scale: Any) -> Any:
     return float(tanh_clamp_scale)
 
 
+@dlpack_io
 def gemm_amax(a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_tensor: Any, c_major: str = "n",
               c_dtype: Any = "float32", acc_dtype: Any = "float32", mma_tiler_mn: Any = None,
               cluster_shape_mn: Any = None, sf_vec_size: int = 32, stream: Any = None) -> TupleDict:

@@ -527,3 +527,17 @@ def test_yaml_edit_changes_the_kernel(torch, doubled_spec_path):
     base = EpilogueGemm("grouped_gemm", d_dtype="float32")(*args, inputs=inputs)["d"]
     twice = EpilogueGemm(doubled_spec_path, d_dtype="float32")(*args, inputs=inputs)["d"]
     assert torch.equal(twice, 2 * base) and base.abs().max() > 0
+
+
+def test_swiglu_gemm_with_no_tokens(torch):
+    """A spec-driven op on an A of zero rows (an expert-parallel rank that received no tokens):
+    empty outputs, nothing launched, no refusal."""
+    from fusegemm import EpilogueGemm
+    op = EpilogueGemm("grouped_gemm_swiglu", d_dtype="bfloat16")
+    a = torch.empty((0, 128), dtype=torch.bfloat16, device="cuda")
+    b = torch.zeros((2, 512, 128), dtype=torch.bfloat16, device="cuda")
+    offsets = torch.zeros(2, dtype=torch.int32, device="cuda")
+    out = op(a, offsets, b, inputs={"alpha": torch.ones(2, device="cuda"),
+                                    "prob": torch.ones(0, device="cuda")})
+    torch.cuda.synchronize()
+    assert out["d"].shape[0] == 0

@@ -80,6 +80,7 @@ def test_batched_maps_and_launch_values(monkeypatch, cd_major):
     ln.launch = lambda values, grid, stream: captured.update(values=values, grid=grid)
     op._launcher = ln
     monkeypatch.setattr("fusegemm.runtime.tensors.resolve_stream", lambda s, d: 0)
+    monkeypatch.setattr("fusegemm.runtime.load.thread_context", lambda d: None)
     out = {"c": _FakeBuf(1000), "amax": _FakeBuf(2000)}
     op.launch(call, {}, out, None)
     a, b, sfa, sfb = ln.tmaps.calls

@@ -2,6 +2,7 @@
 implementation's shapes/dtypes/strides (the real op runs in tests/gpu/test_torch_ops_gpu.py)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -52,3 +53,79 @@ def test_real_op_validates_like_the_wrapper():
     off = torch.tensor([256], dtype=torch.int32)
     with pytest.raises(ArgumentError, match="a_tensor"):
         fg.grouped_gemm(a, off, torch.ones(1), b)       # CPU tensors: the seed's device error
+
+
+# ---------------------------------------------------------------- block-scaled custom ops
+
+def _fake_cuda(kw, mode):
+    """The problem's arrays as fake CUDA tensors (same shapes, strides and dtypes)."""
+    from fusegemm.checking import to_device
+    out = {}
+    for k, v in kw.items():
+        t = to_device(v, "cpu")
+        out[k] = (torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda")
+                  if isinstance(t, torch.Tensor) else t)
+    return out
+
+
+SCALED_CASES = [
+    ("grouped_gemm_srelu", dict(d_dtype="float8_e4m3fn"), "kernel"),
+    ("grouped_gemm_srelu", dict(d_dtype="bfloat16", c_dtype="float32"), "canonical"),
+    ("grouped_gemm_quant", dict(d_dtype="float8_e5m2"), "kernel"),
+    ("grouped_gemm_quant", dict(d_dtype="bfloat16"), "canonical"),
+    ("grouped_gemm_dswiglu", dict(d_dtype="float8_e4m3fn"), "kernel"),
+    ("gemm_amax", dict(), "kernel"),
+]
+
+
+@pytest.mark.parametrize("op,opts,layout", SCALED_CASES)
+def test_block_scaled_fakes_have_the_references_shapes(monkeypatch, op, opts, layout):
+    """The fake implementation runs the eager wrapper without launching (dry_run) on fake CUDA
+    tensors: every output's shape and dtype must equal the numpy reference's (an independent
+    statement of the seed's layout); absent outputs are empty tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fusegemm import reference
+    from fusegemm.problems import make_batched_problem, make_grouped_problem
+    monkeypatch.setattr("fusegemm.ops.device.device_arch", lambda d: "sm_90a")   # no GPU here
+    if op == "gemm_amax":
+        kw = make_batched_problem(m=200, n=264, k=256, batch=2, values="integer", seed=3).kwargs()
+    else:
+        kw = make_grouped_problem(op, num_experts=3, tokens=[256, 0, 300], n=256, k=256, values="integer",
+                                  layout=layout, seed=3, **opts).kwargs(sf_vec_size=32)
+    ref = getattr(reference, op)(**kw)
+    names = {"grouped_gemm_srelu": fg.SRELU_OUT, "grouped_gemm_quant": fg.QUANT_OUT,
+             "grouped_gemm_dswiglu": fg.DSWIGLU_OUT, "gemm_amax": fg.AMAX_OUT}[op]
+    dt = {k: getattr(torch, v) for k, v in kw.items() if k in ("c_dtype", "d_dtype")}
+    with FakeTensorMode():
+        f = _fake_cuda(kw, None)
+        if op == "grouped_gemm_srelu":
+            out = fg.grouped_gemm_srelu(f["a_tensor"], f["b_tensor"], f["sfa_tensor"], f["sfb_tensor"],
+                                        f["padded_offsets"], f["alpha_tensor"], norm_const=f["norm_const_tensor"],
+                                        prob=f["prob_tensor"], sf_vec_size=32, **dt)
+        elif op == "grouped_gemm_quant":
+            out = fg.grouped_gemm_quant(f["a_tensor"], f["sfa_tensor"], f["padded_offsets"], f["alpha_tensor"],
+                                        f["b_tensor"], f["sfb_tensor"], norm_const=f["norm_const_tensor"],
+                                        prob=f["prob_tensor"], sf_vec_size=32, **dt)
+        elif op == "grouped_gemm_dswiglu":
+            out = fg.grouped_gemm_dswiglu(f["a_tensor"], f["b_tensor"], f["c_tensor"], f["sfa_tensor"],
+                                          f["sfb_tensor"], f["padded_offsets"], f["alpha_tensor"], f["beta_tensor"],
+                                          f["prob_tensor"], norm_const=f["norm_const_tensor"], sf_vec_size=32, **dt)
+        else:
+            out = fg.gemm_amax(f["a_tensor"], f["b_tensor"], f["sfa_tensor"], f["sfb_tensor"], c_dtype=torch.float32)
+    assert len(out) == len(names)
+    for name, t in zip(names, out):
+        r = ref[name]
+        if r is None:
+            assert t.shape == (0,) and t.dtype == torch.uint8, name
+            continue
+        r = np.asarray(r)
+        assert tuple(t.shape) == r.shape, (name, tuple(t.shape), r.shape)
+        assert str(t.dtype).removeprefix("torch.") == r.dtype.name, (name, t.dtype, r.dtype)
+        assert t.device.type == "cuda"
+
+
+def test_block_scaled_ops_are_functional():
+    for name in ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax"):
+        schema = getattr(torch.ops.fusegemm, name).default._schema
+        assert not any(arg.alias_info is not None for arg in schema.arguments), name

@@ -1,0 +1,263 @@
+"""fusegemm inside ``jax.jit``: XLA FFI targets implemented as ctypes callbacks.
+
+For an FFI custom call XLA calls a C function with a *call frame*: the argument and result
+buffers (dtype, address, dims), the attributes, and an execution context from which the CUDA
+stream is read. ``ctypes.CFUNCTYPE`` turns a Python function into such a C function pointer,
+so no host compiler is needed (NVIDIA Warp registers its JAX kernels the same way). The
+structures below follow XLA's FFI C API (``xla/ffi/api/c_api.h``; append-only, so the fields
+read here stay where they are).
+
+    import fusegemm.jax_ffi as fj
+
+    @jax.jit
+    def f(a, offsets, alpha, b):
+        return fj.grouped_gemm(a, offsets, alpha, b)        # D (M, N) bfloat16
+
+What runs in the callback: the result buffers XLA allocated become the op's outputs, the
+class API (``fusegemm.GroupedGemm``, cached per configuration) validates the buffers and
+launches on XLA's stream. The callback holds the GIL while it runs (host work of one cached
+``execute()`` plus the decoding); XLA releases the GIL while it executes, as for any JAX call.
+A failure becomes an XLA error carrying fusegemm's message, never a crash. Buffers are dense
+row-major (XLA's default layout): A ``(M, K)``, B ``(L, N, K)``, outputs ``(M, N)``.
+Registering the targets needs JAX with a CUDA backend; importing this module does not.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+from .base.errors import ArgumentError
+
+# ---------------------------------------------------------------- the FFI C API (ctypes)
+
+_P = ctypes.c_void_p
+_I64P = ctypes.POINTER(ctypes.c_int64)
+_METADATA = 1          # XLA_FFI_Extension_Type: the handler is asked for its API version/traits
+_EXECUTE = 3           # XLA_FFI_ExecutionStage
+_INVALID_ARGUMENT, _INTERNAL = 3, 13
+_ATTR_SCALAR, _ATTR_STRING = 3, 4
+# XLA_FFI_DataType -> fusegemm dtype name (the ones the ops take)
+DTYPES = {1: "bool", 4: "int32", 5: "int64", 6: "uint8", 10: "float16", 11: "float32", 16: "bfloat16",
+          19: "float8_e5m2", 20: "float8_e4m3fn", 33: "float8_e8m0fnu"}
+
+
+class _Ext(ctypes.Structure):
+    pass
+
+
+_Ext._fields_ = [("struct_size", ctypes.c_size_t), ("type", ctypes.c_int), ("next", ctypes.POINTER(_Ext))]
+
+
+def _head() -> list:
+    return [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.POINTER(_Ext))]
+
+
+class _Buffer(ctypes.Structure):
+    _fields_ = _head() + [("dtype", ctypes.c_int), ("data", _P), ("rank", ctypes.c_int64), ("dims", _I64P)]
+
+
+class _List(ctypes.Structure):       # XLA_FFI_Args and XLA_FFI_Rets have this layout
+    _fields_ = _head() + [("size", ctypes.c_int64), ("types", ctypes.POINTER(ctypes.c_int)),
+                          ("items", ctypes.POINTER(_P))]
+
+
+class _Span(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+class _Scalar(ctypes.Structure):
+    _fields_ = [("dtype", ctypes.c_int), ("value", _P)]
+
+
+class _Attrs(ctypes.Structure):
+    _fields_ = _head() + [("size", ctypes.c_int64), ("types", ctypes.POINTER(ctypes.c_int)),
+                          ("names", ctypes.POINTER(ctypes.POINTER(_Span))), ("attrs", ctypes.POINTER(_P))]
+
+
+class _Version(ctypes.Structure):
+    _fields_ = _head() + [("major", ctypes.c_int), ("minor", ctypes.c_int)]
+
+
+class _Metadata(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("api_version", _Version), ("traits", ctypes.c_uint32)]
+
+
+class _MetadataExt(ctypes.Structure):
+    _fields_ = [("base", _Ext), ("metadata", ctypes.POINTER(_Metadata))]
+
+
+class _ErrorArgs(ctypes.Structure):
+    _fields_ = _head() + [("message", ctypes.c_char_p), ("errc", ctypes.c_int)]
+
+
+class _StreamArgs(ctypes.Structure):
+    _fields_ = _head() + [("ctx", _P), ("stream", _P)]
+
+
+_ErrorCreate = ctypes.CFUNCTYPE(_P, ctypes.POINTER(_ErrorArgs))
+_StreamGet = ctypes.CFUNCTYPE(_P, ctypes.POINTER(_StreamArgs))
+
+
+class _Api(ctypes.Structure):
+    # Only the entries used here are typed; the rest keep their places as pointers.
+    _fields_ = _head() + [("api_version", _Version), ("internal_api", _P), ("error_create", _ErrorCreate),
+                          ("error_get_message", _P), ("error_destroy", _P), ("handler_register", _P),
+                          ("stream_get", _StreamGet)]
+
+
+class _CallFrame(ctypes.Structure):
+    _fields_ = _head() + [("api", ctypes.POINTER(_Api)), ("ctx", _P), ("stage", ctypes.c_int),
+                          ("args", _List), ("rets", _List), ("attrs", _Attrs), ("future", _P)]
+
+
+_Handler = ctypes.CFUNCTYPE(_P, ctypes.POINTER(_CallFrame))
+
+# ---------------------------------------------------------------- decoding
+
+
+def _views(items: _List, what: str) -> list:
+    """The buffers of an argument or result list as TensorViews (dense row-major)."""
+    from .runtime.tensors import TensorView, pointer_device
+    out, device = [], None
+    for i in range(items.size):
+        b = ctypes.cast(items.items[i], ctypes.POINTER(_Buffer)).contents
+        name = DTYPES.get(b.dtype)
+        if name is None:
+            raise ArgumentError(f"{what}[{i}].dtype", f"XLA type {b.dtype}", ", ".join(DTYPES.values()))
+        shape = tuple(int(b.dims[d]) for d in range(b.rank))
+        strides, acc = [0] * len(shape), 1
+        for d in range(len(shape) - 1, -1, -1):
+            strides[d], acc = acc, acc * shape[d]
+        ptr = int(b.data or 0)
+        if device is None and ptr:
+            device = pointer_device(ptr)
+        out.append(TensorView(ptr, shape, tuple(strides), name, ("cuda", device if device is not None else 0), None))
+    return out
+
+
+def _attrs(attrs: _Attrs) -> dict[str, Any]:
+    """Scalar (bool/int) and string attributes by name."""
+    out: dict[str, Any] = {}
+    for i in range(attrs.size):
+        span = attrs.names[i].contents
+        name = ctypes.string_at(span.ptr, span.len).decode()
+        if attrs.types[i] == _ATTR_STRING:
+            s = ctypes.cast(attrs.attrs[i], ctypes.POINTER(_Span)).contents
+            out[name] = ctypes.string_at(s.ptr, s.len).decode()
+        elif attrs.types[i] == _ATTR_SCALAR:
+            sc = ctypes.cast(attrs.attrs[i], ctypes.POINTER(_Scalar)).contents
+            kind = DTYPES.get(sc.dtype)
+            ctype = {"bool": ctypes.c_bool, "int32": ctypes.c_int32, "int64": ctypes.c_int64}.get(kind)
+            if ctype is None:
+                raise ArgumentError(f"attribute {name}", f"XLA scalar type {sc.dtype}", "bool, int32, int64")
+            out[name] = ctypes.cast(sc.value, ctypes.POINTER(ctype)).contents.value
+    return out
+
+
+def _error(frame: _CallFrame, code: int, message: str) -> int:
+    args = _ErrorArgs(ctypes.sizeof(_ErrorArgs), None, message.encode("utf-8", "replace")[:4000], code)
+    return frame.api.contents.error_create(ctypes.byref(args))
+
+
+def _stream(frame: _CallFrame) -> int:
+    args = _StreamArgs(ctypes.sizeof(_StreamArgs), None, frame.ctx, None)
+    err = frame.api.contents.stream_get(ctypes.byref(args))
+    if err:
+        raise RuntimeError("XLA_FFI_Stream_Get failed")
+    return int(args.stream or 0)
+
+
+def _handler(run):
+    """A C handler around ``run(args, rets, attrs, stream)``: answers XLA's metadata query,
+    acts in the execute stage only, and turns every exception into an FFI error."""
+    def handle(frame_ptr):
+        frame = frame_ptr.contents
+        try:
+            ext = frame.extension_start
+            if ext and ext.contents.type == _METADATA:
+                md = ctypes.cast(ext, ctypes.POINTER(_MetadataExt)).contents.metadata.contents
+                md.api_version.major, md.api_version.minor = 0, 1
+                md.traits = 0          # not command-buffer safe: per-call host work (addresses)
+                return None
+            if frame.stage != _EXECUTE:
+                return None
+            run(_views(frame.args, "args"), _views(frame.rets, "rets"), _attrs(frame.attrs), _stream(frame))
+            return None
+        except ArgumentError as exc:
+            return _error(frame, _INVALID_ARGUMENT, f"fusegemm: {exc}")
+        except Exception as exc:   # noqa: BLE001 -- never unwind through XLA's C frames
+            return _error(frame, _INTERNAL, f"fusegemm: {type(exc).__name__}: {exc}")
+    return _Handler(handle)
+
+
+# ---------------------------------------------------------------- the grouped GEMM target
+
+_ops: dict[tuple, Any] = {}
+_ops_lock = threading.Lock()
+
+
+def _run_grouped_gemm(args: list, rets: list, attrs: dict[str, Any], stream: int) -> None:
+    from .ops.grouped_gemm import GroupedGemm
+    has_prob, has_bias, gen_c = bool(attrs.get("has_prob")), bool(attrs.get("has_bias")), bool(attrs.get("generate_c"))
+    want = 4 + has_prob + has_bias
+    if len(args) != want or len(rets) != 1 + gen_c:
+        raise ArgumentError("ffi buffers", f"{len(args)} arguments, {len(rets)} results",
+                            f"{want} arguments and {1 + gen_c} results for these attributes")
+    a, off, alpha, b = args[:4]
+    rest = args[4:]
+    prob = rest.pop(0) if has_prob else None
+    bias = rest.pop(0) if has_bias else None
+    if bias is not None and bias.ndim == 2:
+        # The kernel reads bias as (N, L) with N contiguous: exactly a row-major (L, N) buffer.
+        from .runtime.tensors import TensorView
+        (l, n), dev = bias.shape, bias.device
+        bias = TensorView(bias.ptr, (n, l), (1, n), bias.dtype, dev, None)
+    d = rets[0]
+    c = rets[1] if gen_c else None
+    key = (a.dtype, b.dtype, d.dtype, c.dtype if c is not None else None, has_prob,
+           bias.dtype if bias is not None else None, gen_c, a.device[1])
+    op = _ops.get(key)
+    if op is None:
+        with _ops_lock:
+            op = _ops.get(key) or GroupedGemm(a, c, d, off, alpha, b, bias, prob, generate_c=gen_c).compile()
+            _ops[key] = op
+    op.execute(a, c, d, off, alpha, b, bias, prob, current_stream=stream)
+
+
+_registered: dict[str, Any] = {}   # target name -> the C handler (kept alive: XLA holds its address)
+
+
+def register() -> None:
+    """Register fusegemm's FFI targets with JAX's CUDA backend (idempotent)."""
+    if _registered:
+        return
+    import jax
+    for name, run in (("fusegemm_grouped_gemm", _run_grouped_gemm),):
+        fn = _handler(run)
+        capsule = jax.ffi.pycapsule(ctypes.cast(fn, ctypes.c_void_p).value)
+        jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+        _registered[name] = fn
+
+
+def grouped_gemm(a: Any, padded_offsets: Any, alpha: Any, b: Any, *, prob: Any = None, bias: Any = None,
+                 d_dtype: Any = None, c_dtype: Any = None, generate_c: bool = False) -> Any:
+    """Seed 001's grouped GEMM as a JAX operation (usable inside ``jax.jit``).
+
+    ``a`` (M, K) bfloat16, ``padded_offsets`` (L,) int32, ``alpha`` (L,) float32, ``b`` (L, N, K)
+    bfloat16, ``prob`` (M,) float32, ``bias`` (L, N) (one row per expert; the seed's (N, L) view of
+    the same memory). Returns D (M, N) (``d_dtype``, default bfloat16), or ``(D, C)`` with
+    ``generate_c``. Rows at or past ``padded_offsets[-1]`` are unspecified (XLA's buffers).
+    """
+    import jax
+    import jax.numpy as jnp
+    register()
+    d_dt = jnp.dtype(d_dtype or jnp.bfloat16)
+    m, n = a.shape[0], b.shape[1]
+    outs = [jax.ShapeDtypeStruct((m, n), d_dt)]
+    if generate_c:
+        outs.append(jax.ShapeDtypeStruct((m, n), jnp.dtype(c_dtype or jnp.bfloat16)))
+    call = jax.ffi.ffi_call("fusegemm_grouped_gemm", outs)
+    operands = [a, padded_offsets, alpha, b] + [x for x in (prob, bias) if x is not None]
+    res = call(*operands, has_prob=prob is not None, has_bias=bias is not None, generate_c=bool(generate_c))
+    return res if generate_c else res[0]
