@@ -194,3 +194,75 @@ def gemm_amax(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, *, c_major: str = 
               c_dtype: torch.dtype = torch.float32, sf_vec_size: int = 32) -> tuple[Tensor, Tensor]:
     """``torch.ops.fusegemm.gemm_amax``: seed 004 as a custom op. Returns ``(c, amax)``."""
     return torch.ops.fusegemm.gemm_amax(a, b, sfa, sfb, c_major, c_dtype, sf_vec_size)
+
+
+# ---------------------------------------------------------------- spec-driven ops (EpilogueGemm)
+# One custom op for every spec of the grouped GEMM family, a user's YAML file included: the spec
+# (name or path) and its variant choices travel as strings, the epilogue's inputs as their names
+# (comma-joined: spec identifiers hold no commas) beside a list of tensors, and the outputs come
+# back as a list in the epilogue's order.
+
+_EPILOGUE_OPS: dict[tuple, object] = {}
+
+
+def _epilogue_op(spec: str, axes: str, device: int):
+    import json
+
+    from .ops.epilogue_gemm import EpilogueGemm
+    key = (spec, axes, device)
+    op = _EPILOGUE_OPS.get(key)
+    if op is None:
+        choices = json.loads(axes)
+        e5m2 = choices.pop("e5m2_rcp_max", "page")
+        op = _EPILOGUE_OPS[key] = EpilogueGemm(spec, device=device, e5m2_rcp_max=e5m2, **choices)
+    return op
+
+
+def _epilogue_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, fake):
+    import contextlib
+
+    from .ops.prepared import dry_run
+    names = input_names.split(",") if input_names else []
+    if len(names) != len(inputs):
+        raise ValueError(f"input_names: got {len(names)} names for {len(inputs)} tensors; allowed: one each")
+    op = _epilogue_op(spec, axes, a.device.index or 0)
+    with dry_run() if fake else contextlib.nullcontext():
+        out = op(a, padded_offsets, b, b_ptrs=b_ptrs, n=n, inputs=dict(zip(names, inputs)))
+    return list(out.values())
+
+
+@torch.library.custom_op("fusegemm::epilogue_gemm", mutates_args=())
+def _epilogue_gemm(spec: str, axes: str, a: Tensor, padded_offsets: Tensor, b: Optional[Tensor],
+                   b_ptrs: Optional[Tensor], n: Optional[int], input_names: str,
+                   inputs: list[Tensor]) -> list[Tensor]:
+    return _epilogue_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, False)
+
+
+@_epilogue_gemm.register_fake
+def _epilogue_gemm_fake(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs):
+    return _epilogue_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, True)
+
+
+@torch.compiler.assume_constant_result
+def _epilogue_plan(spec: str, axes: tuple, device: int) -> tuple[str, tuple[str, ...]]:
+    """(variant choices as JSON, output names in order) of a spec op: constant for torch.compile
+    (dynamo calls this once while tracing instead of tracing into the spec machinery)."""
+    import json
+    axes_json = json.dumps(dict(axes), sort_keys=True)
+    op = _epilogue_op(spec, axes_json, device)
+    return axes_json, tuple(op.epilogue.buffers(256, 256, 1))
+
+
+def epilogue_gemm(spec: str, a: Tensor, padded_offsets: Tensor, b: Optional[Tensor] = None, *,
+                  b_ptrs: Optional[Tensor] = None, n: Optional[int] = None,
+                  inputs: Optional[dict] = None, **axes) -> dict:
+    """``torch.ops.fusegemm.epilogue_gemm``: ``fusegemm.EpilogueGemm(spec, **axes)(a, padded_offsets,
+    b, inputs=inputs)`` as a custom op (traceable by ``torch.compile``). ``spec`` is a spec name or
+    a path to a YAML file; scalar inputs may be Python numbers (made 1-element tensors on ``a``'s
+    device). Returns the epilogue's outputs by name."""
+    axes_json, names = _epilogue_plan(str(spec), tuple(sorted(axes.items())), a.device.index or 0)
+    given = dict(inputs or {})
+    tensors = [v if isinstance(v, Tensor) else torch.full((1,), float(v), device=a.device) for v in given.values()]
+    out = torch.ops.fusegemm.epilogue_gemm(str(spec), axes_json, a, padded_offsets, b, b_ptrs, n, ",".join(given),
+                                           tensors)
+    return dict(zip(names, out))

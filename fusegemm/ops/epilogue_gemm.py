@@ -173,7 +173,6 @@ class EpilogueGemm(SpecGemm):
         from ..runtime.load import thread_context
         from ..runtime.tensors import resolve_stream
         self.compile()
-        thread_context(self.device)
         call = parse_call(a_tensor, padded_offsets, None, b_tensor, b_ptrs, None, None,
                           ab_dtypes=("bfloat16",), bias_dtypes=(), n=n, alpha_required=False)
         if (call.b_ptrs is not None) != (self.variant.weight_mode == "discrete"):
@@ -183,6 +182,9 @@ class EpilogueGemm(SpecGemm):
         w = self.widths(call.n)[0]          # checks N against the pairing
         values, keep = self._inputs(inputs or {}, call, w)
         out = alloc_outputs(self.epilogue, call.n, call.m, call.l, f"cuda:{dev}")
+        if is_dry():
+            return TupleDict(**out)   # a fake implementation's trace: outputs allocated, no launch
+        thread_context(self.device)
         ln = self._launcher
         s = shape_of(call)
         stream = resolve_stream(current_stream, self.device)

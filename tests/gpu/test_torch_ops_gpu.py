@@ -267,3 +267,36 @@ def test_block_scaled_custom_ops_compile_fullgraph():
     compiled = torch.compile(f, fullgraph=True)(*args)
     assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
     assert torch.equal(eager[2], compiled[2])
+
+
+def test_spec_op_custom_op_matches_the_class_and_compiles():
+    """torch.ops.fusegemm.epilogue_gemm (any grouped-GEMM spec, here the SwiGLU example): opcheck,
+    the same bytes as fusegemm.EpilogueGemm, and torch.compile(fullgraph=True) of fc1 (spec op) ->
+    fc2 (grouped GEMM) equal to eager."""
+    import torch._dynamo
+
+    import fusegemm.torch_library as fg
+    g = torch.Generator(device="cuda").manual_seed(4)
+    off = torch.tensor([256, 256, 768], dtype=torch.int32, device="cuda")
+    a = (torch.rand((768, 256), generator=g, device="cuda") - 0.5).bfloat16()
+    w1 = (torch.rand((3, 1024, 256), generator=g, device="cuda") - 0.5).bfloat16()
+    w2 = (torch.rand((3, 256, 512), generator=g, device="cuda") - 0.5).bfloat16()
+    alpha, prob = torch.ones(3, device="cuda"), torch.rand(768, generator=g, device="cuda")
+    torch.library.opcheck(torch.ops.fusegemm.epilogue_gemm.default,
+                          ("grouped_gemm_swiglu", '{"d_dtype": "bfloat16"}', a, off, w1, None, None, "alpha,prob",
+                           [alpha, prob]))
+    want = fusegemm.EpilogueGemm("grouped_gemm_swiglu", d_dtype="bfloat16")(a, off, w1,
+                                                                           inputs={"alpha": alpha, "prob": prob})
+    got = fg.epilogue_gemm("grouped_gemm_swiglu", a, off, w1, inputs={"alpha": alpha, "prob": prob},
+                           d_dtype="bfloat16")
+    assert list(got) == list(want.keys()) and torch.equal(got["d"], want["d"])
+
+    def mlp(a, off, w1, w2, alpha, prob):
+        h = fg.epilogue_gemm("grouped_gemm_swiglu", a, off, w1, inputs={"alpha": alpha, "prob": prob},
+                             d_dtype="bfloat16")["d"]
+        return fg.grouped_gemm(h, off, alpha, w2)[0]
+
+    torch._dynamo.reset()
+    eager = mlp(a, off, w1, w2, alpha, prob)
+    compiled = torch.compile(mlp, fullgraph=True)(a, off, w1, w2, alpha, prob)
+    assert torch.equal(eager, compiled)

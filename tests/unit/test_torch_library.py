@@ -129,3 +129,30 @@ def test_block_scaled_ops_are_functional():
     for name in ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax"):
         schema = getattr(torch.ops.fusegemm, name).default._schema
         assert not any(arg.alias_info is not None for arg in schema.arguments), name
+
+
+@pytest.mark.parametrize("d_dtype,want", [
+    ("bfloat16", {"d": ((768, 512), torch.bfloat16)}),
+    ("float8_e4m3fn", {"d": ((768, 512), torch.uint8), "sfd_row": ((1, 6, 4, 32, 4, 4), torch.uint8)}),
+])
+def test_spec_op_fake_outputs(monkeypatch, d_dtype, want):
+    """torch.ops.fusegemm.epilogue_gemm on the SwiGLU spec (N = 1024 paired columns -> D of 512;
+    FP8 D as raw bytes with its SFD_row atoms, as EpilogueGemm returns them), traced on fake
+    CUDA tensors without a GPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    monkeypatch.setattr("fusegemm.ops.device.device_arch", lambda d: "sm_90a")
+    with FakeTensorMode():
+        a = torch.empty((768, 256), dtype=torch.bfloat16, device="cuda")
+        off = torch.empty((3,), dtype=torch.int32, device="cuda")
+        b = torch.empty((3, 1024, 256), dtype=torch.bfloat16, device="cuda")
+        inputs = {"alpha": torch.empty((3,), device="cuda"), "prob": torch.empty((768,), device="cuda")}
+        if d_dtype != "bfloat16":
+            inputs["norm_const"] = 0.01
+        out = fg.epilogue_gemm("grouped_gemm_swiglu", a, off, b, inputs=inputs, d_dtype=d_dtype)
+    assert {k: (tuple(v.shape), v.dtype) for k, v in out.items()} == want
+
+
+def test_spec_op_names_its_inputs_one_to_one():
+    with pytest.raises(ValueError, match="input_names: got 2 names for 1 tensors"):
+        fg._epilogue_call("grouped_gemm_swiglu", "{}", torch.empty(1), None, None, None, None, "alpha,prob",
+                          [torch.empty(1)], True)
