@@ -1,0 +1,192 @@
+"""An MoE expert MLP for training, built from fusegemm ops (BF16 recipe, first cut).
+
+Tokens arrive grouped by expert: ``x`` (M, H) bfloat16 where expert e owns rows
+``[padded_offsets[e-1], padded_offsets[e])`` (multiples of 256; rows between an expert's last
+token and its boundary hold zeros), ``prob`` (M,) the routing weight of each row.
+
+    mlp = ExpertMLP(experts=8, hidden=1024, intermediate=2048).cuda()
+    y = mlp(x, padded_offsets, prob)            # (M, H); rows at/past padded_offsets[-1] are 0
+    y.float().square().mean().backward()        # grads of x, prob, mlp.w1, mlp.w2
+
+Forward: fc1 with the fused SwiGLU epilogue (``specs/grouped_gemm_swiglu.yaml``:
+``h = prob * silu(gate) * up`` straight out of the GEMM) then fc2 (``fusegemm.grouped_gemm``).
+``w1`` is (L, 2F, H) in the seed's 32-column interleave (gate and up blocks alternate;
+:func:`interleave_gate_up` converts from the usual ``[gate; up]`` stacking), ``w2`` (L, H, F).
+
+Backward: fc1's pre-activations are recomputed with the grouped GEMM (activation recompute:
+nothing but ``x`` and ``prob`` is kept), dSwiGLU and dprob in torch, both data gradients with
+the grouped GEMM on transposed weights, and the weight gradients (K-grouped: a reduction over
+each expert's tokens) with ``torch._grouped_mm``. Still to come (issue 14): the fused dSwiGLU
+GEMM, a K-grouped fusegemm family for the weight gradients, the MXFP8 recipe and expert
+parallelism.
+
+``backend="torch"`` runs the same structure with torch matmuls (any device, any float dtype):
+the reference the tests hold the fusegemm backend to, and what ``gradcheck`` differentiates.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+BLOCK = 32   # the seed's gate/up interleave (columns per block)
+
+
+def interleave_gate_up(w_gate: Tensor, w_up: Tensor, block: int = BLOCK) -> Tensor:
+    """(L, F, H) gate and up weights -> (L, 2F, H) with 32-row blocks alternating gate, up."""
+    if w_gate.shape != w_up.shape or w_gate.dim() != 3 or w_gate.shape[1] % block:
+        raise ValueError(f"w_gate/w_up: got {tuple(w_gate.shape)} and {tuple(w_up.shape)}; allowed: equal "
+                         f"(L, F, H) shapes with F a multiple of {block}")
+    l, f, h = w_gate.shape
+    return torch.stack((w_gate.view(l, f // block, block, h), w_up.view(l, f // block, block, h)), 2).reshape(l, 2 * f, h)
+
+
+def split_gate_up(t: Tensor, block: int = BLOCK) -> tuple[Tensor, Tensor]:
+    """The inverse along the last dimension: (..., 2F) interleaved -> gate (..., F), up (..., F)."""
+    pairs = t.unflatten(-1, (t.shape[-1] // (2 * block), 2, block))
+    return pairs[..., 0, :].flatten(-2), pairs[..., 1, :].flatten(-2)
+
+
+def join_gate_up(gate: Tensor, up: Tensor, block: int = BLOCK) -> Tensor:
+    """gate, up (..., F) -> (..., 2F) interleaved (the inverse of :func:`split_gate_up`)."""
+    g, u = gate.unflatten(-1, (-1, block)), up.unflatten(-1, (-1, block))
+    return torch.stack((g, u), -2).flatten(-3)
+
+
+def _swiglu(g: Tensor, prob: Tensor) -> Tensor:
+    """``prob * silu(gate) * up`` of interleaved pre-activations, in accumulation precision."""
+    gate, up = split_gate_up(_acc(g))
+    return torch.nn.functional.silu(gate) * up * _acc(prob)[:, None]
+
+
+def swiglu_backward(g: Tensor, dh: Tensor, prob: Tensor) -> tuple[Tensor, Tensor]:
+    """Gradients of ``h = prob * silu(gate) * up`` (``g``: interleaved pre-activations (M, 2F),
+    ``dh`` (M, F)): (dG interleaved (M, 2F), dprob (M,)), in float32 (or the inputs' dtype if wider)."""
+    dt = torch.promote_types(g.dtype, torch.float32)
+    gate, up = (t.to(dt) for t in split_gate_up(g))
+    dh, p = dh.to(dt), prob.to(dt)[:, None]
+    sig = torch.sigmoid(gate)
+    silu = gate * sig
+    dgate = dh * p * up * sig * (1 + gate * (1 - sig))
+    dup = dh * p * silu
+    dprob = (dh * silu * up).sum(-1)
+    return join_gate_up(dgate, dup), dprob
+
+
+def _acc(t: Tensor) -> Tensor:
+    """``t`` in its accumulation precision: float32, or wider when ``t`` is (gradcheck's float64)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def _expert_rows(padded_offsets: Tensor) -> list[tuple[int, int]]:
+    ends = padded_offsets.tolist()     # a host copy: the per-expert weight gradients need it
+    return list(zip([0] + ends[:-1], ends))
+
+
+class _Torch:
+    """The layer's GEMMs with torch matmuls per expert (reference and CPU backend)."""
+
+    @staticmethod
+    def grouped(x: Tensor, rows: list, w: Tensor) -> Tensor:
+        """y[rows_e] = x[rows_e] @ w[e]^T; rows past the last expert are 0."""
+        y = x.new_zeros((x.shape[0], w.shape[1]))
+        for e, (s, t) in enumerate(rows):
+            if t > s:
+                y[s:t] = (_acc(x[s:t]) @ _acc(w[e]).T).to(y.dtype)
+        return y
+
+    def fc1(self, x: Tensor, off: Tensor, rows: list, w1: Tensor, prob: Tensor) -> Tensor:
+        return _swiglu(self.grouped(x, rows, w1), prob).to(x.dtype)
+
+    def gemm(self, x: Tensor, off: Tensor, rows: list, w: Tensor) -> Tensor:
+        return self.grouped(x, rows, w)
+
+    @staticmethod
+    def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor) -> Tensor:
+        """dW[e] = dy[rows_e]^T @ x[rows_e] (a reduction over each expert's rows)."""
+        dw = torch.zeros_like(like)
+        for e, (s, t) in enumerate(rows):
+            if t > s:
+                dw[e] = (_acc(dy[s:t]).T @ _acc(x[s:t])).to(like.dtype)
+        return dw
+
+
+class _Fusegemm:
+    """The layer's GEMMs on fusegemm kernels (CUDA, bfloat16)."""
+
+    def fc1(self, x: Tensor, off: Tensor, rows: list, w1: Tensor, prob: Tensor) -> Tensor:
+        from .torch_library import epilogue_gemm
+        ones = torch.ones(w1.shape[0], device=x.device)
+        h = epilogue_gemm("grouped_gemm_swiglu", x, off, w1, inputs={"alpha": ones, "prob": prob.float()},
+                          d_dtype="bfloat16")["d"]
+        return _zero_tail(h, off)
+
+    def gemm(self, x: Tensor, off: Tensor, rows: list, w: Tensor) -> Tensor:
+        from .torch_library import grouped_gemm
+        return _zero_tail(grouped_gemm(x, off, torch.ones(w.shape[0], device=x.device), w)[0], off)
+
+    @staticmethod
+    def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor) -> Tensor:
+        """The K-grouped weight gradient with torch._grouped_mm (BF16 in, FP32 accumulation): no
+        fusegemm family for it yet (issue 14), and no host copy of the offsets."""
+        return torch._grouped_mm(dy.t(), x, offs=off).to(like.dtype)
+
+
+def _zero_tail(y: Tensor, off: Tensor) -> Tensor:
+    """Rows at or past padded_offsets[-1] (left unwritten by the kernels) as zeros, without a sync."""
+    valid = torch.arange(y.shape[0], device=y.device) < off[-1]
+    return torch.where(valid[:, None], y, torch.zeros((), dtype=y.dtype, device=y.device))
+
+
+_BACKENDS = {"torch": _Torch(), "fusegemm": _Fusegemm()}
+
+
+class ExpertMLPFunction(torch.autograd.Function):
+    """``y = fc2(prob * silu(gate) * up)`` with ``(gate, up) = fc1(x)``, per expert (see the module
+    docstring); differentiable in ``x``, ``prob``, ``w1`` and ``w2``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w2: Tensor,
+                backend: str = "fusegemm") -> Tensor:
+        be = _BACKENDS[backend]
+        rows = _expert_rows(padded_offsets) if backend == "torch" else None
+        h = be.fc1(x, padded_offsets, rows, w1, prob)
+        y = be.gemm(h, padded_offsets, rows, w2)
+        ctx.save_for_backward(x, padded_offsets, prob, w1, w2)
+        ctx.backend = backend
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        x, off, prob, w1, w2 = ctx.saved_tensors
+        be = _BACKENDS[ctx.backend]
+        rows = _expert_rows(off) if ctx.backend == "torch" else None
+        dy = _zero_tail(dy.to(x.dtype), off)
+        g = be.gemm(x, off, rows, w1)                                  # recomputed pre-activations
+        h = _swiglu(g, prob).to(x.dtype)
+        dh = be.gemm(dy, off, rows, w2.transpose(1, 2).contiguous())   # (M, F)
+        dg, dprob = swiglu_backward(g, dh, prob)
+        dg = dg.to(x.dtype)
+        dx = be.gemm(dg, off, rows, w1.transpose(1, 2).contiguous())   # (M, H)
+        dw1, dw2 = be.wgrad(dg, x, off, rows, w1), be.wgrad(dy, h, off, rows, w2)
+        return dx, None, dprob.to(prob.dtype) * (torch.arange(len(prob), device=prob.device) < off[-1]), dw1, dw2, None
+
+
+class ExpertMLP(torch.nn.Module):
+    """The expert MLP of an MoE layer (BF16 recipe): ``L`` experts, hidden size ``H``,
+    intermediate size ``F`` (a multiple of 32). ``w1`` (L, 2F, H) gate/up interleaved, ``w2``
+    (L, H, F). ``forward(x, padded_offsets, prob)`` as :class:`ExpertMLPFunction`."""
+
+    def __init__(self, experts: int, hidden: int, intermediate: int, *, dtype: torch.dtype = torch.bfloat16,
+                 backend: str = "fusegemm", device=None, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend: got {backend!r}; allowed: {', '.join(_BACKENDS)}")
+        if intermediate % BLOCK:
+            raise ValueError(f"intermediate: got {intermediate}; allowed: a multiple of {BLOCK}")
+        self.backend = backend
+        w = lambda *s, fan: torch.randn(*s, generator=generator) * fan ** -0.5  # noqa: E731
+        self.w1 = torch.nn.Parameter(w(experts, 2 * intermediate, hidden, fan=hidden).to(dtype=dtype, device=device))
+        self.w2 = torch.nn.Parameter(w(experts, hidden, intermediate, fan=intermediate).to(dtype=dtype, device=device))
+
+    def forward(self, x: Tensor, padded_offsets: Tensor, prob: Tensor) -> Tensor:
+        return ExpertMLPFunction.apply(x, padded_offsets, prob, self.w1, self.w2, self.backend)
