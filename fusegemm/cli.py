@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from .base.errors import FusegemmError
+from .describe import epilogue_info, spec_info
 
 
 def _fail(exc: Exception) -> click.ClickException:
@@ -92,25 +93,8 @@ def show(spec: str, as_json: bool) -> None:
         pre = [v.readable for v in prebuild_variants(s)]
     except FusegemmError as exc:
         raise _fail(exc) from None
-    impls = {}
-    for arch in s.choice_map["arch"]:
-        row = registry.lookup(s.kernel, arch)
-        impls[arch] = {"status": registry.status(s.kernel, arch)} if row is None else {
-            "status": row.status, "template": row.template, "kernel": row.kernel, "rule": row.rule,
-            "source_axes": list(row.source_axes),
-            "limits": [{"axis": l.axis, "values": list(l.values), "because": l.because} for l in row.limits],
-            "defaults": dict(row.defaults)}
-    info = {
-        "name": s.name, "path": s.path, "kernel": s.kernel, "problem": s.problem, "seed": s.seed,
-        "summary": s.summary,
-        "epilogue": _epilogue_info(s),
-        "choices": {a: list(v) for a, v in s.choices},
-        "constraints": [{"if": dict(c.when), "then": dict(c.then), "because": c.because}
-                        for c in s.constraints],
-        "defaults": dict(s.defaults),
-        "prebuild": pre,
-        "implementations": impls,
-    }
+    info = spec_info(s, pre)
+    impls = info["implementations"]
     if as_json:
         return _echo_json(info)
     click.echo(f"{s.name}  ({s.kernel}, {s.problem})  {s.path}")
@@ -164,7 +148,7 @@ def validate(path: str, as_json: bool) -> None:
         raise _fail(exc) from None
     if as_json:
         return _echo_json({"name": s.name, "path": s.path, "kernel": s.kernel, "problem": s.problem,
-                           "valid": True, "epilogue": _epilogue_info(s), "rules": rules})
+                           "valid": True, "epilogue": epilogue_info(s), "rules": rules})
     click.echo(f"{s.name}  ({s.kernel}, {s.problem})  {s.path}: valid")
     _echo_epilogue(s)
     for arch, r in rules.items():
@@ -173,42 +157,11 @@ def validate(path: str, as_json: bool) -> None:
             click.echo(f"  {line}" if line else "")
 
 
-def _when(cond) -> dict[str, list[Any]]:
-    return {axis: list(vals) for axis, vals in cond.terms}
-
-
 def _when_text(cond) -> str:
     if not cond.terms:
         return ""
     return "  when " + " and ".join(axis if vals == (True,) else f"{axis} in [{', '.join(map(str, vals))}]"
                                     for axis, vals in cond.terms)
-
-
-def _epilogue_info(s) -> dict[str, Any]:
-    """The spec's epilogue (generator/epilogue.py's Epilogue) as plain data."""
-    from .generator.epilogue import QUANTIZED
-    ep = s.epilogue
-    quantized = [o.name for o in ep.outputs if o.quantize is not None]
-    return {
-        "inputs": {i.name: {"per": i.per, "dtype": i.dtype, "slot": i.slot, "default": i.default,
-                            "paired": i.paired, "optional": i.dtype in s.choice_map
-                            and "none" in s.choice_map[i.dtype]}
-                   for i in ep.inputs},
-        "pairing": None if ep.pairing is None else {"block": ep.pairing.block, "roles": list(ep.pairing.roles),
-                                                    "acc": ep.pairing.acc},
-        "constants": list(ep.constants),
-        "compute": [st.text for st in ep.statements],
-        "outputs": {o.name: {"dtype": o.dtype, "value": o.value,
-                             "paired": None if o.paired is None else dict(zip(ep.pairing.roles, o.paired)),
-                             "when": _when(o.when),
-                             "quantize": None if o.quantize is None else dict(o.quantize.__dict__)}
-                    for o in ep.outputs},
-        # SFD quantization: E8M0-style scale per 32 elements, for the outputs that declare it,
-        # in the variants where their dtype is one of `dtypes`.
-        "quantization": {"block": 32, "dtypes": list(QUANTIZED), "outputs": quantized} if quantized else None,
-        "reductions": [{"name": r.name, "kind": r.kind, "of": r.of, "scope": r.scope, "slot": r.slot,
-                        "when": _when(r.when)} for r in ep.reductions],
-    }
 
 
 def _echo_epilogue(s) -> None:
@@ -535,6 +488,21 @@ def cache_clear(yes: bool) -> None:
     if failed:
         raise click.ClickException(f"{len(failed)} entries could not be removed (read-only cache?): "
                                    + "; ".join(failed[:3]))
+
+
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+def docs(out: Path) -> None:
+    """Write the generated documentation pages into OUT: one page per packaged spec (its support
+    surface from the spec and the registry), the CLI and the configuration references. The mkdocs
+    site (mkdocs.yml) reads them from docs/generated."""
+    from .docsgen import write_pages
+    try:
+        written = write_pages(out)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {out}: {exc.strerror or exc}") from None
+    for p in written:
+        click.echo(str(p))
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> None:

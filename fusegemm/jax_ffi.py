@@ -27,7 +27,10 @@ import ctypes
 import threading
 from typing import Any
 
+from . import reference as _reference
+from .base.docstrings import shares_parameters
 from .base.errors import ArgumentError
+from .ops.param_docs import TORCH_NAMES
 
 # ---------------------------------------------------------------- the FFI C API (ctypes)
 
@@ -240,6 +243,12 @@ def register() -> None:
         _registered[name] = fn
 
 
+@shares_parameters(_reference.grouped_gemm, rename=TORCH_NAMES, extra={
+    "a": "(M, K) bfloat16\nTokens grouped by expert (row-major), M a multiple of 256.",
+    "b": "(L, N, K) bfloat16\nDense weights, K-major (row-major per expert).",
+    "bias": "(L, N), optional\nOne row per expert: the seed's (N, L) N-contiguous view of the same memory.",
+    "d_dtype": "jnp dtype, optional\nbfloat16 (default), float16 or float32.",
+    "c_dtype": "jnp dtype, optional\nbfloat16 (default), float16 or float32 (with ``generate_c``)."})
 def grouped_gemm(a: Any, padded_offsets: Any, alpha: Any, b: Any, *, prob: Any = None, bias: Any = None,
                  d_dtype: Any = None, c_dtype: Any = None, generate_c: bool = False) -> Any:
     """Seed 001's grouped GEMM as a JAX operation (usable inside ``jax.jit``).

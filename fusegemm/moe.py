@@ -32,7 +32,15 @@ BLOCK = 32   # the seed's gate/up interleave (columns per block)
 
 
 def interleave_gate_up(w_gate: Tensor, w_up: Tensor, block: int = BLOCK) -> Tensor:
-    """(L, F, H) gate and up weights -> (L, 2F, H) with 32-row blocks alternating gate, up."""
+    """(L, F, H) gate and up weights -> (L, 2F, H) with 32-row blocks alternating gate, up.
+
+    Parameters
+    ----------
+    w_gate, w_up : (L, F, H) tensors
+        The usual gate and up projections (F a multiple of ``block``).
+    block : int
+        Rows per block of the interleave (32, the seed's).
+    """
     if w_gate.shape != w_up.shape or w_gate.dim() != 3 or w_gate.shape[1] % block:
         raise ValueError(f"w_gate/w_up: got {tuple(w_gate.shape)} and {tuple(w_up.shape)}; allowed: equal "
                          f"(L, F, H) shapes with F a multiple of {block}")
@@ -41,13 +49,28 @@ def interleave_gate_up(w_gate: Tensor, w_up: Tensor, block: int = BLOCK) -> Tens
 
 
 def split_gate_up(t: Tensor, block: int = BLOCK) -> tuple[Tensor, Tensor]:
-    """The inverse along the last dimension: (..., 2F) interleaved -> gate (..., F), up (..., F)."""
+    """The inverse along the last dimension: (..., 2F) interleaved -> gate (..., F), up (..., F).
+
+    Parameters
+    ----------
+    t : (..., 2F) tensor
+        Interleaved gate/up columns (a GEMM output against an interleaved ``w1``).
+    block : int
+        Columns per block (32).
+    """
     pairs = t.unflatten(-1, (t.shape[-1] // (2 * block), 2, block))
     return pairs[..., 0, :].flatten(-2), pairs[..., 1, :].flatten(-2)
 
 
 def join_gate_up(gate: Tensor, up: Tensor, block: int = BLOCK) -> Tensor:
-    """gate, up (..., F) -> (..., 2F) interleaved (the inverse of :func:`split_gate_up`)."""
+    """gate, up (..., F) -> (..., 2F) interleaved (the inverse of :func:`split_gate_up`).
+
+    Parameters
+    ----------
+    gate, up : (..., F) tensors
+    block : int
+        Columns per block (32).
+    """
     g, u = gate.unflatten(-1, (-1, block)), up.unflatten(-1, (-1, block))
     return torch.stack((g, u), -2).flatten(-3)
 
@@ -60,7 +83,17 @@ def _swiglu(g: Tensor, prob: Tensor) -> Tensor:
 
 def swiglu_backward(g: Tensor, dh: Tensor, prob: Tensor) -> tuple[Tensor, Tensor]:
     """Gradients of ``h = prob * silu(gate) * up`` (``g``: interleaved pre-activations (M, 2F),
-    ``dh`` (M, F)): (dG interleaved (M, 2F), dprob (M,)), in float32 (or the inputs' dtype if wider)."""
+    ``dh`` (M, F)): (dG interleaved (M, 2F), dprob (M,)), in float32 (or the inputs' dtype if wider).
+
+    Parameters
+    ----------
+    g : (M, 2F) tensor
+        fc1's pre-activations, gate/up interleaved.
+    dh : (M, F) tensor
+        Gradient of the activation output ``h``.
+    prob : (M,) tensor
+        Routing weight of each row.
+    """
     dt = torch.promote_types(g.dtype, torch.float32)
     gate, up = (t.to(dt) for t in split_gate_up(g))
     dh, p = dh.to(dt), prob.to(dt)[:, None]
@@ -147,6 +180,23 @@ class ExpertMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w2: Tensor,
                 backend: str = "fusegemm") -> Tensor:
+        """The layer's forward (``ExpertMLPFunction.apply(x, padded_offsets, prob, w1, w2, backend)``).
+
+        Parameters
+        ----------
+        x : (M, H) tensor
+            Tokens grouped by expert (bfloat16 for the fusegemm backend), M a multiple of 256.
+        padded_offsets : (L,) int32 tensor
+            Each expert's end row: nondecreasing multiples of 256.
+        prob : (M,) float32 tensor
+            Routing weight of each row.
+        w1 : (L, 2F, H) tensor
+            Gate/up weights in the 32-row interleave.
+        w2 : (L, H, F) tensor
+            Down weights.
+        backend : {"fusegemm", "torch"}
+            The GEMMs' implementation (torch: the reference structure, any device and float dtype).
+        """
         be = _BACKENDS[backend]
         rows = _expert_rows(padded_offsets) if backend == "torch" else None
         h = be.fc1(x, padded_offsets, rows, w1, prob)
@@ -174,7 +224,24 @@ class ExpertMLPFunction(torch.autograd.Function):
 class ExpertMLP(torch.nn.Module):
     """The expert MLP of an MoE layer (BF16 recipe): ``L`` experts, hidden size ``H``,
     intermediate size ``F`` (a multiple of 32). ``w1`` (L, 2F, H) gate/up interleaved, ``w2``
-    (L, H, F). ``forward(x, padded_offsets, prob)`` as :class:`ExpertMLPFunction`."""
+    (L, H, F). ``forward(x, padded_offsets, prob)`` as :class:`ExpertMLPFunction`.
+
+    Parameters
+    ----------
+    experts : int
+        L, the local experts.
+    hidden : int
+        H, the model dimension.
+    intermediate : int
+        F, each expert's intermediate size (a multiple of 32).
+    dtype : torch.dtype
+        Weight dtype (bfloat16 for the fusegemm backend).
+    backend : {"fusegemm", "torch"}
+        The GEMMs' implementation.
+    device : torch.device or str, optional
+    generator : torch.Generator, optional
+        Seeds the weights' initialisation (normal, scaled by fan-in ** -0.5).
+    """
 
     def __init__(self, experts: int, hidden: int, intermediate: int, *, dtype: torch.dtype = torch.bfloat16,
                  backend: str = "fusegemm", device=None, generator: torch.Generator | None = None) -> None:
@@ -189,4 +256,16 @@ class ExpertMLP(torch.nn.Module):
         self.w2 = torch.nn.Parameter(w(experts, hidden, intermediate, fan=intermediate).to(dtype=dtype, device=device))
 
     def forward(self, x: Tensor, padded_offsets: Tensor, prob: Tensor) -> Tensor:
+        """The layer on tokens grouped by expert; rows at or past ``padded_offsets[-1]`` give 0.
+
+        Parameters
+        ----------
+        x : (M, H) tensor
+            Tokens grouped by expert, M a multiple of 256; rows between an expert's last token and
+            its boundary hold zeros.
+        padded_offsets : (L,) int32 tensor
+            Each expert's end row: nondecreasing multiples of 256.
+        prob : (M,) float32 tensor
+            Routing weight of each row.
+        """
         return ExpertMLPFunction.apply(x, padded_offsets, prob, self.w1, self.w2, self.backend)

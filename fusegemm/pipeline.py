@@ -80,7 +80,13 @@ def get_kernel(v: Variant, cache: KernelCache | None = None) -> Built:
 def add_bundle(path) -> int:
     """Load kernels from the bundle at ``path`` (``fusegemm build --bundle``) in this process,
     read-only and without NVRTC, after those of FUSEGEMM_BUNDLE. Returns its kernel count;
-    CacheError when the file is not a valid bundle."""
+    CacheError when the file is not a valid bundle.
+
+    Parameters
+    ----------
+    path : str or path
+        A bundle file written by ``fusegemm build --bundle PATH``.
+    """
     from .runtime.bundle import default_bundles
     return len(default_bundles().add(path))
 

@@ -20,7 +20,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from . import reference as _reference
 from .arguments import b_is_canonical
+from .base.docstrings import shares_parameters
+from .ops.param_docs import GPU, TORCH_NAMES
 
 
 @torch.library.custom_op("fusegemm::grouped_gemm", mutates_args=())
@@ -52,6 +55,7 @@ def _grouped_gemm_fake(a, padded_offsets, alpha, b, bias, b_ptrs, n, prob, c_dty
     return d, c
 
 
+@shares_parameters(_reference.grouped_gemm, rename=TORCH_NAMES, extra=GPU)
 def grouped_gemm(a: Tensor, padded_offsets: Tensor, alpha: Tensor, b: Optional[Tensor] = None, *,
                  bias: Optional[Tensor] = None, b_ptrs: Optional[Tensor] = None, n: Optional[int] = None,
                  prob: Optional[Tensor] = None, c_dtype: torch.dtype = torch.bfloat16,
@@ -120,6 +124,7 @@ def _grouped_gemm_srelu(a: Tensor, b: Optional[Tensor], sfa: Tensor, sfb: Option
 _grouped_gemm_srelu.register_fake(_fake_of("grouped_gemm_srelu", SRELU_OUT))
 
 
+@shares_parameters(_reference.grouped_gemm_srelu, rename=TORCH_NAMES, extra=GPU)
 def grouped_gemm_srelu(a: Tensor, b: Optional[Tensor], sfa: Tensor, sfb: Optional[Tensor], padded_offsets: Tensor,
                        alpha: Tensor, *, bias: Optional[Tensor] = None, b_ptrs: Optional[Tensor] = None,
                        sfb_ptrs: Optional[Tensor] = None, n: Optional[int] = None,
@@ -147,6 +152,7 @@ def _grouped_gemm_quant(a: Tensor, sfa: Tensor, padded_offsets: Tensor, alpha: T
 _grouped_gemm_quant.register_fake(_fake_of("grouped_gemm_quant", QUANT_OUT))
 
 
+@shares_parameters(_reference.grouped_gemm_quant, rename=TORCH_NAMES, extra=GPU)
 def grouped_gemm_quant(a: Tensor, sfa: Tensor, padded_offsets: Tensor, alpha: Tensor, b: Optional[Tensor] = None,
                        sfb: Optional[Tensor] = None, *, bias: Optional[Tensor] = None,
                        b_ptrs: Optional[Tensor] = None, sfb_ptrs: Optional[Tensor] = None, n: Optional[int] = None,
@@ -171,6 +177,7 @@ def _grouped_gemm_dswiglu(a: Tensor, b: Tensor, c: Tensor, sfa: Tensor, sfb: Ten
 _grouped_gemm_dswiglu.register_fake(_fake_of("grouped_gemm_dswiglu", DSWIGLU_OUT))
 
 
+@shares_parameters(_reference.grouped_gemm_dswiglu, rename=TORCH_NAMES, extra=GPU)
 def grouped_gemm_dswiglu(a: Tensor, b: Tensor, c: Tensor, sfa: Tensor, sfb: Tensor, padded_offsets: Tensor,
                          alpha: Tensor, beta: Tensor, prob: Tensor, *, norm_const: Optional[Tensor] = None,
                          d_dtype: torch.dtype = torch.bfloat16, sf_vec_size: int = 16,
@@ -190,6 +197,7 @@ def _gemm_amax(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, c_major: str, c_d
 _gemm_amax.register_fake(_fake_of("gemm_amax", AMAX_OUT))
 
 
+@shares_parameters(_reference.gemm_amax, rename=TORCH_NAMES, extra=GPU)
 def gemm_amax(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, *, c_major: str = "n",
               c_dtype: torch.dtype = torch.float32, sf_vec_size: int = 32) -> tuple[Tensor, Tensor]:
     """``torch.ops.fusegemm.gemm_amax``: seed 004 as a custom op. Returns ``(c, amax)``."""
@@ -257,9 +265,29 @@ def epilogue_gemm(spec: str, a: Tensor, padded_offsets: Tensor, b: Optional[Tens
                   b_ptrs: Optional[Tensor] = None, n: Optional[int] = None,
                   inputs: Optional[dict] = None, **axes) -> dict:
     """``torch.ops.fusegemm.epilogue_gemm``: ``fusegemm.EpilogueGemm(spec, **axes)(a, padded_offsets,
-    b, inputs=inputs)`` as a custom op (traceable by ``torch.compile``). ``spec`` is a spec name or
-    a path to a YAML file; scalar inputs may be Python numbers (made 1-element tensors on ``a``'s
-    device). Returns the epilogue's outputs by name."""
+    b, inputs=inputs)`` as a custom op (traceable by ``torch.compile``). Returns the epilogue's
+    outputs by name (FP8/FP4 outputs as raw bytes, SF buffers physical, as EpilogueGemm returns
+    them).
+
+    Parameters
+    ----------
+    spec : str or path
+        A spec of the grouped-GEMM family: a packaged name (``"grouped_gemm_swiglu"``) or a YAML file.
+    a : (M, K) or (M, K, 1) bfloat16
+        Tokens grouped by expert, M a multiple of 256.
+    padded_offsets : (L,) int32
+        Each expert's end row, nondecreasing multiples of 256.
+    b : (L, N, K) or (N, K, L) view, bfloat16, optional
+        Dense weights, K-major.
+    b_ptrs : (L,) int64, optional
+        Discrete weights: device addresses of each expert's (N, K) weights; needs ``n``.
+    n : int, optional
+        N of discrete weights.
+    inputs : dict, optional
+        The epilogue's inputs by spec name (tensors, or Python numbers for scalar inputs).
+    **axes
+        Variant choices (``d_dtype="float8_e4m3fn"``, tiles...), as for ``EpilogueGemm``.
+    """
     axes_json, names = _epilogue_plan(str(spec), tuple(sorted(axes.items())), a.device.index or 0)
     given = dict(inputs or {})
     tensors = [v if isinstance(v, Tensor) else torch.full((1,), float(v), device=a.device) for v in given.values()]

@@ -111,7 +111,13 @@ def _kind(v: Any) -> str:
 
 
 def load_spec(path: str | Path) -> Spec:
-    """Load and validate one YAML spec file."""
+    """Load and validate one YAML spec file; SpecError with file and line when it is invalid.
+
+    Parameters
+    ----------
+    path : str or path
+        The YAML file (``specs/NAME.yaml`` or a user's).
+    """
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")

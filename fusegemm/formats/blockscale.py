@@ -93,7 +93,17 @@ class BlockFormat:
 
 
 def block_format(ab_dtype: Any, sf_dtype: Any, sf_vec_size: int) -> BlockFormat:
-    """Validate and normalise a block format; see :class:`BlockFormat` for the errors."""
+    """Validate and normalise a block format; see :class:`BlockFormat` for the errors.
+
+    Parameters
+    ----------
+    ab_dtype : dtype
+        Element format: float8_e4m3fn, float8_e5m2, or float4_e2m1fn_x2 (also spelt uint8 / float4_e2m1fn).
+    sf_dtype : dtype
+        Scale format: float8_e8m0fnu or float8_e4m3fn.
+    sf_vec_size : int
+        Elements per scale along K: 16 or 32.
+    """
     return BlockFormat(ab_dtype, sf_dtype, sf_vec_size)
 
 

@@ -91,6 +91,15 @@ def dtype_name(dtype: Any) -> str | None:
 def resolve_dtype(dtype: Any, *, argument: str, allowed: Iterable[str]) -> str:
     """Canonical dtype name, checked against the names an argument allows.
 
+    Parameters
+    ----------
+    dtype : str, numpy dtype, ml_dtypes type or torch.dtype
+        Any accepted spelling.
+    argument : str
+        The argument's name, for the error message.
+    allowed : iterable of str
+        Canonical names the argument accepts.
+
     Raises
     ------
     ValueError
@@ -130,6 +139,12 @@ def to_numpy(x: Any, *, argument: str = "array") -> np.ndarray:
     torch tensors are detached and moved to the host; bfloat16/FP8/E8M0 tensors come back as the
     matching ml_dtypes arrays and ``float4_e2m1fn_x2`` as ``uint8`` (two elements per byte).
     Strides are preserved where possible, so a permuted kernel-facing view stays a view.
+
+    Parameters
+    ----------
+    x : numpy array, torch tensor or array-like
+    argument : str
+        The argument's name, for the error message.
 
     Raises
     ------

@@ -224,7 +224,13 @@ def pack_fp4(x: Any) -> np.ndarray:
 
 
 def unpack_fp4(packed: Any) -> np.ndarray:
-    """Inverse of :func:`pack_fp4`: ``uint8`` (..., K/2) to ``float4_e2m1fn`` (..., K)."""
+    """Inverse of :func:`pack_fp4`: ``uint8`` (..., K/2) to ``float4_e2m1fn`` (..., K).
+
+    Parameters
+    ----------
+    packed : uint8 array (..., K/2)
+        Two e2m1 values per byte (element 2i in the low nibble).
+    """
     arr = to_numpy(packed, argument="packed")
     if arr.dtype != np.uint8:
         raise TypeError(f"packed must be uint8 (two FP4 values per byte); got dtype {arr.dtype}")

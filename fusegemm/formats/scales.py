@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..base.docstrings import shares_parameters
 from .dtypes import to_numpy
 
 __all__ = [
@@ -56,11 +57,22 @@ def _check_dims(mn: int, sfk: int, l: int = 1) -> None:
 
 
 def sf_physical_shape(mn: int, sfk: int, l: int = 1) -> tuple[int, ...]:
-    """``(L, ceil(mn/128), ceil(sfk/4), 32, 4, 4)``: the C-contiguous buffer's shape."""
+    """``(L, ceil(mn/128), ceil(sfk/4), 32, 4, 4)``: the C-contiguous buffer's shape.
+
+    Parameters
+    ----------
+    mn : int
+        Rows of the scaled operand (M or N).
+    sfk : int
+        Scale blocks along K (ceil(K / sf_vec_size)).
+    l : int
+        Batch / expert count L (default 1).
+    """
     _check_dims(mn, sfk, l)
     return (l, _ceil_div(mn, _ATOM_MN), _ceil_div(sfk, _ATOM_K), 32, 4, 4)
 
 
+@shares_parameters(sf_physical_shape)
 def sf_view_shape(mn: int, sfk: int, l: int = 1) -> tuple[int, ...]:
     """``(32, 4, ceil(mn/128), 4, ceil(sfk/4), L)``: the kernel-facing view's shape."""
     phys = sf_physical_shape(mn, sfk, l)
@@ -71,6 +83,10 @@ def sf_to_kernel_view(phys: Any) -> Any:
     """Kernel-facing view of a physical buffer: ``phys.transpose(3, 4, 1, 5, 2, 0)``.
 
     Works on numpy arrays (a view) and torch tensors (``permute``, also a view).
+    
+    Parameters
+    ----------
+    phys : (L, ceil(mn/128), ceil(sfk/4), 32, 4, 4) numpy array or torch tensor
     """
     if _shape(phys)[3:] != (32, 4, 4) or len(_shape(phys)) != 6:
         raise ValueError(f"phys must have shape (L, MT, KT, 32, 4, 4); got {_shape(phys)}")
@@ -78,7 +94,12 @@ def sf_to_kernel_view(phys: Any) -> Any:
 
 
 def sf_from_kernel_view(view: Any) -> Any:
-    """Physical buffer of a kernel-facing view (the inverse permutation; a view, not a copy)."""
+    """Physical buffer of a kernel-facing view (the inverse permutation; a view, not a copy).
+
+    Parameters
+    ----------
+    view : (32, 4, ceil(mn/128), 4, ceil(sfk/4), L) numpy array or torch tensor
+    """
     shape = _shape(view)
     if len(shape) != 6 or shape[0] != 32 or shape[1] != 4 or shape[3] != 4:
         raise ValueError(f"view must have shape (32, 4, MT, 4, KT, L); got {shape}")
@@ -173,6 +194,19 @@ def as_sf_physical(buf: Any, mn: int, sfk: int, l: int | None = None, *, argumen
 def unpack_sf(buf: Any, mn: int, sfk: int, *, l: int | None = None, batch_first: bool = False) -> np.ndarray:
     """Physical buffer (6-D, kernel-facing view, or flat) back to logical scales.
 
+    Parameters
+    ----------
+    buf : scale buffer
+        The physical 6-D atoms, their kernel-facing view, or the flat 1-D buffer.
+    mn : int
+        Rows of the scaled operand (M or N).
+    sfk : int
+        Scale blocks along K.
+    l : int, optional
+        Batch / expert count (read from a 6-D buffer when None).
+    batch_first : bool
+        Return ``(L, mn, sfk)`` instead of ``(mn, sfk, L)``.
+
     Returns
     -------
     numpy.ndarray
@@ -236,6 +270,17 @@ def unpack_sf_discrete_col(buf: Any, n: int, rows: int, padded_offsets: Any) -> 
     """Inverse of :func:`pack_sf_discrete_col`: logical ``(N, ceil(rows/32))`` column scales.
 
     Blocks of rows past the last offset come back zero.
+
+    Parameters
+    ----------
+    buf : scale buffer
+        SFD_col as written with ``discrete_col_sfd`` (physical, view or flat).
+    n : int
+        Columns of D.
+    rows : int
+        Rows of D (M).
+    padded_offsets : (L,) int array
+        The experts' end rows.
     """
     blocks = _ceil_div(rows, 32)
     phys = as_sf_physical(buf, n, blocks, 1, argument="buf")

@@ -67,48 +67,88 @@ def _expect(x: Any, argument: str, ndim: int, layout: str, unit_axes: tuple[int,
 
 
 def a_to_kernel(a: Any) -> Any:
-    """A ``(M, K)`` to the kernel-facing ``(M, K, 1)`` view."""
+    """A ``(M, K)`` to the kernel-facing ``(M, K, 1)`` view.
+
+    Parameters
+    ----------
+    a : (M, K) numpy array or torch tensor
+    """
     _expect(a, "a", 2, "(M, K)")
     return _with_unit_axes(a, (_matrix_size(a),))
 
 
 def a_from_kernel(a: Any) -> Any:
-    """Kernel-facing A ``(M, K, 1)`` to canonical ``(M, K)``."""
+    """Kernel-facing A ``(M, K, 1)`` to canonical ``(M, K)``.
+
+    Parameters
+    ----------
+    a : (M, K, 1) numpy array or torch tensor
+    """
     _expect(a, "a", 3, "(M, K, 1)", (2,))
     return a[:, :, 0]
 
 
 def b_to_kernel(b: Any) -> Any:
-    """B ``(L, N, K)`` to the kernel-facing ``(N, K, L)`` view (``permute(1, 2, 0)``)."""
+    """B ``(L, N, K)`` to the kernel-facing ``(N, K, L)`` view (``permute(1, 2, 0)``).
+
+    Parameters
+    ----------
+    b : (L, N, K) numpy array or torch tensor
+    """
     _expect(b, "b", 3, "(L, N, K)")
     return _permute(b, (1, 2, 0))
 
 
 def b_from_kernel(b: Any) -> Any:
-    """Kernel-facing B ``(N, K, L)`` to canonical ``(L, N, K)`` (``permute(2, 0, 1)``)."""
+    """Kernel-facing B ``(N, K, L)`` to canonical ``(L, N, K)`` (``permute(2, 0, 1)``).
+
+    Parameters
+    ----------
+    b : (N, K, L) numpy array or torch tensor
+    """
     _expect(b, "b", 3, "(N, K, L)")
     return _permute(b, (2, 0, 1))
 
 
 def prob_to_kernel(prob: Any) -> Any:
-    """prob ``(M,)`` to the kernel-facing ``(M, 1, 1)`` view."""
+    """prob ``(M,)`` to the kernel-facing ``(M, 1, 1)`` view.
+
+    Parameters
+    ----------
+    prob : (M,) numpy array or torch tensor
+    """
     _expect(prob, "prob", 1, "(M,)")
     return _with_unit_axes(prob, (1, 1))
 
 
 def prob_from_kernel(prob: Any) -> Any:
-    """Kernel-facing prob ``(M, 1, 1)`` to canonical ``(M,)``."""
+    """Kernel-facing prob ``(M, 1, 1)`` to canonical ``(M,)``.
+
+    Parameters
+    ----------
+    prob : (M, 1, 1) numpy array or torch tensor
+    """
     _expect(prob, "prob", 3, "(M, 1, 1)", (1, 2))
     return prob[:, 0, 0]
 
 
 def cd_to_kernel(x: Any) -> Any:
-    """C or D ``(M, N)`` to the kernel-facing ``(M, N, 1)`` view."""
+    """C or D ``(M, N)`` to the kernel-facing ``(M, N, 1)`` view.
+
+    Parameters
+    ----------
+    x : (M, N) numpy array or torch tensor
+    """
     _expect(x, "x", 2, "(M, N)")
     return _with_unit_axes(x, (_matrix_size(x),))
 
 
 def cd_from_kernel(x: Any) -> Any:
-    """Kernel-facing C or D ``(M, N, 1)`` to canonical ``(M, N)``."""
+    """Kernel-facing C or D ``(M, N, 1)`` to canonical ``(M, N)``.
+
+    Parameters
+    ----------
+    x : (M, N, 1) numpy array or torch tensor
+    """
     _expect(x, "x", 3, "(M, N, 1)", (2,))
     return x[:, :, 0]

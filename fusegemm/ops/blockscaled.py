@@ -264,7 +264,33 @@ class BlockScaledGemm(SpecGemm):
                  input_names: Mapping[str, str] | None = None) -> TupleDict:
         """Run and return the epilogue's outputs by spec name (c, d, d_col, sfd_row, sfd_col,
         amax, dprob: the present ones; FP8/FP4 outputs as raw bytes, SF buffers physical, amax
-        starting at -inf, dprob at 0). ``input_names``: argument names for messages."""
+        starting at -inf, dprob at 0).
+
+        Parameters
+        ----------
+        a_tensor : (M, K) or (M, K, 1)
+            FP8 (or packed FP4) A, K-major, M a multiple of 256 (grouped) or any M (batched).
+        sfa_tensor : scale buffer
+            A's scales: physical atoms, kernel-facing view or flat.
+        padded_offsets : (L,) int32
+            Each expert's end row (grouped families).
+        b_tensor : (L, N, K) or its (N, K, L) view, optional
+            Dense weights in A's format, K-major.
+        sfb_tensor : scale buffer, optional
+            B's scales.
+        b_ptrs : (L,) int64 tensor, optional
+            Discrete weights: device addresses of each expert's (N, K) weights.
+        sfb_ptrs : (L,) int64 tensor, optional
+            Discrete weights: device addresses of each expert's scale buffer.
+        n : int, optional
+            N of discrete weights.
+        inputs : dict, optional
+            The epilogue's inputs by spec name (alpha, prob, bias, norm_const, ...).
+        current_stream : stream, optional
+            Where to launch; default torch's current stream.
+        input_names : dict, optional
+            The caller's argument name of each input (for error messages).
+        """
         v = self.variant
         call = parse_scaled(a_tensor, sfa_tensor, padded_offsets, b_tensor, sfb_tensor, b_ptrs, sfb_ptrs,
                             n, v.sf_vec_size)
@@ -283,7 +309,21 @@ class BlockScaledGemm(SpecGemm):
                 current_stream: Any = None) -> TupleDict:
         """Run a batched family (seed 004, ``gemm_amax``): A (M, K, L), B (N, K, L) and their
         scales; returns the epilogue's outputs by spec name (C as (L * M, N) rows, or (L * N, M)
-        when ``cd_major`` is m; the global amax (1,), starting at -inf)."""
+        when ``cd_major`` is m; the global amax (1,), starting at -inf).
+
+        Parameters
+        ----------
+        a_tensor : (M, K, L) or (M, K)
+            FP8 A, K-major.
+        b_tensor : (N, K, L) or (N, K)
+            FP8 B, K-major.
+        sfa_tensor : scale buffer
+            A's scales.
+        sfb_tensor : scale buffer
+            B's scales.
+        current_stream : stream, optional
+            Where to launch; default torch's current stream.
+        """
         if self.spec.problem != "batched":
             raise ArgumentError("spec", self.spec.name, "a batched spec (problem: batched) for batched()")
         call = parse_batched(a_tensor, b_tensor, sfa_tensor, sfb_tensor, self.variant.sf_vec_size)

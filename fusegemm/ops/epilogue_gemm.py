@@ -169,7 +169,25 @@ class EpilogueGemm(SpecGemm):
         """Run on ``a_tensor`` (M, K[, 1]) bf16, ``padded_offsets`` (L,) int32, dense ``b_tensor``
         ((N, K, L) or (L, N, K)) or discrete ``b_ptrs`` with ``n``, and the epilogue's ``inputs``
         by spec name. Returns the outputs the epilogue declares: c, d, d_col, sfd_row, sfd_col,
-        amax, dprob (present ones only; amax starts at -inf, dprob at 0)."""
+        amax, dprob (present ones only; amax starts at -inf, dprob at 0).
+
+        Parameters
+        ----------
+        a_tensor : (M, K) or (M, K, 1) bfloat16
+            Tokens grouped by expert, K-major, M a multiple of 256.
+        padded_offsets : (L,) int32
+            Each expert's end row: nondecreasing multiples of 256.
+        b_tensor : (L, N, K) or its (N, K, L) view, bfloat16, optional
+            Dense weights, K-major.
+        inputs : dict, optional
+            The epilogue's inputs by spec name (``fusegemm show SPEC`` lists them): tensors, or Python numbers for scalar inputs.
+        b_ptrs : (L,) int64 tensor, optional
+            Discrete weights: device addresses of each expert's (N, K) weights; needs ``n``.
+        n : int, optional
+            N of discrete weights.
+        current_stream : stream, optional
+            Where to launch (raw handle, torch.cuda.Stream, ...); default torch's current stream.
+        """
         from ..runtime.load import thread_context
         from ..runtime.tensors import resolve_stream
         self.compile()
@@ -205,7 +223,19 @@ class EpilogueGemm(SpecGemm):
     def reference(self, a_tensor: Any, padded_offsets: Any, b_tensor: Any, *,
                   inputs: Mapping[str, Any] | None = None) -> Any:
         """The same call computed on the host by the numpy interpreter (dense B), from the
-        FP32 accumulation of A and B (float64 products, rounded to FP32)."""
+        FP32 accumulation of A and B (float64 products, rounded to FP32).
+
+        Parameters
+        ----------
+        a_tensor : (M, K) or (M, K, 1) bfloat16 (numpy or torch, on any device)
+            Tokens grouped by expert, K-major, M a multiple of 256.
+        padded_offsets : (L,) int32
+            Each expert's end row: nondecreasing multiples of 256.
+        inputs : dict, optional
+            The epilogue's inputs by spec name (``fusegemm show SPEC`` lists them): tensors, or Python numbers for scalar inputs.
+        b_tensor : (L, N, K) or its (N, K, L) view, bfloat16
+            Dense weights.
+        """
         import numpy as np
 
         from ..formats.dtypes import to_numpy

@@ -15,6 +15,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from .. import reference as _reference
+from ..base.docstrings import shares_parameters
 from ..base.errors import ArgumentError, UnsupportedError
 from ..generator.params import GROUPED_PARAMS
 from ..runtime import config
@@ -28,6 +30,7 @@ from . import device as _device
 from .device import alloc, offsets_on_host
 from .grouped_operands import ALIGNMENT, Layout, check_output, parse_call
 from .launcher import GroupedLauncher
+from .param_docs import GPU, outputs
 from .prepared import OpCache, signature
 
 SPEC = "grouped_gemm"
@@ -67,7 +70,19 @@ class GroupedGemm:
     sample_a, sample_c, sample_d, sample_padded_offsets, sample_alpha, sample_b, sample_bias, sample_prob
         Representative tensors (dtypes and layouts are taken from them). Dense mode passes
         ``sample_b``; discrete mode passes ``num_experts``, ``b_shape=(N, K)`` and ``b_dtype``.
+    num_experts : int, optional
+        L of discrete weights (no ``sample_b``).
+    b_shape : (int, int), optional
+        (N, K) of each expert's weights (discrete weights).
+    b_dtype : dtype, optional
+        Dtype of discrete weights; bfloat16 (the default).
+    b_major : "k"
+        Weights are K-major.
+    c_dtype, d_dtype : dtype, optional
+        Output dtypes (bfloat16, float16, float32); default the samples', else bfloat16.
     acc_dtype : float32 only.
+    m_aligned : 256
+        Row padding of every expert (fixed by the kernels).
     generate_c : bool
         Write C (``c_tensor`` in ``execute``).
     use_dynamic_sched : bool
@@ -180,6 +195,8 @@ class GroupedGemm:
         return self
 
     # ---------------------------------------------------------------------------------
+    @shares_parameters(_reference.grouped_gemm, extra={**GPU, **outputs({
+        "c_tensor": "(M, N) or (M, N, 1), optional", "d_tensor": "(M, N) or (M, N, 1)"})})
     def execute(self, a_tensor: Any, c_tensor: Any = None, d_tensor: Any = None,
                 padded_offsets: Any = None, alpha_tensor: Any = None, b_tensor: Any = None,
                 bias_tensor: Any = None, prob_tensor: Any = None, *, b_ptrs: Any = None,
@@ -302,6 +319,7 @@ def _out_dtype(sample: Any, given: Any, name: str, allowed: tuple[str, ...]) -> 
 
 
 @dlpack_io
+@shares_parameters(_reference.grouped_gemm, extra=GPU)
 def grouped_gemm(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: Any = None,
                  bias_tensor: Any = None, b_ptrs: Any = None, n: int | None = None,
                  b_dtype: Any = None, b_major: str = "k", prob_tensor: Any = None,

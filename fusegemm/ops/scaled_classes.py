@@ -16,7 +16,9 @@ from ..base.errors import ArgumentError
 from ..formats.scales import sf_from_kernel_view
 from ..runtime.tensors import TensorView, view
 from . import checks
+from .. import reference as _reference
 from .blockscaled import BlockScaledGemm
+from .param_docs import OUTPUTS, class_api
 from .scaled_seeds import SEED_NAMES, _OUT, _op, _present, dswiglu_axes, quant_axes, srelu_axes
 
 # Seed argument name of each output buffer of the grouped seeds (dSwiGLU names D d_row_tensor).
@@ -178,6 +180,7 @@ def _options(acc_dtype: Any, m_aligned: Any, vector_f32: Any, e5m2_rcp_max: str,
                 e5m2_rcp_max=e5m2_rcp_max, mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
 
 
+@class_api(_reference.grouped_gemm_srelu, OUTPUTS["grouped_gemm_srelu"])
 class GroupedGemmSrelu(_GroupedSeedOp):
     """Seed 002's class API (``cudnn.GroupedGemmSreluSm100``): grouped block-scaled GEMM + sReLU.
 
@@ -220,6 +223,7 @@ class GroupedGemmSrelu(_GroupedSeedOp):
                       current_stream=current_stream)
 
 
+@class_api(_reference.grouped_gemm_quant, OUTPUTS["grouped_gemm_quant"])
 class GroupedGemmQuant(_GroupedSeedOp):
     """Seed 003's class API (``cudnn.GroupedGemmQuantSm100``): grouped block-scaled GEMM + quant.
     See :func:`fusegemm.grouped_gemm_quant` for the math; samples and ``execute`` as
@@ -256,6 +260,7 @@ class GroupedGemmQuant(_GroupedSeedOp):
                       current_stream=current_stream)
 
 
+@class_api(_reference.grouped_gemm_dswiglu, OUTPUTS["grouped_gemm_dswiglu"])
 class GroupedGemmDswiglu(_GroupedSeedOp):
     """Seed 000's class API (``cudnn.GroupedGemmDswigluSm100``): grouped block-scaled GEMM +
     dSwiGLU backward. See :func:`fusegemm.grouped_gemm_dswiglu`; ``sample_c`` is the forward's
@@ -304,6 +309,7 @@ def _c_major(sample_c: Any) -> str:
     return "n"
 
 
+@class_api(_reference.gemm_amax, OUTPUTS["gemm_amax"])
 class GemmAmax(_ScaledSeedOp):
     """Seed 004's class API (``cudnn.GemmAmaxSm100``): block-scaled batched GEMM + global amax.
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..arguments import M_ALIGNED
+from .. import reference as _reference
+from ..base.docstrings import shares_parameters
 from ..base.errors import ArgumentError
 from ..formats.scales import sf_to_kernel_view
 from ..runtime.interop import dlpack_io
@@ -24,6 +26,7 @@ from ..runtime.tensors import view
 from ..tupledict import TupleDict
 from . import checks
 from .blockscaled import SF_AXIS, BlockScaledGemm, ab_axis
+from .param_docs import GPU
 from .prepared import OpCache
 
 E5M2_RCP_MAX = ("page", "nvidia")
@@ -126,6 +129,7 @@ def _shape_out(out: dict[str, Any], op: BlockScaledGemm, canonical: bool, sf_dty
 
 
 @dlpack_io
+@shares_parameters(_reference.grouped_gemm_srelu, extra=GPU)
 def grouped_gemm_srelu(a_tensor: Any, b_tensor: Any = None, sfa_tensor: Any = None, sfb_tensor: Any = None,
                        padded_offsets: Any = None, alpha_tensor: Any = None, bias_tensor: Any = None,
                        b_ptrs: Any = None, sfb_ptrs: Any = None, n: int | None = None, b_dtype: Any = None,
@@ -164,6 +168,7 @@ def grouped_gemm_srelu(a_tensor: Any, b_tensor: Any = None, sfa_tensor: Any = No
 
 
 @dlpack_io
+@shares_parameters(_reference.grouped_gemm_quant, extra=GPU)
 def grouped_gemm_quant(a_tensor: Any, sfa_tensor: Any, padded_offsets: Any, alpha_tensor: Any,
                        b_tensor: Any = None, sfb_tensor: Any = None, bias_tensor: Any = None, b_ptrs: Any = None,
                        sfb_ptrs: Any = None, n: int | None = None, b_dtype: Any = None, b_major: str = "k",
@@ -199,6 +204,7 @@ def grouped_gemm_quant(a_tensor: Any, sfa_tensor: Any, padded_offsets: Any, alph
 
 
 @dlpack_io
+@shares_parameters(_reference.grouped_gemm_dswiglu, extra=GPU)
 def grouped_gemm_dswiglu(a_tensor: Any, b_tensor: Any, c_tensor: Any, sfa_tensor: Any, sfb_tensor: Any,
                          padded_offsets: Any, alpha_tensor: Any, beta_tensor: Any, prob_tensor: Any,
                          norm_const_tensor: Any = None, acc_dtype: Any = "float32", d_dtype: Any = "bfloat16",
@@ -264,6 +270,7 @@ def _clamp(tanh_clamp_scale: Any) -> Any:
 
 
 @dlpack_io
+@shares_parameters(_reference.gemm_amax, extra=GPU)
 def gemm_amax(a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_tensor: Any, c_major: str = "n",
               c_dtype: Any = "float32", acc_dtype: Any = "float32", mma_tiler_mn: Any = None,
               cluster_shape_mn: Any = None, sf_vec_size: int = 32, stream: Any = None) -> TupleDict:

@@ -110,7 +110,9 @@ def grouped_gemm_dswiglu(
     sf_vec_size : 16 (default, the wrapper's) or 32; FP8 A/B require 32.
     discrete_col_sfd : bool
     epilogue_op : None, "none", "identity", "relu" or "srelu"; not applied (as NVIDIA).
-    e5m2_rcp_max : {"page", "nvidia"}; acc_dtype: "float32" or "float64".
+    e5m2_rcp_max : {"page", "nvidia"}
+        SFD rcp_max of an e5m2 D: the page's 1/57344 (default) or NVIDIA's kernel's 1/128.
+    acc_dtype : "float32" (default) or "float64".
     cd_major, mma_tiler_mn, cluster_shape_mn, vector_f32, m_aligned, current_stream
         Signature compatibility only.
 

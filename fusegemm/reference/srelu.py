@@ -136,7 +136,13 @@ def grouped_gemm_srelu(
     e5m2_rcp_max : {"page", "nvidia"}
         SFD rcp_max of e5m2 D: the page's 1/57344 (default) or NVIDIA's kernel's 1/128.
     acc_dtype : "float32" (default) or "float64".
-    b_ptrs, sfb_ptrs : must be None (device pointers). n, b_dtype, b_major: checked if given.
+    b_ptrs, sfb_ptrs : must be None (device pointers: pass ``b_list``/``sfb_list`` here).
+    n : int, optional
+        Checked against the weights when given.
+    b_dtype : optional
+        Checked against A's dtype when given.
+    b_major : "k" (default) or "n"
+        Memory order of the weights.
     cd_major, mma_tiler_mn, cluster_shape_mn, vector_f32, m_aligned, use_dynamic_sched, current_stream
         Signature compatibility only.
 

@@ -50,10 +50,12 @@ def test_interrupting_a_parallel_build_at_random_moments(tmp_path):
         time.sleep(rng.uniform(0.1, 1.6))
         os.killpg(proc.pid, signal.SIGINT)          # what a terminal's Ctrl-C does: the whole group
         try:
-            _, err = proc.communicate(timeout=30)
+            # 60 s: the stop is bounded (~25 s worst case); 30 s was exceeded once with a CI run and
+            # another build sharing the 2 cores.
+            _, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail("the build did not stop within 30 s of Ctrl-C")
+            pytest.fail("the build did not stop within 60 s of Ctrl-C")
         # 130, or killed by SIGINT (-2, CPython's exit after a KeyboardInterrupt, rare), or 0: the
         # Ctrl-C landed in the few milliseconds the pool starts (then the build simply finishes).
         assert proc.returncode in (0, 130, -signal.SIGINT), err[-2000:]

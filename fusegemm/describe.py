@@ -1,0 +1,73 @@
+"""What a spec declares and what each arch implements, as plain data: read by ``fusegemm show``
+and by the generated documentation (fusegemm/docsgen.py), so both say the same thing."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def spec_info(s: Any, prebuild: list[str] | None = None) -> dict[str, Any]:
+    """A spec (generator/spec.py's Spec) and its implementations per arch (the registry).
+
+    Parameters
+    ----------
+    s : Spec
+        A loaded spec (``fusegemm.load_spec`` or ``generator.spec.find_spec``).
+    prebuild : list of str, optional
+        Readable names of its prebuild variants (computed when None).
+    """
+    from .generator import registry
+    from .generator.variants import prebuild_variants
+    if prebuild is None:
+        prebuild = [v.readable for v in prebuild_variants(s)]
+    impls: dict[str, Any] = {}
+    for arch in s.choice_map["arch"]:
+        row = registry.lookup(s.kernel, arch)
+        impls[arch] = {"status": registry.status(s.kernel, arch)} if row is None else {
+            "status": row.status, "template": row.template, "kernel": row.kernel, "rule": row.rule,
+            "source_axes": list(row.source_axes),
+            "limits": [{"axis": l.axis, "values": list(l.values), "because": l.because} for l in row.limits],
+            "defaults": dict(row.defaults)}
+    return {
+        "name": s.name, "path": s.path, "kernel": s.kernel, "problem": s.problem, "seed": s.seed,
+        "summary": s.summary,
+        "epilogue": epilogue_info(s),
+        "choices": {a: list(v) for a, v in s.choices},
+        "constraints": [{"if": dict(c.when), "then": dict(c.then), "because": c.because}
+                        for c in s.constraints],
+        "defaults": dict(s.defaults),
+        "prebuild": prebuild,
+        "implementations": impls,
+    }
+
+
+def _when(cond) -> dict[str, list[Any]]:
+    return {axis: list(vals) for axis, vals in cond.terms}
+
+
+def epilogue_info(s: Any) -> dict[str, Any]:
+    """The spec's epilogue (generator/epilogue.py's Epilogue) as plain data."""
+    from .generator.epilogue import QUANTIZED
+    ep = s.epilogue
+    quantized = [o.name for o in ep.outputs if o.quantize is not None]
+    return {
+        "inputs": {i.name: {"per": i.per, "dtype": i.dtype, "slot": i.slot, "default": i.default,
+                            "paired": i.paired, "optional": i.dtype in s.choice_map
+                            and "none" in s.choice_map[i.dtype]}
+                   for i in ep.inputs},
+        "pairing": None if ep.pairing is None else {"block": ep.pairing.block, "roles": list(ep.pairing.roles),
+                                                    "acc": ep.pairing.acc},
+        "constants": list(ep.constants),
+        "compute": [st.text for st in ep.statements],
+        "outputs": {o.name: {"dtype": o.dtype, "value": o.value,
+                             "paired": None if o.paired is None else dict(zip(ep.pairing.roles, o.paired)),
+                             "when": _when(o.when),
+                             "quantize": None if o.quantize is None else dict(o.quantize.__dict__)}
+                    for o in ep.outputs},
+        # SFD quantization: E8M0-style scale per 32 elements, for the outputs that declare it,
+        # in the variants where their dtype is one of `dtypes`.
+        "quantization": {"block": 32, "dtypes": list(QUANTIZED), "outputs": quantized} if quantized else None,
+        "reductions": [{"name": r.name, "kind": r.kind, "of": r.of, "scope": r.scope, "slot": r.slot,
+                        "when": _when(r.when)} for r in ep.reductions],
+    }
+
+

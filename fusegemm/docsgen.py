@@ -1,0 +1,145 @@
+"""Generated documentation pages: one per spec (its support surface from the spec and the
+registry, its epilogue, constraints and defaults), the CLI reference (from click) and the
+configuration reference (from runtime/config.py). ``fusegemm docs OUT`` writes them; the
+mkdocs site (mkdocs.yml, docs/) includes them, so a changed spec, command or variable changes
+its page with nothing written by hand.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# The public spellings of each packaged spec's op (the spec-driven ones run through EpilogueGemm).
+SEED_API = {
+    "grouped_gemm": ("fusegemm.grouped_gemm", "fusegemm.GroupedGemm", "fusegemm.torch_library.grouped_gemm",
+                     "fusegemm.reference.grouped_gemm"),
+    "grouped_gemm_srelu": ("fusegemm.grouped_gemm_srelu", "fusegemm.GroupedGemmSrelu",
+                           "fusegemm.torch_library.grouped_gemm_srelu", "fusegemm.reference.grouped_gemm_srelu"),
+    "grouped_gemm_quant": ("fusegemm.grouped_gemm_quant", "fusegemm.GroupedGemmQuant",
+                           "fusegemm.torch_library.grouped_gemm_quant", "fusegemm.reference.grouped_gemm_quant"),
+    "grouped_gemm_dswiglu": ("fusegemm.grouped_gemm_dswiglu", "fusegemm.GroupedGemmDswiglu",
+                             "fusegemm.torch_library.grouped_gemm_dswiglu",
+                             "fusegemm.reference.grouped_gemm_dswiglu"),
+    "gemm_amax": ("fusegemm.gemm_amax", "fusegemm.GemmAmax", "fusegemm.torch_library.gemm_amax",
+                  "fusegemm.reference.gemm_amax"),
+}
+
+
+def _cell(values: Any) -> str:
+    return ", ".join(f"`{v}`" for v in values)
+
+
+def surface_rows(info: dict[str, Any]) -> list[tuple[str, str, dict[str, str]]]:
+    """(axis, declared values, {arch: implemented values and why}) for every declared axis."""
+    rows = []
+    for axis, declared in info["choices"].items():
+        if axis == "arch":
+            continue
+        per_arch = {}
+        for arch, impl in info["implementations"].items():
+            if impl["status"] == "none" or "limits" not in impl:
+                per_arch[arch] = "—"
+                continue
+            lim = next((l for l in impl["limits"] if l["axis"] == axis), None)
+            if lim is None:
+                per_arch[arch] = "all"
+            else:
+                kept = [v for v in declared if v in lim["values"]]
+                per_arch[arch] = f"{_cell(kept) or 'none'} ({lim['because']})"
+        rows.append((axis, _cell(declared), per_arch))
+    return rows
+
+
+def op_page(spec: Any) -> str:
+    """The markdown page of one spec (a Spec, a packaged name or a YAML path)."""
+    from .describe import spec_info
+    from .generator.spec import Spec, find_spec
+    s = spec if isinstance(spec, Spec) else find_spec(str(spec))
+    info = spec_info(s)
+    archs = list(info["implementations"])
+    out = [f"# {info['name']}", "", info["summary"] or "", "",
+           f"Spec `{Path(info['path']).name}` · kernel family `{info['kernel']}` · problem `{info['problem']}`"
+           + (f" · cuDNN frontend seed page `{info['seed']}`" if info.get("seed") else ""), ""]
+    api = SEED_API.get(info["name"])
+    out += ["## Calling it", ""]
+    if api:
+        wrapper, cls, custom, ref = api
+        out += [f"- wrapper: `{wrapper}` · class API: `{cls}` · torch custom op: `{custom}`",
+                f"- numpy reference (any machine): `{ref}`", "- parameters: see the [API reference](../../api.md)", ""]
+    else:
+        out += [f"- `fusegemm.EpilogueGemm({info['name']!r}, **choices)(a, padded_offsets, b, inputs=...)`, or "
+                f"`fusegemm.torch_library.epilogue_gemm({info['name']!r}, ...)` inside torch.compile",
+                "- its numpy reference: `EpilogueGemm(...).reference(...)`", ""]
+    out += ["## Support surface", "",
+            "Declared: what the spec allows. Per arch: what that arch's kernel builds (registry), and why "
+            "it stops where it does.", "",
+            "| axis | declared | " + " | ".join(archs) + " |", "|---|---|" + "---|" * len(archs)]
+    for axis, declared, per_arch in surface_rows(info):
+        out.append(f"| `{axis}` | {declared} | " + " | ".join(per_arch[a] for a in archs) + " |")
+    out += ["", "| arch | status | kernel | defaults |", "|---|---|---|---|"]
+    for arch, impl in info["implementations"].items():
+        defaults = ", ".join(f"{k}={v}" for k, v in impl.get("defaults", {}).items()) or "—"
+        out.append(f"| `{arch}` | {impl['status']} | `{impl.get('kernel', '—')}` | {defaults} |")
+    ep = info["epilogue"]
+    out += ["", "## Epilogue", ""]
+    if ep["inputs"]:
+        out += ["| input | per | dtype | default |", "|---|---|---|---|"]
+        for name, i in ep["inputs"].items():
+            out.append(f"| `{name}` | {i['per']} | `{i['dtype']}` | {i['default'] if i['default'] is not None else '—'} |")
+        out.append("")
+    out += ["```", *ep["compute"], "```", "", "| output | dtype | value | quantized |", "|---|---|---|---|"]
+    for name, o in ep["outputs"].items():
+        out.append(f"| `{name}` | `{o['dtype']}` | `{o['value']}` | {'yes' if o['quantize'] else 'no'} |")
+    for r in ep["reductions"]:
+        out.append(f"\nReduction `{r['name']}[{r['slot']}]`: {r['kind']} of `{r['of']}` per {r['scope']}"
+                   + (f" when {r['when']}" if r["when"] else ""))
+    out += ["", "## Constraints", ""]
+    out += [f"- if {c['if']} then {c['then']}: {c['because']}" for c in info["constraints"]] or ["none"]
+    out += ["", "## Defaults and prebuilt variants", "",
+            "Defaults: " + (", ".join(f"`{k}={v}`" for k, v in info["defaults"].items()) or "none"), "",
+            "`fusegemm build` prebuilds:", "", *[f"- `{p}`" for p in info["prebuild"]], ""]
+    return "\n".join(out)
+
+
+def cli_page() -> str:
+    """Every command's ``--help``, from click."""
+    import click
+
+    from .cli import main
+    out = ["# Command line", "", "`fusegemm --help` and each command's `--help`, as the installed CLI prints them.", ""]
+    def add(cmd: click.Command, path: str) -> None:
+        out.extend([f"## {path}", "", "```text", cmd.get_help(click.Context(cmd, info_name=path)), "```", ""])
+        if isinstance(cmd, click.Group):
+            for sub in sorted(cmd.commands):
+                add(cmd.commands[sub], f"{path} {sub}")
+
+    for name in sorted(main.commands):
+        add(main.commands[name], f"fusegemm {name}")
+    return "\n".join(out)
+
+
+def config_page() -> str:
+    """Every ``FUSEGEMM_*`` variable, from runtime/config.py."""
+    from .runtime.config import VARS
+    out = ["# Configuration", "", "Every variable fusegemm reads, as `runtime/config.py` declares it "
+           "(a bad value raises ConfigError naming the variable).", "",
+           "| variable | default | allowed | meaning |", "|---|---|---|---|"]
+    for v in VARS.values():
+        out.append(f"| `{v.name}` | `{v.default}` | {v.allowed} | {v.doc} |")
+    return "\n".join(out) + "\n"
+
+
+def write_pages(out: Path) -> list[Path]:
+    """Write the generated pages under ``out`` (``ops/NAME.md``, ``cli.md``, ``configuration.md``)."""
+    from .generator.spec import list_specs, load_spec
+    out = Path(out)
+    (out / "ops").mkdir(parents=True, exist_ok=True)
+    written = []
+    for s in map(load_spec, list_specs()):
+        p = out / "ops" / f"{s.name}.md"
+        p.write_text(op_page(s))
+        written.append(p)
+    for name, text in (("cli.md", cli_page()), ("configuration.md", config_page())):
+        (out / name).write_text(text)
+        written.append(out / name)
+    return written

@@ -1,0 +1,79 @@
+"""The generated documentation (fusegemm/docsgen.py, `fusegemm docs`) and the docs' examples.
+
+Op pages come from the spec and the registry (a changed spec changes its page); the CLI and
+configuration pages from click and runtime/config.py; the getting-started page's CPU example
+runs here (its GPU half in tests/gpu/test_docs_gpu.py). CI also builds the site with
+``mkdocs build --strict`` (.ci/run)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fusegemm import docsgen
+from fusegemm.generator.spec import find_spec, list_specs, load_spec
+from fusegemm.runtime.config import VARS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def python_blocks(page: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (ROOT / "docs" / page).read_text(), re.S)
+
+
+@pytest.mark.parametrize("path", list_specs(), ids=lambda p: p.stem)
+def test_every_declared_axis_has_a_surface_row(path):
+    s = load_spec(path)
+    page = docsgen.op_page(s)
+    for axis, values in s.choices:
+        if axis != "arch":
+            row = next(line for line in page.splitlines() if line.startswith(f"| `{axis}` |"))
+            assert all(f"`{v}`" in row for v in values), row
+    assert page.startswith(f"# {s.name}\n")
+
+
+def test_an_arch_limit_shows_what_is_kept_and_why():
+    page = docsgen.op_page("grouped_gemm_srelu")
+    row = next(line for line in page.splitlines() if line.startswith("| `ab_dtype` |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "all"                                    # sm_100a builds every A/B format
+    assert cells[3].startswith("`float8_e4m3fn`, `float8_e5m2` (MXFP8 only")
+
+
+def test_editing_a_spec_changes_its_page(tmp_path):
+    src = Path(find_spec("grouped_gemm_swiglu").path).read_text()
+    edited = src.replace("d_dtype: [float8_e4m3fn, float8_e5m2, bfloat16]", "d_dtype: [float8_e4m3fn, bfloat16]")
+    edited = edited.replace("    - h = silu(gate) * up * prob", "    - h = silu(gate) * up * prob * 2")
+    assert edited != src
+    path = tmp_path / "grouped_gemm_swiglu.yaml"
+    path.write_text(edited)
+    before, after = docsgen.op_page("grouped_gemm_swiglu"), docsgen.op_page(load_spec(path))
+    assert "`float8_e5m2`" in before and "`float8_e5m2`" not in after
+    assert "h = silu(gate) * up * prob * 2" in after and "h = silu(gate) * up * prob * 2" not in before
+
+
+def test_cli_and_configuration_pages_are_complete():
+    from fusegemm.cli import main
+    cli = docsgen.cli_page()
+    for name, cmd in main.commands.items():
+        assert f"## fusegemm {name}\n" in cli
+        for sub in getattr(cmd, "commands", {}):
+            assert f"## fusegemm {name} {sub}\n" in cli
+    conf = docsgen.config_page()
+    assert all(f"| `{name}` |" in conf for name in VARS)
+
+
+def test_the_docs_command_writes_every_page(tmp_path):
+    from fusegemm.cli import main
+    res = CliRunner().invoke(main, ["docs", str(tmp_path / "gen")])
+    assert res.exit_code == 0, res.output
+    names = sorted(p.relative_to(tmp_path / "gen").as_posix() for p in (tmp_path / "gen").rglob("*.md"))
+    assert names == sorted(["cli.md", "configuration.md"] + [f"ops/{p.stem}.md" for p in list_specs()])
+    nav = (ROOT / "mkdocs.yml").read_text()
+    assert all(f"generated/{n}" in nav for n in names), "mkdocs.yml's nav misses a generated page"
+
+
+def test_getting_started_cpu_example_runs():
+    exec(compile(python_blocks("index.md")[0], "docs/index.md", "exec"), {})
