@@ -130,7 +130,8 @@ def config_page() -> str:
 
 
 def write_pages(out: Path) -> list[Path]:
-    """Write the generated pages under ``out`` (``ops/NAME.md``, ``cli.md``, ``configuration.md``)."""
+    """Write the generated pages under ``out``: ``ops/NAME.md``, ``cli.md``, ``configuration.md``,
+    ``porting.md`` and, from a source checkout, ``guide/*.md`` (README sections)."""
     from .generator.spec import list_specs, load_spec
     out = Path(out)
     (out / "ops").mkdir(parents=True, exist_ok=True)
@@ -139,7 +140,77 @@ def write_pages(out: Path) -> list[Path]:
         p = out / "ops" / f"{s.name}.md"
         p.write_text(op_page(s))
         written.append(p)
-    for name, text in (("cli.md", cli_page()), ("configuration.md", config_page())):
+    from .base.package import package_data_dir
+    readme = Path(package_data_dir("templates")).parent / "README.md"
+    pages = {"cli.md": cli_page(), "configuration.md": config_page(), "porting.md": porting_page()}
+    if readme.is_file():    # a source checkout (the site is built from one); a wheel has no README file
+        pages.update({f"guide/{k}": v for k, v in guide_pages(readme.read_text()).items()})
+    for name, text in pages.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(text)
         written.append(out / name)
     return written
+
+
+# Site pages taken from README sections (the README stays the one place they are written).
+GUIDE = {
+    "status.md": ("What runs where", ["What runs where (read this)"]),
+    "performance.md": ("Performance", ["Measured (H200, this repo's bench/ and tests/gpu)",
+                                       "Compile time and host overhead", "Block-scaled ops (seeds 000, 002, 003, 004)"]),
+    "epilogues.md": ("Epilogues in YAML", ["Epilogues in YAML (no C++)", "Specs"]),
+    "frameworks.md": ("PyTorch, JAX and training", ["In PyTorch: torch.compile and CUDA graphs",
+                                                    "JAX, CuPy and other DLPack producers",
+                                                    "MoE expert MLP (training; first cut, BF16)"]),
+    "deployment.md": ("Caches, bundles and CUDA stacks", ["Kernel cache", "Kernel bundles: a cluster that never compiles",
+                                                          "Install: CUDA 12.9 or CUDA 13 pip stacks", "Toolchain"]),
+    "reliability.md": ("Reliability", ["Reliability: hostile input"]),
+}
+
+
+def readme_sections(readme: str) -> dict[str, str]:
+    """``{title: body}`` of the README's ``## `` sections (code fences respected)."""
+    out: dict[str, str] = {}
+    title, body, fence = None, [], False
+    for line in readme.splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        if not fence and line.startswith("## "):
+            if title is not None:
+                out[title] = "\n".join(body).strip() + "\n"
+            title, body = line[3:].strip(), []
+        elif title is not None:
+            body.append(line)
+    if title is not None:
+        out[title] = "\n".join(body).strip() + "\n"
+    return out
+
+
+def guide_pages(readme: str) -> dict[str, str]:
+    """The site's guide pages (GUIDE) from the README's text; KeyError names a missing section."""
+    sections = readme_sections(readme)
+    pages = {}
+    for name, (title, wanted) in GUIDE.items():
+        missing = [w for w in wanted if w not in sections]
+        if missing:
+            raise KeyError(f"README has no section {missing[0]!r} (docsgen.GUIDE names it)")
+        parts = [f"# {title}", ""]
+        for w in wanted:
+            parts += [f"## {w}", "", sections[w].replace("\n### ", "\n#### ").replace("\n## ", "\n### "), ""]
+        pages[name] = "\n".join(parts)
+    return pages
+
+
+def porting_page() -> str:
+    """cuDNN frontend's names and their fusegemm equivalents, from fusegemm.compat."""
+    from . import compat
+    out = ["# Porting from cuDNN frontend", "",
+           "`fusegemm.compat` spells the seed APIs as cuDNN frontend does, so code written against the "
+           "seed pages switches by changing one import: `from fusegemm import compat as cudnn`. The same "
+           "call runs the sm_90a kernel on Hopper and the sm_100a kernel on Blackwell.", "",
+           "| cuDNN frontend | fusegemm | seed op page |", "|---|---|---|"]
+    for name in compat.__all__:
+        obj = getattr(compat, name)
+        public = f"fusegemm.{obj.__name__}"
+        op = next((spec for spec, api in SEED_API.items() if public in api), None)
+        out.append(f"| `cudnn.{name}` | `{public}` | " + (f"[{op}](ops/{op}.md)" if op else "—") + " |")
+    return "\n".join(out) + "\n"

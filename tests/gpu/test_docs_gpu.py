@@ -1,5 +1,5 @@
-"""The getting-started page's examples (docs/index.md) on the GPU: the reference call, then the
-same arguments through the kernel, compared with the tests' tolerances."""
+"""The docs' examples (docs/index.md, docs/examples.md) on the GPU: the reference calls, then the
+same arguments through the kernels, compared with the tests' tolerances."""
 from __future__ import annotations
 
 import re
@@ -11,10 +11,11 @@ pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
 
-def test_getting_started_examples_run_on_the_gpu():
-    page = (Path(__file__).resolve().parents[2] / "docs" / "index.md").read_text()
+@pytest.mark.parametrize("name", ["index.md", "examples.md"])
+def test_doc_examples_run_on_the_gpu(name):
+    page = (Path(__file__).resolve().parents[2] / "docs" / name).read_text()
     blocks = re.findall(r"```python\n(.*?)```", page, re.S)
     assert len(blocks) == 2
     scope: dict = {}
     for i, code in enumerate(blocks):
-        exec(compile(code, f"docs/index.md[{i}]", "exec"), scope)
+        exec(compile(code, f"docs/{name}[{i}]", "exec"), scope)

@@ -70,10 +70,34 @@ def test_the_docs_command_writes_every_page(tmp_path):
     res = CliRunner().invoke(main, ["docs", str(tmp_path / "gen")])
     assert res.exit_code == 0, res.output
     names = sorted(p.relative_to(tmp_path / "gen").as_posix() for p in (tmp_path / "gen").rglob("*.md"))
-    assert names == sorted(["cli.md", "configuration.md"] + [f"ops/{p.stem}.md" for p in list_specs()])
+    assert names == sorted(["cli.md", "configuration.md", "porting.md"] + [f"ops/{p.stem}.md" for p in list_specs()]
+                           + [f"guide/{g}" for g in docsgen.GUIDE])
     nav = (ROOT / "mkdocs.yml").read_text()
     assert all(f"generated/{n}" in nav for n in names), "mkdocs.yml's nav misses a generated page"
 
 
-def test_getting_started_cpu_example_runs():
-    exec(compile(python_blocks("index.md")[0], "docs/index.md", "exec"), {})
+@pytest.mark.parametrize("page", ["index.md", "examples.md"])
+def test_cpu_examples_run(page):
+    """The first python block of each example page runs anywhere (the GPU blocks that follow
+    run in tests/gpu/test_docs_gpu.py)."""
+    exec(compile(python_blocks(page)[0], f"docs/{page}", "exec"), {})
+
+
+def test_guide_pages_are_the_readme_sections():
+    readme = (ROOT / "README.md").read_text()
+    sections = docsgen.readme_sections(readme)
+    pages = docsgen.guide_pages(readme)
+    for name, (title, wanted) in docsgen.GUIDE.items():
+        assert pages[name].startswith(f"# {title}\n")
+        for w in wanted:
+            first = next(line for line in sections[w].splitlines() if line.strip())
+            assert first in pages[name], (name, w)
+    with pytest.raises(KeyError, match="README has no section 'Kernel cache'"):
+        docsgen.guide_pages(readme.replace("## Kernel cache\n", "## Kernel caches\n"))
+
+
+def test_porting_page_names_every_compat_spelling():
+    from fusegemm import compat
+    page = docsgen.porting_page()
+    for name in compat.__all__:
+        assert f"| `cudnn.{name}` | `fusegemm.{getattr(compat, name).__name__}` |" in page
