@@ -57,7 +57,8 @@ def test_interrupting_a_parallel_build_at_random_moments(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             pytest.fail("the build did not stop within 60 s of Ctrl-C")
         # 130, or killed by SIGINT (-2, CPython's exit after a KeyboardInterrupt, rare), or 0: the
-        # Ctrl-C landed in the few milliseconds the pool starts (then the build simply finishes).
+        # Ctrl-C landed in the microseconds between blocking SIGINT and ignoring it while the pool
+        # starts (setting SIG_IGN discards a pending signal; the build then simply finishes).
         assert proc.returncode in (0, 130, -signal.SIGINT), err[-2000:]
         if proc.returncode != 0:
             interrupted += 1
@@ -66,7 +67,7 @@ def test_interrupting_a_parallel_build_at_random_moments(tmp_path):
         while _group_alive(proc.pid) and time.time() < deadline:
             time.sleep(0.1)
         assert _group_alive(proc.pid) == [], "processes of the interrupted build are still running"
-    assert interrupted >= 15
+    assert interrupted >= 18   # 14 of 20 before the resource tracker started outside the SIG_IGN window
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert " 0 failed" in res.stdout
