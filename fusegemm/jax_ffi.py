@@ -121,7 +121,7 @@ _Handler = ctypes.CFUNCTYPE(_P, ctypes.POINTER(_CallFrame))
 
 def _views(items: _List, what: str) -> list:
     """The buffers of an argument or result list as TensorViews (dense row-major)."""
-    from .runtime.tensors import TensorView, pointer_device
+    from .runtime.tensors import TensorView, dense_strides, pointer_device
     out, device = [], None
     for i in range(items.size):
         b = ctypes.cast(items.items[i], ctypes.POINTER(_Buffer)).contents
@@ -129,13 +129,11 @@ def _views(items: _List, what: str) -> list:
         if name is None:
             raise ArgumentError(f"{what}[{i}].dtype", f"XLA type {b.dtype}", ", ".join(DTYPES.values()))
         shape = tuple(int(b.dims[d]) for d in range(b.rank))
-        strides, acc = [0] * len(shape), 1
-        for d in range(len(shape) - 1, -1, -1):
-            strides[d], acc = acc, acc * shape[d]
         ptr = int(b.data or 0)
         if device is None and ptr:
             device = pointer_device(ptr)
-        out.append(TensorView(ptr, shape, tuple(strides), name, ("cuda", device if device is not None else 0), None))
+        out.append(TensorView(ptr, shape, dense_strides(shape), name,
+                              ("cuda", device if device is not None else 0), None))
     return out
 
 

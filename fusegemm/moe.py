@@ -165,9 +165,10 @@ class _Fusegemm:
 
 
 def _zero_tail(y: Tensor, off: Tensor) -> Tensor:
-    """Rows at or past padded_offsets[-1] (left unwritten by the kernels) as zeros, without a sync."""
+    """Rows at or past padded_offsets[-1] (left unwritten by the kernels) as zeros, without a sync;
+    ``y`` (M, ...) of any rank."""
     valid = torch.arange(y.shape[0], device=y.device) < off[-1]
-    return torch.where(valid[:, None], y, torch.zeros((), dtype=y.dtype, device=y.device))
+    return torch.where(valid.view(-1, *[1] * (y.dim() - 1)), y, torch.zeros((), dtype=y.dtype, device=y.device))
 
 
 _BACKENDS = {"torch": _Torch(), "fusegemm": _Fusegemm()}
@@ -218,7 +219,7 @@ class ExpertMLPFunction(torch.autograd.Function):
         dg = dg.to(x.dtype)
         dx = be.gemm(dg, off, rows, w1.transpose(1, 2).contiguous())   # (M, H)
         dw1, dw2 = be.wgrad(dg, x, off, rows, w1), be.wgrad(dy, h, off, rows, w2)
-        return dx, None, dprob.to(prob.dtype) * (torch.arange(len(prob), device=prob.device) < off[-1]), dw1, dw2, None
+        return dx, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None
 
 
 class ExpertMLP(torch.nn.Module):

@@ -81,12 +81,6 @@ DSWIGLU_OUT = ("d_row_tensor", "d_col_tensor", "dprob_tensor", "amax_tensor", "s
 AMAX_OUT = ("c_tensor", "amax_tensor")
 
 
-# Custom-op parameter -> the seed wrapper's keyword (the rest keep their names).
-_SEED_NAMES = {"b": "b_tensor", "c": "c_tensor", "sfa": "sfa_tensor", "sfb": "sfb_tensor", "alpha": "alpha_tensor",
-               "beta": "beta_tensor", "bias": "bias_tensor", "norm_const": "norm_const_tensor",
-               "prob": "prob_tensor", "row_scale": "row_scale_tensor"}
-
-
 def _call(op: str, names: tuple[str, ...], params: dict, fake: bool) -> tuple[Tensor, ...]:
     """Run the eager seed wrapper ``op`` on the custom op's parameters (``fake``: under dry_run,
     on fake tensors) and return its outputs in ``names`` order."""
@@ -95,7 +89,7 @@ def _call(op: str, names: tuple[str, ...], params: dict, fake: bool) -> tuple[Te
     from .ops import scaled_seeds
     from .ops.prepared import dry_run
     a = params["a"]
-    kwargs = {_SEED_NAMES.get(k, k): v for k, v in params.items() if k != "a"}
+    kwargs = {TORCH_NAMES.get(k, k): v for k, v in params.items() if k != "a"}   # the seed's keywords
     with dry_run() if fake else contextlib.nullcontext():
         out = getattr(scaled_seeds, op)(a, **kwargs)
     return tuple(out[k] if out[k] is not None else a.new_empty((0,), dtype=torch.uint8) for k in names)

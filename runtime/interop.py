@@ -30,7 +30,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-from ..base.errors import UnsupportedError
+from .tensors import require_torch, resolve_stream
 
 _KDL_CUDA = 2      # DLDeviceType of CUDA memory
 _pending: collections.deque = collections.deque()   # (event, imported tensors) in launch order
@@ -71,15 +71,16 @@ def _foreign_call(fn: Callable[..., Any], sig: inspect.Signature, args: tuple, k
     bound = sig.bind(*args, **kwargs)
     a = bound.arguments["a_tensor"]
     first = a if foreign(a) else next(v for v in bound.arguments.values() if foreign(v))
-    torch = _require_torch(first)
-    kind, device = (a if _is_torch(torch, a) else first).__dlpack_device__()
+    torch = require_torch(f"got a {type(first).__module__}.{type(first).__name__} argument: arrays from other "
+                          f"frameworks are imported through torch's DLPack support and outputs come from "
+                          f"torch's allocator", "install torch, or pass torch tensors")
+    kind, device = (a if isinstance(a, torch.Tensor) else first).__dlpack_device__()
     if int(kind) != _KDL_CUDA:
         # Host (or other) memory: import as is and let the op's device check name it.
         for name, value in bound.arguments.items():
             if foreign(value):
                 bound.arguments[name] = torch.from_dlpack(value)
         return fn(*bound.args, **bound.kwargs)
-    from .tensors import resolve_stream
     device = int(device)
     raw = resolve_stream(bound.arguments.get("current_stream"), device)
     with torch.cuda.device(device), _current(torch, raw, device) as stream:
@@ -92,21 +93,6 @@ def _foreign_call(fn: Callable[..., Any], sig: inspect.Signature, args: tuple, k
         out = fn(*bound.args, **bound.kwargs)
         _hold(torch, imported, stream)
         return _export(out, framework(a), stream) if foreign(a) else out
-
-
-def _is_torch(torch: Any, x: Any) -> bool:
-    return isinstance(x, torch.Tensor)
-
-
-def _require_torch(a: Any) -> Any:
-    try:
-        import torch
-    except ImportError:
-        raise UnsupportedError(
-            f"got a {type(a).__module__}.{type(a).__name__} argument: arrays from other frameworks are "
-            f"imported through torch's DLPack support and outputs come from torch's allocator; install "
-            f"torch, or pass torch tensors") from None
-    return torch
 
 
 @contextlib.contextmanager

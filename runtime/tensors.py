@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ..base.errors import ArgumentError
+from ..base.errors import ArgumentError, UnsupportedError
 
 from ..base.dtypes import BY_TYPESTR, DTYPES
 
@@ -83,14 +83,13 @@ def view(x: Any, name: str) -> TensorView:
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor):
         dt = _torch_dtype_names(torch).get(x.dtype) or str(x.dtype).removeprefix("torch.")
+        dev = ("cuda", x.get_device()) if x.is_cuda else _CPU
         if type(x) is torch.Tensor or not _is_fake(x):
-            return TensorView(x.data_ptr(), x.shape, x.stride(), dt,
-                              ("cuda", x.get_device()) if x.is_cuda else _CPU, x)
+            return TensorView(x.data_ptr(), x.shape, x.stride(), dt, dev, x)
         # A fake tensor (a custom op's fake implementation under torch.compile) has no storage,
         # and its sizes may be symbolic: int() specialises them (a guard, so a new size
         # recompiles) because the checks and the output shapes need plain integers.
-        return TensorView(0, tuple(int(d) for d in x.shape), tuple(int(d) for d in x.stride()), dt,
-                          ("cuda", x.get_device()) if x.is_cuda else _CPU, x)
+        return TensorView(0, tuple(int(d) for d in x.shape), tuple(int(d) for d in x.stride()), dt, dev, x)
     if type(x) is TensorView:    # already described (XLA FFI buffers, fusegemm/jax_ffi.py)
         return x
     if type(x).__module__ == "numpy" and hasattr(x, "__array_interface__"):
@@ -109,6 +108,15 @@ def view(x: Any, name: str) -> TensorView:
         return view(torch.from_dlpack(x), name)
     raise ArgumentError(name, type(x).__name__, "a torch tensor, or an object with "
                         "__cuda_array_interface__ or __dlpack__")
+
+
+def require_torch(why: str, fix: str = "install torch") -> Any:
+    """The torch module, or UnsupportedError saying ``why`` fusegemm needs it here and the ``fix``."""
+    try:
+        import torch
+    except ImportError:
+        raise UnsupportedError(f"{why}; {fix}") from None
+    return torch
 
 
 def _is_fake(x: Any) -> bool:
@@ -135,11 +143,7 @@ def _from_cai(x: Any, cai: dict, name: str) -> TensorView:
         raise ArgumentError(f"{name}.dtype", repr(typestr), ", ".join(sorted(BY_TYPESTR)))
     item = DTYPES[dtype].itemsize
     if cai.get("strides") is None:
-        strides, acc = [], 1
-        for d in reversed(shape):
-            strides.append(acc)
-            acc *= d
-        strides_t = tuple(reversed(strides))
+        strides_t = dense_strides(shape)
     else:
         bs = tuple(int(s) for s in cai["strides"])
         if any(s % item for s in bs):
@@ -148,6 +152,15 @@ def _from_cai(x: Any, cai: dict, name: str) -> TensorView:
     ptr = int(cai["data"][0])
     return TensorView(ptr=ptr, shape=shape, strides=strides_t, dtype=dtype,
                       device=("cuda", pointer_device(ptr) if ptr else -1), obj=x)
+
+
+def dense_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides (elements) of a C-contiguous array of ``shape``."""
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
 
 
 def pointer_device(ptr: int) -> int:

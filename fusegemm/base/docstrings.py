@@ -25,10 +25,8 @@ def parameter_docs(doc: str | None, section: str = "Parameters") -> dict[str, st
     """
     lines = inspect.cleandoc(doc or "").splitlines()
     out: dict[str, str] = {}
-    try:
-        start = next(i for i in range(len(lines) - 1)
-                     if lines[i].strip() == section and _UNDERLINE.match(lines[i + 1]))
-    except StopIteration:
+    start = _section(lines, section)
+    if start is None:
         return out
     names: list[str] = []
     for i in range(start + 2, len(lines)):
@@ -46,6 +44,12 @@ def parameter_docs(doc: str | None, section: str = "Parameters") -> dict[str, st
         for n in names:
             out[n] = rest.strip()
     return out
+
+
+def _section(lines: list[str], title: str) -> int | None:
+    """Index of the numpydoc section ``title`` (a line underlined with dashes), or None."""
+    return next((i for i in range(len(lines) - 1) if lines[i].strip() == title and _UNDERLINE.match(lines[i + 1])),
+                None)
 
 
 def _entry(name: str, text: str) -> str:
@@ -75,8 +79,7 @@ def shares_parameters(source: Callable[..., Any] | None = None, *, rename: Mappi
                 entries.append(_entry(p.name, text))
         section = "Parameters\n----------\n" + "\n".join(entries)
         lines = own_doc.splitlines()
-        idx = next((i for i in range(len(lines) - 1)
-                    if lines[i].strip() == "Parameters" and _UNDERLINE.match(lines[i + 1])), None)
+        idx = _section(lines, "Parameters")
         if idx is not None:                    # replace the own section (its entries were kept above)
             end = next((j for j in range(idx + 2, len(lines) - 1) if _UNDERLINE.match(lines[j + 1])), len(lines))
             lines[idx:end] = section.splitlines() + ([""] if end < len(lines) else [])

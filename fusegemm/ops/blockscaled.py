@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from .. import arguments as args
 from ..base.errors import ArgumentError
 from ..formats.scales import sf_physical_shape, sf_view_shape
-from ..runtime.tensors import TensorView
+from ..runtime.tensors import TensorView, dense_strides
 from ..tupledict import TupleDict
 from . import checks
 from ..runtime import config
@@ -47,14 +47,6 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _dense_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return tuple(reversed(out))
-
-
 def sf_buffer(x: Any, name: str, mn: int, sfk: int, l: int) -> TensorView:
     """A scale-factor buffer for ``(l, mn, sfk)`` scales: the kernel-facing 6-D view, the physical
     6-D buffer or a flat 1-D buffer, each over the dense physical bytes (formats/scales.py)."""
@@ -62,7 +54,7 @@ def sf_buffer(x: Any, name: str, mn: int, sfk: int, l: int) -> TensorView:
     v = args.tensor(x, name, ndims=(1, 6), dtypes=SF_DTYPES)
     phys = sf_physical_shape(mn, sfk, l)
     view_shape = sf_view_shape(mn, sfk, l)
-    dense = _dense_strides(phys)
+    dense = dense_strides(phys)
     size = 1
     for d in phys:
         size *= d

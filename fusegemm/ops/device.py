@@ -6,7 +6,7 @@ from typing import Any
 
 from ..base.archs import arch_of_capability, supported_capabilities
 from ..base.errors import UnsupportedError
-from ..runtime.tensors import is_capturing
+from ..runtime.tensors import is_capturing, require_torch
 
 
 @functools.lru_cache(maxsize=16)
@@ -31,13 +31,8 @@ def num_sms(device: int) -> int:
 
 
 def _torch() -> Any:
-    try:
-        import torch
-    except ImportError:
-        raise UnsupportedError("fusegemm allocates the wrappers' outputs and per-call scratch (dynamic "
-                               "scheduling, discrete weights) with torch's stream-ordered allocator: "
-                               "install torch") from None
-    return torch
+    return require_torch("fusegemm allocates the wrappers' outputs and per-call scratch (dynamic "
+                         "scheduling, discrete weights) with torch's stream-ordered allocator")
 
 
 def alloc(shape: tuple[int, ...], dtype: str, device: int) -> Any:

@@ -105,5 +105,6 @@ def test_a_consumer_that_names_its_stream_is_not_synchronised(consumer):
 
 def test_foreign_calls_need_torch(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)    # `import torch` raises ImportError
-    with pytest.raises(UnsupportedError, match=r"^got a fakefw\.arrays\.Fake argument: .*install torch"):
-        interop._require_torch(Fake(None))
+    with pytest.raises(UnsupportedError, match=r"^got a fakefw\.arrays\.Fake argument: .*allocator; install torch, "
+                                               r"or pass torch tensors$"):
+        fusegemm.grouped_gemm(Fake(None), None, None)
