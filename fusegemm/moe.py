@@ -13,12 +13,13 @@ Forward: fc1 with the fused SwiGLU epilogue (``specs/grouped_gemm_swiglu.yaml``:
 ``w1`` is (L, 2F, H) in the seed's 32-column interleave (gate and up blocks alternate;
 :func:`interleave_gate_up` converts from the usual ``[gate; up]`` stacking), ``w2`` (L, H, F).
 
-Backward: fc1's pre-activations are recomputed with the grouped GEMM (activation recompute:
-nothing but ``x`` and ``prob`` is kept), dSwiGLU and dprob in torch, both data gradients with
-the grouped GEMM on transposed weights, and the weight gradients (K-grouped: a reduction over
-each expert's tokens) with ``torch._grouped_mm``. Still to come (issue 14): the fused dSwiGLU
-GEMM, a K-grouped fusegemm family for the weight gradients, the MXFP8 recipe and expert
-parallelism.
+The forward keeps fc1's pre-activations ``g`` (the same kernel stores them: ``generate_c``)
+and ``h`` for the backward. Backward: fc2's data gradient with the dSwiGLU epilogue
+(``specs/grouped_gemm_dswiglu_bf16.yaml``: ``dG`` and ``dprob`` straight out of the GEMM), fc1's
+data gradient with the grouped GEMM (both read the weights in place as N-major B on sm_90a; a
+K-major copy elsewhere), and the weight
+gradients (K-grouped: a reduction over each expert's tokens) with ``torch._grouped_mm``. Still
+to come (issue 14): a K-grouped fusegemm family for the weight gradients and the MXFP8 recipe.
 
 ``backend="torch"`` runs the same structure with torch matmuls (any device, any float dtype):
 the reference the tests hold the fusegemm backend to, and what ``gradcheck`` differentiates.
@@ -127,11 +128,22 @@ class _Torch:
                 y[s:t] = (_acc(x[s:t]) @ _acc(w[e]).T).to(y.dtype)
         return y
 
-    def fc1(self, x: Tensor, off: Tensor, rows: list, w1: Tensor, prob: Tensor) -> Tensor:
-        return _swiglu(self.grouped(x, rows, w1), prob).to(x.dtype)
+    def fc1(self, x: Tensor, off: Tensor, rows: list, w1: Tensor, prob: Tensor) -> tuple[Tensor, Tensor]:
+        """(g, h): the pre-activations (kept for the backward) and ``prob * silu(gate) * up``."""
+        g = self.grouped(x, rows, w1)
+        return g, _swiglu(g, prob).to(x.dtype)
 
     def gemm(self, x: Tensor, off: Tensor, rows: list, w: Tensor) -> Tensor:
         return self.grouped(x, rows, w)
+
+    def dgrad(self, dg: Tensor, off: Tensor, rows: list, w1: Tensor) -> Tensor:
+        return self.grouped(dg, rows, w1.transpose(1, 2))
+
+    def dswiglu(self, dy: Tensor, off: Tensor, rows: list, w2: Tensor, g: Tensor, prob: Tensor) -> tuple[Tensor, Tensor]:
+        """(dG interleaved, dprob) from dh = dy @ w2 (fc2's data gradient) and the saved g."""
+        dh = self.grouped(dy, rows, w2.transpose(1, 2))
+        dg, dprob = swiglu_backward(g, dh, prob)
+        return dg.to(dy.dtype), dprob
 
     @staticmethod
     def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor) -> Tensor:
@@ -144,18 +156,37 @@ class _Torch:
 
 
 class _Fusegemm:
-    """The layer's GEMMs on fusegemm kernels (CUDA, bfloat16)."""
+    """The layer's GEMMs on fusegemm kernels (CUDA, bfloat16). Every output is a spec op's, so
+    rows at or past padded_offsets[-1] come back zero (EpilogueGemm zero-fills its outputs)."""
 
-    def fc1(self, x: Tensor, off: Tensor, rows: list, w1: Tensor, prob: Tensor) -> Tensor:
+    @staticmethod
+    def _ones(w: Tensor) -> Tensor:
+        return torch.ones(w.shape[0], device=w.device)
+
+    def fc1(self, x: Tensor, off: Tensor, rows: list, w1: Tensor, prob: Tensor) -> tuple[Tensor, Tensor]:
+        """One kernel: the SwiGLU epilogue stores h and, with generate_c, the pre-activations g."""
         from .torch_library import epilogue_gemm
-        ones = torch.ones(w1.shape[0], device=x.device)
-        h = epilogue_gemm("grouped_gemm_swiglu", x, off, w1, inputs={"alpha": ones, "prob": prob.float()},
-                          d_dtype="bfloat16")["d"]
-        return _zero_tail(h, off)
+        out = epilogue_gemm("grouped_gemm_swiglu", x, off, w1, inputs={"alpha": self._ones(w1), "prob": prob.float()},
+                            d_dtype="bfloat16", generate_c=True, c_dtype="bfloat16")
+        return out["c"], out["d"]
 
-    def gemm(self, x: Tensor, off: Tensor, rows: list, w: Tensor) -> Tensor:
-        from .torch_library import grouped_gemm
-        return _zero_tail(grouped_gemm(x, off, torch.ones(w.shape[0], device=x.device), w)[0], off)
+    def gemm(self, x: Tensor, off: Tensor, rows: list, w: Tensor, b_major: str = "k") -> Tensor:
+        from .torch_library import epilogue_gemm
+        return epilogue_gemm("grouped_gemm", x, off, w, inputs={"alpha": self._ones(w)}, b_major=b_major)["d"]
+
+    def dgrad(self, dg: Tensor, off: Tensor, rows: list, w1: Tensor) -> Tensor:
+        """fc1's data gradient dG @ w1: w1 read as an N-major B where the arch's kernel can."""
+        major = _transposed_b(dg.device)
+        return self.gemm(dg, off, rows, _as_b(w1, major), major)
+
+    def dswiglu(self, dy: Tensor, off: Tensor, rows: list, w2: Tensor, g: Tensor, prob: Tensor) -> tuple[Tensor, Tensor]:
+        """One kernel: fc2's data gradient with the dSwiGLU epilogue (specs/grouped_gemm_dswiglu_bf16.yaml)
+        writes dG interleaved and accumulates dprob."""
+        from .torch_library import epilogue_gemm
+        major = _transposed_b(dy.device)
+        out = epilogue_gemm("grouped_gemm_dswiglu_bf16", dy, off, _as_b(w2, major),
+                            inputs={"alpha": self._ones(w2), "prob": prob.float(), "c": g}, b_major=major)
+        return out["d"], out["dprob"]
 
     @staticmethod
     def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor) -> Tensor:
@@ -164,9 +195,33 @@ class _Fusegemm:
         return torch._grouped_mm(dy.t(), x, offs=off).to(like.dtype)
 
 
+def _k_major(w: Tensor) -> Tensor:
+    """(L, A, B) -> (L, B, A) contiguous: the data gradients' weights as a K-major B."""
+    return w.transpose(1, 2).contiguous()
+
+
+def _as_b(w: Tensor, major: str) -> Tensor:
+    """A data gradient's weight (L, K, N) as the GEMM's B (L, N, K): a view when the kernel reads
+    N-major B, else a K-major copy."""
+    return w.transpose(1, 2) if major == "n" else _k_major(w)
+
+
+_B_MAJOR: dict[int, str] = {}
+
+
+def _transposed_b(device: torch.device) -> str:
+    """"n" when the device's arch implements N-major B for the grouped family (sm_90a), else "k"."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _B_MAJOR:
+        from .generator import registry
+        from .ops.device import device_arch
+        row = registry.lookup("grouped_gemm", device_arch(index))
+        _B_MAJOR[index] = "n" if row is not None and row.problem({"b_major": "n"}) is None else "k"
+    return _B_MAJOR[index]
+
+
 def _zero_tail(y: Tensor, off: Tensor) -> Tensor:
-    """Rows at or past padded_offsets[-1] (left unwritten by the kernels) as zeros, without a sync;
-    ``y`` (M, ...) of any rank."""
+    """Rows at or past padded_offsets[-1] as zeros, without a sync; ``y`` (M, ...) of any rank."""
     valid = torch.arange(y.shape[0], device=y.device) < off[-1]
     return torch.where(valid.view(-1, *[1] * (y.dim() - 1)), y, torch.zeros((), dtype=y.dtype, device=y.device))
 
@@ -200,24 +255,20 @@ class ExpertMLPFunction(torch.autograd.Function):
         """
         be = _BACKENDS[backend]
         rows = _expert_rows(padded_offsets) if backend == "torch" else None
-        h = be.fc1(x, padded_offsets, rows, w1, prob)
+        g, h = be.fc1(x, padded_offsets, rows, w1, prob)
         y = be.gemm(h, padded_offsets, rows, w2)
-        ctx.save_for_backward(x, padded_offsets, prob, w1, w2)
+        ctx.save_for_backward(x, padded_offsets, prob, w1, w2, g, h)
         ctx.backend = backend
         return y
 
     @staticmethod
     def backward(ctx, dy: Tensor):
-        x, off, prob, w1, w2 = ctx.saved_tensors
+        x, off, prob, w1, w2, g, h = ctx.saved_tensors
         be = _BACKENDS[ctx.backend]
         rows = _expert_rows(off) if ctx.backend == "torch" else None
-        dy = _zero_tail(dy.to(x.dtype), off)
-        g = be.gemm(x, off, rows, w1)                                  # recomputed pre-activations
-        h = _swiglu(g, prob).to(x.dtype)
-        dh = be.gemm(dy, off, rows, w2.transpose(1, 2).contiguous())   # (M, F)
-        dg, dprob = swiglu_backward(g, dh, prob)
-        dg = dg.to(x.dtype)
-        dx = be.gemm(dg, off, rows, w1.transpose(1, 2).contiguous())   # (M, H)
+        dy = dy.to(x.dtype)     # rows past the last expert are read by no kernel
+        dg, dprob = be.dswiglu(dy, off, rows, w2, g, prob)
+        dx = be.dgrad(dg, off, rows, w1)                               # (M, H)
         dw1, dw2 = be.wgrad(dg, x, off, rows, w1), be.wgrad(dy, h, off, rows, w2)
         return dx, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None
 

@@ -96,7 +96,10 @@ def rule_model(r: Resolved) -> RuleModel:
     out_fields: list[tuple[str, str]] = []
     c, d = r.output("c"), r.output("d")
     if c is not None:
-        out_fields.append(("c", f"v_{c.value}"))
+        if c.paired:
+            out_fields += [("c0", f"v_{c.paired[0]}"), ("c1", f"v_{c.paired[1]}")]
+        else:
+            out_fields.append(("c", f"v_{c.value}"))
     if d is not None:
         if d.paired:
             out_fields += [("d0", f"v_{d.paired[0]}"), ("d1", f"v_{d.paired[1]}")]
@@ -113,6 +116,7 @@ def rule_model(r: Resolved) -> RuleModel:
         ("kPairedAcc", _b(r.paired_acc)),
         ("kHasC", _b(c is not None)),
         ("kHasD", _b(d is not None)),
+        ("kPairedC", _b(c is not None and c.paired is not None)),
         ("kPairedD", _b(d is not None and d.paired is not None)),
         ("kQuantRowD", _b(q is not None and q.row)),
         ("kQuantColD", _b(q is not None and q.col is not None)),
@@ -122,6 +126,7 @@ def rule_model(r: Resolved) -> RuleModel:
         ("kAmaxGlobal", _b(any(x.scope == "global" for x in amax))),
         ("kRowSum", _b(bool(rowsum))),
         ("kElementwise", _b(not r.paired_acc and (d is None or (d.paired is None and q is None))
+                            and (c is None or c.paired is None)
                             and not amax and not rowsum
                             and all(dtype_entry(o.dtype).bits >= 16 for o in r.outputs))),
     ]

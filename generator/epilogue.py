@@ -590,10 +590,6 @@ def _outputs(ctx, node, choices, computed: set[str], inputs, pairing) -> tuple[O
         if "paired" in o:
             if pairing is None:
                 raise ctx.fail(o["paired"], f"{key}.paired", "a paired output needs a pairing: section")
-            if name != "d":
-                # the engine writes only D as interleaved gate/up blocks (kPairedD)
-                raise ctx.fail(o["paired"], f"{key}.paired", f"output {name!r} cannot be paired; allowed: "
-                                                             f"only d (use value: for {name})")
             pm = ctx.mapping(o["paired"], f"{key}.paired", set(pairing.roles), set())
             paired = tuple(_computed(ctx, pm[r], f"{key}.paired.{r}", computed) for r in pairing.roles)
             if "value" in o:

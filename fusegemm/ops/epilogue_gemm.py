@@ -192,7 +192,8 @@ class EpilogueGemm(SpecGemm):
         from ..runtime.tensors import resolve_stream
         self.compile()
         call = parse_call(a_tensor, padded_offsets, None, b_tensor, b_ptrs, None, None,
-                          ab_dtypes=("bfloat16",), bias_dtypes=(), n=n, alpha_required=False)
+                          ab_dtypes=("bfloat16",), bias_dtypes=(), n=n, alpha_required=False,
+                          b_major=self.variant.b_major, b_majors=(self.variant.b_major,))
         if (call.b_ptrs is not None) != (self.variant.weight_mode == "discrete"):
             raise ArgumentError("b_tensor/b_ptrs", "b_ptrs" if call.b_ptrs is not None else "b_tensor",
                                 f"the {self.variant.weight_mode} weights this op was built for")

@@ -31,7 +31,9 @@ class Call:
     offsets: TensorView
     alpha: TensorView | None
     b: TensorView | None          # dense weights
-    b_strides: tuple[int, int]    # (N stride, L stride) in elements, dense only
+    b_strides: tuple[int, int]    # (row pitch, L stride) in elements, dense only; the pitch is
+                                  # the N stride of K-major B, the K stride of N-major B
+    b_major: str                  # "k" or "n" (stride 1 along K or along N)
     b_ptrs: TensorView | None     # discrete weights
     bias: TensorView | None
     prob: TensorView | None
@@ -42,12 +44,13 @@ def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: 
                b_ptrs: Any, bias_tensor: Any, prob_tensor: Any, *, ab_dtypes: tuple[str, ...],
                bias_dtypes: tuple[str, ...], n: Any = None, b_dtype: Any = None,
                b_major: str = "k", discrete_experts: int | None = None,
-               alpha_required: bool = True) -> Call:
+               alpha_required: bool = True, b_majors: tuple[str, ...] = ("k",)) -> Call:
     """Validate the inputs (shapes, strides, dtypes first; devices last).
 
     ``discrete_experts`` describes discrete weights without a pointer table (class API
     samples: ``num_experts=`` instead of ``b_ptrs``). ``alpha_required=False``: the GEMM operands
-    only (a spec-driven op validates its epilogue inputs itself).
+    only (a spec-driven op validates its epilogue inputs itself). ``b_majors``: the weight layouts
+    the caller's kernel reads (the seed wrappers': K-major only).
     """
     r = args.rows(a_tensor, ab_dtypes)
     a, m, k = r.a, r.m, r.k_stored
@@ -69,7 +72,7 @@ def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: 
         alpha = args.vector(alpha_tensor, "alpha_tensor", l, what="(one scale per expert)")
         unit_stride(alpha, "alpha_tensor")
 
-    args.choice(b_major, "b_major", ("k",))
+    args.choice(b_major, "b_major", b_majors)
     if b_dtype is not None:
         dtype_arg(b_dtype, "b_dtype", ab_dtypes)
     discrete = b_ptrs is not None or discrete_experts is not None
@@ -81,13 +84,17 @@ def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: 
     if b_tensor is not None:
         db = args.dense_b(b_tensor, k, l, ab_dtypes)
         b, (sn, sk, sl) = db.b, db.strides
-        if sk != 1:
+        if b_major == "k" and sk != 1:
             raise ArgumentError("b_tensor.stride", b.strides, "K-major (stride 1 along K)",
                                 "weights must be K-major")
+        if b_major == "n" and sn != 1:
+            raise ArgumentError("b_tensor.stride", b.strides, "N-major (stride 1 along N: b_major='n')",
+                                "pass the (L, N, K) view w.transpose(1, 2) of a contiguous (L, K, N) weight")
         if n is not None and n != db.n:
             raise ArgumentError("n", n, f"None or {db.n} (b_tensor's N)")
-        n, b_strides = db.n, (sn, sl)
-        row_pitch_aligned(sn, item, "b_tensor N stride")
+        pitch = sn if b_major == "k" else sk
+        n, b_strides = db.n, (pitch, sl)
+        row_pitch_aligned(pitch, item, f"b_tensor {'N' if b_major == 'k' else 'K'} stride")
         if l > 1:
             row_pitch_aligned(sl, item, "b_tensor expert stride")
     elif b_ptrs is not None:
@@ -113,7 +120,7 @@ def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: 
         prob = args.vector(prob_tensor, "prob_tensor", m, what="(one gate per row)")
         unit_stride(prob, "prob_tensor")
 
-    call = Call(m=m, n=n, k=k, l=l, a=a, offsets=off, alpha=alpha, b=b, b_strides=b_strides,
+    call = Call(m=m, n=n, k=k, l=l, a=a, offsets=off, alpha=alpha, b=b, b_strides=b_strides, b_major=b_major,
                 b_ptrs=ptrs, bias=bias, prob=prob, canonical=r.canonical)
     # Devices and addresses last (CPU-only tests reach everything above).
     named = [("padded_offsets", off), ("alpha_tensor", alpha), ("b_tensor", b), ("b_ptrs", ptrs),
@@ -162,6 +169,7 @@ def shape_of(call: Call) -> GroupedShape:
     """The launch shape of validated grouped operands."""
     sn, sl = call.b_strides
     if call.b is not None and call.l == 1:
-        sl = sn * call.n   # L == 1 may report any expert stride; give TMA a legal one
+        # L == 1 may report any expert stride; give TMA a legal one
+        sl = sn * (call.n if call.b_major == "k" else call.k)
     return GroupedShape(m=call.m, n=call.n, k=call.k, l=call.l, a_ld=call.a.strides[0], b_sn=sn, b_sl=sl,
-                        discrete=call.b_ptrs is not None)
+                        discrete=call.b_ptrs is not None, b_mn=call.b_major == "n")

@@ -29,9 +29,10 @@ class GroupedShape:
     k: int
     l: int          # experts
     a_ld: int       # A row stride (elements)
-    b_sn: int       # dense B: N and expert strides (elements)
-    b_sl: int
+    b_sn: int       # dense B: row pitch (N stride when K-major, K stride when N-major) and
+    b_sl: int       # expert stride (elements)
     discrete: bool
+    b_mn: bool = False   # N-major B (b_major "n"): maps of (N, K[, L])
 
 
 class GroupedLauncher:
@@ -74,12 +75,13 @@ class GroupedLauncher:
         c, tiled, item, dt = self.contract, self.tmaps.tiled, self.itemsize, self.tma_dtype
         box_a, box_b = (c.box_a_inner, c.box_a_outer), (c.box_b_inner, c.box_b_outer)
         a_map = tiled(a_ptr, dt, (s.k, s.m), (s.a_ld * item,), box_a, c.swizzle_a)
+        inner, outer = (s.n, s.k) if s.b_mn else (s.k, s.n)   # B's contiguous extent first
         if s.discrete:
             # Template of the device-side per-expert maps: any valid aligned address will do
             # (the kernel swaps in each expert's base before use); A's base is one.
-            b_map = tiled(a_ptr, dt, (s.k, s.n), (s.k * item,), box_b, c.swizzle_b)
+            b_map = tiled(a_ptr, dt, (inner, outer), (inner * item,), box_b, c.swizzle_b)
         else:
-            b_map = tiled(b_ptr, dt, (s.k, s.n, s.l), (s.b_sn * item, s.b_sl * item), box_b + (1,), c.swizzle_b)
+            b_map = tiled(b_ptr, dt, (inner, outer, s.l), (s.b_sn * item, s.b_sl * item), box_b + (1,), c.swizzle_b)
         return {"tma_a": a_map, "tma_b": b_map}
 
     def scalars(self, s: GroupedShape) -> dict[str, int]:

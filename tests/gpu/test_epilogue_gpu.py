@@ -70,6 +70,11 @@ def compiled_ahead(torch, doubled_spec_path):
     planned += [plan_harness(make_variant(spec, arch="sm_90a", **axes), "block") for spec, axes in BOUNDARY_CASES]
     planned.append(plan_harness(make_variant("grouped_gemm", arch="sm_90a", **EDGE_AXES), "block"))
     planned += [plan(make_variant("grouped_gemm_swiglu", arch="sm_90a", d_dtype=d)) for d in SWIGLU_D]
+    planned.append(plan(make_variant("grouped_gemm_swiglu", arch="sm_90a", d_dtype="bfloat16", generate_c=True)))
+    planned += [plan(make_variant("grouped_gemm", arch="sm_90a", b_major="n", d_dtype="float32", tile_m=tm,
+                                  tile_n=tn, weight_mode=mode)) for tm, tn, mode, _, _ in N_MAJOR_CASES]
+    planned += [plan(make_variant("grouped_gemm_dswiglu_bf16", arch="sm_90a", d_dtype=d, c_dtype=d))
+                for d in ("bfloat16", "float32")]
     planned += [plan(make_variant(s, arch="sm_90a", d_dtype="float32"))
                 for s in ("grouped_gemm", find_spec(str(doubled_spec_path)))]
     failed = [r for r in compile_all(planned, jobs=os.cpu_count() or 1) if not r.ok]
@@ -270,6 +275,10 @@ BLOCK_CASES = [  # (spec, axes)
     ("grouped_gemm_swiglu", dict(d_dtype="float8_e4m3fn")),
     ("grouped_gemm_swiglu", dict(d_dtype="float8_e5m2")),
     ("grouped_gemm_swiglu", dict(d_dtype="bfloat16")),
+    ("grouped_gemm_swiglu", dict(d_dtype="bfloat16", generate_c=True, c_dtype="float32")),   # paired C
+    ("grouped_gemm_swiglu", dict(d_dtype="float8_e4m3fn", generate_c=True, c_dtype="bfloat16")),
+    ("grouped_gemm_dswiglu_bf16", dict(c_dtype="bfloat16", d_dtype="bfloat16")),
+    ("grouped_gemm_dswiglu_bf16", dict(c_dtype="float32", d_dtype="bfloat16")),
 ]
 
 
@@ -504,6 +513,105 @@ def test_swiglu_gemm_end_to_end(torch, d_dtype):
         ref_bytes = unpack_sf(np.ascontiguousarray(ref.sfd_row).view(np.uint8), m_rows, blocks)[:valid, :, 0]
         assert np.count_nonzero(byte != ref_bytes) <= max(2, byte.size // 100)
     assert not out["d"][valid:].any()             # rows past valid_m untouched (zero)
+
+
+def test_swiglu_gemm_stores_the_pre_activations(torch):
+    """generate_c: the same kernel stores C = alpha * G (paired, as wide as the accumulator) next
+    to h; both within the GEMM tolerance of the numpy GEMM + interpreter, tails zero."""
+    from fusegemm import EpilogueGemm
+    a, offsets, b, alpha, prob = _gemm_problem(torch, n=512, seed=2)
+    op = EpilogueGemm("grouped_gemm_swiglu", d_dtype="bfloat16", generate_c=True, c_dtype="bfloat16")
+    out = op(a.cuda(), offsets.cuda(), b.cuda(), inputs={"alpha": alpha.cuda(), "prob": prob.cuda()})
+    ref = op.reference(a, offsets, b, inputs={"alpha": alpha, "prob": prob})
+    valid = int(offsets[-1])
+    assert out["c"].shape == (a.shape[0], 512) and out["d"].shape == (a.shape[0], 256)
+    for name in ("c", "d"):
+        want = ref.out_values[name]
+        want = np.asarray(want, dtype=np.float64)[:valid]
+        got = out[name].float().cpu().numpy()[:valid]
+        assert np.all(np.abs(got - want) <= 2.0 ** -7 * np.abs(want) + 2.0 ** -14), name
+        assert not out[name][valid:].any(), name
+
+
+@pytest.mark.parametrize("d_dtype", ["bfloat16", "float32"])
+def test_dswiglu_bf16_gemm_end_to_end(torch, d_dtype):
+    """The BF16 dSwiGLU spec (the MoE layer's fc2 data gradient): dG (paired D) and dprob against
+    the numpy GEMM + interpreter on ragged and empty experts. dprob sums 256 products of the row:
+    |error| <= 2^-12 * sum |dp| (FP32 accumulation and atomic order) + the D tolerance's share."""
+    from fusegemm import EpilogueGemm
+    a, offsets, b, alpha, prob = _gemm_problem(torch, n=256, seed=3)
+    c = (torch.randn(a.shape[0], 512, generator=torch.Generator().manual_seed(9)) * 2).to(torch.bfloat16)
+    beta = torch.rand(alpha.shape[0]) + 0.5
+    op = EpilogueGemm("grouped_gemm_dswiglu_bf16", d_dtype=d_dtype, c_dtype="bfloat16")
+    inputs = {"alpha": alpha, "beta": beta, "prob": prob, "c": c}
+    out = op(a.cuda(), offsets.cuda(), b.cuda(), inputs={k: v.cuda() for k, v in inputs.items()})
+    ref = op.reference(a, offsets, b, inputs=inputs)
+    valid = int(offsets[-1])
+    want = np.asarray(ref.out_values["d"], dtype=np.float64)[:valid]
+    got = out["d"].float().cpu().numpy()[:valid]
+    tol = 2.0 ** -7 if d_dtype == "bfloat16" else 2.0 ** -12
+    assert np.all(np.abs(got - want) <= tol * np.abs(want) + 2.0 ** -12 * np.abs(want).max())
+    dp = np.asarray(ref.values["dp"], dtype=np.float64)[:valid]
+    want_p = np.asarray(ref.dprob, dtype=np.float64)[:valid]
+    got_p = out["dprob"].cpu().numpy().astype(np.float64)[:valid]
+    assert np.all(np.abs(got_p - want_p) <= 2.0 ** -12 * np.abs(dp).sum(1) + 1e-6)
+    assert not out["d"][valid:].any() and not out["dprob"][valid:].any()
+
+
+N_MAJOR_CASES = [  # (tile_m, tile_n, weight_mode, N, K): edges in N (not a multiple of 64) and K
+    (128, 256, "dense", 512, 256),
+    (64, 128, "dense", 200, 136),
+    (128, 128, "discrete", 320, 192),
+    (128, 256, "discrete", 264, 72),
+]
+
+
+@pytest.mark.parametrize("case", N_MAJOR_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_n_major_weights(torch, case):
+    """b_major n on sm_90a: B read in place from (L, K, N) weights (dense: the (L, N, K) view
+    w.transpose(1, 2); discrete: per-expert (K, N) pointers), against the numpy GEMM of the same
+    weights: FP32 D within the FP32 accumulation bound |error| <= K 2^-24 sum_k |a b| (+ the
+    epilogue's roundings, 2^-22 |d|); a wrong layout or descriptor gives O(1) relative errors."""
+    from fusegemm import EpilogueGemm
+    tile_m, tile_n, mode, n, k = case
+    a, offsets, _, alpha, prob = _gemm_problem(torch, n=n, k=k, seed=5)
+    w = (torch.randn(alpha.shape[0], k, n, generator=torch.Generator().manual_seed(6)) * 0.1).to(torch.bfloat16)
+    op = EpilogueGemm("grouped_gemm", b_major="n", d_dtype="float32", tile_m=tile_m, tile_n=tile_n, weight_mode=mode)
+    inputs = {"alpha": alpha, "prob": prob}
+    dev_inputs = {key: v.cuda() for key, v in inputs.items()}
+    if mode == "dense":
+        out = op(a.cuda(), offsets.cuda(), w.cuda().transpose(1, 2), inputs=dev_inputs)
+    else:
+        experts = [w[e].cuda().contiguous() for e in range(w.shape[0])]
+        ptrs = torch.tensor([t.data_ptr() for t in experts], dtype=torch.int64, device="cuda")
+        out = op(a.cuda(), offsets.cuda(), b_ptrs=ptrs, n=n, inputs=dev_inputs)
+    ref = op.reference(a, offsets, w.transpose(1, 2), inputs=inputs)
+    valid = int(offsets[-1])
+    want = np.asarray(ref.out_values["d"], dtype=np.float64)[:valid]
+    got = out["d"].cpu().numpy().astype(np.float64)[:valid]
+    bound = np.zeros_like(want)
+    start = 0
+    a64, w64 = a.double().numpy(), w.double().numpy()
+    for e, end in enumerate(offsets.tolist()):
+        bound[start:end] = np.abs(a64[start:end]) @ np.abs(w64[e]) * float(alpha[e]) * prob[start:end, None].numpy()
+        start = end
+    assert np.all(np.abs(got - want) <= k * 2.0 ** -24 * bound + 2.0 ** -22 * np.abs(want) + 2.0 ** -30)
+    assert np.abs(got).max() > 0 and not out["d"][valid:].any()
+
+
+def test_n_major_weights_are_refused_where_not_read():
+    """A K-major op given an N-major view (and the reverse) is refused before any launch."""
+    import torch
+    from fusegemm import EpilogueGemm
+    from fusegemm.base.errors import ArgumentError
+    a = torch.zeros(256, 64, dtype=torch.bfloat16, device="cuda")
+    off = torch.tensor([256], dtype=torch.int32, device="cuda")
+    w = torch.zeros(1, 64, 128, dtype=torch.bfloat16, device="cuda")     # (L, K, N)
+    with pytest.raises(ArgumentError, match="b_tensor.stride: got .*allowed: K-major"):
+        EpilogueGemm("grouped_gemm")(a, off, w.transpose(1, 2), inputs={"alpha": torch.ones(1, device="cuda")})
+    with pytest.raises(ArgumentError, match="b_tensor.stride: got .*allowed: N-major"):
+        EpilogueGemm("grouped_gemm", b_major="n")(a, off, w.transpose(1, 2).contiguous(),
+                                                   inputs={"alpha": torch.ones(1, device="cuda")})
 
 
 @pytest.fixture(scope="module")

@@ -429,3 +429,24 @@ def test_cuda_array_interface_inputs_are_described():
 
     with pytest.raises(ArgumentError, match="x.strides"):
         view(BadStride(), "x")
+
+
+def test_weight_major_is_checked_against_the_kernel_it_runs_on():
+    """b_major: the seed wrappers read K-major weights only; a spec op built with b_major="n"
+    (sm_90a) takes the (L, N, K) view of (L, K, N) weights, and each refuses the other layout by
+    its stride, before any device check."""
+    from fusegemm.ops.grouped_operands import parse_call
+    a = torch.zeros(M, K, dtype=BF)
+    off = torch.tensor([256, 512], dtype=I32)
+    w_kn = torch.zeros(L, K, N, dtype=BF)          # (L, K, N): N contiguous
+    common = dict(ab_dtypes=("bfloat16",), bias_dtypes=(), alpha_required=False)
+    with pytest.raises(ArgumentError, match=r"b_major: got 'n'; allowed: 'k'|b_major: got 'n'; allowed: k"):
+        parse_call(a, off, None, w_kn.transpose(1, 2), None, None, None, b_major="n", **common)
+    with pytest.raises(ArgumentError, match="b_tensor.stride: got .*allowed: K-major"):
+        parse_call(a, off, None, w_kn.transpose(1, 2), None, None, None, **common)
+    with pytest.raises(ArgumentError, match="b_tensor.stride: got .*allowed: N-major"):
+        parse_call(a, off, None, w_kn.transpose(1, 2).contiguous(), None, None, None, b_major="n",
+                   b_majors=("n",), **common)
+    # the N-major view passes every layout check and stops only at the CPU tensor's device
+    with pytest.raises(ArgumentError, match="a_tensor"):
+        parse_call(a, off, None, w_kn.transpose(1, 2), None, None, None, b_major="n", b_majors=("n",), **common)

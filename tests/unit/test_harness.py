@@ -33,7 +33,11 @@ def test_harness_is_compiled_for_the_executable_arch_from_either_variant():
     ("grouped_gemm_swiglu", {"d_dtype": "float8_e4m3fn"}, "block"),
     ("grouped_gemm_dswiglu", {"c_dtype": "float8_e5m2", "d_dtype": "float8_e5m2", "discrete_col_sfd": True}, "block"),
     ("grouped_gemm", {"c_dtype": "bfloat16", "bias_dtype": "bfloat16", "generate_c": True}, "fragment"),
-], ids=["swiglu-block", "dswiglu-block", "grouped-fragment"])
+    ("grouped_gemm_quant", {"d_dtype": "float4_e2m1fn_x2"}, "block"),               # packed FP4 D
+    ("grouped_gemm_swiglu", {"d_dtype": "bfloat16", "generate_c": True}, "block"),  # paired C, packed pairs
+    ("grouped_gemm_dswiglu_bf16", {}, "block"),
+], ids=["swiglu-block", "dswiglu-block", "grouped-fragment", "quant-fp4-block", "swiglu-genc-block",
+        "dswiglu-bf16-block"])
 def test_harness_compiles_without_spills(spec, axes, mode):
     from fusegemm.harness import plan_harness
     built = compile_planned(plan_harness(make_variant(spec, arch="sm_90a", **axes), mode))

@@ -817,3 +817,45 @@ def test_interpreter_does_not_import_the_references():
             "bad = [m for m in sys.modules if m.startswith('fusegemm.reference')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_swiglu_generate_c_stores_the_pre_activations_paired():
+    """generate_c: C (a paired output, as wide as the accumulator) holds alpha * acc in the
+    accumulator's own gate/up interleave next to h; the rule writes both (kPairedC)."""
+    from fusegemm.generator.emit import rule_model
+    spec = find_spec("grouped_gemm_swiglu")
+    v = make_variant(spec, arch="sm_90a", d_dtype="bfloat16", generate_c=True, c_dtype="float32")
+    r = spec.epilogue.resolve(v.choices)
+    model = rule_model(r)
+    assert dict(model.traits)["kPairedC"] == "true" and dict(model.traits)["kElementwise"] == "false"
+    assert [f for f, _ in model.out_fields][:3] == ["c0", "c1", "d"]
+    assert r.columns(128) == {"c": 128, "d": 64}
+    rng = np.random.default_rng(3)
+    offsets, m_rows = np.array([64, 64, 96]), 128
+    acc = rng.standard_normal((96, 128)).astype(F32)
+    alpha = np.array([1.5, 3.0, 0.75], F32)
+    got = interpret(r, acc, offsets=offsets, m_rows=m_rows, inputs=dict(alpha=alpha, prob=np.ones(m_rows, F32)))
+    scale = np.repeat(alpha, np.diff(np.concatenate([[0], offsets])))[:, None]
+    assert same32(got.c[:96], (scale * acc).astype(F32)) and not got.c[96:].any()
+    off = spec.epilogue.resolve(make_variant(spec, arch="sm_90a", d_dtype="bfloat16").choices)
+    assert off.output("c") is None and dict(rule_model(off).traits)["kPairedC"] == "false"
+
+
+def test_dswiglu_bf16_spec_is_the_swiglu_backward():
+    """specs/grouped_gemm_dswiglu_bf16.yaml computes the gradients of h = p * silu(g) * u
+    (fusegemm.moe.swiglu_backward, checked against autograd in test_moe.py) from dh = acc."""
+    torch = pytest.importorskip("torch")
+    from fusegemm.moe import swiglu_backward
+    spec = find_spec("grouped_gemm_dswiglu_bf16")
+    r = spec.epilogue.resolve(make_variant(spec, arch="sm_90a", c_dtype="float32", d_dtype="float32").choices)
+    rng = np.random.default_rng(4)
+    valid, n = 96, 64
+    acc = rng.standard_normal((valid, n)).astype(F32)
+    c = (rng.standard_normal((valid, 2 * n)) * 3).astype(F32)
+    prob = rng.uniform(0, 1, valid).astype(F32)
+    got = interpret(r, acc, offsets=np.array([valid]), m_rows=valid,
+                    inputs=dict(alpha=np.ones(1, F32), prob=prob, c=c))
+    dg, dprob = swiglu_backward(torch.from_numpy(c).double(), torch.from_numpy(acc).double(),
+                                torch.from_numpy(prob).double())
+    assert np.allclose(got.out_values["d"], dg.numpy(), rtol=1e-5, atol=1e-5)
+    assert np.allclose(got.dprob, dprob.numpy(), rtol=1e-5, atol=1e-4)

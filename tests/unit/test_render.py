@@ -48,7 +48,7 @@ def test_render_is_deterministic_across_processes():
 
 def test_name_is_readable_plus_hash():
     s = render(make_variant("grouped_gemm", arch="sm_90a", weight_mode="discrete"))
-    assert s.name == ("grouped_gemm.cbf16.dbf16.nobias.discrete.static.noc.t128x256.sm90a."
+    assert s.name == ("grouped_gemm.cbf16.dbf16.nobias.discrete.bk.static.noc.t128x256.sm90a."
                       + s.digest[:12])
     assert s.symbol == "fg_grouped_gemm_sm90a_" + s.digest[:12]
     assert f"void __launch_bounds__(Kernel::kThreads, 1)\n{s.symbol}(" in s.text

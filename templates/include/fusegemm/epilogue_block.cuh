@@ -139,6 +139,65 @@ FUSEGEMM_DEVICE void store_block32(uint32_t buf, T* gbase, int64_t ld, int cols_
   __syncwarp();  // the buffer is reused by the next block
 }
 
+// 32 values of a lane's row for an output of type T, as run_with collects them. A 16-bit output
+// that is stored as computed (no SFD scaling) keeps them packed in pairs as they are produced:
+// 16 registers instead of 32, which keeps the sm_90a engine path (next to a 128-register WGMMA
+// fragment) free of spills when a rule writes two or three such blocks.
+template <class T, bool kPack = false>
+struct RowVals {
+  float v[32];
+  FUSEGEMM_DEVICE void set(int i, float x) { v[i] = x; }
+};
+template <class T>
+struct RowVals<T, true> {
+  uint32_t w[16];
+  float pending;
+  FUSEGEMM_DEVICE void set(int i, float x) {   // i is a compile-time constant (unrolled callers)
+    if (i & 1) w[i >> 1] = Cvt<T>::pack2(pending, x); else pending = x;
+  }
+};
+
+template <class T>
+constexpr bool packable() {
+  if constexpr (is_narrow<T>()) {
+    return false;   // FP8/FP4 have no Cvt<T>::kBytes to ask
+  } else {
+    return Cvt<T>::kBytes == 2;
+  }
+}
+
+// store_block32 of packed pairs (RowVals<T, true>).
+template <class T>
+FUSEGEMM_DEVICE void store_block32_packed(uint32_t buf, T* gbase, int64_t ld, int cols_valid,
+                                          int rows_valid, int lane, const uint32_t (&w)[16]) {
+  using S = WarpStagedStore<T, 32>;
+  const uint32_t row = buf + lane * S::kPitch;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};"
+                 ::"r"(row + 16 * i), "r"(w[4 * i]), "r"(w[4 * i + 1]), "r"(w[4 * i + 2]), "r"(w[4 * i + 3])
+                 : "memory");
+  }
+  __syncwarp();
+  if (rows_valid >= 32) {
+    S::flush(buf, gbase, ld, cols_valid < kBlockCols ? cols_valid : kBlockCols, lane);
+  } else {
+#pragma unroll
+    for (int i = 0; i < S::kVecPerLane; ++i) {
+      int vi = lane + 32 * i;
+      int r = vi / S::kVecPerRow, seg = vi % S::kVecPerRow, col = seg * (16 / S::kElem);
+      if (r < rows_valid && col < cols_valid && col < kBlockCols) {
+        uint4 val;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                     : "r"(buf + r * S::kPitch + seg * 16) : "memory");
+        *reinterpret_cast<uint4*>(gbase + r * ld + col) = val;
+      }
+    }
+  }
+  __syncwarp();  // the buffer is reused by the next block
+}
+
 // One lane's 32 values of a row of a narrow output (FP8 / packed FP4), N-major, at byte address
 // `dst` (element col0 of the row): 16-byte stores when the whole block is in range.
 template <class T>
@@ -202,6 +261,17 @@ FUSEGEMM_DEVICE void store_nmajor(uint32_t stage, void* base, int64_t ld, int64_
   }
 }
 
+// One block of an N-major output from run_with's values (packed or not).
+template <class T, bool kPack>
+FUSEGEMM_DEVICE void store_vals(uint32_t stage, void* base, int64_t ld, int64_t row0, int row, bool row_ok,
+                                int col0, int cols_valid, int rows_valid, int lane, const RowVals<T, kPack>& x) {
+  if constexpr (kPack) {
+    store_block32_packed<T>(stage, static_cast<T*>(base) + row0 * ld + col0, ld, cols_valid, rows_valid, lane, x.w);
+  } else {
+    store_nmajor<T>(stage, base, ld, row0, row, row_ok, col0, cols_valid, rows_valid, lane, x.v);
+  }
+}
+
 // ---- the engine -------------------------------------------------------------------------
 // Rule: the generated rule. ElementC/ElementD: output types (unused ones are ignored).
 // kBatched: rows are per batch (gemm_amax): output row = batch * m_rows + row. kCMajorM: C is
@@ -216,6 +286,9 @@ struct BlockEngine {
   // Staging bytes one warp needs (0 when every output is narrow or M-major).
   static constexpr int kStageBytes = kStageC > kStageD ? kStageC : kStageD;
   static constexpr bool kQuant = Rule::kQuantRowD || Rule::kQuantColD;
+  // 16-bit outputs stored as computed collect packed pairs (RowVals); M-major C stays FP32.
+  static constexpr bool kPackC = Rule::kHasC && !kCMajorM && packable<ElementC>();
+  static constexpr bool kPackD = Rule::kHasD && !kQuant && packable<ElementD>();
   static_assert(!kQuant || is_narrow<ElementD>(), "SFD quantization needs an FP8/FP4 D");
   static_assert(!kQuant || !kBatched, "SFD outputs are grouped (seed 000-003) outputs");
   static_assert(!Rule::kHasD || !is_narrow<ElementD>() || kQuant || !Rule::kPairedD,
@@ -257,41 +330,59 @@ struct BlockEngine {
     const int row = row0 + lane;
     const bool row_ok = lane < rows_valid;
     const typename Rule::RowIn ri = rule.row(p, row_ok ? row : row0);
-    float vc[32], vd0[32], vd1[32];
+    RowVals<ElementC, kPackC> vc0, vc1;
+    RowVals<ElementD, kPackD> vd0, vd1;
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const int j = j0 + i;
       const bool in = row_ok && j < width;
       typename Rule::Out o{};
       if (in) o = rule.apply(acc_at(i), kPaired ? acc_at(32 + i) : 0.0f, ri, rule.elem(p, row, j));
-      if constexpr (Rule::kHasC) vc[i] = in ? o.c : 0.0f;
-      if constexpr (Rule::kHasD && Rule::kPairedD) { vd0[i] = in ? o.d0 : 0.0f; vd1[i] = in ? o.d1 : 0.0f; }
-      if constexpr (Rule::kHasD && !Rule::kPairedD) vd0[i] = in ? o.d : 0.0f;
+      if constexpr (Rule::kHasC && Rule::kPairedC) { vc0.set(i, in ? o.c0 : 0.0f); vc1.set(i, in ? o.c1 : 0.0f); }
+      if constexpr (Rule::kHasC && !Rule::kPairedC) vc0.set(i, in ? o.c : 0.0f);
+      if constexpr (Rule::kHasD && Rule::kPairedD) { vd0.set(i, in ? o.d0 : 0.0f); vd1.set(i, in ? o.d1 : 0.0f); }
+      if constexpr (Rule::kHasD && !Rule::kPairedD) vd0.set(i, in ? o.d : 0.0f);
       if constexpr (Rule::kAmaxCount > 0) part.amax[0] = fmax_nan(part.amax[0], in ? fabsf(o.amax0) : 0.0f);
       if constexpr (Rule::kAmaxCount > 1) part.amax[1] = fmax_nan(part.amax[1], in ? fabsf(o.amax1) : 0.0f);
       if constexpr (Rule::kRowSum) part.rowsum = in ? __fadd_rn(part.rowsum, o.rowsum) : part.rowsum;
     }
+    (void)vc1;
     (void)vd1;
     const int64_t orow0 = kBatched ? int64_t(expert) * p.m_rows + row0 : row0;
     if constexpr (Rule::kHasC) {
       if (p.c_out != nullptr) {
-        if constexpr (kCMajorM) {
+        if constexpr (Rule::kPairedC) {
+          // Interleaved like a paired D: the first role's block at 2*j0, the second's 32 after it.
+          static_assert(!kCMajorM && !kBatched, "a paired C is an N-major grouped output");
+          const int cw = 2 * width;
+          store_vals(stage, p.c_out, p.ldc, orow0, int(orow0) + lane, row_ok, 2 * j0, cw - 2 * j0,
+                     rows_valid, lane, vc0);
+          store_vals(stage, p.c_out, p.ldc, orow0, int(orow0) + lane, row_ok, 2 * j0 + 32,
+                     cw - 2 * j0 - 32, rows_valid, lane, vc1);
+        } else if constexpr (kCMajorM) {
           ElementC* base = static_cast<ElementC*>(p.c_out) +
                            (kBatched ? int64_t(expert) * p.n : 0) * p.ldc + row;
-          store_col32<ElementC>(base + int64_t(j0) * p.ldc, p.ldc, width - j0, row_ok, vc);
+          store_col32<ElementC>(base + int64_t(j0) * p.ldc, p.ldc, width - j0, row_ok, vc0.v);
         } else {
-          store_nmajor<ElementC>(stage, p.c_out, p.ldc, orow0, int(orow0) + lane, row_ok, j0, width - j0,
-                                 rows_valid, lane, vc);
+          store_vals(stage, p.c_out, p.ldc, orow0, int(orow0) + lane, row_ok, j0, width - j0,
+                     rows_valid, lane, vc0);
         }
       }
     }
     if constexpr (Rule::kHasD) {
       const int dw = d_width(width);
-      if constexpr (Rule::kPairedD) {
-        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0, dw, vd0, stage, lane);
-        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0 + 32, dw, vd1, stage, lane);
+      if constexpr (kPackD) {   // stored as computed: no SFD (d_block's plain path)
+        store_vals(stage, p.d_out, p.ldd, orow0, int(orow0) + lane, row_ok, Rule::kPairedD ? 2 * j0 : j0,
+                   dw - (Rule::kPairedD ? 2 * j0 : j0), rows_valid, lane, vd0);
+        if constexpr (Rule::kPairedD) {
+          store_vals(stage, p.d_out, p.ldd, orow0, int(orow0) + lane, row_ok, 2 * j0 + 32, dw - 2 * j0 - 32,
+                     rows_valid, lane, vd1);
+        }
+      } else if constexpr (Rule::kPairedD) {
+        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0, dw, vd0.v, stage, lane);
+        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0 + 32, dw, vd1.v, stage, lane);
       } else {
-        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, j0, dw, vd0, stage, lane);
+        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, j0, dw, vd0.v, stage, lane);
       }
     }
   }

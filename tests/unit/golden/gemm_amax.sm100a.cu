@@ -84,6 +84,7 @@ struct Rule {
   static constexpr bool kPairedAcc = false;
   static constexpr bool kHasC = true;
   static constexpr bool kHasD = false;
+  static constexpr bool kPairedC = false;
   static constexpr bool kPairedD = false;
   static constexpr bool kQuantRowD = false;
   static constexpr bool kQuantColD = false;
@@ -167,7 +168,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_36a92f7012b0_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_346ec4fb2416_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -193,6 +194,6 @@ extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_36a92f
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_gemm_amax_sm100a_36a92f7012b0(const __grid_constant__ fusegemm_gen::Params params) {
+fg_gemm_amax_sm100a_346ec4fb2416(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

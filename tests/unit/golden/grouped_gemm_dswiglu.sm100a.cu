@@ -84,6 +84,7 @@ struct Rule {
   static constexpr bool kPairedAcc = false;
   static constexpr bool kHasC = false;
   static constexpr bool kHasD = true;
+  static constexpr bool kPairedC = false;
   static constexpr bool kPairedD = true;
   static constexpr bool kQuantRowD = true;
   static constexpr bool kQuantColD = true;
@@ -190,7 +191,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_3e469572e7e9_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_0712f8cdec88_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -216,6 +217,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_dswiglu_sm100a_3e469572e7e9(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_dswiglu_sm100a_0712f8cdec88(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

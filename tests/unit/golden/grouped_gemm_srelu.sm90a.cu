@@ -84,6 +84,7 @@ struct Rule {
   static constexpr bool kPairedAcc = false;
   static constexpr bool kHasC = true;
   static constexpr bool kHasD = true;
+  static constexpr bool kPairedC = false;
   static constexpr bool kPairedD = false;
   static constexpr bool kQuantRowD = false;
   static constexpr bool kQuantColD = false;
@@ -176,7 +177,7 @@ using Kernel = fusegemm::sm90::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90a_78ae7bcb4f98_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90a_d3ba637088c0_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -202,6 +203,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_srelu_sm90a_78ae7bcb4f98(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_srelu_sm90a_d3ba637088c0(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -46,7 +46,9 @@ struct GroupedGemmKernel {
   using Rule = typename Config::Rule;  // the epilogue rule (generator/registry.py row)
   static_assert(fusegemm::is_same_v<ElementA, fusegemm::bfloat16_t> && fusegemm::is_same_v<ElementB, fusegemm::bfloat16_t>,
                 "sm_90a grouped kernel: BF16 A and B");
-  static_assert(!Config::kBMajorMN, "sm_90a grouped kernel: K-major B only");
+  // B: K-major (N rows of 64 K-elements per stage) or MN-major (kBMn: an N-major weight, loaded
+  // as kTileN / 64 chunks of 64 K-rows x 64 N-elements; the WGMMA reads it transposed).
+  static constexpr bool kBMn = Config::kBMajorMN;
 
   static constexpr int kTileM = Config::kTileM;
   static constexpr int kTileN = Config::kTileN;
@@ -110,7 +112,10 @@ struct GroupedGemmKernel {
   // weights get kTmapSlotsPerCta slots of 128 B per CTA in tmap_workspace.
   static constexpr int kMinClusterM = 1, kMinClusterN = 1, kMaxClusterCtas = 1, kCtasPerTile = 1;
   static constexpr int kMAligned = fusegemm::kMAligned;
-  static constexpr int kBoxAInner = kTileK, kBoxAOuter = kTileM, kBoxBInner = kTileK, kBoxBOuter = kTileN;
+  // MN-major B: maps of (N, K, L) (discrete: (N, K)) with boxes of 64 N x 64 K.
+  static constexpr int kBoxAInner = kTileK, kBoxAOuter = kTileM;
+  static constexpr int kBoxBInner = kBMn ? 64 : kTileK, kBoxBOuter = kBMn ? kTileK : kTileN;
+  static constexpr int kBChunks = kBMn ? kTileN / 64 : 1;  // B loads per stage
   static constexpr int kSwizzleA = 128, kSwizzleB = 128;
   static constexpr int kTmaDtypeA = TmaDtype<ElementA>::value, kTmaDtypeB = TmaDtype<ElementB>::value;
   static constexpr int kTmapSlotStride = Config::kDiscreteB ? kTmapSlotsPerCta : 0;
@@ -211,11 +216,20 @@ struct GroupedGemmKernel {
         }
         mbar_arrive_expect_tx(&full[stage], kStageBytes);
         tma_load_2d(&p.tma_a, &full[stage], smem + kOffA + stage * kABytes, kb * kTileK, m0);
-        if constexpr (Config::kDiscreteB) {
-          tma_load_2d(tmap_b, &full[stage], smem + kOffB + stage * kBBytes, kb * kTileK, n0);
+        uint8_t* sb = smem + kOffB + stage * kBBytes;
+        if constexpr (kBMn) {
+#pragma unroll
+          for (int c = 0; c < kBChunks; ++c) {
+            if constexpr (Config::kDiscreteB) {
+              tma_load_2d(tmap_b, &full[stage], sb + c * kMnChunkBytes, n0 + 64 * c, kb * kTileK);
+            } else {
+              tma_load_3d(tmap_b, &full[stage], sb + c * kMnChunkBytes, n0 + 64 * c, kb * kTileK, t.expert);
+            }
+          }
+        } else if constexpr (Config::kDiscreteB) {
+          tma_load_2d(tmap_b, &full[stage], sb, kb * kTileK, n0);
         } else {
-          tma_load_3d(tmap_b, &full[stage], smem + kOffB + stage * kBBytes, kb * kTileK, n0,
-                      t.expert);
+          tma_load_3d(tmap_b, &full[stage], sb, kb * kTileK, n0, t.expert);
         }
         if (++stage == kStages) { stage = 0; phase ^= 1; }
       }
@@ -236,7 +250,10 @@ struct GroupedGemmKernel {
     const uint32_t a_base = smem_u32(smem + kOffA) + wg * 64 * 128;
     const uint32_t b_base = smem_u32(smem + kOffB);
     const uint64_t da0 = sw128_kmajor_desc(a_base);
-    const uint64_t db0 = sw128_kmajor_desc(b_base);
+    const uint64_t db0 = kBMn ? sw128_mnmajor_desc(b_base) : sw128_kmajor_desc(b_base);
+    // K step of one k16 instruction in the descriptor's 16-byte units: 32 bytes along a K-major
+    // row, 16 rows of 128 bytes in an MN-major chunk.
+    constexpr int kDescStepK = kBMn ? (16 * 128) >> 4 : 2;
 
     int stage = 0, slot = 0;
     uint32_t phase = 0, ring_phase = 0;
@@ -279,7 +296,7 @@ struct GroupedGemmKernel {
         const uint64_t db = db0 + static_cast<uint64_t>((stage * kBBytes) >> 4);
 #pragma unroll
         for (int k = 0; k < kTileK / 16; ++k) {
-          gmma_64xN<kTileN>(da + 2 * k, db + 2 * k, acc, (kb > 0 || k > 0) ? 1 : 0);
+          gmma_64xN<kTileN, kBMn>(da + 2 * k, db + kDescStepK * k, acc, (kb > 0 || k > 0) ? 1 : 0);
         }
         cute::warpgroup_commit_batch();
         fence_acc(acc);

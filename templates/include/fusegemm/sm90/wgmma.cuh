@@ -23,31 +23,46 @@ FUSEGEMM_DEVICE uint64_t sw128_kmajor_desc(uint32_t smem_addr) {
          (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
 }
 
-template <int N>
+// MN-major operand tile (B of an N-major weight): chunks of 64 N-elements (128 bytes) x 64 K-rows,
+// one SWIZZLE_128B TMA box each (8 KB), stacked along N. CuTe's canonical MN-major SW128 layout
+// in 16-byte units is ((8, n), (8, k)) : ((1, LBO), (8, SBO)):
+//   bits [16,30) leading byte offset >> 4: between 64-element chunks along N (8192 bytes)
+//   bits [32,46) stride byte offset >> 4:  between 8-row groups along K (1024 bytes)
+// One k16 instruction reads two 8-row groups; the next one starts 16 rows (2048 bytes) further,
+// a whole number of swizzle atoms, so the step is added to the start address.
+constexpr int kMnChunkBytes = 64 * 128;
+FUSEGEMM_DEVICE uint64_t sw128_mnmajor_desc(uint32_t smem_addr) {
+  return static_cast<uint64_t>((smem_addr >> 4) & 0x3FFF) |
+         (static_cast<uint64_t>(kMnChunkBytes >> 4) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
+}
+
+// m64nNk16 BF16 WGMMA, A K-major; B K-major or (kBMn) MN-major (the instruction's tnspB bit).
+template <int N, bool kBMn>
 struct BF16Gmma;
 
-template <>
-struct BF16Gmma<256> {
-  using Op = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
-                                                            cute::SM90::GMMA::Major::K>;
+template <bool kBMn>
+struct BF16Gmma<256, kBMn> {
+  using Op = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<
+      cute::SM90::GMMA::Major::K, kBMn ? cute::SM90::GMMA::Major::MN : cute::SM90::GMMA::Major::K>;
 };
-template <>
-struct BF16Gmma<128> {
-  using Op = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
-                                                            cute::SM90::GMMA::Major::K>;
+template <bool kBMn>
+struct BF16Gmma<128, kBMn> {
+  using Op = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<
+      cute::SM90::GMMA::Major::K, kBMn ? cute::SM90::GMMA::Major::MN : cute::SM90::GMMA::Major::K>;
 };
 
 // One 64xNx16 WGMMA accumulating into acc[N/2] (the m64nN FP32 fragment of this thread).
 // scale_d == 0 overwrites instead of accumulating (first MMA of a tile).
-template <int N, int... I>
+template <int N, bool kBMn, int... I>
 FUSEGEMM_DEVICE void gmma_impl(uint64_t da, uint64_t db, float* acc, int scale_d,
                                fusegemm::integer_sequence<int, I...>) {
-  BF16Gmma<N>::Op::fma(da, db, acc[I]..., static_cast<cute::SM90::GMMA::ScaleOut>(scale_d));
+  BF16Gmma<N, kBMn>::Op::fma(da, db, acc[I]..., static_cast<cute::SM90::GMMA::ScaleOut>(scale_d));
 }
 
-template <int N>
+template <int N, bool kBMn = false>
 FUSEGEMM_DEVICE void gmma_64xN(uint64_t da, uint64_t db, float (&acc)[N / 2], int scale_d) {
-  gmma_impl<N>(da, db, acc, scale_d, fusegemm::make_integer_sequence<int, N / 2>{});
+  gmma_impl<N, kBMn>(da, db, acc, scale_d, fusegemm::make_integer_sequence<int, N / 2>{});
 }
 
 template <int kN>
