@@ -1,0 +1,195 @@
+"""Expert parallelism for :class:`fusegemm.moe.ExpertMLP` with ``torch.distributed``.
+
+Each of the ``W`` ranks of a process group owns ``L = E / W`` consecutive experts of ``E``
+(rank r: experts ``r*L .. r*L + L - 1``). A rank routes its own tokens: ``topk_idx`` (T, k)
+global expert ids and ``topk_weight`` (T, k) routing weights. :func:`dispatch` sends every
+(token, expert) assignment to the expert's rank with ``all_to_all_single`` and lays the rows it
+receives out grouped by local expert, each expert padded to 256 rows (``padded_offsets``);
+:func:`combine` sends the expert outputs back and sums each token's ``k`` outputs. Both are
+differentiable (``torch.distributed.nn.functional.all_to_all_single``), so gradients of the
+tokens, routing weights and expert weights flow through one ``backward()``.
+
+    ep = ExpertParallelMLP(num_experts=16, hidden=1024, intermediate=2048, device="cuda")
+    y = ep(x, topk_idx, topk_weight)            # x (T, H) this rank's tokens -> y (T, H)
+
+The routing weight gates each expert's SwiGLU inside the fused kernel (``prob``), so combine
+is a plain sum. Split sizes cross to the host once per dispatch (all_to_all needs them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .moe import ExpertMLP
+
+
+def _all_to_all(out: Tensor, inp: Tensor, out_splits: list[int], in_splits: list[int], group) -> Tensor:
+    """Differentiable all_to_all_single (its backward is the reverse exchange)."""
+    import warnings
+
+    from torch.distributed.nn.functional import all_to_all_single
+    with warnings.catch_warnings():   # torch 2.9+ points at _functional_collectives (async tensors)
+        warnings.simplefilter("ignore", FutureWarning)
+        return all_to_all_single(out, inp, out_splits, in_splits, group=group)
+
+ROWS = 256   # every expert's rows are padded to a multiple of this (the kernels' M alignment)
+
+
+@dataclass
+class Plan:
+    """What :func:`combine` needs to undo a :func:`dispatch`.
+
+    Parameters
+    ----------
+    token : (T*k,) tensor
+        The token of each sent row, in send order.
+    send_splits : list of int
+        Rows sent to each rank.
+    recv_splits : list of int
+        Rows received from each rank.
+    pos : (R,) tensor
+        Row of each received row in the padded local batch.
+    num_tokens : int
+        T, this rank's tokens.
+    """
+
+    token: Tensor
+    send_splits: list[int]
+    recv_splits: list[int]
+    pos: Tensor
+    num_tokens: int
+
+
+def _group_size(group) -> tuple[int, int]:
+    import torch.distributed as dist
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def dispatch(x: Tensor, topk_idx: Tensor, topk_weight: Tensor, experts_per_rank: int,
+             group=None) -> tuple[Tensor, Tensor, Tensor, Plan]:
+    """Send this rank's token rows to their experts' ranks.
+
+    Parameters
+    ----------
+    x : (T, H) tensor
+        This rank's tokens.
+    topk_idx : (T, k) integer tensor
+        Global expert of each of a token's k routes, in ``[0, experts_per_rank * world)``.
+    topk_weight : (T, k) float tensor
+        Routing weight of each route.
+    experts_per_rank : int
+        L, the experts each rank owns.
+    group : ProcessGroup, optional
+        Default: the world.
+
+    Returns
+    -------
+    (x_local (M, H), padded_offsets (L,) int32, prob (M,) float32, plan): the rows this rank's
+    experts process, grouped by local expert and zero-padded to 256 per expert, and the plan
+    :func:`combine` reverses.
+    """
+    import torch.distributed as dist
+    world, _ = _group_size(group)
+    if topk_idx.shape != topk_weight.shape or topk_idx.dim() != 2 or topk_idx.shape[0] != x.shape[0]:
+        raise ValueError(f"topk_idx/topk_weight: got {tuple(topk_idx.shape)} and {tuple(topk_weight.shape)} for "
+                         f"x {tuple(x.shape)}; allowed: equal (T, k) shapes with T = x.shape[0]")
+    num_experts = experts_per_rank * world
+    t, k = topk_idx.shape
+    flat = topk_idx.reshape(-1).long()
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= num_experts):
+        raise ValueError(f"topk_idx: got ids in [{int(flat.min())}, {int(flat.max())}]; allowed: "
+                         f"[0, {num_experts}) ({experts_per_rank} experts x {world} ranks)")
+    order = torch.argsort(flat, stable=True)           # rank-major, then local expert
+    token = torch.arange(t, device=x.device).repeat_interleave(k)[order]
+    counts = torch.bincount(flat, minlength=num_experts)
+    recv_counts = torch.empty_like(counts)
+    dist.all_to_all_single(recv_counts, counts, group=group)   # (world, L): rows from each source
+    send_splits = counts.view(world, experts_per_rank).sum(1).tolist()
+    recv_counts = recv_counts.view(world, experts_per_rank)
+    recv_splits = recv_counts.sum(1).tolist()
+    x_recv = _all_to_all(x.new_empty((sum(recv_splits), x.shape[1])), x[token], recv_splits, send_splits, group)
+    w_recv = _all_to_all(topk_weight.new_empty(sum(recv_splits)), topk_weight.reshape(-1)[order],
+                         recv_splits, send_splits, group)
+    # Received rows come source by source, each source's in local-expert order: place them
+    # expert by expert, each expert's block padded to ROWS.
+    local = torch.arange(experts_per_rank, device=x.device).repeat(world).repeat_interleave(recv_counts.reshape(-1))
+    per_expert = recv_counts.sum(0)
+    padded = (per_expert + ROWS - 1) // ROWS * ROWS
+    padded_offsets = padded.cumsum(0)
+    by_expert = torch.argsort(local, stable=True)
+    starts = per_expert.cumsum(0) - per_expert           # first row of each expert, unpadded
+    rank_in_expert = torch.arange(local.numel(), device=x.device) - starts[local[by_expert]]
+    pos = torch.empty_like(local)
+    pos[by_expert] = padded_offsets[local[by_expert]] - padded[local[by_expert]] + rank_in_expert
+    m = int(padded_offsets[-1]) if experts_per_rank else 0
+    x_local = x.new_zeros((m, x.shape[1])).index_copy(0, pos, x_recv)
+    prob = torch.zeros(m, device=x.device, dtype=torch.float32).index_copy(0, pos, w_recv.float())
+    plan = Plan(token, send_splits, recv_splits, pos, t)
+    return x_local, padded_offsets.to(torch.int32), prob, plan
+
+
+def combine(y_local: Tensor, plan: Plan, group=None) -> Tensor:
+    """Return each received row's expert output to its token's rank and sum a token's routes.
+
+    Parameters
+    ----------
+    y_local : (M, H) tensor
+        The local experts' outputs on :func:`dispatch`'s ``x_local`` rows.
+    plan : Plan
+        From the matching :func:`dispatch`.
+    group : ProcessGroup, optional
+        The group dispatch used.
+
+    Returns
+    -------
+    (T, H) tensor in ``y_local``'s dtype (summed in float32).
+    """
+    back = _all_to_all(y_local.new_empty((sum(plan.send_splits), y_local.shape[1])),
+                       y_local.index_select(0, plan.pos), plan.send_splits, plan.recv_splits, group)
+    y = torch.zeros((plan.num_tokens, y_local.shape[1]), device=y_local.device, dtype=torch.float32)
+    return y.index_add(0, plan.token, back.float()).to(y_local.dtype)
+
+
+class ExpertParallelMLP(torch.nn.Module):
+    """The expert MLP of an MoE layer spread over a process group: this rank's
+    ``num_experts / world`` experts as an :class:`~fusegemm.moe.ExpertMLP`, tokens exchanged
+    with :func:`dispatch` / :func:`combine`.
+
+    Parameters
+    ----------
+    num_experts : int
+        E, experts over all ranks (a multiple of the group size).
+    hidden : int
+        H, the model dimension.
+    intermediate : int
+        F, each expert's intermediate size (a multiple of 32).
+    group : ProcessGroup, optional
+        Default: the world (``torch.distributed`` must be initialised).
+    **kwargs
+        Passed to :class:`~fusegemm.moe.ExpertMLP` (dtype, backend, device, generator).
+    """
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, *, group=None, **kwargs) -> None:
+        super().__init__()
+        world, rank = _group_size(group)
+        if num_experts % world:
+            raise ValueError(f"num_experts: got {num_experts}; allowed: a multiple of the group size {world}")
+        self.group, self.rank, self.experts_per_rank = group, rank, num_experts // world
+        self.local = ExpertMLP(self.experts_per_rank, hidden, intermediate, **kwargs)
+
+    def forward(self, x: Tensor, topk_idx: Tensor, topk_weight: Tensor) -> Tensor:
+        """``y[t] = sum_j topk_weight[t, j] * expert_{topk_idx[t, j]}(x[t])`` for this rank's tokens.
+
+        Parameters
+        ----------
+        x : (T, H) tensor
+            This rank's tokens.
+        topk_idx : (T, k) integer tensor
+            Global expert ids.
+        topk_weight : (T, k) float tensor
+            Routing weights.
+        """
+        x_local, offsets, prob, plan = dispatch(x, topk_idx, topk_weight, self.experts_per_rank, self.group)
+        return combine(self.local(x_local, offsets, prob), plan, self.group)
