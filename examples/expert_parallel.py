@@ -83,6 +83,7 @@ def worker(rank: int, world: int, args, init: str, out: str) -> None:
             rel[key] = float((a - b).norm() / b.norm().clamp_min(1e-300))
         with open(f"{out}.{rank}", "w") as f:
             json.dump({"rank": rank, "experts_local": int(ep.local.w1.shape[0]), "rel": rel}, f)
+        dist.barrier()   # both ranks done before teardown (gloo aborted a rank exiting early in CI)
     finally:
         dist.destroy_process_group()
 
@@ -104,7 +105,15 @@ def main(argv=None) -> int:
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         init, out = os.path.join(tmp, "init"), os.path.join(tmp, "out")
-        mp.spawn(worker, args=(args.nproc, args, init, out), nprocs=args.nproc, join=True)
+        try:
+            mp.spawn(worker, args=(args.nproc, args, init, out), nprocs=args.nproc, join=True)
+        except mp.ProcessExitedException as exc:
+            # gloo on CPU occasionally aborts a rank in process-group teardown (about 1 run in 6 on
+            # the 2-core CI machine), after every check has finished and been written: keep the
+            # results when all ranks wrote theirs, and say so.
+            if not all(os.path.exists(f"{out}.{r}") for r in range(args.nproc)):
+                raise
+            print(f"note: a rank exited abnormally after its checks ({exc})", file=sys.stderr)
         ranks = [json.load(open(f"{out}.{r}")) for r in range(args.nproc)]
     worst = {k: max(r["rel"][k] for r in ranks) for k in ranks[0]["rel"]}
     print(json.dumps({"world": args.nproc, "device": "cpu" if args.cpu else torch.cuda.get_device_name(0),
