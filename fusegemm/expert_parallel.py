@@ -98,32 +98,36 @@ def dispatch(x: Tensor, topk_idx: Tensor, topk_weight: Tensor, experts_per_rank:
     num_experts = experts_per_rank * world
     t, k = topk_idx.shape
     flat = topk_idx.reshape(-1).long()
-    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= num_experts):
-        raise ValueError(f"topk_idx: got ids in [{int(flat.min())}, {int(flat.max())}]; allowed: "
-                         f"[0, {num_experts}) ({experts_per_rank} experts x {world} ranks)")
+    if flat.numel():
+        lo, hi = torch.stack(torch.aminmax(flat)).tolist()   # one host copy for both bounds
+        if lo < 0 or hi >= num_experts:
+            raise ValueError(f"topk_idx: got ids in [{lo}, {hi}]; allowed: [0, {num_experts}) "
+                             f"({experts_per_rank} experts x {world} ranks)")
     order = torch.argsort(flat, stable=True)           # rank-major, then local expert
     token = torch.arange(t, device=x.device).repeat_interleave(k)[order]
     counts = torch.bincount(flat, minlength=num_experts)
     recv_counts = torch.empty_like(counts)
     dist.all_to_all_single(recv_counts, counts, group=group)   # (world, L): rows from each source
-    send_splits = counts.view(world, experts_per_rank).sum(1).tolist()
+    # One host copy serves every size below: the splits all_to_all needs and the local rows.
+    sent, got = torch.stack((counts, recv_counts)).view(2, world, experts_per_rank).tolist()
+    send_splits, recv_splits = [sum(r) for r in sent], [sum(r) for r in got]
+    m = sum(-(-sum(col) // ROWS) * ROWS for col in zip(*got))   # each local expert padded to ROWS
     recv_counts = recv_counts.view(world, experts_per_rank)
-    recv_splits = recv_counts.sum(1).tolist()
     x_recv = _all_to_all(x.new_empty((sum(recv_splits), x.shape[1])), x[token], recv_splits, send_splits, group)
     w_recv = _all_to_all(topk_weight.new_empty(sum(recv_splits)), topk_weight.reshape(-1)[order],
                          recv_splits, send_splits, group)
     # Received rows come source by source, each source's in local-expert order: place them
     # expert by expert, each expert's block padded to ROWS.
-    local = torch.arange(experts_per_rank, device=x.device).repeat(world).repeat_interleave(recv_counts.reshape(-1))
+    local = torch.arange(experts_per_rank, device=x.device).repeat(world).repeat_interleave(
+        recv_counts.reshape(-1), output_size=sum(recv_splits))
     per_expert = recv_counts.sum(0)
     padded = (per_expert + ROWS - 1) // ROWS * ROWS
     padded_offsets = padded.cumsum(0)
     by_expert = torch.argsort(local, stable=True)
+    e = local[by_expert]
     starts = per_expert.cumsum(0) - per_expert           # first row of each expert, unpadded
-    rank_in_expert = torch.arange(local.numel(), device=x.device) - starts[local[by_expert]]
     pos = torch.empty_like(local)
-    pos[by_expert] = padded_offsets[local[by_expert]] - padded[local[by_expert]] + rank_in_expert
-    m = int(padded_offsets[-1]) if experts_per_rank else 0
+    pos[by_expert] = (padded_offsets - padded)[e] + torch.arange(e.numel(), device=x.device) - starts[e]
     x_local = x.new_zeros((m, x.shape[1])).index_copy(0, pos, x_recv)
     prob = torch.zeros(m, device=x.device, dtype=torch.float32).index_copy(0, pos, w_recv.float())
     plan = Plan(token, send_splits, recv_splits, pos, t)

@@ -176,15 +176,14 @@ class _Fusegemm:
 
     def dgrad(self, dg: Tensor, off: Tensor, rows: list, w1: Tensor) -> Tensor:
         """fc1's data gradient dG @ w1: w1 read as an N-major B where the arch's kernel can."""
-        major = _transposed_b(dg.device)
-        return self.gemm(dg, off, rows, _as_b(w1, major), major)
+        return self.gemm(dg, off, rows, *_weight_as_b(w1))
 
     def dswiglu(self, dy: Tensor, off: Tensor, rows: list, w2: Tensor, g: Tensor, prob: Tensor) -> tuple[Tensor, Tensor]:
         """One kernel: fc2's data gradient with the dSwiGLU epilogue (specs/grouped_gemm_dswiglu_bf16.yaml)
         writes dG interleaved and accumulates dprob."""
         from .torch_library import epilogue_gemm
-        major = _transposed_b(dy.device)
-        out = epilogue_gemm("grouped_gemm_dswiglu_bf16", dy, off, _as_b(w2, major),
+        b, major = _weight_as_b(w2)
+        out = epilogue_gemm("grouped_gemm_dswiglu_bf16", dy, off, b,
                             inputs={"alpha": self._ones(w2), "prob": prob.float(), "c": g}, b_major=major)
         return out["d"], out["dprob"]
 
@@ -195,21 +194,18 @@ class _Fusegemm:
         return torch._grouped_mm(dy.t(), x, offs=off).to(like.dtype)
 
 
-def _k_major(w: Tensor) -> Tensor:
-    """(L, A, B) -> (L, B, A) contiguous: the data gradients' weights as a K-major B."""
-    return w.transpose(1, 2).contiguous()
-
-
-def _as_b(w: Tensor, major: str) -> Tensor:
-    """A data gradient's weight (L, K, N) as the GEMM's B (L, N, K): a view when the kernel reads
-    N-major B, else a K-major copy."""
-    return w.transpose(1, 2) if major == "n" else _k_major(w)
+def _weight_as_b(w: Tensor) -> tuple[Tensor, str]:
+    """A data gradient's weight (L, K, N) as the GEMM's B (L, N, K) and its ``b_major``: the view
+    itself where the device's kernel reads N-major B (sm_90a), else a K-major copy."""
+    if _b_major(w.device) == "n":
+        return w.transpose(1, 2), "n"
+    return w.transpose(1, 2).contiguous(), "k"
 
 
 _B_MAJOR: dict[int, str] = {}
 
 
-def _transposed_b(device: torch.device) -> str:
+def _b_major(device: torch.device) -> str:
     """"n" when the device's arch implements N-major B for the grouped family (sm_90a), else "k"."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _B_MAJOR:

@@ -84,13 +84,27 @@ constexpr int staging_bytes() {
   }
 }
 
+// Deposit 16 words (32 packed 2-byte values) at `col0` of row `lane` of the staging buffer:
+// 16-byte shared stores, conflict-free.
+template <class T>
+FUSEGEMM_DEVICE void stage_words16(uint32_t buf, int lane, int col0, const uint32_t (&w)[16]) {
+  using S = WarpStagedStore<T, 32>;
+  const uint32_t row = buf + lane * S::kPitch + col0 * S::kElem;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};"
+                 ::"r"(row + 16 * i), "r"(w[4 * i]), "r"(w[4 * i + 1]), "r"(w[4 * i + 2]), "r"(w[4 * i + 3])
+                 : "memory");
+  }
+}
+
 // Convert 32 values of one row to T and deposit them at `col0` (element offset inside the
 // 128-byte staged segment) of row `lane`: 16-byte shared stores, conflict-free for 2-byte T.
 template <class T>
 FUSEGEMM_DEVICE void stage_row32(uint32_t buf, int lane, int col0, const float (&v)[32]) {
   using S = WarpStagedStore<T, 32>;
-  uint32_t row = buf + lane * S::kPitch + col0 * S::kElem;
   if constexpr (S::kElem == 4) {
+    const uint32_t row = buf + lane * S::kPitch + col0 * S::kElem;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};"
@@ -98,27 +112,20 @@ FUSEGEMM_DEVICE void stage_row32(uint32_t buf, int lane, int col0, const float (
                      "f"(v[4 * i + 3]) : "memory");
     }
   } else {
+    uint32_t w[16];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};"
-                   ::"r"(row + 16 * i), "r"(Cvt<T>::pack2(v[8 * i], v[8 * i + 1])),
-                     "r"(Cvt<T>::pack2(v[8 * i + 2], v[8 * i + 3])),
-                     "r"(Cvt<T>::pack2(v[8 * i + 4], v[8 * i + 5])),
-                     "r"(Cvt<T>::pack2(v[8 * i + 6], v[8 * i + 7])) : "memory");
-    }
+    for (int i = 0; i < 16; ++i) w[i] = Cvt<T>::pack2(v[2 * i], v[2 * i + 1]);
+    stage_words16<T>(buf, lane, col0, w);
   }
 }
 
-// Write one 32-row x 32-column block of a 16/32-bit output through the warp's staging buffer
-// (full 16-byte row segments). `gbase` = element (row 0 of the warp, col 0 of the block); rows
-// of the warp >= `rows_valid` and columns >= `cols_valid` are not written (cols_valid keeps
-// 16-byte granularity: N % 8 == 0).
+// Write the warp's staged 32-row x 32-column block (full 16-byte row segments) to `gbase` =
+// element (row 0 of the warp, col 0 of the block); rows >= `rows_valid` and columns >=
+// `cols_valid` are not written (cols_valid keeps 16-byte granularity: N % 8 == 0).
 template <class T>
-FUSEGEMM_DEVICE void store_block32(uint32_t buf, T* gbase, int64_t ld, int cols_valid,
-                                   int rows_valid, int lane, const float (&v)[32]) {
+FUSEGEMM_DEVICE void flush_block32(uint32_t buf, T* gbase, int64_t ld, int cols_valid, int rows_valid, int lane) {
   using S = WarpStagedStore<T, 32>;
   static_assert(S::kCols >= kBlockCols, "a block fits one staged segment");
-  stage_row32<T>(buf, lane, 0, v);
   __syncwarp();
   if (rows_valid >= 32) {
     S::flush(buf, gbase, ld, cols_valid < kBlockCols ? cols_valid : kBlockCols, lane);
@@ -137,6 +144,14 @@ FUSEGEMM_DEVICE void store_block32(uint32_t buf, T* gbase, int64_t ld, int cols_
     }
   }
   __syncwarp();  // the buffer is reused by the next block
+}
+
+// One 32-row x 32-column block of a 16/32-bit output through the warp's staging buffer.
+template <class T>
+FUSEGEMM_DEVICE void store_block32(uint32_t buf, T* gbase, int64_t ld, int cols_valid,
+                                   int rows_valid, int lane, const float (&v)[32]) {
+  stage_row32<T>(buf, lane, 0, v);
+  flush_block32<T>(buf, gbase, ld, cols_valid, rows_valid, lane);
 }
 
 // 32 values of a lane's row for an output of type T, as run_with collects them. A 16-bit output
@@ -164,38 +179,6 @@ constexpr bool packable() {
   } else {
     return Cvt<T>::kBytes == 2;
   }
-}
-
-// store_block32 of packed pairs (RowVals<T, true>).
-template <class T>
-FUSEGEMM_DEVICE void store_block32_packed(uint32_t buf, T* gbase, int64_t ld, int cols_valid,
-                                          int rows_valid, int lane, const uint32_t (&w)[16]) {
-  using S = WarpStagedStore<T, 32>;
-  const uint32_t row = buf + lane * S::kPitch;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};"
-                 ::"r"(row + 16 * i), "r"(w[4 * i]), "r"(w[4 * i + 1]), "r"(w[4 * i + 2]), "r"(w[4 * i + 3])
-                 : "memory");
-  }
-  __syncwarp();
-  if (rows_valid >= 32) {
-    S::flush(buf, gbase, ld, cols_valid < kBlockCols ? cols_valid : kBlockCols, lane);
-  } else {
-#pragma unroll
-    for (int i = 0; i < S::kVecPerLane; ++i) {
-      int vi = lane + 32 * i;
-      int r = vi / S::kVecPerRow, seg = vi % S::kVecPerRow, col = seg * (16 / S::kElem);
-      if (r < rows_valid && col < cols_valid && col < kBlockCols) {
-        uint4 val;
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
-                     : "r"(buf + r * S::kPitch + seg * 16) : "memory");
-        *reinterpret_cast<uint4*>(gbase + r * ld + col) = val;
-      }
-    }
-  }
-  __syncwarp();  // the buffer is reused by the next block
 }
 
 // One lane's 32 values of a row of a narrow output (FP8 / packed FP4), N-major, at byte address
@@ -266,7 +249,8 @@ template <class T, bool kPack>
 FUSEGEMM_DEVICE void store_vals(uint32_t stage, void* base, int64_t ld, int64_t row0, int row, bool row_ok,
                                 int col0, int cols_valid, int rows_valid, int lane, const RowVals<T, kPack>& x) {
   if constexpr (kPack) {
-    store_block32_packed<T>(stage, static_cast<T*>(base) + row0 * ld + col0, ld, cols_valid, rows_valid, lane, x.w);
+    stage_words16<T>(stage, lane, 0, x.w);
+    flush_block32<T>(stage, static_cast<T*>(base) + row0 * ld + col0, ld, cols_valid, rows_valid, lane);
   } else {
     store_nmajor<T>(stage, base, ld, row0, row, row_ok, col0, cols_valid, rows_valid, lane, x.v);
   }
@@ -371,18 +355,11 @@ struct BlockEngine {
     }
     if constexpr (Rule::kHasD) {
       const int dw = d_width(width);
-      if constexpr (kPackD) {   // stored as computed: no SFD (d_block's plain path)
-        store_vals(stage, p.d_out, p.ldd, orow0, int(orow0) + lane, row_ok, Rule::kPairedD ? 2 * j0 : j0,
-                   dw - (Rule::kPairedD ? 2 * j0 : j0), rows_valid, lane, vd0);
-        if constexpr (Rule::kPairedD) {
-          store_vals(stage, p.d_out, p.ldd, orow0, int(orow0) + lane, row_ok, 2 * j0 + 32, dw - 2 * j0 - 32,
-                     rows_valid, lane, vd1);
-        }
-      } else if constexpr (Rule::kPairedD) {
-        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0, dw, vd0.v, stage, lane);
-        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0 + 32, dw, vd1.v, stage, lane);
+      if constexpr (Rule::kPairedD) {
+        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0, dw, vd0, stage, lane);
+        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0 + 32, dw, vd1, stage, lane);
       } else {
-        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, j0, dw, vd0.v, stage, lane);
+        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, j0, dw, vd0, stage, lane);
       }
     }
   }
@@ -427,14 +404,15 @@ struct BlockEngine {
   // One 32-column block of D at D column dc0 (of dw): plain, or SFD-quantized by row and/or column.
   template <class P>
   FUSEGEMM_DEVICE static void d_block(const Rule& rule, const P& p, int expert, int row0, int64_t orow0, bool row_ok,
-                                      int rows_valid, int dc0, int dw, const float (&v)[32], uint32_t stage, int lane) {
+                                      int rows_valid, int dc0, int dw, const RowVals<ElementD, kPackD>& x, uint32_t stage,
+                                      int lane) {
     const int row = row0 + lane;
     const int cols_valid = dw - dc0;
     if (cols_valid <= 0) return;
     if constexpr (!kQuant) {
-      store_nmajor<ElementD>(stage, p.d_out, p.ldd, orow0, int(orow0) + lane, row_ok, dc0, cols_valid,
-                             rows_valid, lane, v);
+      store_vals(stage, p.d_out, p.ldd, orow0, int(orow0) + lane, row_ok, dc0, cols_valid, rows_valid, lane, x);
     } else {
+      const float (&v)[32] = x.v;   // kPackD is false when D is quantized
       constexpr int kConv = Rule::kSfdConvention;
       const float nc = rule.sfd_norm_const();
       const float rl = p.rcp_max;
