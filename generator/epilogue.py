@@ -323,7 +323,7 @@ def parse_epilogue(ctx: Any, node: Any, choices: dict[str, tuple[Any, ...]], pro
     constants = tuple(a for a in choices if AXES[a].constant)
     statements = _statements(ctx, d["compute"], inputs, constants, pairing)
     computed = {s.target for s in statements}
-    outputs = _outputs(ctx, d["outputs"], choices, computed, inputs, pairing)
+    outputs = _outputs(ctx, d["outputs"], choices, computed, inputs, pairing, problem)
     reductions = _reductions(ctx, d.get("reductions"), choices, computed, problem)
     ep = Epilogue(inputs, pairing, statements, outputs, reductions, constants)
     _check_presence(ctx, node, ep, choices)
@@ -571,7 +571,7 @@ def _condition(ctx, node, key: str, choices) -> Condition:
     return Condition(tuple(terms))
 
 
-def _outputs(ctx, node, choices, computed: set[str], inputs, pairing) -> tuple[Output, ...]:
+def _outputs(ctx, node, choices, computed: set[str], inputs, pairing, problem: str) -> tuple[Output, ...]:
     names = set(node.value) if isinstance(node.value, dict) else set()
     m = ctx.mapping(node, "epilogue.outputs", set(), names)
     if not m:
@@ -590,6 +590,11 @@ def _outputs(ctx, node, choices, computed: set[str], inputs, pairing) -> tuple[O
         if "paired" in o:
             if pairing is None:
                 raise ctx.fail(o["paired"], f"{key}.paired", "a paired output needs a pairing: section")
+            if name == "c" and (problem != "grouped" or any(v != "n" for v in choices.get("cd_major", ("n",)))):
+                # the engine writes a paired C as N-major grouped rows only (BlockEngine's static_assert)
+                raise ctx.fail(o["paired"], f"{key}.paired", f"a paired c is an N-major grouped output; got problem "
+                                                             f"{problem!r}, cd_major {list(choices.get('cd_major', ('n',)))}; "
+                                                             f"allowed: problem grouped with cd_major [n]")
             pm = ctx.mapping(o["paired"], f"{key}.paired", set(pairing.roles), set())
             paired = tuple(_computed(ctx, pm[r], f"{key}.paired.{r}", computed) for r in pairing.roles)
             if "value" in o:

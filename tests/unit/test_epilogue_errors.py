@@ -282,6 +282,12 @@ CASES = [
          "demo.yaml:16: epilogue.outputs.d.value: 'alpha' is not computed; computed: d, g"),
     case("paired output without pairing", edit("d: {dtype: d_dtype,", "d: {dtype: d_dtype, paired: {gate: g, up: d},"),
          "demo.yaml:16: epilogue.outputs.d.paired: a paired output needs a pairing: section"),
+    case("paired output c in a batched problem",
+         edit("    d: {dtype: d_dtype, paired: {gate: g, up: u},",
+              "    c: {dtype: bfloat16, paired: {gate: g, up: u}}\n    d: {dtype: d_dtype, paired: {gate: g, up: u},",
+              edit("problem: grouped", "problem: batched", PAIRED)),
+         "demo.yaml:18: epilogue.outputs.c.paired: a paired c is an N-major grouped output; got problem "
+         "'batched', cd_major ['n']; allowed: problem grouped with cd_major [n]"),
     case("paired output missing a role", edit("paired: {gate: g, up: u}", "paired: {gate: g}", PAIRED),
          "demo.yaml:18: epilogue.outputs.d.paired.up: required key is missing"),
     case("output with value and paired", edit("d: {dtype: d_dtype, paired:", "d: {dtype: d_dtype, value: g, paired:", PAIRED),
