@@ -26,8 +26,12 @@ from .moe import ExpertMLP
 
 
 def _all_to_all(out: Tensor, inp: Tensor, out_splits: list[int], in_splits: list[int], group) -> Tensor:
-    """Differentiable all_to_all_single (its backward is the reverse exchange)."""
+    """Differentiable all_to_all_single (its backward is the reverse exchange); the identity
+    in a single process."""
     import warnings
+
+    if not _distributed(group):
+        return inp
 
     from torch.distributed.nn.functional import all_to_all_single
     with warnings.catch_warnings():   # torch 2.9+ points at _functional_collectives (async tensors)
@@ -62,8 +66,16 @@ class Plan:
     num_tokens: int
 
 
+def _distributed(group) -> bool:
+    """False for a single process: no group given and torch.distributed not initialised."""
+    import torch.distributed as dist
+    return group is not None or (dist.is_available() and dist.is_initialized())
+
+
 def _group_size(group) -> tuple[int, int]:
     import torch.distributed as dist
+    if not _distributed(group):
+        return 1, 0
     return dist.get_world_size(group), dist.get_rank(group)
 
 
@@ -82,7 +94,7 @@ def dispatch(x: Tensor, topk_idx: Tensor, topk_weight: Tensor, experts_per_rank:
     experts_per_rank : int
         L, the experts each rank owns.
     group : ProcessGroup, optional
-        Default: the world.
+        Default: the world (a single process when ``torch.distributed`` is not initialised).
 
     Returns
     -------
@@ -107,7 +119,10 @@ def dispatch(x: Tensor, topk_idx: Tensor, topk_weight: Tensor, experts_per_rank:
     token = torch.arange(t, device=x.device).repeat_interleave(k)[order]
     counts = torch.bincount(flat, minlength=num_experts)
     recv_counts = torch.empty_like(counts)
-    dist.all_to_all_single(recv_counts, counts, group=group)   # (world, L): rows from each source
+    if _distributed(group):
+        dist.all_to_all_single(recv_counts, counts, group=group)   # (world, L): rows from each source
+    else:
+        recv_counts.copy_(counts)
     # One host copy serves every size below: the splits all_to_all needs and the local rows.
     sent, got = torch.stack((counts, recv_counts)).view(2, world, experts_per_rank).tolist()
     send_splits, recv_splits = [sum(r) for r in sent], [sum(r) for r in got]
@@ -170,7 +185,8 @@ class ExpertParallelMLP(torch.nn.Module):
     intermediate : int
         F, each expert's intermediate size (a multiple of 32).
     group : ProcessGroup, optional
-        Default: the world (``torch.distributed`` must be initialised).
+        Default: the world; without ``torch.distributed`` initialised, this one process holds
+        every expert (the same routing and padding, no exchange).
     **kwargs
         Passed to :class:`~fusegemm.moe.ExpertMLP` (dtype, backend, device, generator).
     """

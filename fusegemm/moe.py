@@ -1,4 +1,4 @@
-"""An MoE expert MLP for training, built from fusegemm ops (BF16 recipe, first cut).
+"""An MoE expert MLP for training, built from fusegemm ops (BF16 and MXFP8 recipes).
 
 Tokens arrive grouped by expert: ``x`` (M, H) bfloat16 where expert e owns rows
 ``[padded_offsets[e-1], padded_offsets[e])`` (multiples of 256; rows between an expert's last
@@ -19,7 +19,8 @@ and ``h`` for the backward. Backward: fc2's data gradient with the dSwiGLU epilo
 data gradient with the grouped GEMM (both read the weights in place as N-major B on sm_90a; a
 K-major copy elsewhere), and the weight
 gradients (K-grouped: a reduction over each expert's tokens) with ``torch._grouped_mm``. Still
-to come (issue 14): a K-grouped fusegemm family for the weight gradients and the MXFP8 recipe.
+to come (issue 14): a K-grouped fusegemm family for the weight gradients. The MXFP8 recipe
+(``recipe="mxfp8"``) is described at :class:`ExpertMLP`.
 
 ``backend="torch"`` runs the same structure with torch matmuls (any device, any float dtype):
 the reference the tests hold the fusegemm backend to, and what ``gradcheck`` differentiates.
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from .formats.torch_mx import dequantize_mx, kernel_view, pack_sf, quantize_mx, unpack_sf
 
 BLOCK = 32   # the seed's gate/up interleave (columns per block)
 
@@ -120,9 +123,9 @@ class _Torch:
     """The layer's GEMMs with torch matmuls per expert (reference and CPU backend)."""
 
     @staticmethod
-    def grouped(x: Tensor, rows: list, w: Tensor) -> Tensor:
-        """y[rows_e] = x[rows_e] @ w[e]^T; rows past the last expert are 0."""
-        y = x.new_zeros((x.shape[0], w.shape[1]))
+    def grouped(x: Tensor, rows: list, w: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+        """y[rows_e] = x[rows_e] @ w[e]^T (in ``dtype``, default x's); rows past the last expert are 0."""
+        y = x.new_zeros((x.shape[0], w.shape[1]), dtype=dtype or x.dtype)
         for e, (s, t) in enumerate(rows):
             if t > s:
                 y[s:t] = (_acc(x[s:t]) @ _acc(w[e]).T).to(y.dtype)
@@ -144,6 +147,32 @@ class _Torch:
         dh = self.grouped(dy, rows, w2.transpose(1, 2))
         dg, dprob = swiglu_backward(g, dh, prob)
         return dg.to(dy.dtype), dprob
+
+    # MXFP8 recipe: the kernels' quantization points, emulated with torch.formats-exact rounding.
+    def fc1_mx(self, x: Tensor, off: Tensor, rows: list, w1: Tensor, prob: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(g in x's dtype, h as MXFP8 (M, F) and its logical scales (M, F/32)): the SwiGLU is
+        taken on the FP32 accumulator, as the kernel's epilogue does."""
+        g32 = self.grouped(x, rows, w1, torch.promote_types(x.dtype, torch.float32))
+        hq, sfh = quantize_mx(_swiglu(g32, prob))
+        return g32.to(x.dtype), hq, sfh
+
+    def gemm_mx(self, aq: Tensor, sfa: Tensor, off: Tensor, rows: list, wq: Tensor, sfw: Tensor,
+                dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(D = dequant(A) @ dequant(W_e)^T in ``dtype``, amax (L, 1) of each expert's rows)."""
+        d = self.grouped(dequantize_mx(aq, sfa), rows, dequantize_mx(wq, sfw), dtype)
+        amax = torch.stack([_acc(d[s:t]).abs().amax() if t > s else d.new_tensor(float("-inf"), dtype=torch.float32)
+                            for s, t in rows]).float()[:, None]
+        return d, amax
+
+    def dswiglu_mx(self, dyq: Tensor, sfdy: Tensor, off: Tensor, rows: list, w2tq: Tensor, sfw2t: Tensor,
+                   g: Tensor, prob: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """(dG row-quantized, its scales (M, 2F/32), dG column-quantized (M, 2F), its scales
+        (2F, M/32), dprob (M,)) from dh = dequant(dy) @ dequant(w2^T) and the saved g."""
+        dh = self.grouped(dequantize_mx(dyq, sfdy), rows, dequantize_mx(w2tq, sfw2t), torch.float32)
+        dg, dprob = swiglu_backward(g, dh, prob)
+        rq, rsf = quantize_mx(dg)
+        cq, csf = quantize_mx(dg.t())
+        return rq, rsf, cq.t(), csf, dprob
 
     @staticmethod
     def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor) -> Tensor:
@@ -187,11 +216,49 @@ class _Fusegemm:
                             inputs={"alpha": self._ones(w2), "prob": prob.float(), "c": g}, b_major=major)
         return out["d"], out["dprob"]
 
+    # MXFP8 recipe
+    def fc1_mx(self, x: Tensor, off: Tensor, rows: list, w1: Tensor, prob: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """One kernel: SwiGLU with an MXFP8 D (row scales for fc2, whose K runs along D's rows)
+        and the BF16 pre-activations g (generate_c) for the backward."""
+        from .torch_library import epilogue_gemm
+        out = epilogue_gemm("grouped_gemm_swiglu", x, off, w1, inputs={"alpha": self._ones(w1), "prob": prob.float(),
+                                                                     "norm_const": _one(x)},
+                            d_dtype="float8_e4m3fn", generate_c=True, c_dtype="bfloat16")
+        f = out["d"].shape[1]
+        return out["c"], out["d"].view(torch.float8_e4m3fn), unpack_sf(out["sfd_row"], x.shape[0], f // 32)[0]
+
+    def gemm_mx(self, aq: Tensor, sfa: Tensor, off: Tensor, rows: list, wq: Tensor, sfw: Tensor,
+                dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Seed 003 (grouped GEMM + quant) with MXFP8 operands and a BF16 D, and its amax."""
+        from .torch_library import grouped_gemm_quant
+        d, _, amax, _, _ = grouped_gemm_quant(aq[..., None], kernel_view(pack_sf(sfa)), off, self._ones(wq),
+                                              wq.permute(1, 2, 0), kernel_view(pack_sf(sfw)), d_dtype=dtype,
+                                              sf_vec_size=32, generate_amax=True)
+        return d[..., 0], amax
+
+    def dswiglu_mx(self, dyq: Tensor, sfdy: Tensor, off: Tensor, rows: list, w2tq: Tensor, sfw2t: Tensor,
+                   g: Tensor, prob: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Seed 000 (grouped GEMM + dSwiGLU) with MXFP8 operands: dG row- and column-quantized
+        (for fc1's data gradient and weight gradient) and dprob, in one kernel."""
+        from .torch_library import grouped_gemm_dswiglu
+        ones = self._ones(w2tq)
+        m, n2 = g.shape
+        d_row, d_col, dprob, _, sfd_row, sfd_col = grouped_gemm_dswiglu(
+            dyq[..., None], w2tq.permute(1, 2, 0), g[..., None], kernel_view(pack_sf(sfdy)),
+            kernel_view(pack_sf(sfw2t)), off, ones, ones, prob.float().view(-1, 1, 1), norm_const=_one(g),
+            d_dtype=torch.float8_e4m3fn, sf_vec_size=32)
+        return (d_row[..., 0], unpack_sf(sfd_row, m, n2 // 32)[0], d_col[..., 0], unpack_sf(sfd_col, n2, m // 32)[0],
+                dprob.view(-1))
+
     @staticmethod
     def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor) -> Tensor:
         """The K-grouped weight gradient with torch._grouped_mm (BF16 in, FP32 accumulation): no
         fusegemm family for it yet (issue 14), and no host copy of the offsets."""
         return torch._grouped_mm(dy.t(), x, offs=off).to(like.dtype)
+
+
+def _one(t: Tensor) -> Tensor:
+    return torch.ones(1, device=t.device)
 
 
 def _weight_as_b(w: Tensor) -> tuple[Tensor, str]:
@@ -225,14 +292,24 @@ def _zero_tail(y: Tensor, off: Tensor) -> Tensor:
 _BACKENDS = {"torch": _Torch(), "fusegemm": _Fusegemm()}
 
 
+RECIPES = ("bf16", "mxfp8")
+
+
+def _dequant_col(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` (M, N) as a K-grouped MXFP8 weight gradient reads it: quantized along M (32-row
+    blocks; experts start at multiples of 256, so no block spans two), dequantized to ``dtype``."""
+    q, sf = quantize_mx(t.t())
+    return dequantize_mx(q, sf).t().to(dtype)
+
+
 class ExpertMLPFunction(torch.autograd.Function):
     """``y = fc2(prob * silu(gate) * up)`` with ``(gate, up) = fc1(x)``, per expert (see the module
     docstring); differentiable in ``x``, ``prob``, ``w1`` and ``w2``."""
 
     @staticmethod
     def forward(ctx, x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w2: Tensor,
-                backend: str = "fusegemm") -> Tensor:
-        """The layer's forward (``ExpertMLPFunction.apply(x, padded_offsets, prob, w1, w2, backend)``).
+                backend: str = "fusegemm", recipe: str = "bf16", stats: dict | None = None) -> Tensor:
+        """The layer's forward (``ExpertMLPFunction.apply(x, padded_offsets, prob, w1, w2, backend, recipe)``).
 
         Parameters
         ----------
@@ -248,31 +325,66 @@ class ExpertMLPFunction(torch.autograd.Function):
             Down weights.
         backend : {"fusegemm", "torch"}
             The GEMMs' implementation (torch: the reference structure, any device and float dtype).
+        recipe : {"bf16", "mxfp8"}
+            Operand precision (see :class:`ExpertMLP`).
+        stats : dict, optional
+            The MXFP8 recipe writes per-expert amax tensors (L, 1) into it: ``"y"`` in the
+            forward, ``"dx"`` in the backward.
         """
         be = _BACKENDS[backend]
         rows = _expert_rows(padded_offsets) if backend == "torch" else None
-        g, h = be.fc1(x, padded_offsets, rows, w1, prob)
-        y = be.gemm(h, padded_offsets, rows, w2)
-        ctx.save_for_backward(x, padded_offsets, prob, w1, w2, g, h)
-        ctx.backend = backend
+        ctx.backend, ctx.recipe, ctx.stats = backend, recipe, stats
+        if recipe == "bf16":
+            g, h = be.fc1(x, padded_offsets, rows, w1, prob)
+            y = be.gemm(h, padded_offsets, rows, w2)
+            ctx.save_for_backward(x, padded_offsets, prob, w1, w2, g, h)
+            return y
+        g, hq, sfh = be.fc1_mx(x, padded_offsets, rows, w1, prob)
+        y, amax = be.gemm_mx(hq, sfh, padded_offsets, rows, *quantize_mx(w2), x.dtype)
+        if stats is not None:
+            stats["y"] = amax
+        ctx.save_for_backward(x, padded_offsets, prob, w1, w2, g, hq, sfh)
         return y
 
     @staticmethod
     def backward(ctx, dy: Tensor):
-        x, off, prob, w1, w2, g, h = ctx.saved_tensors
+        x, off, prob, w1, w2, g, *h = ctx.saved_tensors
         be = _BACKENDS[ctx.backend]
         rows = _expert_rows(off) if ctx.backend == "torch" else None
         dy = dy.to(x.dtype)     # rows past the last expert are read by no kernel
-        dg, dprob = be.dswiglu(dy, off, rows, w2, g, prob)
-        dx = be.dgrad(dg, off, rows, w1)                               # (M, H)
-        dw1, dw2 = be.wgrad(dg, x, off, rows, w1), be.wgrad(dy, h, off, rows, w2)
-        return dx, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None
+        if ctx.recipe == "bf16":
+            dg, dprob = be.dswiglu(dy, off, rows, w2, g, prob)
+            dx = be.dgrad(dg, off, rows, w1)
+            dw1, dw2 = be.wgrad(dg, x, off, rows, w1), be.wgrad(dy, h[0], off, rows, w2)
+        else:
+            # Data gradients on MXFP8 kernels (operands quantized along their K); the weight
+            # gradients with every operand quantized along M, as a K-grouped MXFP8 GEMM reads them.
+            dg_q, dg_sf, dgc_q, dgc_sf, dprob = be.dswiglu_mx(*quantize_mx(dy), off, rows,
+                                                             *quantize_mx(w2.transpose(1, 2)), g, prob)
+            dx, amax = be.gemm_mx(dg_q, dg_sf, off, rows, *quantize_mx(w1.transpose(1, 2)), x.dtype)
+            if ctx.stats is not None:
+                ctx.stats["dx"] = amax
+            dg = dequantize_mx(dgc_q.t(), dgc_sf).t().to(x.dtype)
+            h = dequantize_mx(*h).to(x.dtype)
+            dw1 = be.wgrad(dg, _dequant_col(x, x.dtype), off, rows, w1)
+            dw2 = be.wgrad(_dequant_col(dy, x.dtype), _dequant_col(h, x.dtype), off, rows, w2)
+        return dx, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None, None, None
 
 
 class ExpertMLP(torch.nn.Module):
-    """The expert MLP of an MoE layer (BF16 recipe): ``L`` experts, hidden size ``H``,
-    intermediate size ``F`` (a multiple of 32). ``w1`` (L, 2F, H) gate/up interleaved, ``w2``
-    (L, H, F). ``forward(x, padded_offsets, prob)`` as :class:`ExpertMLPFunction`.
+    """The expert MLP of an MoE layer: ``L`` experts, hidden size ``H``, intermediate size ``F``
+    (a multiple of 32). ``w1`` (L, 2F, H) gate/up interleaved, ``w2`` (L, H, F), kept in ``dtype``
+    (the master weights). ``forward(x, padded_offsets, prob)`` as :class:`ExpertMLPFunction`.
+
+    Recipes: ``"bf16"`` runs every GEMM on BF16 operands. ``"mxfp8"`` quantizes to MXFP8 (E4M3
+    elements, one E8M0 scale per 32 along K): fc1's SwiGLU epilogue writes ``h`` as MXFP8 for
+    fc2 (block-scaled, seed 003's kernel); the backward quantizes ``dy`` and the weights each step
+    (:mod:`fusegemm.formats.torch_mx`), runs fc2's data gradient with seed 000's dSwiGLU kernel
+    (``dG`` row- and column-quantized) and fc1's on the row-quantized ``dG``. fc1's forward
+    mainloop stays BF16 (the SwiGLU spec's family). The weight gradients run on
+    ``torch._grouped_mm`` with every operand quantized along M and dequantized, the values a
+    K-grouped MXFP8 kernel would read (no such fusegemm family yet). After each step
+    ``self.amax`` holds the per-expert amax (L, 1) of ``y`` and of ``dx``.
 
     Parameters
     ----------
@@ -286,19 +398,26 @@ class ExpertMLP(torch.nn.Module):
         Weight dtype (bfloat16 for the fusegemm backend).
     backend : {"fusegemm", "torch"}
         The GEMMs' implementation.
+    recipe : {"bf16", "mxfp8"}
+        Operand precision of the GEMMs (``mxfp8`` needs H a multiple of 32).
     device : torch.device or str, optional
     generator : torch.Generator, optional
         Seeds the weights' initialisation (normal, scaled by fan-in ** -0.5).
     """
 
     def __init__(self, experts: int, hidden: int, intermediate: int, *, dtype: torch.dtype = torch.bfloat16,
-                 backend: str = "fusegemm", device=None, generator: torch.Generator | None = None) -> None:
+                 backend: str = "fusegemm", recipe: str = "bf16", device=None,
+                 generator: torch.Generator | None = None) -> None:
         super().__init__()
         if backend not in _BACKENDS:
             raise ValueError(f"backend: got {backend!r}; allowed: {', '.join(_BACKENDS)}")
+        if recipe not in RECIPES:
+            raise ValueError(f"recipe: got {recipe!r}; allowed: {', '.join(RECIPES)}")
         if intermediate % BLOCK:
             raise ValueError(f"intermediate: got {intermediate}; allowed: a multiple of {BLOCK}")
-        self.backend = backend
+        if recipe == "mxfp8" and hidden % BLOCK:
+            raise ValueError(f"hidden: got {hidden}; allowed: a multiple of {BLOCK} with recipe 'mxfp8'")
+        self.backend, self.recipe, self.amax = backend, recipe, {}
         w = lambda *s, fan: torch.randn(*s, generator=generator) * fan ** -0.5  # noqa: E731
         self.w1 = torch.nn.Parameter(w(experts, 2 * intermediate, hidden, fan=hidden).to(dtype=dtype, device=device))
         self.w2 = torch.nn.Parameter(w(experts, hidden, intermediate, fan=intermediate).to(dtype=dtype, device=device))
@@ -316,4 +435,5 @@ class ExpertMLP(torch.nn.Module):
         prob : (M,) float32 tensor
             Routing weight of each row.
         """
-        return ExpertMLPFunction.apply(x, padded_offsets, prob, self.w1, self.w2, self.backend)
+        return ExpertMLPFunction.apply(x, padded_offsets, prob, self.w1, self.w2, self.backend, self.recipe,
+                                       self.amax)

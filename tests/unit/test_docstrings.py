@@ -11,12 +11,12 @@ import pytest
 from fusegemm.base.docstrings import parameter_docs, shares_parameters
 
 MODULES = ["fusegemm", "fusegemm.formats", "fusegemm.reference", "fusegemm.moe", "fusegemm.torch_library",
-           "fusegemm.jax_ffi", "fusegemm.expert_parallel"]
+           "fusegemm.jax_ffi", "fusegemm.expert_parallel", "fusegemm.formats.torch_mx"]
 METHODS = ("execute", "__call__", "reference", "compile", "check_support", "forward", "batched")
 
 
 def _public(module: str) -> list[tuple[str, object]]:
-    if module in ("fusegemm.moe", "fusegemm.torch_library", "fusegemm.expert_parallel"):
+    if module in ("fusegemm.moe", "fusegemm.torch_library", "fusegemm.expert_parallel", "fusegemm.formats.torch_mx"):
         pytest.importorskip("torch")
     mod = importlib.import_module(module)
     names = getattr(mod, "__all__", None) or [

@@ -47,3 +47,31 @@ def test_dispatch_refuses_bad_routes():
             assert ExpertParallelMLP(3, 8, 32, backend="torch").experts_per_rank == 3
         finally:
             dist.destroy_process_group()
+
+
+def test_one_process_without_torch_distributed():
+    """ExpertParallelMLP in a process with no process group: every expert local, the same
+    routing and padding, equal to the example's per-expert float64 reference."""
+    import importlib.util
+
+    import torch
+    import torch.distributed as dist
+
+    from fusegemm.expert_parallel import ExpertParallelMLP
+    assert not dist.is_initialized()
+    spec = importlib.util.spec_from_file_location("expert_parallel_example", ROOT / "examples" / "expert_parallel.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    x, idx, weight, w1, w2, dy = example.make_problem(torch, tokens=96, hidden=32, inter=64, experts=4, topk=2,
+                                                      dtype=torch.float64, device="cpu")
+    ref = example.reference(torch, x, idx, weight, w1, w2, dy)
+    ep = ExpertParallelMLP(4, 32, 64, dtype=torch.float64, backend="torch")
+    assert ep.experts_per_rank == 4 and ep.rank == 0
+    with torch.no_grad():
+        ep.local.w1.copy_(w1), ep.local.w2.copy_(w2)
+    xi, wi = x.clone().requires_grad_(), weight.clone().requires_grad_()
+    y = ep(xi, idx, wi)
+    y.backward(dy)
+    rel = lambda a, b: float((a - b).norm() / b.norm())  # noqa: E731
+    assert rel(y, ref["y"]) <= 1e-6 and rel(wi.grad, ref["dweight"]) <= 1e-6   # weights travel as float32
+    assert max(rel(xi.grad, ref["dx"]), rel(ep.local.w1.grad, ref["dw1"]), rel(ep.local.w2.grad, ref["dw2"])) <= 1e-12
