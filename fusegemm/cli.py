@@ -17,6 +17,8 @@ import click
 from .base.errors import FusegemmError
 from .describe import epilogue_info, spec_info
 
+NO_GPU_EXIT = 3   # `fusegemm selftest` with no GPU: nothing verified (neither a pass nor a failure)
+
 
 def _fail(exc: Exception) -> click.ClickException:
     return click.ClickException(str(exc))
@@ -122,20 +124,21 @@ def show(spec: str, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("path", type=click.Path(dir_okay=False))
+@click.argument("path")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def validate(path: str, as_json: bool) -> None:
-    """Parse and type-check the spec file PATH (any folder) and print its epilogue and, for the
-    spec's default variant on each arch, the C++ epilogue rule a kernel would instantiate.
+    """Parse and type-check the spec file PATH (any folder; or a packaged spec's name) and print
+    its epilogue and, for the spec's default variant on each arch, the C++ epilogue rule a
+    kernel would instantiate.
 
     Nothing is compiled. A mistake exits 1 with "file:line: key: message".
     """
     from .generator.emit import rule_model
     from .generator.render import _env
-    from .generator.spec import load_spec
+    from .generator.spec import find_spec
     from .generator.variants import make_variant
     try:
-        s = load_spec(path)
+        s = find_spec(path)
         rules = {}
         for arch in s.choice_map["arch"]:
             v = make_variant(s, arch=arch)
@@ -425,14 +428,19 @@ def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def selftest(as_json: bool) -> None:
-    """Run every op family on this GPU against the numpy references (pass/fail table)."""
+    """Run every op family on this GPU against the numpy references (pass/fail table).
+
+    Exit status: 0 every case passed, 1 a case failed, 3 no GPU to run on (nothing was
+    verified: a script can tell that apart from a pass).
+    """
     from . import selftest as st
     arch, device = st.detect_arch()
     if arch is None:
         if as_json:
-            return _echo_json({"device": None, "reason": device, "rows": []})
-        click.echo(f"selftest: nothing to run: {device}")
-        return
+            _echo_json({"device": None, "reason": device, "rows": []})
+        else:
+            click.echo(f"selftest: nothing to run, nothing verified: {device}")
+        sys.exit(NO_GPU_EXIT)
     rows = st.run(arch)
     failed = [r for r in rows if r.status == "FAIL"]
     if as_json:

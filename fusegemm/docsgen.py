@@ -46,8 +46,67 @@ def surface_rows(info: dict[str, Any]) -> list[tuple[str, str, dict[str, str]]]:
             else:
                 kept = [v for v in declared if v in lim["values"]]
                 per_arch[arch] = f"{_cell(kept) or 'none'} ({lim['because']})"
-        rows.append((axis, _cell(declared), per_arch))
+        rows.append((axis, _declared_cell(axis, declared), per_arch))
     return rows
+
+
+# Shapes of an epilogue input by its ``per`` (M rows of A, N accumulator columns, L experts).
+_INPUT_SHAPES = {"expert": "(L,)", "row": "(M,)", "scalar": "(1,) tensor or a Python number",
+                 "column": "(N, L)", "element": "(M, N)"}
+
+
+def _declared_cell(axis: str, declared: Any) -> str:
+    """The declared values; an open numeric axis (tanh_clamp_scale) also takes any value the
+    caller passes, each compiled as its own kernel."""
+    from .generator.axes import AXES
+    a = AXES.get(axis)
+    if a is not None and a.constant:
+        return f"{_cell(declared)}, or any positive float at call time (compile-time: each value is its own kernel)"
+    return _cell(declared)
+
+
+def _constraint(c: dict[str, Any]) -> str:
+    """``tile_m = 256 ⇒ cluster_m ∈ {2, 4}: because``."""
+    def side(d: dict[str, Any]) -> str:
+        parts = []
+        for k, v in d.items():
+            vals = list(v) if isinstance(v, (list, tuple)) else [v]
+            parts.append(f"`{k} = {vals[0]}`" if len(vals) == 1 else f"`{k}` ∈ {{{', '.join(map(str, vals))}}}")
+        return " and ".join(parts)
+    return f"{side(c['if'])} ⇒ {side(c['then'])}: {c['because']}"
+
+
+def _when(cond: dict[str, Any]) -> str:
+    """``{axis: [values]}`` as ``axis = v`` / ``axis ∈ {a, b}``."""
+    return " and ".join(f"`{k} = {v[0]}`" if len(v) == 1 else f"`{k}` ∈ {{{', '.join(map(str, v))}}}"
+                        for k, v in ((k, list(v) if isinstance(v, (list, tuple)) else [v]) for k, v in cond.items()))
+
+
+def _output_value(o: dict[str, Any]) -> str:
+    """An output's value: its expression, or a paired output's role -> expression per block."""
+    if o.get("paired"):
+        return "; ".join(f"{role} blocks ← `{expr}`" for role, expr in o["paired"].items())
+    return f"`{o['value']}`"
+
+
+def _python_defaults(name: str, defaults: dict[str, Any]) -> list[str]:
+    """Wrapper defaults (the seed API's) that differ from the spec's defaults."""
+    import importlib
+    import inspect
+    api = SEED_API.get(name)
+    if not api:
+        return []
+    mod, _, fn = api[0].rpartition(".")
+    try:
+        sig = inspect.signature(getattr(importlib.import_module(mod), fn))
+    except (ImportError, AttributeError, ValueError):   # pragma: no cover - the package's own names
+        return []
+    out = []
+    for axis, value in defaults.items():
+        p = sig.parameters.get(axis)
+        if p is not None and p.default not in (None, inspect.Parameter.empty) and str(p.default) != str(value):
+            out.append(f"`{axis}={p.default!r}`")
+    return out
 
 
 def op_page(spec: Any) -> str:
@@ -59,7 +118,8 @@ def op_page(spec: Any) -> str:
     archs = list(info["implementations"])
     out = [f"# {info['name']}", "", info["summary"] or "", "",
            f"Spec `{Path(info['path']).name}` · kernel family `{info['kernel']}` · problem `{info['problem']}`"
-           + (f" · cuDNN frontend seed page `{info['seed']}`" if info.get("seed") else ""), ""]
+           + (f" · follows cuDNN frontend's API page {info['seed'].split('_')[0]} (see "
+              "[Porting from cuDNN frontend](../porting.md))" if info.get("seed") else ""), ""]
     api = SEED_API.get(info["name"])
     out += ["## Calling it", ""]
     if api:
@@ -83,21 +143,37 @@ def op_page(spec: Any) -> str:
     ep = info["epilogue"]
     out += ["", "## Epilogue", ""]
     if ep["inputs"]:
-        out += ["| input | per | dtype | default |", "|---|---|---|---|"]
+        out += ["| input | per | shape | dtype | default |", "|---|---|---|---|---|"]
         for name, i in ep["inputs"].items():
-            out.append(f"| `{name}` | {i['per']} | `{i['dtype']}` | {i['default'] if i['default'] is not None else '—'} |")
+            shape = _INPUT_SHAPES.get(i["per"], "—")
+            if i["per"] == "element" and i.get("paired"):
+                shape = "(M, 2N): gate/up 32-column blocks for each of the accumulator's N columns"
+            out.append(f"| `{name}` | {i['per']} | {shape} | `{i['dtype']}` | "
+                       f"{i['default'] if i['default'] is not None else '— (required)'} |")
         out.append("")
     out += ["```", *ep["compute"], "```", "", "| output | dtype | value | quantized |", "|---|---|---|---|"]
     for name, o in ep["outputs"].items():
-        out.append(f"| `{name}` | `{o['dtype']}` | `{o['value']}` | {'yes' if o['quantize'] else 'no'} |")
+        when = f"; when {_when(o['when'])}" if o.get("when") else ""
+        out.append(f"| `{name}` | `{o['dtype']}` | {_output_value(o)}{when} | {'yes' if o['quantize'] else 'no'} |")
     for r in ep["reductions"]:
-        out.append(f"\nReduction `{r['name']}[{r['slot']}]`: {r['kind']} of `{r['of']}` per {r['scope']}"
-                   + (f" when {r['when']}" if r["when"] else ""))
+        scope = "over the whole output" if r["scope"] == "global" else f"per {r['scope']}"
+        start = ("an expert without rows gives -inf" if r["kind"] == "amax" and r["scope"] == "expert"
+                 else "starts at 0; a new tensor per call" if r["kind"] == "sum" else "")
+        out.append(f"\nReduction `{r['name']}[{r['slot']}]`: {r['kind']} of `{r['of']}` {scope}"
+                   + (f" when {_when(r['when'])}" if r["when"] else "") + (f" ({start})" if start else ""))
     out += ["", "## Constraints", ""]
-    out += [f"- if {c['if']} then {c['then']}: {c['because']}" for c in info["constraints"]] or ["none"]
+    out += [f"- {_constraint(c)}" for c in info["constraints"]] or ["none"]
+    differ = _python_defaults(info["name"], info["defaults"])
     out += ["", "## Defaults and prebuilt variants", "",
-            "Defaults: " + (", ".join(f"`{k}={v}`" for k, v in info["defaults"].items()) or "none"), "",
-            "`fusegemm build` prebuilds:", "", *[f"- `{p}`" for p in info["prebuild"]], ""]
+            "Defaults (the variant built when a choice is not given): "
+            + (", ".join(f"`{k}={v}`" for k, v in info["defaults"].items()) or "none"), ""]
+    if differ:
+        out += [f"The Python wrapper keeps the seed API's own defaults where they differ: {', '.join(differ)}. "
+                "A call that leaves them out gets those; where they conflict with the operands (FP8 A/B need "
+                "`sf_vec_size=32`), pass the value: the error names it.", ""]
+    out += [
+            "`fusegemm build` prebuilds (variant names; `fusegemm build --variant` and `fusegemm inspect` take "
+            "the axes and the cached kernel's name):", "", *[f"- `{p}`" for p in info["prebuild"]], ""]
     return "\n".join(out)
 
 
@@ -113,6 +189,8 @@ def cli_page() -> str:
             for sub in sorted(cmd.commands):
                 add(cmd.commands[sub], f"{path} {sub}")
 
+    out.extend(["## fusegemm", "", "```text", main.get_help(click.Context(main, info_name="fusegemm")), "```", "",
+                "`fusegemm --version` prints the installed version.", ""])
     for name in sorted(main.commands):
         add(main.commands[name], f"fusegemm {name}")
     return "\n".join(out)
@@ -125,7 +203,8 @@ def config_page() -> str:
            "(a bad value raises ConfigError naming the variable).", "",
            "| variable | default | allowed | meaning |", "|---|---|---|---|"]
     for v in VARS.values():
-        out.append(f"| `{v.name}` | `{v.default}` | {v.allowed} | {v.doc} |")
+        default = "(unset)" if v.default is None else "(empty)" if v.default == "" else f"`{v.default}`"
+        out.append(f"| `{v.name}` | {default} | {v.allowed} | {v.doc} |")
     return "\n".join(out) + "\n"
 
 
@@ -157,7 +236,7 @@ GUIDE = {
     "status.md": ("What runs where", ["What runs where (read this)"]),
     "performance.md": ("Performance", ["Measured (H200, this repo's bench/ and tests/gpu)",
                                        "Compile time and host overhead", "Block-scaled ops (seeds 000, 002, 003, 004)"]),
-    "epilogues.md": ("Epilogues in YAML", ["Epilogues in YAML (no C++)", "Specs"]),
+    "epilogues.md": ("Epilogues in YAML", ["Specs", "Epilogues in YAML (no C++)"]),
     "frameworks.md": ("PyTorch, JAX and training", ["In PyTorch: torch.compile and CUDA graphs",
                                                     "JAX, CuPy and other DLPack producers",
                                                     "MoE expert MLP (training, BF16 and MXFP8) and expert parallelism"]),
@@ -195,9 +274,37 @@ def guide_pages(readme: str) -> dict[str, str]:
             raise KeyError(f"README has no section {missing[0]!r} (docsgen.GUIDE names it)")
         parts = [f"# {title}", ""]
         for w in wanted:
-            parts += [f"## {w}", "", sections[w].replace("\n### ", "\n#### ").replace("\n## ", "\n### "), ""]
+            # a page of one section: its title is the page's (no second heading saying the same)
+            parts += ([] if len(wanted) == 1 else [f"## {w}", ""]) + [
+                sections[w].replace("\n### ", "\n#### ").replace("\n## ", "\n### "), ""]
         pages[name] = "\n".join(parts)
-    return pages
+    return {name: _link_sections(text, name) for name, text in pages.items()}
+
+
+def _slug(title: str) -> str:
+    """The anchor mkdocs gives a heading (Python-Markdown's toc slugify)."""
+    import re
+    import unicodedata
+    value = unicodedata.normalize("NFKD", title).encode("ascii", "ignore").decode()
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", value).strip().lower())
+
+
+def _link_sections(text: str, page: str) -> str:
+    """``see "Title"`` (the README naming one of its sections) as a link to where the site put it."""
+    import re
+    where = {}
+    for name, (title, wanted) in GUIDE.items():
+        for w in wanted:
+            where[w] = (name, "" if len(wanted) == 1 else "#" + _slug(w))
+
+    def link(m: "re.Match[str]") -> str:
+        said = m.group(1)
+        hit = next(((w, loc) for w, loc in where.items() if w.startswith(said)), None)
+        if hit is None:
+            return m.group(0)
+        target, anchor = hit[1]
+        return f'see [{said}]({"" if target == page and anchor else target}{anchor})'
+    return re.sub(r'see "([^"]+)"', link, text)
 
 
 def porting_page() -> str:

@@ -24,6 +24,8 @@ from torch import Tensor
 
 from .moe import ExpertMLP
 
+__all__ = ["ExpertParallelMLP", "dispatch", "combine", "Plan"]
+
 
 def _all_to_all(out: Tensor, inp: Tensor, out_splits: list[int], in_splits: list[int], group) -> Tensor:
     """Differentiable all_to_all_single (its backward is the reverse exchange); the identity

@@ -180,7 +180,9 @@ def sfd_block_scales(a: np.ndarray, nc: np.float32, rl: np.float32, convention: 
     ----------
     a : float32 array
         NaN-propagating ``max |x|`` of each 32-element block.
-    nc, rl : float32
+    nc : float32
+        ``norm_const`` and ``rcp_max`` (1 / the output format's largest value).
+    rl : float32
         ``norm_const`` and ``rcp_max`` (1 / the output format's largest value).
     convention : {"quant", "srelu", "dswiglu"}
         Operation order and saturation: quant ``s = fl(fl(a*rl)*nc)``, no saturation;

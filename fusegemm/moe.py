@@ -32,6 +32,9 @@ from torch import Tensor
 
 from .formats.torch_mx import dequantize_mx, kernel_view, pack_sf, quantize_mx, unpack_sf
 
+__all__ = ["ExpertMLP", "ExpertMLPFunction", "RECIPES", "interleave_gate_up", "split_gate_up", "join_gate_up",
+           "swiglu_backward"]
+
 BLOCK = 32   # the seed's gate/up interleave (columns per block)
 
 
@@ -40,7 +43,9 @@ def interleave_gate_up(w_gate: Tensor, w_up: Tensor, block: int = BLOCK) -> Tens
 
     Parameters
     ----------
-    w_gate, w_up : (L, F, H) tensors
+    w_gate : (L, F, H) tensors
+        The usual gate and up projections (F a multiple of ``block``).
+    w_up : (L, F, H) tensors
         The usual gate and up projections (F a multiple of ``block``).
     block : int
         Rows per block of the interleave (32, the seed's).
@@ -71,7 +76,8 @@ def join_gate_up(gate: Tensor, up: Tensor, block: int = BLOCK) -> Tensor:
 
     Parameters
     ----------
-    gate, up : (..., F) tensors
+    gate : (..., F) tensors
+    up : (..., F) tensors
     block : int
         Columns per block (32).
     """
@@ -332,6 +338,9 @@ class ExpertMLPFunction(torch.autograd.Function):
             forward, ``"dx"`` in the backward.
         """
         be = _BACKENDS[backend]
+        if backend == "fusegemm" and not x.is_cuda:
+            raise ValueError(f"x: got a tensor on {x.device}; allowed: a CUDA tensor for backend 'fusegemm' "
+                             f"(backend='torch' runs the same layer with torch matmuls on any device)")
         rows = _expert_rows(padded_offsets) if backend == "torch" else None
         ctx.backend, ctx.recipe, ctx.stats = backend, recipe, stats
         if recipe == "bf16":

@@ -257,18 +257,22 @@ def make_grouped_problem(
         L, 1 to 1024.
     tokens : int or sequence of int
         Total tokens (split by ``skew``) or tokens per expert (then ``skew`` must stay default).
-    n, k : int
+    n : int
+        GEMM N and K (dSwiGLU: C and D have 2N columns; N a multiple of 32).
+    k : int
         GEMM N and K (dSwiGLU: C and D have 2N columns; N a multiple of 32).
     ab_dtype : element dtype; ``bfloat16`` for ``grouped_gemm`` (its only one, the default),
         else ``float8_e4m3fn`` (default), ``float8_e5m2`` or ``float4_e2m1fn_x2``.
-    sf_dtype, sf_vec_size : scale format; default E8M0/32 for FP8 and e4m3/16 (NVFP4) for FP4.
+    sf_dtype : scale format; default E8M0/32 for FP8 and e4m3/16 (NVFP4) for FP4.
+    sf_vec_size : scale format; default E8M0/32 for FP8 and e4m3/16 (NVFP4) for FP4.
     skew : {"balanced", "skewed", "with_empty"}
     seed : int
     values : {"nvidia", "realistic", "integer"}
     layout : {"kernel", "canonical"}
         Seed-page shapes (A (M, K, 1), B (N, K, L) view, SF 6-D views, prob (M, 1, 1)) or
         canonical ones (A (M, K), B (L, N, K), physical SF buffers, prob (M,)).
-    d_dtype, c_dtype : output dtypes (``c_dtype`` is dSwiGLU's C input dtype); op defaults if None.
+    d_dtype : output dtypes (``c_dtype`` is dSwiGLU's C input dtype); op defaults if None.
+    c_dtype : output dtypes (``c_dtype`` is dSwiGLU's C input dtype); op defaults if None.
     bias : bool
         Add a ``bias_tensor`` (N, L) bfloat16 (not for dSwiGLU).
     discrete : bool
@@ -411,13 +415,27 @@ def make_batched_problem(
 
     Parameters
     ----------
-    m, n, k, batch : int
+    m : int
         Shapes; A is (M, K, L) and B (N, K, L) with L = ``batch``.
-    ab_dtype, sf_dtype, sf_vec_size : as for :func:`make_grouped_problem` (defaults MXFP8 e4m3).
+    n : int
+        Shapes; A is (M, K, L) and B (N, K, L) with L = ``batch``.
+    k : int
+        Shapes; A is (M, K, L) and B (N, K, L) with L = ``batch``.
+    batch : int
+        Shapes; A is (M, K, L) and B (N, K, L) with L = ``batch``.
+    ab_dtype
+        As for :func:`make_grouped_problem` (defaults MXFP8 e4m3).
+    sf_dtype
+        As for :func:`make_grouped_problem` (defaults MXFP8 e4m3).
+    sf_vec_size
+        As for :func:`make_grouped_problem` (defaults MXFP8 e4m3).
     c_dtype : output dtype passed through ``kwargs()``.
     a_major : {"k", "m"}
         Memory order of A (and B): k-major, or m-major (FP8 only).
-    seed, values : as for :func:`make_grouped_problem`.
+    seed
+        As for :func:`make_grouped_problem`.
+    values
+        As for :func:`make_grouped_problem`.
     layout : {"kernel", "canonical"}
         Kernel-facing 3-D tensors with 6-D SF views, or (batch 1 only) 2-D A/B with physical SF.
     """

@@ -21,7 +21,8 @@ def parameter_docs(doc: str | None, section: str = "Parameters") -> dict[str, st
     """``{name: text}`` from the numpydoc ``section`` (default ``Parameters``) of ``doc``.
 
     An entry is an unindented ``name : text`` (or ``a, b : text``, several names sharing it)
-    followed by indented continuation lines; the text keeps the type and the description.
+    followed by indented continuation lines; the text keeps the type (its first line, empty for
+    an entry without one) and the description.
     """
     lines = inspect.cleandoc(doc or "").splitlines()
     out: dict[str, str] = {}
@@ -29,6 +30,7 @@ def parameter_docs(doc: str | None, section: str = "Parameters") -> dict[str, st
     if start is None:
         return out
     names: list[str] = []
+    typeless = False
     for i in range(start + 2, len(lines)):
         line = lines[i]
         if i + 1 < len(lines) and _UNDERLINE.match(lines[i + 1]):
@@ -37,10 +39,13 @@ def parameter_docs(doc: str | None, section: str = "Parameters") -> dict[str, st
             continue
         if line[0].isspace():
             for n in names:
-                out[n] += ("\n" if out[n] else "") + line.strip()
+                # An entry without a type keeps its empty first line: the description must not
+                # become the type where the entry is written again (shares_parameters).
+                out[n] += ("\n" if out[n] or typeless else "") + line.strip()
             continue
         head, _, rest = line.partition(" : ")
         names = [n.strip().lstrip("*") for n in head.split(",") if n.strip()]
+        typeless = not rest.strip()
         for n in names:
             out[n] = rest.strip()
     return out

@@ -153,7 +153,9 @@ def as_sf_physical(buf: Any, mn: int, sfk: int, l: int | None = None, *, argumen
     ----------
     buf : array or tensor
         The scale bytes in one of the three accepted forms.
-    mn, sfk : int
+    mn : int
+        Logical extents, to check (or, for a flat buffer, to derive) the shape.
+    sfk : int
         Logical extents, to check (or, for a flat buffer, to derive) the shape.
     l : int, optional
         Batch/expert count; inferred from the buffer when omitted.

@@ -127,7 +127,9 @@ def unpack_sf(sf: Tensor, mn: int, sfk: int) -> Tensor:
     ----------
     sf : 6-D tensor
         Physical ``(L, R, C, 32, 4, 4)`` or kernel view ``(32, 4, R, 4, C, L)``.
-    mn, sfk : int
+    mn : int
+        Rows and scale columns to keep (the padding is dropped).
+    sfk : int
         Rows and scale columns to keep (the padding is dropped).
     """
     phys = physical_view(sf)

@@ -14,9 +14,14 @@ def device_arch(device: int) -> str:
     """The arch (fusegemm/base/archs.py) whose kernels run on ``device``; UnsupportedError
     naming the capability otherwise."""
     from ..runtime.load import device_attribute, ensure_context
-    ensure_context(device)
-    cc = (device_attribute(device, "COMPUTE_CAPABILITY_MAJOR"),
-          device_attribute(device, "COMPUTE_CAPABILITY_MINOR"))
+    try:
+        ensure_context(device)
+        cc = (device_attribute(device, "COMPUTE_CAPABILITY_MAJOR"),
+              device_attribute(device, "COMPUTE_CAPABILITY_MINOR"))
+    except Exception as exc:   # no driver library (a CPU machine), no device, a bad ordinal
+        raise UnsupportedError(
+            f"no CUDA device {device} to take the arch from ({type(exc).__name__}: {str(exc)[:200]}); "
+            f"pass arch='sm_90a' or arch='sm_100a' to build kernels or take references without a GPU") from exc
     arch = arch_of_capability(*cc)
     if arch is None:
         raise UnsupportedError(f"device {device} has compute capability {cc[0]}.{cc[1]}; fusegemm "

@@ -67,7 +67,28 @@ class GroupedGemm:
 
     Parameters
     ----------
-    sample_a, sample_c, sample_d, sample_padded_offsets, sample_alpha, sample_b, sample_bias, sample_prob
+    sample_a
+        Representative tensors (dtypes and layouts are taken from them). Dense mode passes
+        ``sample_b``; discrete mode passes ``num_experts``, ``b_shape=(N, K)`` and ``b_dtype``.
+    sample_c
+        Representative tensors (dtypes and layouts are taken from them). Dense mode passes
+        ``sample_b``; discrete mode passes ``num_experts``, ``b_shape=(N, K)`` and ``b_dtype``.
+    sample_d
+        Representative tensors (dtypes and layouts are taken from them). Dense mode passes
+        ``sample_b``; discrete mode passes ``num_experts``, ``b_shape=(N, K)`` and ``b_dtype``.
+    sample_padded_offsets
+        Representative tensors (dtypes and layouts are taken from them). Dense mode passes
+        ``sample_b``; discrete mode passes ``num_experts``, ``b_shape=(N, K)`` and ``b_dtype``.
+    sample_alpha
+        Representative tensors (dtypes and layouts are taken from them). Dense mode passes
+        ``sample_b``; discrete mode passes ``num_experts``, ``b_shape=(N, K)`` and ``b_dtype``.
+    sample_b
+        Representative tensors (dtypes and layouts are taken from them). Dense mode passes
+        ``sample_b``; discrete mode passes ``num_experts``, ``b_shape=(N, K)`` and ``b_dtype``.
+    sample_bias
+        Representative tensors (dtypes and layouts are taken from them). Dense mode passes
+        ``sample_b``; discrete mode passes ``num_experts``, ``b_shape=(N, K)`` and ``b_dtype``.
+    sample_prob
         Representative tensors (dtypes and layouts are taken from them). Dense mode passes
         ``sample_b``; discrete mode passes ``num_experts``, ``b_shape=(N, K)`` and ``b_dtype``.
     num_experts : int, optional
@@ -78,7 +99,9 @@ class GroupedGemm:
         Dtype of discrete weights; bfloat16 (the default).
     b_major : "k"
         Weights are K-major.
-    c_dtype, d_dtype : dtype, optional
+    c_dtype : dtype, optional
+        Output dtypes (bfloat16, float16, float32); default the samples', else bfloat16.
+    d_dtype : dtype, optional
         Output dtypes (bfloat16, float16, float32); default the samples', else bfloat16.
     acc_dtype : float32 only.
     m_aligned : 256
@@ -87,7 +110,9 @@ class GroupedGemm:
         Write C (``c_tensor`` in ``execute``).
     use_dynamic_sched : bool
         Claim tiles from an atomic counter instead of the static persistent walk.
-    mma_tiler_mn, cluster_shape_mn : tile and cluster; default: the spec's, or what the arch's
+    mma_tiler_mn : tile and cluster; default: the spec's, or what the arch's
+        kernel prefers (``fusegemm show grouped_gemm`` lists both).
+    cluster_shape_mn : tile and cluster; default: the spec's, or what the arch's
         kernel prefers (``fusegemm show grouped_gemm`` lists both).
     arch : an arch of ``fusegemm.base.archs``; default: the device's.
     """

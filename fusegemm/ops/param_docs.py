@@ -84,7 +84,8 @@ def class_api(source, outputs: dict[str, str]):
             base = p[len("sample_"):]
             key = next((k for k in (base + "_tensor", base) if k in outputs or k in src), None)
             what = (outputs.get(key) or src.get(key) or "").split("\n")[0]
-            samples[p] = f"optional\nA sample of ``{key}`` ({what}): its dtype and layout choose the variant."
+            what = f" ({what})" if what else ""
+            samples[p] = f"optional\nA sample of ``{key}``{what}: its dtype and layout choose the variant."
         shares_parameters(source, extra={**GPU, **samples})(cls)
         shares_parameters(source, extra={**GPU, **{k: f"{v}\nOutput, written in place." for k, v in outputs.items()}})(
             cls.execute)

@@ -99,7 +99,17 @@ def grouped_gemm_dswiglu(
 
     Parameters
     ----------
-    a_tensor, b_tensor, sfa_tensor, sfb_tensor, padded_offsets, alpha_tensor
+    a_tensor
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu` (dense B only).
+    b_tensor
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu` (dense B only).
+    sfa_tensor
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu` (dense B only).
+    sfb_tensor
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu` (dense B only).
+    padded_offsets
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu` (dense B only).
+    alpha_tensor
         As for :func:`~fusegemm.reference.grouped_gemm_srelu` (dense B only).
     c_tensor : (M, 2N, 1) or (M, 2N)
         Forward intermediate: float32, float16, bfloat16, float8_e4m3fn or float8_e5m2.
@@ -113,7 +123,17 @@ def grouped_gemm_dswiglu(
     e5m2_rcp_max : {"page", "nvidia"}
         SFD rcp_max of an e5m2 D: the page's 1/57344 (default) or NVIDIA's kernel's 1/128.
     acc_dtype : "float32" (default) or "float64".
-    cd_major, mma_tiler_mn, cluster_shape_mn, vector_f32, m_aligned, current_stream
+    cd_major
+        Signature compatibility only.
+    mma_tiler_mn
+        Signature compatibility only.
+    cluster_shape_mn
+        Signature compatibility only.
+    vector_f32
+        Signature compatibility only.
+    m_aligned
+        Signature compatibility only.
+    current_stream
         Signature compatibility only.
 
     Returns

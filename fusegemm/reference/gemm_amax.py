@@ -83,7 +83,9 @@ def gemm_amax(
     a_tensor : (M, K, L) (any strides: m- or k-major), or (M, K) for L = 1
         FP8 or packed FP4 (``uint8``, K/2, k-major only).
     b_tensor : (N, K, L) or (N, K); same dtype as A.
-    sfa_tensor, sfb_tensor : kernel-facing view, physical buffer or flat; E8M0 (``int8``/``uint8``
+    sfa_tensor : kernel-facing view, physical buffer or flat; E8M0 (``int8``/``uint8``
+        bytes read as E8M0) or e4m3.
+    sfb_tensor : kernel-facing view, physical buffer or flat; E8M0 (``int8``/``uint8``
         bytes read as E8M0) or e4m3.
     c_major : "n" (default) or "m": memory order of the returned C (values are the same).
     c_dtype : float32 (default), float16, bfloat16, float8_e5m2, float8_e4m3fn,
@@ -91,7 +93,11 @@ def gemm_amax(
         FP4 A/B and ``c_major="n"``.
     acc_dtype : "float32" (default) or "float64".
     sf_vec_size : 32 (default) or 16.
-    mma_tiler_mn, cluster_shape_mn, stream
+    mma_tiler_mn
+        Signature compatibility only.
+    cluster_shape_mn
+        Signature compatibility only.
+    stream
         Signature compatibility only.
 
     Returns

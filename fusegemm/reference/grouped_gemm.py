@@ -63,16 +63,39 @@ def grouped_gemm(
     bias_tensor : (N, L) bfloat16/float16/float32, optional
     b_ptrs : must be None
         Device pointers cannot be read on the host: pass ``b_list`` instead.
-    n, b_dtype, b_major : optional
+    n : optional
+        Checked against the weights when given (discrete mode on the GPU).
+    b_dtype : optional
+        Checked against the weights when given (discrete mode on the GPU).
+    b_major : optional
         Checked against the weights when given (discrete mode on the GPU).
     prob_tensor : (M, 1, 1) or (M,) float32, optional
         Per-row gate; 1 when omitted.
     acc_dtype : "float32" (default) or "float64"
         float64 gives the correctly rounded FP32 dot product (see ``_operands``).
-    c_dtype, d_dtype : bfloat16 (default), float16 or float32
+    c_dtype : bfloat16 (default), float16 or float32
+    d_dtype : bfloat16 (default), float16 or float32
     generate_c : bool
         Return C (else ``c_tensor`` is None).
-    cd_major, mma_tiler_mn, cluster_shape_mn, vector_f32, m_aligned, use_dynamic_sched, current_stream
+    cd_major
+        Accepted for signature compatibility; they do not change the math (``cd_major`` must be
+        ``"n"`` and ``m_aligned`` 256).
+    mma_tiler_mn
+        Accepted for signature compatibility; they do not change the math (``cd_major`` must be
+        ``"n"`` and ``m_aligned`` 256).
+    cluster_shape_mn
+        Accepted for signature compatibility; they do not change the math (``cd_major`` must be
+        ``"n"`` and ``m_aligned`` 256).
+    vector_f32
+        Accepted for signature compatibility; they do not change the math (``cd_major`` must be
+        ``"n"`` and ``m_aligned`` 256).
+    m_aligned
+        Accepted for signature compatibility; they do not change the math (``cd_major`` must be
+        ``"n"`` and ``m_aligned`` 256).
+    use_dynamic_sched
+        Accepted for signature compatibility; they do not change the math (``cd_major`` must be
+        ``"n"`` and ``m_aligned`` 256).
+    current_stream
         Accepted for signature compatibility; they do not change the math (``cd_major`` must be
         ``"n"`` and ``m_aligned`` 256).
     b_list : sequence of L arrays (N, K), optional

@@ -79,7 +79,19 @@ def grouped_gemm_quant(
 
     Parameters
     ----------
-    a_tensor, b_tensor, sfa_tensor, sfb_tensor, padded_offsets, alpha_tensor, bias_tensor
+    a_tensor
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu`.
+    b_tensor
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu`.
+    sfa_tensor
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu`.
+    sfb_tensor
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu`.
+    padded_offsets
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu`.
+    alpha_tensor
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu`.
+    bias_tensor
         As for :func:`~fusegemm.reference.grouped_gemm_srelu`.
     norm_const_tensor : (1,) float32; required for SFD outputs (FP8 A/B with FP8/FP4 D).
     prob_tensor : (M, 1, 1) or (M,) float32, optional (1 when omitted).
@@ -92,9 +104,37 @@ def grouped_gemm_quant(
         Per-row factor of the GEMM term (NVIDIA's kernel; keyword only).
     generate_amax : bool
         Compute amax for bf16/fp16 D (keyword only).
-    b_list, sfb_list, e5m2_rcp_max, acc_dtype, b_ptrs, sfb_ptrs, n, b_dtype, b_major
+    b_list
         As for :func:`~fusegemm.reference.grouped_gemm_srelu`.
-    cd_major, mma_tiler_mn, cluster_shape_mn, vector_f32, m_aligned, use_dynamic_sched, current_stream
+    sfb_list
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu`.
+    e5m2_rcp_max
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu`.
+    acc_dtype
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu`.
+    b_ptrs
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu`.
+    sfb_ptrs
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu`.
+    n
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu`.
+    b_dtype
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu`.
+    b_major
+        As for :func:`~fusegemm.reference.grouped_gemm_srelu`.
+    cd_major
+        Signature compatibility only.
+    mma_tiler_mn
+        Signature compatibility only.
+    cluster_shape_mn
+        Signature compatibility only.
+    vector_f32
+        Signature compatibility only.
+    m_aligned
+        Signature compatibility only.
+    use_dynamic_sched
+        Signature compatibility only.
+    current_stream
         Signature compatibility only.
 
     Returns

@@ -116,7 +116,10 @@ def grouped_gemm_srelu(
     a_tensor : (M, K, 1) or (M, K)
         FP8 (e4m3fn/e5m2) or packed FP4 (``uint8``, K/2 innermost).
     b_tensor : (N, K, L) view or (L, N, K), same dtype as A; exclusive with ``b_list``.
-    sfa_tensor, sfb_tensor : scale factors
+    sfa_tensor : scale factors
+        Kernel-facing 6-D view, physical ``(L, ceil(mn/128), ceil(sfk/4), 32, 4, 4)`` or flat;
+        E8M0 (``uint8``/``int8`` bytes read as E8M0) or e4m3.
+    sfb_tensor : scale factors
         Kernel-facing 6-D view, physical ``(L, ceil(mn/128), ceil(sfk/4), 32, 4, 4)`` or flat;
         E8M0 (``uint8``/``int8`` bytes read as E8M0) or e4m3.
     padded_offsets : (L,) int32, nondecreasing multiples of 256.
@@ -132,18 +135,32 @@ def grouped_gemm_srelu(
         Lay SFD_col out per expert (``formats.scales``).
     tanh_clamp_scale : float, optional
         Soft clamp ``s`` (keyword only).
-    b_list, sfb_list : per-expert weights and their SF buffers (host stand-in for b_ptrs/sfb_ptrs).
+    b_list : per-expert weights and their SF buffers (host stand-in for b_ptrs/sfb_ptrs).
+    sfb_list : per-expert weights and their SF buffers (host stand-in for b_ptrs/sfb_ptrs).
     e5m2_rcp_max : {"page", "nvidia"}
         SFD rcp_max of e5m2 D: the page's 1/57344 (default) or NVIDIA's kernel's 1/128.
     acc_dtype : "float32" (default) or "float64".
-    b_ptrs, sfb_ptrs : must be None (device pointers: pass ``b_list``/``sfb_list`` here).
+    b_ptrs : must be None (device pointers: pass ``b_list``/``sfb_list`` here).
+    sfb_ptrs : must be None (device pointers: pass ``b_list``/``sfb_list`` here).
     n : int, optional
         Checked against the weights when given.
     b_dtype : optional
         Checked against A's dtype when given.
     b_major : "k" (default) or "n"
         Memory order of the weights.
-    cd_major, mma_tiler_mn, cluster_shape_mn, vector_f32, m_aligned, use_dynamic_sched, current_stream
+    cd_major
+        Signature compatibility only.
+    mma_tiler_mn
+        Signature compatibility only.
+    cluster_shape_mn
+        Signature compatibility only.
+    vector_f32
+        Signature compatibility only.
+    m_aligned
+        Signature compatibility only.
+    use_dynamic_sched
+        Signature compatibility only.
+    current_stream
         Signature compatibility only.
 
     Returns

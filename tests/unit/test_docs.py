@@ -76,11 +76,22 @@ def test_the_docs_command_writes_every_page(tmp_path):
     assert all(f"generated/{n}" in nav for n in names), "mkdocs.yml's nav misses a generated page"
 
 
+def cpu_blocks(page: str) -> list[str]:
+    """The python blocks of the page's sections whose heading says "on any machine", in order."""
+    text = (ROOT / "docs" / page).read_text()
+    return [block for heading, body in re.findall(r"^## (.*?)\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+            if "any machine" in heading for block in re.findall(r"```python\n(.*?)```", body, re.S)]
+
+
 @pytest.mark.parametrize("page", ["index.md", "examples.md"])
 def test_cpu_examples_run(page):
-    """The first python block of each example page runs anywhere (the GPU blocks that follow
-    run in tests/gpu/test_docs_gpu.py)."""
-    exec(compile(python_blocks(page)[0], f"docs/{page}", "exec"), {})
+    """Every python block under an "on any machine" heading runs here, in one namespace as a
+    reader would run them (the GPU blocks run in tests/gpu/test_docs_gpu.py)."""
+    blocks = cpu_blocks(page)
+    assert blocks and blocks[0] == python_blocks(page)[0]
+    scope: dict = {}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"docs/{page} (block {i})", "exec"), scope)
 
 
 def test_guide_pages_are_the_readme_sections():
@@ -101,3 +112,29 @@ def test_porting_page_names_every_compat_spelling():
     page = docsgen.porting_page()
     for name in compat.__all__:
         assert f"| `cudnn.{name}` | `fusegemm.{getattr(compat, name).__name__}` |" in page
+
+
+def test_spec_op_without_a_gpu_names_the_arch_argument(monkeypatch):
+    """EpilogueGemm(spec) on a machine without a driver (simulated): a fusegemm error saying to
+    pass arch=, not the driver loader's exception; with arch= the reference runs."""
+    import fusegemm
+    import fusegemm.runtime.load as load
+    from fusegemm.base.errors import UnsupportedError
+
+    def no_driver(device):
+        raise OSError('"cuda" is an NVIDIA driver library and can only be found via system search')
+    monkeypatch.setattr(load, "ensure_context", no_driver)
+    with pytest.raises(UnsupportedError, match=r"no CUDA device 0 to take the arch from \(OSError: .*pass arch='sm_90a'"):
+        fusegemm.EpilogueGemm("grouped_gemm_swiglu", d_dtype="bfloat16")
+    assert fusegemm.EpilogueGemm("grouped_gemm_swiglu", arch="sm_90a", d_dtype="bfloat16").arch == "sm_90a"
+
+
+def test_docs_hook_turns_sphinx_roles_into_code():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    html = ("As for :func:<code>~fusegemm.reference.grouped_gemm_srelu</code>; "
+            ":class:<code>fusegemm.moe.ExpertMLP</code> and <code>:plain</code>")
+    assert hooks.on_page_content(html) == ("As for <code>grouped_gemm_srelu</code>; "
+                                           "<code>fusegemm.moe.ExpertMLP</code> and <code>:plain</code>")

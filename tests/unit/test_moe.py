@@ -58,6 +58,10 @@ def test_module_arguments():
         moe.ExpertMLP(2, 64, 64, backend="cublas")
     m = moe.ExpertMLP(2, 64, 64, backend="torch", dtype=torch.float32)
     assert m.w1.shape == (2, 128, 64) and m.w2.shape == (2, 64, 64)
+    gpu_only = moe.ExpertMLP(2, 64, 64)
+    with pytest.raises(ValueError, match="x: got a tensor on cpu; allowed: a CUDA tensor for backend 'fusegemm'"):
+        gpu_only(torch.zeros(256, 64, dtype=torch.bfloat16), torch.tensor([256, 256], dtype=torch.int32),
+                 torch.zeros(256))
 
 
 def _layers_on(recipe, off, x, prob):
