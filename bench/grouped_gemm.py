@@ -11,6 +11,7 @@ of 256, it times with CUDA events (median of --iters after --warmup):
 and reports TFLOP/s (2 * rows * N * K / time) and the ratios to both peers.
 
     python bench/grouped_gemm.py [--out bench/results/grouped_gemm_h200.json] [--shapes dsv3-fc1,...]
+    python bench/grouped_gemm.py --tune --configs auto,128x256:static     # tuned vs the default
 """
 from __future__ import annotations
 
@@ -43,7 +44,20 @@ def bench_shape(name: str, dist: str, args) -> dict:
     a3, b_view = a.unsqueeze(-1), b.permute(1, 2, 0)
     methods: dict[str, object] = {}
     configs = [c for c in args.configs.split(",") if c]
+    if args.tune and dist == "balanced":
+        # Record the fastest configuration of this shape's bucket first (fusegemm.tune): the
+        # "auto" config below then launches it, as a user's fusegemm.grouped_gemm call would.
+        # The bucket does not see the distribution: the skewed row reuses the balanced record.
+        from fusegemm import tune as tn
+        res = tn.tune(experts=experts, tokens=tokens, n=n, k=k, dist=dist)
+        row["tuned"] = {"bucket": res.bucket.key, "recorded": res.best.label, "fastest": res.fastest.label,
+                        "default": res.default.label, "measured_ms": res.ms}
     for cfg in configs:
+        if cfg == "auto":
+            # The public wrapper with no configuration given: a tuned record's, else the default.
+            import fusegemm
+            methods[cfg] = (lambda: fusegemm.grouped_gemm(a3, offsets, alpha, b_view, prob_tensor=prob))
+            continue
         tile_s, sched, *tune = cfg.split(":")
         tile = tuple(int(x) for x in tile_s.split("x"))
         op = GroupedGemm(a3, None, d, offsets, alpha, b_view, None, prob,
@@ -89,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_run_arguments(ap, ",".join(SHAPES))
     ap.add_argument("--configs", default="128x256:static",
-                    help="comma list of TILE_MxTILE_N:static|dynamic[:gN]; the first is the headline")
+                    help="comma list of TILE_MxTILE_N:static|dynamic[:gN], or auto (fusegemm.grouped_gemm "
+                         "choosing: a tuned record, else the default); the first is the headline")
+    ap.add_argument("--tune", action="store_true",
+                    help="run fusegemm.tune on each shape first (records land in the kernel cache)")
     args = ap.parse_args(argv)
     header = {"benchmark": "grouped_gemm (seed 001), BF16 A/B/D, alpha and prob applied",
               "headline_config": args.configs.split(",")[0]}

@@ -456,6 +456,55 @@ def selftest(as_json: bool) -> None:
         sys.exit(1)
 
 
+@main.command()
+@click.argument("spec")
+@click.option("--shape", required=True, help="experts=L,tokens=T,n=N,k=K (tokens: rows of all experts "
+              "before the 256-row padding).")
+@click.option("--dist", type=click.Choice(["balanced", "skewed"]), default="balanced", show_default=True,
+              help="How the tokens spread over the experts in the measured problem.")
+@click.option("--rounds", type=int, default=5, show_default=True, help="Interleaved timing rounds (median).")
+@click.option("--margin", type=float, default=0.02, show_default=True,
+              help="Record the fastest only when it beats the default by more than this fraction.")
+@click.option("--iters", type=int, default=10, show_default=True, help="Calls per round.")
+@click.option("--device", type=int, default=0, show_default=True, help="CUDA device ordinal.")
+@click.option("--no-write", is_flag=True, help="Measure and print; record nothing in the cache.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def tune(spec: str, shape: str, dist: str, rounds: int, margin: float, iters: int, device: int, no_write: bool,
+         as_json: bool) -> None:
+    """Time every tile and scheduler this GPU's kernel implements for a problem shape and record
+    the fastest in the kernel cache; fusegemm.grouped_gemm then uses it for calls of that
+    shape's bucket (experts, rows per expert to a power of two, N, K, output options).
+
+    Needs a GPU and torch. Exit status 3 when there is no GPU (nothing measured).
+    """
+    from . import tune as tn
+    try:
+        dims = tn.parse_shape(shape)
+        if spec not in tn.SPECS:
+            raise FusegemmError(f"spec: got {spec!r}; tuning is implemented for {', '.join(tn.SPECS)}")
+        from . import selftest as st
+        arch, why = st.detect_arch()
+        if arch is None:
+            click.echo(f"tune: nothing measured: {why}", err=True)
+            sys.exit(NO_GPU_EXIT)
+        res = tn.tune(spec, **dims, dist=dist, rounds=rounds, iters=iters, margin=margin, device=device,
+                      write=not no_write,
+                      progress=None if as_json else (lambda line: click.echo(f"  {line}", err=True)))
+    except FusegemmError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        return _echo_json({"spec": spec, "bucket": res.bucket.key, "best": res.best.label,
+                           "fastest": res.fastest.label,
+                           "default": res.default.label, "speedup_vs_default": res.speedup, "ms": res.ms,
+                           "record": str(res.path) if res.path else None})
+    _table(["config", "ms", "vs default"],
+           [[label, f"{t:.4f}", f"{res.ms[res.default.label] / t:.3f}x"]
+            for label, t in sorted(res.ms.items(), key=lambda kv: kv[1])])
+    kept = "" if res.best == res.fastest else f" (fastest {res.fastest.label} is within the margin)"
+    click.echo(f"recorded {res.best.label}{kept}, {res.speedup:.3f}x the default {res.default.label}, for bucket "
+               f"{res.bucket.key}; " + (f"in {res.path}" if res.path else "in this process only"))
+
+
 @main.group()
 def cache() -> None:
     """Inspect or clear the kernel cache."""

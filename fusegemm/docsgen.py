@@ -235,6 +235,7 @@ def write_pages(out: Path) -> list[Path]:
 GUIDE = {
     "status.md": ("What runs where", ["What runs where (read this)"]),
     "performance.md": ("Performance", ["Measured (H200, this repo's bench/ and tests/gpu)",
+                                       "Tuning the launch configuration (`fusegemm tune`)",
                                        "Compile time and host overhead", "Block-scaled ops (seeds 000, 002, 003, 004)"]),
     "epilogues.md": ("Epilogues in YAML", ["Specs", "Epilogues in YAML (no C++)"]),
     "frameworks.md": ("PyTorch, JAX and training", ["In PyTorch: torch.compile and CUDA graphs",

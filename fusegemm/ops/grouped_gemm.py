@@ -360,6 +360,10 @@ def grouped_gemm(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor
     Host fast path: a call whose inputs have the (dtype, shape, strides, device) signature and
     options of an earlier call skips the argument parsing that call did (base alignment is
     re-checked) and allocates its outputs from the memoised shapes.
+
+    Configuration: without ``mma_tiler_mn``, ``cluster_shape_mn`` and ``use_dynamic_sched``, the
+    configuration ``fusegemm tune`` recorded for the call's shape bucket (:mod:`fusegemm.tune`),
+    else the spec's default.
     """
     inputs = (a_tensor, padded_offsets, alpha_tensor, b_tensor, b_ptrs, bias_tensor, prob_tensor)
     sig = signature(inputs)
@@ -383,6 +387,24 @@ def grouped_gemm(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor
     return _grouped_gemm_checked(inputs, key, n, b_dtype, b_major, acc_dtype, c_dtype, d_dtype, cd_major,
                                  mma_tiler_mn, cluster_shape_mn, vector_f32, m_aligned, generate_c,
                                  use_dynamic_sched, current_stream, validate_offsets)
+
+
+def _tuned(call: Any, device: int, c_name: str | None, d_name: str, b_major: str) -> tuple[Any, bool]:
+    """(tile, dynamic) recorded by ``fusegemm tune`` for this call's bucket, else (None, False):
+    the spec's default. Runs on the wrapper's first call of an argument signature only."""
+    from .. import tune
+    arch, name = _device_identity(device)
+    bucket = tune.Bucket.of(experts=call.l, m_rows=call.m, n=call.n, k=call.k, d_dtype=d_name, c_dtype=c_name,
+                            bias=call.bias.dtype if call.bias is not None else None,
+                            discrete=call.b_ptrs is not None, b_major=b_major)
+    hit = tune.lookup(SPEC, arch, name, bucket)
+    return (hit.tile, hit.dynamic) if hit is not None else (None, False)
+
+
+@functools.lru_cache(maxsize=16)
+def _device_identity(device: int) -> tuple[str, str]:
+    from ..verify import _device_name
+    return _device.device_arch(device), _device_name(device)
 
 
 def _grouped_gemm_checked(inputs: tuple, key: tuple | None, n, b_dtype, b_major, acc_dtype, c_dtype,
@@ -411,6 +433,8 @@ def _grouped_gemm_checked(inputs: tuple, key: tuple | None, n, b_dtype, b_major,
     shape = (call.m, call.n) if call.canonical else (call.m, call.n, 1)
     d = alloc(shape, d_name, device)
     c = alloc(shape, c_name, device) if gen_c else None
+    if tile is None and cluster is None and not dyn:     # every argument checked: now the device
+        tile, dyn = _tuned(call, device, c_name if gen_c else None, d_name, b_major)
     op_key = (SPEC, device, c_name, d_name, call.bias.dtype if call.bias else None,
               call.b_ptrs is not None, gen_c, dyn, tile, cluster)
 

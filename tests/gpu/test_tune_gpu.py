@@ -1,0 +1,68 @@
+"""fusegemm.tune on the H200: a tuning run measures every implemented configuration and records
+the fastest; the wrapper launches a recorded configuration for calls of its bucket (a non-default
+one is planted to see it chosen) and the result still equals the per-expert matmul reference."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fusegemm  # noqa: E402
+from fusegemm import tune  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEGEMM_CACHE_DIR", str(tmp_path))
+    tune._memory.clear()
+    tune._read_cache.clear()
+    yield tmp_path
+    tune._memory.clear()
+    tune._read_cache.clear()
+
+
+def test_tune_measures_every_configuration_and_records_the_best(cache):
+    res = tune.tune(experts=4, tokens=1000, n=512, k=256, rounds=1, iters=3, warmup=1)
+    assert len(res.ms) >= 4 and res.default.label in res.ms and all(t > 0 for t in res.ms.values())
+    assert res.ms[res.fastest.label] == min(res.ms.values())
+    if res.best != res.fastest:                            # the default kept: the fastest is within the margin
+        assert res.best == res.default and res.ms[res.default.label] <= res.ms[res.fastest.label] * 1.02
+    else:
+        assert res.ms[res.default.label] > res.ms[res.best.label] * 1.02
+    assert res.path is not None and res.path.is_file() and res.path.parent == cache / "tuned"
+    tune._memory.clear()                                   # read back from the file
+    from fusegemm.ops.grouped_gemm import _device_identity
+    arch, name = _device_identity(0)
+    assert tune.lookup("grouped_gemm", arch, name, res.bucket) == res.best
+
+
+def test_the_wrapper_launches_the_recorded_configuration(cache):
+    from fusegemm.ops import grouped_gemm as gg
+    arch, name = gg._device_identity(0)
+    sizes = [300, 0, 512, 200]
+    padded = [-(-s // 256) * 256 for s in sizes]
+    m, n, k = sum(padded), 384, 192
+    bucket = tune.Bucket.of(experts=4, m_rows=m, n=n, k=k)
+    tune._write(tune.record_file("grouped_gemm", arch, name), bucket.key, {"tile": [64, 128], "dynamic": True})
+    gg._ops().fast.clear()
+    g = torch.Generator(device="cuda").manual_seed(3)
+    a = torch.randn(m, k, generator=g, device="cuda").bfloat16()
+    b = torch.randn(4, n, k, generator=g, device="cuda").bfloat16()
+    off = torch.tensor(padded, device="cuda").cumsum(0).to(torch.int32)
+    alpha = torch.rand(4, generator=g, device="cuda") + 0.5
+    before = set(gg._ops()._ops)
+    d = fusegemm.grouped_gemm(a, off, alpha, b_tensor=b)["d_tensor"]
+    new = set(gg._ops()._ops) - before
+    assert any(key[8] == (64, 128) and key[7] is True for key in set(gg._ops()._ops)), new
+    ref = torch.zeros(m, n, device="cuda")
+    start = 0
+    for e, p in enumerate(padded):
+        ref[start:start + p] = alpha[e] * (a[start:start + p].float() @ b[e].float().T)
+        start += p
+    torch.testing.assert_close(d.float(), ref, rtol=1e-2, atol=1e-2)
+    # A pinned configuration ignores the record.
+    before = set(gg._ops()._ops)
+    fusegemm.grouped_gemm(a, off, alpha, b_tensor=b, mma_tiler_mn=(128, 256))
+    assert all(key[8] == (128, 256) for key in set(gg._ops()._ops) - before)

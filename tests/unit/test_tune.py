@@ -1,0 +1,100 @@
+"""fusegemm.tune on the CPU: shape parsing, buckets, the record store (atomic, per device model,
+corrupted or malformed records read as none, read-only caches keep records in the process), the
+wrapper's use of a record, and `fusegemm tune` without a GPU. The measuring itself runs on the
+H200 (tests/gpu/test_tune_gpu.py)."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+
+from fusegemm import tune
+from fusegemm.base.errors import ArgumentError
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("FUSEGEMM_CACHE_READONLY", raising=False)
+    monkeypatch.delenv("FUSEGEMM_DISABLE_DISK_CACHE", raising=False)
+    tune._memory.clear()
+    tune._read_cache.clear()
+    yield tmp_path
+    tune._memory.clear()
+    tune._read_cache.clear()
+
+
+def test_parse_shape():
+    assert tune.parse_shape("experts=8, tokens=16384,n=4096,k=7168") == dict(experts=8, tokens=16384, n=4096, k=7168)
+    for bad, why in [("experts=8,tokens=1,n=2", "missing k"), ("experts=0,tokens=1,n=2,k=3", "positive"),
+                     ("experts=8,tokens=1,n=2,k=3,m=4", "positive"), ("experts=8,experts=8,tokens=1,n=2,k=3", "once")]:
+        with pytest.raises(ArgumentError, match=f"--shape: got .*{why}"):
+            tune.parse_shape(bad)
+
+
+def test_buckets_round_rows_per_expert_to_a_power_of_two():
+    b = tune.Bucket.of(experts=8, m_rows=8 * 2304, n=4096, k=7168)
+    assert b.rows == 2048 and b.key == "L8.r2048.n4096.k7168.dbfloat16.noc.nobias.dense.bk"
+    assert tune.Bucket.of(experts=8, m_rows=8 * 3072, n=4096, k=7168).rows == 4096     # nearest
+    assert tune.Bucket.of(experts=4, m_rows=1024, n=256, k=256, c_dtype="float32", discrete=True).key.endswith(
+        "cfloat32.nobias.discrete.bk")
+
+
+def test_records_round_trip_per_device_model(cache):
+    b = tune.Bucket.of(experts=8, m_rows=16384, n=4096, k=7168)
+    path = tune.record_file("grouped_gemm", "sm_90a", "NVIDIA H200")
+    assert path == cache / "tuned" / "grouped_gemm.sm_90a.nvidia-h200.json"
+    assert tune._write(path, b.key, {"tile": [64, 256], "dynamic": True}) == path
+    other = tune.Bucket.of(experts=8, m_rows=16384, n=2048, k=7168)
+    tune._write(path, other.key, {"tile": [128, 128], "dynamic": False})       # a second record keeps the first
+    assert tune.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) == tune.Candidate((64, 256), True)
+    assert tune.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", other) == tune.Candidate((128, 128), False)
+    assert tune.lookup("grouped_gemm", "sm_90a", "NVIDIA H100 80GB HBM3", b) is None
+    assert set(json.loads(path.read_text())["records"]) == {b.key, other.key}
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]           # no temp files left
+
+
+def test_corrupted_or_malformed_records_read_as_none(cache):
+    b = tune.Bucket.of(experts=2, m_rows=512, n=256, k=256)
+    path = tune.record_file("grouped_gemm", "sm_90a", "NVIDIA H200")
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    assert tune.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) is None
+    path.write_text(json.dumps({"records": {b.key: {"tile": "big", "dynamic": 1}}}))
+    assert tune.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) is None
+    tune._write(path, b.key, {"tile": [128, 256], "dynamic": False})                 # rewrites a bad file
+    assert tune.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) == tune.Candidate((128, 256), False)
+
+
+def test_a_read_only_cache_keeps_the_record_in_the_process(cache, monkeypatch):
+    monkeypatch.setenv("FUSEGEMM_CACHE_READONLY", "1")
+    b = tune.Bucket.of(experts=2, m_rows=512, n=256, k=256)
+    path = tune.record_file("grouped_gemm", "sm_90a", "X")
+    tune._memory[(path, b.key)] = {"tile": [64, 128], "dynamic": False}
+    assert tune._write(path, b.key, {"tile": [64, 128], "dynamic": False}) is None and not path.exists()
+    assert tune.lookup("grouped_gemm", "sm_90a", "X", b) == tune.Candidate((64, 128), False)
+
+
+def test_the_wrapper_uses_the_record_of_its_bucket(cache, monkeypatch):
+    from fusegemm.ops import grouped_gemm as gg
+    monkeypatch.setattr(gg, "_device_identity", lambda device: ("sm_90a", "NVIDIA H200"))
+    call = SimpleNamespace(l=8, m=16384, n=4096, k=7168, bias=None, b_ptrs=None)
+    assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, False)                  # no record: the default
+    b = tune.Bucket.of(experts=8, m_rows=16384, n=4096, k=7168)
+    tune._write(tune.record_file("grouped_gemm", "sm_90a", "NVIDIA H200"), b.key, {"tile": [64, 256], "dynamic": True})
+    assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), True)
+    assert gg._tuned(call, 0, "bfloat16", "bfloat16", "k") == (None, False)           # with C: another bucket
+
+
+def test_cli_without_a_gpu_exits_3(monkeypatch):
+    from fusegemm import selftest as st
+    from fusegemm.cli import main
+    monkeypatch.setattr(st, "detect_arch", lambda: (None, "no CUDA GPU present"))
+    r = CliRunner().invoke(main, ["tune", "grouped_gemm", "--shape", "experts=8,tokens=4096,n=512,k=512"])
+    assert r.exit_code == 3 and "nothing measured: no CUDA GPU present" in r.output
+    r = CliRunner().invoke(main, ["tune", "gemm_amax", "--shape", "experts=8,tokens=4096,n=512,k=512"])
+    assert r.exit_code == 1 and "tuning is implemented for grouped_gemm" in r.output
+    r = CliRunner().invoke(main, ["tune", "grouped_gemm", "--shape", "experts=8"])
+    assert r.exit_code == 1 and "missing tokens, n, k" in r.output
