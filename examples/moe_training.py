@@ -11,7 +11,8 @@ task, far above MXFP8's own rounding noise; loss = mean squared error / mean squ
 clean target. Adam on the BF16 weights, a fresh seeded batch every step.
 
     python examples/moe_training.py                     # GPU: fusegemm kernels, 8 experts, H 1024, 200 steps
-    python examples/moe_training.py --cpu --steps 20    # CPU: the torch backend, a tiny model
+    python examples/moe_training.py --cpu               # CPU: the torch backend, a tiny model (~30 s)
+    python examples/moe_training.py --cpu --steps 40 --lr 3e-3    # the CI test's shorter run
 
 The check: no NaN/Inf in either run, and the MXFP8 loss tracks the BF16 loss: ``track`` (the
 largest relative gap over steps, ``|mx - bf16| / bf16``) at most ``--tolerance``; the loss of both

@@ -102,12 +102,14 @@ def show(spec: str, as_json: bool) -> None:
     click.echo(f"{s.name}  ({s.kernel}, {s.problem})  {s.path}")
     click.echo(f"  {s.summary}")
     _echo_epilogue(s)
+    from .docsgen import _constraint, _declared_cell
+    plain = lambda text: text.replace("`", "")  # noqa: E731 - the op pages' wording, without markdown
     click.echo("choices (declared):")
     for a, vals in s.choices:
-        click.echo(f"  {a}: {', '.join(map(str, vals))}")
+        click.echo(f"  {a}: {plain(_declared_cell(a, vals))}")
     click.echo("constraints:")
     for c in s.constraints:
-        click.echo(f"  if {dict(c.when)} then {dict(c.then)}: {c.because}")
+        click.echo(f"  {plain(_constraint({'if': dict(c.when), 'then': dict(c.then), 'because': c.because}))}")
     click.echo("implementations:")
     for arch, impl in impls.items():
         if impl["status"] == registry.NONE:
@@ -115,7 +117,8 @@ def show(spec: str, as_json: bool) -> None:
             continue
         click.echo(f"  {arch}: {impl['status']} ({impl['kernel']}, {impl['template']})")
         for lim in impl["limits"]:
-            click.echo(f"    {lim['axis']}: {', '.join(map(str, lim['values']))} only ({lim['because']})")
+            if lim["axis"] in s.choice_map:      # a limit on an axis this spec does not offer says nothing here
+                click.echo(f"    {lim['axis']}: {', '.join(map(str, lim['values']))} only ({lim['because']})")
         if impl["defaults"]:
             click.echo(f"    defaults: {', '.join(f'{k}={v}' for k, v in impl['defaults'].items())}")
     click.echo("prebuild:")

@@ -76,6 +76,57 @@ def _constraint(c: dict[str, Any]) -> str:
     return f"{side(c['if'])} ⇒ {side(c['then'])}: {c['because']}"
 
 
+def _input_needs(spec: Any) -> dict[str, str]:
+    """For each epilogue input: "required", or the axis values under which the resolved epilogue
+    reads it (norm_const: only with an FP8 D), over the spec's epilogue-axis combinations."""
+    import itertools
+
+    from .generator.axes import NEUTRAL
+    from .generator.epilogue import EPILOGUE_AXES
+    from .generator.variants import check_choice
+    offered = spec.choice_map
+    axes = [a for a in EPILOGUE_AXES if a in offered and len(offered[a]) > 1]
+    seen: dict[str, list[tuple[dict[str, Any], bool]]] = {i.name: [] for i in spec.epilogue.inputs}
+    for values in itertools.product(*(offered[a] for a in axes)):
+        combo = dict(zip(axes, values))
+        choice = {**NEUTRAL, **dict(spec.defaults), **combo}
+        if check_choice(choice, spec.constraints) is not None:
+            continue
+        read = {i.name for i in spec.epilogue.resolve(choice).inputs}
+        for name in seen:
+            seen[name].append((combo, name in read))
+    out = {}
+    for name, rows in seen.items():
+        if all(r for _, r in rows):
+            out[name] = "required"
+            continue
+        for a in axes:        # read exactly for some values of one axis, whatever the others are
+            yes = {c[a] for c, r in rows if r}
+            if yes and not any(c[a] in yes and not r for c, r in rows):
+                out[name] = f"read, so required, when {_when({a: sorted(yes, key=str)})}"
+                break
+        else:
+            out[name] = "required where the variant reads it" if any(r for _, r in rows) else "not read"
+    return out
+
+
+def _prebuild_lines(spec: Any) -> list[str]:
+    """One line per prebuilt kernel: its name, and the variant's where they differ."""
+    from .generator.registry import resolve
+    from .generator.render import kernel_name
+    from .generator.variants import prebuild_variants
+    lines = []
+    for v in prebuild_variants(spec):
+        try:
+            name = kernel_name(v, resolve(v.kernel, v.arch, v.choices))
+        except Exception:        # pragma: no cover - a prebuild entry always resolves (tests build them)
+            name = v.readable
+        line = f"- `{name}`" + (f" (variant `{v.readable}`)" if name != v.readable else "")
+        if line not in lines:
+            lines.append(line)
+    return lines
+
+
 def _when(cond: dict[str, Any]) -> str:
     """``{axis: [values]}`` as ``axis = v`` / ``axis ∈ {a, b}``."""
     return " and ".join(f"`{k} = {v[0]}`" if len(v) == 1 else f"`{k}` ∈ {{{', '.join(map(str, v))}}}"
@@ -141,6 +192,7 @@ def op_page(spec: Any) -> str:
         defaults = ", ".join(f"{k}={v}" for k, v in impl.get("defaults", {}).items()) or "—"
         out.append(f"| `{arch}` | {impl['status']} | `{impl.get('kernel', '—')}` | {defaults} |")
     ep = info["epilogue"]
+    needs = _input_needs(s)
     out += ["", "## Epilogue", ""]
     if ep["inputs"]:
         out += ["| input | per | shape | dtype | default |", "|---|---|---|---|---|"]
@@ -148,8 +200,9 @@ def op_page(spec: Any) -> str:
             shape = _INPUT_SHAPES.get(i["per"], "—")
             if i["per"] == "element" and i.get("paired"):
                 shape = "(M, 2N): gate/up 32-column blocks for each of the accumulator's N columns"
+            need = needs.get(name, "required")
             out.append(f"| `{name}` | {i['per']} | {shape} | `{i['dtype']}` | "
-                       f"{i['default'] if i['default'] is not None else '— (required)'} |")
+                       f"{i['default'] if i['default'] is not None else f'— ({need})'} |")
         out.append("")
     out += ["```", *ep["compute"], "```", "", "| output | dtype | value | quantized |", "|---|---|---|---|"]
     for name, o in ep["outputs"].items():
@@ -172,8 +225,9 @@ def op_page(spec: Any) -> str:
                 "A call that leaves them out gets those; where they conflict with the operands (FP8 A/B need "
                 "`sf_vec_size=32`), pass the value: the error names it.", ""]
     out += [
-            "`fusegemm build` prebuilds (variant names; `fusegemm build --variant` and `fusegemm inspect` take "
-            "the axes and the cached kernel's name):", "", *[f"- `{p}`" for p in info["prebuild"]], ""]
+            "`fusegemm build` prebuilds these kernels (the names `fusegemm inspect` takes; a kernel is named after "
+            "the axes that reach its source, so variants that differ only elsewhere share it):", "",
+            *_prebuild_lines(s), ""]
     return "\n".join(out)
 
 
@@ -182,7 +236,12 @@ def cli_page() -> str:
     import click
 
     from .cli import main
-    out = ["# Command line", "", "`fusegemm --help` and each command's `--help`, as the installed CLI prints them.", ""]
+    out = ["# Command line", "", "`fusegemm --help` and each command's `--help`, as the installed CLI prints them.", "",
+           "Kernel names (`fusegemm build` prints them, `fusegemm inspect` and `fusegemm cache list` take them): the "
+           "spec, the values of the axes that reach the kernel's source, the tile and the arch, then a hash of the "
+           "source. Variants that differ only in other axes (the cluster shape, a launch attribute) share one "
+           "kernel; the op pages list each prebuilt kernel's name. Every command exits non-zero on failure; usage "
+           "errors exit 2; `selftest` and `tune` exit 3 where there is no GPU.", ""]
     def add(cmd: click.Command, path: str) -> None:
         out.extend([f"## {path}", "", "```text", cmd.get_help(click.Context(cmd, info_name=path)), "```", ""])
         if isinstance(cmd, click.Group):
@@ -305,7 +364,9 @@ def _link_sections(text: str, page: str) -> str:
             return m.group(0)
         target, anchor = hit[1]
         return f'see [{said}]({"" if target == page and anchor else target}{anchor})'
-    return re.sub(r'see "([^"]+)"', link, text)
+    text = re.sub(r'see "([^"]+)"', link, text)
+    # The README names the site's hand-written pages by path; on the site they are links.
+    return re.sub(r"`?docs/(index|concepts|examples|api)\.md`?", lambda m: f"[{m.group(1)}](../../{m.group(1)}.md)", text)
 
 
 def porting_page() -> str:

@@ -201,7 +201,17 @@ def _choices(ctx: _Ctx, node: Node) -> dict[str, tuple[Any, ...]]:
         if len(set(map(repr, vals))) != len(vals):
             raise ctx.fail(d[axis], f"choices.{axis}", f"duplicate values in {list(vals)}")
         out[axis] = vals
+    missing = [a for a in REQUIRED_AXES if a not in out]
+    if missing:
+        raise ctx.fail(node, "choices", f"missing {', '.join(missing)}: every spec lists the tiles and clusters "
+                                        "it allows (a set both archs build: tile_m: [128], tile_n: [256], "
+                                        "cluster_m: [1], cluster_n: [1]); `fusegemm show SPEC` then says what each "
+                                        "arch's kernel implements")
     return out
+
+
+# Axes every spec must choose: the kernel templates have no neutral tile or cluster.
+REQUIRED_AXES = ("tile_m", "tile_n", "cluster_m", "cluster_n")
 
 
 def _in_choices(ctx: _Ctx, node: Node, key: str, axis: str, choices: dict[str, tuple[Any, ...]]) -> Any:

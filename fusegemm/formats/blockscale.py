@@ -146,7 +146,7 @@ def quantize_blockwise(
     sf_dtype : dtype or str
         ``float8_e8m0fnu`` (MX) or ``float8_e4m3fn`` (NVFP4).
     sf_vec_size : int
-        16 or 32; see the table in the module docstring for the allowed combinations.
+        16 or 32: MXFP8 needs 32 with E8M0 scales, NVFP4 16 with e4m3 scales, MXFP4 16 or 32 with E8M0.
 
     Returns
     -------

@@ -16,7 +16,8 @@ GPU = {
     "n": "int, optional\nN of discrete weights (device pointers carry no shape).",
     "current_stream": _STREAM,
     "stream": _STREAM,
-    "mma_tiler_mn": "(int, int), optional\nMMA tile (M, N); default the arch kernel's. ``fusegemm show SPEC`` lists "
+    "mma_tiler_mn": "(int, int), optional\nMMA tile (M, N); default the arch kernel's (``fusegemm.grouped_gemm``: a "
+                    "configuration ``fusegemm tune`` recorded for the call's shape first). ``fusegemm show SPEC`` lists "
                     "what each arch implements; another tile raises UnsupportedError with the reason.",
     "cluster_shape_mn": "(int, int), optional\nThread-block cluster (M, N); default the arch kernel's.",
     "use_dynamic_sched": "bool\nClaim tiles from an atomic counter (per-call scratch) instead of the static "

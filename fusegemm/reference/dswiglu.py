@@ -122,7 +122,8 @@ def grouped_gemm_dswiglu(
     epilogue_op : None, "none", "identity", "relu" or "srelu"; not applied (as NVIDIA).
     e5m2_rcp_max : {"page", "nvidia"}
         SFD rcp_max of an e5m2 D: the page's 1/57344 (default) or NVIDIA's kernel's 1/128.
-    acc_dtype : "float32" (default) or "float64".
+    acc_dtype : str
+        "float32" (default) or "float64".
     cd_major
         Signature compatibility only.
     mma_tiler_mn

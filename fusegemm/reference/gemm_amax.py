@@ -87,12 +87,15 @@ def gemm_amax(
         bytes read as E8M0) or e4m3.
     sfb_tensor : kernel-facing view, physical buffer or flat; E8M0 (``int8``/``uint8``
         bytes read as E8M0) or e4m3.
-    c_major : "n" (default) or "m": memory order of the returned C (values are the same).
+    c_major : str
+        "n" (default) or "m": memory order of the returned C (values are the same).
     c_dtype : float32 (default), float16, bfloat16, float8_e5m2, float8_e4m3fn,
         float4_e2m1fn_x2 (``uint8``). FP8 A/B with FP8 C is rejected, as on the GPU; FP4 C needs
         FP4 A/B and ``c_major="n"``.
-    acc_dtype : "float32" (default) or "float64".
-    sf_vec_size : 32 (default) or 16.
+    acc_dtype : str
+        "float32" (default) or "float64".
+    sf_vec_size : int
+        32 (default) or 16.
     mma_tiler_mn
         Signature compatibility only.
     cluster_shape_mn

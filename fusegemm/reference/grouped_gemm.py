@@ -59,7 +59,7 @@ def grouped_gemm(
         Cumulative expert row ends, nondecreasing multiples of 256 (checked), L <= 1024.
     alpha_tensor : (L,), (L, 1) or (L, 1, 1) float32
     b_tensor : (N, K, L) kernel-facing view or (L, N, K) canonical, bfloat16
-        Dense weights; exclusive with ``b_list``.
+        Dense weights; exclusive with ``b_list`` (on the GPU ops: with ``b_ptrs``).
     bias_tensor : (N, L) bfloat16/float16/float32, optional
     b_ptrs : must be None
         Device pointers cannot be read on the host: pass ``b_list`` instead.
@@ -71,8 +71,9 @@ def grouped_gemm(
         Checked against the weights when given (discrete mode on the GPU).
     prob_tensor : (M, 1, 1) or (M,) float32, optional
         Per-row gate; 1 when omitted.
-    acc_dtype : "float32" (default) or "float64"
-        float64 gives the correctly rounded FP32 dot product (see ``_operands``).
+    acc_dtype : str
+        "float32" (default) or "float64"
+        float64 gives the correctly rounded FP32 dot product (fusegemm/reference/_operands.py).
     c_dtype : bfloat16 (default), float16 or float32
     d_dtype : bfloat16 (default), float16 or float32
     generate_c : bool

@@ -95,9 +95,11 @@ def grouped_gemm_quant(
         As for :func:`~fusegemm.reference.grouped_gemm_srelu`.
     norm_const_tensor : (1,) float32; required for SFD outputs (FP8 A/B with FP8/FP4 D).
     prob_tensor : (M, 1, 1) or (M,) float32, optional (1 when omitted).
-    d_dtype : FP8 A/B: float16, bfloat16 (default), float8_e4m3fn, float8_e5m2,
-        float4_e2m1fn_x2; FP4 A/B: float16, bfloat16, float32.
-    sf_vec_size : 16 (default, the wrapper's) or 32; FP8 A/B require 32, e4m3 scales 16.
+    d_dtype : str
+        FP8 A/B: float16, bfloat16 (default), float8_e4m3fn, float8_e5m2 or float4_e2m1fn_x2;
+        FP4 A/B: float16, bfloat16 or float32.
+    sf_vec_size : int
+        16 (default, the wrapper's) or 32; FP8 A/B require 32, e4m3 scales 16.
     discrete_col_sfd : bool
         Lay SFD_col out per expert.
     row_scale_tensor : (M,), (M, 1) or (M, 1, 1) float32, optional

@@ -115,7 +115,7 @@ def grouped_gemm_srelu(
     ----------
     a_tensor : (M, K, 1) or (M, K)
         FP8 (e4m3fn/e5m2) or packed FP4 (``uint8``, K/2 innermost).
-    b_tensor : (N, K, L) view or (L, N, K), same dtype as A; exclusive with ``b_list``.
+    b_tensor : (N, K, L) view or (L, N, K), same dtype as A; exclusive with ``b_list`` (GPU ops: ``b_ptrs``).
     sfa_tensor : scale factors
         Kernel-facing 6-D view, physical ``(L, ceil(mn/128), ceil(sfk/4), 32, 4, 4)`` or flat;
         E8M0 (``uint8``/``int8`` bytes read as E8M0) or e4m3.
@@ -128,9 +128,11 @@ def grouped_gemm_srelu(
     norm_const_tensor : (1,) float32; required for SFD outputs (FP8 A/B with FP8/FP4 D).
     prob_tensor : (M, 1, 1) or (M,) float32, required.
     c_dtype : float32, float16, bfloat16 (default), float8_e4m3fn, float8_e5m2, float4_e2m1fn_x2.
-    d_dtype : FP8 A/B: float16, bfloat16 (default), float8_e4m3fn, float8_e5m2,
-        float4_e2m1fn_x2; FP4 A/B: float16, bfloat16, float32.
-    sf_vec_size : 16 (default, the wrapper's) or 32; FP8 A/B require 32, e4m3 scales 16.
+    d_dtype : str
+        FP8 A/B: float16, bfloat16 (default), float8_e4m3fn, float8_e5m2 or float4_e2m1fn_x2;
+        FP4 A/B: float16, bfloat16 or float32.
+    sf_vec_size : int
+        16 (default, the wrapper's) or 32; FP8 A/B require 32, e4m3 scales 16.
     discrete_col_sfd : bool
         Lay SFD_col out per expert (``formats.scales``).
     tanh_clamp_scale : float, optional
@@ -139,14 +141,16 @@ def grouped_gemm_srelu(
     sfb_list : per-expert weights and their SF buffers (host stand-in for b_ptrs/sfb_ptrs).
     e5m2_rcp_max : {"page", "nvidia"}
         SFD rcp_max of e5m2 D: the page's 1/57344 (default) or NVIDIA's kernel's 1/128.
-    acc_dtype : "float32" (default) or "float64".
+    acc_dtype : str
+        "float32" (default) or "float64".
     b_ptrs : must be None (device pointers: pass ``b_list``/``sfb_list`` here).
     sfb_ptrs : must be None (device pointers: pass ``b_list``/``sfb_list`` here).
     n : int, optional
         Checked against the weights when given.
     b_dtype : optional
         Checked against A's dtype when given.
-    b_major : "k" (default) or "n"
+    b_major : str
+        "k" (default) or "n"
         Memory order of the weights.
     cd_major
         Signature compatibility only.

@@ -138,3 +138,31 @@ def test_docs_hook_turns_sphinx_roles_into_code():
             ":class:<code>fusegemm.moe.ExpertMLP</code> and <code>:plain</code>")
     assert hooks.on_page_content(html) == ("As for <code>grouped_gemm_srelu</code>; "
                                            "<code>fusegemm.moe.ExpertMLP</code> and <code>:plain</code>")
+
+
+def test_the_complete_spec_in_the_docs_validates_and_runs(tmp_path):
+    """The README's (Epilogues page's) complete spec file, as a user would save it: it loads,
+    its reference runs on the CPU, and a spec without tiles is refused with a spec error."""
+    import numpy as np
+
+    import fusegemm
+    from fusegemm.base.errors import SpecError
+    text = next(b for b in re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+                if "name: my_gelu" in b)
+    path = tmp_path / "my_gelu.yaml"
+    path.write_text(text)
+    assert load_spec(path).name == "my_gelu"
+    op = fusegemm.EpilogueGemm(str(path), arch="sm_90a")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((256, 64)).astype(np.float32)
+    b = rng.standard_normal((1, 128, 64)).astype(np.float32) / 8
+    import ml_dtypes
+    out = op.reference(a.astype(ml_dtypes.bfloat16), np.array([256], np.int32), b.astype(ml_dtypes.bfloat16),
+                       inputs={"alpha": np.ones(1, np.float32)})
+    g = a.astype(ml_dtypes.bfloat16).astype(np.float64) @ b[0].astype(ml_dtypes.bfloat16).astype(np.float64).T
+    want = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+    assert np.allclose(np.asarray(out["d"], np.float32), want, rtol=2e-2, atol=2e-2)
+    lines = [ln for ln in text.splitlines() if not ln.strip().startswith(("tile_", "cluster_"))]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SpecError, match=r"choices: missing tile_m, tile_n, cluster_m, cluster_n"):
+        load_spec(path)
