@@ -11,7 +11,7 @@ of 256, it times with CUDA events (median of --iters after --warmup):
 and reports TFLOP/s (2 * rows * N * K / time) and the ratios to both peers.
 
     python bench/grouped_gemm.py [--out bench/results/grouped_gemm_h200.json] [--shapes dsv3-fc1,...]
-    python bench/grouped_gemm.py --tune --configs auto,128x256:static     # tuned vs the default
+    python bench/grouped_gemm.py --tune --configs auto,128x256:static     # the tuned choice vs the default
 """
 from __future__ import annotations
 
@@ -54,11 +54,19 @@ def bench_shape(name: str, dist: str, args) -> dict:
                         "default": res.default.label, "measured_ms": res.ms}
     for cfg in configs:
         if cfg == "auto":
-            # The public wrapper with no configuration given: a tuned record's, else the default.
-            import fusegemm
-            methods[cfg] = (lambda: fusegemm.grouped_gemm(a3, offsets, alpha, b_view, prob_tensor=prob))
-            continue
-        tile_s, sched, *tune = cfg.split(":")
+            # What fusegemm.grouped_gemm would launch for this call (a tuned record's
+            # configuration, else the default), run through the same class path as the other
+            # configs so that only the configuration differs.
+            from fusegemm.ops.grouped_gemm import _tuned
+            from fusegemm.ops.grouped_operands import parse_call
+            call = parse_call(a3, offsets, alpha, b_view, None, None, prob, ab_dtypes=("bfloat16",),
+                              bias_dtypes=("bfloat16",))
+            tile, dyn = _tuned(call, torch.cuda.current_device(), None, "bfloat16", "k")
+            row["auto_config"] = f"{tile[0]}x{tile[1]}:{'dynamic' if dyn else 'static'}" if tile else "default"
+            cfg_s = row["auto_config"] if tile else "128x256:static"
+        else:
+            cfg_s = cfg
+        tile_s, sched, *tune = cfg_s.split(":")
         tile = tuple(int(x) for x in tile_s.split("x"))
         op = GroupedGemm(a3, None, d, offsets, alpha, b_view, None, prob,
                          use_dynamic_sched=sched == "dynamic", mma_tiler_mn=tile)

@@ -466,7 +466,7 @@ def selftest(as_json: bool) -> None:
 @click.option("--dist", type=click.Choice(["balanced", "skewed"]), default="balanced", show_default=True,
               help="How the tokens spread over the experts in the measured problem.")
 @click.option("--rounds", type=int, default=5, show_default=True, help="Interleaved timing rounds (median).")
-@click.option("--margin", type=float, default=0.02, show_default=True,
+@click.option("--margin", type=float, default=0.05, show_default=True,
               help="Record the fastest only when it beats the default by more than this fraction.")
 @click.option("--iters", type=int, default=10, show_default=True, help="Calls per round.")
 @click.option("--device", type=int, default=0, show_default=True, help="CUDA device ordinal.")

@@ -274,7 +274,7 @@ def _sizes(experts: int, tokens: int, dist: str, seed: int) -> list[int]:
 
 def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: int, dist: str = "balanced",
          d_dtype: str = "bfloat16", device: int = 0, warmup: int = 2, iters: int = 10, rounds: int = 5,
-         margin: float = 0.02, write: bool = True, progress: Callable[[str], None] | None = None) -> TuneResult:
+         margin: float = 0.05, write: bool = True, progress: Callable[[str], None] | None = None) -> TuneResult:
     """Measure every configuration the device's arch implements for this shape; record the best.
 
     Parameters
@@ -304,7 +304,8 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
         Interleaved rounds; each candidate's median is kept.
     margin : float
         The fastest configuration is recorded only when it beats the default by more than this
-        fraction (0.02: 2%); otherwise the default is recorded (run-to-run noise is 1-3%).
+        fraction (0.05: 5%); otherwise the default is recorded (run-to-run noise on the H200 is
+        1-5%: a 2.6% winner of one run lost by 1-5% in the next).
     write : bool
         Record the winner in the cache (always: for the rest of this process).
     progress : callable, optional
@@ -367,9 +368,9 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
         for label, t in sorted(ms.items(), key=lambda kv: kv[1]):
             progress(f"{label:18s} {t:.4f} ms")
     fastest = cands[min(ms, key=ms.get)]
-    # Run-to-run noise on the H200 is 1-3% (a configuration measured 0.79 ms here ran at 0.83 ms
-    # in the next benchmark): a winner within `margin` of the default is noise, not a reason to
-    # leave the configuration every test exercises.
+    # Run-to-run noise on the H200 is 1-5% (64x256 dynamic led dsv3-fc1 by 2.6% here and then
+    # lost to the default by 1-5% in the next benchmark): a winner within `margin` of the default
+    # is noise, not a reason to leave the configuration every test exercises.
     best = fastest if ms[default.label] > ms[fastest.label] * (1 + margin) else default
     bucket = Bucket.of(experts=experts, m_rows=m, n=n, k=k, d_dtype=d_dtype)
     record = {"tile": list(best.tile), "dynamic": best.dynamic, "ms": round(ms[best.label], 5),

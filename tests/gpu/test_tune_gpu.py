@@ -27,10 +27,10 @@ def test_tune_measures_every_configuration_and_records_the_best(cache):
     res = tune.tune(experts=4, tokens=1000, n=512, k=256, rounds=1, iters=3, warmup=1)
     assert len(res.ms) >= 4 and res.default.label in res.ms and all(t > 0 for t in res.ms.values())
     assert res.ms[res.fastest.label] == min(res.ms.values())
-    if res.best != res.fastest:                            # the default kept: the fastest is within the margin
-        assert res.best == res.default and res.ms[res.default.label] <= res.ms[res.fastest.label] * 1.02
-    else:
-        assert res.ms[res.default.label] > res.ms[res.best.label] * 1.02
+    if res.best == res.default:                            # kept: the fastest is within the 5% margin
+        assert res.ms[res.default.label] <= res.ms[res.fastest.label] * 1.05
+    else:                                                  # a clear winner
+        assert res.best == res.fastest and res.ms[res.default.label] > res.ms[res.best.label] * 1.05
     assert res.path is not None and res.path.is_file() and res.path.parent == cache / "tuned"
     tune._memory.clear()                                   # read back from the file
     from fusegemm.ops.grouped_gemm import _device_identity
