@@ -533,18 +533,25 @@ def test_swiglu_gemm_stores_the_pre_activations(torch):
         assert not out[name][valid:].any(), name
 
 
+@pytest.mark.parametrize("c_pitch", [512, 515])
 @pytest.mark.parametrize("d_dtype", ["bfloat16", "float32"])
-def test_dswiglu_bf16_gemm_end_to_end(torch, d_dtype):
+def test_dswiglu_bf16_gemm_end_to_end(torch, d_dtype, c_pitch):
     """The BF16 dSwiGLU spec (the MoE layer's fc2 data gradient): dG (paired D) and dprob against
     the numpy GEMM + interpreter on ragged and empty experts. dprob sums 256 products of the row:
-    |error| <= 2^-12 * sum |dp| (FP32 accumulation and atomic order) + the D tolerance's share."""
+    |error| <= 2^-12 * sum |dp| (FP32 accumulation and atomic order) + the D tolerance's share.
+    c_pitch: C's row pitch in elements; 515 (a view of a wider tensor) leaves most rows off the
+    16-byte alignment the engine's block loads of C need, so they take the element path."""
     from fusegemm import EpilogueGemm
     a, offsets, b, alpha, prob = _gemm_problem(torch, n=256, seed=3)
-    c = (torch.randn(a.shape[0], 512, generator=torch.Generator().manual_seed(9)) * 2).to(torch.bfloat16)
+    wide = (torch.randn(a.shape[0], c_pitch, generator=torch.Generator().manual_seed(9)) * 2).to(torch.bfloat16)
+    c = wide[:, :512]
     beta = torch.rand(alpha.shape[0]) + 0.5
     op = EpilogueGemm("grouped_gemm_dswiglu_bf16", d_dtype=d_dtype, c_dtype="bfloat16")
     inputs = {"alpha": alpha, "beta": beta, "prob": prob, "c": c}
-    out = op(a.cuda(), offsets.cuda(), b.cuda(), inputs={k: v.cuda() for k, v in inputs.items()})
+    dev = {k: v.cuda() for k, v in inputs.items()}
+    dev["c"] = wide.cuda()[:, :512]           # .cuda() of the view would make it contiguous
+    assert dev["c"].stride(0) == c_pitch
+    out = op(a.cuda(), offsets.cuda(), b.cuda(), inputs=dev)
     ref = op.reference(a, offsets, b, inputs=inputs)
     valid = int(offsets[-1])
     want = np.asarray(ref.out_values["d"], dtype=np.float64)[:valid]

@@ -63,6 +63,7 @@ struct Cvt<fusegemm::bfloat16_t> {
   FUSEGEMM_DEVICE static float load(const void* p, int64_t i) {
     return __uint_as_float(uint32_t(__ldg(static_cast<const unsigned short*>(p) + i)) << 16);
   }
+  FUSEGEMM_DEVICE static float from_bits(uint32_t b) { return __uint_as_float(b << 16); }
 };
 
 template <>
@@ -79,6 +80,7 @@ struct Cvt<fusegemm::half_t> {
   FUSEGEMM_DEVICE static float load(const void* p, int64_t i) {
     return __half2float(__ushort_as_half(__ldg(static_cast<const unsigned short*>(p) + i)));
   }
+  FUSEGEMM_DEVICE static float from_bits(uint32_t b) { return __half2float(__ushort_as_half(static_cast<unsigned short>(b))); }
 };
 
 template <>
@@ -108,6 +110,51 @@ struct Cvt<fusegemm::float_e5m2_t> {
 // Element i of an input of type T as FP32 (the rules' input loads).
 template <class T>
 FUSEGEMM_DEVICE float ldf(const void* p, int64_t i) { return Cvt<T>::load(p, i); }
+
+// 32 consecutive elements of one row of a loaded input (an element input such as dSwiGLU's
+// C). The block engine runs lane = row, so loading element by element makes every load
+// instruction touch 32 rows; for 16-bit T the row's block is loaded at once into 16 registers
+// with 16-byte loads (4 instructions instead of 32). get(i), i a compile-time constant (the
+// engine's loop is unrolled), then reads a register. 8- and 32-bit inputs keep the element
+// loads (8 or 32 more live registers spill the 128-register sm_90a block-scaled kernels).
+template <class T, bool kVector = Cvt<T>::kBytes == 2>
+struct Row32 {
+  const T* src_;
+  FUSEGEMM_DEVICE void load(const T* src, int) { src_ = src; }
+  FUSEGEMM_DEVICE float get(int i) const { return Cvt<T>::load(src_, i); }
+};
+
+template <class T>
+struct Row32<T, true> {
+  uint32_t w[16];
+
+  // src: the block's first element; n_valid: elements of the block inside the row (the rest
+  // are never read: zero here). An unaligned source (a strided tensor's odd pitch) or a
+  // partial block is loaded element by element.
+  FUSEGEMM_DEVICE void load(const T* src, int n_valid) {
+    if (n_valid >= 32 && (reinterpret_cast<unsigned long long>(src) & 15ull) == 0) {
+      const uint4* s = reinterpret_cast<const uint4*>(src);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint4 v = __ldg(s + q);
+        w[4 * q] = v.x;
+        w[4 * q + 1] = v.y;
+        w[4 * q + 2] = v.z;
+        w[4 * q + 3] = v.w;
+      }
+      return;
+    }
+    const unsigned short* h = reinterpret_cast<const unsigned short*>(src);
+#pragma unroll
+    for (int q = 0; q < 16; ++q) {
+      const uint32_t lo = 2 * q < n_valid ? __ldg(h + 2 * q) : 0u;
+      const uint32_t hi = 2 * q + 1 < n_valid ? __ldg(h + 2 * q + 1) : 0u;
+      w[q] = lo | (hi << 16);
+    }
+  }
+
+  FUSEGEMM_DEVICE float get(int i) const { return Cvt<T>::from_bits((w[i >> 1] >> (16 * (i & 1))) & 0xffffu); }
+};
 
 // Two adjacent elements at `p` (p 2-element aligned) as floats, read-only path.
 template <class T>

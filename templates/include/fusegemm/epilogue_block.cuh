@@ -314,6 +314,8 @@ struct BlockEngine {
     const int row = row0 + lane;
     const bool row_ok = lane < rows_valid;
     const typename Rule::RowIn ri = rule.row(p, row_ok ? row : row0);
+    typename Rule::ElemBlock eb;   // this row's element inputs for columns j0..j0+31
+    rule.elem_block(p, row_ok ? row : row0, j0, width, eb);
     RowVals<ElementC, kPackC> vc0, vc1;
     RowVals<ElementD, kPackD> vd0, vd1;
 #pragma unroll
@@ -321,7 +323,7 @@ struct BlockEngine {
       const int j = j0 + i;
       const bool in = row_ok && j < width;
       typename Rule::Out o{};
-      if (in) o = rule.apply(acc_at(i), kPaired ? acc_at(32 + i) : 0.0f, ri, rule.elem(p, row, j));
+      if (in) o = rule.apply(acc_at(i), kPaired ? acc_at(32 + i) : 0.0f, ri, rule.elem_at(p, eb, i, j));
       if constexpr (Rule::kHasC && Rule::kPairedC) { vc0.set(i, in ? o.c0 : 0.0f); vc1.set(i, in ? o.c1 : 0.0f); }
       if constexpr (Rule::kHasC && !Rule::kPairedC) vc0.set(i, in ? o.c : 0.0f);
       if constexpr (Rule::kHasD && Rule::kPairedD) { vd0.set(i, in ? o.d0 : 0.0f); vd1.set(i, in ? o.d1 : 0.0f); }

@@ -131,6 +131,23 @@ struct Rule {
     return e;
   }
 
+  // The engine's per-row form of elem(): the element inputs of the 32 element columns j0.. of
+  // one row, loaded at once (fusegemm::epi::Row32), then elem_at(i) per column j0 + i.
+  struct ElemBlock {
+  };
+
+  template <class Params>
+  FUSEGEMM_DEVICE void elem_block(const Params& p, int row, int j0, int width, ElemBlock& b) const {
+    (void)p; (void)row; (void)j0; (void)width; (void)b;
+  }
+
+  template <class Params>
+  FUSEGEMM_DEVICE ElemIn elem_at(const Params& p, const ElemBlock& b, int i, int col) const {
+    ElemIn e;
+    (void)p; (void)b; (void)i; (void)col;
+    return e;
+  }
+
   // The spec's statements. acc0 is the accumulator (acc1 is unused).
   FUSEGEMM_DEVICE Out apply(float acc0, float acc1, const RowIn& ri, const ElemIn& ei) const {
     (void)acc0; (void)acc1; (void)ri; (void)ei;
@@ -168,7 +185,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_346ec4fb2416_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_a829ac2f9855_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -194,6 +211,6 @@ extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_346ec4
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_gemm_amax_sm100a_346ec4fb2416(const __grid_constant__ fusegemm_gen::Params params) {
+fg_gemm_amax_sm100a_a829ac2f9855(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -143,6 +143,29 @@ struct Rule {
     return e;
   }
 
+  // The engine's per-row form of elem(): the element inputs of the 32 element columns j0.. of
+  // one row, loaded at once (fusegemm::epi::Row32), then elem_at(i) per column j0 + i.
+  struct ElemBlock {
+    fusegemm::epi::Row32<fusegemm::bfloat16_t> c_gate;
+    fusegemm::epi::Row32<fusegemm::bfloat16_t> c_up;
+  };
+
+  template <class Params>
+  FUSEGEMM_DEVICE void elem_block(const Params& p, int row, int j0, int width, ElemBlock& b) const {
+    b.c_gate.load(static_cast<const fusegemm::bfloat16_t*>(p.c_in) + int64_t(row) * p.ld_c_in + fusegemm::epi::paired_col(j0, 0), width - j0);
+    b.c_up.load(static_cast<const fusegemm::bfloat16_t*>(p.c_in) + int64_t(row) * p.ld_c_in + fusegemm::epi::paired_col(j0, 1), width - j0);
+    (void)p; (void)row; (void)j0; (void)width; (void)b;
+  }
+
+  template <class Params>
+  FUSEGEMM_DEVICE ElemIn elem_at(const Params& p, const ElemBlock& b, int i, int col) const {
+    ElemIn e;
+    e.c_gate = b.c_gate.get(i);
+    e.c_up = b.c_up.get(i);
+    (void)p; (void)b; (void)i; (void)col;
+    return e;
+  }
+
   // The spec's statements. acc0 is the accumulator (acc1 is unused).
   FUSEGEMM_DEVICE Out apply(float acc0, float acc1, const RowIn& ri, const ElemIn& ei) const {
     (void)acc0; (void)acc1; (void)ri; (void)ei;
@@ -191,7 +214,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_0712f8cdec88_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_5ccef81a8405_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -217,6 +240,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_dswiglu_sm100a_0712f8cdec88(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_dswiglu_sm100a_5ccef81a8405(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -136,6 +136,23 @@ struct Rule {
     return e;
   }
 
+  // The engine's per-row form of elem(): the element inputs of the 32 element columns j0.. of
+  // one row, loaded at once (fusegemm::epi::Row32), then elem_at(i) per column j0 + i.
+  struct ElemBlock {
+  };
+
+  template <class Params>
+  FUSEGEMM_DEVICE void elem_block(const Params& p, int row, int j0, int width, ElemBlock& b) const {
+    (void)p; (void)row; (void)j0; (void)width; (void)b;
+  }
+
+  template <class Params>
+  FUSEGEMM_DEVICE ElemIn elem_at(const Params& p, const ElemBlock& b, int i, int col) const {
+    ElemIn e;
+    (void)p; (void)b; (void)i; (void)col;
+    return e;
+  }
+
   // The spec's statements. acc0 is the accumulator (acc1 is unused).
   FUSEGEMM_DEVICE Out apply(float acc0, float acc1, const RowIn& ri, const ElemIn& ei) const {
     (void)acc0; (void)acc1; (void)ri; (void)ei;
@@ -177,7 +194,7 @@ using Kernel = fusegemm::sm90::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90a_d3ba637088c0_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90a_801feabe5c94_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -203,6 +220,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_srelu_sm90a_d3ba637088c0(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_srelu_sm90a_801feabe5c94(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }
