@@ -389,16 +389,28 @@ def grouped_gemm(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor
                                  use_dynamic_sched, current_stream, validate_offsets)
 
 
-def _tuned(call: Any, device: int, c_name: str | None, d_name: str, b_major: str) -> tuple[Any, bool]:
-    """(tile, dynamic) recorded by ``fusegemm tune`` for this call's bucket, else (None, False):
-    the spec's default. Runs on the wrapper's first call of an argument signature only."""
+def _tuned(call: Any, device: int, c_name: str | None, d_name: str,
+           b_major: str) -> tuple[Any, bool, Any]:
+    """(tile, dynamic, cluster) for a call that names no configuration: what ``fusegemm tune``
+    recorded for its bucket; else, on sm_100a (which cannot be timed here), the roofline model's
+    choice (fusegemm/heuristic.py); else (None, False, None): the spec's default. Runs on the
+    wrapper's first call of an argument signature only."""
     from .. import tune
     arch, name = _device_identity(device)
     bucket = tune.Bucket.of(experts=call.l, m_rows=call.m, n=call.n, k=call.k, d_dtype=d_name, c_dtype=c_name,
                             bias=call.bias.dtype if call.bias is not None else None,
                             discrete=call.b_ptrs is not None, b_major=b_major)
     hit = tune.lookup(SPEC, arch, name, bucket)
-    return (hit.tile, hit.dynamic) if hit is not None else (None, False)
+    if hit is not None:
+        return hit.tile, hit.dynamic, None
+    if arch == "sm_100a" and call.bias is None:     # (bias needs tile N 256: the default's)
+        from .. import heuristic
+        # Every expert's rows are a multiple of 256 and every tile M divides 256, so the tile
+        # count depends on the rows' sum only: the allocation's rows, with no device read.
+        c = heuristic.choose([call.m] + [0] * (call.l - 1), call.n, call.k)
+        if c != heuristic.DEFAULT:
+            return c.tile, False, c.cluster
+    return None, False, None
 
 
 @functools.lru_cache(maxsize=16)
@@ -434,7 +446,7 @@ def _grouped_gemm_checked(inputs: tuple, key: tuple | None, n, b_dtype, b_major,
     d = alloc(shape, d_name, device)
     c = alloc(shape, c_name, device) if gen_c else None
     if tile is None and cluster is None and not dyn:     # every argument checked: now the device
-        tile, dyn = _tuned(call, device, c_name if gen_c else None, d_name, b_major)
+        tile, dyn, cluster = _tuned(call, device, c_name if gen_c else None, d_name, b_major)
     op_key = (SPEC, device, c_name, d_name, call.bias.dtype if call.bias else None,
               call.b_ptrs is not None, gen_c, dyn, tile, cluster)
 

@@ -81,11 +81,11 @@ def test_the_wrapper_uses_the_record_of_its_bucket(cache, monkeypatch):
     from fusegemm.ops import grouped_gemm as gg
     monkeypatch.setattr(gg, "_device_identity", lambda device: ("sm_90a", "NVIDIA H200"))
     call = SimpleNamespace(l=8, m=16384, n=4096, k=7168, bias=None, b_ptrs=None)
-    assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, False)                  # no record: the default
+    assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, False, None)            # no record: the default
     b = tune.Bucket.of(experts=8, m_rows=16384, n=4096, k=7168)
     tune._write(tune.record_file("grouped_gemm", "sm_90a", "NVIDIA H200"), b.key, {"tile": [64, 256], "dynamic": True})
-    assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), True)
-    assert gg._tuned(call, 0, "bfloat16", "bfloat16", "k") == (None, False)           # with C: another bucket
+    assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), True, None)
+    assert gg._tuned(call, 0, "bfloat16", "bfloat16", "k") == (None, False, None)     # with C: another bucket
 
 
 def test_cli_without_a_gpu_exits_3(monkeypatch):
