@@ -11,7 +11,9 @@ waits on the GPU), median over ``--rounds`` interleaved rounds. Methods:
 * ``wrapper``  ``fusegemm.grouped_gemm`` (allocates D per call, as the seed wrapper does);
 * ``torch_grouped_mm``  ``torch._grouped_mm`` (allocates its output per call);
 * ``driver_launch_floor``  ``cuLaunchKernel`` of the same kernel and packed arguments through
-  ctypes, nothing else: the floor under any Python launch path on this machine.
+  ctypes with argtypes, nothing else;
+* ``prepared_launch``  the op's prepared launch of the same (``runtime.launch.prepare``: no
+  per-call argument conversion): the floor under the class path.
 
 Goals (issue 11): class <= 6 us, wrapper <= 10 us. ``--profile`` adds cProfile's top entries
 for the two fusegemm paths (to stderr).
@@ -86,6 +88,9 @@ def main() -> int:
         kern, cfg, handle = op._launcher.kernel, entry.cfg, stream.cuda_stream
         methods["driver_launch_floor"] = lambda: raw(kern.handle, *cfg.grid, *cfg.block, cfg.smem_bytes,
                                                      handle, buf.argv_address, None)
+        # The op's own prepared launch (runtime/launch.py prepare: pointers pre-converted, no
+        # argtypes): the driver part of class_execute.
+        methods["prepared_launch"] = lambda: entry.go(buf, handle)
     # Same numbers from both (the timing is meaningless if the op does something else).
     ref = torch._grouped_mm(a, b.transpose(-2, -1), offs=off)
     got = fusegemm.grouped_gemm(a, off, alpha, b_tensor=b)[0]
@@ -115,6 +120,7 @@ def main() -> int:
         "method": f"perf_counter_ns around {args.calls} back-to-back calls, median of {args.rounds} "
                   "interleaved rounds (host time; no synchronisation inside)",
         "host_us_per_call": us,
+        "class_python_us": round(us["class_execute"] - us["prepared_launch"], 2) if "prepared_launch" in us else None,
         "ratios": {"class_over_torch": round(us["class_execute"] / us["torch_grouped_mm"], 2),
                    "wrapper_over_torch": round(us["wrapper"] / us["torch_grouped_mm"], 2)},
         "goals_us": {"class_execute": 6.0, "wrapper": 10.0},

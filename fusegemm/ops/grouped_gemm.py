@@ -21,7 +21,7 @@ from ..base.errors import ArgumentError, UnsupportedError
 from ..generator.params import GROUPED_PARAMS
 from ..runtime import config
 from ..runtime.interop import dlpack_io
-from ..runtime.launch import launch as _launch
+from ..runtime import launch as _launch
 from ..runtime.load import thread_context
 from ..runtime.tensors import resolve_stream, view
 from ..tupledict import TupleDict
@@ -273,8 +273,9 @@ class GroupedGemm:
         ln = self._launcher
         empty = lay.shape.m // self.tile[0] == 0
         grid = 0 if empty else ln.grid(lay.shape)
-        entry = _Entry(lay, grid, None if empty else ln.config(grid),
-                       self.features.dynamic or lay.shape.discrete, empty)
+        cfg = None if empty else ln.config(grid)
+        entry = _Entry(lay, grid, cfg, self.features.dynamic or lay.shape.discrete, empty,
+                       None if empty else _launch.prepare(ln.kernel, cfg))
         if sig is not None:
             if len(self._entries) >= 64:
                 self._entries.clear()
@@ -316,7 +317,7 @@ class GroupedGemm:
             if len(entry.bufs) >= 32:
                 entry.bufs.clear()
             entry.bufs[ptrs] = buf
-        _launch(ln.kernel, entry.cfg, buf, stream)
+        entry.go(buf, stream)
 
     def _values(self, lay: Layout, ptrs: tuple) -> dict[str, Any]:
         ln, s = self._launcher, lay.shape
@@ -329,10 +330,11 @@ class GroupedGemm:
 class _Entry:
     """What one argument signature's validation proved, and its launch geometry."""
 
-    __slots__ = ("lay", "grid", "cfg", "scratch", "empty", "bufs")
+    __slots__ = ("lay", "grid", "cfg", "scratch", "empty", "go", "bufs")
 
-    def __init__(self, lay: Layout, grid: int, cfg: Any, scratch: bool, empty: bool) -> None:
+    def __init__(self, lay: Layout, grid: int, cfg: Any, scratch: bool, empty: bool, go: Any) -> None:
         self.lay, self.grid, self.cfg, self.scratch, self.empty = lay, grid, cfg, scratch, empty
+        self.go = go                        # the prepared launch of cfg (runtime/launch.py)
         self.bufs: dict[tuple, Any] = {}    # addresses -> packed parameter buffer
 
 

@@ -102,3 +102,48 @@ def test_op_cache_is_reentrant():
     t.start()
     t.join(timeout=10)
     assert done == ["inner+outer"], "nested get_or_create deadlocked"
+
+
+def test_prepared_launch_checks_once_and_passes_the_geometry(monkeypatch):
+    """``prepare`` refuses a geometry the kernel was not loaded for when it is prepared (not
+    at a later call), hands the driver the grid, block, shared memory, stream and argument
+    array it was given (pointers as pointer objects: the prepared call has no argtypes, and a
+    plain int would go as a 32-bit C int), and turns a driver error code into CudaError naming
+    the kernel."""
+    import ctypes
+    CudaError = load_mod.CudaError
+    seen = []
+
+    def as_value(x):
+        if isinstance(x, ctypes.c_void_p):
+            return ("ptr", x.value)
+        if isinstance(x, ctypes.Array):
+            return ("array", ctypes.addressof(x))
+        return x
+
+    def fake_launch(*args):
+        seen.append(tuple(as_value(x) for x in args))
+        return 700 if seen[-1][8] == ("ptr", 99) else 0     # stream 99: CUDA_ERROR_ILLEGAL_ADDRESS
+
+    class Drv:
+        CUresult = int
+
+        @staticmethod
+        def cuGetErrorName(err):
+            return (0, b"CUDA_ERROR_ILLEGAL_ADDRESS")
+    monkeypatch.setattr(launch_mod, "_direct", {False: fake_launch, True: fake_launch})
+    monkeypatch.setattr(load_mod, "driver", lambda: Drv)
+    k = load_mod.LoadedKernel(function=None, module=None, handle=2**40 + 77, name="kern", smem_bytes=4096,
+                              context=1, device=0)
+    with pytest.raises(ArgumentError, match=r"^LaunchConfig.smem_bytes: got 8192"):
+        launch_mod.prepare(k, launch_mod.LaunchConfig(grid=(4, 1, 1), block=(128, 1, 1), smem_bytes=8192))
+    assert not seen
+    go = launch_mod.prepare(k, launch_mod.LaunchConfig(grid=(4, 2, 1), block=(384, 1, 1), smem_bytes=4096))
+    buf = launch_mod.ParamBuffer(16)
+    go(buf, 2**45 + 5)
+    go(buf, 0)
+    argv = ("array", buf.argv_address)
+    assert seen == [(("ptr", 2**40 + 77), 4, 2, 1, 384, 1, 1, 4096, ("ptr", 2**45 + 5), argv, None),
+                    (("ptr", 2**40 + 77), 4, 2, 1, 384, 1, 1, 4096, None, argv, None)]
+    with pytest.raises(CudaError, match=r"cuLaunchKernel\(kern\) failed: CUDA_ERROR_ILLEGAL_ADDRESS"):
+        go(buf, 99)
