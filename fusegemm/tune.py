@@ -7,7 +7,8 @@ under the problem's **bucket**: experts, rows per expert (rounded to a power of 
 the output/weight options. ``fusegemm.grouped_gemm`` called without ``mma_tiler_mn`` and
 ``use_dynamic_sched`` reads the record of its call's bucket (on its first call of a new
 argument signature: never on the repeat-call fast path) and launches the winner; a bucket with
-no record gets the spec's default. Later processes, and every rank sharing the cache, reuse
+no record gets the spec's default, or with ``FUSEGEMM_AUTOTUNE=1`` is tuned on that first call
+(:func:`first_call`). Later processes, and every rank sharing the cache, reuse
 the record. Writes are atomic under a file lock; an unreadable record file reads as empty.
 
 The record names the device (an H100's winner is not an H200's) and the configuration, so a
@@ -16,10 +17,12 @@ record never changes numerics: every candidate computes the same FP32-accumulate
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
 import statistics
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -29,7 +32,7 @@ from typing import Any, Callable
 from .base.errors import ArgumentError, UnsupportedError
 from .runtime import config
 
-__all__ = ["Bucket", "Candidate", "TuneResult", "tune", "lookup", "record_file", "parse_shape"]
+__all__ = ["Bucket", "Candidate", "TuneResult", "tune", "lookup", "first_call", "record_file", "parse_shape"]
 
 SPECS = ("grouped_gemm",)        # the families tuning is implemented for
 SHAPE_KEYS = ("experts", "tokens", "n", "k")
@@ -274,7 +277,8 @@ def _sizes(experts: int, tokens: int, dist: str, seed: int) -> list[int]:
 
 def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: int, dist: str = "balanced",
          d_dtype: str = "bfloat16", device: int = 0, warmup: int = 2, iters: int = 10, rounds: int = 5,
-         margin: float = 0.05, write: bool = True, progress: Callable[[str], None] | None = None) -> TuneResult:
+         margin: float = 0.05, write: bool = True, progress: Callable[[str], None] | None = None,
+         bucket: Bucket | None = None) -> TuneResult:
     """Measure every configuration the device's arch implements for this shape; record the best.
 
     Parameters
@@ -310,6 +314,10 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
         Record the winner in the cache (always: for the rest of this process).
     progress : callable, optional
         Called with a line of text per candidate measured.
+    bucket : Bucket, optional
+        Record under this bucket instead of the measured shape's own (the first-call tuner
+        records under its call's bucket, whose rows per expert the seeded problem may round
+        differently). Its options must be those of the measured problem.
 
     Returns
     -------
@@ -325,6 +333,14 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
             raise ArgumentError(name, repr(value), "a positive int")
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
         raise ArgumentError("margin", repr(margin), "a fraction in [0, 1)")
+    sizes = _sizes(experts, tokens, dist, seed=0)
+    padded = [-(-s // 256) * 256 for s in sizes]
+    m = sum(padded)
+    measured = Bucket.of(experts=experts, m_rows=m, n=n, k=k, d_dtype=d_dtype)
+    if bucket is None:
+        bucket = measured
+    elif bucket.options != measured.options:
+        raise ArgumentError("bucket", bucket.key, f"options {measured.options} (those of the measured problem)")
     import torch
 
     from .ops.device import device_arch
@@ -333,9 +349,6 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
     from .verify import _device_name
     arch = device_arch(device)
     name = _device_name(device)
-    sizes = _sizes(experts, tokens, dist, seed=0)
-    padded = [-(-s // 256) * 256 for s in sizes]
-    m = sum(padded)
     dev = torch.device("cuda", device)
     g = torch.Generator(device=dev).manual_seed(0)
     a = (torch.randn(m, k, generator=g, device=dev) * 0.5).bfloat16()
@@ -372,7 +385,6 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
     # lost to the default by 1-5% in the next benchmark): a winner within `margin` of the default
     # is noise, not a reason to leave the configuration every test exercises.
     best = fastest if ms[default.label] > ms[fastest.label] * (1 + margin) else default
-    bucket = Bucket.of(experts=experts, m_rows=m, n=n, k=k, d_dtype=d_dtype)
     record = {"tile": list(best.tile), "dynamic": best.dynamic, "ms": round(ms[best.label], 5),
               "fastest": fastest.label, "margin": margin,
               "default_ms": round(ms[default.label], 5), "measured": {k_: round(v, 5) for k_, v in ms.items()},
@@ -383,3 +395,81 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
     path = _write(file, bucket.key, record) if write else None
     _ops().fast.clear()              # calls memoised before this record re-resolve their config
     return TuneResult(bucket, best, default, ms, path, fastest)
+
+
+_log = logging.getLogger("fusegemm")
+_first_lock = threading.Lock()
+_tuning = threading.local()      # set while this thread tunes: calls made meanwhile are not tuned
+_first_done: dict[tuple[str, str, int, str], Candidate | None] = {}
+
+
+def first_call(spec: str, arch: str, device: int, device_name: str, bucket: Bucket, *, experts: int,
+               m_rows: int, n: int, k: int, d_dtype: str, stream: int = 0) -> Candidate | None:
+    """First-call tuning (``FUSEGEMM_AUTOTUNE=1``): tune ``bucket`` now and return its winner.
+
+    Called by ``fusegemm.grouped_gemm`` on the first call of an argument signature whose bucket
+    has no record. Runs :func:`tune` once per (bucket, device) per process, on a balanced seeded
+    problem of the call's experts, rows, N and K, and records the winner under the call's bucket.
+    Returns None, and the caller launches its default, when the bucket's options are ones
+    :func:`tune` does not measure (C, bias, discrete or N-major weights), while ``stream`` is
+    capturing a CUDA graph (tuning allocates and synchronises), or when tuning fails (logged
+    once; not retried in this process).
+
+    Parameters
+    ----------
+    spec : str
+        The spec (``grouped_gemm``).
+    arch : str
+        The device's arch.
+    device : int
+        CUDA device ordinal.
+    device_name : str
+        The device's name (records are per device model).
+    bucket : Bucket
+        The call's shape class.
+    experts : int
+        L of the call.
+    m_rows : int
+        Rows of the call's A (the padded total).
+    n : int
+        N.
+    k : int
+        K.
+    d_dtype : str
+        D's dtype.
+    stream : int
+        The call's stream (raw handle), checked for graph capture.
+    """
+    if bucket.options != Bucket.of(experts=experts, m_rows=m_rows, n=n, k=k, d_dtype=d_dtype).options:
+        return None
+    if getattr(_tuning, "on", False):
+        # A call made while this thread tunes (the first-run verification of an unexecuted arch
+        # runs selftest cases through the wrappers): its default, no nested tuning.
+        return None
+    from .runtime.tensors import is_capturing
+    if is_capturing(stream):
+        return None
+    key = (spec, arch, device, bucket.key)
+    if key in _first_done:
+        return _first_done[key]
+    with _first_lock:
+        if key in _first_done:
+            return _first_done[key]
+        _log.warning("fusegemm: FUSEGEMM_AUTOTUNE=1: tuning %s bucket %s on device %d (%s) before its "
+                     "first launch", spec, bucket.key, device, device_name)
+        _tuning.on = True
+        try:
+            res = tune(spec, experts=experts, tokens=m_rows, n=n, k=k, d_dtype=d_dtype, device=device,
+                       bucket=bucket)
+            best: Candidate | None = res.best
+            _log.warning("fusegemm: %s bucket %s: %s recorded (%s)", spec, bucket.key, best.label,
+                         ", ".join(f"{lab} {t:.4f} ms" for lab, t in sorted(res.ms.items(), key=lambda kv: kv[1])))
+        except Exception as exc:     # tuning is an optimisation: the call goes on with its default
+            best = None
+            _log.warning("fusegemm: tuning %s bucket %s failed (%s: %s); launching the default "
+                         "configuration, and not tuning this bucket again in this process",
+                         spec, bucket.key, type(exc).__name__, exc)
+        finally:
+            _tuning.on = False
+        _first_done[key] = best
+        return best

@@ -109,6 +109,13 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("FUSEGEMM_CACHE_READONLY", "0", _bool, "0/1, true/false",
         "Read the disk cache but never write it (no lock files, no entries): kernels it lacks are "
         "compiled in memory. A cache folder the process cannot write is read-only without this."),
+    Var("FUSEGEMM_AUTOTUNE", "0", _bool, "0/1, true/false",
+        "First-call tuning: when `fusegemm.grouped_gemm` is called with no configuration and its "
+        "shape bucket has no `fusegemm tune` record for this device, tune that bucket first (once "
+        "per process: compiles and times every implemented configuration on a seeded problem of the "
+        "call's shape, seconds, with memory for one more copy of the operands), record the winner "
+        "and launch it. Never during CUDA graph capture; a failed tuning logs a warning and the call "
+        "gets the default."),
     Var("FUSEGEMM_TRUST_UNVERIFIED", "0", _bool, "0/1, true/false",
         "Skip the first-run verification of kernel families on an arch fusegemm has not executed "
         "on (sm_100a today): launch without running their selftest cases first."),
@@ -155,6 +162,10 @@ def bundle_paths() -> tuple[Path, ...]:
 
 def cache_readonly() -> bool:
     return bool(get("FUSEGEMM_CACHE_READONLY"))
+
+
+def autotune() -> bool:
+    return bool(get("FUSEGEMM_AUTOTUNE"))
 
 
 def trust_unverified() -> bool:

@@ -364,8 +364,10 @@ def grouped_gemm(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor
     re-checked) and allocates its outputs from the memoised shapes.
 
     Configuration: without ``mma_tiler_mn``, ``cluster_shape_mn`` and ``use_dynamic_sched``, the
-    configuration ``fusegemm tune`` recorded for the call's shape bucket (:mod:`fusegemm.tune`),
-    else the spec's default.
+    configuration ``fusegemm tune`` recorded for the call's shape bucket (:mod:`fusegemm.tune`);
+    else, with ``FUSEGEMM_AUTOTUNE=1``, the bucket is tuned on this first call and its winner
+    recorded; else on sm_100a the roofline model's choice (:mod:`fusegemm.heuristic`), else the
+    spec's default.
     """
     inputs = (a_tensor, padded_offsets, alpha_tensor, b_tensor, b_ptrs, bias_tensor, prob_tensor)
     sig = signature(inputs)
@@ -392,17 +394,22 @@ def grouped_gemm(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor
 
 
 def _tuned(call: Any, device: int, c_name: str | None, d_name: str,
-           b_major: str) -> tuple[Any, bool, Any]:
+           b_major: str, stream: Any = None) -> tuple[Any, bool, Any]:
     """(tile, dynamic, cluster) for a call that names no configuration: what ``fusegemm tune``
-    recorded for its bucket; else, on sm_100a (which cannot be timed here), the roofline model's
-    choice (fusegemm/heuristic.py); else (None, False, None): the spec's default. Runs on the
-    wrapper's first call of an argument signature only."""
+    recorded for its bucket; else, with ``FUSEGEMM_AUTOTUNE=1``, what tuning the bucket now
+    finds (:func:`fusegemm.tune.first_call`); else, on sm_100a (which cannot be timed here), the
+    roofline model's choice (fusegemm/heuristic.py); else (None, False, None): the spec's
+    default. Runs on the wrapper's first call of an argument signature only."""
     from .. import tune
+    from .prepared import is_dry
     arch, name = _device_identity(device)
     bucket = tune.Bucket.of(experts=call.l, m_rows=call.m, n=call.n, k=call.k, d_dtype=d_name, c_dtype=c_name,
                             bias=call.bias.dtype if call.bias is not None else None,
                             discrete=call.b_ptrs is not None, b_major=b_major)
     hit = tune.lookup(SPEC, arch, name, bucket)
+    if hit is None and config.autotune() and not is_dry():
+        hit = tune.first_call(SPEC, arch, device, name, bucket, experts=call.l, m_rows=call.m, n=call.n,
+                              k=call.k, d_dtype=d_name, stream=resolve_stream(stream, device))
     if hit is not None:
         return hit.tile, hit.dynamic, None
     if arch == "sm_100a" and call.bias is None:     # (bias needs tile N 256: the default's)
@@ -448,7 +455,7 @@ def _grouped_gemm_checked(inputs: tuple, key: tuple | None, n, b_dtype, b_major,
     d = alloc(shape, d_name, device)
     c = alloc(shape, c_name, device) if gen_c else None
     if tile is None and cluster is None and not dyn:     # every argument checked: now the device
-        tile, dyn, cluster = _tuned(call, device, c_name if gen_c else None, d_name, b_major)
+        tile, dyn, cluster = _tuned(call, device, c_name if gen_c else None, d_name, b_major, current_stream)
     op_key = (SPEC, device, c_name, d_name, call.bias.dtype if call.bias else None,
               call.b_ptrs is not None, gen_c, dyn, tile, cluster)
 

@@ -66,3 +66,40 @@ def test_the_wrapper_launches_the_recorded_configuration(cache):
     before = set(gg._ops()._ops)
     fusegemm.grouped_gemm(a, off, alpha, b_tensor=b, mma_tiler_mn=(128, 256))
     assert all(key[8] == (128, 256) for key in set(gg._ops()._ops) - before)
+
+
+def test_first_call_tuning_records_the_calls_bucket_and_matches_the_reference(cache, monkeypatch):
+    """FUSEGEMM_AUTOTUNE=1: the first wrapper call of an untuned bucket tunes it (a record lands
+    in the cache under the call's own bucket), launches the winner, and the output equals the
+    reference; a call of another argument signature in the same bucket does not tune again."""
+    from fusegemm.ops import grouped_gemm as gg
+    monkeypatch.setenv("FUSEGEMM_AUTOTUNE", "1")
+    tune._first_done.clear()
+    measured = []
+    real = tune.tune
+    monkeypatch.setattr(tune, "tune", lambda *a, **kw: measured.append(kw["bucket"].key) or
+                        real(*a, **{**kw, "rounds": 1, "iters": 2, "warmup": 1}))
+    gg._ops().fast.clear()
+    arch, name = gg._device_identity(0)
+    sizes = [300, 0, 700]                       # 3 experts, 1280 rows: bucket of 512 rows per expert
+    padded = [-(-s // 256) * 256 for s in sizes]
+    m, n, k = sum(padded), 256, 128
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(m, k, generator=g, device="cuda").bfloat16()
+    b = torch.randn(3, n, k, generator=g, device="cuda").bfloat16()
+    off = torch.tensor(padded, device="cuda").cumsum(0).to(torch.int32)
+    alpha = torch.rand(3, generator=g, device="cuda") + 0.5
+    d = fusegemm.grouped_gemm(a, off, alpha, b_tensor=b)["d_tensor"]
+    bucket = tune.Bucket.of(experts=3, m_rows=m, n=n, k=k)
+    assert measured == [bucket.key]
+    tune._memory.clear()                        # read back from the file
+    assert tune.lookup("grouped_gemm", arch, name, bucket) is not None
+    ref = torch.zeros(m, n, device="cuda")
+    start = 0
+    for e, p in enumerate(padded):
+        ref[start:start + p] = alpha[e] * (a[start:start + p].float() @ b[e].float().T)
+        start += p
+    torch.testing.assert_close(d.float(), ref, rtol=1e-2, atol=1e-2)
+    fusegemm.grouped_gemm(a.unsqueeze(-1), off, alpha, b_tensor=b)   # (M, K, 1): new signature, same bucket
+    assert len(measured) == 1
+    tune._first_done.clear()

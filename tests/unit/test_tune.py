@@ -98,3 +98,98 @@ def test_cli_without_a_gpu_exits_3(monkeypatch):
     assert r.exit_code == 1 and "tuning is implemented for grouped_gemm" in r.output
     r = CliRunner().invoke(main, ["tune", "grouped_gemm", "--shape", "experts=8"])
     assert r.exit_code == 1 and "missing tokens, n, k" in r.output
+
+
+@pytest.fixture
+def first(cache, monkeypatch):
+    """The wrapper's configuration choice on a fake H200 with FUSEGEMM_AUTOTUNE=1 and tune()
+    replaced by a recorder (the measuring runs on the H200: tests/gpu/test_tune_gpu.py)."""
+    from fusegemm.ops import grouped_gemm as gg
+    from fusegemm.runtime import tensors
+    monkeypatch.setattr(gg, "_device_identity", lambda device: ("sm_90a", "NVIDIA H200"))
+    monkeypatch.setattr(gg, "resolve_stream", lambda stream, device: 7 if stream is None else stream)
+    monkeypatch.setattr(tensors, "is_capturing", lambda stream: stream == 99)
+    monkeypatch.setenv("FUSEGEMM_AUTOTUNE", "1")
+    tune._first_done.clear()
+    calls = []
+
+    def fake_tune(spec, *, experts, tokens, n, k, d_dtype, device, bucket, **kw):
+        calls.append(dict(spec=spec, experts=experts, tokens=tokens, n=n, k=k, d_dtype=d_dtype, device=device,
+                          bucket=bucket.key))
+        if n == 999:
+            raise RuntimeError("out of memory")
+        best = tune.Candidate((64, 256), True)
+        tune._memory[(tune.record_file(spec, "sm_90a", "NVIDIA H200"), bucket.key)] = {"tile": [64, 256],
+                                                                                      "dynamic": True}
+        return SimpleNamespace(best=best, ms={best.label: 1.0, "128x256:static": 1.2})
+    monkeypatch.setattr(tune, "tune", fake_tune)
+    yield gg, calls
+    tune._first_done.clear()
+
+
+def test_first_call_tuning_tunes_the_calls_bucket_once(first):
+    gg, calls = first
+    call = SimpleNamespace(l=8, m=8 * 2304, n=4096, k=7168, bias=None, b_ptrs=None)
+    assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), True, None)
+    bucket = tune.Bucket.of(experts=8, m_rows=8 * 2304, n=4096, k=7168)
+    assert calls == [dict(spec="grouped_gemm", experts=8, tokens=8 * 2304, n=4096, k=7168, d_dtype="bfloat16",
+                          device=0, bucket=bucket.key)]
+    assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), True, None)      # the record now
+    assert len(calls) == 1
+
+
+def test_first_call_tuning_is_opt_in_and_skips_what_it_cannot_measure(first, monkeypatch):
+    gg, calls = first
+    call = SimpleNamespace(l=8, m=4096, n=512, k=512, bias=None, b_ptrs=None)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FUSEGEMM_AUTOTUNE", "0")
+        assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, False, None)
+    assert gg._tuned(call, 0, "bfloat16", "bfloat16", "k") == (None, False, None)    # with C
+    assert gg._tuned(call, 0, None, "bfloat16", "n") == (None, False, None)          # N-major weights
+    assert gg._tuned(SimpleNamespace(**{**vars(call), "b_ptrs": object()}), 0, None, "bfloat16", "k") == \
+        (None, False, None)                                                           # discrete weights
+    assert gg._tuned(call, 0, None, "bfloat16", "k", 99) == (None, False, None)      # capturing a graph
+    from fusegemm.ops.prepared import dry_run
+    with dry_run():
+        assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, False, None)      # fake tensors
+    assert calls == []
+
+
+def test_a_failed_tuning_gives_the_default_and_is_not_retried(first, caplog):
+    gg, calls = first
+    call = SimpleNamespace(l=4, m=1024, n=999, k=512, bias=None, b_ptrs=None)
+    with caplog.at_level("WARNING", logger="fusegemm"):
+        assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, False, None)
+        assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, False, None)
+    assert len(calls) == 1
+    assert "failed (RuntimeError: out of memory); launching the default" in caplog.text
+
+
+def test_calls_made_while_tuning_are_not_tuned(first, monkeypatch):
+    """The first-run verification of an unexecuted arch runs selftest cases through the
+    wrappers while an op compiles, and tuning compiles ops: those nested calls get their
+    default instead of a nested tuning (or a deadlock on the tuning lock)."""
+    gg, calls = first
+    inner = SimpleNamespace(l=2, m=512, n=256, k=256, bias=None, b_ptrs=None)
+    seen = []
+    real = tune.tune
+
+    def nesting_tune(spec, **kw):
+        seen.append(gg._tuned(inner, 0, None, "bfloat16", "k"))
+        return real(spec, **kw)
+    monkeypatch.setattr(tune, "tune", nesting_tune)
+    outer = SimpleNamespace(l=8, m=4096, n=512, k=512, bias=None, b_ptrs=None)
+    import threading
+    got = []
+    t = threading.Thread(target=lambda: got.append(gg._tuned(outer, 0, None, "bfloat16", "k")), daemon=True)
+    t.start()
+    t.join(timeout=20)
+    assert got == [((64, 256), True, None)], "the nested call deadlocked or tuned"
+    assert seen == [(None, False, None)] and [c["n"] for c in calls] == [512]
+
+
+def test_tune_refuses_a_bucket_of_other_options():
+    with pytest.raises(ArgumentError, match=r"^bucket: got .*noc.nobias.discrete.bk; allowed: options "
+                                            r"dbfloat16.noc.nobias.dense.bk"):
+        tune.tune(experts=2, tokens=512, n=256, k=256,
+                  bucket=tune.Bucket.of(experts=2, m_rows=512, n=256, k=256, discrete=True))
