@@ -23,6 +23,16 @@ def cache(tmp_path, monkeypatch):
     tune._read_cache.clear()
 
 
+def _reference(a, b, alpha, padded):
+    """alpha[e] * A_e @ B_e^T per expert, FP32, from the padded expert sizes."""
+    ref = torch.zeros(a.shape[0], b.shape[1], device="cuda")
+    start = 0
+    for e, p in enumerate(padded):
+        ref[start:start + p] = alpha[e] * (a[start:start + p].float() @ b[e].float().T)
+        start += p
+    return ref
+
+
 def test_tune_measures_every_configuration_and_records_the_best(cache):
     res = tune.tune(experts=4, tokens=1000, n=512, k=256, rounds=1, iters=3, warmup=1)
     assert len(res.ms) >= 4 and res.default.label in res.ms and all(t > 0 for t in res.ms.values())
@@ -56,12 +66,7 @@ def test_the_wrapper_launches_the_recorded_configuration(cache):
     d = fusegemm.grouped_gemm(a, off, alpha, b_tensor=b)["d_tensor"]
     new = set(gg._ops()._ops) - before
     assert any(key[8] == (64, 128) and key[7] is True for key in set(gg._ops()._ops)), new
-    ref = torch.zeros(m, n, device="cuda")
-    start = 0
-    for e, p in enumerate(padded):
-        ref[start:start + p] = alpha[e] * (a[start:start + p].float() @ b[e].float().T)
-        start += p
-    torch.testing.assert_close(d.float(), ref, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(d.float(), _reference(a, b, alpha, padded), rtol=1e-2, atol=1e-2)
     # A pinned configuration ignores the record.
     before = set(gg._ops()._ops)
     fusegemm.grouped_gemm(a, off, alpha, b_tensor=b, mma_tiler_mn=(128, 256))
@@ -94,12 +99,7 @@ def test_first_call_tuning_records_the_calls_bucket_and_matches_the_reference(ca
     assert measured == [bucket.key]
     tune._memory.clear()                        # read back from the file
     assert tune.lookup("grouped_gemm", arch, name, bucket) is not None
-    ref = torch.zeros(m, n, device="cuda")
-    start = 0
-    for e, p in enumerate(padded):
-        ref[start:start + p] = alpha[e] * (a[start:start + p].float() @ b[e].float().T)
-        start += p
-    torch.testing.assert_close(d.float(), ref, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(d.float(), _reference(a, b, alpha, padded), rtol=1e-2, atol=1e-2)
     fusegemm.grouped_gemm(a.unsqueeze(-1), off, alpha, b_tensor=b)   # (M, K, 1): new signature, same bucket
     assert len(measured) == 1
     tune._first_done.clear()
