@@ -532,19 +532,48 @@ def cache_list(as_json: bool) -> None:
            [[e.get("name"), e.get("arch", "?"), e.get("resources", {}).get("registers", "?"),
              e.get("compile_seconds", "?"), f"corrupted ({e['corrupted']})" if e.get("corrupted") else "ok"]
             for e in rows])
-    click.echo(f"{len(rows)} entries in {default_cache().root}")
+    from . import tune as tn
+    from . import verify
+    click.echo(f"{len(rows)} entries in {default_cache().root} ({len(tn.records())} tuning records, "
+               f"{len(verify.passes())} verification passes: fusegemm cache records)")
+
+
+@cache.command("records")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def cache_records(as_json: bool) -> None:
+    """List the records kept beside the kernels: tuning winners (`fusegemm tune`,
+    FUSEGEMM_AUTOTUNE) and first-run verification passes."""
+    from . import tune as tn
+    from . import verify
+    tuned, passed = tn.records(), verify.passes()
+    if as_json:
+        return _echo_json({"tuned": tuned, "verified": passed})
+    _table(["spec", "arch", "device", "bucket", "config", "ms", "default ms", "date"],
+           [[r["spec"], r["arch"], r["device"], r["bucket"], r["config"] or "malformed", r["ms"] or "-",
+             r["default_ms"] or "-", r["date"] or "-"] for r in tuned])
+    click.echo(f"{len(tuned)} tuning records")
+    if passed:
+        click.echo("")
+        _table(["family", "arch", "device", "fusegemm", "cases"],
+               [[r.get("family") or "unreadable", r.get("arch") or "-", r.get("device") or "-",
+                 r.get("fusegemm") or "-", r.get("cases") or "-"] for r in passed])
+    click.echo(f"{len(passed)} verification passes")
 
 
 @cache.command("clear")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def cache_clear(yes: bool) -> None:
-    """Delete every cached kernel."""
+@click.option("--records", is_flag=True,
+              help="Also delete the tuning records and verification passes (`fusegemm cache records`).")
+def cache_clear(yes: bool, records: bool) -> None:
+    """Delete every cached kernel (kept: the records of `fusegemm cache records`, unless
+    --records)."""
     from .runtime.cache import default_cache
     c = default_cache()
     if not yes and sys.stdin.isatty():
-        click.confirm(f"Delete every entry under {c.root}?", abort=True)
-    removed, failed = c.clear()
-    click.echo(f"removed {removed} entries from {c.root}")
+        what = "entry and record" if records else "kernel entry"
+        click.confirm(f"Delete every {what} under {c.root}?", abort=True)
+    removed, failed = c.clear(records=records)
+    click.echo(f"removed {removed} {'entries and records' if records else 'entries'} from {c.root}")
     if failed:
         raise click.ClickException(f"{len(failed)} entries could not be removed (read-only cache?): "
                                    + "; ".join(failed[:3]))

@@ -32,7 +32,8 @@ from typing import Any, Callable
 from .base.errors import ArgumentError, UnsupportedError
 from .runtime import config
 
-__all__ = ["Bucket", "Candidate", "TuneResult", "tune", "lookup", "first_call", "record_file", "parse_shape"]
+__all__ = ["Bucket", "Candidate", "TuneResult", "tune", "lookup", "first_call", "records", "record_file",
+           "parse_shape"]
 
 SPECS = ("grouped_gemm",)        # the families tuning is implemented for
 SHAPE_KEYS = ("experts", "tokens", "n", "k")
@@ -165,7 +166,8 @@ def record_file(spec: str, arch: str, device_name: str) -> Path:
     device_name : str
         The device's name (``NVIDIA H200``).
     """
-    return config.cache_dir() / "tuned" / f"{spec}.{arch}.{_slug(device_name)}.json"
+    from .runtime.cache import record_dir
+    return record_dir("tuned") / f"{spec}.{arch}.{_slug(device_name)}.json"
 
 
 # Records read from disk, by file: (mtime_ns, {bucket key: record}); and the records of this
@@ -220,6 +222,28 @@ def lookup(spec: str, arch: str, device_name: str, bucket: Bucket) -> Candidate 
     if rec is None and config.disk_cache_enabled():
         rec = _read(path).get(bucket.key)
     return _candidate(rec) if rec is not None else None
+
+
+def records() -> list[dict[str, Any]]:
+    """Every tuning record in the cache, a dict per (file, bucket): ``spec``, ``arch``,
+    ``device`` (the file's device slug), ``bucket`` (its key), ``config`` (the recorded
+    configuration's label, or None when malformed), ``ms``, ``default_ms``, ``date`` and
+    ``file``. What ``fusegemm cache records`` prints."""
+    from .runtime.cache import record_dir
+    folder = record_dir("tuned")
+    out: list[dict[str, Any]] = []
+    if not config.disk_cache_enabled() or not folder.is_dir():
+        return out
+    for path in sorted(folder.glob("*.json")):
+        spec, _, rest = path.stem.partition(".")
+        arch, _, device = rest.partition(".")
+        for key, rec in sorted(_read(path).items()):
+            cand = _candidate(rec)
+            rec = rec if isinstance(rec, dict) else {}
+            out.append({"spec": spec, "arch": arch, "device": device, "bucket": key,
+                        "config": cand.label if cand else None, "ms": rec.get("ms"),
+                        "default_ms": rec.get("default_ms"), "date": rec.get("date"), "file": str(path)})
+    return out
 
 
 def _write(path: Path, key: str, record: dict[str, Any]) -> Path | None:

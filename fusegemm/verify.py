@@ -102,7 +102,28 @@ def record_path(family: str, arch: str) -> Path | None:
     """Where a pass is recorded (None when the disk cache is off: the pass lasts the process)."""
     if not config.disk_cache_enabled():
         return None
-    return config.cache_dir() / "verified" / f"{family}.{arch}.json"
+    from .runtime.cache import record_dir
+    return record_dir("verified") / f"{family}.{arch}.json"
+
+
+def passes() -> list[dict[str, Any]]:
+    """The first-run verification passes recorded in the cache: ``family``, ``arch``,
+    ``device``, ``fusegemm`` and ``nvrtc`` versions, ``cases`` run and ``file``, one dict per
+    record (an unreadable one has only ``file``). What ``fusegemm cache records`` prints."""
+    from .runtime.cache import record_dir
+    folder = record_dir("verified")
+    if not config.disk_cache_enabled() or not folder.is_dir():
+        return []
+    out = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = None
+        row = {k: data.get(k) for k in ("family", "arch", "device", "fusegemm", "nvrtc", "cases")} \
+            if isinstance(data, dict) else {}
+        out.append({**row, "file": str(path)})
+    return out
 
 
 def _read(path: Path) -> dict[str, Any] | None:

@@ -3,6 +3,8 @@
 Layout (inspectable; raw cubins so cuobjdump/nvdisasm work on them)::
 
     <cache>/<readable name>.<key16>/{kernel.cu, kernel.cubin, meta.json}
+    <cache>/tuned/<spec>.<arch>.<device>.json       tuning records (fusegemm/tune.py)
+    <cache>/verified/<family>.<arch>.json           first-run verification passes (fusegemm/verify.py)
 
 The key hashes labelled, length-prefixed fields: cache schema, package version, rendered
 source, the content of every header reached by ``#include``, NVRTC version, options, arch.
@@ -87,6 +89,21 @@ def make_key(fields: list[tuple[str, str]]) -> str:
         h.update(f"{len(label)}:{label}|{len(data)}:".encode())
         h.update(data)
     return h.hexdigest()
+
+
+# Folders of the cache root that hold records beside the kernel entries: never listed, counted
+# or cleared as kernels (an entry's name always ends in ".<key16>").
+RECORD_DIRS: dict[str, str] = {
+    "tuned": "tuning records (fusegemm tune, FUSEGEMM_AUTOTUNE)",
+    "verified": "first-run verification passes (unexecuted archs)",
+}
+
+
+def record_dir(kind: str) -> Path:
+    """The cache folder of one kind of record (a key of :data:`RECORD_DIRS`)."""
+    if kind not in RECORD_DIRS:
+        raise ValueError(f"record kind: got {kind!r}; allowed: {', '.join(RECORD_DIRS)}")
+    return config.cache_dir() / kind
 
 
 class KernelCache:
@@ -227,7 +244,7 @@ class KernelCache:
         if not self.root.is_dir():
             return out
         for d in sorted(self.root.iterdir()):
-            if d.name.startswith(".") or not d.is_dir():
+            if d.name.startswith(".") or not d.is_dir() or d.name in RECORD_DIRS:
                 continue
             try:
                 meta = json.loads((d / "meta.json").read_text())
@@ -246,19 +263,32 @@ class KernelCache:
             out.append(meta)
         return out
 
-    def clear(self) -> tuple[int, list[str]]:
-        """Remove every entry: (entries removed, "name: reason" of those that could not be)."""
+    def clear(self, records: bool = False) -> tuple[int, list[str]]:
+        """Remove every kernel entry (and with ``records`` the record folders of
+        :data:`RECORD_DIRS` too): (entries and record files removed, "name: reason" of those
+        that could not be)."""
         n, failed = 0, []
         with self._lock:
             self._mem.clear()
         if self.root.is_dir():
             for d in self.root.iterdir():
-                if d.is_dir() and not d.name.startswith(".locks"):
+                if not d.is_dir() or d.name.startswith(".locks"):
+                    continue
+                if d.name in RECORD_DIRS:
+                    if not records:
+                        continue
+                    files = sum(1 for f in d.iterdir() if f.suffix == ".json")
                     why = _discard(d)
                     if why is None:
-                        n += not d.name.startswith(".")
-                    elif not d.name.startswith("."):
+                        n += files
+                    else:
                         failed.append(f"{d.name}: {why}")
+                    continue
+                why = _discard(d)
+                if why is None:
+                    n += not d.name.startswith(".")
+                elif not d.name.startswith("."):
+                    failed.append(f"{d.name}: {why}")
         return n, failed
 
 

@@ -373,3 +373,37 @@ def test_a_tile_the_schema_allows_but_no_kernel_builds_is_refused_before_nvrtc(t
         r = run("build", str(spec), "--arch", arch, "--variant", "tile_n=64", "-j", "1")
         assert r.exit_code == 1 and f"tile_n=64 is not implemented for grouped_gemm on {arch}; " \
                                     "implemented: 128, 256" in r.output, r.output
+
+
+def test_records_beside_the_kernels_are_listed_and_kept_apart(cache_dir):
+    """Tuning records and verification passes live in the cache root beside the kernel entries:
+    `cache list` neither lists them nor calls them corrupted (it did, as 'meta.json unreadable'),
+    `cache clear` keeps them (it deleted them as entries), `cache records` lists them and
+    `cache clear --records` deletes them too."""
+    from fusegemm import tune
+    tune._memory.clear()
+    tune._read_cache.clear()
+    _one_entry(cache_dir)
+    bucket = tune.Bucket.of(experts=8, m_rows=4096, n=512, k=512)
+    tune._write(tune.record_file("grouped_gemm", "sm_90a", "NVIDIA H200"), bucket.key,
+                {"tile": [64, 256], "dynamic": True, "ms": 0.25, "default_ms": 0.3, "date": "2026-12-01"})
+    (cache_dir / "verified").mkdir()
+    (cache_dir / "verified" / "grouped_gemm.sm_100a.json").write_text(json.dumps(
+        {"family": "grouped_gemm", "arch": "sm_100a", "device": "NVIDIA B200", "fusegemm": "0.1", "cases": 6}))
+    (cache_dir / "verified" / "gemm_amax.sm_100a.json").write_text("{broken")
+    r = run("cache", "list")
+    assert "corrupted" not in r.output and "tuned" not in r.output.split("\n")[2:-2]
+    assert "1 entries in" in r.output and "(1 tuning records, 2 verification passes" in r.output
+    r = run("cache", "records")
+    assert r.exit_code == 0, r.output
+    assert f"grouped_gemm  sm_90a  nvidia-h200  {bucket.key}  64x256:dynamic" in r.output
+    assert "grouped_gemm  sm_100a  NVIDIA B200" in r.output and "unreadable" in r.output
+    data = json.loads(run("cache", "records", "--json").output)
+    assert [t["config"] for t in data["tuned"]] == ["64x256:dynamic"] and len(data["verified"]) == 2
+    r = run("cache", "clear", "--yes")
+    assert "removed 1 entries" in r.output
+    assert (cache_dir / "tuned").is_dir() and (cache_dir / "verified").is_dir()
+    r = run("cache", "clear", "--yes", "--records")
+    assert "removed 3 entries and records" in r.output
+    assert not (cache_dir / "tuned").exists() and not (cache_dir / "verified").exists()
+    tune._read_cache.clear()
