@@ -16,8 +16,8 @@ Forward: fc1 with the fused SwiGLU epilogue (``specs/grouped_gemm_swiglu.yaml``:
 The forward keeps fc1's pre-activations ``g`` (the same kernel stores them: ``generate_c``)
 and ``h`` for the backward. Backward: fc2's data gradient with the dSwiGLU epilogue
 (``specs/grouped_gemm_dswiglu_bf16.yaml``: ``dG`` and ``dprob`` straight out of the GEMM), fc1's
-data gradient with the grouped GEMM (both read the weights in place as N-major B on sm_90a; a
-K-major copy elsewhere), and the weight
+data gradient with the grouped GEMM (both read the weights in place as N-major B where the
+device's kernel implements it: sm_90a and sm_100a), and the weight
 gradients (K-grouped: a reduction over each expert's tokens) with ``torch._grouped_mm``. Still
 to come (issue 14): a K-grouped fusegemm family for the weight gradients. The MXFP8 recipe
 (``recipe="mxfp8"``) is described at :class:`ExpertMLP`.
@@ -269,7 +269,7 @@ def _one(t: Tensor) -> Tensor:
 
 def _weight_as_b(w: Tensor) -> tuple[Tensor, str]:
     """A data gradient's weight (L, K, N) as the GEMM's B (L, N, K) and its ``b_major``: the view
-    itself where the device's kernel reads N-major B (sm_90a), else a K-major copy."""
+    itself where the device's kernel reads N-major B (sm_90a, sm_100a), else a K-major copy."""
     if _b_major(w.device) == "n":
         return w.transpose(1, 2), "n"
     return w.transpose(1, 2).contiguous(), "k"
@@ -279,7 +279,8 @@ _B_MAJOR: dict[int, str] = {}
 
 
 def _b_major(device: torch.device) -> str:
-    """"n" when the device's arch implements N-major B for the grouped family (sm_90a), else "k"."""
+    """"n" when the device's arch implements N-major B for the grouped family (the registry's
+    row: sm_90a and sm_100a today), else "k"."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _B_MAJOR:
         from .generator import registry

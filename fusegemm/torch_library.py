@@ -272,7 +272,7 @@ def epilogue_gemm(spec: str, a: Tensor, padded_offsets: Tensor, b: Optional[Tens
     padded_offsets : (L,) int32
         Each expert's end row, nondecreasing multiples of 256.
     b : (L, N, K) or (N, K, L) view, bfloat16, optional
-        Dense weights, K-major; with ``b_major="n"`` (sm_90a) N-major: the view ``w.transpose(1, 2)`` of (L, K, N) weights.
+        Dense weights, K-major; with ``b_major="n"`` N-major: the view ``w.transpose(1, 2)`` of (L, K, N) weights.
     b_ptrs : (L,) int64, optional
         Discrete weights: device addresses of each expert's (N, K) weights; needs ``n``.
     n : int, optional

@@ -147,9 +147,7 @@ _FUSED = ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu")
 
 ROWS: tuple[Implementation, ...] = (
     _row("grouped_gemm", "sm_100a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
-         "GroupedGemmKernel", tuple(a for a in _GROUPED_BF16 if a != "b_major"), rule=SPEC_RULE,
-         limits=(Limit("b_major", ("k",), "the kind::f16 kernel reads K-major B only (MN-major B "
-                                          "descriptors are built for sm_90a's WGMMA; pass a K-major copy)"),)),
+         "GroupedGemmKernel", _GROUPED_BF16, rule=SPEC_RULE),
     _row("grouped_gemm", "sm_90a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _GROUPED_BF16, rule=SPEC_RULE,
          limits=(Limit("tile_m", (64, 128), "one 64-row WGMMA consumer warpgroup per 64 rows of "

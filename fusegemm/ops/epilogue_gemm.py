@@ -178,7 +178,7 @@ class EpilogueGemm(SpecGemm):
         padded_offsets : (L,) int32
             Each expert's end row: nondecreasing multiples of 256.
         b_tensor : (L, N, K) or its (N, K, L) view, bfloat16, optional
-            Dense weights, K-major; with ``b_major="n"`` (sm_90a) N-major: the view ``w.transpose(1, 2)`` of (L, K, N) weights.
+            Dense weights, K-major; with ``b_major="n"`` N-major: the view ``w.transpose(1, 2)`` of (L, K, N) weights.
         inputs : dict, optional
             The epilogue's inputs by spec name (``fusegemm show SPEC`` lists them): tensors, or Python numbers for scalar inputs.
         b_ptrs : (L,) int64 tensor, optional

@@ -111,7 +111,7 @@ class V:
     batched: bool = False
     c_major_m: bool = False
     a_mn: bool = False  # block-scaled FP8: M-major A
-    b_mn: bool = False  # block-scaled FP8: N-major B
+    b_mn: bool = False  # N-major B (block-scaled FP8, BF16)
     fault: int = 0  # fusegemm::sm100 kFault* (tests only)
 
     @property
@@ -130,6 +130,8 @@ class V:
             if self.c_major_m:
                 parts.append("cmajm")
             parts += [x for x, on in (("amn", self.a_mn), ("bnn", self.b_mn)) if on]
+        elif self.b_mn:
+            parts.append("bnn")
         parts.append(f"t{self.tile_m}x{self.tile_n}")
         parts += [x for x, on in (("dyn", self.dynamic), ("disc", self.discrete), ("genc", self.generate_c)) if on]
         if self.bias != "none":
@@ -152,7 +154,7 @@ class V:
                   "tile_m": self.tile_m, "tile_n": self.tile_n, "cluster_m": self.cta_group, "cluster_n": 1}
         if self.family == "bf16":
             return {**common, "d_dtype": _AXIS_DTYPE[self.d], "bias_dtype": _AXIS_DTYPE[self.bias],
-                    "generate_c": self.generate_c}
+                    "generate_c": self.generate_c, "b_major": "n" if self.b_mn else "k"}
         return {**common, "sf_dtype": _AXIS_SF[self.sf], "sf_vec_size": self.vec,
                 "a_major": "m" if self.a_mn else "k", "b_major": "n" if self.b_mn else "k",
                 "cd_major": "m" if self.c_major_m else "n"}
@@ -173,7 +175,8 @@ class V:
             # Bias and C reach the kernel through the rule generated from the spec's epilogue:
             # a column input read in the bias's dtype, an output c only with generate_c.
             lines += [f"using ElementC = {OUT[self.c]};", f"using ElementD = {OUT[self.d]};",
-                      f"static constexpr bool kHasC = {_b(self.generate_c)};"]
+                      f"static constexpr bool kHasC = {_b(self.generate_c)};",
+                      f"static constexpr bool kBMajorMN = {_b(self.b_mn)};"]
             if self.bias != "none":
                 lines.append(f"e.bias = fusegemm::epi::ldf<{OUT[self.bias]}>(col_base_, col);")
         else:

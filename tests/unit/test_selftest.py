@@ -84,6 +84,26 @@ def test_grouped_gemm_cases_logic_on_cpu(monkeypatch):
         return {k: None if v is None else torch.from_numpy(np.asarray(v, dtype=np.float32))
                 for k, v in res.items()}
     monkeypatch.setattr(op, "grouped_gemm", fake_op)
+
+    class FakeEpilogueGemm:
+        """The N-major case's op: checks what the case hands it (spec, b_major, an (L, N, K)
+        view with N contiguous, the seed's alpha and prob) and answers with the reference."""
+
+        def __init__(self, spec, device=0, **axes):
+            assert spec == "grouped_gemm" and axes["b_major"] == "n", (spec, axes)
+            self.d_dtype = axes["d_dtype"]
+
+        def __call__(self, a, off, b, *, inputs):
+            assert b.stride(1) == 1 and b.stride(2) == b.shape[1], b.stride()   # N contiguous, in place
+            assert set(inputs) == {"alpha", "prob"}
+            canonical = b.contiguous()     # (L, N, K) values of the N-major view
+            res = fake_op(a_tensor=a, padded_offsets=off, alpha_tensor=inputs["alpha"], b_tensor=canonical,
+                          prob_tensor=inputs["prob"])
+            return {"d": res["d_tensor"]}
+    from fusegemm.ops import epilogue_gemm
+    monkeypatch.setattr(epilogue_gemm, "EpilogueGemm", FakeEpilogueGemm)
+    labels = [label for label, _ in st._grouped_gemm_cases()]
+    assert any(case.get("b_major") == "n" for _, case in st._grouped_gemm_cases()), labels
     for label, case in st._grouped_gemm_cases():
         if case.get("discrete"):
             continue

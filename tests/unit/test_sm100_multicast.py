@@ -30,6 +30,10 @@ MN_PROBES = [
     V("bs", 128, 256, ab="e4m3", c="f32", batched=True, a_mn=True, b_mn=True, fault=6),  # LBO/SBO swapped
 ]
 PAIR_COMMIT_FAULTS = [V("bf16", 128, 256, fault=5), V("bf16", 256, 256, fault=5)]
+# The BF16 kernel's N-major B (make_variant("grouped_gemm", b_major="n")): 4, 2 and 1 atoms per CTA.
+BF16_MN_PROBES = [V("bf16", 128, 256, b_mn=True), V("bf16", 256, 256, b_mn=True),
+                  V("bf16", 256, 128, b_mn=True, discrete=True)]
+BF16_MN_FIELDS = ("hi_b", "lbo_b", "kstep_b", "idesc")
 MN_FIELDS = ("hi_a", "lbo_a", "kstep_a", "hi_b", "lbo_b", "kstep_b", "idesc")
 WALKS = [(5, 3, 2, 8), (3, 4, 1, 8), (9, 2, 4, 8), (1, 1, 4, 8), (20, 3, 1, 8)]  # (bm, bn, pm, band rows x pm)
 
@@ -66,6 +70,22 @@ __device__ void probe_one(uint32_t* out, uint8_t* buf) {
   const uint32_t ours[7] = {K::kDescHiA, K::kLboA, K::kKStepA, K::kDescHiB, K::kLboB, K::kKStepB, K::kIdesc};
   for (int i = 0; i < 7; ++i) out[7 + i] = ours[i];
 }
+// The BF16 kernel's N-major B against CUTLASS's bf16 MN-major SW128 layout (K advance in bytes:
+// the layout counts elements) and its kind::f16 instruction descriptor with b_major MN.
+template <class K>
+__device__ void probe_bf16(uint32_t* out, uint8_t* buf) {
+  using namespace cute;
+  using T = cutlass::bfloat16_t;
+  using L = decltype(tile_to_shape(UMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<K::kRowsB>, Int<K::kBlockK>>{},
+                                   Step<_2, _1>{}));
+  UMMA::SmemDescriptor d = UMMA::make_umma_desc<UMMA::Major::MN>(make_tensor(make_smem_ptr(reinterpret_cast<T*>(buf)), L{}));
+  out[0] = d.hi;
+  out[1] = (d.lo >> 16) << 4;
+  out[2] = uint32_t(L{}(0, K::kUmmaK)) * sizeof(T) / 16;
+  out[3] = uint32_t(UMMA::make_instr_desc<T, T, float, K::kTileM, K::kTileN, UMMA::Major::K, UMMA::Major::MN>());
+  const uint32_t ours[4] = {K::kDescHiB, K::kLboB, K::kKStepB, K::kIdesc};
+  for (int i = 0; i < 4; ++i) out[4 + i] = ours[i];
+}
 """
 
 
@@ -100,7 +120,7 @@ def probe_unit(i: int, v: V) -> str:
 
 
 def probe_source() -> str:
-    probes = MN_PROBES + PAIR_COMMIT_FAULTS
+    probes = MN_PROBES + PAIR_COMMIT_FAULTS + BF16_MN_PROBES
     src = [probe_unit(i, v) for i, v in enumerate(probes)]
     src += ["#include <cute/atom/mma_traits_sm100.hpp>", _MC_FN, _PROBE_FN]
     for j, v in enumerate(PAIR_COMMIT_FAULTS):
@@ -114,9 +134,16 @@ def probe_source() -> str:
                + ", ".join(walk) + "};")
     body = "".join(f"  probe_one<K{i}, fusegemm_gen_p{i}::Config>(out + {16 * i}, buf);\n"
                    for i in range(len(MN_PROBES)))
+    first = len(MN_PROBES) + len(PAIR_COMMIT_FAULTS)
+    body += "".join(f"  probe_bf16<K{first + j}>(out + {_bf16_word(j)}, buf);\n" for j in range(len(BF16_MN_PROBES)))
     src.append('extern "C" __global__ void probe(uint32_t* out) {\n'
                "  __shared__ alignas(1024) uint8_t buf[32768];\n" + body + "}")
     return "\n".join(src) + "\n"
+
+
+def _bf16_word(j: int) -> int:
+    """First output word of BF16 probe j (after the 16 words of each block-scaled probe)."""
+    return 16 * len(MN_PROBES) + 8 * j
 
 
 @functools.lru_cache(maxsize=1)
@@ -163,7 +190,7 @@ def mn_desc_problems(i: int, stored: dict[int, int]) -> list[str]:
 def test_mn_major_descriptors_match_cutlass():
     _skip_without_toolchain()
     stored = ptx_stored_constants(probe()[0])
-    assert len(stored) == 16 * len(MN_PROBES) - 2 * len(MN_PROBES), sorted(stored)
+    assert len(stored) == 14 * len(MN_PROBES) + 8 * len(BF16_MN_PROBES), sorted(stored)
     for i in range(len(MN_PROBES) - 1):
         assert mn_desc_problems(i, stored) == []
     # The kernel's own constants, pinned (sm100-protocol.md §2 style): SW128 hi 0x40004040, LBO
@@ -176,12 +203,31 @@ def test_mn_major_descriptors_match_cutlass():
     assert any("hi_a" in p for p in bad) and any("lbo_a" in p for p in bad) and any("hi_b" in p for p in bad), bad
 
 
+def test_bf16_n_major_descriptors_match_cutlass():
+    """The BF16 kernel's N-major B (hi word, LBO, K advance, instruction descriptor) equals
+    CUTLASS's make_umma_desc<Major::MN> / make_instr_desc on the same bf16 layout, for 4, 2 and 1
+    64-column atoms per CTA; pinned: SW128 hi 0x40004040, LBO 8 KB between atoms (0 for one),
+    K advance 128 (2 KB), and the golden bf16 descriptor with the b_major bit."""
+    _skip_without_toolchain()
+    stored = ptx_stored_constants(probe()[0])
+    for j, v in enumerate(BF16_MN_PROBES):
+        base = 4 * _bf16_word(j)
+        cut = [stored.get(base + 4 * k) for k in range(4)]
+        ours = [stored.get(base + 16 + 4 * k) for k in range(4)]
+        assert None not in cut + ours, (v.label, sorted(stored))
+        assert ours == cut, f"{v.label}: ours {[hex(x) for x in ours]}, CUTLASS {[hex(x) for x in cut]}"
+        atoms = v.tile_n // v.cta_group // 64
+        assert ours[:3] == [0x40004040, 8192 if atoms > 1 else 0, 128], v.label
+        shape = ((v.tile_n >> 3) << 17) | ((v.tile_m >> 4) << 24)
+        assert ours[3] == (0x00010490 | shape), v.label
+
+
 def test_probe_kernels_are_the_generated_ones():
     """The probes' kernel classes come from the generated units: each exports its generated
     contract (renamed probe_k<i>), which agrees with the probe's variant."""
     _skip_without_toolchain()
     c = inspect.Cubin(probe()[1])
-    for i, v in enumerate(MN_PROBES + PAIR_COMMIT_FAULTS):
+    for i, v in enumerate(MN_PROBES + PAIR_COMMIT_FAULTS + BF16_MN_PROBES):
         assert contract_problems(v, c.contract(f"probe_k{i}")) == [], v.label
 
 

@@ -57,6 +57,7 @@ CORE = [
     V("bs", 128, 256, ab="e4m3", c="f32", batched=True, a_mn=True, b_mn=True),  # seed 004 M-/N-major
     V("bs", 256, 256, ab="e2m1", sf="ue4m3", vec=16, discrete=True, dynamic=True),  # NVFP4 2-CTA; grouped
     V("bs", 64, 128, ab="e2m1", sf="ue8m0", vec=32, c="bf16"),             # MXFP4, M=64 over padded M=128; grouped
+    V("bf16", 256, 256, b_mn=True),                                        # N-major B: 2 atoms per CTA of the pair
 ]
 EXTENDED = [
     V("bs", 128, 128, ab="e2m1", sf="ue4m3", vec=16, c="e4m3", batched=True),  # FP8 C from NVFP4
@@ -64,6 +65,9 @@ EXTENDED = [
     V("bf16", 64, 256, discrete=True, d="f32"),
     V("bf16", 128, 256, bias="f32", generate_c=True, c="f16", d="f32"),
     V("bf16", 256, 256, bias="f16"),
+    V("bf16", 128, 256, b_mn=True, dynamic=True),                         # N-major B: 4 atoms
+    V("bf16", 256, 128, b_mn=True, discrete=True),                        # N-major B: 1 atom (LBO 0), 2-D maps
+    V("bf16", 64, 128, b_mn=True, generate_c=True, c="f32"),              # N-major B, M=64 instruction
     V("bs", 128, 128, ab="e5m2", c="bf16", batched=True),
     V("bs", 128, 256, ab="e2m1", sf="ue4m3", vec=16, c="f16", batched=True),  # direct (N 256 + vec 16 + 16-bit C)
     V("bs", 128, 256, ab="e2m1", sf="ue8m0", vec=16, c="f32"),             # MXFP4 vec16 -> mxf4nvf4; srelu

@@ -14,6 +14,11 @@
 // In a cluster larger than one MMA unit (CTA or pair), A k-blocks are multicast along cluster N
 // and B k-blocks along cluster M (same expert only) and the cluster walks blocks of neighbouring
 // tiles; fusegemm/sm100/cluster.cuh has the protocol.
+// N-major B (Config::kBMajorMN, b_major n: the (L, N, K) view of (L, K, N) weights): a CTA's B
+// stage holds kRowsB / 64 swizzle atoms of 64 N-elements (128 B) by kBlockK K rows, atoms one
+// after another, each loaded as kMcSlices K slices; descriptors as umma.cuh "MN-major" (the
+// block-scaled kernel's FP8 layout with 2-byte elements: LBO = 64 K rows x 128 B between atoms,
+// SBO = 1 KB, K advance 16 rows x 128 B per instruction) and the instruction's b_major bit.
 // Barrier and fence protocol: fusegemm/sm100/pipeline.cuh header, sm100-protocol.md §1/§4.
 #pragma once
 
@@ -30,7 +35,6 @@ struct GroupedGemmKernel {
   static_assert(fusegemm::is_same_v<ElementA, ElementB>, "A and B share one 16-bit format");
   static_assert(fusegemm::is_same_v<ElementA, fusegemm::bfloat16_t> || fusegemm::is_same_v<ElementA, fusegemm::half_t>,
                 "kind::f16 kernel: A/B are bf16 or fp16");
-  static_assert(!Config::kBMajorMN, "kind::f16 grouped kernel: K-major B only");
 
   static constexpr int kFault = fault_injection<Config>();
   static constexpr int kTileM = Config::kTileM;
@@ -42,6 +46,12 @@ struct GroupedGemmKernel {
   static constexpr int kRowsB = kTileN / kCtaGroup;        // B rows per CTA (N split over the pair)
   static constexpr int kStageBytesA = kRowsA * kBlockK * 2;
   static constexpr int kStageBytesB = kRowsB * kBlockK * 2;
+  static constexpr bool kBMn = Config::kBMajorMN;
+  static constexpr int kBSwizzle = 128;                    // N-major atom: 64 bf16 columns
+  static constexpr int kBMnAtomCols = kBSwizzle / 2;
+  static constexpr int kBMnAtoms = kRowsB / kBMnAtomCols;  // 1 (2-CTA tile N 128), 2 or 4
+  static constexpr int kSliceK = kBlockK / kMcSlices;      // N-major: K rows per slice
+  static_assert(!kBMn || kRowsB % kBMnAtomCols == 0, "N-major B: whole 64-column atoms per CTA");
   static constexpr int kAccStages = 2 * kTileN <= kTmemColumns ? 2 : 1;
   static constexpr int kAccCols = kAccStages * kTileN;
   static constexpr int kTmemCols = tmem_alloc_columns(kAccCols);
@@ -75,17 +85,23 @@ struct GroupedGemmKernel {
   static constexpr int kMinClusterM = kCtaGroup, kMinClusterN = 1, kCtasPerTile = kCtaGroup;
   static constexpr int kMaxClusterCtas = fusegemm::sm100::kMaxClusterCtas;
   static constexpr int kMAligned = fusegemm::kMAligned;
-  static constexpr int kBoxAInner = kBoxK, kBoxAOuter = kBoxRowsA, kBoxBInner = kBoxK, kBoxBOuter = kBoxRowsB;
+  // N-major B: boxes of (64 N, kSliceK K), per atom and slice.
+  static constexpr int kBoxAInner = kBoxK, kBoxAOuter = kBoxRowsA;
+  static constexpr int kBoxBInner = kBMn ? kBMnAtomCols : kBoxK, kBoxBOuter = kBMn ? kSliceK : kBoxRowsB;
   static constexpr int kSwizzleA = 128, kSwizzleB = 128;
   static constexpr int kTmaDtypeA = TmaDtype<ElementA>::value, kTmaDtypeB = TmaDtype<ElementB>::value;
   static constexpr int kTmapSlotStride = Config::kDiscreteB ? Frame::kTmapSlotStride : 0;
-  static_assert(kSliceRowsA % 8 == 0 && kSliceRowsB % 8 == 0,
+  static_assert(kSliceRowsA % 8 == 0 && kSliceRowsB % 8 == 0 && (kSliceK * kBSwizzle) % 1024 == 0,
                 "bug #5: slices are whole 8-row SW128 atoms (1024-B aligned destinations)");
 
   // ---- static protocol checks (sm100-protocol.md §8) ----
   static constexpr uint32_t kIdesc =
       idesc_f16(kTileM, kTileN, kFault == kFaultWrongFormat ? F16Fmt::F16 : f16_fmt<ElementA>(),
-                f16_fmt<ElementB>());
+                f16_fmt<ElementB>(), false, kBMn);
+  // B's shared-memory descriptor: hi word, LBO and K advance per instruction (bug #4, #6).
+  static constexpr uint32_t kDescHiB = kBMn ? mn_major_hi(kBSwizzle, mn_major_sbo(kBSwizzle)) : kSw128KMajorHi;
+  static constexpr uint32_t kLboB = kBMn ? mn_major_lbo(kBSwizzle, kBlockK, kBMnAtoms) : kSw128KMajorLbo;
+  static constexpr uint32_t kKStepB = kBMn ? mn_major_kstep(kBSwizzle, kUmmaK) : kDescKStep;
   static_assert(legal_f16_shape<kCtaGroup, kTileM, kTileN>(), "bug #9: illegal kind::f16 shape");
   static_assert(kTileM == 64 || kTileM == 128 || kTileM == 256, "TILE_M in {64, 128, 256}");
   static_assert(kTileN == 128 || kTileN == 256, "TILE_N in {128, 256}");
@@ -93,14 +109,19 @@ struct GroupedGemmKernel {
   // cubin serves every legal cluster. The spec constraints and the launcher keep cluster M even
   // for 2-CTA tiles (the kernel exports its minimum, 2x1).
   // bug #3: every field but M/N equals the golden bf16 descriptor 0x08400490 (F32 acc, BF16 A/B,
-  // K-major, dense); M/N fields as the instruction shape.
+  // K-major, dense) plus the b_major bit [16] of N-major B; M/N fields as the instruction shape.
   static_assert(!fusegemm::is_same_v<ElementA, fusegemm::bfloat16_t> ||
-                    (kIdesc & ~kIdescShapeMask) == (0x08400490u & ~kIdescShapeMask),
+                    (kIdesc & ~kIdescShapeMask) == ((0x08400490u | (uint32_t(kBMn) << 16)) & ~kIdescShapeMask),
                 "bug #3: instruction descriptor differs from the golden bf16 descriptor");
   static_assert((kIdesc & kIdescShapeMask) == ((uint32_t(kTileN >> 3) << 17) | (uint32_t(kTileM >> 4) << 24)),
                 "bug #3: instruction shape fields");
   static_assert(kUmmaK * 16 / 128 == int(kDescKStep), "bug #6: K advance +2 per k-block");
   static_assert(kBlockK * 2 == 128, "bug #4: K-major SW128 descriptor assumes 128-B rows");
+  // CUTLASS make_umma_desc<Major::MN> on tile_to_shape(Layout_MN_SW128_Atom<bfloat16_t>,
+  // (kRowsB, 64), Step<_2,_1>): hi 0x40004040, LBO 8192 (0 for one atom), next K=16 slice 2048 B
+  // on (tests/unit/test_sm100_multicast.py recomputes them from the CuTe headers).
+  static_assert(!kBMn || (kDescHiB == 0x40004040u && kLboB == (kBMnAtoms > 1 ? 8192u : 0u) && kKStepB == 128u),
+                "bug #4/#6: N-major B descriptor (CUTLASS make_umma_desc<Major::MN>, SW128, bf16)");
   static_assert(kAccCols <= kTmemCols && kTmemCols <= kTmemColumns, "bug #10: TMEM overflow");
   static_assert(Frame::kTxBytes == (kStageBytesA + kStageBytesB) * kCtaGroup,
                 "bug #1: expect_tx = boxes of both CTAs");
@@ -139,23 +160,35 @@ struct GroupedGemmKernel {
           f.template load_slice<2>(sa, i, &p.tma_a, bar, f.smem_a(s) + i * kSliceRowsA * kBlockK * 2,
                                    kb * kBlockK, m_row + i * kSliceRowsA, 0, 0, CacheHint::kEvictFirst);
         }
+        constexpr int kDimsB = Config::kDiscreteB ? 2 : 3;
 #pragma unroll 1
         for (int i = 0; i < kMcSlices; ++i) {
-          // Dense B: 3-D map (K, N, L); discrete: the expert's 2-D (K, N) map.
-          f.template load_slice<Config::kDiscreteB ? 2 : 3>(sb, i, tmap_b, bar, f.smem_b(s) + i * kSliceRowsB * kBlockK * 2,
-                                                            kb * kBlockK, n_row + i * kSliceRowsB, t.expert, 0,
-                                                            CacheHint::kEvictLast);
+          if constexpr (kBMn) {
+            // Dense B: 3-D map (N, K, L); discrete: the expert's 2-D (N, K) map. Per 64-column
+            // atom of the CTA's columns, K slice i.
+#pragma unroll
+            for (int j = 0; j < kBMnAtoms; ++j) {
+              f.template load_slice<kDimsB>(sb, i, tmap_b, bar,
+                                            f.smem_b(s) + j * kBSwizzle * kBlockK + i * kSliceK * kBSwizzle,
+                                            n_row + j * kBMnAtomCols, kb * kBlockK + i * kSliceK, t.expert, 0,
+                                            CacheHint::kEvictLast);
+            }
+          } else {
+            // Dense B: 3-D map (K, N, L); discrete: the expert's 2-D (K, N) map.
+            f.template load_slice<kDimsB>(sb, i, tmap_b, bar, f.smem_b(s) + i * kSliceRowsB * kBlockK * 2,
+                                          kb * kBlockK, n_row + i * kSliceRowsB, t.expert, 0, CacheHint::kEvictLast);
+          }
         }
       });
     } else if (f.warp == kWarpMma) {
       if (f.is_leader) {
         f.mma_loop(sched, k_blocks, [&](uint32_t d_tmem, int s, bool accumulate) {
           const uint64_t da = make_smem_desc(smem_u32(f.smem_a(s)), kSw128KMajorHi, kSw128KMajorLbo);
-          const uint64_t db = make_smem_desc(smem_u32(f.smem_b(s)), kSw128KMajorHi, kSw128KMajorLbo);
+          const uint64_t db = make_smem_desc(smem_u32(f.smem_b(s)), kDescHiB, kLboB);
 #pragma unroll
           for (int k = 0; k < kBlockK / kUmmaK; ++k) {
             if constexpr (kFault != kFaultSkipMma) {
-              mma_f16<kCtaGroup>(d_tmem, da + k * kDescKStep, db + k * kDescKStep, kIdesc, accumulate || k > 0);
+              mma_f16<kCtaGroup>(d_tmem, da + k * kDescKStep, db + k * kKStepB, kIdesc, accumulate || k > 0);
             }
           }
         });
