@@ -84,6 +84,8 @@ def _grouped_gemm_cases() -> list[tuple[str, dict[str, Any]]]:
         # The MoE layer's data gradients read (L, K, N) weights in place: the grouped kernel with
         # N-major B (b_major n, through the spec-driven op: the seed wrapper is K-major only).
         ("N-major weights (b_major n)", dict(tokens=[300, 0, 512], n=192, k=136, b_major="n")),
+        ("N-major weights, tile 128x256 (1-CTA on sm_100a)",
+         dict(tokens=[256, 512], n=320, k=64, b_major="n", axes={"tile_m": 128, "cluster_m": 1})),
     ]
 
 
@@ -106,7 +108,8 @@ def _magnitude(pb: Any) -> np.ndarray:
     return out
 
 
-def _n_major_call(dev: dict[str, Any], b_lnk: np.ndarray, d_dtype: str, device: str) -> dict[str, Any]:
+def _n_major_call(dev: dict[str, Any], b_lnk: np.ndarray, d_dtype: str, device: str,
+                  axes: dict[str, Any]) -> dict[str, Any]:
     """The grouped GEMM on N-major weights: (L, K, N) storage of ``b_lnk`` (L, N, K), passed as
     its (L, N, K) view with ``b_major="n"`` to the spec-driven op of spec grouped_gemm (the same
     kernel family and epilogue: D = prob * alpha * A @ B^T)."""
@@ -114,7 +117,7 @@ def _n_major_call(dev: dict[str, Any], b_lnk: np.ndarray, d_dtype: str, device: 
     from .ops import epilogue_gemm
     w = checking.to_device(np.ascontiguousarray(b_lnk.transpose(0, 2, 1)), device)   # (L, K, N)
     index = int(device.split(":")[1]) if device.startswith("cuda:") else 0
-    op = epilogue_gemm.EpilogueGemm("grouped_gemm", device=index, b_major="n", d_dtype=d_dtype)
+    op = epilogue_gemm.EpilogueGemm("grouped_gemm", device=index, b_major="n", d_dtype=d_dtype, **axes)
     res = op(dev["a_tensor"], dev["padded_offsets"], w.transpose(1, 2),
              inputs={"alpha": dev["alpha_tensor"], "prob": dev["prob_tensor"]})
     return {"d_tensor": res["d"], "c_tensor": None}
@@ -130,6 +133,7 @@ def _run_grouped_gemm(case: dict[str, Any], device: str = "cuda:0") -> tuple[flo
                                          "mma_tiler_mn") if k in opts}
     tokens = opts.pop("tokens")
     b_major = opts.pop("b_major", "k")
+    axes = opts.pop("axes", {})       # variant choices of the N-major (spec-driven) call
     pb = problems.make_grouped_problem("grouped_gemm", num_experts=len(tokens), tokens=tokens,
                                        seed=7, values="realistic", layout="canonical", **opts)
     kwargs = pb.kwargs(**call_opts)
@@ -138,7 +142,8 @@ def _run_grouped_gemm(case: dict[str, Any], device: str = "cuda:0") -> tuple[flo
     if "bias_tensor" in dev:   # the seed's bias is (N, L) with N contiguous
         dev["bias_tensor"] = checking.to_device(np.ascontiguousarray(kwargs["bias_tensor"].T), device).t()
     if b_major == "n":
-        out = _n_major_call(dev, np.asarray(kwargs["b_tensor"]), call_opts.get("d_dtype", "bfloat16"), device)
+        out = _n_major_call(dev, np.asarray(kwargs["b_tensor"]), call_opts.get("d_dtype", "bfloat16"), device,
+                            axes)
     else:
         out = op.grouped_gemm(**dev)
     if device.startswith("cuda"):

@@ -435,9 +435,10 @@ def first_call(spec: str, arch: str, device: int, device_name: str, bucket: Buck
     has no record. Runs :func:`tune` once per (bucket, device) per process, on a balanced seeded
     problem of the call's experts, rows, N and K, and records the winner under the call's bucket.
     Returns None, and the caller launches its default, when the bucket's options are ones
-    :func:`tune` does not measure (C, bias, discrete or N-major weights), while ``stream`` is
-    capturing a CUDA graph (tuning allocates and synchronises), or when tuning fails (logged
-    once; not retried in this process).
+    :func:`tune` does not measure (C, bias, discrete or N-major weights), for a call with fewer
+    than 256 rows, while ``stream`` is capturing a CUDA graph (tuning allocates and
+    synchronises), while this thread tunes or runs a first-run verification
+    (:mod:`fusegemm.verify`), or when tuning fails (logged once; not retried in this process).
 
     Parameters
     ----------
@@ -466,10 +467,16 @@ def first_call(spec: str, arch: str, device: int, device_name: str, bucket: Buck
     """
     if bucket.options != Bucket.of(experts=experts, m_rows=m_rows, n=n, k=k, d_dtype=d_dtype).options:
         return None
-    if getattr(_tuning, "on", False):
-        # A call made while this thread tunes (the first-run verification of an unexecuted arch
-        # runs selftest cases through the wrappers): its default, no nested tuning.
+    from . import verify
+    if getattr(_tuning, "on", False) or verify.running():
+        # A call made while this thread tunes, or while it runs the first-run verification of
+        # an unexecuted arch (whose selftest cases call the wrappers, and which tuning's own
+        # compiles can enter): its default. Tuning inside verification would record the
+        # selftest's shapes, verify a tuned configuration instead of the default, and could
+        # deadlock against another thread holding the tuning lock while it waits to verify.
         return None
+    if m_rows < 256:
+        return None     # no row tile (an empty rank): nothing to measure, and its bucket is r1
     from .runtime.tensors import is_capturing
     if is_capturing(stream):
         return None

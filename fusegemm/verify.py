@@ -73,6 +73,11 @@ def ensure_verified(family: str, arch: str, device: int) -> None:
         _verified.add(key)
 
 
+def running() -> bool:
+    """True while this thread runs a family's first-run verification cases."""
+    return getattr(_local, "active", False)
+
+
 def _run_cases(family: str, device: int) -> list[Any]:
     """The family's selftest rows, with this thread's launches let through the gate."""
     from . import selftest

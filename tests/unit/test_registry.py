@@ -124,7 +124,7 @@ assert (v.tile_m, v.cluster_m) == (128, 1)   # the row's defaults
 with config.override(FUSEGEMM_ARCHS="sm_120a"):
     assert config.default_archs() == ("sm_120a",)
 vs, skipped = build.select(["grouped_gemm", "gemm_amax"], ("sm_120a",))
-assert len(vs) == 4 and [(s.spec, s.status) for s in skipped] == [("gemm_amax", "none")], (vs, skipped)
+assert len(vs) == 5 and [(s.spec, s.status) for s in skipped] == [("gemm_amax", "none")], (vs, skipped)
 print("ok")
 """
 

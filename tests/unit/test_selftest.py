@@ -91,6 +91,8 @@ def test_grouped_gemm_cases_logic_on_cpu(monkeypatch):
 
         def __init__(self, spec, device=0, **axes):
             assert spec == "grouped_gemm" and axes["b_major"] == "n", (spec, axes)
+            assert set(axes) <= {"b_major", "d_dtype", "tile_m", "cluster_m"}, axes
+            seen_axes.append(axes)
             self.d_dtype = axes["d_dtype"]
 
         def __call__(self, a, off, b, *, inputs):
@@ -102,6 +104,7 @@ def test_grouped_gemm_cases_logic_on_cpu(monkeypatch):
             return {"d": res["d_tensor"]}
     from fusegemm.ops import epilogue_gemm
     monkeypatch.setattr(epilogue_gemm, "EpilogueGemm", FakeEpilogueGemm)
+    seen_axes = []
     labels = [label for label, _ in st._grouped_gemm_cases()]
     assert any(case.get("b_major") == "n" for _, case in st._grouped_gemm_cases()), labels
     for label, case in st._grouped_gemm_cases():
@@ -109,6 +112,7 @@ def test_grouped_gemm_cases_logic_on_cpu(monkeypatch):
             continue
         err, ok, detail = st._run_grouped_gemm(case, device="cpu")
         assert ok, (label, err)
+    assert {"tile_m": 128, "cluster_m": 1}.items() <= seen_axes[-1].items()   # the 1-CTA N-major case
 
 
 @pytest.mark.parametrize("family", ["grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax"])

@@ -193,3 +193,21 @@ def test_tune_refuses_a_bucket_of_other_options():
                                             r"dbfloat16.noc.nobias.dense.bk"):
         tune.tune(experts=2, tokens=512, n=256, k=256,
                   bucket=tune.Bucket.of(experts=2, m_rows=512, n=256, k=256, discrete=True))
+
+
+def test_calls_made_by_a_first_run_verification_are_not_tuned(first, monkeypatch):
+    """The first-run verification of an unexecuted arch runs selftest cases through the wrapper:
+    they launch the default (tuning there would record the selftest's shapes, verify a tuned
+    configuration instead of the default, and could deadlock against a thread that holds the
+    tuning lock while waiting to verify). Calls of no rows (an empty rank) are not tuned either:
+    nothing to measure, and their bucket (r1) belongs to real shapes."""
+    from fusegemm import verify
+    gg, calls = first
+    call = SimpleNamespace(l=6, m=3072, n=256, k=200, bias=None, b_ptrs=None)
+    monkeypatch.setattr(verify._local, "active", True, raising=False)
+    assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, False, None)
+    monkeypatch.setattr(verify._local, "active", False)
+    assert gg._tuned(SimpleNamespace(**{**vars(call), "m": 0}), 0, None, "bfloat16", "k") == (None, False, None)
+    assert calls == []
+    assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), True, None)     # outside: tuned
+    assert len(calls) == 1
