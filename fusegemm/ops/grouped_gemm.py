@@ -67,30 +67,24 @@ class GroupedGemm:
 
     Parameters
     ----------
-    sample_a
-        Representative tensors (dtypes and layouts are taken from them). Dense mode passes
-        ``sample_b``; discrete mode passes ``num_experts``, ``b_shape=(N, K)`` and ``b_dtype``.
-    sample_c
-        Representative tensors (dtypes and layouts are taken from them). Dense mode passes
-        ``sample_b``; discrete mode passes ``num_experts``, ``b_shape=(N, K)`` and ``b_dtype``.
-    sample_d
-        Representative tensors (dtypes and layouts are taken from them). Dense mode passes
-        ``sample_b``; discrete mode passes ``num_experts``, ``b_shape=(N, K)`` and ``b_dtype``.
-    sample_padded_offsets
-        Representative tensors (dtypes and layouts are taken from them). Dense mode passes
-        ``sample_b``; discrete mode passes ``num_experts``, ``b_shape=(N, K)`` and ``b_dtype``.
-    sample_alpha
-        Representative tensors (dtypes and layouts are taken from them). Dense mode passes
-        ``sample_b``; discrete mode passes ``num_experts``, ``b_shape=(N, K)`` and ``b_dtype``.
-    sample_b
-        Representative tensors (dtypes and layouts are taken from them). Dense mode passes
-        ``sample_b``; discrete mode passes ``num_experts``, ``b_shape=(N, K)`` and ``b_dtype``.
-    sample_bias
-        Representative tensors (dtypes and layouts are taken from them). Dense mode passes
-        ``sample_b``; discrete mode passes ``num_experts``, ``b_shape=(N, K)`` and ``b_dtype``.
-    sample_prob
-        Representative tensors (dtypes and layouts are taken from them). Dense mode passes
-        ``sample_b``; discrete mode passes ``num_experts``, ``b_shape=(N, K)`` and ``b_dtype``.
+    sample_a : (M, K) or (M, K, 1) bfloat16
+        Representative A. The op is built for the dtypes, layouts and device of the samples;
+        sizes may differ in ``execute``.
+    sample_c : (M, N) or (M, N, 1) tensor, optional
+        Representative C output (with ``generate_c``); its dtype sets ``c_dtype``.
+    sample_d : (M, N) or (M, N, 1) tensor, optional
+        Representative D output; its dtype sets ``d_dtype``.
+    sample_padded_offsets : (L,) int32
+        Representative ``padded_offsets``.
+    sample_alpha : (L,) float32
+        Representative per-expert scales.
+    sample_b : (L, N, K) or its (N, K, L) view, bfloat16, optional
+        Representative dense weights. Discrete weights pass none and give ``num_experts``,
+        ``b_shape=(N, K)`` and ``b_dtype`` instead.
+    sample_bias : (N, L), optional
+        Representative bias: its presence and dtype are fixed when the op is built.
+    sample_prob : (M, 1, 1) or (M,) float32, optional
+        Representative per-row gate.
     num_experts : int, optional
         L of discrete weights (no ``sample_b``).
     b_shape : (int, int), optional

@@ -79,26 +79,19 @@ def grouped_gemm(
     generate_c : bool
         Return C (else ``c_tensor`` is None).
     cd_major
-        Accepted for signature compatibility; they do not change the math (``cd_major`` must be
-        ``"n"`` and ``m_aligned`` 256).
+        Signature compatibility; must be ``"n"`` (the math does not change).
     mma_tiler_mn
-        Accepted for signature compatibility; they do not change the math (``cd_major`` must be
-        ``"n"`` and ``m_aligned`` 256).
+        Signature compatibility only.
     cluster_shape_mn
-        Accepted for signature compatibility; they do not change the math (``cd_major`` must be
-        ``"n"`` and ``m_aligned`` 256).
+        Signature compatibility only.
     vector_f32
-        Accepted for signature compatibility; they do not change the math (``cd_major`` must be
-        ``"n"`` and ``m_aligned`` 256).
+        Signature compatibility only.
     m_aligned
-        Accepted for signature compatibility; they do not change the math (``cd_major`` must be
-        ``"n"`` and ``m_aligned`` 256).
+        Signature compatibility; must be 256 (the math does not change).
     use_dynamic_sched
-        Accepted for signature compatibility; they do not change the math (``cd_major`` must be
-        ``"n"`` and ``m_aligned`` 256).
+        Signature compatibility only.
     current_stream
-        Accepted for signature compatibility; they do not change the math (``cd_major`` must be
-        ``"n"`` and ``m_aligned`` 256).
+        Signature compatibility only.
     b_list : sequence of L arrays (N, K), optional
         Per-expert weights (the host stand-in for ``b_ptrs``).
 
