@@ -21,12 +21,12 @@ def _rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
-def test_expert_mlp_matches_the_torch_layer_forward_and_backward():
-    tokens, hidden, inter = [300, 0, 512, 17], 256, 256
-    g = torch.Generator(device="cuda").manual_seed(5)
+def _problem(tokens, hidden, seed):
+    """x, prob and padded_offsets for ragged experts (an empty one) and a 256-row tail past the end."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
     padded = [-(-t // 256) * 256 for t in tokens]
     ends = torch.tensor(padded, device="cuda").cumsum(0).to(torch.int32)
-    m = int(ends[-1]) + 256                                        # a tail past the last expert
+    m = int(ends[-1]) + 256
     x = torch.zeros(m, hidden, device="cuda", dtype=torch.bfloat16)
     prob = torch.zeros(m, device="cuda")
     start = 0
@@ -34,6 +34,12 @@ def test_expert_mlp_matches_the_torch_layer_forward_and_backward():
         x[start:start + t] = torch.randn(t, hidden, generator=g, device="cuda").bfloat16()
         prob[start:start + t] = torch.rand(t, generator=g, device="cuda")
         start += p
+    return x, prob, ends
+
+
+def test_expert_mlp_matches_the_torch_layer_forward_and_backward():
+    tokens, hidden, inter = [300, 0, 512, 17], 256, 256
+    x, prob, ends = _problem(tokens, hidden, 5)
     layers = {name: moe.ExpertMLP(4, hidden, inter, backend=name, device="cuda",
                                   generator=torch.Generator().manual_seed(6)) for name in ("fusegemm", "torch")}
     out = {}
@@ -49,22 +55,6 @@ def test_expert_mlp_matches_the_torch_layer_forward_and_backward():
         assert _rel(got, want) <= 1e-2, (key, _rel(got, want))
     valid = int(ends[-1])
     assert not out["fusegemm"]["y"][valid:].any() and not out["fusegemm"]["dx"][valid:].any()
-
-
-def _problem(tokens, hidden, seed):
-    """x, prob and padded_offsets for ragged experts (an empty one) and a 256-row tail past the end."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    padded = [-(-t // 256) * 256 for t in tokens]
-    ends = torch.tensor(padded, device="cuda").cumsum(0).to(torch.int32)
-    m = int(ends[-1]) + 256
-    x = torch.zeros(m, hidden, device="cuda", dtype=torch.bfloat16)
-    prob = torch.zeros(m, device="cuda")
-    start = 0
-    for t, p in zip(tokens, padded):
-        x[start:start + t] = torch.randn(t, hidden, generator=g, device="cuda").bfloat16()
-        prob[start:start + t] = torch.rand(t, generator=g, device="cuda")
-        start += p
-    return x, prob, ends
 
 
 def test_mxfp8_recipe_matches_its_torch_emulation():
