@@ -44,6 +44,15 @@ def bench_shape(name: str, dist: str, args) -> dict:
            "fusegemm_mxfp8": EpilogueGemm("grouped_gemm_swiglu", d_dtype="float8_e4m3fn").compile()}
     inputs = {"fusegemm_bf16": {"alpha": alpha, "prob": prob},
               "fusegemm_mxfp8": {"alpha": alpha, "prob": prob, "norm_const": 1.0}}
+    if args.engine_baseline:
+        # The same BF16 kernel with the sm_90a epilogue's fragment path for paired rules switched
+        # off (the block engine instead): a same-run A/B of that path. The NVRTC options are part
+        # of the cache key, so both builds coexist.
+        from fusegemm.runtime import config
+        extra = (config.VARS["FUSEGEMM_NVRTC_EXTRA"].raw() or "") + " -DFUSEGEMM_SM90_FRAG_BLOCKS=0"
+        with config.override(FUSEGEMM_NVRTC_EXTRA=extra.strip()):
+            ops["fusegemm_bf16_engine"] = EpilogueGemm("grouped_gemm_swiglu", d_dtype="bfloat16").compile()
+        inputs["fusegemm_bf16_engine"] = inputs["fusegemm_bf16"]
     methods = {key: (lambda op=op, key=key: op(a, offsets, b, inputs=inputs[key])) for key, op in ops.items()}
 
     bt = b.transpose(-2, -1)                                        # (L, K, N), as _grouped_mm expects
@@ -82,6 +91,9 @@ def _summary(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_run_arguments(ap, DEFAULT_SHAPES)
+    ap.add_argument("--engine-baseline", action="store_true",
+                    help="also time the BF16 kernel built with the sm_90a block-engine epilogue "
+                         "(FUSEGEMM_SM90_FRAG_BLOCKS=0)")
     args = ap.parse_args(argv)
     return run(args, bench_shape, _summary,
                {"benchmark": "grouped GEMM + SwiGLU (specs/grouped_gemm_swiglu.yaml), BF16 A/B"})

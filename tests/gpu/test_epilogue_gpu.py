@@ -515,16 +515,20 @@ def test_swiglu_gemm_end_to_end(torch, d_dtype):
     assert not out["d"][valid:].any()             # rows past valid_m untouched (zero)
 
 
-def test_swiglu_gemm_stores_the_pre_activations(torch):
+@pytest.mark.parametrize("n, tile_n, c_dtype", [(512, None, "bfloat16"), (192, 256, "bfloat16"),
+                                                (320, 128, "float32")])
+def test_swiglu_gemm_stores_the_pre_activations(torch, n, tile_n, c_dtype):
     """generate_c: the same kernel stores C = alpha * G (paired, as wide as the accumulator) next
-    to h; both within the GEMM tolerance of the numpy GEMM + interpreter, tails zero."""
+    to h; both within the GEMM tolerance of the numpy GEMM + interpreter, tails zero. N = 192 and
+    320 end inside a tile (the fragment path skips the gate/up pairs past N)."""
     from fusegemm import EpilogueGemm
-    a, offsets, b, alpha, prob = _gemm_problem(torch, n=512, seed=2)
-    op = EpilogueGemm("grouped_gemm_swiglu", d_dtype="bfloat16", generate_c=True, c_dtype="bfloat16")
+    a, offsets, b, alpha, prob = _gemm_problem(torch, n=n, seed=2)
+    tiles = {} if tile_n is None else {"tile_m": 128, "tile_n": tile_n}
+    op = EpilogueGemm("grouped_gemm_swiglu", d_dtype="bfloat16", generate_c=True, c_dtype=c_dtype, **tiles)
     out = op(a.cuda(), offsets.cuda(), b.cuda(), inputs={"alpha": alpha.cuda(), "prob": prob.cuda()})
     ref = op.reference(a, offsets, b, inputs={"alpha": alpha, "prob": prob})
     valid = int(offsets[-1])
-    assert out["c"].shape == (a.shape[0], 512) and out["d"].shape == (a.shape[0], 256)
+    assert out["c"].shape == (a.shape[0], n) and out["d"].shape == (a.shape[0], n // 2)
     for name in ("c", "d"):
         want = ref.out_values[name]
         want = np.asarray(want, dtype=np.float64)[:valid]
@@ -541,15 +545,27 @@ def test_dswiglu_bf16_gemm_end_to_end(torch, d_dtype, c_pitch):
     |error| <= 2^-12 * sum |dp| (FP32 accumulation and atomic order) + the D tolerance's share.
     c_pitch: C's row pitch in elements; 515 (a view of a wider tensor) leaves most rows off the
     16-byte alignment the engine's block loads of C need, so they take the element path."""
+    _dswiglu_bf16_case(torch, d_dtype, c_pitch, n=256)
+
+
+@pytest.mark.parametrize("n, tile_n", [(224, 256), (224, 128), (96, 128)])
+def test_dswiglu_bf16_gemm_partial_tiles(torch, n, tile_n):
+    """The sm_90a fragment path of paired rules on tiles that N ends inside: whole 32-column
+    blocks past N are skipped, the rest stored (7 of 8 blocks, 3 of 4, 3 of 4)."""
+    _dswiglu_bf16_case(torch, "bfloat16", 2 * n, n=n, tile_n=tile_n)
+
+
+def _dswiglu_bf16_case(torch, d_dtype, c_pitch, n, tile_n=None):
     from fusegemm import EpilogueGemm
-    a, offsets, b, alpha, prob = _gemm_problem(torch, n=256, seed=3)
+    a, offsets, b, alpha, prob = _gemm_problem(torch, n=n, seed=3)
     wide = (torch.randn(a.shape[0], c_pitch, generator=torch.Generator().manual_seed(9)) * 2).to(torch.bfloat16)
-    c = wide[:, :512]
+    c = wide[:, :2 * n]
     beta = torch.rand(alpha.shape[0]) + 0.5
-    op = EpilogueGemm("grouped_gemm_dswiglu_bf16", d_dtype=d_dtype, c_dtype="bfloat16")
+    tiles = {} if tile_n is None else {"tile_m": 128, "tile_n": tile_n}
+    op = EpilogueGemm("grouped_gemm_dswiglu_bf16", d_dtype=d_dtype, c_dtype="bfloat16", **tiles)
     inputs = {"alpha": alpha, "beta": beta, "prob": prob, "c": c}
     dev = {k: v.cuda() for k, v in inputs.items()}
-    dev["c"] = wide.cuda()[:, :512]           # .cuda() of the view would make it contiguous
+    dev["c"] = wide.cuda()[:, :2 * n]         # .cuda() of the view would make it contiguous
     assert dev["c"].stride(0) == c_pitch
     out = op(a.cuda(), offsets.cuda(), b.cuda(), inputs=dev)
     ref = op.reference(a, offsets, b, inputs=inputs)

@@ -26,10 +26,26 @@ FUSEGEMM_DEVICE float fmin_nan(float a, float b) { return (a < b || a != a) ? a 
 FUSEGEMM_DEVICE float fmax_nan(float a, float b) { return (a > b || a != a) ? a : b; }
 // Overflow-free logistic: for x < 0 it is e^x / (1 + e^x), so a very negative x gives the tiny
 // true value instead of 1 / (1 + Inf) = 0 (silu(-90) would otherwise be -0, 45M ulps away).
+// n / d rounded to nearest for d in [1, 2] and n in [0, 1] (subnormal n only with d = 1) or NaN:
+// a reciprocal estimate, one Newton step, the quotient and one remainder correction. That is the
+// inline fast path of __fdiv_rn; what it leaves out is the operand range check and the call to
+// the slow path, which made every division a branch region the compiler would not schedule
+// across (H200, dSwiGLU epilogue at the dsv3 shape: the rule's apply() cost 0.55 ms of a 1.29 ms
+// GEMM). In this range no intermediate under- or overflows, so the result is the correctly
+// rounded quotient; with d = 1 every step is exact (the quotient is n).
+FUSEGEMM_DEVICE float div_unit_range(float n, float d) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  r = __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
+  const float q = __fmul_rn(n, r);
+  return __fmaf_rn(__fmaf_rn(-d, q, n), r, q);
+}
+// Written without a branch: x >= 0 gives 1 / (1 + e^-x), x < 0 and NaN give e^x / (1 + e^x); both
+// read e = e^-|x| (a warp whose lanes hold mixed signs, every epilogue's usual case, would
+// otherwise run both expf paths), and 1 + e lies in [1, 2].
 FUSEGEMM_DEVICE float sigmoid(float x) {
-  if (x >= 0.0f) return __frcp_rn(__fadd_rn(1.0f, expf(-x)));
-  const float e = expf(x);  // NaN lands here and stays NaN
-  return __fdiv_rn(e, __fadd_rn(1.0f, e));
+  const float e = expf(-fabsf(x));  // NaN stays NaN
+  return div_unit_range(x >= 0.0f ? 1.0f : e, __fadd_rn(1.0f, e));
 }
 // The polynomial argument u is spelled in FP32 exactly as fusegemm/interpret.py spells it; then
 // 0.5 x (1 + tanh u) = x * sigmoid(2u), which avoids the cancellation of 1 + tanh(u) for x < -1.
@@ -111,6 +127,45 @@ struct Cvt<fusegemm::float_e5m2_t> {
 template <class T>
 FUSEGEMM_DEVICE float ldf(const void* p, int64_t i) { return Cvt<T>::load(p, i); }
 
+// Elements i and i + 1 of an input of type T as FP32 (the rules' elem2(): a fragment thread's two
+// adjacent columns). One 4- or 8-byte load where the pair is aligned (every even column of a
+// contiguous input), else two element loads (a strided input's odd pitch, 8-bit inputs).
+// kAligned: the caller checked pairs_aligned() (no per-load branch: a branch region around each
+// load and its conversion kept the compiler from issuing a block's loads together, one full
+// latency each; H200, dSwiGLU epilogue at the dsv3 shape: 0.42 ms of a 1.27 ms GEMM).
+template <class T, bool kAligned = false>
+FUSEGEMM_DEVICE void ldf2(const void* p, int64_t i, float& a, float& b) {
+  constexpr int kBytes = Cvt<T>::kBytes;
+  const char* at = static_cast<const char*>(p) + i * kBytes;
+  if constexpr (kBytes == 2 || kBytes == 4) {
+    if (kAligned || (reinterpret_cast<unsigned long long>(at) & (2 * kBytes - 1)) == 0) {
+      float2 v;
+      if constexpr (kBytes == 4) {
+        v = __ldg(reinterpret_cast<const float2*>(at));
+      } else {
+        v = Cvt<T>::unpack2(__ldg(reinterpret_cast<const unsigned int*>(at)));
+      }
+      a = v.x;
+      b = v.y;
+      return;
+    }
+  }
+  a = Cvt<T>::load(p, i);
+  b = Cvt<T>::load(p, i + 1);
+}
+
+// Whether ldf2 may take every even-column pair of an input at `base` with row pitch `ld`
+// (elements) as one aligned load.
+template <class T>
+FUSEGEMM_DEVICE bool pairs_aligned(const void* base, int64_t ld) {
+  constexpr int kBytes = Cvt<T>::kBytes;
+  if constexpr (kBytes == 2 || kBytes == 4) {
+    return (reinterpret_cast<unsigned long long>(base) & (2 * kBytes - 1)) == 0 && (ld & 1) == 0;
+  } else {
+    return false;
+  }
+}
+
 // 32 consecutive elements of one row of a loaded input (an element input such as dSwiGLU's
 // C). The block engine runs lane = row, so loading element by element makes every load
 // instruction touch 32 rows; for 16-bit T the row's block is loaded at once into 16 registers
@@ -185,6 +240,14 @@ template <class T> FUSEGEMM_DEVICE uint32_t cvt_narrow2(float a, float b) {
   }
 }
 
+// One 16-byte global store (addr 16-byte aligned). Written out because NVRTC, not seeing the
+// alignment of a computed column offset, split `*reinterpret_cast<uint4*>(p) = v` into four
+// 4-byte stores in the engine's and the fragment blocks' flushes (4x the store requests).
+FUSEGEMM_DEVICE void st_global_v4(const void* addr, const uint4& v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 // Store two adjacent converted values into shared memory at byte address `addr`.
 template <class T>
 FUSEGEMM_DEVICE void st_shared2(uint32_t addr, float a, float b) {
@@ -236,8 +299,46 @@ struct WarpStagedStore {
                    : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
                    : "r"(buf + row * kPitch + seg * 16)
                    : "memory");
+      if (col < cols_valid) st_global_v4(gbase + row * ld + col, val);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// Fragment block store: one warp stages 16 rows x 32 columns of one output (a WGMMA fragment's
+// block of the sm_90a frag_blocks path) and writes them as 16-byte vectors, 64 (2-byte T) or 128
+// (4-byte T) contiguous bytes per row. The pitch keeps the fragment's pair stores conflict-free:
+// 8 rows of 4 lanes start 20 banks apart (2-byte: 80-byte pitch) or, per half-warp of 8-byte
+// stores, 8 banks apart (4-byte: 160-byte pitch).
+// ---------------------------------------------------------------------------------------
+template <class T>
+struct FragBlockStore {
+  static constexpr int kElem = Cvt<T>::kBytes;
+  static constexpr int kRowBytes = 32 * kElem;
+  static constexpr int kPitch = kRowBytes + (kElem == 2 ? 16 : 32);
+  static constexpr int kBytes = 16 * kPitch;
+  static constexpr int kVecPerRow = kRowBytes / 16;
+  static constexpr int kVecPerLane = 16 * kVecPerRow / 32;
+  static_assert(kElem == 2 || kElem == 4, "16- and 32-bit outputs");
+
+  FUSEGEMM_DEVICE static void put(uint32_t buf, int row, int col, float a, float b) {
+    st_shared2<T>(buf + row * kPitch + col * kElem, a, b);
+  }
+
+  // gbase: element (row 0, col 0) of the block; columns >= cols_valid are skipped (per 16-byte
+  // vector: N keeps 16-byte granularity, as for every staged store).
+  FUSEGEMM_DEVICE static void flush(uint32_t buf, T* gbase, int64_t ld, int cols_valid, int lane) {
+#pragma unroll
+    for (int i = 0; i < kVecPerLane; ++i) {
+      const int v = lane + 32 * i;
+      const int row = v / kVecPerRow, seg = v % kVecPerRow, col = seg * (16 / kElem);
       if (col < cols_valid) {
-        *reinterpret_cast<uint4*>(gbase + row * ld + col) = val;
+        uint4 val;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                     : "r"(buf + row * kPitch + seg * 16)
+                     : "memory");
+        st_global_v4(gbase + row * ld + col, val);
       }
     }
   }

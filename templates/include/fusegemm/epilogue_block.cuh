@@ -139,7 +139,7 @@ FUSEGEMM_DEVICE void flush_block32(uint32_t buf, T* gbase, int64_t ld, int cols_
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                      : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
                      : "r"(buf + r * S::kPitch + seg * 16) : "memory");
-        *reinterpret_cast<uint4*>(gbase + r * ld + col) = val;
+        st_global_v4(gbase + r * ld + col, val);
       }
     }
   }
@@ -200,7 +200,7 @@ FUSEGEMM_DEVICE void store_row32_narrow(uint8_t* dst, int cols_valid, const floa
   if (cols_valid >= 32 && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
 #pragma unroll
     for (int i = 0; i < kWords / 4; ++i) {
-      *reinterpret_cast<uint4*>(dst + 16 * i) = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+      st_global_v4(dst + 16 * i, make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]));
     }
   } else {
     const int bytes = (min(cols_valid, 32) * kBits + 7) / 8;
@@ -264,6 +264,7 @@ template <class Rule, class ElementC, class ElementD, bool kBatched = false, boo
           bool kDiscreteColSfd = false>
 struct BlockEngine {
   static constexpr bool kPaired = Rule::kPairedAcc;
+  static constexpr bool kCMajor = kCMajorM;
   static constexpr int kAccVals = kPaired ? 64 : 32;
   static constexpr int kStageC = Rule::kHasC && !kCMajorM ? staging_bytes<ElementC>() : 0;
   static constexpr int kStageD = Rule::kHasD ? staging_bytes<ElementD>() : 0;

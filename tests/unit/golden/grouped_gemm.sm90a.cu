@@ -133,6 +133,23 @@ struct Rule {
     return e;
   }
 
+  // elem() of columns col and col + 1 (col even: a WGMMA fragment thread's pair), each input's two
+  // values loaded together (fusegemm::epi::ldf2). Paired columns stay adjacent: col % 32 <= 30.
+  // kAligned: pairs_aligned(p) holds (one load per pair, no alignment test).
+  template <bool kAligned, class Params>
+  FUSEGEMM_DEVICE void elem2(const Params& p, int row, int col, ElemIn& e0, ElemIn& e1) const {
+    (void)p; (void)row; (void)col; (void)e0; (void)e1;
+  }
+
+  // Whether every column and element input can be read by aligned pairs in this tile (base
+  // addresses and row pitches; begin_tile() has set the column inputs' base).
+  template <class Params>
+  FUSEGEMM_DEVICE bool pairs_aligned(const Params& p) const {
+    bool ok = true;
+    (void)p;
+    return ok;
+  }
+
   // The engine's per-row form of elem(): the element inputs of the 32 element columns j0.. of
   // one row, loaded at once (fusegemm::epi::Row32), then elem_at(i) per column j0 + i.
   struct ElemBlock {
@@ -180,7 +197,7 @@ using Kernel = fusegemm::sm90::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm90a_ade5e44801d2_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm90a_6de6f03bc4c0_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -206,6 +223,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm90a_ade5
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm90a_ade5e44801d2(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm90a_6de6f03bc4c0(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

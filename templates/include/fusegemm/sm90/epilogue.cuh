@@ -6,15 +6,29 @@
 // same columns, row lane/4 + 8.
 //
 // Element-wise rules (no pairing, quantization or reduction; 16/32-bit outputs) apply the rule on
-// the fragment itself and stage converted rows per warp (the fast path of seed 001). Every other
-// rule goes through the arch-neutral engine (fusegemm/epilogue_block.cuh): each warpgroup stages
-// a block of its 64 accumulator rows in shared memory and two of its warps run the engine on 32
-// rows each, lane = row, exactly as the sm_100a kernels and the epilogue harness do.
+// the fragment itself and stage converted rows per warp (the fast path of seed 001). Rules that
+// pair gate/up blocks or reduce (row sums, amax) but do not quantize, with 16/32-bit outputs (the
+// MoE layer's SwiGLU forward and dSwiGLU backward) also run on the fragment, block by block
+// (frag_blocks below): a thread's gate and up values sit in its own registers, so every warp
+// works and nothing is staged but the outputs. Every other rule (SFD quantization, narrow
+// outputs) goes through the arch-neutral engine (fusegemm/epilogue_block.cuh): each warpgroup
+// stages a block of its 64 accumulator rows in shared memory and two of its warps run the engine
+// on 32 rows each, lane = row, exactly as the sm_100a kernels and the epilogue harness do.
+//
+// H200, the MoE layer's dsv3 step (8 experts, H 7168, F 2048): through the engine the SwiGLU
+// forward (with C) took 1.75 ms and dSwiGLU 1.13 ms; on the fragment 1.27 and 0.86 ms, against
+// about 1.3 and 0.7 ms for the plain GEMMs of the same shapes (README, "Epilogues in YAML").
 #pragma once
 
 #include "fusegemm/common.cuh"
 #include "fusegemm/epilogue_block.cuh"
 #include "fusegemm/tma.cuh"
+
+// 0 sends paired and reducing rules back to the engine path: an A/B switch for same-run
+// comparisons through FUSEGEMM_NVRTC_EXTRA (bench/epilogue_swiglu.py --engine-baseline).
+#ifndef FUSEGEMM_SM90_FRAG_BLOCKS
+#define FUSEGEMM_SM90_FRAG_BLOCKS 1
+#endif
 
 namespace fusegemm {
 namespace sm90 {
@@ -31,6 +45,15 @@ struct WgmmaEpilogue {
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
   static constexpr int kAccum = kTileN / 2;  // FP32 accumulators per consumer thread
   static constexpr bool kFragment = Rule::kElementwise && !kForceEngine && !kBatched;
+  // Paired or reducing rules without SFD quantization, 16/32-bit outputs, N-major C.
+  static constexpr bool kFragBlocks =
+      FUSEGEMM_SM90_FRAG_BLOCKS && !kFragment && !kForceEngine && !kBatched && !Rule::kQuantRowD && !Rule::kQuantColD && !Engine::kCMajor &&
+      !(Rule::kHasC && epi::is_narrow<ElementC>()) && !(Rule::kHasD && epi::is_narrow<ElementD>());
+  using BlkC = epi::FragBlockStore<fusegemm::conditional_t<kFragBlocks && Rule::kHasC, ElementC, float>>;
+  using BlkD = epi::FragBlockStore<fusegemm::conditional_t<kFragBlocks && Rule::kHasD, ElementD, float>>;
+  static constexpr int kBlkCBufs = Rule::kHasC ? (Rule::kPairedC ? 2 : 1) : 0;
+  static constexpr int kBlkDBufs = Rule::kHasD ? (Rule::kPairedD ? 2 : 1) : 0;
+  static constexpr int kBlkWarpBytes = kBlkCBufs * BlkC::kBytes + kBlkDBufs * BlkD::kBytes;
   using StoreC = epi::WarpStagedStore<fusegemm::conditional_t<kFragment, ElementC, float>>;
   using StoreD = epi::WarpStagedStore<fusegemm::conditional_t<kFragment, ElementD, float>>;
   static constexpr int kEpiWarpBytes = StoreC::kBytes > StoreD::kBytes ? StoreC::kBytes : StoreD::kBytes;
@@ -42,7 +65,9 @@ struct WgmmaEpilogue {
   static constexpr int kWgEpiBytes = kWgAccBytes + 2 * Engine::kStageBytes;
   static_assert(kTileN % kAccPerBlock == 0, "tile N holds whole gate/up block pairs");
   // Shared memory the epilogue needs (the kernel places it; the harness passes its own).
-  static constexpr int kBytes = kFragment ? kConsumerWarps * kEpiWarpBytes : kConsumerWGs * kWgEpiBytes;
+  static constexpr int kBytes = kFragment     ? kConsumerWarps * kEpiWarpBytes
+                               : kFragBlocks ? kConsumerWarps * kBlkWarpBytes
+                                             : kConsumerWGs * kWgEpiBytes;
   using Partials = typename Engine::Partials;
 
   template <class Out, class Store, bool kIsC, class Params>
@@ -110,6 +135,8 @@ struct WgmmaEpilogue {
         store_output<ElementD, StoreD, false>(p, rule, buf, reinterpret_cast<ElementD*>(p.d_out),
                                               p.ldd, row0, n0, r0in, r1in, lane, acc);
       }
+    } else if constexpr (kFragBlocks) {
+      frag_blocks(p, epi_smem, rule, expert, m0, n0, warp, lane, acc, part);
     } else {
       engine(p, epi_smem, rule, expert, m0, n0, wg, warp % 4, lane, acc, part);
     }
@@ -118,9 +145,151 @@ struct WgmmaEpilogue {
   // End of the kernel: the global reductions of the engine's two active warps per warpgroup.
   template <class Params>
   static __device__ void finish(Partials& part, const Params& p, int warp, int lane) {
-    if constexpr (!kFragment) {
+    if constexpr (kFragBlocks) {
+      Engine::flush_end(part, p, lane);
+    } else if constexpr (!kFragment) {
       if (warp % 4 < 2) Engine::flush_end(part, p, lane);
     }
+  }
+
+  FUSEGEMM_DEVICE static typename Rule::Out mask_out(const typename Rule::Out& o, bool in) {
+    return in ? o : typename Rule::Out{};
+  }
+
+  // Reductions of one fragment value into the thread's partials (row sums: rs, of its row).
+  FUSEGEMM_DEVICE static void reduce(const typename Rule::Out& o, bool in, float& rs, Partials& part) {
+    if constexpr (Rule::kRowSum) rs = in ? __fadd_rn(rs, o.rowsum) : rs;
+    if constexpr (Rule::kAmaxCount > 0) part.amax[0] = epi::fmax_nan(part.amax[0], in ? fabsf(o.amax0) : 0.0f);
+    if constexpr (Rule::kAmaxCount > 1) part.amax[1] = epi::fmax_nan(part.amax[1], in ? fabsf(o.amax1) : 0.0f);
+  }
+
+  // A fragment pair's C / D values into the block buffers (role-1 values into the second buffer
+  // of a paired output). row: 0..15 of the warp, col: 0..31 of the block.
+  FUSEGEMM_DEVICE static void put_outputs(uint32_t buf, int row, int col, const typename Rule::Out& a,
+                                          const typename Rule::Out& b) {
+    if constexpr (Rule::kHasC && Rule::kPairedC) {
+      BlkC::put(buf, row, col, a.c0, b.c0);
+      BlkC::put(buf + BlkC::kBytes, row, col, a.c1, b.c1);
+    } else if constexpr (Rule::kHasC) {
+      BlkC::put(buf, row, col, a.c, b.c);
+    }
+    const uint32_t dbuf = buf + kBlkCBufs * BlkC::kBytes;
+    if constexpr (Rule::kHasD && Rule::kPairedD) {
+      BlkD::put(dbuf, row, col, a.d0, b.d0);
+      BlkD::put(dbuf + BlkD::kBytes, row, col, a.d1, b.d1);
+    } else if constexpr (Rule::kHasD) {
+      BlkD::put(dbuf, row, col, a.d, b.d);
+    }
+  }
+
+  // One output's staged block to global memory: element columns e0.. of `width` (a paired
+  // output: its two 32-column role blocks at 2*e0 and 2*e0 + 32 of 2*width).
+  template <class Blk, bool kPairedOut, class Out>
+  FUSEGEMM_DEVICE static void flush_output(uint32_t buf, Out* out, int64_t ld, int row0, int e0, int width, int lane) {
+    Out* base = out + static_cast<int64_t>(row0) * ld;
+    if constexpr (kPairedOut) {
+      Blk::flush(buf, base + 2 * e0, ld, 2 * width - 2 * e0, lane);
+      Blk::flush(buf + Blk::kBytes, base + 2 * e0 + 32, ld, 2 * width - 2 * e0 - 32, lane);
+    } else {
+      Blk::flush(buf, base + e0, ld, width - e0, lane);
+    }
+  }
+
+  // The fragment path of paired and reducing rules: per block of 32 element columns (64
+  // accumulator columns when the accumulator is paired: gate block, then up block), every
+  // thread applies the rule to its values (rows lane/4 and lane/4 + 8 of the warp's 16, two
+  // adjacent columns per 8-column group; a gate value's up partner is 32 columns on, 4 groups
+  // later in the same thread), stages each output's 16 x 32 block and the warp flushes it.
+  // Row sums: per thread, then over the 4 threads of a row, one atomic per row per tile.
+  template <class Params>
+  static __device__ void frag_blocks(const Params& p, uint8_t* epi_smem, const Rule& rule, int expert, int m0,
+                                     int n0, int warp, int lane, const float (&acc)[kAccum], Partials& part) {
+    constexpr bool kPA = Rule::kPairedAcc;
+    constexpr int kBlocks = kPA ? kTileN / 64 : kTileN / 32;
+    const int width = kPA ? p.n / 2 : p.n;   // element columns
+    const int e_base = kPA ? n0 / 2 : n0;
+    const int row0 = m0 + 16 * warp;
+    const int r0 = lane / 4, cq = (lane % 4) * 2;
+    const auto ri0 = rule.row(p, row0 + r0);
+    const auto ri1 = rule.row(p, row0 + r0 + 8);
+    const uint32_t buf = smem_u32(epi_smem) + warp * kBlkWarpBytes;
+    const bool pairs = rule.pairs_aligned(p);
+    float rs0 = 0.0f, rs1 = 0.0f;
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) {
+      const int e0 = e_base + 32 * b;
+      if (e0 >= width) break;  // warp-uniform: the rest of the tile is past N
+      __syncwarp();            // the previous block's flush has read the buffers
+      // The block's element inputs first: every load in flight at once (one latency per block;
+      // the shared-memory stores below are compiler barriers that would serialise them).
+      // A whole block of aligned inputs (the usual case, a warp-uniform test) is loaded without
+      // a branch; a partial block or an unaligned input pair by pair, with its tests.
+      typename Rule::ElemIn x[4][4];
+      if (pairs && e0 + 32 <= width) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int e = e0 + 8 * q + cq;
+          rule.template elem2<true>(p, row0 + r0, e, x[q][0], x[q][1]);
+          rule.template elem2<true>(p, row0 + r0 + 8, e, x[q][2], x[q][3]);
+        }
+      } else {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int e = e0 + 8 * q + cq;
+          x[q][0] = x[q][1] = x[q][2] = x[q][3] = typename Rule::ElemIn{};
+          if (e + 1 < width) {
+            rule.template elem2<false>(p, row0 + r0, e, x[q][0], x[q][1]);
+            rule.template elem2<false>(p, row0 + r0 + 8, e, x[q][2], x[q][3]);
+          } else if (e < width) {
+            x[q][0] = rule.elem(p, row0 + r0, e);
+            x[q][2] = rule.elem(p, row0 + r0 + 8, e);
+          }
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int jg = kPA ? 8 * b + q : 4 * b + q;  // fragment group of the (gate) value
+        const int jp = jg + 4;                        // its up partner (paired accumulator)
+        const int e = e0 + 8 * q + cq;
+        const bool in0 = e < width, in1 = e + 1 < width;
+        const float u0 = kPA ? acc[4 * jp] : 0.0f, u1 = kPA ? acc[4 * jp + 1] : 0.0f;
+        const float u2 = kPA ? acc[4 * jp + 2] : 0.0f, u3 = kPA ? acc[4 * jp + 3] : 0.0f;
+        // Applied unconditionally (no branch regions in the unrolled block): past N the
+        // accumulator holds the zeros TMA filled in and the inputs are zero; what comes out there
+        // is masked to zero and never stored.
+        const typename Rule::Out o00 = mask_out(rule.apply(acc[4 * jg], u0, ri0, x[q][0]), in0);
+        const typename Rule::Out o01 = mask_out(rule.apply(acc[4 * jg + 1], u1, ri0, x[q][1]), in1);
+        const typename Rule::Out o10 = mask_out(rule.apply(acc[4 * jg + 2], u2, ri1, x[q][2]), in0);
+        const typename Rule::Out o11 = mask_out(rule.apply(acc[4 * jg + 3], u3, ri1, x[q][3]), in1);
+        reduce(o00, in0, rs0, part);
+        reduce(o01, in1, rs0, part);
+        reduce(o10, in0, rs1, part);
+        reduce(o11, in1, rs1, part);
+        put_outputs(buf, r0, 8 * q + cq, o00, o01);
+        put_outputs(buf, r0 + 8, 8 * q + cq, o10, o11);
+      }
+      __syncwarp();
+      if constexpr (Rule::kHasC) {
+        if (p.c_out != nullptr) {
+          flush_output<BlkC, Rule::kPairedC>(buf, reinterpret_cast<ElementC*>(p.c_out), p.ldc, row0, e0, width, lane);
+        }
+      }
+      if constexpr (Rule::kHasD) {
+        flush_output<BlkD, Rule::kPairedD>(buf + kBlkCBufs * BlkC::kBytes, reinterpret_cast<ElementD*>(p.d_out),
+                                           p.ldd, row0, e0, width, lane);
+      }
+    }
+    if constexpr (Rule::kRowSum) {
+      rs0 += __shfl_xor_sync(0xFFFFFFFFu, rs0, 1);
+      rs0 += __shfl_xor_sync(0xFFFFFFFFu, rs0, 2);
+      rs1 += __shfl_xor_sync(0xFFFFFFFFu, rs1, 1);
+      rs1 += __shfl_xor_sync(0xFFFFFFFFu, rs1, 2);
+      if (lane % 4 == 0 && p.dprob != nullptr) {
+        atomicAdd(static_cast<float*>(p.dprob) + row0 + r0, rs0);
+        atomicAdd(static_cast<float*>(p.dprob) + row0 + r0 + 8, rs1);
+      }
+    }
+    if constexpr (Rule::kAmaxCount > 0 && !Rule::kAmaxGlobal) Engine::flush_amax(part, p, expert, lane);
   }
 
   // The engine path: per block of kAccPerBlock accumulator columns, the warpgroup's four warps

@@ -1,0 +1,61 @@
+"""The sm_90a BF16 grouped kernel's fused epilogues compiled on the CPU: the paired and reducing
+rules (SwiGLU forward, dSwiGLU) take the fragment path (frag_blocks in fusegemm/sm90/epilogue.cuh)
+with 0 spills, and the SASS keeps what made it fast on the H200: no call into __fdiv_rn's slow
+path (the logistic's division), only 16-byte global stores (NVRTC had split the staged blocks'
+stores in four), and the fragment path's warp-local staging (no named barrier per block, as the
+engine path has). What the H200 runs is measured in tests/gpu and bench/epilogue_swiglu.py."""
+from __future__ import annotations
+
+import pytest
+
+from fusegemm.generator.render import render
+from fusegemm.generator.variants import make_variant
+from fusegemm.runtime import disasm
+from fusegemm.runtime.compile import compile_source
+from fusegemm.runtime.inspect import Cubin
+
+CASES = [
+    ("grouped_gemm_swiglu", dict(d_dtype="bfloat16", generate_c=True)),
+    ("grouped_gemm_swiglu", dict(d_dtype="bfloat16", generate_c=True, c_dtype="float32", tile_m=64, tile_n=128)),
+    ("grouped_gemm_dswiglu_bf16", {}),
+    ("grouped_gemm_dswiglu_bf16", dict(b_major="n", d_dtype="float32")),
+]
+ENGINE = ("-DFUSEGEMM_SM90_FRAG_BLOCKS=0",)   # the A/B switch back to the block engine
+
+
+def _compile(spec, axes, extra=()):
+    variant = make_variant(spec, arch="sm_90a", **axes)
+    src = render(variant)
+    assert src.impl.kernel == "fusegemm::sm90::GroupedGemmKernel", src.impl
+    return src, compile_source(src.text, arch="sm_90a", kernel=src.symbol, extra=extra)
+
+
+def _named_barriers(hist):
+    return sum(n for op, n in hist.items() if op.startswith("BAR.SYNC") or op.startswith("BAR.ARV"))
+
+
+@pytest.mark.parametrize("spec,axes", CASES, ids=lambda x: x if isinstance(x, str) else ".".join(map(str, x.values())))
+def test_paired_rules_run_on_the_fragment(spec, axes):
+    src, cub = _compile(spec, axes)
+    res = Cubin(cub.data).resources(src.symbol)
+    assert res.local_bytes == 0, (spec, axes, "spills / local memory", res)
+    if not disasm.available():
+        pytest.skip("nvdisasm is not installed: resources checked, SASS not")
+    hist = disasm.sass_histogram(cub.data)
+    assert disasm.count_prefix(hist, "CALL") == 0, "a division slow path (or another call) in the epilogue"
+    stores = {op: n for op, n in hist.items() if op.startswith("STG")}
+    assert stores and set(stores) == {"STG.E.128"}, stores
+    # The engine path synchronises each warpgroup twice per block with a named barrier; the
+    # fragment path only with __syncwarp (SASS barrier instructions: 1 against 3 today).
+    _, engine = _compile(spec, axes, ENGINE)
+    assert _named_barriers(hist) < _named_barriers(disasm.sass_histogram(engine.data))
+
+
+def test_engine_path_stores_whole_vectors():
+    """The block engine (the rules that quantize; FUSEGEMM_SM90_FRAG_BLOCKS=0 for the others)
+    writes its staged 16-bit blocks with 16-byte stores too."""
+    if not disasm.available():
+        pytest.skip("nvdisasm is not installed")
+    _, cub = _compile("grouped_gemm_dswiglu_bf16", {}, ENGINE)
+    stores = {op: n for op, n in disasm.sass_histogram(cub.data).items() if op.startswith("STG")}
+    assert stores and set(stores) == {"STG.E.128"}, stores
