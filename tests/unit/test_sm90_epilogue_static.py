@@ -2,8 +2,8 @@
 rules (SwiGLU forward, dSwiGLU) take the fragment path (frag_blocks in fusegemm/sm90/epilogue.cuh)
 with 0 spills, and the SASS keeps what made it fast on the H200: no call into __fdiv_rn's slow
 path (the logistic's division), only 16-byte global stores (NVRTC had split the staged blocks'
-stores in four), and the fragment path's warp-local staging (no named barrier per block, as the
-engine path has). What the H200 runs is measured in tests/gpu and bench/epilogue_swiglu.py."""
+stores in four), the L2 prefetch of element inputs (dSwiGLU's C), and the fragment path's
+warp-local staging (no named barrier per block, as the engine path has). What the H200 runs is measured in tests/gpu and bench/epilogue_swiglu.py."""
 from __future__ import annotations
 
 import pytest
@@ -45,6 +45,9 @@ def test_paired_rules_run_on_the_fragment(spec, axes):
     assert disasm.count_prefix(hist, "CALL") == 0, "a division slow path (or another call) in the epilogue"
     stores = {op: n for op, n in hist.items() if op.startswith("STG")}
     assert stores and set(stores) == {"STG.E.128"}, stores
+    # dSwiGLU reads C: its consumers prefetch it into L2 (CCTL.E.PF2) during the mainloop; the
+    # SwiGLU forward reads no element input and issues no prefetch.
+    assert (disasm.count_prefix(hist, "CCTL") > 0) == (spec == "grouped_gemm_dswiglu_bf16"), hist.get("CCTL.E.PF2")
     # The engine path synchronises each warpgroup twice per block with a named barrier; the
     # fragment path only with __syncwarp (SASS barrier instructions: 1 against 3 today).
     _, engine = _compile(spec, axes, ENGINE)

@@ -154,6 +154,12 @@ FUSEGEMM_DEVICE void ldf2(const void* p, int64_t i, float& a, float& b) {
   b = Cvt<T>::load(p, i + 1);
 }
 
+// L2 prefetch of the line holding element i of an input at `base` (no register, no wait).
+template <class T>
+FUSEGEMM_DEVICE void prefetch_l2(const void* base, int64_t i) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(base) + i * Cvt<T>::kBytes));
+}
+
 // Whether ldf2 may take every even-column pair of an input at `base` with row pitch `ld`
 // (elements) as one aligned load.
 template <class T>

@@ -144,6 +144,13 @@ struct Rule {
     (void)p; (void)row; (void)col; (void)e0; (void)e1;
   }
 
+  // Ask L2 for the element inputs of `row`, element columns j0 .. j0 + 31 (one address per
+  // input and role: 32 elements of a row span at most two 128-byte lines, usually one).
+  template <class Params>
+  FUSEGEMM_DEVICE void prefetch_elems(const Params& p, int row, int j0) const {
+    (void)p; (void)row; (void)j0;
+  }
+
   // Whether every column and element input can be read by aligned pairs in this tile (base
   // addresses and row pitches; begin_tile() has set the column inputs' base).
   template <class Params>
@@ -211,7 +218,7 @@ using Kernel = fusegemm::sm90::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90a_792f7a041578_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90a_fb95c0bc8265_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -237,6 +244,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_srelu_sm90a_792f7a041578(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_srelu_sm90a_fb95c0bc8265(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

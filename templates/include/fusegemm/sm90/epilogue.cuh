@@ -195,6 +195,26 @@ struct WgmmaEpilogue {
     }
   }
 
+  // L2 prefetch of the element inputs the fragment path will read for this warp's 16 rows of the
+  // tile (rows m0 + 16 warp ..; the kernel calls it a few k-blocks before the tile's mainloop
+  // ends, so that the epilogue's block loads find them in L2): the warp's 16 rows x kBlocks
+  // (row, block) pairs shared by its lanes. Rules without element inputs issue nothing.
+  template <class Params>
+  static __device__ void prefetch(const Params& p, int m0, int n0, int warp, int lane) {
+    if constexpr (kFragBlocks) {
+      constexpr bool kPA = Rule::kPairedAcc;
+      constexpr int kBlocks = kPA ? kTileN / 64 : kTileN / 32;
+      const Rule rule{};
+      const int width = kPA ? p.n / 2 : p.n;
+      const int e_base = kPA ? n0 / 2 : n0;
+#pragma unroll
+      for (int i = lane; i < 16 * kBlocks; i += 32) {
+        const int e0 = e_base + 32 * (i / 16);
+        if (e0 < width) rule.prefetch_elems(p, m0 + 16 * warp + i % 16, e0);
+      }
+    }
+  }
+
   // The fragment path of paired and reducing rules: per block of 32 element columns (64
   // accumulator columns when the accumulator is paired: gate block, then up block), every
   // thread applies the rule to its values (rows lane/4 and lane/4 + 8 of the warp's 16, two
