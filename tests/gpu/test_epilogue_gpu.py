@@ -387,13 +387,16 @@ def test_fragment_harness_matches_interpreter(torch, axes):
 # --------------------------------------------------------------------------------------------
 # 3. the ulp column of the function table, measured
 # --------------------------------------------------------------------------------------------
-def _test_spec(name: str, epilogue: str):
+def _test_spec_text(name: str, epilogue: str) -> str:
     """A one-variant grouped_gemm spec with this epilogue (YAML, indented as under epilogue:)."""
-    text = (f"schema: 2\nname: {name}\nkernel: grouped_gemm\nproblem: grouped\nsummary: test epilogue\n"
+    return (f"schema: 2\nname: {name}\nkernel: grouped_gemm\nproblem: grouped\nsummary: test epilogue\n"
             f"epilogue:\n{textwrap.indent(textwrap.dedent(epilogue), '  ')}"
             "choices:\n  ab_dtype: [bfloat16]\n  tile_m: [128]\n  tile_n: [128]\n  cluster_m: [1]\n"
             "  cluster_n: [1]\ndefaults: {}\n")
-    return parse_spec(text, f"{name}.yaml", expected_name=name)
+
+
+def _test_spec(name: str, epilogue: str):
+    return parse_spec(_test_spec_text(name, epilogue), f"{name}.yaml", expected_name=name)
 
 
 def _function_spec(fn: str):
@@ -440,8 +443,7 @@ def test_function_table_ulp_bounds_hold_on_device(torch, fn):
                                              f"the table says {FUNCTIONS[fn].ulp}")
 
 
-def _kitchen_spec():
-    return _test_spec("kitchen", """\
+KITCHEN_EPILOGUE = """\
         inputs:
           alpha: {per: expert}
           prob: {per: row, dtype: bfloat16}
@@ -457,7 +459,11 @@ def _kitchen_spec():
           d: {dtype: bfloat16, value: b}
         reductions:
           - {name: amax, kind: amax, of: a, scope: expert}
-        """)
+        """
+
+
+def _kitchen_spec():
+    return _test_spec("kitchen", KITCHEN_EPILOGUE)
 
 
 def test_exact_operators_and_inputs_of_every_kind(torch):
@@ -658,6 +664,39 @@ def test_yaml_edit_changes_the_kernel(torch, doubled_spec_path):
     base = EpilogueGemm("grouped_gemm", d_dtype="float32")(*args, inputs=inputs)["d"]
     twice = EpilogueGemm(doubled_spec_path, d_dtype="float32")(*args, inputs=inputs)["d"]
     assert torch.equal(twice, 2 * base) and base.abs().max() > 0
+
+
+def test_reducing_rule_with_inputs_of_every_kind_end_to_end(torch, tmp_path):
+    """The kitchen rule (per-expert amax; row, column, element and scalar inputs; FP32 C and BF16
+    D) through the compiled sm_90a GEMM, where it takes the fragment path of reducing rules
+    (frag_blocks: column and element inputs read by pairs, amax flushed per tile), against the
+    numpy GEMM + interpreter on ragged and empty experts; N = 224 ends inside the 128-column tile.
+    Tolerances: the GEMM's FP32 accumulation order differs from numpy's, so C within 2^-12
+    relative (+ 2^-12 of its largest value), D within BF16's 2^-7, amax within 2^-10."""
+    from fusegemm import EpilogueGemm
+    path = tmp_path / "kitchen.yaml"
+    path.write_text(_test_spec_text("kitchen", KITCHEN_EPILOGUE))
+    n = 224
+    a, offsets, b, alpha, _ = _gemm_problem(torch, n=n, seed=11)
+    g = torch.Generator().manual_seed(12)
+    inputs = {"alpha": alpha, "prob": torch.rand(a.shape[0], generator=g).to(torch.bfloat16),
+              "bias": torch.randn(n, alpha.shape[0], generator=g).to(torch.float16),   # (N, L)
+              "res": torch.randn(a.shape[0], n, generator=g).to(torch.bfloat16), "k": 0.5}
+    op = EpilogueGemm(path)
+    dev = {key: (v.cuda() if hasattr(v, "cuda") else v) for key, v in inputs.items()}
+    out = op(a.cuda(), offsets.cuda(), b.cuda(), inputs=dev)
+    ref = op.reference(a, offsets, b, inputs=inputs)
+    valid = int(offsets[-1])
+    for name, rel in (("c", 2.0 ** -12), ("d", 2.0 ** -7)):
+        want = np.asarray(ref.out_values[name], dtype=np.float64)[:valid]
+        got = out[name].float().cpu().numpy().astype(np.float64)[:valid]
+        assert np.all(np.abs(got - want) <= rel * np.abs(want) + 2.0 ** -12 * np.abs(want).max()), name
+        assert not out[name][valid:].any(), name
+    want_amax = np.asarray(ref.amax, dtype=np.float64)
+    got_amax = out["amax"].cpu().numpy().astype(np.float64).reshape(want_amax.shape)
+    finite = np.isfinite(want_amax)               # the empty expert keeps the buffer's -inf
+    assert np.array_equal(got_amax[~finite], want_amax[~finite]) and finite.sum() == 3, (got_amax, want_amax)
+    assert np.all(np.abs(got_amax - want_amax)[finite] <= 2.0 ** -10 * np.abs(want_amax)[finite]), (got_amax, want_amax)
 
 
 def test_swiglu_gemm_with_no_tokens(torch):
