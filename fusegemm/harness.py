@@ -72,6 +72,8 @@ def run_harness(v: Variant, mode: str, acc: Any, offsets: Any, inputs: Mapping[s
     valid_m = int(offsets[-1].item()) if l else 0
     if acc.shape[0] != valid_m or acc.dtype != torch.float32 or acc.stride(1) != 1:
         raise ArgumentError("acc", f"{tuple(acc.shape)} {acc.dtype}", f"float32 ({valid_m}, N) row-major")
+    if n_acc % 8:   # the kernels' 16-byte row stores, as the ops require of N
+        raise ArgumentError("acc.shape[1]", n_acc, "a multiple of 8 (16-byte output rows)")
     planned = plan_harness(v, mode)
     built = lookup(planned) or compile_planned(planned)
     kernel = default_modules().get(built.cubin, built.kernel_name, key=built.key,

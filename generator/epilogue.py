@@ -230,6 +230,13 @@ class Resolved:
     def paired_acc(self) -> bool:
         return self.pairing is not None and self.pairing.acc
 
+    @property
+    def paired_any(self) -> bool:
+        """Whether anything is read or written in gate/up 32-column blocks (the accumulator, an
+        element input or an output): then the element width must be whole blocks."""
+        return (self.paired_acc or any(i.per == "element" and i.paired for i in self.inputs)
+                or any(o.paired is not None for o in self.outputs))
+
     def width(self, n_acc: int) -> int:
         """Element columns of a GEMM with ``n_acc`` accumulator columns."""
         return n_acc // 2 if self.paired_acc else n_acc

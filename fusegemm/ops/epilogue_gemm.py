@@ -86,6 +86,10 @@ class SpecGemm:
         if r.paired_acc and n % 64:
             raise ArgumentError("b_tensor N", n, "a multiple of 64 (the accumulator holds 32-column gate/up "
                                                   "block pairs)")
+        if r.paired_any and n % 32:
+            # A partial block's role-1 columns would lie past the row of a paired input or output.
+            raise ArgumentError("b_tensor N", n, "a multiple of 32 (the epilogue reads or writes 32-column "
+                                                  "gate/up blocks)")
         return r.width(n), r.columns(n)
 
     def _inputs(self, given: Mapping[str, Any], call: Any, w: int, deferred: list | None = None,

@@ -462,6 +462,44 @@ KITCHEN_EPILOGUE = """\
         """
 
 
+DIV_PROBE = r"""
+#include "fusegemm/epilogue.cuh"
+struct DivProbe { unsigned long long* bad; unsigned int lo, hi; };
+// Every e in [lo, hi] (float bits): the logistic's two divisions by d = 1 + e, n = 1 and n = e,
+// against __fdiv_rn, bit for bit; mismatches counted.
+extern "C" __global__ void fg_div_probe(const __grid_constant__ DivProbe p) {
+  for (unsigned long long b = p.lo + blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; b <= p.hi;
+       b += (unsigned long long)gridDim.x * blockDim.x) {
+    const float e = __uint_as_float((unsigned int)b), d = __fadd_rn(1.0f, e);
+    const float a1 = fusegemm::epi::div_unit_range(1.0f, d), a2 = fusegemm::epi::div_unit_range(e, d);
+    if (__float_as_uint(a1) != __float_as_uint(__fdiv_rn(1.0f, d)) ||
+        __float_as_uint(a2) != __float_as_uint(__fdiv_rn(e, d))) atomicAdd(p.bad, 1ull);
+  }
+}
+"""
+
+
+def test_logistic_division_is_correctly_rounded_for_every_operand(torch):
+    """fusegemm::epi::div_unit_range (the logistic's division without __fdiv_rn's range check and
+    slow-path call) equals __fdiv_rn bit for bit for every e = e^-|x| in [0, 1] (subnormals
+    included: 2^30 values), both numerators the logistic divides (1 and e)."""
+    import struct
+
+    from fusegemm.runtime.compile import compile_source
+    from fusegemm.runtime.launch import LaunchConfig, ParamBuffer, launch
+    from fusegemm.runtime.load import default_modules
+    cub = compile_source(DIV_PROBE, arch="sm_90a", kernel="fg_div_probe", name="div_probe.cu")
+    kernel = default_modules().get(cub.data, "fg_div_probe", key="div_probe", smem_bytes=0,
+                                   device=torch.cuda.current_device())
+    bad = torch.zeros(1, dtype=torch.int64, device="cuda")
+    params = ParamBuffer(16)
+    params.fill(struct.pack("<QII", bad.data_ptr(), 0, 0x3F800000))
+    launch(kernel, LaunchConfig(grid=(4096, 1, 1), block=(256, 1, 1)), params,
+           torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    assert int(bad.item()) == 0
+
+
 def _kitchen_spec():
     return _test_spec("kitchen", KITCHEN_EPILOGUE)
 
@@ -670,13 +708,14 @@ def test_reducing_rule_with_inputs_of_every_kind_end_to_end(torch, tmp_path):
     """The kitchen rule (per-expert amax; row, column, element and scalar inputs; FP32 C and BF16
     D) through the compiled sm_90a GEMM, where it takes the fragment path of reducing rules
     (frag_blocks: column and element inputs read by pairs, amax flushed per tile), against the
-    numpy GEMM + interpreter on ragged and empty experts; N = 224 ends inside the 128-column tile.
+    numpy GEMM + interpreter on ragged and empty experts; N = 200 ends inside the second
+    128-column tile and inside its third 32-column block (the pair-by-pair tail).
     Tolerances: the GEMM's FP32 accumulation order differs from numpy's, so C within 2^-12
     relative (+ 2^-12 of its largest value), D within BF16's 2^-7, amax within 2^-10."""
     from fusegemm import EpilogueGemm
     path = tmp_path / "kitchen.yaml"
     path.write_text(_test_spec_text("kitchen", KITCHEN_EPILOGUE))
-    n = 224
+    n = 200
     a, offsets, b, alpha, _ = _gemm_problem(torch, n=n, seed=11)
     g = torch.Generator().manual_seed(12)
     inputs = {"alpha": alpha, "prob": torch.rand(a.shape[0], generator=g).to(torch.bfloat16),

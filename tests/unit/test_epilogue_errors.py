@@ -488,3 +488,18 @@ def test_injection_never_reaches_cpp(tmp_path, cpp_spy, text, message):
     assert r.exit_code == 1 and f"Error: {tmp_path}/{message}" in r.output
     assert not out.exists() or not any(out.iterdir())
     assert cpp_spy == []
+
+
+def test_paired_blocks_need_whole_blocks_of_n():
+    """An epilogue that reads or writes 32-column gate/up blocks refuses an N that ends inside a
+    block (a partial block's role-1 columns lie past the row of its paired C: an out-of-bounds
+    read on the last row), before any launch; unpaired rules keep N % 8."""
+    from fusegemm import EpilogueGemm
+    from fusegemm.base.errors import ArgumentError
+    dsw = EpilogueGemm("grouped_gemm_dswiglu_bf16", arch="sm_90a")    # paired C input, paired D
+    with pytest.raises(ArgumentError, match=r"b_tensor N: got 40; allowed: a multiple of 32"):
+        dsw.widths(40)
+    assert dsw.widths(64)[0] == 64
+    with pytest.raises(ArgumentError, match=r"b_tensor N: got 96; allowed: a multiple of 64"):
+        EpilogueGemm("grouped_gemm_swiglu", arch="sm_90a").widths(96)   # paired accumulator
+    assert EpilogueGemm("grouped_gemm", arch="sm_90a").widths(40)[0] == 40
