@@ -25,6 +25,7 @@ _EXPORTS = {
     "grouped_gemm": ("fusegemm.ops.grouped_gemm", "grouped_gemm"),
     "GroupedGemm": ("fusegemm.ops.grouped_gemm", "GroupedGemm"),
     "EpilogueGemm": ("fusegemm.ops.epilogue_gemm", "EpilogueGemm"),
+    "KGroupedGemm": ("fusegemm.ops.kgrouped", "KGroupedGemm"),
     "BlockScaledGemm": ("fusegemm.ops.blockscaled", "BlockScaledGemm"),
     **{name: ("fusegemm.ops.scaled_seeds", name) for name in (
         "grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax")},

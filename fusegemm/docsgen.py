@@ -177,6 +177,10 @@ def op_page(spec: Any) -> str:
         wrapper, cls, custom, ref = api
         out += [f"- wrapper: `{wrapper}` · class API: `{cls}` · torch custom op: `{custom}`",
                 f"- numpy reference (any machine): `{ref}`", "- parameters: see the [API reference](../../api.md)", ""]
+    elif s.problem == "kgrouped":
+        out += [f"- `fusegemm.KGroupedGemm({info['name']!r}, **choices)(dy, x, padded_offsets, inputs=...)`: "
+                "dy (T, M) and x (T, N) token-major, the output (L, M, N)",
+                "- its numpy reference: `KGroupedGemm(...).reference(...)`", ""]
     else:
         out += [f"- `fusegemm.EpilogueGemm({info['name']!r}, **choices)(a, padded_offsets, b, inputs=...)`, or "
                 f"`fusegemm.torch_library.epilogue_gemm({info['name']!r}, ...)` inside torch.compile",

@@ -18,8 +18,9 @@ and ``h`` for the backward. Backward: fc2's data gradient with the dSwiGLU epilo
 (``specs/grouped_gemm_dswiglu_bf16.yaml``: ``dG`` and ``dprob`` straight out of the GEMM), fc1's
 data gradient with the grouped GEMM (both read the weights in place as N-major B where the
 device's kernel implements it: sm_90a and sm_100a), and the weight
-gradients (K-grouped: a reduction over each expert's tokens) with ``torch._grouped_mm``. Still
-to come (issue 14): a K-grouped fusegemm family for the weight gradients. The MXFP8 recipe
+gradients (K-grouped: a reduction over each expert's tokens) with ``torch._grouped_mm``: the
+K-grouped fusegemm family (:class:`fusegemm.KGroupedGemm`, ``specs/grouped_gemm_wgrad.yaml``) is
+built but has not been measured against it yet, so the layer does not use it. The MXFP8 recipe
 (``recipe="mxfp8"``) is described at :class:`ExpertMLP`.
 
 ``backend="torch"`` runs the same structure with torch matmuls (any device, any float dtype):
@@ -258,8 +259,9 @@ class _Fusegemm:
 
     @staticmethod
     def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor) -> Tensor:
-        """The K-grouped weight gradient with torch._grouped_mm (BF16 in, FP32 accumulation): no
-        fusegemm family for it yet (issue 14), and no host copy of the offsets."""
+        """The K-grouped weight gradient with torch._grouped_mm (BF16 in, FP32 accumulation; no
+        host copy of the offsets). fusegemm's own (KGroupedGemm) takes over once bench/wgrad.py
+        has measured it faster."""
         return torch._grouped_mm(dy.t(), x, offs=off).to(like.dtype)
 
 

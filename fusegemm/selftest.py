@@ -211,12 +211,64 @@ def _run_scaled(family: str, case: dict[str, Any], device: str = "cuda:0") -> tu
     return err, problem is None, problem or "outputs match the reference"
 
 
+def _wgrad_cases() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        ("ragged + empty experts, M tiles of 128", dict(tokens=[256, 0, 768, 256], m=256, n=192)),
+        ("fp32 D, tile 128x128, an N tail", dict(tokens=[512, 256], m=128, n=200, d_dtype="float32",
+                                                  axes={"tile_n": 128})),
+        ("no tokens in the last experts, alpha", dict(tokens=[1024, 0, 0], m=384, n=256, alpha=True)),
+    ]
+
+
+def _run_wgrad(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool, str]:
+    """dW_e = alpha_e dY_e^T X_e with seeded BF16 operands (token rows padded to 256 with zeros,
+    as the MoE layer's are), against the op's float64 reference; the bound is the FP32
+    accumulation's, as for the grouped GEMM."""
+    import torch
+
+    from .ops.kgrouped import KGroupedGemm
+    rng = np.random.default_rng(7)
+    sizes = [int(-(-t // 256) * 256) for t in case["tokens"]]
+    t = sum(sizes)
+    m, n = case["m"], case["n"]
+    dy = np.zeros((t, m), np.float32)
+    x = np.zeros((t, n), np.float32)
+    start = 0
+    for tok, size in zip(case["tokens"], sizes):
+        dy[start:start + tok] = rng.standard_normal((tok, m))
+        x[start:start + tok] = rng.standard_normal((tok, n))
+        start += size
+    dy_t = torch.from_numpy(dy).to(torch.bfloat16)
+    x_t = torch.from_numpy(x).to(torch.bfloat16)
+    off = torch.tensor(np.cumsum(sizes), dtype=torch.int32)
+    inputs = {"alpha": torch.from_numpy(rng.uniform(0.5, 1.5, len(sizes)).astype(np.float32))} if case.get("alpha") else {}
+    index = int(device.split(":")[1]) if device.startswith("cuda:") else 0
+    op = KGroupedGemm("grouped_gemm_wgrad", device=index, d_dtype=case.get("d_dtype", "bfloat16"),
+                      **case.get("axes", {}))
+    dev = {k: v.to(device) for k, v in inputs.items()}
+    out = op(dy_t.to(device), x_t.to(device), off.to(device), inputs=dev)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+    ref = np.asarray(op.reference(dy_t, x_t, off, inputs=inputs).out_values["d"], dtype=np.float64)
+    a64, b64 = np.abs(dy_t.double().numpy()), np.abs(x_t.double().numpy())
+    scale = np.zeros_like(ref)
+    start = 0
+    for e, size in enumerate(sizes):
+        alpha = float(inputs["alpha"][e]) if inputs else 1.0
+        scale[e * m:(e + 1) * m] = alpha * (a64[start:start + size].T @ b64[start:start + size])
+        start += size
+    err, ok = _compare(out["d"], ref, scale, case.get("d_dtype", "bfloat16"))
+    return err, ok, f"L={len(sizes)}, T={t}"
+
+
 RUNNERS: dict[str, Callable[[], list[tuple[str, dict[str, Any]]]]] = {
     "grouped_gemm": _grouped_gemm_cases,
+    "grouped_gemm_wgrad": _wgrad_cases,
     **{fam: (lambda fam=fam: _SCALED_CASES[fam]) for fam in _SCALED_CASES},
 }
 CASE_RUNNERS: dict[str, Callable[..., tuple[float, bool, str]]] = {
     "grouped_gemm": _run_grouped_gemm,
+    "grouped_gemm_wgrad": _run_wgrad,
     **{fam: (lambda case, device="cuda:0", fam=fam: _run_scaled(fam, case, device)) for fam in _SCALED_CASES},
 }
 

@@ -1,7 +1,9 @@
 """First-run verification on an arch the project has not executed kernels on.
 
 fusegemm's sm_100a kernels are compiled and statically checked, but no Blackwell GPU has run
-them in the project's own tests (``fusegemm/base/archs.py``: ``executed=False``). So the first
+them in the project's own tests (``fusegemm/base/archs.py``: ``executed=False``); a family just
+added may likewise not have run on an executed arch yet (its registry row: ``executed=False``,
+generator/registry.py). So the first
 time a kernel family is about to launch on such an arch, :func:`ensure_verified` runs that
 family's selftest cases on the device (seconds; fusegemm/selftest.py compares every output with
 the numpy reference) and:
@@ -11,7 +13,8 @@ the numpy reference) and:
   so later processes skip it;
 * refuses to launch, with :class:`UnverifiedError` and the failing cases, when any case fails.
 
-``FUSEGEMM_TRUST_UNVERIFIED=1`` skips the check. On an executed arch (sm_90a) nothing happens.
+``FUSEGEMM_TRUST_UNVERIFIED=1`` skips the check. For a kernel that has run (every family on
+sm_90a but those marked) nothing happens.
 """
 from __future__ import annotations
 
@@ -26,7 +29,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .base.archs import arch as arch_entry
 from .base.errors import UnverifiedError
 from .base.package import __version__, package_data_dir
 from .runtime import config
@@ -40,7 +42,8 @@ _local = threading.local()   # set while the cases run: their own launches pass 
 def ensure_verified(family: str, arch: str, device: int) -> None:
     """Return when ``family`` may launch on ``device`` (an ``arch`` device); else raise
     UnverifiedError naming the failing selftest cases."""
-    if arch_entry(arch).executed or config.trust_unverified() or getattr(_local, "active", False):
+    from .generator import registry
+    if registry.executed(family, arch) or config.trust_unverified() or getattr(_local, "active", False):
         return
     key = (family, arch, device)
     if key in _verified:
@@ -53,7 +56,7 @@ def ensure_verified(family: str, arch: str, device: int) -> None:
         if path is not None and _read(path) == ident:
             _verified.add(key)
             return
-        _log.warning("fusegemm: first launch of %s on %s, an arch fusegemm has not executed on: "
+        _log.warning("fusegemm: first launch of %s on %s, where fusegemm has not executed it: "
                      "running its selftest cases on device %d first (FUSEGEMM_TRUST_UNVERIFIED=1 "
                      "skips this)", family, arch, device)
         t0 = time.perf_counter()
@@ -64,7 +67,7 @@ def ensure_verified(family: str, arch: str, device: int) -> None:
             raise UnverifiedError(
                 f"{family} failed its first-run verification on {arch} (device {device}, "
                 f"{ident['device']}): {len(failed)} of {len(rows)} selftest cases failed\n{lines}\n"
-                f"fusegemm has not executed its {arch} kernels on hardware before; please report this "
+                f"fusegemm has not executed its {family} kernel on {arch} hardware before; please report this "
                 f"with the output of `fusegemm selftest --json`. FUSEGEMM_TRUST_UNVERIFIED=1 launches "
                 f"anyway, at your own risk.")
         from .runtime.cache import default_cache

@@ -334,7 +334,31 @@ def parse_epilogue(ctx: Any, node: Any, choices: dict[str, tuple[Any, ...]], pro
     reductions = _reductions(ctx, d.get("reductions"), choices, computed, problem)
     ep = Epilogue(inputs, pairing, statements, outputs, reductions, constants)
     _check_presence(ctx, node, ep, choices)
+    if problem == "kgrouped":
+        _check_kgrouped(ctx, d, ep)
     return ep
+
+
+def _check_kgrouped(ctx: Any, d: Any, ep: Epilogue) -> None:
+    """A K-grouped problem (weight gradients) reduces over each expert's token rows: its output
+    rows are an (M, N) block per expert, so nothing per token row exists, and the kernel has no
+    SFD quantization or gate/up pairing (outputs are BF16/FP32 weight gradients)."""
+    why = "a K-grouped problem's output rows are per expert (L, M, N); it has no token rows"
+    for inp in ep.inputs:
+        if inp.per == "row":
+            raise ctx.fail(d["inputs"], f"epilogue.inputs.{inp.name}.per", f"got 'row' ({why}); allowed: expert, "
+                                                                             f"column, element, scalar")
+    for r in ep.reductions:
+        if r.scope == "row":
+            raise ctx.fail(d["reductions"], "epilogue.reductions", f"{r.name}: got scope 'row' ({why}); allowed: "
+                                                                    f"amax of scope expert or global")
+    if ep.pairing is not None:
+        raise ctx.fail(d["pairing"], "epilogue.pairing", "got a gate/up pairing; allowed: none (a K-grouped "
+                                                         "problem's outputs are unpaired weight gradients)")
+    for o in ep.outputs:
+        if o.quantize is not None:
+            raise ctx.fail(d["outputs"], f"epilogue.outputs.{o.name}.quantize", "got an SFD quantization; "
+                                                                                "allowed: none on a K-grouped problem")
 
 
 def _pairing(ctx: Any, node: Any) -> Pairing:

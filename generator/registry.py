@@ -60,6 +60,10 @@ class Implementation:
     source_axes: tuple[str, ...]
     limits: tuple[Limit, ...] = ()
     defaults: tuple[tuple[str, Any], ...] = ()
+    # False: the kernel has not run on hardware in the project's own tests, though its arch
+    # has (a family just added): its first launch is gated by fusegemm/verify.py as on an
+    # unexecuted arch. Set to True once tests/gpu has passed on that arch.
+    executed: bool = True
 
     def __post_init__(self) -> None:
         arch_entry(self.arch)  # a row for an unknown arch is a programming error: fail at import
@@ -95,12 +99,12 @@ class Implementation:
 
 def _row(family: str, arch: str, status: str, template: str, header: str, kernel: str,
          source_axes: tuple[str, ...], *, rule: str | None = None, limits: tuple[Limit, ...] = (),
-         defaults: dict[str, Any] | None = None) -> Implementation:
+         defaults: dict[str, Any] | None = None, executed: bool = True) -> Implementation:
     """A row whose header and kernel class live in ``arch``'s header folder (its namespace)."""
     folder = ARCHS[arch].headers
     return Implementation(family, arch, status, template, f"fusegemm/{folder}/{header}",
                           f"fusegemm::{folder}::{kernel}", rule, source_axes, (*limits, _TILE_N),
-                          tuple(sorted((defaults or {}).items())))
+                          tuple(sorted((defaults or {}).items())), executed)
 
 
 # Every kernel's accumulator tile is 128 or 256 columns wide (static_asserts in each header); the
@@ -155,6 +159,19 @@ ROWS: tuple[Implementation, ...] = (
                  Limit("cluster_m", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1"),
                  Limit("cluster_n", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1")),
          defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}),
+    # K-grouped weight gradients on the BF16 grouped kernel (Config::kKGrouped): token-major
+    # operands, one K range per expert. No sm_100a row yet (status none there).
+    _row("grouped_gemm_wgrad", "sm_90a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
+         "GroupedGemmKernel", ("ab_dtype", "c_dtype", "d_dtype", "tile_m", "tile_n"),
+         rule=SPEC_RULE,
+         limits=(Limit("tile_m", (64, 128), "one 64-row WGMMA consumer warpgroup per 64 rows of "
+                                            "the tile, at most two"),
+                 Limit("weight_mode", ("dense",), "both operands are activations (dense, token-major)"),
+                 Limit("scheduler", ("static",), "static persistent scheduling only"),
+                 Limit("cluster_m", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1"),
+                 Limit("cluster_n", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1")),
+         defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1},
+         executed=False),   # compiled and statically checked; tests/gpu/test_wgrad_gpu.py not run yet
     _row("gemm_amax", "sm_100a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
          "BlockScaledGemmKernel", _BLOCKSCALED + ("discrete_col_sfd",), rule=SPEC_RULE),
     *(_row(family, "sm_100a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
@@ -172,6 +189,13 @@ _BY_KEY: dict[tuple[str, str], Implementation] = {(r.family, r.arch): r for r in
 def lookup(family: str, arch: str) -> Implementation | None:
     """The row of (``family``, ``arch``), or None (status ``none``)."""
     return _BY_KEY.get((family, arch))
+
+
+def executed(family: str, arch: str) -> bool:
+    """Whether ``family``'s kernel has run on ``arch`` hardware in the project's own tests (the
+    arch has, and the row is not marked otherwise)."""
+    row = lookup(family, arch)
+    return arch_entry(arch).executed and (row is None or row.executed)
 
 
 def status(family: str, arch: str) -> str:

@@ -22,7 +22,9 @@ from .yamlload import Node, load_yaml, plain
 SCHEMA_VERSION = 2
 _IDENT = re.compile(r"^[a-z][a-z0-9_]*$")
 
-PROBLEMS = ("grouped", "batched")
+# grouped: rows of all experts concatenated (M-grouped, seeds 000-003); batched: L dense
+# problems (seed 004); kgrouped: one reduction range of token rows per expert (weight gradients).
+PROBLEMS = ("grouped", "batched", "kgrouped")
 
 
 @dataclass(frozen=True)

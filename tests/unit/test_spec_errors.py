@@ -70,7 +70,7 @@ CASES = [
     ("wrong type", lambda t: t.replace("schema: 2", "schema: one"),
      "demo.yaml:1: schema: expected an integer, got a string 'one'"),
     ("unknown kernel family", lambda t: t.replace("kernel: grouped_gemm", "kernel: grouped_gemm_relu"),
-     "demo.yaml:3: kernel: got 'grouped_gemm_relu'; allowed: grouped_gemm, gemm_amax, "
+     "demo.yaml:3: kernel: got 'grouped_gemm_relu'; allowed: grouped_gemm, grouped_gemm_wgrad, gemm_amax, "
      "grouped_gemm_srelu, grouped_gemm_quant, grouped_gemm_dswiglu"),
     ("name/file mismatch", lambda t: t.replace("name: demo", "name: other"),
      "demo.yaml:2: name: 'other' must match the file name 'demo'"),
@@ -140,7 +140,7 @@ def test_seed_specs_load():
     from fusegemm.generator.spec import list_specs
     names = sorted(load_spec(p).name for p in list_specs())
     assert names == ["gemm_amax", "grouped_gemm", "grouped_gemm_dswiglu", "grouped_gemm_dswiglu_bf16",
-                     "grouped_gemm_quant", "grouped_gemm_srelu", "grouped_gemm_swiglu"]
+                     "grouped_gemm_quant", "grouped_gemm_srelu", "grouped_gemm_swiglu", "grouped_gemm_wgrad"]
 
 
 def test_public_load_spec():

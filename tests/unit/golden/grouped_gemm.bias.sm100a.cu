@@ -204,6 +204,7 @@ struct Config {
   static constexpr bool kDynamicSched = false;
   static constexpr bool kDiscreteB = false;
   static constexpr bool kBMajorMN = false;
+  static constexpr bool kKGrouped = false;
   static constexpr int kTileM = 256;
   static constexpr int kTileN = 256;
 };
@@ -214,7 +215,7 @@ using Kernel = fusegemm::sm100::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_e6f94313b7b7_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_18c95093a386_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -240,6 +241,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_e6f
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm100a_e6f94313b7b7(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm100a_18c95093a386(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

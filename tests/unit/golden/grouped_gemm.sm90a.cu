@@ -194,6 +194,7 @@ struct Config {
   static constexpr bool kDynamicSched = false;
   static constexpr bool kDiscreteB = false;
   static constexpr bool kBMajorMN = false;
+  static constexpr bool kKGrouped = false;
   static constexpr int kTileM = 128;
   static constexpr int kTileN = 256;
 };
@@ -204,7 +205,7 @@ using Kernel = fusegemm::sm90::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm90a_22a1ded743bc_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm90a_6cb1fa4f741d_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -230,6 +231,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm90a_22a1
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm90a_22a1ded743bc(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm90a_6cb1fa4f741d(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

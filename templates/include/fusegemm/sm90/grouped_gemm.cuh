@@ -12,6 +12,12 @@
 // in how the producer picks the next linear tile; the consumers never touch the scheduler.
 // The producer runs ahead across tiles, so the next tile's loads overlap this epilogue.
 //
+// K-grouped problems (Config::kKGrouped: a weight gradient dW_e = dY_e^T X_e, the reduction
+// over each expert's tokens): tiles are (expert, M block, N block) of the (L, M, N) output, the
+// K range of a tile is its expert's token rows [offsets[e-1], offsets[e]), and both operands are
+// token-major (MN-major: dY is tokens x M, X tokens x N), loaded as 64-element chunks of 64
+// token rows like an N-major B. An expert without tokens gets zeros (alpha * 0).
+//
 // Epilogue (fusegemm/sm90/epilogue.cuh): each consumer warp owns 16 complete rows of the tile in
 // its WGMMA fragment, so element-wise rules stage 128-byte column chunks in the warp's own padded
 // smem buffer and write full cache lines (epi::WarpStagedStore), synchronising with __syncwarp
@@ -58,6 +64,10 @@ struct GroupedGemmKernel {
   // B: K-major (N rows of 64 K-elements per stage) or MN-major (kBMn: an N-major weight, loaded
   // as kTileN / 64 chunks of 64 K-rows x 64 N-elements; the WGMMA reads it transposed).
   static constexpr bool kBMn = Config::kBMajorMN;
+  static constexpr bool kKGrouped = Config::kKGrouped;
+  static constexpr bool kAMn = kKGrouped;   // A: tokens x M, M contiguous
+  static_assert(!kKGrouped || (kBMn && !Config::kDiscreteB && !Config::kDynamicSched),
+                "K-grouped: token-major B (b_major n), dense, static scheduling");
 
   static constexpr int kTileM = Config::kTileM;
   static constexpr int kTileN = Config::kTileN;
@@ -122,7 +132,9 @@ struct GroupedGemmKernel {
   static constexpr int kMinClusterM = 1, kMinClusterN = 1, kMaxClusterCtas = 1, kCtasPerTile = 1;
   static constexpr int kMAligned = fusegemm::kMAligned;
   // MN-major B: maps of (N, K, L) (discrete: (N, K)) with boxes of 64 N x 64 K.
-  static constexpr int kBoxAInner = kTileK, kBoxAOuter = kTileM;
+  // K-grouped: A maps of (M, tokens) with boxes of 64 M x 64 tokens, kTileM / 64 per stage.
+  static constexpr int kBoxAInner = kAMn ? 64 : kTileK, kBoxAOuter = kAMn ? kTileK : kTileM;
+  static constexpr int kAChunks = kAMn ? kTileM / 64 : 1;  // A loads per stage
   static constexpr int kBoxBInner = kBMn ? 64 : kTileK, kBoxBOuter = kBMn ? kTileK : kTileN;
   static constexpr int kBChunks = kBMn ? kTileN / 64 : 1;  // B loads per stage
   static constexpr int kSwizzleA = 128, kSwizzleB = 128;
@@ -130,7 +142,33 @@ struct GroupedGemmKernel {
   static constexpr int kTmapSlotStride = Config::kDiscreteB ? kTmapSlotsPerCta : 0;
   static constexpr int kTmemCols = 0, kSfBoxK = 0, kSfBoxNB = 0;
 
-  using Sched = GroupedScheduler<kTileM, kTileN, FUSEGEMM_RASTER_GROUP>;
+  // K-grouped: (expert, M block, N block) tiles of the (L, M, N) output, M = p.m_rows.
+  using Sched = fusegemm::conditional_t<kKGrouped, BatchedScheduler<kTileM, kTileN, FUSEGEMM_RASTER_GROUP>,
+                                        GroupedScheduler<kTileM, kTileN, FUSEGEMM_RASTER_GROUP>>;
+
+  template <class Params>
+  static __device__ Sched make_sched(const Params& p) {
+    if constexpr (kKGrouped) {
+      return Sched(p.m_rows, p.n, p.num_experts);
+    } else {
+      return Sched(reinterpret_cast<const int*>(p.offsets), p.num_experts, p.n, p.m_rows);
+    }
+  }
+
+  // First token row and k-block count of a tile: the whole K, or (K-grouped) the expert's token
+  // rows, clamped to the p.k rows the operands were allocated with (offsets live on the device
+  // and are unchecked: wrong ones give wrong results, never an out-of-bounds load).
+  template <class Params>
+  static __device__ int2 k_range(const Params& p, int expert) {
+    if constexpr (kKGrouped) {
+      const int* off = reinterpret_cast<const int*>(p.offsets);
+      const int begin = min(expert == 0 ? 0 : __ldg(off + expert - 1), p.k);
+      const int end = min(__ldg(off + expert), p.k);
+      return make_int2(begin, end > begin ? (end - begin) / kTileK : 0);
+    } else {
+      return make_int2(0, (p.k + kTileK - 1) / kTileK);
+    }
+  }
 
   static constexpr int kStagger = kConsumerWGs == 2 ? FUSEGEMM_SM90_STAGGER : 0;
   static_assert(kStagger >= 0 && kStagger <= kStages, "stagger must be within the pipeline");
@@ -184,8 +222,7 @@ struct GroupedGemmKernel {
                                  int4* ring) {
     prefetch_tmap(&p.tma_a);
     prefetch_tmap(&p.tma_b);
-    const Sched sched(reinterpret_cast<const int*>(p.offsets), p.num_experts, p.n, p.m_rows);
-    const int num_k_blocks = (p.k + kTileK - 1) / kTileK;
+    const Sched sched = make_sched(p);
 
     DeviceTmap<kTmapSlots> dtm;
     const CUtensorMap* tmap_b = &p.tma_b;
@@ -213,6 +250,8 @@ struct GroupedGemmKernel {
 
       const int m0 = t.m_block * kTileM;
       const int n0 = t.n_block * kTileN;
+      const int2 kr = k_range(p, t.expert);
+      const int k0 = kr.x, num_k_blocks = kr.y;
       for (int kb = 0; kb < num_k_blocks; ++kb) {
         mbar_wait(&empty[stage], phase ^ 1);
         if constexpr (Config::kDiscreteB) {
@@ -224,8 +263,19 @@ struct GroupedGemmKernel {
           }
         }
         mbar_arrive_expect_tx(&full[stage], kStageBytes);
-        tma_load_2d(&p.tma_a, &full[stage], smem + kOffA + stage * kABytes, kb * kTileK, m0);
+        uint8_t* sa = smem + kOffA + stage * kABytes;
         uint8_t* sb = smem + kOffB + stage * kBBytes;
+        if constexpr (kKGrouped) {
+#pragma unroll
+          for (int c = 0; c < kAChunks; ++c) {
+            tma_load_2d(&p.tma_a, &full[stage], sa + c * kMnChunkBytes, m0 + 64 * c, k0 + kb * kTileK);
+          }
+#pragma unroll
+          for (int c = 0; c < kBChunks; ++c) {
+            tma_load_2d(&p.tma_b, &full[stage], sb + c * kMnChunkBytes, n0 + 64 * c, k0 + kb * kTileK);
+          }
+        } else {
+        tma_load_2d(&p.tma_a, &full[stage], sa, kb * kTileK, m0);
         if constexpr (kBMn) {
 #pragma unroll
           for (int c = 0; c < kBChunks; ++c) {
@@ -239,6 +289,7 @@ struct GroupedGemmKernel {
           tma_load_2d(tmap_b, &full[stage], sb, kb * kTileK, n0);
         } else {
           tma_load_3d(tmap_b, &full[stage], sb, kb * kTileK, n0, t.expert);
+        }
         }
         if (++stage == kStages) { stage = 0; phase ^= 1; }
       }
@@ -254,15 +305,16 @@ struct GroupedGemmKernel {
                                  int4* ring) {
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;  // 0 .. kConsumerWarps-1
-    const int num_k_blocks = (p.k + kTileK - 1) / kTileK;
-
+    // A: this warpgroup's 64 rows; K-major rows of 128 bytes, or (K-grouped) its own MN-major
+    // chunk of 64 token rows x 64 M (8 KB, the same bytes).
     const uint32_t a_base = smem_u32(smem + kOffA) + wg * 64 * 128;
     const uint32_t b_base = smem_u32(smem + kOffB);
-    const uint64_t da0 = sw128_kmajor_desc(a_base);
+    const uint64_t da0 = kAMn ? sw128_mnmajor_desc(a_base) : sw128_kmajor_desc(a_base);
     const uint64_t db0 = kBMn ? sw128_mnmajor_desc(b_base) : sw128_kmajor_desc(b_base);
     // K step of one k16 instruction in the descriptor's 16-byte units: 32 bytes along a K-major
     // row, 16 rows of 128 bytes in an MN-major chunk.
     constexpr int kDescStepK = kBMn ? (16 * 128) >> 4 : 2;
+    constexpr int kDescStepKA = kAMn ? (16 * 128) >> 4 : 2;
 
     int stage = 0, slot = 0;
     uint32_t phase = 0, ring_phase = 0;
@@ -294,10 +346,13 @@ struct GroupedGemmKernel {
       if (++slot == kTileRing) { slot = 0; ring_phase ^= 1; }
       if (t.w < 0) break;
 
+      const int num_k_blocks = k_range(p, t.x).y;
+      // Output rows: the problem's (grouped), or expert e's block of the (L, M, N) output.
+      const int row0 = (kKGrouped ? t.x * p.m_rows : 0) + t.y * kTileM;
       int prev_stage = 0;
       const int prefetch_kb = FUSEGEMM_SM90_EPI_PREFETCH > 0 ? max(num_k_blocks - FUSEGEMM_SM90_EPI_PREFETCH, 0) : -1;
       for (int kb = 0; kb < num_k_blocks; ++kb) {
-        if (kb == prefetch_kb) Epi::prefetch(p, t.y * kTileM, t.z * kTileN, warp, lane);
+        if (kb == prefetch_kb) Epi::prefetch(p, row0, t.z * kTileN, warp, lane);
         mbar_wait(&full[stage], phase);
         fence_acc(acc);
         cute::warpgroup_arrive();
@@ -307,7 +362,7 @@ struct GroupedGemmKernel {
         const uint64_t db = db0 + static_cast<uint64_t>((stage * kBBytes) >> 4);
 #pragma unroll
         for (int k = 0; k < kTileK / 16; ++k) {
-          gmma_64xN<kTileN, kBMn>(da + 2 * k, db + kDescStepK * k, acc, (kb > 0 || k > 0) ? 1 : 0);
+          gmma_64xN<kTileN, kBMn, kAMn>(da + kDescStepKA * k, db + kDescStepK * k, acc, (kb > 0 || k > 0) ? 1 : 0);
         }
         cute::warpgroup_commit_batch();
         fence_acc(acc);
@@ -322,8 +377,12 @@ struct GroupedGemmKernel {
       cute::warpgroup_wait<0>();
       fence_acc(acc);
       if (num_k_blocks > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
+      if (num_k_blocks == 0) {   // an expert without tokens (K-grouped): its gradient is zero
+#pragma unroll
+        for (int i = 0; i < kAccum; ++i) acc[i] = 0.0f;
+      }
 
-      Epi::run(p, smem + kOffEpi, t.x, t.y * kTileM, t.z * kTileN, wg, warp, lane, acc, part);
+      Epi::run(p, smem + kOffEpi, t.x, row0, t.z * kTileN, wg, warp, lane, acc, part);
     }
     stagger_release();
     Epi::finish(part, p, warp, lane);

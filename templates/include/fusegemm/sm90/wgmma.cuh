@@ -38,31 +38,33 @@ FUSEGEMM_DEVICE uint64_t sw128_mnmajor_desc(uint32_t smem_addr) {
 }
 
 // m64nNk16 BF16 WGMMA, A K-major; B K-major or (kBMn) MN-major (the instruction's tnspB bit).
-template <int N, bool kBMn>
+// kAMn / kBMn: the operand is MN-major in shared memory (the WGMMA reads it transposed): an
+// N-major weight as B, or a K-grouped problem's A (a weight gradient's dY, tokens x M).
+template <int N, bool kBMn, bool kAMn = false>
 struct BF16Gmma;
 
-template <bool kBMn>
-struct BF16Gmma<256, kBMn> {
+template <bool kBMn, bool kAMn>
+struct BF16Gmma<256, kBMn, kAMn> {
   using Op = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<
-      cute::SM90::GMMA::Major::K, kBMn ? cute::SM90::GMMA::Major::MN : cute::SM90::GMMA::Major::K>;
+      kAMn ? cute::SM90::GMMA::Major::MN : cute::SM90::GMMA::Major::K,
+      kBMn ? cute::SM90::GMMA::Major::MN : cute::SM90::GMMA::Major::K>;
 };
-template <bool kBMn>
-struct BF16Gmma<128, kBMn> {
+template <bool kBMn, bool kAMn>
+struct BF16Gmma<128, kBMn, kAMn> {
   using Op = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<
-      cute::SM90::GMMA::Major::K, kBMn ? cute::SM90::GMMA::Major::MN : cute::SM90::GMMA::Major::K>;
+      kAMn ? cute::SM90::GMMA::Major::MN : cute::SM90::GMMA::Major::K,
+      kBMn ? cute::SM90::GMMA::Major::MN : cute::SM90::GMMA::Major::K>;
 };
 
-// One 64xNx16 WGMMA accumulating into acc[N/2] (the m64nN FP32 fragment of this thread).
-// scale_d == 0 overwrites instead of accumulating (first MMA of a tile).
-template <int N, bool kBMn, int... I>
+template <int N, bool kBMn, bool kAMn, int... I>
 FUSEGEMM_DEVICE void gmma_impl(uint64_t da, uint64_t db, float* acc, int scale_d,
                                fusegemm::integer_sequence<int, I...>) {
-  BF16Gmma<N, kBMn>::Op::fma(da, db, acc[I]..., static_cast<cute::SM90::GMMA::ScaleOut>(scale_d));
+  BF16Gmma<N, kBMn, kAMn>::Op::fma(da, db, acc[I]..., static_cast<cute::SM90::GMMA::ScaleOut>(scale_d));
 }
 
-template <int N, bool kBMn = false>
+template <int N, bool kBMn = false, bool kAMn = false>
 FUSEGEMM_DEVICE void gmma_64xN(uint64_t da, uint64_t db, float (&acc)[N / 2], int scale_d) {
-  gmma_impl<N, kBMn>(da, db, acc, scale_d, fusegemm::make_integer_sequence<int, N / 2>{});
+  gmma_impl<N, kBMn, kAMn>(da, db, acc, scale_d, fusegemm::make_integer_sequence<int, N / 2>{});
 }
 
 template <int kN>

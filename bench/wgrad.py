@@ -1,0 +1,100 @@
+"""Benchmark the K-grouped weight gradients of an MoE expert MLP: fusegemm's KGroupedGemm
+(specs/grouped_gemm_wgrad.yaml) against torch._grouped_mm (what fusegemm.moe runs today) and
+cuBLAS (torch.bmm over equal-size experts, the dense ceiling at equal FLOPs) in the same run;
+prints JSON.
+
+dW_e = dY_e^T X_e over each expert's token rows: dY (T, M), X (T, N) token-major BF16, dW
+(L, M, N) BF16. The shapes are the MoE layer's two weight gradients (fusegemm.moe):
+
+* fc1: dY = dG (T, 2F), X = x (T, H): dW1 (L, 2F, H)
+* fc2: dY = dy (T, H), X = h (T, F): dW2 (L, H, F)
+
+Every fusegemm result is checked against torch._grouped_mm before it is timed.
+
+    python bench/wgrad.py [--out bench/results/wgrad_h200.json]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from _common import emit_json, expert_sizes, interleaved_ms
+
+# name: (experts, tokens, M, N)
+SHAPES = {
+    "dsv3-fc1-w": (8, 16384, 4096, 7168),
+    "dsv3-fc2-w": (8, 16384, 7168, 2048),
+    "dsv3-32-fc1-w": (32, 16384, 4096, 7168),
+    "mixtral-fc1-w": (8, 16384, 28672, 4096),
+    "mixtral-fc2-w": (8, 16384, 4096, 14336),
+}
+
+
+def bench_shape(name: str, dist: str, args) -> dict:
+    import torch
+
+    from fusegemm import KGroupedGemm
+    experts, tokens, m, n = SHAPES[name]
+    sizes = expert_sizes(experts, tokens, dist)
+    t = sum(sizes)
+    torch.manual_seed(0)
+    dy = torch.randn(t, m, device="cuda").to(torch.bfloat16)
+    x = torch.randn(t, n, device="cuda").to(torch.bfloat16)
+    off = torch.tensor([sum(sizes[: i + 1]) for i in range(experts)], dtype=torch.int32, device="cuda")
+    op = KGroupedGemm("grouped_gemm_wgrad").compile()
+    flops = 2.0 * t * m * n
+    row = {"shape": name, "dist": dist, "experts": experts, "tokens": t, "m": m, "n": n}
+    ours = op(dy, x, off)["d"].float()
+    theirs = torch._grouped_mm(dy.t(), x, offs=off).float()
+    row["max_rel_diff_vs_torch"] = float(((ours - theirs).abs() / (theirs.abs() + 1.0)).max())
+    del ours, theirs
+    methods = {"fusegemm": lambda: op(dy, x, off),
+               "torch_grouped_mm": lambda: torch._grouped_mm(dy.t(), x, offs=off)}
+    if dist == "balanced":
+        dyb, xb = dy.view(experts, t // experts, m), x.view(experts, t // experts, n)
+        methods["cublas_bmm"] = lambda: torch.bmm(dyb.transpose(1, 2), xb)
+    for key, ms in interleaved_ms(methods, args).items():
+        row[f"{key}_ms"], row[f"{key}_tflops"] = ms, flops / ms / 1e9
+    row["ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row["fusegemm_ms"]
+    if "cublas_bmm_ms" in row:
+        row["ratio_vs_cublas_bmm"] = row["cublas_bmm_ms"] / row["fusegemm_ms"]
+    torch.cuda.empty_cache()
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    import platform
+    import time
+
+    import torch
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--dists", default="balanced,skewed")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10, help="timed launches per round (median)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per method")
+    ap.add_argument("--out", default=None, help="write the JSON here as well")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        emit_json({"error": "no CUDA GPU"}, None)
+        return 1
+    rows = []
+    for name in args.shapes.split(","):
+        if name not in SHAPES:
+            raise SystemExit(f"--shapes: unknown {name!r}; allowed: {', '.join(SHAPES)}")
+        for dist in args.dists.split(","):
+            r = bench_shape(name, dist, args)
+            rows.append(r)
+            print(f"{name:14s} {dist:8s} fusegemm {r['fusegemm_tflops']:.0f} TFLOP/s, torch "
+                  f"{r['torch_grouped_mm_tflops']:.0f}: x{r['ratio_vs_torch_grouped_mm']:.2f}", file=sys.stderr)
+    emit_json({"benchmark": "K-grouped weight gradients (specs/grouped_gemm_wgrad.yaml) vs torch._grouped_mm",
+               "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
+               "method": f"CUDA events; {args.rounds} interleaved rounds per method, each the median of "
+                         f"{args.iters} launches after {args.warmup} warm-ups; median over rounds; "
+                         f"TFLOP/s = 2*T*M*N/time", "rows": rows}, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,124 @@
+"""The K-grouped weight-gradient family (specs/grouped_gemm_wgrad.yaml, fusegemm.KGroupedGemm) on
+the CPU: what a K-grouped spec may declare, the op's argument checks (before any launch), its
+numpy reference, and the sm_90a kernel compiled for every tile (0 spills, MN-major WGMMA).
+The kernel's numerics on the GPU: tests/gpu/test_wgrad_gpu.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fusegemm.base.errors import ArgumentError, SpecError, UnsupportedError
+from fusegemm.generator.spec import parse_spec
+
+torch = pytest.importorskip("torch")
+
+SPEC = """\
+schema: 2
+name: wg
+kernel: grouped_gemm_wgrad
+problem: kgrouped
+summary: test
+epilogue:
+{epilogue}
+choices:
+  arch: [sm_90a]
+  ab_dtype: [bfloat16]
+  d_dtype: [bfloat16, float8_e4m3fn]
+  tile_m: [128]
+  tile_n: [256]
+  cluster_m: [1]
+  cluster_n: [1]
+defaults: {{d_dtype: bfloat16}}
+"""
+
+
+def _spec(epilogue: str):
+    return parse_spec(SPEC.format(epilogue=epilogue), "wg.yaml", expected_name="wg")
+
+
+@pytest.mark.parametrize("epilogue,message", [
+    ("  inputs:\n    prob: {per: row}\n  compute:\n    - g = prob * acc\n  outputs:\n    d: {dtype: d_dtype, value: g}",
+     r"epilogue.inputs.prob.per: got 'row' \(a K-grouped problem's output rows are per expert"),
+    ("  compute:\n    - g = acc\n  outputs:\n    d: {dtype: d_dtype, value: g}\n  reductions:\n"
+     "    - {name: dprob, kind: sum, of: g, scope: row}",
+     r"epilogue.reductions: dprob: got scope 'row'"),
+    ("  inputs:\n    norm_const: {per: scalar}\n  compute:\n    - g = acc\n  outputs:\n"
+     "    d: {dtype: d_dtype, value: g, quantize: {row: true, norm_const: norm_const, convention: quant}}",
+     r"epilogue.outputs.d.quantize: got an SFD quantization"),
+])
+def test_k_grouped_specs_refuse_what_has_no_token_rows(epilogue, message):
+    with pytest.raises(SpecError, match=message):
+        _spec(epilogue)
+
+
+def test_the_wgrad_spec_is_sm90a_only_and_not_an_epilogue_gemm():
+    from fusegemm import EpilogueGemm, KGroupedGemm
+    with pytest.raises(UnsupportedError, match="EpilogueGemm runs 'grouped_gemm'"):
+        EpilogueGemm("grouped_gemm_wgrad", arch="sm_90a")
+    with pytest.raises(UnsupportedError, match="KGroupedGemm runs 'grouped_gemm_wgrad'"):
+        KGroupedGemm("grouped_gemm", arch="sm_90a")
+    with pytest.raises(Exception, match="sm_100a"):
+        KGroupedGemm("grouped_gemm_wgrad", arch="sm_100a").check_support()
+
+
+def _operands(t=1280, m=256, n=192, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(t, m, generator=g).to(torch.bfloat16), torch.randn(t, n, generator=g).to(torch.bfloat16),
+            torch.tensor([256, 256, 768, 1024], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda dy, x, off: (dy[:, :200], x, off), r"dy_tensor.shape\[1\]: got 200; allowed: a positive multiple of 128"),
+    (lambda dy, x, off: (dy, x[:1024], off), r"x_tensor.shape\[0\]: got 1024; allowed: 1280"),
+    (lambda dy, x, off: (dy, x.float(), off), r"x_tensor.dtype: got float32; allowed: bfloat16"),
+    (lambda dy, x, off: (dy.t().contiguous().t(), x, off), r"dy_tensor.stride: got \(1, 1280\); allowed: row-major"),
+    (lambda dy, x, off: (dy, x[:, :190], off), r"x_tensor.shape\[1\]: got 190; allowed: a multiple of 8"),
+    (lambda dy, x, off: (dy[:1000], x[:1000], off), r"dy_tensor.shape\[0\]: got 1000; allowed: a multiple of 256"),
+    (lambda dy, x, off: (dy, x, off.long()), r"padded_offsets.dtype: got int64; allowed: int32"),
+])
+def test_bad_arguments_are_refused_before_any_launch(change, message):
+    from fusegemm import KGroupedGemm
+    from fusegemm.ops.prepared import dry_run
+    op = KGroupedGemm("grouped_gemm_wgrad", arch="sm_90a")
+    with dry_run(), pytest.raises(ArgumentError, match=message):
+        op(*change(*_operands()))
+    with dry_run(), pytest.raises(ArgumentError, match=r"inputs\['alpha'\].shape: got \(3,\)"):
+        op(*_operands(), inputs={"alpha": torch.ones(3)})
+    with dry_run():
+        assert op(*_operands())["d"].shape == (4, 256, 192)
+
+
+def test_reference_is_each_experts_token_reduction():
+    from fusegemm import KGroupedGemm
+    dy, x, off = _operands()
+    alpha = torch.tensor([0.5, 1.0, 2.0, -1.0])
+    r = KGroupedGemm("grouped_gemm_wgrad", arch="sm_90a", d_dtype="float32").reference(dy, x, off, inputs={"alpha": alpha})
+    d = np.asarray(r.out_values["d"]).reshape(4, 256, 192)
+    bounds = [0, 256, 256, 768, 1024]
+    for e in range(4):
+        want = alpha[e].item() * (dy[bounds[e]:bounds[e + 1]].double().T @ x[bounds[e]:bounds[e + 1]].double()).numpy()
+        assert np.allclose(d[e], want, rtol=1e-6, atol=1e-5), e
+    assert not d[1].any()           # expert 1 has no tokens
+
+
+@pytest.mark.parametrize("tile", [(64, 128), (128, 128), (128, 256)])
+@pytest.mark.parametrize("d_dtype", ["bfloat16", "float32"])
+def test_kernel_compiles_clean(tile, d_dtype):
+    from fusegemm.generator.render import render
+    from fusegemm.generator.variants import make_variant
+    from fusegemm.runtime import disasm
+    from fusegemm.runtime.compile import compile_source
+    from fusegemm.runtime.inspect import Cubin
+    v = make_variant("grouped_gemm_wgrad", arch="sm_90a", d_dtype=d_dtype, tile_m=tile[0], tile_n=tile[1])
+    src = render(v)
+    assert "kKGrouped = true" in src.text and "kBMajorMN = true" in src.text
+    cub = compile_source(src.text, arch="sm_90a", kernel=src.symbol)
+    cubin = Cubin(cub.data)
+    assert cubin.resources(src.symbol).local_bytes == 0
+    c = cubin.contract(src.symbol)
+    assert (c.box_a_inner, c.box_a_outer, c.box_b_inner, c.box_b_outer) == (64, 64, 64, 64)
+    assert (c.tile_m, c.tile_n, c.max_cluster_ctas) == (tile[0], tile[1], 1)
+    if disasm.available():
+        hist = disasm.sass_histogram(cub.data)
+        assert disasm.count_prefix(hist, "HGMMA") > 0
+        assert ".tnspA.tnspB" in disasm.sass(cub.data)   # both operands MN-major (token-major)
