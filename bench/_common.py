@@ -61,10 +61,11 @@ def add_run_arguments(ap: argparse.ArgumentParser, shapes: str) -> None:
     ap.add_argument("--out", default=None, help="write the JSON here as well")
 
 
-def run(args, bench_shape, summary, header: dict, method_note: str = "") -> int:
+def run(args, bench_shape, summary, header: dict, method_note: str = "", shapes: dict | None = None) -> int:
     """``bench_shape(name, dist, args)`` for every --shapes x --dists row (``summary(row)`` goes
     to stderr as each finishes); prints the JSON (``header``, the run's facts and method with
-    ``method_note`` appended, the rows) and writes it to --out. 1 without a CUDA GPU."""
+    ``method_note`` appended, the rows) and writes it to --out. 1 without a CUDA GPU.
+    ``shapes``: the names --shapes may take (default: SHAPES, the grouped GEMMs')."""
     import sys
 
     import torch
@@ -72,9 +73,10 @@ def run(args, bench_shape, summary, header: dict, method_note: str = "") -> int:
         print(json.dumps({"error": "no CUDA GPU"}))
         return 1
     rows = []
+    known = SHAPES if shapes is None else shapes
     for name in args.shapes.split(","):
-        if name not in SHAPES:
-            raise SystemExit(f"--shapes: unknown {name!r}; allowed: {', '.join(SHAPES)}")
+        if name not in known:
+            raise SystemExit(f"--shapes: unknown {name!r}; allowed: {', '.join(known)}")
         for dist in args.dists.split(","):
             rows.append(bench_shape(name, dist, args))
             print(f"{name:12s} {dist:8s} {summary(rows[-1])}", file=sys.stderr)

@@ -16,9 +16,8 @@ Every fusegemm result is checked against torch._grouped_mm before it is timed.
 from __future__ import annotations
 
 import argparse
-import sys
 
-from _common import emit_json, expert_sizes, interleaved_ms
+from _common import add_run_arguments, expert_sizes, interleaved_ms, run
 
 # name: (experts, tokens, M, N)
 SHAPES = {
@@ -62,38 +61,18 @@ def bench_shape(name: str, dist: str, args) -> dict:
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    import platform
-    import time
+def _summary(r: dict) -> str:
+    return (f"fusegemm {r['fusegemm_tflops']:.0f} TFLOP/s, torch {r['torch_grouped_mm_tflops']:.0f}: "
+            f"x{r['ratio_vs_torch_grouped_mm']:.2f}")
 
-    import torch
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--dists", default="balanced,skewed")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=10, help="timed launches per round (median)")
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per method")
-    ap.add_argument("--out", default=None, help="write the JSON here as well")
+    add_run_arguments(ap, ",".join(SHAPES))
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        emit_json({"error": "no CUDA GPU"}, None)
-        return 1
-    rows = []
-    for name in args.shapes.split(","):
-        if name not in SHAPES:
-            raise SystemExit(f"--shapes: unknown {name!r}; allowed: {', '.join(SHAPES)}")
-        for dist in args.dists.split(","):
-            r = bench_shape(name, dist, args)
-            rows.append(r)
-            print(f"{name:14s} {dist:8s} fusegemm {r['fusegemm_tflops']:.0f} TFLOP/s, torch "
-                  f"{r['torch_grouped_mm_tflops']:.0f}: x{r['ratio_vs_torch_grouped_mm']:.2f}", file=sys.stderr)
-    emit_json({"benchmark": "K-grouped weight gradients (specs/grouped_gemm_wgrad.yaml) vs torch._grouped_mm",
-               "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
-               "method": f"CUDA events; {args.rounds} interleaved rounds per method, each the median of "
-                         f"{args.iters} launches after {args.warmup} warm-ups; median over rounds; "
-                         f"TFLOP/s = 2*T*M*N/time", "rows": rows}, args.out)
-    return 0
+    return run(args, bench_shape, _summary,
+               {"benchmark": "K-grouped weight gradients (specs/grouped_gemm_wgrad.yaml) vs torch._grouped_mm"},
+               method_note="; TFLOP/s = 2*T*M*N/time", shapes=SHAPES)
 
 
 if __name__ == "__main__":
