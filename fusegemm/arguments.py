@@ -82,8 +82,9 @@ def offsets(padded_offsets: Any, *, dtypes: Iterable[str] = ("int32",)) -> tuple
     return off, l
 
 
-def offsets_values(values: Sequence[int], m: int) -> None:
-    """Host check of padded_offsets values: nondecreasing multiples of 256, the last <= M."""
+def offsets_values(values: Sequence[int], m: int, rows_of: str = "a_tensor") -> None:
+    """Host check of padded_offsets values: nondecreasing multiples of 256, the last <= M (the
+    rows of ``rows_of``)."""
     prev = 0
     for e, v in enumerate(values):
         if v < prev or v % M_ALIGNED:
@@ -91,7 +92,7 @@ def offsets_values(values: Sequence[int], m: int) -> None:
                                 f"(previous end {prev})")
         prev = v
     if prev > m:
-        raise ArgumentError("padded_offsets[-1]", prev, f"<= {m} (rows of a_tensor)")
+        raise ArgumentError("padded_offsets[-1]", prev, f"<= {m} (rows of {rows_of})")
 
 
 @dataclass(frozen=True)

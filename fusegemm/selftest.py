@@ -217,6 +217,8 @@ def _wgrad_cases() -> list[tuple[str, dict[str, Any]]]:
         ("fp32 D, tile 128x128, an N tail", dict(tokens=[512, 256], m=128, n=200, d_dtype="float32",
                                                   axes={"tile_n": 128})),
         ("no tokens in the last experts, alpha", dict(tokens=[1024, 0, 0], m=384, n=256, alpha=True)),
+        ("tile 64x128 (one consumer warpgroup)", dict(tokens=[300, 512], m=192, n=136, d_dtype="float32",
+                                                      axes={"tile_m": 64, "tile_n": 128})),
     ]
 
 

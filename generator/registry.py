@@ -191,6 +191,17 @@ def lookup(family: str, arch: str) -> Implementation | None:
     return _BY_KEY.get((family, arch))
 
 
+# The problem each kernel family solves (its kernel's scheduler and output rows): a spec's
+# ``problem`` must be its kernel's (generator/spec.py), since the epilogue checks that depend on
+# the problem (generator/epilogue.py) are what keep a rule within what the kernel defines.
+_PROBLEMS = {"gemm_amax": "batched", "grouped_gemm_wgrad": "kgrouped"}
+
+
+def problem_of(family: str) -> str:
+    """``grouped``, ``batched`` or ``kgrouped``: the problem ``family``'s kernels solve."""
+    return _PROBLEMS.get(family, "grouped")
+
+
 def executed(family: str, arch: str) -> bool:
     """Whether ``family``'s kernel has run on ``arch`` hardware in the project's own tests (the
     arch has, and the row is not marked otherwise)."""

@@ -14,7 +14,7 @@ from ..base.archs import ARCH_NAMES
 from ..base.errors import SpecError
 from .axes import AXES
 from .epilogue import EPILOGUE_AXES, Epilogue, parse_epilogue
-from .registry import families
+from .registry import families, problem_of
 from .yamlload import Node, load_yaml, plain
 
 # 2: the epilogue language (generator/epilogue.py): typed inputs by kind, pairing, outputs with
@@ -148,6 +148,9 @@ def parse_spec(text: str, path: str, expected_name: str | None = None) -> Spec:
         raise ctx.fail(top["name"], "name", f"{name!r} must match the file name {expected_name!r}")
     kernel = _enum(ctx, top["kernel"], "kernel", families())
     problem = _enum(ctx, top["problem"], "problem", PROBLEMS)
+    if problem != problem_of(kernel):
+        raise ctx.fail(top["problem"], "problem", f"got {problem!r}; allowed: {problem_of(kernel)!r} (the problem "
+                                                  f"kernel family {kernel} solves)")
     summary = ctx.typed(top["summary"], "summary", (str,), "a string")
     seed = ctx.typed(top["seed"], "seed", (str,), "a string") if "seed" in top else ""
 

@@ -18,7 +18,8 @@ from ..base.dtypes import DTYPES
 from ..base.errors import ArgumentError
 from ..tupledict import TupleDict
 from . import checks
-from .device import alloc_outputs
+from ..runtime import config
+from .device import alloc_outputs, offsets_on_host
 from .epilogue_gemm import SpecGemm
 from .prepared import is_dry
 
@@ -40,10 +41,10 @@ def _token_major(x: Any, name: str, t: int | None) -> Any:
         raise ArgumentError(f"{name}.shape[0]", rows, f"{t} (the token rows of dy_tensor)")
     if rows % args.M_ALIGNED:
         raise ArgumentError(f"{name}.shape[0]", rows, f"a multiple of {args.M_ALIGNED} (padded token rows)")
-    if cols % 8:
-        raise ArgumentError(f"{name}.shape[1]", cols, "a multiple of 8 (16-byte rows)")
-    if v.strides[1] != 1 and rows:
-        raise ArgumentError(f"{name}.stride", v.strides, "row-major (stride 1 along columns)")
+    if cols < 8 or cols % 8:
+        raise ArgumentError(f"{name}.shape[1]", cols, "a multiple of 8, at least 8 (16-byte rows)")
+    if rows and (v.strides[1] != 1 or v.strides[0] < cols):
+        raise ArgumentError(f"{name}.stride", v.strides, f"row-major: (at least {cols}, 1)")
     checks.row_pitch_aligned(v.strides[0], DTYPES[v.dtype].itemsize, name)
     return v
 
@@ -82,7 +83,10 @@ class KGroupedGemm(SpecGemm):
         x_tensor : (T, N) bfloat16
             The layer's input rows; N a multiple of 8.
         padded_offsets : (L,) int32
-            Each expert's end row: nondecreasing multiples of 256, the last <= T.
+            Each expert's end row: nondecreasing multiples of 256, the last <= T. Every row of an
+            expert's range is reduced over, padding rows included: they must hold zeros (as the
+            MoE layer's do). Checked on the host only with FUSEGEMM_VALIDATE_OFFSETS=1 (the
+            values live on the device).
         inputs : dict, optional
             The epilogue's inputs by spec name (``alpha`` defaults to 1).
         current_stream : stream, optional
@@ -120,6 +124,10 @@ class KGroupedGemm(SpecGemm):
         thread_context(self.device)
         ln = self._launcher
         stream = resolve_stream(current_stream, self.device)
+        if config.validate_offsets():
+            host = offsets_on_host(padded_offsets, stream)   # None while a CUDA graph is captured
+            if host is not None:
+                args.offsets_values(host, t, "dy_tensor")
         c, tiled, item = ln.contract, ln.tmaps.tiled, DTYPES["bfloat16"].itemsize
         # No tokens at all (an expert-parallel rank that received none): every tile has an empty
         # K range and loads nothing, but a tensor map needs a real extent and address; D's
@@ -166,7 +174,7 @@ class KGroupedGemm(SpecGemm):
         dy = to_numpy(dy_tensor).astype(np.float64)
         x = to_numpy(x_tensor).astype(np.float64)
         off = to_numpy(padded_offsets).astype(np.int64)
-        args.offsets_values([int(v) for v in off], dy.shape[0])
+        args.offsets_values([int(v) for v in off], dy.shape[0], "dy_tensor")
         l, m, n = off.size, dy.shape[1], x.shape[1]
         acc = np.zeros((l * m, n), dtype=np.float32)
         start = 0

@@ -285,7 +285,7 @@ CASES = [
     case("paired output c in a batched problem",
          edit("    d: {dtype: d_dtype, paired: {gate: g, up: u},",
               "    c: {dtype: bfloat16, paired: {gate: g, up: u}}\n    d: {dtype: d_dtype, paired: {gate: g, up: u},",
-              edit("problem: grouped", "problem: batched", PAIRED)),
+              edit("problem: grouped", "problem: batched", edit("kernel: grouped_gemm", "kernel: gemm_amax", PAIRED))),
          "demo.yaml:18: epilogue.outputs.c.paired: a paired c is an N-major grouped output; got problem "
          "'batched', cd_major ['n']; allowed: problem grouped with cd_major [n]"),
     case("paired output missing a role", edit("paired: {gate: g, up: u}", "paired: {gate: g}", PAIRED),

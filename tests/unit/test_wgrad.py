@@ -51,6 +51,17 @@ def test_k_grouped_specs_refuse_what_has_no_token_rows(epilogue, message):
         _spec(epilogue)
 
 
+def test_a_spec_states_its_kernels_problem():
+    """The K-grouped checks above apply because a spec's problem must be its kernel's: a
+    grouped_gemm_wgrad spec declaring another problem (which would skip them), or an M-grouped
+    kernel declaring kgrouped, is refused."""
+    text = SPEC.format(epilogue="  compute:\n    - g = acc\n  outputs:\n    d: {dtype: d_dtype, value: g}")
+    with pytest.raises(SpecError, match=r"wg.yaml:4: problem: got 'grouped'; allowed: 'kgrouped'"):
+        parse_spec(text.replace("problem: kgrouped", "problem: grouped"), "wg.yaml", expected_name="wg")
+    with pytest.raises(SpecError, match=r"problem: got 'kgrouped'; allowed: 'grouped'"):
+        parse_spec(text.replace("kernel: grouped_gemm_wgrad", "kernel: grouped_gemm"), "wg.yaml", expected_name="wg")
+
+
 def test_the_wgrad_spec_is_sm90a_only_and_not_an_epilogue_gemm():
     from fusegemm import EpilogueGemm, KGroupedGemm
     with pytest.raises(UnsupportedError, match="EpilogueGemm runs 'grouped_gemm'"):
@@ -75,6 +86,8 @@ def _operands(t=1280, m=256, n=192, seed=0):
     (lambda dy, x, off: (dy, x[:, :190], off), r"x_tensor.shape\[1\]: got 190; allowed: a multiple of 8"),
     (lambda dy, x, off: (dy[:1000], x[:1000], off), r"dy_tensor.shape\[0\]: got 1000; allowed: a multiple of 256"),
     (lambda dy, x, off: (dy, x, off.long()), r"padded_offsets.dtype: got int64; allowed: int32"),
+    (lambda dy, x, off: (dy, x[:, :0], off), r"x_tensor.shape\[1\]: got 0; allowed: a multiple of 8, at least 8"),
+    (lambda dy, x, off: (dy, x[:1].expand(1280, 192), off), r"x_tensor.stride: got \(0, 1\); allowed: row-major"),
 ])
 def test_bad_arguments_are_refused_before_any_launch(change, message):
     from fusegemm import KGroupedGemm

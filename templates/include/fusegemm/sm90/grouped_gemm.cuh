@@ -377,9 +377,11 @@ struct GroupedGemmKernel {
       cute::warpgroup_wait<0>();
       fence_acc(acc);
       if (num_k_blocks > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
-      if (num_k_blocks == 0) {   // an expert without tokens (K-grouped): its gradient is zero
+      if constexpr (kKGrouped) {   // (M-grouped tiles always have k-blocks: K >= 8)
+        if (num_k_blocks == 0) {   // an expert without tokens: its gradient is zero
 #pragma unroll
-        for (int i = 0; i < kAccum; ++i) acc[i] = 0.0f;
+          for (int i = 0; i < kAccum; ++i) acc[i] = 0.0f;
+        }
       }
 
       Epi::run(p, smem + kOffEpi, t.x, row0, t.z * kTileN, wg, warp, lane, acc, part);
