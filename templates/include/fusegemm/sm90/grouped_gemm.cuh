@@ -275,21 +275,21 @@ struct GroupedGemmKernel {
             tma_load_2d(&p.tma_b, &full[stage], sb + c * kMnChunkBytes, n0 + 64 * c, k0 + kb * kTileK);
           }
         } else {
-        tma_load_2d(&p.tma_a, &full[stage], sa, kb * kTileK, m0);
-        if constexpr (kBMn) {
+          tma_load_2d(&p.tma_a, &full[stage], sa, kb * kTileK, m0);
+          if constexpr (kBMn) {
 #pragma unroll
-          for (int c = 0; c < kBChunks; ++c) {
-            if constexpr (Config::kDiscreteB) {
-              tma_load_2d(tmap_b, &full[stage], sb + c * kMnChunkBytes, n0 + 64 * c, kb * kTileK);
-            } else {
-              tma_load_3d(tmap_b, &full[stage], sb + c * kMnChunkBytes, n0 + 64 * c, kb * kTileK, t.expert);
+            for (int c = 0; c < kBChunks; ++c) {
+              if constexpr (Config::kDiscreteB) {
+                tma_load_2d(tmap_b, &full[stage], sb + c * kMnChunkBytes, n0 + 64 * c, kb * kTileK);
+              } else {
+                tma_load_3d(tmap_b, &full[stage], sb + c * kMnChunkBytes, n0 + 64 * c, kb * kTileK, t.expert);
+              }
             }
+          } else if constexpr (Config::kDiscreteB) {
+            tma_load_2d(tmap_b, &full[stage], sb, kb * kTileK, n0);
+          } else {
+            tma_load_3d(tmap_b, &full[stage], sb, kb * kTileK, n0, t.expert);
           }
-        } else if constexpr (Config::kDiscreteB) {
-          tma_load_2d(tmap_b, &full[stage], sb, kb * kTileK, n0);
-        } else {
-          tma_load_3d(tmap_b, &full[stage], sb, kb * kTileK, n0, t.expert);
-        }
         }
         if (++stage == kStages) { stage = 0; phase ^= 1; }
       }
