@@ -417,8 +417,7 @@ def _interpret(resolved: Resolved, acc: np.ndarray, *, offsets, m_rows, inputs, 
         ranges = [(int(a), int(b)) for a, b in zip(starts, offs)]
 
     paired_acc = resolved.paired_acc
-    any_paired = paired_acc or any(i.per == "element" and i.paired for i in resolved.inputs) \
-        or any(o.paired is not None for o in resolved.outputs)
+    any_paired = resolved.paired_any
     if paired_acc and n_acc % (2 * BLOCK):
         raise ValueError(f"a paired accumulator needs N_acc % 64 == 0; got N_acc={n_acc}")
     width = n_acc // 2 if paired_acc else n_acc

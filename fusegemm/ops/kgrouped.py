@@ -21,7 +21,7 @@ from . import checks
 from ..runtime import config
 from .device import alloc_outputs, offsets_on_host
 from .epilogue_gemm import SpecGemm
-from .prepared import is_dry
+from .prepared import is_dry, persistent_grid
 
 
 class _Call:
@@ -108,19 +108,20 @@ class KGroupedGemm(SpecGemm):
         call = _Call(dy, x, off, t, m, n, l)
         deferred: list = []
         values, keep = self._inputs(inputs or {}, call, n, deferred)
-        if is_dry():   # a fake implementation's trace: outputs allocated, no device, no launch
-            out = alloc_outputs(self.epilogue, n, l * m, l, dy.device[0] if dy.device[1] < 0 else f"cuda:{dy.device[1]}")
-            return TupleDict(**{k: (v.view(l, m, n) if k in ("c", "d") else v) for k, v in out.items()})
-        # Devices and addresses last (everything decidable from shapes and dtypes came first).
-        dev = checks.require_cuda(dy, "dy_tensor")
-        checks.same_device([("x_tensor", x), ("padded_offsets", off)] + [(nm, v) for nm, v, _ in deferred],
-                           dy.device)
-        checks.aligned(dy, "dy_tensor")
-        checks.aligned(x, "x_tensor")
-        for nm, v, align in deferred:
-            checks.aligned(v, nm, align)
-        out = alloc_outputs(self.epilogue, n, l * m, l, f"cuda:{dev}")
+        if not is_dry():   # a fake implementation's trace has no device and launches nothing
+            # Devices and addresses last (everything decidable from shapes and dtypes came first).
+            checks.require_cuda(dy, "dy_tensor")
+            checks.same_device([("x_tensor", x), ("padded_offsets", off)] + [(nm, v) for nm, v, _ in deferred],
+                               dy.device)
+            checks.aligned(dy, "dy_tensor")
+            checks.aligned(x, "x_tensor")
+            for nm, v, align in deferred:
+                checks.aligned(v, nm, align)
+        kind, index = dy.device
+        out = alloc_outputs(self.epilogue, n, l * m, l, kind if index < 0 else f"{kind}:{index}")
         shaped = {k: (v.view(l, m, n) if k in ("c", "d") else v) for k, v in out.items()}
+        if is_dry():
+            return TupleDict(**shaped)
         thread_context(self.device)
         ln = self._launcher
         stream = resolve_stream(current_stream, self.device)
@@ -143,8 +144,7 @@ class KGroupedGemm(SpecGemm):
         values.update({"m_rows": m, "n": n, "k": t, "num_experts": l, "cluster_m": 1, "cluster_n": 1,
                        "offsets": off.ptr, "b_ptrs": 0, "rcp_max": self.rcp_max})
         values.update(self.epilogue.buffer_params({name: v.data_ptr() for name, v in out.items()}, n))
-        tiles = l * (m // tm) * -(-n // self.variant.tile_n)
-        grid = max(1, min(tiles, ln.sms))
+        grid = persistent_grid(l * m, n, ln.tile, ln.contract.ctas_per_tile, ln.cluster, ln.sms)  # (L * M, N) tiles
         ln.launch(values, grid, stream)
         del keep
         return TupleDict(**shaped)

@@ -24,8 +24,6 @@ namespace epi {
 FUSEGEMM_DEVICE float relu(float x) { return x > 0.0f ? x : (x != x ? x : 0.0f); }
 FUSEGEMM_DEVICE float fmin_nan(float a, float b) { return (a < b || a != a) ? a : b; }
 FUSEGEMM_DEVICE float fmax_nan(float a, float b) { return (a > b || a != a) ? a : b; }
-// Overflow-free logistic: for x < 0 it is e^x / (1 + e^x), so a very negative x gives the tiny
-// true value instead of 1 / (1 + Inf) = 0 (silu(-90) would otherwise be -0, 45M ulps away).
 // n / d rounded to nearest for d in [1, 2] and n in [0, 1] (subnormal n only with d = 1) or NaN:
 // a reciprocal estimate, one Newton step, the quotient and one remainder correction. That is the
 // inline fast path of __fdiv_rn; what it leaves out is the operand range check and the call to
@@ -40,6 +38,8 @@ FUSEGEMM_DEVICE float div_unit_range(float n, float d) {
   const float q = __fmul_rn(n, r);
   return __fmaf_rn(__fmaf_rn(-d, q, n), r, q);
 }
+// Overflow-free logistic: for x < 0 it is e^x / (1 + e^x), so a very negative x gives the tiny
+// true value instead of 1 / (1 + Inf) = 0 (silu(-90) would otherwise be -0, 45M ulps away).
 // Written without a branch: x >= 0 gives 1 / (1 + e^-x), x < 0 and NaN give e^x / (1 + e^x); both
 // read e = e^-|x| (a warp whose lanes hold mixed signs, every epilogue's usual case, would
 // otherwise run both expf paths), and 1 + e lies in [1, 2].

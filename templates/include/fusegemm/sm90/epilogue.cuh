@@ -54,6 +54,8 @@ struct WgmmaEpilogue {
   static constexpr int kBlkCBufs = Rule::kHasC ? (Rule::kPairedC ? 2 : 1) : 0;
   static constexpr int kBlkDBufs = Rule::kHasD ? (Rule::kPairedD ? 2 : 1) : 0;
   static constexpr int kBlkWarpBytes = kBlkCBufs * BlkC::kBytes + kBlkDBufs * BlkD::kBytes;
+  // 32-element-column blocks of a tile (64 accumulator columns each when the accumulator pairs).
+  static constexpr int kElemBlocks = Rule::kPairedAcc ? kTileN / 64 : kTileN / 32;
   using StoreC = epi::WarpStagedStore<fusegemm::conditional_t<kFragment, ElementC, float>>;
   using StoreD = epi::WarpStagedStore<fusegemm::conditional_t<kFragment, ElementD, float>>;
   static constexpr int kEpiWarpBytes = StoreC::kBytes > StoreD::kBytes ? StoreC::kBytes : StoreD::kBytes;
@@ -197,23 +199,26 @@ struct WgmmaEpilogue {
 
   // L2 prefetch of the element inputs the fragment path will read for this warp's 16 rows of the
   // tile (rows m0 + 16 warp ..; the kernel calls it a few k-blocks before the tile's mainloop
-  // ends, so that the epilogue's block loads find them in L2): the warp's 16 rows x kBlocks
+  // ends, so that the epilogue's block loads find them in L2): the warp's 16 rows x kElemBlocks
   // (row, block) pairs shared by its lanes. Rules without element inputs issue nothing.
   template <class Params>
   static __device__ void prefetch(const Params& p, int m0, int n0, int warp, int lane) {
     if constexpr (kFragBlocks) {
-      constexpr bool kPA = Rule::kPairedAcc;
-      constexpr int kBlocks = kPA ? kTileN / 64 : kTileN / 32;
       const Rule rule{};
-      const int width = kPA ? p.n / 2 : p.n;
-      const int e_base = kPA ? n0 / 2 : n0;
+      const int width = elem_width(p), e_base = elem_col(n0);
 #pragma unroll
-      for (int i = lane; i < 16 * kBlocks; i += 32) {
+      for (int i = lane; i < 16 * kElemBlocks; i += 32) {
         const int e0 = e_base + 32 * (i / 16);
         if (e0 < width) rule.prefetch_elems(p, m0 + 16 * warp + i % 16, e0);
       }
     }
   }
+
+  // Element columns of the problem, and the first element column of a tile at accumulator
+  // column n0 (half of them when the accumulator pairs gate and up blocks).
+  template <class Params>
+  FUSEGEMM_DEVICE static int elem_width(const Params& p) { return Rule::kPairedAcc ? p.n / 2 : p.n; }
+  FUSEGEMM_DEVICE static int elem_col(int n0) { return Rule::kPairedAcc ? n0 / 2 : n0; }
 
   // The fragment path of paired and reducing rules: per block of 32 element columns (64
   // accumulator columns when the accumulator is paired: gate block, then up block), every
@@ -225,9 +230,7 @@ struct WgmmaEpilogue {
   static __device__ void frag_blocks(const Params& p, uint8_t* epi_smem, const Rule& rule, int expert, int m0,
                                      int n0, int warp, int lane, const float (&acc)[kAccum], Partials& part) {
     constexpr bool kPA = Rule::kPairedAcc;
-    constexpr int kBlocks = kPA ? kTileN / 64 : kTileN / 32;
-    const int width = kPA ? p.n / 2 : p.n;   // element columns
-    const int e_base = kPA ? n0 / 2 : n0;
+    const int width = elem_width(p), e_base = elem_col(n0);
     const int row0 = m0 + 16 * warp;
     const int r0 = lane / 4, cq = (lane % 4) * 2;
     const auto ri0 = rule.row(p, row0 + r0);
@@ -236,7 +239,7 @@ struct WgmmaEpilogue {
     const bool pairs = rule.pairs_aligned(p);
     float rs0 = 0.0f, rs1 = 0.0f;
 #pragma unroll
-    for (int b = 0; b < kBlocks; ++b) {
+    for (int b = 0; b < kElemBlocks; ++b) {
       const int e0 = e_base + 32 * b;
       if (e0 >= width) break;  // warp-uniform: the rest of the tile is past N
       __syncwarp();            // the previous block's flush has read the buffers
@@ -321,7 +324,7 @@ struct WgmmaEpilogue {
     uint8_t* region = epi_smem + wg * kWgEpiBytes;
     float* stage = reinterpret_cast<float*>(region);
     const uint32_t engine_buf = smem_u32(region + kWgAccBytes) + (wl & 1) * Engine::kStageBytes;
-    const int width = Rule::kPairedAcc ? p.n / 2 : p.n;
+    const int width = elem_width(p);
     const int row_wg0 = m0 + 64 * wg;
     const int row_w = row_wg0 + 32 * (wl & 1);  // first row of this warp's engine block
     int rows_valid = 32;
