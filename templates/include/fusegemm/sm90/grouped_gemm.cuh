@@ -170,6 +170,13 @@ struct GroupedGemmKernel {
     }
   }
 
+  // First output row of a ring tile (expert, M block, N block, linear): the problem's row
+  // (M-grouped), or the row of expert e's block in the (L * M, N) output (K-grouped).
+  template <class Params>
+  static __device__ int tile_row0(const Params& p, const int4& t) {
+    return (kKGrouped ? t.x * p.m_rows : 0) + t.y * kTileM;
+  }
+
   static constexpr int kStagger = kConsumerWGs == 2 ? FUSEGEMM_SM90_STAGGER : 0;
   static_assert(kStagger >= 0 && kStagger <= kStages, "stagger must be within the pipeline");
   static constexpr uint32_t kStaggerBarrier = 3;  // named barrier id (0 is __syncthreads)
@@ -223,6 +230,9 @@ struct GroupedGemmKernel {
     prefetch_tmap(&p.tma_a);
     prefetch_tmap(&p.tma_b);
     const Sched sched = make_sched(p);
+    // Every M-grouped tile's k-blocks, hoisted out of the tile loop (K-grouped tiles take theirs
+    // from k_range per tile); the M-grouped SASS is the one measured before K-grouping existed.
+    const int k_blocks_all = kKGrouped ? 0 : k_range(p, 0).y;
 
     DeviceTmap<kTmapSlots> dtm;
     const CUtensorMap* tmap_b = &p.tma_b;
@@ -250,8 +260,12 @@ struct GroupedGemmKernel {
 
       const int m0 = t.m_block * kTileM;
       const int n0 = t.n_block * kTileN;
-      const int2 kr = k_range(p, t.expert);
-      const int k0 = kr.x, num_k_blocks = kr.y;
+      int k0 = 0, num_k_blocks = k_blocks_all;
+      if constexpr (kKGrouped) {
+        const int2 kr = k_range(p, t.expert);
+        k0 = kr.x;
+        num_k_blocks = kr.y;
+      }
       for (int kb = 0; kb < num_k_blocks; ++kb) {
         mbar_wait(&empty[stage], phase ^ 1);
         if constexpr (Config::kDiscreteB) {
@@ -263,9 +277,9 @@ struct GroupedGemmKernel {
           }
         }
         mbar_arrive_expect_tx(&full[stage], kStageBytes);
-        uint8_t* sa = smem + kOffA + stage * kABytes;
-        uint8_t* sb = smem + kOffB + stage * kBBytes;
         if constexpr (kKGrouped) {
+          uint8_t* sa = smem + kOffA + stage * kABytes;
+          uint8_t* sb = smem + kOffB + stage * kBBytes;
 #pragma unroll
           for (int c = 0; c < kAChunks; ++c) {
             tma_load_2d(&p.tma_a, &full[stage], sa + c * kMnChunkBytes, m0 + 64 * c, k0 + kb * kTileK);
@@ -275,7 +289,8 @@ struct GroupedGemmKernel {
             tma_load_2d(&p.tma_b, &full[stage], sb + c * kMnChunkBytes, n0 + 64 * c, k0 + kb * kTileK);
           }
         } else {
-          tma_load_2d(&p.tma_a, &full[stage], sa, kb * kTileK, m0);
+          tma_load_2d(&p.tma_a, &full[stage], smem + kOffA + stage * kABytes, kb * kTileK, m0);
+          uint8_t* sb = smem + kOffB + stage * kBBytes;
           if constexpr (kBMn) {
 #pragma unroll
             for (int c = 0; c < kBChunks; ++c) {
@@ -305,6 +320,9 @@ struct GroupedGemmKernel {
                                  int4* ring) {
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;  // 0 .. kConsumerWarps-1
+    // Every M-grouped tile's k-blocks, hoisted out of the tile loop (K-grouped tiles take theirs
+    // from k_range per tile); the M-grouped SASS is the one measured before K-grouping existed.
+    const int k_blocks_all = kKGrouped ? 0 : k_range(p, 0).y;
     // A: this warpgroup's 64 rows; K-major rows of 128 bytes, or (K-grouped) its own MN-major
     // chunk of 64 token rows x 64 M (8 KB, the same bytes).
     const uint32_t a_base = smem_u32(smem + kOffA) + wg * 64 * 128;
@@ -346,13 +364,11 @@ struct GroupedGemmKernel {
       if (++slot == kTileRing) { slot = 0; ring_phase ^= 1; }
       if (t.w < 0) break;
 
-      const int num_k_blocks = k_range(p, t.x).y;
-      // Output rows: the problem's (grouped), or expert e's block of the (L, M, N) output.
-      const int row0 = (kKGrouped ? t.x * p.m_rows : 0) + t.y * kTileM;
+      const int num_k_blocks = kKGrouped ? k_range(p, t.x).y : k_blocks_all;
       int prev_stage = 0;
       const int prefetch_kb = FUSEGEMM_SM90_EPI_PREFETCH > 0 ? max(num_k_blocks - FUSEGEMM_SM90_EPI_PREFETCH, 0) : -1;
       for (int kb = 0; kb < num_k_blocks; ++kb) {
-        if (kb == prefetch_kb) Epi::prefetch(p, row0, t.z * kTileN, warp, lane);
+        if (kb == prefetch_kb) Epi::prefetch(p, tile_row0(p, t), t.z * kTileN, warp, lane);
         mbar_wait(&full[stage], phase);
         fence_acc(acc);
         cute::warpgroup_arrive();
@@ -384,7 +400,7 @@ struct GroupedGemmKernel {
         }
       }
 
-      Epi::run(p, smem + kOffEpi, t.x, row0, t.z * kTileN, wg, warp, lane, acc, part);
+      Epi::run(p, smem + kOffEpi, t.x, tile_row0(p, t), t.z * kTileN, wg, warp, lane, acc, part);
     }
     stagger_release();
     Epi::finish(part, p, warp, lane);
