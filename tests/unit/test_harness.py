@@ -54,3 +54,6 @@ def test_run_harness_checks_the_accumulator_before_compiling():
         run_harness(v, "block", torch.zeros(256, 64), offsets, {}, m_rows=512)
     with pytest.raises(ArgumentError, match=r"acc"):
         run_harness(v, "block", torch.zeros(512, 64, dtype=torch.float16), offsets, {}, m_rows=512)
+    # The kernels store 16-byte row segments: an N that is not a multiple of 8 is refused.
+    with pytest.raises(ArgumentError, match=r"acc.shape\[1\]: got 100; allowed: a multiple of 8"):
+        run_harness(v, "block", torch.zeros(512, 100), offsets, {}, m_rows=512)
