@@ -70,6 +70,12 @@ def bench_layer(name: str, args) -> dict:
         return run
 
     methods = {"fusegemm_bf16": step(ours, (ours.w1, ours.w2))}
+    if args.wgrad_ab:   # the same layer with each weight-gradient kernel, for the A/B in one run
+        for kernel in ("torch", "fusegemm"):
+            ab = ExpertMLP(experts, hidden, inter, device="cuda", wgrad=kernel,
+                           generator=torch.Generator().manual_seed(1))
+            methods[f"fusegemm_bf16_wgrad_{kernel}"] = step(ab, (ab.w1, ab.w2))
+    row["wgrad_default"] = ours.wgrad
     if "mxfp8" in args.recipes:
         mx = ExpertMLP(experts, hidden, inter, device="cuda", recipe="mxfp8", generator=torch.Generator().manual_seed(1))
         methods["fusegemm_mxfp8"] = step(mx, (mx.w1, mx.w2))
@@ -104,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--wgrad-ab", action="store_true",
+                    help="also time the BF16 layer with each weight-gradient kernel (wgrad='torch' and 'fusegemm')")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

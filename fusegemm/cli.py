@@ -41,7 +41,25 @@ def _echo_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=1, sort_keys=False, default=str))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Cli(click.Group):
+    """The command group. A Ctrl-C anywhere exits with 130, the status of a program stopped by
+    SIGINT, as the build's own handler does: click's standalone mode reports 1 ("Aborted!") for
+    one that lands outside the command (while it parses arguments or starts)."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(130)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="fusegemm")
 def main() -> None:
     """fusegemm: fused GEMM kernels for MoE training, generated from YAML specs."""

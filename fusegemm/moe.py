@@ -18,10 +18,11 @@ and ``h`` for the backward. Backward: fc2's data gradient with the dSwiGLU epilo
 (``specs/grouped_gemm_dswiglu_bf16.yaml``: ``dG`` and ``dprob`` straight out of the GEMM), fc1's
 data gradient with the grouped GEMM (both read the weights in place as N-major B where the
 device's kernel implements it: sm_90a and sm_100a), and the weight
-gradients (K-grouped: a reduction over each expert's tokens) with ``torch._grouped_mm``: the
-K-grouped fusegemm family (:class:`fusegemm.KGroupedGemm`, ``specs/grouped_gemm_wgrad.yaml``) is
-built but has not been measured against it yet, so the layer does not use it. The MXFP8 recipe
-(``recipe="mxfp8"``) is described at :class:`ExpertMLP`.
+gradients (K-grouped: a reduction over each expert's tokens) with ``torch._grouped_mm`` by
+default: measured on the H200, it is faster than fusegemm's K-grouped family
+(:class:`fusegemm.KGroupedGemm`, ``specs/grouped_gemm_wgrad.yaml``), which ``wgrad="fusegemm"``
+selects (see :data:`WGRAD_KERNELS`). The MXFP8 recipe (``recipe="mxfp8"``) is described at
+:class:`ExpertMLP`.
 
 ``backend="torch"`` runs the same structure with torch matmuls (any device, any float dtype):
 the reference the tests hold the fusegemm backend to, and what ``gradcheck`` differentiates.
@@ -182,7 +183,7 @@ class _Torch:
         return rq, rsf, cq.t(), csf, dprob
 
     @staticmethod
-    def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor) -> Tensor:
+    def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor, kernel: str = "torch") -> Tensor:
         """dW[e] = dy[rows_e]^T @ x[rows_e] (a reduction over each expert's rows)."""
         dw = torch.zeros_like(like)
         for e, (s, t) in enumerate(rows):
@@ -258,11 +259,34 @@ class _Fusegemm:
                 dprob.view(-1))
 
     @staticmethod
-    def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor) -> Tensor:
-        """The K-grouped weight gradient with torch._grouped_mm (BF16 in, FP32 accumulation; no
-        host copy of the offsets). fusegemm's own (KGroupedGemm) takes over once bench/wgrad.py
-        has measured it faster."""
+    def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor, kernel: str = "torch") -> Tensor:
+        """The K-grouped weight gradient dW_e = dy_e^T x_e (BF16 in, FP32 accumulation; no host
+        copy of the offsets) with torch._grouped_mm or fusegemm's KGroupedGemm (``kernel``).
+        Both reduce over every row of an expert's range: the layer's padding rows of x and h are
+        zero, so they add nothing."""
+        if kernel == "fusegemm":
+            # Token-major rows (the MXFP8 recipe's dequantized operands are transposed views).
+            return _kgrouped(dy.device)(dy.contiguous(), x.contiguous(), off)["d"].to(like.dtype)
         return torch._grouped_mm(dy.t(), x, offs=off).to(like.dtype)
+
+
+# The weight gradients' kernels. torch._grouped_mm is the default: on the H200 fusegemm's
+# K-grouped kernel ran bench/wgrad.py's ten rows at 0.76-1.03x its speed (only mixtral fc1
+# balanced above 1; bench/results/wgrad_h200.json), and the layer's step at 0.98x / 0.91x /
+# 1.01x (dsv3-8 / dsv3-32 / mixtral, bench/results/moe_mlp_wgrad_ab_h200.json). A consumer
+# stagger and a 128 x 128 tile did not close the gap (one run). sm_100a has no K-grouped kernel.
+WGRAD_KERNELS = ("torch", "fusegemm")
+
+_KGROUPED: dict[int, object] = {}
+
+
+def _kgrouped(device: torch.device):
+    """The compiled KGroupedGemm of specs/grouped_gemm_wgrad.yaml for ``device`` (one per process)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _KGROUPED:
+        from .ops.kgrouped import KGroupedGemm
+        _KGROUPED[index] = KGroupedGemm("grouped_gemm_wgrad", device=index).compile()
+    return _KGROUPED[index]
 
 
 def _one(t: Tensor) -> Tensor:
@@ -317,8 +341,10 @@ class ExpertMLPFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w2: Tensor,
-                backend: str = "fusegemm", recipe: str = "bf16", stats: dict | None = None) -> Tensor:
-        """The layer's forward (``ExpertMLPFunction.apply(x, padded_offsets, prob, w1, w2, backend, recipe)``).
+                backend: str = "fusegemm", recipe: str = "bf16", stats: dict | None = None,
+                wgrad: str = "torch") -> Tensor:
+        """The layer's forward (``ExpertMLPFunction.apply(x, padded_offsets, prob, w1, w2, backend, recipe,
+        stats, wgrad)``).
 
         Parameters
         ----------
@@ -339,13 +365,21 @@ class ExpertMLPFunction(torch.autograd.Function):
         stats : dict, optional
             The MXFP8 recipe writes per-expert amax tensors (L, 1) into it: ``"y"`` in the
             forward, ``"dx"`` in the backward.
+        wgrad : {"torch", "fusegemm"}
+            The fusegemm backend's weight-gradient kernel: ``torch._grouped_mm`` (the default,
+            measured faster on the H200) or fusegemm's K-grouped family
+            (:class:`fusegemm.KGroupedGemm`, sm_90a; the hidden size and 2F whole multiples of
+            128).
         """
         be = _BACKENDS[backend]
+        if wgrad not in WGRAD_KERNELS:
+            raise ValueError(f"wgrad: got {wgrad!r}; allowed: {', '.join(WGRAD_KERNELS)}")
         if backend == "fusegemm" and not x.is_cuda:
             raise ValueError(f"x: got a tensor on {x.device}; allowed: a CUDA tensor for backend 'fusegemm' "
                              f"(backend='torch' runs the same layer with torch matmuls on any device)")
         rows = _expert_rows(padded_offsets) if backend == "torch" else None
         ctx.backend, ctx.recipe, ctx.stats = backend, recipe, stats
+        ctx.wgrad = wgrad
         if recipe == "bf16":
             g, h = be.fc1(x, padded_offsets, rows, w1, prob)
             y = be.gemm(h, padded_offsets, rows, w2)
@@ -367,7 +401,7 @@ class ExpertMLPFunction(torch.autograd.Function):
         if ctx.recipe == "bf16":
             dg, dprob = be.dswiglu(dy, off, rows, w2, g, prob)
             dx = be.dgrad(dg, off, rows, w1)
-            dw1, dw2 = be.wgrad(dg, x, off, rows, w1), be.wgrad(dy, h[0], off, rows, w2)
+            dw1, dw2 = be.wgrad(dg, x, off, rows, w1, ctx.wgrad), be.wgrad(dy, h[0], off, rows, w2, ctx.wgrad)
         else:
             # Data gradients on MXFP8 kernels (operands quantized along their K); the weight
             # gradients with every operand quantized along M, as a K-grouped MXFP8 GEMM reads them.
@@ -378,9 +412,9 @@ class ExpertMLPFunction(torch.autograd.Function):
                 ctx.stats["dx"] = amax
             dg = dequantize_mx(dgc_q.t(), dgc_sf).t().to(x.dtype)
             h = dequantize_mx(*h).to(x.dtype)
-            dw1 = be.wgrad(dg, _dequant_col(x, x.dtype), off, rows, w1)
-            dw2 = be.wgrad(_dequant_col(dy, x.dtype), _dequant_col(h, x.dtype), off, rows, w2)
-        return dx, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None, None, None
+            dw1 = be.wgrad(dg, _dequant_col(x, x.dtype), off, rows, w1, ctx.wgrad)
+            dw2 = be.wgrad(_dequant_col(dy, x.dtype), _dequant_col(h, x.dtype), off, rows, w2, ctx.wgrad)
+        return dx, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None, None, None, None
 
 
 class ExpertMLP(torch.nn.Module):
@@ -412,24 +446,28 @@ class ExpertMLP(torch.nn.Module):
         The GEMMs' implementation.
     recipe : {"bf16", "mxfp8"}
         Operand precision of the GEMMs (``mxfp8`` needs H a multiple of 32).
+    wgrad : {"torch", "fusegemm"}
+        The weight gradients' kernel with the fusegemm backend (see :class:`ExpertMLPFunction`).
     device : torch.device or str, optional
     generator : torch.Generator, optional
         Seeds the weights' initialisation (normal, scaled by fan-in ** -0.5).
     """
 
     def __init__(self, experts: int, hidden: int, intermediate: int, *, dtype: torch.dtype = torch.bfloat16,
-                 backend: str = "fusegemm", recipe: str = "bf16", device=None,
+                 backend: str = "fusegemm", recipe: str = "bf16", wgrad: str = "torch", device=None,
                  generator: torch.Generator | None = None) -> None:
         super().__init__()
         if backend not in _BACKENDS:
             raise ValueError(f"backend: got {backend!r}; allowed: {', '.join(_BACKENDS)}")
         if recipe not in RECIPES:
             raise ValueError(f"recipe: got {recipe!r}; allowed: {', '.join(RECIPES)}")
+        if wgrad not in WGRAD_KERNELS:
+            raise ValueError(f"wgrad: got {wgrad!r}; allowed: {', '.join(WGRAD_KERNELS)}")
         if intermediate % BLOCK:
             raise ValueError(f"intermediate: got {intermediate}; allowed: a multiple of {BLOCK}")
         if recipe == "mxfp8" and hidden % BLOCK:
             raise ValueError(f"hidden: got {hidden}; allowed: a multiple of {BLOCK} with recipe 'mxfp8'")
-        self.backend, self.recipe, self.amax = backend, recipe, {}
+        self.backend, self.recipe, self.wgrad, self.amax = backend, recipe, wgrad, {}
         w = lambda *s, fan: torch.randn(*s, generator=generator) * fan ** -0.5  # noqa: E731
         self.w1 = torch.nn.Parameter(w(experts, 2 * intermediate, hidden, fan=hidden).to(dtype=dtype, device=device))
         self.w2 = torch.nn.Parameter(w(experts, hidden, intermediate, fan=intermediate).to(dtype=dtype, device=device))
@@ -448,4 +486,4 @@ class ExpertMLP(torch.nn.Module):
             Routing weight of each row.
         """
         return ExpertMLPFunction.apply(x, padded_offsets, prob, self.w1, self.w2, self.backend, self.recipe,
-                                       self.amax)
+                                       self.amax, self.wgrad)

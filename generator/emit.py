@@ -49,6 +49,10 @@ class RuleModel:
     c_type: str = "float"                    # C++ element type of output c ("float": no c)
     d_type: str = "float"                    # C++ element type of output d ("float": no d)
 
+    def has(self, output: str) -> bool:
+        """Whether the rule writes output ``output`` ("c" or "d")."""
+        return dict(self.traits)[f"kHas{output.upper()}"] == "true"
+
 
 def hex_float(value: float) -> str:
     """An exact C++ FP32 literal of ``value`` rounded to FP32 (hexadecimal: no decimal

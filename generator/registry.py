@@ -170,8 +170,7 @@ ROWS: tuple[Implementation, ...] = (
                  Limit("scheduler", ("static",), "static persistent scheduling only"),
                  Limit("cluster_m", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1"),
                  Limit("cluster_n", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1")),
-         defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1},
-         executed=False),   # compiled and statically checked; tests/gpu/test_wgrad_gpu.py not run yet
+         defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}),
     _row("gemm_amax", "sm_100a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
          "BlockScaledGemmKernel", _BLOCKSCALED + ("discrete_col_sfd",), rule=SPEC_RULE),
     *(_row(family, "sm_100a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",

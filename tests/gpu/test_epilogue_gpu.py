@@ -719,7 +719,8 @@ def test_reducing_rule_with_inputs_of_every_kind_end_to_end(torch, tmp_path):
     a, offsets, b, alpha, _ = _gemm_problem(torch, n=n, seed=11)
     g = torch.Generator().manual_seed(12)
     inputs = {"alpha": alpha, "prob": torch.rand(a.shape[0], generator=g).to(torch.bfloat16),
-              "bias": torch.randn(n, alpha.shape[0], generator=g).to(torch.float16),   # (N, L)
+              # (N, L) with N contiguous, as column inputs are laid out (the op refuses others)
+              "bias": torch.randn(alpha.shape[0], n, generator=g).to(torch.float16).t(),
               "res": torch.randn(a.shape[0], n, generator=g).to(torch.bfloat16), "k": 0.5}
     op = EpilogueGemm(path)
     dev = {key: (v.cuda() if hasattr(v, "cuda") else v) for key, v in inputs.items()}

@@ -37,10 +37,12 @@ def _problem(tokens, hidden, seed):
     return x, prob, ends
 
 
-def test_expert_mlp_matches_the_torch_layer_forward_and_backward():
+@pytest.mark.parametrize("wgrad", ["torch", "fusegemm"])
+def test_expert_mlp_matches_the_torch_layer_forward_and_backward(wgrad):
+    """Both weight-gradient kernels (torch._grouped_mm, fusegemm's K-grouped family)."""
     tokens, hidden, inter = [300, 0, 512, 17], 256, 256
     x, prob, ends = _problem(tokens, hidden, 5)
-    layers = {name: moe.ExpertMLP(4, hidden, inter, backend=name, device="cuda",
+    layers = {name: moe.ExpertMLP(4, hidden, inter, backend=name, device="cuda", wgrad=wgrad,
                                   generator=torch.Generator().manual_seed(6)) for name in ("fusegemm", "torch")}
     out = {}
     for name, layer in layers.items():
@@ -57,7 +59,8 @@ def test_expert_mlp_matches_the_torch_layer_forward_and_backward():
     assert not out["fusegemm"]["y"][valid:].any() and not out["fusegemm"]["dx"][valid:].any()
 
 
-def test_mxfp8_recipe_matches_its_torch_emulation():
+@pytest.mark.parametrize("wgrad", ["torch", "fusegemm"])
+def test_mxfp8_recipe_matches_its_torch_emulation(wgrad):
     """recipe="mxfp8": the fusegemm backend (SwiGLU with an MXFP8 D, seed 003 and seed 000 kernels
     on MXFP8 operands) against the torch backend, which takes the same quantization points with
     torch.formats-exact rounding and FP32 matmuls.
@@ -69,7 +72,7 @@ def test_mxfp8_recipe_matches_its_torch_emulation():
     x, prob, ends = _problem([300, 0, 512, 17], 256, 8)
     out, amax = {}, {}
     for name in ("fusegemm", "torch"):
-        layer = moe.ExpertMLP(4, 256, 256, backend=name, recipe="mxfp8", device="cuda",
+        layer = moe.ExpertMLP(4, 256, 256, backend=name, recipe="mxfp8", device="cuda", wgrad=wgrad,
                               generator=torch.Generator().manual_seed(6))
         xi, pi = x.clone().requires_grad_(), prob.clone().requires_grad_()
         y = layer(xi, ends, pi)

@@ -70,3 +70,63 @@ def test_strict_undefined():
         r._env().from_string("{{ v.no_such_field }}").render(v=v)
     with pytest.raises(jinja2.UndefinedError, match="'undeclared' is undefined"):
         r._env().from_string("x = {{ undeclared }};").render()
+
+
+LITERAL_DTYPES_SPEC = """\
+schema: 2
+name: literal_dtypes
+kernel: grouped_gemm
+problem: grouped
+summary: outputs with dtypes named outright (no c_dtype/d_dtype axis)
+epilogue:
+  inputs:
+    alpha: {per: expert}
+  compute:
+    - a = alpha * acc
+  outputs:
+    c: {dtype: float32, value: a}
+    d: {dtype: float16, value: a}
+  reductions:
+    - {name: amax, kind: amax, of: a, scope: expert}
+choices:
+  ab_dtype: [bfloat16]
+  tile_m: [128]
+  tile_n: [128]
+  cluster_m: [1]
+  cluster_n: [1]
+defaults: {}
+"""
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_a_spec_output_dtype_is_the_kernels_element_type(arch):
+    """The kernel stores C and D in the dtypes the spec's outputs declare, also when the spec names
+    them outright instead of through the c_dtype/d_dtype axes (whose defaults differ: the kernel
+    once stored FP32 D into the bfloat16 buffer the op allocated, overrunning it)."""
+    from fusegemm.generator.spec import parse_spec
+    spec = parse_spec(LITERAL_DTYPES_SPEC, "literal_dtypes.yaml", expected_name="literal_dtypes")
+    v = make_variant(spec, arch=arch)
+    assert (v.c_dtype, v.d_dtype) != ("float32", "float16")   # the axes' defaults are other dtypes
+    text = render(v).text
+    assert "using ElementC = float;" in text and "using ElementD = fusegemm::half_t;" in text
+
+
+def test_every_prebuilt_kernel_stores_its_outputs_declared_dtypes():
+    """Every seed spec's prebuilt variant: the rendered element types of C and D are the cpp types
+    of the outputs its resolved epilogue declares (the op allocates those)."""
+    import re
+
+    from fusegemm.base.dtypes import dtype as dtype_entry
+    from fusegemm.generator.spec import list_specs, load_spec
+    from fusegemm.generator.variants import prebuild_variants
+    checked = 0
+    for name in list_specs():
+        for v in prebuild_variants(load_spec(name)):
+            resolved = v.spec.epilogue.resolve(v.choices)
+            text = render(v).text
+            for o in resolved.outputs:
+                if o.name in ("c", "d"):
+                    m = re.search(rf"using Element{o.name.upper()} = ([\w:]+);", text)
+                    assert m and m.group(1) == dtype_entry(o.dtype).cpp, (v, o.name, o.dtype)
+                    checked += 1
+    assert checked >= 20

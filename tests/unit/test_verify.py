@@ -33,13 +33,18 @@ def test_executed_arch_is_not_checked(gate):
     assert runs == []
 
 
-def test_a_family_not_yet_executed_is_gated_on_an_executed_arch(gate):
-    """A registry row marked executed=False (grouped_gemm_wgrad on sm_90a until its GPU tests
-    have run) is verified on first launch like a kernel of an unexecuted arch; its failure says
-    which kernel has not run."""
+def test_a_family_not_yet_executed_is_gated_on_an_executed_arch(gate, monkeypatch):
+    """A registry row marked executed=False (a family just added, as grouped_gemm_wgrad on sm_90a
+    was until its GPU tests had run) is verified on first launch like a kernel of an unexecuted
+    arch; its failure says which kernel has not run."""
+    import dataclasses
+
     from fusegemm.generator import registry
     runs, state = gate
-    assert not registry.executed("grouped_gemm_wgrad", "sm_90a") and registry.executed("grouped_gemm", "sm_90a")
+    key = ("grouped_gemm_wgrad", "sm_90a")
+    assert registry.executed(*key)
+    monkeypatch.setitem(registry._BY_KEY, key, dataclasses.replace(registry._BY_KEY[key], executed=False))
+    assert not registry.executed(*key) and registry.executed("grouped_gemm", "sm_90a")
     state["rows"] = [Row("grouped_gemm_wgrad", "case 1", "FAIL", 1.0)]
     with pytest.raises(UnverifiedError, match=r"not executed its grouped_gemm_wgrad kernel on sm_90a hardware"):
         verify.ensure_verified("grouped_gemm_wgrad", "sm_90a", 0)
