@@ -12,6 +12,7 @@ and reports TFLOP/s (2 * rows * N * K / time) and the ratios to both peers.
 
     python bench/grouped_gemm.py [--out bench/results/grouped_gemm_h200.json] [--shapes dsv3-fc1,...]
     python bench/grouped_gemm.py --tune --configs auto,128x256:static     # the tuned choice vs the default
+    python bench/grouped_gemm.py --configs 128x256:static,128x256:static:c2x1,128x256:static:c2x2  # clusters
 """
 from __future__ import annotations
 
@@ -68,8 +69,11 @@ def bench_shape(name: str, dist: str, args) -> dict:
             cfg_s = cfg
         tile_s, sched, *tune = cfg_s.split(":")
         tile = tuple(int(x) for x in tile_s.split("x"))
+        # Optional suffix "cMxN": the launch cluster (sm_90a: the cluster kernel, TMA multicast of
+        # B along M and A along N).
+        cluster = next((tuple(int(x) for x in t[1:].split("x")) for t in tune if t.startswith("c")), None)
         op = GroupedGemm(a3, None, d, offsets, alpha, b_view, None, prob,
-                         use_dynamic_sched=sched == "dynamic", mma_tiler_mn=tile)
+                         use_dynamic_sched=sched == "dynamic", mma_tiler_mn=tile, cluster_shape_mn=cluster)
         op.check_support()
         # Optional tuning suffix "gN": raster band of N M-blocks (a compile-time macro; the
         # NVRTC options are part of the cache key, so both builds coexist in one process).

@@ -40,12 +40,14 @@ def surface_rows(info: dict[str, Any]) -> list[tuple[str, str, dict[str, str]]]:
             if impl["status"] == "none" or "limits" not in impl:
                 per_arch[arch] = "—"
                 continue
-            lim = next((l for l in impl["limits"] if l["axis"] == axis), None)
-            if lim is None:
+            lims = [l for l in impl["limits"] if l["axis"] == axis]
+            if not lims:
                 per_arch[arch] = "all"
-            else:
-                kept = [v for v in declared if v in lim["values"]]
-                per_arch[arch] = f"{_cell(kept) or 'none'} ({lim['because']})"
+            else:   # a conditional limit names its condition (cluster_m: 1 with scheduler=dynamic)
+                per_arch[arch] = "; ".join(
+                    f"{_cell([v for v in declared if v in lim['values']]) or 'none'}"
+                    f"{''.join(f' with {k}={v}' for k, v in lim.get('when', {}).items())} ({lim['because']})"
+                    for lim in lims)
         rows.append((axis, _declared_cell(axis, declared), per_arch))
     return rows
 

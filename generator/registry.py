@@ -7,9 +7,12 @@ says which kernel implements it on each arch, and how much of it:
   kernel class (in the arch's header folder) it instantiates;
 * ``rule``: the epilogue rule the kernel instantiates: ``spec`` (generated from the spec's
   epilogue, generator/emit.py) or ``None`` (the kernel has none);
-* ``source_axes``: the variant axes that reach the generated source (the launch axes,
-  ``cluster_m`` / ``cluster_n``, never do: one cubin serves every legal cluster). Naming any
-  other axis on the command line is an error, since it would not change the kernel;
+* ``source_axes``: the variant axes that reach the generated source. The launch axes,
+  ``cluster_m`` / ``cluster_n``, do only where the row lists them: the sm_90a BF16 kernel
+  builds its multi-CTA clusters' kernel (sliced, multicast loads) apart from the 1x1 one, so
+  1x1 launches keep the kernel without cluster machinery; elsewhere one cubin serves every
+  legal cluster. Naming any other axis on the command line is an error, since it would not
+  change the kernel;
 * ``limits`` and ``defaults``: where the kernel implements less of an axis than the spec
   declares, and the defaults it prefers on this arch;
 * ``status``: ``implemented`` (the row's kernel is the op's kernel). A (family, arch) with no
@@ -35,15 +38,26 @@ SPEC_RULE = "spec"   # Implementation.rule: the rule generated from the spec's e
 
 @dataclass(frozen=True)
 class Limit:
-    """An axis the kernel implements only partly: the values it implements, and why."""
+    """An axis the kernel implements only partly: the values it implements, and why; with
+    ``when`` ((axis, value) pairs), only for choices that take all of those values."""
 
     axis: str
     values: tuple[Any, ...]
     because: str
+    when: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.axis not in AXES:
-            raise ValueError(f"Limit.axis: got {self.axis!r}; allowed: {', '.join(AXES)}")
+        for axis in (self.axis, *(a for a, _ in self.when)):
+            if axis not in AXES:
+                raise ValueError(f"Limit.axis: got {axis!r}; allowed: {', '.join(AXES)}")
+
+    def applies(self, choice: dict[str, Any]) -> bool:
+        """Whether the limit holds for ``choice`` (its ``when`` values are all chosen)."""
+        return all(choice.get(a, NEUTRAL.get(a)) == v for a, v in self.when)
+
+    def condition(self) -> str:
+        """`` with scheduler=dynamic`` (how ``fusegemm show`` and errors name ``when``), or ''."""
+        return "".join(f" with {a}={v}" for a, v in self.when)
 
 
 @dataclass(frozen=True)
@@ -69,10 +83,11 @@ class Implementation:
         arch_entry(self.arch)  # a row for an unknown arch is a programming error: fail at import
         if self.status != IMPLEMENTED:  # ``none`` is the absence of a row, never a row
             raise ValueError(f"Implementation.status: got {self.status!r}; allowed: {IMPLEMENTED}")
-        bad = [a for a in self.source_axes if a not in AXES or a in LAUNCH_AXES or a == "arch"]
-        if bad:
-            raise ValueError(f"Implementation.source_axes: got {bad}; allowed: variant axes that "
-                             f"are not launch attributes")
+        bad = [a for a in self.source_axes if a not in AXES or a == "arch"]
+        launch = [a for a in self.source_axes if a in LAUNCH_AXES]
+        if bad or launch not in ([], list(LAUNCH_AXES)):
+            raise ValueError(f"Implementation.source_axes: got {bad or launch}; allowed: variant axes, "
+                             f"and the launch axes only both together ({', '.join(LAUNCH_AXES)})")
 
     def problem(self, choice: dict[str, Any]) -> str | None:
         """Why this implementation does not cover ``choice`` (axis -> value), or None."""
@@ -80,9 +95,9 @@ class Implementation:
             if lim.axis not in choice and lim.axis not in NEUTRAL:
                 continue   # not chosen and no neutral value: nothing to check (tile_n of a partial choice)
             value = choice.get(lim.axis, NEUTRAL.get(lim.axis))  # an axis the spec does not choose
-            if value not in lim.values:
-                return (f"{lim.axis}={value!r} is not implemented for {self.family} on {self.arch}; "
-                        f"implemented: {', '.join(map(str, lim.values))} ({lim.because})")
+            if value not in lim.values and lim.applies(choice):
+                return (f"{lim.axis}={value!r} is not implemented for {self.family} on {self.arch}"
+                        f"{lim.condition()}; implemented: {', '.join(map(str, lim.values))} ({lim.because})")
         return None
 
     def reaching(self, axes: Iterable[str]) -> None:
@@ -91,7 +106,7 @@ class Implementation:
         limited = {lim.axis for lim in self.limits}
         for axis in axes:
             if axis not in self.source_axes and axis not in LAUNCH_AXES and axis not in limited:
-                reach = ", ".join(self.source_axes + LAUNCH_AXES)
+                reach = ", ".join(dict.fromkeys(self.source_axes + LAUNCH_AXES))
                 raise UnsupportedError(
                     axis=axis, message=f"{axis}: does not reach the {self.arch} kernel of {self.family} (its "
                     f"generated source does not depend on it); axes that reach it: {reach}")
@@ -114,6 +129,20 @@ _TILE_N = Limit("tile_n", (128, 256), "accumulator tiles of 128 or 256 columns (
                                        "64 is not implemented")
 
 
+# sm_90a clusters (TMA multicast of B along cluster M, A along N; fusegemm/cluster.cuh) of the
+# M-grouped BF16 kernel: up to 2x2 (its multi-CTA build exports 4 CTAs), static scheduling only
+# (a cluster walks its blocks in lockstep; the dynamic claim is per CTA). On the H200 they ran
+# no faster than 1x1 on the MoE shapes (bench/results/grouped_gemm_clusters_h200.json), so 1x1
+# stays the default and its kernel has no cluster machinery (the cluster reaches the source).
+_SM90_CLUSTERS = (
+    Limit("cluster_m", (1, 2), "clusters up to 2x2 on sm_90a"),
+    Limit("cluster_n", (1, 2), "clusters up to 2x2 on sm_90a"),
+    Limit("cluster_m", (1,), "the dynamic scheduler claims tiles per CTA; clusters walk statically",
+          when=(("scheduler", "dynamic"),)),
+    Limit("cluster_n", (1,), "the dynamic scheduler claims tiles per CTA; clusters walk statically",
+          when=(("scheduler", "dynamic"),)),
+)
+
 # Axes each template reads (tests/unit/test_registry.py renders every row with each axis
 # changed and checks that exactly these change the source).
 _GROUPED_BF16 = ("ab_dtype", "c_dtype", "d_dtype", "bias_dtype", "weight_mode", "b_major",
@@ -134,8 +163,8 @@ _SM90_BLOCKSCALED_LIMITS = (
     Limit("a_major", ("k",), "FP8 WGMMA reads K-major A only"),
     Limit("b_major", ("k",), "FP8 WGMMA reads K-major B only"),
     Limit("tile_m", (128,), "two 64-row WGMMA consumer warpgroups"),
-    Limit("cluster_m", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1"),
-    Limit("cluster_n", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1"),
+    Limit("cluster_m", (1,), "the block-scaled sm_90a kernel has no TMA multicast: clusters are 1x1"),
+    Limit("cluster_n", (1,), "the block-scaled sm_90a kernel has no TMA multicast: clusters are 1x1"),
 )
 
 
@@ -153,11 +182,10 @@ ROWS: tuple[Implementation, ...] = (
     _row("grouped_gemm", "sm_100a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _GROUPED_BF16, rule=SPEC_RULE),
     _row("grouped_gemm", "sm_90a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
-         "GroupedGemmKernel", _GROUPED_BF16, rule=SPEC_RULE,
+         "GroupedGemmKernel", _GROUPED_BF16 + LAUNCH_AXES, rule=SPEC_RULE,
          limits=(Limit("tile_m", (64, 128), "one 64-row WGMMA consumer warpgroup per 64 rows of "
                                             "the tile, at most two"),
-                 Limit("cluster_m", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1"),
-                 Limit("cluster_n", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1")),
+                 *_SM90_CLUSTERS),
          defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}),
     # K-grouped weight gradients on the BF16 grouped kernel (Config::kKGrouped): token-major
     # operands, one K range per expert. No sm_100a row yet (status none there).
@@ -168,8 +196,8 @@ ROWS: tuple[Implementation, ...] = (
                                             "the tile, at most two"),
                  Limit("weight_mode", ("dense",), "both operands are activations (dense, token-major)"),
                  Limit("scheduler", ("static",), "static persistent scheduling only"),
-                 Limit("cluster_m", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1"),
-                 Limit("cluster_n", (1,), "no TMA multicast on sm_90a yet: clusters are 1x1")),
+                 Limit("cluster_m", (1,), "K-grouped tiles have one K range per expert: clusters are 1x1"),
+                 Limit("cluster_n", (1,), "K-grouped tiles have one K range per expert: clusters are 1x1")),
          defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}),
     _row("gemm_amax", "sm_100a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
          "BlockScaledGemmKernel", _BLOCKSCALED + ("discrete_col_sfd",), rule=SPEC_RULE),
@@ -227,6 +255,6 @@ def resolve(family: str, arch: str, choice: dict[str, Any]) -> Implementation:
     if row is None:
         raise UnsupportedError(f"{family} has no kernel for {arch} (status: none)")
     for lim in row.limits:
-        if choice.get(lim.axis, NEUTRAL.get(lim.axis)) not in lim.values:
+        if choice.get(lim.axis, NEUTRAL.get(lim.axis)) not in lim.values and lim.applies(choice):
             raise UnsupportedError(row.problem(choice), axis=lim.axis)
     return row

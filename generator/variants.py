@@ -67,8 +67,9 @@ class Variant:
     def name_for(self, axes) -> str:
         """Spec name, then the values of those of ``axes`` the spec varies, tile and arch.
 
-        The cluster shape is never part of it: it is a launch attribute, so variants that
-        differ only in cluster share a kernel (and a name).
+        The cluster shape is a launch attribute: variants that differ only in cluster share a
+        kernel (and a name), except where the row's source sees whether the cluster has more
+        than one CTA (``cluster_m`` in ``axes``: sm_90a), whose multi-CTA kernels add ``mc``.
         """
         parts = [self.spec.name]
         offered = self.spec.choice_map
@@ -77,6 +78,8 @@ class Variant:
                 part = fmt(getattr(self, axis))
                 if part:
                     parts.append(part)
+        if "cluster_m" in axes and self.cluster_m * self.cluster_n > 1:
+            parts.append("mc")
         parts.append(f"t{self.tile_m}x{self.tile_n}")
         parts.append(self.arch.replace("_", ""))
         return ".".join(parts)

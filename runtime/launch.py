@@ -98,6 +98,32 @@ def _check_fits(kernel: LoadedKernel, cfg: LaunchConfig) -> None:
                             f"at most {kernel.max_cluster_ctas} CTAs (the kernel's contract)")
 
 
+_ACTIVE_CLUSTERS: dict[tuple[int, int, int], int] = {}
+
+
+def max_active_clusters(kernel: LoadedKernel, threads: int, cluster_ctas: int) -> int:
+    """Clusters of ``cluster_ctas`` CTAs of ``threads`` threads that ``kernel`` can run at once on
+    its device (``cuOccupancyMaxActiveClusters``; cached). A persistent launch of more clusters
+    runs the rest in a second wave: on the H200, 2x2 clusters of the 216 KB sm_90a BF16 kernel fit
+    30 at a time (120 of 132 SMs), and a grid of 33 took 2.1 ms where one wave takes 1.3."""
+    key = (kernel.handle, threads, cluster_ctas)
+    if key not in _ACTIVE_CLUSTERS:
+        drv = driver()
+        lc = drv.CUlaunchConfig()
+        lc.gridDimX, lc.gridDimY, lc.gridDimZ = cluster_ctas, 1, 1
+        lc.blockDimX, lc.blockDimY, lc.blockDimZ = threads, 1, 1
+        lc.sharedMemBytes = kernel.smem_bytes
+        attr = drv.CUlaunchAttribute()
+        attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster_ctas, 1, 1
+        lc.attrs = [attr]
+        lc.numAttrs = 1
+        n = check(drv.cuOccupancyMaxActiveClusters(kernel.function, lc),
+                  f"cuOccupancyMaxActiveClusters({kernel.name}, {cluster_ctas} CTAs)")
+        _ACTIVE_CLUSTERS[key] = max(1, int(n))
+    return _ACTIVE_CLUSTERS[key]
+
+
 def prepare(kernel: LoadedKernel, cfg: LaunchConfig) -> Callable[[ParamBuffer, int], None]:
     """``go(params, stream)``: launches of ``kernel`` with ``cfg``, checked once here.
 

@@ -45,6 +45,11 @@ class GroupedLauncher:
         self.cluster = (variant.cluster_m, variant.cluster_n)
         self.dynamic = variant.scheduler == "dynamic"
         self.sms = num_sms(device)
+        ctas = self.cluster[0] * self.cluster[1]
+        if ctas > 1:
+            # A persistent grid is one wave: at most the clusters the device runs at once.
+            from ..runtime.launch import max_active_clusters
+            self.sms = min(self.sms, ctas * max_active_clusters(kernel, built.contract.threads, ctas))
         self.tma_dtype = tma_dtype_name(self.contract.tma_dtype_a)
         self.itemsize = DTYPES[variant.ab_dtype].itemsize
         self.tmaps = TensorMapCache()

@@ -55,7 +55,7 @@ def persistent_grid(m_rows: int, n: int, tile: tuple[int, int], ctas_per_tile: i
                     cluster: tuple[int, int], sms: int) -> int:
     """CTAs of a persistent launch: one per SM at most, whole clusters, no more than the work.
 
-    The scheduling unit is the launch cluster (fusegemm/sm100/cluster.cuh): it walks blocks of
+    The scheduling unit is the launch cluster (fusegemm/cluster.cuh): it walks blocks of
     (cluster_m / ctas_per_tile) x cluster_n neighbouring tiles, one tile per MMA unit, so a
     launch needs ceil(m_tiles / units_m) * ceil(n_tiles / cluster_n) clusters to cover the
     problem in one round. ``m_rows`` is A's allocation (valid_m lives on the device, <= it).

@@ -72,7 +72,7 @@ def compiled_ahead(torch, doubled_spec_path):
     planned += [plan(make_variant("grouped_gemm_swiglu", arch="sm_90a", d_dtype=d)) for d in SWIGLU_D]
     planned.append(plan(make_variant("grouped_gemm_swiglu", arch="sm_90a", d_dtype="bfloat16", generate_c=True)))
     planned += [plan(make_variant("grouped_gemm", arch="sm_90a", b_major="n", d_dtype="float32", tile_m=tm,
-                                  tile_n=tn, weight_mode=mode)) for tm, tn, mode, _, _ in N_MAJOR_CASES]
+                                  tile_n=tn, weight_mode=mode)) for tm, tn, mode, *_ in N_MAJOR_CASES]
     planned += [plan(make_variant("grouped_gemm_dswiglu_bf16", arch="sm_90a", d_dtype=d, c_dtype=d))
                 for d in ("bfloat16", "float32")]
     planned += [plan(make_variant(s, arch="sm_90a", d_dtype="float32"))
@@ -625,11 +625,14 @@ def _dswiglu_bf16_case(torch, d_dtype, c_pitch, n, tile_n=None):
     assert not out["d"][valid:].any() and not out["dprob"][valid:].any()
 
 
-N_MAJOR_CASES = [  # (tile_m, tile_n, weight_mode, N, K): edges in N (not a multiple of 64) and K
-    (128, 256, "dense", 512, 256),
-    (64, 128, "dense", 200, 136),
-    (128, 128, "discrete", 320, 192),
-    (128, 256, "discrete", 264, 72),
+N_MAJOR_CASES = [  # (tile_m, tile_n, weight_mode, N, K, cluster): edges in N (not a multiple of 64)
+    (128, 256, "dense", 512, 256, (1, 1)),          # and K; clusters multicast the K slices of
+    (64, 128, "dense", 200, 136, (1, 1)),           # each 64-column chunk (an odd N-tile count
+    (128, 128, "discrete", 320, 192, (1, 1)),       # leaves a phantom tile in a 1x2 block)
+    (128, 256, "discrete", 264, 72, (1, 1)),
+    (128, 256, "dense", 520, 256, (2, 2)),
+    (128, 128, "discrete", 200, 1000, (2, 1)),
+    (64, 128, "dense", 328, 72, (1, 2)),
 ]
 
 
@@ -640,10 +643,11 @@ def test_n_major_weights(torch, case):
     weights: FP32 D within the FP32 accumulation bound |error| <= K 2^-24 sum_k |a b| (+ the
     epilogue's roundings, 2^-22 |d|); a wrong layout or descriptor gives O(1) relative errors."""
     from fusegemm import EpilogueGemm
-    tile_m, tile_n, mode, n, k = case
+    tile_m, tile_n, mode, n, k, cluster = case
     a, offsets, _, alpha, prob = _gemm_problem(torch, n=n, k=k, seed=5)
     w = (torch.randn(alpha.shape[0], k, n, generator=torch.Generator().manual_seed(6)) * 0.1).to(torch.bfloat16)
-    op = EpilogueGemm("grouped_gemm", b_major="n", d_dtype="float32", tile_m=tile_m, tile_n=tile_n, weight_mode=mode)
+    op = EpilogueGemm("grouped_gemm", b_major="n", d_dtype="float32", tile_m=tile_m, tile_n=tile_n, weight_mode=mode,
+                      cluster_m=cluster[0], cluster_n=cluster[1])
     inputs = {"alpha": alpha, "prob": prob}
     dev_inputs = {key: v.cuda() for key, v in inputs.items()}
     if mode == "dense":

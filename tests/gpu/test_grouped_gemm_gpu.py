@@ -102,7 +102,7 @@ def check(out, ref, scale, dtype, valid_m, name):
 
 
 def run_class(pb, *, c_dtype="bfloat16", d_dtype="bfloat16", generate_c=False, dynamic=False,
-              tile=None, stream=None):
+              tile=None, stream=None, cluster=None):
     args = pb["args"]
     shape = (pb["m"], pb["n"], 1) if args["a_tensor"].dim() == 3 else (pb["m"], pb["n"])
     d = torch.full(shape, float("nan"), dtype=DT[d_dtype], device="cuda")
@@ -113,7 +113,7 @@ def run_class(pb, *, c_dtype="bfloat16", d_dtype="bfloat16", generate_c=False, d
                      num_experts=len(pb["sizes"]) if discrete else None,
                      b_shape=(pb["n"], pb["k"]) if discrete else None, c_dtype=c_dtype,
                      d_dtype=d_dtype, generate_c=generate_c, use_dynamic_sched=dynamic,
-                     mma_tiler_mn=tile)
+                     mma_tiler_mn=tile, cluster_shape_mn=cluster)
     assert op.check_support()
     op.compile()
     op.execute(args["a_tensor"], c, d, args["padded_offsets"], args["alpha_tensor"],
@@ -190,6 +190,37 @@ def test_weights_and_scheduling(discrete, dynamic, bias):
                       discrete=discrete, seed=3)
     _, c, d = run_class(pb, dynamic=dynamic)
     verify(pb, c, d, "bfloat16", "bfloat16", False, f"discrete={discrete} dynamic={dynamic}")
+
+
+# sm_90a clusters (TMA multicast: B along cluster M, A along N; fusegemm/cluster.cuh): every shape
+# up to 2x2, with tiles of 64 and 128 rows (cluster blocks of 128 and 256 rows: inside one expert),
+# dense and discrete weights, on ragged and empty experts, with N ending inside a cluster block's
+# second tile (a phantom tile that loads zeros and stores nothing) and a K tail. N-major weights
+# in clusters: tests/gpu/test_epilogue_gpu.py (the seed API takes K-major B).
+CLUSTER_CASES = [  # (cluster, tile, discrete, bias, generate_c)
+    ((2, 1), (128, 256), False, None, False),
+    ((1, 2), (128, 256), False, "bfloat16", True),
+    ((2, 2), (128, 128), False, None, False),
+    ((2, 1), (64, 256), False, None, True),
+    ((2, 2), (64, 128), True, "float32", False),
+    ((2, 1), (128, 256), True, None, False),
+]
+
+
+@pytest.mark.parametrize("cluster,tile,discrete,bias,generate_c", CLUSTER_CASES)
+def test_clusters_multicast(cluster, tile, discrete, bias, generate_c):
+    from fusegemm.ops.device import device_arch
+    if device_arch(0) != "sm_90a":
+        pytest.skip("sm_90a cluster shapes (sm_100a clusters are statically checked)")
+    n = 3 * tile[1] - 72 if cluster[1] == 2 else 2 * tile[1] + 40   # odd N-tile count / an N tail
+    pb = make_problem(RAGGED, n, 1000, bias=bias, discrete=discrete, seed=7)
+    c_dtype = "float32" if generate_c else "bfloat16"
+    op, c, d = run_class(pb, generate_c=generate_c, tile=tile, cluster=cluster, c_dtype=c_dtype)
+    ln = op._launcher
+    assert ln.cluster == cluster
+    # One wave of whole clusters (the H200 runs 30 clusters of 2x2 at once: 120 of 132 SMs).
+    assert ln.sms % (cluster[0] * cluster[1]) == 0 and ln.grid(type("S", (), {"m": pb["m"], "n": n})()) <= ln.sms
+    verify(pb, c, d, c_dtype, "bfloat16", generate_c, f"cluster {cluster} tile {tile} discrete={discrete}")
 
 
 def test_single_expert_no_prob():

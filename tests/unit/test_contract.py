@@ -28,6 +28,18 @@ def test_sm90a_grouped_contract(session_cache):
     assert (c.box_a_inner, c.box_a_outer, c.box_b_inner, c.box_b_outer) == (64, 128, 64, 256)
     assert (c.swizzle_a, c.swizzle_b, c.tmap_slot_stride, c.tmem_cols) == (128, 128, 0, 0)
     assert (c.min_cluster_m, c.min_cluster_n, c.max_cluster_ctas, c.ctas_per_tile) == (1, 1, 1, 1)
+    # A multi-CTA cluster builds the cluster kernel (the cluster reaches the sm_90a source): A's
+    # 128 and B's 256 rows per stage as 2 slices each (fusegemm/cluster.cuh), so that clusters up
+    # to 2x2 multicast them; an N-major B is shared by whole chunks.
+    mc = _built(session_cache, "grouped_gemm", "sm_90a", cluster_m=2).contract
+    assert (mc.box_a_inner, mc.box_a_outer, mc.box_b_inner, mc.box_b_outer) == (64, 64, 64, 128)
+    assert (mc.min_cluster_m, mc.min_cluster_n, mc.max_cluster_ctas) == (1, 1, 4)
+    assert ".mc.t128x256.sm90a." in _built(session_cache, "grouped_gemm", "sm_90a", cluster_n=2).name
+    nmaj = _built(session_cache, "grouped_gemm", "sm_90a", b_major="n", cluster_m=2, cluster_n=2).contract
+    assert (nmaj.box_b_inner, nmaj.box_b_outer, nmaj.max_cluster_ctas) == (64, 64, 4)
+    row = registry.lookup("grouped_gemm", "sm_90a")
+    assert row.problem({"cluster_m": 2, "cluster_n": 2}) is None and row.problem({"cluster_m": 4}) is not None
+    assert "scheduler=dynamic" in row.problem({"scheduler": "dynamic", "cluster_m": 2})
     assert tma_dtype_name(c.tma_dtype_a) == tma_dtype_name(c.tma_dtype_b) == "bfloat16"
     d = _built(session_cache, "grouped_gemm", "sm_90a", weight_mode="discrete").contract
     assert d.tmap_slot_stride == 8
@@ -106,11 +118,13 @@ def test_a_kernel_that_disagrees_with_its_variant_is_refused(session_cache):
 @pytest.mark.parametrize("row", registry.ROWS, ids=lambda r: f"{r.family}.{r.arch}")
 def test_registry_never_offers_a_cluster_the_kernel_refuses(row, session_cache):
     """The registry's implemented surface (spec choices within the row's limits) fits the
-    largest cluster every kernel of the row exports: sm_90a's kernels take no clusters, and
-    its row limits them to 1x1."""
+    largest cluster the row's kernel of that cluster exports: sm_90a's BF16 kernel takes up to
+    2x2 (its multi-CTA build), its other kernels no clusters, and the rows limit them so."""
     spec = find_spec(row.family)   # every family has a seed spec named after it
-    biggest = max(c["cluster_m"] * c["cluster_n"] for c in surface(spec, row.arch) if row.problem(c) is None)
-    c = _built(session_cache, spec.name, row.arch).contract
+    ok = [c for c in surface(spec, row.arch) if row.problem(c) is None]
+    top = max(ok, key=lambda c: c["cluster_m"] * c["cluster_n"])
+    biggest = top["cluster_m"] * top["cluster_n"]
+    c = _built(session_cache, spec.name, row.arch, cluster_m=top["cluster_m"], cluster_n=top["cluster_n"]).contract
     assert biggest <= c.max_cluster_ctas, (row.family, row.arch, biggest, c.max_cluster_ctas)
 
 

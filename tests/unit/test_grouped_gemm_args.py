@@ -254,10 +254,12 @@ SUPPORT_CASES = [
     ("tile_256x256", dict(mma_tiler_mn=(256, 256)),
      r"^mma_tiler_mn=\(256, 256\): tile_m=256 is not implemented for grouped_gemm on sm_90a; "
      r"implemented: 64, 128 \(one 64-row WGMMA consumer warpgroup"),
-    ("cluster_2x1", dict(cluster_shape_mn=(2, 1)),
-     r"^cluster_shape_mn=\(2, 1\): cluster_m=2 is not implemented for grouped_gemm on sm_90a; "
-     r"implemented: 1 \(no TMA multicast on sm_90a yet"),
-    ("cluster_1x2", dict(cluster_shape_mn=(1, 2)), r"^cluster_shape_mn=\(1, 2\): cluster_n=2 is not implemented"),
+    ("cluster_4x1", dict(cluster_shape_mn=(4, 1)),
+     r"^cluster_shape_mn=\(4, 1\): cluster_m=4 is not implemented for grouped_gemm on sm_90a; "
+     r"implemented: 1, 2 \(clusters up to 2x2 on sm_90a\)"),
+    ("cluster_dynamic", dict(cluster_shape_mn=(1, 2), use_dynamic_sched=True),
+     r"^cluster_shape_mn=\(1, 2\): cluster_n=2 is not implemented for grouped_gemm on sm_90a with "
+     r"scheduler=dynamic; implemented: 1 \(the dynamic scheduler claims tiles per CTA"),
     # outside the spec's declared surface and every kernel's (the registry's limit says it first)
     ("tile_128x64", dict(mma_tiler_mn=(128, 64)),
      r"^mma_tiler_mn=\(128, 64\): tile_n=64 is not implemented for grouped_gemm on sm_90a; implemented: "
@@ -284,6 +286,9 @@ def test_check_support_ok(fake_cuda):
     assert (op.tile, op.cluster) == ((128, 256), (1, 1))
     op100 = GroupedGemm(**samples(arch="sm_100a"))
     assert (op100.tile, op100.cluster) == ((256, 256), (2, 1)) and op100.check_support()
+    # sm_90a clusters up to 2x2 with static scheduling (TMA multicast)
+    for cluster in ((2, 1), (1, 2), (2, 2)):
+        assert GroupedGemm(**samples(cluster_shape_mn=cluster)).support_problem() is None
 
 
 def test_tile_m_64_runs_on_sm90a(fake_cuda, session_cache, monkeypatch):

@@ -128,7 +128,7 @@ def probe_source() -> str:
     walk = []
     for bm, bn, pm, band in WALKS:
         for blk in range(bm * bn):
-            c = f"fusegemm::sm100::grouped_block_coord({blk}, {bm}, {bn}, {max(1, band // pm)})"
+            c = f"fusegemm::grouped_block_coord({blk}, {bm}, {bn}, {max(1, band // pm)})"
             walk.append(f"{c}.bm, {c}.bn")
     src.append(f'extern "C" __device__ __attribute__((used)) const int probe_walk[{2 * len(walk)}] = {{'
                + ", ".join(walk) + "};")

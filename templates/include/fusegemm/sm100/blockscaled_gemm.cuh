@@ -24,7 +24,7 @@
 // TILE_M 64 loads the whole 128-row M atom that holds its rows (tx = 16 KB for A), so the
 // accumulator rows sit in the same half as the K-major path puts them.
 //
-// Cluster multicast (fusegemm/sm100/cluster.cuh): A and SFA k-blocks are multicast along cluster
+// Cluster multicast (fusegemm/cluster.cuh): A and SFA k-blocks are multicast along cluster
 // N, B and SFB along cluster M; the tile walk hands a cluster pm x cn neighbouring tiles.
 //
 // Host contract (tensor maps, runtime/tensormap.py; MN-major maps are not encoded by any public
@@ -141,7 +141,7 @@ struct BlockScaledGemmKernel {
   // Frame::kTmapSlotStride slots of 128 B per CTA ([B x 8][SFB x 8]).
   static constexpr int kTileK = kBlockK;
   static constexpr int kMinClusterM = kCtaGroup, kMinClusterN = 1, kCtasPerTile = kCtaGroup;
-  static constexpr int kMaxClusterCtas = fusegemm::sm100::kMaxClusterCtas;
+  static constexpr int kMaxClusterCtas = fusegemm::kMaxClusterCtas;
   static constexpr int kMAligned = fusegemm::kMAligned;
   static constexpr int kBoxAInner = kAMn ? kBoxRowsA : kBoxKBytes, kBoxAOuter = kAMn ? kBoxKA : kBoxRowsA;
   static constexpr int kBoxBInner = kBMn ? kBoxRowsB : kBoxKBytes, kBoxBOuter = kBMn ? kBoxKB : kBoxRowsB;

@@ -13,7 +13,7 @@
 // rows. TILE_M 64 uses the M=64 instruction (accumulator rows in TMEM lanes (r%16)+32(r/16)).
 // In a cluster larger than one MMA unit (CTA or pair), A k-blocks are multicast along cluster N
 // and B k-blocks along cluster M (same expert only) and the cluster walks blocks of neighbouring
-// tiles; fusegemm/sm100/cluster.cuh has the protocol.
+// tiles; fusegemm/cluster.cuh has the protocol.
 // N-major B (Config::kBMajorMN, b_major n: the (L, N, K) view of (L, K, N) weights): a CTA's B
 // stage holds kRowsB / 64 swizzle atoms of 64 N-elements (128 B) by kBlockK K rows, atoms one
 // after another, each loaded as kMcSlices K slices; descriptors as umma.cuh "MN-major" (the
@@ -83,7 +83,7 @@ struct GroupedGemmKernel {
   // Frame::kTmapSlotStride slots of 128 B per CTA in tmap_workspace.
   static constexpr int kTileK = kBlockK;
   static constexpr int kMinClusterM = kCtaGroup, kMinClusterN = 1, kCtasPerTile = kCtaGroup;
-  static constexpr int kMaxClusterCtas = fusegemm::sm100::kMaxClusterCtas;
+  static constexpr int kMaxClusterCtas = fusegemm::kMaxClusterCtas;
   static constexpr int kMAligned = fusegemm::kMAligned;
   // N-major B: boxes of (64 N, kSliceK K), per atom and slice.
   static constexpr int kBoxAInner = kBoxK, kBoxAOuter = kBoxRowsA;

@@ -12,7 +12,7 @@
 
 #include "fusegemm/scheduler.cuh"
 #include "fusegemm/tma.cuh"
-#include "fusegemm/sm100/cluster.cuh"
+#include "fusegemm/cluster.cuh"
 #include "fusegemm/sm100/pipeline.cuh"
 #include "fusegemm/sm100/tmem.cuh"
 #include "fusegemm/sm100/umma.cuh"
@@ -111,7 +111,7 @@ struct KernelFrame {
   };
   static_assert(sizeof(Aux) <= kAuxBytes, "aux region");
 
-  // ---- protocol (sm100-protocol.md §1 table, §4; fusegemm/sm100/cluster.cuh) ----
+  // ---- protocol (sm100-protocol.md §1 table, §4; fusegemm/cluster.cuh) ----
   using Geom = ClusterGeom<kCtaGroup>;
   static constexpr uint32_t kFullCount = 1, kTmemFullCount = 1;
   static constexpr uint32_t kTmemEmptyCount = 32 * kNumEpiWarps * kCtaGroup;

@@ -1,12 +1,13 @@
 // sm_100a pipeline pieces that the arch-neutral fusegemm/tma.cuh does not have: pipeline
-// state, cluster geometry and barriers, 2-CTA (cta_group::2) TMA loads, cluster-scope waits,
-// and the tile stream (static walk or a dynamic claim ring) every warp role consumes.
+// state, 2-CTA (cta_group::2) TMA loads, cluster-scope waits, and the tile stream (static walk
+// or a dynamic claim ring) every warp role consumes. Cluster registers, the cluster barrier and
+// the multicast geometry are shared with sm_90a (fusegemm/cluster.cuh).
 //
 // Barrier protocol (sm100-protocol.md §1 "Pipelines", §4; CUTLASS P100/P90, KRN):
 //   smem stage  full[s]      count 1: the MMA-leader CTA's producer does arrive.expect_tx with
 //                            the bytes of *both* CTAs of a pair; a follower's TMA completes its
 //                            bytes on the leader's barrier (address & 0xFEFFFFFF, copy_sm100_tma.hpp:45);
-//                            multicast loads of peers complete theirs on it too (cluster.cuh).
+//                            multicast loads of peers complete theirs on it too (fusegemm/cluster.cuh).
 //               empty[s]     count cluster_m / cta_group + cluster_n - 1: one tcgen05.commit per
 //                            k-tile from every MMA unit of this CTA's cluster row and column
 //                            (multicast; P100:565, P100:57-92; 1 when nothing is multicast).
@@ -16,6 +17,7 @@
 //   producer side waits with the inverted phase (starts at phase 1, P90:254-260).
 #pragma once
 
+#include "fusegemm/cluster.cuh"
 #include "fusegemm/common.cuh"
 #include "fusegemm/scheduler.cuh"
 #include "fusegemm/tma.cuh"
@@ -30,44 +32,6 @@ struct PipeState {
     if (++index == kStages) { index = 0; phase ^= 1u; }
   }
 };
-
-// ---- cluster geometry (PTX special registers) -------------------------------------------------
-FUSEGEMM_DEVICE uint32_t cluster_cta_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-FUSEGEMM_DEVICE uint32_t cluster_num_ctas() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-  return r;
-}
-// Linear cluster id in the grid and number of clusters.
-FUSEGEMM_DEVICE uint32_t cluster_linear_id() {
-  uint32_t x, y, z, nx, ny;
-  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(x));
-  asm volatile("mov.u32 %0, %%clusterid.y;" : "=r"(y));
-  asm volatile("mov.u32 %0, %%clusterid.z;" : "=r"(z));
-  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(nx));
-  asm volatile("mov.u32 %0, %%nclusterid.y;" : "=r"(ny));
-  return x + nx * (y + ny * z);
-}
-FUSEGEMM_DEVICE uint32_t cluster_count() {
-  uint32_t nx, ny, nz;
-  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(nx));
-  asm volatile("mov.u32 %0, %%nclusterid.y;" : "=r"(ny));
-  asm volatile("mov.u32 %0, %%nclusterid.z;" : "=r"(nz));
-  return nx * ny * nz;
-}
-FUSEGEMM_DEVICE uint32_t cta_linear_id() {
-  return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-}
-
-// Full cluster barrier, all threads of every CTA (CUTLASS cluster_sync: arrive.release +
-// wait.acquire; the release orders this thread's smem writes and remote arrivals before it).
-FUSEGEMM_DEVICE void cluster_sync_all() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
 
 // ---- 2-CTA TMA loads (copy_sm100_tma.hpp SM100_TMA_2SM_LOAD_*) ---------------------------------
 // Both CTAs of the pair load into their own smem; the transaction bytes complete on the
@@ -189,7 +153,7 @@ FUSEGEMM_DEVICE void st_shared_cluster(const void* local, uint32_t cta, int valu
 
 // ---- tile stream ---------------------------------------------------------------------------------
 // Every role walks the same sequence of block ids (one block per sub-cluster step, see
-// fusegemm/sm100/cluster.cuh). Static: unit u takes u, u+U, u+2U... Dynamic: the first block is
+// fusegemm/cluster.cuh). Static: unit u takes u, u+U, u+2U... Dynamic: the first block is
 // u (no atomic), later ones U + atomicAdd(counter) (host zeroes the counter per call). The
 // scheduler warp of the sub-cluster's first CTA (the owner) claims into a small smem ring and
 // writes every CTA's ring of the sub-cluster (st.shared::cluster, then a release.cluster arrival

@@ -18,12 +18,26 @@
 // token-major (MN-major: dY is tokens x M, X tokens x N), loaded as 64-element chunks of 64
 // token rows like an N-major B. An expert without tokens gets zeros (alpha * 0).
 //
+// Clusters (M-grouped, static scheduling; fusegemm/cluster.cuh has the protocol, shared with the
+// sm_100a kernels): a Config with kClusterMulticast (the variant's cluster has more than one CTA)
+// builds the cluster kernel, whose shape is a launch attribute (p.cluster_m x p.cluster_n CTAs,
+// one cubin for every legal multi-CTA shape); without it, the kernel has no cluster machinery
+// (a 1x1 launch: on the H200, clusters ran no faster). A cluster walks blocks of neighbouring
+// cluster_m x cluster_n tiles; B k-blocks are multicast along cluster M when the block's M tiles
+// belong to one expert,
+// A k-blocks along cluster N. A K-major operand box of a stage is loaded as kSlices slices of its
+// rows, an N-major B as its 64-column chunks; member j of a share group of g CTAs issues the
+// slices (chunks) i with i % g == j, so every CTA loads a part of every stage it shares. A stage's empty barrier counts the consumer warps of every CTA in this
+// CTA's cluster row and column (the CTAs its multicasts reach), each of which releases the stage
+// on all of them.
+//
 // Epilogue (fusegemm/sm90/epilogue.cuh): each consumer warp owns 16 complete rows of the tile in
 // its WGMMA fragment, so element-wise rules stage 128-byte column chunks in the warp's own padded
 // smem buffer and write full cache lines (epi::WarpStagedStore), synchronising with __syncwarp
 // only; other rules run the arch-neutral engine.
 #pragma once
 
+#include "fusegemm/cluster.cuh"
 #include "fusegemm/common.cuh"
 #include "fusegemm/epilogue_block.cuh"
 #include "fusegemm/sm90/epilogue.cuh"
@@ -49,8 +63,15 @@
 #define FUSEGEMM_SM90_STAGGER 0
 #endif
 
+
 namespace fusegemm {
 namespace sm90 {
+
+// Config::kClusterMulticast, false where the generated Config does not declare it.
+template <class C>
+constexpr auto multicast_of(int) -> decltype(C::kClusterMulticast, bool()) { return C::kClusterMulticast; }
+template <class C>
+constexpr bool multicast_of(long) { return false; }
 
 template <class Config>
 struct GroupedGemmKernel {
@@ -74,8 +95,17 @@ struct GroupedGemmKernel {
   static constexpr int kTileK = 64;  // 128 bytes of BF16: one SWIZZLE_128B row
   static_assert(kTileM == 64 || kTileM == 128, "sm_90a kernel: TILE_M must be 64 or 128");
   static_assert(kTileN == 128 || kTileN == 256, "sm_90a kernel: TILE_N must be 128 or 256");
-  // No clusters on sm_90a yet (no B multicast): the kernel exports a largest cluster of one CTA
-  // (kMaxClusterCtas), which the registry's sm_90a limits match (tests/unit/test_contract.py).
+  // Clusters (above): M-grouped problems with static scheduling. A share group is at most
+  // kMcSlices CTAs (ClusterGeom::legal), so every member loads at least one slice per stage.
+  // The cluster kernel loads a K-major operand box of a stage as kSlices slices (the multicast
+  // granularity): the largest share group, 2 (clusters up to 2x2). An N-major B is shared by
+  // whole chunks (8 KB boxes, as without clusters: K slices of 2 KB cost the MoE layer's N-major
+  // GEMMs a few percent in one H200 run).
+  static constexpr bool kClusters = multicast_of<Config>(0);
+  static_assert(!kClusters || (!kKGrouped && !Config::kDynamicSched),
+                "clusters: M-grouped problems, static scheduling (the registry's limits)");
+  static constexpr int kSlices = kClusters ? 2 : 1;
+  static_assert(kMcSlices % kSlices == 0, "slices of a box");
 
   static constexpr int kConsumerWGs = kTileM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
@@ -114,8 +144,10 @@ struct GroupedGemmKernel {
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan exceeds 227 KB");
 
   // Register split (setmaxnreg): producer warps give registers to the consumers.
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 232 : 240;
+  // A cluster-capable producer holds the cluster geometry and the block walk besides the tile
+  // state: 40 registers spilled it (one value per tile).
+  static constexpr int kProducerRegs = kClusters ? 56 : 40;
+  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? (kClusters ? 224 : 232) : 240;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= 65536,
                 "register split exceeds the register file");
 
@@ -129,30 +161,75 @@ struct GroupedGemmKernel {
   // Host contract (fusegemm/base/contract.py): A (K, rows) and B (K, N, L) maps with boxes of
   // (kTileK, kTileM) and (kTileK, kTileN), SWIZZLE_128B, in the elements' own TMA type; discrete
   // weights get kTmapSlotsPerCta slots of 128 B per CTA in tmap_workspace.
-  static constexpr int kMinClusterM = 1, kMinClusterN = 1, kMaxClusterCtas = 1, kCtasPerTile = 1;
+  // The largest cluster (2x2) matches the registry's sm_90a limits (tests/unit/test_contract.py).
+  static constexpr int kMinClusterM = 1, kMinClusterN = 1, kMaxClusterCtas = kClusters ? kSlices * kSlices : 1;
+  static constexpr int kCtasPerTile = 1;
   static constexpr int kMAligned = fusegemm::kMAligned;
   // MN-major B: maps of (N, K, L) (discrete: (N, K)) with boxes of 64 N x 64 K.
   // K-grouped: A maps of (M, tokens) with boxes of 64 M x 64 tokens, kTileM / 64 per stage.
-  static constexpr int kBoxAInner = kAMn ? 64 : kTileK, kBoxAOuter = kAMn ? kTileK : kTileM;
+  // Slices: K-major boxes split along their rows (M or N), whole 8-row SW128 atoms (1 KB), so a
+  // slice lands where the unsliced box would have put it; an N-major B is shared by chunks.
+  static constexpr int kSliceRowsA = kTileM / kSlices, kSliceRowsB = kTileN / kSlices;
+  static_assert(kSliceRowsA % 8 == 0 && kSliceRowsB % 8 == 0, "slices are whole 8-row SW128 atoms");
+  static constexpr int kBoxAInner = kAMn ? 64 : kTileK, kBoxAOuter = kAMn ? kTileK : kSliceRowsA;
   static constexpr int kAChunks = kAMn ? kTileM / 64 : 1;  // A loads per stage
-  static constexpr int kBoxBInner = kBMn ? 64 : kTileK, kBoxBOuter = kBMn ? kTileK : kTileN;
+  static constexpr int kBoxBInner = kBMn ? 64 : kTileK, kBoxBOuter = kBMn ? kTileK : kSliceRowsB;
   static constexpr int kBChunks = kBMn ? kTileN / 64 : 1;  // B loads per stage
   static constexpr int kSwizzleA = 128, kSwizzleB = 128;
   static constexpr int kTmaDtypeA = TmaDtype<ElementA>::value, kTmaDtypeB = TmaDtype<ElementB>::value;
   static constexpr int kTmapSlotStride = Config::kDiscreteB ? kTmapSlotsPerCta : 0;
   static constexpr int kTmemCols = 0, kSfBoxK = 0, kSfBoxNB = 0;
 
-  // K-grouped: (expert, M block, N block) tiles of the (L, M, N) output, M = p.m_rows.
-  using Sched = fusegemm::conditional_t<kKGrouped, BatchedScheduler<kTileM, kTileN, FUSEGEMM_RASTER_GROUP>,
-                                        GroupedScheduler<kTileM, kTileN, FUSEGEMM_RASTER_GROUP>>;
+  // K-grouped: (expert, M block, N block) tiles of the (L, M, N) output, M = p.m_rows. Clusters:
+  // blocks of cluster tiles (a 1x1 cluster walks exactly GroupedScheduler's tile order).
+  using Geom = ClusterGeom<1>;
+  using Sched = fusegemm::conditional_t<
+      kKGrouped, BatchedScheduler<kTileM, kTileN, FUSEGEMM_RASTER_GROUP>,
+      fusegemm::conditional_t<kClusters, GroupedClusterScheduler<kTileM, kTileN, 1, FUSEGEMM_RASTER_GROUP>,
+                              GroupedScheduler<kTileM, kTileN, FUSEGEMM_RASTER_GROUP>>>;
 
   template <class Params>
-  static __device__ Sched make_sched(const Params& p) {
+  static __device__ Sched make_sched(const Params& p, const Geom& geom) {
     if constexpr (kKGrouped) {
       return Sched(p.m_rows, p.n, p.num_experts);
+    } else if constexpr (kClusters) {
+      return Sched(reinterpret_cast<const int*>(p.offsets), p.num_experts, p.n, p.m_rows, geom);
     } else {
       return Sched(reinterpret_cast<const int*>(p.offsets), p.num_experts, p.n, p.m_rows);
     }
+  }
+
+  // This CTA's place in its cluster (a 1x1 geometry without clusters) and the scheduling unit:
+  // the cluster block walk's unit is the sub-cluster (ClusterGeom), one per launch cluster.
+  template <class Params>
+  static __device__ Geom make_geom(const Params& p) {
+    if constexpr (kClusters) {
+      const int rank = int(cluster_cta_rank()), ncta = int(cluster_num_ctas());
+      const Geom g = Geom::make(p.cluster_m, p.cluster_n, rank, ncta);
+      // A share group larger than the slices of a box would leave a member a stage without a
+      // load of its own (the empty-barrier argument of cluster.cuh needs one): such a launch
+      // (the host's limits refuse it) runs every CTA as its own sub-cluster, nothing shared.
+      if (g.pm() > kSlices || g.cn > kSlices) return Geom::make(0, 0, rank, ncta);
+      return g;
+    } else {
+      return Geom::make(1, 1, 0, 1);
+    }
+  }
+  static __device__ StaticWalk make_walk(const Geom& geom) {
+    if constexpr (kClusters) {
+      const uint32_t ncta = cluster_num_ctas();
+      return StaticWalk(int((cluster_linear_id() * ncta + cluster_cta_rank()) / uint32_t(geom.size())),
+                        int(cluster_count() * ncta / uint32_t(geom.size())));
+    } else {
+      return StaticWalk(blockIdx.x, gridDim.x);
+    }
+  }
+  // A tile the epilogue stores: every grouped tile, and a cluster block's tiles inside the
+  // problem (a block at the problem's edge also holds phantom tiles, which load zeros and feed
+  // the barrier protocol, and store nothing).
+  template <class Tile>
+  static __device__ bool stores(const Tile& t) {
+    if constexpr (kClusters) return t.in_range; else return true;
   }
 
   // First token row and k-block count of a tile: the whole K, or (K-grouped) the expert's token
@@ -193,13 +270,15 @@ struct GroupedGemmKernel {
     uint64_t* tile_empty = tile_full + kTileRing;
     int4* ring = reinterpret_cast<int4*>(smem + kOffRing);
 
+    const Geom geom = make_geom(p);
+    const bool clustered = kClusters && geom.size() > 1;
     if (tid == 0) {
       // SW128 tiles and descriptors assume a 1 KB aligned base; a silent misalignment
       // would produce wrong results, so stop loudly instead.
       if (smem_u32(smem) % 1024 != 0) __trap();
       for (int s = 0; s < kStages; ++s) {
         mbar_init(&full[s], 1);
-        mbar_init(&empty[s], kConsumerWarps);
+        mbar_init(&empty[s], kReleasesPerCta * geom.empty_count());
       }
       for (int s = 0; s < kTileRing; ++s) {
         mbar_init(&tile_full[s], 1);
@@ -207,16 +286,23 @@ struct GroupedGemmKernel {
       }
       mbar_fence_init();
     }
-    __syncthreads();
+    // Peers multicast into this CTA and arrive on its barriers: their inits must be visible
+    // cluster-wide first.
+    if (clustered) cluster_sync_all(); else __syncthreads();
 
     if (wg == kConsumerWGs) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
       if (tid % 128 < 32 && elect_one()) {
-        produce(p, smem, full, empty, tile_full, tile_empty, ring);
+        produce(p, smem, geom, full, empty, tile_full, tile_empty, ring);
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-      consume(p, smem, wg, full, empty, tile_full, tile_empty, ring);
+      consume(p, smem, geom, wg, full, empty, tile_full, tile_empty, ring);
+    }
+    // No CTA leaves while a peer may still multicast into it or release stages on it.
+    if (clustered) {
+      __syncwarp();
+      cluster_sync_all();
     }
   }
 
@@ -224,12 +310,15 @@ struct GroupedGemmKernel {
   // Producer: one thread.
   // ------------------------------------------------------------------------------------
   template <class Params>
-  static __device__ void produce(const Params& p, uint8_t* smem, uint64_t* full,
+  static __device__ void produce(const Params& p, uint8_t* smem, const Geom& geom, uint64_t* full,
                                  uint64_t* empty, uint64_t* tile_full, uint64_t* tile_empty,
                                  int4* ring) {
     prefetch_tmap(&p.tma_a);
     prefetch_tmap(&p.tma_b);
-    const Sched sched = make_sched(p);
+    const Sched sched = make_sched(p, geom);
+    // A is shared along cluster N (same M tile), B along cluster M when the block's M tiles
+    // belong to one expert (ClusterTile::share_b).
+    const Share share_a{geom.a_group() > 1, geom.a_group(), geom.a_member(), geom.a_mask()};
     // Every M-grouped tile's k-blocks, hoisted out of the tile loop (K-grouped tiles take theirs
     // from k_range per tile); the M-grouped SASS is the one measured before K-grouping existed.
     const int k_blocks_all = kKGrouped ? 0 : k_range(p, 0).y;
@@ -243,17 +332,18 @@ struct GroupedGemmKernel {
                reinterpret_cast<CUtensorMap*>(smem + kOffTmap));
     }
 
-    StaticWalk walk(blockIdx.x, gridDim.x);
+    StaticWalk walk = make_walk(geom);
     int stage = 0, slot = 0;
     uint32_t phase = 0, ring_phase = 0;
     while (true) {
       const int linear = Config::kDynamicSched
                              ? dynamic_claim(reinterpret_cast<unsigned int*>(p.sched_counter))
                              : walk.claim();
-      const GroupedTile t = sched.tile(linear);
+      const auto t = sched.tile(linear);
 
       mbar_wait(&tile_empty[slot], ring_phase ^ 1);
-      ring[slot] = make_int4(t.expert, t.m_block, t.n_block, t.linear);
+      // A tile the epilogue does not store (a phantom of a cluster block) travels as expert -1.
+      ring[slot] = make_int4(stores(t) ? t.expert : -1, t.m_block, t.n_block, t.linear);
       mbar_arrive(&tile_full[slot]);
       if (++slot == kTileRing) { slot = 0; ring_phase ^= 1; }
       if (!t.valid()) break;
@@ -288,6 +378,8 @@ struct GroupedGemmKernel {
           for (int c = 0; c < kBChunks; ++c) {
             tma_load_2d(&p.tma_b, &full[stage], sb + c * kMnChunkBytes, n0 + 64 * c, k0 + kb * kTileK);
           }
+        } else if constexpr (kClusters) {
+          load_stage_sliced(p, smem, geom, stage, &full[stage], tmap_b, t, kb, share_a);
         } else {
           tma_load_2d(&p.tma_a, &full[stage], smem + kOffA + stage * kABytes, kb * kTileK, m0);
           uint8_t* sb = smem + kOffB + stage * kBBytes;
@@ -311,11 +403,70 @@ struct GroupedGemmKernel {
     }
   }
 
+  // One stage of a cluster-capable kernel, slice by slice (fusegemm/cluster.cuh): a private
+  // operand (no share group, or B of a block that spans two experts) is loaded whole by this CTA;
+  // a shared one only in the slices this CTA issues, multicast to its share group. Every slice
+  // lands at the same offset in every destination, whose full barrier counts its bytes.
+  template <class Params, class Tile>
+  static __device__ void load_stage_sliced(const Params& p, uint8_t* smem, const Geom& geom, int stage,
+                                           uint64_t* bar, const CUtensorMap* tmap_b, const Tile& t, int kb,
+                                           const Share& share_a) {
+    const Share share_b{t.share_b && geom.b_group() > 1, geom.b_group(), geom.b_member(), geom.b_mask()};
+    const int m0 = t.m_block * kTileM, n0 = t.n_block * kTileN, k0 = kb * kTileK;
+    uint8_t* sa = smem + kOffA + stage * kABytes;
+    uint8_t* sb = smem + kOffB + stage * kBBytes;
+#pragma unroll
+    for (int i = 0; i < kSlices; ++i) {
+      uint8_t* dst = sa + i * kSliceRowsA * 128;
+      if (!share_a.shared) {
+        tma_load_2d(&p.tma_a, bar, dst, k0, m0 + i * kSliceRowsA);
+      } else if (share_a.issues_slice(i)) {
+        tma_load_2d_multicast(&p.tma_a, bar, dst, k0, m0 + i * kSliceRowsA, share_a.mask);
+      }
+    }
+    // K-major: slice i is rows n0 + i * kSliceRowsB of 64 K; N-major: chunk i (64 N x 64 K).
+    constexpr int kBParts = kBMn ? kBChunks : kSlices;
+    static_assert(kBParts >= kSlices, "every member of a B share group loads a part of each stage");
+#pragma unroll
+    for (int i = 0; i < kBParts; ++i) {
+      if (share_b.shared && !share_b.issues_slice(i)) continue;
+      uint8_t* dst = kBMn ? sb + i * kMnChunkBytes : sb + i * kSliceRowsB * 128;
+      const int c0 = kBMn ? n0 + 64 * i : k0, c1 = kBMn ? k0 : n0 + i * kSliceRowsB;
+      if constexpr (Config::kDiscreteB) {
+        if (share_b.shared) tma_load_2d_multicast(tmap_b, bar, dst, c0, c1, share_b.mask);
+        else tma_load_2d(tmap_b, bar, dst, c0, c1);
+      } else {
+        if (share_b.shared) tma_load_3d_multicast(tmap_b, bar, dst, c0, c1, t.expert, share_b.mask);
+        else tma_load_3d(tmap_b, bar, dst, c0, c1, t.expert);
+      }
+    }
+  }
+
+  // Release stage `s` to every CTA whose multicasts may write it (this CTA's cluster row and
+  // column, itself included): lane 0 of each consumer warp, once its WGMMAs have read the stage.
+  // Cluster-capable kernels release per warpgroup (CUTLASS's PipelineTmaAsync: a WGMMA is a
+  // warpgroup operation, so one warp's wait proves the whole group has read the stage): warp j
+  // of the group arrives on the j-th CTA of the release mask, so the (at most 3) arrivals of a
+  // 2x2 cluster go out in parallel. The others release per consumer warp, as before clusters.
+  static constexpr int kReleasesPerCta = kClusters ? kConsumerWGs : kConsumerWarps;
+  static __device__ void release_stage(uint64_t* empty_s, uint16_t mask, uint32_t me, int warp_in_group) {
+    if constexpr (kClusters) {
+      uint32_t m = mask;
+      for (int j = 0; j < warp_in_group && m != 0; ++j) m &= m - 1;   // drop the first warp_in_group CTAs
+      if (m != 0) {
+        const uint32_t r = uint32_t(__ffs(int(m)) - 1);
+        if (r == me) mbar_arrive(empty_s); else mbar_arrive_remote(empty_s, r);
+      }
+    } else {
+      mbar_arrive(empty_s);
+    }
+  }
+
   // ------------------------------------------------------------------------------------
   // Consumers: one warpgroup per 64 rows.
   // ------------------------------------------------------------------------------------
   template <class Params>
-  static __device__ void consume(const Params& p, uint8_t* smem, int wg, uint64_t* full,
+  static __device__ void consume(const Params& p, uint8_t* smem, const Geom& geom, int wg, uint64_t* full,
                                  uint64_t* empty, uint64_t* tile_full, uint64_t* tile_empty,
                                  int4* ring) {
     const int lane = threadIdx.x % 32;
@@ -333,6 +484,9 @@ struct GroupedGemmKernel {
     // row, 16 rows of 128 bytes in an MN-major chunk.
     constexpr int kDescStepK = kBMn ? (16 * 128) >> 4 : 2;
     constexpr int kDescStepKA = kAMn ? (16 * 128) >> 4 : 2;
+    // The CTAs this one releases stages to (itself included; a 1x1 geometry: itself only).
+    const uint32_t me = kClusters ? cluster_cta_rank() : 0u;
+    const uint16_t commit_mask = kClusters ? geom.commit_mask() : uint16_t(1);
 
     int stage = 0, slot = 0;
     uint32_t phase = 0, ring_phase = 0;
@@ -368,7 +522,7 @@ struct GroupedGemmKernel {
       int prev_stage = 0;
       const int prefetch_kb = FUSEGEMM_SM90_EPI_PREFETCH > 0 ? max(num_k_blocks - FUSEGEMM_SM90_EPI_PREFETCH, 0) : -1;
       for (int kb = 0; kb < num_k_blocks; ++kb) {
-        if (kb == prefetch_kb) Epi::prefetch(p, tile_row0(p, t), t.z * kTileN, warp, lane);
+        if (kb == prefetch_kb && (!kClusters || t.x >= 0)) Epi::prefetch(p, tile_row0(p, t), t.z * kTileN, warp, lane);
         mbar_wait(&full[stage], phase);
         fence_acc(acc);
         cute::warpgroup_arrive();
@@ -384,7 +538,7 @@ struct GroupedGemmKernel {
         fence_acc(acc);
         // Keep one batch in flight; the one before it has finished reading its stage.
         cute::warpgroup_wait<1>();
-        if (kb > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
+        if (kb > 0 && lane == 0) release_stage(&empty[prev_stage], commit_mask, me, warp % 4);
         prev_stage = stage;
         if (++stage == kStages) { stage = 0; phase ^= 1; }
         if (kb + 1 == kStagger) stagger_release();
@@ -392,7 +546,7 @@ struct GroupedGemmKernel {
       stagger_release();
       cute::warpgroup_wait<0>();
       fence_acc(acc);
-      if (num_k_blocks > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
+      if (num_k_blocks > 0 && lane == 0) release_stage(&empty[prev_stage], commit_mask, me, warp % 4);
       if constexpr (kKGrouped) {   // (M-grouped tiles always have k-blocks: K >= 8)
         if (num_k_blocks == 0) {   // an expert without tokens: its gradient is zero
 #pragma unroll
@@ -400,7 +554,7 @@ struct GroupedGemmKernel {
         }
       }
 
-      Epi::run(p, smem + kOffEpi, t.x, tile_row0(p, t), t.z * kTileN, wg, warp, lane, acc, part);
+      if (!kClusters || t.x >= 0) Epi::run(p, smem + kOffEpi, t.x, tile_row0(p, t), t.z * kTileN, wg, warp, lane, acc, part);
     }
     stagger_release();
     Epi::finish(part, p, warp, lane);

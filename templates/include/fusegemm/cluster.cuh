@@ -1,4 +1,5 @@
-// Cluster geometry, TMA-multicast roles and the cluster-block tile walk of the sm_100a kernels.
+// Cluster geometry, TMA-multicast roles and the cluster-block tile walk, shared by the sm_100a
+// kernels and the sm_90a BF16 grouped kernel (whose MMA units are single CTAs: kCtaGroup 1).
 //
 // The cluster shape is a launch attribute, not a compile-time parameter: the host launches a
 // 1-D grid with cluster dims (cluster_m * cluster_n, 1, 1) and passes (cluster_m, cluster_n) in
@@ -39,7 +40,45 @@
 #include "fusegemm/common.cuh"
 #include "fusegemm/scheduler.cuh"
 
-namespace fusegemm::sm100 {
+namespace fusegemm {
+
+// ---- cluster special registers and the cluster barrier ------------------------------------
+FUSEGEMM_DEVICE uint32_t cluster_cta_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+FUSEGEMM_DEVICE uint32_t cluster_num_ctas() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+  return r;
+}
+// Linear cluster id in the grid and number of clusters.
+FUSEGEMM_DEVICE uint32_t cluster_linear_id() {
+  uint32_t x, y, z, nx, ny;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(x));
+  asm volatile("mov.u32 %0, %%clusterid.y;" : "=r"(y));
+  asm volatile("mov.u32 %0, %%clusterid.z;" : "=r"(z));
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(nx));
+  asm volatile("mov.u32 %0, %%nclusterid.y;" : "=r"(ny));
+  return x + nx * (y + ny * z);
+}
+FUSEGEMM_DEVICE uint32_t cluster_count() {
+  uint32_t nx, ny, nz;
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(nx));
+  asm volatile("mov.u32 %0, %%nclusterid.y;" : "=r"(ny));
+  asm volatile("mov.u32 %0, %%nclusterid.z;" : "=r"(nz));
+  return nx * ny * nz;
+}
+FUSEGEMM_DEVICE uint32_t cta_linear_id() {
+  return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+}
+
+// Full cluster barrier, all threads of every CTA (CUTLASS cluster_sync: arrive.release +
+// wait.acquire; the release orders this thread's smem writes and remote arrivals before it).
+FUSEGEMM_DEVICE void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
 
 constexpr int kMaxClusterCtas = 16;  // 16-bit multicast masks (non-portable cluster maximum)
 constexpr int kMcSlices = 4;         // slices per operand box = largest share group
@@ -240,4 +279,4 @@ struct BatchedClusterScheduler {
   }
 };
 
-}  // namespace fusegemm::sm100
+}  // namespace fusegemm
