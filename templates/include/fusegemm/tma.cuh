@@ -89,12 +89,14 @@ FUSEGEMM_DEVICE void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
       ::"r"(smem_u32(bar)), "r"(cta) : "memory");
 }
 
-// CUTLASS's ClusterBarrier::arrive(cta_id): the default .release.cta semantics. A consumer that
-// releases a peer's stage has only read shared memory (its WGMMAs have completed), so nothing
-// needs publishing cluster-wide; the .release.cluster of mbar_arrive_cluster costs a
-// MEMBAR.ALL.GPU per arrival, which waits for the warp's outstanding global stores (H200, BF16
-// grouped GEMM in 2x1 clusters, one stage release per consumer warp and k-block: 2.21 ms
-// against 1.23 ms without clusters).
+// Arrive on CTA `cta`'s barrier at the same offset with the default .release.cta semantics, as
+// CUTLASS ClusterBarrier::arrive(cta_id) (BAR:466) and umma_arrive_2x1SM_sm0, for arrivals that
+// publish nothing: the sm_100a follower's tmem_empty arrivals (tcgen05.wait::ld +
+// tcgen05.fence::before_thread_sync carry the ordering that matters) and the sm_90a consumers'
+// stage releases (their WGMMAs have completed their smem reads). The .release.cluster of
+// mbar_arrive_cluster costs a MEMBAR.ALL.GPU per arrival, which waits for the warp's outstanding
+// global stores (H200, BF16 grouped GEMM in 2x1 clusters, one release per consumer warp and
+// k-block: 2.21 ms against 1.23 ms without clusters).
 FUSEGEMM_DEVICE void mbar_arrive_remote(uint64_t* bar, uint32_t cta) {
   asm volatile(
       "{\n .reg .b32 remote;\n"

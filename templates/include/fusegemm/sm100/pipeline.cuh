@@ -129,19 +129,6 @@ FUSEGEMM_DEVICE void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
       ::"r"(smem_u32(bar)), "r"(parity) : "memory");
 }
 
-// Arrive on CTA `cta`'s barrier at the same offset, default (.release.cta) semantics, as CUTLASS
-// ClusterBarrier::arrive(cta_id) (BAR:466) and umma_arrive_2x1SM_sm0: used for the follower's
-// tmem_empty arrivals, where tcgen05.wait::ld + tcgen05.fence::before_thread_sync carry the
-// ordering that matters (TMEM reads done) and a cluster-scope release would stall every
-// epilogue thread on its outstanding global stores.
-FUSEGEMM_DEVICE void mbar_arrive_remote(uint64_t* bar, uint32_t cta) {
-  asm volatile(
-      "{\n .reg .b32 remote;\n"
-      " mapa.shared::cluster.u32 remote, %0, %1;\n"
-      " mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n"
-      ::"r"(smem_u32(bar)), "r"(cta) : "memory");
-}
-
 // 32-bit store into CTA `cta`'s shared memory at the same offset as `local`.
 FUSEGEMM_DEVICE void st_shared_cluster(const void* local, uint32_t cta, int value) {
   asm volatile(
