@@ -5,10 +5,12 @@ the same run; prints JSON.
 One step: ``y = layer(x, padded_offsets, prob)``, ``y.backward(dy)`` (gradients of x, prob and
 both weights). Tokens balanced over the experts, every expert's rows padded to 256. Times are
 CUDA-event medians over interleaved rounds; ``speedup`` is torch_ms / fusegemm_ms. Issue 14's
-targets: BF16 step >= 1.1x, MXFP8 >= 1.5x. H200 (2026-12-01, bench/results/moe_mlp_h200.json):
-BF16 1.01x / 0.98x / 1.07x, MXFP8 0.21x / 0.12x / 0.32x. The MXFP8 recipe is for B200: on Hopper (no block-scaled MMA)
+targets: BF16 step >= 1.1x, MXFP8 >= 1.5x. H200, dsv3-8 / dsv3-32 / mixtral: BF16 1.15x / 1.14x /
+1.34x (bench/results/moe_mlp_h200_bf16.json, 2026-12-01); MXFP8 0.21x / 0.12x / 0.34x
+(bench/results/moe_mlp_h200.json). The MXFP8 recipe is for B200: on Hopper (no block-scaled MMA)
 its kernels dequantize in shared memory and run far below BF16 (issue 10), so its H200 figure
-measures the recipe's cost there, not its purpose.
+measures the recipe's cost there, not its purpose. --wgrad-ab also times the BF16 layer with each
+weight-gradient kernel (ExpertMLP(wgrad=...)): bench/results/moe_mlp_wgrad_ab_h200.json.
 
     python bench/moe_mlp.py [--layers dsv3-8,dsv3-32,mixtral] [--out bench/results/moe_mlp_h200.json]
 """
