@@ -442,12 +442,12 @@ struct GroupedGemmKernel {
     }
   }
 
-  // Release stage `s` to every CTA whose multicasts may write it (this CTA's cluster row and
-  // column, itself included): lane 0 of each consumer warp, once its WGMMAs have read the stage.
-  // Cluster-capable kernels release per warpgroup (CUTLASS's PipelineTmaAsync: a WGMMA is a
-  // warpgroup operation, so one warp's wait proves the whole group has read the stage): warp j
-  // of the group arrives on the j-th CTA of the release mask, so the (at most 3) arrivals of a
-  // 2x2 cluster go out in parallel. The others release per consumer warp, as before clusters.
+  // Release a stage once the WGMMAs have read it (lane 0 of a consumer warp calls this). The
+  // cluster kernel releases it to every CTA whose multicasts may write it (this CTA's cluster
+  // row and column, itself included), once per warpgroup (CUTLASS's PipelineTmaAsync: a WGMMA
+  // is a warpgroup operation, so one warp's wait proves the whole group has read the stage):
+  // warp j of the group arrives on the j-th CTA of the release mask, so the (at most 3)
+  // arrivals of a 2x2 cluster go out in parallel. Other kernels release per consumer warp.
   static constexpr int kReleasesPerCta = kClusters ? kConsumerWGs : kConsumerWarps;
   static __device__ void release_stage(uint64_t* empty_s, uint16_t mask, uint32_t me, int warp_in_group) {
     if constexpr (kClusters) {
