@@ -2,7 +2,8 @@
 
 A spec's ``choices`` narrows these; its ``constraints`` relate them. Values reach C++ only
 through the dtype table (``fusegemm/base/dtypes.py``: dtype -> C++ type) or as validated
-integers/booleans. ``LAUNCH_AXES`` never reach the source: they are launch attributes.
+integers/booleans. ``LAUNCH_AXES`` are launch attributes: they reach the source only where a
+registry row lists them (the sm_90a BF16 kernel, whose multi-CTA clusters build their own cubin).
 """
 from __future__ import annotations
 
@@ -80,5 +81,6 @@ NEUTRAL: dict[str, Any] = {
     "discrete_col_sfd": False, "vector_f32": False, "tanh_clamp_scale": "none",
 }
 
-# Axes that are launch attributes: one cubin serves every legal value (generator/registry.py).
+# Axes that are launch attributes: one cubin serves every legal value, except where a registry
+# row lists them among its source axes (generator/registry.py).
 LAUNCH_AXES = ("cluster_m", "cluster_n")

@@ -93,8 +93,8 @@ def render(v: Variant) -> Source:
     """Render ``v`` with the kernel the registry assigns it.
 
     The symbol embeds the hash of the source rendered without it, so variants whose kernels are
-    identical render identical text (same digest, same cache entry): the cluster shape never
-    reaches the source, nor does any axis outside the row's ``source_axes``. Raises
+    identical render identical text (same digest, same cache entry): no axis outside the row's
+    ``source_axes`` reaches the source (the cluster shape only where the row lists it). Raises
     UnsupportedError when no kernel implements ``v`` (with the reason).
     """
     impl = resolve(v.kernel, v.arch, v.choices)
