@@ -5,12 +5,13 @@ machine-readable output on the reporting commands.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import click
 
@@ -41,22 +42,28 @@ def _echo_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=1, sort_keys=False, default=str))
 
 
-class _Cli(click.Group):
-    """The command group. A Ctrl-C anywhere exits with 130, the status of a program stopped by
-    SIGINT, as the build's own handler does: click's standalone mode reports 1 ("Aborted!") for
-    one that lands outside the command (while it parses arguments or starts)."""
+@contextlib.contextmanager
+def _interrupt_exits_130() -> Iterator[None]:
+    """A Ctrl-C inside the block exits with 130, the status of a program stopped by SIGINT."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo("\nAborted!", err=True)
+        sys.exit(130)
 
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
-        if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
-        try:
-            return super().main(*args, standalone_mode=False, **kwargs)
-        except click.exceptions.Abort:
-            click.echo("Aborted!", err=True)
-            sys.exit(130)
-        except click.ClickException as e:
-            e.show()
-            sys.exit(e.exit_code)
+
+class _Cli(click.Group):
+    """The command group. A Ctrl-C while click parses the arguments or resolves the command
+    exits with 130, as one inside the build does (click's standalone mode would report 1);
+    everything else (usage errors, broken pipes, exit codes) stays click's standalone handling."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _interrupt_exits_130():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _interrupt_exits_130():
+            return super().invoke(ctx)
 
 
 @click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
