@@ -143,8 +143,8 @@ def show(spec: str, as_json: bool) -> None:
         click.echo(f"  {arch}: {impl['status']} ({impl['kernel']}, {impl['template']})")
         for lim in impl["limits"]:
             if lim["axis"] in s.choice_map:      # a limit on an axis this spec does not offer says nothing here
-                when = "".join(f" with {k}={v}" for k, v in lim.get("when", {}).items())
-                click.echo(f"    {lim['axis']}: {', '.join(map(str, lim['values']))} only{when} ({lim['because']})")
+                click.echo(f"    {lim['axis']}: {', '.join(map(str, lim['values']))} only{lim['condition']} "
+                           f"({lim['because']})")
         if impl["defaults"]:
             click.echo(f"    defaults: {', '.join(f'{k}={v}' for k, v in impl['defaults'].items())}")
     click.echo("prebuild:")

@@ -25,8 +25,8 @@ def spec_info(s: Any, prebuild: list[str] | None = None) -> dict[str, Any]:
         impls[arch] = {"status": registry.status(s.kernel, arch)} if row is None else {
             "status": row.status, "template": row.template, "kernel": row.kernel, "rule": row.rule,
             "source_axes": list(row.source_axes),
-            "limits": [{"axis": l.axis, "values": list(l.values), "because": l.because, "when": dict(l.when)}
-                       for l in row.limits],
+            "limits": [{"axis": l.axis, "values": list(l.values), "because": l.because, "when": dict(l.when),
+                        "condition": l.condition()} for l in row.limits],
             "defaults": dict(row.defaults)}
     return {
         "name": s.name, "path": s.path, "kernel": s.kernel, "problem": s.problem, "seed": s.seed,

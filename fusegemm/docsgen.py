@@ -45,9 +45,8 @@ def surface_rows(info: dict[str, Any]) -> list[tuple[str, str, dict[str, str]]]:
                 per_arch[arch] = "all"
             else:   # a conditional limit names its condition (cluster_m: 1 with scheduler=dynamic)
                 per_arch[arch] = "; ".join(
-                    f"{_cell([v for v in declared if v in lim['values']]) or 'none'}"
-                    f"{''.join(f' with {k}={v}' for k, v in lim.get('when', {}).items())} ({lim['because']})"
-                    for lim in lims)
+                    f"{_cell([v for v in declared if v in lim['values']]) or 'none'}{lim['condition']} "
+                    f"({lim['because']})" for lim in lims)
         rows.append((axis, _declared_cell(axis, declared), per_arch))
     return rows
 
