@@ -13,7 +13,9 @@
 //   * B is shared along cluster M: every CTA with the same n and the same pair half multiplies
 //     the same B rows. SFB follows B.
 //   * An operand box of a stage is loaded as kMcSlices (4) slices (the tensor maps' boxes are
-//     slices, so they do not depend on the launch cluster); member j of a share group of g CTAs
+//     slices, so they do not depend on the launch cluster; the sm_90a cluster kernel, whose
+//     clusters are at most 2x2, loads 2 slices of a K-major box and an N-major B's 64-column
+//     chunks, fusegemm/sm90/grouped_gemm.cuh); member j of a share group of g CTAs
 //     loads the slices i with i % g == j and multicasts them to the group. Every member loads a
 //     part of every stage, as CUTLASS's tma_partition of the box over the multicast CTAs does.
 //     That is what makes the empty count below safe: a stage's full barrier then depends on the
