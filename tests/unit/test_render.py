@@ -99,16 +99,19 @@ defaults: {}
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-def test_a_spec_output_dtype_is_the_kernels_element_type(arch):
+def test_a_spec_output_dtype_is_the_kernels_element_type(arch, session_cache):
     """The kernel stores C and D in the dtypes the spec's outputs declare, also when the spec names
     them outright instead of through the c_dtype/d_dtype axes (whose defaults differ: the kernel
-    once stored FP32 D into the bfloat16 buffer the op allocated, overrunning it)."""
+    once stored FP32 D into the bfloat16 buffer the op allocated, overrunning it); it compiles
+    without spills on both archs."""
+    from fusegemm import pipeline
     from fusegemm.generator.spec import parse_spec
     spec = parse_spec(LITERAL_DTYPES_SPEC, "literal_dtypes.yaml", expected_name="literal_dtypes")
     v = make_variant(spec, arch=arch)
     assert (v.c_dtype, v.d_dtype) != ("float32", "float16")   # the axes' defaults are other dtypes
     text = render(v).text
     assert "using ElementC = float;" in text and "using ElementD = fusegemm::half_t;" in text
+    assert pipeline.get_kernel(v, session_cache).resources.local_bytes == 0
 
 
 def test_every_prebuilt_kernel_stores_its_outputs_declared_dtypes():
