@@ -5,12 +5,15 @@ the same run; prints JSON.
 One step: ``y = layer(x, padded_offsets, prob)``, ``y.backward(dy)`` (gradients of x, prob and
 both weights). Tokens balanced over the experts, every expert's rows padded to 256. Times are
 CUDA-event medians over interleaved rounds; ``speedup`` is torch_ms / fusegemm_ms. Issue 14's
-targets: BF16 step >= 1.1x, MXFP8 >= 1.5x. H200, dsv3-8 / dsv3-32 / mixtral: BF16 1.15x / 1.14x /
-1.34x (bench/results/moe_mlp_h200_bf16.json, 2026-12-01); MXFP8 0.21x / 0.12x / 0.34x
+targets: BF16 step >= 1.1x, MXFP8 >= 1.5x. H200, dsv3-8 / dsv3-32 / mixtral: BF16 1.18x / 1.18x /
+1.39x (bench/results/moe_mlp_h200_bf16.json, 2026-12-01); MXFP8 0.21x / 0.12x / 0.34x
 (bench/results/moe_mlp_h200.json). The MXFP8 recipe is for B200: on Hopper (no block-scaled MMA)
 its kernels dequantize in shared memory and run far below BF16 (issue 10), so its H200 figure
 measures the recipe's cost there, not its purpose. --wgrad-ab also times the BF16 layer with each
-weight-gradient kernel (ExpertMLP(wgrad=...)): bench/results/moe_mlp_wgrad_ab_h200.json.
+weight-gradient kernel (ExpertMLP(wgrad=...)).
+--dswiglu-ab also times it with the dSwiGLU GEMM at its spec's default tile instead of the
+layer's choice (fusegemm.moe._DSWIGLU_TILE: ping-pong 64-row tiles on sm_90a); --fill-ab with
+every output of the spec ops zero-filled whole before its GEMM, as before fusegemm/ops/tail.py.
 
     python bench/moe_mlp.py [--layers dsv3-8,dsv3-32,mixtral] [--out bench/results/moe_mlp_h200.json]
 """
@@ -19,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from _common import emit_json, interleaved_ms
+from _common import emit_json, interleaved_ms, whole_fill
 
 # name: (local experts, tokens, hidden, intermediate)
 LAYERS = {
@@ -43,6 +46,20 @@ class TorchMLP:
         gate, up = split_gate_up(g.float())
         h = (torch.nn.functional.silu(gate) * up * prob[:, None]).to(torch.bfloat16)
         return torch._grouped_mm(h, self.w2.transpose(1, 2), offs=ends)
+
+
+def _dswiglu_default_tile(run):
+    """``run`` with the layer's dSwiGLU GEMM at the spec's default tile (its backward reads
+    fusegemm.moe._DSWIGLU_TILE while ``run`` waits for it)."""
+    import fusegemm.moe as moe
+
+    def wrapped():
+        saved, moe._DSWIGLU_TILE = moe._DSWIGLU_TILE, {}
+        try:
+            run()
+        finally:
+            moe._DSWIGLU_TILE = saved
+    return wrapped
 
 
 def bench_layer(name: str, args) -> dict:
@@ -78,6 +95,10 @@ def bench_layer(name: str, args) -> dict:
                            generator=torch.Generator().manual_seed(1))
             methods[f"fusegemm_bf16_wgrad_{kernel}"] = step(ab, (ab.w1, ab.w2))
     row["wgrad_default"] = ours.wgrad
+    if args.dswiglu_ab:
+        methods["fusegemm_bf16_dswiglu_default_tile"] = _dswiglu_default_tile(step(ours, (ours.w1, ours.w2)))
+    if args.fill_ab:
+        methods["fusegemm_bf16_whole_fill"] = whole_fill(step(ours, (ours.w1, ours.w2)))
     if "mxfp8" in args.recipes:
         mx = ExpertMLP(experts, hidden, inter, device="cuda", recipe="mxfp8", generator=torch.Generator().manual_seed(1))
         methods["fusegemm_mxfp8"] = step(mx, (mx.w1, mx.w2))
@@ -114,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--wgrad-ab", action="store_true",
                     help="also time the BF16 layer with each weight-gradient kernel (wgrad='torch' and 'fusegemm')")
+    ap.add_argument("--dswiglu-ab", action="store_true",
+                    help="also time the BF16 layer with the dSwiGLU GEMM at the spec's default tile")
+    ap.add_argument("--fill-ab", action="store_true",
+                    help="also time the BF16 layer with the spec ops' outputs zero-filled whole (the old allocation)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

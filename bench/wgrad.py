@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from _common import add_run_arguments, expert_sizes, interleaved_ms, run
+from _common import add_run_arguments, expert_sizes, interleaved_ms, run, whole_fill
 
 # name: (experts, tokens, M, N)
 SHAPES = {
@@ -49,12 +49,16 @@ def bench_shape(name: str, dist: str, args) -> dict:
     del ours, theirs
     methods = {"fusegemm": lambda: op(dy, x, off),
                "torch_grouped_mm": lambda: torch._grouped_mm(dy.t(), x, offs=off)}
+    if args.fill_ab:   # D zero-filled before the GEMM, as before fusegemm/ops/tail.py
+        methods["fusegemm_whole_fill"] = whole_fill(lambda: op(dy, x, off))
     if dist == "balanced":
         dyb, xb = dy.view(experts, t // experts, m), x.view(experts, t // experts, n)
         methods["cublas_bmm"] = lambda: torch.bmm(dyb.transpose(1, 2), xb)
     for key, ms in interleaved_ms(methods, args).items():
         row[f"{key}_ms"], row[f"{key}_tflops"] = ms, flops / ms / 1e9
     row["ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row["fusegemm_ms"]
+    if "fusegemm_whole_fill_ms" in row:
+        row["whole_fill_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row["fusegemm_whole_fill_ms"]
     if "cublas_bmm_ms" in row:
         row["ratio_vs_cublas_bmm"] = row["cublas_bmm_ms"] / row["fusegemm_ms"]
     torch.cuda.empty_cache()
@@ -69,6 +73,9 @@ def _summary(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_run_arguments(ap, ",".join(SHAPES))
+    ap.add_argument("--fill-ab", action="store_true",
+                    help="also time fusegemm with D zero-filled before the GEMM (the allocation before "
+                         "fusegemm/ops/tail.py)")
     args = ap.parse_args(argv)
     return run(args, bench_shape, _summary,
                {"benchmark": "K-grouped weight gradients (specs/grouped_gemm_wgrad.yaml) vs torch._grouped_mm"},

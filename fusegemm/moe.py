@@ -18,11 +18,10 @@ and ``h`` for the backward. Backward: fc2's data gradient with the dSwiGLU epilo
 (``specs/grouped_gemm_dswiglu_bf16.yaml``: ``dG`` and ``dprob`` straight out of the GEMM), fc1's
 data gradient with the grouped GEMM (both read the weights in place as N-major B where the
 device's kernel implements it: sm_90a and sm_100a), and the weight
-gradients (K-grouped: a reduction over each expert's tokens) with ``torch._grouped_mm`` by
-default: measured on the H200, it is faster than fusegemm's K-grouped family
-(:class:`fusegemm.KGroupedGemm`, ``specs/grouped_gemm_wgrad.yaml``), which ``wgrad="fusegemm"``
-selects (see :data:`WGRAD_KERNELS`). The MXFP8 recipe (``recipe="mxfp8"``) is described at
-:class:`ExpertMLP`.
+gradients (K-grouped: a reduction over each expert's tokens) with fusegemm's K-grouped family
+(:class:`fusegemm.KGroupedGemm`, ``specs/grouped_gemm_wgrad.yaml``) where the device's arch has
+it and the shapes fit, else ``torch._grouped_mm`` (``wgrad="auto"``; see :data:`WGRAD_KERNELS`).
+The MXFP8 recipe (``recipe="mxfp8"``) is described at :class:`ExpertMLP`.
 
 ``backend="torch"`` runs the same structure with torch matmuls (any device, any float dtype):
 the reference the tests hold the fusegemm backend to, and what ``gradcheck`` differentiates.
@@ -183,7 +182,7 @@ class _Torch:
         return rq, rsf, cq.t(), csf, dprob
 
     @staticmethod
-    def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor, kernel: str = "torch") -> Tensor:
+    def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor, kernel: str = "auto") -> Tensor:
         """dW[e] = dy[rows_e]^T @ x[rows_e] (a reduction over each expert's rows)."""
         dw = torch.zeros_like(like)
         for e, (s, t) in enumerate(rows):
@@ -221,7 +220,8 @@ class _Fusegemm:
         from .torch_library import epilogue_gemm
         b, major = _weight_as_b(w2)
         out = epilogue_gemm("grouped_gemm_dswiglu_bf16", dy, off, b,
-                            inputs={"alpha": self._ones(w2), "prob": prob.float(), "c": g}, b_major=major)
+                            inputs={"alpha": self._ones(w2), "prob": prob.float(), "c": g}, b_major=major,
+                            **_dswiglu_tile(dy.device, g.shape[1] // 2))
         return out["d"], out["dprob"]
 
     # MXFP8 recipe
@@ -259,23 +259,39 @@ class _Fusegemm:
                 dprob.view(-1))
 
     @staticmethod
-    def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor, kernel: str = "torch") -> Tensor:
+    def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor, kernel: str = "auto") -> Tensor:
         """The K-grouped weight gradient dW_e = dy_e^T x_e (BF16 in, FP32 accumulation; no host
-        copy of the offsets) with torch._grouped_mm or fusegemm's KGroupedGemm (``kernel``).
-        Both reduce over every row of an expert's range: the layer's padding rows of x and h are
-        zero, so they add nothing."""
-        if kernel == "fusegemm":
+        copy of the offsets) with fusegemm's KGroupedGemm or torch._grouped_mm (``kernel``;
+        ``auto``: :func:`_kgrouped_fits`). Both reduce over every row of an expert's range: the
+        layer's padding rows of x and h are zero, so they add nothing."""
+        if kernel == "fusegemm" or (kernel == "auto" and _kgrouped_fits(dy, x)):
             # Token-major rows (the MXFP8 recipe's dequantized operands are transposed views).
             return _kgrouped(dy.device)(dy.contiguous(), x.contiguous(), off)["d"].to(like.dtype)
         return torch._grouped_mm(dy.t(), x, offs=off).to(like.dtype)
 
 
-# The weight gradients' kernels. torch._grouped_mm is the default: on the H200 fusegemm's
-# K-grouped kernel ran bench/wgrad.py's ten rows at 0.76-1.03x its speed (only mixtral fc1
-# balanced above 1; bench/results/wgrad_h200.json), and the layer's step at 0.98x / 0.91x /
-# 1.01x (dsv3-8 / dsv3-32 / mixtral, bench/results/moe_mlp_wgrad_ab_h200.json). A consumer
-# stagger and a 128 x 128 tile did not close the gap (one run). sm_100a has no K-grouped kernel.
-WGRAD_KERNELS = ("torch", "fusegemm")
+# The weight gradients' kernels: "auto" (the default) runs fusegemm's K-grouped kernel where
+# _kgrouped_fits, else torch._grouped_mm; "torch" and "fusegemm" force one. H200, same run
+# (bench/results/wgrad_h200.json), fusegemm against torch._grouped_mm on bench/wgrad.py's ten
+# rows: 0.98-1.09x (dsv3's fc2 weight gradient the only one below 1), and the layer's step with
+# each: 7.14 / 7.33 ms, 7.79 / 8.04 ms and 28.18 / 28.91 ms (dsv3-8, dsv3-32, mixtral;
+# bench/results/moe_mlp_h200_bf16.json). Before its outputs were allocated uninitialised
+# (fusegemm/ops/tail.py: the kernel writes every element) it ran 0.84-1.03x torch's speed.
+WGRAD_KERNELS = ("auto", "torch", "fusegemm")
+
+
+def _kgrouped_fits(dy: Tensor, x: Tensor) -> bool:
+    """Whether KGroupedGemm runs this weight gradient: the device's arch has the family (the
+    registry: sm_90a today) and dy's columns are whole tiles of its kernel (x's rows of 16 bytes,
+    token rows in 256s: the layer's own requirements)."""
+    from .generator import registry
+    from .ops.device import device_arch
+    index = dy.device.index if dy.device.index is not None else torch.cuda.current_device()
+    if registry.lookup("grouped_gemm_wgrad", device_arch(index)) is None:
+        return False
+    tile_m = _kgrouped(dy.device).variant.tile_m
+    return dy.shape[1] % tile_m == 0 and x.shape[1] % 8 == 0 and dy.shape[0] % 256 == 0
+
 
 _KGROUPED: dict[int, object] = {}
 
@@ -299,6 +315,22 @@ def _weight_as_b(w: Tensor) -> tuple[Tensor, str]:
     if _b_major(w.device) == "n":
         return w.transpose(1, 2), "n"
     return w.transpose(1, 2).contiguous(), "k"
+
+
+# The dSwiGLU GEMM's tile on sm_90a: ping-pong 64-row tiles (two consumer warpgroups in turn,
+# so the heavy epilogue of one overlaps the other's mainloop), 128 columns for a narrow
+# intermediate. H200, same run (bench/results/pingpong_h200.json, balanced), ms against the
+# default cooperative 128 x 256: dsv3 (F 2048) 1.013 / 1.101 and mixtral (F 14336) 3.89 / 4.36 at
+# 64 x 256; qwen3-like (F 768) 0.356 / 0.384 at 64 x 128 (0.367 at 64 x 256).
+_DSWIGLU_TILE = {"sm_90a": lambda f: {"tile_m": 64, "tile_n": 128 if f <= 1024 else 256}}
+
+
+def _dswiglu_tile(device: torch.device, f: int) -> dict:
+    """The dSwiGLU GEMM's tile choices for ``device``'s arch and intermediate size ``f`` (none:
+    the spec's default)."""
+    from .ops.device import device_arch
+    pick = _DSWIGLU_TILE.get(device_arch(device.index if device.index is not None else torch.cuda.current_device()))
+    return pick(f) if pick is not None else {}
 
 
 _B_MAJOR: dict[int, str] = {}
@@ -342,7 +374,7 @@ class ExpertMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w2: Tensor,
                 backend: str = "fusegemm", recipe: str = "bf16", stats: dict | None = None,
-                wgrad: str = "torch") -> Tensor:
+                wgrad: str = "auto") -> Tensor:
         """The layer's forward (``ExpertMLPFunction.apply(x, padded_offsets, prob, w1, w2, backend, recipe,
         stats, wgrad)``).
 
@@ -365,11 +397,11 @@ class ExpertMLPFunction(torch.autograd.Function):
         stats : dict, optional
             The MXFP8 recipe writes per-expert amax tensors (L, 1) into it: ``"y"`` in the
             forward, ``"dx"`` in the backward.
-        wgrad : {"torch", "fusegemm"}
-            The fusegemm backend's weight-gradient kernel: ``torch._grouped_mm`` (the default,
-            measured faster on the H200) or fusegemm's K-grouped family
+        wgrad : {"auto", "torch", "fusegemm"}
+            The fusegemm backend's weight-gradient kernel: fusegemm's K-grouped family
             (:class:`fusegemm.KGroupedGemm`, sm_90a; the hidden size and 2F whole multiples of
-            128).
+            128), ``torch._grouped_mm``, or (``auto``, the default) the first where it fits, else
+            the second.
         """
         be = _BACKENDS[backend]
         if wgrad not in WGRAD_KERNELS:
@@ -446,7 +478,7 @@ class ExpertMLP(torch.nn.Module):
         The GEMMs' implementation.
     recipe : {"bf16", "mxfp8"}
         Operand precision of the GEMMs (``mxfp8`` needs H a multiple of 32).
-    wgrad : {"torch", "fusegemm"}
+    wgrad : {"auto", "torch", "fusegemm"}
         The weight gradients' kernel with the fusegemm backend (see :class:`ExpertMLPFunction`).
     device : torch.device or str, optional
     generator : torch.Generator, optional
@@ -454,7 +486,7 @@ class ExpertMLP(torch.nn.Module):
     """
 
     def __init__(self, experts: int, hidden: int, intermediate: int, *, dtype: torch.dtype = torch.bfloat16,
-                 backend: str = "fusegemm", recipe: str = "bf16", wgrad: str = "torch", device=None,
+                 backend: str = "fusegemm", recipe: str = "bf16", wgrad: str = "auto", device=None,
                  generator: torch.Generator | None = None) -> None:
         super().__init__()
         if backend not in _BACKENDS:

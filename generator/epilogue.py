@@ -255,6 +255,14 @@ class Resolved:
         out["ldc"], out["ldd"] = cols.get("c", 0), cols.get("d", 0)
         return out
 
+    def row_buffers(self) -> tuple[str, ...]:
+        """The buffers of :meth:`buffers` with one row per problem row, (m_rows, columns)
+        row-major: the outputs and their column-quantized copies (a kernel stores each of their
+        rows below valid_m whole; the ops zero the rest, fusegemm/ops/tail.py)."""
+        names = [o.name for o in self.outputs]
+        names += [o.quantize.col for o in self.outputs if o.quantize is not None and o.quantize.col]
+        return tuple(names)
+
     def buffers(self, n_acc: int, m_rows: int, experts: int) -> dict[str, tuple[tuple[int, ...], str, float]]:
         """(shape, storage dtype, initial value) of every buffer the epilogue writes, by name:
         c, d (and d_col), sfd_row, sfd_col, amax, dprob. FP8/FP4 outputs are raw bytes

@@ -143,6 +143,12 @@ _SM90_CLUSTERS = (
           when=(("scheduler", "dynamic"),)),
 )
 
+# The sm_90a BF16 kernel's two consumer warpgroups (fusegemm/sm90/grouped_gemm.cuh): both on one
+# 128-row tile (cooperative), or each on 64-row tiles of its own, in turn (ping-pong: one's
+# epilogue overlaps the other's mainloop). 256 would need 2-CTA instructions (sm_100a).
+_SM90_TILE_M = Limit("tile_m", (64, 128), "two WGMMA consumer warpgroups: 128 cooperative (64 rows each), "
+                                          "64 ping-pong (a 64-row tile each, in turn)")
+
 # Axes each template reads (tests/unit/test_registry.py renders every row with each axis
 # changed and checks that exactly these change the source).
 _GROUPED_BF16 = ("ab_dtype", "c_dtype", "d_dtype", "bias_dtype", "weight_mode", "b_major",
@@ -183,17 +189,14 @@ ROWS: tuple[Implementation, ...] = (
          "GroupedGemmKernel", _GROUPED_BF16, rule=SPEC_RULE),
     _row("grouped_gemm", "sm_90a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _GROUPED_BF16 + LAUNCH_AXES, rule=SPEC_RULE,
-         limits=(Limit("tile_m", (64, 128), "one 64-row WGMMA consumer warpgroup per 64 rows of "
-                                            "the tile, at most two"),
-                 *_SM90_CLUSTERS),
+         limits=(_SM90_TILE_M, *_SM90_CLUSTERS),
          defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}),
     # K-grouped weight gradients on the BF16 grouped kernel (Config::kKGrouped): token-major
     # operands, one K range per expert. No sm_100a row yet (status none there).
     _row("grouped_gemm_wgrad", "sm_90a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", ("ab_dtype", "c_dtype", "d_dtype", "tile_m", "tile_n"),
          rule=SPEC_RULE,
-         limits=(Limit("tile_m", (64, 128), "one 64-row WGMMA consumer warpgroup per 64 rows of "
-                                            "the tile, at most two"),
+         limits=(_SM90_TILE_M,
                  Limit("weight_mode", ("dense",), "both operands are activations (dense, token-major)"),
                  Limit("scheduler", ("static",), "static persistent scheduling only"),
                  Limit("cluster_m", (1,), "K-grouped tiles have one K range per expert: clusters are 1x1"),

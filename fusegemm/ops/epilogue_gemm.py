@@ -26,6 +26,7 @@ from .device import alloc, alloc_outputs
 from .grouped_operands import parse_call, shape_of
 from .launcher import GroupedLauncher
 from .prepared import is_dry
+from .tail import zero_tail
 
 FAMILY = "grouped_gemm"
 # SFD: 1 / the largest value of the quantized output (e5m2: the seed page's 1/57344, or NVIDIA's
@@ -204,15 +205,20 @@ class EpilogueGemm(SpecGemm):
         dev = call.a.device[1]
         w = self.widths(call.n)[0]          # checks N against the pairing
         values, keep = self._inputs(inputs or {}, call, w)
-        out = alloc_outputs(self.epilogue, call.n, call.m, call.l, f"cuda:{dev}")
-        if is_dry():
-            return TupleDict(**out)   # a fake implementation's trace: outputs allocated, no launch
+        if is_dry():   # a fake implementation's trace: outputs allocated, no launch
+            return TupleDict(**alloc_outputs(self.epilogue, call.n, call.m, call.l, f"cuda:{dev}"))
+        # Row outputs uninitialised: the kernel stores every row below the last offset and
+        # zero_tail (before the launch) the rest.
+        out = alloc_outputs(self.epilogue, call.n, call.m, call.l, f"cuda:{dev}", rows_written=True)
         thread_context(self.device)
         ln = self._launcher
         s = shape_of(call)
         stream = resolve_stream(current_stream, self.device)
-        if s.m < self.variant.tile_m:
-            return TupleDict(**out)   # no row tile (an empty A): nothing to map or launch
+        if s.m < self.variant.tile_m:   # no row tile (an empty A): nothing to map or launch
+            for name in self.epilogue.row_buffers():
+                if name in out:
+                    out[name].zero_()
+            return TupleDict(**out)
         grid = ln.grid(s)
         values.update(ln.maps(s, call.a.ptr, call.b.ptr if call.b is not None else 0))
         values.update(ln.scalars(s))
@@ -220,6 +226,8 @@ class EpilogueGemm(SpecGemm):
                        "rcp_max": self.rcp_max})
         values.update(self.epilogue.buffer_params({name: t.data_ptr() for name, t in out.items()}, call.n))
         values.update(ln.workspace(grid, s.discrete, stream, current_stream is not None))
+        zero_tail([out[name] for name in self.epilogue.row_buffers() if name in out], call.offsets.ptr,
+                  call.l, call.m, stream, self.device)
         ln.launch(values, grid, stream)
         del keep
         return TupleDict(**out)

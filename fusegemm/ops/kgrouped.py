@@ -118,7 +118,11 @@ class KGroupedGemm(SpecGemm):
             for nm, v, align in deferred:
                 checks.aligned(v, nm, align)
         kind, index = dy.device
-        out = alloc_outputs(self.epilogue, n, l * m, l, kind if index < 0 else f"{kind}:{index}")
+        # D uninitialised: the kernel stores every tile of every expert (zeros where an expert has
+        # no tokens), so a fill first would only cost time: 3-22% on the H200 (bench/wgrad.py
+        # --fill-ab, bench/results/wgrad_h200.json).
+        out = alloc_outputs(self.epilogue, n, l * m, l, kind if index < 0 else f"{kind}:{index}",
+                            rows_written=not is_dry())
         shaped = {k: (v.view(l, m, n) if k in ("c", "d") else v) for k, v in out.items()}
         if is_dry():
             return TupleDict(**shaped)

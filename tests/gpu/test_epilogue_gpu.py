@@ -581,6 +581,48 @@ def test_swiglu_gemm_stores_the_pre_activations(torch, n, tile_n, c_dtype):
         assert not out[name][valid:].any(), name
 
 
+def _poison(torch, shapes_dtypes):
+    """Free blocks of the caching allocator full of 0xFF bytes (NaN in every float format), one
+    per (shape, dtype): the next allocations of those sizes reuse them. Returns their addresses."""
+    junk = [torch.empty(shape, dtype=dtype, device="cuda") for shape, dtype in shapes_dtypes]
+    for t in junk:
+        t.view(torch.uint8).fill_(255)
+    ptrs = {t.data_ptr() for t in junk}
+    torch.cuda.synchronize()
+    del junk
+    return ptrs
+
+
+def test_row_outputs_are_whole_on_reused_memory(torch):
+    """C and D are allocated uninitialised (fusegemm/ops/tail.py): the kernel stores every row
+    below padded_offsets[-1] and the tail kernel zeroes the rows past it, also when the allocator
+    hands back memory full of NaN bytes (asserted: the outputs land on the poisoned blocks). C and
+    D of 4 and 2 MiB: the allocator's large pool, whose free blocks are reused by size."""
+    from fusegemm import EpilogueGemm
+    g = torch.Generator(device="cpu").manual_seed(9)
+    sizes = [512, 0, 768, 256]
+    offsets = torch.tensor(np.cumsum(sizes), dtype=torch.int32)
+    m, n, k = 2048, 1024, 128                     # 512 rows past the last offset
+    a = (torch.randn(m, k, generator=g) * 0.5).to(torch.bfloat16)
+    b = (torch.randn(len(sizes), n, k, generator=g) * 0.1).to(torch.bfloat16)
+    alpha, prob = torch.rand(len(sizes), generator=g) + 0.5, torch.rand(m, generator=g)
+    op = EpilogueGemm("grouped_gemm_swiglu", d_dtype="bfloat16", generate_c=True, c_dtype="bfloat16").compile()
+    ac, oc, bc = a.cuda(), offsets.cuda(), b.cuda()
+    inputs = {"alpha": alpha.cuda(), "prob": prob.cuda()}
+    op(ac, oc, bc, inputs=inputs)                 # loads everything; its outputs are freed
+    ptrs = _poison(torch, [((m, n), torch.bfloat16), ((m, n // 2), torch.bfloat16)])
+    out = op(ac, oc, bc, inputs=inputs)
+    torch.cuda.synchronize()
+    assert {out["c"].data_ptr(), out["d"].data_ptr()} <= ptrs, "the outputs did not reuse the poisoned blocks"
+    ref = op.reference(a, offsets, b, inputs={"alpha": alpha, "prob": prob})
+    valid = int(offsets[-1])
+    for name in ("c", "d"):
+        got = out[name].float().cpu().numpy()
+        want = np.asarray(ref.out_values[name], dtype=np.float64)[:valid]
+        assert np.all(np.abs(got[:valid] - want) <= 2.0 ** -7 * np.abs(want) + 2.0 ** -14), name
+        assert not got[valid:].any(), f"{name}: rows past the last offset are not zero"
+
+
 @pytest.mark.parametrize("c_pitch", [512, 515])
 @pytest.mark.parametrize("d_dtype", ["bfloat16", "float32"])
 def test_dswiglu_bf16_gemm_end_to_end(torch, d_dtype, c_pitch):

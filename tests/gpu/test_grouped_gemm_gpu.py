@@ -223,6 +223,22 @@ def test_clusters_multicast(cluster, tile, discrete, bias, generate_c):
     verify(pb, c, d, c_dtype, "bfloat16", generate_c, f"cluster {cluster} tile {tile} discrete={discrete}")
 
 
+# Ping-pong (TILE_M 64 on sm_90a: two consumer warpgroups on 64-row tiles in turn, mainloops
+# ordered by named barriers) at short K (1 to 3 k-blocks per tile) on ragged experts, with both
+# schedulers and discrete weights. The order itself is tested by the K-grouped case
+# (tests/gpu/test_wgrad_gpu.py), which failed on the H200 with the order removed; these did not.
+@pytest.mark.parametrize("k,tile,dynamic,discrete", [
+    (64, (64, 128), False, False), (136, (64, 256), True, False), (192, (64, 128), False, True)])
+def test_pingpong_short_k_many_tiles(k, tile, dynamic, discrete):
+    sizes = [2048, 0, 4096, 256, 1792, 0, 3840, 512]
+    pb = make_problem(sizes, 1000, k, discrete=discrete, seed=11)
+    op, c, d = run_class(pb, tile=tile, dynamic=dynamic)
+    from fusegemm.ops.device import device_arch
+    if device_arch(0) == "sm_90a":
+        assert op._launcher.contract.threads == 384, "TILE_M 64: two ping-pong consumer warpgroups"
+    verify(pb, c, d, "bfloat16", "bfloat16", False, f"ping-pong k={k} tile {tile} dynamic={dynamic}")
+
+
 def test_single_expert_no_prob():
     pb = make_problem([512], 256, 128, prob=False, seed=4)
     _, c, d = run_class(pb)

@@ -37,10 +37,17 @@ def _problem(tokens, hidden, seed):
     return x, prob, ends
 
 
-@pytest.mark.parametrize("wgrad", ["torch", "fusegemm"])
-def test_expert_mlp_matches_the_torch_layer_forward_and_backward(wgrad):
-    """Both weight-gradient kernels (torch._grouped_mm, fusegemm's K-grouped family)."""
-    tokens, hidden, inter = [300, 0, 512, 17], 256, 256
+@pytest.mark.parametrize("wgrad,hidden", [("torch", 256), ("fusegemm", 256), ("auto", 256), ("auto", 160)])
+def test_expert_mlp_matches_the_torch_layer_forward_and_backward(wgrad, hidden):
+    """Every weight-gradient choice (torch._grouped_mm, fusegemm's K-grouped family, auto: the
+    K-grouped family where it fits, and torch's for a hidden size that is not whole 128-row
+    tiles of fc2's weight gradient)."""
+    tokens, inter = [300, 0, 512, 17], 256
+    if wgrad == "auto":
+        from fusegemm.generator import registry
+        from fusegemm.ops.device import device_arch
+        fits = moe._kgrouped_fits(torch.empty(256, hidden, device="cuda"), torch.empty(256, inter, device="cuda"))
+        assert fits == (hidden % 128 == 0 and registry.lookup("grouped_gemm_wgrad", device_arch(0)) is not None)
     x, prob, ends = _problem(tokens, hidden, 5)
     layers = {name: moe.ExpertMLP(4, hidden, inter, backend=name, device="cuda", wgrad=wgrad,
                                   generator=torch.Generator().manual_seed(6)) for name in ("fusegemm", "torch")}

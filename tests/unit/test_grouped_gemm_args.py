@@ -253,7 +253,7 @@ SUPPORT_CASES = [
     # registry limits of the sm_90a kernel (declared by the spec, not implemented there)
     ("tile_256x256", dict(mma_tiler_mn=(256, 256)),
      r"^mma_tiler_mn=\(256, 256\): tile_m=256 is not implemented for grouped_gemm on sm_90a; "
-     r"implemented: 64, 128 \(one 64-row WGMMA consumer warpgroup"),
+     r"implemented: 64, 128 \(two WGMMA consumer warpgroups: 128 cooperative"),
     ("cluster_4x1", dict(cluster_shape_mn=(4, 1)),
      r"^cluster_shape_mn=\(4, 1\): cluster_m=4 is not implemented for grouped_gemm on sm_90a; "
      r"implemented: 1, 2 \(clusters up to 2x2 on sm_90a\)"),

@@ -56,9 +56,9 @@ def test_module_arguments():
         moe.ExpertMLP(2, 64, 48)
     with pytest.raises(ValueError, match="backend: got 'cublas'; allowed: torch, fusegemm"):
         moe.ExpertMLP(2, 64, 64, backend="cublas")
-    with pytest.raises(ValueError, match="wgrad: got 'cutlass'; allowed: torch, fusegemm"):
+    with pytest.raises(ValueError, match="wgrad: got 'cutlass'; allowed: auto, torch, fusegemm"):
         moe.ExpertMLP(2, 64, 64, wgrad="cutlass")
-    with pytest.raises(ValueError, match="wgrad: got 'x'; allowed: torch, fusegemm"):
+    with pytest.raises(ValueError, match="wgrad: got 'x'; allowed: auto, torch, fusegemm"):
         moe.ExpertMLPFunction.apply(torch.zeros(256, 64), torch.tensor([256], dtype=torch.int32), torch.zeros(256),
                                     torch.zeros(1, 128, 64), torch.zeros(1, 64, 64), "torch", "bf16", None, "x")
     m = moe.ExpertMLP(2, 64, 64, backend="torch", dtype=torch.float32)

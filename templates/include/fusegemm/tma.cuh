@@ -23,6 +23,7 @@
 //   fence_async_shared()                 order generic smem writes before async-proxy reads
 //   prefetch_tmap(desc)                  warm the descriptor cache
 //   named_barrier_sync(id, threads)      bar.sync on a hardware barrier other than 0
+//   named_barrier_arrive(id, threads)    bar.arrive: count this warp in, without waiting
 //   DeviceTmap: per-CTA tensor-map slots rewritten on the device (discrete weights)
 //
 // Phase convention (CUTLASS's): a consumer waits on `full` with the phase bit of its pass;
@@ -215,6 +216,10 @@ FUSEGEMM_DEVICE void prefetch_tmap(const CUtensorMap* desc) {
 
 FUSEGEMM_DEVICE void named_barrier_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+FUSEGEMM_DEVICE void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ---------------------------------------------------------------------------------------

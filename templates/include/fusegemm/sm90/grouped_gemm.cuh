@@ -1,15 +1,19 @@
 // Persistent, warp-specialized BF16 grouped GEMM for sm_90a (seed 001).
 //
-//   warpgroups 0 .. kConsumerWGs-1 : WGMMA consumers, 64 rows of the tile each, FP32
-//                                    accumulators in registers, then the epilogue
-//   last warpgroup                 : producer; one elected thread schedules tiles and
-//                                    issues the TMA loads of A and B
+//   warpgroups 0 and 1 : WGMMA consumers, FP32 accumulators (64 x TILE_N) in registers, then
+//                        the epilogue. TILE_M 128, cooperative: both on every tile, 64 rows
+//                        each. TILE_M 64, ping-pong: each on whole tiles of its own, taking the
+//                        ring's tiles in turn, so one's epilogue overlaps the other's mainloop
+//                        (CUTLASS's two sm_90 schedules).
+//   last warpgroup     : producer; one elected thread schedules tiles and issues the TMA
+//                        loads of A and B
 //
 // Pipeline: kStages smem stages of (TILE_M x 64) A + (TILE_N x 64) B, SWIZZLE_128B,
-// guarded by full (1 arrival + TMA bytes) and empty (one arrival per consumer warp)
-// mbarriers. Tiles flow from the producer to the consumers through a small ring in smem
-// (kTileRing slots, own full/empty barriers), so static and dynamic scheduling differ only
-// in how the producer picks the next linear tile; the consumers never touch the scheduler.
+// guarded by full (1 arrival + TMA bytes) and empty (one arrival per consumer warp that reads
+// the stage) mbarriers; ping-pong mainloops alternate strictly (kOrderBarrier, below). Tiles
+// flow from the producer to the consumers through a small ring in smem (kTileRing slots, own
+// full/empty barriers), so static and dynamic scheduling differ only in how the producer picks
+// the next linear tile; the consumers never touch the scheduler.
 // The producer runs ahead across tiles, so the next tile's loads overlap this epilogue.
 //
 // K-grouped problems (Config::kKGrouped: a weight gradient dW_e = dY_e^T X_e, the reduction
@@ -24,12 +28,12 @@
 // one cubin for every legal multi-CTA shape); without it, the kernel has no cluster machinery
 // (a 1x1 launch: on the H200, clusters ran no faster). A cluster walks blocks of neighbouring
 // cluster_m x cluster_n tiles; B k-blocks are multicast along cluster M when the block's M tiles
-// belong to one expert,
-// A k-blocks along cluster N. A K-major operand box of a stage is loaded as kSlices slices of its
-// rows, an N-major B as its 64-column chunks; member j of a share group of g CTAs issues the
-// slices (chunks) i with i % g == j, so every CTA loads a part of every stage it shares. A stage's empty barrier counts the consumer warps of every CTA in this
-// CTA's cluster row and column (the CTAs its multicasts reach), each of which releases the stage
-// on all of them.
+// belong to one expert, A k-blocks along cluster N. A K-major operand box of a stage is loaded
+// as kSlices slices of its rows, an N-major B as its 64-column chunks; member j of a share group
+// of g CTAs issues the slices (chunks) i with i % g == j, so every CTA loads a part of every
+// stage it shares. A stage's empty barrier counts one release per consumer warpgroup reading
+// the stage (two cooperative, one ping-pong) in every CTA of this CTA's cluster row and column
+// (the CTAs its multicasts reach), each of which releases the stage on all of them.
 //
 // Epilogue (fusegemm/sm90/epilogue.cuh): each consumer warp owns 16 complete rows of the tile in
 // its WGMMA fragment, so element-wise rules stage 128-byte column chunks in the warp's own padded
@@ -61,6 +65,16 @@
 
 #ifndef FUSEGEMM_SM90_STAGGER
 #define FUSEGEMM_SM90_STAGGER 0
+#endif
+
+// TILE_M 64 as two ping-pong consumer warpgroups (1), or one consumer warpgroup (0: the
+// baseline, an A/B switch through FUSEGEMM_NVRTC_EXTRA). H200, same run
+// (bench/results/pingpong_h200.json): ping-pong 64 x 256 ran 0.97-1.57x the speed of the
+// one-warpgroup 64 x 256 (below 1 on one row of 30); against the cooperative 128 x 256, dSwiGLU
+// (the heaviest epilogue) 1.09-1.17x, the plain and K-grouped GEMMs 0.83-1.06x (the default
+// stays 128).
+#ifndef FUSEGEMM_SM90_PINGPONG
+#define FUSEGEMM_SM90_PINGPONG 1
 #endif
 
 
@@ -107,7 +121,11 @@ struct GroupedGemmKernel {
   static constexpr int kSlices = kClusters ? 2 : 1;
   static_assert(kMcSlices % kSlices == 0, "slices of a box");
 
-  static constexpr int kConsumerWGs = kTileM / 64;
+  // Ping-pong (TILE_M 64, above; FUSEGEMM_SM90_PINGPONG 0 builds the measured baseline instead:
+  // one consumer warpgroup).
+  static constexpr bool kPingPong = FUSEGEMM_SM90_PINGPONG && kTileM == 64;
+  static constexpr int kConsumerWGs = kPingPong ? 2 : kTileM / 64;
+  static constexpr int kStageWGs = kPingPong ? 1 : kConsumerWGs;  // warpgroups reading a stage
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
   static constexpr int kAccum = kTileN / 2;  // FP32 accumulators per consumer thread
@@ -119,7 +137,7 @@ struct GroupedGemmKernel {
   // The epilogue (fusegemm/sm90/epilogue.cuh): fragment path for element-wise rules, else the
   // arch-neutral engine.
   using Engine = epi::BlockEngine<Rule, ElementC, ElementD>;
-  using Epi = WgmmaEpilogue<kTileM, kTileN, Rule, ElementC, ElementD, Engine>;
+  using Epi = WgmmaEpilogue<64 * kConsumerWGs, kTileN, Rule, ElementC, ElementD, Engine>;
   static constexpr int kEpiBytes = Epi::kBytes;
   static constexpr int kTileRing = 4;
   static constexpr int kMiscBytes = 128 /*tensor-map staging*/ + 16 * kTileRing;
@@ -254,9 +272,15 @@ struct GroupedGemmKernel {
     return (kKGrouped ? t.x * p.m_rows : 0) + t.y * kTileM;
   }
 
-  static constexpr int kStagger = kConsumerWGs == 2 ? FUSEGEMM_SM90_STAGGER : 0;
+  static constexpr int kStagger = kConsumerWGs == 2 && !kPingPong ? FUSEGEMM_SM90_STAGGER : 0;
   static_assert(kStagger >= 0 && kStagger <= kStages, "stagger must be within the pipeline");
   static constexpr uint32_t kStaggerBarrier = 3;  // named barrier id (0 is __syncthreads)
+  // Ping-pong order: warpgroup wg starts a mainloop only after the other has issued its previous
+  // tile's (named barrier kOrderBarrier + wg, which the other arrives on after its mainloop). The
+  // mainloops then alternate strictly, which the stage barriers' parity needs: a warpgroup skips
+  // the other's tile without waiting on its stages, so without the order it could wait on a
+  // stage two phases ahead of the barrier and take the phase before for its own.
+  static constexpr uint32_t kOrderBarrier = 4;  // ids 4 and 5 (1 + wg: the engine epilogue)
 
   template <class Params>
   static __device__ void run(const Params& p) {
@@ -448,7 +472,7 @@ struct GroupedGemmKernel {
   // is a warpgroup operation, so one warp's wait proves the whole group has read the stage):
   // warp j of the group arrives on the j-th CTA of the release mask, so the (at most 3)
   // arrivals of a 2x2 cluster go out in parallel. Other kernels release per consumer warp.
-  static constexpr int kReleasesPerCta = kClusters ? kConsumerWGs : kConsumerWarps;
+  static constexpr int kReleasesPerCta = kClusters ? kStageWGs : 4 * kStageWGs;
   static __device__ void release_stage(uint64_t* empty_s, uint16_t mask, uint32_t me, int warp_in_group) {
     if constexpr (kClusters) {
       uint32_t m = mask;
@@ -476,7 +500,7 @@ struct GroupedGemmKernel {
     const int k_blocks_all = kKGrouped ? 0 : k_range(p, 0).y;
     // A: this warpgroup's 64 rows; K-major rows of 128 bytes, or (K-grouped) its own MN-major
     // chunk of 64 token rows x 64 M (8 KB, the same bytes).
-    const uint32_t a_base = smem_u32(smem + kOffA) + wg * 64 * 128;
+    const uint32_t a_base = smem_u32(smem + kOffA) + (kPingPong ? 0 : wg * 64 * 128);
     const uint32_t b_base = smem_u32(smem + kOffB);
     const uint64_t da0 = kAMn ? sw128_mnmajor_desc(a_base) : sw128_kmajor_desc(a_base);
     const uint64_t db0 = kBMn ? sw128_mnmajor_desc(b_base) : sw128_kmajor_desc(b_base);
@@ -490,6 +514,11 @@ struct GroupedGemmKernel {
 
     int stage = 0, slot = 0;
     uint32_t phase = 0, ring_phase = 0;
+    // Ping-pong: the epilogue places warpgroup wg's fragment at rows 64 wg.. of the tile, so
+    // each warpgroup's whole 64-row tile is passed as starting 64 wg rows earlier.
+    const int row_shift = kPingPong ? 64 * wg : 0;
+    bool turn = wg == 0;  // ping-pong: the next ring tile is this warpgroup's
+    bool first_turn = wg == 0;  // warpgroup 0's first mainloop waits for nobody
     float acc[kAccum];
     typename Epi::Partials part;
     part.reset();
@@ -504,7 +533,7 @@ struct GroupedGemmKernel {
     auto stagger_release = [&]() {
       if constexpr (kStagger > 0) {
         if (stagger_pending) {
-          asm volatile("bar.arrive %0, %1;" ::"r"(kStaggerBarrier), "r"(256) : "memory");
+          named_barrier_arrive(kStaggerBarrier, 256);
           stagger_pending = false;
         }
       }
@@ -519,10 +548,22 @@ struct GroupedGemmKernel {
       if (t.w < 0) break;
 
       const int num_k_blocks = kKGrouped ? k_range(p, t.x).y : k_blocks_all;
+      if constexpr (kPingPong) {
+        const bool own = turn;
+        turn = !turn;
+        if (!own) {   // the other warpgroup's tile: skip its stages
+          const int s = stage + num_k_blocks;
+          phase ^= uint32_t(s / kStages) & 1u;
+          stage = s % kStages;
+          continue;
+        }
+        if (!first_turn) named_barrier_sync(kOrderBarrier + wg, 256);   // its mainloop came first
+        first_turn = false;
+      }
       int prev_stage = 0;
       const int prefetch_kb = FUSEGEMM_SM90_EPI_PREFETCH > 0 ? max(num_k_blocks - FUSEGEMM_SM90_EPI_PREFETCH, 0) : -1;
       for (int kb = 0; kb < num_k_blocks; ++kb) {
-        if (kb == prefetch_kb && (!kClusters || t.x >= 0)) Epi::prefetch(p, tile_row0(p, t), t.z * kTileN, warp, lane);
+        if (kb == prefetch_kb && (!kClusters || t.x >= 0)) Epi::prefetch(p, tile_row0(p, t) - row_shift, t.z * kTileN, warp, lane);
         mbar_wait(&full[stage], phase);
         fence_acc(acc);
         cute::warpgroup_arrive();
@@ -544,6 +585,7 @@ struct GroupedGemmKernel {
         if (kb + 1 == kStagger) stagger_release();
       }
       stagger_release();
+      if constexpr (kPingPong) named_barrier_arrive(kOrderBarrier + (wg ^ 1), 256);
       cute::warpgroup_wait<0>();
       fence_acc(acc);
       if (num_k_blocks > 0 && lane == 0) release_stage(&empty[prev_stage], commit_mask, me, warp % 4);
@@ -554,7 +596,7 @@ struct GroupedGemmKernel {
         }
       }
 
-      if (!kClusters || t.x >= 0) Epi::run(p, smem + kOffEpi, t.x, tile_row0(p, t), t.z * kTileN, wg, warp, lane, acc, part);
+      if (!kClusters || t.x >= 0) Epi::run(p, smem + kOffEpi, t.x, tile_row0(p, t) - row_shift, t.z * kTileN, wg, warp, lane, acc, part);
     }
     stagger_release();
     Epi::finish(part, p, warp, lane);

@@ -1,0 +1,180 @@
+"""Benchmark the sm_90a BF16 kernel's two consumer schedules against each other and torch, in the
+same run; prints JSON.
+
+TILE_M 128 is cooperative (both consumer warpgroups on one tile, 64 rows each); TILE_M 64 is
+ping-pong (each warpgroup on 64-row tiles of its own, in turn, so one's epilogue overlaps the
+other's mainloop; fusegemm/sm90/grouped_gemm.cuh). For each op and shape it times:
+
+* ``c128x256`` (every op's default), ``pp64x256`` and ``pp64x128`` (ping-pong);
+* ``1wg64x256``: TILE_M 64 built with one consumer warpgroup (``-DFUSEGEMM_SM90_PINGPONG=0``,
+  what TILE_M 64 was before ping-pong), the baseline the schedule replaces;
+* the peer where there is one: ``torch._grouped_mm`` for the plain and K-grouped GEMMs.
+
+Ops (``--shapes`` names ``op:shape``):
+
+* ``gemm``: seed 001's BF16 grouped GEMM (``GroupedGemm``: alpha and prob applied, BF16 D) on
+  bench/grouped_gemm.py's shapes;
+* ``wgrad``: the K-grouped weight gradient (``KGroupedGemm``) on bench/wgrad.py's shapes;
+* ``dswiglu`` / ``swiglu``: the MoE layer's fused GEMMs (``EpilogueGemm``: fc2's data gradient
+  with dSwiGLU and N-major weights; fc1 with SwiGLU and its pre-activations) at the dsv3 layer
+  (8 experts, hidden 7168, intermediate 2048), a qwen3-like one (32, 2048, 768) and mixtral's
+  (8, 4096, 14336).
+
+Every configuration's output is compared with the default's (``max_abs_diff_vs_default``: the
+GEMM configurations accumulate each element in the same order, so 0 except for dprob's
+atomics), and the K-grouped peer's with the default's (torch._grouped_mm applies no alpha or
+prob to the plain GEMM: not compared). Reported: ms per configuration and each one's
+speed-up over the default (default_ms / ms).
+
+    python bench/pingpong.py [--out bench/results/pingpong_h200.json] [--shapes gemm:dsv3-fc1,...]
+"""
+from __future__ import annotations
+
+import argparse
+
+from _common import SHAPES, add_run_arguments, expert_sizes, interleaved_ms, run
+
+WGRAD = {"dsv3-fc1-w": (8, 16384, 4096, 7168), "dsv3-fc2-w": (8, 16384, 7168, 2048),
+         "dsv3-32-fc1-w": (32, 16384, 4096, 7168), "mixtral-fc1-w": (8, 16384, 28672, 4096),
+         "mixtral-fc2-w": (8, 16384, 4096, 14336)}
+LAYERS = {"dsv3": (8, 16384, 7168, 2048), "qwen3": (32, 16384, 2048, 768),   # experts, tokens, hidden, F
+          "mixtral": (8, 16384, 4096, 14336)}
+ALL = ([f"gemm:{s}" for s in SHAPES] + [f"wgrad:{s}" for s in WGRAD]
+       + [f"{op}:{s}" for op in ("dswiglu", "swiglu") for s in LAYERS])
+CONFIGS = {"c128x256": (128, 256, ""), "pp64x256": (64, 256, ""), "pp64x128": (64, 128, ""),
+           "1wg64x256": (64, 256, "-DFUSEGEMM_SM90_PINGPONG=0")}
+DEFAULT = "c128x256"
+
+
+def _build(make, extra: str):
+    from fusegemm.runtime import config
+    base = config.VARS["FUSEGEMM_NVRTC_EXTRA"].raw() or ""
+    with config.override(FUSEGEMM_NVRTC_EXTRA=(base + " " + extra).strip()):
+        return make()
+
+
+def _offsets(torch, sizes):
+    return torch.tensor([sum(sizes[: i + 1]) for i in range(len(sizes))], dtype=torch.int32, device="cuda")
+
+
+def _gemm(torch, shape, dist):
+    from fusegemm.ops.grouped_gemm import GroupedGemm
+    experts, tokens, n, k = SHAPES[shape]
+    sizes = expert_sizes(experts, tokens, dist)
+    m = sum(sizes)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = (torch.randn((m, k, 1), generator=g, device="cuda") * 0.5).bfloat16()
+    b = (torch.randn((experts, n, k), generator=g, device="cuda") * 0.5).bfloat16()
+    off = _offsets(torch, sizes)
+    alpha = torch.rand((experts,), generator=g, device="cuda") + 0.5
+    prob = torch.rand((m, 1, 1), generator=g, device="cuda")
+    b_view = b.permute(1, 2, 0)
+
+    def config(tm, tn, extra):
+        d = torch.empty((m, n, 1), dtype=torch.bfloat16, device="cuda")
+        op = _build(lambda: GroupedGemm(a, None, d, off, alpha, b_view, None, prob, mma_tiler_mn=(tm, tn)).compile(),
+                    extra)
+
+        def call():
+            op.execute(a, None, d, off, alpha, b_view, None, prob)
+            return d
+        return call
+    methods = {key: config(*c) for key, c in CONFIGS.items()}
+    bt, a2 = b.transpose(-2, -1), a[..., 0]
+    methods["torch_grouped_mm"] = lambda: torch._grouped_mm(a2, bt, offs=off)
+    # torch._grouped_mm applies neither alpha nor prob: its output is not compared.
+    return methods, {"torch_grouped_mm": None}, 2.0 * m * n * k, {"experts": experts, "rows": m, "n": n, "k": k}
+
+
+def _wgrad(torch, shape, dist):
+    from fusegemm import KGroupedGemm
+    experts, tokens, mm, n = WGRAD[shape]
+    sizes = expert_sizes(experts, tokens, dist)
+    t = sum(sizes)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dy = torch.randn(t, mm, generator=g, device="cuda").bfloat16()
+    x = torch.randn(t, n, generator=g, device="cuda").bfloat16()
+    off = _offsets(torch, sizes)
+
+    def config(tm, tn, extra):
+        op = _build(lambda: KGroupedGemm("grouped_gemm_wgrad", tile_m=tm, tile_n=tn).compile(), extra)
+        return lambda: op(dy, x, off)["d"]
+    methods = {key: config(*c) for key, c in CONFIGS.items()}
+    methods["torch_grouped_mm"] = lambda: torch._grouped_mm(dy.t(), x, offs=off)
+    return methods, {}, 2.0 * t * mm * n, {"experts": experts, "tokens": t, "m": mm, "n": n}
+
+
+def _fused(torch, op_name, shape, dist):
+    from fusegemm import EpilogueGemm
+    experts, tokens, hidden, f = LAYERS[shape]
+    sizes = expert_sizes(experts, tokens, dist)
+    m = sum(sizes)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    off = _offsets(torch, sizes)
+    prob = torch.rand(m, generator=gen, device="cuda")
+    one = torch.ones(experts, device="cuda")
+    if op_name == "dswiglu":   # fc2's data gradient: dy (M, H) @ w2 (L, H, F) read N-major
+        a = (torch.randn(m, hidden, generator=gen, device="cuda") * 0.5).bfloat16()
+        b = (torch.randn(experts, hidden, f, generator=gen, device="cuda") * 0.05).bfloat16().transpose(1, 2)
+        c = torch.randn(m, 2 * f, generator=gen, device="cuda").bfloat16()
+        spec, axes, inputs, n, k = ("grouped_gemm_dswiglu_bf16", {"b_major": "n"},
+                                    {"alpha": one, "prob": prob, "c": c}, f, hidden)
+    else:                      # fc1: x (M, H) @ w1 (L, 2F, H), SwiGLU, with the pre-activations
+        a = (torch.randn(m, hidden, generator=gen, device="cuda") * 0.5).bfloat16()
+        b = (torch.randn(experts, 2 * f, hidden, generator=gen, device="cuda") * 0.05).bfloat16()
+        spec, axes, inputs, n, k = ("grouped_gemm_swiglu", {"d_dtype": "bfloat16", "generate_c": True,
+                                                            "c_dtype": "bfloat16"},
+                                    {"alpha": one, "prob": prob}, 2 * f, hidden)
+
+    def config(tm, tn, extra):
+        op = _build(lambda: EpilogueGemm(spec, tile_m=tm, tile_n=tn, **axes).compile(), extra)
+        return lambda: op(a, off, b, inputs=inputs)["d"]
+    methods = {key: config(*c) for key, c in CONFIGS.items()}
+    return methods, {}, 2.0 * m * n * k, {"experts": experts, "rows": m, "n": n, "k": k}
+
+
+def bench_shape(name: str, dist: str, args) -> dict:
+    import torch
+    op, shape = name.split(":")
+    if op == "gemm":
+        methods, skip, flops, facts = _gemm(torch, shape, dist)
+    elif op == "wgrad":
+        methods, skip, flops, facts = _wgrad(torch, shape, dist)
+    else:
+        methods, skip, flops, facts = _fused(torch, op, shape, dist)
+    row = {"op": op, "shape": shape, "dist": dist, **facts}
+    ref = methods[DEFAULT]().float().clone()
+    row["max_abs_diff_vs_default"] = {
+        key: float((fn().float() - ref).abs().max()) for key, fn in methods.items()
+        if key != DEFAULT and key not in skip}
+    del ref
+    ms = interleaved_ms(methods, args)
+    row["ms"] = ms
+    row["tflops"] = {key: flops / v / 1e9 for key, v in ms.items()}
+    row["speedup_vs_default"] = {key: ms[DEFAULT] / v for key, v in ms.items() if key != DEFAULT}
+    best = min((k for k in ms if k in CONFIGS), key=ms.get)
+    row["best_config"] = best
+    if "torch_grouped_mm" in ms:
+        row["best_vs_torch"] = ms["torch_grouped_mm"] / ms[best]
+        row["default_vs_torch"] = ms["torch_grouped_mm"] / ms[DEFAULT]
+    methods.clear()
+    torch.cuda.empty_cache()
+    return row
+
+
+def _summary(r: dict) -> str:
+    s = "  ".join(f"{k} {v:.3f}" for k, v in r["ms"].items())
+    return f"{s}  best {r['best_config']}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add_run_arguments(ap, ",".join(ALL))
+    args = ap.parse_args(argv)
+    header = {"benchmark": "sm_90a consumer schedules: cooperative 128-row tiles vs ping-pong 64-row tiles",
+              "default": DEFAULT, "configs": {k: {"tile": v[:2], "nvrtc_extra": v[2]} for k, v in CONFIGS.items()}}
+    return run(args, bench_shape, _summary, header, shapes=ALL)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""Zeros past the last padded offset, written on the device.
+
+A grouped GEMM stores every row of its row-major outputs (C, D, D_col) below
+``valid_m = min(padded_offsets[-1], m_rows)`` and none at or past it, where the ops promise zeros.
+The host cannot size that tail without reading the offsets back (a sync, and impossible while a
+CUDA graph captures), so the ops used to fill whole outputs before the launch; on the H200 that
+fill cost 3-22% of the K-grouped weight gradients' time (``bench/wgrad.py --fill-ab``) and 5-12%
+of the MoE layer's step (``bench/moe_mlp.py --fill-ab``). Now the outputs are allocated uninitialised
+(``alloc_outputs(..., rows_written=True)``) and :func:`zero_tail` launches one small kernel
+(``templates/include/fusegemm/zero_tail.cuh``) that reads the last offset on the device and zeroes
+only the tail rows of up to four buffers.
+
+The kernel is compiled with NVRTC on first use (about 0.1 s, no CUTLASS headers) and kept for the
+process. Where NVRTC is unavailable (a process running from a kernel bundle only) or a row is not
+a multiple of 16 bytes, the buffer is zeroed whole instead, as before.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+from typing import Any, Iterable
+
+__all__ = ["zero_tail"]
+
+_LOG = logging.getLogger("fusegemm")
+_SOURCE = '#include "fusegemm/zero_tail.cuh"\n'
+_KERNEL = "fusegemm_zero_tail"
+_MAX_BUFFERS = 4           # ZeroTailParams::kMaxBuffers
+_THREADS = 256             # the kernel's __launch_bounds__
+_MAX_BLOCKS = 1024         # grid-stride: enough to keep HBM busy on a full-buffer tail
+# ZeroTailParams: base[4], row_bytes[4], offsets, num_experts, m_rows (80 bytes, 8-aligned).
+_PARAMS = struct.Struct("<4Q4qQii")
+
+_lock = threading.Lock()
+_cubins: dict[str, Any] = {}       # arch -> Cubin, or the exception its compile raised
+_local = threading.local()
+
+
+def _kernel(device: int) -> Any:
+    """The loaded kernel for ``device``, or None where it cannot be compiled (logged once)."""
+    from ..runtime.load import default_modules
+    from .device import device_arch
+    arch = device_arch(device)
+    with _lock:
+        if arch not in _cubins:
+            try:
+                from ..runtime.compile import compile_source
+                _cubins[arch] = compile_source(_SOURCE, arch=arch, kernel=_KERNEL, name="zero_tail.cu")
+            except Exception as exc:   # no NVRTC (bundle-only processes) or no headers
+                _LOG.info("fusegemm: the tail-zeroing kernel is unavailable (%s: %s); outputs are "
+                          "zero-filled whole", type(exc).__name__, str(exc)[:200])
+                _cubins[arch] = exc
+    cub = _cubins[arch]
+    if isinstance(cub, Exception):
+        return None
+    return default_modules().get(cub.data, _KERNEL, key=f"zero_tail.{arch}", smem_bytes=0, device=device)
+
+
+def zero_tail(buffers: Iterable[Any], offsets_ptr: int, experts: int, m_rows: int, stream: int,
+              device: int) -> None:
+    """Zero rows ``[min(padded_offsets[-1], m_rows), m_rows)`` of each of ``buffers`` (contiguous
+    torch tensors of ``m_rows`` rows) on ``stream``. Call it before the op's launch: a buffer
+    the kernel cannot serve is zeroed whole instead.
+
+    Parameters
+    ----------
+    buffers : iterable of tensors
+        Contiguous, ``m_rows`` rows each (C, D, D_col of an op's outputs).
+    offsets_ptr : int
+        Device address of padded_offsets (int32, ``experts`` values).
+    experts : int
+        L.
+    m_rows : int
+        Rows of every buffer.
+    stream : int
+        Raw CUstream handle.
+    device : int
+        CUDA ordinal.
+    """
+    from ..runtime.launch import LaunchConfig, ParamBuffer, launch
+    bufs = [b for b in buffers if b.numel()]
+    if not bufs or m_rows == 0:
+        return
+    direct, whole = [], []
+    for b in bufs:
+        rb = b.numel() * b.element_size() // m_rows
+        ok = rb % 16 == 0 and b.data_ptr() % 16 == 0 and b.is_contiguous()
+        (direct if ok else whole).append((b, rb))
+    kernel = _kernel(device) if direct else None
+    if kernel is None:
+        whole += direct
+        direct = []
+    for b, _ in whole:
+        b.zero_()   # torch's fill on torch's current stream, before the op's launch (as before)
+    params = getattr(_local, "params", None)
+    if params is None:
+        params = _local.params = ParamBuffer(_PARAMS.size)
+    for i in range(0, len(direct), _MAX_BUFFERS):
+        group = direct[i:i + _MAX_BUFFERS]
+        base = [b.data_ptr() for b, _ in group] + [0] * (_MAX_BUFFERS - len(group))
+        row_bytes = [rb for _, rb in group] + [0] * (_MAX_BUFFERS - len(group))
+        params.fill(_PARAMS.pack(*base, *row_bytes, offsets_ptr, experts, m_rows))
+        blocks = min(_MAX_BLOCKS, max(1, -(-max(row_bytes) * m_rows // (16 * _THREADS))))
+        launch(kernel, LaunchConfig(grid=(blocks, len(group), 1), block=(_THREADS, 1, 1)), params, stream)
