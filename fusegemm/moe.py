@@ -281,13 +281,16 @@ WGRAD_KERNELS = ("auto", "torch", "fusegemm")
 
 
 def _kgrouped_fits(dy: Tensor, x: Tensor) -> bool:
-    """Whether KGroupedGemm runs this weight gradient: the device's arch has the family (the
-    registry: sm_90a today) and dy's columns are whole tiles of its kernel (x's rows of 16 bytes,
-    token rows in 256s: the layer's own requirements)."""
+    """Whether KGroupedGemm runs this weight gradient: the device's arch has the family and its
+    kernel has run on that arch in the project's tests (the registry: sm_90a today; an arch
+    without that keeps torch's kernel rather than a first-run verification), and dy's columns
+    are whole tiles of its kernel (x's rows of 16 bytes, token rows in 256s: the layer's own
+    requirements)."""
     from .generator import registry
     from .ops.device import device_arch
     index = dy.device.index if dy.device.index is not None else torch.cuda.current_device()
-    if registry.lookup("grouped_gemm_wgrad", device_arch(index)) is None:
+    arch = device_arch(index)
+    if registry.lookup("grouped_gemm_wgrad", arch) is None or not registry.executed("grouped_gemm_wgrad", arch):
         return False
     tile_m = _kgrouped(dy.device).variant.tile_m
     return dy.shape[1] % tile_m == 0 and x.shape[1] % 8 == 0 and dy.shape[0] % 256 == 0

@@ -192,7 +192,7 @@ ROWS: tuple[Implementation, ...] = (
          limits=(_SM90_TILE_M, *_SM90_CLUSTERS),
          defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}),
     # K-grouped weight gradients on the BF16 grouped kernel (Config::kKGrouped): token-major
-    # operands, one K range per expert. No sm_100a row yet (status none there).
+    # operands, one K range per expert.
     _row("grouped_gemm_wgrad", "sm_90a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", ("ab_dtype", "c_dtype", "d_dtype", "tile_m", "tile_n"),
          rule=SPEC_RULE,
@@ -202,6 +202,18 @@ ROWS: tuple[Implementation, ...] = (
                  Limit("cluster_m", (1,), "K-grouped tiles have one K range per expert: clusters are 1x1"),
                  Limit("cluster_n", (1,), "K-grouped tiles have one K range per expert: clusters are 1x1")),
          defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}),
+    # sm_100a: the tcgen05 kernel with per-tile K ranges (Config::kKGrouped), compiled and
+    # statically checked only: no Blackwell GPU has run it (executed=False: its first launch
+    # runs the family's selftest cases on the device, fusegemm/verify.py).
+    _row("grouped_gemm_wgrad", "sm_100a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
+         "GroupedGemmKernel", ("ab_dtype", "c_dtype", "d_dtype", "tile_n"),
+         rule=SPEC_RULE,
+         limits=(Limit("tile_m", (128,), "1-CTA tiles of 128 rows (two 64-row M-major A atoms)"),
+                 Limit("weight_mode", ("dense",), "both operands are activations (dense, token-major)"),
+                 Limit("scheduler", ("static",), "static persistent scheduling only"),
+                 Limit("cluster_m", (1,), "K-grouped tiles have one K range per expert: clusters are 1x1"),
+                 Limit("cluster_n", (1,), "K-grouped tiles have one K range per expert: clusters are 1x1")),
+         defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}, executed=False),
     _row("gemm_amax", "sm_100a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
          "BlockScaledGemmKernel", _BLOCKSCALED + ("discrete_col_sfd",), rule=SPEC_RULE),
     *(_row(family, "sm_100a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",

@@ -50,7 +50,8 @@ def _token_major(x: Any, name: str, t: int | None) -> Any:
 
 
 class KGroupedGemm(SpecGemm):
-    """Compiled K-grouped BF16 GEMM with a spec's epilogue, for one variant (sm_90a).
+    """Compiled K-grouped BF16 GEMM with a spec's epilogue, for one variant (sm_90a; sm_100a
+    compiled and statically checked, behind the first-run verification).
 
     Parameters
     ----------

@@ -47,7 +47,9 @@ def test_expert_mlp_matches_the_torch_layer_forward_and_backward(wgrad, hidden):
         from fusegemm.generator import registry
         from fusegemm.ops.device import device_arch
         fits = moe._kgrouped_fits(torch.empty(256, hidden, device="cuda"), torch.empty(256, inter, device="cuda"))
-        assert fits == (hidden % 128 == 0 and registry.lookup("grouped_gemm_wgrad", device_arch(0)) is not None)
+        arch = device_arch(0)
+        has = registry.lookup("grouped_gemm_wgrad", arch) is not None and registry.executed("grouped_gemm_wgrad", arch)
+        assert fits == (hidden % 128 == 0 and has)
     x, prob, ends = _problem(tokens, hidden, 5)
     layers = {name: moe.ExpertMLP(4, hidden, inter, backend=name, device="cuda", wgrad=wgrad,
                                   generator=torch.Generator().manual_seed(6)) for name in ("fusegemm", "torch")}

@@ -70,6 +70,7 @@ _AXIS_SF = {"ue8m0": "float8_e8m0fnu", "ue4m3": "float8_e4m3fn"}
 
 # How a V reaches a real template (``V.route``):
 ROUTE_BF16 = "grouped_gemm"                # make_variant("grouped_gemm"): the op's kernel
+ROUTE_KGROUPED = "grouped_gemm_wgrad"      # make_variant("grouped_gemm_wgrad"): the K-grouped kernel
 ROUTE_BATCHED = "gemm_amax"                # make_variant("gemm_amax"): the op's kernel
 ROUTE_BATCHED_DIRECT = "gemm_amax:direct"  # Variant(...) of the gemm_amax spec: the spec's
 #   choices/constraints exclude the point (scheduler dynamic, which gemm_amax does not offer;
@@ -112,6 +113,7 @@ class V:
     c_major_m: bool = False
     a_mn: bool = False  # block-scaled FP8: M-major A
     b_mn: bool = False  # N-major B (block-scaled FP8, BF16)
+    kgrouped: bool = False  # BF16 K-grouped (weight gradients): M-major A, N-major B, per-tile K
     fault: int = 0  # fusegemm::sm100 kFault* (tests only)
 
     @property
@@ -130,6 +132,8 @@ class V:
             if self.c_major_m:
                 parts.append("cmajm")
             parts += [x for x, on in (("amn", self.a_mn), ("bnn", self.b_mn)) if on]
+        elif self.kgrouped:
+            parts.append("kgrouped")
         elif self.b_mn:
             parts.append("bnn")
         parts.append(f"t{self.tile_m}x{self.tile_n}")
@@ -152,6 +156,9 @@ class V:
                   "scheduler": "dynamic" if self.dynamic else "static",
                   "weight_mode": "discrete" if self.discrete else "dense",
                   "tile_m": self.tile_m, "tile_n": self.tile_n, "cluster_m": self.cta_group, "cluster_n": 1}
+        if self.kgrouped:   # the wgrad spec's axes: both majors and the C dtype follow from the problem
+            return {"ab_dtype": _AXIS_DTYPE[self.ab], "d_dtype": _AXIS_DTYPE[self.d], "tile_m": self.tile_m,
+                    "tile_n": self.tile_n, "cluster_m": 1, "cluster_n": 1}
         if self.family == "bf16":
             return {**common, "d_dtype": _AXIS_DTYPE[self.d], "bias_dtype": _AXIS_DTYPE[self.bias],
                     "generate_c": self.generate_c, "b_major": "n" if self.b_mn else "k"}
@@ -176,7 +183,8 @@ class V:
             # a column input read in the bias's dtype, an output c only with generate_c.
             lines += [f"using ElementC = {OUT[self.c]};", f"using ElementD = {OUT[self.d]};",
                       f"static constexpr bool kHasC = {_b(self.generate_c)};",
-                      f"static constexpr bool kBMajorMN = {_b(self.b_mn)};"]
+                      f"static constexpr bool kBMajorMN = {_b(self.b_mn)};",
+                      f"static constexpr bool kKGrouped = {_b(self.kgrouped)};"]
             if self.bias != "none":
                 lines.append(f"e.bias = fusegemm::epi::ldf<{OUT[self.bias]}>(col_base_, col);")
         else:
@@ -207,7 +215,7 @@ class V:
     def expected_multicast_dims(self) -> set[str]:
         """TMA dimensionalities that must appear in multicast form: A, B (and the 4-D SF maps)."""
         a = "3D" if self.family == "bs" and self.batched else "2D"
-        b = "2D" if self.discrete else "3D"
+        b = "2D" if self.discrete or self.kgrouped else "3D"   # K-grouped: X (N, tokens), 2-D
         return {a, b} | ({"4D"} if self.family == "bs" else set())
 
     def expected_mma(self) -> str:
@@ -220,6 +228,8 @@ class V:
 def _variant_of(v: V) -> tuple[str, Variant]:
     """(route, Variant) of ``v`` (fault 0); the routes are described at ROUTE_*."""
     axes = v.axes()
+    if v.kgrouped:
+        return ROUTE_KGROUPED, make_variant("grouped_gemm_wgrad", arch="sm_100a", **axes)
     if v.family == "bf16":
         return ROUTE_BF16, make_variant("grouped_gemm", arch="sm_100a", **axes)
     if v.batched:

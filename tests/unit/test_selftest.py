@@ -59,6 +59,22 @@ def test_failure_exits_one(monkeypatch):
     assert "0 passed, 2 failed" in r.output and "RuntimeError: device fault" in r.output
 
 
+def test_a_case_the_arch_does_not_implement_is_not_available(monkeypatch):
+    """A case runner raising CaseNotAvailable (the K-grouped tile-64 case on sm_100a, whose kernel
+    has 128-row tiles only) gives a "not available" row with the reason: not a failure."""
+    monkeypatch.setattr(st, "detect_arch", lambda: ("sm_90a", "fake H200"))
+
+    def runner(case, device):
+        if case:
+            raise st.CaseNotAvailable("tile_m=64 is not implemented")
+        return 1e-3, True, "fine"
+    _only(monkeypatch, "grouped_gemm_wgrad", [("tile 128", {}), ("tile 64", {"x": 1})], runner)
+    rows = st.run_family("grouped_gemm_wgrad")
+    assert [r.status for r in rows] == ["pass", "not available"] and rows[1].detail == "tile_m=64 is not implemented"
+    r = CliRunner().invoke(main, ["selftest"])
+    assert r.exit_code == 0 and re.search(r"\b0 failed, 1 not available", r.output), r.output
+
+
 def test_grouped_gemm_cases_logic_on_cpu(monkeypatch):
     """The selftest's problem -> tensors -> compare path, with the reference standing in for
     the GPU op (so a broken conversion or tolerance is caught without a GPU)."""

@@ -35,15 +35,15 @@ import pytest
 from fusegemm.generator.variants import make_variant
 from fusegemm.runtime.compile import BASE_OPTIONS, headers
 
-from _sm100 import (CLUSTERS, MC_FIELDS, ROUTE_BATCHED, ROUTE_BATCHED_DIRECT, ROUTE_BF16, ROUTE_SRELU,
-                    ROUTE_GROUPED_DIRECT, V, _simulate, _skip_without_toolchain, build, mc_problems,
+from _sm100 import (CLUSTERS, MC_FIELDS, ROUTE_BATCHED, ROUTE_BATCHED_DIRECT, ROUTE_BF16, ROUTE_KGROUPED,
+                    ROUTE_SRELU, ROUTE_GROUPED_DIRECT, V, _simulate, _skip_without_toolchain, build, mc_problems,
                     mc_rows, config_problems, plant_fault, static_problems,
                     translation_unit)
 
 # ---------------------------------------------------------------------------------------------
 # The variants. Unmarked ones cover every family once (CI-sized); the rest are marked slow.
 # Route to the real template (_sm100.ROUTE_*, pinned by test_variants_render_through_the_registry):
-# "bf16" -> make_variant("grouped_gemm"); batched "bs" -> make_variant("gemm_amax"), or a Variant
+# "bf16" -> make_variant("grouped_gemm") (K-grouped: "grouped_gemm_wgrad"); batched "bs" -> make_variant("gemm_amax"), or a Variant
 # of gemm_amax built directly where its spec excludes the point ("direct" below); grouped "bs"
 # -> the grouped_gemm_srelu kernel (FP32 C, "srelu") or gemm_amax's spec with problem grouped
 # ("grouped"), since no seed spec declares a grouped block-scaled kernel with a chosen C dtype.
@@ -58,6 +58,7 @@ CORE = [
     V("bs", 256, 256, ab="e2m1", sf="ue4m3", vec=16, discrete=True, dynamic=True),  # NVFP4 2-CTA; grouped
     V("bs", 64, 128, ab="e2m1", sf="ue8m0", vec=32, c="bf16"),             # MXFP4, M=64 over padded M=128; grouped
     V("bf16", 256, 256, b_mn=True),                                        # N-major B: 2 atoms per CTA of the pair
+    V("bf16", 128, 256, b_mn=True, kgrouped=True, c="f32"),               # K-grouped: M-major A, per-tile K
 ]
 EXTENDED = [
     V("bs", 128, 128, ab="e2m1", sf="ue4m3", vec=16, c="e4m3", batched=True),  # FP8 C from NVFP4
@@ -81,6 +82,7 @@ EXTENDED = [
     V("bs", 256, 256, ab="e5m2", c="f32", b_mn=True, discrete=True, dynamic=True),  # grouped (srelu: no scheduler)
     V("bs", 64, 256, ab="e4m3", c="f16", a_mn=True),                       # M-major A: a whole 128-row atom; grouped
     V("bs", 128, 128, ab="e4m3", c="f32", batched=True, a_mn=True, dynamic=True, c_major_m=True),  # direct (dynamic)
+    V("bf16", 128, 128, b_mn=True, kgrouped=True, c="f32", d="f32"),      # K-grouped, N-major B: 2 atoms
 ]
 # The fault tests' variants (below): the real template plus one planted kFaultInjection line.
 FAULTY = [V("bf16", 128, 256, fault=1), V("bs", 128, 256, ab="e4m3", c="f32", batched=True, fault=1),
@@ -99,7 +101,9 @@ def test_variants_render_through_the_registry():
               "bs.e4m3.ue8m0.v32.grouped.cf32.t128x256.fault3": ROUTE_SRELU}
     assert set(direct) <= {v.label for v in CORE + EXTENDED + FAULTY}
     for v in CORE + EXTENDED + FAULTY:
-        if v.family == "bf16":
+        if v.kgrouped:
+            want = ROUTE_KGROUPED
+        elif v.family == "bf16":
             want = ROUTE_BF16
         elif v.batched:
             want = direct.get(v.label, ROUTE_BATCHED)
@@ -110,7 +114,8 @@ def test_variants_render_through_the_registry():
         assert text.count(f"{symbol}_contract[") == 1 and text.count(f"\n{symbol}(") == 1, v.label
         assert text.count("kFaultInjection") == (1 if v.fault else 0), v.label
         impl = v.variant().spec.kernel
-        assert impl == {ROUTE_BF16: "grouped_gemm", ROUTE_SRELU: "grouped_gemm_srelu"}.get(v.route, "gemm_amax")
+        assert impl == {ROUTE_BF16: "grouped_gemm", ROUTE_SRELU: "grouped_gemm_srelu",
+                        ROUTE_KGROUPED: "grouped_gemm_wgrad"}.get(v.route, "gemm_amax")
     # The Config comparison and the fault planting can fail: another V's unit, a unit with no or
     # two Config anchors.
     text = translation_unit(CORE[5])[1]

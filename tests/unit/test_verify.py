@@ -90,6 +90,19 @@ def test_no_cases_is_not_a_pass(gate):
         verify.ensure_verified("gemm_amax", "sm_100a", 0)
 
 
+def test_cases_the_arch_does_not_implement_are_neither_run_nor_failures(gate):
+    """A selftest case whose tile the arch's kernel does not implement comes back "not
+    available" (fusegemm.selftest.CaseNotAvailable): the gate passes on the other cases, and
+    refuses when none passed."""
+    runs, state = gate
+    state["rows"] = [Row("grouped_gemm_wgrad", "tile 128x256", "pass", 1e-3),
+                     Row("grouped_gemm_wgrad", "tile 64x128", "not available", detail="tile_m=64 is not implemented")]
+    verify.ensure_verified("grouped_gemm_wgrad", "sm_100a", 0)
+    state["rows"] = [state["rows"][1]]
+    with pytest.raises(UnverifiedError, match=r"0 of 1 selftest cases failed\n  tile 64x128: not available tile_m=64"):
+        verify.ensure_verified("grouped_gemm", "sm_100a", 0)
+
+
 def test_trust_unverified_skips(gate):
     runs, _ = gate
     with config.override(FUSEGEMM_TRUST_UNVERIFIED="1"):

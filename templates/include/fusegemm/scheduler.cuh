@@ -115,6 +115,18 @@ struct BatchedScheduler {
   }
 };
 
+// K-grouped problems (weight gradients dW_e = dY_e^T X_e, shared by the sm_90a and sm_100a
+// kernels): the K range of expert e is its token rows [offsets[e-1], offsets[e]), clamped to the
+// k rows the operands were allocated with (offsets live on the device and are unchecked: wrong
+// ones give wrong results, never an out-of-bounds load). Returns (first row, k-blocks of
+// kBlockK rows); an expert without tokens has none (its tiles store alpha * 0).
+template <int kBlockK>
+FUSEGEMM_DEVICE int2 kgrouped_k_range(const int* offsets, int expert, int k) {
+  const int begin = min(expert == 0 ? 0 : __ldg(offsets + expert - 1), k);
+  const int end = min(__ldg(offsets + expert), k);
+  return make_int2(begin, end > begin ? (end - begin) / kBlockK : 0);
+}
+
 // Static persistent walk: first tile of this CTA, then stride by the grid.
 struct StaticWalk {
   int next;

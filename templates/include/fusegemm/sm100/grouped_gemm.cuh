@@ -19,6 +19,14 @@
 // after another, each loaded as kMcSlices K slices; descriptors as umma.cuh "MN-major" (the
 // block-scaled kernel's FP8 layout with 2-byte elements: LBO = 64 K rows x 128 B between atoms,
 // SBO = 1 KB, K advance 16 rows x 128 B per instruction) and the instruction's b_major bit.
+// K-grouped problems (Config::kKGrouped: the weight gradient dW_e = dY_e^T X_e over each expert's
+// token rows, specs/grouped_gemm_wgrad.yaml; the sm_90a kernel's problem): tiles are (expert, M
+// block, N block) of the (L, M, N) output (BatchedClusterScheduler), a tile's K range is its
+// expert's token rows (scheduler.cuh kgrouped_k_range: per-tile k-blocks in the frame's producer
+// and MMA loops), and both operands are token-major, so both are MN-major: A (dY, tokens x M) in
+// 64-element M atoms like the N-major B above, with the instruction's a_major bit; their maps
+// are 2-D (M or N, tokens). 1-CTA tiles of 128 rows, clusters 1x1 (the registry's limits). An
+// expert without tokens gets no MMA and its tiles store alpha * 0 (the frame's k == 0 path).
 // Barrier and fence protocol: fusegemm/sm100/pipeline.cuh header, sm100-protocol.md §1/§4.
 #pragma once
 
@@ -46,12 +54,17 @@ struct GroupedGemmKernel {
   static constexpr int kRowsB = kTileN / kCtaGroup;        // B rows per CTA (N split over the pair)
   static constexpr int kStageBytesA = kRowsA * kBlockK * 2;
   static constexpr int kStageBytesB = kRowsB * kBlockK * 2;
+  static constexpr bool kKGrouped = Config::kKGrouped;
+  static constexpr bool kAMn = kKGrouped;                  // dY: tokens x M, M contiguous
   static constexpr bool kBMn = Config::kBMajorMN;
+  static_assert(!kKGrouped || (kBMn && kTileM == 128 && !Config::kDiscreteB && !Config::kDynamicSched),
+                "K-grouped: token-major B (b_major n), 1-CTA tiles of 128 rows, dense, static scheduling");
   static constexpr int kBSwizzle = 128;                    // N-major atom: 64 bf16 columns
   static constexpr int kBMnAtomCols = kBSwizzle / 2;
   static constexpr int kBMnAtoms = kRowsB / kBMnAtomCols;  // 1 (2-CTA tile N 128), 2 or 4
   static constexpr int kSliceK = kBlockK / kMcSlices;      // N-major: K rows per slice
   static_assert(!kBMn || kRowsB % kBMnAtomCols == 0, "N-major B: whole 64-column atoms per CTA");
+  static constexpr int kAMnAtoms = kRowsA / kBMnAtomCols;  // M-major A: 64-row atoms (K-grouped)
   static constexpr int kAccStages = 2 * kTileN <= kTmemColumns ? 2 : 1;
   static constexpr int kAccCols = kAccStages * kTileN;
   static constexpr int kTmemCols = tmem_alloc_columns(kAccCols);
@@ -67,7 +80,8 @@ struct GroupedGemmKernel {
   using Frame = KernelFrame<kCtaGroup, Config::kDynamicSched, kStageBytesA, kStageBytesB, 0,
                             kAccStages, kTileN, kTmemCols, kStagingBytes * kNumEpiWarps,
                             Config::kDiscreteB ? 1 : 0, kStageBytesA + kStageBytesB, kFault>;
-  using Scheduler = GroupedClusterScheduler<kTileM, kTileN, kCtaGroup>;
+  using Scheduler = fusegemm::conditional_t<kKGrouped, BatchedClusterScheduler<kTileM, kTileN, kCtaGroup>,
+                                            GroupedClusterScheduler<kTileM, kTileN, kCtaGroup>>;
   static constexpr int kStages = Frame::kStages;
   static constexpr int kThreads = Frame::kThreads;
   static constexpr int kSmemBytes = Frame::kSmemBytes;
@@ -85,8 +99,8 @@ struct GroupedGemmKernel {
   static constexpr int kMinClusterM = kCtaGroup, kMinClusterN = 1, kCtasPerTile = kCtaGroup;
   static constexpr int kMaxClusterCtas = fusegemm::kMaxClusterCtas;
   static constexpr int kMAligned = fusegemm::kMAligned;
-  // N-major B: boxes of (64 N, kSliceK K), per atom and slice.
-  static constexpr int kBoxAInner = kBoxK, kBoxAOuter = kBoxRowsA;
+  // N-major B (and K-grouped A): boxes of (64 N (M), kSliceK K), per atom and slice.
+  static constexpr int kBoxAInner = kAMn ? kBMnAtomCols : kBoxK, kBoxAOuter = kAMn ? kSliceK : kBoxRowsA;
   static constexpr int kBoxBInner = kBMn ? kBMnAtomCols : kBoxK, kBoxBOuter = kBMn ? kSliceK : kBoxRowsB;
   static constexpr int kSwizzleA = 128, kSwizzleB = 128;
   static constexpr int kTmaDtypeA = TmaDtype<ElementA>::value, kTmaDtypeB = TmaDtype<ElementB>::value;
@@ -97,11 +111,15 @@ struct GroupedGemmKernel {
   // ---- static protocol checks (sm100-protocol.md §8) ----
   static constexpr uint32_t kIdesc =
       idesc_f16(kTileM, kTileN, kFault == kFaultWrongFormat ? F16Fmt::F16 : f16_fmt<ElementA>(),
-                f16_fmt<ElementB>(), false, kBMn);
+                f16_fmt<ElementB>(), kAMn, kBMn);
   // B's shared-memory descriptor: hi word, LBO and K advance per instruction (bug #4, #6).
   static constexpr uint32_t kDescHiB = kBMn ? mn_major_hi(kBSwizzle, mn_major_sbo(kBSwizzle)) : kSw128KMajorHi;
   static constexpr uint32_t kLboB = kBMn ? mn_major_lbo(kBSwizzle, kBlockK, kBMnAtoms) : kSw128KMajorLbo;
   static constexpr uint32_t kKStepB = kBMn ? mn_major_kstep(kBSwizzle, kUmmaK) : kDescKStep;
+  // A's, the same layout as an N-major B's (64-element atoms, 64 K rows each) where it is M-major.
+  static constexpr uint32_t kDescHiA = kAMn ? mn_major_hi(kBSwizzle, mn_major_sbo(kBSwizzle)) : kSw128KMajorHi;
+  static constexpr uint32_t kLboA = kAMn ? mn_major_lbo(kBSwizzle, kBlockK, kAMnAtoms) : kSw128KMajorLbo;
+  static constexpr uint32_t kKStepA = kAMn ? mn_major_kstep(kBSwizzle, kUmmaK) : kDescKStep;
   static_assert(legal_f16_shape<kCtaGroup, kTileM, kTileN>(), "bug #9: illegal kind::f16 shape");
   static_assert(kTileM == 64 || kTileM == 128 || kTileM == 256, "TILE_M in {64, 128, 256}");
   static_assert(kTileN == 128 || kTileN == 256, "TILE_N in {128, 256}");
@@ -109,9 +127,11 @@ struct GroupedGemmKernel {
   // cubin serves every legal cluster. The spec constraints and the launcher keep cluster M even
   // for 2-CTA tiles (the kernel exports its minimum, 2x1).
   // bug #3: every field but M/N equals the golden bf16 descriptor 0x08400490 (F32 acc, BF16 A/B,
-  // K-major, dense) plus the b_major bit [16] of N-major B; M/N fields as the instruction shape.
+  // K-major, dense) plus the a_major bit [15] of M-major A and the b_major bit [16] of N-major B;
+  // M/N fields as the instruction shape.
   static_assert(!fusegemm::is_same_v<ElementA, fusegemm::bfloat16_t> ||
-                    (kIdesc & ~kIdescShapeMask) == ((0x08400490u | (uint32_t(kBMn) << 16)) & ~kIdescShapeMask),
+                    (kIdesc & ~kIdescShapeMask) ==
+                        ((0x08400490u | (uint32_t(kAMn) << 15) | (uint32_t(kBMn) << 16)) & ~kIdescShapeMask),
                 "bug #3: instruction descriptor differs from the golden bf16 descriptor");
   static_assert((kIdesc & kIdescShapeMask) == ((uint32_t(kTileN >> 3) << 17) | (uint32_t(kTileM >> 4) << 24)),
                 "bug #3: instruction shape fields");
@@ -122,16 +142,37 @@ struct GroupedGemmKernel {
   // on (tests/unit/test_sm100_multicast.py recomputes them from the CuTe headers).
   static_assert(!kBMn || (kDescHiB == 0x40004040u && kLboB == (kBMnAtoms > 1 ? 8192u : 0u) && kKStepB == 128u),
                 "bug #4/#6: N-major B descriptor (CUTLASS make_umma_desc<Major::MN>, SW128, bf16)");
+  // The same golden values for M-major A (128 rows: two atoms, LBO 8192).
+  static_assert(!kAMn || (kDescHiA == 0x40004040u && kLboA == 8192u && kKStepA == 128u),
+                "bug #4/#6: M-major A descriptor (CUTLASS make_umma_desc<Major::MN>, SW128, bf16)");
   static_assert(kAccCols <= kTmemCols && kTmemCols <= kTmemColumns, "bug #10: TMEM overflow");
   static_assert(Frame::kTxBytes == (kStageBytesA + kStageBytesB) * kCtaGroup,
                 "bug #1: expect_tx = boxes of both CTAs");
 
   template <class Params>
+  static __device__ Scheduler make_sched(const Params& p, const Frame& f) {
+    if constexpr (kKGrouped) return Scheduler(p.m_rows, p.n, p.num_experts, f.geom);
+    else return Scheduler(static_cast<const int*>(p.offsets), p.num_experts, p.n, p.m_rows, f.geom);
+  }
+
+  template <class Params>
   static __device__ void run(const Params& p) {
+    if constexpr (kKGrouped) {
+      // One K range per expert: the frame's loops take each tile's k-blocks from its expert.
+      run_with(p, [&p](const ClusterTile& t) {
+        return kgrouped_k_range<kBlockK>(static_cast<const int*>(p.offsets), t.expert, p.k).y;
+      });
+    } else {
+      run_with(p, (p.k + kBlockK - 1) / kBlockK);
+    }
+  }
+
+  // k_blocks: every tile's k-blocks, or (K-grouped) a callable giving a tile's.
+  template <class Params, class KBlocks>
+  static __device__ void run_with(const Params& p, const KBlocks& k_blocks) {
     Frame f;
     f.setup(p);
-    const Scheduler sched(static_cast<const int*>(p.offsets), p.num_experts, p.n, p.m_rows, f.geom);
-    const int k_blocks = (p.k + kBlockK - 1) / kBlockK;
+    const Scheduler sched = make_sched(p, f);
 
     if (f.warp == kWarpTma) {
       // Discrete weights: per-expert B maps rewritten on the device (tma.cuh DeviceTmap).
@@ -152,15 +193,27 @@ struct GroupedGemmKernel {
         }
         const int m_row = t.m_block * kTileM + f.cta_half * kRowsA;
         const int n_row = t.n_block * kTileN + f.cta_half * kRowsB;
+        // K-grouped: the k-block's token rows start at the expert's first (both maps 2-D).
+        const int k0 = (kKGrouped ? kgrouped_k_range<kBlockK>(static_cast<const int*>(p.offsets), t.expert, p.k).x : 0)
+                       + kb * kBlockK;
         // A is shared along cluster N, B along cluster M (cluster.cuh), slice by slice (not
         // unrolled: the producer's hoisted slice addresses would raise the kernel's registers).
         const Share sa = f.share_a(), sb = f.share_b(t.share_b);
 #pragma unroll 1
         for (int i = 0; i < kMcSlices; ++i) {
-          f.template load_slice<2>(sa, i, &p.tma_a, bar, f.smem_a(s) + i * kSliceRowsA * kBlockK * 2,
-                                   kb * kBlockK, m_row + i * kSliceRowsA, 0, 0, CacheHint::kEvictFirst);
+          if constexpr (kAMn) {   // per 64-row atom of the CTA's M rows, K slice i (as N-major B)
+#pragma unroll
+            for (int j = 0; j < kAMnAtoms; ++j) {
+              f.template load_slice<2>(sa, i, &p.tma_a, bar,
+                                       f.smem_a(s) + j * kBSwizzle * kBlockK + i * kSliceK * kBSwizzle,
+                                       m_row + j * kBMnAtomCols, k0 + i * kSliceK, 0, 0, CacheHint::kEvictFirst);
+            }
+          } else {
+            f.template load_slice<2>(sa, i, &p.tma_a, bar, f.smem_a(s) + i * kSliceRowsA * kBlockK * 2,
+                                     k0, m_row + i * kSliceRowsA, 0, 0, CacheHint::kEvictFirst);
+          }
         }
-        constexpr int kDimsB = Config::kDiscreteB ? 2 : 3;
+        constexpr int kDimsB = (Config::kDiscreteB || kKGrouped) ? 2 : 3;
 #pragma unroll 1
         for (int i = 0; i < kMcSlices; ++i) {
           if constexpr (kBMn) {
@@ -170,25 +223,25 @@ struct GroupedGemmKernel {
             for (int j = 0; j < kBMnAtoms; ++j) {
               f.template load_slice<kDimsB>(sb, i, tmap_b, bar,
                                             f.smem_b(s) + j * kBSwizzle * kBlockK + i * kSliceK * kBSwizzle,
-                                            n_row + j * kBMnAtomCols, kb * kBlockK + i * kSliceK, t.expert, 0,
+                                            n_row + j * kBMnAtomCols, k0 + i * kSliceK, t.expert, 0,
                                             CacheHint::kEvictLast);
             }
           } else {
             // Dense B: 3-D map (K, N, L); discrete: the expert's 2-D (K, N) map.
             f.template load_slice<kDimsB>(sb, i, tmap_b, bar, f.smem_b(s) + i * kSliceRowsB * kBlockK * 2,
-                                          kb * kBlockK, n_row + i * kSliceRowsB, t.expert, 0, CacheHint::kEvictLast);
+                                          k0, n_row + i * kSliceRowsB, t.expert, 0, CacheHint::kEvictLast);
           }
         }
       });
     } else if (f.warp == kWarpMma) {
       if (f.is_leader) {
         f.mma_loop(sched, k_blocks, [&](uint32_t d_tmem, int s, bool accumulate) {
-          const uint64_t da = make_smem_desc(smem_u32(f.smem_a(s)), kSw128KMajorHi, kSw128KMajorLbo);
+          const uint64_t da = make_smem_desc(smem_u32(f.smem_a(s)), kDescHiA, kLboA);
           const uint64_t db = make_smem_desc(smem_u32(f.smem_b(s)), kDescHiB, kLboB);
 #pragma unroll
           for (int k = 0; k < kBlockK / kUmmaK; ++k) {
             if constexpr (kFault != kFaultSkipMma) {
-              mma_f16<kCtaGroup>(d_tmem, da + k * kDescKStep, db + k * kKStepB, kIdesc, accumulate || k > 0);
+              mma_f16<kCtaGroup>(d_tmem, da + k * kKStepA, db + k * kKStepB, kIdesc, accumulate || k > 0);
             }
           }
         });
@@ -201,8 +254,8 @@ struct GroupedGemmKernel {
     f.teardown();
   }
 
-  template <class Params, class Sched>
-  static __device__ void epilogue(const Params& p, Frame& f, const Sched& sched, int k_blocks) {
+  template <class Params, class Sched, class KBlocks>
+  static __device__ void epilogue(const Params& p, Frame& f, const Sched& sched, const KBlocks& k_blocks) {
     const int ew = f.warp - kFirstEpiWarp;  // == warp % 4: the TMEM lane quarter it may read
     constexpr bool kM64 = kTileM == 64;
     const int rows_valid = kM64 ? 16 : 32;
@@ -213,15 +266,18 @@ struct GroupedGemmKernel {
     // Element columns: the accumulator's, or half of them when the rule pairs gate/up blocks.
     const int width = Rule::kPairedAcc ? p.n / 2 : p.n;
     f.epilogue_loop(sched, [&](const ClusterTile& t, uint32_t acc_col) {
-      const int warp_row0 = t.m_block * kTileM + f.cta_half * kRowsA + ew * rows_valid;
+      // K-grouped: expert e's (M, N) block is rows e * M.. of D.
+      const int warp_row0 = (kKGrouped ? t.expert * p.m_rows : 0) + t.m_block * kTileM + f.cta_half * kRowsA +
+                            ew * rows_valid;
+      const bool no_k = tile_k_blocks(k_blocks, t) == 0;   // nothing multiplied: zeros
       rule.begin_tile(p, t.expert);
 #pragma unroll 1
       for (int c = 0; c < kTileN / kAccPerBlock; ++c) {
         float acc[Engine::kAccVals];
-        tmem_load_chunk(tmem_addr(f.tmem_base, 32 * ew, acc_col + c * kAccPerBlock), k_blocks == 0, acc);
+        tmem_load_chunk(tmem_addr(f.tmem_base, 32 * ew, acc_col + c * kAccPerBlock), no_k, acc);
         if constexpr (Rule::kPairedAcc) {  // the up block, 32 columns after the gate block
           tmem_load_chunk(tmem_addr(f.tmem_base, 32 * ew, acc_col + c * kAccPerBlock + kEpiChunkCols),
-                          k_blocks == 0, acc + 32);
+                          no_k, acc + 32);
         }
         if (c == kTileN / kAccPerBlock - 1) f.release_accumulator();  // after the last wait::ld
         if constexpr (kFault == kFaultSpill) spill_through_local(*reinterpret_cast<float(*)[32]>(acc), f.lane);

@@ -61,6 +61,15 @@ constexpr uint32_t kIdescShapeMask = (0x3Fu << 17) | (0x1Fu << 24);
 // stage; kEpiSmem: epilogue staging bytes; kTmapsPerCta: device-rewritten tensor maps
 // (discrete weights: B, plus SFB for block-scaled), each with kStages slots per CTA;
 // kTxPerCta: bytes TMA delivers per CTA and stage (< stage bytes when A is half-loaded).
+// A tile's k-blocks: every tile's (an int), or a tile's own (a callable on the tile: K-grouped
+// problems, one K range per expert).
+template <class Tile>
+FUSEGEMM_DEVICE int tile_k_blocks(int k_blocks, const Tile&) { return k_blocks; }
+template <class F, class Tile>
+FUSEGEMM_DEVICE auto tile_k_blocks(const F& k_blocks_of, const Tile& t) -> decltype(int(k_blocks_of(t))) {
+  return k_blocks_of(t);
+}
+
 template <int kCtaGroup_, bool kDynamic, int kStageA, int kStageB, int kStageSF, int kAccStages_,
           int kAccStride, int kTmemCols_, int kEpiSmem, int kTmapsPerCta,
           int kTxPerCta = kStageA + kStageB + kStageSF, int kFault = kFaultNone>
@@ -208,14 +217,16 @@ struct KernelFrame {
   // load_slice / load_whole, which multicast shared boxes); it runs on lane 0 only, right after
   // the stage's `empty` wait (tma.cuh DeviceTmap reuse rule; and every CTA a multicast reaches
   // has released the stage: its MMA unit is one of the empty barrier's arrivals).
-  template <class Params, class Sched, class Load>
-  FUSEGEMM_DEVICE void producer(const Params& p, const Sched& sched, int k_blocks, Load&& load) {
+  // k_blocks: every tile's count, or a callable giving a tile's (tile_k_blocks).
+  template <class Params, class Sched, class KBlocks, class Load>
+  FUSEGEMM_DEVICE void producer(const Params& p, const Sched& sched, const KBlocks& k_blocks, Load&& load) {
     auto ts = tile_stream();
     PipeState<kStages> ps;
     for (;;) {
       const auto tile = sched.tile(ts.next());
       if (!tile.valid()) break;
-      for (int kb = 0; kb < k_blocks; ++kb) {
+      const int nk = tile_k_blocks(k_blocks, tile);
+      for (int kb = 0; kb < nk; ++kb) {
         mbar_wait(&aux->empty[ps.index], ps.phase ^ 1u);
         if (lane == 0) {
           if (is_leader) mbar_arrive_expect_tx(&aux->full[ps.index], kTxBytes);
@@ -259,8 +270,8 @@ struct KernelFrame {
   // ---- MMA issuer (leader CTA, whole warp; one elected lane issues and commits) -------------
   // issue(d_tmem, stage, accumulate) issues the stage's UTCCPs and MMAs (accumulate = false
   // only for the first k-block of a tile, bug #14).
-  template <class Sched, class Issue>
-  FUSEGEMM_DEVICE void mma_loop(const Sched& sched, int k_blocks, Issue&& issue) {
+  template <class Sched, class KBlocks, class Issue>
+  FUSEGEMM_DEVICE void mma_loop(const Sched& sched, const KBlocks& k_blocks, Issue&& issue) {
     auto ts = tile_stream();
     PipeState<kStages> ps;
     PipeState<kAccStages> as;
@@ -270,18 +281,19 @@ struct KernelFrame {
       mbar_wait(&aux->tmem_empty[as.index], as.phase ^ 1u);
       tcgen05_fence_after();
       const uint32_t d_tmem = tmem_base + uint32_t(as.index * kAccStride);
-      for (int kb = 0; kb < k_blocks; ++kb) {
+      const int nk = tile_k_blocks(k_blocks, tile);
+      for (int kb = 0; kb < nk; ++kb) {
         mbar_wait(&aux->full[ps.index], ps.phase);
         tcgen05_fence_after();
         if (elect_one()) {  // the lane that issues is the lane that commits (bug #7)
           issue(d_tmem, ps.index, kb > 0);
           commit_stage(&aux->empty[ps.index]);
-          if (kb == k_blocks - 1) commit_acc(&aux->tmem_full[as.index]);
+          if (kb == nk - 1) commit_acc(&aux->tmem_full[as.index]);
         }
         __syncwarp();
         ps.advance();
       }
-      if (k_blocks == 0) {  // nothing to multiply: hand over at once (epilogue writes zeros)
+      if (nk == 0) {  // nothing to multiply: hand over at once (epilogue writes zeros)
         if (elect_one()) commit_acc(&aux->tmem_full[as.index]);
         __syncwarp();
       }

@@ -251,15 +251,11 @@ struct GroupedGemmKernel {
   }
 
   // First token row and k-block count of a tile: the whole K, or (K-grouped) the expert's token
-  // rows, clamped to the p.k rows the operands were allocated with (offsets live on the device
-  // and are unchecked: wrong ones give wrong results, never an out-of-bounds load).
+  // rows (fusegemm/scheduler.cuh kgrouped_k_range).
   template <class Params>
   static __device__ int2 k_range(const Params& p, int expert) {
     if constexpr (kKGrouped) {
-      const int* off = reinterpret_cast<const int*>(p.offsets);
-      const int begin = min(expert == 0 ? 0 : __ldg(off + expert - 1), p.k);
-      const int end = min(__ldg(off + expert), p.k);
-      return make_int2(begin, end > begin ? (end - begin) / kTileK : 0);
+      return kgrouped_k_range<kTileK>(reinterpret_cast<const int*>(p.offsets), expert, p.k);
     } else {
       return make_int2(0, (p.k + kTileK - 1) / kTileK);
     }
