@@ -64,3 +64,59 @@ def test_tail_kernel_compiles_clean(arch):
     assert res.local_bytes == 0 and res.max_threads == tail._THREADS, res
     assert cub.seconds < 5.0
     assert tail._PARAMS.size == 80 == struct.calcsize("<4Q4qQii")
+
+
+def test_zero_tail_packs_one_launch_per_four_buffers(monkeypatch):
+    """The launch's parameter bytes name each buffer, its row bytes, the offsets and the rows
+    (the 80-byte ZeroTailParams), four buffers per launch, blockIdx.y choosing the buffer; a buffer
+    whose rows are not 16-byte whole is zeroed whole instead (before the op's launch)."""
+    from fusegemm.ops import tail
+    from fusegemm.runtime import launch as launch_mod
+    calls = []
+    monkeypatch.setattr(tail, "_kernel", lambda device: "kernel")
+    monkeypatch.setattr(launch_mod, "launch",
+                        lambda kernel, cfg, params, stream: calls.append((cfg, bytes(params._data.raw), stream)))
+    m = 512
+    bufs = [torch.ones(m, 64, dtype=torch.bfloat16) for _ in range(5)]
+    odd = torch.ones(m, 3, dtype=torch.bfloat16)           # 6-byte rows: no 16-byte stores
+    tail.zero_tail(bufs + [odd], 0x1234, 7, m, 99, 0)
+    assert not odd.any() and all(b.all() for b in bufs)     # only the odd one zeroed on the host
+    assert len(calls) == 2
+    for (cfg, raw, stream), group in zip(calls, (bufs[:4], bufs[4:])):
+        fields = tail._PARAMS.unpack(raw)
+        assert fields[:4] == tuple([b.data_ptr() for b in group] + [0] * (4 - len(group)))
+        assert fields[4:8] == tuple([128] * len(group) + [0] * (4 - len(group)))
+        assert fields[8:] == (0x1234, 7, m) and stream == 99
+        assert cfg.grid[1] == len(group) and cfg.block == (tail._THREADS, 1, 1)
+
+
+def test_zero_tail_without_its_kernel_zeroes_whole_buffers(monkeypatch):
+    """No NVRTC (a process running from a kernel bundle only): every buffer is zero-filled whole,
+    as the ops did before, and nothing is launched."""
+    from fusegemm.ops import tail
+    from fusegemm.runtime import launch as launch_mod
+    monkeypatch.setattr(tail, "_kernel", lambda device: None)
+    monkeypatch.setattr(launch_mod, "launch", lambda *a: pytest.fail("launched without a kernel"))
+    bufs = [torch.ones(256, 64), torch.ones(256, 8, dtype=torch.bfloat16)]
+    tail.zero_tail(bufs, 0, 2, 256, 0, 0)
+    assert not any(b.any() for b in bufs)
+
+
+def test_a_failed_compile_is_remembered_and_means_whole_fills(monkeypatch, caplog):
+    """The kernel is compiled once per arch and process; a compile that fails (no NVRTC) is
+    logged once and not retried, and _kernel answers None (whole fills) from then on."""
+    from fusegemm.base.errors import ToolchainError
+    from fusegemm.ops import device, tail
+    from fusegemm.runtime import compile as compile_mod
+    tries = []
+
+    def no_nvrtc(*a, **k):
+        tries.append(1)
+        raise ToolchainError("libnvrtc not found")
+    monkeypatch.setattr(tail, "_cubins", {})
+    monkeypatch.setattr(device, "device_arch", lambda d: "sm_90a")
+    monkeypatch.setattr(compile_mod, "compile_source", no_nvrtc)
+    with caplog.at_level("INFO", logger="fusegemm"):
+        assert tail._kernel(0) is None and tail._kernel(1) is None
+    assert len(tries) == 1
+    assert sum("tail-zeroing kernel is unavailable (ToolchainError" in r.message for r in caplog.records) == 1
