@@ -26,7 +26,7 @@ from .device import alloc, alloc_outputs
 from .grouped_operands import parse_call, shape_of
 from .launcher import GroupedLauncher
 from .prepared import is_dry
-from .tail import zero_tail
+from .tail import prepare as prepare_tail, zero_tail
 
 FAMILY = "grouped_gemm"
 # SFD: 1 / the largest value of the quantized output (e5m2: the seed page's 1/57344, or NVIDIA's
@@ -166,6 +166,16 @@ class EpilogueGemm(SpecGemm):
 
     FAMILIES = (FAMILY,)
     WHAT = "BF16 A/B"
+
+    def compile(self) -> "EpilogueGemm":
+        """Compile (or fetch from the cache) and load the kernel, and the tail-zeroing kernel
+        its calls launch (fusegemm/ops/tail.py: loaded here, so that a first call inside a
+        CUDA-graph capture loads no module); returns self."""
+        fresh = self._launcher is None
+        super().compile()
+        if fresh and self._launcher is not None:
+            prepare_tail(self.device)
+        return self
 
     # ---------------------------------------------------------------------------------
     def __call__(self, a_tensor: Any, padded_offsets: Any, b_tensor: Any = None, *, b_ptrs: Any = None,

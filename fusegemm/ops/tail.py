@@ -21,7 +21,7 @@ import struct
 import threading
 from typing import Any, Iterable
 
-__all__ = ["zero_tail"]
+__all__ = ["prepare", "zero_tail"]
 
 _LOG = logging.getLogger("fusegemm")
 _SOURCE = '#include "fusegemm/zero_tail.cuh"\n'
@@ -55,6 +55,19 @@ def _kernel(device: int) -> Any:
     if isinstance(cub, Exception):
         return None
     return default_modules().get(cub.data, _KERNEL, key=f"zero_tail.{arch}", smem_bytes=0, device=device)
+
+
+def prepare(device: int) -> bool:
+    """Compile and load the kernel for ``device`` ahead of the first call (the ops do it when
+    they compile: a module load has no place inside a CUDA-graph capture). False where it is
+    unavailable and outputs will be zero-filled whole.
+
+    Parameters
+    ----------
+    device : int
+        CUDA ordinal.
+    """
+    return _kernel(device) is not None
 
 
 def zero_tail(buffers: Iterable[Any], offsets_ptr: int, experts: int, m_rows: int, stream: int,

@@ -120,3 +120,16 @@ def test_a_failed_compile_is_remembered_and_means_whole_fills(monkeypatch, caplo
         assert tail._kernel(0) is None and tail._kernel(1) is None
     assert len(tries) == 1
     assert sum("tail-zeroing kernel is unavailable (ToolchainError" in r.message for r in caplog.records) == 1
+
+
+def test_epilogue_gemm_compile_loads_the_tail_kernel_once(monkeypatch):
+    """EpilogueGemm.compile() loads the tail kernel with its own (a first call inside a CUDA-graph
+    capture then loads no module); later compile() calls, which every call makes, do not."""
+    from fusegemm import EpilogueGemm
+    from fusegemm.ops import epilogue_gemm, tail
+    loads = []
+    monkeypatch.setattr(epilogue_gemm.GroupedLauncher, "build", classmethod(lambda cls, v, d: "launcher"))
+    monkeypatch.setattr(tail, "_kernel", lambda device: loads.append(device) or "kernel")
+    op = EpilogueGemm("grouped_gemm", arch="sm_90a", device=3)
+    assert op.compile() is op and op.compile() is op
+    assert loads == [3]
