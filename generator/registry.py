@@ -149,6 +149,14 @@ _SM90_CLUSTERS = (
 _SM90_TILE_M = Limit("tile_m", (64, 128), "two WGMMA consumer warpgroups: 128 cooperative (64 rows each), "
                                           "64 ping-pong (a 64-row tile each, in turn)")
 
+# What both archs' K-grouped kernels (weight gradients, Config::kKGrouped) leave out.
+_KGROUPED_LIMITS = (
+    Limit("weight_mode", ("dense",), "both operands are activations (dense, token-major)"),
+    Limit("scheduler", ("static",), "static persistent scheduling only"),
+    Limit("cluster_m", (1,), "K-grouped tiles have one K range per expert: clusters are 1x1"),
+    Limit("cluster_n", (1,), "K-grouped tiles have one K range per expert: clusters are 1x1"),
+)
+
 # Axes each template reads (tests/unit/test_registry.py renders every row with each axis
 # changed and checks that exactly these change the source).
 _GROUPED_BF16 = ("ab_dtype", "c_dtype", "d_dtype", "bias_dtype", "weight_mode", "b_major",
@@ -196,11 +204,7 @@ ROWS: tuple[Implementation, ...] = (
     _row("grouped_gemm_wgrad", "sm_90a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", ("ab_dtype", "c_dtype", "d_dtype", "tile_m", "tile_n"),
          rule=SPEC_RULE,
-         limits=(_SM90_TILE_M,
-                 Limit("weight_mode", ("dense",), "both operands are activations (dense, token-major)"),
-                 Limit("scheduler", ("static",), "static persistent scheduling only"),
-                 Limit("cluster_m", (1,), "K-grouped tiles have one K range per expert: clusters are 1x1"),
-                 Limit("cluster_n", (1,), "K-grouped tiles have one K range per expert: clusters are 1x1")),
+         limits=(_SM90_TILE_M, *_KGROUPED_LIMITS),
          defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}),
     # sm_100a: the tcgen05 kernel with per-tile K ranges (Config::kKGrouped), compiled and
     # statically checked only: no Blackwell GPU has run it (executed=False: its first launch
@@ -209,10 +213,7 @@ ROWS: tuple[Implementation, ...] = (
          "GroupedGemmKernel", ("ab_dtype", "c_dtype", "d_dtype", "tile_n"),
          rule=SPEC_RULE,
          limits=(Limit("tile_m", (128,), "1-CTA tiles of 128 rows (two 64-row M-major A atoms)"),
-                 Limit("weight_mode", ("dense",), "both operands are activations (dense, token-major)"),
-                 Limit("scheduler", ("static",), "static persistent scheduling only"),
-                 Limit("cluster_m", (1,), "K-grouped tiles have one K range per expert: clusters are 1x1"),
-                 Limit("cluster_n", (1,), "K-grouped tiles have one K range per expert: clusters are 1x1")),
+                 *_KGROUPED_LIMITS),
          defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}, executed=False),
     _row("gemm_amax", "sm_100a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
          "BlockScaledGemmKernel", _BLOCKSCALED + ("discrete_col_sfd",), rule=SPEC_RULE),
