@@ -280,6 +280,11 @@ class _Fusegemm:
 WGRAD_KERNELS = ("auto", "torch", "fusegemm")
 
 
+def _ordinal(device: torch.device) -> int:
+    """The CUDA ordinal of ``device`` ("cuda" without an index: the current device)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _kgrouped_fits(dy: Tensor, x: Tensor) -> bool:
     """Whether KGroupedGemm runs this weight gradient: the device's arch has the family and its
     kernel has run on that arch in the project's tests (the registry: sm_90a today; an arch
@@ -288,8 +293,7 @@ def _kgrouped_fits(dy: Tensor, x: Tensor) -> bool:
     requirements)."""
     from .generator import registry
     from .ops.device import device_arch
-    index = dy.device.index if dy.device.index is not None else torch.cuda.current_device()
-    arch = device_arch(index)
+    arch = device_arch(_ordinal(dy.device))
     if registry.lookup("grouped_gemm_wgrad", arch) is None or not registry.executed("grouped_gemm_wgrad", arch):
         return False
     tile_m = _kgrouped(dy.device).variant.tile_m
@@ -301,7 +305,7 @@ _KGROUPED: dict[int, object] = {}
 
 def _kgrouped(device: torch.device):
     """The compiled KGroupedGemm of specs/grouped_gemm_wgrad.yaml for ``device`` (one per process)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _ordinal(device)
     if index not in _KGROUPED:
         from .ops.kgrouped import KGroupedGemm
         _KGROUPED[index] = KGroupedGemm("grouped_gemm_wgrad", device=index).compile()
@@ -332,7 +336,7 @@ def _dswiglu_tile(device: torch.device, f: int) -> dict:
     """The dSwiGLU GEMM's tile choices for ``device``'s arch and intermediate size ``f`` (none:
     the spec's default)."""
     from .ops.device import device_arch
-    pick = _DSWIGLU_TILE.get(device_arch(device.index if device.index is not None else torch.cuda.current_device()))
+    pick = _DSWIGLU_TILE.get(device_arch(_ordinal(device)))
     return pick(f) if pick is not None else {}
 
 
@@ -342,7 +346,7 @@ _B_MAJOR: dict[int, str] = {}
 def _b_major(device: torch.device) -> str:
     """"n" when the device's arch implements N-major B for the grouped family (the registry's
     row: sm_90a and sm_100a today), else "k"."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _ordinal(device)
     if index not in _B_MAJOR:
         from .generator import registry
         from .ops.device import device_arch
