@@ -65,6 +65,8 @@ struct GroupedGemmKernel {
   static constexpr int kSliceK = kBlockK / kMcSlices;      // N-major: K rows per slice
   static_assert(!kBMn || kRowsB % kBMnAtomCols == 0, "N-major B: whole 64-column atoms per CTA");
   static constexpr int kAMnAtoms = kRowsA / kBMnAtomCols;  // M-major A: 64-row atoms (K-grouped)
+  // Byte offset of atom j's K slice i in an MN-major stage (atoms one after another).
+  static constexpr int mn_offset(int j, int i) { return j * kBSwizzle * kBlockK + i * kSliceK * kBSwizzle; }
   static constexpr int kAccStages = 2 * kTileN <= kTmemColumns ? 2 : 1;
   static constexpr int kAccCols = kAccStages * kTileN;
   static constexpr int kTmemCols = tmem_alloc_columns(kAccCols);
@@ -112,14 +114,16 @@ struct GroupedGemmKernel {
   static constexpr uint32_t kIdesc =
       idesc_f16(kTileM, kTileN, kFault == kFaultWrongFormat ? F16Fmt::F16 : f16_fmt<ElementA>(),
                 f16_fmt<ElementB>(), kAMn, kBMn);
-  // B's shared-memory descriptor: hi word, LBO and K advance per instruction (bug #4, #6).
-  static constexpr uint32_t kDescHiB = kBMn ? mn_major_hi(kBSwizzle, mn_major_sbo(kBSwizzle)) : kSw128KMajorHi;
+  // Shared-memory descriptors: hi word, LBO and K advance per instruction (bug #4, #6). An
+  // MN-major operand (N-major B, M-major A) has one layout: 64-element atoms of 64 K rows.
+  static constexpr uint32_t kMnDescHi = mn_major_hi(kBSwizzle, mn_major_sbo(kBSwizzle));
+  static constexpr uint32_t kMnKStep = mn_major_kstep(kBSwizzle, kUmmaK);
+  static constexpr uint32_t kDescHiB = kBMn ? kMnDescHi : kSw128KMajorHi;
   static constexpr uint32_t kLboB = kBMn ? mn_major_lbo(kBSwizzle, kBlockK, kBMnAtoms) : kSw128KMajorLbo;
-  static constexpr uint32_t kKStepB = kBMn ? mn_major_kstep(kBSwizzle, kUmmaK) : kDescKStep;
-  // A's, the same layout as an N-major B's (64-element atoms, 64 K rows each) where it is M-major.
-  static constexpr uint32_t kDescHiA = kAMn ? mn_major_hi(kBSwizzle, mn_major_sbo(kBSwizzle)) : kSw128KMajorHi;
+  static constexpr uint32_t kKStepB = kBMn ? kMnKStep : kDescKStep;
+  static constexpr uint32_t kDescHiA = kAMn ? kMnDescHi : kSw128KMajorHi;
   static constexpr uint32_t kLboA = kAMn ? mn_major_lbo(kBSwizzle, kBlockK, kAMnAtoms) : kSw128KMajorLbo;
-  static constexpr uint32_t kKStepA = kAMn ? mn_major_kstep(kBSwizzle, kUmmaK) : kDescKStep;
+  static constexpr uint32_t kKStepA = kAMn ? kMnKStep : kDescKStep;
   static_assert(legal_f16_shape<kCtaGroup, kTileM, kTileN>(), "bug #9: illegal kind::f16 shape");
   static_assert(kTileM == 64 || kTileM == 128 || kTileM == 256, "TILE_M in {64, 128, 256}");
   static_assert(kTileN == 128 || kTileN == 256, "TILE_N in {128, 256}");
@@ -204,8 +208,7 @@ struct GroupedGemmKernel {
           if constexpr (kAMn) {   // per 64-row atom of the CTA's M rows, K slice i (as N-major B)
 #pragma unroll
             for (int j = 0; j < kAMnAtoms; ++j) {
-              f.template load_slice<2>(sa, i, &p.tma_a, bar,
-                                       f.smem_a(s) + j * kBSwizzle * kBlockK + i * kSliceK * kBSwizzle,
+              f.template load_slice<2>(sa, i, &p.tma_a, bar, f.smem_a(s) + mn_offset(j, i),
                                        m_row + j * kBMnAtomCols, k0 + i * kSliceK, 0, 0, CacheHint::kEvictFirst);
             }
           } else {
@@ -221,8 +224,7 @@ struct GroupedGemmKernel {
             // atom of the CTA's columns, K slice i.
 #pragma unroll
             for (int j = 0; j < kBMnAtoms; ++j) {
-              f.template load_slice<kDimsB>(sb, i, tmap_b, bar,
-                                            f.smem_b(s) + j * kBSwizzle * kBlockK + i * kSliceK * kBSwizzle,
+              f.template load_slice<kDimsB>(sb, i, tmap_b, bar, f.smem_b(s) + mn_offset(j, i),
                                             n_row + j * kBMnAtomCols, k0 + i * kSliceK, t.expert, 0,
                                             CacheHint::kEvictLast);
             }
