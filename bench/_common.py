@@ -3,6 +3,7 @@ timing, interleaved rounds, the command-line options and the JSON they print."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -99,6 +100,17 @@ def emit_json(result: dict, out: str | None) -> None:
     if out:
         with open(out, "w") as fh:
             fh.write(text + "\n")
+
+
+@contextlib.contextmanager
+def nvrtc_defines(defines: str):
+    """Kernels compiled inside the block get ``defines`` (``-DNAME=VALUE ...``) after the run's
+    own FUSEGEMM_NVRTC_EXTRA: the A/B switches of the headers. The NVRTC options are part of the
+    cache key, so both builds coexist in one process."""
+    from fusegemm.runtime import config
+    base = config.VARS["FUSEGEMM_NVRTC_EXTRA"].raw() or ""
+    with config.override(FUSEGEMM_NVRTC_EXTRA=(base + " " + defines).strip()):
+        yield
 
 
 def whole_fill(run):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from _common import SHAPES, add_run_arguments, expert_sizes, interleaved_ms, run
+from _common import SHAPES, add_run_arguments, expert_sizes, interleaved_ms, nvrtc_defines, run
 
 DEFAULT_SHAPES = "dsv3-fc1,qwen3-fc1"
 
@@ -46,11 +46,8 @@ def bench_shape(name: str, dist: str, args) -> dict:
               "fusegemm_mxfp8": {"alpha": alpha, "prob": prob, "norm_const": 1.0}}
     if args.engine_baseline:
         # The same BF16 kernel with the sm_90a epilogue's fragment path for paired rules switched
-        # off (the block engine instead): a same-run A/B of that path. The NVRTC options are part
-        # of the cache key, so both builds coexist.
-        from fusegemm.runtime import config
-        extra = (config.VARS["FUSEGEMM_NVRTC_EXTRA"].raw() or "") + " -DFUSEGEMM_SM90_FRAG_BLOCKS=0"
-        with config.override(FUSEGEMM_NVRTC_EXTRA=extra.strip()):
+        # off (the block engine instead): a same-run A/B of that path.
+        with nvrtc_defines("-DFUSEGEMM_SM90_FRAG_BLOCKS=0"):
             ops["fusegemm_bf16_engine"] = EpilogueGemm("grouped_gemm_swiglu", d_dtype="bfloat16").compile()
         inputs["fusegemm_bf16_engine"] = inputs["fusegemm_bf16"]
     methods = {key: (lambda op=op, key=key: op(a, offsets, b, inputs=inputs[key])) for key, op in ops.items()}

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 
-from _common import SHAPES, add_run_arguments, expert_sizes, interleaved_ms, run
+from _common import SHAPES, add_run_arguments, expert_sizes, interleaved_ms, nvrtc_defines, run
 
 
 def bench_shape(name: str, dist: str, args) -> dict:
     import torch
     from fusegemm.ops.grouped_gemm import GroupedGemm
-    from fusegemm.runtime import config
     experts, tokens, n, k = SHAPES[name]
     sizes = expert_sizes(experts, tokens, dist)
     m = sum(sizes)
@@ -78,8 +77,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
         # Optional tuning suffix "gN": raster band of N M-blocks (a compile-time macro; the
         # NVRTC options are part of the cache key, so both builds coexist in one process).
         defines = " ".join(f"-DFUSEGEMM_RASTER_GROUP={t[1:]}" for t in tune if t.startswith("g"))
-        extra = (config.VARS["FUSEGEMM_NVRTC_EXTRA"].raw() or "") + " " + defines
-        with config.override(FUSEGEMM_NVRTC_EXTRA=extra.strip()):
+        with nvrtc_defines(defines):
             op.compile()
         methods[cfg] = (lambda op=op: op.execute(a3, None, d, offsets, alpha, b_view, None, prob))
     bt = b.transpose(-2, -1)   # (L, K, N), K-major storage, as torch._grouped_mm expects

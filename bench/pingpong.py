@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import argparse
 
-from _common import SHAPES, add_run_arguments, expert_sizes, interleaved_ms, run
+from _common import SHAPES, add_run_arguments, expert_sizes, interleaved_ms, nvrtc_defines, run
 
 WGRAD = {"dsv3-fc1-w": (8, 16384, 4096, 7168), "dsv3-fc2-w": (8, 16384, 7168, 2048),
          "dsv3-32-fc1-w": (32, 16384, 4096, 7168), "mixtral-fc1-w": (8, 16384, 28672, 4096),
@@ -47,9 +47,7 @@ DEFAULT = "c128x256"
 
 
 def _build(make, extra: str):
-    from fusegemm.runtime import config
-    base = config.VARS["FUSEGEMM_NVRTC_EXTRA"].raw() or ""
-    with config.override(FUSEGEMM_NVRTC_EXTRA=(base + " " + extra).strip()):
+    with nvrtc_defines(extra):
         return make()
 
 
