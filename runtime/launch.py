@@ -98,6 +98,25 @@ def _check_fits(kernel: LoadedKernel, cfg: LaunchConfig) -> None:
                             f"at most {kernel.max_cluster_ctas} CTAs (the kernel's contract)")
 
 
+def _cluster_config(cfg: LaunchConfig, stream: int | None = None):
+    """``cfg`` as the driver's CUlaunchConfig with its cluster-dimension attribute (what
+    cuLaunchKernelEx launches and cuOccupancyMaxActiveClusters sizes); ``stream`` where it is
+    launched."""
+    drv = driver()
+    lc = drv.CUlaunchConfig()
+    lc.gridDimX, lc.gridDimY, lc.gridDimZ = cfg.grid
+    lc.blockDimX, lc.blockDimY, lc.blockDimZ = cfg.block
+    lc.sharedMemBytes = cfg.smem_bytes
+    if stream is not None:
+        lc.hStream = drv.CUstream(stream)
+    attr = drv.CUlaunchAttribute()
+    attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cfg.cluster
+    lc.attrs = [attr]
+    lc.numAttrs = 1
+    return lc
+
+
 _ACTIVE_CLUSTERS: dict[tuple[int, int, int], int] = {}
 
 
@@ -108,17 +127,10 @@ def max_active_clusters(kernel: LoadedKernel, threads: int, cluster_ctas: int) -
     30 at a time (120 of 132 SMs), and a grid of 33 took 2.1 ms where one wave takes 1.3."""
     key = (kernel.handle, threads, cluster_ctas)
     if key not in _ACTIVE_CLUSTERS:
-        drv = driver()
-        lc = drv.CUlaunchConfig()
-        lc.gridDimX, lc.gridDimY, lc.gridDimZ = cluster_ctas, 1, 1
-        lc.blockDimX, lc.blockDimY, lc.blockDimZ = threads, 1, 1
-        lc.sharedMemBytes = kernel.smem_bytes
-        attr = drv.CUlaunchAttribute()
-        attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster_ctas, 1, 1
-        lc.attrs = [attr]
-        lc.numAttrs = 1
-        n = check(drv.cuOccupancyMaxActiveClusters(kernel.function, lc),
+        one = (cluster_ctas, 1, 1)   # one cluster: the grid the occupancy query asks about
+        lc = _cluster_config(LaunchConfig(grid=one, block=(threads, 1, 1), cluster=one,
+                                          smem_bytes=kernel.smem_bytes))
+        n = check(driver().cuOccupancyMaxActiveClusters(kernel.function, lc),
                   f"cuOccupancyMaxActiveClusters({kernel.name}, {cluster_ctas} CTAs)")
         _ACTIVE_CLUSTERS[key] = max(1, int(n))
     return _ACTIVE_CLUSTERS[key]
@@ -170,16 +182,5 @@ def launch(kernel: LoadedKernel, cfg: LaunchConfig, params: ParamBuffer, stream:
         check(drv.cuLaunchKernel(kernel.function, *cfg.grid, *cfg.block, cfg.smem_bytes, stream,
                                  params.argv_address, 0), f"cuLaunchKernel({kernel.name})")
         return
-    drv = driver()
-    lc = drv.CUlaunchConfig()
-    lc.gridDimX, lc.gridDimY, lc.gridDimZ = cfg.grid
-    lc.blockDimX, lc.blockDimY, lc.blockDimZ = cfg.block
-    lc.sharedMemBytes = cfg.smem_bytes
-    lc.hStream = drv.CUstream(stream)
-    attr = drv.CUlaunchAttribute()
-    attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cfg.cluster
-    lc.attrs = [attr]
-    lc.numAttrs = 1
-    check(drv.cuLaunchKernelEx(lc, kernel.function, params.argv_address, 0),
+    check(driver().cuLaunchKernelEx(_cluster_config(cfg, stream), kernel.function, params.argv_address, 0),
           f"cuLaunchKernelEx({kernel.name}, cluster={cfg.cluster})")

@@ -86,6 +86,62 @@ def test_launch_refuses_a_cluster_beyond_the_kernel(monkeypatch):
         launch_mod.launch(k, cfg, launch_mod.ParamBuffer(8), 0)
 
 
+class _ClusterDriver:
+    """The driver calls of a cluster launch and an occupancy query, recorded."""
+
+    class CUlaunchConfig(SimpleNamespace):
+        pass
+
+    class CUlaunchAttribute:
+        def __init__(self):
+            self.id = None
+            self.value = SimpleNamespace(clusterDim=SimpleNamespace(x=0, y=0, z=0))
+
+    CUlaunchAttributeID = SimpleNamespace(CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION="cluster_dim")
+
+    def __init__(self):
+        self.seen = []
+
+    @staticmethod
+    def CUstream(handle):
+        return ("stream", handle)
+
+    def cuLaunchKernelEx(self, lc, fn, argv, extra):
+        self.seen.append(("launch", lc, fn, argv))
+        return (0,)
+
+    def cuOccupancyMaxActiveClusters(self, fn, lc):
+        self.seen.append(("occupancy", lc, fn, None))
+        return (0, 30)
+
+
+def _geometry(lc):
+    a = lc.attrs[0]
+    return ((lc.gridDimX, lc.gridDimY, lc.gridDimZ), (lc.blockDimX, lc.blockDimY, lc.blockDimZ),
+            lc.sharedMemBytes, lc.numAttrs, a.id, (a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z))
+
+
+def test_cluster_launch_and_occupancy_query_describe_the_cluster(monkeypatch):
+    """A cluster launch (cuLaunchKernelEx) and the persistent grid's occupancy query
+    (cuOccupancyMaxActiveClusters: one cluster of the kernel's block and shared memory) hand the
+    driver the geometry and the cluster-dimension attribute; only the launch names a stream."""
+    drv = _ClusterDriver()
+    monkeypatch.setattr(launch_mod, "driver", lambda: drv)
+    monkeypatch.setattr(launch_mod, "_ACTIVE_CLUSTERS", {})
+    k = load_mod.LoadedKernel(function="fn", module=None, handle=7, name="k", smem_bytes=4096, context=1,
+                              device=0, max_cluster_ctas=16)
+    cfg = launch_mod.LaunchConfig(grid=(8, 1, 1), block=(384, 1, 1), cluster=(2, 1, 1), smem_bytes=4096)
+    params = launch_mod.ParamBuffer(8)
+    launch_mod.launch(k, cfg, params, 5)
+    assert launch_mod.max_active_clusters(k, 384, 4) == 30
+    assert launch_mod.max_active_clusters(k, 384, 4) == 30      # cached: one query
+    (what1, lc1, fn1, argv), (what2, lc2, fn2, _) = drv.seen
+    assert (what1, fn1, argv, lc1.hStream) == ("launch", "fn", params.argv_address, ("stream", 5))
+    assert _geometry(lc1) == ((8, 1, 1), (384, 1, 1), 4096, 1, "cluster_dim", (2, 1, 1))
+    assert (what2, fn2, hasattr(lc2, "hStream")) == ("occupancy", "fn", False)
+    assert _geometry(lc2) == ((4, 1, 1), (384, 1, 1), 4096, 1, "cluster_dim", (4, 1, 1))
+
+
 def test_op_cache_is_reentrant():
     """Making an op may make another one through the same cache in the same thread (the
     first-run gate runs selftest cases through the public wrappers while the first op
