@@ -63,3 +63,17 @@ def test_engine_path_stores_whole_vectors():
     _, cub = _compile("grouped_gemm_dswiglu_bf16", {}, ENGINE)
     stores = {op: n for op, n in disasm.sass_histogram(cub.data).items() if op.startswith("STG")}
     assert stores and set(stores) == {"STG.E.128"}, stores
+
+
+def test_bench_no_epilogue_build_keeps_the_mainloop():
+    """bench/ceiling.py times the kernel built with FUSEGEMM_SM90_BENCH_NO_EPILOGUE=1 as the
+    mainloop's own speed: that build must keep the default's WGMMA code (a removed epilogue call
+    let NVRTC fold the mainloop's 28 HGMMA sites into 7), and the default must store."""
+    if not disasm.available():
+        pytest.skip("nvdisasm is not installed")
+    axes = dict(tile_m=128, tile_n=256, cluster_m=1)
+    _, cub = _compile("grouped_gemm", axes)
+    _, bare = _compile("grouped_gemm", axes, ("-DFUSEGEMM_SM90_BENCH_NO_EPILOGUE=1",))
+    h, hb = disasm.sass_histogram(cub.data), disasm.sass_histogram(bare.data)
+    assert disasm.count_prefix(h, "HGMMA") == disasm.count_prefix(hb, "HGMMA") > 0, (h, hb)
+    assert disasm.count_prefix(h, "STG") > 0
