@@ -19,6 +19,9 @@ power and clock-event reasons every 50 ms. From the window's own time and mean c
 * ``needed_for_1.10x_torch``: the fraction 1.10x torch's throughput would take at the same
   clock (a power-capped board does not clock higher for a faster kernel).
 
+``--also NAME=DEFINES`` (repeatable) adds the default kernel built with those NVRTC defines, a
+header's A/B switch (e.g. ``--also staged=-DFUSEGEMM_SM90_DEFER_STORE=0``), timed the same way.
+
     python bench/ceiling.py [--out bench/results/ceiling_h200.json] [--shapes dsv3-fc1,...]
 """
 from __future__ import annotations
@@ -108,7 +111,9 @@ def bench_shape(name: str, dist: str, args) -> dict:
     b_view = b.permute(1, 2, 0)
     flops = 2.0 * m * n * k
     methods = {}
-    for key, defines in (("fusegemm", ""), ("fusegemm_no_epilogue", NO_EPILOGUE)):
+    builds = [("fusegemm", ""), ("fusegemm_no_epilogue", NO_EPILOGUE)]
+    builds += [tuple(x.split("=", 1)) for x in args.also]
+    for key, defines in builds:
         d = torch.empty((m, n, 1), dtype=torch.bfloat16, device="cuda")
         op = GroupedGemm(a, None, d, offsets, alpha, b_view, None, prob, mma_tiler_mn=(128, 256))
         with nvrtc_defines(defines):
@@ -126,6 +131,9 @@ def bench_shape(name: str, dist: str, args) -> dict:
     row["ratio_vs_cublas"] = t["fusegemm"] / t["cublas_dense"]
     row["no_epilogue_vs_torch"] = t["fusegemm_no_epilogue"] / t["torch_grouped_mm"]
     row["epilogue_share"] = 1.0 - t["fusegemm"] / t["fusegemm_no_epilogue"]
+    for x in args.also:
+        name = x.split("=", 1)[0]
+        row[f"{name}_vs_fusegemm"] = t[name] / t["fusegemm"]
     if args.seconds > 0:
         win = sustained(methods, args.seconds)
         for v in win.values():
@@ -144,7 +152,8 @@ def _summary(r: dict) -> str:
     s = r.get("sustained", {})
     frac = " ".join(f"{k}={v['fraction_of_clock_peak']:.3f}@{v['sm_mhz']:.0f}MHz" for k, v in s.items()
                     if v.get("fraction_of_clock_peak"))
-    return (f"x{r['ratio_vs_torch']:.3f} torch, x{r['ratio_vs_cublas']:.3f} cuBLAS, no-epilogue "
+    also = " ".join(f"{k}={v:.3f}" for k, v in r.items() if k.endswith("_vs_fusegemm"))
+    return (f"{also} x{r['ratio_vs_torch']:.3f} torch, x{r['ratio_vs_cublas']:.3f} cuBLAS, no-epilogue "
             f"x{r['no_epilogue_vs_torch']:.3f} torch (epilogue {100 * r['epilogue_share']:.1f}%)  {frac}")
 
 
@@ -153,7 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     add_run_arguments(ap, ",".join(SHAPES))
     ap.add_argument("--seconds", type=float, default=2.0,
                     help="sustained window per method under nvidia-smi sampling (0: none)")
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=DEFINES",
+                    help="another build of the default kernel with these NVRTC defines (repeatable)")
     args = ap.parse_args(argv)
+    for x in args.also:
+        if "=" not in x or not x.split("=", 1)[0].isidentifier():
+            raise SystemExit(f"--also: got {x!r}; expected NAME=DEFINES, e.g. staged=-DFUSEGEMM_SM90_DEFER_STORE=0")
     header = {"benchmark": "ceiling: the BF16 grouped GEMM (seed 001) against the clock, the power cap "
                            "and its own mainloop without the epilogue",
               "flop_per_clock_per_sm": FLOP_PER_CLOCK_PER_SM}

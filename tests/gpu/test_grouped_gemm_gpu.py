@@ -239,6 +239,19 @@ def test_pingpong_short_k_many_tiles(k, tile, dynamic, discrete):
     verify(pb, c, d, "bfloat16", "bfloat16", False, f"ping-pong k={k} tile {tile} dynamic={dynamic}")
 
 
+# Deferred D stores (the default cooperative 128 x 256 tile on sm_90a): a tile's D is stored
+# during the next tile's first k-blocks and the last one's at the kernel's end. Several tiles per
+# CTA (460 tiles), K of 1, 4 and 9 k-blocks (fewer k-blocks than the 4 column chunks included),
+# an N tail, empty experts, both schedulers and discrete weights.
+@pytest.mark.parametrize("k,dynamic,discrete", [(64, False, False), (200, True, False), (520, False, True),
+                                                (520, True, True)])
+def test_deferred_stores_many_tiles_per_cta(k, dynamic, discrete):
+    sizes = [2048, 0, 4096, 256, 1792, 0, 3840, 512]
+    pb = make_problem(sizes, 1000, k, discrete=discrete, seed=15)
+    _, c, d = run_class(pb, tile=(128, 256), dynamic=dynamic)
+    verify(pb, c, d, "bfloat16", "bfloat16", False, f"deferred k={k} dynamic={dynamic} discrete={discrete}")
+
+
 def test_single_expert_no_prob():
     pb = make_problem([512], 256, 128, prob=False, seed=4)
     _, c, d = run_class(pb)

@@ -57,6 +57,8 @@ CASES = [  # (tokens per expert, M, N, tile_m, tile_n, d_dtype)
     ([256, 256, 256], 192, 136, 64, 128, "float32"),
     ([1000, 0, 0], 384, 256, 128, 256, "bfloat16"),
     ([0, 0], 128, 128, 128, 128, "float32"),
+    # 256 tiles: several per CTA (D stored during the next tile's mainloop), tokenless experts
+    ([512, 0, 1300, 256, 0, 768, 64, 2000], 1024, 1000, 128, 256, "bfloat16"),
 ]
 
 

@@ -77,3 +77,39 @@ def test_bench_no_epilogue_build_keeps_the_mainloop():
     h, hb = disasm.sass_histogram(cub.data), disasm.sass_histogram(bare.data)
     assert disasm.count_prefix(h, "HGMMA") == disasm.count_prefix(hb, "HGMMA") > 0, (h, hb)
     assert disasm.count_prefix(h, "STG") > 0
+
+
+# Deferred D (FUSEGEMM_SM90_DEFER_STORE): cooperative kernels whose rule is element-wise with a
+# 16-bit D, no C and no column input store each tile's D during the next tile's first k-blocks;
+# the others keep the staged stores between the tiles.
+DEFER_CASES = [
+    ("grouped_gemm", dict(tile_m=128, tile_n=256, cluster_m=1), True),
+    ("grouped_gemm", dict(tile_m=128, tile_n=128, cluster_m=1), True),
+    ("grouped_gemm", dict(tile_m=128, tile_n=256, cluster_m=2), True),
+    ("grouped_gemm", dict(tile_m=128, tile_n=256, cluster_m=1, cluster_n=2), True),
+    ("grouped_gemm", dict(tile_m=128, tile_n=256, cluster_m=1, scheduler="dynamic"), True),
+    ("grouped_gemm", dict(tile_m=128, tile_n=256, cluster_m=1, weight_mode="discrete"), True),
+    ("grouped_gemm", dict(tile_m=128, tile_n=256, cluster_m=1, b_major="n", d_dtype="float16"), True),
+    ("grouped_gemm_wgrad", {}, True),
+    ("grouped_gemm_wgrad", dict(d_dtype="float32"), False),
+    ("grouped_gemm", dict(tile_m=128, tile_n=256, cluster_m=1, bias_dtype="bfloat16"), False),
+    ("grouped_gemm", dict(tile_m=64, tile_n=256, cluster_m=1), False),   # ping-pong overlaps already
+]
+
+
+@pytest.mark.parametrize("spec,axes,deferred", DEFER_CASES, ids=lambda x: x if isinstance(x, str) else str(x))
+def test_deferred_d_stores(spec, axes, deferred):
+    src, cub = _compile(spec, axes)
+    res = Cubin(cub.data).resources(src.symbol)
+    assert res.local_bytes == 0, (spec, axes, "spills / local memory", res)
+    if not disasm.available():
+        pytest.skip("nvdisasm is not installed: resources checked, SASS not")
+    _, base = _compile(spec, axes, ("-DFUSEGEMM_SM90_DEFER_STORE=0",))
+    h, hb = disasm.sass_histogram(cub.data), disasm.sass_histogram(base.data)
+    # Deferred: the stores sit in the unrolled head of the mainloop (with its own copies of the
+    # k-block's WGMMAs) and again in the final drain; staged: the one copy after the mainloop.
+    stg, stg_base = h.get("STG.E.128", 0), hb.get("STG.E.128", 0)   # (discrete weights: + a map update)
+    if deferred:
+        assert stg > stg_base and disasm.count_prefix(h, "HGMMA") > disasm.count_prefix(hb, "HGMMA"), (h, hb)
+    else:
+        assert h == hb, "a kernel without deferred stores changed with the switch"

@@ -290,6 +290,11 @@ struct WarpStagedStore {
   FUSEGEMM_DEVICE static void put(uint32_t buf, int row, int col, float a, float b) {
     st_shared2<T>(buf + row * kPitch + col * kElem, a, b);
   }
+  // A pair already converted (Cvt<T>::pack2; 16-bit T).
+  FUSEGEMM_DEVICE static void put_packed(uint32_t buf, int row, int col, uint32_t pair) {
+    static_assert(kElem == 2, "packed pairs are two 16-bit values");
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(buf + row * kPitch + col * kElem), "r"(pair) : "memory");
+  }
 
   // gbase: element (row 0, col 0) of the chunk in global memory; ld: row stride in elements.
   FUSEGEMM_DEVICE static void flush(uint32_t buf, T* gbase, int64_t ld, int cols_valid,

@@ -38,8 +38,9 @@ namespace sm90 {
 // kBatched: rows are per batch (p.m_rows each); a warp's rows past the batch end are not stored.
 // kForceEngine: run every rule through the engine (kernels whose outputs the fragment path does
 // not stage, e.g. FP8/FP4 C).
+// kDefer: the kernel defers D's stores into its next tile's mainloop where it can (kDeferD below).
 template <int kTileM, int kTileN, class Rule, class ElementC, class ElementD, class Engine,
-          bool kBatched = false, bool kForceEngine = false>
+          bool kBatched = false, bool kForceEngine = false, bool kDefer = false>
 struct WgmmaEpilogue {
   static constexpr int kConsumerWGs = kTileM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
@@ -71,6 +72,102 @@ struct WgmmaEpilogue {
                                : kFragBlocks ? kConsumerWarps * kBlkWarpBytes
                                              : kConsumerWGs * kWgEpiBytes;
   using Partials = typename Engine::Partials;
+
+  // Deferred D (kDeferD: element-wise rules with a 16-bit D, no C and no column or element
+  // input). compute() applies the rule to the fragment and keeps D packed in registers
+  // (kTileN / 4 per thread); the kernel then stores chunk c (16 rows x 128 bytes per warp,
+  // staged as WarpStagedStore does) after issuing k-block c of its next tile, so the staging and
+  // the global stores run while the tensor cores work instead of between the tiles, and drain()
+  // stores the last tile's at its end. Rules with column or element inputs (a bias) keep the
+  // staged path: loading a whole tile's inputs at once spilled (the staged path loads them chunk
+  // by chunk).
+  static constexpr bool kDeferD = kDefer && kFragment && Rule::kHasD && !Rule::kHasC && epi::Cvt<
+      fusegemm::conditional_t<kFragment, ElementD, float>>::kBytes == 2 && __is_empty(typename Rule::ElemIn);
+  static constexpr int kChunks = kTileN / StoreD::kCols;    // chunks of a warp's 16 rows
+  static constexpr int kPairsPerChunk = 2 * (StoreD::kCols / 8);
+  struct Deferred {
+    uint32_t v[kTileN / 4];  // chunk c: v[c * kPairsPerChunk ...], rows lane/4 and lane/4 + 8
+    int row0 = -1, n0 = 0;   // row0 < 0: nothing pending
+  };
+
+  // The tile's expert and row inputs (alpha, prob, ...), which the kernel loads before its last
+  // k-block, so that their latency is not paid after the mainloop.
+  struct Pre {
+    Rule rule;
+    typename Rule::RowIn r0in, r1in;
+  };
+  template <class Params>
+  static __device__ Pre preload(const Params& p, int expert, int m0, int warp, int lane) {
+    Pre pre;
+    pre.rule.begin_tile(p, expert);
+    const int row0 = m0 + 16 * warp;
+    pre.r0in = pre.rule.row(p, row0 + lane / 4);
+    pre.r1in = pre.rule.row(p, row0 + lane / 4 + 8);
+    return pre;
+  }
+
+  template <class Params>
+  static __device__ void compute(const Params& p, const Pre& pre, int m0, int n0, int warp, int lane,
+                                 const float (&acc)[kAccum], Deferred& d) {
+    static_assert(kDeferD, "compute(): deferred D only");
+    const Rule& rule = pre.rule;
+    const int row0 = m0 + 16 * warp;
+    const auto& r0in = pre.r0in;
+    const auto& r1in = pre.r1in;
+    const int r0 = lane / 4, cq = (lane % 4) * 2;
+#pragma unroll
+    for (int j = 0; j < kTileN / 8; ++j) {
+      const int col = n0 + j * 8 + cq;
+      const bool in0 = col < p.n, in1 = col + 1 < p.n;   // inputs past N are never read
+      const auto e0 = in0 ? rule.elem(p, row0 + r0, col) : typename Rule::ElemIn{};
+      const auto e1 = in1 ? rule.elem(p, row0 + r0, col + 1) : typename Rule::ElemIn{};
+      const auto e2 = in0 ? rule.elem(p, row0 + r0 + 8, col) : typename Rule::ElemIn{};
+      const auto e3 = in1 ? rule.elem(p, row0 + r0 + 8, col + 1) : typename Rule::ElemIn{};
+      d.v[2 * j] = epi::Cvt<ElementD>::pack2(rule.apply(acc[4 * j + 0], 0.0f, r0in, e0).d,
+                                             rule.apply(acc[4 * j + 1], 0.0f, r0in, e1).d);
+      d.v[2 * j + 1] = epi::Cvt<ElementD>::pack2(rule.apply(acc[4 * j + 2], 0.0f, r1in, e2).d,
+                                                 rule.apply(acc[4 * j + 3], 0.0f, r1in, e3).d);
+    }
+    d.row0 = row0;
+    d.n0 = n0;
+  }
+
+  // Chunk c of the pending D (buf: the warp's staging buffer).
+  template <int c, class Params>
+  static __device__ void store_chunk(const Params& p, uint32_t buf, const Deferred& d, int lane) {
+    const int chunk_col = d.n0 + c * StoreD::kCols;
+    if (d.row0 < 0 || chunk_col >= p.n) return;   // warp-uniform
+    const int r0 = lane / 4, cq = (lane % 4) * 2;
+    __syncwarp();   // the previous flush has finished reading the buffer
+#pragma unroll
+    for (int jj = 0; jj < StoreD::kCols / 8; ++jj) {
+      StoreD::put_packed(buf, r0, jj * 8 + cq, d.v[c * kPairsPerChunk + 2 * jj]);
+      StoreD::put_packed(buf, r0 + 8, jj * 8 + cq, d.v[c * kPairsPerChunk + 2 * jj + 1]);
+    }
+    __syncwarp();
+    StoreD::flush(buf, reinterpret_cast<ElementD*>(p.d_out) + static_cast<int64_t>(d.row0) * p.ldd + chunk_col,
+                  p.ldd, p.n - chunk_col, lane);
+  }
+
+  // store_chunk<i>() for a run-time i (folded where the caller's loop is unrolled).
+  template <int c = 0, class Params>
+  static __device__ void store_chunk_at(int i, const Params& p, uint32_t buf, const Deferred& d, int lane) {
+    if constexpr (c < kChunks) {
+      if (i == c) store_chunk<c>(p, buf, d, lane);
+      else store_chunk_at<c + 1>(i, p, buf, d, lane);
+    }
+  }
+
+  // Every chunk of the pending D (the kernel's last tile); nothing is pending after.
+  template <int c = 0, class Params>
+  static __device__ void drain(const Params& p, uint32_t buf, Deferred& d, int lane) {
+    if constexpr (c < kChunks) {
+      store_chunk<c>(p, buf, d, lane);
+      drain<c + 1>(p, buf, d, lane);
+    } else {
+      d.row0 = -1;
+    }
+  }
 
   template <class Out, class Store, bool kIsC, class Params>
   static __device__ void store_output(const Params& p, const Rule& rule, uint32_t buf,

@@ -38,7 +38,8 @@
 // Epilogue (fusegemm/sm90/epilogue.cuh): each consumer warp owns 16 complete rows of the tile in
 // its WGMMA fragment, so element-wise rules stage 128-byte column chunks in the warp's own padded
 // smem buffer and write full cache lines (epi::WarpStagedStore), synchronising with __syncwarp
-// only; other rules run the arch-neutral engine.
+// only; other rules run the arch-neutral engine. A cooperative tile's plain D is stored during
+// the next tile's first k-blocks instead (FUSEGEMM_SM90_DEFER_STORE, below).
 #pragma once
 
 #include "fusegemm/cluster.cuh"
@@ -75,6 +76,16 @@
 // stays 128).
 #ifndef FUSEGEMM_SM90_PINGPONG
 #define FUSEGEMM_SM90_PINGPONG 1
+#endif
+
+// Deferred D (1): the cooperative tile's D (element-wise rules with a 16-bit D, no C, no column
+// input; WgmmaEpilogue::kDeferD) is stored while the next tile's first k-blocks run on the
+// tensor cores, and the epilogue's inputs are loaded before the last k-block. 0 stores D between
+// the tiles (the measured baseline, an A/B switch through FUSEGEMM_NVRTC_EXTRA). H200, the plain
+// GEMM on bench/grouped_gemm.py's eight rows, two runs of bench/ceiling.py --also: the dsv3 and
+// qwen3 rows 0.7-5.2% faster, mixtral-fc1 -2.0 to +0.3%.
+#ifndef FUSEGEMM_SM90_DEFER_STORE
+#define FUSEGEMM_SM90_DEFER_STORE 1
 #endif
 
 // Benchmark only: 1 skips the epilogue at run time (nothing is stored unless a tile's first
@@ -146,7 +157,10 @@ struct GroupedGemmKernel {
   // The epilogue (fusegemm/sm90/epilogue.cuh): fragment path for element-wise rules, else the
   // arch-neutral engine.
   using Engine = epi::BlockEngine<Rule, ElementC, ElementD>;
-  using Epi = WgmmaEpilogue<64 * kConsumerWGs, kTileN, Rule, ElementC, ElementD, Engine>;
+  // Deferred D stores (FUSEGEMM_SM90_DEFER_STORE): cooperative tiles, whose epilogue otherwise
+  // idles the tensor cores (ping-pong's overlaps the other warpgroup's mainloop already).
+  static constexpr bool kDefer = FUSEGEMM_SM90_DEFER_STORE && !kPingPong;
+  using Epi = WgmmaEpilogue<64 * kConsumerWGs, kTileN, Rule, ElementC, ElementD, Engine, false, false, kDefer>;
   static constexpr int kEpiBytes = Epi::kBytes;
   static constexpr int kTileRing = 4;
   static constexpr int kMiscBytes = 128 /*tensor-map staging*/ + 16 * kTileRing;
@@ -527,6 +541,8 @@ struct GroupedGemmKernel {
     float acc[kAccum];
     typename Epi::Partials part;
     part.reset();
+    typename Epi::Deferred pending;   // the previous tile's D (kDeferD)
+    const uint32_t epi_buf = smem_u32(smem + kOffEpi) + warp * Epi::kEpiWarpBytes;
 
     // Stagger handshake: warpgroup 0 arrives exactly once (after kStagger k-blocks of its
     // first tile, at the end of that tile if it is shorter, or on exit if it gets none);
@@ -567,7 +583,8 @@ struct GroupedGemmKernel {
       }
       int prev_stage = 0;
       const int prefetch_kb = FUSEGEMM_SM90_EPI_PREFETCH > 0 ? max(num_k_blocks - FUSEGEMM_SM90_EPI_PREFETCH, 0) : -1;
-      for (int kb = 0; kb < num_k_blocks; ++kb) {
+      // One k-block: wait for its stage, issue its WGMMAs, release the stage before it.
+      auto k_step = [&](int kb) {
         if (kb == prefetch_kb && (!kClusters || t.x >= 0)) Epi::prefetch(p, tile_row0(p, t) - row_shift, t.z * kTileN, warp, lane);
         mbar_wait(&full[stage], phase);
         fence_acc(acc);
@@ -588,7 +605,24 @@ struct GroupedGemmKernel {
         prev_stage = stage;
         if (++stage == kStages) { stage = 0; phase ^= 1; }
         if (kb + 1 == kStagger) stagger_release();
+      };
+      int kb = 0;
+      typename Epi::Pre pre;   // kDeferD: this tile's epilogue inputs
+      if constexpr (Epi::kDeferD) {
+        // The previous tile's D, chunk c after k-block c's WGMMAs are issued (fully unrolled:
+        // each chunk's registers are free once it is stored, not live through the mainloop).
+#pragma unroll
+        for (int c = 0; c < Epi::kChunks; ++c) {
+          if (kb + 1 < num_k_blocks) k_step(kb++);
+          Epi::store_chunk_at(c, p, epi_buf, pending, lane);
+        }
+        pending.row0 = -1;
+        for (; kb + 1 < num_k_blocks; ++kb) k_step(kb);
+        // The epilogue's loads go out before the last k-block: its WGMMAs hide their latency,
+        // and their registers are live through one k-block, not the mainloop.
+        if (!kClusters || t.x >= 0) pre = Epi::preload(p, t.x, tile_row0(p, t), warp, lane);
       }
+      for (; kb < num_k_blocks; ++kb) k_step(kb);
       stagger_release();
       if constexpr (kPingPong) named_barrier_arrive(kOrderBarrier + (wg ^ 1), 256);
       cute::warpgroup_wait<0>();
@@ -601,9 +635,16 @@ struct GroupedGemmKernel {
         }
       }
 
+      if constexpr (Epi::kDeferD) {
+        if ((!kClusters || t.x >= 0) && (!FUSEGEMM_SM90_BENCH_NO_EPILOGUE || acc[0] == -1.0f)) {
+          Epi::compute(p, pre, tile_row0(p, t), t.z * kTileN, warp, lane, acc, pending);
+        }
+        continue;
+      }
       if ((!kClusters || t.x >= 0) && (!FUSEGEMM_SM90_BENCH_NO_EPILOGUE || acc[0] == -1.0f)) Epi::run(p, smem + kOffEpi, t.x, tile_row0(p, t) - row_shift, t.z * kTileN, wg, warp, lane, acc, part);
     }
     stagger_release();
+    if constexpr (Epi::kDeferD) Epi::drain(p, epi_buf, pending, lane);
     Epi::finish(part, p, warp, lane);
   }
 
