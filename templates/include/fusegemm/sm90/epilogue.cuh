@@ -73,6 +73,25 @@ struct WgmmaEpilogue {
                                              : kConsumerWGs * kWgEpiBytes;
   using Partials = typename Engine::Partials;
 
+  // The rule on fragment group j of a warp's rows: columns col, col + 1 (col = n0 + 8 j +
+  // 2 (lane % 4)) of row `row` (lane / 4 of the warp's 16) into o[0], o[1] and of row + 8 into
+  // o[2], o[3]. Columns past N are never stored; their inputs are not read (they would run into
+  // the next expert's column inputs or off the end).
+  template <class Params>
+  FUSEGEMM_DEVICE static void apply_group(const Params& p, const Rule& rule, int row, int col,
+                                          const typename Rule::RowIn& r0in, const typename Rule::RowIn& r1in,
+                                          const float (&acc)[kAccum], int j, typename Rule::Out (&o)[4]) {
+    const bool in0 = col < p.n, in1 = col + 1 < p.n;
+    const auto e0 = in0 ? rule.elem(p, row, col) : typename Rule::ElemIn{};
+    const auto e1 = in1 ? rule.elem(p, row, col + 1) : typename Rule::ElemIn{};
+    const auto e2 = in0 ? rule.elem(p, row + 8, col) : typename Rule::ElemIn{};
+    const auto e3 = in1 ? rule.elem(p, row + 8, col + 1) : typename Rule::ElemIn{};
+    o[0] = rule.apply(acc[4 * j + 0], 0.0f, r0in, e0);
+    o[1] = rule.apply(acc[4 * j + 1], 0.0f, r0in, e1);
+    o[2] = rule.apply(acc[4 * j + 2], 0.0f, r1in, e2);
+    o[3] = rule.apply(acc[4 * j + 3], 0.0f, r1in, e3);
+  }
+
   // Deferred D (kDeferD: element-wise rules with a 16-bit D, no C and no column or element
   // input). compute() applies the rule to the fragment and keeps D packed in registers
   // (kTileN / 4 per thread); the kernel then stores chunk c (16 rows x 128 bytes per warp,
@@ -117,16 +136,10 @@ struct WgmmaEpilogue {
     const int r0 = lane / 4, cq = (lane % 4) * 2;
 #pragma unroll
     for (int j = 0; j < kTileN / 8; ++j) {
-      const int col = n0 + j * 8 + cq;
-      const bool in0 = col < p.n, in1 = col + 1 < p.n;   // inputs past N are never read
-      const auto e0 = in0 ? rule.elem(p, row0 + r0, col) : typename Rule::ElemIn{};
-      const auto e1 = in1 ? rule.elem(p, row0 + r0, col + 1) : typename Rule::ElemIn{};
-      const auto e2 = in0 ? rule.elem(p, row0 + r0 + 8, col) : typename Rule::ElemIn{};
-      const auto e3 = in1 ? rule.elem(p, row0 + r0 + 8, col + 1) : typename Rule::ElemIn{};
-      d.v[2 * j] = epi::Cvt<ElementD>::pack2(rule.apply(acc[4 * j + 0], 0.0f, r0in, e0).d,
-                                             rule.apply(acc[4 * j + 1], 0.0f, r0in, e1).d);
-      d.v[2 * j + 1] = epi::Cvt<ElementD>::pack2(rule.apply(acc[4 * j + 2], 0.0f, r1in, e2).d,
-                                                 rule.apply(acc[4 * j + 3], 0.0f, r1in, e3).d);
+      typename Rule::Out o[4];
+      apply_group(p, rule, row0 + r0, n0 + j * 8 + cq, r0in, r1in, acc, j, o);
+      d.v[2 * j] = epi::Cvt<ElementD>::pack2(o[0].d, o[1].d);
+      d.v[2 * j + 1] = epi::Cvt<ElementD>::pack2(o[2].d, o[3].d);
     }
     d.row0 = row0;
     d.n0 = n0;
@@ -185,18 +198,9 @@ struct WgmmaEpilogue {
 #pragma unroll
       for (int jj = 0; jj < kCols / 8; ++jj) {
         const int j = c * (kCols / 8) + jj;
-        const int col = chunk_col + jj * 8 + cq;
-        // Columns past N are never stored; their inputs are not read (they would run into the
-        // next expert's column inputs or off the end).
-        const bool in0 = col < p.n, in1 = col + 1 < p.n;
-        const auto e0 = in0 ? rule.elem(p, row0 + r0, col) : typename Rule::ElemIn{};
-        const auto e1 = in1 ? rule.elem(p, row0 + r0, col + 1) : typename Rule::ElemIn{};
-        const auto e2 = in0 ? rule.elem(p, row0 + r0 + 8, col) : typename Rule::ElemIn{};
-        const auto e3 = in1 ? rule.elem(p, row0 + r0 + 8, col + 1) : typename Rule::ElemIn{};
-        const auto o00 = rule.apply(acc[4 * j + 0], 0.0f, r0in, e0);
-        const auto o01 = rule.apply(acc[4 * j + 1], 0.0f, r0in, e1);
-        const auto o10 = rule.apply(acc[4 * j + 2], 0.0f, r1in, e2);
-        const auto o11 = rule.apply(acc[4 * j + 3], 0.0f, r1in, e3);
+        typename Rule::Out o[4];
+        apply_group(p, rule, row0 + r0, chunk_col + jj * 8 + cq, r0in, r1in, acc, j, o);
+        const auto &o00 = o[0], &o01 = o[1], &o10 = o[2], &o11 = o[3];
         if constexpr (kIsC) {
           Store::put(buf, r0, jj * 8 + cq, o00.c, o01.c);
           Store::put(buf, r0 + 8, jj * 8 + cq, o10.c, o11.c);
