@@ -113,6 +113,24 @@ def nvrtc_defines(defines: str):
         yield
 
 
+def add_also_argument(ap: argparse.ArgumentParser) -> None:
+    """``--also NAME=DEFINES`` (repeatable): the benchmark's fusegemm op built again with these
+    NVRTC defines (a header's A/B switch, see nvrtc_defines), timed as method NAME."""
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=DEFINES",
+                    help="another build of fusegemm's op with these NVRTC defines (repeatable)")
+
+
+def also_builds(args) -> list[tuple[str, str]]:
+    """The (name, defines) pairs of --also; a malformed one stops the run naming it."""
+    out = []
+    for x in args.also:
+        name, _, defines = x.partition("=")
+        if not name.isidentifier() or not defines:
+            raise SystemExit(f"--also: got {x!r}; expected NAME=DEFINES, e.g. staged=-DFUSEGEMM_SM90_DEFER_STORE=0")
+        out.append((name, defines))
+    return out
+
+
 def whole_fill(run):
     """``run`` with the spec ops' outputs zero-filled whole before each GEMM (their allocation
     before fusegemm/ops/tail.py) instead of uninitialised rows and a tail kernel."""

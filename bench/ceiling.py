@@ -31,7 +31,7 @@ import statistics
 import subprocess
 import time
 
-from _common import SHAPES, add_run_arguments, expert_sizes, interleaved_ms, nvrtc_defines, run
+from _common import SHAPES, add_also_argument, add_run_arguments, also_builds, expert_sizes, interleaved_ms, nvrtc_defines, run
 
 NO_EPILOGUE = "-DFUSEGEMM_SM90_BENCH_NO_EPILOGUE=1"
 FLOP_PER_CLOCK_PER_SM = 4096   # sm_90 dense BF16 tensor-core throughput
@@ -112,7 +112,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
     flops = 2.0 * m * n * k
     methods = {}
     builds = [("fusegemm", ""), ("fusegemm_no_epilogue", NO_EPILOGUE)]
-    builds += [tuple(x.split("=", 1)) for x in args.also]
+    builds += also_builds(args)
     for key, defines in builds:
         d = torch.empty((m, n, 1), dtype=torch.bfloat16, device="cuda")
         op = GroupedGemm(a, None, d, offsets, alpha, b_view, None, prob, mma_tiler_mn=(128, 256))
@@ -131,8 +131,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
     row["ratio_vs_cublas"] = t["fusegemm"] / t["cublas_dense"]
     row["no_epilogue_vs_torch"] = t["fusegemm_no_epilogue"] / t["torch_grouped_mm"]
     row["epilogue_share"] = 1.0 - t["fusegemm"] / t["fusegemm_no_epilogue"]
-    for x in args.also:
-        name = x.split("=", 1)[0]
+    for name, _ in also_builds(args):
         row[f"{name}_vs_fusegemm"] = t[name] / t["fusegemm"]
     if args.seconds > 0:
         win = sustained(methods, args.seconds)
@@ -162,12 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     add_run_arguments(ap, ",".join(SHAPES))
     ap.add_argument("--seconds", type=float, default=2.0,
                     help="sustained window per method under nvidia-smi sampling (0: none)")
-    ap.add_argument("--also", action="append", default=[], metavar="NAME=DEFINES",
-                    help="another build of the default kernel with these NVRTC defines (repeatable)")
+    add_also_argument(ap)
     args = ap.parse_args(argv)
-    for x in args.also:
-        if "=" not in x or not x.split("=", 1)[0].isidentifier():
-            raise SystemExit(f"--also: got {x!r}; expected NAME=DEFINES, e.g. staged=-DFUSEGEMM_SM90_DEFER_STORE=0")
+    also_builds(args)   # refuse a malformed --also before any work
     header = {"benchmark": "ceiling: the BF16 grouped GEMM (seed 001) against the clock, the power cap "
                            "and its own mainloop without the epilogue",
               "flop_per_clock_per_sm": FLOP_PER_CLOCK_PER_SM}

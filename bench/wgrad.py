@@ -9,7 +9,9 @@ dW_e = dY_e^T X_e over each expert's token rows: dY (T, M), X (T, N) token-major
 * fc1: dY = dG (T, 2F), X = x (T, H): dW1 (L, 2F, H)
 * fc2: dY = dy (T, H), X = h (T, F): dW2 (L, H, F)
 
-Every fusegemm result is checked against torch._grouped_mm before it is timed.
+Every fusegemm result is checked against torch._grouped_mm before it is timed. ``--also
+NAME=DEFINES`` (repeatable) times the op built with a header's A/B switch as well (e.g.
+``--also staged=-DFUSEGEMM_SM90_DEFER_STORE=0``).
 
     python bench/wgrad.py [--out bench/results/wgrad_h200.json]
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from _common import add_run_arguments, expert_sizes, interleaved_ms, run, whole_fill
+from _common import add_also_argument, add_run_arguments, also_builds, expert_sizes, interleaved_ms, nvrtc_defines, run, whole_fill
 
 # name: (experts, tokens, M, N)
 SHAPES = {
@@ -49,6 +51,11 @@ def bench_shape(name: str, dist: str, args) -> dict:
     del ours, theirs
     methods = {"fusegemm": lambda: op(dy, x, off),
                "torch_grouped_mm": lambda: torch._grouped_mm(dy.t(), x, offs=off)}
+    for key, defines in also_builds(args):   # the same op built with a header's A/B switch
+        with nvrtc_defines(defines):
+            other = KGroupedGemm("grouped_gemm_wgrad").compile()
+        row[f"{key}_equal_to_fusegemm"] = bool(torch.equal(other(dy, x, off)["d"], op(dy, x, off)["d"]))
+        methods[key] = (lambda other=other: other(dy, x, off))
     if args.fill_ab:   # D zero-filled before the GEMM, as before fusegemm/ops/tail.py
         methods["fusegemm_whole_fill"] = whole_fill(lambda: op(dy, x, off))
     if dist == "balanced":
@@ -57,6 +64,8 @@ def bench_shape(name: str, dist: str, args) -> dict:
     for key, ms in interleaved_ms(methods, args).items():
         row[f"{key}_ms"], row[f"{key}_tflops"] = ms, flops / ms / 1e9
     row["ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row["fusegemm_ms"]
+    for key, _ in also_builds(args):
+        row[f"{key}_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row[f"{key}_ms"]
     if "fusegemm_whole_fill_ms" in row:
         row["whole_fill_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row["fusegemm_whole_fill_ms"]
     if "cublas_bmm_ms" in row:
@@ -66,8 +75,10 @@ def bench_shape(name: str, dist: str, args) -> dict:
 
 
 def _summary(r: dict) -> str:
+    also = "".join(f"  {k[:-len('_ratio_vs_torch_grouped_mm')]} x{v:.2f}" for k, v in r.items()
+                   if k.endswith("_ratio_vs_torch_grouped_mm") and not k.startswith("whole_fill"))
     return (f"fusegemm {r['fusegemm_tflops']:.0f} TFLOP/s, torch {r['torch_grouped_mm_tflops']:.0f}: "
-            f"x{r['ratio_vs_torch_grouped_mm']:.2f}")
+            f"x{r['ratio_vs_torch_grouped_mm']:.2f}{also}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fill-ab", action="store_true",
                     help="also time fusegemm with D zero-filled before the GEMM (the allocation before "
                          "fusegemm/ops/tail.py)")
+    add_also_argument(ap)
     args = ap.parse_args(argv)
+    also_builds(args)   # refuse a malformed --also before any work
     return run(args, bench_shape, _summary,
                {"benchmark": "K-grouped weight gradients (specs/grouped_gemm_wgrad.yaml) vs torch._grouped_mm"},
                method_note="; TFLOP/s = 2*T*M*N/time", shapes=SHAPES)
