@@ -31,7 +31,8 @@ import statistics
 import subprocess
 import time
 
-from _common import SHAPES, add_also_argument, add_run_arguments, also_builds, expert_sizes, interleaved_ms, nvrtc_defines, run
+from _common import (SHAPES, add_also_argument, add_run_arguments, also_builds, expert_sizes, interleaved_ms,
+                     nvrtc_defines, run)
 
 NO_EPILOGUE = "-DFUSEGEMM_SM90_BENCH_NO_EPILOGUE=1"
 FLOP_PER_CLOCK_PER_SM = 4096   # sm_90 dense BF16 tensor-core throughput
@@ -131,8 +132,8 @@ def bench_shape(name: str, dist: str, args) -> dict:
     row["ratio_vs_cublas"] = t["fusegemm"] / t["cublas_dense"]
     row["no_epilogue_vs_torch"] = t["fusegemm_no_epilogue"] / t["torch_grouped_mm"]
     row["epilogue_share"] = 1.0 - t["fusegemm"] / t["fusegemm_no_epilogue"]
-    for name, _ in also_builds(args):
-        row[f"{name}_vs_fusegemm"] = t[name] / t["fusegemm"]
+    for key, _ in also_builds(args):
+        row[f"{key}_vs_fusegemm"] = t[key] / t["fusegemm"]
     if args.seconds > 0:
         win = sustained(methods, args.seconds)
         for v in win.values():

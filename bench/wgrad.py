@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import argparse
 
-from _common import add_also_argument, add_run_arguments, also_builds, expert_sizes, interleaved_ms, nvrtc_defines, run, whole_fill
+from _common import (add_also_argument, add_run_arguments, also_builds, expert_sizes, interleaved_ms, nvrtc_defines,
+                     run, whole_fill)
 
 # name: (experts, tokens, M, N)
 SHAPES = {
