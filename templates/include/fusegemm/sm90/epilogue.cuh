@@ -109,8 +109,9 @@ struct WgmmaEpilogue {
     int row0 = -1, n0 = 0;   // row0 < 0: nothing pending
   };
 
-  // The tile's expert and row inputs (alpha, prob, ...), which the kernel loads before its last
-  // k-block, so that their latency is not paid after the mainloop.
+  // The tile's expert and row inputs (alpha, prob, ...) of warp `warp`'s rows: the fragment path
+  // loads them first (run()); with deferred D the kernel loads them before its last k-block, so
+  // that their latency is not paid after the mainloop.
   struct Pre {
     Rule rule;
     typename Rule::RowIn r0in, r1in;
@@ -221,28 +222,35 @@ struct WgmmaEpilogue {
   template <class Params>
   static __device__ void run(const Params& p, uint8_t* epi_smem, int expert, int m0, int n0, int wg,
                              int warp, int lane, const float (&acc)[kAccum], Partials& part) {
-    Rule rule;
-    rule.begin_tile(p, expert);
     if constexpr (kFragment) {
+      const Pre pre = preload(p, expert, m0, warp, lane);
       const int row0 = m0 + 16 * warp;  // warp = 4*wg + warp-in-group
-      const auto r0in = rule.row(p, row0 + lane / 4);
-      const auto r1in = rule.row(p, row0 + lane / 4 + 8);
-      const uint32_t buf = smem_u32(epi_smem) + warp * kEpiWarpBytes;
+      const uint32_t buf = warp_buf(epi_smem, warp);
       if constexpr (Rule::kHasC) {
         if (p.c_out != nullptr) {
-          store_output<ElementC, StoreC, true>(p, rule, buf, reinterpret_cast<ElementC*>(p.c_out),
-                                               p.ldc, row0, n0, r0in, r1in, lane, acc);
+          store_output<ElementC, StoreC, true>(p, pre.rule, buf, reinterpret_cast<ElementC*>(p.c_out),
+                                               p.ldc, row0, n0, pre.r0in, pre.r1in, lane, acc);
         }
       }
       if constexpr (Rule::kHasD) {
-        store_output<ElementD, StoreD, false>(p, rule, buf, reinterpret_cast<ElementD*>(p.d_out),
-                                              p.ldd, row0, n0, r0in, r1in, lane, acc);
+        store_output<ElementD, StoreD, false>(p, pre.rule, buf, reinterpret_cast<ElementD*>(p.d_out),
+                                              p.ldd, row0, n0, pre.r0in, pre.r1in, lane, acc);
       }
-    } else if constexpr (kFragBlocks) {
-      frag_blocks(p, epi_smem, rule, expert, m0, n0, warp, lane, acc, part);
     } else {
-      engine(p, epi_smem, rule, expert, m0, n0, wg, warp % 4, lane, acc, part);
+      Rule rule;
+      rule.begin_tile(p, expert);
+      if constexpr (kFragBlocks) {
+        frag_blocks(p, epi_smem, rule, expert, m0, n0, warp, lane, acc, part);
+      } else {
+        engine(p, epi_smem, rule, expert, m0, n0, wg, warp % 4, lane, acc, part);
+      }
     }
+  }
+
+  // Warp `warp`'s staging buffer in the fragment path's shared memory (epi_smem: the kernel's
+  // epilogue region).
+  static __device__ uint32_t warp_buf(const uint8_t* epi_smem, int warp) {
+    return smem_u32(epi_smem) + warp * kEpiWarpBytes;
   }
 
   // End of the kernel: the global reductions of the engine's two active warps per warpgroup.

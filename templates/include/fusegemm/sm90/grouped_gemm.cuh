@@ -543,7 +543,7 @@ struct GroupedGemmKernel {
     typename Epi::Partials part;
     part.reset();
     typename Epi::Deferred pending;   // the previous tile's D (kDeferD)
-    const uint32_t epi_buf = smem_u32(smem + kOffEpi) + warp * Epi::kEpiWarpBytes;
+    const uint32_t epi_buf = Epi::warp_buf(smem + kOffEpi, warp);
 
     // Stagger handshake: warpgroup 0 arrives exactly once (after kStagger k-blocks of its
     // first tile, at the end of that tile if it is shorter, or on exit if it gets none);
@@ -570,6 +570,7 @@ struct GroupedGemmKernel {
       if (t.w < 0) break;
 
       const int num_k_blocks = kKGrouped ? k_range(p, t.x).y : k_blocks_all;
+      const bool stores_tile = !kClusters || t.x >= 0;   // (a cluster block's phantoms: expert -1)
       if constexpr (kPingPong) {
         const bool own = turn;
         turn = !turn;
@@ -586,7 +587,7 @@ struct GroupedGemmKernel {
       const int prefetch_kb = FUSEGEMM_SM90_EPI_PREFETCH > 0 ? max(num_k_blocks - FUSEGEMM_SM90_EPI_PREFETCH, 0) : -1;
       // One k-block: wait for its stage, issue its WGMMAs, release the stage before it.
       auto k_step = [&](int kb) {
-        if (kb == prefetch_kb && (!kClusters || t.x >= 0)) Epi::prefetch(p, tile_row0(p, t) - row_shift, t.z * kTileN, warp, lane);
+        if (kb == prefetch_kb && stores_tile) Epi::prefetch(p, tile_row0(p, t) - row_shift, t.z * kTileN, warp, lane);
         mbar_wait(&full[stage], phase);
         fence_acc(acc);
         cute::warpgroup_arrive();
@@ -621,7 +622,7 @@ struct GroupedGemmKernel {
         for (; kb + 1 < num_k_blocks; ++kb) k_step(kb);
         // The epilogue's loads go out before the last k-block: its WGMMAs hide their latency,
         // and their registers are live through one k-block, not the mainloop.
-        if (!kClusters || t.x >= 0) pre = Epi::preload(p, t.x, tile_row0(p, t), warp, lane);
+        if (stores_tile) pre = Epi::preload(p, t.x, tile_row0(p, t), warp, lane);
       }
       for (; kb < num_k_blocks; ++kb) k_step(kb);
       stagger_release();
@@ -636,13 +637,13 @@ struct GroupedGemmKernel {
         }
       }
 
-      if constexpr (Epi::kDeferD) {
-        if ((!kClusters || t.x >= 0) && (!FUSEGEMM_SM90_BENCH_NO_EPILOGUE || acc[0] == -1.0f)) {
+      if (stores_tile && (!FUSEGEMM_SM90_BENCH_NO_EPILOGUE || acc[0] == -1.0f)) {
+        if constexpr (Epi::kDeferD) {
           Epi::compute(p, pre, tile_row0(p, t), t.z * kTileN, warp, lane, acc, pending);
+        } else {
+          Epi::run(p, smem + kOffEpi, t.x, tile_row0(p, t) - row_shift, t.z * kTileN, wg, warp, lane, acc, part);
         }
-        continue;
       }
-      if ((!kClusters || t.x >= 0) && (!FUSEGEMM_SM90_BENCH_NO_EPILOGUE || acc[0] == -1.0f)) Epi::run(p, smem + kOffEpi, t.x, tile_row0(p, t) - row_shift, t.z * kTileN, wg, warp, lane, acc, part);
     }
     stagger_release();
     if constexpr (Epi::kDeferD) Epi::drain(p, epi_buf, pending, lane);
