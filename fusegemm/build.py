@@ -40,6 +40,7 @@ class BuildResult:
     tmem_cols: int = 0        # sm_100a TMEM columns per CTA
     error: str = ""
     variants: int = 1         # variants served by this kernel (e.g. every cluster shape)
+    advisories: tuple[str, ...] = ()   # ptxas performance advisories (e.g. C7518: serialized WGMMAs)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -104,7 +105,7 @@ def _result(v: Variant, b: Built, seconds: float) -> BuildResult:
                        seconds=seconds, registers=b.resources.registers,
                        smem_bytes=b.resources.static_shared_bytes + b.contract.smem_bytes,
                        spill_bytes=b.resources.local_bytes, threads=b.contract.threads,
-                       tmem_cols=b.contract.tmem_cols)
+                       tmem_cols=b.contract.tmem_cols, advisories=b.advisories)
 
 
 def _failed(v: Variant, seconds: float, exc: Exception) -> BuildResult:

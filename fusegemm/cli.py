@@ -343,6 +343,10 @@ def _build(specs, arch, jobs, all_variants, variant_opts, bundle_path, as_json) 
                  r.spill_bytes, r.threads, r.tmem_cols or "-", f"{r.seconds:.2f}",
                  "yes" if r.cached else "no"]
                 for r in results if r.ok])
+        # A kernel ptxas says runs below its speed (e.g. serialized WGMMAs) built fine: say so.
+        for r in results:
+            for note in r.advisories:
+                click.echo(f"warning: {r.name} ({r.arch}): ptxas {note}", err=True)
         n_cached = sum(r.cached for r in results if r.ok)
         n_variants = sum(r.variants for r in results if r.ok)
         extra = f" serving {n_variants} variants" if n_variants != len(results) - len(failed) else ""
@@ -422,6 +426,8 @@ def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
         cub = Cubin(data)
         info: dict[str, Any] = {"name": meta.get("name", str(path)), "arch": meta.get("arch"),
                                 "kernels": []}
+        if "ptxas_advisories" in meta:   # a cached kernel's compile (a bare .cubin has no log)
+            info["ptxas_advisories"] = meta["ptxas_advisories"]
         for k in cub.kernels():
             res = cub.resources(k).__dict__
             try:
@@ -446,6 +452,8 @@ def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
         click.echo(f"  kernel {k['kernel']}: registers={k['registers']} "
                    f"static_smem={k['static_shared_bytes']} B dynamic_smem={launch.get('smem_bytes', '?')} B "
                    f"local(spills)={k['local_bytes']} B threads={launch.get('threads', k['max_threads'])}")
+    for note in info.get("ptxas_advisories", ()):
+        click.echo(f"  ptxas advisory {note}")
     if "sass_skipped" in info:
         click.echo(f"  SASS skipped: {info['sass_skipped']}")
     elif sass:

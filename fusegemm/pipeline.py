@@ -132,4 +132,5 @@ def _compile(p: Planned) -> Built:
     cubin = compile_source(src.text, arch=v.arch, kernel=src.symbol, name=f"{src.symbol}.cu",
                            spec_path=v.spec.path)
     return Built.from_cubin(name=src.name, kernel_name=src.symbol, arch=v.arch, key=p.key,
-                            cubin=cubin.data, compile_seconds=cubin.seconds, cached=False)
+                            cubin=cubin.data, compile_seconds=cubin.seconds, cached=False,
+                            meta={"ptxas_advisories": list(cubin.advisories)})

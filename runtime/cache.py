@@ -56,6 +56,12 @@ class Built:
     path: Path | None = None      # entry folder, when the disk cache is in use
     meta: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
+    @property
+    def advisories(self) -> tuple[str, ...]:
+        """ptxas's performance advisories from the compile (runtime/compile.py; empty when clean,
+        and for an entry written before they were recorded)."""
+        return tuple(self.meta.get("ptxas_advisories", ()))
+
     @staticmethod
     def from_cubin(*, name: str, kernel_name: str, arch: str, key: str, cubin: bytes,
                    compile_seconds: float, cached: bool, path: Path | None = None,
@@ -182,7 +188,7 @@ class KernelCache:
             "cubin_size": len(built.cubin), "cubin_sha256": hashlib.sha256(built.cubin).hexdigest(),
             "contract": built.contract.__dict__, "resources": built.resources.__dict__,
             "compile_seconds": round(built.compile_seconds, 3), "created": time.time(),
-            **meta_extra,
+            **built.meta, **meta_extra,
         }
         try:
             (tmp / "kernel.cu").write_text(source_text)

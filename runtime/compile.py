@@ -17,6 +17,20 @@ from .headers import HeaderSet, header_set
 BASE_OPTIONS = ("-default-device", "-std=c++17", "-DNDEBUG", "--device-int128")
 
 
+# ptxas's "Potential Performance Loss" notes, e.g. C7518: "wgmma.mma_async instructions are
+# serialized due to ...". The cubin is valid but its WGMMAs wait for each other, and nothing else
+# says so: NVRTC succeeds and the note sits in a log nobody reads. (H200: the sm_90a grouped GEMM
+# with its deferred D stores in a rolled loop that the last tile left through ran 7-20% slower.)
+# Kept with the kernel (Built.advisories), printed by `fusegemm build` and `fusegemm inspect`.
+_ADVISORY_RE = re.compile(r"^ptxas info\s*:\s*\((C\d+)\) Potential Performance Loss:\s*(.*?)"
+                          r"(?: in the function '[^']*')?\s*$", re.MULTILINE)
+
+
+def advisories(log: str) -> tuple[str, ...]:
+    """ptxas's performance advisories in an NVRTC log, as ``"C7518: <what ptxas says>"``."""
+    return tuple(f"{code}: {text}" for code, text in _ADVISORY_RE.findall(log))
+
+
 @dataclass(frozen=True)
 class Cubin:
     """A compiled kernel image plus what produced it."""
@@ -27,6 +41,11 @@ class Cubin:
     log: str = ""
     seconds: float = 0.0
     options: tuple[str, ...] = field(default=())
+
+    @property
+    def advisories(self) -> tuple[str, ...]:
+        """ptxas's performance advisories for this image (empty for a clean kernel)."""
+        return advisories(self.log)
 
 
 @functools.lru_cache(maxsize=1)

@@ -53,9 +53,14 @@ def sass(cubin: bytes) -> str:
     return res.stdout
 
 
+def opcodes(text: str) -> list[str]:
+    """Every instruction's opcode (with modifiers), in the order of the SASS text."""
+    return [m.group(1) for m in _INSN.finditer(text)]
+
+
 def histogram(text: str) -> dict[str, int]:
     """Opcode (with modifiers) -> count, most frequent first."""
-    counts = collections.Counter(m.group(1) for m in _INSN.finditer(text))
+    counts = collections.Counter(opcodes(text))
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 

@@ -176,6 +176,48 @@ def test_build_failure_exit_1(cache_dir, monkeypatch):
     assert "0 built (0 cached), 1 failed" in r.output and "deliberately broken" in r.output
 
 
+# What ptxas printed for a kernel whose WGMMAs it serialized (a rolled loop around the deferred D
+# stores of the sm_90a grouped GEMM: 7-14% slower on the H200, and NVRTC succeeded).
+C7518 = ("ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async instructions are "
+         "serialized due to program dependence on compiler-inserted WG.DP in divergent path in the "
+         "function 'fg_grouped_gemm_sm90a_6cb1fa4f741d'\n")
+
+
+def test_ptxas_advisories_parsed():
+    from fusegemm.runtime.compile import advisories
+    assert advisories(C7518) == ("C7518: wgmma.mma_async instructions are serialized due to program "
+                                 "dependence on compiler-inserted WG.DP in divergent path",)
+    assert advisories("ptxas info    : Used 168 registers, used 1 barriers\n") == ()
+
+
+def test_ptxas_advisory_reaches_build_cache_and_inspect(cache_dir, monkeypatch):
+    """An advisory in the compile log is a warning of `fusegemm build`, stays with the cache
+    entry (its meta.json: a later process's lookup and `fusegemm inspect` show it), and is in
+    --json."""
+    import dataclasses
+
+    from fusegemm import pipeline
+    real = pipeline.compile_source
+
+    def noted(*a, **k):
+        c = real(*a, **k)
+        return dataclasses.replace(c, log=c.log + C7518)
+    monkeypatch.setattr(pipeline, "compile_source", noted)
+    args = ["build", "gemm_amax", "--arch", "sm_90a", "-j", "1", "--variant", "c_dtype=float32"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert "warning: gemm_amax." in r.output and "ptxas C7518: wgmma.mma_async instructions are serialized" in r.output
+    monkeypatch.setattr(pipeline, "compile_source", real)
+    from fusegemm.runtime.cache import KernelCache
+    (entry,) = [e for e in KernelCache(cache_dir, disk=True).entries() if "key" in e]
+    assert entry["ptxas_advisories"][0].startswith("C7518: ")
+    again = CliRunner().invoke(main, args + ["--json"])   # a cache hit keeps the advisory
+    rows = json.loads(again.output)["results"]
+    assert [row["cached"] for row in rows] == [True] and rows[0]["advisories"][0].startswith("C7518: ")
+    r = run("inspect", "gemm_amax", "--no-sass")
+    assert r.exit_code == 0 and "ptxas advisory C7518: wgmma.mma_async" in r.output
+
+
 # ---- fusegemm validate / show of the schema 2 epilogue ------------------------------------------
 USER_SPEC = """\
 # A user's op, outside specs/: SwiGLU forward on the BF16 grouped GEMM, FP8 D row-quantized.
