@@ -13,13 +13,17 @@ Shapes and expert-size distributions are bench/grouped_gemm.py's; times are CUDA
 over interleaved rounds. Reported: milliseconds, the GEMM's TFLOP/s (2 * rows * N * K / time),
 and fusegemm's speed-up over torch (torch_ms / fusegemm_ms).
 
+``--also NAME=DEFINES`` (repeatable) adds both ops built with those NVRTC defines (a header's A/B
+switch), timed as NAME_bf16 and NAME_mxfp8.
+
     python bench/epilogue_swiglu.py [--out bench/results/epilogue_swiglu_h200.json]
 """
 from __future__ import annotations
 
 import argparse
 
-from _common import SHAPES, add_run_arguments, expert_sizes, interleaved_ms, nvrtc_defines, run
+from _common import (SHAPES, add_also_argument, add_run_arguments, also_builds, expert_sizes, interleaved_ms,
+                     nvrtc_defines, run)
 
 DEFAULT_SHAPES = "dsv3-fc1,qwen3-fc1"
 
@@ -50,6 +54,11 @@ def bench_shape(name: str, dist: str, args) -> dict:
         with nvrtc_defines("-DFUSEGEMM_SM90_FRAG_BLOCKS=0"):
             ops["fusegemm_bf16_engine"] = EpilogueGemm("grouped_gemm_swiglu", d_dtype="bfloat16").compile()
         inputs["fusegemm_bf16_engine"] = inputs["fusegemm_bf16"]
+    for key, defines in also_builds(args):   # both ops built with a header's A/B switch
+        with nvrtc_defines(defines):
+            for d_name, d_dtype in (("bf16", "bfloat16"), ("mxfp8", "float8_e4m3fn")):
+                ops[f"{key}_{d_name}"] = EpilogueGemm("grouped_gemm_swiglu", d_dtype=d_dtype).compile()
+                inputs[f"{key}_{d_name}"] = inputs[f"fusegemm_{d_name}"]
     methods = {key: (lambda op=op, key=key: op(a, offsets, b, inputs=inputs[key])) for key, op in ops.items()}
 
     bt = b.transpose(-2, -1)                                        # (L, K, N), as _grouped_mm expects
@@ -80,9 +89,12 @@ def bench_shape(name: str, dist: str, args) -> dict:
 
 
 def _summary(r: dict) -> str:
+    also = "".join(f"  {k[len('speedup_'):-len('_vs_torch')]} x{v:.3f}" for k, v in r.items()
+                   if k.startswith("speedup_") and not k.startswith("speedup_fusegemm_"))
     return (f"bf16 {r['fusegemm_bf16_ms']:.3f} ms  mxfp8 {r['fusegemm_mxfp8_ms']:.3f} ms  "
             f"torch {r.get('torch_grouped_mm_eager_ms', float('nan')):.3f} ms  "
-            f"x{r.get('speedup_fusegemm_bf16_vs_torch', float('nan')):.2f}")
+            f"x{r.get('speedup_fusegemm_bf16_vs_torch', float('nan')):.3f} (mxfp8 "
+            f"x{r.get('speedup_fusegemm_mxfp8_vs_torch', float('nan')):.3f}){also}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-baseline", action="store_true",
                     help="also time the BF16 kernel built with the sm_90a block-engine epilogue "
                          "(FUSEGEMM_SM90_FRAG_BLOCKS=0)")
+    add_also_argument(ap)
     args = ap.parse_args(argv)
+    also_builds(args)   # refuse a malformed --also before any work
     return run(args, bench_shape, _summary,
                {"benchmark": "grouped GEMM + SwiGLU (specs/grouped_gemm_swiglu.yaml), BF16 A/B"})
 
