@@ -184,11 +184,12 @@ class KernelCache:
         self._sweep_stale()
         tmp = self._mkdir(self.root / f".tmp-{uuid.uuid4().hex}")
         meta = {
+            **built.meta,   # what the compile recorded (ptxas_advisories); the fields below win
             "key": built.key, "name": built.name, "kernel": built.kernel_name, "arch": built.arch,
             "cubin_size": len(built.cubin), "cubin_sha256": hashlib.sha256(built.cubin).hexdigest(),
             "contract": built.contract.__dict__, "resources": built.resources.__dict__,
             "compile_seconds": round(built.compile_seconds, 3), "created": time.time(),
-            **built.meta, **meta_extra,
+            **meta_extra,
         }
         try:
             (tmp / "kernel.cu").write_text(source_text)
