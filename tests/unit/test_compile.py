@@ -71,5 +71,5 @@ def test_every_prebuild_variant_compiles(arch, session_cache):
     for r in results:
         assert r.spill_bytes == 0, r.name
         assert r.threads > 0 and r.registers > 0, r.name
-        # No ptxas performance advisory (C7518: WGMMAs serialized cost 7-14% on the H200).
+        # No ptxas performance advisory (C7518: WGMMAs serialized cost 7-20% on the H200).
         assert r.advisories == (), (r.name, r.advisories)

@@ -615,11 +615,12 @@ struct GroupedGemmKernel {
         // each chunk's registers are free once it is stored, not live through the mainloop).
         // Compile time: the head's k-block copies plus NVVM's 4x unroll of the loop after it
         // made these kernels 3-4x slower to compile than the staged ones, so that loop is rolled
-        // (below: 30-40% less NVRTC time on the 2-core machine). Measured on the H200 (bench/ceiling.py, bench/wgrad.py --also), against the
-        // unrolled loop: rolled, 0.994-1.011x on the eight rows (15 rounds) and 0.988-1.051x on the
-        // ten weight-gradient rows (7 rounds); the chunks spread over 2 or 1 head k-blocks
-        // instead, 0.94-1.03x; a rolled head that the last tile leaves through (the drain merged
-        // into it), 0.83-0.93x: ptxas serialized the WGMMAs (C7518, runtime/compile.py).
+        // (below: 30-40% less NVRTC time on the 2-core machine). Measured on the H200
+        // (bench/ceiling.py, bench/wgrad.py --also) against the unrolled loop: rolled,
+        // 0.994-1.011x on the eight rows (15 rounds) and 0.988-1.051x on the ten weight-gradient
+        // rows (7 rounds); the chunks spread over 2 or 1 head k-blocks instead, 0.94-1.03x; a
+        // rolled head that the last tile leaves through (the drain merged into it), 0.83-0.93x:
+        // ptxas serialized the WGMMAs (C7518, runtime/compile.py).
 #pragma unroll
         for (int c = 0; c < Epi::kChunks; ++c) {
           if (kb + 1 < num_k_blocks) k_step(kb++);
