@@ -290,27 +290,43 @@ struct WarpStagedStore {
   FUSEGEMM_DEVICE static void put(uint32_t buf, int row, int col, float a, float b) {
     st_shared2<T>(buf + row * kPitch + col * kElem, a, b);
   }
-  // A pair already converted (Cvt<T>::pack2; 16-bit T).
-  FUSEGEMM_DEVICE static void put_packed(uint32_t buf, int row, int col, uint32_t pair) {
+  // Shared address of (row, col) in the buffer. A caller storing several elements of a row adds
+  // their constant offsets to one such address (put_packed), which ptxas folds into the store
+  // instructions. Computing each address from (row, col) instead lets NVVM turn the column's
+  // add into an OR (its low bits are known disjoint), which ptxas cannot fold: the sm_90a
+  // deferred stores then re-derived 8 addresses per chunk or held 8 registers for them.
+  FUSEGEMM_DEVICE static uint32_t at(uint32_t buf, int row, int col) { return buf + row * kPitch + col * kElem; }
+  // A pair already converted (Cvt<T>::pack2; 16-bit T) at address `addr` (at() plus offsets).
+  FUSEGEMM_DEVICE static void put_packed(uint32_t addr, uint32_t pair) {
     static_assert(kElem == 2, "packed pairs are two 16-bit values");
-    asm volatile("st.shared.b32 [%0], %1;" ::"r"(buf + row * kPitch + col * kElem), "r"(pair) : "memory");
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(pair) : "memory");
   }
 
   // gbase: element (row 0, col 0) of the chunk in global memory; ld: row stride in elements.
   FUSEGEMM_DEVICE static void flush(uint32_t buf, T* gbase, int64_t ld, int cols_valid,
                                     int lane) {
+    // A lane's vectors share one column and sit kRowStep rows apart (a warp pass covers whole
+    // rows): one shared and one global address per lane, then constant steps (see at()), and
+    // one column test. The sm_90a deferred D stores run this between k-blocks, where its length
+    // shows: with the address math and a branch per vector, the K-grouped weight gradient at 8
+    // k-blocks per tile (bench/wgrad.py dsv3-32-fc1-w) ran 3-6% slower on the H200.
+    constexpr int kRowStep = 32 / kVecPerRow;
+    static_assert(32 % kVecPerRow == 0, "a warp pass covers whole rows");
+    const int row = lane / kVecPerRow, seg = lane % kVecPerRow;
+    const int col = seg * (16 / kElem);
+    if (col >= cols_valid) return;   // the lane's column is past N: none of its vectors is stored
+    const uint32_t src = buf + row * kPitch + seg * 16;
+    T* dst = gbase + row * ld + col;
+    const int64_t step = kRowStep * ld;
 #pragma unroll
     for (int i = 0; i < kVecPerLane; ++i) {
-      int v = lane + 32 * i;
-      int row = v / kVecPerRow;
-      int seg = v % kVecPerRow;
-      int col = seg * (16 / kElem);
       uint4 val;
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                    : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
-                   : "r"(buf + row * kPitch + seg * 16)
+                   : "r"(src + i * kRowStep * kPitch)
                    : "memory");
-      if (col < cols_valid) st_global_v4(gbase + row * ld + col, val);
+      st_global_v4(dst, val);
+      dst += step;
     }
   }
 };

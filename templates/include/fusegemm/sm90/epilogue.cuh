@@ -151,12 +151,12 @@ struct WgmmaEpilogue {
   static __device__ void store_chunk(const Params& p, uint32_t buf, const Deferred& d, int lane) {
     const int chunk_col = d.n0 + c * StoreD::kCols;
     if (d.row0 < 0 || chunk_col >= p.n) return;   // warp-uniform
-    const int r0 = lane / 4, cq = (lane % 4) * 2;
+    const uint32_t at = StoreD::at(buf, lane / 4, (lane % 4) * 2);   // + constant offsets below
     __syncwarp();   // the previous flush has finished reading the buffer
 #pragma unroll
     for (int jj = 0; jj < StoreD::kCols / 8; ++jj) {
-      StoreD::put_packed(buf, r0, jj * 8 + cq, d.v[c * kPairsPerChunk + 2 * jj]);
-      StoreD::put_packed(buf, r0 + 8, jj * 8 + cq, d.v[c * kPairsPerChunk + 2 * jj + 1]);
+      StoreD::put_packed(at + jj * 8 * StoreD::kElem, d.v[c * kPairsPerChunk + 2 * jj]);
+      StoreD::put_packed(at + 8 * StoreD::kPitch + jj * 8 * StoreD::kElem, d.v[c * kPairsPerChunk + 2 * jj + 1]);
     }
     __syncwarp();
     StoreD::flush(buf, reinterpret_cast<ElementD*>(p.d_out) + static_cast<int64_t>(d.row0) * p.ldd + chunk_col,

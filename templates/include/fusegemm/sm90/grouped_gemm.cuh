@@ -613,14 +613,9 @@ struct GroupedGemmKernel {
       if constexpr (Epi::kDeferD) {
         // The previous tile's D, chunk c after k-block c's WGMMAs are issued (fully unrolled:
         // each chunk's registers are free once it is stored, not live through the mainloop).
-        // Compile time: the head's k-block copies plus NVVM's 4x unroll of the loop after it
-        // made these kernels 3-4x slower to compile than the staged ones, so that loop is rolled
-        // (below: 30-40% less NVRTC time on the 2-core machine). Measured on the H200
-        // (bench/ceiling.py, bench/wgrad.py --also) against the unrolled loop: rolled,
-        // 0.994-1.011x on the eight rows (15 rounds) and 0.988-1.051x on the ten weight-gradient
-        // rows (7 rounds); the chunks spread over 2 or 1 head k-blocks instead, 0.94-1.03x; a
-        // rolled head that the last tile leaves through (the drain merged into it), 0.83-0.93x:
-        // ptxas serialized the WGMMAs (C7518, runtime/compile.py).
+        // Only this head is unrolled. A rolled head that the last tile leaves through (the drain
+        // merged into it) ran 7-20% slower on the H200: ptxas serialized the WGMMAs (C7518,
+        // runtime/compile.py). The chunks spread over 2 or 1 head k-blocks instead: 0.94-1.03x.
 #pragma unroll
         for (int c = 0; c < Epi::kChunks; ++c) {
           if (kb + 1 < num_k_blocks) k_step(kb++);
@@ -632,8 +627,17 @@ struct GroupedGemmKernel {
         // The epilogue's loads go out before the last k-block: its WGMMAs hide their latency,
         // and their registers are live through one k-block, not the mainloop.
         if (stores_tile) pre = Epi::preload(p, t.x, tile_row0(p, t), warp, lane);
+        // At most one k-block is left. An `if`, not the staged kernels' loop: NVVM unrolled that
+        // loop here too (7 copies of a k-block, one ever run), half of these kernels' WGMMA
+        // sites and NVRTC time.
+        if (kb < num_k_blocks) k_step(kb++);
+      } else {
+        // Rolled: unrolling it (NVVM's 4x) doubled the staged kernels' NVRTC time and bought
+        // nothing measurable on the H200 (bench/epilogue_swiglu.py, same-run A/B: the
+        // unrolled loop 0.97-1.03x of the rolled one, median 1.00).
+#pragma unroll 1
+        for (; kb < num_k_blocks; ++kb) k_step(kb);
       }
-      for (; kb < num_k_blocks; ++kb) k_step(kb);
       stagger_release();
       if constexpr (kPingPong) named_barrier_arrive(kOrderBarrier + (wg ^ 1), 256);
       cute::warpgroup_wait<0>();
