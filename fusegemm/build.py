@@ -174,11 +174,15 @@ def _interrupt_flag():
     A KeyboardInterrupt raised at an arbitrary bytecode can leave one of the executor's locks
     held (a `with lock:` interrupted between acquire and its try), and the shutdown that follows
     then waits forever: seen once in 20 interrupted builds. Outside the main thread, nothing to do.
+    A process started with SIGINT ignored keeps ignoring it: a shell without job control starts
+    `fusegemm build &` so, to keep a terminal's Ctrl-C meant for the foreground from reaching it
+    (POSIX); this handler used to re-enable it halfway through such a build.
     """
     import signal
     import threading
     flag = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored or threading.current_thread() is not threading.main_thread():
         yield flag
         return
     previous = signal.signal(signal.SIGINT, lambda signum, frame: flag.set())
