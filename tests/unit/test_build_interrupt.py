@@ -90,7 +90,7 @@ def test_interrupting_a_parallel_build_at_random_moments(tmp_path):
     assert " 0 failed" in res.stdout
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX process groups and signal dispositions")
 def test_a_build_started_with_sigint_ignored_ignores_ctrl_c(tmp_path):
     """A background job of a shell without job control (SIGINT ignored) is not stopped by a
     Ctrl-C sent to its group, before or after its worker pool starts: it builds everything."""
