@@ -20,6 +20,10 @@ Ops (``--shapes`` names ``op:shape``):
   (8 experts, hidden 7168, intermediate 2048), a qwen3-like one (32, 2048, 768) and mixtral's
   (8, 4096, 14336).
 
+``--configs`` picks a subset of these (the default always runs); ``--also NAME=DEFINES``
+(repeatable) builds every picked configuration again with those NVRTC defines (a header's A/B
+switch), timed as CONFIG_NAME.
+
 Every configuration's output is compared with the default's (``max_abs_diff_vs_default``: the
 GEMM configurations accumulate each element in the same order, so 0 except for dprob's
 atomics), and the K-grouped peer's with the default's (torch._grouped_mm applies no alpha or
@@ -32,7 +36,8 @@ from __future__ import annotations
 
 import argparse
 
-from _common import SHAPES, add_run_arguments, expert_sizes, interleaved_ms, nvrtc_defines, run
+from _common import (SHAPES, add_also_argument, add_run_arguments, also_builds, expert_sizes, interleaved_ms,
+                     nvrtc_defines, run)
 
 WGRAD = {"dsv3-fc1-w": (8, 16384, 4096, 7168), "dsv3-fc2-w": (8, 16384, 7168, 2048),
          "dsv3-32-fc1-w": (32, 16384, 4096, 7168), "mixtral-fc1-w": (8, 16384, 28672, 4096),
@@ -51,11 +56,22 @@ def _build(make, extra: str):
         return make()
 
 
+def _methods(config, args) -> dict:
+    """The run's configurations (args.picked, each again per args.also_pairs) as timed callables."""
+    out = {}
+    for key in args.picked:
+        tm, tn, extra = CONFIGS[key]
+        out[key] = config(tm, tn, extra)
+        for name, defines in args.also_pairs:
+            out[f"{key}_{name}"] = config(tm, tn, (extra + " " + defines).strip())
+    return out
+
+
 def _offsets(torch, sizes):
     return torch.tensor([sum(sizes[: i + 1]) for i in range(len(sizes))], dtype=torch.int32, device="cuda")
 
 
-def _gemm(torch, shape, dist):
+def _gemm(torch, shape, dist, args):
     from fusegemm.ops.grouped_gemm import GroupedGemm
     experts, tokens, n, k = SHAPES[shape]
     sizes = expert_sizes(experts, tokens, dist)
@@ -77,14 +93,14 @@ def _gemm(torch, shape, dist):
             op.execute(a, None, d, off, alpha, b_view, None, prob)
             return d
         return call
-    methods = {key: config(*c) for key, c in CONFIGS.items()}
+    methods = _methods(config, args)
     bt, a2 = b.transpose(-2, -1), a[..., 0]
     methods["torch_grouped_mm"] = lambda: torch._grouped_mm(a2, bt, offs=off)
     # torch._grouped_mm applies neither alpha nor prob: its output is not compared.
     return methods, {"torch_grouped_mm": None}, 2.0 * m * n * k, {"experts": experts, "rows": m, "n": n, "k": k}
 
 
-def _wgrad(torch, shape, dist):
+def _wgrad(torch, shape, dist, args):
     from fusegemm import KGroupedGemm
     experts, tokens, mm, n = WGRAD[shape]
     sizes = expert_sizes(experts, tokens, dist)
@@ -97,12 +113,12 @@ def _wgrad(torch, shape, dist):
     def config(tm, tn, extra):
         op = _build(lambda: KGroupedGemm("grouped_gemm_wgrad", tile_m=tm, tile_n=tn).compile(), extra)
         return lambda: op(dy, x, off)["d"]
-    methods = {key: config(*c) for key, c in CONFIGS.items()}
+    methods = _methods(config, args)
     methods["torch_grouped_mm"] = lambda: torch._grouped_mm(dy.t(), x, offs=off)
     return methods, {}, 2.0 * t * mm * n, {"experts": experts, "tokens": t, "m": mm, "n": n}
 
 
-def _fused(torch, op_name, shape, dist):
+def _fused(torch, op_name, shape, dist, args):
     from fusegemm import EpilogueGemm
     experts, tokens, hidden, f = LAYERS[shape]
     sizes = expert_sizes(experts, tokens, dist)
@@ -127,7 +143,7 @@ def _fused(torch, op_name, shape, dist):
     def config(tm, tn, extra):
         op = _build(lambda: EpilogueGemm(spec, tile_m=tm, tile_n=tn, **axes).compile(), extra)
         return lambda: op(a, off, b, inputs=inputs)["d"]
-    methods = {key: config(*c) for key, c in CONFIGS.items()}
+    methods = _methods(config, args)
     return methods, {}, 2.0 * m * n * k, {"experts": experts, "rows": m, "n": n, "k": k}
 
 
@@ -135,11 +151,11 @@ def bench_shape(name: str, dist: str, args) -> dict:
     import torch
     op, shape = name.split(":")
     if op == "gemm":
-        methods, skip, flops, facts = _gemm(torch, shape, dist)
+        methods, skip, flops, facts = _gemm(torch, shape, dist, args)
     elif op == "wgrad":
-        methods, skip, flops, facts = _wgrad(torch, shape, dist)
+        methods, skip, flops, facts = _wgrad(torch, shape, dist, args)
     else:
-        methods, skip, flops, facts = _fused(torch, op, shape, dist)
+        methods, skip, flops, facts = _fused(torch, op, shape, dist, args)
     row = {"op": op, "shape": shape, "dist": dist, **facts}
     ref = methods[DEFAULT]().float().clone()
     row["max_abs_diff_vs_default"] = {
@@ -150,7 +166,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
     row["ms"] = ms
     row["tflops"] = {key: flops / v / 1e9 for key, v in ms.items()}
     row["speedup_vs_default"] = {key: ms[DEFAULT] / v for key, v in ms.items() if key != DEFAULT}
-    best = min((k for k in ms if k in CONFIGS), key=ms.get)
+    best = min((k for k in ms if k != "torch_grouped_mm"), key=ms.get)
     row["best_config"] = best
     if "torch_grouped_mm" in ms:
         row["best_vs_torch"] = ms["torch_grouped_mm"] / ms[best]
@@ -168,9 +184,19 @@ def _summary(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_run_arguments(ap, ",".join(ALL))
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help=f"comma list of {', '.join(CONFIGS)} ({DEFAULT} always runs)")
+    add_also_argument(ap)
     args = ap.parse_args(argv)
+    picked = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in picked if c not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"--configs: unknown {', '.join(unknown)}; allowed: {', '.join(CONFIGS)}")
+    args.picked = [DEFAULT] + [c for c in picked if c != DEFAULT]
+    args.also_pairs = also_builds(args)
     header = {"benchmark": "sm_90a consumer schedules: cooperative 128-row tiles vs ping-pong 64-row tiles",
-              "default": DEFAULT, "configs": {k: {"tile": v[:2], "nvrtc_extra": v[2]} for k, v in CONFIGS.items()}}
+              "default": DEFAULT, "configs": {k: {"tile": v[:2], "nvrtc_extra": v[2]} for k, v in CONFIGS.items() if k in args.picked},
+              "also": dict(args.also_pairs)}
     return run(args, bench_shape, _summary, header, shapes=ALL)
 
 

@@ -3,7 +3,9 @@ rules (SwiGLU forward, dSwiGLU) take the fragment path (frag_blocks in fusegemm/
 with 0 spills, and the SASS keeps what made it fast on the H200: no call into __fdiv_rn's slow
 path (the logistic's division), only 16-byte global stores (NVRTC had split the staged blocks'
 stores in four), the L2 prefetch of element inputs (dSwiGLU's C), and the fragment path's
-warp-local staging (no named barrier per block, as the engine path has). What the H200 runs is measured in tests/gpu and bench/epilogue_swiglu.py."""
+warp-local staging (no named barrier per block, as the engine path has), and its block loop rolled
+where that measured faster. What the H200 runs is measured in tests/gpu, bench/epilogue_swiglu.py
+and bench/pingpong.py."""
 from __future__ import annotations
 
 import pytest
@@ -53,6 +55,30 @@ def test_paired_rules_run_on_the_fragment(spec, axes):
     # fragment path only with __syncwarp (SASS barrier instructions: 1 against 3 today).
     _, engine = _compile(spec, axes, ENGINE)
     assert _named_barriers(hist) < _named_barriers(disasm.sass_histogram(engine.data))
+
+
+# The fragment path's block loop (kRollBlocks): rolled for an unpaired accumulator in cooperative
+# tiles, one copy of the rule; unrolled, one copy per 32-column block, for ping-pong tiles and
+# the paired accumulator. The logistic's exp (MUFU.EX2) counts the copies: 16 per block.
+ROLL_CASES = [
+    ("grouped_gemm_dswiglu_bf16", dict(tile_m=128, tile_n=256), 1),
+    ("grouped_gemm_dswiglu_bf16", dict(tile_m=128, tile_n=128, b_major="n"), 1),
+    ("grouped_gemm_dswiglu_bf16", dict(tile_m=64, tile_n=128, b_major="n"), 4),   # ping-pong
+    ("grouped_gemm_swiglu", dict(d_dtype="bfloat16", tile_m=128, tile_n=256), 4),  # paired: 64-column blocks
+]
+
+
+@pytest.mark.parametrize("spec,axes,copies", ROLL_CASES, ids=lambda x: x if isinstance(x, str) else str(x))
+def test_block_loop_rolled_where_measured_faster(spec, axes, copies):
+    if not disasm.available():
+        pytest.skip("nvdisasm is not installed")
+    src, cub = _compile(spec, axes)
+    assert Cubin(cub.data).resources(src.symbol).local_bytes == 0, "the run-time block selection spilled acc[]"
+    exps = disasm.count_prefix(disasm.sass_histogram(cub.data), "MUFU.EX2")
+    assert exps == 16 * copies, (spec, axes, exps)
+    if copies == 1:   # the A/B switch restores one copy per block
+        _, unrolled = _compile(spec, axes, ("-DFUSEGEMM_SM90_FRAG_ROLL=0",))
+        assert disasm.count_prefix(disasm.sass_histogram(unrolled.data), "MUFU.EX2") == 16 * axes["tile_n"] // 32
 
 
 def test_engine_path_stores_whole_vectors():

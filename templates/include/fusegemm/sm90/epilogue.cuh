@@ -29,6 +29,12 @@
 #ifndef FUSEGEMM_SM90_FRAG_BLOCKS
 #define FUSEGEMM_SM90_FRAG_BLOCKS 1
 #endif
+// 1: the fragment path's block loop runs rolled where that measured faster (kRollBlocks below),
+// each block's accumulators selected at run time: one copy of the rule instead of one per block.
+// 0: always fully unrolled. An A/B switch through FUSEGEMM_NVRTC_EXTRA.
+#ifndef FUSEGEMM_SM90_FRAG_ROLL
+#define FUSEGEMM_SM90_FRAG_ROLL 1
+#endif
 
 namespace fusegemm {
 namespace sm90 {
@@ -39,8 +45,9 @@ namespace sm90 {
 // kForceEngine: run every rule through the engine (kernels whose outputs the fragment path does
 // not stage, e.g. FP8/FP4 C).
 // kDefer: the kernel defers D's stores into its next tile's mainloop where it can (kDeferD below).
+// kOverlapped: the epilogue runs while the other warpgroup's mainloop does (ping-pong).
 template <int kTileM, int kTileN, class Rule, class ElementC, class ElementD, class Engine,
-          bool kBatched = false, bool kForceEngine = false, bool kDefer = false>
+          bool kBatched = false, bool kForceEngine = false, bool kDefer = false, bool kOverlapped = false>
 struct WgmmaEpilogue {
   static constexpr int kConsumerWGs = kTileM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
@@ -329,6 +336,31 @@ struct WgmmaEpilogue {
   FUSEGEMM_DEVICE static int elem_width(const Params& p) { return Rule::kPairedAcc ? p.n / 2 : p.n; }
   FUSEGEMM_DEVICE static int elem_col(int n0) { return Rule::kPairedAcc ? n0 / 2 : n0; }
 
+  // Accumulators of one fragment-path block per thread: 4 groups of 4 (and their 4 up partner
+  // groups when the accumulator pairs), contiguous in acc[] from kBlockAcc * b.
+  static constexpr int kBlockAcc = Rule::kPairedAcc ? 32 : 16;
+  // The block loop runs rolled for rules with an unpaired accumulator (8 blocks of 16 rule
+  // applications at TILE_N 256) in cooperative tiles. H200, dSwiGLU BF16 at the MoE layers'
+  // shapes (bench/pingpong.py --also, same run, two runs: bench/results/pingpong_h200_roll*):
+  // cooperative 128x256 rolled 0.85-0.92x the unrolled time, its cold compile 3.5 -> 0.7 s;
+  // ping-pong's overlapped epilogue 1.00-1.04x (the selects compete with the other warpgroup's
+  // mainloop), and SwiGLU's paired accumulator (4 blocks) 0.95-1.03x: those stay unrolled.
+  static constexpr bool kRollBlocks = FUSEGEMM_SM90_FRAG_ROLL && !kOverlapped && !Rule::kPairedAcc;
+
+  // Block b's accumulators into a[]. acc[] is indexed only by constants (a run-time index would
+  // put it in local memory): every block's values are selected on b, kBlockAcc selects per
+  // block after the first. The rolled block loop pays these instead of one copy of the rule per
+  // block: dSwiGLU at 8 blocks of 16 rule applications compiled to 208 KB of SASS unrolled.
+  FUSEGEMM_DEVICE static void block_acc(const float (&acc)[kAccum], int b, float (&a)[kBlockAcc]) {
+#pragma unroll
+    for (int i = 0; i < kBlockAcc; ++i) a[i] = acc[i];
+#pragma unroll
+    for (int bb = 1; bb < kElemBlocks; ++bb) {
+#pragma unroll
+      for (int i = 0; i < kBlockAcc; ++i) a[i] = b == bb ? acc[kBlockAcc * bb + i] : a[i];
+    }
+  }
+
   // The fragment path of paired and reducing rules: per block of 32 element columns (64
   // accumulator columns when the accumulator is paired: gate block, then up block), every
   // thread applies the rule to its values (rows lane/4 and lane/4 + 8 of the warp's 16, two
@@ -347,7 +379,7 @@ struct WgmmaEpilogue {
     const uint32_t buf = smem_u32(epi_smem) + warp * kBlkWarpBytes;
     const bool pairs = rule.pairs_aligned(p);
     float rs0 = 0.0f, rs1 = 0.0f;
-#pragma unroll
+#pragma unroll(kRollBlocks ? 1 : kElemBlocks)
     for (int b = 0; b < kElemBlocks; ++b) {
       const int e0 = e_base + 32 * b;
       if (e0 >= width) break;  // warp-uniform: the rest of the tile is past N
@@ -378,21 +410,23 @@ struct WgmmaEpilogue {
           }
         }
       }
+      // The block's accumulators: a[4q + i] (gate values of group q), a[16 + 4q + i] (their up
+      // partners, 4 groups on, when the accumulator pairs).
+      float a[kBlockAcc];
+      block_acc(acc, b, a);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const int jg = kPA ? 8 * b + q : 4 * b + q;  // fragment group of the (gate) value
-        const int jp = jg + 4;                        // its up partner (paired accumulator)
         const int e = e0 + 8 * q + cq;
         const bool in0 = e < width, in1 = e + 1 < width;
-        const float u0 = kPA ? acc[4 * jp] : 0.0f, u1 = kPA ? acc[4 * jp + 1] : 0.0f;
-        const float u2 = kPA ? acc[4 * jp + 2] : 0.0f, u3 = kPA ? acc[4 * jp + 3] : 0.0f;
-        // Applied unconditionally (no branch regions in the unrolled block): past N the
-        // accumulator holds the zeros TMA filled in and the inputs are zero; what comes out there
-        // is masked to zero and never stored.
-        const typename Rule::Out o00 = mask_out(rule.apply(acc[4 * jg], u0, ri0, x[q][0]), in0);
-        const typename Rule::Out o01 = mask_out(rule.apply(acc[4 * jg + 1], u1, ri0, x[q][1]), in1);
-        const typename Rule::Out o10 = mask_out(rule.apply(acc[4 * jg + 2], u2, ri1, x[q][2]), in0);
-        const typename Rule::Out o11 = mask_out(rule.apply(acc[4 * jg + 3], u3, ri1, x[q][3]), in1);
+        const float u0 = kPA ? a[16 + 4 * q] : 0.0f, u1 = kPA ? a[16 + 4 * q + 1] : 0.0f;
+        const float u2 = kPA ? a[16 + 4 * q + 2] : 0.0f, u3 = kPA ? a[16 + 4 * q + 3] : 0.0f;
+        // Applied unconditionally (no branch regions in the block): past N the accumulator
+        // holds the zeros TMA filled in and the inputs are zero; what comes out there is masked
+        // to zero and never stored.
+        const typename Rule::Out o00 = mask_out(rule.apply(a[4 * q], u0, ri0, x[q][0]), in0);
+        const typename Rule::Out o01 = mask_out(rule.apply(a[4 * q + 1], u1, ri0, x[q][1]), in1);
+        const typename Rule::Out o10 = mask_out(rule.apply(a[4 * q + 2], u2, ri1, x[q][2]), in0);
+        const typename Rule::Out o11 = mask_out(rule.apply(a[4 * q + 3], u3, ri1, x[q][3]), in1);
         reduce(o00, in0, rs0, part);
         reduce(o01, in1, rs0, part);
         reduce(o10, in0, rs1, part);

@@ -161,7 +161,7 @@ struct GroupedGemmKernel {
   // Deferred D stores (FUSEGEMM_SM90_DEFER_STORE): cooperative tiles, whose epilogue otherwise
   // idles the tensor cores (ping-pong's overlaps the other warpgroup's mainloop already).
   static constexpr bool kDefer = FUSEGEMM_SM90_DEFER_STORE && !kPingPong;
-  using Epi = WgmmaEpilogue<64 * kConsumerWGs, kTileN, Rule, ElementC, ElementD, Engine, false, false, kDefer>;
+  using Epi = WgmmaEpilogue<64 * kConsumerWGs, kTileN, Rule, ElementC, ElementD, Engine, false, false, kDefer, kPingPong>;
   static constexpr int kEpiBytes = Epi::kBytes;
   static constexpr int kTileRing = 4;
   static constexpr int kMiscBytes = 128 /*tensor-map staging*/ + 16 * kTileRing;
@@ -615,7 +615,10 @@ struct GroupedGemmKernel {
         // each chunk's registers are free once it is stored, not live through the mainloop).
         // Only this head is unrolled. A rolled head that the last tile leaves through (the drain
         // merged into it) ran 7-20% slower on the H200: ptxas serialized the WGMMAs (C7518,
-        // runtime/compile.py). The chunks spread over 2 or 1 head k-blocks instead: 0.94-1.03x.
+        // runtime/compile.py). The chunks spread over 2 or 1 head k-blocks instead: 0.94-1.03x;
+        // again on 2026-12-01 (bench/ceiling.py and wgrad.py --also, 11 rounds, 18 rows): 2 head
+        // k-blocks 0.95-1.01x, 1 head k-block 0.88-1.00x, though their NVRTC time is 25-40% less
+        // (16 and 12 WGMMA sites instead of 24; bench/results/*_h200_head.json).
 #pragma unroll
         for (int c = 0; c < Epi::kChunks; ++c) {
           if (kb + 1 < num_k_blocks) k_step(kb++);
