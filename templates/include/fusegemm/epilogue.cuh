@@ -288,7 +288,7 @@ struct WarpStagedStore {
   static_assert(kRows * kVecPerRow % 32 == 0, "rows must fill whole warp passes");
 
   FUSEGEMM_DEVICE static void put(uint32_t buf, int row, int col, float a, float b) {
-    st_shared2<T>(buf + row * kPitch + col * kElem, a, b);
+    st_shared2<T>(at(buf, row, col), a, b);
   }
   // Shared address of (row, col) in the buffer. A caller storing several elements of a row adds
   // their constant offsets to one such address (put_packed), which ptxas folds into the store

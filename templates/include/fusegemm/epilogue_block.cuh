@@ -89,7 +89,7 @@ constexpr int staging_bytes() {
 template <class T>
 FUSEGEMM_DEVICE void stage_words16(uint32_t buf, int lane, int col0, const uint32_t (&w)[16]) {
   using S = WarpStagedStore<T, 32>;
-  const uint32_t row = buf + lane * S::kPitch + col0 * S::kElem;
+  const uint32_t row = S::at(buf, lane, col0);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};"
@@ -104,7 +104,7 @@ template <class T>
 FUSEGEMM_DEVICE void stage_row32(uint32_t buf, int lane, int col0, const float (&v)[32]) {
   using S = WarpStagedStore<T, 32>;
   if constexpr (S::kElem == 4) {
-    const uint32_t row = buf + lane * S::kPitch + col0 * S::kElem;
+    const uint32_t row = S::at(buf, lane, col0);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};"
