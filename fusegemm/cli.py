@@ -127,14 +127,14 @@ def show(spec: str, as_json: bool) -> None:
     click.echo(f"{s.name}  ({s.kernel}, {s.problem})  {s.path}")
     click.echo(f"  {s.summary}")
     _echo_epilogue(s)
-    from .docsgen import _constraint, _declared_cell
+    from .describe import constraint_text, declared_values
     plain = lambda text: text.replace("`", "")  # noqa: E731 - the op pages' wording, without markdown
     click.echo("choices (declared):")
     for a, vals in s.choices:
-        click.echo(f"  {a}: {plain(_declared_cell(a, vals))}")
+        click.echo(f"  {a}: {plain(declared_values(a, vals))}")
     click.echo("constraints:")
     for c in s.constraints:
-        click.echo(f"  {plain(_constraint({'if': dict(c.when), 'then': dict(c.then), 'because': c.because}))}")
+        click.echo(f"  {plain(constraint_text({'if': dict(c.when), 'then': dict(c.then), 'because': c.because}))}")
     click.echo("implementations:")
     for arch, impl in impls.items():
         if impl["status"] == registry.NONE:
@@ -398,7 +398,7 @@ def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
     """Registers, shared memory, spills and SASS of a cached kernel (name prefix) or a .cubin."""
     from .runtime import disasm
     from .runtime.cache import default_cache
-    from .runtime.inspect import Cubin
+    from .runtime.cubin_info import Cubin
     from .base.errors import ToolchainError
     try:
         path = Path(name)
@@ -566,9 +566,8 @@ def cache_list(as_json: bool) -> None:
            [[e.get("name"), e.get("arch", "?"), e.get("resources", {}).get("registers", "?"),
              e.get("compile_seconds", "?"), f"corrupted ({e['corrupted']})" if e.get("corrupted") else "ok"]
             for e in rows])
-    from . import tune as tn
-    from . import verify
-    click.echo(f"{len(rows)} entries in {default_cache().root} ({len(tn.records())} tuning records, "
+    from . import tuning_records, verify
+    click.echo(f"{len(rows)} entries in {default_cache().root} ({len(tuning_records.records())} tuning records, "
                f"{len(verify.passes())} verification passes: fusegemm cache records)")
 
 
@@ -577,9 +576,8 @@ def cache_list(as_json: bool) -> None:
 def cache_records(as_json: bool) -> None:
     """List the records kept beside the kernels: tuning winners (`fusegemm tune`,
     FUSEGEMM_AUTOTUNE) and first-run verification passes."""
-    from . import tune as tn
-    from . import verify
-    tuned, passed = tn.records(), verify.passes()
+    from . import tuning_records, verify
+    tuned, passed = tuning_records.records(), verify.passes()
     if as_json:
         return _echo_json({"tuned": tuned, "verified": passed})
     _table(["spec", "arch", "device", "bucket", "config", "ms", "default ms", "date"],
@@ -621,7 +619,7 @@ def docs(out: Path) -> None:
     site (mkdocs.yml) reads them from docs/generated."""
     from .docsgen import write_pages
     try:
-        written = write_pages(out)
+        written = write_pages(out, main)
     except OSError as exc:
         raise click.ClickException(f"cannot write {out}: {exc.strerror or exc}") from None
     for p in written:

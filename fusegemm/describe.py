@@ -1,5 +1,6 @@
-"""What a spec declares and what each arch implements, as plain data: read by ``fusegemm show``
-and by the generated documentation (fusegemm/docsgen.py), so both say the same thing."""
+"""What a spec declares and what each arch implements, as plain data, and the wording of its
+values and constraints: read by ``fusegemm show`` and by the generated documentation
+(fusegemm/docsgen.py), so both say the same thing."""
 from __future__ import annotations
 
 from typing import Any
@@ -72,3 +73,29 @@ def epilogue_info(s: Any) -> dict[str, Any]:
     }
 
 
+# Wording shared by `fusegemm show` and the op pages (fusegemm/docsgen.py): one phrasing.
+def code_list(values: Any) -> str:
+    """The values as a comma list of code spans: ``"`64`, `128`"``."""
+    return ", ".join(f"`{v}`" for v in values)
+
+
+def declared_values(axis: str, declared: Any) -> str:
+    """The declared values of ``axis`` (markdown); an open numeric axis (tanh_clamp_scale) also
+    takes any value the caller passes, each compiled as its own kernel."""
+    from .generator.axes import AXES
+    a = AXES.get(axis)
+    if a is not None and a.constant:
+        return f"{code_list(declared)}, or any positive float at call time (compile-time: each value is its own kernel)"
+    return code_list(declared)
+
+
+def constraint_text(c: dict[str, Any]) -> str:
+    """A constraint (``{"if": ..., "then": ..., "because": ...}``) in words, markdown:
+    ``tile_m = 256 ⇒ cluster_m ∈ {2, 4}: because``."""
+    def side(d: dict[str, Any]) -> str:
+        parts = []
+        for k, v in d.items():
+            vals = list(v) if isinstance(v, (list, tuple)) else [v]
+            parts.append(f"`{k} = {vals[0]}`" if len(vals) == 1 else f"`{k}` ∈ {{{', '.join(map(str, vals))}}}")
+        return " and ".join(parts)
+    return f"{side(c['if'])} ⇒ {side(c['then'])}: {c['because']}"

@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .describe import code_list, constraint_text, declared_values
+
 # The public spellings of each packaged spec's op (the spec-driven ones run through EpilogueGemm).
 SEED_API = {
     "grouped_gemm": ("fusegemm.grouped_gemm", "fusegemm.GroupedGemm", "fusegemm.torch_library.grouped_gemm",
@@ -23,10 +25,6 @@ SEED_API = {
     "gemm_amax": ("fusegemm.gemm_amax", "fusegemm.GemmAmax", "fusegemm.torch_library.gemm_amax",
                   "fusegemm.reference.gemm_amax"),
 }
-
-
-def _cell(values: Any) -> str:
-    return ", ".join(f"`{v}`" for v in values)
 
 
 def surface_rows(info: dict[str, Any]) -> list[tuple[str, str, dict[str, str]]]:
@@ -45,36 +43,15 @@ def surface_rows(info: dict[str, Any]) -> list[tuple[str, str, dict[str, str]]]:
                 per_arch[arch] = "all"
             else:   # a conditional limit names its condition (cluster_m: 1 with scheduler=dynamic)
                 per_arch[arch] = "; ".join(
-                    f"{_cell([v for v in declared if v in lim['values']]) or 'none'}{lim['condition']} "
+                    f"{code_list([v for v in declared if v in lim['values']]) or 'none'}{lim['condition']} "
                     f"({lim['because']})" for lim in lims)
-        rows.append((axis, _declared_cell(axis, declared), per_arch))
+        rows.append((axis, declared_values(axis, declared), per_arch))
     return rows
 
 
 # Shapes of an epilogue input by its ``per`` (M rows of A, N accumulator columns, L experts).
 _INPUT_SHAPES = {"expert": "(L,)", "row": "(M,)", "scalar": "(1,) tensor or a Python number",
                  "column": "(N, L)", "element": "(M, N)"}
-
-
-def _declared_cell(axis: str, declared: Any) -> str:
-    """The declared values; an open numeric axis (tanh_clamp_scale) also takes any value the
-    caller passes, each compiled as its own kernel."""
-    from .generator.axes import AXES
-    a = AXES.get(axis)
-    if a is not None and a.constant:
-        return f"{_cell(declared)}, or any positive float at call time (compile-time: each value is its own kernel)"
-    return _cell(declared)
-
-
-def _constraint(c: dict[str, Any]) -> str:
-    """``tile_m = 256 ⇒ cluster_m ∈ {2, 4}: because``."""
-    def side(d: dict[str, Any]) -> str:
-        parts = []
-        for k, v in d.items():
-            vals = list(v) if isinstance(v, (list, tuple)) else [v]
-            parts.append(f"`{k} = {vals[0]}`" if len(vals) == 1 else f"`{k}` ∈ {{{', '.join(map(str, vals))}}}")
-        return " and ".join(parts)
-    return f"{side(c['if'])} ⇒ {side(c['then'])}: {c['because']}"
 
 
 def _input_needs(spec: Any) -> dict[str, str]:
@@ -220,7 +197,7 @@ def op_page(spec: Any) -> str:
         out.append(f"\nReduction `{r['name']}[{r['slot']}]`: {r['kind']} of `{r['of']}` {scope}"
                    + (f" when {_when(r['when'])}" if r["when"] else "") + (f" ({start})" if start else ""))
     out += ["", "## Constraints", ""]
-    out += [f"- {_constraint(c)}" for c in info["constraints"]] or ["none"]
+    out += [f"- {constraint_text(c)}" for c in info["constraints"]] or ["none"]
     differ = _python_defaults(info["name"], info["defaults"])
     out += ["", "## Defaults and prebuilt variants", "",
             "Defaults (the variant built when a choice is not given): "
@@ -236,11 +213,17 @@ def op_page(spec: Any) -> str:
     return "\n".join(out)
 
 
-def cli_page() -> str:
-    """Every command's ``--help``, from click."""
+def cli_page(main: Any) -> str:
+    """Every command's ``--help``, from click.
+
+    Parameters
+    ----------
+    main : click.Group
+        The ``fusegemm`` command (fusegemm/cli.py's ``main``, which passes itself: the CLI sits
+        above this module, so it hands its command tree in).
+    """
     import click
 
-    from .cli import main
     out = ["# Command line", "", "`fusegemm --help` and each command's `--help`, as the installed CLI prints them.", "",
            "Kernel names (`fusegemm build` prints them, `fusegemm inspect` and `fusegemm cache list` take them): the "
            "spec, the values of the axes that reach the kernel's source, the tile and the arch, then a hash of the "
@@ -272,9 +255,17 @@ def config_page() -> str:
     return "\n".join(out) + "\n"
 
 
-def write_pages(out: Path) -> list[Path]:
+def write_pages(out: Path, cli: Any) -> list[Path]:
     """Write the generated pages under ``out``: ``ops/NAME.md``, ``cli.md``, ``configuration.md``,
-    ``porting.md`` and, from a source checkout, ``guide/*.md`` (README sections)."""
+    ``porting.md`` and, from a source checkout, ``guide/*.md`` (README sections).
+
+    Parameters
+    ----------
+    out : pathlib.Path
+        The folder written.
+    cli : click.Group
+        The ``fusegemm`` command, whose help ``cli.md`` prints (see :func:`cli_page`).
+    """
     from .generator.spec import list_specs, load_spec
     out = Path(out)
     (out / "ops").mkdir(parents=True, exist_ok=True)
@@ -285,7 +276,7 @@ def write_pages(out: Path) -> list[Path]:
         written.append(p)
     from .base.package import package_data_dir
     readme = Path(package_data_dir("templates")).parent / "README.md"
-    pages = {"cli.md": cli_page(), "configuration.md": config_page(), "porting.md": porting_page()}
+    pages = {"cli.md": cli_page(cli), "configuration.md": config_page(), "porting.md": porting_page()}
     if readme.is_file():    # a source checkout (the site is built from one); a wheel has no README file
         pages.update({f"guide/{k}": v for k, v in guide_pages(readme.read_text()).items()})
     for name, text in pages.items():

@@ -36,7 +36,7 @@ import numpy as np
 from . import reference
 from .arguments import M_ALIGNED, MAX_EXPERTS
 from .formats.blockscale import block_format, quantize_blockwise
-from .formats.dtypes import FP8_NAMES, resolve_dtype
+from .formats.numpy_dtypes import FP8_NAMES, resolve_dtype
 from .formats.elements import to_format
 from .formats.scales import pack_sf, sf_to_kernel_view
 from .formats.views import a_to_kernel, b_to_kernel, cd_to_kernel, prob_to_kernel

@@ -9,92 +9,32 @@ the output/weight options. ``fusegemm.grouped_gemm`` called without ``mma_tiler_
 argument signature: never on the repeat-call fast path) and launches the winner; a bucket with
 no record gets the spec's default, or with ``FUSEGEMM_AUTOTUNE=1`` is tuned on that first call
 (:func:`first_call`). Later processes, and every rank sharing the cache, reuse
-the record. Writes are atomic under a file lock; an unreadable record file reads as empty.
+the record. The records are kept by fusegemm/tuning_records.py, which the ops read: this module
+writes them, and the ops reach :func:`first_call` through the hook
+``fusegemm.base.hooks.FIRST_CALL_TUNE`` the package root installs (tuning times the ops, so the
+ops do not import it).
 
 The record names the device (an H100's winner is not an H200's) and the configuration, so a
 record never changes numerics: every candidate computes the same FP32-accumulated GEMM.
 """
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
-import re
 import statistics
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from . import tuning_records
 from .base.errors import ArgumentError, UnsupportedError
-from .runtime import config
+from .tuning_records import Bucket, Candidate
 
-__all__ = ["Bucket", "Candidate", "TuneResult", "tune", "lookup", "first_call", "records", "record_file",
-           "parse_shape"]
+__all__ = ["TuneResult", "tune", "first_call", "parse_shape"]
 
 SPECS = ("grouped_gemm",)        # the families tuning is implemented for
 SHAPE_KEYS = ("experts", "tokens", "n", "k")
-
-
-@dataclass(frozen=True)
-class Bucket:
-    """The shape class a tuning record applies to.
-
-    Attributes
-    ----------
-    experts : int
-        L.
-    rows : int
-        Rows per expert (the A allocation's rows / L), rounded to the nearest power of two.
-    n : int
-        N.
-    k : int
-        K.
-    options : str
-        Output and weight options that select a different kernel (d dtype, C, bias, weights).
-    """
-
-    experts: int
-    rows: int
-    n: int
-    k: int
-    options: str
-
-    @classmethod
-    def of(cls, *, experts: int, m_rows: int, n: int, k: int, d_dtype: str = "bfloat16", c_dtype: str | None = None,
-           bias: str | None = None, discrete: bool = False, b_major: str = "k") -> "Bucket":
-        per = max(1, m_rows // max(1, experts))
-        rows = 1 << max(0, round(math.log2(per)))
-        opts = [f"d{d_dtype}", f"c{c_dtype}" if c_dtype else "noc", f"bias{bias}" if bias else "nobias",
-                "discrete" if discrete else "dense", f"b{b_major}"]
-        return cls(experts, rows, n, k, ".".join(opts))
-
-    @property
-    def key(self) -> str:
-        return f"L{self.experts}.r{self.rows}.n{self.n}.k{self.k}.{self.options}"
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One launch configuration.
-
-    Attributes
-    ----------
-    tile : (int, int)
-        The CTA tile (M, N).
-    dynamic : bool
-        Dynamic (atomic-counter) tile scheduling instead of the static persistent walk.
-    """
-
-    tile: tuple[int, int]
-    dynamic: bool
-
-    @property
-    def label(self) -> str:
-        return f"{self.tile[0]}x{self.tile[1]}:{'dynamic' if self.dynamic else 'static'}"
 
 
 @dataclass
@@ -148,122 +88,6 @@ def parse_shape(text: str) -> dict[str, int]:
     if missing:
         raise ArgumentError("--shape", repr(text), f"all of {', '.join(SHAPE_KEYS)} (missing {', '.join(missing)})")
     return out
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower() or "device"
-
-
-def record_file(spec: str, arch: str, device_name: str) -> Path:
-    """Where the records of ``spec`` on ``arch`` and this device model live.
-
-    Parameters
-    ----------
-    spec : str
-        The spec tuned (``grouped_gemm``).
-    arch : str
-        ``sm_90a`` or ``sm_100a``.
-    device_name : str
-        The device's name (``NVIDIA H200``).
-    """
-    from .runtime.cache import record_dir
-    return record_dir("tuned") / f"{spec}.{arch}.{_slug(device_name)}.json"
-
-
-# Records read from disk, by file: (mtime_ns, {bucket key: record}); and the records of this
-# process that could not be written (read-only or disabled cache).
-_read_cache: dict[Path, tuple[int, dict[str, Any]]] = {}
-_memory: dict[tuple[Path, str], dict[str, Any]] = {}
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        mtime = path.stat().st_mtime_ns
-    except OSError:
-        return {}
-    hit = _read_cache.get(path)
-    if hit is not None and hit[0] == mtime:
-        return hit[1]
-    try:
-        data = json.loads(path.read_text())
-        records = data.get("records", {}) if isinstance(data, dict) else {}
-        records = records if isinstance(records, dict) else {}
-    except (OSError, ValueError):
-        records = {}          # corrupted: reads as empty; the next tune rewrites it
-    _read_cache[path] = (mtime, records)
-    return records
-
-
-def _candidate(record: Any) -> Candidate | None:
-    """A record's configuration, or None when it is malformed."""
-    try:
-        tm, tn = (int(v) for v in record["tile"])
-        return Candidate((tm, tn), bool(record["dynamic"]))
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def lookup(spec: str, arch: str, device_name: str, bucket: Bucket) -> Candidate | None:
-    """The recorded winner of ``bucket``, or None.
-
-    Parameters
-    ----------
-    spec : str
-        The spec (``grouped_gemm``).
-    arch : str
-        The device's arch.
-    device_name : str
-        The device's name (records are per device model).
-    bucket : Bucket
-        The call's shape class.
-    """
-    path = record_file(spec, arch, device_name)
-    rec = _memory.get((path, bucket.key))
-    if rec is None and config.disk_cache_enabled():
-        rec = _read(path).get(bucket.key)
-    return _candidate(rec) if rec is not None else None
-
-
-def records() -> list[dict[str, Any]]:
-    """Every tuning record in the cache, a dict per (file, bucket): ``spec``, ``arch``,
-    ``device`` (the file's device slug), ``bucket`` (its key), ``config`` (the recorded
-    configuration's label, or None when malformed), ``ms``, ``default_ms``, ``date`` and
-    ``file``. What ``fusegemm cache records`` prints."""
-    from .runtime.cache import record_dir
-    folder = record_dir("tuned")
-    out: list[dict[str, Any]] = []
-    if not config.disk_cache_enabled() or not folder.is_dir():
-        return out
-    for path in sorted(folder.glob("*.json")):
-        spec, _, rest = path.stem.partition(".")
-        arch, _, device = rest.partition(".")
-        for key, rec in sorted(_read(path).items()):
-            cand = _candidate(rec)
-            rec = rec if isinstance(rec, dict) else {}
-            out.append({"spec": spec, "arch": arch, "device": device, "bucket": key,
-                        "config": cand.label if cand else None, "ms": rec.get("ms"),
-                        "default_ms": rec.get("default_ms"), "date": rec.get("date"), "file": str(path)})
-    return out
-
-
-def _write(path: Path, key: str, record: dict[str, Any]) -> Path | None:
-    """Add ``record`` under ``key`` (read-modify-write under the file's lock, atomic replace);
-    None when the cache cannot be written (the record then lasts this process)."""
-    if not config.disk_cache_enabled() or config.cache_readonly():
-        return None
-    import filelock
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with filelock.FileLock(str(path) + ".lock", timeout=60):
-            records = dict(_read(path))
-            records[key] = record
-            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-            tmp.write_text(json.dumps({"records": records}, indent=1, sort_keys=True))
-            os.replace(tmp, path)
-    except OSError:
-        return None
-    _read_cache.pop(path, None)
-    return path
 
 
 def _median_ms(fns: dict[str, Callable[[], Any]], warmup: int, iters: int, rounds: int) -> dict[str, float]:
@@ -367,12 +191,14 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
         raise ArgumentError("bucket", bucket.key, f"options {measured.options} (those of the measured problem)")
     import torch
 
-    from .ops.device import device_arch
-    from .ops.grouped_gemm import GroupedGemm, _spec, _ops
+    from .generator.spec import find_spec
     from .generator.variants import default_choice
-    from .verify import _device_name
+    from .ops.device import device_arch
+    from .ops.grouped_gemm import GroupedGemm
+    from .runtime.load import device_name
     arch = device_arch(device)
-    name = _device_name(device)
+    name = device_name(device)
+    spec_ = find_spec(spec)
     dev = torch.device("cuda", device)
     g = torch.Generator(device=dev).manual_seed(0)
     a = (torch.randn(m, k, generator=g, device=dev) * 0.5).bfloat16()
@@ -380,11 +206,11 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
     off = torch.tensor(padded, device=dev).cumsum(0).to(torch.int32)
     alpha = torch.ones(experts, device=dev)
     d_t = torch.empty(m, n, dtype=getattr(torch, d_dtype), device=dev)
-    defaults = default_choice(_spec(), arch)
+    defaults = default_choice(spec_, arch)
     default = Candidate((defaults["tile_m"], defaults["tile_n"]), defaults.get("scheduler") == "dynamic")
     fns: dict[str, Callable[[], Any]] = {}
     cands: dict[str, Candidate] = {}
-    spec_choices = _spec().choice_map
+    spec_choices = spec_.choice_map
     for tm in spec_choices["tile_m"]:
         for tn in spec_choices["tile_n"]:
             for dyn in (False, True):
@@ -414,10 +240,10 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
               "default_ms": round(ms[default.label], 5), "measured": {k_: round(v, 5) for k_, v in ms.items()},
               "shape": {"experts": experts, "tokens": tokens, "n": n, "k": k, "dist": dist},
               "device": name, "date": time.strftime("%Y-%m-%d")}
-    file = record_file(spec, arch, name)
-    _memory[(file, bucket.key)] = record
-    path = _write(file, bucket.key, record) if write else None
-    _ops().fast.clear()              # calls memoised before this record re-resolve their config
+    # The store tells its readers (the wrapper's memoised calls re-resolve their configuration).
+    file = tuning_records.record_file(spec, arch, name)
+    tuning_records.remember(file, bucket.key, record)
+    path = tuning_records.write(file, bucket.key, record) if write else None
     return TuneResult(bucket, best, default, ms, path, fastest)
 
 

@@ -13,6 +13,10 @@ the numpy reference) and:
   so later processes skip it;
 * refuses to launch, with :class:`UnverifiedError` and the failing cases, when any case fails.
 
+The ops reach :func:`ensure_verified` through the hook ``fusegemm.base.hooks.FIRST_LAUNCH``,
+which the package root installs (fusegemm/__init__.py): this module runs the selftest cases,
+which call the ops, so the ops do not import it.
+
 ``FUSEGEMM_TRUST_UNVERIFIED=1`` skips the check. For a kernel that has run (every family on
 sm_90a but those marked) nothing happens.
 """
@@ -32,6 +36,7 @@ from typing import Any
 from .base.errors import UnverifiedError
 from .base.package import __version__, package_data_dir
 from .runtime import config
+from .runtime.load import device_name
 
 _log = logging.getLogger("fusegemm")
 _lock = threading.Lock()
@@ -105,7 +110,7 @@ def identity(family: str, arch: str, device: int) -> dict[str, Any]:
         nvrtc = "none"
     return {"family": family, "arch": arch, "fusegemm": __version__,
             "nvrtc": nvrtc, "templates": _templates_digest(),
-            "device": _device_name(device)}
+            "device": device_name(device)}
 
 
 def record_path(family: str, arch: str) -> Path | None:
@@ -165,11 +170,3 @@ def _templates_digest() -> str:
         if p.is_file() and p.suffix in (".j2", ".cuh", ".h", ".hpp"):
             h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
     return h.hexdigest()[:16]
-
-
-def _device_name(device: int) -> str:
-    from .runtime.load import check, driver
-    drv = driver()
-    dev = check(drv.cuDeviceGet(device), f"cuDeviceGet({device})")
-    raw = check(drv.cuDeviceGetName(64, dev), "cuDeviceGetName")
-    return raw.split(b"\0", 1)[0].decode()

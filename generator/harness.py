@@ -4,7 +4,7 @@ The harness runs a spec's generated rule on given FP32 accumulators with the ker
 epilogue code (fusegemm/harness.cuh): ``block`` mode through the engine every sm_100a kernel
 uses, ``fragment`` mode through the sm_90a kernel's fragment path (element-wise rules only).
 It is compiled for sm_90a, so the H200 executes the epilogue code of both archs. The host side
-is fusegemm/harness.py.
+is fusegemm/harness_run.py.
 """
 from __future__ import annotations
 

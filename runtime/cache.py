@@ -32,7 +32,7 @@ from ..base.errors import CacheError, FusegemmError
 from . import config
 from .compile import compile_options, headers, nvrtc_version
 from .headers import headers_digest
-from .inspect import Cubin, Resources
+from .cubin_info import Cubin, Resources
 
 # 2: meta.json "contract" (the kernel's exported host contract) replaces "launch" and "staging".
 # Entries written before carriers were removed also hold a "carrier" flag; nothing reads it, so

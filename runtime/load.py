@@ -103,6 +103,15 @@ def device_attribute(device: int, name: str) -> int:
     return int(check(drv.cuDeviceGetAttribute(attr, dev), f"cuDeviceGetAttribute({name})"))
 
 
+def device_name(device: int) -> str:
+    """The device's model name as the driver reports it (``NVIDIA H200``): what tuning records
+    and first-run verification passes are kept per."""
+    drv = driver()
+    dev = check(drv.cuDeviceGet(device), f"cuDeviceGet({device})")
+    raw = check(drv.cuDeviceGetName(64, dev), "cuDeviceGetName")
+    return raw.split(b"\0", 1)[0].decode()
+
+
 class ModuleCache:
     """Loaded modules by (context, key, kernel name). Thread-safe; owned by its creator."""
 

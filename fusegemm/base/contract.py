@@ -2,7 +2,7 @@
 
 Each generated translation unit defines ``extern "C" __device__ const int <symbol>_contract[N]``
 from the kernel's own constants (templates/contract.cu.j2 renders it from :data:`FIELDS`); the
-runtime reads the array back out of the cubin (runtime/inspect.py) into a :class:`KernelContract`.
+runtime reads the array back out of the cubin (runtime/cubin_info.py) into a :class:`KernelContract`.
 So the host never restates what a kernel decided: block size, shared memory, the smallest and
 largest cluster, CTAs per tile, the K step, every TMA box, swizzle and element type, the
 tensor-map workspace stride, TMEM columns. A field the kernel does not use is 0.

@@ -2,7 +2,7 @@
 
 Pure numpy + ml_dtypes; torch tensors are accepted where cheap and torch is never imported here.
 
-* :mod:`.dtypes` — dtype names in any spelling, host numpy views of torch tensors.
+* :mod:`.numpy_dtypes` — dtype names in any spelling, host numpy views of torch tensors.
 * :mod:`.elements` — FP32/BF16 to and from e4m3fn, e5m2, e2m1, E8M0 (nearest-even and the SFD's
   round-up), saturation, FP4 packing (even element in the low nibble).
 * :mod:`.blockscale` — MXFP8 / NVFP4 / MXFP4 quantization along K.
@@ -12,7 +12,7 @@ Pure numpy + ml_dtypes; torch tensors are accepted where cheap and torch is neve
 from __future__ import annotations
 
 from .blockscale import BlockFormat, block_format, dequantize_blockwise, quantize_blockwise
-from .dtypes import ElementFormat, FORMATS, dtype_name, resolve_dtype, to_numpy
+from .numpy_dtypes import ElementFormat, FORMATS, dtype_name, resolve_dtype, to_numpy
 from .elements import pack_fp4, to_float32, to_format, unpack_fp4
 from .scales import (
     as_sf_physical,

@@ -25,7 +25,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .dtypes import FORMATS, FP8_NAMES, array_dtype_name, resolve_dtype, to_numpy
+from .numpy_dtypes import FORMATS, FP8_NAMES, array_dtype_name, resolve_dtype, to_numpy
 from .elements import to_float32, to_format
 
 __all__ = ["BlockFormat", "block_format", "quantize_blockwise", "dequantize_blockwise"]

@@ -29,7 +29,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .dtypes import FORMATS, array_dtype_name, resolve_dtype, to_numpy
+from .numpy_dtypes import FORMATS, array_dtype_name, resolve_dtype, to_numpy
 
 __all__ = ["to_format", "to_float32", "pack_fp4", "unpack_fp4", "ROUNDINGS"]
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..base.docstrings import shares_parameters
-from .dtypes import to_numpy
+from .numpy_dtypes import to_numpy
 
 __all__ = [
     "sf_physical_shape",

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..arguments import M_ALIGNED, choice, offsets, offsets_values, vector
 from ..base.errors import ArgumentError
-from ..formats.dtypes import dtype_name, to_numpy
+from ..formats.numpy_dtypes import dtype_name, to_numpy
 from ..formats.elements import to_float32
 from ..runtime.tensors import TensorView
 

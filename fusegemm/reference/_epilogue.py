@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.dtypes import FORMATS
+from ..formats.numpy_dtypes import FORMATS
 from ..formats.elements import to_float32, to_format
 from ..formats.scales import pack_sf, pack_sf_discrete_col, sf_to_kernel_view
 from ..formats.views import cd_to_kernel, prob_to_kernel

@@ -17,7 +17,7 @@ import numpy as np
 from .. import arguments
 from ..base.errors import ArgumentError
 from ..formats.blockscale import block_format
-from ..formats.dtypes import FP8_NAMES, to_numpy
+from ..formats.numpy_dtypes import FP8_NAMES, to_numpy
 from ..formats.elements import to_float32
 from ..formats.scales import sf_physical_shape, sf_view_shape, unpack_sf
 from ..runtime.tensors import TensorView

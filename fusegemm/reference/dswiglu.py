@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import arguments
 from ..base.errors import ArgumentError
-from ..formats.dtypes import to_numpy
+from ..formats.numpy_dtypes import to_numpy
 from ..tupledict import TupleDict
 from ._args import (
     EPILOGUE_OPS,

@@ -15,7 +15,7 @@ import numpy as np
 from .. import arguments
 from ..base.errors import ArgumentError
 from ..formats.blockscale import block_format
-from ..formats.dtypes import FLOAT_OUTPUT_NAMES, FP8_NAMES, to_numpy
+from ..formats.numpy_dtypes import FLOAT_OUTPUT_NAMES, FP8_NAMES, to_numpy
 from ..runtime.tensors import TensorView
 from ..tupledict import TupleDict
 from ._args import resolve_acc

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .. import arguments
-from ..formats.dtypes import FLOAT_OUTPUT_NAMES
+from ..formats.numpy_dtypes import FLOAT_OUTPUT_NAMES
 from ..tupledict import TupleDict
 from ._args import BIAS_DTYPES, PER_EXPERT, check_common, host_float32, host_vector, parse_prob, row_expert
 from ._epilogue import cd_layout, output_name, place_rows, round_output

@@ -12,7 +12,7 @@ import pytest
 
 import fusegemm
 from fusegemm import reference
-from fusegemm.checking import compare_outputs, device_args
+from fusegemm.output_compare import compare_outputs, device_args
 from fusegemm.problems import make_grouped_problem
 
 pytestmark = pytest.mark.gpu
@@ -21,7 +21,7 @@ FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
 def compare(ref, out, *, exact, rtol=1e-5, name=""):
-    """fusegemm.checking's rules: quantized bytes always exact; other outputs exact or within
+    """fusegemm.output_compare's rules: quantized bytes always exact; other outputs exact or within
     ``rtol`` of the largest magnitude plus one bf16/fp16 ulp of the element."""
     err, problem = compare_outputs(ref, out, exact=exact, rtol=rtol)
     assert problem is None, (name, problem, err)

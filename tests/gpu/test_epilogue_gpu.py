@@ -32,7 +32,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fusegemm.formats.dtypes import to_numpy
+from fusegemm.formats.numpy_dtypes import to_numpy
 from fusegemm.generator.expr import Call, walk
 from fusegemm.generator.functions import FUNCTIONS, SUBNORMAL_ABS
 from fusegemm.generator.spec import find_spec, parse_spec
@@ -60,7 +60,7 @@ def _function_names() -> list[str]:
 def compiled_ahead(torch, doubled_spec_path):
     """Compile every source this module launches, in parallel, before the first test."""
     from fusegemm.build import compile_all
-    from fusegemm.harness import plan_harness
+    from fusegemm.harness_run import plan_harness
     from fusegemm.pipeline import plan
     planned = [plan_harness(make_variant(spec, arch="sm_90a", **axes), "block") for spec, axes in BLOCK_CASES]
     planned += [plan_harness(make_variant("grouped_gemm", arch="sm_90a", **axes), "fragment")
@@ -128,7 +128,7 @@ def run_case(torch, spec, *, mode: str = "block", seed: int = 0, offsets=(256, 2
              n_acc: int = 256, m_rows: int = 1024, specials: bool = True, acc=None, ones=(), **axes):
     """Harness and interpreter on one seeded problem; returns (got, want, resolved, exact).
     ``acc``: the accumulator to use (else seeded); ``ones``: inputs set to 1 (exact scaling)."""
-    from fusegemm.harness import run_harness
+    from fusegemm.harness_run import run_harness
     from fusegemm.interpret import interpret
     v = make_variant(spec, arch="sm_90a", **axes)
     r = v.spec.epilogue.resolve(v.choices)
@@ -419,7 +419,7 @@ def _sweep(rows: int, cols: int) -> np.ndarray:
 
 @pytest.mark.parametrize("fn", _function_names())
 def test_function_table_ulp_bounds_hold_on_device(torch, fn):
-    from fusegemm.harness import run_harness
+    from fusegemm.harness_run import run_harness
     from fusegemm.interpret import NUMPY_FUNCTIONS
     spec = _function_spec(fn)
     v = make_variant(spec, arch="sm_90a")

@@ -4,7 +4,7 @@ JAX arrays in give JAX arrays out (every dtype JAX holds: bfloat16, FP8, E8M0); 
 mixed with torch operands are imported with the stream handshake. Inputs are produced by
 asynchronous work right before each call (a JAX computation, a CuPy kernel on a side stream),
 so a missing handshake shows up as wrong results. Outputs are compared with the numpy
-references (fusegemm.checking rules).
+references (fusegemm.output_compare rules).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 import fusegemm  # noqa: E402
 from fusegemm import reference  # noqa: E402
-from fusegemm.checking import compare_outputs  # noqa: E402
+from fusegemm.output_compare import compare_outputs  # noqa: E402
 from fusegemm.problems import make_batched_problem, make_grouped_problem  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -91,7 +91,7 @@ def test_cupy_arguments_produced_on_a_side_stream():
     """alpha, padded_offsets and prob come from CuPy kernels queued on a busy CuPy stream right
     before the call: the import must wait for them (outputs stay torch: a_tensor is torch)."""
     cupy = _cupy()
-    from fusegemm.checking import device_args
+    from fusegemm.output_compare import device_args
     kw = _problem("grouped_gemm")
     ref = reference.grouped_gemm(**kw)
     dev, keep = device_args(kw)
@@ -114,7 +114,7 @@ def test_outputs_go_to_cupy_where_cupy_has_the_dtype():
     amax of a real gemm_amax become CuPy arrays over the same memory, ordered after the kernel;
     an FP8 output, which CuPy 14 cannot hold, stays a torch tensor."""
     cupy = _cupy()
-    from fusegemm.checking import device_args
+    from fusegemm.output_compare import device_args
     from fusegemm.runtime import interop
     kw = make_batched_problem(m=200, n=256, k=256, batch=2, values="integer", seed=31).kwargs()
     ref = reference.gemm_amax(**kw)

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fusegemm  # noqa: E402
-from fusegemm import tune  # noqa: E402
+from fusegemm import tune, tuning_records  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -16,11 +16,9 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEGEMM_CACHE_DIR", str(tmp_path))
-    tune._memory.clear()
-    tune._read_cache.clear()
+    tuning_records.forget()
     yield tmp_path
-    tune._memory.clear()
-    tune._read_cache.clear()
+    tuning_records.forget()
 
 
 def _reference(a, b, alpha, padded):
@@ -42,10 +40,10 @@ def test_tune_measures_every_configuration_and_records_the_best(cache):
     else:                                                  # a clear winner
         assert res.best == res.fastest and res.ms[res.default.label] > res.ms[res.best.label] * 1.05
     assert res.path is not None and res.path.is_file() and res.path.parent == cache / "tuned"
-    tune._memory.clear()                                   # read back from the file
+    tuning_records.forget()                                # read back from the file
     from fusegemm.ops.grouped_gemm import _device_identity
     arch, name = _device_identity(0)
-    assert tune.lookup("grouped_gemm", arch, name, res.bucket) == res.best
+    assert tuning_records.lookup("grouped_gemm", arch, name, res.bucket) == res.best
 
 
 def test_the_wrapper_launches_the_recorded_configuration(cache):
@@ -54,8 +52,9 @@ def test_the_wrapper_launches_the_recorded_configuration(cache):
     sizes = [300, 0, 512, 200]
     padded = [-(-s // 256) * 256 for s in sizes]
     m, n, k = sum(padded), 384, 192
-    bucket = tune.Bucket.of(experts=4, m_rows=m, n=n, k=k)
-    tune._write(tune.record_file("grouped_gemm", arch, name), bucket.key, {"tile": [64, 128], "dynamic": True})
+    bucket = tuning_records.Bucket.of(experts=4, m_rows=m, n=n, k=k)
+    tuning_records.write(tuning_records.record_file("grouped_gemm", arch, name), bucket.key,
+                         {"tile": [64, 128], "dynamic": True})
     gg._ops().fast.clear()
     g = torch.Generator(device="cuda").manual_seed(3)
     a = torch.randn(m, k, generator=g, device="cuda").bfloat16()
@@ -95,10 +94,10 @@ def test_first_call_tuning_records_the_calls_bucket_and_matches_the_reference(ca
     off = torch.tensor(padded, device="cuda").cumsum(0).to(torch.int32)
     alpha = torch.rand(3, generator=g, device="cuda") + 0.5
     d = fusegemm.grouped_gemm(a, off, alpha, b_tensor=b)["d_tensor"]
-    bucket = tune.Bucket.of(experts=3, m_rows=m, n=n, k=k)
+    bucket = tuning_records.Bucket.of(experts=3, m_rows=m, n=n, k=k)
     assert measured == [bucket.key]
-    tune._memory.clear()                        # read back from the file
-    assert tune.lookup("grouped_gemm", arch, name, bucket) is not None
+    tuning_records.forget()                     # read back from the file
+    assert tuning_records.lookup("grouped_gemm", arch, name, bucket) is not None
     torch.testing.assert_close(d.float(), _reference(a, b, alpha, padded), rtol=1e-2, atol=1e-2)
     fusegemm.grouped_gemm(a.unsqueeze(-1), off, alpha, b_tensor=b)   # (M, K, 1): new signature, same bucket
     assert len(measured) == 1

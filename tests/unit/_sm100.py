@@ -23,7 +23,7 @@ from fusegemm.base.errors import ToolchainError, UnsupportedError
 from fusegemm.generator.render import Source, render
 from fusegemm.generator.spec import Spec, find_spec
 from fusegemm.generator.variants import NEUTRAL, Variant, make_variant
-from fusegemm.runtime import disasm, inspect
+from fusegemm.runtime import cubin_info, disasm
 from fusegemm.runtime.compile import compile_source, headers
 
 from _sm100_model import (CLUSTERS, MC_FIELDS, MC_KBLOCKS, MC_SLICES, _MC_FN, _simulate,  # noqa: F401 (re-exported)
@@ -294,7 +294,7 @@ class Built:
     v: V
     name: str
     seconds: float
-    res: inspect.Resources
+    res: cubin_info.Resources
     contract: KernelContract
     protocol: tuple[int, ...]
     mc: tuple[int, ...]
@@ -320,7 +320,7 @@ def build(v: V) -> Built:
 
 
 def from_cubin(v: V, name: str, data: bytes, seconds: float) -> Built:
-    c = inspect.Cubin(data)
+    c = cubin_info.Cubin(data)
     mc_len = sum(ncta for _, _, ncta in CLUSTERS[v.cta_group]) * len(MC_FIELDS)
     text = disasm.sass(data)
     return Built(v, name, seconds, c.resources(name), c.contract(name), c.global_ints(f"{name}_protocol", 6),

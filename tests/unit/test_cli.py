@@ -16,8 +16,9 @@ def test_list_json():
     r = run("list", "--json")
     assert r.exit_code == 0
     rows = {(row["name"], row["arch"]): row for row in json.loads(r.output)}
-    assert sorted({name for name, _ in rows}) == ["gemm_amax", "grouped_gemm", "grouped_gemm_dswiglu",
-                                                  "grouped_gemm_dswiglu_bf16", "grouped_gemm_quant",
+    assert sorted({name for name, _ in rows}) == ["gemm_amax", "grouped_gemm", "grouped_gemm_dglu",
+                                                  "grouped_gemm_dsrelu", "grouped_gemm_dswiglu",
+                                                  "grouped_gemm_dswiglu_bf16", "grouped_gemm_glu", "grouped_gemm_quant",
                                                   "grouped_gemm_srelu", "grouped_gemm_swiglu", "grouped_gemm_wgrad"]
     # declared and implemented side by side: sm_90a implements tile M 64/128 without clusters
     # (1 tile of 3, 1 cluster of 9 of the declared grouped_gemm surface)...
@@ -422,13 +423,12 @@ def test_records_beside_the_kernels_are_listed_and_kept_apart(cache_dir):
     `cache list` neither lists them nor calls them corrupted (it did, as 'meta.json unreadable'),
     `cache clear` keeps them (it deleted them as entries), `cache records` lists them and
     `cache clear --records` deletes them too."""
-    from fusegemm import tune
-    tune._memory.clear()
-    tune._read_cache.clear()
+    from fusegemm import tuning_records
+    tuning_records.forget()
     _one_entry(cache_dir)
-    bucket = tune.Bucket.of(experts=8, m_rows=4096, n=512, k=512)
-    tune._write(tune.record_file("grouped_gemm", "sm_90a", "NVIDIA H200"), bucket.key,
-                {"tile": [64, 256], "dynamic": True, "ms": 0.25, "default_ms": 0.3, "date": "2026-12-01"})
+    bucket = tuning_records.Bucket.of(experts=8, m_rows=4096, n=512, k=512)
+    tuning_records.write(tuning_records.record_file("grouped_gemm", "sm_90a", "NVIDIA H200"), bucket.key,
+                         {"tile": [64, 256], "dynamic": True, "ms": 0.25, "default_ms": 0.3, "date": "2026-12-01"})
     (cache_dir / "verified").mkdir()
     (cache_dir / "verified" / "grouped_gemm.sm_100a.json").write_text(json.dumps(
         {"family": "grouped_gemm", "arch": "sm_100a", "device": "NVIDIA B200", "fusegemm": "0.1", "cases": 6}))
@@ -448,4 +448,4 @@ def test_records_beside_the_kernels_are_listed_and_kept_apart(cache_dir):
     r = run("cache", "clear", "--yes", "--records")
     assert "removed 3 entries and records" in r.output
     assert not (cache_dir / "tuned").exists() and not (cache_dir / "verified").exists()
-    tune._read_cache.clear()
+    tuning_records.forget()

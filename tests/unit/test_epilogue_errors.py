@@ -8,6 +8,7 @@ with that message and never reach the emitter or the Jinja renderer.
 """
 from __future__ import annotations
 
+import ast
 import re
 import textwrap
 from pathlib import Path
@@ -83,6 +84,31 @@ PAIRED = textwrap.dedent("""\
       d_dtype: bfloat16
     """)
 
+# A K-grouped (weight-gradient) spec: the loader's extra refusals for a problem without token rows.
+WGRAD = textwrap.dedent("""\
+    schema: 2
+    name: demo
+    kernel: grouped_gemm_wgrad
+    problem: kgrouped
+    summary: test spec
+    epilogue:
+      inputs:
+        alpha: {per: expert}
+      compute:
+        - g = alpha * acc
+      outputs:
+        d: {dtype: d_dtype, value: g}
+    choices:
+      arch: [sm_90a]
+      d_dtype: [bfloat16, float8_e4m3fn]
+      tile_m: [128]
+      tile_n: [256]
+      cluster_m: [1]
+      cluster_n: [1]
+    defaults:
+      d_dtype: bfloat16
+    """)
+
 G = "- g = alpha * acc"                                           # BASE line 13
 D = "- d = where(present(bias), g + prob * bias, g * prob)"       # BASE line 14
 Q = "quantize: {norm_const: norm_const}"                          # BASE line 16
@@ -98,8 +124,8 @@ def case(id: str, text: str, message: str, injection: bool = False):
     return pytest.param(text, message, id=("injection: " if injection else "") + id)
 
 
-_FUNCS = ("abs, clamp, exp, fma, gelu_tanh, isnan, log, max, min, present, rcp, relu, sigmoid, silu, "
-          "sqrt, square, tanh, where")
+_FUNCS = ("abs, clamp, erf, exp, fma, gelu_tanh, isnan, log, max, min, pow, present, rcp, relu, sigmoid, "
+          "silu, sqrt, square, tanh, where")
 _CHARS = "allowed: ASCII names, numbers, + - * / < <= > >= == != ( ) , ."
 _NAME_RULE = "allowed: a lower-case ASCII identifier that is not acc, where, present, a function or an axis"
 
@@ -369,6 +395,40 @@ CASES = [
     case("schema 1 quantization key", edit("  reductions:", "  quantization: {}\n  reductions:"),
          "demo.yaml:17: epilogue.quantization: unknown key; allowed: compute, inputs, outputs, pairing, "
          "reductions"),
+    # ---- empty sections, output dtypes, unread inputs ---------------------------------------
+    case("empty compute", edit(G + "\n    - d = where(present(bias), g + prob * bias, g * prob)", "[]").replace(
+        "compute:\n    []", "compute: []"),
+         "demo.yaml:12: epilogue.compute: empty; give at least one statement"),
+    case("empty outputs", edit("outputs:\n    d: {dtype: d_dtype, " + Q + "}", "outputs: {}"),
+         "demo.yaml:15: epilogue.outputs: empty; declare at least one output (c or d)"),
+    case("output dtype axis not in choices", edit("d: {dtype: d_dtype,", "d: {dtype: c_dtype,"),
+         "demo.yaml:16: epilogue.outputs.d.dtype: axis 'c_dtype' is not in this spec's choices"),
+    case("output dtype axis offering a non-output dtype", edit("d: {dtype: d_dtype,", "d: {dtype: bias_dtype,"),
+         "demo.yaml:16: epilogue.outputs.d.dtype: axis 'bias_dtype' offers ['none'], which an output cannot be; "
+         "allowed: float32, float16, bfloat16, float8_e4m3fn, float8_e5m2, float4_e2m1fn_x2"),
+    case("output dtype unknown", edit("d: {dtype: d_dtype,", "d: {dtype: int8,"),
+         "demo.yaml:16: epilogue.outputs.d.dtype: got 'int8'; allowed: float32, float16, bfloat16, float8_e4m3fn, "
+         "float8_e5m2, float4_e2m1fn_x2 or a dtype axis in choices"),
+    case("input never read", edit("alpha: {per: expert}", "alpha: {per: expert}\n    beta: {per: expert}"),
+         "demo.yaml:9: epilogue.inputs.beta: 'beta' is declared but no variant reads it: no statement names it "
+         "and no quantize: takes it as norm_const; allowed: read it in a statement an output or reduction uses, "
+         "or remove it"),
+    # ---- K-grouped problems: no token rows, no pairing, no SFD ----------------------------------
+    case("K-grouped row input", edit("alpha: {per: expert}", "alpha: {per: expert}\n    prob: {per: row}",
+                                     edit("- g = alpha * acc", "- g = alpha * acc * prob", WGRAD)),
+         "demo.yaml:7: epilogue.inputs.prob.per: got 'row' (a K-grouped problem's output rows are per expert "
+         "(L, M, N); it has no token rows); allowed: expert, column, element, scalar"),
+    case("K-grouped row reduction",
+         edit("value: g}", "value: g}\n  reductions:\n    - {name: dprob, kind: sum, of: g, scope: row}", WGRAD),
+         "demo.yaml:13: epilogue.reductions: dprob: got scope 'row' (a K-grouped problem's output rows are per "
+         "expert (L, M, N); it has no token rows); allowed: amax of scope expert or global"),
+    case("K-grouped pairing", edit("  compute:", "  pairing: {block: 32, roles: [gate, up]}\n  compute:", WGRAD),
+         "demo.yaml:9: epilogue.pairing: got a gate/up pairing; allowed: none (a K-grouped problem's outputs are "
+         "unpaired weight gradients)"),
+    case("K-grouped quantize",
+         edit("alpha: {per: expert}", "alpha: {per: expert}\n    norm_const: {per: scalar}",
+              edit("value: g}", "value: g, quantize: {norm_const: norm_const}}", WGRAD)),
+         "demo.yaml:12: epilogue.outputs.d.quantize: got an SFD quantization; allowed: none on a K-grouped problem"),
     # ---- injection attempts: rejected by the tokenizer/parser/loader, nothing reaches C++ -----
     case("close a string and call system", edit(G, '- g = acc"); system("rm -rf /'),
          "demo.yaml:13: epilogue.compute[0]: unexpected character '\"' at column 8 of "
@@ -450,8 +510,63 @@ def _validate(tmp_path: Path, text: str):
     return path, CliRunner().invoke(main, ["validate", str(path)])
 
 
-def test_enough_cases():
-    assert len(CASES) >= 40 and len({c.id for c in CASES}) == len(CASES) and len(INJECTIONS) >= 8
+def _raise_sites(path: Path) -> dict[int, range]:
+    """First line -> lines of every ``raise`` in ``path`` not marked ``pragma: no cover``."""
+    lines = path.read_text().splitlines()
+    return {n.lineno: range(n.lineno, n.end_lineno + 1) for n in ast.walk(ast.parse("\n".join(lines)))
+            if isinstance(n, ast.Raise) and "pragma: no cover" not in lines[n.lineno - 1]}
+
+
+def _reached(exc: BaseException, path: Path, sites: dict[int, range]) -> set[int]:
+    """The raise sites of ``path`` the error came through (the error itself and what it was
+    raised from or during: an ExprError becomes the SpecError of its statement)."""
+    out = set()
+    while exc is not None:
+        tb = exc.__traceback__
+        while tb is not None:
+            if Path(tb.tb_frame.f_code.co_filename).resolve() == path:
+                out |= {first for first, span in sites.items() if tb.tb_lineno in span}
+            tb = tb.tb_next
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+def _unreachable() -> dict[str, str]:
+    """Refusals of the loader no spec text can reach, by a fragment of their message, each with
+    the reason, which is checked here so the exemption lapses when it stops being true."""
+    from fusegemm.generator import axes, epilogue
+    # Optional names: inputs whose dtype is an axis that can be none (row, column and element
+    # inputs: scalar and expert inputs are float32) and the constant axes.
+    most = sum(len(epilogue.SLOTS[p]) for p in ("row", "column", "element"))
+    most += sum(1 for a in axes.AXES.values() if a.constant)
+    assert most <= epilogue.MAX_OPTIONAL, "more optional names fit the ABI now: write the case"
+    return {"optional inputs/constants; allowed: at most": f"at most {most} optional names fit the ABI"}
+
+
+def test_every_refusal_of_the_loader_has_a_case():
+    """Each ``raise`` of generator/epilogue.py is reached by a case above (its message checked
+    exactly by test_malformed_epilogue), or is one no spec can reach (a ``pragma: no cover``
+    on its line, or listed by _unreachable with its reason). A refusal added without a case,
+    or a case that stops reaching its refusal, fails here."""
+    from fusegemm.generator import epilogue
+    path = Path(epilogue.__file__).resolve()
+    sites = _raise_sites(path)
+    reached: set[int] = set()
+    for c in CASES:
+        text, _ = c.values
+        try:
+            parse_spec(text, "demo.yaml", expected_name="demo")
+        except SpecError as exc:
+            reached |= _reached(exc, path, sites)
+    source = path.read_text().splitlines()
+    exempt = set()
+    for fragment in _unreachable():
+        hits = [first for first, span in sites.items() if any(fragment in source[i - 1] for i in span)]
+        assert len(hits) == 1, f"{fragment!r} names {len(hits)} raises of {path.name}; expected one"
+        exempt |= set(hits)
+    missing = sorted(set(sites) - reached - exempt)
+    assert [f"{path.name}:{line}: {source[line - 1].strip()}" for line in missing] == []
+    assert len({c.id for c in CASES}) == len(CASES)
 
 
 @pytest.mark.parametrize("base", [BASE, PAIRED], ids=["base", "paired"])

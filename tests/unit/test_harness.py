@@ -39,7 +39,7 @@ def test_harness_is_compiled_for_the_executable_arch_from_either_variant():
 ], ids=["swiglu-block", "dswiglu-block", "grouped-fragment", "quant-fp4-block", "swiglu-genc-block",
         "dswiglu-bf16-block"])
 def test_harness_compiles_without_spills(spec, axes, mode):
-    from fusegemm.harness import plan_harness
+    from fusegemm.harness_run import plan_harness
     built = compile_planned(plan_harness(make_variant(spec, arch="sm_90a", **axes), mode))
     assert built.resources.local_bytes == 0, f"{built.resources.local_bytes} bytes of local memory (spills)"
     assert built.contract.threads == 128
@@ -47,7 +47,7 @@ def test_harness_compiles_without_spills(spec, axes, mode):
 
 def test_run_harness_checks_the_accumulator_before_compiling():
     torch = pytest.importorskip("torch")
-    from fusegemm.harness import run_harness
+    from fusegemm.harness_run import run_harness
     v = make_variant("grouped_gemm", arch="sm_90a")
     offsets = torch.tensor([256, 512], dtype=torch.int32)
     with pytest.raises(ArgumentError, match=r"acc.*float32 \(512, N\) row-major"):

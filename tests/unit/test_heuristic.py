@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from fusegemm import heuristic as h
-from fusegemm import tune
+from fusegemm import tuning_records
 
 SHAPES = {   # the benchmark's MoE shapes (rows per expert, N, K) and the sweep's corners
     "dsv3-fc1": ([2048] * 8, 4096, 7168), "dsv3-fc2": ([2048] * 8, 7168, 2048),
@@ -57,8 +57,7 @@ def test_every_choice_is_implemented_and_compiles_clean(tmp_path, monkeypatch):
 def test_the_wrapper_uses_the_model_on_sm100a_only(tmp_path, monkeypatch):
     from fusegemm.ops import grouped_gemm as gg
     monkeypatch.setenv("FUSEGEMM_CACHE_DIR", str(tmp_path))
-    tune._memory.clear()
-    tune._read_cache.clear()
+    tuning_records.forget()
     small = SimpleNamespace(l=8, m=8 * 512, n=4096, k=7168, bias=None, b_ptrs=None)
     want = h.choose([small.m], small.n, small.k)
     assert want != h.DEFAULT
@@ -67,11 +66,10 @@ def test_the_wrapper_uses_the_model_on_sm100a_only(tmp_path, monkeypatch):
     assert gg._tuned(SimpleNamespace(**{**vars(small), "bias": SimpleNamespace(dtype="bfloat16")}), 0, None,
                      "bfloat16", "k") == \
         (None, False, None)                                             # bias: tile N 256, the default
-    bucket = tune.Bucket.of(experts=8, m_rows=small.m, n=small.n, k=small.k)
-    tune._write(tune.record_file("grouped_gemm", "sm_100a", "NVIDIA B200"), bucket.key,
-                {"tile": [256, 256], "dynamic": True})
+    bucket = tuning_records.Bucket.of(experts=8, m_rows=small.m, n=small.n, k=small.k)
+    tuning_records.write(tuning_records.record_file("grouped_gemm", "sm_100a", "NVIDIA B200"), bucket.key,
+                         {"tile": [256, 256], "dynamic": True})
     assert gg._tuned(small, 0, None, "bfloat16", "k") == ((256, 256), True, None)   # a measurement wins
     monkeypatch.setattr(gg, "_device_identity", lambda device: ("sm_90a", "NVIDIA H200"))
     assert gg._tuned(small, 0, None, "bfloat16", "k") == (None, False, None)        # sm_90a: the default
-    tune._memory.clear()
-    tune._read_cache.clear()
+    tuning_records.forget()

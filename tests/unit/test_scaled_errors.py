@@ -7,6 +7,7 @@ anything is compiled or launched. The unbroken call must reach the device check.
 """
 from __future__ import annotations
 
+import inspect
 import re
 
 import numpy as np
@@ -125,7 +126,7 @@ CASES = [
     (ALL, "acc_fp16", _set(acc_dtype=torch.float16), r"^acc_dtype: got"),
     (ALL, "cd_major_m", _set(cd_major="m"), r"^cd_major: got 'm'"),
     (ALL, "m_aligned_128", _set(m_aligned=128), r"^m_aligned: got 128"),
-    (ALL, "vector_f32", _set(vector_f32=True), r"^vector_f32: got True"),
+    (ALL, "vector_f32_str", _set(vector_f32="yes"), r"^vector_f32: got 'yes'; allowed: True or False$"),
     (ALL, "vector_f32_int", _set(vector_f32=1), r"^vector_f32: got 1"),
     (ALL, "tiler_triple", _set(mma_tiler_mn=(1, 2, 3)), r"^mma_tiler_mn: got"),
     (ALL, "tiler_m100", _set(mma_tiler_mn=(100, 256)), r"tile_m"),
@@ -301,8 +302,28 @@ def test_gemm_amax_valid_call_reaches_the_device_check():
         fusegemm.gemm_amax(**amax_base())
 
 
-def test_gemm_amax_has_sixty_cases():
-    assert len(AMAX_CASES) >= 60
+# Parameters of gemm_amax no call on CPU tensors can get wrong, each with the reason (checked to
+# be parameters still).
+AMAX_NOT_HERE = {"stream": "read at launch, after the device check every CPU call stops at"}
+_ABSENT = object()
+
+
+def _broken(mutate) -> set[str]:
+    """The arguments a case's mutation changes (replaced, added or set to None)."""
+    kw = amax_base()
+    before = dict(kw)
+    mutate(kw)
+    return {k for k in kw.keys() | before.keys() if kw.get(k, _ABSENT) is not before.get(k, _ABSENT)}
+
+
+def test_gemm_amax_cases_break_every_parameter():
+    """Every parameter of fusegemm.gemm_amax (its signature, not a count) is broken by at least
+    one case below; a parameter added to the wrapper without a case fails here."""
+    params = set(inspect.signature(fusegemm.gemm_amax).parameters)
+    assert set(AMAX_NOT_HERE) <= params
+    broken = set().union(*(_broken(mutate) for _, mutate, _ in AMAX_CASES))
+    assert sorted(params - broken - set(AMAX_NOT_HERE)) == []
+    assert len({case_id for case_id, _, _ in AMAX_CASES}) == len(AMAX_CASES)
 
 
 @pytest.mark.parametrize("mutate,pattern", [pytest.param(m, p, id=i) for i, m, p in AMAX_CASES])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import re
 
-from fusegemm.runtime import inspect
+from fusegemm.runtime import cubin_info
 
 from fusegemm.runtime.compile import BASE_OPTIONS, headers
 
@@ -226,7 +226,7 @@ def test_probe_kernels_are_the_generated_ones():
     """The probes' kernel classes come from the generated units: each exports its generated
     contract (renamed probe_k<i>), which agrees with the probe's variant."""
     _skip_without_toolchain()
-    c = inspect.Cubin(probe()[1])
+    c = cubin_info.Cubin(probe()[1])
     for i, v in enumerate(MN_PROBES + PAIR_COMMIT_FAULTS + BF16_MN_PROBES):
         assert contract_problems(v, c.contract(f"probe_k{i}")) == [], v.label
 
@@ -234,7 +234,7 @@ def test_probe_kernels_are_the_generated_ones():
 def test_pair_only_release_fails_the_multicast_model():
     """Fault 5: stage releases to the pair only, empty count 1, whatever the launch cluster."""
     _skip_without_toolchain()
-    c = inspect.Cubin(probe()[1])
+    c = cubin_info.Cubin(probe()[1])
     for j, v in enumerate(PAIR_COMMIT_FAULTS):
         n = sum(ncta for _, _, ncta in CLUSTERS[v.cta_group]) * len(MC_FIELDS)
         problems = mc_problems(v.cta_group, c.global_ints(f"probe_mc{j}", n))
@@ -245,7 +245,7 @@ def test_cluster_block_walk_covers_every_tile_once():
     """grouped_block_coord is a bijection onto the block grid; cluster blocks of pm x pn tiles
     cover every tile of the problem exactly once (the rest are phantoms past the edge)."""
     _skip_without_toolchain()
-    c = inspect.Cubin(probe()[1])
+    c = cubin_info.Cubin(probe()[1])
     vals = c.global_ints("probe_walk", 2 * sum(bm * bn for bm, bn, _, _ in WALKS))
     i = 0
     for bm, bn, pm, _ in WALKS:

@@ -10,7 +10,7 @@ from fusegemm.generator.render import render
 from fusegemm.generator.variants import make_variant
 from fusegemm.runtime import disasm
 from fusegemm.runtime.compile import compile_source
-from fusegemm.runtime.inspect import Cubin
+from fusegemm.runtime.cubin_info import Cubin
 
 SMEM_LIMIT = 232448 - 1024
 
@@ -52,8 +52,8 @@ def test_sm90_block_scaled_kernels_compile_clean(spec, axes, design):
     assert contract.smem_bytes <= SMEM_LIMIT
     assert contract.threads == (384 if design == "promote" else 512)
     assert (contract.sf_box_k, contract.tile_m) == (1, 128)
-    if not disasm.available():
-        return
+    # nvdisasm is a test dependency (pyproject's [test] extra): without it this fails, naming the
+    # wheels to install, instead of passing with the SASS unchecked.
     hist = disasm.sass_histogram(cub.data)
     if design == "promote":
         assert disasm.count_prefix(hist, "QGMMA") > 0, "FP8 WGMMA"

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from fusegemm import tune
+from fusegemm import tune, tuning_records
 from fusegemm.base.errors import ArgumentError
 
 
@@ -19,11 +19,9 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEGEMM_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("FUSEGEMM_CACHE_READONLY", raising=False)
     monkeypatch.delenv("FUSEGEMM_DISABLE_DISK_CACHE", raising=False)
-    tune._memory.clear()
-    tune._read_cache.clear()
+    tuning_records.forget()
     yield tmp_path
-    tune._memory.clear()
-    tune._read_cache.clear()
+    tuning_records.forget()
 
 
 def test_parse_shape():
@@ -35,46 +33,46 @@ def test_parse_shape():
 
 
 def test_buckets_round_rows_per_expert_to_a_power_of_two():
-    b = tune.Bucket.of(experts=8, m_rows=8 * 2304, n=4096, k=7168)
+    b = tuning_records.Bucket.of(experts=8, m_rows=8 * 2304, n=4096, k=7168)
     assert b.rows == 2048 and b.key == "L8.r2048.n4096.k7168.dbfloat16.noc.nobias.dense.bk"
-    assert tune.Bucket.of(experts=8, m_rows=8 * 3072, n=4096, k=7168).rows == 4096     # nearest
-    assert tune.Bucket.of(experts=4, m_rows=1024, n=256, k=256, c_dtype="float32", discrete=True).key.endswith(
+    assert tuning_records.Bucket.of(experts=8, m_rows=8 * 3072, n=4096, k=7168).rows == 4096     # nearest
+    assert tuning_records.Bucket.of(experts=4, m_rows=1024, n=256, k=256, c_dtype="float32", discrete=True).key.endswith(
         "cfloat32.nobias.discrete.bk")
 
 
 def test_records_round_trip_per_device_model(cache):
-    b = tune.Bucket.of(experts=8, m_rows=16384, n=4096, k=7168)
-    path = tune.record_file("grouped_gemm", "sm_90a", "NVIDIA H200")
+    b = tuning_records.Bucket.of(experts=8, m_rows=16384, n=4096, k=7168)
+    path = tuning_records.record_file("grouped_gemm", "sm_90a", "NVIDIA H200")
     assert path == cache / "tuned" / "grouped_gemm.sm_90a.nvidia-h200.json"
-    assert tune._write(path, b.key, {"tile": [64, 256], "dynamic": True}) == path
-    other = tune.Bucket.of(experts=8, m_rows=16384, n=2048, k=7168)
-    tune._write(path, other.key, {"tile": [128, 128], "dynamic": False})       # a second record keeps the first
-    assert tune.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) == tune.Candidate((64, 256), True)
-    assert tune.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", other) == tune.Candidate((128, 128), False)
-    assert tune.lookup("grouped_gemm", "sm_90a", "NVIDIA H100 80GB HBM3", b) is None
+    assert tuning_records.write(path, b.key, {"tile": [64, 256], "dynamic": True}) == path
+    other = tuning_records.Bucket.of(experts=8, m_rows=16384, n=2048, k=7168)
+    tuning_records.write(path, other.key, {"tile": [128, 128], "dynamic": False})       # a second record keeps the first
+    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) == tuning_records.Candidate((64, 256), True)
+    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", other) == tuning_records.Candidate((128, 128), False)
+    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H100 80GB HBM3", b) is None
     assert set(json.loads(path.read_text())["records"]) == {b.key, other.key}
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]           # no temp files left
 
 
 def test_corrupted_or_malformed_records_read_as_none(cache):
-    b = tune.Bucket.of(experts=2, m_rows=512, n=256, k=256)
-    path = tune.record_file("grouped_gemm", "sm_90a", "NVIDIA H200")
+    b = tuning_records.Bucket.of(experts=2, m_rows=512, n=256, k=256)
+    path = tuning_records.record_file("grouped_gemm", "sm_90a", "NVIDIA H200")
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
-    assert tune.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) is None
+    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) is None
     path.write_text(json.dumps({"records": {b.key: {"tile": "big", "dynamic": 1}}}))
-    assert tune.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) is None
-    tune._write(path, b.key, {"tile": [128, 256], "dynamic": False})                 # rewrites a bad file
-    assert tune.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) == tune.Candidate((128, 256), False)
+    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) is None
+    tuning_records.write(path, b.key, {"tile": [128, 256], "dynamic": False})                 # rewrites a bad file
+    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) == tuning_records.Candidate((128, 256), False)
 
 
 def test_a_read_only_cache_keeps_the_record_in_the_process(cache, monkeypatch):
     monkeypatch.setenv("FUSEGEMM_CACHE_READONLY", "1")
-    b = tune.Bucket.of(experts=2, m_rows=512, n=256, k=256)
-    path = tune.record_file("grouped_gemm", "sm_90a", "X")
-    tune._memory[(path, b.key)] = {"tile": [64, 128], "dynamic": False}
-    assert tune._write(path, b.key, {"tile": [64, 128], "dynamic": False}) is None and not path.exists()
-    assert tune.lookup("grouped_gemm", "sm_90a", "X", b) == tune.Candidate((64, 128), False)
+    b = tuning_records.Bucket.of(experts=2, m_rows=512, n=256, k=256)
+    path = tuning_records.record_file("grouped_gemm", "sm_90a", "X")
+    tuning_records.remember(path, b.key, {"tile": [64, 128], "dynamic": False})
+    assert tuning_records.write(path, b.key, {"tile": [64, 128], "dynamic": False}) is None and not path.exists()
+    assert tuning_records.lookup("grouped_gemm", "sm_90a", "X", b) == tuning_records.Candidate((64, 128), False)
 
 
 def test_the_wrapper_uses_the_record_of_its_bucket(cache, monkeypatch):
@@ -82,8 +80,11 @@ def test_the_wrapper_uses_the_record_of_its_bucket(cache, monkeypatch):
     monkeypatch.setattr(gg, "_device_identity", lambda device: ("sm_90a", "NVIDIA H200"))
     call = SimpleNamespace(l=8, m=16384, n=4096, k=7168, bias=None, b_ptrs=None)
     assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, False, None)            # no record: the default
-    b = tune.Bucket.of(experts=8, m_rows=16384, n=4096, k=7168)
-    tune._write(tune.record_file("grouped_gemm", "sm_90a", "NVIDIA H200"), b.key, {"tile": [64, 256], "dynamic": True})
+    b = tuning_records.Bucket.of(experts=8, m_rows=16384, n=4096, k=7168)
+    gg._ops().fast["memoised call"] = "its configuration"
+    tuning_records.write(tuning_records.record_file("grouped_gemm", "sm_90a", "NVIDIA H200"), b.key,
+                         {"tile": [64, 256], "dynamic": True})
+    assert "memoised call" not in gg._ops().fast      # the store told the wrapper: calls re-resolve
     assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), True, None)
     assert gg._tuned(call, 0, "bfloat16", "bfloat16", "k") == (None, False, None)     # with C: another bucket
 
@@ -118,9 +119,9 @@ def first(cache, monkeypatch):
                           bucket=bucket.key))
         if n == 999:
             raise RuntimeError("out of memory")
-        best = tune.Candidate((64, 256), True)
-        tune._memory[(tune.record_file(spec, "sm_90a", "NVIDIA H200"), bucket.key)] = {"tile": [64, 256],
-                                                                                      "dynamic": True}
+        best = tuning_records.Candidate((64, 256), True)
+        tuning_records.remember(tuning_records.record_file(spec, "sm_90a", "NVIDIA H200"), bucket.key,
+                                {"tile": [64, 256], "dynamic": True})
         return SimpleNamespace(best=best, ms={best.label: 1.0, "128x256:static": 1.2})
     monkeypatch.setattr(tune, "tune", fake_tune)
     yield gg, calls
@@ -131,7 +132,7 @@ def test_first_call_tuning_tunes_the_calls_bucket_once(first):
     gg, calls = first
     call = SimpleNamespace(l=8, m=8 * 2304, n=4096, k=7168, bias=None, b_ptrs=None)
     assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), True, None)
-    bucket = tune.Bucket.of(experts=8, m_rows=8 * 2304, n=4096, k=7168)
+    bucket = tuning_records.Bucket.of(experts=8, m_rows=8 * 2304, n=4096, k=7168)
     assert calls == [dict(spec="grouped_gemm", experts=8, tokens=8 * 2304, n=4096, k=7168, d_dtype="bfloat16",
                           device=0, bucket=bucket.key)]
     assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), True, None)      # the record now
@@ -192,7 +193,7 @@ def test_tune_refuses_a_bucket_of_other_options():
     with pytest.raises(ArgumentError, match=r"^bucket: got .*noc.nobias.discrete.bk; allowed: options "
                                             r"dbfloat16.noc.nobias.dense.bk"):
         tune.tune(experts=2, tokens=512, n=256, k=256,
-                  bucket=tune.Bucket.of(experts=2, m_rows=512, n=256, k=256, discrete=True))
+                  bucket=tuning_records.Bucket.of(experts=2, m_rows=512, n=256, k=256, discrete=True))
 
 
 def test_calls_made_by_a_first_run_verification_are_not_tuned(first, monkeypatch):

@@ -16,7 +16,7 @@ from fusegemm.selftest import Row
 def gate(monkeypatch, cache_dir):
     """A fresh gate: no process memory, a private cache, a fake device and scripted cases."""
     monkeypatch.setattr(verify, "_verified", set())
-    monkeypatch.setattr(verify, "_device_name", lambda d: "Fake B200")
+    monkeypatch.setattr(verify, "device_name", lambda d: "Fake B200")
     runs = []
     state = {"rows": [Row("grouped_gemm", "case 1", "pass", 1e-3), Row("grouped_gemm", "case 2", "pass", 2e-3)]}
 
@@ -116,7 +116,7 @@ def test_the_cases_own_launches_pass_the_gate(monkeypatch, cache_dir):
     again afterwards."""
     from fusegemm import selftest
     monkeypatch.setattr(verify, "_verified", set())
-    monkeypatch.setattr(verify, "_device_name", lambda d: "Fake B200")
+    monkeypatch.setattr(verify, "device_name", lambda d: "Fake B200")
     seen = []
 
     def run_family(family, device):
@@ -151,3 +151,29 @@ def test_op_compile_runs_the_gate_before_loading(gate, monkeypatch, session_cach
     with pytest.raises(UnverifiedError, match="grouped_gemm failed its first-run verification on sm_100a"):
         op.compile()
     assert op._launcher is None and runs == [("grouped_gemm", -1, False)]   # CPU tensors: device -1
+
+
+def test_the_ops_reach_the_gate_through_the_hook_the_package_root_installs(gate):
+    """The launcher does not import this module (it runs the selftest cases, which call the
+    ops): it calls fusegemm.base.hooks.FIRST_LAUNCH, which the package root fills in before
+    any fusegemm module can run, without importing the gate until a launch calls it."""
+    import subprocess
+    import sys
+
+    from fusegemm.base import hooks
+    code = ("import sys, fusegemm.ops.launcher\nfrom fusegemm.base import hooks\n"
+            "print(hooks.FIRST_LAUNCH.installed, hooks.FIRST_CALL_TUNE.installed, 'fusegemm.verify' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.split() == ["True", "True", "False"], out.stdout + out.stderr
+    runs, _ = gate
+    hooks.FIRST_LAUNCH("grouped_gemm", "sm_100a", 0)           # what the launcher calls
+    assert [r[:2] for r in runs] == [("grouped_gemm", 0)]
+
+
+def test_an_empty_gate_refuses_the_launch(monkeypatch):
+    """Fails closed: with nothing installed, no kernel launches unverified."""
+    from fusegemm.base import hooks
+    from fusegemm.base.errors import FusegemmError
+    monkeypatch.setattr(hooks.FIRST_LAUNCH, "_fn", None)
+    with pytest.raises(FusegemmError, match=r"^fusegemm: nothing is installed for the first-run verification hook"):
+        hooks.FIRST_LAUNCH("grouped_gemm", "sm_90a", 0)

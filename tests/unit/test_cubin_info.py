@@ -9,7 +9,7 @@ import pytest
 from fusegemm.base.contract import FIELDS
 from fusegemm.runtime import disasm
 from fusegemm.runtime.compile import compile_source
-from fusegemm.runtime.inspect import Cubin, CubinFormatError
+from fusegemm.runtime.cubin_info import Cubin, CubinFormatError
 
 SRC = """
 extern "C" __device__ __attribute__((used)) const int spill_contract[22] = {

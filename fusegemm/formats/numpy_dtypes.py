@@ -1,4 +1,6 @@
-"""Dtype names and array interop shared by the format helpers and the references.
+"""The numpy side of the dtype table: dtype spellings and host arrays, shared by the format
+helpers and the references. The table itself (fusegemm/base/dtypes.py) imports no numpy; this
+module adds each dtype's numpy / ml_dtypes storage (``FORMATS``) and reads any spelling.
 
 Every dtype argument in fusegemm may be given as a numpy/ml_dtypes dtype or type, a torch dtype,
 or a name string (``"bfloat16"``, ``"float8_e4m3fn"``, ``"torch.float8_e4m3fn"``, ...). They are

@@ -1,4 +1,5 @@
-"""The epilogue harness on a GPU: a spec's generated rule run on given FP32 accumulators.
+"""Running the epilogue harness on a GPU: a spec's generated rule run on given FP32 accumulators
+(its source is rendered by generator/harness.py; this module plans, compiles and launches it).
 
 ``run_harness(variant, mode, acc, offsets, inputs, ...)`` renders the harness of the variant's
 epilogue (generator/harness.py), compiles it through the kernel cache, launches it and returns
