@@ -7,9 +7,9 @@ rule (generator/emit.py, templates/rule.cu.j2) and its engine
 
 * every value is FP32; ``+ - * /`` are rounded once each (the C++ uses ``__fadd_rn``... and never
   contracts into an FMA); numbers are FP32; comparisons, ``isnan`` and ``where`` as in C++;
-* each function of generator/functions.py has its numpy twin in :data:`NUMPY_FUNCTIONS`
-  (same NaN and signed-zero rules; transcendental functions correctly rounded from float64: the
-  C++ may differ by the function's ``ulp``);
+* each function is its row of generator/functions.py, whose ``numpy`` definition
+  (:data:`NUMPY_FUNCTIONS`) has the C++'s NaN and signed-zero rules; transcendental functions are
+  correctly rounded from float64: the C++ may differ by the function's ``ulp``;
 * outputs are stored as a kernel stores them: bf16/fp16/fp32 round to nearest even (overflow to
   Inf); FP8/FP4 without quantization ``cvt.rn.satfinite``; FP8/FP4 with quantization per the
   output's SFD convention (E8M0 scales rounded up, the ``rcp.approx.ftz`` flushes, the FLT_MAX
@@ -28,11 +28,12 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from .formats.dtypes import FORMATS, to_numpy
+from .formats.numpy_dtypes import FORMATS, to_numpy
 from .formats.elements import to_float32, to_format
 from .formats.scales import pack_sf, pack_sf_discrete_col
 from .generator.epilogue import BoolConst, Resolved
 from .generator.expr import BinOp, Call, Expr, Neg, Num, Ref
+from .generator.functions import FUNCTIONS
 
 __all__ = ["Interpreted", "interpret", "paired_col", "NUMPY_FUNCTIONS", "sfd_block_scales"]
 
@@ -45,114 +46,15 @@ CONVENTIONS = ("quant", "srelu", "dswiglu")
 
 
 # --------------------------------------------------------------------------------------------
-# The function table: the numpy twin of every function of generator/functions.py
+# The function table: each function's numpy definition is its row of generator/functions.py
 # --------------------------------------------------------------------------------------------
 def _f32(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=F32)
 
 
-def _round64(x: np.ndarray) -> np.ndarray:
-    """float64 -> float32, round to nearest even (overflow to +-Inf)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return np.asarray(x, dtype=np.float64).astype(F32)
-
-
-def _relu(x):
-    x = _f32(x)
-    # C++: x > 0 ? x : (x != x ? x : 0.0f)  -- NaN stays NaN, -0 and negatives become +0.
-    return np.where(x > 0, x, np.where(np.isnan(x), x, F32(0))).astype(F32)
-
-
-def _fmin_nan(a, b):
-    a, b = _f32(a), _f32(b)
-    # C++: (a < b || a != a) ? a : b   (keeps the operand order's signed-zero choice)
-    return np.where((a < b) | np.isnan(a), a, b).astype(F32)
-
-
-def _fmax_nan(a, b):
-    a, b = _f32(a), _f32(b)
-    # C++: (a > b || a != a) ? a : b
-    return np.where((a > b) | np.isnan(a), a, b).astype(F32)
-
-
-def _fma(x, y, z):
-    """``x * y + z`` rounded once (IEEE fma), exactly.
-
-    The float32 product is exact in float64; the float64 sum is made round-to-odd with TwoSum
-    (the exact error of the rounded sum nudges an even result to its odd neighbour), so the
-    final float64 -> float32 rounding is the correct rounding of the exact value (53 >= 24 + 2
-    bits). A plain float64 sum rounded twice would differ on float64 ties of float32 midpoints.
-    """
-    x64, y64, z64 = (np.asarray(_f32(v), dtype=np.float64) for v in (x, y, z))
-    with np.errstate(all="ignore"):
-        p = x64 * y64
-        s = p + z64
-        bb = s - p
-        err = (p - (s - bb)) + (z64 - bb)
-        s = np.asarray(s)
-        even = (s.view(np.uint64) & np.uint64(1)) == 0
-        fix = np.isfinite(s) & np.isfinite(err) & (err != 0) & even
-        s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
-        return _round64(s)
-
-
-def _rcp(x):
-    with np.errstate(all="ignore"):
-        return (F32(1) / _f32(x)).astype(F32)          # IEEE float32 division: correctly rounded
-
-
-def _sqrt(x):
-    with np.errstate(all="ignore"):
-        return np.sqrt(_f32(x)).astype(F32)            # correctly rounded; sqrt(-0) = -0
-
-
-def _via64(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[Any], np.ndarray]:
-    def f(x):
-        with np.errstate(all="ignore"):
-            return _round64(fn(np.asarray(_f32(x), dtype=np.float64)))
-    return f
-
-
-# The FP32 constants of fusegemm::epi::gelu_tanh (sqrt(2/pi) and 0.044715 as the C++ spells them).
-GELU_K0 = F32(float.fromhex("0x1.988454p-1"))
-GELU_K1 = F32(float.fromhex("0x1.6e4e26p-5"))
-
-
-def _sigmoid64(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def _gelu_tanh(x):
-    """x * sigmoid(2u): u in FP32 by the C++'s own operation sequence (so the argument's
-    roundings, which 2u's steep exponent would amplify, are the same on both sides), then the
-    product with the true logistic rounded once."""
-    with np.errstate(all="ignore"):
-        x = _f32(x)
-        x3 = (x * x).astype(F32) * x
-        u = (GELU_K0 * (x + (GELU_K1 * x3.astype(F32)).astype(F32)).astype(F32)).astype(F32)
-        z = (F32(2) * u).astype(np.float64)
-        return _round64(x.astype(np.float64) * _sigmoid64(z))
-
-
 # name -> numpy function of FP32 arrays (float32 result, or bool for conditions).
-NUMPY_FUNCTIONS: dict[str, Callable[..., np.ndarray]] = {
-    "abs": lambda x: np.abs(_f32(x)),
-    "relu": _relu,
-    "square": lambda x: (_f32(x) * _f32(x)).astype(F32),
-    "min": _fmin_nan,
-    "max": _fmax_nan,
-    "clamp": lambda x, lo, hi: _fmin_nan(_fmax_nan(x, lo), hi),
-    "fma": _fma,
-    "rcp": _rcp,
-    "sqrt": _sqrt,
-    "exp": _via64(np.exp),
-    "log": _via64(np.log),
-    "tanh": _via64(np.tanh),
-    "sigmoid": _via64(_sigmoid64),
-    "silu": _via64(lambda x: x * _sigmoid64(x)),
-    "gelu_tanh": _gelu_tanh,
-    "isnan": lambda x: np.isnan(_f32(x)),
-}
+NUMPY_FUNCTIONS: dict[str, Callable[..., np.ndarray]] = {name: f.numpy for name, f in FUNCTIONS.items()}
+_fmin_nan, _fmax_nan = NUMPY_FUNCTIONS["min"], NUMPY_FUNCTIONS["max"]     # the engine's NaN-propagating min/max
 
 
 # --------------------------------------------------------------------------------------------

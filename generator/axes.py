@@ -81,6 +81,11 @@ NEUTRAL: dict[str, Any] = {
     "discrete_col_sfd": False, "vector_f32": False, "tanh_clamp_scale": "none",
 }
 
+# Axes that choose how a kernel evaluates any epilogue, not what it computes (vector_f32: packed
+# FP32 arithmetic, the same bits): a spec may offer them without its epilogue naming them; the
+# registry rows say which arch's kernel they reach (generator/registry.py).
+ARITHMETIC_AXES = ("vector_f32",)
+
 # Axes that are launch attributes: one cubin serves every legal value, except where a registry
 # row lists them among its source axes (generator/registry.py).
 LAUNCH_AXES = ("cluster_m", "cluster_n")

@@ -7,6 +7,12 @@ functions become the intrinsics of generator/functions.py. No text of the spec r
 
 The engine that calls the rule (fusegemm/epilogue.cuh) reads its traits: which outputs it
 writes, whether the accumulator or D is paired, how D is quantized, which reductions it feeds.
+
+``rule_model(r, packed=True)`` (the ``vector_f32`` axis, on kernels whose registry row lists it)
+adds the same statements over ``float2``: two adjacent columns at once, ``+ - *`` and ``fma``
+(``square``) as packed FP32 instructions, everything else lane by lane with the scalar spelling
+(``fusegemm::f32x2``, templates/include/fusegemm/sm100/packed_f32.cuh). Each lane computes the
+scalar rule's operations in its order, each one correctly rounded, so the bits are the same.
 """
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ from dataclasses import dataclass
 
 from ..base.dtypes import dtype as dtype_entry
 from .epilogue import Resolved
-from .expr import BinOp, Call, Expr, Neg, Num, Ref
+from .expr import BinOp, Call, Expr, Neg, Num, Ref, walk
 from .functions import FUNCTIONS
 
 _ARITH = {"+": "__fadd_rn", "-": "__fsub_rn", "*": "__fmul_rn", "/": "__fdiv_rn"}
@@ -48,6 +54,7 @@ class RuleModel:
     norm_const: str | None                   # the member scaling D's SFD quantization
     c_type: str = "float"                    # C++ element type of output c ("float": no c)
     d_type: str = "float"                    # C++ element type of output d ("float": no d)
+    packed: tuple[tuple[str, str], ...] = ()  # vector_f32: the statements over float2 (apply2)
 
     def has(self, output: str) -> bool:
         """Whether the rule writes output ``output`` ("c" or "d")."""
@@ -60,8 +67,8 @@ def hex_float(value: float) -> str:
     return struct.unpack("<f", struct.pack("<f", value))[0].hex() + "f"
 
 
-def rule_model(r: Resolved) -> RuleModel:
-    """The rule of one variant's epilogue."""
+def rule_model(r: Resolved, packed: bool = False) -> RuleModel:
+    """The rule of one variant's epilogue (with ``packed``: also its two-column form)."""
     roles = r.pairing.roles if r.pairing is not None else ()
     names: dict[tuple[str, str | None], str] = {}
     expert, scalar, column, element, row = [], [], [], [], []
@@ -87,12 +94,15 @@ def rule_model(r: Resolved) -> RuleModel:
             else:
                 target.append(Load(inp.name, inp.slot, cpp, None, 0))
                 names[(inp.name, None)] = f"ei.{inp.name}"
+    # Per column (different in the two lanes of a packed rule): column and element inputs.
+    per_column = {key for key, cpp in names.items() if cpp.startswith("ei.")}
     if r.paired_acc:
         names[("acc", roles[0])], names[("acc", roles[1])] = "acc0", "acc1"
     else:
         names[("acc", None)] = "acc0"
     for c, value in r.constants.items():
         names[(c, None)] = hex_float(value)
+    packed_statements = _packed(r, names, per_column) if packed else ()
     statements = []
     for st in r.statements:
         statements.append((f"v_{st.target}", _expr(st.expr, names)))
@@ -140,7 +150,7 @@ def rule_model(r: Resolved) -> RuleModel:
     return RuleModel(tuple(traits), tuple(expert), tuple(scalar), tuple(column), tuple(element),
                      tuple(row), tuple(statements), tuple(out_fields),
                      f"in_{q.norm_const}" if q is not None else None,
-                     types.get("c", "float"), types.get("d", "float"))
+                     types.get("c", "float"), types.get("d", "float"), packed_statements)
 
 
 def _b(v: bool) -> str:
@@ -165,3 +175,72 @@ def _expr(e: Expr, names: dict[tuple[str, str | None], str]) -> str:
             return f"({args[0]} ? {args[1]} : {args[2]})"
         return FUNCTIONS[e.fn].cpp.format(*args)
     raise TypeError(f"unexpected node {type(e).__name__}")  # pragma: no cover - folded before
+
+
+# ---- vector_f32: the statements over two columns (apply2) ---------------------------------
+_F2 = "fusegemm::f32x2::"
+_PACKED_ARITH = {"+": "add", "-": "sub", "*": "mul"}   # "/" has no packed instruction: per lane
+_PACKED_CALLS = {"fma": "fma", "square": "square"}     # FFMA2, FMUL2 of the scalar __fmaf_rn / __fmul_rn
+
+
+def _packed(r: Resolved, names: dict[tuple[str, str | None], str],
+            per_column: set[tuple[str, str | None]]) -> tuple[tuple[str, str], ...]:
+    """``(C++ name, float2 expression)`` of each statement: lane x is column i, lane y column
+    i + 1. ``names``: the scalar spellings before any statement (inputs, acc, constants);
+    ``per_column``: those read from each column's ElemIn (``ei.`` in apply, e0/e1 in apply2)."""
+    # Per name: its spelling in lane x, in lane y, and as a float2. Values of the whole row or
+    # tile (expert, scalar and row inputs, constants) are the same in both lanes; acc and the
+    # statements' values are float2 (apply2's parameters and locals).
+    lanes: dict[tuple[str, str | None], tuple[str, str, str]] = {}
+    for key, cpp in names.items():
+        if cpp in ("acc0", "acc1"):
+            lanes[key] = (f"{cpp}.x", f"{cpp}.y", cpp)
+        elif key in per_column:
+            field = cpp[len("ei."):]
+            lanes[key] = (f"e0.{field}", f"e1.{field}", f"{_F2}pair(e0.{field}, e1.{field})")
+        else:
+            lanes[key] = (cpp, cpp, f"{_F2}splat({cpp})")
+    out = []
+    for st in r.statements:
+        name = f"v_{st.target}"
+        out.append((name, _expr2(st.expr, lanes)))
+        uniform = _uniform(st.expr, lanes)   # both lanes hold one value: read lane x
+        lanes[(st.target, None)] = (f"{name}.x", f"{name}.x" if uniform else f"{name}.y", name)
+    return tuple(out)
+
+
+def _uniform(e: Expr, lanes: dict[tuple[str, str | None], tuple[str, str, str]]) -> bool:
+    """Whether ``e`` is the same in both lanes: it reads only constants and values of the whole
+    row or tile (expert, scalar and row inputs, statements of those)."""
+    return all(lanes[(n.name, n.role)][0] == lanes[(n.name, n.role)][1] for n in walk(e) if isinstance(n, Ref))
+
+
+def _lane(lanes: dict[tuple[str, str | None], tuple[str, str, str]], k: int) -> dict[tuple[str, str | None], str]:
+    return {key: spell[k] for key, spell in lanes.items()}
+
+
+def _expr2(e: Expr, lanes: dict[tuple[str, str | None], tuple[str, str, str]]) -> str:
+    """A float2 expression computing ``e`` in both lanes, each with the scalar rule's operations."""
+    if _uniform(e, lanes):   # computed once, on values of the whole row or tile
+        return f"{_F2}splat({_expr(e, _lane(lanes, 0))})"
+    if isinstance(e, Ref):
+        return lanes[(e.name, e.role)][2]
+    if isinstance(e, Neg):
+        return f"{_F2}neg({_expr2(e.arg, lanes)})"
+    if isinstance(e, BinOp) and e.op in _PACKED_ARITH:
+        return f"{_F2}{_PACKED_ARITH[e.op]}({_expr2(e.lhs, lanes)}, {_expr2(e.rhs, lanes)})"
+    if isinstance(e, BinOp) and e.op == "/":
+        return f"{_F2}map([](float x0, float x1) {{ return {_ARITH['/']}(x0, x1); }}, " \
+               f"{_expr2(e.lhs, lanes)}, {_expr2(e.rhs, lanes)})"
+    if isinstance(e, Call) and e.fn == "where":
+        # The condition per lane (comparisons have no float2 form), the branches packed.
+        cond = [_expr(e.args[0], _lane(lanes, k)) for k in (0, 1)]
+        return f"{_F2}select({cond[0]}, {cond[1]}, {_expr2(e.args[1], lanes)}, {_expr2(e.args[2], lanes)})"
+    if isinstance(e, Call) and e.fn in _PACKED_CALLS:
+        return f"{_F2}{_PACKED_CALLS[e.fn]}({', '.join(_expr2(a, lanes) for a in e.args)})"
+    if isinstance(e, Call):
+        params = [f"x{i}" for i in range(len(e.args))]
+        body = FUNCTIONS[e.fn].cpp.format(*params)
+        sig = ", ".join(f"float {p}" for p in params)
+        return f"{_F2}map([]({sig}) {{ return {body}; }}, {', '.join(_expr2(a, lanes) for a in e.args)})"
+    raise TypeError(f"unexpected node {type(e).__name__} in a value")  # pragma: no cover - conditions: where()

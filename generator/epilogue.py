@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .axes import AXES
-from .expr import BinOp, Call, Expr, ExprError, Neg, Num, Ref, Statement, fp32, parse_statement, walk
+from .expr import (BinOp, Call, Expr, ExprError, Neg, Num, Ref, Statement, check_constants, fp32, parse_statement,
+                   walk)
 from .functions import BOOL_FUNCTIONS, FUNCTIONS
 from .yamlload import plain
 
@@ -342,6 +343,7 @@ def parse_epilogue(ctx: Any, node: Any, choices: dict[str, tuple[Any, ...]], pro
     reductions = _reductions(ctx, d.get("reductions"), choices, computed, problem)
     ep = Epilogue(inputs, pairing, statements, outputs, reductions, constants)
     _check_presence(ctx, node, ep, choices)
+    _check_inputs_read(ctx, d.get("inputs"), ep, choices)
     if problem == "kgrouped":
         _check_kgrouped(ctx, d, ep)
     return ep
@@ -511,6 +513,7 @@ def _statements(ctx, node, inputs, constants, pairing) -> tuple[Statement, ...]:
             if kind != "float":
                 raise ExprError(f"{st.target} is a condition; a statement's value must be a number "
                                 f"(use where(condition, a, b)) in {st.text!r}")
+            check_constants(st)
         except ExprError as exc:
             raise ctx.fail(snode, key, str(exc)) from None
         known[st.target] = "value"
@@ -802,3 +805,32 @@ def _check_presence(ctx, node, ep: Epilogue, choices) -> None:
                     raise ctx.fail(snode, f"epilogue.compute[{i}]",
                                    f"{s.text!r} reads {n.name}, which is absent when {off} is none; guard it "
                                    f"with where(present({n.name}), ..., ...)")
+
+
+def _check_inputs_read(ctx, node, ep: Epilogue, choices) -> None:
+    """Every declared input is read by some variant: a statement that an output or reduction
+    uses names it (outside a present() test, which reads no data), or an output's quantize:
+    takes it as norm_const. An input no variant reads would be a tensor the caller passes and
+    the kernel ignores (STYLE 16). Variants differ here only in the axes the epilogue reads
+    (Epilogue.axes_read), so those are enumerated; spec constraints are not applied, so a
+    constraint that rules out the only reading variant goes unnoticed (never a false error)."""
+    if not ep.inputs:
+        return
+    axes = sorted(a for a in ep.axes_read() if a in choices)
+    unread = {i.name for i in ep.inputs}
+    for combo in itertools.product(*(choices[a] for a in axes)):
+        unread -= {i.name for i in ep.resolve(dict(zip(axes, combo))).inputs}
+        if not unread:
+            return
+    inp = next(i for i in ep.inputs if i.name in unread)
+    named = any(isinstance(n, Ref) and n.name == inp.name for st in ep.statements for n in walk(st.expr))
+    if inp.dtype in AXES and all(v == "none" for v in choices.get(inp.dtype, ("none",))):
+        why = f"it is absent in every variant ({inp.dtype} offers only none)"
+    elif named:
+        why = ("every place that names it is dropped in every variant (a statement no output or reduction "
+               "uses, a where(present(...)) branch no variant takes, or present() itself, which reads no data)")
+    else:
+        why = "no statement names it and no quantize: takes it as norm_const"
+    raise ctx.fail(node.value[inp.name], f"epilogue.inputs.{inp.name}",
+                   f"{inp.name!r} is declared but no variant reads it: {why}; allowed: read it in a "
+                   f"statement an output or reduction uses, or remove it")

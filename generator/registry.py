@@ -15,6 +15,10 @@ says which kernel implements it on each arch, and how much of it:
   change the kernel;
 * ``limits`` and ``defaults``: where the kernel implements less of an axis than the spec
   declares, and the defaults it prefers on this arch;
+* ``runs_as``: values of an axis the kernel runs as another value, with the same results (the
+  sm_90a kernels run ``vector_f32`` with scalar FP32 math: Hopper has no packed FP32). A variant
+  of such a value is the other value's variant on this arch (generator/variants.py), so it builds
+  no second kernel;
 * ``status``: ``implemented`` (the row's kernel is the op's kernel). A (family, arch) with no
   row has status ``none``.
 
@@ -61,6 +65,20 @@ class Limit:
 
 
 @dataclass(frozen=True)
+class RunsAs:
+    """``axis=value`` runs as ``axis=runs_as`` on this row's kernel, with the same results, and why."""
+
+    axis: str
+    value: Any
+    runs_as: Any
+    because: str
+
+    def __post_init__(self) -> None:
+        if self.axis not in AXES:
+            raise ValueError(f"RunsAs.axis: got {self.axis!r}; allowed: {', '.join(AXES)}")
+
+
+@dataclass(frozen=True)
 class Implementation:
     """One registry row: how ``family`` is built on ``arch``."""
 
@@ -78,12 +96,14 @@ class Implementation:
     # has (a family just added): its first launch is gated by fusegemm/verify.py as on an
     # unexecuted arch. Set to True once tests/gpu has passed on that arch.
     executed: bool = True
+    runs_as: tuple[RunsAs, ...] = ()
 
     def __post_init__(self) -> None:
         arch_entry(self.arch)  # a row for an unknown arch is a programming error: fail at import
         if self.status != IMPLEMENTED:  # ``none`` is the absence of a row, never a row
             raise ValueError(f"Implementation.status: got {self.status!r}; allowed: {IMPLEMENTED}")
         bad = [a for a in self.source_axes if a not in AXES or a == "arch"]
+        bad += [r.axis for r in self.runs_as if r.axis in self.source_axes]   # it would reach the source
         launch = [a for a in self.source_axes if a in LAUNCH_AXES]
         if bad or launch not in ([], list(LAUNCH_AXES)):
             raise ValueError(f"Implementation.source_axes: got {bad or launch}; allowed: variant axes, "
@@ -100,11 +120,27 @@ class Implementation:
                         f"{lim.condition()}; implemented: {', '.join(map(str, lim.values))} ({lim.because})")
         return None
 
+    def canonical(self, choice: dict[str, Any]) -> dict[str, Any]:
+        """``choice`` with each value this kernel runs as another (``runs_as``) replaced by that
+        value: the variant this kernel builds for it."""
+        out = dict(choice)
+        for r in self.runs_as:
+            if out.get(r.axis, NEUTRAL.get(r.axis)) == r.value:
+                out[r.axis] = r.runs_as
+        return out
+
     def reaching(self, axes: Iterable[str]) -> None:
         """Raise naming the first of ``axes`` that would not change this kernel. An axis the row
         limits is checked by its limit instead (which says what is implemented and why)."""
         limited = {lim.axis for lim in self.limits}
+        runs_as = {r.axis: r for r in self.runs_as}
         for axis in axes:
+            if axis in runs_as:
+                r = runs_as[axis]
+                raise UnsupportedError(
+                    axis=axis, message=f"{axis}: does not reach the {self.arch} kernel of {self.family}, which runs "
+                    f"{axis}={r.value!r} as {axis}={r.runs_as!r} ({r.because}): one kernel for both; allowed: "
+                    f"leave {axis} out on {self.arch} (the API accepts {axis}={r.value!r} and runs that kernel)")
             if axis not in self.source_axes and axis not in LAUNCH_AXES and axis not in limited:
                 reach = ", ".join(dict.fromkeys(self.source_axes + LAUNCH_AXES))
                 raise UnsupportedError(
@@ -114,12 +150,23 @@ class Implementation:
 
 def _row(family: str, arch: str, status: str, template: str, header: str, kernel: str,
          source_axes: tuple[str, ...], *, rule: str | None = None, limits: tuple[Limit, ...] = (),
-         defaults: dict[str, Any] | None = None, executed: bool = True) -> Implementation:
+         defaults: dict[str, Any] | None = None, executed: bool = True,
+         runs_as: tuple[RunsAs, ...] = ()) -> Implementation:
     """A row whose header and kernel class live in ``arch``'s header folder (its namespace)."""
     folder = ARCHS[arch].headers
     return Implementation(family, arch, status, template, f"fusegemm/{folder}/{header}",
                           f"fusegemm::{folder}::{kernel}", rule, source_axes, (*limits, _TILE_N),
-                          tuple(sorted((defaults or {}).items())), executed)
+                          tuple(sorted((defaults or {}).items())), executed, runs_as)
+
+
+# vector_f32: packed FP32 epilogue arithmetic. The sm_100a kernels have it (FADD2 / FMUL2 /
+# FFMA2 on pairs of accumulator columns, fusegemm/sm100/packed_f32.cuh: the source axis
+# _VECTOR_F32 below); Hopper has no packed FP32 instructions, so the sm_90a kernels run the
+# option with their scalar FP32 math, which gives the same bits (each packed lane is the scalar
+# operation, correctly rounded): the variant is the vector_f32=false one, one kernel for both.
+_VECTOR_F32 = ("vector_f32",)
+_SM90_SCALAR_F32 = (RunsAs("vector_f32", True, False, "sm_90a has no packed FP32 instructions: scalar FP32 "
+                           "math, the same results"),)
 
 
 # Every kernel's accumulator tile is 128 or 256 columns wide (static_asserts in each header); the
@@ -194,35 +241,36 @@ _FUSED = ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu")
 
 ROWS: tuple[Implementation, ...] = (
     _row("grouped_gemm", "sm_100a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
-         "GroupedGemmKernel", _GROUPED_BF16, rule=SPEC_RULE),
+         "GroupedGemmKernel", _GROUPED_BF16 + _VECTOR_F32, rule=SPEC_RULE),
     _row("grouped_gemm", "sm_90a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _GROUPED_BF16 + LAUNCH_AXES, rule=SPEC_RULE,
          limits=(_SM90_TILE_M, *_SM90_CLUSTERS),
-         defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}),
+         defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}, runs_as=_SM90_SCALAR_F32),
     # K-grouped weight gradients on the BF16 grouped kernel (Config::kKGrouped): token-major
     # operands, one K range per expert.
     _row("grouped_gemm_wgrad", "sm_90a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", ("ab_dtype", "c_dtype", "d_dtype", "tile_m", "tile_n"),
          rule=SPEC_RULE,
          limits=(_SM90_TILE_M, *_KGROUPED_LIMITS),
-         defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}),
+         defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}, runs_as=_SM90_SCALAR_F32),
     # sm_100a: the tcgen05 kernel with per-tile K ranges (Config::kKGrouped), compiled and
     # statically checked only: no Blackwell GPU has run it (executed=False: its first launch
     # runs the family's selftest cases on the device, fusegemm/verify.py).
     _row("grouped_gemm_wgrad", "sm_100a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
-         "GroupedGemmKernel", ("ab_dtype", "c_dtype", "d_dtype", "tile_n"),
+         "GroupedGemmKernel", ("ab_dtype", "c_dtype", "d_dtype", "tile_n") + _VECTOR_F32,
          rule=SPEC_RULE,
          limits=(Limit("tile_m", (128,), "1-CTA tiles of 128 rows (two 64-row M-major A atoms)"),
                  *_KGROUPED_LIMITS),
          defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}, executed=False),
     _row("gemm_amax", "sm_100a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
-         "BlockScaledGemmKernel", _BLOCKSCALED + ("discrete_col_sfd",), rule=SPEC_RULE),
+         "BlockScaledGemmKernel", _BLOCKSCALED + ("discrete_col_sfd",) + _VECTOR_F32, rule=SPEC_RULE),
     *(_row(family, "sm_100a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
-           "BlockScaledGemmKernel", _FUSED_AXES[family], rule=SPEC_RULE) for family in _FUSED),
+           "BlockScaledGemmKernel", _FUSED_AXES[family] + _VECTOR_F32, rule=SPEC_RULE) for family in _FUSED),
     # sm_90a: the WGMMA block-scaled kernel (FP8 WGMMA per 32 K with FP32 scale promotion).
     *(_row(family, "sm_90a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _sm90_axes(_FUSED_AXES.get(family, _BLOCKSCALED + ("discrete_col_sfd",))),
-           rule=SPEC_RULE, limits=_SM90_BLOCKSCALED_LIMITS, defaults=_SM90_BLOCKSCALED_DEFAULTS)
+           rule=SPEC_RULE, limits=_SM90_BLOCKSCALED_LIMITS, defaults=_SM90_BLOCKSCALED_DEFAULTS,
+           runs_as=_SM90_SCALAR_F32)
       for family in ("gemm_amax",) + _FUSED),
 )
 

@@ -77,9 +77,12 @@ def kernel_name(v: Variant, impl: Implementation) -> str:
 
 
 def rule_of(v: Variant, impl: Implementation):
-    """The model of the epilogue rule ``impl`` instantiates for ``v`` (None: no rule)."""
+    """The model of the epilogue rule ``impl`` instantiates for ``v`` (None: no rule); with its
+    packed two-column form when ``v`` asks for ``vector_f32`` and the kernel has packed FP32
+    (the row lists the axis)."""
     if impl.rule == SPEC_RULE:
-        return rule_model(v.spec.epilogue.resolve(v.choices))
+        packed = v.vector_f32 and "vector_f32" in impl.source_axes
+        return rule_model(v.spec.epilogue.resolve(v.choices), packed=packed)
     return None
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..base.archs import ARCH_NAMES
 from ..base.errors import SpecError
-from .axes import AXES
+from .axes import ARITHMETIC_AXES, AXES
 from .epilogue import EPILOGUE_AXES, Epilogue, parse_epilogue
 from .registry import families, problem_of
 from .yamlload import Node, load_yaml, plain
@@ -158,7 +158,7 @@ def parse_spec(text: str, path: str, expected_name: str | None = None) -> Spec:
     epilogue = parse_epilogue(ctx, top["epilogue"], choices, problem)
     read = epilogue.axes_read()
     for axis in EPILOGUE_AXES:
-        if len(choices.get(axis, ())) > 1 and axis not in read:
+        if len(choices.get(axis, ())) > 1 and axis not in read and axis not in ARITHMETIC_AXES:
             raise ctx.fail(top["choices"].value[axis], f"choices.{axis}",
                            f"offers {len(choices[axis])} values but the epilogue never reads {axis}, so the "
                            f"choice would change nothing; allowed: use it in the epilogue (an input or output "

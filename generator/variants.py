@@ -117,6 +117,11 @@ _VARIANT_AXES = tuple(f.name for f in fields(Variant) if f.name != "spec")
 
 def _build(spec: Spec, choice: dict[str, Any]) -> Variant:
     full = {**NEUTRAL, **choice}
+    row = lookup(spec.kernel, full["arch"])
+    if row is not None:
+        # A value the arch's kernel runs as another (registry ``runs_as``: sm_90a runs vector_f32
+        # with scalar math) is that value's variant: one kernel, one name, one cache entry.
+        full = row.canonical(full)
     return Variant(spec=spec, **{a: full[a] for a in _VARIANT_AXES})
 
 

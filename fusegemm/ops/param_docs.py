@@ -14,6 +14,10 @@ GPU = {
     "sfb_ptrs": "(L,) int64 tensor, optional\nDevice addresses of each expert's scale-factor buffer (discrete "
                 "weights, with ``b_ptrs``).",
     "n": "int, optional\nN of discrete weights (device pointers carry no shape).",
+    "num_experts": "int, optional\nL of discrete weights (a class built without ``sample_b``; ``execute`` takes "
+                   "``b_ptrs``).",
+    "b_shape": "(int, int), optional\n(N, K) of each expert's discrete weights (with ``num_experts``); for packed "
+               "FP4, K in elements or the bytes of a row.",
     "current_stream": _STREAM,
     "stream": _STREAM,
     "mma_tiler_mn": "(int, int), optional\nMMA tile (M, N); default the arch kernel's (``fusegemm.grouped_gemm``: a "
@@ -23,7 +27,9 @@ GPU = {
     "use_dynamic_sched": "bool\nClaim tiles from an atomic counter (per-call scratch) instead of the static "
                          "persistent walk.",
     "cd_major": "\"n\"\nC and D are row-major (the layout the grouped kernels write).",
-    "vector_f32": "bool\nAccepted for signature compatibility; no effect.",
+    "vector_f32": "bool\nPacked FP32 epilogue arithmetic: on sm_100a the epilogue evaluates pairs of accumulator "
+                  "columns with FADD2/FMUL2/FFMA2 (each lane the same correctly rounded operation: the results "
+                  "are bit-identical to False); sm_90a has no packed FP32 and runs the scalar kernel.",
     "m_aligned": "256\nRow padding of every expert (fixed by the kernels).",
     "validate_offsets": "bool, optional\nCopy ``padded_offsets`` to the host and check them before the launch (a "
                         "sync; never during graph capture); default ``FUSEGEMM_VALIDATE_OFFSETS``.",

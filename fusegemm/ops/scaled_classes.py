@@ -19,12 +19,25 @@ from . import checks
 from .. import reference as _reference
 from .blockscaled import BlockScaledGemm
 from .param_docs import OUTPUTS, class_api
-from .scaled_seeds import SEED_NAMES, _OUT, _op, _present, dswiglu_axes, quant_axes, srelu_axes
+from .scaled_layouts import check_layouts, discrete_weights
+from .scaled_seeds import (SEED_NAMES, _OUT, _op, _present, check_epilogue_op, dswiglu_axes, quant_axes,
+                           srelu_axes)
 
 # Seed argument name of each output buffer of the grouped seeds (dSwiGLU names D d_row_tensor).
 OUT_NAMES = {"c": "c_tensor", "d": "d_tensor", "d_col": "d_col_tensor", "sfd_row": "sfd_row_tensor",
              "sfd_col": "sfd_col_tensor", "amax": "amax_tensor", "dprob": "dprob_tensor"}
 AMAX_BITS, ZERO_BITS = 0xFF800000, 0   # -inf and +0.0 as 32-bit patterns (cuMemsetD32)
+
+
+# Outputs the kernel writes as raw bytes: FP8, E8M0 / int8 scales, packed FP4 (uint8 or
+# torch.float4_e2m1fn_x2, the seeds' two spellings).
+_BYTE_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "int8", "float4_e2m1fn_x2")
+
+
+def _as_bytes(t: Any) -> Any:
+    """A torch output of a byte dtype viewed as the uint8 bytes the kernel writes."""
+    import torch
+    return t.view(torch.uint8) if str(t.dtype).removeprefix("torch.") in _BYTE_DTYPES else t
 
 
 def _extent(v: TensorView) -> tuple[int, int]:
@@ -37,15 +50,13 @@ def native_output(x: Any, name: str, shape: tuple[int, ...], store: str) -> Tens
     """The caller's output ``x`` (seed layout) as the dense buffer the kernel writes: C/D
     ``(M, N[, 1])`` rows, FP8 as its bytes, SF as the physical atoms, amax ``(L, slots[, 1])``,
     dprob ``(M[, 1, 1])``."""
-    import torch
     if x is None:
         raise ArgumentError(name, None, f"a tensor (the kernel writes {shape} {store} here)")
     v = view(x, name)
     t = x
     if len(shape) == 6 and v.ndim == 6 and tuple(v.shape[3:]) != (32, 4, 4):
         t = sf_from_kernel_view(t)                       # kernel-facing SF view -> physical atoms
-    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu, torch.int8):
-        t = t.view(torch.uint8)
+    t = _as_bytes(t)
     if tuple(t.shape) != tuple(shape) and _squeezed(t.shape) == _squeezed(shape):
         try:
             t = t.view(shape)                            # (M, N, 1) -> (M, N), (M, 1, 1) -> (M,), ...
@@ -98,7 +109,8 @@ class _ScaledSeedOp:
 
     def check_support(self) -> bool:
         """True when this device's kernel implements the configuration; UnsupportedError says
-        why not."""
+        why not (an MN-major operand this arch or fusegemm's host path lacks included)."""
+        check_layouts(self.op)
         return self.op.check_support()
 
     def compile(self) -> "_ScaledSeedOp":
@@ -132,8 +144,9 @@ class _GroupedSeedOp(_ScaledSeedOp):
                  b_ptrs: Any = None, sfb_ptrs: Any = None, n: Any = None, inputs: Mapping[str, Any],
                  outputs: Mapping[str, Any], current_stream: Any, names: Mapping[str, str] = OUT_NAMES) -> None:
         from ..runtime.tensors import resolve_stream
-        from .blockscaled import parse_scaled
+        from .scaled_operands import parse_scaled
         op = self.op
+        check_layouts(op)
         call = parse_scaled(a_tensor, sfa_tensor, padded_offsets, b_tensor, sfb_tensor, b_ptrs, sfb_ptrs, n,
                             op.variant.sf_vec_size)
         op.check_operands(call)
@@ -196,12 +209,15 @@ class GroupedGemmSrelu(_GroupedSeedOp):
                  sample_sfa: Any = None, sample_sfb: Any = None, sample_padded_offsets: Any = None,
                  sample_alpha: Any = None, sample_d_col: Any = None, sample_sfd_row: Any = None,
                  sample_sfd_col: Any = None, sample_amax: Any = None, sample_norm_const: Any = None,
-                 sample_prob: Any = None, sample_bias: Any = None, *, acc_dtype: Any = "float32",
+                 sample_prob: Any = None, sample_bias: Any = None, *, num_experts: int | None = None,
+                 b_shape: tuple[int, int] | None = None, b_dtype: Any = None, acc_dtype: Any = "float32",
                  mma_tiler_mn: Any = None, cluster_shape_mn: Any = None, sf_vec_size: int = 16,
                  vector_f32: bool = False, m_aligned: int = 256, discrete_col_sfd: bool = False,
                  use_dynamic_sched: bool = False, b_major: str = "k", tanh_clamp_scale: float | None = None,
                  e5m2_rcp_max: str = "page") -> None:
-        axes = srelu_axes(sample_a, sample_sfa, sample_b, sf_vec_size=sf_vec_size, b_dtype=None, b_major=b_major,
+        # b_dtype (discrete weights' format) is checked against sample_a's with the operand axes.
+        self._discrete = discrete_weights(sample_a, sample_b, sample_sfb, sample_padded_offsets, num_experts, b_shape)
+        axes = srelu_axes(sample_a, sample_sfa, sample_b, sf_vec_size=sf_vec_size, b_dtype=b_dtype, b_major=b_major,
                           c_name=_sample_out(sample_c, "sample_c"), d_name=_sample_out(sample_d, "sample_d"),
                           bias=sample_bias, discrete_col_sfd=discrete_col_sfd, use_dynamic_sched=use_dynamic_sched,
                           tanh_clamp_scale=tanh_clamp_scale, **_options(acc_dtype, m_aligned, vector_f32,
@@ -214,7 +230,11 @@ class GroupedGemmSrelu(_GroupedSeedOp):
                 sfd_col_tensor: Any = None, amax_tensor: Any = None, norm_const_tensor: Any = None,
                 prob_tensor: Any = None, bias_tensor: Any = None, b_ptrs: Any = None, sfb_ptrs: Any = None,
                 n: int | None = None, current_stream: Any = None) -> None:
-        """Run once into the given outputs (those the configuration writes are required)."""
+        """Run once into the given outputs (those the configuration writes are required); an op
+        built for discrete weights (``num_experts``, ``b_shape``) takes ``b_ptrs`` and ``sfb_ptrs``
+        (N from ``b_shape``)."""
+        if self._discrete is not None:
+            n = self._discrete.n_for(n, padded_offsets)
         self._execute(a_tensor=a_tensor, b_tensor=b_tensor, sfa_tensor=sfa_tensor, sfb_tensor=sfb_tensor,
                       padded_offsets=padded_offsets, b_ptrs=b_ptrs, sfb_ptrs=sfb_ptrs, n=n,
                       inputs=dict(alpha=alpha_tensor, prob=prob_tensor, bias=bias_tensor, norm_const=norm_const_tensor),
@@ -276,7 +296,9 @@ class GroupedGemmDswiglu(_GroupedSeedOp):
                  sample_sfd_row: Any = None, sample_sfd_col: Any = None, sample_norm_const: Any = None, *,
                  acc_dtype: Any = "float32", mma_tiler_mn: Any = None, cluster_shape_mn: Any = None,
                  sf_vec_size: int = 16, vector_f32: bool = False, m_aligned: int = 256,
-                 discrete_col_sfd: bool = False, e5m2_rcp_max: str = "page") -> None:
+                 discrete_col_sfd: bool = False, epilogue_op: str | None = None,
+                 e5m2_rcp_max: str = "page") -> None:
+        check_epilogue_op(epilogue_op)
         axes = dswiglu_axes(sample_a, sample_sfa, sample_b, sf_vec_size=sf_vec_size, c=sample_c, c_arg="sample_c",
                             d_name=_sample_out(sample_d_row, "sample_d_row"), discrete_col_sfd=discrete_col_sfd,
                             prob=sample_prob, prob_arg="sample_prob",
@@ -332,8 +354,9 @@ class GemmAmax(_ScaledSeedOp):
                 amax_tensor: Any, current_stream: Any = None) -> None:
         """Run once: C and amax (reset to -inf first) in place."""
         from ..runtime.tensors import resolve_stream
-        from .blockscaled import parse_batched
+        from .scaled_operands import parse_batched
         op = self.op
+        check_layouts(op)
         call = parse_batched(a_tensor, b_tensor, sfa_tensor, sfb_tensor, op.variant.sf_vec_size)
         op.check_operands(call)
         (c_shape, c_store, _), (a_shape, a_store, _) = (op.epilogue.buffers(call.n, call.l * call.m, 1)[k]
@@ -348,18 +371,18 @@ class GemmAmax(_ScaledSeedOp):
         op.launch(call, {}, {"c": _Ptr(c.ptr), "amax": _Ptr(amax.ptr)}, current_stream)
 
     def _native_c(self, c_tensor: Any, call: Any, shape: tuple[int, ...], store: str) -> TensorView:
-        """C as the kernel's rows: (L * M, N) for N-major, (L * N, M) for M-major."""
-        import torch
+        """C as the kernel's rows: (L * M, N) for N-major, (L * N, M) for M-major (packed FP4 C:
+        N / 2 bytes per row, the seed's (M, N // 2, L))."""
         if c_tensor is None:
             raise ArgumentError("c_tensor", None, "a tensor (the kernel writes C here)")
         v = view(c_tensor, "c_tensor")
         m, cols, l = call.m, shape[1], call.l
-        want = (m, call.n, l) if v.ndim == 3 else (m, call.n)
+        want = (m, cols, l) if v.ndim == 3 else (m, cols)
         if tuple(v.shape) != want or (v.ndim == 2 and l != 1):
-            raise ArgumentError("c_tensor.shape", tuple(v.shape), f"{(m, call.n, l)} = (M, N, L)")
+            what = "(M, N // 2, L): packed FP4" if cols != call.n else "(M, N, L)"
+            raise ArgumentError("c_tensor.shape", tuple(v.shape), f"{(m, cols, l)} = {what}")
         t = c_tensor if v.ndim == 3 else c_tensor.unsqueeze(-1)
-        if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-            t = t.view(torch.uint8)
+        t = _as_bytes(t)
         m_major = self.op.variant.cd_major == "m"
         phys = t.permute(2, 1, 0) if m_major else t.permute(2, 0, 1)   # (L, N, M) or (L, M, N)
         if not phys.is_contiguous():

@@ -6,7 +6,10 @@ Each wrapper turns its seed options into variant axes, fetches (or compiles) the
 epilogue's inputs by spec name and returns the outputs in the seed's layout: ``(M, N, 1)`` outputs
 and kernel-facing SF views for a ``(M, K, 1)`` A, ``(M, N)`` and physical SF buffers for a 2-D A
 (exactly as :mod:`fusegemm.reference` returns them). FP8 outputs come back as torch FP8 tensors,
-packed FP4 as ``uint8``, SFD in the scale dtype of ``sfa_tensor``.
+packed FP4 as ``uint8``, SFD in the scale dtype of ``sfa_tensor``. Packed FP4 A/B are ``uint8`` or
+``torch.float4_e2m1fn_x2`` (the seeds' two spellings of the same bytes). ``vector_f32=True`` builds
+the packed-FP32 epilogue on sm_100a (the same results); sm_90a runs its scalar kernel. An operand
+layout valid for an op but not launched here raises UnsupportedError (scaled_layouts.py).
 
 Seed options that only choose a kernel (``mma_tiler_mn``, ``cluster_shape_mn``) default to
 None here: the arch's preferred tile and cluster (``fusegemm show SPEC``); the seeds' defaults
@@ -25,9 +28,11 @@ from ..runtime.interop import dlpack_io
 from ..runtime.tensors import view
 from ..tupledict import TupleDict
 from . import checks
-from .blockscaled import SF_AXIS, BlockScaledGemm, ab_axis
+from .blockscaled import BlockScaledGemm
+from .scaled_operands import SF_AXIS, ab_axis
 from .param_docs import GPU
 from .prepared import OpCache
+from .scaled_layouts import check_layouts, layout_axes
 
 E5M2_RCP_MAX = ("page", "nvidia")
 _OPS = OpCache()
@@ -41,11 +46,12 @@ def _common(*, acc_dtype: Any, cd_major: str, m_aligned: int, vector_f32: Any, e
         raise ArgumentError("cd_major", repr(cd_major), "'n'")
     if m_aligned != M_ALIGNED:
         raise ArgumentError("m_aligned", m_aligned, str(M_ALIGNED))
-    if checks.bool_arg(vector_f32, "vector_f32"):
-        raise ArgumentError("vector_f32", vector_f32, "False", "packed FP32 math is not offered")
+    # vector_f32: packed FP32 epilogue math on sm_100a, the same results; sm_90a runs it with its
+    # scalar math, the same kernel (generator/registry.py ``runs_as``).
+    packed = checks.bool_arg(vector_f32, "vector_f32")
     if e5m2_rcp_max not in E5M2_RCP_MAX:
         raise ArgumentError("e5m2_rcp_max", repr(e5m2_rcp_max), "'page', 'nvidia'")
-    axes: dict[str, Any] = {}
+    axes: dict[str, Any] = {"vector_f32": packed}
     if mma_tiler_mn is not None:
         axes["tile_m"], axes["tile_n"] = checks.pair_arg(mma_tiler_mn, "mma_tiler_mn")
     if cluster_shape_mn is not None:
@@ -56,10 +62,10 @@ def _common(*, acc_dtype: Any, cd_major: str, m_aligned: int, vector_f32: Any, e
 def _operand_axes(a_tensor: Any, sfa_tensor: Any, sf_vec_size: Any, b_tensor: Any, b_dtype: Any,
                   b_major: str) -> dict[str, Any]:
     """ab_dtype, sf_dtype, sf_vec_size, weight_mode and b_major from the operands."""
-    from .blockscaled import AB_DTYPES, SF_DTYPES
+    from .scaled_operands import AB_DTYPES, SF_DTYPES
     a = view(a_tensor, "a_tensor")
     if a.dtype not in AB_DTYPES:
-        raise ArgumentError("a_tensor.dtype", a.dtype, ", ".join(AB_DTYPES) + " (uint8: packed FP4)")
+        raise ArgumentError("a_tensor.dtype", a.dtype, ", ".join(AB_DTYPES) + " (uint8: packed FP4 bytes)")
     if sfa_tensor is None:
         raise ArgumentError("sfa_tensor", None, "a tensor", "block-scaled A/B need their scale factors")
     sf = view(sfa_tensor, "sfa_tensor").dtype
@@ -67,8 +73,7 @@ def _operand_axes(a_tensor: Any, sfa_tensor: Any, sf_vec_size: Any, b_tensor: An
         raise ArgumentError("sfa_tensor.dtype", sf, ", ".join(SF_DTYPES) + " (uint8/int8: E8M0 bytes)")
     if isinstance(sf_vec_size, bool) or sf_vec_size not in (16, 32):
         raise ArgumentError("sf_vec_size", repr(sf_vec_size), "16, 32")
-    if b_dtype is not None and ab_axis(checks.dtype_arg(b_dtype, "b_dtype", AB_DTYPES + ("float4_e2m1fn_x2",))) \
-            != ab_axis(a.dtype):
+    if b_dtype is not None and ab_axis(checks.dtype_arg(b_dtype, "b_dtype", AB_DTYPES)) != ab_axis(a.dtype):
         raise ArgumentError("b_dtype", repr(b_dtype), f"None or {a.dtype} (the dtype of a_tensor)")
     if b_major not in ("k", "n"):
         raise ArgumentError("b_major", repr(b_major), "'k', 'n'")
@@ -84,9 +89,13 @@ VALIDATION_ARCH = "sm_100a"
 def _op(spec: str, a_tensor: Any, e5m2_rcp_max: str, axes: dict[str, Any]) -> BlockScaledGemm:
     """The cached op of this configuration on a_tensor's device (compiled on its first launch)."""
     from .device import device_arch
+    from ..generator import registry
     a = view(a_tensor, "a_tensor")
     device = a.device[1] if a.is_cuda else 0
     arch = device_arch(device) if a.is_cuda else VALIDATION_ARCH
+    row = registry.lookup(spec, arch)
+    if row is not None:   # what this arch runs the axes as (sm_90a: vector_f32 as scalar): one op
+        axes = row.canonical(axes)
     key = (spec, arch, device, e5m2_rcp_max, tuple(sorted(axes.items())))
     return _OPS.get_or_create(key, lambda: BlockScaledGemm(spec, arch=arch, device=device,
                                                            e5m2_rcp_max=e5m2_rcp_max, **axes))
@@ -159,6 +168,7 @@ def grouped_gemm_srelu(a_tensor: Any, b_tensor: Any = None, sfa_tensor: Any = No
                       m_aligned=m_aligned, vector_f32=vector_f32, e5m2_rcp_max=e5m2_rcp_max,
                       mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
     op = _op("grouped_gemm_srelu", a_tensor, e5m2_rcp_max, axes)
+    check_layouts(op)
     out = op(a_tensor, sfa_tensor, padded_offsets, b_tensor, sfb_tensor, b_ptrs=b_ptrs, sfb_ptrs=sfb_ptrs, n=n,
              inputs=_present(alpha=alpha_tensor, prob=prob_tensor, bias=bias_tensor, norm_const=norm_const_tensor),
              current_stream=current_stream, input_names=SEED_NAMES)
@@ -193,6 +203,7 @@ def grouped_gemm_quant(a_tensor: Any, sfa_tensor: Any, padded_offsets: Any, alph
                       mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
     want_amax = checks.bool_arg(generate_amax, "generate_amax")
     op = _op("grouped_gemm_quant", a_tensor, e5m2_rcp_max, axes)
+    check_layouts(op)
     out = op(a_tensor, sfa_tensor, padded_offsets, b_tensor, sfb_tensor, b_ptrs=b_ptrs, sfb_ptrs=sfb_ptrs, n=n,
              inputs=_present(alpha=alpha_tensor, prob=prob_tensor, row_scale=row_scale_tensor, bias=bias_tensor,
                              norm_const=norm_const_tensor),
@@ -223,14 +234,14 @@ def grouped_gemm_dswiglu(a_tensor: Any, b_tensor: Any, c_tensor: Any, sfa_tensor
     Returns ``TupleDict(d_row_tensor, d_col_tensor, dprob_tensor, amax_tensor, sfd_row_tensor,
     sfd_col_tensor)``.
     """
-    if epilogue_op not in (None, "none", "identity", "relu", "srelu"):
-        raise ArgumentError("epilogue_op", repr(epilogue_op), "None, 'none', 'identity', 'relu', 'srelu'")
+    check_epilogue_op(epilogue_op)
     axes = dswiglu_axes(a_tensor, sfa_tensor, b_tensor, sf_vec_size=sf_vec_size, c=c_tensor, c_arg="c_tensor",
                         d_name=checks.dtype_arg(d_dtype, "d_dtype", _OUT), discrete_col_sfd=discrete_col_sfd,
                         prob=prob_tensor, prob_arg="prob_tensor", acc_dtype=acc_dtype, cd_major=cd_major,
                         m_aligned=m_aligned, vector_f32=vector_f32, e5m2_rcp_max=e5m2_rcp_max,
                         mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
     op = _op("grouped_gemm_dswiglu", a_tensor, e5m2_rcp_max, axes)
+    check_layouts(op)
     out = op(a_tensor, sfa_tensor, padded_offsets, b_tensor, sfb_tensor,
              inputs=_present(alpha=alpha_tensor, beta=beta_tensor, prob=prob_tensor, c=c_tensor,
                              norm_const=norm_const_tensor),
@@ -240,6 +251,16 @@ def grouped_gemm_dswiglu(a_tensor: Any, b_tensor: Any, c_tensor: Any, sfa_tensor
     return TupleDict(d_row_tensor=o.get("d"), d_col_tensor=o.get("d_col"), dprob_tensor=o.get("dprob"),
                      amax_tensor=amax.unsqueeze(-1) if amax is not None else None,
                      sfd_row_tensor=o.get("sfd_row"), sfd_col_tensor=o.get("sfd_col"))
+
+
+EPILOGUE_OPS = (None, "none", "identity", "relu", "srelu")   # seed 000's epilogue_op values
+
+
+def check_epilogue_op(epilogue_op: Any) -> None:
+    """Seed 000's ``epilogue_op`` (wrapper and class): one of its values (accepted and not
+    applied, as NVIDIA's kernel does)."""
+    if epilogue_op not in EPILOGUE_OPS:
+        raise ArgumentError("epilogue_op", repr(epilogue_op), ", ".join(map(repr, EPILOGUE_OPS)))
 
 
 # Seed argument name of each spec input (messages name what the caller passed).
@@ -286,6 +307,7 @@ def gemm_amax(a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_tensor: Any, c_
     axes = amax_axes(a_tensor, b_tensor, sfa_tensor, sf_vec_size, c_dtype, c_major, acc_dtype, mma_tiler_mn,
                      cluster_shape_mn)
     op = _op("gemm_amax", a_tensor, "page", axes)
+    check_layouts(op)
     out = op.batched(a_tensor, b_tensor, sfa_tensor, sfb_tensor, current_stream=stream)
     a = view(a_tensor, "a_tensor")
     m, l = a.shape[0], a.shape[2] if a.ndim == 3 else 1
@@ -312,6 +334,7 @@ def srelu_axes(a: Any, sfa: Any, b: Any, *, sf_vec_size: Any, b_dtype: Any, b_ma
     axes.update(c_dtype=c_name, d_dtype=d_name, bias_dtype=_bias_axis(bias),
                 discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"),
                 scheduler=_scheduler(use_dynamic_sched), tanh_clamp_scale=_clamp(tanh_clamp_scale))
+    axes.update(layout_axes("grouped_gemm_srelu", axes, a, b, batched=False))
     return axes
 
 
@@ -323,6 +346,7 @@ def quant_axes(a: Any, sfa: Any, b: Any, *, sf_vec_size: Any, b_dtype: Any, b_ma
     axes.update(d_dtype=d_name, bias_dtype=_bias_axis(bias),
                 discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"),
                 scheduler=_scheduler(use_dynamic_sched))
+    axes.update(layout_axes("grouped_gemm_quant", axes, a, b, batched=False))
     return axes
 
 
@@ -339,6 +363,7 @@ def dswiglu_axes(a: Any, sfa: Any, b: Any, *, sf_vec_size: Any, c: Any, c_arg: s
     axes.update(c_dtype=view(c, c_arg).dtype, d_dtype=d_name,
                 discrete_col_sfd=checks.bool_arg(discrete_col_sfd, "discrete_col_sfd"),
                 prob_dtype=prob_axis(prob, prob_arg))
+    axes.update(layout_axes("grouped_gemm_dswiglu", axes, a, b, batched=False))
     return axes
 
 
@@ -355,7 +380,9 @@ def amax_axes(a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sf_vec_size: Any, c
                    e5m2_rcp_max="page", mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn)
     axes.update(_operand_axes(a_tensor, sfa_tensor, sf_vec_size, b_tensor, None, "k"))
     del axes["weight_mode"], axes["b_major"]
-    axes.update(c_dtype=checks.dtype_arg(c_dtype, "c_dtype", _OUT), cd_major=c_major)
+    c_name = checks.dtype_arg(c_dtype, "c_dtype", _OUT + ("uint8",))   # seed 004: uint8 is packed FP4 C
+    axes.update(c_dtype=ab_axis(c_name), cd_major=c_major)
+    axes.update(layout_axes("gemm_amax", axes, a_tensor, b_tensor, batched=True))
     return axes
 
 

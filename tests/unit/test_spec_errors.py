@@ -94,8 +94,8 @@ CASES = [
      "allowed: acc, alpha"),
     ("epilogue unknown function", lambda t: t.replace("d = alpha * acc", "d = gelu(acc)"),
      "demo.yaml:10: epilogue.compute[0]: unknown function 'gelu' at column 5 of 'd = gelu(acc)'; "
-     "allowed: abs, clamp, exp, fma, gelu_tanh, isnan, log, max, min, present, rcp, relu, sigmoid, silu, "
-     "sqrt, square, tanh, where"),
+     "allowed: abs, clamp, erf, exp, fma, gelu_tanh, isnan, log, max, min, pow, present, rcp, relu, sigmoid, "
+     "silu, sqrt, square, tanh, where"),
     ("duplicate key", lambda t: t.replace("problem: grouped\n", "problem: grouped\nproblem: batched\n"),
      "demo.yaml:5: duplicate key 'problem' (first at line 4)"),
     ("empty choice list", lambda t: t.replace("tile_n: [256]", "tile_n: []"),
@@ -139,8 +139,9 @@ def test_code_injection_in_epilogue_is_rejected():
 def test_seed_specs_load():
     from fusegemm.generator.spec import list_specs
     names = sorted(load_spec(p).name for p in list_specs())
-    assert names == ["gemm_amax", "grouped_gemm", "grouped_gemm_dswiglu", "grouped_gemm_dswiglu_bf16",
-                     "grouped_gemm_quant", "grouped_gemm_srelu", "grouped_gemm_swiglu", "grouped_gemm_wgrad"]
+    assert names == ["gemm_amax", "grouped_gemm", "grouped_gemm_dglu", "grouped_gemm_dsrelu", "grouped_gemm_dswiglu",
+                     "grouped_gemm_dswiglu_bf16", "grouped_gemm_glu", "grouped_gemm_quant", "grouped_gemm_srelu",
+                     "grouped_gemm_swiglu", "grouped_gemm_wgrad"]
 
 
 def test_public_load_spec():

@@ -257,6 +257,19 @@ FUSEGEMM_DEVICE void store_vals(uint32_t stage, void* base, int64_t ld, int64_t 
 }
 
 // ---- the engine -------------------------------------------------------------------------
+// Whether a rule has apply2(): a vector_f32 rule (rule.cu.j2 renders kPackedF32 and apply2 only
+// for the kernels whose registry row lists vector_f32, i.e. sm_100a).
+template <class R, class = void>
+struct PackedF32 {
+  static constexpr bool value = false;
+};
+template <class R>
+struct PackedF32<R, decltype(void(R::kPackedF32))> {
+  static constexpr bool value = R::kPackedF32;
+};
+template <class R>
+FUSEGEMM_DEVICE constexpr bool packed_f32() { return PackedF32<R>::value; }
+
 // Rule: the generated rule. ElementC/ElementD: output types (unused ones are ignored).
 // kBatched: rows are per batch (gemm_amax): output row = batch * m_rows + row. kCMajorM: C is
 // M-major. kDiscreteColSfd: SFD_col grouped by expert tile (formats/scales.py).
@@ -319,19 +332,50 @@ struct BlockEngine {
     rule.elem_block(p, row_ok ? row : row0, j0, width, eb);
     RowVals<ElementC, kPackC> vc0, vc1;
     RowVals<ElementD, kPackD> vd0, vd1;
+    if constexpr (packed_f32<Rule>()) {
+      // vector_f32 (sm_100a): columns i and i + 1 in one apply2(), packed FP32 arithmetic with
+      // the scalar rule's bits (fusegemm/sm100/packed_f32.cuh); results taken in column order,
+      // as below. A pair whose second column is past the row end takes the scalar apply() (it
+      // reads no input past the end).
+      auto take = [&](int i, bool in, const typename Rule::Out& o) {
+        if constexpr (Rule::kHasC && Rule::kPairedC) { vc0.set(i, in ? o.c0 : 0.0f); vc1.set(i, in ? o.c1 : 0.0f); }
+        if constexpr (Rule::kHasC && !Rule::kPairedC) vc0.set(i, in ? o.c : 0.0f);
+        if constexpr (Rule::kHasD && Rule::kPairedD) { vd0.set(i, in ? o.d0 : 0.0f); vd1.set(i, in ? o.d1 : 0.0f); }
+        if constexpr (Rule::kHasD && !Rule::kPairedD) vd0.set(i, in ? o.d : 0.0f);
+        if constexpr (Rule::kAmaxCount > 0) part.amax[0] = fmax_nan(part.amax[0], in ? fabsf(o.amax0) : 0.0f);
+        if constexpr (Rule::kAmaxCount > 1) part.amax[1] = fmax_nan(part.amax[1], in ? fabsf(o.amax1) : 0.0f);
+        if constexpr (Rule::kRowSum) part.rowsum = in ? __fadd_rn(part.rowsum, o.rowsum) : part.rowsum;
+      };
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int j = j0 + i;
-      const bool in = row_ok && j < width;
-      typename Rule::Out o{};
-      if (in) o = rule.apply(acc_at(i), kPaired ? acc_at(32 + i) : 0.0f, ri, rule.elem_at(p, eb, i, j));
-      if constexpr (Rule::kHasC && Rule::kPairedC) { vc0.set(i, in ? o.c0 : 0.0f); vc1.set(i, in ? o.c1 : 0.0f); }
-      if constexpr (Rule::kHasC && !Rule::kPairedC) vc0.set(i, in ? o.c : 0.0f);
-      if constexpr (Rule::kHasD && Rule::kPairedD) { vd0.set(i, in ? o.d0 : 0.0f); vd1.set(i, in ? o.d1 : 0.0f); }
-      if constexpr (Rule::kHasD && !Rule::kPairedD) vd0.set(i, in ? o.d : 0.0f);
-      if constexpr (Rule::kAmaxCount > 0) part.amax[0] = fmax_nan(part.amax[0], in ? fabsf(o.amax0) : 0.0f);
-      if constexpr (Rule::kAmaxCount > 1) part.amax[1] = fmax_nan(part.amax[1], in ? fabsf(o.amax1) : 0.0f);
-      if constexpr (Rule::kRowSum) part.rowsum = in ? __fadd_rn(part.rowsum, o.rowsum) : part.rowsum;
+      for (int i = 0; i < 32; i += 2) {
+        const int j = j0 + i;
+        const bool in0 = row_ok && j < width, in1 = row_ok && j + 1 < width;
+        typename Rule::Out o0{}, o1{};
+        if (in1) {
+          rule.apply2(make_float2(acc_at(i), acc_at(i + 1)),
+                      kPaired ? make_float2(acc_at(32 + i), acc_at(33 + i)) : make_float2(0.0f, 0.0f), ri,
+                      rule.elem_at(p, eb, i, j), rule.elem_at(p, eb, i + 1, j + 1), o0, o1);
+        } else if (in0) {
+          o0 = rule.apply(acc_at(i), kPaired ? acc_at(32 + i) : 0.0f, ri, rule.elem_at(p, eb, i, j));
+        }
+        take(i, in0, o0);
+        take(i + 1, in1, o1);
+      }
+    } else {   // the scalar loop as before vector_f32 (the default kernels' SASS is unchanged)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int j = j0 + i;
+        const bool in = row_ok && j < width;
+        typename Rule::Out o{};
+        if (in) o = rule.apply(acc_at(i), kPaired ? acc_at(32 + i) : 0.0f, ri, rule.elem_at(p, eb, i, j));
+        if constexpr (Rule::kHasC && Rule::kPairedC) { vc0.set(i, in ? o.c0 : 0.0f); vc1.set(i, in ? o.c1 : 0.0f); }
+        if constexpr (Rule::kHasC && !Rule::kPairedC) vc0.set(i, in ? o.c : 0.0f);
+        if constexpr (Rule::kHasD && Rule::kPairedD) { vd0.set(i, in ? o.d0 : 0.0f); vd1.set(i, in ? o.d1 : 0.0f); }
+        if constexpr (Rule::kHasD && !Rule::kPairedD) vd0.set(i, in ? o.d : 0.0f);
+        if constexpr (Rule::kAmaxCount > 0) part.amax[0] = fmax_nan(part.amax[0], in ? fabsf(o.amax0) : 0.0f);
+        if constexpr (Rule::kAmaxCount > 1) part.amax[1] = fmax_nan(part.amax[1], in ? fabsf(o.amax1) : 0.0f);
+        if constexpr (Rule::kRowSum) part.rowsum = in ? __fadd_rn(part.rowsum, o.rowsum) : part.rowsum;
+      }
     }
     (void)vc1;
     (void)vd1;

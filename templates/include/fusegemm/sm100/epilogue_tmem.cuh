@@ -4,10 +4,12 @@
 // tcgen05.ld.32x32b each thread of epilogue warp w receives 32 consecutive FP32 columns of row
 // 32*(w%4) + lane: exactly the block layout of fusegemm/epilogue_block.cuh, which then applies
 // the generated rule, quantizes, reduces and stores (the same code the epilogue harness runs on
-// the H200).
+// the H200). A vector_f32 rule (sm_100a only) evaluates column pairs with packed FP32
+// arithmetic (fusegemm/sm100/packed_f32.cuh), bit-identical to the scalar rule.
 #pragma once
 
 #include "fusegemm/epilogue_block.cuh"
+#include "fusegemm/sm100/packed_f32.cuh"  // a vector_f32 rule's apply2()
 #include "fusegemm/sm100/tmem.cuh"
 
 namespace fusegemm::sm100 {
