@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path as _Path
 
+from .base import hooks as _hooks
 from .base.package import __version__
 
 # In a wheel, hatchling maps generator/, runtime/, templates/ and specs/ inside this package.
@@ -21,7 +22,26 @@ if not (_here / "generator").is_dir() and (_here.parent / "generator" / "__init_
     __path__.append(str(_here.parent))  # type: ignore[name-defined]  # noqa: F821
 
 
+# The package root wires the calls the ops make upward (fusegemm/base/hooks.py): it runs before
+# any fusegemm module, so the first-run gate and the first-call tuner are in place before any
+# launch. The imports stay inside the functions: `import fusegemm` touches neither the runtime
+# nor the ops.
+def _first_launch(family: str, arch: str, device: int) -> None:
+    from .verify import ensure_verified
+    ensure_verified(family, arch, device)
+
+
+def _first_call_tune(*args: object, **kwargs: object) -> object:
+    from .tune import first_call
+    return first_call(*args, **kwargs)
+
+
+_hooks.FIRST_LAUNCH.install(_first_launch)
+_hooks.FIRST_CALL_TUNE.install(_first_call_tune)
+
+
 _EXPORTS = {
+    "Op": ("fusegemm.ops.engine", "Op"),
     "grouped_gemm": ("fusegemm.ops.grouped_gemm", "grouped_gemm"),
     "GroupedGemm": ("fusegemm.ops.grouped_gemm", "GroupedGemm"),
     "EpilogueGemm": ("fusegemm.ops.epilogue_gemm", "EpilogueGemm"),

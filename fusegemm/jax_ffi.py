@@ -234,7 +234,7 @@ def register() -> None:
     if _registered:
         return
     import jax
-    for name, run in (("fusegemm_grouped_gemm", _run_grouped_gemm),):
+    for name, run in (("fusegemm_grouped_gemm", _run_grouped_gemm), ("fusegemm_spec", _run_spec)):
         fn = _handler(run)
         capsule = jax.ffi.pycapsule(ctypes.cast(fn, ctypes.c_void_p).value)
         jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
@@ -268,3 +268,112 @@ def grouped_gemm(a: Any, padded_offsets: Any, alpha: Any, b: Any, *, prob: Any =
     operands = [a, padded_offsets, alpha, b] + [x for x in (prob, bias) if x is not None]
     res = call(*operands, has_prob=prob is not None, has_bias=bias is not None, generate_c=bool(generate_c))
     return res if generate_c else res[0]
+
+
+# ---------------------------------------------------------------- any spec: spec_op(spec)
+# One FFI target serves every spec: the spec, its variant and the buffers' names travel as string
+# attributes, the callback runs fusegemm.Op.execute into XLA's result buffers.
+
+_spec_ops: dict[tuple, Any] = {}
+# Each kernel class's operands (fusegemm/ops/engine.py), as JAX passes them (row-major buffers).
+CLASS_OPERANDS = {
+    "grouped": ("a_tensor", "padded_offsets", "b_tensor"),
+    "scaled": ("a_tensor", "sfa_tensor", "padded_offsets", "b_tensor", "sfb_tensor"),
+    "batched": ("a_tensor", "b_tensor", "sfa_tensor", "sfb_tensor"),
+    "kgrouped": ("dy_tensor", "x_tensor", "padded_offsets"),
+}
+
+
+def _transposed(v: Any, order: tuple[int, ...]) -> Any:
+    """A TensorView with its axes permuted (no copy)."""
+    from .runtime.tensors import TensorView
+    return TensorView(v.ptr, tuple(v.shape[i] for i in order), tuple(v.strides[i] for i in order), v.dtype,
+                      v.device, None)
+
+
+def _run_spec(args: list, rets: list, attrs: dict[str, Any], stream: int) -> None:
+    import json
+
+    from .ops.engine import Op
+    operand_names = attrs["operands"].split(",")
+    input_names = [x for x in attrs["inputs"].split(",") if x]
+    outputs = attrs["outputs"].split(",")
+    k = len(operand_names)
+    if len(args) != k + len(input_names) or len(rets) != len(outputs):
+        raise ArgumentError("ffi buffers", f"{len(args)} arguments, {len(rets)} results",
+                            f"{k + len(input_names)} arguments and {len(outputs)} results for these attributes")
+    device = args[0].device[1]
+    key = (attrs["spec"], attrs["axes"], attrs["e5m2_rcp_max"], device)
+    op = _spec_ops.get(key)
+    if op is None:
+        with _ops_lock:
+            op = _spec_ops.get(key) or Op(attrs["spec"], device=device, e5m2_rcp_max=attrs["e5m2_rcp_max"],
+                                          **json.loads(attrs["axes"]))
+            _spec_ops[key] = op
+    operands = dict(zip(operand_names, args[:k]))
+    if op.kind == "batched":   # (L, M, K) row-major is the kernel's (M, K, L) K-major
+        for nm in ("a_tensor", "b_tensor"):
+            if operands[nm].ndim == 3:
+                operands[nm] = _transposed(operands[nm], (1, 2, 0))
+    inputs = dict(zip(input_names, args[k:]))
+    for inp in op.epilogue.inputs:
+        v = inputs.get(inp.name)
+        if inp.per == "column" and v is not None and v.ndim == 2:
+            inputs[inp.name] = _transposed(v, (1, 0))   # (L, N) row-major is the (N, L) N-contiguous view
+    op.execute(**operands, inputs=inputs, outputs=dict(zip(outputs, rets)), current_stream=stream)
+
+
+def spec_op(spec: Any, *, e5m2_rcp_max: str = "page", **axes: Any) -> Any:
+    """Any spec as a JAX operation, usable inside ``jax.jit``: returns ``f(*operands, inputs={...})``.
+
+    The operands are the spec's kernel class's (:class:`fusegemm.Op`), as row-major arrays: BF16
+    grouped ``(a (M, K), padded_offsets (L,), b (L, N, K))``; block-scaled grouped ``(a, sfa,
+    padded_offsets, b, sfb)`` (FP8 as ``float8_e4m3fn``/``e5m2`` or bytes, scales as flat or physical
+    uint8/E8M0 buffers); batched ``(a (L, M, K), b (L, N, K), sfa, sfb)``; K-grouped ``(dy (T, M),
+    x (T, N), padded_offsets)``. ``inputs`` are the epilogue's by spec name (arrays; a per-column
+    input as (L, N), one row per expert). ``f`` returns a dict of the outputs by spec name in the
+    kernel's storage (FP8/FP4 as uint8 bytes, SF buffers physical); K-grouped C/D as (L, M, N).
+    Rows at or past ``padded_offsets[-1]`` are unspecified (XLA's buffers).
+
+    Parameters
+    ----------
+    spec : str or path
+        A packaged spec name or a YAML file.
+    e5m2_rcp_max : {"page", "nvidia"}
+        SFD convention of an e5m2 output.
+    **axes
+        Variant choices, as for :class:`fusegemm.Op`.
+    """
+    import json
+
+    import jax
+    import jax.numpy as jnp
+
+    from .ops.engine import Op
+    plan = Op.planned(spec, e5m2_rcp_max=e5m2_rcp_max, **axes)
+    names = CLASS_OPERANDS[plan.kind]
+    declared = [i.name for i in plan.spec.epilogue.inputs]
+    axes_json = json.dumps(axes, sort_keys=True)
+
+    def call(*operands: Any, inputs: dict | None = None) -> dict:
+        if len(operands) != len(names):
+            raise ArgumentError("operands", len(operands), f"{len(names)}: {', '.join(names)}")
+        given = dict(inputs or {})
+        unknown = sorted(set(given) - set(declared))
+        if unknown:
+            raise ArgumentError(f"inputs[{unknown[0]!r}]", "given", f"the epilogue's inputs: {', '.join(declared)}")
+        given = {nm: (jnp.full((1,), v, jnp.float32) if isinstance(v, (int, float)) else v)
+                 for nm, v in given.items() if v is not None}
+        register()
+        dims = plan.dims_of({nm: tuple(x.shape) for nm, x in zip(names, operands)})
+        bufs = plan.epilogue.buffers(*dims)
+        outs = [jax.ShapeDtypeStruct(shape, jnp.dtype(store)) for shape, store, _ in bufs.values()]
+        res = jax.ffi.ffi_call("fusegemm_spec", outs)(
+            *operands, *given.values(), spec=str(spec), axes=axes_json, e5m2_rcp_max=e5m2_rcp_max,
+            operands=",".join(names), inputs=",".join(given), outputs=",".join(bufs))
+        out = dict(zip(bufs, res))
+        if plan.kind == "kgrouped":
+            l, m, n = operands[2].shape[0], operands[0].shape[1], operands[1].shape[1]
+            out = {k: (v.reshape(l, m, n) if k in ("c", "d") else v) for k, v in out.items()}
+        return out
+    return call

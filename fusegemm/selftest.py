@@ -95,6 +95,84 @@ def _grouped_gemm_cases() -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
+def _spec_cases() -> list[tuple[str, dict[str, Any]]]:
+    """One case per packaged spec of the BF16 grouped family other than the seed's own (the
+    spec-authored epilogues: SwiGLU, GLU, dGLU, dsReLU, ...): its variant with float outputs where
+    the spec offers them, run through fusegemm.Op and checked against the numpy interpreter."""
+    from .generator.spec import list_specs, load_spec
+    cases = []
+    for path in list_specs():
+        spec = load_spec(path)
+        if spec.kernel == "grouped_gemm" and spec.name != "grouped_gemm":
+            cases.append((f"spec {spec.name}: against its interpreter", dict(spec=spec.name, tokens=[256, 0, 300],
+                                                                            n=256, k=64)))
+    return cases
+
+
+def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool, str]:
+    """A spec's default variant (float outputs where offered) on integer-valued BF16 operands (every
+    FP32 sum exact, so the kernel and the interpreter differ only by the functions' ulp bounds and
+    the outputs' rounding), against ``Op.reference``."""
+    import ml_dtypes
+    import torch
+
+    from . import output_compare
+    from .generator.spec import find_spec
+    from .ops.engine import Op
+    spec = find_spec(case["spec"])
+    axes = {}
+    for axis in ("d_dtype", "c_dtype"):
+        offered = spec.choice_map.get(axis, ())
+        pick = next((d for d in ("float32", "bfloat16") if d in offered), None)
+        if pick is not None:
+            axes[axis] = pick
+    index = int(device.split(":")[1]) if device.startswith("cuda:") else 0
+    op = Op(spec, device=index, **axes)
+    try:
+        op.check_support()
+    except UnsupportedError as exc:
+        raise CaseNotAvailable(str(exc)) from None
+    rng = np.random.default_rng(7)
+    sizes = [int(-(-t // 256) * 256) for t in case["tokens"]]
+    m, n, k, l = sum(sizes), case["n"], case["k"], len(sizes)
+    bf16 = ml_dtypes.bfloat16
+    a = rng.integers(-2, 3, (m, k)).astype(bf16)
+    b = rng.integers(-2, 3, (l, n, k)).astype(bf16)
+    off = np.cumsum(sizes).astype(np.int32)
+    w = op.widths(n)[0]
+    host: dict[str, Any] = {}
+    dev: dict[str, Any] = {}
+    for inp in op.epilogue.inputs:
+        dt = bf16 if inp.dtype == "bfloat16" else np.dtype(inp.dtype)
+        if inp.per == "scalar":
+            host[inp.name] = np.ones(1, np.float32)
+        elif inp.per in ("expert", "row"):
+            host[inp.name] = rng.uniform(0.5, 1.5, l if inp.per == "expert" else m).astype(dt)
+        elif inp.per == "column":
+            rows = rng.integers(-2, 3, (l, n)).astype(dt)            # (L, N): the (N, L) view below
+            host[inp.name] = rows.T
+            dev[inp.name] = output_compare.to_device(rows, device).t()
+            continue
+        else:
+            host[inp.name] = (0.5 * rng.standard_normal((m, 2 * w if inp.paired else w))).astype(dt)
+        dev[inp.name] = output_compare.to_device(host[inp.name], device)
+    out = op(output_compare.to_device(a, device), output_compare.to_device(off, device),
+             output_compare.to_device(b, device), inputs=dev)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+    ref = op.reference(a, off, b, inputs=host)
+    valid = int(off[-1])
+    rows = set(op.epilogue.row_buffers())
+    got = {}
+    want = {}
+    for name, t in out.items():
+        g = t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+        g, r = g.cpu().numpy(), np.asarray(ref[name])
+        got[name], want[name] = (g[:valid], r[:valid]) if name in rows else (g, r)
+    err, problem = output_compare.compare_outputs(want, got, exact=False, rtol=2.0**-6)
+    return err, problem is None, problem or f"{len(got)} outputs match the interpreter"
+
+
 def _magnitude(pb: Any) -> np.ndarray:
     """Per-element bound of the accumulation: |alpha_e| |A_e| |B_e|^T + |prob bias_e|."""
     f = np.float64
@@ -119,9 +197,9 @@ def _n_major_call(dev: dict[str, Any], b_lnk: np.ndarray, d_dtype: str, device: 
     """The grouped GEMM on N-major weights: (L, K, N) storage of ``b_lnk`` (L, N, K), passed as
     its (L, N, K) view with ``b_major="n"`` to the spec-driven op of spec grouped_gemm (the same
     kernel family and epilogue: D = prob * alpha * A @ B^T)."""
-    from . import checking
+    from . import output_compare
     from .ops import epilogue_gemm
-    w = checking.to_device(np.ascontiguousarray(b_lnk.transpose(0, 2, 1)), device)   # (L, K, N)
+    w = output_compare.to_device(np.ascontiguousarray(b_lnk.transpose(0, 2, 1)), device)   # (L, K, N)
     index = int(device.split(":")[1]) if device.startswith("cuda:") else 0
     op = epilogue_gemm.EpilogueGemm("grouped_gemm", device=index, b_major="n", d_dtype=d_dtype, **axes)
     res = op(dev["a_tensor"], dev["padded_offsets"], w.transpose(1, 2),
@@ -132,7 +210,7 @@ def _n_major_call(dev: dict[str, Any], b_lnk: np.ndarray, d_dtype: str, device: 
 def _run_grouped_gemm(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool, str]:
     import torch
 
-    from . import checking, problems, reference
+    from . import output_compare, problems, reference
     from .ops import grouped_gemm as op
     opts = dict(case)
     call_opts = {k: opts.pop(k) for k in ("use_dynamic_sched", "generate_c", "c_dtype", "d_dtype",
@@ -144,9 +222,9 @@ def _run_grouped_gemm(case: dict[str, Any], device: str = "cuda:0") -> tuple[flo
                                        seed=7, values="realistic", layout="canonical", **opts)
     kwargs = pb.kwargs(**call_opts)
     ref = reference.grouped_gemm(**kwargs)
-    dev, keep = checking.device_args(kwargs, device)   # b_list -> b_ptrs (the GPU op takes pointers)
+    dev, keep = output_compare.device_args(kwargs, device)   # b_list -> b_ptrs (the GPU op takes pointers)
     if "bias_tensor" in dev:   # the seed's bias is (N, L) with N contiguous
-        dev["bias_tensor"] = checking.to_device(np.ascontiguousarray(kwargs["bias_tensor"].T), device).t()
+        dev["bias_tensor"] = output_compare.to_device(np.ascontiguousarray(kwargs["bias_tensor"].T), device).t()
     if b_major == "n":
         out = _n_major_call(dev, np.asarray(kwargs["b_tensor"]), call_opts.get("d_dtype", "bfloat16"), device,
                             axes)
@@ -194,9 +272,8 @@ _SCALED_CASES: dict[str, list[tuple[str, dict[str, Any]]]] = {
 def _run_scaled(family: str, case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool, str]:
     import torch
 
-    import fusegemm
-
-    from . import checking, problems, reference
+    from . import output_compare, problems, reference
+    from .ops import scaled_seeds    # the public wrappers (fusegemm.<family>)
     opts = dict(case)
     call = opts.pop("call", {})
     if family == "gemm_amax":
@@ -208,12 +285,12 @@ def _run_scaled(family: str, case: dict[str, Any], device: str = "cuda:0") -> tu
                                            values="integer", **opts)
         kwargs = pb.kwargs(sf_vec_size=32, **call)
     ref = getattr(reference, family)(**kwargs)
-    dev, keep = checking.device_args(kwargs, device)
-    out = getattr(fusegemm, family)(**dev)
+    dev, keep = output_compare.device_args(kwargs, device)
+    out = getattr(scaled_seeds, family)(**dev)
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
     del keep
-    err, problem = checking.compare_outputs(ref, out, exact=family != "grouped_gemm_dswiglu", rtol=1e-5)
+    err, problem = output_compare.compare_outputs(ref, out, exact=family != "grouped_gemm_dswiglu", rtol=1e-5)
     return err, problem is None, problem or "outputs match the reference"
 
 
@@ -274,12 +351,12 @@ def _run_wgrad(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, boo
 
 
 RUNNERS: dict[str, Callable[[], list[tuple[str, dict[str, Any]]]]] = {
-    "grouped_gemm": _grouped_gemm_cases,
+    "grouped_gemm": lambda: _grouped_gemm_cases() + _spec_cases(),
     "grouped_gemm_wgrad": _wgrad_cases,
     **{fam: (lambda fam=fam: _SCALED_CASES[fam]) for fam in _SCALED_CASES},
 }
 CASE_RUNNERS: dict[str, Callable[..., tuple[float, bool, str]]] = {
-    "grouped_gemm": _run_grouped_gemm,
+    "grouped_gemm": lambda case, device="cuda:0": (_run_spec if "spec" in case else _run_grouped_gemm)(case, device),
     "grouped_gemm_wgrad": _run_wgrad,
     **{fam: (lambda case, device="cuda:0", fam=fam: _run_scaled(fam, case, device)) for fam in _SCALED_CASES},
 }

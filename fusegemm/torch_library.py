@@ -288,3 +288,169 @@ def epilogue_gemm(spec: str, a: Tensor, padded_offsets: Tensor, b: Optional[Tens
     out = torch.ops.fusegemm.epilogue_gemm(str(spec), axes_json, a, padded_offsets, b, b_ptrs, n, ",".join(given),
                                            tensors)
     return dict(zip(names, out))
+
+
+# ---------------------------------------------------------------- any spec: register(spec)
+# One custom op per registered spec and variant: the kernel class's operands (fusegemm.Op), then
+# every input the spec's epilogue declares as an optional keyword tensor, returning the variant's
+# outputs in a fixed order (its ``buffers``). The fake implementation runs the same Op under
+# ``dry_run()`` on the fake tensors, so the traced shapes are the real op's allocations.
+
+# The operands of each kernel class (fusegemm/ops/engine.py): (schema name, schema type).
+_CLASS_OPERANDS = {
+    "grouped": (("a_tensor", "Tensor"), ("padded_offsets", "Tensor"), ("b_tensor", "Tensor?"),
+                ("b_ptrs", "Tensor?"), ("n", "int?")),
+    "scaled": (("a_tensor", "Tensor"), ("sfa_tensor", "Tensor"), ("padded_offsets", "Tensor"),
+               ("b_tensor", "Tensor?"), ("sfb_tensor", "Tensor?"), ("b_ptrs", "Tensor?"), ("sfb_ptrs", "Tensor?"),
+               ("n", "int?")),
+    "batched": (("a_tensor", "Tensor"), ("b_tensor", "Tensor"), ("sfa_tensor", "Tensor"), ("sfb_tensor", "Tensor")),
+    "kgrouped": (("dy_tensor", "Tensor"), ("x_tensor", "Tensor"), ("padded_offsets", "Tensor")),
+}
+_REGISTERED: dict[str, "SpecOp"] = {}
+
+
+class SpecOp:
+    """The Python face of a registered spec op (made by :func:`register`): ``face(*operands,
+    inputs={...})`` calls ``torch.ops.fusegemm.<name>`` (traceable by
+    ``torch.compile(fullgraph=True)``) and returns the outputs by spec name (a dict). ``face.op``
+    is the custom op; ``face.outputs`` its output names in order; ``face.operands`` and
+    ``face.inputs`` its parameters.
+
+    Parameters
+    ----------
+    name : str
+        The op's name under ``torch.ops.fusegemm``.
+    spec : Spec
+        The registered spec.
+    key : tuple
+        What the registration serves (spec, axes, SFD convention): a second registration of the
+        name must match it.
+    operands : tuple of str
+        The kernel class's operand names, in schema order.
+    inputs : tuple of str
+        The epilogue's input names, in schema order (after the operands).
+    outputs : tuple of str
+        The variant's output names, in the order the op returns them.
+    axes : dict
+        The variant choices.
+    e5m2_rcp_max : str
+        SFD convention of an e5m2 output.
+    """
+
+    def __init__(self, name: str, spec: object, key: tuple, operands: tuple, inputs: tuple, outputs: tuple,
+                 axes: dict, e5m2_rcp_max: str) -> None:
+        self.name, self.spec, self.key = name, spec, key
+        self.operands, self.inputs, self.outputs = operands, inputs, outputs
+        self._axes, self._e5m2 = axes, e5m2_rcp_max
+        self._ops: dict[int, object] = {}
+
+    @property
+    def op(self):
+        return getattr(torch.ops.fusegemm, self.name)
+
+    def engine(self, device: int):
+        """The :class:`fusegemm.Op` serving ``device`` (built once per device)."""
+        from .ops.engine import Op
+        op = self._ops.get(device)
+        if op is None:
+            op = self._ops[device] = Op(self.spec, device=device, e5m2_rcp_max=self._e5m2, **self._axes)
+        return op
+
+    def run(self, args: tuple, fake: bool) -> tuple[Tensor, ...]:
+        """The custom op's body: ``args`` in schema order (operands, then inputs)."""
+        import contextlib
+
+        from .ops.prepared import dry_run
+        k = len(self.operands)
+        operands = dict(zip(self.operands, args[:k]))
+        given = {nm: v for nm, v in zip(self.inputs, args[k:]) if v is not None}
+        lead = args[0]
+        device = (lead.device.index or 0) if lead.device.type == "cuda" else 0
+        with dry_run() if fake else contextlib.nullcontext():
+            out = self.engine(device)(**operands, inputs=given)
+        got = tuple(out[nm] for nm in self.outputs)
+        return got[0] if len(got) == 1 else got   # a one-output schema returns a Tensor
+
+    def __call__(self, *operands: object, inputs: Optional[dict] = None, **kw: object) -> dict:
+        """Run the op; the outputs by spec name.
+
+        Parameters
+        ----------
+        *operands
+            The kernel class's operands (``face.operands``), by position or keyword.
+        inputs : dict, optional
+            The epilogue's inputs by spec name: tensors, or Python numbers for scalar inputs.
+        """
+        given = dict(inputs or {})
+        lead = operands[0] if operands else kw.get(self.operands[0])
+        for nm, v in list(given.items()):
+            if nm not in self.inputs:
+                from .base.errors import ArgumentError
+                raise ArgumentError(f"inputs[{nm!r}]", "given", f"the epilogue's inputs: {', '.join(self.inputs)}")
+            if not isinstance(v, Tensor):   # a Python number for a scalar input
+                given[nm] = torch.full((1,), float(v), dtype=torch.float32, device=lead.device)
+        out = self.op(*operands, **kw, **given)
+        return dict(zip(self.outputs, (out,) if isinstance(out, Tensor) else out))
+
+
+def register(spec: object, *, name: Optional[str] = None, e5m2_rcp_max: str = "page", **axes: object) -> SpecOp:
+    """Register ``torch.ops.fusegemm.<name>`` for any spec, a user's YAML path included, on its
+    variant ``axes``; returns the op's Python face (:class:`SpecOp`).
+
+    The op takes the spec's kernel-class operands (as :class:`fusegemm.Op` does: ``a_tensor,
+    padded_offsets, b_tensor, b_ptrs, n`` for BF16 grouped specs, ``a_tensor, sfa_tensor,
+    padded_offsets, b_tensor, sfb_tensor, b_ptrs, sfb_ptrs, n`` block-scaled, ``a_tensor, b_tensor,
+    sfa_tensor, sfb_tensor`` batched, ``dy_tensor, x_tensor, padded_offsets`` K-grouped) and the
+    epilogue's inputs as optional keyword tensors, and returns the variant's outputs as a tuple
+    (``face.outputs`` names them). It is functional (outputs are new tensors) and has a fake
+    implementation: ``torch.library.opcheck`` passes and ``torch.compile(fullgraph=True)`` traces it.
+
+    Parameters
+    ----------
+    spec : str or path
+        A packaged spec name or a YAML file.
+    name : str, optional
+        The op's name under ``torch.ops.fusegemm``; default the spec's ``name``. Registering the
+        same name again with the same spec and axes returns the same face; with others, an
+        ArgumentError (pass another ``name``).
+    e5m2_rcp_max : {"page", "nvidia"}
+        SFD convention of an e5m2 output.
+    **axes
+        Variant choices, as for :class:`fusegemm.Op`.
+    """
+    import re
+
+    from .base.errors import ArgumentError
+    from .generator.spec import Spec, find_spec
+    from .ops.engine import Op, kernel_class
+    s = spec if isinstance(spec, Spec) else find_spec(str(spec))
+    op_name = name or s.name
+    if not isinstance(op_name, str) or not re.fullmatch(r"[a-z_][a-z0-9_]*", op_name):
+        raise ArgumentError("name", repr(op_name), "a lower-case identifier (the op's name under torch.ops.fusegemm)")
+    key = (str(s.path) if getattr(s, "path", None) else s.name, tuple(sorted(axes.items())), e5m2_rcp_max)
+    known = _REGISTERED.get(op_name)
+    if known is not None:
+        if known.key == key:
+            return known
+        raise ArgumentError("name", repr(op_name), "a name not yet registered (torch.ops.fusegemm."
+                            f"{op_name} serves {known.key[0]} with {dict(known.key[1])}); pass name=")
+    if hasattr(torch.ops.fusegemm, op_name) and op_name not in _REGISTERED:
+        raise ArgumentError("name", repr(op_name), "a name no fusegemm op has (a seed op is registered under it)")
+    kind = kernel_class(s.kernel)
+    operands = _CLASS_OPERANDS[kind]
+    inputs = tuple(i.name for i in s.epilogue.inputs)
+    clash = sorted(set(inputs) & {nm for nm, _ in operands})
+    if clash:
+        raise ArgumentError(f"spec {s.name} input {clash[0]!r}", "an operand's name", "input names other than "
+                            f"{', '.join(nm for nm, _ in operands)}")
+    # Output names depend on the variant, not the arch.
+    outputs = tuple(Op.planned(s, e5m2_rcp_max=e5m2_rcp_max, **axes).epilogue.buffers(256, 256, 1))
+    params = [f"{t} {nm}" + ("=None" if t.endswith("?") else "") for nm, t in operands]
+    params += [f"Tensor? {nm}=None" for nm in inputs]
+    schema = f"({', '.join(params)}) -> ({', '.join(['Tensor'] * len(outputs))})"
+    face = SpecOp(op_name, s, key, tuple(nm for nm, _ in operands), inputs, outputs, dict(axes), e5m2_rcp_max)
+    real = torch.library.custom_op(f"fusegemm::{op_name}", lambda *a: face.run(a, False), mutates_args=(),
+                                   schema=schema)
+    real.register_fake(lambda *a: face.run(a, True))
+    _REGISTERED[op_name] = face
+    return face

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..base.errors import ArgumentError
-from ..formats.dtypes import dtype_name
+from ..formats.numpy_dtypes import dtype_name
 from ..runtime.tensors import TensorView
 
 

@@ -100,6 +100,9 @@ class GroupedGemm:
     acc_dtype : float32 only.
     m_aligned : 256
         Row padding of every expert (fixed by the kernels).
+    vector_f32 : bool
+        Packed FP32 epilogue arithmetic on sm_100a (FADD2/FMUL2/FFMA2 on pairs of accumulator
+        columns, bit-identical to False); sm_90a runs its scalar kernel.
     generate_c : bool
         Write C (``c_tensor`` in ``execute``).
     use_dynamic_sched : bool
@@ -118,7 +121,7 @@ class GroupedGemm:
                  acc_dtype: Any = "float32", c_dtype: Any = None, d_dtype: Any = None,
                  generate_c: bool = False, use_dynamic_sched: bool = False,
                  mma_tiler_mn: Any = None, cluster_shape_mn: Any = None, m_aligned: int = 256,
-                 arch: str | None = None) -> None:
+                 vector_f32: bool = False, arch: str | None = None) -> None:
         from ..arguments import M_ALIGNED
         from ..generator.variants import default_choice
         checks.dtype_arg(acc_dtype, "acc_dtype", ("float32",))
@@ -126,6 +129,7 @@ class GroupedGemm:
             raise ArgumentError("m_aligned", m_aligned, str(M_ALIGNED))
         gen_c = checks.bool_arg(generate_c, "generate_c")
         dynamic = checks.bool_arg(use_dynamic_sched, "use_dynamic_sched")
+        self.vector_f32 = checks.bool_arg(vector_f32, "vector_f32")
         out_c, out_d = _dtypes("c_dtype"), _dtypes("d_dtype")
         tile = None if mma_tiler_mn is None else checks.pair_arg(mma_tiler_mn, "mma_tiler_mn")
         cluster = None if cluster_shape_mn is None else checks.pair_arg(cluster_shape_mn, "cluster_shape_mn")
@@ -170,7 +174,7 @@ class GroupedGemm:
                     weight_mode="discrete" if f.discrete else "dense",
                     scheduler="dynamic" if f.dynamic else "static", generate_c=f.generate_c,
                     tile_m=self.tile[0], tile_n=self.tile[1], cluster_m=self.cluster[0],
-                    cluster_n=self.cluster[1])
+                    cluster_n=self.cluster[1], vector_f32=self.vector_f32)
 
     def _variant(self):
         from ..generator.variants import make_variant
@@ -210,7 +214,17 @@ class GroupedGemm:
         if self._launcher is not None:
             return self
         self.check_support()
-        self._launcher = GroupedLauncher.build(self._variant(), self.device)
+        variant = self._variant()
+        # The seed's alpha/prob/bias reach the struct through the slots the spec's epilogue gives
+        # its inputs of those names: a spec that renamed or dropped one is refused here, before
+        # a pointer could reach the wrong field.
+        slots = {i.name: i.slot for i in _spec().epilogue.inputs}
+        missing = [name for name in ("alpha", "prob", "bias") if name not in slots]
+        if missing:
+            raise UnsupportedError(f"spec {SPEC}: the seed's {missing[0]}_tensor has no epilogue input "
+                                   f"{missing[0]!r} (inputs: {', '.join(sorted(slots))})")
+        self._slots = slots
+        self._launcher = GroupedLauncher.build(variant, self.device)
         return self
 
     # ---------------------------------------------------------------------------------
@@ -314,11 +328,16 @@ class GroupedGemm:
         entry.go(buf, stream)
 
     def _values(self, lay: Layout, ptrs: tuple) -> dict[str, Any]:
+        """The parameter struct's values: the epilogue's inputs through the slots the resolved
+        epilogue assigns them, the outputs through their buffer fields (row pitches: the caller's)."""
+        from ..generator.epilogue import BUFFER_FIELDS
         ln, s = self._launcher, lay.shape
         a_ptr, off_ptr, alpha_ptr, b_ptr, bptrs_ptr, bias_ptr, prob_ptr, d_ptr, c_ptr = ptrs
-        return {**ln.maps(s, a_ptr, b_ptr), **ln.scalars(s), "offsets": off_ptr, "alpha": alpha_ptr,
-                "prob": prob_ptr, "bias": bias_ptr, "b_ptrs": bptrs_ptr, "d_out": d_ptr,
-                "ldd": lay.ldd, "c_out": c_ptr, "ldc": lay.ldc}
+        values = {**ln.maps(s, a_ptr, b_ptr), **ln.scalars(s), "offsets": off_ptr, "b_ptrs": bptrs_ptr,
+                  BUFFER_FIELDS["d"]: d_ptr, "ldd": lay.ldd, BUFFER_FIELDS["c"]: c_ptr, "ldc": lay.ldc}
+        for name, ptr in (("alpha", alpha_ptr), ("prob", prob_ptr), ("bias", bias_ptr)):
+            values[self._slots[name]] = ptr
+        return values
 
 
 class _Entry:
@@ -391,18 +410,23 @@ def _tuned(call: Any, device: int, c_name: str | None, d_name: str,
            b_major: str, stream: Any = None) -> tuple[Any, bool, Any]:
     """(tile, dynamic, cluster) for a call that names no configuration: what ``fusegemm tune``
     recorded for its bucket; else, with ``FUSEGEMM_AUTOTUNE=1``, what tuning the bucket now
-    finds (:func:`fusegemm.tune.first_call`); else, on sm_100a (which cannot be timed here), the
-    roofline model's choice (fusegemm/heuristic.py); else (None, False, None): the spec's
-    default. Runs on the wrapper's first call of an argument signature only."""
-    from .. import tune
+    finds (:func:`fusegemm.tune.first_call`, reached through the hook the package root installs:
+    tuning times this op); else, on sm_100a (which cannot be timed here), the roofline model's
+    choice (fusegemm/heuristic.py); else (None, False, None): the spec's default. Runs on the
+    wrapper's first call of an argument signature only."""
+    from .. import tuning_records
+    from ..base.hooks import FIRST_CALL_TUNE
     from .prepared import is_dry
+    # A record written later (a tuning run in this process) must reach the calls memoised on
+    # the fast path: they re-resolve their configuration.
+    tuning_records.on_change(SPEC, lambda: _ops().fast.clear())
     arch, name = _device_identity(device)
-    bucket = tune.Bucket.of(experts=call.l, m_rows=call.m, n=call.n, k=call.k, d_dtype=d_name, c_dtype=c_name,
-                            bias=call.bias.dtype if call.bias is not None else None,
-                            discrete=call.b_ptrs is not None, b_major=b_major)
-    hit = tune.lookup(SPEC, arch, name, bucket)
+    bucket = tuning_records.Bucket.of(experts=call.l, m_rows=call.m, n=call.n, k=call.k, d_dtype=d_name,
+                                      c_dtype=c_name, bias=call.bias.dtype if call.bias is not None else None,
+                                      discrete=call.b_ptrs is not None, b_major=b_major)
+    hit = tuning_records.lookup(SPEC, arch, name, bucket)
     if hit is None and config.autotune() and not is_dry():
-        hit = tune.first_call(SPEC, arch, device, name, bucket, experts=call.l, m_rows=call.m, n=call.n,
+        hit = FIRST_CALL_TUNE(SPEC, arch, device, name, bucket, experts=call.l, m_rows=call.m, n=call.n,
                               k=call.k, d_dtype=d_name, stream=resolve_stream(stream, device))
     if hit is not None:
         return hit.tile, hit.dynamic, None
@@ -418,8 +442,8 @@ def _tuned(call: Any, device: int, c_name: str | None, d_name: str,
 
 @functools.lru_cache(maxsize=16)
 def _device_identity(device: int) -> tuple[str, str]:
-    from ..verify import _device_name
-    return _device.device_arch(device), _device_name(device)
+    from ..runtime.load import device_name
+    return _device.device_arch(device), device_name(device)
 
 
 def _grouped_gemm_checked(inputs: tuple, key: tuple | None, n, b_dtype, b_major, acc_dtype, c_dtype,
@@ -430,8 +454,7 @@ def _grouped_gemm_checked(inputs: tuple, key: tuple | None, n, b_dtype, b_major,
     a_tensor, padded_offsets, alpha_tensor, b_tensor, b_ptrs, bias_tensor, prob_tensor = inputs
     if cd_major != "n":
         raise ArgumentError("cd_major", repr(cd_major), "'n'")
-    if vector_f32:
-        raise ArgumentError("vector_f32", vector_f32, "False", "packed FP32 math is not offered")
+    packed = checks.bool_arg(vector_f32, "vector_f32")   # sm_100a: packed FP32 epilogue, same bits
     if m_aligned != M_ALIGNED:
         raise ArgumentError("m_aligned", m_aligned, str(M_ALIGNED))
     checks.dtype_arg(acc_dtype, "acc_dtype", ("float32",))
@@ -451,14 +474,15 @@ def _grouped_gemm_checked(inputs: tuple, key: tuple | None, n, b_dtype, b_major,
     if tile is None and cluster is None and not dyn:     # every argument checked: now the device
         tile, dyn, cluster = _tuned(call, device, c_name if gen_c else None, d_name, b_major, current_stream)
     op_key = (SPEC, device, c_name, d_name, call.bias.dtype if call.bias else None,
-              call.b_ptrs is not None, gen_c, dyn, tile, cluster)
+              call.b_ptrs is not None, gen_c, dyn, tile, cluster, packed)
 
     def make() -> GroupedGemm:
         op = GroupedGemm(a_tensor, c, d, padded_offsets, alpha_tensor, b_tensor, bias_tensor,
                          prob_tensor, num_experts=call.l if b_ptrs is not None else None,
                          b_shape=(call.n, call.k) if b_ptrs is not None else None,
                          c_dtype=c_name, d_dtype=d_name, generate_c=gen_c,
-                         use_dynamic_sched=dyn, mma_tiler_mn=tile, cluster_shape_mn=cluster)
+                         use_dynamic_sched=dyn, mma_tiler_mn=tile, cluster_shape_mn=cluster,
+                         vector_f32=packed)
         return op.compile()
 
     op = _ops().get_or_create(op_key, make)

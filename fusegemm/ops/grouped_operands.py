@@ -44,13 +44,14 @@ def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: 
                b_ptrs: Any, bias_tensor: Any, prob_tensor: Any, *, ab_dtypes: tuple[str, ...],
                bias_dtypes: tuple[str, ...], n: Any = None, b_dtype: Any = None,
                b_major: str = "k", discrete_experts: int | None = None,
-               alpha_required: bool = True, b_majors: tuple[str, ...] = ("k",)) -> Call:
+               alpha_required: bool = True, b_majors: tuple[str, ...] = ("k",), devices: bool = True) -> Call:
     """Validate the inputs (shapes, strides, dtypes first; devices last).
 
     ``discrete_experts`` describes discrete weights without a pointer table (class API
     samples: ``num_experts=`` instead of ``b_ptrs``). ``alpha_required=False``: the GEMM operands
     only (a spec-driven op validates its epilogue inputs itself). ``b_majors``: the weight layouts
-    the caller's kernel reads (the seed wrappers': K-major only).
+    the caller's kernel reads (the seed wrappers': K-major only). ``devices=False``: the caller
+    checks devices and addresses itself, after its own shape checks (``fusegemm.Op``).
     """
     r = args.rows(a_tensor, ab_dtypes)
     a, m, k = r.a, r.m, r.k_stored
@@ -122,6 +123,8 @@ def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: 
 
     call = Call(m=m, n=n, k=k, l=l, a=a, offsets=off, alpha=alpha, b=b, b_strides=b_strides, b_major=b_major,
                 b_ptrs=ptrs, bias=bias, prob=prob, canonical=r.canonical)
+    if not devices:
+        return call
     # Devices and addresses last (CPU-only tests reach everything above).
     named = [("padded_offsets", off), ("alpha_tensor", alpha), ("b_tensor", b), ("b_ptrs", ptrs),
              ("bias_tensor", bias), ("prob_tensor", prob)]

@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("name", ["index.md", "examples.md"])
+@pytest.mark.parametrize("name", ["index.md", "examples.md", "run-a-spec.md"])
 def test_doc_examples_run_on_the_gpu(name):
     page = (Path(__file__).resolve().parents[2] / "docs" / name).read_text()
     blocks = re.findall(r"```python\n(.*?)```", page, re.S)

@@ -197,7 +197,7 @@ def _scaled_args(op):
     """Positional arguments of torch.ops.fusegemm.<op> for a seeded integer problem, and the
     numpy reference's outputs."""
     from fusegemm import reference
-    from fusegemm.checking import device_args
+    from fusegemm.output_compare import device_args
     from fusegemm.problems import make_batched_problem, make_grouped_problem
     if op == "gemm_amax":
         kw = make_batched_problem(m=200, n=264, k=256, batch=2, values="integer", seed=5).kwargs()
@@ -228,7 +228,7 @@ SCALED = ["grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "g
 @pytest.mark.parametrize("op", SCALED)
 def test_block_scaled_custom_ops_opcheck_and_match_the_reference(op):
     import fusegemm.torch_library as fg
-    from fusegemm.checking import compare_outputs
+    from fusegemm.output_compare import compare_outputs
     args, ref = _scaled_args(op)
     custom = getattr(torch.ops.fusegemm, op).default
     # opcheck's test_schema compares inputs with arithmetic torch lacks for FP8 ("mul_cuda" not

@@ -9,8 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fusegemm.base.contract import KernelContract  # noqa: E402
-from fusegemm.checking import compare_outputs  # noqa: E402
-from fusegemm.ops.blockscaled import BlockScaledGemm, parse_batched, parse_scaled  # noqa: E402
+from fusegemm.output_compare import compare_outputs  # noqa: E402
+from fusegemm.ops.blockscaled import BlockScaledGemm  # noqa: E402
+from fusegemm.ops.scaled_operands import parse_batched, parse_scaled  # noqa: E402
 from fusegemm.problems import make_batched_problem, make_grouped_problem  # noqa: E402
 from fusegemm.tupledict import TupleDict  # noqa: E402
 

@@ -56,7 +56,7 @@ def test_editing_a_spec_changes_its_page(tmp_path):
 
 def test_cli_and_configuration_pages_are_complete():
     from fusegemm.cli import main
-    cli = docsgen.cli_page()
+    cli = docsgen.cli_page(main)
     for name, cmd in main.commands.items():
         assert f"## fusegemm {name}\n" in cli
         for sub in getattr(cmd, "commands", {}):
@@ -83,7 +83,7 @@ def cpu_blocks(page: str) -> list[str]:
             if "any machine" in heading for block in re.findall(r"```python\n(.*?)```", body, re.S)]
 
 
-@pytest.mark.parametrize("page", ["index.md", "examples.md"])
+@pytest.mark.parametrize("page", ["index.md", "examples.md", "run-a-spec.md"])
 def test_cpu_examples_run(page):
     """Every python block under an "on any machine" heading runs here, in one namespace as a
     reader would run them (the GPU blocks run in tests/gpu/test_docs_gpu.py)."""

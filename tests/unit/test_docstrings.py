@@ -12,7 +12,7 @@ from fusegemm.base.docstrings import parameter_docs, shares_parameters
 
 MODULES = ["fusegemm", "fusegemm.formats", "fusegemm.reference", "fusegemm.moe", "fusegemm.torch_library",
            "fusegemm.jax_ffi", "fusegemm.expert_parallel", "fusegemm.formats.torch_mx", "fusegemm.tune",
-           "fusegemm.heuristic"]
+           "fusegemm.tuning_records", "fusegemm.heuristic"]
 METHODS = ("execute", "__call__", "reference", "compile", "check_support", "forward", "batched")
 
 

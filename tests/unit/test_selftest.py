@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 from click.testing import CliRunner
@@ -137,8 +138,8 @@ def test_block_scaled_cases_logic_on_cpu(monkeypatch, family):
     for the GPU op on CPU tensors: conversions and the comparison rules are checked without a GPU."""
     torch = pytest.importorskip("torch")
 
-    import fusegemm
     from fusegemm import reference
+    from fusegemm.ops import scaled_seeds
 
     def host(t):
         if not isinstance(t, torch.Tensor):
@@ -155,9 +156,44 @@ def test_block_scaled_cases_logic_on_cpu(monkeypatch, family):
         if "b_ptrs" in kw:   # pointer tables are device-only: stand in with the lists
             pytest.skip("discrete pointers are device-only")
         return getattr(reference, family)(**{k: host(v) for k, v in kw.items()})
-    monkeypatch.setattr(fusegemm, family, fake, raising=False)
+    monkeypatch.setattr(scaled_seeds, family, fake)   # the wrapper selftest calls
     for label, case in st.RUNNERS[family]():
         if case.get("discrete"):
             continue
         err, ok, detail = st._run_scaled(family, case, "cpu")
         assert ok and err == 0.0, (label, detail)
+
+
+def test_spec_cases_cover_every_spec_authored_epilogue_and_can_fail(monkeypatch):
+    """Every packaged BF16 grouped spec but the seed's has a selftest case (so a new spec appears
+    in `fusegemm selftest` and the first-run gate with nothing else to write); the case's
+    problem -> inputs -> compare path runs on the CPU with the interpreter standing in for the
+    kernel, and a wrong output fails it."""
+    torch = pytest.importorskip("torch")
+    from fusegemm.generator.spec import list_specs, load_spec
+    from fusegemm.ops.engine import Op
+    names = {load_spec(p).name for p in list_specs() if load_spec(p).kernel == "grouped_gemm"} - {"grouped_gemm"}
+    cases = [case for label, case in st.RUNNERS["grouped_gemm"]() if "spec" in case]
+    assert {c["spec"] for c in cases} == names and {"grouped_gemm_glu", "grouped_gemm_dglu",
+                                                    "grouped_gemm_dsrelu"} <= names
+    monkeypatch.setattr("fusegemm.ops.device.device_arch", lambda d: "sm_90a")
+    bump = {"on": False}
+
+    def fake_call(self, a, off, b, *, inputs=None, **kw):
+        import ml_dtypes
+
+        def host(t):
+            return t.view(torch.uint16).numpy().view(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
+        ref = self.reference(host(a), host(off), host(b), inputs={k: host(v) for k, v in (inputs or {}).items()})
+        out = {k: torch.from_numpy(np.array(v)) for k, v in ref.out_values.items()}
+        if bump["on"]:
+            k0 = next(iter(out))
+            out[k0] = out[k0] * 1.5 + 1
+        return out
+    monkeypatch.setattr(Op, "__call__", fake_call)
+    for case in cases:
+        err, ok, detail = st.CASE_RUNNERS["grouped_gemm"](case, "cpu")
+        assert ok, (case, detail)
+    bump["on"] = True
+    err, ok, detail = st.CASE_RUNNERS["grouped_gemm"](cases[0], "cpu")
+    assert not ok

@@ -14,7 +14,7 @@ from fusegemm.generator.render import render
 from fusegemm.generator.variants import make_variant
 from fusegemm.runtime import disasm
 from fusegemm.runtime.compile import compile_source
-from fusegemm.runtime.inspect import Cubin
+from fusegemm.runtime.cubin_info import Cubin
 
 CASES = [
     ("grouped_gemm_swiglu", dict(d_dtype="bfloat16", generate_c=True)),

@@ -13,7 +13,7 @@ from fusegemm.generator.render import render
 from fusegemm.generator.variants import make_variant
 from fusegemm.runtime import disasm
 from fusegemm.runtime.compile import compile_source
-from fusegemm.runtime.inspect import Cubin
+from fusegemm.runtime.cubin_info import Cubin
 
 CASES = [
     ("grouped_gemm", dict(tile_m=64, tile_n=256)),

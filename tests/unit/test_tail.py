@@ -58,7 +58,7 @@ def test_tail_kernel_compiles_clean(arch):
     static_asserts the size) compiles without CUTLASS in well under a second."""
     from fusegemm.ops import tail
     from fusegemm.runtime.compile import compile_source
-    from fusegemm.runtime.inspect import Cubin
+    from fusegemm.runtime.cubin_info import Cubin
     cub = compile_source(tail._SOURCE, arch=arch, kernel=tail._KERNEL)
     res = Cubin(cub.data).resources(tail._KERNEL)
     assert res.local_bytes == 0 and res.max_threads == tail._THREADS, res
@@ -126,9 +126,9 @@ def test_epilogue_gemm_compile_loads_the_tail_kernel_once(monkeypatch):
     """EpilogueGemm.compile() loads the tail kernel with its own (a first call inside a CUDA-graph
     capture then loads no module); later compile() calls, which every call makes, do not."""
     from fusegemm import EpilogueGemm
-    from fusegemm.ops import epilogue_gemm, tail
+    from fusegemm.ops import engine, tail
     loads = []
-    monkeypatch.setattr(epilogue_gemm.GroupedLauncher, "build", classmethod(lambda cls, v, d: "launcher"))
+    monkeypatch.setattr(engine.GroupedLauncher, "build", classmethod(lambda cls, v, d: "launcher"))
     monkeypatch.setattr(tail, "_kernel", lambda device: loads.append(device) or "kernel")
     op = EpilogueGemm("grouped_gemm", arch="sm_90a", device=3)
     assert op.compile() is op and op.compile() is op

@@ -59,7 +59,7 @@ def test_real_op_validates_like_the_wrapper():
 
 def _fake_cuda(kw, mode):
     """The problem's arrays as fake CUDA tensors (same shapes, strides and dtypes)."""
-    from fusegemm.checking import to_device
+    from fusegemm.output_compare import to_device
     out = {}
     for k, v in kw.items():
         t = to_device(v, "cpu")

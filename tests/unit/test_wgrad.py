@@ -127,7 +127,7 @@ def test_kernel_compiles_clean(tile, d_dtype):
     from fusegemm.generator.variants import make_variant
     from fusegemm.runtime import disasm
     from fusegemm.runtime.compile import compile_source
-    from fusegemm.runtime.inspect import Cubin
+    from fusegemm.runtime.cubin_info import Cubin
     v = make_variant("grouped_gemm_wgrad", arch="sm_90a", d_dtype=d_dtype, tile_m=tile[0], tile_n=tile[1])
     src = render(v)
     assert "kKGrouped = true" in src.text and "kBMajorMN = true" in src.text
@@ -155,7 +155,7 @@ def test_sm100_kernel_compiles_clean(tile_n, d_dtype):
     from fusegemm.generator.variants import make_variant
     from fusegemm.runtime import disasm
     from fusegemm.runtime.compile import compile_source
-    from fusegemm.runtime.inspect import Cubin
+    from fusegemm.runtime.cubin_info import Cubin
     v = make_variant("grouped_gemm_wgrad", arch="sm_100a", d_dtype=d_dtype, tile_n=tile_n)
     src = render(v)
     assert src.impl.kernel == "fusegemm::sm100::GroupedGemmKernel"

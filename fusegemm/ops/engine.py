@@ -1,0 +1,701 @@
+"""One engine for every spec: ``fusegemm.Op(spec, ...)``.
+
+A spec names a kernel family (``kernel:``) and an epilogue. The registry says which kernel class
+builds the family on each arch, and the class fixes the operands a call passes:
+
+==============  ====================================================  ===============================
+kernel class    families                                              operands
+==============  ====================================================  ===============================
+``grouped``     BF16 grouped GEMM (``grouped_gemm`` and user specs)   a, padded_offsets, b | b_ptrs, n
+``kgrouped``    K-grouped weight gradients (``grouped_gemm_wgrad``)   dy, x, padded_offsets
+``scaled``      block-scaled grouped (sReLU, quant, dSwiGLU)          a, sfa, padded_offsets, b, sfb
+                                                                      | b_ptrs, sfb_ptrs, n
+``batched``     block-scaled batched (``gemm_amax``)                  a, b, sfa, sfb
+==============  ====================================================  ===============================
+
+Everything else is the spec's: the epilogue's inputs are passed by their spec names and reach the
+parameter struct only through the slots the resolved epilogue assigns them; every output the
+epilogue declares comes back by its spec name (``__call__``) or is written into the caller's
+tensors (``execute``). The same op serves ``check_support() -> compile() -> __call__/execute``
+and the numpy interpreter's ``reference``:
+
+    op = fusegemm.Op("grouped_gemm_swiglu", d_dtype="bfloat16")
+    out = op(a, padded_offsets, b, inputs={"alpha": alpha, "prob": prob})
+    out["d"]
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from .. import arguments as args
+from ..base.dtypes import DTYPES
+from ..base.errors import ArgumentError, UnsupportedError
+from ..tupledict import TupleDict
+from . import checks
+from . import device as _device
+from .device import alloc, alloc_outputs
+from .grouped_operands import parse_call, shape_of
+from .launcher import GroupedLauncher
+from .prepared import is_dry
+from .scaled_operands import SF_AXIS, ab_axis, parse_batched, parse_scaled
+
+# SFD: 1 / the largest value of the quantized output (e5m2: the seed page's 1/57344, or NVIDIA's
+# kernels' 1/128 with e5m2_rcp_max="nvidia").
+RCP_MAX = {"float8_e4m3fn": 1.0 / 448.0, "float4_e2m1fn_x2": 1.0 / 6.0}
+E5M2_RCP_MAX = {"page": 1.0 / 57344.0, "nvidia": 1.0 / 128.0}
+# 32-bit fill patterns of the reductions the kernels accumulate into with atomics.
+RESET_BITS = {"amax": 0xFF800000, "dprob": 0}     # -inf, +0.0
+
+
+def kernel_class(family: str, arch: str = "sm_90a") -> str:
+    """``grouped``, ``kgrouped``, ``scaled`` or ``batched``: the operands ``family``'s kernel reads
+    (from its registry row's template and the problem it solves)."""
+    from ..generator import registry
+    row = registry.lookup(family, arch) or next((r for r in registry.ROWS if r.family == family), None)
+    if row is None:
+        raise UnsupportedError(f"kernel family {family!r} has no kernel; families: "
+                               f"{', '.join(registry.families())}")
+    problem = registry.problem_of(family)
+    if row.template.startswith("blockscaled"):
+        return "batched" if problem == "batched" else "scaled"
+    return "kgrouped" if problem == "kgrouped" else "grouped"
+
+
+class Op:
+    """A spec compiled for one variant on one device: the one engine under every face.
+
+    Parameters
+    ----------
+    spec : Spec, spec name or path to a YAML file
+        Any spec: a packaged one (``"grouped_gemm_srelu"``) or a user's file.
+    arch : str, optional
+        Default: the device's (``device``).
+    device : int
+        CUDA device ordinal (default 0).
+    e5m2_rcp_max : {"page", "nvidia"}
+        SFD convention of an e5m2 output.
+    **axes
+        Variant choices (``d_dtype="float8_e4m3fn"``, ``weight_mode="discrete"``, tiles...);
+        the rest take the spec's and the arch's defaults.
+    """
+
+    FAMILIES: tuple[str, ...] = ()   # a subclass that serves some families only (the named faces)
+    WHAT = ""
+
+    def __init__(self, spec: Any, *, arch: str | None = None, device: int = 0,
+                 e5m2_rcp_max: str = "page", **axes: Any) -> None:
+        from ..generator.spec import Spec, find_spec
+        from ..generator.variants import make_variant
+        self.spec = spec if isinstance(spec, Spec) else find_spec(str(spec) if isinstance(spec, Path) else spec)
+        if self.FAMILIES and self.spec.kernel not in self.FAMILIES:
+            raise UnsupportedError(f"spec {self.spec.name}: kernel family {self.spec.kernel!r}; "
+                                   f"{type(self).__name__} runs {', '.join(map(repr, self.FAMILIES))} ({self.WHAT}); "
+                                   f"fusegemm.Op runs every family")
+        args.choice(e5m2_rcp_max, "e5m2_rcp_max", tuple(E5M2_RCP_MAX))
+        self.device = device
+        self.arch = arch or _device.device_arch(device)
+        self.kind = kernel_class(self.spec.kernel, self.arch)
+        self.variant = make_variant(self.spec, arch=self.arch, **axes)
+        self.epilogue = self.spec.epilogue.resolve(self.variant.choices)
+        self._e5m2 = e5m2_rcp_max
+        self._launcher: GroupedLauncher | None = None
+
+    # ---------------------------------------------------------------------------------
+    @classmethod
+    def planned(cls, spec: Any, **kw: Any) -> "Op":
+        """The op on the first arch whose kernel builds this variant, for what does not depend on
+        the arch (its epilogue's outputs): the faces size their outputs with it on any machine."""
+        from ..base.archs import ARCHS
+        last: Exception | None = None
+        for arch in ARCHS:
+            try:
+                op = cls(spec, arch=arch, **kw)
+                op.check_support()
+                return op
+            except UnsupportedError as exc:
+                last = exc
+        raise UnsupportedError(f"no arch builds this variant: {last}")
+
+    def dims_of(self, shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, int, int]:
+        """(accumulator columns, output rows, experts) from the operands' shapes alone (row-major
+        buffers: B (L, N, K), batched A (L, M, K) or (M, K))."""
+        if self.kind == "kgrouped":
+            l = shapes["padded_offsets"][0]
+            return shapes["x_tensor"][1], l * shapes["dy_tensor"][1], l
+        if self.kind == "batched":
+            a = shapes["a_tensor"]
+            return shapes["b_tensor"][-2], (a[0] * a[1] if len(a) == 3 else a[0]), 1
+        return shapes["b_tensor"][1], shapes["a_tensor"][0], shapes["padded_offsets"][0]
+
+    def check_support(self) -> bool:
+        """True when the arch's kernel implements this variant; UnsupportedError says why not."""
+        from ..generator import registry
+        registry.resolve(self.spec.kernel, self.arch, self.variant.choices)
+        return True
+
+    def compile(self) -> "Op":
+        """Compile (or fetch from the cache) and load the kernel (and, for the grouped class, the
+        tail-zeroing kernel its calls launch, so that a first call inside a CUDA-graph capture
+        loads no module); returns self. A fake implementation's trace compiles nothing."""
+        if self._launcher is None and not is_dry():
+            self.check_support()
+            self._launcher = GroupedLauncher.build(self.variant, self.device)
+            if self.kind == "grouped":
+                from .tail import prepare
+                prepare(self.device)
+        return self
+
+    @property
+    def rcp_max(self) -> float:
+        """SFD's 1 / max of the quantized output (0 when nothing is quantized)."""
+        q = [o for o in self.epilogue.outputs if o.quantize is not None]
+        if not q:
+            return 0.0
+        dt = q[0].dtype
+        return E5M2_RCP_MAX[self._e5m2] if dt == "float8_e5m2" else RCP_MAX[dt]
+
+    def widths(self, n: int) -> tuple[int, dict[str, int]]:
+        """(element columns, columns of each output) for a GEMM of N = ``n``."""
+        r = self.epilogue
+        if r.paired_acc and n % 64:
+            raise ArgumentError("b_tensor N", n, "a multiple of 64 (the accumulator holds 32-column gate/up "
+                                                  "block pairs)")
+        if r.paired_any and n % 32:
+            # A partial block's role-1 columns would lie past the row of a paired input or output.
+            raise ArgumentError("b_tensor N", n, "a multiple of 32 (the epilogue reads or writes 32-column "
+                                                  "gate/up blocks)")
+        return r.width(n), r.columns(n)
+
+    # ---------------------------------------------------------------------------------
+    def __call__(self, *operands: Any, inputs: Mapping[str, Any] | None = None, current_stream: Any = None,
+                 input_names: Mapping[str, str] | None = None, **operand_kw: Any) -> TupleDict:
+        """Run and return every output the epilogue declares, by spec name (c, d, d_col, sfd_row,
+        sfd_col, amax, dprob and the spec's own: the present ones; FP8/FP4 outputs as raw bytes,
+        SF buffers physical, amax starting at -inf, dprob at 0).
+
+        Parameters
+        ----------
+        *operands
+            The kernel class's operands (module docstring): ``(a_tensor, padded_offsets,
+            b_tensor)`` for BF16 grouped specs, ``(a_tensor, sfa_tensor, padded_offsets,
+            b_tensor, sfb_tensor)`` block-scaled grouped, ``(a_tensor, b_tensor, sfa_tensor,
+            sfb_tensor)`` batched, ``(dy_tensor, x_tensor, padded_offsets)`` K-grouped; by
+            position or keyword, with ``b_ptrs`` / ``sfb_ptrs`` / ``n`` for discrete weights.
+        inputs : dict, optional
+            The epilogue's inputs by spec name (``fusegemm show SPEC`` lists them): tensors, or
+            Python numbers for scalar inputs.
+        current_stream : stream, optional
+            Where to launch (raw handle, torch.cuda.Stream, ...); default torch's current stream.
+        input_names : dict, optional
+            The caller's argument name of each input, for error messages (a preset's names).
+        """
+        call = self._parse(operands, operand_kw)
+        deferred: list = []
+        values, keep = self._inputs(inputs or {}, call, deferred, input_names)
+        device = self._check_devices(call, deferred)
+        rows_written = self.kind in ("grouped", "kgrouped") and not is_dry()
+        out = alloc_outputs(self.epilogue, *self._dims(call), _device_str(call.a, device),
+                            rows_written=rows_written)
+        if not is_dry():   # a fake implementation's trace: outputs allocated, nothing launched
+            self.compile()
+            self._launch(call, values, {k: t.data_ptr() for k, t in out.items()}, current_stream,
+                         zero=[out[k] for k in self.epilogue.row_buffers() if k in out] if rows_written else None)
+        del keep
+        if self.kind == "kgrouped":   # D_e blocks as (L, M, N)
+            out = {k: (v.view(call.l, call.m_out, call.n) if k in ("c", "d") else v) for k, v in out.items()}
+        return TupleDict(**out)
+
+    def execute(self, *operands: Any, outputs: Mapping[str, Any], inputs: Mapping[str, Any] | None = None,
+                current_stream: Any = None, input_names: Mapping[str, str] | None = None,
+                output_names: Mapping[str, str] | None = None, **operand_kw: Any) -> None:
+        """Run once into the caller's ``outputs`` (by spec name; every buffer the epilogue writes
+        is required). Each is checked against the layout the kernel writes (shape, dtype, dense
+        strides, device, no overlap with another output or an input); amax is reset to -inf and
+        dprob to 0 on the launch stream. Rows at or past the last offset are left as they are.
+
+        Parameters
+        ----------
+        *operands
+            As :meth:`__call__`.
+        outputs : dict
+            The output buffers by spec name: C/D ``(M, N[, 1])`` (FP8 as their dtype or bytes), SF
+            buffers physical or as the kernel-facing view, amax and dprob as the seeds shape them.
+        inputs : dict, optional
+            The epilogue's inputs by spec name.
+        current_stream : stream, optional
+            Where to launch; default torch's current stream.
+        input_names, output_names : dict, optional
+            The caller's argument name of each input and output, for error messages.
+        """
+        from ..runtime.tensors import resolve_stream
+        call = self._parse(operands, operand_kw)
+        deferred: list = []
+        values, keep = self._inputs(inputs or {}, call, deferred, input_names)
+        names = output_names or {}
+        out: dict[str, Any] = {}
+        for key, (shape, store, _) in self.epilogue.buffers(*self._dims(call)).items():
+            out[key] = native_output(outputs.get(key), names.get(key, f"outputs[{key!r}]"), shape, store)
+        check_no_overlap([(names.get(k, f"outputs[{k!r}]"), v) for k, v in out.items()],
+                         [call.a, getattr(call, "b", None), getattr(call, "sfa", None), getattr(call, "sfb", None),
+                          call.offsets] + [v for _, v, _ in deferred])
+        # C / D rows are written with 16-byte vector stores; scales and reductions by word.
+        aligns = [(names.get(k, f"outputs[{k!r}]"), v, 16 if k in self.epilogue.row_buffers() else 4)
+                  for k, v in out.items()]
+        self._check_devices(call, deferred + aligns)
+        if is_dry():
+            return
+        self.compile()
+        stream = resolve_stream(current_stream, self.device)
+        reset(out, stream)
+        self._launch(call, values, {k: v.ptr for k, v in out.items()}, current_stream, zero=None)
+        del keep
+
+    # ---------------------------------------------------------------- operands, by kernel class
+    def _parse(self, operands: tuple, kw: dict[str, Any]) -> Any:
+        """The kernel class's operands, validated (shapes, strides, dtypes; devices: later)."""
+        parse = _PARSERS[self.kind]
+        import inspect
+        try:
+            bound = inspect.signature(parse).bind(self, *operands, **kw)
+        except TypeError as exc:
+            params = [p for p in inspect.signature(parse).parameters if p != "op"]
+            raise ArgumentError("operands", f"{len(operands)} positional, keywords {sorted(kw)}",
+                                f"the {self.kind} operands of {self.spec.name}: {', '.join(params)}",
+                                str(exc)) from None
+        return parse(*bound.args, **bound.kwargs)
+
+    def _dims(self, call: Any) -> tuple[int, int, int]:
+        """(accumulator columns, output rows, experts) of the buffers the epilogue writes."""
+        if self.kind == "kgrouped":
+            return call.n, call.l * call.m_out, call.l
+        if self.kind == "batched":
+            return call.n, call.l * call.m, 1
+        return call.n, call.m, call.l
+
+    def _inputs(self, given: Mapping[str, Any], call: Any, deferred: list,
+                names: Mapping[str, str] | None = None) -> tuple[dict[str, int], list[Any]]:
+        """Validate the epilogue's inputs; their ABI slot values (and what must stay alive).
+
+        Devices and addresses are collected into ``deferred`` as ``(name, view, alignment)``,
+        checked with the operands' after every shape and dtype. ``names``: the caller's argument
+        name of each input in messages (a preset's ``alpha_tensor``); default ``inputs['alpha']``."""
+        r = self.epilogue
+        w = self.widths(call.n)[0] if self.kind != "kgrouped" else call.n
+        m = call.m
+        known = {i.name for i in r.inputs}
+        extra = sorted(set(given) - {i.name for i in self.spec.epilogue.inputs})
+        if extra:
+            raise ArgumentError(f"inputs[{extra[0]!r}]", "given", f"the epilogue's inputs: {', '.join(sorted(known))}")
+        values: dict[str, int] = {}
+        keep: list[Any] = []
+        for inp in r.inputs:
+            x = given.get(inp.name)
+            name = (names or {}).get(inp.name, f"inputs[{inp.name!r}]")
+            if x is None:
+                if inp.default is None:
+                    raise ArgumentError(name, None, f"a {inp.per} input ({inp.dtype}): the epilogue reads it")
+                continue
+            if inp.per == "scalar":
+                if isinstance(x, (int, float)) and not isinstance(x, bool):
+                    x = alloc((1,), "float32", self.device).fill_(float(x))
+                v = args.vector(x, name, 1)
+            elif inp.per == "expert":
+                v = args.vector(x, name, call.l, what="(one value per expert)")
+            elif inp.per == "row":
+                v = args.vector(x, name, m, dtypes=(inp.dtype,), what="(one value per row)")
+            elif inp.per == "column":
+                v = args.bias(x, call.n, call.l, (inp.dtype,))
+                if v.strides[0] != 1 or (call.l > 1 and v.strides[1] != call.n):
+                    raise ArgumentError(f"{name}.stride", v.strides, f"(1, {call.n}): (N, L) with N contiguous")
+            else:
+                width = 2 * w if inp.paired else w
+                v = args.output(x, name, m, width, (inp.dtype,), what=f"(M, {width}) or (M, {width}, 1)")
+                if v.strides[1] != 1 and m:   # an empty C's strides are arbitrary and unused
+                    raise ArgumentError(f"{name}.stride", v.strides, "row-major (stride 1 along columns)")
+                values["ld_c_in"] = v.strides[0]
+            if inp.per in ("row", "expert"):
+                checks.unit_stride(v, name)
+            deferred.append((name, v, 2 if DTYPES[inp.dtype].itemsize == 2 else 4))
+            values[inp.slot] = v.ptr
+            keep.append(x)
+        return values, keep
+
+    def _check_devices(self, call: Any, more: list[tuple[str, Any, int]]) -> int:
+        """Every operand and ``more`` on a_tensor's CUDA device at an aligned address (after all
+        shape and dtype checks); the device ordinal, which must be this op's."""
+        if is_dry():
+            return self.device
+        named = [(nm, getattr(call, attr, None), align) for nm, attr, align in _DEVICE_OPERANDS[self.kind]]
+        first, lead = _LEAD[self.kind]
+        device = checks.require_cuda(call.a, first)
+        checks.same_device([(nm, v) for nm, v, _ in named + list(more) if v is not None], call.a.device)
+        checks.aligned(call.a, first, lead)
+        for nm, v, align in named + list(more):
+            if v is not None:
+                checks.aligned(v, nm, align)
+        if device != self.device:
+            raise ArgumentError(f"{first}.device", f"cuda:{device}", f"cuda:{self.device} (the device this op "
+                                "was built for)")
+        return device
+
+    # ---------------------------------------------------------------- launch
+    def _launch(self, call: Any, values: dict[str, Any], out: Mapping[str, int], current_stream: Any,
+                zero: list | None) -> None:
+        """Encode the maps, pack the parameters and launch on ``current_stream`` (``zero``: row
+        outputs whose rows past the last offset the grouped class zeroes first)."""
+        from ..runtime import config
+        from ..runtime.load import thread_context
+        from ..runtime.tensors import resolve_stream
+        thread_context(self.device)
+        ln = self._launcher
+        stream = resolve_stream(current_stream, self.device)
+        if call.offsets is not None and config.validate_offsets():
+            # Opt-in (FUSEGEMM_VALIDATE_OFFSETS): a host copy of the offsets, never during capture.
+            host = _device.offsets_on_host(call.offsets.obj, stream)
+            if host is not None:
+                args.offsets_values(host, call.t if self.kind == "kgrouped" else call.m,
+                                    "dy_tensor" if self.kind == "kgrouped" else "a_tensor")
+        planned = _PLANS[self.kind](self, call, ln, out)
+        if planned is None:
+            return   # no row tile (an empty A): nothing to map or launch; outputs hold their fills
+        grid, shape, plan_values = planned
+        if zero:
+            from .tail import zero_tail
+            zero_tail(zero, call.offsets.ptr, call.l, call.m, stream, self.device)
+        values.update(plan_values)
+        values.update({"offsets": call.offsets.ptr if call.offsets is not None else 0, "rcp_max": self.rcp_max})
+        values.update(self.epilogue.buffer_params(dict(out), call.n))
+        if self.kind == "batched" and self.variant.cd_major == "m":
+            values["ldc"] = call.m   # C is (L, N, M): rows of M elements
+        values.update(ln.workspace(grid, shape.discrete, stream, current_stream is not None))
+        ln.launch(values, grid, stream)
+
+    # ---------------------------------------------------------------- reference
+    def reference(self, *operands: Any, inputs: Mapping[str, Any] | None = None, **operand_kw: Any) -> Any:
+        """The same call computed on the host by the numpy interpreter (fusegemm/interpret.py) from
+        the correctly rounded FP32 accumulator (float64 products of the dequantized operands,
+        rounded once). Returns the outputs by spec name as numpy arrays (K-grouped: (L * M, N)
+        rows).
+
+        Parameters
+        ----------
+        *operands
+            As :meth:`__call__` (numpy or torch, on any device; dense weights), by position or
+            keyword.
+        inputs : dict, optional
+            The epilogue's inputs by spec name (arrays, tensors or Python numbers).
+        """
+        from ..formats.numpy_dtypes import to_numpy
+        from ..interpret import interpret
+        host = {k: (v if isinstance(v, (int, float)) else to_numpy(v)) for k, v in (inputs or {}).items()}
+        names = _HOST_OPERANDS[self.kind]
+        acc, offsets, m_rows = _ACCUMULATE[self.kind](self, dict(zip(names, _bind(names, operands, operand_kw))))
+        return interpret(self.epilogue, acc, offsets=offsets, m_rows=m_rows, inputs=host,
+                         rcp_max=self.rcp_max or None)
+
+
+def _acc_grouped(op: Op, o: dict[str, Any]) -> tuple[Any, Any, int]:
+    """(FP32 accumulator of every row below the last offset, offsets, rows of A)."""
+    import numpy as np
+
+    from ..reference._operands import parse_grouped
+    g = parse_grouped(a_tensor=o["a_tensor"], b_tensor=o["b_tensor"], b_list=None,
+                      padded_offsets=o["padded_offsets"], m_aligned=args.M_ALIGNED, acc="float64",
+                      sfa_tensor=o.get("sfa_tensor"), sfb_tensor=o.get("sfb_tensor"),
+                      sf_vec_size=op.variant.sf_vec_size if op.kind == "scaled" else None)
+    return g.accumulate(), g.offsets.astype(np.int64), g.m
+
+
+def _acc_kgrouped(op: Op, o: dict[str, Any]) -> tuple[Any, Any, int]:
+    """Each expert's dY_e^T X_e stacked as (L * M, N), expert e owning rows [e M, (e + 1) M)."""
+    import numpy as np
+
+    from ..formats.numpy_dtypes import to_numpy
+    dy_tensor, x_tensor, padded_offsets = o["dy_tensor"], o["x_tensor"], o["padded_offsets"]
+    dy = to_numpy(dy_tensor).astype(np.float64)
+    x = to_numpy(x_tensor).astype(np.float64)
+    off = to_numpy(padded_offsets).astype(np.int64)
+    args.offsets_values([int(v) for v in off], dy.shape[0], "dy_tensor")
+    l, m, n = off.size, dy.shape[1], x.shape[1]
+    acc = np.zeros((l * m, n), dtype=np.float32)
+    start = 0
+    for e, end in enumerate(off):
+        acc[e * m:(e + 1) * m] = (dy[start:end].T @ x[start:end]).astype(np.float32)
+        start = int(end)
+    return acc, np.arange(1, l + 1, dtype=np.int64) * m, l * m
+
+
+def _acc_batched(op: Op, o: dict[str, Any]) -> tuple[Any, Any, int]:
+    raise UnsupportedError("Op.reference: batched specs have the seed's reference, fusegemm.reference.gemm_amax")
+
+
+_HOST_OPERANDS = {"grouped": ("a_tensor", "padded_offsets", "b_tensor"),
+                  "scaled": ("a_tensor", "sfa_tensor", "padded_offsets", "b_tensor", "sfb_tensor"),
+                  "kgrouped": ("dy_tensor", "x_tensor", "padded_offsets"),
+                  "batched": ("a_tensor", "b_tensor", "sfa_tensor", "sfb_tensor")}
+_ACCUMULATE = {"grouped": _acc_grouped, "scaled": _acc_grouped, "kgrouped": _acc_kgrouped,
+               "batched": _acc_batched}
+
+
+def _bind(names: tuple[str, ...], operands: tuple, kw: Mapping[str, Any]) -> list[Any]:
+    """``names``' values from positional ``operands`` then keywords (None where absent)."""
+    vals = list(operands) + [None] * (len(names) - len(operands))
+    if len(operands) > len(names):
+        raise ArgumentError("operands", len(operands), f"at most {len(names)}: {', '.join(names)}")
+    for i, nm in enumerate(names):
+        if nm in kw:
+            vals[i] = kw[nm]
+    unknown = sorted(set(kw) - set(names))
+    if unknown:
+        raise ArgumentError(unknown[0], "given", ", ".join(names))
+    return vals
+
+
+def _device_str(a: Any, device: int) -> str:
+    kind, index = a.device
+    return f"cuda:{device}" if kind == "cuda" else (kind if index < 0 else f"{kind}:{index}")
+
+
+# ---------------------------------------------------------------- operands of each kernel class
+def _parse_grouped(op: Op, a_tensor: Any, padded_offsets: Any, b_tensor: Any = None, *, b_ptrs: Any = None,
+                   n: int | None = None) -> Any:
+    b_major = op.variant.b_major
+    call = parse_call(a_tensor, padded_offsets, None, b_tensor, b_ptrs, None, None,
+                      ab_dtypes=("bfloat16",), bias_dtypes=(), n=n, alpha_required=False,
+                      b_major=b_major, b_majors=(b_major,), devices=False)
+    if (call.b_ptrs is not None) != (op.variant.weight_mode == "discrete"):
+        raise ArgumentError("b_tensor/b_ptrs", "b_ptrs" if call.b_ptrs is not None else "b_tensor",
+                            f"the {op.variant.weight_mode} weights this op was built for")
+    return call
+
+
+class _KCall:
+    """Validated K-grouped operands (``m``: rows of the dY^T tile, ``m_out``: M of one expert)."""
+
+    def __init__(self, a: Any, b: Any, offsets: Any, t: int, m: int, n: int, l: int) -> None:
+        self.a, self.b, self.offsets = a, b, offsets
+        self.t, self.m_out, self.n, self.l = t, m, n, l
+        self.m = l * m    # rows of the (L * M, N) output the epilogue writes
+
+
+def _token_major(x: Any, name: str, t: int | None) -> Any:
+    """A (T, C) bfloat16 operand, C contiguous, 16-byte row pitch, T a multiple of 256."""
+    v = args.tensor(x, name, ndims=(2,), dtypes=("bfloat16",))
+    rows, cols = v.shape
+    if t is not None and rows != t:
+        raise ArgumentError(f"{name}.shape[0]", rows, f"{t} (the token rows of dy_tensor)")
+    if rows % args.M_ALIGNED:
+        raise ArgumentError(f"{name}.shape[0]", rows, f"a multiple of {args.M_ALIGNED} (padded token rows)")
+    if cols < 8 or cols % 8:
+        raise ArgumentError(f"{name}.shape[1]", cols, "a multiple of 8, at least 8 (16-byte rows)")
+    if rows and (v.strides[1] != 1 or v.strides[0] < cols):
+        raise ArgumentError(f"{name}.stride", v.strides, f"row-major: (at least {cols}, 1)")
+    checks.row_pitch_aligned(v.strides[0], DTYPES[v.dtype].itemsize, name)
+    return v
+
+
+def _parse_kgrouped(op: Op, dy_tensor: Any, x_tensor: Any, padded_offsets: Any) -> _KCall:
+    dy = _token_major(dy_tensor, "dy_tensor", None)
+    t, m = dy.shape
+    x = _token_major(x_tensor, "x_tensor", t)
+    off, l = args.offsets(padded_offsets)
+    tm = op.variant.tile_m
+    if m % tm or m == 0:
+        raise ArgumentError("dy_tensor.shape[1]", m, f"a positive multiple of {tm} (the tile's M: each "
+                                                     f"expert's (M, N) block is whole tiles)")
+    checks.unit_stride(off, "padded_offsets")
+    return _KCall(dy, x, off, t, m, x.shape[1], l)
+
+
+def _check_format(op: Op, call: Any) -> None:
+    """Block-scaled operands are of the format this op was built for."""
+    v = op.variant
+    if ab_axis(call.ab) != v.ab_dtype:
+        raise ArgumentError("a_tensor.dtype", call.ab, f"{v.ab_dtype} (the A/B format this op was built for)")
+    if SF_AXIS[call.sf] != v.sf_dtype:
+        raise ArgumentError("sfa_tensor.dtype", call.sf, f"{v.sf_dtype} scales (this op's sf_dtype)")
+    if call.discrete != (getattr(v, "weight_mode", "dense") == "discrete"):
+        raise ArgumentError("b_tensor/b_ptrs", "b_ptrs" if call.discrete else "b_tensor",
+                            f"the {v.weight_mode} weights this op was built for")
+
+
+def _parse_scaled(op: Op, a_tensor: Any, sfa_tensor: Any, padded_offsets: Any, b_tensor: Any = None,
+                  sfb_tensor: Any = None, *, b_ptrs: Any = None, sfb_ptrs: Any = None, n: int | None = None) -> Any:
+    call = parse_scaled(a_tensor, sfa_tensor, padded_offsets, b_tensor, sfb_tensor, b_ptrs, sfb_ptrs, n,
+                        op.variant.sf_vec_size)
+    _check_format(op, call)
+    return call
+
+
+def _parse_batched(op: Op, a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_tensor: Any) -> Any:
+    call = parse_batched(a_tensor, b_tensor, sfa_tensor, sfb_tensor, op.variant.sf_vec_size)
+    _check_format(op, call)
+    return call
+
+
+_PARSERS = {"grouped": _parse_grouped, "kgrouped": _parse_kgrouped, "scaled": _parse_scaled,
+            "batched": _parse_batched}
+# The first operand's name and base alignment, and the other operands checked for device and
+# alignment: (argument name, attribute of the call, bytes).
+_LEAD = {"grouped": ("a_tensor", 16), "kgrouped": ("dy_tensor", 16), "scaled": ("a_tensor", 16),
+         "batched": ("a_tensor", 16)}
+_DEVICE_OPERANDS = {
+    "grouped": (("padded_offsets", "offsets", 4), ("b_tensor", "b", 16), ("b_ptrs", "b_ptrs", 8)),
+    "kgrouped": (("x_tensor", "b", 16), ("padded_offsets", "offsets", 4)),
+    "scaled": (("padded_offsets", "offsets", 4), ("b_tensor", "b", 16), ("b_ptrs", "b_ptrs", 8),
+               ("sfb_ptrs", "sfb_ptrs", 8), ("sfa_tensor", "sfa", 16), ("sfb_tensor", "sfb", 16)),
+    "batched": (("b_tensor", "b", 16), ("sfa_tensor", "sfa", 16), ("sfb_tensor", "sfb", 16)),
+}
+
+
+# ---------------------------------------------------------------- launch plans: maps, scalars, grid
+def _plan_grouped(op: Op, call: Any, ln: GroupedLauncher, out: Mapping[str, int]) -> Any:
+    s = shape_of(call)
+    if s.m < op.variant.tile_m:
+        # No row tile: M is a multiple of 256, so M = 0 and the row outputs have no rows to zero.
+        return None
+    return ln.grid(s), s, {**ln.maps(s, call.a.ptr, call.b.ptr if call.b is not None else 0), **ln.scalars(s),
+                           "b_ptrs": call.b_ptrs.ptr if call.b_ptrs is not None else 0}
+
+
+def _plan_kgrouped(op: Op, call: _KCall, ln: GroupedLauncher, out: Mapping[str, int]) -> Any:
+    from .launcher import GroupedShape
+    from .prepared import persistent_grid
+    c, tiled, item = ln.contract, ln.tmaps.tiled, DTYPES["bfloat16"].itemsize
+    m, n, t = call.m_out, call.n, call.t
+    # No tokens at all (an expert-parallel rank that received none): every tile has an empty K
+    # range and loads nothing, but a tensor map needs a real extent and address; an output
+    # buffer (at least M x N elements) stands in for both operands.
+    a_ptr, b_ptr, a_ld, b_ld, rows = call.a.ptr, call.b.ptr, call.a.strides[0], call.b.strides[0], t
+    if t == 0:
+        a_ptr = b_ptr = out["d"] if "d" in out else next(iter(out.values()))
+        a_ld, b_ld, rows = m, n, 1
+    s = GroupedShape(m=call.l * m, n=n, k=t, l=call.l, a_ld=a_ld, b_sn=b_ld, b_sl=0, discrete=False)
+    values = {"tma_a": tiled(a_ptr, ln.tma_dtype, (m, rows), (a_ld * item,), (c.box_a_inner, c.box_a_outer),
+                             c.swizzle_a),
+              "tma_b": tiled(b_ptr, ln.tma_dtype, (n, rows), (b_ld * item,), (c.box_b_inner, c.box_b_outer),
+                             c.swizzle_b),
+              "m_rows": m, "n": n, "k": t, "num_experts": call.l, "cluster_m": 1, "cluster_n": 1, "b_ptrs": 0}
+    grid = persistent_grid(call.l * m, n, ln.tile, c.ctas_per_tile, ln.cluster, ln.sms)   # (L * M, N) tiles
+    return grid, s, values
+
+
+def _plan_scaled(op: Op, call: Any, ln: GroupedLauncher, out: Mapping[str, int]) -> Any:
+    from .launcher import GroupedShape
+    tile_m = op.variant.tile_m
+    # Batched: the grid covers L * ceil(M / TILE_M) row blocks; m_rows is M of one batch.
+    rows = call.l * -(-call.m // tile_m) * tile_m if call.batched else call.m
+    s = GroupedShape(m=rows, n=call.n, k=call.k, l=call.l, a_ld=call.a.strides[0], b_sn=call.b_strides[0],
+                     b_sl=call.b_strides[1], discrete=call.discrete)
+    if rows < tile_m:
+        return None
+    values = {**scaled_maps(ln, call), **ln.scalars(s), "m_rows": call.m,
+              "b_ptrs": call.b_ptrs.ptr if call.b_ptrs is not None else 0,
+              "sfb_ptrs": call.sfb_ptrs.ptr if call.sfb_ptrs is not None else 0}
+    return ln.grid(s), s, values
+
+
+def scaled_maps(ln: GroupedLauncher, call: Any) -> dict[str, bytes]:
+    """A, B, SFA and SFB tensor maps of block-scaled operands, boxes and swizzles from the kernel's
+    contract (scale atoms of 512 bytes, :mod:`fusegemm.formats.scales`)."""
+    atom = 512
+    c, tiled = ln.contract, ln.tmaps.tiled
+    kb, m, n, l = call.k_bytes, call.m, call.n, call.l
+    box_a, box_b = (c.box_a_inner, c.box_a_outer), (c.box_b_inner, c.box_b_outer)
+    if call.batched:
+        a = tiled(call.a.ptr, "uint8", (kb, m, l), (call.a.strides[0], call.a_lstride), box_a + (1,), c.swizzle_a)
+    else:
+        a = tiled(call.a.ptr, "uint8", (kb, m), (call.a.strides[0],), box_a, c.swizzle_a)
+    if call.discrete:
+        # Templates of the per-expert maps the kernel rewrites on the device: any aligned address
+        # will do (A's is one).
+        b = tiled(call.a.ptr, "uint8", (kb, n), (kb,), box_b, c.swizzle_b)
+    else:
+        b = tiled(call.b.ptr, "uint8", (kb, n, l), call.b_strides, box_b + (1,), c.swizzle_b)
+    kt, mt, nt = -(-call.sfk // 4), -(-m // 128), -(-n // 128)
+    box_sfa, box_sfb = (128, c.sf_box_k, 1, 1), (128, c.sf_box_k, c.sf_box_nb, 1)
+    sfa = tiled(call.sfa.ptr, "uint32", (128, kt, mt, l if call.batched else 1),
+                (atom, kt * atom, mt * kt * atom), box_sfa, 0)
+    sfb_base, sfb_l = (call.sfa.ptr, 1) if call.discrete else (call.sfb.ptr, l)
+    sfb = tiled(sfb_base, "uint32", (128, kt, nt, sfb_l), (atom, kt * atom, nt * kt * atom), box_sfb, 0)
+    return {"tma_a": a, "tma_b": b, "tma_sfa": sfa, "tma_sfb": sfb}
+
+
+_PLANS = {"grouped": _plan_grouped, "kgrouped": _plan_kgrouped, "scaled": _plan_scaled, "batched": _plan_scaled}
+
+
+# ---------------------------------------------------------------- caller-owned outputs
+def _extent(v: Any) -> tuple[int, int]:
+    """[first, last] byte addresses a view touches."""
+    span = sum((d - 1) * abs(s) for d, s in zip(v.shape, v.strides) if d > 0) if v.numel() else -1
+    return v.ptr, v.ptr + (span + 1) * max(v.itemsize, 1) - 1
+
+
+def _squeezed(shape: Any) -> list[int]:
+    """Extents other than 1: the seed's (M, N, 1) and the kernel's (M, N) hold the same data."""
+    return [int(d) for d in shape if d != 1]
+
+
+def native_output(x: Any, name: str, shape: tuple[int, ...], store: str) -> Any:
+    """The caller's output ``x`` (seed layout) as the dense buffer the kernel writes: C/D
+    ``(M, N[, 1])`` rows, FP8 as its bytes, SF as the physical atoms, amax ``(L, slots[, 1])``,
+    dprob ``(M[, 1, 1])``."""
+    import torch
+
+    from ..runtime.tensors import TensorView, dense_strides, view
+    if x is None:
+        raise ArgumentError(name, None, f"a tensor (the kernel writes {shape} {store} here)")
+    if type(x) is TensorView:   # a buffer described already (an XLA result): exactly the kernel's
+        if tuple(x.shape) != tuple(shape) or x.dtype != store or tuple(x.strides) != dense_strides(tuple(shape)):
+            raise ArgumentError(name, x, f"a dense {shape} {store} buffer (the layout the kernel writes)")
+        return x
+    from ..formats.scales import sf_from_kernel_view
+    v = view(x, name)
+    t = x
+    if len(shape) == 6 and v.ndim == 6 and tuple(v.shape[3:]) != (32, 4, 4):
+        t = sf_from_kernel_view(t)                       # kernel-facing SF view -> physical atoms
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu, torch.int8):
+        t = t.view(torch.uint8)
+    if tuple(t.shape) != tuple(shape) and _squeezed(t.shape) == _squeezed(shape):
+        try:
+            t = t.view(shape)                            # (M, N, 1) -> (M, N), (M, 1, 1) -> (M,), ...
+        except RuntimeError:
+            raise ArgumentError(f"{name}.stride", tuple(v.strides), "the dense layout the kernel writes "
+                                "(as the wrapper returns it)") from None
+    got = view(t, name)
+    if tuple(got.shape) != tuple(shape):
+        raise ArgumentError(f"{name}.shape", tuple(v.shape), f"the layout the kernel writes ({shape} {store}, "
+                            "or its seed view)")
+    if got.dtype != store:
+        raise ArgumentError(f"{name}.dtype", v.dtype, f"{store} storage (the op's output dtype)")
+    if not t.is_contiguous():
+        raise ArgumentError(f"{name}.stride", tuple(v.strides), "the dense layout the kernel writes "
+                            "(as the wrapper returns it)")
+    return got
+
+
+def check_no_overlap(outputs: list[tuple[str, Any]], inputs: list[Any]) -> None:
+    """No output shares memory with a later output or with an input (named by the first)."""
+    for i, (name, v) in enumerate(outputs):
+        lo, hi = _extent(v)
+        for other, w in outputs[i + 1:]:
+            wlo, whi = _extent(w)
+            if lo <= whi and wlo <= hi:
+                raise ArgumentError(name, "memory shared with " + other, "its own buffer")
+        for inp in inputs:
+            if inp is None:
+                continue
+            ilo, ihi = _extent(inp)
+            if lo <= ihi and ilo <= hi:
+                raise ArgumentError(name, "memory shared with an input", "its own buffer (outputs may not "
+                                    "alias inputs)")
+
+
+def reset(out: Mapping[str, Any], stream: int) -> None:
+    """amax to -inf and dprob to 0 before the kernel's atomics accumulate into them."""
+    from ..runtime.load import check, driver
+    for key, bits in RESET_BITS.items():
+        if key in out:
+            v = out[key]
+            check(driver().cuMemsetD32Async(v.ptr, bits, v.numel(), stream), "cuMemsetD32Async")

@@ -1,0 +1,249 @@
+"""The operands of the block-scaled kernel classes, validated for the GPU: MXFP8 (e4m3 / e5m2 A
+and B with E8M0 scales per 32 K; packed FP4 on sm_100a), A ``(M, K, 1)`` or ``(M, K)`` K-major,
+dense B ``(N, K, L)`` or ``(L, N, K)`` K-major or discrete per-expert weights (``b_ptrs`` /
+``sfb_ptrs``), scale factors in the 32x4x4 atom layout of :mod:`fusegemm.formats.scales` given as
+the kernel-facing view, the physical buffer or a flat buffer (each a view of the same dense
+bytes). Shapes, strides and dtypes are checked here; devices and addresses by the engine
+(fusegemm/ops/engine.py), after every other argument.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import arguments as args
+from ..base.errors import ArgumentError, UnsupportedError
+from ..formats.scales import sf_physical_shape, sf_view_shape
+from ..runtime.tensors import TensorView, dense_strides
+from . import checks
+
+FAMILIES = ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax")
+# Packed FP4 A/B (two E2M1 values per byte, the even element in the low nibble): raw uint8 bytes
+# or torch.float4_e2m1fn_x2, the two spellings the seeds list; the kernels read the bytes either way.
+FP4_DTYPES = ("uint8", "float4_e2m1fn_x2")
+AB_DTYPES = ("float8_e4m3fn", "float8_e5m2") + FP4_DTYPES
+SF_DTYPES = ("float8_e8m0fnu", "uint8", "int8", "float8_e4m3fn")  # raw bytes are E8M0
+SF_AXIS = {"float8_e8m0fnu": "float8_e8m0fnu", "uint8": "float8_e8m0fnu", "int8": "float8_e8m0fnu",
+           "float8_e4m3fn": "float8_e4m3fn"}
+ATOM_BYTES = 512
+
+
+def ab_axis(dtype: str) -> str:
+    """The ``ab_dtype`` axis value of an A/B tensor dtype (raw uint8 bytes are packed FP4)."""
+    return "float4_e2m1fn_x2" if dtype in FP4_DTYPES else dtype
+
+
+def same_format(dtype: str) -> tuple[str, ...]:
+    """The tensor dtypes of A/B in ``dtype``'s format (B must match A: either FP4 spelling)."""
+    return FP4_DTYPES if dtype in FP4_DTYPES else (dtype,)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# MN-major FP8 A/B (seed 004's a_major 'm' / b_major 'n', seed 000's N-major dense B): valid for
+# those ops and read by the sm_100a kernels (registry source axes a_major / b_major), but no host
+# path encodes their tensor maps yet (K-major maps only); sm_90a's FP8 WGMMA reads K-major only.
+# So such an operand is an UnsupportedError (the arch or fusegemm lacks it), not an ArgumentError;
+# packed FP4 A/B are K-major on every arch (an ArgumentError).
+MN_MAJOR_UNSUPPORTED = ("the sm_100a kernels read MN-major FP8 operands, but fusegemm's host launch path encodes "
+                        "K-major tensor maps only, and sm_90a's FP8 WGMMA reads K-major operands only")
+
+
+def is_mn_major(strides: tuple[int, ...], shape: tuple[int, ...], mn_dim: int, k_dim: int) -> bool:
+    """Whether an operand has unit stride along its rows (M or N) instead of along K."""
+    return strides[k_dim] != 1 and shape[mn_dim] > 1 and strides[mn_dim] == 1
+
+
+def not_k_major(name: str, v: TensorView, strides: tuple[int, ...], mn_major: bool, hint: str) -> Exception:
+    """The error for an A/B operand that is not K-major: UnsupportedError for an MN-major FP8 one
+    (valid for seed 004 / seed 000; see MN_MAJOR_UNSUPPORTED), ArgumentError otherwise."""
+    if mn_major and v.dtype not in FP4_DTYPES:
+        return UnsupportedError(f"{name}.stride: got {tuple(strides)} (MN-major {v.dtype}); {MN_MAJOR_UNSUPPORTED}; "
+                                f"pass a K-major {name}", axis="a_major" if name == "a_tensor" else "b_major")
+    what = "packed FP4 is K-major on every arch" if mn_major else "stride 1 along K"
+    return ArgumentError(f"{name}.stride", tuple(strides), f"K-major ({what})", hint)
+
+
+def sf_buffer(x: Any, name: str, mn: int, sfk: int, l: int) -> TensorView:
+    """A scale-factor buffer for ``(l, mn, sfk)`` scales: the kernel-facing 6-D view, the physical
+    6-D buffer or a flat 1-D buffer, each over the dense physical bytes (formats/scales.py)."""
+    from ..formats.scales import _TO_VIEW  # the view's axis order, defined once there
+    v = args.tensor(x, name, ndims=(1, 6), dtypes=SF_DTYPES)
+    phys = sf_physical_shape(mn, sfk, l)
+    view_shape = sf_view_shape(mn, sfk, l)
+    dense = dense_strides(phys)
+    size = 1
+    for d in phys:
+        size *= d
+    shape = tuple(v.shape)
+    if shape == phys:
+        want = dense
+    elif shape == view_shape:
+        want = tuple(dense[i] for i in _TO_VIEW)
+    elif shape == (size,):
+        want = (1,)
+    else:
+        raise ArgumentError(f"{name}.shape", shape, f"the kernel-facing view {view_shape}, the physical buffer "
+                            f"{phys} or a flat ({size},) buffer (scales of mn={mn}, sfk={sfk}, L={l})")
+    if size and any(s != w for s, w, d in zip(v.strides, want, shape) if d > 1):   # empty: arbitrary, unused
+        raise ArgumentError(f"{name}.stride", tuple(v.strides), f"{want}: a view of the dense physical atom "
+                            "buffer", "build it with fusegemm.formats.pack_sf (and sf_to_kernel_view)")
+    return v
+
+
+@dataclass
+class ScaledCall:
+    """One validated set of block-scaled grouped operands."""
+
+    m: int
+    n: int
+    k: int              # elements
+    k_bytes: int        # stored K extent (packed FP4: K / 2)
+    sfk: int            # scale blocks along K
+    l: int
+    ab: str             # A/B tensor dtype name
+    sf: str             # scale dtype name
+    a: TensorView
+    offsets: TensorView | None
+    b: TensorView | None
+    b_strides: tuple[int, int]   # dense: (N, L) strides in bytes
+    b_ptrs: TensorView | None
+    sfb_ptrs: TensorView | None
+    sfa: TensorView
+    sfb: TensorView | None
+    canonical: bool
+    batched: bool = False   # gemm_amax: L batches of M rows (offsets unused, A (M, K, L))
+    a_lstride: int = 0      # batched: A's batch stride in bytes
+
+    @property
+    def discrete(self) -> bool:
+        return self.b_ptrs is not None
+
+
+def _pointer_table(x: Any, name: str, l: int) -> TensorView:
+    v = args.tensor(x, name, ndims=(1,), dtypes=("int64", "uint64"))
+    if tuple(v.shape) != (l,):
+        raise ArgumentError(f"{name}.shape", tuple(v.shape), f"({l},): one pointer per expert")
+    checks.unit_stride(v, name)
+    return v
+
+
+def parse_scaled(a_tensor: Any, sfa_tensor: Any, padded_offsets: Any, b_tensor: Any, sfb_tensor: Any,
+                 b_ptrs: Any, sfb_ptrs: Any, n: Any, sf_vec_size: int) -> ScaledCall:
+    """Validate block-scaled grouped operands: shapes, dtypes and strides (devices and addresses:
+    :func:`check_devices`, after every other argument)."""
+    r = args.rows(a_tensor, AB_DTYPES)
+    a, m, kb = r.a, r.m, r.k_stored
+    ab = a.dtype
+    if a.strides[1] != 1 and kb > 1 and m:   # an empty A's strides are arbitrary and unused
+        raise ArgumentError("a_tensor.stride", a.strides, "K-major (stride 1 along K)", "pass a_tensor.contiguous()")
+    if kb < 16 or kb % 16:
+        raise ArgumentError("a_tensor.shape[1] (K bytes)", kb, "a multiple of 16 bytes, at least 16 (TMA rows)")
+    if m:
+        checks.row_pitch_aligned(a.strides[0], 1, "a_tensor.stride[0]")
+    k = 2 * kb if ab in FP4_DTYPES else kb
+    off, l = args.offsets(padded_offsets)
+    checks.unit_stride(off, "padded_offsets")
+
+    discrete = b_ptrs is not None or sfb_ptrs is not None
+    if (b_tensor is None) != discrete:
+        raise ArgumentError("b_tensor/b_ptrs", "both" if b_tensor is not None else "neither",
+                            "exactly one of b_tensor (dense) and b_ptrs + sfb_ptrs (discrete)")
+    b = bp = sbp = None
+    b_strides = (0, 0)
+    if b_tensor is not None:
+        db = args.dense_b(b_tensor, kb, l, same_format(ab))
+        b, (sn, sk, sl) = db.b, db.strides
+        if sk != 1:
+            raise not_k_major("b_tensor", b, b.strides, is_mn_major((sn, sk), (db.n, kb), 0, 1),
+                              "weights must be K-major")
+        if n is not None and n != db.n:
+            raise ArgumentError("n", n, f"None or {db.n} (b_tensor's N)")
+        n = db.n
+        checks.row_pitch_aligned(sn, 1, "b_tensor N stride")
+        if l > 1:
+            checks.row_pitch_aligned(sl, 1, "b_tensor expert stride")
+        b_strides = (sn, sl if l > 1 else sn * n)
+        if sfb_tensor is None:
+            raise ArgumentError("sfb_tensor", None, "a tensor", "dense weights need their scale factors")
+    else:
+        if b_ptrs is None or sfb_ptrs is None:
+            missing = "b_ptrs" if b_ptrs is None else "sfb_ptrs"
+            raise ArgumentError(missing, None, "an (L,) int64 tensor of device pointers",
+                                "discrete weights need both b_ptrs and sfb_ptrs")
+        if sfb_tensor is not None:
+            raise ArgumentError("sfb_tensor", "a tensor", "None with discrete weights (sfb_ptrs holds their scales)")
+        bp = _pointer_table(b_ptrs, "b_ptrs", l)
+        sbp = _pointer_table(sfb_ptrs, "sfb_ptrs", l)
+        if n is None or isinstance(n, bool) or not isinstance(n, int):
+            raise ArgumentError("n", repr(n), "an int (N, rows of each expert's (N, K) weight)",
+                                "discrete weights need n=")
+    if n < 8 or n % 8:
+        raise ArgumentError("n (N)", n, "a multiple of 8, at least 8 (16-byte output rows)")
+
+    sfk = _ceil(k, sf_vec_size)
+    sfa = sf_buffer(sfa_tensor, "sfa_tensor", m, sfk, 1)
+    sfb = sf_buffer(sfb_tensor, "sfb_tensor", n, sfk, l) if sfb_tensor is not None else None
+    if sfb is not None and SF_AXIS[sfb.dtype] != SF_AXIS[sfa.dtype]:
+        raise ArgumentError("sfb_tensor.dtype", sfb.dtype, f"{sfa.dtype} or raw bytes (the scale type of sfa_tensor)")
+
+    call = ScaledCall(m=m, n=n, k=k, k_bytes=kb, sfk=sfk, l=l, ab=ab, sf=sfa.dtype, a=a, offsets=off, b=b,
+                      b_strides=b_strides, b_ptrs=bp, sfb_ptrs=sbp, sfa=sfa, sfb=sfb, canonical=r.canonical)
+    return call
+
+
+def _batched_operand(x: Any, name: str, dtypes: tuple[str, ...]) -> tuple[TensorView, int, int, int, int, int]:
+    """A or B of seed 004 as (view, rows, K bytes, L, row stride, batch stride) from the kernel-facing
+    ``(rows, K, L)`` or a 2-D ``(rows, K)``; K-major (the sm_90a kernels' and the wrapper's layout)."""
+    v = args.tensor(x, name, ndims=(2, 3), dtypes=dtypes)
+    rows, kb = v.shape[0], v.shape[1]
+    l = v.shape[2] if v.ndim == 3 else 1
+    if v.strides[1] != 1 and kb > 1:
+        raise not_k_major(name, v, v.strides, is_mn_major(v.strides, v.shape, 0, 1), f"pass a K-major {name}")
+    if rows < 1:
+        raise ArgumentError(f"{name}.shape", tuple(v.shape), "at least one row")
+    checks.row_pitch_aligned(v.strides[0], 1, f"{name}.stride[0]")
+    lstride = v.strides[2] if v.ndim == 3 and l > 1 else v.strides[0] * rows
+    checks.row_pitch_aligned(lstride, 1, f"{name}.stride[2]")
+    return v, rows, kb, l, v.strides[0], lstride
+
+
+def parse_batched(a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_tensor: Any, sf_vec_size: int) -> ScaledCall:
+    """Validate seed 004's operands: A (M, K, L), B (N, K, L) (or 2-D for L = 1), their scales
+    (devices and addresses: :func:`check_devices`)."""
+    a, m, kb, l, a_ld, a_ls = _batched_operand(a_tensor, "a_tensor", AB_DTYPES)
+    if kb < 16 or kb % 16:
+        raise ArgumentError("a_tensor.shape[1] (K bytes)", kb, "a multiple of 16 bytes, at least 16 (TMA rows)")
+    b, n, kbb, lb, b_ld, b_ls = _batched_operand(b_tensor, "b_tensor", same_format(a.dtype))
+    if kbb != kb or lb != l:
+        two_d = f" or (N, {kb})" if l == 1 else ""
+        raise ArgumentError("b_tensor.shape", tuple(b.shape), f"(N, {kb}, {l}){two_d} (K and L from a_tensor)")
+    if n < 8 or n % 8:
+        raise ArgumentError("b_tensor.shape[0] (N)", n, "a multiple of 8, at least 8 (16-byte output rows)")
+    k = 2 * kb if a.dtype in FP4_DTYPES else kb
+    sfk = _ceil(k, sf_vec_size)
+    sfa = sf_buffer(sfa_tensor, "sfa_tensor", m, sfk, l)
+    sfb = sf_buffer(sfb_tensor, "sfb_tensor", n, sfk, l)
+    if SF_AXIS[sfb.dtype] != SF_AXIS[sfa.dtype]:
+        raise ArgumentError("sfb_tensor.dtype", sfb.dtype, f"{sfa.dtype} or raw bytes (the scale type of sfa_tensor)")
+    return ScaledCall(m=m, n=n, k=k, k_bytes=kb, sfk=sfk, l=l, ab=a.dtype, sf=sfa.dtype, a=a, offsets=None,
+                      b=b, b_strides=(b_ld, b_ls), b_ptrs=None, sfb_ptrs=None, sfa=sfa, sfb=sfb,
+                      canonical=a.ndim == 2, batched=True, a_lstride=a_ls)
+
+
+def check_devices(call: ScaledCall, more: list[tuple[str, TensorView, int]] = ()) -> int:
+    """Every operand (and ``more``: (name, view, alignment)) on a_tensor's CUDA device at an
+    aligned address; the device ordinal."""
+    named = [("padded_offsets", call.offsets, 4), ("b_tensor", call.b, 16), ("b_ptrs", call.b_ptrs, 8),
+             ("sfb_ptrs", call.sfb_ptrs, 8), ("sfa_tensor", call.sfa, 16), ("sfb_tensor", call.sfb, 16), *more]
+    device = checks.require_cuda(call.a, "a_tensor")
+    checks.same_device([(nm, v) for nm, v, _ in named if v is not None], call.a.device)
+    checks.aligned(call.a, "a_tensor", 16)
+    for nm, v, align in named:
+        if v is not None:
+            checks.aligned(v, nm, align)
+    return device
+
+

@@ -1,0 +1,291 @@
+"""fusegemm.Op, the one engine, on the GPU: a user's spec of each kernel class (BF16 grouped with a
+column bias and a row scale; MXFP8 block-scaled with SFD quantization and amax; K-grouped) runs
+through ``fusegemm.Op``, through its torch op (``fusegemm.torch_library.register``) under
+``torch.compile(fullgraph=True)``, and through ``jax.jit`` (``fusegemm.jax_ffi.spec_op``); each
+is checked against the numpy interpreter (``Op.reference``) and an independent formula, and the
+three faces give the same bytes. ``execute`` writes the same bytes into caller outputs.
+
+Exact-value problems (``values="integer"``: every product and partial sum is exact in FP32) make
+the block-scaled comparisons bit-exact; the BF16 ones use random normal data and tolerances.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # share the GPU with torch
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+torch = pytest.importorskip("torch")
+
+import fusegemm  # noqa: E402
+from fusegemm.problems import make_grouped_problem  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+BF16_SPEC = """\
+schema: 2
+name: user_gelu_bias
+kernel: grouped_gemm
+problem: grouped
+summary: GELU-tanh of alpha * acc plus a column bias, times a row scale.
+epilogue:
+  inputs:
+    row_scale: {per: row}
+    bias: {per: column, dtype: bfloat16}
+    alpha: {per: expert}
+  compute:
+    - g = gelu_tanh(fma(acc, alpha, bias)) * row_scale
+  outputs:
+    d: {dtype: d_dtype, value: g}
+choices:
+  ab_dtype: [bfloat16]
+  d_dtype: [bfloat16, float32]
+  weight_mode: [dense]
+  b_major: [k]
+  scheduler: [static]
+  tile_m: [64, 128, 256]
+  tile_n: [128, 256]
+  cluster_m: [1, 2]
+  cluster_n: [1]
+constraints:
+  - if: {tile_m: 256}
+    then: {cluster_m: [2]}
+    because: "2-CTA tiles"
+defaults: {d_dtype: float32, weight_mode: dense, b_major: k, scheduler: static, tile_m: 256, tile_n: 256,
+           cluster_m: 2, cluster_n: 1}
+prebuild: [{}]
+"""
+
+MX_SPEC = """\
+schema: 2
+name: user_srelu2_mx
+kernel: grouped_gemm_srelu
+problem: grouped
+summary: sReLU squared with MXFP8 row quantization and a per-expert amax.
+epilogue:
+  inputs:
+    prob: {per: row}
+    alpha: {per: expert}
+    norm_const: {per: scalar}
+  compute:
+    - r = relu(acc * alpha)
+    - d = square(square(r)) * prob
+  outputs:
+    d: {dtype: d_dtype, quantize: {row: true, norm_const: norm_const, convention: quant}}
+  reductions:
+    - {name: amax, kind: amax, of: d, scope: expert}
+choices:
+  ab_dtype: [float8_e4m3fn]
+  sf_dtype: [float8_e8m0fnu]
+  sf_vec_size: [32]
+  d_dtype: [float8_e4m3fn]
+  weight_mode: [dense]
+  b_major: [k]
+  tile_m: [128, 256]
+  tile_n: [128, 256]
+  cluster_m: [1, 2]
+  cluster_n: [1]
+defaults: {ab_dtype: float8_e4m3fn, sf_dtype: float8_e8m0fnu, sf_vec_size: 32, d_dtype: float8_e4m3fn,
+           weight_mode: dense, b_major: k, tile_m: 128, tile_n: 256, cluster_m: 1, cluster_n: 1}
+prebuild: [{}]
+"""
+
+WGRAD_SPEC = """\
+schema: 2
+name: user_wgrad_scaled
+kernel: grouped_gemm_wgrad
+problem: kgrouped
+summary: Weight gradient scaled per expert and by a global loss scale, stored in FP32 and BF16.
+epilogue:
+  inputs:
+    alpha: {per: expert}
+    loss_scale: {per: scalar}
+  compute:
+    - g = alpha * acc * loss_scale
+  outputs:
+    d: {dtype: d_dtype, value: g}
+choices:
+  ab_dtype: [bfloat16]
+  d_dtype: [float32, bfloat16]
+  tile_m: [64, 128]
+  tile_n: [128, 256]
+  cluster_m: [1]
+  cluster_n: [1]
+defaults: {d_dtype: float32, tile_m: 128, tile_n: 256, cluster_m: 1, cluster_n: 1}
+prebuild: [{}]
+"""
+
+
+@pytest.fixture(scope="module")
+def specs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("specs")
+    out = {}
+    for name, text in (("user_gelu_bias", BF16_SPEC), ("user_srelu2_mx", MX_SPEC), ("user_wgrad_scaled", WGRAD_SPEC)):
+        path = root / f"{name}.yaml"
+        path.write_text(text)
+        out[name] = str(path)
+    return out
+
+
+def _jax():
+    jax = pytest.importorskip("jax")
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip(f"JAX {jax.__version__} sees no GPU ({jax.devices()})")
+    return jax
+
+
+def _same(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def _faces(spec_path, name, operands, inputs, axes, jax_operands=None):
+    """(Op's outputs, the torch op's under torch.compile(fullgraph=True), jax.jit's) as numpy."""
+    import fusegemm.torch_library as fg
+    op = fusegemm.Op(spec_path, **axes)
+    eager = {k: v.cpu().numpy() for k, v in op(*operands, inputs=inputs).items()}
+    face = fg.register(spec_path, name=name, **axes)
+    compiled = torch.compile(lambda *xs: face(*xs, inputs=inputs), fullgraph=True)
+    traced = {k: v.cpu().numpy() for k, v in compiled(*operands).items()}
+    jaxed = None
+    try:
+        jax = _jax()
+    except pytest.skip.Exception:
+        return op, eager, traced, None
+    import jax.numpy as jnp
+
+    from fusegemm.jax_ffi import spec_op
+    f = spec_op(spec_path, **axes)
+    jops = [jnp.asarray(x.cpu().numpy()) if x.dtype not in (torch.bfloat16,) else
+            jnp.asarray(x.float().cpu().numpy()).astype(jnp.bfloat16) for x in (jax_operands or operands)]
+    jins = {k: (v if isinstance(v, (int, float)) else jnp.asarray(v.float().cpu().numpy()).astype(
+        jnp.bfloat16 if v.dtype == torch.bfloat16 else jnp.float32)) for k, v in inputs.items()}
+    jaxed = {k: np.asarray(v) for k, v in jax.jit(lambda *xs: f(*xs, inputs=jins))(*jops).items()}
+    return op, eager, traced, jaxed
+
+
+def test_bf16_user_spec_with_column_bias_and_row_scale(specs):
+    g = torch.Generator().manual_seed(7)
+    tokens, n, k = [256, 0, 512], 384, 256
+    l, m = len(tokens), sum(tokens)
+    a = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    b = torch.randn(l, n, k, generator=g).to(torch.bfloat16) * 0.1
+    off = torch.tensor(np.cumsum(tokens), dtype=torch.int32)
+    alpha = torch.tensor([0.5, 2.0, 1.25])
+    bias_ln = torch.randn(l, n, generator=g).to(torch.bfloat16)
+    row_scale = torch.rand(m, generator=g) + 0.5
+    cuda = [x.cuda() for x in (a, off, b)]
+    inputs = {"row_scale": row_scale.cuda(), "bias": bias_ln.cuda().t(), "alpha": alpha.cuda()}
+    op, eager, traced, jaxed = _faces(specs["user_gelu_bias"], "t_gpu_gelu_bias", cuda, inputs, {},
+                                      jax_operands=[a, off, b])
+    assert _same(eager["d"], traced["d"])
+    if jaxed is not None:
+        # JAX takes the bias as (L, N) rows (the (N, L) N-contiguous view of the same memory).
+        assert _same(eager["d"], jaxed["d"])
+    ref = op.reference(a, off, b, inputs={"row_scale": row_scale, "bias": bias_ln.t(), "alpha": alpha})["d"]
+    np.testing.assert_allclose(eager["d"], ref, rtol=2e-5, atol=2e-5)
+    # Independent: torch float64 over the bf16 operands, GELU-tanh spelled out.
+    want = torch.zeros(m, n, dtype=torch.float64)
+    start = 0
+    for e, end in enumerate(off.tolist()):
+        x = a[start:end].double() @ b[e].double().t() * float(alpha[e]) + bias_ln[e].double()
+        gl = 0.5 * x * (1 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
+        want[start:end] = gl * row_scale[start:end, None].double()
+        start = end
+    np.testing.assert_allclose(eager["d"], want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def _mx_problem():
+    pb = make_grouped_problem("grouped_gemm_srelu", num_experts=3, tokens=[256, 0, 300], n=256, k=256, seed=11,
+                              values="integer", layout="canonical")
+    return pb, pb.kwargs(sf_vec_size=32)
+
+
+def _torch_of(x):
+    import ml_dtypes
+    if x.dtype == ml_dtypes.float8_e4m3fn:
+        return torch.from_numpy(np.array(x.view(np.uint8))).view(torch.float8_e4m3fn)
+    if x.dtype == ml_dtypes.float8_e8m0fnu:
+        return torch.from_numpy(np.array(x.view(np.uint8)))
+    return torch.from_numpy(np.array(x))
+
+
+def test_mxfp8_user_spec_with_sfd_and_amax(specs):
+    pb, kw = _mx_problem()
+    host = [_torch_of(kw[nm]) for nm in ("a_tensor", "sfa_tensor", "padded_offsets", "b_tensor", "sfb_tensor")]
+    inputs = {"prob": _torch_of(kw["prob_tensor"]).reshape(-1).cuda(), "alpha": _torch_of(kw["alpha_tensor"]).cuda(),
+              "norm_const": torch.full((1,), 0.5, device="cuda")}
+    op, eager, traced, jaxed = _faces(specs["user_srelu2_mx"], "t_gpu_srelu2_mx", [x.cuda() for x in host],
+                                      inputs, {}, jax_operands=host)
+    for name in ("d", "sfd_row", "amax"):
+        assert _same(eager[name], traced[name]), name
+        if jaxed is not None:
+            assert _same(eager[name], jaxed[name].reshape(eager[name].shape)), name
+    ref = op.reference(*host, inputs={k: v.cpu() for k, v in inputs.items()})
+    valid = int(np.asarray(kw["padded_offsets"])[-1])
+    assert _same(eager["d"][:valid], ref["d"][:valid]) and _same(eager["amax"], ref["amax"])
+    # Independent: the per-expert amax of prob * relu(alpha * acc)^4 from the float64 product.
+    from fusegemm.formats import dequantize_blockwise, unpack_sf
+    rows, k = kw["a_tensor"].shape
+    a = dequantize_blockwise(kw["a_tensor"], unpack_sf(kw["sfa_tensor"], rows, k // 32)[:, :, 0], sf_vec_size=32)
+    off = np.asarray(kw["padded_offsets"], dtype=np.int64)
+    start, amax = 0, []
+    for e, end in enumerate(off):
+        if end == start:
+            amax.append(-np.inf)
+            continue
+        be = kw["b_tensor"][e]
+        bq = dequantize_blockwise(be, unpack_sf(kw["sfb_tensor"], be.shape[0], be.shape[1] // 32, l=off.size)[:, :, e],
+                                  sf_vec_size=32)
+        acc = (a[start:end].astype(np.float64) @ bq.astype(np.float64).T).astype(np.float32)
+        r = np.maximum(acc * np.asarray(kw["alpha_tensor"])[e], 0).astype(np.float64)
+        amax.append(np.abs(r ** 4 * np.asarray(kw["prob_tensor"]).reshape(-1)[start:end, None]).max())
+        start = int(end)
+    np.testing.assert_allclose(eager["amax"].reshape(-1), np.float32(amax), rtol=1e-6)
+
+    # execute() into caller outputs: the same bytes (amax reset on the stream first).
+    outs = {k: torch.empty_like(torch.from_numpy(v)).cuda() for k, v in eager.items()}
+    outs["amax"].fill_(123.0)
+    op.execute(*[x.cuda() for x in host], inputs=inputs, outputs=outs)
+    torch.cuda.synchronize()
+    for name in ("d", "sfd_row", "amax"):
+        got = outs[name].cpu().numpy()
+        assert _same(got[:valid] if name == "d" else got, eager[name][:valid] if name == "d" else eager[name]), name
+
+
+def test_kgrouped_user_spec(specs):
+    g = torch.Generator().manual_seed(3)
+    tokens, m, n = [512, 0, 256], 256, 384
+    t, l = sum(tokens), len(tokens)
+    dy = torch.randn(t, m, generator=g).to(torch.bfloat16)
+    x = torch.randn(t, n, generator=g).to(torch.bfloat16)
+    off = torch.tensor(np.cumsum(tokens), dtype=torch.int32)
+    alpha = torch.tensor([1.0, 3.0, 0.25])
+    inputs = {"alpha": alpha.cuda(), "loss_scale": 0.125}
+    op, eager, traced, jaxed = _faces(specs["user_wgrad_scaled"], "t_gpu_wgrad_scaled",
+                                      [v.cuda() for v in (dy, x, off)], inputs, {}, jax_operands=[dy, x, off])
+    assert eager["d"].shape == (l, m, n)
+    assert _same(eager["d"], traced["d"])
+    if jaxed is not None:
+        assert _same(eager["d"], jaxed["d"])
+    ref = op.reference(dy, x, off, inputs={"alpha": alpha, "loss_scale": 0.125})["d"].reshape(l, m, n)
+    np.testing.assert_allclose(eager["d"], ref, rtol=1e-5, atol=1e-5)
+    start = 0
+    for e, end in enumerate(off.tolist()):
+        want = (dy[start:end].double().t() @ x[start:end].double()) * float(alpha[e]) * 0.125
+        np.testing.assert_allclose(eager["d"][e], want.numpy(), rtol=1e-4, atol=1e-3)
+        start = end
+
+
+def test_registered_op_passes_opcheck(specs):
+    import fusegemm.torch_library as fg
+    face = fg.register(specs["user_wgrad_scaled"], name="t_gpu_opcheck")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    dy = torch.randn(512, 128, generator=g, device="cuda").to(torch.bfloat16)
+    x = torch.randn(512, 256, generator=g, device="cuda").to(torch.bfloat16)
+    off = torch.tensor([256, 512], dtype=torch.int32, device="cuda")
+    res = torch.library.opcheck(face.op.default, (dy, x, off), {"alpha": torch.ones(2, device="cuda"),
+                                                                "loss_scale": torch.ones(1, device="cuda")})
+    assert all(v == "SUCCESS" for v in res.values()), res

@@ -1,0 +1,380 @@
+"""fusegemm.Op, the one engine, on the CPU: every spec family maps to a kernel class, operands are
+parsed per class, the epilogue's inputs reach the parameter struct only through the slots the
+resolved epilogue assigns them (a user's spec may order them as it likes), outputs through their
+buffer fields; the reference serves every grouped class; the torch face registers any spec.
+The launches themselves run in tests/gpu/test_op_gpu.py."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fusegemm  # noqa: E402
+from fusegemm.base.errors import ArgumentError, UnsupportedError  # noqa: E402
+from fusegemm.generator import registry  # noqa: E402
+from fusegemm.generator.spec import list_specs, load_spec  # noqa: E402
+from fusegemm.ops.engine import Op, kernel_class  # noqa: E402
+from fusegemm.problems import make_grouped_problem  # noqa: E402
+
+from test_scaled_errors import _cpu  # noqa: E402
+
+SPECS = Path(__file__).resolve().parents[2] / "specs"
+
+# A user's BF16 spec whose inputs are declared in another order than the ABI's slots: its first
+# row input (row_scale here) takes the first row slot, which the seed calls prob.
+USER_BF16 = """\
+schema: 2
+name: user_gelu_bias
+kernel: grouped_gemm
+problem: grouped
+summary: GELU-tanh of alpha * acc + a column bias, times a row scale.
+epilogue:
+  inputs:
+    row_scale: {per: row}
+    bias: {per: column, dtype: bfloat16}
+    alpha: {per: expert}
+  compute:
+    - g = gelu_tanh(fma(acc, alpha, bias)) * row_scale
+  outputs:
+    d: {dtype: d_dtype, value: g}
+choices:
+  ab_dtype: [bfloat16]
+  d_dtype: [bfloat16, float32]
+  weight_mode: [dense]
+  b_major: [k]
+  scheduler: [static]
+  tile_m: [64, 128, 256]
+  tile_n: [128, 256]
+  cluster_m: [1, 2]
+  cluster_n: [1]
+constraints:
+  - if: {tile_m: 256}
+    then: {cluster_m: [2]}
+    because: "2-CTA tiles"
+defaults: {d_dtype: float32, weight_mode: dense, b_major: k, scheduler: static, tile_m: 256, tile_n: 256,
+           cluster_m: 2, cluster_n: 1}
+prebuild: [{}]
+"""
+
+
+class _Maps:
+    def __init__(self):
+        self.calls = []
+
+    def tiled(self, address, dtype, shape, strides, box, swizzle=128, *rest):
+        self.calls.append(dict(address=address, shape=shape))
+        return b"\0" * 128
+
+
+class _Launcher:
+    """Stands in for GroupedLauncher: records the values a launch packs."""
+
+    def __init__(self):
+        from fusegemm.base.contract import KernelContract
+        self.contract = KernelContract(
+            threads=384, smem_bytes=1, min_cluster_m=1, min_cluster_n=1, max_cluster_ctas=2, ctas_per_tile=1,
+            tile_m=128, tile_n=256, tile_k=64, m_aligned=256, box_a_inner=64, box_a_outer=128, box_b_inner=64,
+            box_b_outer=128, swizzle_a=128, swizzle_b=128, tma_dtype_a=0, tma_dtype_b=0, tmap_slot_stride=0,
+            tmem_cols=0, sf_box_k=1, sf_box_nb=1)
+        self.tmaps, self.tile, self.cluster, self.sms, self.tma_dtype = _Maps(), (128, 256), (1, 1), 132, "bfloat16"
+        self.launched = None
+
+    def grid(self, s):
+        self.shape = s
+        return 3
+
+    def maps(self, s, a_ptr, b_ptr):
+        return {"tma_a": b"a", "tma_b": b"b"}
+
+    def scalars(self, s):
+        return {"m_rows": s.m, "n": s.n, "k": s.k, "num_experts": s.l, "cluster_m": 1, "cluster_n": 1}
+
+    def workspace(self, *a):
+        return {}
+
+    def launch(self, values, grid, stream):
+        self.launched = (dict(values), grid)
+
+
+@pytest.fixture
+def no_device(monkeypatch):
+    monkeypatch.setattr("fusegemm.runtime.tensors.resolve_stream", lambda s, d: 0)
+    monkeypatch.setattr("fusegemm.runtime.load.thread_context", lambda d: None)
+
+
+def _launch(op, call, values, out):
+    op._launcher = _Launcher()
+    op._launch(call, values, out, None, zero=None)
+    return op._launcher.launched
+
+
+def test_every_family_has_a_kernel_class():
+    """The class comes from the registry row (template) and the problem the family solves."""
+    want = {"grouped": ("grouped_gemm.cu.j2", "grouped"), "kgrouped": ("grouped_gemm.cu.j2", "kgrouped"),
+            "scaled": ("blockscaled_gemm.cu.j2", "grouped"), "batched": ("blockscaled_gemm.cu.j2", "batched")}
+    seen = set()
+    for family in registry.families():
+        kind = kernel_class(family)
+        row = next(r for r in registry.ROWS if r.family == family)
+        assert (row.template, registry.problem_of(family)) == want[kind], family
+        seen.add(kind)
+    assert seen == set(want)
+    for path in list_specs():
+        spec = load_spec(path)
+        assert Op.planned(spec).kind == kernel_class(spec.kernel), spec.name
+
+
+def test_user_bf16_spec_routes_inputs_through_its_slots(tmp_path, no_device):
+    path = tmp_path / "user_gelu_bias.yaml"
+    path.write_text(USER_BF16)
+    op = fusegemm.Op(str(path), arch="sm_90a")
+    slots = {i.name: i.slot for i in op.spec.epilogue.inputs}
+    assert slots == {"row_scale": "prob", "bias": "bias", "alpha": "alpha"}
+    l, m, n, k = 2, 512, 256, 64
+    a = torch.zeros((m, k), dtype=torch.bfloat16)
+    b = torch.zeros((l, n, k), dtype=torch.bfloat16)
+    off = torch.tensor([256, 512], dtype=torch.int32)
+    ins = {"row_scale": torch.ones(m), "bias": torch.zeros((n, l), dtype=torch.bfloat16).t().contiguous().t(),
+           "alpha": torch.ones(l)}
+    call = op._parse((a, off, b), {})
+    deferred = []
+    values, _ = op._inputs(ins, call, deferred)
+    assert values == {"prob": ins["row_scale"].data_ptr(), "bias": ins["bias"].data_ptr(),
+                      "alpha": ins["alpha"].data_ptr()}
+    assert [d[0] for d in deferred] == ["inputs['row_scale']", "inputs['bias']", "inputs['alpha']"]
+    values, grid = _launch(op, call, values, {"d": 1000})
+    assert grid == 3
+    assert (values["prob"], values["d_out"], values["ldd"], values["offsets"]) == (
+        ins["row_scale"].data_ptr(), 1000, n, off.data_ptr())
+    assert "row_scale" not in values
+
+
+def test_operands_are_named_by_the_kernel_class():
+    a = torch.zeros((256, 64), dtype=torch.bfloat16)
+    with pytest.raises(ArgumentError, match=r"^operands: got 1 positional, keywords \[\]; allowed: the grouped "
+                                            r"operands of grouped_gemm: a_tensor, padded_offsets, b_tensor, b_ptrs, n"):
+        Op("grouped_gemm", arch="sm_90a")(a)
+    with pytest.raises(ArgumentError, match=r"the kgrouped operands of grouped_gemm_wgrad: dy_tensor, x_tensor, "
+                                            r"padded_offsets"):
+        Op("grouped_gemm_wgrad", arch="sm_90a")(a, a, a, a)
+
+
+def test_inputs_the_spec_does_not_declare_are_refused():
+    op = Op("grouped_gemm", arch="sm_90a")
+    a = torch.zeros((256, 64), dtype=torch.bfloat16)
+    b = torch.zeros((1, 128, 64), dtype=torch.bfloat16)
+    off = torch.tensor([256], dtype=torch.int32)
+    with pytest.raises(ArgumentError, match=r"^inputs\['gamma'\]: got given; allowed: the epilogue's inputs: alpha, prob$"):
+        op(a, off, b, inputs={"alpha": torch.ones(1), "gamma": torch.ones(1)})
+
+
+def test_the_named_faces_keep_their_families():
+    with pytest.raises(UnsupportedError, match="EpilogueGemm runs 'grouped_gemm'.*fusegemm.Op runs every family"):
+        fusegemm.EpilogueGemm("grouped_gemm_srelu", arch="sm_90a")
+    assert Op("grouped_gemm_srelu", arch="sm_90a").kind == "scaled"
+
+
+USER_SCALED = """\
+schema: 2
+name: user_srelu2_mx
+kernel: grouped_gemm_srelu
+problem: grouped
+summary: sReLU squared with MXFP8 row quantization and a per-expert amax.
+epilogue:
+  inputs:
+    prob: {per: row}
+    alpha: {per: expert}
+    norm_const: {per: scalar}
+  compute:
+    - r = relu(acc * alpha)
+    - d = square(square(r)) * prob
+  outputs:
+    d: {dtype: d_dtype, quantize: {row: true, norm_const: norm_const, convention: quant}}
+  reductions:
+    - {name: amax, kind: amax, of: d, scope: expert}
+choices:
+  ab_dtype: [float8_e4m3fn]
+  sf_dtype: [float8_e8m0fnu]
+  sf_vec_size: [32]
+  d_dtype: [float8_e4m3fn]
+  weight_mode: [dense]
+  b_major: [k]
+  tile_m: [128, 256]
+  tile_n: [128, 256]
+  cluster_m: [1, 2]
+  cluster_n: [1]
+defaults: {ab_dtype: float8_e4m3fn, sf_dtype: float8_e8m0fnu, sf_vec_size: 32, d_dtype: float8_e4m3fn,
+           weight_mode: dense, b_major: k, tile_m: 128, tile_n: 256, cluster_m: 1, cluster_n: 1}
+prebuild: [{}]
+"""
+
+
+def test_user_mxfp8_spec_runs_on_the_block_scaled_class(tmp_path, no_device):
+    """The new user's sReLU^2 spec with MXFP8 inputs (which EpilogueGemm refused): maps, slots and
+    buffers of a block-scaled launch, and its interpreter reference against an independent
+    formula."""
+    path = tmp_path / "user_srelu2_mx.yaml"
+    path.write_text(USER_SCALED)
+    op = fusegemm.Op(str(path), arch="sm_90a")
+    assert op.kind == "scaled" and {i.name: i.slot for i in op.spec.epilogue.inputs} == {
+        "prob": "prob", "alpha": "alpha", "norm_const": "norm_const"}
+    pb = make_grouped_problem("grouped_gemm_srelu", num_experts=3, tokens=[256, 0, 300], n=256, k=256, seed=1)
+    kw = {k: _cpu(v) for k, v in pb.kwargs(sf_vec_size=32).items()}
+    operands = (kw["a_tensor"], kw["sfa_tensor"], kw["padded_offsets"], kw["b_tensor"], kw["sfb_tensor"])
+    ins = {"prob": kw["prob_tensor"], "alpha": kw["alpha_tensor"], "norm_const": torch.full((1,), 0.5)}
+    call = op._parse(operands, {})
+    values, _ = op._inputs(ins, call, [])
+    bufs = op.epilogue.buffers(call.n, call.m, call.l)
+    assert list(bufs) == ["d", "sfd_row", "amax"]
+    ptrs = {name: 1000 * (i + 1) for i, name in enumerate(bufs)}
+    values, _ = _launch(op, call, values, ptrs)
+    assert (values["d_out"], values["sfd_row"], values["amax"]) == (1000, 2000, 3000)
+    assert values["norm_const"] == ins["norm_const"].data_ptr() and values["rcp_max"] == 1.0 / 448.0
+    assert len(op._launcher.tmaps.calls) == 4   # A, B, SFA, SFB
+
+    ref = op.reference(*operands, inputs=ins)
+    # Independent of the interpreter: the formula in float64 over the FP32 accumulator (the
+    # dequantization is the references' own, tested in test_reference.py), then D dequantized
+    # from its bytes and SFD_row with the format helpers.
+    from fusegemm.formats import dequantize_blockwise, unpack_sf
+    from fusegemm.reference._operands import parse_grouped
+    g = parse_grouped(a_tensor=pb.a_tensor, b_tensor=pb.b_tensor, b_list=None, padded_offsets=pb.padded_offsets,
+                      m_aligned=256, acc="float64", sfa_tensor=pb.sfa_tensor, sfb_tensor=pb.sfb_tensor, sf_vec_size=32)
+    acc = g.accumulate()
+    rows = np.searchsorted(g.offsets, np.arange(g.valid_m), side="right")     # expert of each row
+    r = np.maximum(acc * pb.alpha_tensor.astype(np.float32)[rows, None], 0).astype(np.float64)
+    want = r ** 4 * pb.prob_tensor.reshape(-1)[: g.valid_m, None].astype(np.float64)
+    amax = [np.abs(want[s:e]).max() if e > s else -np.inf for s, e in g.ranges]
+    np.testing.assert_allclose(ref["amax"].reshape(-1), np.float32(amax), rtol=1e-5)
+    import ml_dtypes
+    d = dequantize_blockwise(ref["d"][: g.valid_m].view(np.uint8).view(ml_dtypes.float8_e4m3fn),
+                             unpack_sf(ref["sfd_row"], call.m, call.n // 32)[: g.valid_m, :, 0], sf_vec_size=32)
+    scale = np.abs(want).max(axis=1, keepdims=True) + 1e-30
+    # D * SFD = norm_const * x (sfd-semantics.md section 1); e4m3 keeps 3 mantissa bits, rounded
+    # to nearest: within 2^-4 of each block's largest value.
+    assert np.max(np.abs(d - 0.5 * want) / (0.5 * scale)) < 2 ** -4
+
+
+# ---------------------------------------------------------------- the torch face of any spec
+@pytest.fixture
+def fake_sm90(monkeypatch):
+    monkeypatch.setattr("fusegemm.ops.device.device_arch", lambda d: "sm_90a")
+
+
+def test_register_any_spec_gives_a_functional_schema_per_kernel_class(tmp_path):
+    import fusegemm.torch_library as fg
+    path = tmp_path / "user_gelu_bias.yaml"
+    path.write_text(USER_BF16)
+    cases = {
+        "t_user_bf16": (str(path), {}, "a_tensor, Tensor padded_offsets, Tensor? b_tensor=None, Tensor? b_ptrs=None, "
+                                       "int? n=None, Tensor? row_scale=None, Tensor? bias=None, Tensor? alpha=None"),
+        "t_wgrad": ("grouped_gemm_wgrad", {"d_dtype": "float32"},
+                    "dy_tensor, Tensor x_tensor, Tensor padded_offsets, Tensor? alpha=None"),
+        "t_quant": ("grouped_gemm_quant", {"d_dtype": "float8_e4m3fn"},
+                    "a_tensor, Tensor sfa_tensor, Tensor padded_offsets, Tensor? b_tensor=None, Tensor? sfb_tensor=None, "
+                    "Tensor? b_ptrs=None, Tensor? sfb_ptrs=None, int? n=None, Tensor? alpha=None, Tensor? prob=None, "
+                    "Tensor? row_scale=None, Tensor? bias=None, Tensor? norm_const=None"),
+        "t_amax": ("gemm_amax", {}, "a_tensor, Tensor b_tensor, Tensor sfa_tensor, Tensor sfb_tensor"),
+    }
+    outs = {"t_user_bf16": ("d",), "t_wgrad": ("d",), "t_quant": ("d", "sfd_row", "d_col", "sfd_col"),
+            "t_amax": ("c", "amax")}
+    for name, (spec, axes, params) in cases.items():
+        face = fg.register(spec, name=name, **axes)
+        schema = str(face.op.default._schema)
+        assert schema.startswith(f"fusegemm::{name}(Tensor {params})"), schema
+        assert not any(a.alias_info is not None for a in face.op.default._schema.arguments)
+        assert face.outputs == outs[name]
+        assert fg.register(spec, name=name, **axes) is face          # the same registration again
+
+
+def test_register_refuses_taken_names():
+    import fusegemm.torch_library as fg
+    with pytest.raises(ArgumentError, match=r"^name: got 'grouped_gemm'; allowed: a name no fusegemm op has"):
+        fg.register("grouped_gemm")
+    fg.register("grouped_gemm_wgrad", name="t_taken")
+    with pytest.raises(ArgumentError, match=r"^name: got 't_taken'; allowed: a name not yet registered"):
+        fg.register("grouped_gemm_wgrad", name="t_taken", d_dtype="float32")
+    with pytest.raises(ArgumentError, match=r"^name: got 'Bad-Name'"):
+        fg.register("grouped_gemm_wgrad", name="Bad-Name")
+
+
+def test_registered_ops_trace_on_fake_tensors(fake_sm90):
+    """The fake implementation is the same Op under dry_run: outputs of every class have the
+    shapes, dtypes and layouts the real op allocates (traced without a GPU)."""
+    import fusegemm.torch_library as fg
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    swiglu = fg.register("grouped_gemm_swiglu", name="t_swiglu_fp8")
+    wgrad = fg.register("grouped_gemm_wgrad", name="t_wgrad32", d_dtype="float32")
+    srelu = fg.register("grouped_gemm_srelu", name="t_srelu_fp8", d_dtype="float8_e4m3fn")
+    with FakeTensorMode():
+        cuda = dict(device="cuda")
+        a = torch.empty((768, 256), dtype=torch.bfloat16, **cuda)
+        off = torch.empty((3,), dtype=torch.int32, **cuda)
+        b = torch.empty((3, 1024, 256), dtype=torch.bfloat16, **cuda)
+        out = swiglu(a, off, b, inputs={"alpha": torch.empty((3,), **cuda), "prob": torch.empty((768,), **cuda),
+                                        "norm_const": 0.01})
+        got = {k: (tuple(v.shape), v.dtype) for k, v in out.items()}
+        assert got == {"d": ((768, 512), torch.uint8), "sfd_row": ((1, 6, 4, 32, 4, 4), torch.uint8)}
+        dy = torch.empty((512, 256), dtype=torch.bfloat16, **cuda)
+        x = torch.empty((512, 384), dtype=torch.bfloat16, **cuda)
+        out = wgrad(dy, x, torch.empty((2,), dtype=torch.int32, **cuda))
+        assert {k: (tuple(v.shape), v.dtype) for k, v in out.items()} == {"d": ((2, 256, 384), torch.float32)}
+        a8 = torch.empty((768, 256), dtype=torch.float8_e4m3fn, **cuda)
+        b8 = torch.empty((3, 256, 256), dtype=torch.float8_e4m3fn, **cuda)
+        sfa = torch.empty((6 * 2 * 512,), dtype=torch.uint8, **cuda)
+        sfb = torch.empty((3 * 2 * 2 * 512,), dtype=torch.uint8, **cuda)
+        out = srelu(a8, sfa, off, b8, sfb, inputs={"alpha": torch.empty((3,), **cuda),
+                                                   "prob": torch.empty((768,), **cuda), "norm_const": 1.0})
+        assert {k: tuple(v.shape) for k, v in out.items()} == {
+            "c": (768, 256), "d": (768, 256), "sfd_row": (1, 6, 2, 32, 4, 4), "d_col": (768, 256),
+            "sfd_col": (1, 2, 6, 32, 4, 4)}
+
+
+def test_jax_spec_op_plans_outputs_of_every_class():
+    """jax_ffi.spec_op's output shapes come from the same epilogue buffers (planned without a GPU)."""
+    from fusegemm.jax_ffi import CLASS_OPERANDS
+    plan = Op.planned("grouped_gemm_wgrad", d_dtype="float32")
+    assert plan.dims_of({"dy_tensor": (512, 256), "x_tensor": (512, 384), "padded_offsets": (2,)}) == (384, 512, 2)
+    plan = Op.planned("gemm_amax")
+    assert plan.dims_of({"a_tensor": (3, 200, 320), "b_tensor": (3, 264, 320)}) == (264, 600, 1)
+    assert set(CLASS_OPERANDS) == {"grouped", "kgrouped", "scaled", "batched"}
+
+
+# ---------------------------------------------------------------- the seed 001 class's slots
+def test_grouped_gemm_class_writes_the_seed_inputs_through_the_spec_slots(tmp_path, monkeypatch):
+    """GroupedGemm's alpha/prob/bias reach the fields the spec's epilogue assigns them: a spec
+    that declared another row input before prob moves prob to the second row slot; one without
+    prob is refused before any pointer is written."""
+    from fusegemm.generator.spec import load_spec as load
+    from fusegemm.ops import grouped_gemm as gg
+    text = (SPECS / "grouped_gemm.yaml").read_text()
+    moved = text.replace("    prob: {per: row, default: 1.0}", "    gate: {per: row, default: 1.0}\n"
+                         "    prob: {per: row, default: 1.0}").replace("- g = alpha * acc", "- g = alpha * acc * gate")
+    (tmp_path / "grouped_gemm.yaml").write_text(moved)
+    monkeypatch.setattr(gg, "_spec", lambda: load(tmp_path / "grouped_gemm.yaml"))
+    monkeypatch.setattr(gg.GroupedLauncher, "build", classmethod(lambda cls, v, d: _Launcher()))
+    a = torch.zeros((512, 64), dtype=torch.bfloat16)
+    b = torch.zeros((2, 256, 64), dtype=torch.bfloat16)
+    off = torch.tensor([256, 512], dtype=torch.int32)
+    alpha = torch.ones(2)
+    monkeypatch.setattr(gg, "parse_call", _no_devices(gg.parse_call))
+    op = gg.GroupedGemm(a, None, None, off, alpha, b, arch="sm_90a").compile()
+    assert op._slots["prob"] == "row_scale" and op._slots["gate"] == "prob"
+    lay = gg.Layout.of(gg.parse_call(a, off, alpha, b, None, None, None, ab_dtypes=("bfloat16",),
+                                     bias_dtypes=()), None, gg.view(torch.zeros((512, 256)), "d"))
+    values = op._values(lay, (1, 2, 3, 4, 5, 6, 7, 8, 9))
+    assert (values["alpha"], values["row_scale"], values["bias"], values["d_out"], values["c_out"]) == (3, 7, 6, 8, 9)
+    assert "prob" not in values      # gate: absent, its default (a null pointer) applies
+    (tmp_path / "grouped_gemm.yaml").write_text(text.replace("prob:", "gate:").replace("prob *", "gate *")
+                                                .replace("prob)", "gate)").replace("+ prob", "+ gate"))
+    with pytest.raises(UnsupportedError, match="the seed's prob_tensor has no epilogue input 'prob'"):
+        gg.GroupedGemm(a, None, None, off, alpha, b, arch="sm_90a").compile()
+
+
+def _no_devices(parse):
+    def run(*a, **kw):
+        return parse(*a, **{**kw, "devices": False})
+    return run
