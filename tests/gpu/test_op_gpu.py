@@ -141,15 +141,15 @@ def _same(a, b) -> bool:
     return a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
-def _faces(spec_path, name, operands, inputs, axes, jax_operands=None):
-    """(Op's outputs, the torch op's under torch.compile(fullgraph=True), jax.jit's) as numpy."""
+def _faces(spec_path, name, operands, inputs, axes, jax_args=None):
+    """(Op, its outputs, the torch op's under torch.compile(fullgraph=True), jax.jit's) as numpy.
+    ``jax_args``: (operands, inputs) as host numpy arrays, in JAX's row-major layouts."""
     import fusegemm.torch_library as fg
     op = fusegemm.Op(spec_path, **axes)
     eager = {k: v.cpu().numpy() for k, v in op(*operands, inputs=inputs).items()}
     face = fg.register(spec_path, name=name, **axes)
     compiled = torch.compile(lambda *xs: face(*xs, inputs=inputs), fullgraph=True)
     traced = {k: v.cpu().numpy() for k, v in compiled(*operands).items()}
-    jaxed = None
     try:
         jax = _jax()
     except pytest.skip.Exception:
@@ -158,12 +158,18 @@ def _faces(spec_path, name, operands, inputs, axes, jax_operands=None):
 
     from fusegemm.jax_ffi import spec_op
     f = spec_op(spec_path, **axes)
-    jops = [jnp.asarray(x.cpu().numpy()) if x.dtype not in (torch.bfloat16,) else
-            jnp.asarray(x.float().cpu().numpy()).astype(jnp.bfloat16) for x in (jax_operands or operands)]
-    jins = {k: (v if isinstance(v, (int, float)) else jnp.asarray(v.float().cpu().numpy()).astype(
-        jnp.bfloat16 if v.dtype == torch.bfloat16 else jnp.float32)) for k, v in inputs.items()}
+    jops = [jnp.asarray(x) for x in jax_args[0]]
+    jins = {k: (v if isinstance(v, (int, float)) else jnp.asarray(v)) for k, v in jax_args[1].items()}
     jaxed = {k: np.asarray(v) for k, v in jax.jit(lambda *xs: f(*xs, inputs=jins))(*jops).items()}
     return op, eager, traced, jaxed
+
+
+def _np(t):
+    """A CPU torch tensor as numpy, bfloat16 as ml_dtypes'."""
+    import ml_dtypes
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+    return t.contiguous().numpy()
 
 
 def test_bf16_user_spec_with_column_bias_and_row_scale(specs):
@@ -179,7 +185,9 @@ def test_bf16_user_spec_with_column_bias_and_row_scale(specs):
     cuda = [x.cuda() for x in (a, off, b)]
     inputs = {"row_scale": row_scale.cuda(), "bias": bias_ln.cuda().t(), "alpha": alpha.cuda()}
     op, eager, traced, jaxed = _faces(specs["user_gelu_bias"], "t_gpu_gelu_bias", cuda, inputs, {},
-                                      jax_operands=[a, off, b])
+                                      jax_args=([_np(a), _np(off), _np(b)],
+                                                {"row_scale": _np(row_scale), "bias": _np(bias_ln),
+                                                 "alpha": _np(alpha)}))
     assert _same(eager["d"], traced["d"])
     if jaxed is not None:
         # JAX takes the bias as (L, N) rows (the (N, L) N-contiguous view of the same memory).
@@ -217,8 +225,11 @@ def test_mxfp8_user_spec_with_sfd_and_amax(specs):
     host = [_torch_of(kw[nm]) for nm in ("a_tensor", "sfa_tensor", "padded_offsets", "b_tensor", "sfb_tensor")]
     inputs = {"prob": _torch_of(kw["prob_tensor"]).reshape(-1).cuda(), "alpha": _torch_of(kw["alpha_tensor"]).cuda(),
               "norm_const": torch.full((1,), 0.5, device="cuda")}
+    jax_ops = [np.asarray(kw[nm]) for nm in ("a_tensor", "sfa_tensor", "padded_offsets", "b_tensor", "sfb_tensor")]
+    jax_ins = {"prob": np.asarray(kw["prob_tensor"]).reshape(-1), "alpha": np.asarray(kw["alpha_tensor"]),
+               "norm_const": np.full((1,), 0.5, np.float32)}
     op, eager, traced, jaxed = _faces(specs["user_srelu2_mx"], "t_gpu_srelu2_mx", [x.cuda() for x in host],
-                                      inputs, {}, jax_operands=host)
+                                      inputs, {}, jax_args=(jax_ops, jax_ins))
     for name in ("d", "sfd_row", "amax"):
         assert _same(eager[name], traced[name]), name
         if jaxed is not None:
@@ -265,7 +276,8 @@ def test_kgrouped_user_spec(specs):
     alpha = torch.tensor([1.0, 3.0, 0.25])
     inputs = {"alpha": alpha.cuda(), "loss_scale": 0.125}
     op, eager, traced, jaxed = _faces(specs["user_wgrad_scaled"], "t_gpu_wgrad_scaled",
-                                      [v.cuda() for v in (dy, x, off)], inputs, {}, jax_operands=[dy, x, off])
+                                      [v.cuda() for v in (dy, x, off)], inputs, {},
+                                      jax_args=([_np(dy), _np(x), _np(off)], {"alpha": _np(alpha), "loss_scale": 0.125}))
     assert eager["d"].shape == (l, m, n)
     assert _same(eager["d"], traced["d"])
     if jaxed is not None:
