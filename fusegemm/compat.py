@@ -7,6 +7,7 @@ from __future__ import annotations
 from .ops.grouped_gemm import GroupedGemm, grouped_gemm
 from .ops.scaled_classes import GemmAmax, GroupedGemmDswiglu, GroupedGemmQuant, GroupedGemmSrelu
 from .ops.scaled_seeds import gemm_amax, grouped_gemm_dswiglu, grouped_gemm_quant, grouped_gemm_srelu
+from . import presets as _presets
 
 __all__ = ["grouped_gemm_wrapper_sm100", "GroupedGemmSm100", "grouped_gemm_srelu_wrapper_sm100",
            "grouped_gemm_quant_wrapper_sm100", "grouped_gemm_dswiglu_wrapper_sm100",
@@ -33,3 +34,9 @@ GroupedGemmQuantSm100 = GroupedGemmQuant
 GroupedGemmDswigluSm100 = GroupedGemmDswiglu
 #: ``cudnn.GemmAmaxSm100`` (seed 004)
 GemmAmaxSm100 = GemmAmax
+
+# cuDNN frontend's newer grouped fusions: the wrappers generated from fusegemm.presets' rows.
+for _row in _presets.PRESETS:
+    globals()[_row.cudnn] = getattr(_presets, _row.name)
+    __all__.append(_row.cudnn)
+del _row

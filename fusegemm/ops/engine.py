@@ -637,12 +637,21 @@ def _squeezed(shape: Any) -> list[int]:
     return [int(d) for d in shape if d != 1]
 
 
+# Outputs the kernel writes as raw bytes: FP8, E8M0 / int8 scales, packed FP4 (uint8 or
+# torch.float4_e2m1fn_x2, the seeds' two spellings).
+_BYTE_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "int8", "float4_e2m1fn_x2")
+
+
+def as_bytes(t: Any) -> Any:
+    """A torch output of a byte dtype viewed as the uint8 bytes the kernel writes."""
+    import torch
+    return t.view(torch.uint8) if str(t.dtype).removeprefix("torch.") in _BYTE_DTYPES else t
+
+
 def native_output(x: Any, name: str, shape: tuple[int, ...], store: str) -> Any:
     """The caller's output ``x`` (seed layout) as the dense buffer the kernel writes: C/D
     ``(M, N[, 1])`` rows, FP8 as its bytes, SF as the physical atoms, amax ``(L, slots[, 1])``,
     dprob ``(M[, 1, 1])``."""
-    import torch
-
     from ..runtime.tensors import TensorView, dense_strides, view
     if x is None:
         raise ArgumentError(name, None, f"a tensor (the kernel writes {shape} {store} here)")
@@ -655,8 +664,7 @@ def native_output(x: Any, name: str, shape: tuple[int, ...], store: str) -> Any:
     t = x
     if len(shape) == 6 and v.ndim == 6 and tuple(v.shape[3:]) != (32, 4, 4):
         t = sf_from_kernel_view(t)                       # kernel-facing SF view -> physical atoms
-    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu, torch.int8):
-        t = t.view(torch.uint8)
+    t = as_bytes(t)
     if tuple(t.shape) != tuple(shape) and _squeezed(t.shape) == _squeezed(shape):
         try:
             t = t.view(shape)                            # (M, N, 1) -> (M, N), (M, 1, 1) -> (M,), ...

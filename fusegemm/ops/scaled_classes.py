@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..base.errors import ArgumentError
-from ..formats.scales import sf_from_kernel_view
 from ..runtime.tensors import TensorView, view
 from . import checks
 from .. import reference as _reference
 from .blockscaled import BlockScaledGemm
+from .engine import as_bytes, check_no_overlap, native_output, reset
 from .param_docs import OUTPUTS, class_api
 from .scaled_layouts import check_layouts, discrete_weights
 from .scaled_seeds import (SEED_NAMES, _OUT, _op, _present, check_epilogue_op, dswiglu_axes, quant_axes,
@@ -26,75 +26,6 @@ from .scaled_seeds import (SEED_NAMES, _OUT, _op, _present, check_epilogue_op, d
 # Seed argument name of each output buffer of the grouped seeds (dSwiGLU names D d_row_tensor).
 OUT_NAMES = {"c": "c_tensor", "d": "d_tensor", "d_col": "d_col_tensor", "sfd_row": "sfd_row_tensor",
              "sfd_col": "sfd_col_tensor", "amax": "amax_tensor", "dprob": "dprob_tensor"}
-AMAX_BITS, ZERO_BITS = 0xFF800000, 0   # -inf and +0.0 as 32-bit patterns (cuMemsetD32)
-
-
-# Outputs the kernel writes as raw bytes: FP8, E8M0 / int8 scales, packed FP4 (uint8 or
-# torch.float4_e2m1fn_x2, the seeds' two spellings).
-_BYTE_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "int8", "float4_e2m1fn_x2")
-
-
-def _as_bytes(t: Any) -> Any:
-    """A torch output of a byte dtype viewed as the uint8 bytes the kernel writes."""
-    import torch
-    return t.view(torch.uint8) if str(t.dtype).removeprefix("torch.") in _BYTE_DTYPES else t
-
-
-def _extent(v: TensorView) -> tuple[int, int]:
-    """[first, last] byte addresses a view touches."""
-    span = sum((d - 1) * abs(s) for d, s in zip(v.shape, v.strides) if d > 0) if v.numel() else -1
-    return v.ptr, v.ptr + (span + 1) * max(v.itemsize, 1) - 1
-
-
-def native_output(x: Any, name: str, shape: tuple[int, ...], store: str) -> TensorView:
-    """The caller's output ``x`` (seed layout) as the dense buffer the kernel writes: C/D
-    ``(M, N[, 1])`` rows, FP8 as its bytes, SF as the physical atoms, amax ``(L, slots[, 1])``,
-    dprob ``(M[, 1, 1])``."""
-    if x is None:
-        raise ArgumentError(name, None, f"a tensor (the kernel writes {shape} {store} here)")
-    v = view(x, name)
-    t = x
-    if len(shape) == 6 and v.ndim == 6 and tuple(v.shape[3:]) != (32, 4, 4):
-        t = sf_from_kernel_view(t)                       # kernel-facing SF view -> physical atoms
-    t = _as_bytes(t)
-    if tuple(t.shape) != tuple(shape) and _squeezed(t.shape) == _squeezed(shape):
-        try:
-            t = t.view(shape)                            # (M, N, 1) -> (M, N), (M, 1, 1) -> (M,), ...
-        except RuntimeError:
-            raise ArgumentError(f"{name}.stride", tuple(v.strides), "the dense layout the kernel writes "
-                                "(as the wrapper returns it)") from None
-    got = view(t, name)
-    if tuple(got.shape) != tuple(shape):
-        raise ArgumentError(f"{name}.shape", tuple(v.shape), f"the layout the kernel writes ({shape} {store}, "
-                            "or its seed view)")
-    if got.dtype != store:
-        raise ArgumentError(f"{name}.dtype", v.dtype, f"{store} storage (the op's output dtype)")
-    if not t.is_contiguous():
-        raise ArgumentError(f"{name}.stride", tuple(v.strides), "the dense layout the kernel writes "
-                            "(as the wrapper returns it)")
-    return got
-
-
-def check_no_overlap(outputs: list[tuple[str, TensorView]], inputs: list[TensorView | None]) -> None:
-    """No output shares memory with a later output or with an input (named by the first)."""
-    for i, (name, v) in enumerate(outputs):
-        lo, hi = _extent(v)
-        for other, w in outputs[i + 1:]:
-            wlo, whi = _extent(w)
-            if lo <= whi and wlo <= hi:
-                raise ArgumentError(name, "memory shared with " + other, "its own buffer")
-        for inp in inputs:
-            if inp is None:
-                continue
-            ilo, ihi = _extent(inp)
-            if lo <= ihi and ilo <= hi:
-                raise ArgumentError(name, "memory shared with an input", "its own buffer (outputs may not "
-                                    "alias inputs)")
-
-
-def _squeezed(shape: Any) -> list[int]:
-    """Extents other than 1: the seed's (M, N, 1) and the kernel's (M, N) hold the same data."""
-    return [int(d) for d in shape if d != 1]
 
 
 class _ScaledSeedOp:
@@ -118,24 +49,6 @@ class _ScaledSeedOp:
         self.op.compile()
         return self
 
-    def _outputs(self, given: Mapping[str, Any], n: int, m_rows: int, experts: int,
-                 inputs: list[TensorView], names: Mapping[str, str] = OUT_NAMES) -> dict[str, TensorView]:
-        """Every buffer the epilogue writes, from the caller's tensors, checked."""
-        out: dict[str, TensorView] = {}
-        for key, (shape, store, _) in self.op.epilogue.buffers(n, m_rows, experts).items():
-            name = names[key]
-            out[key] = native_output(given.get(key), name, shape, store)
-        check_no_overlap([(names[k], v) for k, v in out.items()], inputs)
-        return out
-
-    def _reset(self, out: Mapping[str, TensorView], stream: int) -> None:
-        """amax to -inf and dprob to 0 before the kernel's atomics accumulate into them."""
-        from ..runtime.load import check, driver
-        for key, bits in (("amax", AMAX_BITS), ("dprob", ZERO_BITS)):
-            if key in out:
-                v = out[key]
-                check(driver().cuMemsetD32Async(v.ptr, bits, v.numel(), stream), "cuMemsetD32Async")
-
 
 class _GroupedSeedOp(_ScaledSeedOp):
     """Grouped block-scaled seeds (002, 003, 000)."""
@@ -143,38 +56,10 @@ class _GroupedSeedOp(_ScaledSeedOp):
     def _execute(self, *, a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_tensor: Any, padded_offsets: Any,
                  b_ptrs: Any = None, sfb_ptrs: Any = None, n: Any = None, inputs: Mapping[str, Any],
                  outputs: Mapping[str, Any], current_stream: Any, names: Mapping[str, str] = OUT_NAMES) -> None:
-        from ..runtime.tensors import resolve_stream
-        from .scaled_operands import parse_scaled
-        op = self.op
-        check_layouts(op)
-        call = parse_scaled(a_tensor, sfa_tensor, padded_offsets, b_tensor, sfb_tensor, b_ptrs, sfb_ptrs, n,
-                            op.variant.sf_vec_size)
-        op.check_operands(call)
-        w = op.widths(call.n)[0]
-        deferred: list = []
-        values, keep = op._inputs(_present(**inputs), call, w, deferred, SEED_NAMES)
-        ins = [call.a, call.b, call.sfa, call.sfb, call.offsets] + [v for _, v, _ in deferred]
-        out = self._outputs(outputs, call.n, call.m, call.l, ins, names)
-        # C / D rows are written with 16-byte vector stores; scales and reductions by word.
-        aligns = [(names[k], v, 16 if k in ("c", "d", "d_col") else 4) for k, v in out.items()]
-        op.check_device(call, deferred + aligns)
-        op.compile()
-        stream = resolve_stream(current_stream, op.device)
-        self._reset(out, stream)
-        op.launch(call, values, {k: _Ptr(v.ptr) for k, v in out.items()}, current_stream)
-        del keep
-
-
-class _Ptr:
-    """A buffer address with the ``data_ptr()`` spelling ``BlockScaledGemm.launch`` reads."""
-
-    __slots__ = ("ptr",)
-
-    def __init__(self, ptr: int) -> None:
-        self.ptr = ptr
-
-    def data_ptr(self) -> int:
-        return self.ptr
+        check_layouts(self.op)
+        self.op.execute(a_tensor, sfa_tensor, padded_offsets, b_tensor, sfb_tensor, b_ptrs=b_ptrs, sfb_ptrs=sfb_ptrs,
+                        n=n, inputs=_present(**inputs), outputs=outputs, current_stream=current_stream,
+                        input_names=SEED_NAMES, output_names=names)
 
 
 def _sample_dtype(sample: Any, name: str, default: Any) -> Any:
@@ -366,9 +251,8 @@ class GemmAmax(_ScaledSeedOp):
         check_no_overlap([("amax_tensor", amax), ("c_tensor", c)], [call.a, call.b, call.sfa, call.sfb])
         op.check_device(call, [("c_tensor", c, 16), ("amax_tensor", amax, 4)])
         op.compile()
-        stream = resolve_stream(current_stream, op.device)
-        self._reset({"amax": amax}, stream)
-        op.launch(call, {}, {"c": _Ptr(c.ptr), "amax": _Ptr(amax.ptr)}, current_stream)
+        reset({"amax": amax}, resolve_stream(current_stream, op.device))
+        op._launch(call, {}, {"c": c.ptr, "amax": amax.ptr}, current_stream, zero=None)
 
     def _native_c(self, c_tensor: Any, call: Any, shape: tuple[int, ...], store: str) -> TensorView:
         """C as the kernel's rows: (L * M, N) for N-major, (L * N, M) for M-major (packed FP4 C:
@@ -382,7 +266,7 @@ class GemmAmax(_ScaledSeedOp):
             what = "(M, N // 2, L): packed FP4" if cols != call.n else "(M, N, L)"
             raise ArgumentError("c_tensor.shape", tuple(v.shape), f"{(m, cols, l)} = {what}")
         t = c_tensor if v.ndim == 3 else c_tensor.unsqueeze(-1)
-        t = _as_bytes(t)
+        t = as_bytes(t)
         m_major = self.op.variant.cd_major == "m"
         phys = t.permute(2, 1, 0) if m_major else t.permute(2, 0, 1)   # (L, N, M) or (L, M, N)
         if not phys.is_contiguous():

@@ -1,0 +1,92 @@
+"""The preset table (fusegemm/presets.py): each seed-style op generated from a row has cuDNN
+frontend's parameter names, defaults and return order; every parameter reaches the engine or is
+refused with its reason; every epilogue input and returned output is the spec's; the generated
+wrapper checks every argument before the device (the launches: tests/gpu/test_presets_gpu.py)."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fusegemm  # noqa: E402
+from fusegemm import compat, presets  # noqa: E402
+from fusegemm.base.errors import ArgumentError  # noqa: E402
+from fusegemm.generator.spec import find_spec  # noqa: E402
+
+# cuDNN frontend's wrappers (python/cudnn/grouped_gemm/<op>/api.py): parameters in order, returns.
+CUDNN = {
+    "grouped_gemm_glu": (
+        "a_tensor sfa_tensor padded_offsets alpha_tensor b_tensor sfb_tensor bias_tensor b_ptrs sfb_ptrs n b_dtype "
+        "b_major norm_const_tensor prob_tensor acc_dtype c_dtype d_dtype cd_major mma_tiler_mn cluster_shape_mn "
+        "sf_vec_size vector_f32 m_aligned discrete_col_sfd act_func linear_offset geglu_alpha glu_clamp_max "
+        "glu_clamp_min use_dynamic_sched use_single_group_runtime_offsets current_stream generate_c",
+        "c_tensor d_tensor d_col_tensor amax_tensor sfd_row_tensor sfd_col_tensor"),
+    "grouped_gemm_dglu": (
+        "a_tensor c_tensor sfa_tensor padded_offsets alpha_tensor beta_tensor prob_tensor dprob_tensor b_tensor "
+        "sfb_tensor generate_dbias b_ptrs sfb_ptrs n b_dtype b_major norm_const_tensor acc_dtype d_dtype cd_major "
+        "mma_tiler_mn cluster_shape_mn sf_vec_size vector_f32 m_aligned discrete_col_sfd act_func linear_offset "
+        "geglu_alpha glu_clamp_max glu_clamp_min epilogue_op use_dynamic_sched use_single_group_runtime_offsets "
+        "current_stream",
+        "d_row_tensor d_col_tensor dprob_tensor dbias_tensor amax_tensor sfd_row_tensor sfd_col_tensor"),
+    "grouped_gemm_dsrelu": (
+        "a_tensor b_tensor c_tensor sfa_tensor sfb_tensor padded_offsets alpha_tensor prob_tensor dprob_tensor "
+        "generate_dbias b_ptrs sfb_ptrs n b_dtype b_major norm_const_tensor acc_dtype d_dtype cd_major mma_tiler_mn "
+        "cluster_shape_mn sf_vec_size vector_f32 m_aligned discrete_col_sfd use_dynamic_sched current_stream",
+        "d_row_tensor d_col_tensor dprob_tensor dbias_tensor amax_tensor sfd_row_tensor sfd_col_tensor"),
+}
+# Parameters every row may read without naming them in a field (the engine's tile, cluster, stream,
+# and the weights' dtype, checked against bfloat16).
+GENERIC = {"mma_tiler_mn", "cluster_shape_mn", "current_stream", "b_dtype"}
+
+
+@pytest.mark.parametrize("row", presets.PRESETS, ids=lambda r: r.name)
+def test_rows_spell_cudnn_and_reach_the_engine(row):
+    params, returns = CUDNN[row.name]
+    sig = inspect.signature(getattr(fusegemm, row.name))
+    assert list(sig.parameters) == params.split()
+    assert [name for name, _ in row.returns] == returns.split()
+    used = ({p for _, p in row.operands} | {p for _, p in row.inputs} | {p for _, _, p in row.axes}
+            | {p for p, _, _ in row.fixed} | {p for _, p in row.into} | GENERIC)
+    assert set(sig.parameters) - used == set(), "a parameter that reaches nothing"
+    assert used - GENERIC <= set(sig.parameters)
+    spec = find_spec(row.spec)
+    assert {i for i, _ in row.inputs} == {i.name for i in spec.epilogue.inputs}
+    outs = set(fusegemm.Op.planned(spec).epilogue.buffers(256, 256, 1)) | {o.name for o in spec.epilogue.outputs}
+    for name, spec_out in row.returns:
+        assert spec_out is None or spec_out in outs or spec_out in ("c", "amax"), (name, spec_out)
+    assert getattr(compat, row.cudnn) is getattr(fusegemm, row.name)
+
+
+def _args(l=1, m=256, n=128, k=64):
+    a = torch.zeros((m, k), dtype=torch.bfloat16)
+    b = torch.zeros((l, n, k), dtype=torch.bfloat16)
+    return a, b, torch.tensor([m], dtype=torch.int32), torch.ones(l), torch.ones(m)
+
+
+def test_fixed_parameters_are_refused_with_their_reason():
+    a, b, off, alpha, prob = _args()
+    with pytest.raises(ArgumentError, match=r"^act_func: got 'geglu'; allowed: 'swiglu'\. this op is SwiGLU's spec"):
+        fusegemm.grouped_gemm_glu(a, None, off, alpha, b, prob_tensor=prob, act_func="geglu")
+    with pytest.raises(ArgumentError, match=r"^sfa_tensor: got .*; allowed: None\. the BF16 backend"):
+        fusegemm.grouped_gemm_glu(a, torch.zeros(4, dtype=torch.uint8), off, alpha, b, prob_tensor=prob)
+    with pytest.raises(ArgumentError, match=r"^generate_dbias: got True; allowed: False\. the bias gradient"):
+        fusegemm.grouped_gemm_dsrelu(a, b, torch.zeros((256, 128), dtype=torch.bfloat16), padded_offsets=off,
+                                     alpha_tensor=alpha, prob_tensor=prob, generate_dbias=True)
+    with pytest.raises(ArgumentError, match=r"^b_dtype: got .*float16.*; allowed: None or bfloat16"):
+        fusegemm.grouped_gemm_glu(a, None, off, alpha, b, prob_tensor=prob, b_dtype=torch.float16)
+    with pytest.raises(TypeError, match=r"^grouped_gemm_dglu\(\): missing a required argument: 'c_tensor'"):
+        fusegemm.grouped_gemm_dglu(a)
+
+
+def test_dtype_parameters_take_any_spelling_and_every_check_runs_before_the_device():
+    a, b, off, alpha, prob = _args()
+    for acc in ("float32", torch.float32, None):
+        with pytest.raises(ArgumentError, match=r"^a_tensor\.device: got cpu; allowed: a CUDA device"):
+            fusegemm.grouped_gemm_glu(a, None, off, alpha, b, prob_tensor=prob, acc_dtype=acc, d_dtype=torch.float32)
+    with pytest.raises(ArgumentError, match=r"^prob_tensor: got None; allowed: a row input \(float32\)"):
+        fusegemm.grouped_gemm_glu(a, None, off, alpha, b)
+    with pytest.raises(ArgumentError, match=r"^a_tensor\.device: got cpu"):
+        fusegemm.grouped_gemm_dglu(a, torch.zeros((256, 256), dtype=torch.bfloat16), None, off, alpha, alpha, prob,
+                                   torch.zeros(256), b_tensor=b)                  # C is (M, 2N)
