@@ -454,3 +454,79 @@ def register(spec: object, *, name: Optional[str] = None, e5m2_rcp_max: str = "p
     real.register_fake(lambda *a: face.run(a, True))
     _REGISTERED[op_name] = face
     return face
+
+
+# ---------------------------------------------------------------- preset ops (fusegemm/presets.py)
+# Each preset row is a custom op too: its parameters (the seed's names, less ``_tensor``; no
+# current_stream: torch's; no caller-owned output such as dGLU's dprob_tensor: the op is
+# functional and returns it new) and its return order, absent outputs as empty uint8 tensors. The
+# body is the preset's wrapper; the fake implementation runs it under ``dry_run()``.
+
+_PRESET_TYPES = {"n": "int?", "linear_offset": "float?", "epilogue_op": "str?", "tanh_clamp_scale": "float?",
+                 "mma_tiler_mn": "int[]?", "cluster_shape_mn": "int[]?", "b_major": "str"}
+
+
+def _preset_params(row) -> list[tuple[str, str, str, object]]:
+    """(schema name, seed name, schema type, default) of a preset row's parameters."""
+    import inspect
+    out = []
+    written = {param for _, param in row.into}    # functional op: those outputs come back new
+    for p in row.signature().parameters.values():
+        if p.name == "current_stream" or p.name in written:
+            continue
+        d = p.default
+        if p.name.endswith(("_tensor", "_ptrs")) or p.name == "padded_offsets":
+            t = "Tensor" if d is inspect.Parameter.empty else "Tensor?"
+        elif p.name.endswith("_dtype"):
+            t, d = "ScalarType?", None                     # None: the preset's default
+        elif p.name in _PRESET_TYPES:
+            t = _PRESET_TYPES[p.name]
+        else:
+            t = {bool: "bool", int: "int", float: "float", str: "str"}[type(d)]
+        out.append((p.name.removesuffix("_tensor"), p.name, t, d))
+    return out
+
+
+def _schema_default(value: object) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)
+
+
+def _register_preset(row) -> None:
+    import contextlib
+    import inspect
+
+    from . import presets
+    from .ops.prepared import dry_run
+    params = _preset_params(row)
+    decl = [f"{t} {name}" + ("" if d is inspect.Parameter.empty else f"={_schema_default(d)}")
+            for name, _, t, d in params]
+    schema = f"({', '.join(decl)}) -> ({', '.join(['Tensor'] * len(row.returns))})"
+    wrapper = getattr(presets, row.name)
+
+    def run(args: tuple, fake: bool) -> tuple[Tensor, ...]:
+        kwargs: dict = {param: None for _, param in row.into}   # returned new, not written into
+        for (name, seed, t, _), value in zip(params, args):
+            if value is None and t == "ScalarType?":
+                continue                                   # the preset's default dtype
+            kwargs[seed] = tuple(value) if isinstance(value, list) else value
+        with dry_run() if fake else contextlib.nullcontext():
+            out = wrapper(**kwargs)
+        lead = args[0]
+        return tuple(out[k] if out[k] is not None else lead.new_empty((0,), dtype=torch.uint8) for k, _ in row.returns)
+
+    op = torch.library.custom_op(f"fusegemm::{row.name}", lambda *a: run(a, False), mutates_args=(), schema=schema)
+    op.register_fake(lambda *a: run(a, True))
+    globals()[row.name] = getattr(torch.ops.fusegemm, row.name)
+
+
+def _register_presets() -> None:
+    from .presets import PRESETS
+    for row in PRESETS:
+        _register_preset(row)
+
+
+_register_presets()

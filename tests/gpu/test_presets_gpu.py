@@ -66,3 +66,12 @@ def test_backward_presets_write_dprob_into_the_callers_tensor(name):
     valid = int(off[-1])
     r = np.asarray(ref["dprob"], np.float64)[:valid]
     assert np.abs(dprob.cpu().numpy()[:valid] - r).max() <= 1e-3 * max(1.0, np.abs(r).max())
+
+
+def test_preset_torch_op_under_torch_compile():
+    import fusegemm.torch_library  # noqa: F401  (registers torch.ops.fusegemm.<preset>)
+    a, b, off, alpha, prob, _ = _problem()
+    want = fusegemm.grouped_gemm_glu(a, None, off, alpha, b, prob_tensor=prob)["d_tensor"]
+    f = torch.compile(lambda x, w: torch.ops.fusegemm.grouped_gemm_glu(x, None, off, alpha, w, prob=prob)[1],
+                      fullgraph=True)
+    assert torch.equal(f(a, b), want)

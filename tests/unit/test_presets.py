@@ -90,3 +90,38 @@ def test_dtype_parameters_take_any_spelling_and_every_check_runs_before_the_devi
     with pytest.raises(ArgumentError, match=r"^a_tensor\.device: got cpu"):
         fusegemm.grouped_gemm_dglu(a, torch.zeros((256, 256), dtype=torch.bfloat16), None, off, alpha, alpha, prob,
                                    torch.zeros(256), b_tensor=b)                  # C is (M, 2N)
+
+
+@pytest.mark.parametrize("row", presets.PRESETS, ids=lambda r: r.name)
+def test_every_preset_is_a_functional_torch_op_traced_on_fake_tensors(row, monkeypatch):
+    """torch.ops.fusegemm.<preset>: the row's parameters (short names, no stream, no caller-owned
+    output), its return order, and shapes from the same wrapper under dry_run."""
+    import fusegemm.torch_library  # noqa: F401  (registers the ops)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    schema = getattr(torch.ops.fusegemm, row.name).default._schema
+    assert not any(arg.alias_info is not None for arg in schema.arguments)
+    assert len(schema.returns) == len(row.returns)
+    names = [a.name for a in schema.arguments]
+    assert "current_stream" not in names and not ({p.removesuffix("_tensor") for _, p in row.into} & set(names))
+    monkeypatch.setattr("fusegemm.ops.device.device_arch", lambda d: "sm_90a")
+    with FakeTensorMode():
+        cuda = dict(device="cuda")
+        m, k, n_acc, l = 768, 256, 512, 3
+        a = torch.empty((m, k), dtype=torch.bfloat16, **cuda)
+        b = torch.empty((l, n_acc, k), dtype=torch.bfloat16, **cuda)
+        off = torch.empty((l,), dtype=torch.int32, **cuda)
+        vec, rows = torch.empty((l,), **cuda), torch.empty((m,), **cuda)
+        op = getattr(torch.ops.fusegemm, row.name)
+        if row.name == "grouped_gemm_glu":
+            out = op(a, None, off, vec, b, prob=rows)
+            want = [(), (m, n_acc // 2)]
+        elif row.name == "grouped_gemm_dglu":
+            c = torch.empty((m, 2 * n_acc), dtype=torch.bfloat16, **cuda)
+            out = op(a, c, None, off, vec, vec, rows, b=b)
+            want = [(m, 2 * n_acc), (), (m,)]
+        else:
+            c = torch.empty((m, n_acc), dtype=torch.bfloat16, **cuda)
+            out = op(a, b, c, padded_offsets=off, alpha=vec, prob=rows)
+            want = [(m, n_acc), (), (m,)]
+    got = [tuple(t.shape) if t.numel() or t.dim() != 1 else () for t in out]
+    assert got[:len(want)] == want
