@@ -65,6 +65,8 @@ struct Fp8Gmma {
 template <class Config>
 struct BlockScaledPromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   using Checks = ScaledConfigChecks<Config>;
+  // Naming the struct does not instantiate it: sizeof does, so its static_asserts hold here too.
+  static_assert(sizeof(Checks) > 0, "sm_90a block-scaled configuration checks");
   using ElementAB = typename Config::ElementA;
   using ElementC = typename Config::ElementC;
   using ElementD = typename Config::ElementD;
