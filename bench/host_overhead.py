@@ -10,6 +10,8 @@ waits on the GPU), median over ``--rounds`` interleaved rounds. Methods:
 * ``class_execute_default_stream``  the same, stream looked up (torch's current stream);
 * ``wrapper``  ``fusegemm.grouped_gemm`` (allocates D per call, as the seed wrapper does);
 * ``torch_grouped_mm``  ``torch._grouped_mm`` (allocates its output per call);
+* ``op_call`` / ``op_execute``  ``fusegemm.Op("grouped_gemm")`` on the same problem, allocating D
+  or writing the caller's (the one engine's per-signature prepared path);
 * ``driver_launch_floor``  ``cuLaunchKernel`` of the same kernel and packed arguments through
   ctypes with argtypes, nothing else;
 * ``prepared_launch``  the op's prepared launch of the same (``runtime.launch.prepare``: no
@@ -78,6 +80,14 @@ def main() -> int:
         "wrapper": lambda: fusegemm.grouped_gemm(a, off, alpha, b_tensor=b),
         "torch_grouped_mm": lambda: torch._grouped_mm(a, b.transpose(-2, -1), offs=off),
     }
+    # The one engine on the same spec and problem: fusegemm.Op allocating D (as the wrapper) and
+    # writing into caller buffers (as the class), through its per-signature prepared path.
+    engine = fusegemm.Op("grouped_gemm", tile_m=op.tile[0], tile_n=op.tile[1], cluster_m=op.cluster[0],
+                         cluster_n=op.cluster[1])
+    engine_inputs = {"alpha": alpha}
+    methods["op_call"] = lambda: engine(a, off, b, inputs=engine_inputs, current_stream=stream)
+    methods["op_execute"] = lambda: engine.execute(a, off, b, inputs=engine_inputs, outputs={"d": d},
+                                                   current_stream=stream)
     # The floor: the driver's cuLaunchKernel of the same kernel through ctypes, nothing else
     # (what any Python launch path pays; the other methods add their own work on top).
     from fusegemm.runtime.launch import _direct_launch
@@ -96,6 +106,8 @@ def main() -> int:
     got = fusegemm.grouped_gemm(a, off, alpha, b_tensor=b)[0]
     if not torch.allclose(got.float(), ref.float(), rtol=2e-2, atol=2e-2):
         raise SystemExit("fusegemm and torch disagree on the benchmark problem")
+    if not torch.equal(engine(a, off, b, inputs=engine_inputs)["d"], got):
+        raise SystemExit("fusegemm.Op and the seed wrapper disagree on the benchmark problem")
     for fn in methods.values():
         for _ in range(20):
             fn()
@@ -122,7 +134,9 @@ def main() -> int:
         "host_us_per_call": us,
         "class_python_us": round(us["class_execute"] - us["prepared_launch"], 2) if "prepared_launch" in us else None,
         "ratios": {"class_over_torch": round(us["class_execute"] / us["torch_grouped_mm"], 2),
-                   "wrapper_over_torch": round(us["wrapper"] / us["torch_grouped_mm"], 2)},
+                   "wrapper_over_torch": round(us["wrapper"] / us["torch_grouped_mm"], 2),
+                   "op_call_over_wrapper": round(us["op_call"] / us["wrapper"], 2),
+                   "op_execute_over_class": round(us["op_execute"] / us["class_execute"], 2)},
         "goals_us": {"class_execute": 6.0, "wrapper": 10.0},
         "gpu_us_per_call_back_to_back": gpu_us,
     }

@@ -68,7 +68,7 @@ AXES: dict[str, Axis] = {a.name: a for a in (
     Axis("vector_f32", None, "packed f32 epilogue arithmetic", "bool"),
     Axis("tanh_clamp_scale", None, "sReLU soft clamp s (compile-time)", "positive_float_or_none"),
     Axis("tile_m", (64, 128, 256), "CTA-pair tile M (256 = 2-CTA on sm_100a)", "int"),
-    Axis("tile_n", (64, 128, 256), "tile N", "int"),
+    Axis("tile_n", (128, 256), "tile N (128 or 256 accumulator columns: UMMA / WGMMA N)", "int"),
     Axis("cluster_m", (1, 2, 4), "cluster shape M", "int"),
     Axis("cluster_n", (1, 2, 4), "cluster shape N", "int"),
 )}

@@ -19,8 +19,8 @@ says which kernel implements it on each arch, and how much of it:
   sm_90a kernels run ``vector_f32`` with scalar FP32 math: Hopper has no packed FP32). A variant
   of such a value is the other value's variant on this arch (generator/variants.py), so it builds
   no second kernel;
-* ``status``: ``implemented`` (the row's kernel is the op's kernel). A (family, arch) with no
-  row has status ``none``.
+* ``status`` (derived, not declared): ``implemented`` where a row exists, ``none`` where no
+  row does.
 
 The renderer, the ops, ``fusegemm build`` / ``list`` / ``show`` and ``selftest`` read this
 table and nothing else; the host contract of each kernel is exported by the kernel itself
@@ -84,7 +84,6 @@ class Implementation:
 
     family: str
     arch: str
-    status: str
     template: str
     header: str
     kernel: str
@@ -100,14 +99,17 @@ class Implementation:
 
     def __post_init__(self) -> None:
         arch_entry(self.arch)  # a row for an unknown arch is a programming error: fail at import
-        if self.status != IMPLEMENTED:  # ``none`` is the absence of a row, never a row
-            raise ValueError(f"Implementation.status: got {self.status!r}; allowed: {IMPLEMENTED}")
         bad = [a for a in self.source_axes if a not in AXES or a == "arch"]
         bad += [r.axis for r in self.runs_as if r.axis in self.source_axes]   # it would reach the source
         launch = [a for a in self.source_axes if a in LAUNCH_AXES]
         if bad or launch not in ([], list(LAUNCH_AXES)):
             raise ValueError(f"Implementation.source_axes: got {bad or launch}; allowed: variant axes, "
                              f"and the launch axes only both together ({', '.join(LAUNCH_AXES)})")
+
+    @property
+    def status(self) -> str:
+        """``implemented``: a row is the kernel that implements its family on its arch."""
+        return IMPLEMENTED
 
     def problem(self, choice: dict[str, Any]) -> str | None:
         """Why this implementation does not cover ``choice`` (axis -> value), or None."""
@@ -148,14 +150,14 @@ class Implementation:
                     f"generated source does not depend on it); axes that reach it: {reach}")
 
 
-def _row(family: str, arch: str, status: str, template: str, header: str, kernel: str,
+def _row(family: str, arch: str, template: str, header: str, kernel: str,
          source_axes: tuple[str, ...], *, rule: str | None = None, limits: tuple[Limit, ...] = (),
          defaults: dict[str, Any] | None = None, executed: bool = True,
          runs_as: tuple[RunsAs, ...] = ()) -> Implementation:
     """A row whose header and kernel class live in ``arch``'s header folder (its namespace)."""
     folder = ARCHS[arch].headers
-    return Implementation(family, arch, status, template, f"fusegemm/{folder}/{header}",
-                          f"fusegemm::{folder}::{kernel}", rule, source_axes, (*limits, _TILE_N),
+    return Implementation(family, arch, template, f"fusegemm/{folder}/{header}",
+                          f"fusegemm::{folder}::{kernel}", rule, source_axes, tuple(limits),
                           tuple(sorted((defaults or {}).items())), executed, runs_as)
 
 
@@ -168,12 +170,6 @@ _VECTOR_F32 = ("vector_f32",)
 _SM90_SCALAR_F32 = (RunsAs("vector_f32", True, False, "sm_90a has no packed FP32 instructions: scalar FP32 "
                            "math, the same results"),)
 
-
-# Every kernel's accumulator tile is 128 or 256 columns wide (static_asserts in each header); the
-# axis vocabulary also has 64, which a spec may declare but no kernel builds: refused here, with
-# this reason, instead of by NVRTC.
-_TILE_N = Limit("tile_n", (128, 256), "accumulator tiles of 128 or 256 columns (UMMA / WGMMA N); "
-                                       "64 is not implemented")
 
 
 # sm_90a clusters (TMA multicast of B along cluster M, A along N; fusegemm/cluster.cuh) of the
@@ -240,15 +236,15 @@ _FUSED = ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu")
 
 
 ROWS: tuple[Implementation, ...] = (
-    _row("grouped_gemm", "sm_100a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
+    _row("grouped_gemm", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _GROUPED_BF16 + _VECTOR_F32, rule=SPEC_RULE),
-    _row("grouped_gemm", "sm_90a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
+    _row("grouped_gemm", "sm_90a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _GROUPED_BF16 + LAUNCH_AXES, rule=SPEC_RULE,
          limits=(_SM90_TILE_M, *_SM90_CLUSTERS),
          defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}, runs_as=_SM90_SCALAR_F32),
     # K-grouped weight gradients on the BF16 grouped kernel (Config::kKGrouped): token-major
     # operands, one K range per expert.
-    _row("grouped_gemm_wgrad", "sm_90a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
+    _row("grouped_gemm_wgrad", "sm_90a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", ("ab_dtype", "c_dtype", "d_dtype", "tile_m", "tile_n"),
          rule=SPEC_RULE,
          limits=(_SM90_TILE_M, *_KGROUPED_LIMITS),
@@ -256,18 +252,18 @@ ROWS: tuple[Implementation, ...] = (
     # sm_100a: the tcgen05 kernel with per-tile K ranges (Config::kKGrouped), compiled and
     # statically checked only: no Blackwell GPU has run it (executed=False: its first launch
     # runs the family's selftest cases on the device, fusegemm/verify.py).
-    _row("grouped_gemm_wgrad", "sm_100a", IMPLEMENTED, "grouped_gemm.cu.j2", "grouped_gemm.cuh",
+    _row("grouped_gemm_wgrad", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", ("ab_dtype", "c_dtype", "d_dtype", "tile_n") + _VECTOR_F32,
          rule=SPEC_RULE,
          limits=(Limit("tile_m", (128,), "1-CTA tiles of 128 rows (two 64-row M-major A atoms)"),
                  *_KGROUPED_LIMITS),
          defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}, executed=False),
-    _row("gemm_amax", "sm_100a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
+    _row("gemm_amax", "sm_100a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
          "BlockScaledGemmKernel", _BLOCKSCALED + ("discrete_col_sfd",) + _VECTOR_F32, rule=SPEC_RULE),
-    *(_row(family, "sm_100a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
+    *(_row(family, "sm_100a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _FUSED_AXES[family] + _VECTOR_F32, rule=SPEC_RULE) for family in _FUSED),
     # sm_90a: the WGMMA block-scaled kernel (FP8 WGMMA per 32 K with FP32 scale promotion).
-    *(_row(family, "sm_90a", IMPLEMENTED, "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
+    *(_row(family, "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _sm90_axes(_FUSED_AXES.get(family, _BLOCKSCALED + ("discrete_col_sfd",))),
            rule=SPEC_RULE, limits=_SM90_BLOCKSCALED_LIMITS, defaults=_SM90_BLOCKSCALED_DEFAULTS,
            runs_as=_SM90_SCALAR_F32)

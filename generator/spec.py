@@ -135,9 +135,8 @@ def load_spec(path: str | Path) -> Spec:
 def parse_spec(text: str, path: str, expected_name: str | None = None) -> Spec:
     ctx = _Ctx(path)
     root = load_yaml(text, path)
-    top = ctx.mapping(root, "", {"schema", "name", "kernel", "problem", "summary", "epilogue",
-                                 "choices", "defaults"},
-                      {"seed", "constraints", "prebuild"})
+    top = ctx.mapping(root, "", {"schema", "name", "kernel", "summary", "epilogue", "choices", "defaults"},
+                      {"seed", "problem", "constraints", "prebuild"})
     schema = ctx.typed(top["schema"], "schema", (int,), "an integer")
     if schema != SCHEMA_VERSION:
         raise ctx.fail(top["schema"], "schema", f"unsupported schema version {schema}; allowed: {SCHEMA_VERSION}")
@@ -147,7 +146,9 @@ def parse_spec(text: str, path: str, expected_name: str | None = None) -> Spec:
     if expected_name is not None and name != expected_name:
         raise ctx.fail(top["name"], "name", f"{name!r} must match the file name {expected_name!r}")
     kernel = _enum(ctx, top["kernel"], "kernel", families())
-    problem = _enum(ctx, top["problem"], "problem", PROBLEMS)
+    # The problem follows from the kernel family (registry.problem_of); a spec may state it, and
+    # then it must be the family's.
+    problem = _enum(ctx, top["problem"], "problem", PROBLEMS) if "problem" in top else problem_of(kernel)
     if problem != problem_of(kernel):
         raise ctx.fail(top["problem"], "problem", f"got {problem!r}; allowed: {problem_of(kernel)!r} (the problem "
                                                   f"kernel family {kernel} solves)")

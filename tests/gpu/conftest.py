@@ -16,9 +16,10 @@ def gpu_skip_reason() -> str | None:
         return "torch is not installed"
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
         return "no CUDA GPU (torch.cuda.is_available() is False)"
+    from fusegemm.base.archs import arch_of_capability, supported_capabilities
     cc = torch.cuda.get_device_capability(0)
-    if cc not in ((9, 0), (10, 0)):
-        return f"GPU compute capability {cc[0]}.{cc[1]} has no fusegemm kernel (needs 9.0 or 10.0)"
+    if arch_of_capability(*cc) is None:     # the arch table decides, as the ops do
+        return f"GPU compute capability {cc[0]}.{cc[1]} has no fusegemm kernel (needs {supported_capabilities()})"
     return None
 
 

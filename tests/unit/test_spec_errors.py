@@ -65,8 +65,10 @@ CASES = [
     ("unknown top-level key", lambda t: t + "colour: blue\n",
      "demo.yaml:28: colour: unknown key; allowed: choices, constraints, defaults, epilogue, kernel, "
      "name, prebuild, problem, schema, seed, summary"),
-    ("missing required key", lambda t: t.replace("problem: grouped\n", ""),
-     "demo.yaml:1: problem: required key is missing"),
+    ("missing required key", lambda t: t.replace("summary: test spec\n", ""),
+     "demo.yaml:1: summary: required key is missing"),
+    ("a problem the kernel does not solve", lambda t: t.replace("problem: grouped\n", "problem: batched\n"),
+     "demo.yaml:4: problem: got 'batched'; allowed: 'grouped' (the problem kernel family grouped_gemm solves)"),
     ("wrong type", lambda t: t.replace("schema: 2", "schema: one"),
      "demo.yaml:1: schema: expected an integer, got a string 'one'"),
     ("unknown kernel family", lambda t: t.replace("kernel: grouped_gemm", "kernel: grouped_gemm_relu"),
