@@ -25,8 +25,6 @@ and the numpy interpreter's ``reference``:
 """
 from __future__ import annotations
 
-import sys
-import threading
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -36,7 +34,7 @@ from ..base.errors import ArgumentError, UnsupportedError
 from ..tupledict import TupleDict
 from . import checks
 from . import device as _device
-from .device import alloc, alloc_buffers, alloc_outputs
+from .device import alloc, alloc_outputs
 from .grouped_operands import parse_call, shape_of
 from .launcher import GroupedLauncher
 from .prepared import is_dry
@@ -102,10 +100,6 @@ class Op:
         self.epilogue = self.spec.epilogue.resolve(self.variant.choices)
         self._e5m2 = e5m2_rcp_max
         self._launcher: GroupedLauncher | None = None
-        # Host fast path: per argument signature, what a full validation proved (_Prepared); a
-        # repeat call refreshes the addresses and launches. The lock covers the shared views.
-        self._memo: dict[tuple, _Prepared] = {}
-        self._lock = threading.Lock()
 
     # ---------------------------------------------------------------------------------
     @classmethod
@@ -196,22 +190,15 @@ class Op:
         input_names : dict, optional
             The caller's argument name of each input, for error messages (a preset's names).
         """
-        given = inputs or {}
-        memo = None if is_dry() else _memo_key(operands, operand_kw, given, None, input_names)
-        if memo is not None and memo[0] in self._memo:
-            return self._call_prepared(self._memo[memo[0]], memo[1], memo[2], current_stream)
         call = self._parse(operands, operand_kw)
         deferred: list = []
-        slots: list = []
-        values, keep = self._inputs(given, call, deferred, input_names, slots)
+        values, keep = self._inputs(inputs or {}, call, deferred, input_names)
         device = self._check_devices(call, deferred)
         rows_written = self.kind in ("grouped", "kgrouped") and not is_dry()
         out = alloc_outputs(self.epilogue, *self._dims(call), _device_str(call.a, device),
                             rows_written=rows_written)
         if not is_dry():   # a fake implementation's trace: outputs allocated, nothing launched
             self.compile()
-            if memo is not None:
-                self._remember(memo, call, values, slots, deferred, [])
             # The grouped class stores rows below the last offset only: zero the rest first. The
             # K-grouped kernel stores every row of every expert's block.
             self._launch(call, values, {k: t.data_ptr() for k, t in out.items()}, current_stream,
@@ -248,23 +235,10 @@ class Op:
             The caller's argument name of each input and output, for error messages.
         """
         from ..runtime.tensors import resolve_stream
-        given = inputs or {}
         names = output_names or {}
-        memo = None if is_dry() else _memo_key(operands, operand_kw, given, outputs,
-                                                {**(input_names or {}), **names} or None)
-        if memo is not None and memo[0] in self._memo:
-            p = self._memo[memo[0]]
-            with self._lock:
-                values = self._readdress(p, memo[1], memo[2])
-                out = {k: v for k, v in p.outs}
-                _check_overlap(out, names, p.call, p.inputs)
-                reset(out, resolve_stream(current_stream, self.device))
-                self._launch(p.call, values, {k: v.ptr for k, v in out.items()}, current_stream, zero=None)
-            return
         call = self._parse(operands, operand_kw)
         deferred: list = []
-        slots: list = []
-        values, keep = self._inputs(given, call, deferred, input_names, slots)
+        values, keep = self._inputs(inputs or {}, call, deferred, input_names)
         out: dict[str, Any] = {}
         for key, (shape, store, _) in self.epilogue.buffers(*self._dims(call)).items():
             out[key] = native_output(outputs.get(key), names.get(key, f"outputs[{key!r}]"), shape, store)
@@ -276,11 +250,6 @@ class Op:
         if is_dry():
             return
         self.compile()
-        if memo is not None:
-            self._remember(memo, call, values, slots, deferred, aligns)
-            p = self._memo.get(memo[0])
-            if p is not None:
-                p.outs, p.inputs = list(out.items()), [v for _, v, _ in deferred]
         stream = resolve_stream(current_stream, self.device)
         reset(out, stream)
         self._launch(call, values, {k: v.ptr for k, v in out.items()}, current_stream, zero=None)
@@ -309,7 +278,7 @@ class Op:
         return call.n, call.m, call.l
 
     def _inputs(self, given: Mapping[str, Any], call: Any, deferred: list,
-                names: Mapping[str, str] | None = None, slots: list | None = None) -> tuple[dict[str, int], list[Any]]:
+                names: Mapping[str, str] | None = None) -> tuple[dict[str, int], list[Any]]:
         """Validate the epilogue's inputs; their ABI slot values (and what must stay alive).
 
         Devices and addresses are collected into ``deferred`` as ``(name, view, alignment)``,
@@ -353,8 +322,6 @@ class Op:
                 checks.unit_stride(v, name)
             deferred.append((name, v, 2 if DTYPES[inp.dtype].itemsize == 2 else 4))
             values[inp.slot] = v.ptr
-            if slots is not None:
-                slots.append((inp.slot, v))
             keep.append(x)
         return values, keep
 
@@ -375,50 +342,6 @@ class Op:
             raise ArgumentError(f"{first}.device", f"cuda:{device}", f"cuda:{self.device} (the device this op "
                                 "was built for)")
         return device
-
-    # ---------------------------------------------------------------- host fast path
-    def _remember(self, memo: tuple, call: Any, values: dict[str, Any], slots: list, deferred: list,
-                  outs: list) -> None:
-        """Keep what validating this call proved, under its argument signature: the views to
-        re-address (each matched to its argument by address), the alignments to re-check, the
-        struct values that do not depend on addresses. Not kept when a view is not one of the
-        arguments' (a scalar input given as a number: its value may change)."""
-        key, items, ptrs = memo
-        views = [(nm, getattr(call, attr), align) for nm, attr, align in
-                 ((_LEAD[self.kind][0], "a", _LEAD[self.kind][1]), *_DEVICE_OPERANDS[self.kind])]
-        views = [x for x in views if x[1] is not None] + list(deferred) + list(outs)
-        refresh = []
-        for _, v, _ in views:
-            if v.ptr not in ptrs:
-                return
-            refresh.append((ptrs.index(v.ptr), v))
-        if len(self._memo) >= 64:
-            self._memo.clear()
-        self._memo[key] = _Prepared(call, {k: v for k, v in values.items() if k not in dict(slots)}, slots, refresh,
-                                    views, self._dims(call))
-
-    def _readdress(self, p: "_Prepared", items: tuple, ptrs: list) -> dict[str, Any]:
-        """Point the prepared views at this call's arguments; the inputs' slot values."""
-        for i, v in p.refresh:
-            v.ptr, v.obj = ptrs[i], items[i]
-        for name, v, align in p.aligns:
-            if v.ptr % align:
-                checks.aligned(v, name, align)
-        values = dict(p.values)
-        for slot, v in p.slots:
-            values[slot] = v.ptr
-        return values
-
-    def _call_prepared(self, p: "_Prepared", items: tuple, ptrs: list, current_stream: Any) -> TupleDict:
-        rows = self.epilogue.row_buffers() if self.kind in ("grouped", "kgrouped") else ()
-        if p.buffers is None:
-            p.buffers = self.epilogue.buffers(*p.dims)
-        with self._lock:
-            values = self._readdress(p, items, ptrs)
-            out = alloc_buffers(p.buffers, f"cuda:{self.device}", rows)
-            self._launch(p.call, values, {k: t.data_ptr() for k, t in out.items()}, current_stream,
-                         zero=[out[k] for k in rows if k in out] if self.kind == "grouped" else None)
-        return self._shaped(p.call, out)
 
     # ---------------------------------------------------------------- launch
     def _launch(self, call: Any, values: dict[str, Any], out: Mapping[str, int], current_stream: Any,
@@ -519,55 +442,11 @@ _ACCUMULATE = {"grouped": _acc_grouped, "scaled": _acc_grouped, "kgrouped": _acc
                "batched": _acc_batched}
 
 
-class _Prepared:
-    """What one argument signature's full validation proved (see ``Op._remember``)."""
-
-    __slots__ = ("call", "values", "slots", "refresh", "aligns", "dims", "outs", "inputs", "buffers")
-
-    def __init__(self, call: Any, values: dict, slots: list, refresh: list, aligns: list, dims: tuple) -> None:
-        self.call, self.values, self.slots, self.refresh, self.aligns, self.dims = (
-            call, values, slots, refresh, aligns, dims)
-        self.outs: list = []      # execute: the caller's output views, by spec name
-        self.inputs: list = []    # execute: the epilogue inputs' views (outputs may not overlap them)
-        self.buffers: dict | None = None   # __call__: the outputs' (shape, dtype, fill), made once
-
-
 def _check_overlap(out: Mapping[str, Any], names: Mapping[str, str], call: Any, inputs: list) -> None:
     """No output overlaps another output, an operand or an input (names as the caller's)."""
     check_no_overlap([(names.get(k, f"outputs[{k!r}]"), v) for k, v in out.items()],
                      [call.a, getattr(call, "b", None), getattr(call, "sfa", None), getattr(call, "sfb", None),
                       call.offsets] + list(inputs))
-
-
-def _memo_key(operands: tuple, kw: Mapping[str, Any], inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None,
-              names: Mapping[str, str] | None) -> tuple | None:
-    """(key, arguments, addresses) of a call whose arguments are all torch tensors, None or ints:
-    the key holds each tensor's (dtype, shape, strides, device), the ints, and which arguments
-    share an address (so that views matched by address stay matched); None for anything else."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    tensor = torch.Tensor
-    items = (*operands, *(kw[k] for k in sorted(kw)), *(inputs[k] for k in sorted(inputs)),
-             *((outputs[k] for k in sorted(outputs)) if outputs else ()))
-    sig = []
-    ptrs = []
-    for x in items:
-        if x is None:
-            sig.append(None)
-            ptrs.append(0)
-        elif isinstance(x, tensor):
-            sig.append((x.dtype, x.shape, x.stride(), x.get_device()))
-            ptrs.append(x.data_ptr())
-        elif type(x) is int:
-            sig.append(x)
-            ptrs.append(0)
-        else:
-            return None
-    alias = tuple(ptrs.index(q) if q else -1 for q in ptrs)
-    shape = (len(operands), tuple(sorted(kw)), tuple(sorted(inputs)), tuple(sorted(outputs)) if outputs else None,
-             tuple(names.items()) if names else None)
-    return (shape, tuple(sig), alias), items, ptrs
 
 
 def _bind(names: tuple[str, ...], operands: tuple, kw: Mapping[str, Any]) -> list[Any]:
