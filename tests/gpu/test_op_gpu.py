@@ -11,6 +11,7 @@ the block-scaled comparisons bit-exact; the BF16 ones use random normal data and
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # share the GPU with torch
 
@@ -24,73 +25,9 @@ from fusegemm.problems import make_grouped_problem  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-BF16_SPEC = """\
-schema: 2
-name: user_gelu_bias
-kernel: grouped_gemm
-problem: grouped
-summary: GELU-tanh of alpha * acc plus a column bias, times a row scale.
-epilogue:
-  inputs:
-    row_scale: {per: row}
-    bias: {per: column, dtype: bfloat16}
-    alpha: {per: expert}
-  compute:
-    - g = gelu_tanh(fma(acc, alpha, bias)) * row_scale
-  outputs:
-    d: {dtype: d_dtype, value: g}
-choices:
-  ab_dtype: [bfloat16]
-  d_dtype: [bfloat16, float32]
-  weight_mode: [dense]
-  b_major: [k]
-  scheduler: [static]
-  tile_m: [64, 128, 256]
-  tile_n: [128, 256]
-  cluster_m: [1, 2]
-  cluster_n: [1]
-constraints:
-  - if: {tile_m: 256}
-    then: {cluster_m: [2]}
-    because: "2-CTA tiles"
-defaults: {d_dtype: float32, weight_mode: dense, b_major: k, scheduler: static, tile_m: 256, tile_n: 256,
-           cluster_m: 2, cluster_n: 1}
-prebuild: [{}]
-"""
-
-MX_SPEC = """\
-schema: 2
-name: user_srelu2_mx
-kernel: grouped_gemm_srelu
-problem: grouped
-summary: sReLU squared with MXFP8 row quantization and a per-expert amax.
-epilogue:
-  inputs:
-    prob: {per: row}
-    alpha: {per: expert}
-    norm_const: {per: scalar}
-  compute:
-    - r = relu(acc * alpha)
-    - d = square(square(r)) * prob
-  outputs:
-    d: {dtype: d_dtype, quantize: {row: true, norm_const: norm_const, convention: quant}}
-  reductions:
-    - {name: amax, kind: amax, of: d, scope: expert}
-choices:
-  ab_dtype: [float8_e4m3fn]
-  sf_dtype: [float8_e8m0fnu]
-  sf_vec_size: [32]
-  d_dtype: [float8_e4m3fn]
-  weight_mode: [dense]
-  b_major: [k]
-  tile_m: [128, 256]
-  tile_n: [128, 256]
-  cluster_m: [1, 2]
-  cluster_n: [1]
-defaults: {ab_dtype: float8_e4m3fn, sf_dtype: float8_e8m0fnu, sf_vec_size: 32, d_dtype: float8_e4m3fn,
-           weight_mode: dense, b_major: k, tile_m: 128, tile_n: 256, cluster_m: 1, cluster_n: 1}
-prebuild: [{}]
-"""
+DATA = Path(__file__).resolve().parents[1] / "data"
+BF16_SPEC = (DATA / "user_gelu_bias.yaml").read_text()
+MX_SPEC = (DATA / "user_srelu2_mx.yaml").read_text()
 
 WGRAD_SPEC = """\
 schema: 2

@@ -23,41 +23,8 @@ from test_scaled_errors import _cpu  # noqa: E402
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 
-# A user's BF16 spec whose inputs are declared in another order than the ABI's slots: its first
-# row input (row_scale here) takes the first row slot, which the seed calls prob.
-USER_BF16 = """\
-schema: 2
-name: user_gelu_bias
-kernel: grouped_gemm
-problem: grouped
-summary: GELU-tanh of alpha * acc + a column bias, times a row scale.
-epilogue:
-  inputs:
-    row_scale: {per: row}
-    bias: {per: column, dtype: bfloat16}
-    alpha: {per: expert}
-  compute:
-    - g = gelu_tanh(fma(acc, alpha, bias)) * row_scale
-  outputs:
-    d: {dtype: d_dtype, value: g}
-choices:
-  ab_dtype: [bfloat16]
-  d_dtype: [bfloat16, float32]
-  weight_mode: [dense]
-  b_major: [k]
-  scheduler: [static]
-  tile_m: [64, 128, 256]
-  tile_n: [128, 256]
-  cluster_m: [1, 2]
-  cluster_n: [1]
-constraints:
-  - if: {tile_m: 256}
-    then: {cluster_m: [2]}
-    because: "2-CTA tiles"
-defaults: {d_dtype: float32, weight_mode: dense, b_major: k, scheduler: static, tile_m: 256, tile_n: 256,
-           cluster_m: 2, cluster_n: 1}
-prebuild: [{}]
-"""
+DATA = Path(__file__).resolve().parents[1] / "data"
+USER_BF16 = (DATA / "user_gelu_bias.yaml").read_text()      # inputs declared out of the ABI's slot order
 
 
 class _Maps:
@@ -177,39 +144,7 @@ def test_the_named_faces_keep_their_families():
     assert Op("grouped_gemm_srelu", arch="sm_90a").kind == "scaled"
 
 
-USER_SCALED = """\
-schema: 2
-name: user_srelu2_mx
-kernel: grouped_gemm_srelu
-problem: grouped
-summary: sReLU squared with MXFP8 row quantization and a per-expert amax.
-epilogue:
-  inputs:
-    prob: {per: row}
-    alpha: {per: expert}
-    norm_const: {per: scalar}
-  compute:
-    - r = relu(acc * alpha)
-    - d = square(square(r)) * prob
-  outputs:
-    d: {dtype: d_dtype, quantize: {row: true, norm_const: norm_const, convention: quant}}
-  reductions:
-    - {name: amax, kind: amax, of: d, scope: expert}
-choices:
-  ab_dtype: [float8_e4m3fn]
-  sf_dtype: [float8_e8m0fnu]
-  sf_vec_size: [32]
-  d_dtype: [float8_e4m3fn]
-  weight_mode: [dense]
-  b_major: [k]
-  tile_m: [128, 256]
-  tile_n: [128, 256]
-  cluster_m: [1, 2]
-  cluster_n: [1]
-defaults: {ab_dtype: float8_e4m3fn, sf_dtype: float8_e8m0fnu, sf_vec_size: 32, d_dtype: float8_e4m3fn,
-           weight_mode: dense, b_major: k, tile_m: 128, tile_n: 256, cluster_m: 1, cluster_n: 1}
-prebuild: [{}]
-"""
+USER_SCALED = (DATA / "user_srelu2_mx.yaml").read_text()
 
 
 def test_user_mxfp8_spec_runs_on_the_block_scaled_class(tmp_path, no_device):
