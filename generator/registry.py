@@ -107,6 +107,16 @@ class Implementation:
                              f"and the launch axes only both together ({', '.join(LAUNCH_AXES)})")
 
     @property
+    def operands(self) -> str:
+        """The kernel class's operands, which fix how an op is called (fusegemm/ops/engine.py):
+        ``grouped`` (BF16, M-grouped), ``kgrouped`` (BF16, K-grouped: weight gradients),
+        ``scaled`` (block-scaled, M-grouped) or ``batched`` (block-scaled, batched)."""
+        problem = problem_of(self.family)
+        if self.template.startswith("blockscaled"):
+            return "batched" if problem == "batched" else "scaled"
+        return "kgrouped" if problem == "kgrouped" else "grouped"
+
+    @property
     def status(self) -> str:
         """``implemented``: a row is the kernel that implements its family on its arch."""
         return IMPLEMENTED

@@ -49,17 +49,14 @@ RESET_BITS = {"amax": 0xFF800000, "dprob": 0}     # -inf, +0.0
 
 
 def kernel_class(family: str, arch: str = "sm_90a") -> str:
-    """``grouped``, ``kgrouped``, ``scaled`` or ``batched``: the operands ``family``'s kernel reads
-    (from its registry row's template and the problem it solves)."""
+    """``grouped``, ``kgrouped``, ``scaled`` or ``batched``: the operands ``family``'s kernel
+    reads (its registry row's ``operands``; any arch's row where ``arch`` has none)."""
     from ..generator import registry
     row = registry.lookup(family, arch) or next((r for r in registry.ROWS if r.family == family), None)
     if row is None:
         raise UnsupportedError(f"kernel family {family!r} has no kernel; families: "
                                f"{', '.join(registry.families())}")
-    problem = registry.problem_of(family)
-    if row.template.startswith("blockscaled"):
-        return "batched" if problem == "batched" else "scaled"
-    return "kgrouped" if problem == "kgrouped" else "grouped"
+    return row.operands
 
 
 class Op:
