@@ -7,7 +7,7 @@ seed wrappers of grouped GEMM + sReLU, + quant, + dSwiGLU and batched GEMM + ama
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 from ..base.errors import ArgumentError
 from ..runtime.tensors import TensorView
@@ -73,12 +73,6 @@ class BlockScaledGemm(Op):
     def check_device(self, call: ScaledCall, more: list[tuple[str, TensorView, int]] = ()) -> int:
         """Every operand on this op's device at an aligned address; the device ordinal."""
         return self._check_devices(call, list(more))
-
-    def _inputs(self, given: Mapping[str, Any], call: Any, deferred: Any, names: Any = None,
-                *rest: Any) -> tuple[dict[str, int], list[Any]]:
-        if not isinstance(deferred, list):   # the old (given, call, width, deferred, names) order
-            deferred, names = names, (rest[0] if rest else None)
-        return super()._inputs(given, call, deferred, names)
 
     def maps(self, call: ScaledCall) -> dict[str, bytes]:
         """A, B, SFA and SFB tensor maps, boxes and swizzles from the kernel's contract."""
