@@ -332,20 +332,20 @@ struct BlockEngine {
     rule.elem_block(p, row_ok ? row : row0, j0, width, eb);
     RowVals<ElementC, kPackC> vc0, vc1;
     RowVals<ElementD, kPackD> vd0, vd1;
+    // One column's results into the row vectors and the partial reductions, in column order.
+    auto take = [&](int i, bool in, const typename Rule::Out& o) {
+      if constexpr (Rule::kHasC && Rule::kPairedC) { vc0.set(i, in ? o.c0 : 0.0f); vc1.set(i, in ? o.c1 : 0.0f); }
+      if constexpr (Rule::kHasC && !Rule::kPairedC) vc0.set(i, in ? o.c : 0.0f);
+      if constexpr (Rule::kHasD && Rule::kPairedD) { vd0.set(i, in ? o.d0 : 0.0f); vd1.set(i, in ? o.d1 : 0.0f); }
+      if constexpr (Rule::kHasD && !Rule::kPairedD) vd0.set(i, in ? o.d : 0.0f);
+      if constexpr (Rule::kAmaxCount > 0) part.amax[0] = fmax_nan(part.amax[0], in ? fabsf(o.amax0) : 0.0f);
+      if constexpr (Rule::kAmaxCount > 1) part.amax[1] = fmax_nan(part.amax[1], in ? fabsf(o.amax1) : 0.0f);
+      if constexpr (Rule::kRowSum) part.rowsum = in ? __fadd_rn(part.rowsum, o.rowsum) : part.rowsum;
+    };
     if constexpr (packed_f32<Rule>()) {
       // vector_f32 (sm_100a): columns i and i + 1 in one apply2(), packed FP32 arithmetic with
-      // the scalar rule's bits (fusegemm/sm100/packed_f32.cuh); results taken in column order,
-      // as below. A pair whose second column is past the row end takes the scalar apply() (it
-      // reads no input past the end).
-      auto take = [&](int i, bool in, const typename Rule::Out& o) {
-        if constexpr (Rule::kHasC && Rule::kPairedC) { vc0.set(i, in ? o.c0 : 0.0f); vc1.set(i, in ? o.c1 : 0.0f); }
-        if constexpr (Rule::kHasC && !Rule::kPairedC) vc0.set(i, in ? o.c : 0.0f);
-        if constexpr (Rule::kHasD && Rule::kPairedD) { vd0.set(i, in ? o.d0 : 0.0f); vd1.set(i, in ? o.d1 : 0.0f); }
-        if constexpr (Rule::kHasD && !Rule::kPairedD) vd0.set(i, in ? o.d : 0.0f);
-        if constexpr (Rule::kAmaxCount > 0) part.amax[0] = fmax_nan(part.amax[0], in ? fabsf(o.amax0) : 0.0f);
-        if constexpr (Rule::kAmaxCount > 1) part.amax[1] = fmax_nan(part.amax[1], in ? fabsf(o.amax1) : 0.0f);
-        if constexpr (Rule::kRowSum) part.rowsum = in ? __fadd_rn(part.rowsum, o.rowsum) : part.rowsum;
-      };
+      // the scalar rule's bits (fusegemm/sm100/packed_f32.cuh). A pair whose second column is
+      // past the row end takes the scalar apply() (it reads no input past the end).
 #pragma unroll
       for (int i = 0; i < 32; i += 2) {
         const int j = j0 + i;
@@ -361,20 +361,14 @@ struct BlockEngine {
         take(i, in0, o0);
         take(i + 1, in1, o1);
       }
-    } else {   // the scalar loop as before vector_f32 (the default kernels' SASS is unchanged)
+    } else {
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         const int j = j0 + i;
         const bool in = row_ok && j < width;
         typename Rule::Out o{};
         if (in) o = rule.apply(acc_at(i), kPaired ? acc_at(32 + i) : 0.0f, ri, rule.elem_at(p, eb, i, j));
-        if constexpr (Rule::kHasC && Rule::kPairedC) { vc0.set(i, in ? o.c0 : 0.0f); vc1.set(i, in ? o.c1 : 0.0f); }
-        if constexpr (Rule::kHasC && !Rule::kPairedC) vc0.set(i, in ? o.c : 0.0f);
-        if constexpr (Rule::kHasD && Rule::kPairedD) { vd0.set(i, in ? o.d0 : 0.0f); vd1.set(i, in ? o.d1 : 0.0f); }
-        if constexpr (Rule::kHasD && !Rule::kPairedD) vd0.set(i, in ? o.d : 0.0f);
-        if constexpr (Rule::kAmaxCount > 0) part.amax[0] = fmax_nan(part.amax[0], in ? fabsf(o.amax0) : 0.0f);
-        if constexpr (Rule::kAmaxCount > 1) part.amax[1] = fmax_nan(part.amax[1], in ? fabsf(o.amax1) : 0.0f);
-        if constexpr (Rule::kRowSum) part.rowsum = in ? __fadd_rn(part.rowsum, o.rowsum) : part.rowsum;
+        take(i, in, o);
       }
     }
     (void)vc1;
