@@ -1,7 +1,6 @@
-"""The sm_90a block-scaled kernels (fusegemm/sm90/blockscaled_*.cuh) compiled on the CPU: every
-family with a spread of its variants, both mainloop designs, 0 spills, shared memory within the
-opt-in limit, and the instructions each design must contain (FP8 WGMMA + promotion math, or the
-FP8 -> f16 conversions + BF16 WGMMA). What the H200 runs is measured in tests/gpu and bench/."""
+"""The sm_90a block-scaled kernel (fusegemm/sm90/blockscaled_*.cuh) compiled on the CPU: every
+family with a spread of its variants, 0 spills, shared memory within the opt-in limit, and the
+instructions it must contain (FP8 WGMMA + promotion math). What the H200 runs is measured in tests/gpu and bench/."""
 from __future__ import annotations
 
 import pytest
@@ -27,51 +26,29 @@ CASES = [
     ("gemm_amax", {}),
     ("gemm_amax", dict(cd_major="m", c_dtype="bfloat16", tile_n=256)),
 ]
-DESIGNS = {"promote": ("-DFUSEGEMM_SM90_BS_MAINLOOP=1",), "dequant": ("-DFUSEGEMM_SM90_BS_MAINLOOP=0",)}
-
-
-def _compile(spec, axes, design):
+def _compile(spec, axes):
     variant = make_variant(spec, arch="sm_90a", **axes)
     src = render(variant)
     assert src.impl.kernel == "fusegemm::sm90::BlockScaledGemmKernel", src.impl
-    cub = compile_source(src.text, arch="sm_90a", kernel=src.symbol, extra=DESIGNS[design])
+    cub = compile_source(src.text, arch="sm_90a", kernel=src.symbol)
     return src, cub
 
 
-@pytest.mark.parametrize("design", list(DESIGNS))
 @pytest.mark.parametrize("spec,axes", CASES, ids=lambda x: x if isinstance(x, str) else ".".join(map(str, x.values())))
-def test_sm90_block_scaled_kernels_compile_clean(spec, axes, design):
-    src, cub = _compile(spec, axes, design)
+def test_sm90_block_scaled_kernels_compile_clean(spec, axes):
+    src, cub = _compile(spec, axes)
     res = Cubin(cub.data).resources(src.symbol)
     contract = Cubin(cub.data).contract(src.symbol)
-    # The shipped design must not spill. The dequant design (kept for comparison, not selected)
-    # gives its consumers 200 registers under 512 threads; the dSwiGLU FP8-D epilogue needs a
-    # little more and spills 8 bytes there (recorded in the README beside its figures).
-    allowed = 8 if design == "dequant" and spec == "grouped_gemm_dswiglu" else 0
-    assert res.local_bytes <= allowed, (spec, axes, design, "spills / local memory", res)
+    assert res.local_bytes == 0, (spec, axes, "spills / local memory", res)
     assert contract.smem_bytes <= SMEM_LIMIT
-    assert contract.threads == (384 if design == "promote" else 512)
+    assert contract.threads == 384
     assert (contract.sf_box_k, contract.tile_m) == (1, 128)
     # nvdisasm is a test dependency (pyproject's [test] extra): without it this fails, naming the
     # wheels to install, instead of passing with the SASS unchecked.
     hist = disasm.sass_histogram(cub.data)
-    if design == "promote":
-        assert disasm.count_prefix(hist, "QGMMA") > 0, "FP8 WGMMA"
-        assert disasm.count_prefix(hist, "HGMMA") == 0
-        assert disasm.count_prefix(hist, "FFMA") >= 64, "the promotion's FFMAs"
-    else:
-        assert disasm.count_prefix(hist, "HGMMA") > 0, "BF16 WGMMA"
-        assert disasm.count_prefix(hist, "QGMMA") == 0
-        assert disasm.count_prefix(hist, "F2FP") > 0, "FP8 -> f16 conversions and BF16 packing"
-
-
-def test_default_design_is_promotion():
-    """The registry's kernel is design (a) unless FUSEGEMM_SM90_BS_MAINLOOP says otherwise (the
-    faster on the H200: README "Block-scaled ops")."""
-    variant = make_variant("grouped_gemm_quant", arch="sm_90a", d_dtype="float8_e4m3fn")
-    src = render(variant)
-    cub = compile_source(src.text, arch="sm_90a", kernel=src.symbol)
-    assert Cubin(cub.data).contract(src.symbol).threads == 384
+    assert disasm.count_prefix(hist, "QGMMA") > 0, "FP8 WGMMA"
+    assert disasm.count_prefix(hist, "HGMMA") == 0
+    assert disasm.count_prefix(hist, "FFMA") >= 64, "the promotion's FFMAs"
 
 
 PAIRED_MX = """\
@@ -106,12 +83,11 @@ prebuild: [{}]
 
 
 def test_configuration_checks_hold_in_the_promoting_kernel(tmp_path):
-    """ScaledConfigChecks' static_asserts fire in the default (promoting) design too: it named the
-    struct without instantiating it, so a gate/up-paired accumulator, which no sm_90a block-scaled
-    kernel implements, compiled there untested (found writing the MXFP8 SwiGLU spec)."""
+    """ScaledConfigChecks' static_asserts fire in the promoting kernel: it named the struct without
+    instantiating it, so a gate/up-paired accumulator, which no sm_90a block-scaled kernel
+    implements, compiled there untested (found writing the MXFP8 SwiGLU spec)."""
     from fusegemm.base.errors import CompileError
     path = tmp_path / "paired_mx.yaml"
     path.write_text(PAIRED_MX)
-    for design in DESIGNS:
-        with pytest.raises(CompileError, match="the accumulator is not gate/up paired"):
-            _compile(str(path), {}, design)
+    with pytest.raises(CompileError, match="the accumulator is not gate/up paired"):
+        _compile(str(path), {})

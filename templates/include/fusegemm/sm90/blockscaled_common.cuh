@@ -1,5 +1,5 @@
-// What the two sm_90a block-scaled mainloops (blockscaled_promote.cuh, blockscaled_dequant.cuh)
-// share: the operand checks, the tile schedule (grouped over padded_offsets or batched), the
+// What the sm_90a block-scaled kernel (blockscaled_promote.cuh) keeps apart from its mainloop:
+// the operand checks, the tile schedule (grouped over padded_offsets or batched), the
 // tile ring the producer publishes tiles through, the B / SFB tensor maps of discrete weights,
 // and the host contract fields that do not depend on the mainloop.
 #pragma once
@@ -11,7 +11,7 @@
 namespace fusegemm {
 namespace sm90 {
 
-// The Config facts both kernels require (the registry's sm_90a limits state the same).
+// The Config facts the kernel requires (the registry's sm_90a limits state the same).
 template <class Config>
 struct ScaledConfigChecks {
   using ElementAB = typename Config::ElementA;
