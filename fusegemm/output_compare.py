@@ -1,6 +1,6 @@
 """Comparing a GPU op's outputs with fusegemm.reference: the rules `fusegemm selftest`, the
 first-run verification and tests/gpu share. (An op's argument checks, before a launch, are
-fusegemm/ops/checks.py.)
+fusegemm/ops/arg_checks.py.)
 
 * ``device_args`` turns a reference call's arguments (numpy, ml_dtypes FP8/E8M0/bf16 included,
   strided views kept as views) into CUDA torch tensors; per-expert ``b_list`` / ``sfb_list`` become

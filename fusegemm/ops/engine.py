@@ -32,11 +32,11 @@ from .. import arguments as args
 from ..base.dtypes import DTYPES
 from ..base.errors import ArgumentError, UnsupportedError
 from ..tupledict import TupleDict
-from . import checks
+from . import arg_checks as checks
 from . import device as _device
 from .device import alloc, alloc_outputs
 from .grouped_operands import parse_call, shape_of
-from .launcher import GroupedLauncher
+from .loaded_kernel import LoadedKernel
 from .prepared import is_dry
 from .scaled_operands import SF_AXIS, ab_axis, parse_batched, parse_scaled
 
@@ -96,7 +96,7 @@ class Op:
         self.variant = make_variant(self.spec, arch=self.arch, **axes)
         self.epilogue = self.spec.epilogue.resolve(self.variant.choices)
         self._e5m2 = e5m2_rcp_max
-        self._launcher: GroupedLauncher | None = None
+        self._launcher: LoadedKernel | None = None
 
     # ---------------------------------------------------------------------------------
     @classmethod
@@ -137,7 +137,7 @@ class Op:
         loads no module); returns self. A fake implementation's trace compiles nothing."""
         if self._launcher is None and not is_dry():
             self.check_support()
-            self._launcher = GroupedLauncher.build(self.variant, self.device)
+            self._launcher = LoadedKernel.build(self.variant, self.device)
             if self.kind == "grouped":
                 from .tail import prepare
                 prepare(self.device)
@@ -558,7 +558,7 @@ _DEVICE_OPERANDS = {
 
 
 # ---------------------------------------------------------------- launch plans: maps, scalars, grid
-def _plan_grouped(op: Op, call: Any, ln: GroupedLauncher, out: Mapping[str, int]) -> Any:
+def _plan_grouped(op: Op, call: Any, ln: LoadedKernel, out: Mapping[str, int]) -> Any:
     s = shape_of(call)
     if s.m < op.variant.tile_m:
         # No row tile: M is a multiple of 256, so M = 0 and the row outputs have no rows to zero.
@@ -567,8 +567,8 @@ def _plan_grouped(op: Op, call: Any, ln: GroupedLauncher, out: Mapping[str, int]
                            "b_ptrs": call.b_ptrs.ptr if call.b_ptrs is not None else 0}
 
 
-def _plan_kgrouped(op: Op, call: _KCall, ln: GroupedLauncher, out: Mapping[str, int]) -> Any:
-    from .launcher import GroupedShape
+def _plan_kgrouped(op: Op, call: _KCall, ln: LoadedKernel, out: Mapping[str, int]) -> Any:
+    from .loaded_kernel import GroupedShape
     from .prepared import persistent_grid
     c, tiled, item = ln.contract, ln.tmaps.tiled, DTYPES["bfloat16"].itemsize
     m, n, t = call.m_out, call.n, call.t
@@ -589,8 +589,8 @@ def _plan_kgrouped(op: Op, call: _KCall, ln: GroupedLauncher, out: Mapping[str, 
     return grid, s, values
 
 
-def _plan_scaled(op: Op, call: Any, ln: GroupedLauncher, out: Mapping[str, int]) -> Any:
-    from .launcher import GroupedShape
+def _plan_scaled(op: Op, call: Any, ln: LoadedKernel, out: Mapping[str, int]) -> Any:
+    from .loaded_kernel import GroupedShape
     tile_m = op.variant.tile_m
     # Batched: the grid covers L * ceil(M / TILE_M) row blocks; m_rows is M of one batch.
     rows = call.l * -(-call.m // tile_m) * tile_m if call.batched else call.m
@@ -604,7 +604,7 @@ def _plan_scaled(op: Op, call: Any, ln: GroupedLauncher, out: Mapping[str, int])
     return ln.grid(s), s, values
 
 
-def scaled_maps(ln: GroupedLauncher, call: Any) -> dict[str, bytes]:
+def scaled_maps(ln: LoadedKernel, call: Any) -> dict[str, bytes]:
     """A, B, SFA and SFB tensor maps of block-scaled operands, boxes and swizzles from the kernel's
     contract (scale atoms of 512 bytes, :mod:`fusegemm.formats.scales`)."""
     atom = 512

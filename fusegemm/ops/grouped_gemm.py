@@ -25,11 +25,11 @@ from ..runtime import launch as _launch
 from ..runtime.load import thread_context
 from ..runtime.tensors import resolve_stream, view
 from ..tupledict import TupleDict
-from . import checks
+from . import arg_checks as checks
 from . import device as _device
 from .device import alloc, offsets_on_host
 from .grouped_operands import ALIGNMENT, Layout, check_output, parse_call
-from .launcher import GroupedLauncher
+from .loaded_kernel import LoadedKernel
 from .param_docs import GPU, outputs
 from .prepared import OpCache, signature
 
@@ -162,7 +162,7 @@ class GroupedGemm:
         defaults = default_choice(_spec(), self.arch)
         self.tile = tile or (defaults["tile_m"], defaults["tile_n"])
         self.cluster = cluster or (defaults["cluster_m"], defaults["cluster_n"])
-        self._launcher: GroupedLauncher | None = None
+        self._launcher: LoadedKernel | None = None
         # Host fast path: per argument signature, what a full validation proved (_Entry).
         self._entries: dict[tuple, _Entry] = {}
 
@@ -224,7 +224,7 @@ class GroupedGemm:
             raise UnsupportedError(f"spec {SPEC}: the seed's {missing[0]}_tensor has no epilogue input "
                                    f"{missing[0]!r} (inputs: {', '.join(sorted(slots))})")
         self._slots = slots
-        self._launcher = GroupedLauncher.build(variant, self.device)
+        self._launcher = LoadedKernel.build(variant, self.device)
         return self
 
     # ---------------------------------------------------------------------------------

@@ -14,9 +14,9 @@ from .. import arguments as args
 from ..base.dtypes import DTYPES
 from ..base.errors import ArgumentError
 from ..runtime.tensors import TensorView
-from . import checks
-from .checks import aligned, dtype_arg, row_pitch_aligned, unit_stride
-from .launcher import GroupedShape
+from . import arg_checks as checks
+from .arg_checks import aligned, dtype_arg, row_pitch_aligned, unit_stride
+from .loaded_kernel import GroupedShape
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from ..base.errors import ArgumentError
 from ..runtime.tensors import TensorView, view
-from . import checks
+from . import arg_checks as checks
 from .. import reference as _reference
 from .blockscaled import BlockScaledGemm
 from .engine import as_bytes, check_no_overlap, native_output, reset

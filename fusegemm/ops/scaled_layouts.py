@@ -18,7 +18,7 @@ from typing import Any
 from .. import arguments as args
 from ..base.errors import ArgumentError, UnsupportedError
 from ..runtime.tensors import TensorView, view
-from . import checks
+from . import arg_checks as checks
 from .scaled_operands import FP4_DTYPES, is_mn_major
 
 # The MN-major value of each layout axis and the argument it describes.

@@ -15,7 +15,7 @@ from .. import arguments as args
 from ..base.errors import ArgumentError, UnsupportedError
 from ..formats.scales import sf_physical_shape, sf_view_shape
 from ..runtime.tensors import TensorView, dense_strides
-from . import checks
+from . import arg_checks as checks
 
 FAMILIES = ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax")
 # Packed FP4 A/B (two E2M1 values per byte, the even element in the low nibble): raw uint8 bytes

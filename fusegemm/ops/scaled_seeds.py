@@ -27,7 +27,7 @@ from ..formats.scales import sf_to_kernel_view
 from ..runtime.interop import dlpack_io
 from ..runtime.tensors import view
 from ..tupledict import TupleDict
-from . import checks
+from . import arg_checks as checks
 from .blockscaled import BlockScaledGemm
 from .scaled_operands import SF_AXIS, ab_axis
 from .param_docs import GPU

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import fusegemm.ops.checks as checks  # noqa: E402
+import fusegemm.ops.arg_checks as checks  # noqa: E402
 import fusegemm.ops.device as device  # noqa: E402
 import fusegemm.ops.grouped_gemm as op_mod  # noqa: E402
 import fusegemm.runtime.launch as launch_mod  # noqa: E402

@@ -222,17 +222,17 @@ def test_the_checker_sees_a_violation(tmp_path):
     (tmp_path / "runtime").mkdir()
     (tmp_path / "generator").mkdir()
     (tmp_path / "runtime" / "x.py").write_text(
-        "def f():\n    from ..generator.render import render\n    import fusegemm.ops.launcher\n")
+        "def f():\n    from ..generator.render import render\n    import fusegemm.ops.loaded_kernel\n")
     (tmp_path / "generator" / "render.py").write_text("")
     (tmp_path / "ops").mkdir()
-    (tmp_path / "ops" / "launcher.py").write_text("from ..runtime import x\n")
+    (tmp_path / "ops" / "loaded_kernel.py").write_text("from ..runtime import x\n")
     graph = import_graph({tmp_path / "runtime": "fusegemm.runtime", tmp_path / "generator": "fusegemm.generator",
                           tmp_path / "ops": "fusegemm.ops"})
-    assert graph["fusegemm.runtime.x"] == {"fusegemm.generator.render": 2, "fusegemm.ops.launcher": 3}
+    assert graph["fusegemm.runtime.x"] == {"fusegemm.generator.render": 2, "fusegemm.ops.loaded_kernel": 3}
     assert upward(graph) == [
         "fusegemm.runtime.x (runtime):2 imports fusegemm.generator.render (generator)",
-        "fusegemm.runtime.x (runtime):3 imports fusegemm.ops.launcher (ops)"]
-    assert cycles(graph) == [["fusegemm.ops.launcher", "fusegemm.runtime.x"]]
+        "fusegemm.runtime.x (runtime):3 imports fusegemm.ops.loaded_kernel (ops)"]
+    assert cycles(graph) == [["fusegemm.ops.loaded_kernel", "fusegemm.runtime.x"]]
 
 
 def test_the_checker_sees_a_cycle_inside_a_layer(tmp_path):
@@ -267,7 +267,7 @@ def test_nothing_imports_the_package_root(tmp_path):
      ("fusegemm.generator", "fusegemm.ops", "fusegemm.pipeline")),
     ("fusegemm.base.errors, fusegemm.base.dtypes, fusegemm.base.archs, fusegemm.base.contract, fusegemm.base.hooks",
      ("fusegemm.generator", "fusegemm.runtime", "fusegemm.ops", "fusegemm.verify", "fusegemm.tune", "numpy")),
-    ("fusegemm.ops.launcher, fusegemm.ops.grouped_gemm",
+    ("fusegemm.ops.loaded_kernel, fusegemm.ops.grouped_gemm",
      ("fusegemm.verify", "fusegemm.selftest", "fusegemm.tune", "fusegemm.cli")),
 ])
 def test_each_layer_imports_alone(modules, forbidden):

@@ -37,7 +37,7 @@ class _Maps:
 
 
 class _Launcher:
-    """Stands in for GroupedLauncher: records the values a launch packs."""
+    """Stands in for LoadedKernel: records the values a launch packs."""
 
     def __init__(self):
         from fusegemm.base.contract import KernelContract
@@ -292,7 +292,7 @@ def test_grouped_gemm_class_writes_the_seed_inputs_through_the_spec_slots(tmp_pa
                          "    prob: {per: row, default: 1.0}").replace("- g = alpha * acc", "- g = alpha * acc * gate")
     (tmp_path / "grouped_gemm.yaml").write_text(moved)
     monkeypatch.setattr(gg, "_spec", lambda: load(tmp_path / "grouped_gemm.yaml"))
-    monkeypatch.setattr(gg.GroupedLauncher, "build", classmethod(lambda cls, v, d: _Launcher()))
+    monkeypatch.setattr(gg.LoadedKernel, "build", classmethod(lambda cls, v, d: _Launcher()))
     a = torch.zeros((512, 64), dtype=torch.bfloat16)
     b = torch.zeros((2, 256, 64), dtype=torch.bfloat16)
     off = torch.tensor([256, 512], dtype=torch.int32)

@@ -224,7 +224,7 @@ def test_vector_f32_classes(monkeypatch):
 
 
 def test_vector_f32_bf16_class(monkeypatch):
-    import fusegemm.ops.checks as checks    # the BF16 class checks devices at construction: CPU as device 0
+    import fusegemm.ops.arg_checks as checks    # the BF16 class checks devices at construction: CPU as device 0
     monkeypatch.setattr(checks, "require_cuda", lambda v, n: 0)
     monkeypatch.setattr(checks, "same_device", lambda views, dev: None)
     a = torch.zeros(512, 64, 1, dtype=torch.bfloat16)

@@ -128,7 +128,7 @@ def test_epilogue_gemm_compile_loads_the_tail_kernel_once(monkeypatch):
     from fusegemm import EpilogueGemm
     from fusegemm.ops import engine, tail
     loads = []
-    monkeypatch.setattr(engine.GroupedLauncher, "build", classmethod(lambda cls, v, d: "launcher"))
+    monkeypatch.setattr(engine.LoadedKernel, "build", classmethod(lambda cls, v, d: "launcher"))
     monkeypatch.setattr(tail, "_kernel", lambda device: loads.append(device) or "kernel")
     op = EpilogueGemm("grouped_gemm", arch="sm_90a", device=3)
     assert op.compile() is op and op.compile() is op

@@ -133,7 +133,7 @@ def test_op_compile_runs_the_gate_before_loading(gate, monkeypatch, session_cach
     before it is loaded; a failing gate leaves nothing loaded."""
     torch = pytest.importorskip("torch")
     from fusegemm import pipeline
-    from fusegemm.ops import checks
+    from fusegemm.ops import arg_checks as checks
     from fusegemm.ops.grouped_gemm import GroupedGemm
     from fusegemm.runtime import load
     real_get = pipeline.get_kernel
@@ -161,7 +161,7 @@ def test_the_ops_reach_the_gate_through_the_hook_the_package_root_installs(gate)
     import sys
 
     from fusegemm.base import hooks
-    code = ("import sys, fusegemm.ops.launcher\nfrom fusegemm.base import hooks\n"
+    code = ("import sys, fusegemm.ops.loaded_kernel\nfrom fusegemm.base import hooks\n"
             "print(hooks.FIRST_LAUNCH.installed, hooks.FIRST_CALL_TUNE.installed, 'fusegemm.verify' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.split() == ["True", "True", "False"], out.stdout + out.stderr

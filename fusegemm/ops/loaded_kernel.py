@@ -1,7 +1,7 @@
 """A compiled grouped-GEMM kernel ready to launch: what every grouped op shares below its
 argument checks.
 
-``GroupedLauncher.build(variant, device, ...)`` compiles (or fetches) the registry's kernel of a
+``LoadedKernel.build(variant, device, ...)`` compiles (or fetches) the registry's kernel of a
 variant, checks the kernel's exported contract against the launch, runs the first-run gate of
 an unexecuted arch and loads the module. Per call it encodes the A/B tensor maps from the
 contract's boxes, sizes the persistent grid, allocates the per-call scratch the contract asks
@@ -35,7 +35,7 @@ class GroupedShape:
     b_mn: bool = False   # N-major B (b_major "n"): maps of (N, K[, L])
 
 
-class GroupedLauncher:
+class LoadedKernel:
     """One loaded kernel of a grouped variant and its launch machinery (thread-safe launches)."""
 
     def __init__(self, variant: Any, built: Any, kernel: Any, device: int) -> None:
@@ -57,7 +57,7 @@ class GroupedLauncher:
         self._local = threading.local()
 
     @classmethod
-    def build(cls, variant: Any, device: int) -> "GroupedLauncher":
+    def build(cls, variant: Any, device: int) -> "LoadedKernel":
         """Compile or fetch, check the contract, pass the first-run gate, load."""
         from ..base.hooks import FIRST_LAUNCH
         from ..pipeline import get_kernel
