@@ -76,7 +76,7 @@ class BlockScaledGemm(Op):
 
     def maps(self, call: ScaledCall) -> dict[str, bytes]:
         """A, B, SFA and SFB tensor maps, boxes and swizzles from the kernel's contract."""
-        from .engine import scaled_maps
+        from .scaled_operands import scaled_maps
         return scaled_maps(self._launcher, call)
 
     def launch(self, call: ScaledCall, values: dict[str, Any], out: dict[str, Any], current_stream: Any) -> None:

@@ -36,16 +36,16 @@ from . import arg_checks as checks
 from . import device as _device
 from .device import alloc, alloc_outputs
 from .grouped_operands import parse_call, shape_of
+from .kgrouped_operands import KCall, parse_kgrouped
 from .loaded_kernel import LoadedKernel
+from .outputs import check_no_overlap, native_output, reset
 from .prepared import is_dry
-from .scaled_operands import SF_AXIS, ab_axis, parse_batched, parse_scaled
+from .scaled_operands import SF_AXIS, ab_axis, parse_batched, parse_scaled, scaled_maps
 
 # SFD: 1 / the largest value of the quantized output (e5m2: the seed page's 1/57344, or NVIDIA's
 # kernels' 1/128 with e5m2_rcp_max="nvidia").
 RCP_MAX = {"float8_e4m3fn": 1.0 / 448.0, "float4_e2m1fn_x2": 1.0 / 6.0}
 E5M2_RCP_MAX = {"page": 1.0 / 57344.0, "nvidia": 1.0 / 128.0}
-# 32-bit fill patterns of the reductions the kernels accumulate into with atomics.
-RESET_BITS = {"amax": 0xFF800000, "dprob": 0}     # -inf, +0.0
 
 
 def kernel_class(family: str, arch: str = "sm_90a") -> str:
@@ -478,42 +478,8 @@ def _parse_grouped(op: Op, a_tensor: Any, padded_offsets: Any, b_tensor: Any = N
     return call
 
 
-class _KCall:
-    """Validated K-grouped operands (``m``: rows of the dY^T tile, ``m_out``: M of one expert)."""
-
-    def __init__(self, a: Any, b: Any, offsets: Any, t: int, m: int, n: int, l: int) -> None:
-        self.a, self.b, self.offsets = a, b, offsets
-        self.t, self.m_out, self.n, self.l = t, m, n, l
-        self.m = l * m    # rows of the (L * M, N) output the epilogue writes
-
-
-def _token_major(x: Any, name: str, t: int | None) -> Any:
-    """A (T, C) bfloat16 operand, C contiguous, 16-byte row pitch, T a multiple of 256."""
-    v = args.tensor(x, name, ndims=(2,), dtypes=("bfloat16",))
-    rows, cols = v.shape
-    if t is not None and rows != t:
-        raise ArgumentError(f"{name}.shape[0]", rows, f"{t} (the token rows of dy_tensor)")
-    if rows % args.M_ALIGNED:
-        raise ArgumentError(f"{name}.shape[0]", rows, f"a multiple of {args.M_ALIGNED} (padded token rows)")
-    if cols < 8 or cols % 8:
-        raise ArgumentError(f"{name}.shape[1]", cols, "a multiple of 8, at least 8 (16-byte rows)")
-    if rows and (v.strides[1] != 1 or v.strides[0] < cols):
-        raise ArgumentError(f"{name}.stride", v.strides, f"row-major: (at least {cols}, 1)")
-    checks.row_pitch_aligned(v.strides[0], DTYPES[v.dtype].itemsize, name)
-    return v
-
-
-def _parse_kgrouped(op: Op, dy_tensor: Any, x_tensor: Any, padded_offsets: Any) -> _KCall:
-    dy = _token_major(dy_tensor, "dy_tensor", None)
-    t, m = dy.shape
-    x = _token_major(x_tensor, "x_tensor", t)
-    off, l = args.offsets(padded_offsets)
-    tm = op.variant.tile_m
-    if m % tm or m == 0:
-        raise ArgumentError("dy_tensor.shape[1]", m, f"a positive multiple of {tm} (the tile's M: each "
-                                                     f"expert's (M, N) block is whole tiles)")
-    checks.unit_stride(off, "padded_offsets")
-    return _KCall(dy, x, off, t, m, x.shape[1], l)
+def _parse_kgrouped(op: Op, dy_tensor: Any, x_tensor: Any, padded_offsets: Any) -> KCall:
+    return parse_kgrouped(op.variant.tile_m, dy_tensor, x_tensor, padded_offsets)
 
 
 def _check_format(op: Op, call: Any) -> None:
@@ -567,7 +533,7 @@ def _plan_grouped(op: Op, call: Any, ln: LoadedKernel, out: Mapping[str, int]) -
                            "b_ptrs": call.b_ptrs.ptr if call.b_ptrs is not None else 0}
 
 
-def _plan_kgrouped(op: Op, call: _KCall, ln: LoadedKernel, out: Mapping[str, int]) -> Any:
+def _plan_kgrouped(op: Op, call: KCall, ln: LoadedKernel, out: Mapping[str, int]) -> Any:
     from .loaded_kernel import GroupedShape
     from .prepared import persistent_grid
     c, tiled, item = ln.contract, ln.tmaps.tiled, DTYPES["bfloat16"].itemsize
@@ -604,114 +570,4 @@ def _plan_scaled(op: Op, call: Any, ln: LoadedKernel, out: Mapping[str, int]) ->
     return ln.grid(s), s, values
 
 
-def scaled_maps(ln: LoadedKernel, call: Any) -> dict[str, bytes]:
-    """A, B, SFA and SFB tensor maps of block-scaled operands, boxes and swizzles from the kernel's
-    contract (scale atoms of 512 bytes, :mod:`fusegemm.formats.scales`)."""
-    atom = 512
-    c, tiled = ln.contract, ln.tmaps.tiled
-    kb, m, n, l = call.k_bytes, call.m, call.n, call.l
-    box_a, box_b = (c.box_a_inner, c.box_a_outer), (c.box_b_inner, c.box_b_outer)
-    if call.batched:
-        a = tiled(call.a.ptr, "uint8", (kb, m, l), (call.a.strides[0], call.a_lstride), box_a + (1,), c.swizzle_a)
-    else:
-        a = tiled(call.a.ptr, "uint8", (kb, m), (call.a.strides[0],), box_a, c.swizzle_a)
-    if call.discrete:
-        # Templates of the per-expert maps the kernel rewrites on the device: any aligned address
-        # will do (A's is one).
-        b = tiled(call.a.ptr, "uint8", (kb, n), (kb,), box_b, c.swizzle_b)
-    else:
-        b = tiled(call.b.ptr, "uint8", (kb, n, l), call.b_strides, box_b + (1,), c.swizzle_b)
-    kt, mt, nt = -(-call.sfk // 4), -(-m // 128), -(-n // 128)
-    box_sfa, box_sfb = (128, c.sf_box_k, 1, 1), (128, c.sf_box_k, c.sf_box_nb, 1)
-    sfa = tiled(call.sfa.ptr, "uint32", (128, kt, mt, l if call.batched else 1),
-                (atom, kt * atom, mt * kt * atom), box_sfa, 0)
-    sfb_base, sfb_l = (call.sfa.ptr, 1) if call.discrete else (call.sfb.ptr, l)
-    sfb = tiled(sfb_base, "uint32", (128, kt, nt, sfb_l), (atom, kt * atom, nt * kt * atom), box_sfb, 0)
-    return {"tma_a": a, "tma_b": b, "tma_sfa": sfa, "tma_sfb": sfb}
-
-
 _PLANS = {"grouped": _plan_grouped, "kgrouped": _plan_kgrouped, "scaled": _plan_scaled, "batched": _plan_scaled}
-
-
-# ---------------------------------------------------------------- caller-owned outputs
-def _extent(v: Any) -> tuple[int, int]:
-    """[first, last] byte addresses a view touches."""
-    span = sum((d - 1) * abs(s) for d, s in zip(v.shape, v.strides) if d > 0) if v.numel() else -1
-    return v.ptr, v.ptr + (span + 1) * max(v.itemsize, 1) - 1
-
-
-def _squeezed(shape: Any) -> list[int]:
-    """Extents other than 1: the seed's (M, N, 1) and the kernel's (M, N) hold the same data."""
-    return [int(d) for d in shape if d != 1]
-
-
-# Outputs the kernel writes as raw bytes: FP8, E8M0 / int8 scales, packed FP4 (uint8 or
-# torch.float4_e2m1fn_x2, the seeds' two spellings).
-_BYTE_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "int8", "float4_e2m1fn_x2")
-
-
-def as_bytes(t: Any) -> Any:
-    """A torch output of a byte dtype viewed as the uint8 bytes the kernel writes."""
-    import torch
-    return t.view(torch.uint8) if str(t.dtype).removeprefix("torch.") in _BYTE_DTYPES else t
-
-
-def native_output(x: Any, name: str, shape: tuple[int, ...], store: str) -> Any:
-    """The caller's output ``x`` (seed layout) as the dense buffer the kernel writes: C/D
-    ``(M, N[, 1])`` rows, FP8 as its bytes, SF as the physical atoms, amax ``(L, slots[, 1])``,
-    dprob ``(M[, 1, 1])``."""
-    from ..runtime.tensors import TensorView, dense_strides, view
-    if x is None:
-        raise ArgumentError(name, None, f"a tensor (the kernel writes {shape} {store} here)")
-    if type(x) is TensorView:   # a buffer described already (an XLA result): exactly the kernel's
-        if tuple(x.shape) != tuple(shape) or x.dtype != store or tuple(x.strides) != dense_strides(tuple(shape)):
-            raise ArgumentError(name, x, f"a dense {shape} {store} buffer (the layout the kernel writes)")
-        return x
-    from ..formats.scales import sf_from_kernel_view
-    v = view(x, name)
-    t = x
-    if len(shape) == 6 and v.ndim == 6 and tuple(v.shape[3:]) != (32, 4, 4):
-        t = sf_from_kernel_view(t)                       # kernel-facing SF view -> physical atoms
-    t = as_bytes(t)
-    if tuple(t.shape) != tuple(shape) and _squeezed(t.shape) == _squeezed(shape):
-        try:
-            t = t.view(shape)                            # (M, N, 1) -> (M, N), (M, 1, 1) -> (M,), ...
-        except RuntimeError:
-            raise ArgumentError(f"{name}.stride", tuple(v.strides), "the dense layout the kernel writes "
-                                "(as the wrapper returns it)") from None
-    got = view(t, name)
-    if tuple(got.shape) != tuple(shape):
-        raise ArgumentError(f"{name}.shape", tuple(v.shape), f"the layout the kernel writes ({shape} {store}, "
-                            "or its seed view)")
-    if got.dtype != store:
-        raise ArgumentError(f"{name}.dtype", v.dtype, f"{store} storage (the op's output dtype)")
-    if not t.is_contiguous():
-        raise ArgumentError(f"{name}.stride", tuple(v.strides), "the dense layout the kernel writes "
-                            "(as the wrapper returns it)")
-    return got
-
-
-def check_no_overlap(outputs: list[tuple[str, Any]], inputs: list[Any]) -> None:
-    """No output shares memory with a later output or with an input (named by the first)."""
-    for i, (name, v) in enumerate(outputs):
-        lo, hi = _extent(v)
-        for other, w in outputs[i + 1:]:
-            wlo, whi = _extent(w)
-            if lo <= whi and wlo <= hi:
-                raise ArgumentError(name, "memory shared with " + other, "its own buffer")
-        for inp in inputs:
-            if inp is None:
-                continue
-            ilo, ihi = _extent(inp)
-            if lo <= ihi and ilo <= hi:
-                raise ArgumentError(name, "memory shared with an input", "its own buffer (outputs may not "
-                                    "alias inputs)")
-
-
-def reset(out: Mapping[str, Any], stream: int) -> None:
-    """amax to -inf and dprob to 0 before the kernel's atomics accumulate into them."""
-    from ..runtime.load import check, driver
-    for key, bits in RESET_BITS.items():
-        if key in out:
-            v = out[key]
-            check(driver().cuMemsetD32Async(v.ptr, bits, v.numel(), stream), "cuMemsetD32Async")

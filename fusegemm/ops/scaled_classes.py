@@ -17,7 +17,7 @@ from ..runtime.tensors import TensorView, view
 from . import arg_checks as checks
 from .. import reference as _reference
 from .blockscaled import BlockScaledGemm
-from .engine import as_bytes, check_no_overlap, native_output, reset
+from .outputs import as_bytes, check_no_overlap, native_output, reset
 from .param_docs import OUTPUTS, class_api
 from .scaled_layouts import check_layouts, discrete_weights
 from .scaled_seeds import (SEED_NAMES, _OUT, _op, _present, check_epilogue_op, dswiglu_axes, quant_axes,

@@ -247,3 +247,28 @@ def check_devices(call: ScaledCall, more: list[tuple[str, TensorView, int]] = ()
     return device
 
 
+def scaled_maps(ln: Any, call: ScaledCall) -> dict[str, bytes]:
+    """A, B, SFA and SFB tensor maps of block-scaled operands, boxes and swizzles from the contract
+    of ``ln`` (the loaded kernel, fusegemm/ops/loaded_kernel.py; scale atoms of ATOM_BYTES,
+    :mod:`fusegemm.formats.scales`)."""
+    atom = ATOM_BYTES
+    c, tiled = ln.contract, ln.tmaps.tiled
+    kb, m, n, l = call.k_bytes, call.m, call.n, call.l
+    box_a, box_b = (c.box_a_inner, c.box_a_outer), (c.box_b_inner, c.box_b_outer)
+    if call.batched:
+        a = tiled(call.a.ptr, "uint8", (kb, m, l), (call.a.strides[0], call.a_lstride), box_a + (1,), c.swizzle_a)
+    else:
+        a = tiled(call.a.ptr, "uint8", (kb, m), (call.a.strides[0],), box_a, c.swizzle_a)
+    if call.discrete:
+        # Templates of the per-expert maps the kernel rewrites on the device: any aligned address
+        # will do (A's is one).
+        b = tiled(call.a.ptr, "uint8", (kb, n), (kb,), box_b, c.swizzle_b)
+    else:
+        b = tiled(call.b.ptr, "uint8", (kb, n, l), call.b_strides, box_b + (1,), c.swizzle_b)
+    kt, mt, nt = -(-call.sfk // 4), -(-m // 128), -(-n // 128)
+    box_sfa, box_sfb = (128, c.sf_box_k, 1, 1), (128, c.sf_box_k, c.sf_box_nb, 1)
+    sfa = tiled(call.sfa.ptr, "uint32", (128, kt, mt, l if call.batched else 1),
+                (atom, kt * atom, mt * kt * atom), box_sfa, 0)
+    sfb_base, sfb_l = (call.sfa.ptr, 1) if call.discrete else (call.sfb.ptr, l)
+    sfb = tiled(sfb_base, "uint32", (128, kt, nt, sfb_l), (atom, kt * atom, nt * kt * atom), box_sfb, 0)
+    return {"tma_a": a, "tma_b": b, "tma_sfa": sfa, "tma_sfb": sfb}

@@ -1,0 +1,50 @@
+"""The operands of the K-grouped kernel class (weight gradients): dY (T, M) and X (T, N),
+token-major BF16 as the MoE layer stores them, and padded_offsets; shapes, strides and dtypes
+(devices and addresses: the engine, after every other argument).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import arguments as args
+from ..base.dtypes import DTYPES
+from ..base.errors import ArgumentError
+from . import arg_checks as checks
+
+
+class KCall:
+    """Validated K-grouped operands (``m``: rows of the dY^T tile, ``m_out``: M of one expert)."""
+
+    def __init__(self, a: Any, b: Any, offsets: Any, t: int, m: int, n: int, l: int) -> None:
+        self.a, self.b, self.offsets = a, b, offsets
+        self.t, self.m_out, self.n, self.l = t, m, n, l
+        self.m = l * m    # rows of the (L * M, N) output the epilogue writes
+
+
+def token_major(x: Any, name: str, t: int | None) -> Any:
+    """A (T, C) bfloat16 operand, C contiguous, 16-byte row pitch, T a multiple of 256."""
+    v = args.tensor(x, name, ndims=(2,), dtypes=("bfloat16",))
+    rows, cols = v.shape
+    if t is not None and rows != t:
+        raise ArgumentError(f"{name}.shape[0]", rows, f"{t} (the token rows of dy_tensor)")
+    if rows % args.M_ALIGNED:
+        raise ArgumentError(f"{name}.shape[0]", rows, f"a multiple of {args.M_ALIGNED} (padded token rows)")
+    if cols < 8 or cols % 8:
+        raise ArgumentError(f"{name}.shape[1]", cols, "a multiple of 8, at least 8 (16-byte rows)")
+    if rows and (v.strides[1] != 1 or v.strides[0] < cols):
+        raise ArgumentError(f"{name}.stride", v.strides, f"row-major: (at least {cols}, 1)")
+    checks.row_pitch_aligned(v.strides[0], DTYPES[v.dtype].itemsize, name)
+    return v
+
+
+def parse_kgrouped(tile_m: int, dy_tensor: Any, x_tensor: Any, padded_offsets: Any) -> KCall:
+    dy = token_major(dy_tensor, "dy_tensor", None)
+    t, m = dy.shape
+    x = token_major(x_tensor, "x_tensor", t)
+    off, l = args.offsets(padded_offsets)
+    tm = tile_m
+    if m % tm or m == 0:
+        raise ArgumentError("dy_tensor.shape[1]", m, f"a positive multiple of {tm} (the tile's M: each "
+                                                     f"expert's (M, N) block is whole tiles)")
+    checks.unit_stride(off, "padded_offsets")
+    return KCall(dy, x, off, t, m, x.shape[1], l)
