@@ -145,6 +145,10 @@ def show(spec: str, as_json: bool) -> None:
             if lim["axis"] in s.choice_map:      # a limit on an axis this spec does not offer says nothing here
                 click.echo(f"    {lim['axis']}: {', '.join(map(str, lim['values']))} only{lim['condition']} "
                            f"({lim['because']})")
+        for r in impl["runs_as"]:
+            if r["axis"] in s.choice_map:
+                click.echo(f"    {r['axis']}={r['value']} runs as {r['axis']}={r['runs_as']} "
+                           f"({r['because']})")
         if impl["defaults"]:
             click.echo(f"    defaults: {', '.join(f'{k}={v}' for k, v in impl['defaults'].items())}")
     click.echo("prebuild:")

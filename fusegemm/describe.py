@@ -28,7 +28,9 @@ def spec_info(s: Any, prebuild: list[str] | None = None) -> dict[str, Any]:
             "source_axes": list(row.source_axes),
             "limits": [{"axis": l.axis, "values": list(l.values), "because": l.because, "when": dict(l.when),
                         "condition": l.condition()} for l in row.limits],
-            "defaults": dict(row.defaults)}
+            "defaults": dict(row.defaults),
+            "runs_as": [{"axis": r.axis, "value": r.value, "runs_as": r.runs_as, "because": r.because}
+                        for r in row.runs_as]}
     return {
         "name": s.name, "path": s.path, "kernel": s.kernel, "problem": s.problem, "seed": s.seed,
         "summary": s.summary,

@@ -225,8 +225,8 @@ _FUSED_AXES = {
 }
 _SM90_BLOCKSCALED_LIMITS = (
     Limit("ab_dtype", ("float8_e4m3fn", "float8_e5m2"),
-          "MXFP8 only: FP4 A/B need sm_100a (Hopper has no FP4 tensor cores, and even FP8's "
-          "dequantizing mainloop runs at a quarter of BF16 speed on the H200)"),
+          "MXFP8 only: FP4 A/B need sm_100a (Hopper has no FP4 tensor cores, and MXFP8 itself, "
+          "promoted into FP32 per 32 K, runs at a third to a half of BF16 speed on the H200)"),
     Limit("a_major", ("k",), "FP8 WGMMA reads K-major A only"),
     Limit("b_major", ("k",), "FP8 WGMMA reads K-major B only"),
     Limit("tile_m", (128,), "two 64-row WGMMA consumer warpgroups"),

@@ -453,3 +453,18 @@ def test_records_beside_the_kernels_are_listed_and_kept_apart(cache_dir):
     assert "removed 3 entries and records" in r.output
     assert not (cache_dir / "tuned").exists() and not (cache_dir / "verified").exists()
     tuning_records.forget()
+
+
+def test_show_says_what_an_arch_runs_a_value_as():
+    """A value an arch's kernel runs as another (the registry's runs_as: vector_f32 on sm_90a)
+    is printed beside that arch's limits, with its reason, and is in the JSON."""
+    r = run("show", "grouped_gemm_srelu")
+    assert r.exit_code == 0, r.output
+    sm90 = r.output[r.output.index("  sm_90a: implemented"):r.output.index("prebuild:")]
+    assert "    vector_f32=True runs as vector_f32=False (sm_90a has no packed FP32 instructions" in sm90
+    sm100 = r.output[r.output.index("  sm_100a: implemented"):r.output.index("  sm_90a: implemented")]
+    assert "runs as" not in sm100
+    info = json.loads(run("show", "grouped_gemm_srelu", "--json").output)
+    assert info["implementations"]["sm_90a"]["runs_as"] == [
+        {"axis": "vector_f32", "value": True, "runs_as": False,
+         "because": info["implementations"]["sm_90a"]["runs_as"][0]["because"]}]
