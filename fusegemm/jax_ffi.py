@@ -275,13 +275,6 @@ def grouped_gemm(a: Any, padded_offsets: Any, alpha: Any, b: Any, *, prob: Any =
 # attributes, the callback runs fusegemm.Op.execute into XLA's result buffers.
 
 _spec_ops: dict[tuple, Any] = {}
-# Each kernel class's operands (fusegemm/ops/engine.py), as JAX passes them (row-major buffers).
-CLASS_OPERANDS = {
-    "grouped": ("a_tensor", "padded_offsets", "b_tensor"),
-    "scaled": ("a_tensor", "sfa_tensor", "padded_offsets", "b_tensor", "sfb_tensor"),
-    "batched": ("a_tensor", "b_tensor", "sfa_tensor", "sfb_tensor"),
-    "kgrouped": ("dy_tensor", "x_tensor", "padded_offsets"),
-}
 
 
 def _transposed(v: Any, order: tuple[int, ...]) -> Any:
@@ -349,9 +342,9 @@ def spec_op(spec: Any, *, e5m2_rcp_max: str = "page", **axes: Any) -> Any:
     import jax
     import jax.numpy as jnp
 
-    from .ops.engine import Op
+    from .ops.engine import Op, positional_operands
     plan = Op.planned(spec, e5m2_rcp_max=e5m2_rcp_max, **axes)
-    names = CLASS_OPERANDS[plan.kind]
+    names = positional_operands(plan.kind)      # row-major buffers, as JAX passes them
     declared = [i.name for i in plan.spec.epilogue.inputs]
     axes_json = json.dumps(axes, sort_keys=True)
 

@@ -296,16 +296,18 @@ def epilogue_gemm(spec: str, a: Tensor, padded_offsets: Tensor, b: Optional[Tens
 # outputs in a fixed order (its ``buffers``). The fake implementation runs the same Op under
 # ``dry_run()`` on the fake tensors, so the traced shapes are the real op's allocations.
 
-# The operands of each kernel class (fusegemm/ops/engine.py): (schema name, schema type).
-_CLASS_OPERANDS = {
-    "grouped": (("a_tensor", "Tensor"), ("padded_offsets", "Tensor"), ("b_tensor", "Tensor?"),
-                ("b_ptrs", "Tensor?"), ("n", "int?")),
-    "scaled": (("a_tensor", "Tensor"), ("sfa_tensor", "Tensor"), ("padded_offsets", "Tensor"),
-               ("b_tensor", "Tensor?"), ("sfb_tensor", "Tensor?"), ("b_ptrs", "Tensor?"), ("sfb_ptrs", "Tensor?"),
-               ("n", "int?")),
-    "batched": (("a_tensor", "Tensor"), ("b_tensor", "Tensor"), ("sfa_tensor", "Tensor"), ("sfb_tensor", "Tensor")),
-    "kgrouped": (("dy_tensor", "Tensor"), ("x_tensor", "Tensor"), ("padded_offsets", "Tensor")),
-}
+
+
+def _operand_schema(kind: str) -> tuple[tuple[str, str], ...]:
+    """(name, schema type) of kernel class ``kind``'s operands (fusegemm/ops/engine.py): a tensor,
+    an optional one where the operand defaults to None, and ``n`` an optional int."""
+    import inspect
+
+    from .ops.engine import class_operands
+    return tuple((p.name, "int?" if p.name == "n" else "Tensor" if p.default is inspect.Parameter.empty
+                  else "Tensor?") for p in class_operands(kind))
+
+
 _REGISTERED: dict[str, "SpecOp"] = {}
 
 
@@ -437,7 +439,7 @@ def register(spec: object, *, name: Optional[str] = None, e5m2_rcp_max: str = "p
     if hasattr(torch.ops.fusegemm, op_name) and op_name not in _REGISTERED:
         raise ArgumentError("name", repr(op_name), "a name no fusegemm op has (a seed op is registered under it)")
     kind = kernel_class(s.kernel)
-    operands = _CLASS_OPERANDS[kind]
+    operands = _operand_schema(kind)
     inputs = tuple(i.name for i in s.epilogue.inputs)
     clash = sorted(set(inputs) & {nm for nm, _ in operands})
     if clash:

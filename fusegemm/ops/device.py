@@ -54,17 +54,11 @@ def alloc_outputs(resolved: Any, n_acc: int, m_rows: int, experts: int, device: 
     row buffers (``Resolved.row_buffers``: C, D, D_col) are left uninitialised, for a kernel
     that stores every one of their rows (K-grouped) or a caller that zeroes the rest
     (fusegemm/ops/tail.py): filling them first cost up to 22% of a GEMM's time on the H200."""
-    return alloc_buffers(resolved.buffers(n_acc, m_rows, experts), device,
-                         resolved.row_buffers() if rows_written else ())
-
-
-def alloc_buffers(buffers: dict[str, tuple], device: Any, uninitialised: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Torch tensors for ``Resolved.buffers``' (shape, storage dtype, fill) entries; those named
-    in ``uninitialised`` are left unfilled."""
     torch = _torch()
-    return {name: (torch.empty(shape, dtype=getattr(torch, store), device=device) if name in uninitialised
+    rows = resolved.row_buffers() if rows_written else ()
+    return {name: (torch.empty(shape, dtype=getattr(torch, store), device=device) if name in rows
                    else torch.full(shape, fill, dtype=getattr(torch, store), device=device))
-            for name, (shape, store, fill) in buffers.items()}
+            for name, (shape, store, fill) in resolved.buffers(n_acc, m_rows, experts).items()}
 
 
 def record_stream(t: Any, stream: int) -> None:

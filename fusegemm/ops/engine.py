@@ -25,6 +25,7 @@ and the numpy interpreter's ``reference``:
 """
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -255,16 +256,14 @@ class Op:
     # ---------------------------------------------------------------- operands, by kernel class
     def _parse(self, operands: tuple, kw: dict[str, Any]) -> Any:
         """The kernel class's operands, validated (shapes, strides, dtypes; devices: later)."""
-        parse = _PARSERS[self.kind]
-        import inspect
         try:
-            bound = inspect.signature(parse).bind(self, *operands, **kw)
+            bound = _SIGNATURES[self.kind].bind(self, *operands, **kw)
         except TypeError as exc:
-            params = [p for p in inspect.signature(parse).parameters if p != "op"]
+            params = [p.name for p in class_operands(self.kind)]
             raise ArgumentError("operands", f"{len(operands)} positional, keywords {sorted(kw)}",
                                 f"the {self.kind} operands of {self.spec.name}: {', '.join(params)}",
                                 str(exc)) from None
-        return parse(*bound.args, **bound.kwargs)
+        return _PARSERS[self.kind](*bound.args, **bound.kwargs)
 
     def _dims(self, call: Any) -> tuple[int, int, int]:
         """(accumulator columns, output rows, experts) of the buffers the epilogue writes."""
@@ -390,7 +389,7 @@ class Op:
         from ..formats.numpy_dtypes import to_numpy
         from ..interpret import interpret
         host = {k: (v if isinstance(v, (int, float)) else to_numpy(v)) for k, v in (inputs or {}).items()}
-        names = _HOST_OPERANDS[self.kind]
+        names = positional_operands(self.kind)
         acc, offsets, m_rows = _ACCUMULATE[self.kind](self, dict(zip(names, _bind(names, operands, operand_kw))))
         return interpret(self.epilogue, acc, offsets=offsets, m_rows=m_rows, inputs=host,
                          rcp_max=self.rcp_max or None)
@@ -431,10 +430,6 @@ def _acc_batched(op: Op, o: dict[str, Any]) -> tuple[Any, Any, int]:
     raise UnsupportedError("Op.reference: batched specs have the seed's reference, fusegemm.reference.gemm_amax")
 
 
-_HOST_OPERANDS = {"grouped": ("a_tensor", "padded_offsets", "b_tensor"),
-                  "scaled": ("a_tensor", "sfa_tensor", "padded_offsets", "b_tensor", "sfb_tensor"),
-                  "kgrouped": ("dy_tensor", "x_tensor", "padded_offsets"),
-                  "batched": ("a_tensor", "b_tensor", "sfa_tensor", "sfb_tensor")}
 _ACCUMULATE = {"grouped": _acc_grouped, "scaled": _acc_grouped, "kgrouped": _acc_kgrouped,
                "batched": _acc_batched}
 
@@ -510,6 +505,19 @@ def _parse_batched(op: Op, a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_te
 
 _PARSERS = {"grouped": _parse_grouped, "kgrouped": _parse_kgrouped, "scaled": _parse_scaled,
             "batched": _parse_batched}
+# The one statement of each class's operands: its parser's parameters after ``op`` (positional
+# ones are the operands every face passes; keyword-only ones are discrete weights' pointers).
+_SIGNATURES = {kind: inspect.signature(parse) for kind, parse in _PARSERS.items()}
+
+
+def class_operands(kind: str) -> tuple[inspect.Parameter, ...]:
+    """The operands of kernel class ``kind``, in order (name, default, positional or keyword)."""
+    return tuple(_SIGNATURES[kind].parameters.values())[1:]
+
+
+def positional_operands(kind: str) -> tuple[str, ...]:
+    """The names of ``kind``'s operands a face passes by position (no discrete-weight pointers)."""
+    return tuple(p.name for p in class_operands(kind) if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
 # The first operand's name and base alignment, and the other operands checked for device and
 # alignment: (argument name, attribute of the call, bytes).
 _LEAD = {"grouped": ("a_tensor", 16), "kgrouped": ("dy_tensor", 16), "scaled": ("a_tensor", 16),

@@ -133,7 +133,7 @@ def _pointer_table(x: Any, name: str, l: int) -> TensorView:
 def parse_scaled(a_tensor: Any, sfa_tensor: Any, padded_offsets: Any, b_tensor: Any, sfb_tensor: Any,
                  b_ptrs: Any, sfb_ptrs: Any, n: Any, sf_vec_size: int) -> ScaledCall:
     """Validate block-scaled grouped operands: shapes, dtypes and strides (devices and addresses:
-    :func:`check_devices`, after every other argument)."""
+    ``Op`` checks them after every other argument)."""
     r = args.rows(a_tensor, AB_DTYPES)
     a, m, kb = r.a, r.m, r.k_stored
     ab = a.dtype
@@ -212,7 +212,7 @@ def _batched_operand(x: Any, name: str, dtypes: tuple[str, ...]) -> tuple[Tensor
 
 def parse_batched(a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_tensor: Any, sf_vec_size: int) -> ScaledCall:
     """Validate seed 004's operands: A (M, K, L), B (N, K, L) (or 2-D for L = 1), their scales
-    (devices and addresses: :func:`check_devices`)."""
+    (devices and addresses: ``Op``, after every other argument)."""
     a, m, kb, l, a_ld, a_ls = _batched_operand(a_tensor, "a_tensor", AB_DTYPES)
     if kb < 16 or kb % 16:
         raise ArgumentError("a_tensor.shape[1] (K bytes)", kb, "a multiple of 16 bytes, at least 16 (TMA rows)")
@@ -231,20 +231,6 @@ def parse_batched(a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_tensor: Any
     return ScaledCall(m=m, n=n, k=k, k_bytes=kb, sfk=sfk, l=l, ab=a.dtype, sf=sfa.dtype, a=a, offsets=None,
                       b=b, b_strides=(b_ld, b_ls), b_ptrs=None, sfb_ptrs=None, sfa=sfa, sfb=sfb,
                       canonical=a.ndim == 2, batched=True, a_lstride=a_ls)
-
-
-def check_devices(call: ScaledCall, more: list[tuple[str, TensorView, int]] = ()) -> int:
-    """Every operand (and ``more``: (name, view, alignment)) on a_tensor's CUDA device at an
-    aligned address; the device ordinal."""
-    named = [("padded_offsets", call.offsets, 4), ("b_tensor", call.b, 16), ("b_ptrs", call.b_ptrs, 8),
-             ("sfb_ptrs", call.sfb_ptrs, 8), ("sfa_tensor", call.sfa, 16), ("sfb_tensor", call.sfb, 16), *more]
-    device = checks.require_cuda(call.a, "a_tensor")
-    checks.same_device([(nm, v) for nm, v, _ in named if v is not None], call.a.device)
-    checks.aligned(call.a, "a_tensor", 16)
-    for nm, v, align in named:
-        if v is not None:
-            checks.aligned(v, nm, align)
-    return device
 
 
 def scaled_maps(ln: Any, call: ScaledCall) -> dict[str, bytes]:

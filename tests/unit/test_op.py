@@ -272,12 +272,16 @@ def test_registered_ops_trace_on_fake_tensors(fake_sm90):
 
 def test_jax_spec_op_plans_outputs_of_every_class():
     """jax_ffi.spec_op's output shapes come from the same epilogue buffers (planned without a GPU)."""
-    from fusegemm.jax_ffi import CLASS_OPERANDS
+    from fusegemm.ops.engine import positional_operands
     plan = Op.planned("grouped_gemm_wgrad", d_dtype="float32")
     assert plan.dims_of({"dy_tensor": (512, 256), "x_tensor": (512, 384), "padded_offsets": (2,)}) == (384, 512, 2)
     plan = Op.planned("gemm_amax")
     assert plan.dims_of({"a_tensor": (3, 200, 320), "b_tensor": (3, 264, 320)}) == (264, 600, 1)
-    assert set(CLASS_OPERANDS) == {"grouped", "kgrouped", "scaled", "batched"}
+    assert {kind: positional_operands(kind) for kind in ("grouped", "kgrouped", "scaled", "batched")} == {
+        "grouped": ("a_tensor", "padded_offsets", "b_tensor"),
+        "kgrouped": ("dy_tensor", "x_tensor", "padded_offsets"),
+        "scaled": ("a_tensor", "sfa_tensor", "padded_offsets", "b_tensor", "sfb_tensor"),
+        "batched": ("a_tensor", "b_tensor", "sfa_tensor", "sfb_tensor")}
 
 
 # ---------------------------------------------------------------- the seed 001 class's slots
