@@ -15,7 +15,7 @@ torch.compile. Rows at or past ``padded_offsets[-1]`` are left unwritten, exactl
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -290,6 +290,38 @@ def epilogue_gemm(spec: str, a: Tensor, padded_offsets: Tensor, b: Optional[Tens
     return dict(zip(names, out))
 
 
+# ---------------------------------------------------------------- generated ops
+# What register(spec) and the preset rows share: a schema from (name, type, default) parameters
+# and one body that is the real op and, under dry_run(), its fake implementation.
+_REQUIRED = object()   # a parameter without a default
+
+
+def _schema_default(value: object) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)
+
+
+def _define(name: str, params: list[tuple[str, str, object]], n_out: int, body) -> None:
+    """Register ``torch.ops.fusegemm.<name>``: ``body(args)`` (args in schema order) returns its
+    ``n_out`` outputs; the fake implementation is the same body under ``dry_run()`` (validation
+    and allocation on the fake tensors, no launch)."""
+    from .ops.prepared import dry_run
+    decl = [f"{t} {nm}" + ("" if d is _REQUIRED else f"={_schema_default(d)}") for nm, t, d in params]
+    schema = f"({', '.join(decl)}) -> ({', '.join(['Tensor'] * n_out)})"
+
+    def one(out: tuple) -> Any:
+        return out[0] if n_out == 1 else out          # a one-output schema returns a Tensor
+
+    def fake(*args: Any) -> Any:
+        with dry_run():
+            return one(body(args))
+    op = torch.library.custom_op(f"fusegemm::{name}", lambda *args: one(body(args)), mutates_args=(), schema=schema)
+    op.register_fake(fake)
+
+
 # ---------------------------------------------------------------- any spec: register(spec)
 # One custom op per registered spec and variant: the kernel class's operands (fusegemm.Op), then
 # every input the spec's epilogue declares as an optional keyword tensor, returning the variant's
@@ -358,20 +390,15 @@ class SpecOp:
             op = self._ops[device] = Op(self.spec, device=device, e5m2_rcp_max=self._e5m2, **self._axes)
         return op
 
-    def run(self, args: tuple, fake: bool) -> tuple[Tensor, ...]:
+    def run(self, args: tuple) -> tuple[Tensor, ...]:
         """The custom op's body: ``args`` in schema order (operands, then inputs)."""
-        import contextlib
-
-        from .ops.prepared import dry_run
         k = len(self.operands)
         operands = dict(zip(self.operands, args[:k]))
         given = {nm: v for nm, v in zip(self.inputs, args[k:]) if v is not None}
         lead = args[0]
         device = (lead.device.index or 0) if lead.device.type == "cuda" else 0
-        with dry_run() if fake else contextlib.nullcontext():
-            out = self.engine(device)(**operands, inputs=given)
-        got = tuple(out[nm] for nm in self.outputs)
-        return got[0] if len(got) == 1 else got   # a one-output schema returns a Tensor
+        out = self.engine(device)(**operands, inputs=given)
+        return tuple(out[nm] for nm in self.outputs)
 
     def __call__(self, *operands: object, inputs: Optional[dict] = None, **kw: object) -> dict:
         """Run the op; the outputs by spec name.
@@ -447,13 +474,10 @@ def register(spec: object, *, name: Optional[str] = None, e5m2_rcp_max: str = "p
                             f"{', '.join(nm for nm, _ in operands)}")
     # Output names depend on the variant, not the arch.
     outputs = tuple(Op.planned(s, e5m2_rcp_max=e5m2_rcp_max, **axes).epilogue.buffers(256, 256, 1))
-    params = [f"{t} {nm}" + ("=None" if t.endswith("?") else "") for nm, t in operands]
-    params += [f"Tensor? {nm}=None" for nm in inputs]
-    schema = f"({', '.join(params)}) -> ({', '.join(['Tensor'] * len(outputs))})"
+    params = [(nm, t, None if t.endswith("?") else _REQUIRED) for nm, t in operands]
+    params += [(nm, "Tensor?", None) for nm in inputs]
     face = SpecOp(op_name, s, key, tuple(nm for nm, _ in operands), inputs, outputs, dict(axes), e5m2_rcp_max)
-    real = torch.library.custom_op(f"fusegemm::{op_name}", lambda *a: face.run(a, False), mutates_args=(),
-                                   schema=schema)
-    real.register_fake(lambda *a: face.run(a, True))
+    _define(op_name, params, len(outputs), face.run)
     _REGISTERED[op_name] = face
     return face
 
@@ -469,7 +493,8 @@ _PRESET_TYPES = {"n": "int?", "linear_offset": "float?", "epilogue_op": "str?", 
 
 
 def _preset_params(row) -> list[tuple[str, str, str, object]]:
-    """(schema name, seed name, schema type, default) of a preset row's parameters."""
+    """(schema name, seed name, schema type, default) of a preset row's parameters (default
+    ``_REQUIRED`` where the wrapper has none)."""
     import inspect
     out = []
     written = {param for _, param in row.into}    # functional op: those outputs come back new
@@ -479,6 +504,7 @@ def _preset_params(row) -> list[tuple[str, str, str, object]]:
         d = p.default
         if p.name.endswith(("_tensor", "_ptrs")) or p.name == "padded_offsets":
             t = "Tensor" if d is inspect.Parameter.empty else "Tensor?"
+            d = _REQUIRED if d is inspect.Parameter.empty else d
         elif p.name.endswith("_dtype"):
             t, d = "ScalarType?", None                     # None: the preset's default
         elif p.name in _PRESET_TYPES:
@@ -489,39 +515,22 @@ def _preset_params(row) -> list[tuple[str, str, str, object]]:
     return out
 
 
-def _schema_default(value: object) -> str:
-    if value is None:
-        return "None"
-    if isinstance(value, str):
-        return f'"{value}"'
-    return repr(value)
-
-
 def _register_preset(row) -> None:
-    import contextlib
-    import inspect
-
     from . import presets
-    from .ops.prepared import dry_run
     params = _preset_params(row)
-    decl = [f"{t} {name}" + ("" if d is inspect.Parameter.empty else f"={_schema_default(d)}")
-            for name, _, t, d in params]
-    schema = f"({', '.join(decl)}) -> ({', '.join(['Tensor'] * len(row.returns))})"
     wrapper = getattr(presets, row.name)
 
-    def run(args: tuple, fake: bool) -> tuple[Tensor, ...]:
+    def run(args: tuple) -> tuple[Tensor, ...]:
         kwargs: dict = {param: None for _, param in row.into}   # returned new, not written into
         for (name, seed, t, _), value in zip(params, args):
             if value is None and t == "ScalarType?":
                 continue                                   # the preset's default dtype
             kwargs[seed] = tuple(value) if isinstance(value, list) else value
-        with dry_run() if fake else contextlib.nullcontext():
-            out = wrapper(**kwargs)
+        out = wrapper(**kwargs)
         lead = args[0]
         return tuple(out[k] if out[k] is not None else lead.new_empty((0,), dtype=torch.uint8) for k, _ in row.returns)
 
-    op = torch.library.custom_op(f"fusegemm::{row.name}", lambda *a: run(a, False), mutates_args=(), schema=schema)
-    op.register_fake(lambda *a: run(a, True))
+    _define(row.name, [(name, t, d) for name, _, t, d in params], len(row.returns), run)
     globals()[row.name] = getattr(torch.ops.fusegemm, row.name)
 
 
