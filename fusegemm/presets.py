@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .base.errors import ArgumentError
+from .ops.arg_checks import bool_arg
+from .ops.prepared import OpCache
 from .tupledict import TupleDict
 
 _BF16_GLU_WHY = ("the BF16 backend: block-scaled GLU operands need a gate/up-paired accumulator, which the "
@@ -154,8 +156,7 @@ def _axis_value(how: str, value: Any, param: str) -> Any:
     if how == "tensor_dtype":
         return "none" if value is None else view(value, param).dtype
     if how in ("bool", "scheduler"):
-        if not isinstance(value, bool):
-            raise ArgumentError(param, repr(value), "True or False")
+        value = bool_arg(value, param)
         return ("dynamic" if value else "static") if how == "scheduler" else value
     if how == "weight_mode":
         return "dense" if value is not None else "discrete"
@@ -169,12 +170,13 @@ def _pair(value: Any, name: str) -> tuple[int, int]:
     return int(value[0]), int(value[1])
 
 
-_OPS: dict[tuple, Any] = {}
+_OPS = OpCache()
 
 
 def call(row: Preset, bound: dict[str, Any]) -> TupleDict:
     """Run ``row``'s op on its wrapper's bound arguments; the outputs in the row's return order."""
     from .ops.engine import Op
+    from .ops.scaled_seeds import VALIDATION_ARCH
     from .runtime.tensors import view
     for param, allowed, why in row.fixed:
         value = bound.get(param)
@@ -192,11 +194,10 @@ def call(row: Preset, bound: dict[str, Any]) -> TupleDict:
         raise ArgumentError("b_dtype", repr(b_dtype), "None or bfloat16 (the weights' dtype)")
     a = view(bound["a_tensor"], "a_tensor")
     device = a.device[1] if a.is_cuda else 0
-    key = (row.name, device, tuple(sorted(axes.items())))
-    op = _OPS.get(key)
-    if op is None:
-        arch = None if a.is_cuda else "sm_100a"   # a CPU tensor: every check, then the device's refusal
-        op = _OPS[key] = Op(row.spec, device=device, arch=arch, **axes)
+    # A CPU tensor: every check on the validation arch's variant, then the device's refusal.
+    arch = None if a.is_cuda else VALIDATION_ARCH
+    op = _OPS.get_or_create((row.name, device, tuple(sorted(axes.items()))),
+                            lambda: Op(row.spec, device=device, arch=arch, **axes))
     out = op(**{k: bound[p] for k, p in row.operands}, inputs={i: bound[p] for i, p in row.inputs},
              input_names=dict(row.inputs), current_stream=bound.get("current_stream"))
     # The seed's layouts: (M, N, 1) rows and (M, 1, 1) dprob for a (M, K, 1) A.
@@ -253,7 +254,6 @@ def _param_doc(row: Preset, param: str) -> str:
     return {"mma_tiler_mn": "(int, int), optional: the MMA tile; default the arch kernel's.",
             "cluster_shape_mn": "(int, int), optional: the cluster; default the arch kernel's.",
             "current_stream": "Where to launch; default torch's current stream.",
-            "vector_f32": "bool: packed FP32 epilogue math on sm_100a (the same results).",
             "b_dtype": "dtype of discrete weights (bfloat16)."}.get(param, "As in the cuDNN frontend wrapper.")
 
 
