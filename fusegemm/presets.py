@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .base.errors import ArgumentError
-from .ops.arg_checks import bool_arg
 from .ops.prepared import OpCache
 from .tupledict import TupleDict
 
@@ -156,6 +155,7 @@ def _axis_value(how: str, value: Any, param: str) -> Any:
     if how == "tensor_dtype":
         return "none" if value is None else view(value, param).dtype
     if how in ("bool", "scheduler"):
+        from .ops.arg_checks import bool_arg   # imports numpy: on first use, not at import
         value = bool_arg(value, param)
         return ("dynamic" if value else "static") if how == "scheduler" else value
     if how == "weight_mode":
