@@ -211,9 +211,7 @@ def _run_grouped_gemm(args: list, rets: list, attrs: dict[str, Any], stream: int
     bias = rest.pop(0) if has_bias else None
     if bias is not None and bias.ndim == 2:
         # The kernel reads bias as (N, L) with N contiguous: exactly a row-major (L, N) buffer.
-        from .runtime.tensors import TensorView
-        (l, n), dev = bias.shape, bias.device
-        bias = TensorView(bias.ptr, (n, l), (1, n), bias.dtype, dev, None)
+        bias = _transposed(bias, (1, 0))
     d = rets[0]
     c = rets[1] if gen_c else None
     key = (a.dtype, b.dtype, d.dtype, c.dtype if c is not None else None, has_prob,
