@@ -70,6 +70,16 @@ def detect_arch() -> tuple[str | None, str]:
     return arch.name, f"{name} (compute capability {major}.{minor}, {arch.name})"
 
 
+def _ordinal(device: str) -> int:
+    """The CUDA ordinal of a case's device string ("cuda:1" -> 1; 0 otherwise)."""
+    return int(device.split(":")[1]) if device.startswith("cuda:") else 0
+
+
+def _padded(tokens: list[int]) -> list[int]:
+    """Each expert's rows, its tokens padded to the 256-row alignment."""
+    return [int(-(-t // 256) * 256) for t in tokens]
+
+
 def _compare(got: Any, ref: np.ndarray, scale: np.ndarray, dtype: str) -> tuple[float, bool]:
     g = got.float().cpu().numpy().reshape(ref.shape).astype(np.float64)
     r = ref.astype(np.float64)
@@ -126,14 +136,14 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
         pick = next((d for d in ("float32", "bfloat16") if d in offered), None)
         if pick is not None:
             axes[axis] = pick
-    index = int(device.split(":")[1]) if device.startswith("cuda:") else 0
+    index = _ordinal(device)
     op = Op(spec, device=index, **axes)
     try:
         op.check_support()
     except UnsupportedError as exc:
         raise CaseNotAvailable(str(exc)) from None
     rng = np.random.default_rng(7)
-    sizes = [int(-(-t // 256) * 256) for t in case["tokens"]]
+    sizes = _padded(case["tokens"])
     m, n, k, l = sum(sizes), case["n"], case["k"], len(sizes)
     bf16 = ml_dtypes.bfloat16
     a = rng.integers(-2, 3, (m, k)).astype(bf16)
@@ -200,7 +210,7 @@ def _n_major_call(dev: dict[str, Any], b_lnk: np.ndarray, d_dtype: str, device: 
     from . import output_compare
     from .ops import epilogue_gemm
     w = output_compare.to_device(np.ascontiguousarray(b_lnk.transpose(0, 2, 1)), device)   # (L, K, N)
-    index = int(device.split(":")[1]) if device.startswith("cuda:") else 0
+    index = _ordinal(device)
     op = epilogue_gemm.EpilogueGemm("grouped_gemm", device=index, b_major="n", d_dtype=d_dtype, **axes)
     res = op(dev["a_tensor"], dev["padded_offsets"], w.transpose(1, 2),
              inputs={"alpha": dev["alpha_tensor"], "prob": dev["prob_tensor"]})
@@ -313,7 +323,7 @@ def _run_wgrad(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, boo
 
     from .ops.kgrouped import KGroupedGemm
     rng = np.random.default_rng(7)
-    sizes = [int(-(-t // 256) * 256) for t in case["tokens"]]
+    sizes = _padded(case["tokens"])
     t = sum(sizes)
     m, n = case["m"], case["n"]
     dy = np.zeros((t, m), np.float32)
@@ -327,7 +337,7 @@ def _run_wgrad(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, boo
     x_t = torch.from_numpy(x).to(torch.bfloat16)
     off = torch.tensor(np.cumsum(sizes), dtype=torch.int32)
     inputs = {"alpha": torch.from_numpy(rng.uniform(0.5, 1.5, len(sizes)).astype(np.float32))} if case.get("alpha") else {}
-    index = int(device.split(":")[1]) if device.startswith("cuda:") else 0
+    index = _ordinal(device)
     op = KGroupedGemm("grouped_gemm_wgrad", device=index, d_dtype=case.get("d_dtype", "bfloat16"),
                       **case.get("axes", {}))
     try:
