@@ -12,6 +12,8 @@ waits on the GPU), median over ``--rounds`` interleaved rounds. Methods:
 * ``torch_grouped_mm``  ``torch._grouped_mm`` (allocates its output per call);
 * ``op_call`` / ``op_execute``  ``fusegemm.Op("grouped_gemm")`` on the same problem, allocating D
   or writing the caller's (the one engine's per-signature prepared path);
+* ``srelu_wrapper`` / ``srelu_class_execute`` / ``srelu_op_call``  the block-scaled family on the
+  same sizes (MXFP8 grouped GEMM + sReLU, seed 002): its wrapper, its class and ``fusegemm.Op``;
 * ``driver_launch_floor``  ``cuLaunchKernel`` of the same kernel and packed arguments through
   ctypes with argtypes, nothing else;
 * ``prepared_launch``  the op's prepared launch of the same (``runtime.launch.prepare``: no
@@ -88,6 +90,23 @@ def main() -> int:
     methods["op_call"] = lambda: engine(a, off, b, inputs=engine_inputs, current_stream=stream)
     methods["op_execute"] = lambda: engine.execute(a, off, b, inputs=engine_inputs, outputs={"d": d},
                                                    current_stream=stream)
+    # The block-scaled family (seed 002, MXFP8 sReLU) on the same sizes: its wrapper, its class
+    # and fusegemm.Op, all over the one engine's prepared launch.
+    from fusegemm.output_compare import device_args
+    from fusegemm.problems import make_grouped_problem
+    pb = make_grouped_problem("grouped_gemm_srelu", num_experts=L, tokens=[args.rows] * L, n=n, k=k, seed=0)
+    mx, _ = device_args(pb.kwargs(sf_vec_size=32))
+    mx = {key: v for key, v in mx.items() if key not in ("c_dtype", "d_dtype", "sf_vec_size")}
+    mx_out = {key: v for key, v in fusegemm.grouped_gemm_srelu(**mx, sf_vec_size=32).items() if v is not None}
+    mx_class = fusegemm.GroupedGemmSrelu(sample_a=mx["a_tensor"], sample_b=mx["b_tensor"], sample_sfa=mx["sfa_tensor"],
+                                         sample_sfb=mx["sfb_tensor"], sample_c=mx_out["c_tensor"],
+                                         sample_d=mx_out["d_tensor"], sf_vec_size=32).compile()
+    mx_op = fusegemm.Op("grouped_gemm_srelu", sf_vec_size=32)
+    mx_operands = tuple(mx[x] for x in ("a_tensor", "sfa_tensor", "padded_offsets", "b_tensor", "sfb_tensor"))
+    mx_inputs = {"alpha": mx["alpha_tensor"], "prob": mx["prob_tensor"]}
+    methods["srelu_wrapper"] = lambda: fusegemm.grouped_gemm_srelu(**mx, sf_vec_size=32, current_stream=stream)
+    methods["srelu_class_execute"] = lambda: mx_class.execute(**mx, **mx_out, current_stream=stream)
+    methods["srelu_op_call"] = lambda: mx_op(*mx_operands, inputs=mx_inputs, current_stream=stream)
     # The floor: the driver's cuLaunchKernel of the same kernel through ctypes, nothing else
     # (what any Python launch path pays; the other methods add their own work on top).
     from fusegemm.runtime.launch import _direct_launch
@@ -145,13 +164,13 @@ def main() -> int:
         import cProfile
         import pstats
         import sys
-        for key in ("class_execute", "wrapper"):
+        for key in ("class_execute", "wrapper", "srelu_wrapper", "op_call"):
             prof = cProfile.Profile()
             prof.enable()
-            for _ in range(2000):
+            for _ in range(300):
                 methods[key]()
             prof.disable()
-            print(f"--- cProfile {key} (2000 calls)", file=sys.stderr)
+            print(f"--- cProfile {key} (300 calls)", file=sys.stderr)
             pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(22)
     return 0
 

@@ -129,7 +129,19 @@ def load_spec(path: str | Path) -> Spec:
         line = p.read_bytes()[:exc.start].count(b"\n") + 1
         raise SpecError(f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}; "
                         "allowed: a UTF-8 YAML file", path=str(p), line=line) from None
-    return parse_spec(text, str(p), expected_name=p.stem)
+    key = (text, str(p))
+    spec = _PARSED.get(key)
+    if spec is None:
+        spec = parse_spec(text, str(p), expected_name=p.stem)
+        if len(_PARSED) >= 128:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[key] = spec
+    return spec
+
+
+# Parsed specs by (file text, path): validating a spec resolves every variant of its epilogue
+# (milliseconds), and the ops look their spec up per call; a changed file is parsed anew.
+_PARSED: dict[tuple[str, str], Spec] = {}
 
 
 def parse_spec(text: str, path: str, expected_name: str | None = None) -> Spec:

@@ -13,7 +13,6 @@ from ..base.errors import ArgumentError
 from ..runtime.tensors import TensorView
 from ..tupledict import TupleDict
 from .engine import Op
-from .prepared import is_dry
 from .scaled_operands import FAMILIES, ScaledCall
 
 
@@ -73,15 +72,3 @@ class BlockScaledGemm(Op):
     def check_device(self, call: ScaledCall, more: list[tuple[str, TensorView, int]] = ()) -> int:
         """Every operand on this op's device at an aligned address; the device ordinal."""
         return self._check_devices(call, list(more))
-
-    def maps(self, call: ScaledCall) -> dict[str, bytes]:
-        """A, B, SFA and SFB tensor maps, boxes and swizzles from the kernel's contract."""
-        from .scaled_operands import scaled_maps
-        return scaled_maps(self._launcher, call)
-
-    def launch(self, call: ScaledCall, values: dict[str, Any], out: dict[str, Any], current_stream: Any) -> None:
-        """Encode the maps, pack the parameters and launch on ``current_stream`` (``out``: buffers
-        with ``data_ptr()``)."""
-        if is_dry():
-            return   # a fake implementation's trace: outputs allocated, nothing to launch
-        self._launch(call, values, {k: v.data_ptr() for k, v in out.items()}, current_stream, None)

@@ -22,6 +22,12 @@ and the numpy interpreter's ``reference``:
     op = fusegemm.Op("grouped_gemm_swiglu", d_dtype="bfloat16")
     out = op(a, padded_offsets, b, inputs={"alpha": alpha, "prob": prob})
     out["d"]
+
+Host fast path: a call whose arguments are plain torch tensors (or None, or numbers) is validated in
+full once per *call pattern* -- how each argument is passed, and its dtype, shape, strides and
+device (numbers: their value). Later calls of the pattern check only what addresses decide
+(alignment; for ``execute`` at new addresses, that no output overlaps another or an input) and
+launch the parameters prepared for those addresses (``ops/prepared.py`` ``Prepared``).
 """
 from __future__ import annotations
 
@@ -39,9 +45,10 @@ from .device import alloc, alloc_outputs
 from .grouped_operands import parse_call, shape_of
 from .kgrouped_operands import KCall, parse_kgrouped
 from .loaded_kernel import LoadedKernel
-from .outputs import check_no_overlap, native_output, reset
-from .prepared import is_dry
+from .outputs import check_no_overlap, native_output
+from .prepared import Prepared, addresses, is_dry, pattern
 from .scaled_operands import SF_AXIS, ab_axis, parse_batched, parse_scaled, scaled_maps
+from ..runtime.tensors import TensorView, view
 
 # SFD: 1 / the largest value of the quantized output (e5m2: the seed page's 1/57344, or NVIDIA's
 # kernels' 1/128 with e5m2_rcp_max="nvidia").
@@ -98,6 +105,9 @@ class Op:
         self.epilogue = self.spec.epilogue.resolve(self.variant.choices)
         self._e5m2 = e5m2_rcp_max
         self._launcher: LoadedKernel | None = None
+        # The host fast path: call pattern (ops/prepared.py ``pattern``) -> what its first full
+        # validation proved (``Prepared``); a later call of the pattern checks its addresses only.
+        self._memo: dict[Any, Prepared] = {}
 
     # ---------------------------------------------------------------------------------
     @classmethod
@@ -188,21 +198,33 @@ class Op:
         input_names : dict, optional
             The caller's argument name of each input, for error messages (a preset's names).
         """
+        given = inputs or {}
+        key, flat = (None, ()) if is_dry() else pattern(operands, operand_kw, given, None)
+        e = self._memo.get(key) if key is not None else None
+        if e is not None:   # a call pattern validated before: allocate, check addresses, launch
+            import torch
+            out = {name: (torch.empty(shape, dtype=dt, device=dev) if fill is None else
+                          torch.full(shape, fill, dtype=dt, device=dev)) for name, shape, dt, dev, fill in e.alloc}
+            ptrs = addresses(flat) + tuple([t.data_ptr() for t in out.values()])
+            if e.aligned(ptrs):
+                self._run(e, ptrs, flat[e.offsets] if e.offsets is not None else None, current_stream,
+                          zero=out if self.kind == "grouped" else None)
+                return self._shaped(e.call, out)
         call = self._parse(operands, operand_kw)
         deferred: list = []
-        values, keep = self._inputs(inputs or {}, call, deferred, input_names)
+        values, keep = self._inputs(given, call, deferred, input_names)
         device = self._check_devices(call, deferred)
         rows_written = self.kind in ("grouped", "kgrouped") and not is_dry()
         out = alloc_outputs(self.epilogue, *self._dims(call), _device_str(call.a, device),
                             rows_written=rows_written)
         if not is_dry():   # a fake implementation's trace: outputs allocated, nothing launched
             self.compile()
+            e, ptrs = self._prepare(key, flat, operands, operand_kw, given, call, values, keep, deferred,
+                                    {k: view(t, k) for k, t in out.items()}, rows_written)
             # The grouped class stores rows below the last offset only: zero the rest first. The
             # K-grouped kernel stores every row of every expert's block.
-            self._launch(call, values, {k: t.data_ptr() for k, t in out.items()}, current_stream,
-                         zero=[out[k] for k in self.epilogue.row_buffers() if k in out]
-                         if self.kind == "grouped" else None)
-        del keep
+            self._run(e, ptrs, call.offsets.obj if call.offsets is not None else None, current_stream,
+                      zero=out if self.kind == "grouped" else None)
         return self._shaped(call, out)
 
     def _shaped(self, call: Any, out: dict[str, Any]) -> TupleDict:
@@ -232,14 +254,23 @@ class Op:
         input_names, output_names : dict, optional
             The caller's argument name of each input and output, for error messages.
         """
-        from ..runtime.tensors import resolve_stream
         names = output_names or {}
+        given = inputs or {}
+        key, flat = (None, ()) if is_dry() else pattern(operands, operand_kw, given, outputs)
+        e = self._memo.get(key) if key is not None else None
+        if e is not None:
+            ptrs = addresses(flat)
+            # Known addresses passed every check before; new ones need alignment and no overlap.
+            if ptrs in e.bufs or (e.aligned(ptrs) and e.disjoint(ptrs)):
+                self._run(e, ptrs, flat[e.offsets] if e.offsets is not None else None, current_stream,
+                          reset=True)
+                return
         call = self._parse(operands, operand_kw)
         deferred: list = []
-        values, keep = self._inputs(inputs or {}, call, deferred, input_names)
+        values, keep = self._inputs(given, call, deferred, input_names)
         out: dict[str, Any] = {}
-        for key, (shape, store, _) in self.epilogue.buffers(*self._dims(call)).items():
-            out[key] = native_output(outputs.get(key), names.get(key, f"outputs[{key!r}]"), shape, store)
+        for name, (shape, store, _) in self.epilogue.buffers(*self._dims(call)).items():
+            out[name] = native_output(outputs.get(name), names.get(name, f"outputs[{name!r}]"), shape, store)
         _check_overlap(out, names, call, [v for _, v, _ in deferred])
         # C / D rows are written with 16-byte vector stores; scales and reductions by word.
         aligns = [(names.get(k, f"outputs[{k!r}]"), v, 16 if k in self.epilogue.row_buffers() else 4)
@@ -248,10 +279,9 @@ class Op:
         if is_dry():
             return
         self.compile()
-        stream = resolve_stream(current_stream, self.device)
-        reset(out, stream)
-        self._launch(call, values, {k: v.ptr for k, v in out.items()}, current_stream, zero=None)
-        del keep
+        e, ptrs = self._prepare(key, flat, operands, operand_kw, given, call, values, keep, deferred, out, None,
+                                outputs=outputs)
+        self._run(e, ptrs, call.offsets.obj if call.offsets is not None else None, current_stream, reset=True)
 
     # ---------------------------------------------------------------- operands, by kernel class
     def _parse(self, operands: tuple, kw: dict[str, Any]) -> Any:
@@ -340,36 +370,165 @@ class Op:
         return device
 
     # ---------------------------------------------------------------- launch
-    def _launch(self, call: Any, values: dict[str, Any], out: Mapping[str, int], current_stream: Any,
-                zero: list | None) -> None:
-        """Encode the maps, pack the parameters and launch on ``current_stream`` (``zero``: row
-        outputs whose rows past the last offset the grouped class zeroes first)."""
-        from ..runtime import config
-        from ..runtime.load import thread_context
-        from ..runtime.tensors import resolve_stream
-        thread_context(self.device)
+    def _prepare(self, key: Any, flat: tuple, operands: tuple, kw: Mapping[str, Any], given: Mapping[str, Any],
+                 call: Any, values: dict[str, Any], keep: list, deferred: list, out: Mapping[str, Any],
+                 rows_written: bool | None, outputs: Mapping[str, Any] | None = None) -> tuple[Prepared, tuple]:
+        """What this validated call proved, by argument position (:class:`Prepared`), and its
+        address tuple. Kept under ``key`` (the host fast path) when every tensor the launch reads
+        starts at its argument's ``data_ptr()``; a one-off otherwise."""
+        from ..runtime.launch import prepare
+        params = [p.name for p in class_operands(self.kind)]
+        pos = {name: i for i, name in enumerate(params[:len(operands)])}
+        pos.update({name: len(operands) + i for i, name in enumerate(kw)})
+        base = len(operands) + len(kw)
+        pos.update({f"input:{name}": base + i for i, name in enumerate(given)})
+        base += len(given)
+        if outputs is not None:
+            pos.update({f"output:{name}": base + i for i, name in enumerate(outputs)})
+        else:   # __call__: its own allocations follow the arguments
+            pos.update({f"output:{name}": len(flat) + i for i, name in enumerate(out)})
+        # Every tensor argument at its data_ptr() (the fast path's addresses), then the tensors the
+        # launch reads at their views' addresses (the same where the pattern is memoised).
+        ptrs = list(addresses(flat)) if key is not None else [0] * len(flat)
+        ptrs += [0] * (0 if outputs is not None else len(out))
+        views: list[tuple[int, Any]] = []
+        attr_operand = {attr: name for name, attr, _ in _DEVICE_OPERANDS[self.kind]}
+        attr_operand["a"] = _LEAD[self.kind][0]
+        rebase = []
+        template = _copy(call)
+        for attr, v in vars(call).items():
+            if isinstance(v, TensorView):
+                i = pos[attr_operand[attr]]   # every tensor of a parsed call is an operand's
+                rebase.append((attr, i))
+                views.append((i, v))
+                setattr(template, attr, TensorView(0, v.shape, v.strides, v.dtype, v.device, None))
+        aligns = {_LEAD[self.kind][0]: _LEAD[self.kind][1], **{nm: al for nm, _, al in _DEVICE_OPERANDS[self.kind]}}
+        masks = [(pos[nm], al - 1) for nm, al in aligns.items() if nm in pos]
+        slots, consts = [], {}
+        for inp in self.epilogue.inputs:
+            x = given.get(inp.name)
+            if x is None:
+                continue
+            if isinstance(x, (int, float)):   # a number's device copy: part of the key, kept here
+                consts[inp.slot] = values[inp.slot]
+            else:
+                i = pos[f"input:{inp.name}"]
+                slots.append((inp.slot, i))
+                views.append((i, _Ptr(values[inp.slot])))
+                masks.append((i, (2 if DTYPES[inp.dtype].itemsize == 2 else 4) - 1))   # as _inputs checks
+        if "ld_c_in" in values:
+            consts["ld_c_in"] = values["ld_c_in"]
+        outs = [(name, pos[f"output:{name}"]) for name in out]
+        views += [(pos[f"output:{name}"], v) for name, v in out.items()]
+        for i, v in views:
+            ptrs[i] = v.ptr
+        ptrs = tuple(ptrs)
+        rows = self.epilogue.row_buffers()
+        masks += [(i, (16 if name in rows else 4) - 1) for name, i in outs if outputs is not None]
+        from .outputs import RESET_BITS, extent
+        resets = [(RESET_BITS[name], i, out[name].numel()) for name, i in outs if name in RESET_BITS]
+        spans_out, spans_in = (), ()
+        if outputs is not None:   # what _check_overlap compared, by position
+            spans_out = tuple((pos[f"output:{name}"], extent(v)) for name, v in out.items())
+            given_views = zip([i for i in self.epilogue.inputs if given.get(i.name) is not None], deferred)
+            spans_in = tuple((pos[attr_operand[attr]], extent(v)) for attr, v in vars(call).items()
+                             if isinstance(v, TensorView) and attr not in ("b_ptrs", "sfb_ptrs"))
+            spans_in += tuple((pos[f"input:{i.name}"], extent(v)) for i, (_, v, _) in given_views
+                              if not isinstance(given[i.name], (int, float)))
         ln = self._launcher
-        stream = resolve_stream(current_stream, self.device)
-        if call.offsets is not None and config.validate_offsets():
-            # Opt-in (FUSEGEMM_VALIDATE_OFFSETS): a host copy of the offsets, never during capture.
-            host = _device.offsets_on_host(call.offsets.obj, stream)
-            if host is not None:
-                args.offsets_values(host, call.t if self.kind == "kgrouped" else call.m,
-                                    "dy_tensor" if self.kind == "kgrouped" else "a_tensor")
-        planned = _PLANS[self.kind](self, call, ln, out)
-        if planned is None:
-            return   # no row tile (an empty A): nothing to map or launch; outputs hold their fills
-        grid, shape, plan_values = planned
-        if zero:
-            from .tail import zero_tail
-            zero_tail(zero, call.offsets.ptr, call.l, call.m, stream, self.device)
-        values.update(plan_values)
-        values.update({"offsets": call.offsets.ptr if call.offsets is not None else 0, "rcp_max": self.rcp_max})
-        values.update(self.epilogue.buffer_params(dict(out), call.n))
+        planned = _PLANS[self.kind](self, _rebased(template, rebase, ptrs), ln, {name: ptrs[i] for name, i in outs})
+        grid = planned[0] if planned is not None else 0
+        scratch = planned is not None and (ln.dynamic or planned[1].discrete)
+        alloc = None
+        if outputs is None:
+            import torch
+            dev = _device_str(call.a, self.device)
+            alloc = [(name, shape, getattr(torch, store), dev,
+                      None if rows_written and name in rows else fill)
+                     for name, (shape, store, fill) in self.epilogue.buffers(*self._dims(call)).items()]
+        e = Prepared(call=template, rebase=tuple(rebase), slots=tuple(slots), consts=consts, outs=tuple(outs),
+                     alloc=alloc, masks=tuple(masks), resets=tuple(resets),
+                     offsets=pos["padded_offsets"] if call.offsets is not None else None,
+                     grid=grid, empty=planned is None, scratch=scratch,
+                     discrete=planned is not None and planned[1].discrete,
+                     go=None if planned is None or scratch else prepare(ln.kernel, ln.config(grid)),
+                     keep=[k for k in keep if not any(k is x for x in flat)], spans_out=spans_out, spans_in=spans_in)
+        # Memoise only when each tensor read starts at its argument's address, so that another
+        # call of the pattern can be re-addressed from its arguments alone.
+        if key is not None and all(v.ptr == (flat[i].data_ptr() if i < len(flat) else v.ptr) for i, v in views):
+            if len(self._memo) >= 64:
+                self._memo.clear()
+            self._memo[key] = e
+        return e, ptrs
+
+    def _values_at(self, e: Prepared, ptrs: tuple) -> dict[str, Any]:
+        """The parameter struct of pattern ``e`` at the addresses ``ptrs``: every address field
+        from ``ptrs`` (the tensor maps re-encoded through the kernel's map cache)."""
+        ln = self._launcher
+        call = _rebased(e.call, e.rebase, ptrs)
+        out = {name: ptrs[i] for name, i in e.outs}
+        _, _, values = _PLANS[self.kind](self, call, ln, out)
+        values.update(e.consts)
+        for slot, i in e.slots:
+            values[slot] = ptrs[i]
+        values.update({"offsets": ptrs[e.offsets] if e.offsets is not None else 0, "rcp_max": self.rcp_max})
+        values.update(self.epilogue.buffer_params(out, call.n))
         if self.kind == "batched" and self.variant.cd_major == "m":
             values["ldc"] = call.m   # C is (L, N, M): rows of M elements
-        values.update(ln.workspace(grid, shape.discrete, stream, current_stream is not None))
-        ln.launch(values, grid, stream)
+        return values
+
+    def launch_values(self, call: Any, out: Mapping[str, int], inputs: Mapping[str, int] | None = None
+                      ) -> dict[str, Any]:
+        """The parameter struct a launch of parsed operands ``call`` packs, with the outputs at
+        addresses ``out`` and the epilogue's input fields ``inputs`` (``_inputs``' values); tests
+        read it."""
+        attrs = [attr for attr, v in vars(call).items() if isinstance(v, TensorView)]
+        e = Prepared(call=call, rebase=tuple((a, i) for i, a in enumerate(attrs)), slots=(), consts=dict(inputs or {}),
+                     outs=tuple((name, len(attrs) + i) for i, name in enumerate(out)),
+                     offsets=attrs.index("offsets") if "offsets" in attrs else None)
+        return self._values_at(e, tuple(getattr(call, a).ptr for a in attrs) + tuple(out.values()))
+
+    def _run(self, e: Prepared, ptrs: tuple, offsets_obj: Any, current_stream: Any,
+             zero: Mapping[str, Any] | None = None, reset: bool = False) -> None:
+        """Launch pattern ``e`` at ``ptrs`` on ``current_stream``: reductions reset first
+        (``reset``: execute's caller buffers), rows past the last offset of ``zero``'s row
+        outputs zeroed (the grouped class's own allocations)."""
+        from ..runtime import config
+        from ..runtime.load import check, driver, thread_context
+        from ..runtime.tensors import resolve_stream
+        thread_context(self.device)
+        stream = resolve_stream(current_stream, self.device)
+        if offsets_obj is not None and config.validate_offsets():
+            # Opt-in (FUSEGEMM_VALIDATE_OFFSETS): a host copy of the offsets, never during capture.
+            host = _device.offsets_on_host(offsets_obj, stream)
+            if host is not None:
+                c = e.call
+                args.offsets_values(host, c.t if self.kind == "kgrouped" else c.m,
+                                    "dy_tensor" if self.kind == "kgrouped" else "a_tensor")
+        if reset:
+            for bits, i, words in e.resets:
+                check(driver().cuMemsetD32Async(ptrs[i], bits, words, stream), "cuMemsetD32Async")
+        if e.empty:
+            return   # no row tile (an empty A): nothing to map or launch; outputs hold their fills
+        if zero:
+            from .tail import zero_tail
+            rows = [zero[k] for k in self.epilogue.row_buffers() if k in zero]
+            zero_tail(rows, ptrs[e.offsets], e.call.l, e.call.m, stream, self.device)
+        ready = e.bufs.get(ptrs)
+        if ready is None:
+            ready = self._values_at(e, ptrs)
+            if not e.scratch:
+                from ..generator.params import GROUPED_PARAMS
+                from ..runtime.launch import ParamBuffer
+                buf = ParamBuffer(GROUPED_PARAMS.size)
+                buf.fill(GROUPED_PARAMS.pack(ready))
+                ready = buf
+            e.remember(ptrs, ready)
+        ln = self._launcher
+        if e.scratch:   # per-call scratch (tile counter, tensor-map slots): packed per call
+            ln.launch({**ready, **ln.workspace(e.grid, e.discrete, stream, current_stream is not None)}, e.grid, stream)
+        else:
+            e.go(ready, stream)
 
     # ---------------------------------------------------------------- reference
     def reference(self, *operands: Any, inputs: Mapping[str, Any] | None = None, **operand_kw: Any) -> Any:
@@ -432,6 +591,29 @@ def _acc_batched(op: Op, o: dict[str, Any]) -> tuple[Any, Any, int]:
 
 _ACCUMULATE = {"grouped": _acc_grouped, "scaled": _acc_grouped, "kgrouped": _acc_kgrouped,
                "batched": _acc_batched}
+
+
+class _Ptr:
+    """An address standing in for a view in :meth:`Op._prepare`'s bookkeeping."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+
+def _copy(call: Any) -> Any:
+    import copy
+    return copy.copy(call)
+
+
+def _rebased(template: Any, rebase: tuple, ptrs: tuple) -> Any:
+    """A copy of a parsed call whose tensors start at ``ptrs`` (sizes, strides, dtypes kept)."""
+    call = _copy(template)
+    for attr, i in rebase:
+        v = getattr(template, attr)
+        setattr(call, attr, TensorView(ptrs[i], v.shape, v.strides, v.dtype, v.device, None))
+    return call
 
 
 def _check_overlap(out: Mapping[str, Any], names: Mapping[str, str], call: Any, inputs: list) -> None:

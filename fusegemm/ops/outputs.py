@@ -12,10 +12,15 @@ from ..base.errors import ArgumentError
 RESET_BITS = {"amax": 0xFF800000, "dprob": 0}     # -inf, +0.0
 
 
+def extent(v: Any) -> int:
+    """The offset of the last byte a view touches from its first (-1: it touches none)."""
+    span = sum((d - 1) * abs(s) for d, s in zip(v.shape, v.strides) if d > 0) if v.numel() else -1
+    return (span + 1) * max(v.itemsize, 1) - 1
+
+
 def _extent(v: Any) -> tuple[int, int]:
     """[first, last] byte addresses a view touches."""
-    span = sum((d - 1) * abs(s) for d, s in zip(v.shape, v.strides) if d > 0) if v.numel() else -1
-    return v.ptr, v.ptr + (span + 1) * max(v.itemsize, 1) - 1
+    return v.ptr, v.ptr + extent(v)
 
 
 def _squeezed(shape: Any) -> list[int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Mapping
 
 from ..arguments import M_ALIGNED
 from ..base.contract import KernelContract
@@ -110,6 +110,89 @@ def signature(args: tuple) -> tuple | None:
         else:
             return None
     return tuple(out)
+
+
+def pattern(operands: tuple, kw: Mapping[str, Any], inputs: Mapping[str, Any],
+            outputs: Mapping[str, Any] | None) -> tuple[Any, tuple]:
+    """(key, flat) of an op call: ``flat`` every argument in call order (positional operands,
+    keyword operands, inputs, outputs); ``key`` how they were passed and each one's (dtype, shape,
+    strides, device), or a Python number's value. The key is None unless every argument is a
+    plain torch tensor, None or a number: only those calls take :class:`fusegemm.Op`'s memo."""
+    flat = (*operands, *kw.values(), *inputs.values(), *(outputs.values() if outputs is not None else ()))
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None, flat
+    tensor = torch.Tensor
+    sig = []
+    for x in flat:
+        if x is None:
+            sig.append(None)
+        elif type(x) is tensor:
+            sig.append((x.dtype, x.shape, x.stride(), x.get_device()))
+        elif type(x) is int or type(x) is float:
+            sig.append((type(x), x))
+        else:
+            return None, flat
+    return (len(operands), tuple(kw), tuple(inputs), None if outputs is None else tuple(outputs), tuple(sig)), flat
+
+
+def addresses(flat: tuple) -> tuple[int, ...]:
+    """Each argument's address (0 for None and numbers) for a call :func:`pattern` keyed."""
+    tensor = sys.modules["torch"].Tensor
+    return tuple([x.data_ptr() if type(x) is tensor else 0 for x in flat])
+
+
+class Prepared:
+    """What one call pattern's full validation proved, in terms of argument positions (the
+    ``flat`` order of :func:`pattern`; outputs that ``Op.__call__`` allocates follow them):
+
+    * ``call`` -- the parsed operands with their addresses cleared (sizes, strides, dtypes);
+    * ``rebase`` -- (attribute of ``call``, position) for every tensor of ``call``;
+    * ``slots`` -- (parameter field, position) of each epilogue input passed as a tensor;
+    * ``consts`` -- the parameter fields that no address changes (a number input's device copy,
+      the C input's row pitch);
+    * ``outs`` -- (output name, position); ``alloc`` -- what ``__call__`` allocates per call;
+    * ``masks`` -- (position, alignment - 1) of every address the kernel needs aligned;
+    * ``resets`` -- (fill bits, position, words) of the reductions ``execute`` resets;
+    * ``spans_out`` / ``spans_in`` -- (position, last byte's offset) of the caller's outputs and of
+      what they may not overlap (``execute``);
+    * the launch geometry (``grid``, ``empty``, ``scratch``, ``go``) and ``bufs``: packed
+      parameters (or, with per-call scratch, the values) by the call's address tuple.
+
+    Nothing here holds a caller's tensor, and nothing is mutated after creation but ``bufs``
+    (a bounded dict whose values are complete before they are inserted).
+    """
+
+    __slots__ = ("call", "rebase", "slots", "consts", "outs", "alloc", "masks", "resets", "offsets",
+                 "grid", "empty", "scratch", "discrete", "go", "bufs", "keep", "spans_out", "spans_in")
+
+    def __init__(self, **fields: Any) -> None:
+        for k in self.__slots__:
+            setattr(self, k, fields.pop(k, None))
+        if fields:
+            raise TypeError(f"Prepared: unknown fields {sorted(fields)}")
+        self.bufs = {}
+
+    def aligned(self, ptrs: tuple[int, ...]) -> bool:
+        for i, mask in self.masks:
+            if ptrs[i] & mask:
+                return False
+        return True
+
+    def disjoint(self, ptrs: tuple[int, ...]) -> bool:
+        """No output overlaps another output or an input at these addresses (``execute``)."""
+        outs = [(ptrs[i], ptrs[i] + span) for i, span in self.spans_out if span >= 0]
+        ins = [(ptrs[i], ptrs[i] + span) for i, span in self.spans_in if span >= 0]
+        for j, (lo, hi) in enumerate(outs):
+            for wlo, whi in outs[j + 1:] + ins:
+                if lo <= whi and wlo <= hi:
+                    return False
+        return True
+
+    def remember(self, ptrs: tuple[int, ...], launchable: Any) -> None:
+        if len(self.bufs) >= 32:
+            self.bufs.clear()
+        self.bufs[ptrs] = launchable
 
 
 class OpCache:

@@ -17,7 +17,7 @@ from ..runtime.tensors import TensorView, view
 from . import arg_checks as checks
 from .. import reference as _reference
 from .blockscaled import BlockScaledGemm
-from .outputs import as_bytes, check_no_overlap, native_output, reset
+from .outputs import as_bytes, check_no_overlap, native_output
 from .param_docs import OUTPUTS, class_api
 from .scaled_layouts import check_layouts, discrete_weights
 from .scaled_seeds import (SEED_NAMES, _OUT, _op, _present, check_epilogue_op, dswiglu_axes, quant_axes,
@@ -206,6 +206,9 @@ class GroupedGemmDswiglu(_GroupedSeedOp):
                       current_stream=current_stream, names=self.NAMES)
 
 
+_AMAX_NAMES = {"c": "c_tensor", "amax": "amax_tensor"}
+
+
 def _c_major(sample_c: Any) -> str:
     """"m" when a (M, N, L) / (M, N) C sample is M-contiguous, else "n" (the default)."""
     if sample_c is None:
@@ -238,7 +241,6 @@ class GemmAmax(_ScaledSeedOp):
     def execute(self, a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_tensor: Any, c_tensor: Any,
                 amax_tensor: Any, current_stream: Any = None) -> None:
         """Run once: C and amax (reset to -inf first) in place."""
-        from ..runtime.tensors import resolve_stream
         from .scaled_operands import parse_batched
         op = self.op
         check_layouts(op)
@@ -250,9 +252,10 @@ class GemmAmax(_ScaledSeedOp):
         amax = native_output(amax_tensor, "amax_tensor", a_shape, a_store)
         check_no_overlap([("amax_tensor", amax), ("c_tensor", c)], [call.a, call.b, call.sfa, call.sfb])
         op.check_device(call, [("c_tensor", c, 16), ("amax_tensor", amax, 4)])
-        op.compile()
-        reset({"amax": amax}, resolve_stream(current_stream, op.device))
-        op._launch(call, {}, {"c": c.ptr, "amax": amax.ptr}, current_stream, zero=None)
+        # The engine writes C through the kernel's rows (an M-major C's (L * N, M) bytes under the
+        # (L * M, N) shape its buffer table gives every batched C; ldc says the pitch).
+        op.execute(a_tensor, b_tensor, sfa_tensor, sfb_tensor, outputs={"c": c.obj.reshape(c_shape), "amax": amax.obj},
+                   current_stream=current_stream, output_names=_AMAX_NAMES)
 
     def _native_c(self, c_tensor: Any, call: Any, shape: tuple[int, ...], store: str) -> TensorView:
         """C as the kernel's rows: (L * M, N) for N-major, (L * N, M) for M-major (packed FP4 C:

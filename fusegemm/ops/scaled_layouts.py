@@ -44,7 +44,6 @@ def layout_axes(spec: str, axes: dict[str, Any], a_tensor: Any, b_tensor: Any, *
     (K-major operands, and layouts that are neither, are left to the operand parse, which names
     the stride). An MN-major layout the spec does not declare is an ArgumentError with its reason."""
     from ..generator.spec import check_choice, find_spec
-    s = find_spec(spec)
     a = view(a_tensor, "a_tensor")
     found: dict[str, str] = {}
     operands = ((("a_major", a_tensor),) if batched else ()) + (("b_major", b_tensor),)
@@ -55,6 +54,7 @@ def layout_axes(spec: str, axes: dict[str, Any], a_tensor: Any, b_tensor: Any, *
         v = view(x, arg)
         if not _mn_major(v, a, batched):
             continue
+        s = find_spec(spec)              # (only here: a wrapper's K-major call reads no spec)
         offered = s.choice_map.get(axis, ("k",))
         why = (f"{spec} offers {axis} {list(offered)} only" if mn not in offered else
                check_choice({**dict(s.defaults), **axes, **found, axis: mn}, s.constraints))

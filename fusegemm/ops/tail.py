@@ -57,6 +57,17 @@ def _kernel(device: int) -> Any:
     return default_modules().get(cub.data, _KERNEL, key=f"zero_tail.{arch}", smem_bytes=0, device=device)
 
 
+_launches: dict[int, Any] = {}     # device -> (kernel, {(blocks, buffers): prepared launch}) or None
+
+
+def _loaded(device: int) -> Any:
+    """(kernel, its prepared launches) of ``device`` (looked up once per process), or None."""
+    if device not in _launches:
+        k = _kernel(device)
+        _launches[device] = None if k is None else (k, {})
+    return _launches[device]
+
+
 def prepare(device: int) -> bool:
     """Compile and load the kernel for ``device`` ahead of the first call (the ops do it when
     they compile: a module load has no place inside a CUDA-graph capture). False where it is
@@ -91,7 +102,7 @@ def zero_tail(buffers: Iterable[Any], offsets_ptr: int, experts: int, m_rows: in
     device : int
         CUDA ordinal.
     """
-    from ..runtime.launch import LaunchConfig, ParamBuffer, launch
+    from ..runtime.launch import ParamBuffer
     bufs = [b for b in buffers if b.numel()]
     if not bufs or m_rows == 0:
         return
@@ -100,7 +111,7 @@ def zero_tail(buffers: Iterable[Any], offsets_ptr: int, experts: int, m_rows: in
         rb = b.numel() * b.element_size() // m_rows
         ok = rb % 16 == 0 and b.data_ptr() % 16 == 0 and b.is_contiguous()
         (direct if ok else whole).append((b, rb))
-    kernel = _kernel(device) if direct else None
+    kernel = _loaded(device) if direct else None
     if kernel is None:
         whole += direct
         direct = []
@@ -115,4 +126,9 @@ def zero_tail(buffers: Iterable[Any], offsets_ptr: int, experts: int, m_rows: in
         row_bytes = [rb for _, rb in group] + [0] * (_MAX_BUFFERS - len(group))
         params.fill(_PARAMS.pack(*base, *row_bytes, offsets_ptr, experts, m_rows))
         blocks = min(_MAX_BLOCKS, max(1, -(-max(row_bytes) * m_rows // (16 * _THREADS))))
-        launch(kernel, LaunchConfig(grid=(blocks, len(group), 1), block=(_THREADS, 1, 1)), params, stream)
+        go = kernel[1].get((blocks, len(group)))
+        if go is None:   # one prepared launch per grid (runtime/launch.py: the fit checked once)
+            from ..runtime.launch import LaunchConfig, prepare as prepared
+            go = kernel[1][(blocks, len(group))] = prepared(
+                kernel[0], LaunchConfig(grid=(blocks, len(group), 1), block=(_THREADS, 1, 1)))
+        go(params, stream)

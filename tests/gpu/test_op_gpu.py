@@ -238,3 +238,105 @@ def test_registered_op_passes_opcheck(specs):
     res = torch.library.opcheck(face.op.default, (dy, x, off), {"alpha": torch.ones(2, device="cuda"),
                                                                 "loss_scale": torch.ones(1, device="cuda")})
     assert all(v == "SUCCESS" for v in res.values()), res
+
+
+# ---------------------------------------------------------------- the host fast path on the device
+def _memo_case(spec, seed):
+    """(axes, operands, inputs) on the GPU for one spec of each kernel class; number inputs as
+    Python floats (their device copy is memoised with the pattern)."""
+    from fusegemm.output_compare import device_args
+    from fusegemm.problems import make_batched_problem
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dev = "cuda"
+    if spec == "grouped_gemm_dswiglu_bf16":
+        axes, m, n, l = {}, 512, 128, 2
+        operands = (torch.randn(m, 64, generator=g, device=dev).bfloat16(),
+                    torch.tensor([256, 512], dtype=torch.int32, device=dev),
+                    torch.randn(l, n, 64, generator=g, device=dev).bfloat16())
+    elif spec == "grouped_gemm_wgrad":
+        axes, m, n, l = {}, 512, 64, 2
+        operands = (torch.randn(m, 128, generator=g, device=dev).bfloat16(),
+                    torch.randn(m, n, generator=g, device=dev).bfloat16(),
+                    torch.tensor([256, 512], dtype=torch.int32, device=dev))
+    elif spec == "grouped_gemm_srelu":
+        axes, n, l = {"d_dtype": "float8_e4m3fn"}, 256, 3
+        pb = make_grouped_problem(spec, num_experts=3, tokens=[256, 0, 300], n=n, k=256, values="integer",
+                                  d_dtype="float8_e4m3fn", seed=seed)
+        kw, _ = device_args(pb.kwargs(sf_vec_size=32))
+        operands = tuple(kw[x] for x in ("a_tensor", "sfa_tensor", "padded_offsets", "b_tensor", "sfb_tensor"))
+        m = kw["a_tensor"].shape[0]
+    else:
+        axes, m, n, l = {}, 200, 264, 3
+        kw, _ = device_args(make_batched_problem(m=m, n=n, k=320, batch=l, values="integer", seed=seed).kwargs())
+        operands = tuple(kw[x] for x in ("a_tensor", "b_tensor", "sfa_tensor", "sfb_tensor"))
+    op = fusegemm.Op(spec, **axes)
+    inputs = {}
+    for i in op.epilogue.inputs:
+        dt = getattr(torch, i.dtype)
+        if i.per == "scalar":
+            inputs[i.name] = 0.5
+        elif i.per == "expert":
+            inputs[i.name] = torch.rand(l, generator=g, device=dev)
+        elif i.per == "row":
+            inputs[i.name] = torch.rand(m, generator=g, device=dev).to(dt)
+        elif i.per == "column":
+            inputs[i.name] = torch.rand(l, n, generator=g, device=dev).to(dt).t()
+        else:
+            inputs[i.name] = torch.randn(m, 2 * n if i.paired else n, generator=g, device=dev).to(dt)
+    return axes, operands, inputs
+
+
+def _same_outputs(got, want, what):
+    for k, v in want.items():
+        if k == "dprob":    # a sum of atomic float adds: its order varies
+            torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-5, msg=f"{what}: {k}")
+        else:
+            assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), f"{what}: {k} differs"
+
+
+@pytest.mark.parametrize("spec", ["grouped_gemm_dswiglu_bf16", "grouped_gemm_srelu", "grouped_gemm_wgrad",
+                                  "gemm_amax"])
+def test_memoised_calls_give_the_bytes_of_a_fresh_op(spec):
+    """Op's host fast path on the device, one spec per kernel class: a second call of a pattern
+    (other tensors, other addresses), 8 threads calling one op on their own streams, and execute
+    into moved outputs give the bytes a fresh op's full validation gives."""
+    import threading
+    cases = [_memo_case(spec, seed) for seed in range(9)]
+    axes = cases[0][0]
+    want = [fusegemm.Op(spec, **axes)(*ops, inputs=ins) for _, ops, ins in cases]
+    op = fusegemm.Op(spec, **axes)
+    op(*cases[0][1], inputs=cases[0][2])
+    _same_outputs(op(*cases[1][1], inputs=cases[1][2]), want[1], "second call")
+    assert len(op._memo) == 1
+    got, errors = [None] * 8, []
+    streams = [torch.cuda.Stream() for _ in range(8)]
+    torch.cuda.synchronize()
+
+    def run(i):
+        try:
+            with torch.cuda.stream(streams[i]):
+                for _ in range(6):
+                    got[i] = op(*cases[i + 1][1], inputs=cases[i + 1][2])
+            streams[i].synchronize()
+        except BaseException as exc:   # noqa: BLE001 -- handed to the main thread
+            errors.append(exc)
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors, errors[0]
+    for i in range(8):
+        _same_outputs(got[i], want[i + 1], f"thread {i}")
+    moved = {k: torch.full_like(v, 3) for k, v in want[2].items()}
+    if spec == "grouped_gemm_wgrad":
+        moved = {k: v.view(-1, v.shape[-1]) for k, v in moved.items()}
+    for _ in range(2):
+        op.execute(*cases[2][1], inputs=cases[2][2], outputs=moved)
+        moved = {k: v.clone() for k, v in moved.items()}
+    torch.cuda.synchronize()
+    if spec == "grouped_gemm_wgrad":
+        moved = {k: v.view(want[2][k].shape) for k, v in moved.items()}
+    # (Every row is below the last offset in these cases: execute writes all that __call__ returns.)
+    _same_outputs({k: moved[k] for k in want[2].keys()}, want[2], "execute, moved outputs")

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from fusegemm.base.contract import KernelContract  # noqa: E402
 from fusegemm.output_compare import compare_outputs  # noqa: E402
 from fusegemm.ops.blockscaled import BlockScaledGemm  # noqa: E402
-from fusegemm.ops.scaled_operands import parse_batched, parse_scaled  # noqa: E402
+from fusegemm.ops.scaled_operands import parse_batched, parse_scaled, scaled_maps  # noqa: E402
 from fusegemm.problems import make_batched_problem, make_grouped_problem  # noqa: E402
 from fusegemm.tupledict import TupleDict  # noqa: E402
 
@@ -51,7 +51,7 @@ def test_grouped_maps_follow_the_operands_and_the_contract():
                         None, None, None, 32)
     op = BlockScaledGemm("grouped_gemm_srelu", arch="sm_90a")
     op._launcher = _Launcher(_contract())
-    op.maps(call)
+    scaled_maps(op._launcher, call)
     a, b, sfa, sfb = op._launcher.tmaps.calls
     m = call.m
     assert (a["shape"], a["strides"], a["box"], a["swizzle"]) == ((320, m), (320,), (128, 128), 128)
@@ -65,7 +65,7 @@ def test_grouped_maps_follow_the_operands_and_the_contract():
 
 
 @pytest.mark.parametrize("cd_major", ["n", "m"])
-def test_batched_maps_and_launch_values(monkeypatch, cd_major):
+def test_batched_maps_and_launch_values(cd_major):
     """Seed 004: A and SFA carry the batch; m_rows is M of one batch; the grid covers L * ceil(M/128)
     row blocks; an M-major C has rows of M."""
     pb = make_batched_problem(m=200, n=264, k=320, batch=3, seed=0)
@@ -77,28 +77,14 @@ def test_batched_maps_and_launch_values(monkeypatch, cd_major):
     captured = {}
     ln.grid = lambda s: captured.setdefault("shape", s) and 7
     ln.scalars = lambda s: {"m_rows": s.m, "n": s.n, "k": s.k, "num_experts": s.l, "cluster_m": 1, "cluster_n": 1}
-    ln.workspace = lambda *a: {}
-    ln.launch = lambda values, grid, stream: captured.update(values=values, grid=grid)
     op._launcher = ln
-    monkeypatch.setattr("fusegemm.runtime.tensors.resolve_stream", lambda s, d: 0)
-    monkeypatch.setattr("fusegemm.runtime.load.thread_context", lambda d: None)
-    out = {"c": _FakeBuf(1000), "amax": _FakeBuf(2000)}
-    op.launch(call, {}, out, None)
+    v = op.launch_values(call, {"c": 1000, "amax": 2000})
     a, b, sfa, sfb = ln.tmaps.calls
     assert (a["shape"], a["strides"], a["box"]) == ((320, 200, 3), (320, 200 * 320), (128, 128, 1))
     assert sfa["shape"] == (128, 3, 2, 3) and sfb["shape"] == (128, 3, 3, 3)
-    v = captured["values"]
     assert captured["shape"].m == 3 * 256                     # L * ceil(200 / 128) * 128 rows of tiles
     assert (v["m_rows"], v["num_experts"], v["offsets"], v["c_out"], v["amax"]) == (200, 3, 0, 1000, 2000)
     assert v["ldc"] == (200 if cd_major == "m" else 264)
-
-
-class _FakeBuf:
-    def __init__(self, ptr):
-        self.ptr = ptr
-
-    def data_ptr(self):
-        return self.ptr
 
 
 def test_compare_outputs_can_fail():

@@ -74,8 +74,7 @@ def no_device(monkeypatch):
 
 def _launch(op, call, values, out):
     op._launcher = _Launcher()
-    op._launch(call, values, out, None, zero=None)
-    return op._launcher.launched
+    return op.launch_values(call, out, values), op._launcher.grid(None)
 
 
 def test_every_family_has_a_kernel_class():
@@ -319,3 +318,150 @@ def _no_devices(parse):
     def run(*a, **kw):
         return parse(*a, **{**kw, "devices": False})
     return run
+
+
+# ---------------------------------------------------------------- the host fast path
+class _AddressMaps:
+    """Tensor maps that differ with every input (address, shape, strides, box)."""
+
+    def tiled(self, address, dtype, shape, strides, box, swizzle=128, *rest):
+        import hashlib
+        import struct
+        rest = hashlib.sha512(repr((dtype, shape, strides, box, swizzle)).encode()).digest()
+        return struct.pack("<Q", address) + rest + bytes(56)   # the address as a map's first word
+
+
+class _Packed(_Launcher):
+    """A loaded kernel whose prepared launch records the packed parameter bytes."""
+
+    dynamic = False
+    kernel = None
+    itemsize = 2
+
+    def __init__(self):
+        super().__init__()
+        self.tmaps = _AddressMaps()
+
+    def config(self, grid):
+        return None
+
+    def maps(self, s, a_ptr, b_ptr):
+        from fusegemm.ops.loaded_kernel import LoadedKernel
+        return LoadedKernel.maps(self, s, a_ptr, b_ptr)
+
+
+class _Driver:
+    def cuMemsetD32Async(self, *a):
+        return (0,)
+
+
+def _case(kind, seed):
+    """(op, operands, inputs) of one kernel class: every input the epilogue declares, a number for
+    scalar ones (their device copy is part of the memo)."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "grouped":
+        op = Op("grouped_gemm_dswiglu_bf16", arch="sm_90a")
+        m, n, k, l = 512, 128, 64, 2
+        operands = (torch.randn(m, k, generator=g).bfloat16(), torch.tensor([256, 512], dtype=torch.int32),
+                    torch.randn(l, n, k, generator=g).bfloat16())
+    elif kind == "kgrouped":
+        op = Op("grouped_gemm_wgrad", arch="sm_90a")
+        m, n, l = 512, 64, 2
+        operands = (torch.randn(m, 128, generator=g).bfloat16(), torch.randn(m, n, generator=g).bfloat16(),
+                    torch.tensor([256, 512], dtype=torch.int32))
+    elif kind == "scaled":
+        op = Op("grouped_gemm_srelu", arch="sm_90a", d_dtype="float8_e4m3fn")
+        pb = make_grouped_problem("grouped_gemm_srelu", num_experts=3, tokens=[256, 0, 300], n=256, k=256,
+                                  d_dtype="float8_e4m3fn", seed=seed)
+        kw = {k: _cpu(v) for k, v in pb.kwargs(sf_vec_size=32).items()}
+        operands = tuple(kw[x] for x in ("a_tensor", "sfa_tensor", "padded_offsets", "b_tensor", "sfb_tensor"))
+        m, n, l = kw["a_tensor"].shape[0], 256, 3
+    else:
+        from fusegemm.problems import make_batched_problem
+        op = Op("gemm_amax", arch="sm_90a", tile_n=128)
+        kw = {k: _cpu(v) for k, v in make_batched_problem(m=200, n=264, k=320, batch=3, seed=seed).kwargs().items()}
+        operands = tuple(kw[x] for x in ("a_tensor", "b_tensor", "sfa_tensor", "sfb_tensor"))
+        m, n, l = 200, 264, 3
+    inputs = {}
+    for i in op.epilogue.inputs:
+        dt = getattr(torch, i.dtype)
+        if i.per == "scalar":
+            inputs[i.name] = 0.5
+        elif i.per == "expert":
+            inputs[i.name] = torch.rand(l, generator=g)
+        elif i.per == "row":
+            inputs[i.name] = torch.rand(m, generator=g).to(dt)
+        elif i.per == "column":
+            inputs[i.name] = torch.rand(l, n, generator=g).to(dt).t()
+        else:
+            inputs[i.name] = torch.rand(m, 2 * n if i.paired else n, generator=g).to(dt)
+    return op, operands, inputs
+
+
+@pytest.mark.parametrize("kind", ["grouped", "scaled", "kgrouped", "batched"])
+def test_a_memoised_call_pattern_launches_what_a_full_validation_would(kind, monkeypatch, no_device):
+    """Op's host fast path: a second call of a validated pattern (new tensors, same layouts) is not
+    parsed again, and packs the very bytes a fresh op's full validation packs for those tensors
+    (every address re-read: operands, tensor maps, inputs, outputs); execute at known addresses
+    takes the memo too; operands passed another way are validated in full."""
+    launches, parsed = [], []
+    monkeypatch.setattr("fusegemm.runtime.launch.prepare",
+                        lambda kernel, cfg: lambda buf, stream: launches.append(bytes(buf._data)))
+    monkeypatch.setattr(Op, "_check_devices", lambda self, call, more: 0)
+    monkeypatch.setattr("fusegemm.ops.tail.zero_tail", lambda *a: None)
+    monkeypatch.setattr("fusegemm.runtime.load.driver", lambda: _Driver())
+    monkeypatch.setattr("fusegemm.runtime.load.check", lambda *a: None)
+    monkeypatch.setattr("fusegemm.ops.engine.alloc", lambda shape, dtype, device: torch.empty(shape))
+    parse = Op._parse
+    monkeypatch.setattr(Op, "_parse", lambda self, *a: parsed.append(1) or parse(self, *a))
+    op, operands1, inputs1 = _case(kind, 1)
+    _, operands2, inputs2 = _case(kind, 2)
+    op._launcher = _Packed()
+    op(*operands1, inputs=inputs1)
+    out = op(*operands2, inputs=inputs2)
+    assert (len(parsed), len(launches), len(op._memo)) == (1, 2, 1)
+    # Independently of the engine's code: every tensor of the second call is in its launch (a
+    # pointer field or a map's address) and none of the first call's is.
+    first, second = _addresses(operands1, inputs1), _addresses(operands2, inputs2, out)
+    assert second <= _words(launches[1]) and not first & _words(launches[1])
+
+    fresh = _case(kind, 2)[0]
+    fresh._launcher = _Packed()
+    dims = fresh._dims(fresh._parse(operands2, {}))
+    outputs = {k: out[k].reshape(shape) for k, (shape, _, _) in fresh.epilogue.buffers(*dims).items()}
+    fresh.execute(*operands2, inputs=inputs2, outputs=outputs)
+    # (A number input's device copy is each op's own: its field is compared as present only.)
+    numbers = [i.slot for i in op.epilogue.inputs if isinstance(inputs2.get(i.name), float)]
+    assert _without(launches[2], numbers) == _without(launches[1], numbers)
+    fresh.execute(*operands2, inputs=inputs2, outputs=outputs)
+    assert (len(parsed), launches[3]) == (3, launches[2])     # the execute pattern: memoised too
+    moved = {k: v.clone() for k, v in outputs.items()}         # and re-addressed
+    fresh.execute(*operands2, inputs=inputs2, outputs=moved)
+    assert len(parsed) == 3 and _addresses((), {}, moved) <= _words(launches[4])
+    if kind == "grouped":   # D over the C input at new addresses: validated in full, refused by name
+        with pytest.raises(ArgumentError, match=r"^outputs\['d'\]: got memory shared with an input"):
+            fresh.execute(*operands2, inputs=inputs2, outputs={**moved, "d": inputs2["c"]})
+        assert len(parsed) == 4
+    from fusegemm.ops.engine import positional_operands
+    op(**dict(zip(positional_operands(op.kind), operands1)), inputs=inputs1)   # by keyword: another pattern
+    assert (len(op._memo), len(launches)) == (2, 6)
+
+def _without(raw, fields):
+    """Packed parameters with ``fields`` (8-byte pointers) checked non-null and cleared."""
+    from fusegemm.generator.params import GROUPED_PARAMS
+    raw = bytearray(raw)
+    for f in fields:
+        at = GROUPED_PARAMS.offsets()[f]
+        assert any(raw[at:at + 8])
+        raw[at:at + 8] = bytes(8)
+    return bytes(raw)
+
+
+def _addresses(operands, inputs, outputs=None):
+    tensors = [*operands, *inputs.values(), *(outputs.values() if outputs is not None else ())]
+    return {t.data_ptr() for t in tensors if isinstance(t, torch.Tensor) and t.numel()}
+
+
+def _words(raw):
+    import struct
+    return set(struct.unpack(f"<{len(raw) // 8}Q", raw[:len(raw) // 8 * 8]))

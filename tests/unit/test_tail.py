@@ -74,8 +74,9 @@ def test_zero_tail_packs_one_launch_per_four_buffers(monkeypatch):
     from fusegemm.runtime import launch as launch_mod
     calls = []
     monkeypatch.setattr(tail, "_kernel", lambda device: "kernel")
-    monkeypatch.setattr(launch_mod, "launch",
-                        lambda kernel, cfg, params, stream: calls.append((cfg, bytes(params._data.raw), stream)))
+    monkeypatch.setattr(tail, "_launches", {})
+    monkeypatch.setattr(launch_mod, "prepare", lambda kernel, cfg: lambda params, stream: calls.append(
+        (cfg, bytes(params._data.raw), stream)))
     m = 512
     bufs = [torch.ones(m, 64, dtype=torch.bfloat16) for _ in range(5)]
     odd = torch.ones(m, 3, dtype=torch.bfloat16)           # 6-byte rows: no 16-byte stores
@@ -96,7 +97,8 @@ def test_zero_tail_without_its_kernel_zeroes_whole_buffers(monkeypatch):
     from fusegemm.ops import tail
     from fusegemm.runtime import launch as launch_mod
     monkeypatch.setattr(tail, "_kernel", lambda device: None)
-    monkeypatch.setattr(launch_mod, "launch", lambda *a: pytest.fail("launched without a kernel"))
+    monkeypatch.setattr(tail, "_launches", {})
+    monkeypatch.setattr(launch_mod, "prepare", lambda *a: pytest.fail("launched without a kernel"))
     bufs = [torch.ones(256, 64), torch.ones(256, 8, dtype=torch.bfloat16)]
     tail.zero_tail(bufs, 0, 2, 256, 0, 0)
     assert not any(b.any() for b in bufs)
