@@ -110,11 +110,12 @@ def main() -> int:
     # The floor: the driver's cuLaunchKernel of the same kernel through ctypes, nothing else
     # (what any Python launch path pays; the other methods add their own work on top).
     from fusegemm.runtime.launch import _direct_launch
-    entry = next(iter(op._entries.values()))
+    entry = next(iter(op._op._memo.values()))        # the class's call pattern in the engine's memo
     buf = next(iter(entry.bufs.values())) if entry.bufs else None
     raw = _direct_launch()
     if buf is not None and raw is not None:
-        kern, cfg, handle = op._launcher.kernel, entry.cfg, stream.cuda_stream
+        ln = op._op._launcher
+        kern, cfg, handle = ln.kernel, ln.config(entry.grid), stream.cuda_stream
         methods["driver_launch_floor"] = lambda: raw(kern.handle, *cfg.grid, *cfg.block, cfg.smem_bytes,
                                                      handle, buf.argv_address, None)
         # The op's own prepared launch (runtime/launch.py prepare: pointers pre-converted, no

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .. import arguments as args
 from ..base.dtypes import DTYPES
@@ -41,6 +41,7 @@ from ..base.errors import ArgumentError, UnsupportedError
 from ..tupledict import TupleDict
 from . import arg_checks as checks
 from . import device as _device
+from . import tail as _tail
 from .device import alloc, alloc_outputs
 from .grouped_operands import parse_call, shape_of
 from .kgrouped_operands import KCall, parse_kgrouped
@@ -48,6 +49,10 @@ from .loaded_kernel import LoadedKernel
 from .outputs import check_no_overlap, native_output
 from .prepared import Prepared, addresses, is_dry, pattern
 from .scaled_operands import SF_AXIS, ab_axis, parse_batched, parse_scaled, scaled_maps
+from ..generator.params import GROUPED_PARAMS
+from ..runtime import config as _config
+from ..runtime import load as _load
+from ..runtime import tensors as _tensors
 from ..runtime.tensors import TensorView, view
 
 # SFD: 1 / the largest value of the quantized output (e5m2: the seed page's 1/57344, or NVIDIA's
@@ -103,6 +108,7 @@ class Op:
         self.kind = kernel_class(self.spec.kernel, self.arch)
         self.variant = make_variant(self.spec, arch=self.arch, **axes)
         self.epilogue = self.spec.epilogue.resolve(self.variant.choices)
+        self._rows = self.epilogue.row_buffers()
         self._e5m2 = e5m2_rcp_max
         self._launcher: LoadedKernel | None = None
         # The host fast path: call pattern (ops/prepared.py ``pattern``) -> what its first full
@@ -142,16 +148,16 @@ class Op:
         registry.resolve(self.spec.kernel, self.arch, self.variant.choices)
         return True
 
-    def compile(self) -> "Op":
+    def compile(self, tail: bool = True) -> "Op":
         """Compile (or fetch from the cache) and load the kernel (and, for the grouped class, the
         tail-zeroing kernel its calls launch, so that a first call inside a CUDA-graph capture
-        loads no module); returns self. A fake implementation's trace compiles nothing."""
+        loads no module; ``tail=False``: a face that only executes into caller outputs, which
+        launches none); returns self. A fake implementation's trace compiles nothing."""
         if self._launcher is None and not is_dry():
             self.check_support()
             self._launcher = LoadedKernel.build(self.variant, self.device)
-            if self.kind == "grouped":
-                from .tail import prepare
-                prepare(self.device)
+            if self.kind == "grouped" and tail:
+                _tail.prepare(self.device)
         return self
 
     @property
@@ -234,7 +240,9 @@ class Op:
 
     def execute(self, *operands: Any, outputs: Mapping[str, Any], inputs: Mapping[str, Any] | None = None,
                 current_stream: Any = None, input_names: Mapping[str, str] | None = None,
-                output_names: Mapping[str, str] | None = None, **operand_kw: Any) -> None:
+                output_names: Mapping[str, str] | None = None, validate_offsets: bool | None = None,
+                check: Callable[[], None] | None = None, align: Mapping[str, int] | None = None,
+                **operand_kw: Any) -> None:
         """Run once into the caller's ``outputs`` (by spec name; every buffer the epilogue writes
         is required). Each is checked against the layout the kernel writes (shape, dtype, dense
         strides, device, no overlap with another output or an input); amax is reset to -inf and
@@ -253,24 +261,35 @@ class Op:
             Where to launch; default torch's current stream.
         input_names, output_names : dict, optional
             The caller's argument name of each input and output, for error messages.
+        validate_offsets : bool, optional
+            Copy padded_offsets to the host and check them first (never during a CUDA-graph
+            capture); default ``FUSEGEMM_VALIDATE_OFFSETS``.
+        check : callable, optional
+            A face's own validation (its messages, its stricter rules), run before the engine's
+            whenever the call pattern is not memoised.
+        align : dict, optional
+            Alignments (bytes) stricter than the engine's for inputs, by spec name, checked on
+            every call (a face's rules: seed 001's 16-byte bias).
+
+        The grouped class writes C and D rows at the caller's row pitch (row-major, 16-byte
+        pitch); the other classes write dense outputs.
         """
         names = output_names or {}
         given = inputs or {}
         key, flat = (None, ()) if is_dry() else pattern(operands, operand_kw, given, outputs)
         e = self._memo.get(key) if key is not None else None
-        if e is not None:
-            ptrs = addresses(flat)
-            # Known addresses passed every check before; new ones need alignment and no overlap.
-            if ptrs in e.bufs or (e.aligned(ptrs) and e.disjoint(ptrs)):
-                self._run(e, ptrs, flat[e.offsets] if e.offsets is not None else None, current_stream,
-                          reset=True)
-                return
+        if e is not None and self._execute_memo(e, flat, current_stream, validate_offsets):
+            return
+        if check is not None:
+            check()
         call = self._parse(operands, operand_kw)
         deferred: list = []
         values, keep = self._inputs(given, call, deferred, input_names)
         out: dict[str, Any] = {}
+        rows = self.epilogue.row_buffers() if self.kind == "grouped" else ()
         for name, (shape, store, _) in self.epilogue.buffers(*self._dims(call)).items():
-            out[name] = native_output(outputs.get(name), names.get(name, f"outputs[{name!r}]"), shape, store)
+            x, nm = outputs.get(name), names.get(name, f"outputs[{name!r}]")
+            out[name] = (name in rows and _pitched(x, nm, shape, store)) or native_output(x, nm, shape, store)
         _check_overlap(out, names, call, [v for _, v, _ in deferred])
         # C / D rows are written with 16-byte vector stores; scales and reductions by word.
         aligns = [(names.get(k, f"outputs[{k!r}]"), v, 16 if k in self.epilogue.row_buffers() else 4)
@@ -280,8 +299,21 @@ class Op:
             return
         self.compile()
         e, ptrs = self._prepare(key, flat, operands, operand_kw, given, call, values, keep, deferred, out, None,
-                                outputs=outputs)
-        self._run(e, ptrs, call.offsets.obj if call.offsets is not None else None, current_stream, reset=True)
+                                outputs=outputs, align=align)
+        self._run(e, ptrs, call.offsets.obj if call.offsets is not None else None, current_stream, reset=True,
+                  validate_offsets=validate_offsets)
+
+    def _execute_memo(self, e: Prepared, flat: tuple, current_stream: Any, validate_offsets: bool | None) -> bool:
+        """``execute`` of a memoised pattern ``e`` on the arguments ``flat`` (``pattern``'s order):
+        known addresses passed every check before; new ones need alignment and no overlap. False
+        (nothing done) where they fail: the full path names what is wrong."""
+        ptrs = addresses(flat)
+        ready = e.bufs.get(ptrs)
+        if ready is not None or (e.aligned(ptrs) and e.disjoint(ptrs)):
+            self._run(e, ptrs, flat[e.offsets] if e.offsets is not None else None, current_stream, reset=True,
+                      validate_offsets=validate_offsets, ready=ready)
+            return True
+        return False
 
     # ---------------------------------------------------------------- operands, by kernel class
     def _parse(self, operands: tuple, kw: dict[str, Any]) -> Any:
@@ -372,11 +404,14 @@ class Op:
     # ---------------------------------------------------------------- launch
     def _prepare(self, key: Any, flat: tuple, operands: tuple, kw: Mapping[str, Any], given: Mapping[str, Any],
                  call: Any, values: dict[str, Any], keep: list, deferred: list, out: Mapping[str, Any],
-                 rows_written: bool | None, outputs: Mapping[str, Any] | None = None) -> tuple[Prepared, tuple]:
+                 rows_written: bool | None, outputs: Mapping[str, Any] | None = None,
+                 align: Mapping[str, int] | None = None) -> tuple[Prepared, tuple]:
         """What this validated call proved, by argument position (:class:`Prepared`), and its
         address tuple. Kept under ``key`` (the host fast path) when every tensor the launch reads
         starts at its argument's ``data_ptr()``; a one-off otherwise."""
         from ..runtime.launch import prepare
+        from ..runtime.load import thread_context
+        thread_context(self.device)   # (the tensor maps below are encoded in this thread's context)
         params = [p.name for p in class_operands(self.kind)]
         pos = {name: i for i, name in enumerate(params[:len(operands)])}
         pos.update({name: len(operands) + i for i, name in enumerate(kw)})
@@ -415,9 +450,13 @@ class Op:
                 i = pos[f"input:{inp.name}"]
                 slots.append((inp.slot, i))
                 views.append((i, _Ptr(values[inp.slot])))
-                masks.append((i, (2 if DTYPES[inp.dtype].itemsize == 2 else 4) - 1))   # as _inputs checks
+                least = 2 if DTYPES[inp.dtype].itemsize == 2 else 4   # as _inputs checks
+                masks.append((i, max(least, (align or {}).get(inp.name, 0)) - 1))
         if "ld_c_in" in values:
             consts["ld_c_in"] = values["ld_c_in"]
+        for name in ("c", "d"):   # the caller's row pitch (execute, grouped class: _pitched)
+            if outputs is not None and self.kind == "grouped" and name in out:
+                consts[f"ld{name}"] = out[name].strides[0]
         outs = [(name, pos[f"output:{name}"]) for name in out]
         views += [(pos[f"output:{name}"], v) for name, v in out.items()]
         for i, v in views:
@@ -442,7 +481,7 @@ class Op:
         alloc = None
         if outputs is None:
             import torch
-            dev = _device_str(call.a, self.device)
+            dev = torch.device(_device_str(call.a, self.device))   # (parsed once, not per call)
             alloc = [(name, shape, getattr(torch, store), dev,
                       None if rows_written and name in rows else fill)
                      for name, (shape, store, fill) in self.epilogue.buffers(*self._dims(call)).items()]
@@ -468,13 +507,13 @@ class Op:
         call = _rebased(e.call, e.rebase, ptrs)
         out = {name: ptrs[i] for name, i in e.outs}
         _, _, values = _PLANS[self.kind](self, call, ln, out)
+        values.update(self.epilogue.buffer_params(out, call.n))
+        if self.kind == "batched" and self.variant.cd_major == "m":
+            values["ldc"] = call.m   # C is (L, N, M): rows of M elements
         values.update(e.consts)
         for slot, i in e.slots:
             values[slot] = ptrs[i]
         values.update({"offsets": ptrs[e.offsets] if e.offsets is not None else 0, "rcp_max": self.rcp_max})
-        values.update(self.epilogue.buffer_params(out, call.n))
-        if self.kind == "batched" and self.variant.cd_major == "m":
-            values["ldc"] = call.m   # C is (L, N, M): rows of M elements
         return values
 
     def launch_values(self, call: Any, out: Mapping[str, int], inputs: Mapping[str, int] | None = None
@@ -489,16 +528,14 @@ class Op:
         return self._values_at(e, tuple(getattr(call, a).ptr for a in attrs) + tuple(out.values()))
 
     def _run(self, e: Prepared, ptrs: tuple, offsets_obj: Any, current_stream: Any,
-             zero: Mapping[str, Any] | None = None, reset: bool = False) -> None:
+             zero: Mapping[str, Any] | None = None, reset: bool = False,
+             validate_offsets: bool | None = None, ready: Any = None) -> None:
         """Launch pattern ``e`` at ``ptrs`` on ``current_stream``: reductions reset first
         (``reset``: execute's caller buffers), rows past the last offset of ``zero``'s row
         outputs zeroed (the grouped class's own allocations)."""
-        from ..runtime import config
-        from ..runtime.load import check, driver, thread_context
-        from ..runtime.tensors import resolve_stream
-        thread_context(self.device)
-        stream = resolve_stream(current_stream, self.device)
-        if offsets_obj is not None and config.validate_offsets():
+        _load.thread_context(self.device)
+        stream = _tensors.resolve_stream(current_stream, self.device)
+        if offsets_obj is not None and (validate_offsets if validate_offsets is not None else _config.validate_offsets()):
             # Opt-in (FUSEGEMM_VALIDATE_OFFSETS): a host copy of the offsets, never during capture.
             host = _device.offsets_on_host(offsets_obj, stream)
             if host is not None:
@@ -507,18 +544,17 @@ class Op:
                                     "dy_tensor" if self.kind == "kgrouped" else "a_tensor")
         if reset:
             for bits, i, words in e.resets:
-                check(driver().cuMemsetD32Async(ptrs[i], bits, words, stream), "cuMemsetD32Async")
+                _load.check(_load.driver().cuMemsetD32Async(ptrs[i], bits, words, stream), "cuMemsetD32Async")
         if e.empty:
             return   # no row tile (an empty A): nothing to map or launch; outputs hold their fills
         if zero:
-            from .tail import zero_tail
-            rows = [zero[k] for k in self.epilogue.row_buffers() if k in zero]
-            zero_tail(rows, ptrs[e.offsets], e.call.l, e.call.m, stream, self.device)
-        ready = e.bufs.get(ptrs)
+            _tail.zero_tail([zero[k] for k in self._rows if k in zero], ptrs[e.offsets], e.call.l, e.call.m, stream,
+                            self.device)
+        if ready is None:
+            ready = e.bufs.get(ptrs)
         if ready is None:
             ready = self._values_at(e, ptrs)
             if not e.scratch:
-                from ..generator.params import GROUPED_PARAMS
                 from ..runtime.launch import ParamBuffer
                 buf = ParamBuffer(GROUPED_PARAMS.size)
                 buf.fill(GROUPED_PARAMS.pack(ready))
@@ -591,6 +627,20 @@ def _acc_batched(op: Op, o: dict[str, Any]) -> tuple[Any, Any, int]:
 
 _ACCUMULATE = {"grouped": _acc_grouped, "scaled": _acc_grouped, "kgrouped": _acc_kgrouped,
                "batched": _acc_batched}
+
+
+def _pitched(x: Any, name: str, shape: tuple[int, ...], store: str) -> Any:
+    """A grouped-class C / D the caller gave with a row pitch: its (rows, columns) view with the
+    caller's strides, or None (then the dense check says what is allowed)."""
+    if x is None or type(x) is TensorView:
+        return None
+    v = view(x, name)
+    dims = v.shape[:2] if v.ndim == 3 and v.shape[2] == 1 else v.shape
+    if v.dtype != store or tuple(dims) != tuple(shape) or len(shape) != 2 or v.strides[1] != 1:
+        return None
+    if v.strides[0] < shape[1] or (v.strides[0] * v.itemsize) % 16:
+        return None
+    return TensorView(v.ptr, tuple(shape), (v.strides[0], 1), v.dtype, v.device, v.obj)
 
 
 class _Ptr:

@@ -10,7 +10,6 @@ registry (generator/registry.py); its launch facts from the kernel's exported co
 from __future__ import annotations
 
 import functools
-import operator
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -18,27 +17,25 @@ from typing import Any
 from .. import reference as _reference
 from ..base.docstrings import shares_parameters
 from ..base.errors import ArgumentError, UnsupportedError
-from ..generator.params import GROUPED_PARAMS
 from ..runtime import config
 from ..runtime.interop import dlpack_io
-from ..runtime import launch as _launch
-from ..runtime.load import thread_context
 from ..runtime.tensors import resolve_stream, view
 from ..tupledict import TupleDict
 from . import arg_checks as checks
 from . import device as _device
-from .device import alloc, offsets_on_host
-from .grouped_operands import ALIGNMENT, Layout, check_output, parse_call
-from .loaded_kernel import LoadedKernel
+from .device import alloc
+from .grouped_operands import ALIGNMENT, check_output, parse_call
 from .param_docs import GPU, outputs
-from .prepared import OpCache, signature
+from .prepared import OpCache, flat_signature, pattern, signature
 
 SPEC = "grouped_gemm"
-# The execute() arguments in the order of its fast-path tuples (addresses, alignment checks).
-_ARGS = ("a_tensor", "padded_offsets", "alpha_tensor", "b_tensor", "b_ptrs", "bias_tensor",
-         "prob_tensor", "d_tensor", "c_tensor")
-_ALIGN = tuple((i, name, ALIGNMENT[name]) for i, name in enumerate(_ARGS))
-_ALIGN_MASKS = tuple(nbytes - 1 for _, _, nbytes in _ALIGN)   # per position, for the per-call check
+# The seed's argument names of the spec's inputs and outputs (the engine's messages), and its
+# bias alignment, stricter than the engine's (ALIGNMENT: checked on every call).
+_INPUT_NAMES = {"alpha": "alpha_tensor", "prob": "prob_tensor", "bias": "bias_tensor"}
+_OUTPUT_NAMES = {"d": "d_tensor", "c": "c_tensor"}
+_INPUT_ALIGN = {"bias": ALIGNMENT["bias_tensor"]}
+
+
 @functools.lru_cache(maxsize=1)
 def _spec():
     from ..generator.spec import find_spec
@@ -162,9 +159,8 @@ class GroupedGemm:
         defaults = default_choice(_spec(), self.arch)
         self.tile = tile or (defaults["tile_m"], defaults["tile_n"])
         self.cluster = cluster or (defaults["cluster_m"], defaults["cluster_n"])
-        self._launcher: LoadedKernel | None = None
-        # Host fast path: per argument signature, what a full validation proved (_Entry).
-        self._entries: dict[tuple, _Entry] = {}
+        self._op: Any = None   # the engine's Op of this configuration (compile())
+        self._fast: dict[Any, Any] = {}   # this face's call pattern -> the engine's memo entry
 
     # ---------------------------------------------------------------------------------
     def _choice(self) -> dict[str, Any]:
@@ -211,21 +207,25 @@ class GroupedGemm:
         compile of the family in a process runs its selftest cases on the device first
         (``fusegemm/verify.py``) and refuses to continue if they fail.
         """
-        if self._launcher is not None:
+        if self._op is not None:
             return self
         self.check_support()
-        variant = self._variant()
-        # The seed's alpha/prob/bias reach the struct through the slots the spec's epilogue gives
-        # its inputs of those names: a spec that renamed or dropped one is refused here, before
-        # a pointer could reach the wrong field.
-        slots = {i.name: i.slot for i in _spec().epilogue.inputs}
-        missing = [name for name in ("alpha", "prob", "bias") if name not in slots]
+        # The seed's alpha/prob/bias are the spec epilogue's inputs of those names (the engine
+        # routes each through the slot the spec gives it): a spec that renamed or dropped one is
+        # refused here, before any launch.
+        names = {i.name for i in _spec().epilogue.inputs}
+        missing = [name for name in ("alpha", "prob", "bias") if name not in names]
         if missing:
             raise UnsupportedError(f"spec {SPEC}: the seed's {missing[0]}_tensor has no epilogue input "
-                                   f"{missing[0]!r} (inputs: {', '.join(sorted(slots))})")
-        self._slots = slots
-        self._launcher = LoadedKernel.build(variant, self.device)
+                                   f"{missing[0]!r} (inputs: {', '.join(sorted(names))})")
+        from .engine import Op
+        self._op = Op(_spec(), arch=self.arch, device=self.device, **self._choice()).compile(tail=False)
         return self
+
+    @property
+    def _launcher(self) -> Any:
+        """The loaded kernel (its contract, grid and cluster), or None before compile()."""
+        return self._op._launcher if self._op is not None else None
 
     # ---------------------------------------------------------------------------------
     @shares_parameters(_reference.grouped_gemm, extra={**GPU, **outputs({
@@ -236,23 +236,51 @@ class GroupedGemm:
                 current_stream: Any = None, validate_offsets: bool | None = None) -> None:
         """Run on the given tensors (same dtypes/features as the samples; sizes may differ).
 
-        Host fast path: what a full validation proves is memoised by the arguments' (dtype,
-        shape, strides, device) signature, so a repeat call with the same layouts reads only
-        those attributes and the addresses; base alignment is re-checked on every call.
+        Runs on the engine (:class:`fusegemm.Op`): the seed's checks and the engine's run once
+        per call pattern (the arguments' dtype, shape, strides and device); a repeat call with
+        the same layouts re-checks only what its addresses decide (alignment, no overlap) and
+        launches prepared parameters.
         """
-        args = (a_tensor, padded_offsets, alpha_tensor, b_tensor, b_ptrs, bias_tensor,
-                prob_tensor, d_tensor, c_tensor if self.features.generate_c else None)
-        sig = signature(args)
-        entry = self._entries.get(sig) if sig is not None else None
-        if entry is None:
-            entry = self._entry(self._validate(args), sig)
-        if sig is not None:
-            ptrs = tuple([0 if x is None else x.data_ptr() for x in args])
-        else:
-            ptrs = tuple([0 if x is None else view(x, "").ptr for x in args])
-        self._run(entry, ptrs, args, padded_offsets, current_stream, validate_offsets)
+        # The engine's argument order (operands, b_ptrs / n, inputs, outputs): a pattern seen before
+        # launches from the engine's memo entry without the engine's argument plumbing.
+        flat = self._flat(a_tensor, padded_offsets, b_tensor, b_ptrs, alpha_tensor, prob_tensor, bias_tensor, d_tensor,
+                          c_tensor)
+        key = flat_signature(flat)
+        e = self._fast.get(key) if key is not None else None
+        if e is not None and self._op._execute_memo(e, flat, current_stream, validate_offsets):
+            return
+        self._execute_full(flat, key, current_stream, validate_offsets)
 
-    def _validate(self, args: tuple) -> Layout:
+    def _flat(self, a: Any, off: Any, b: Any, b_ptrs: Any, alpha: Any, prob: Any, bias: Any, d: Any, c: Any) -> tuple:
+        """An execute() call's arguments in the engine's order (``ops/prepared.py`` ``pattern``)."""
+        flat = (a, off, b, b_ptrs, self._n if b_ptrs is not None else None, alpha, prob, bias, d)
+        return flat + (c,) if self.features.generate_c else flat
+
+    def _execute_full(self, flat: tuple, key: Any, current_stream: Any, validate_offsets: bool | None) -> None:
+        """Every check (the seed's, then the engine's), a launch, and the engine's memo entry of
+        the pattern kept under ``key``."""
+        a, off, b, b_ptrs, n, alpha, prob, bias, d = flat[:9]
+        c = flat[9] if len(flat) > 9 else None
+        args = (a, off, alpha, b, b_ptrs, bias, prob, d, c)
+        op = self._op
+        if op is None:   # the arguments first: a bad call compiles nothing
+            self._validate(args)
+            op = self.compile()._op
+        operands, kw = (a, off, b), {"b_ptrs": b_ptrs, "n": n}
+        inputs, outputs = {"alpha": alpha, "prob": prob, "bias": bias}, {"d": d, "c": c} if len(flat) > 9 else {"d": d}
+        op.execute(*operands, **kw, inputs=inputs, outputs=outputs, current_stream=current_stream,
+                   validate_offsets=validate_offsets, check=lambda: self._validate(args), align=_INPUT_ALIGN,
+                   input_names=_INPUT_NAMES, output_names=_OUTPUT_NAMES)
+        if key is not None:
+            e = op._memo.get(pattern(operands, kw, inputs, outputs)[0])
+            if e is not None:
+                if len(self._fast) >= 64:
+                    self._fast.clear()
+                self._fast[key] = e
+
+    def _validate(self, args: tuple) -> None:
+        """The seed's checks of an execute() call (its messages, its 16-byte bias), run by the
+        engine whenever the call's pattern is not memoised."""
         a_tensor, padded_offsets, alpha_tensor, b_tensor, b_ptrs, bias_tensor, prob_tensor, \
             d_tensor, c_tensor = args
         f = self.features
@@ -267,88 +295,12 @@ class GroupedGemm:
         if got_bias != f.bias_dtype:
             raise ArgumentError("bias_tensor", got_bias or None, f.bias_dtype or "None",
                                 "bias presence and dtype are fixed when the op is built")
-        d = check_output(d_tensor, "d_tensor", call, f.d_dtype)
-        c = check_output(c_tensor, "c_tensor", call, f.c_dtype) if f.generate_c else None
+        check_output(d_tensor, "d_tensor", call, f.d_dtype)
+        if f.generate_c:
+            check_output(c_tensor, "c_tensor", call, f.c_dtype)
         if call.a.device[1] != self.device:
             raise ArgumentError("a_tensor.device", f"cuda:{call.a.device[1]}",
                                 f"cuda:{self.device} (the device this op was compiled for)")
-        return Layout.of(call, c, d)
-
-    def _entry(self, lay: Layout, sig: tuple | None) -> "_Entry":
-        """The launch facts of a validated layout (kept under ``sig`` when there is one)."""
-        if self._launcher is None:
-            self.compile()
-        ln = self._launcher
-        empty = lay.shape.m // self.tile[0] == 0
-        grid = 0 if empty else ln.grid(lay.shape)
-        cfg = None if empty else ln.config(grid)
-        entry = _Entry(lay, grid, cfg, self.features.dynamic or lay.shape.discrete, empty,
-                       None if empty else _launch.prepare(ln.kernel, cfg))
-        if sig is not None:
-            if len(self._entries) >= 64:
-                self._entries.clear()
-            self._entries[sig] = entry
-        return entry
-
-    def _run(self, entry: "_Entry", ptrs: tuple, args: tuple, offsets_obj: Any, current_stream: Any,
-             validate_offsets: bool | None) -> None:
-        """Launch a validated layout at these addresses (``args``: the tensors behind ``ptrs``,
-        named in an alignment error)."""
-        thread_context(self.device)
-        # Base alignment, every call (a new tensor of a known layout may start anywhere): one
-        # pass over the addresses (~0.4 us); only a misaligned one takes the named check.
-        if any(map(operator.and_, ptrs, _ALIGN_MASKS)):
-            for i, name, nbytes in _ALIGN:
-                if ptrs[i] % nbytes:
-                    checks.aligned(view(args[i], name), name, nbytes)
-        stream = resolve_stream(current_stream, self.device)
-        if validate_offsets or (validate_offsets is None and config.validate_offsets()):
-            from ..arguments import offsets_values
-            values = offsets_on_host(offsets_obj, stream)
-            if values is not None:
-                offsets_values(values, entry.lay.shape.m)
-        if entry.empty:
-            return
-        ln = self._launcher
-        if entry.scratch:
-            ln.launch({**self._values(entry.lay, ptrs),
-                       **ln.workspace(entry.grid, entry.lay.shape.discrete, stream, current_stream is not None)},
-                      entry.grid, stream)
-            return
-        # Without per-call scratch the argument bytes depend only on (layout, addresses): a
-        # repeat call reuses its packed buffer (bounded per layout).
-        buf = entry.bufs.get(ptrs)
-        if buf is None:
-            from ..runtime.launch import ParamBuffer
-            buf = ParamBuffer(GROUPED_PARAMS.size)
-            buf.fill(GROUPED_PARAMS.pack(self._values(entry.lay, ptrs)))
-            if len(entry.bufs) >= 32:
-                entry.bufs.clear()
-            entry.bufs[ptrs] = buf
-        entry.go(buf, stream)
-
-    def _values(self, lay: Layout, ptrs: tuple) -> dict[str, Any]:
-        """The parameter struct's values: the epilogue's inputs through the slots the resolved
-        epilogue assigns them, the outputs through their buffer fields (row pitches: the caller's)."""
-        from ..generator.epilogue import BUFFER_FIELDS
-        ln, s = self._launcher, lay.shape
-        a_ptr, off_ptr, alpha_ptr, b_ptr, bptrs_ptr, bias_ptr, prob_ptr, d_ptr, c_ptr = ptrs
-        values = {**ln.maps(s, a_ptr, b_ptr), **ln.scalars(s), "offsets": off_ptr, "b_ptrs": bptrs_ptr,
-                  BUFFER_FIELDS["d"]: d_ptr, "ldd": lay.ldd, BUFFER_FIELDS["c"]: c_ptr, "ldc": lay.ldc}
-        for name, ptr in (("alpha", alpha_ptr), ("prob", prob_ptr), ("bias", bias_ptr)):
-            values[self._slots[name]] = ptr
-        return values
-
-
-class _Entry:
-    """What one argument signature's validation proved, and its launch geometry."""
-
-    __slots__ = ("lay", "grid", "cfg", "scratch", "empty", "go", "bufs")
-
-    def __init__(self, lay: Layout, grid: int, cfg: Any, scratch: bool, empty: bool, go: Any) -> None:
-        self.lay, self.grid, self.cfg, self.scratch, self.empty = lay, grid, cfg, scratch, empty
-        self.go = go                        # the prepared launch of cfg (runtime/launch.py)
-        self.bufs: dict[tuple, Any] = {}    # addresses -> packed parameter buffer
 
 
 def _out_dtype(sample: Any, given: Any, name: str, allowed: tuple[str, ...]) -> str:
@@ -393,13 +345,15 @@ def grouped_gemm(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor
         except TypeError:   # an unhashable option (a list tile): the full path
             fast = key = None
         if fast is not None:
-            op, entry, shape, d_dtype_t, c_dtype_t, device = fast
+            op, shape, d_dtype_t, c_dtype_t, device, entry = fast
             empty = sys.modules["torch"].empty    # a signature means torch is loaded
             d = empty(shape, dtype=d_dtype_t, device=device)
             c = empty(shape, dtype=c_dtype_t, device=device) if c_dtype_t is not None else None
-            ptrs = tuple([0 if x is None else x.data_ptr() for x in inputs]) + \
-                (d.data_ptr(), c.data_ptr() if c is not None else 0)
-            op._run(entry, ptrs, (*inputs, d, c), padded_offsets, current_stream, validate_offsets)
+            # The engine's memo entry of this call: its outputs' layouts are the memoised ones.
+            flat = op._flat(a_tensor, padded_offsets, b_tensor, b_ptrs, alpha_tensor, prob_tensor, bias_tensor, d, c)
+            if not op._op._execute_memo(entry, flat, current_stream, validate_offsets):
+                op.execute(a_tensor, c, d, padded_offsets, alpha_tensor, b_tensor, bias_tensor, prob_tensor,
+                           b_ptrs=b_ptrs, current_stream=current_stream, validate_offsets=validate_offsets)
             return TupleDict.of(d_tensor=d, c_tensor=c)
     return _grouped_gemm_checked(inputs, key, n, b_dtype, b_major, acc_dtype, c_dtype, d_dtype, cd_major,
                                  mma_tiler_mn, cluster_shape_mn, vector_f32, m_aligned, generate_c,
@@ -486,18 +440,15 @@ def _grouped_gemm_checked(inputs: tuple, key: tuple | None, n, b_dtype, b_major,
         return op.compile()
 
     op = _ops().get_or_create(op_key, make)
-    cv = view(c, "c_tensor") if c is not None else None
-    dv = view(d, "d_tensor")
-    ptrs = (call.a.ptr, call.offsets.ptr, call.alpha.ptr, call.b.ptr if call.b else 0,
-            call.b_ptrs.ptr if call.b_ptrs else 0, call.bias.ptr if call.bias else 0,
-            call.prob.ptr if call.prob else 0, dv.ptr, cv.ptr if cv else 0)
-    entry = op._entry(Layout.of(call, cv, dv), None)
-    if key is not None:
+    op.execute(a_tensor, c, d, padded_offsets, alpha_tensor, b_tensor, bias_tensor, prob_tensor, b_ptrs=b_ptrs,
+               current_stream=current_stream, validate_offsets=validate_offsets)
+    entry = op._fast.get(flat_signature(op._flat(a_tensor, padded_offsets, b_tensor, b_ptrs, alpha_tensor, prob_tensor,
+                                                 bias_tensor, d, c)))
+    if key is not None and entry is not None:
         fast = _ops().fast
         if len(fast) >= 256:
             fast.clear()
-        fast[key] = (op, entry, shape, d.dtype, c.dtype if c is not None else None, d.device)
-    op._run(entry, ptrs, (*inputs, d, c), padded_offsets, current_stream, validate_offsets)
+        fast[key] = (op, shape, d.dtype, c.dtype if c is not None else None, d.device, entry)
     return TupleDict(d_tensor=d, c_tensor=c)
 
 

@@ -117,23 +117,40 @@ def pattern(operands: tuple, kw: Mapping[str, Any], inputs: Mapping[str, Any],
     """(key, flat) of an op call: ``flat`` every argument in call order (positional operands,
     keyword operands, inputs, outputs); ``key`` how they were passed and each one's (dtype, shape,
     strides, device), or a Python number's value. The key is None unless every argument is a
-    plain torch tensor, None or a number: only those calls take :class:`fusegemm.Op`'s memo."""
+    plain torch tensor, None or a number: only those calls take :class:`fusegemm.Op`'s memo.
+    (About 0.2 us per argument: it runs on every call.)"""
     flat = (*operands, *kw.values(), *inputs.values(), *(outputs.values() if outputs is not None else ()))
+    sig = flat_signature(flat)
+    if sig is None:
+        return None, flat
+    return (len(operands), tuple(kw), tuple(inputs), None if outputs is None else tuple(outputs), sig), flat
+
+
+def flat_signature(flat: tuple) -> tuple | None:
+    """Each argument's (dtype, shape, strides, device), a number's (type, value), None for None;
+    None unless every argument is one of those (a plain torch tensor, not a subclass)."""
     torch = sys.modules.get("torch")
     if torch is None:
-        return None, flat
+        return None
     tensor = torch.Tensor
-    sig = []
-    for x in flat:
-        if x is None:
-            sig.append(None)
-        elif type(x) is tensor:
-            sig.append((x.dtype, x.shape, x.stride(), x.get_device()))
-        elif type(x) is int or type(x) is float:
-            sig.append((type(x), x))
-        else:
-            return None, flat
-    return (len(operands), tuple(kw), tuple(inputs), None if outputs is None else tuple(outputs), tuple(sig)), flat
+    try:
+        return tuple([(x.dtype, x.shape, x.stride(), x.get_device()) if type(x) is tensor else _plain(x)
+                      for x in flat])
+    except _NotPlain:
+        return None
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _plain(x: Any) -> Any:
+    """The key entry of a non-tensor argument: None, or a number's (type, value)."""
+    if x is None:
+        return None
+    if type(x) is int or type(x) is float:
+        return (type(x), x)
+    raise _NotPlain
 
 
 def addresses(flat: tuple) -> tuple[int, ...]:

@@ -255,6 +255,7 @@ def test_block_scaled_custom_ops_opcheck_and_match_the_reference(op):
 
 def test_block_scaled_custom_ops_compile_fullgraph():
     """The srelu custom op inside torch.compile(fullgraph=True) gives the eager bytes."""
+    import fusegemm.torch_library  # noqa: F401 -- registers torch.ops.fusegemm.* (alone under xdist too)
     args, _ = _scaled_args("grouped_gemm_srelu")
 
     def f(*a):

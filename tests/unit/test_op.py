@@ -295,18 +295,22 @@ def test_grouped_gemm_class_writes_the_seed_inputs_through_the_spec_slots(tmp_pa
                          "    prob: {per: row, default: 1.0}").replace("- g = alpha * acc", "- g = alpha * acc * gate")
     (tmp_path / "grouped_gemm.yaml").write_text(moved)
     monkeypatch.setattr(gg, "_spec", lambda: load(tmp_path / "grouped_gemm.yaml"))
-    monkeypatch.setattr(gg.LoadedKernel, "build", classmethod(lambda cls, v, d: _Launcher()))
+    monkeypatch.setattr("fusegemm.ops.loaded_kernel.LoadedKernel.build", classmethod(lambda cls, v, d: _Launcher()))
+    monkeypatch.setattr("fusegemm.ops.tail.prepare", lambda device: True)
     a = torch.zeros((512, 64), dtype=torch.bfloat16)
     b = torch.zeros((2, 256, 64), dtype=torch.bfloat16)
     off = torch.tensor([256, 512], dtype=torch.int32)
-    alpha = torch.ones(2)
+    alpha, prob = torch.ones(2), torch.ones(512)
     monkeypatch.setattr(gg, "parse_call", _no_devices(gg.parse_call))
     op = gg.GroupedGemm(a, None, None, off, alpha, b, arch="sm_90a").compile()
-    assert op._slots["prob"] == "row_scale" and op._slots["gate"] == "prob"
-    lay = gg.Layout.of(gg.parse_call(a, off, alpha, b, None, None, None, ab_dtypes=("bfloat16",),
-                                     bias_dtypes=()), None, gg.view(torch.zeros((512, 256)), "d"))
-    values = op._values(lay, (1, 2, 3, 4, 5, 6, 7, 8, 9))
-    assert (values["alpha"], values["row_scale"], values["bias"], values["d_out"], values["c_out"]) == (3, 7, 6, 8, 9)
+    engine = op._op
+    assert {i.name: i.slot for i in engine.spec.epilogue.inputs} == {"alpha": "alpha", "gate": "prob",
+                                                                     "prob": "row_scale", "bias": "bias"}
+    call = engine._parse((a, off, b), {})
+    values, _ = engine._inputs({"alpha": alpha, "prob": prob, "bias": None}, call, [])
+    assert values == {"alpha": alpha.data_ptr(), "row_scale": prob.data_ptr()}
+    values = engine.launch_values(call, {"d": 8}, values)
+    assert (values["alpha"], values["row_scale"], values["d_out"]) == (alpha.data_ptr(), prob.data_ptr(), 8)
     assert "prob" not in values      # gate: absent, its default (a null pointer) applies
     (tmp_path / "grouped_gemm.yaml").write_text(text.replace("prob:", "gate:").replace("prob *", "gate *")
                                                 .replace("prob)", "gate)").replace("+ prob", "+ gate"))

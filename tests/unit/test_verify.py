@@ -150,7 +150,7 @@ def test_op_compile_runs_the_gate_before_loading(gate, monkeypatch, session_cach
                      torch.ones(512, 1, 1), arch="sm_100a")
     with pytest.raises(UnverifiedError, match="grouped_gemm failed its first-run verification on sm_100a"):
         op.compile()
-    assert op._launcher is None and runs == [("grouped_gemm", -1, False)]   # CPU tensors: device -1
+    assert op._op is None and runs == [("grouped_gemm", -1, False)]   # CPU tensors: device -1
 
 
 def test_the_ops_reach_the_gate_through_the_hook_the_package_root_installs(gate):
