@@ -54,8 +54,8 @@ EPILOGUE_AXES = ("c_dtype", "d_dtype", "bias_dtype", "prob_dtype", "generate_c",
                  "vector_f32")
 # ABI slots per input kind, filled in declaration order (generator/params.py fields).
 SLOTS: dict[str, tuple[str, ...]] = {
-    "scalar": ("norm_const",), "expert": ("alpha", "beta"), "row": ("prob", "row_scale"),
-    "column": ("bias",), "element": ("c_in",),
+    "scalar": ("norm_const", "scalar_in1"), "expert": ("alpha", "beta", "expert_in2"),
+    "row": ("prob", "row_scale", "row_in2", "row_in3"), "column": ("bias", "col_in1"), "element": ("c_in",),
 }
 OUTPUT_SLOTS = ("c", "d")
 # The kernel ABI field (generator/params.py) of every buffer an epilogue writes (Resolved.buffers).

@@ -149,10 +149,16 @@ class Op:
         return True
 
     def compile(self, tail: bool = True) -> "Op":
-        """Compile (or fetch from the cache) and load the kernel (and, for the grouped class, the
-        tail-zeroing kernel its calls launch, so that a first call inside a CUDA-graph capture
-        loads no module; ``tail=False``: a face that only executes into caller outputs, which
-        launches none); returns self. A fake implementation's trace compiles nothing."""
+        """Compile (or fetch from the cache) and load the kernel; returns self. A fake
+        implementation's trace compiles nothing.
+
+        Parameters
+        ----------
+        tail : bool
+            Also load the tail-zeroing kernel that the grouped class's calls launch, so that a
+            first call inside a CUDA-graph capture loads no module (False: a face that only
+            executes into caller outputs, which launches none).
+        """
         if self._launcher is None and not is_dry():
             self.check_support()
             self._launcher = LoadedKernel.build(self.variant, self.device)

@@ -340,3 +340,23 @@ def test_memoised_calls_give_the_bytes_of_a_fresh_op(spec):
         moved = {k: v.view(want[2][k].shape) for k, v in moved.items()}
     # (Every row is below the last offset in these cases: execute writes all that __call__ returns.)
     _same_outputs({k: moved[k] for k in want[2].keys()}, want[2], "execute, moved outputs")
+
+
+def test_every_input_slot_on_the_device():
+    """A spec reading every input slot of the ABI (four row, two column of two dtypes, three
+    expert, two scalar inputs) on ragged experts: the kernel's D against the interpreter's."""
+    op = fusegemm.Op(str(DATA / "user_wide_inputs.yaml"))
+    g = torch.Generator(device="cuda").manual_seed(5)
+    l, n, k = 3, 256, 192
+    off = torch.tensor([256, 256, 768], dtype=torch.int32, device="cuda")
+    m = 768
+    a = torch.randn(m, k, generator=g, device="cuda").bfloat16()
+    b = (torch.randn(l, n, k, generator=g, device="cuda") * k ** -0.5).bfloat16()
+    ins = {name: torch.rand(l, generator=g, device="cuda") for name in ("alpha", "gamma", "beta")}
+    ins.update({name: torch.rand(m, generator=g, device="cuda") for name in ("gate", "scale", "mask", "shift")})
+    ins.update(bias=torch.rand(l, n, generator=g, device="cuda").bfloat16().t(),
+               bias2=torch.rand(l, n, generator=g, device="cuda").t(), eps=0.25, tau=0.5)
+    got = op(a, off, b, inputs=ins)["d"].cpu().numpy()
+    want = op.reference(a, off, b, inputs=ins)["d"]
+    scale = np.abs(want).max()
+    assert np.max(np.abs(got - want)) <= 1e-4 * scale, np.max(np.abs(got - want)) / scale

@@ -186,7 +186,7 @@ class V:
                       f"static constexpr bool kBMajorMN = {_b(self.b_mn)};",
                       f"static constexpr bool kKGrouped = {_b(self.kgrouped)};"]
             if self.bias != "none":
-                lines.append(f"e.bias = fusegemm::epi::ldf<{OUT[self.bias]}>(col_base_, col);")
+                lines.append(f"e.bias = fusegemm::epi::ldf<{OUT[self.bias]}>(col_base_bias, col);")
         else:
             lines += [f"using ElementSF = {SF[self.sf]};", f"using ElementC = {OUT[self.c]};",
                       f"static constexpr int kSfVec = {self.vec};",

@@ -269,12 +269,14 @@ CASES = [
     case("schema 1 per value", edit("alpha: {per: expert}", "alpha: {per: n_expert}"),
          "demo.yaml:8: epilogue.inputs.alpha.per: got 'n_expert'; allowed: scalar, expert, row, column, element"),
     case("too many expert inputs",
-         edit("alpha: {per: expert}", "alpha: {per: expert}\n    beta: {per: expert}\n    gamma: {per: expert}"),
-         "demo.yaml:10: epilogue.inputs.gamma: too many expert inputs; the kernel ABI has 2 expert slot(s) "
-         "(alpha, beta), already taken by alpha, beta"),
-    case("too many scalar inputs", edit("norm_const: {per: scalar}", "norm_const: {per: scalar}\n    eps: {per: scalar}"),
-         "demo.yaml:12: epilogue.inputs.eps: too many scalar inputs; the kernel ABI has 1 scalar slot(s) "
-         "(norm_const), already taken by norm_const"),
+         edit("alpha: {per: expert}", "alpha: {per: expert}\n    beta: {per: expert}\n    gamma: {per: expert}\n"
+              "    delta: {per: expert}"),
+         "demo.yaml:11: epilogue.inputs.delta: too many expert inputs; the kernel ABI has 3 expert slot(s) "
+         "(alpha, beta, expert_in2), already taken by alpha, beta, gamma"),
+    case("too many scalar inputs", edit("norm_const: {per: scalar}", "norm_const: {per: scalar}\n    eps: {per: scalar}\n"
+                                        "    tau: {per: scalar}"),
+         "demo.yaml:13: epilogue.inputs.tau: too many scalar inputs; the kernel ABI has 2 scalar slot(s) "
+         "(norm_const, scalar_in1), already taken by norm_const, eps"),
     case("input named acc", edit("alpha: {per: expert}", "acc: {per: expert}"),
          f"demo.yaml:8: epilogue.inputs.acc: 'acc' is not a valid input name (acc is the accumulator); "
          f"{_NAME_RULE}"),
@@ -536,9 +538,12 @@ def _unreachable() -> dict[str, str]:
     the reason, which is checked here so the exemption lapses when it stops being true."""
     from fusegemm.generator import axes, epilogue
     # Optional names: inputs whose dtype is an axis that can be none (row, column and element
-    # inputs: scalar and expert inputs are float32) and the constant axes.
-    most = sum(len(epilogue.SLOTS[p]) for p in ("row", "column", "element"))
-    most += sum(1 for a in axes.AXES.values() if a.constant)
+    # inputs: scalar and expert inputs are float32), one name per such axis at most, and the
+    # constant axes.
+    slots = sum(len(epilogue.SLOTS[p]) for p in ("row", "column", "element"))
+    none_able = sum(1 for a in axes.AXES.values()
+                    if a.allowed and "none" in a.allowed and set(a.allowed) & set(epilogue.ELEMENT_DTYPES))
+    most = min(slots, none_able) + sum(1 for a in axes.AXES.values() if a.constant)
     assert most <= epilogue.MAX_OPTIONAL, "more optional names fit the ABI now: write the case"
     return {"optional inputs/constants; allowed: at most": f"at most {most} optional names fit the ABI"}
 
