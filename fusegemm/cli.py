@@ -229,7 +229,8 @@ def _echo_epilogue(s) -> None:
     for o in ep.outputs:
         value = o.value if o.paired is None else ", ".join(
             f"{role}: {v}" for role, v in zip(ep.pairing.roles, o.paired))
-        line = f"    {o.name}: {o.dtype} <- {value}{_when_text(o.when)}"
+        slot = "" if o.slot == o.name else f" (slot {o.slot})"
+        line = f"    {o.name}{slot}: {o.dtype} <- {value}{_when_text(o.when)}"
         q = o.quantize
         if q is not None:
             parts = (["row"] if q.row else []) + ([f"col {q.col}"] if q.col else [])

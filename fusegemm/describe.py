@@ -62,7 +62,7 @@ def epilogue_info(s: Any) -> dict[str, Any]:
                                                     "acc": ep.pairing.acc},
         "constants": list(ep.constants),
         "compute": [st.text for st in ep.statements],
-        "outputs": {o.name: {"dtype": o.dtype, "value": o.value,
+        "outputs": {o.name: {"slot": o.slot, "dtype": o.dtype, "value": o.value,
                              "paired": None if o.paired is None else dict(zip(ep.pairing.roles, o.paired)),
                              "when": _when(o.when),
                              "quantize": None if o.quantize is None else dict(o.quantize.__dict__)}

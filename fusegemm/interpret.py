@@ -158,8 +158,10 @@ class Interpreted:
     values : mapping
         Every live statement's FP32 value by name: ``(valid_m, W)`` (batched ``(L, M, W)``).
     out_values : mapping
-        ``"c"`` / ``"d"``: the FP32 values each output stores, in its layout (paired D
-        interleaved, ``2W`` columns), before conversion or SFD scaling; zero past valid_m.
+        Each output's FP32 values by its name, in its layout (paired D interleaved, ``2W``
+        columns), before conversion or SFD scaling; zero past valid_m.
+    named : mapping
+        Stored outputs whose spec names are not ``c`` / ``d`` (``result["h"]``), as ``c``/``d``.
     """
 
     c: np.ndarray | None = None
@@ -171,19 +173,23 @@ class Interpreted:
     dprob: np.ndarray | None = None
     values: Mapping[str, np.ndarray] = field(default_factory=dict)
     out_values: Mapping[str, np.ndarray] = field(default_factory=dict)
+    named: Mapping[str, np.ndarray] = field(default_factory=dict)   # outputs the spec names otherwise
 
     def __getitem__(self, key: str) -> Any:
+        if key in self.named:
+            return self.named[key]
         if key not in _KEYS + ("values", "out_values"):
-            raise KeyError(f"{key!r}; allowed: {', '.join(_KEYS + ('values', 'out_values'))}")
+            raise KeyError(f"{key!r}; allowed: {', '.join(self.keys() + ('values', 'out_values'))}")
         return getattr(self, key)
 
     def keys(self) -> tuple[str, ...]:
-        """The output keys (``c, d, d_col, sfd_row, sfd_col, amax, dprob``)."""
-        return _KEYS
+        """The output keys (``c, d, d_col, sfd_row, sfd_col, amax, dprob``, then the outputs a
+        spec names otherwise)."""
+        return _KEYS + tuple(self.named)
 
     def items(self) -> Iterator[tuple[str, Any]]:
         """``(key, value)`` of the output keys, None for inactive outputs."""
-        return ((k, getattr(self, k)) for k in _KEYS)
+        return ((k, self[k]) for k in self.keys())
 
 
 def paired_col(j: Any, role: int) -> Any:
@@ -478,7 +484,8 @@ def _interpret(resolved: Resolved, acc: np.ndarray, *, offsets, m_rows, inputs, 
         result["dprob"] = shaped(np.sum(v.astype(np.float64), axis=1).astype(F32))
 
     shaped_values = {k: (v.reshape(l, m_rows, width) if batched else v) for k, v in values.items()}
-    return Interpreted(**result, values=shaped_values, out_values=out_values)
+    return Interpreted(**{k: v for k, v in result.items() if k in _KEYS}, values=shaped_values, out_values=out_values,
+                       named={k: v for k, v in result.items() if k not in _KEYS})
 
 
 def _store(x: np.ndarray, dtype: str) -> np.ndarray:

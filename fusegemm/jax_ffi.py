@@ -365,6 +365,7 @@ def spec_op(spec: Any, *, e5m2_rcp_max: str = "page", **axes: Any) -> Any:
         out = dict(zip(bufs, res))
         if plan.kind == "kgrouped":
             l, m, n = operands[2].shape[0], operands[0].shape[1], operands[1].shape[1]
-            out = {k: (v.reshape(l, m, n) if k in ("c", "d") else v) for k, v in out.items()}
+            rows = {o.name for o in plan.epilogue.outputs}
+            out = {k: (v.reshape(l, m, n) if k in rows else v) for k, v in out.items()}
         return out
     return call

@@ -108,7 +108,7 @@ def rule_model(r: Resolved, packed: bool = False) -> RuleModel:
         statements.append((f"v_{st.target}", _expr(st.expr, names)))
         names[(st.target, None)] = f"v_{st.target}"
     out_fields: list[tuple[str, str]] = []
-    c, d = r.output("c"), r.output("d")
+    c, d = r.in_slot("c"), r.in_slot("d")
     if c is not None:
         if c.paired:
             out_fields += [("c0", f"v_{c.paired[0]}"), ("c1", f"v_{c.paired[1]}")]
@@ -146,7 +146,7 @@ def rule_model(r: Resolved, packed: bool = False) -> RuleModel:
     ]
     for k, red in enumerate(amax):
         traits.append((f"kAmaxSlot{k}", str(red.slot)))
-    types = {o.name: dtype_entry(o.dtype).cpp for o in r.outputs}
+    types = {o.slot: dtype_entry(o.dtype).cpp for o in r.outputs}
     return RuleModel(tuple(traits), tuple(expert), tuple(scalar), tuple(column), tuple(element),
                      tuple(row), tuple(statements), tuple(out_fields),
                      f"in_{q.norm_const}" if q is not None else None,

@@ -115,12 +115,13 @@ class Quantize:
 
 @dataclass(frozen=True)
 class Output:
-    name: str                          # ABI slot: c or d
+    name: str                          # the spec's name (the ops return the tensor by it)
     dtype: str                         # dtype name or dtype axis
     value: str | None                  # the computed value it stores (unpaired)
     paired: tuple[str, str] | None     # (gate value, up value): written to alternate 32-col blocks
     when: Condition
     quantize: Quantize | None          # applies when the dtype is FP8/FP4
+    slot: str = ""                     # ABI slot: c or d (OUTPUT_SLOTS)
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,7 @@ class Epilogue:
                 continue
             dt = _dtype(o.dtype, choice)
             q = o.quantize if (o.quantize is not None and dt in QUANTIZED) else None
-            outputs.append(ResolvedOutput(o.name, dt, o.value, o.paired, q))
+            outputs.append(ResolvedOutput(o.name, dt, o.value, o.paired, q, o.slot))
         reds = tuple(r for r in self.reductions if r.when.holds(choice))
         needed = {v for o in outputs for v in ((o.value,) if o.value else o.paired)} | {r.of for r in reds}
         live = []
@@ -207,6 +208,7 @@ class ResolvedOutput:
     value: str | None
     paired: tuple[str, str] | None
     quantize: Quantize | None
+    slot: str = ""                     # ABI slot: c or d
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,10 @@ class Resolved:
 
     def output(self, name: str) -> ResolvedOutput | None:
         return next((o for o in self.outputs if o.name == name), None)
+
+    def in_slot(self, slot: str) -> ResolvedOutput | None:
+        """The output the kernel writes through ABI slot ``slot`` (c or d), if any."""
+        return next((o for o in self.outputs if o.slot == slot), None)
 
     @property
     def paired_acc(self) -> bool:
@@ -252,8 +258,11 @@ class Resolved:
         """Kernel ABI values of the output buffers: each buffer's pointer under its field
         (BUFFER_FIELDS) and the row pitches ``ldc`` / ``ldd`` (0 where there is no output)."""
         cols = self.columns(n_acc)
-        out = {BUFFER_FIELDS[name]: ptr for name, ptr in ptrs.items()}
-        out["ldc"], out["ldd"] = cols.get("c", 0), cols.get("d", 0)
+        slots = {o.name: o.slot for o in self.outputs}
+        out = {BUFFER_FIELDS[slots.get(name, name)]: ptr for name, ptr in ptrs.items()}
+        for slot in OUTPUT_SLOTS:
+            o = self.in_slot(slot)
+            out[f"ld{slot}"] = cols[o.name] if o is not None else 0
         return out
 
     def row_buffers(self) -> tuple[str, ...]:
@@ -266,7 +275,7 @@ class Resolved:
 
     def buffers(self, n_acc: int, m_rows: int, experts: int) -> dict[str, tuple[tuple[int, ...], str, float]]:
         """(shape, storage dtype, initial value) of every buffer the epilogue writes, by name:
-        c, d (and d_col), sfd_row, sfd_col, amax, dprob. FP8/FP4 outputs are raw bytes
+        the outputs by their spec names (c, d, ...), d_col, sfd_row, sfd_col, amax, dprob. FP8/FP4 outputs are raw bytes
         (uint8; packed FP4: two per byte); SF buffers are the physical atom layout of
         formats/scales.py (1, ceil(mn/128), ceil(k/4), 32, 4, 4); amax starts at -inf."""
         from ..base.dtypes import dtype as dtype_entry
@@ -391,7 +400,7 @@ def _ident(name: str) -> bool:
 
 
 def _bad_input_name(name: str) -> str | None:
-    """Why ``name`` cannot name an input (None: it can)."""
+    """Why ``name`` cannot name an input or an output (None: it can)."""
     if not _ident(name):
         return "not a lower-case ASCII identifier"
     if name == "acc":
@@ -619,20 +628,18 @@ def _outputs(ctx, node, choices, computed: set[str], inputs, pairing, problem: s
     if not m:
         raise ctx.fail(node, "epilogue.outputs", "empty; declare at least one output (c or d)")
     scalars = {i.name for i in inputs if i.per == "scalar"}
+    slots = _output_slots(ctx, m)
     out = []
     for name, onode in m.items():
         key = f"epilogue.outputs.{name}"
-        if name not in OUTPUT_SLOTS:
-            raise ctx.fail(onode, key, f"{name!r} is not an output of the kernel ABI; allowed: "
-                                       f"{', '.join(OUTPUT_SLOTS)} (its output tensors; name the value to "
-                                       f"store with value:)")
-        o = ctx.mapping(onode, key, {"dtype"}, {"value", "paired", "when", "quantize"})
+        slot = slots[name]
+        o = ctx.mapping(onode, key, {"dtype"}, {"value", "paired", "when", "quantize", "slot"})
         dtype = _output_dtype(ctx, o["dtype"], f"{key}.dtype", choices)
         value = paired = None
         if "paired" in o:
             if pairing is None:
                 raise ctx.fail(o["paired"], f"{key}.paired", "a paired output needs a pairing: section")
-            if name == "c" and (problem != "grouped" or any(v != "n" for v in choices.get("cd_major", ("n",)))):
+            if slot == "c" and (problem != "grouped" or any(v != "n" for v in choices.get("cd_major", ("n",)))):
                 # the engine writes a paired C as N-major grouped rows only (BlockEngine's static_assert)
                 raise ctx.fail(o["paired"], f"{key}.paired", f"a paired c is an N-major grouped output; got problem "
                                                              f"{problem!r}, cd_major {list(choices.get('cd_major', ('n',)))}; "
@@ -647,10 +654,59 @@ def _outputs(ctx, node, choices, computed: set[str], inputs, pairing, problem: s
                 raise ctx.fail(onode, key, f"output {name!r} is never computed; computed: "
                                            f"{', '.join(sorted(computed))} (or give value:)")
         when = _condition(ctx, o.get("when"), f"{key}.when", choices)
-        quantize = _quantize(ctx, o["quantize"], f"{key}.quantize", name, scalars, dtype, choices) \
+        quantize = _quantize(ctx, o["quantize"], f"{key}.quantize", name, slot, scalars, dtype, choices) \
             if "quantize" in o else None
-        out.append(Output(name, dtype, value, paired, when, quantize))  # type: ignore[arg-type]
+        out.append(Output(name, dtype, value, paired, when, quantize, slot))  # type: ignore[arg-type]
     return tuple(out)
+
+
+# Buffers an epilogue writes besides its outputs (Resolved.buffers): no output may take their names.
+OTHER_BUFFERS = ("d_col", "sfd_row", "sfd_col", "amax", "dprob")
+
+
+def _output_slots(ctx, m) -> dict[str, str]:
+    """Each output's ABI slot: an output named c or d is that slot; another name takes its
+    ``slot:`` or else the first free slot of d, c (in declaration order). Names are identifiers
+    (not reserved words, functions, axes) that no other buffer of the epilogue uses."""
+    taken: dict[str, str] = {}
+    wanted: dict[str, str | None] = {}
+    for name, onode in m.items():
+        key = f"epilogue.outputs.{name}"
+        why = _bad_input_name(name) if isinstance(name, str) else "not a string"
+        if why is not None:
+            raise ctx.fail(onode, key, f"{name!r} is not a valid output name ({why}); allowed: a lower-case "
+                                       f"ASCII identifier that is not acc, where, present, a function or an axis")
+        if name in OTHER_BUFFERS:
+            raise ctx.fail(onode, key, f"{name!r} names a buffer the epilogue may also write "
+                                       f"({', '.join(OTHER_BUFFERS)}); give the output another name")
+        slot_node = onode.value.get("slot") if isinstance(onode.value, dict) else None
+        slot = None
+        if slot_node is not None:
+            slot = slot_node.value
+            if slot not in OUTPUT_SLOTS:
+                raise ctx.fail(slot_node, f"{key}.slot", f"got {slot!r}; allowed: {', '.join(OUTPUT_SLOTS)} (the "
+                                                         f"kernel ABI's output tensors)")
+            if name in OUTPUT_SLOTS and slot != name:
+                raise ctx.fail(slot_node, f"{key}.slot", f"got {slot!r}; an output named {name} is slot {name}")
+        wanted[name] = slot if slot is not None else (name if name in OUTPUT_SLOTS else None)
+    for name, slot in wanted.items():
+        if slot is not None:
+            if slot in taken:
+                raise ctx.fail(m[name], f"epilogue.outputs.{name}", f"slot {slot} is taken by output "
+                                                                    f"{taken[slot]!r}; allowed: one output per slot")
+            taken[slot] = name
+    out = {}
+    for name, slot in wanted.items():
+        if slot is None:
+            free = [s for s in ("d", "c") if s not in taken]
+            if not free:
+                raise ctx.fail(m[name], f"epilogue.outputs.{name}", f"too many outputs; the kernel ABI has "
+                                                                    f"{len(OUTPUT_SLOTS)} (c, d), already taken by "
+                                                                    f"{', '.join(taken.values())}")
+            slot = free[0]
+            taken[slot] = name
+        out[name] = slot
+    return out
 
 
 def _computed(ctx, node, key: str, computed: set[str]) -> str:
@@ -675,7 +731,7 @@ def _output_dtype(ctx, node, key: str, choices) -> str:
     raise ctx.fail(node, key, f"got {v!r}; allowed: {', '.join(OUTPUT_DTYPES)} or a dtype axis in choices")
 
 
-def _quantize(ctx, node, key: str, output: str, scalars: set[str], dtype: str, choices) -> Quantize:
+def _quantize(ctx, node, key: str, output: str, slot: str, scalars: set[str], dtype: str, choices) -> Quantize:
     q = ctx.mapping(node, key, {"norm_const"}, {"row", "col", "convention"})
     possible = [dtype] if dtype not in AXES else list(choices[dtype])
     if not any(d in QUANTIZED for d in possible):
@@ -689,9 +745,9 @@ def _quantize(ctx, node, key: str, output: str, scalars: set[str], dtype: str, c
     col = None
     if "col" in q:
         col = q["col"].value
-        if output != "d":
-            raise ctx.fail(q["col"], f"{key}.col", f"output {output!r} has no column-quantized copy; only d "
-                                                   f"has one (d_col, the ABI's one)")
+        if slot != "d":
+            raise ctx.fail(q["col"], f"{key}.col", f"output {output!r} (slot {slot}) has no column-quantized copy; "
+                                                   f"only the output in slot d has one (d_col, the ABI's one)")
         if col != "d_col":
             raise ctx.fail(q["col"], f"{key}.col", f"got {col!r}; allowed: d_col (the column-quantized "
                                                    f"copy of d, the ABI's one)")

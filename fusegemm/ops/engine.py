@@ -241,7 +241,8 @@ class Op:
 
     def _shaped(self, call: Any, out: dict[str, Any]) -> TupleDict:
         if self.kind == "kgrouped":   # D_e blocks as (L, M, N)
-            out = {k: (v.view(call.l, call.m_out, call.n) if k in ("c", "d") else v) for k, v in out.items()}
+            outs = {o.name for o in self.epilogue.outputs}
+            out = {k: (v.view(call.l, call.m_out, call.n) if k in outs else v) for k, v in out.items()}
         return TupleDict(**out)
 
     def execute(self, *operands: Any, outputs: Mapping[str, Any], inputs: Mapping[str, Any] | None = None,
@@ -460,9 +461,9 @@ class Op:
                 masks.append((i, max(least, (align or {}).get(inp.name, 0)) - 1))
         if "ld_c_in" in values:
             consts["ld_c_in"] = values["ld_c_in"]
-        for name in ("c", "d"):   # the caller's row pitch (execute, grouped class: _pitched)
-            if outputs is not None and self.kind == "grouped" and name in out:
-                consts[f"ld{name}"] = out[name].strides[0]
+        for o in self.epilogue.outputs:   # the caller's row pitch (execute, grouped class: _pitched)
+            if outputs is not None and self.kind == "grouped" and o.name in out:
+                consts[f"ld{o.slot}"] = out[o.name].strides[0]
         outs = [(name, pos[f"output:{name}"]) for name in out]
         views += [(pos[f"output:{name}"], v) for name, v in out.items()]
         for i, v in views:
@@ -789,7 +790,7 @@ def _plan_kgrouped(op: Op, call: KCall, ln: LoadedKernel, out: Mapping[str, int]
     # buffer (at least M x N elements) stands in for both operands.
     a_ptr, b_ptr, a_ld, b_ld, rows = call.a.ptr, call.b.ptr, call.a.strides[0], call.b.strides[0], t
     if t == 0:
-        a_ptr = b_ptr = out["d"] if "d" in out else next(iter(out.values()))
+        a_ptr = b_ptr = next(iter(out.values()))
         a_ld, b_ld, rows = m, n, 1
     s = GroupedShape(m=call.l * m, n=n, k=t, l=call.l, a_ld=a_ld, b_sn=b_ld, b_sl=0, discrete=False)
     values = {"tma_a": tiled(a_ptr, ln.tma_dtype, (m, rows), (a_ld * item,), (c.box_a_inner, c.box_a_outer),

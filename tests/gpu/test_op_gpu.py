@@ -360,3 +360,24 @@ def test_every_input_slot_on_the_device():
     want = op.reference(a, off, b, inputs=ins)["d"]
     scale = np.abs(want).max()
     assert np.max(np.abs(got - want)) <= 1e-4 * scale, np.max(np.abs(got - want)) / scale
+
+
+def test_outputs_named_by_the_spec_on_the_device():
+    """h (slot d, bf16) and pre (slot c, fp32) come back by their names, from __call__ and into
+    caller buffers from execute, against the interpreter."""
+    op = fusegemm.Op(str(DATA / "user_named_outputs.yaml"))
+    g = torch.Generator(device="cuda").manual_seed(6)
+    off = torch.tensor([256, 256, 768], dtype=torch.int32, device="cuda")
+    a = torch.randn(768, 128, generator=g, device="cuda").bfloat16()
+    b = (torch.randn(3, 256, 128, generator=g, device="cuda") * 128 ** -0.5).bfloat16()
+    ins = {"alpha": torch.rand(3, generator=g, device="cuda")}
+    out = op(a, off, b, inputs=ins)
+    assert set(out.keys()) == {"h", "pre"}
+    want = op.reference(a, off, b, inputs=ins)
+    for name, tol in (("pre", 1e-5), ("h", 1e-2)):
+        got = out[name].float().cpu().numpy()
+        ref = np.asarray(want[name], dtype=np.float32)
+        assert np.max(np.abs(got - ref)) <= tol * max(1.0, np.abs(ref).max()), name
+    into = {"h": torch.empty_like(out["h"]), "pre": torch.empty_like(out["pre"])}
+    op.execute(a, off, b, inputs=ins, outputs=into)
+    assert torch.equal(into["h"], out["h"]) and torch.equal(into["pre"], out["pre"])

@@ -299,9 +299,22 @@ CASES = [
          f"demo.yaml:8: epilogue.inputs._alpha: '_alpha' is not a valid input name (not a lower-case ASCII "
          f"identifier); {_NAME_RULE}"),
     # ---- outputs and quantization -------------------------------------------------------------
-    case("output not named c or d", edit("    d: {dtype: d_dtype,", "    e: {dtype: d_dtype,"),
-         "demo.yaml:16: epilogue.outputs.e: 'e' is not an output of the kernel ABI; allowed: c, d (its "
-         "output tensors; name the value to store with value:)"),
+    case("output named like another buffer", edit("    d: {dtype: d_dtype,", "    amax: {dtype: d_dtype, value: d,"),
+         "demo.yaml:16: epilogue.outputs.amax: 'amax' names a buffer the epilogue may also write (d_col, "
+         "sfd_row, sfd_col, amax, dprob); give the output another name"),
+    case("output named acc", edit("    d: {dtype: d_dtype,", "    acc: {dtype: d_dtype, value: d,"),
+         f"demo.yaml:16: epilogue.outputs.acc: 'acc' is not a valid output name (acc is the accumulator); "
+         f"{_NAME_RULE}"),
+    case("output slot not in the ABI", edit("    d: {dtype: d_dtype,", "    y: {dtype: d_dtype, value: d, slot: e,"),
+         "demo.yaml:16: epilogue.outputs.y.slot: got 'e'; allowed: c, d (the kernel ABI's output tensors)"),
+    case("output named d in slot c", edit("    d: {dtype: d_dtype,", "    d: {dtype: d_dtype, slot: c,"),
+         "demo.yaml:16: epilogue.outputs.d.slot: got 'c'; an output named d is slot d"),
+    case("two outputs in one slot", edit("    d: {dtype: d_dtype,", "    y: {dtype: bfloat16, value: g, slot: d}\n"
+                                                              "    d: {dtype: d_dtype,"),
+         "demo.yaml:17: epilogue.outputs.d: slot d is taken by output 'y'; allowed: one output per slot"),
+    case("three outputs", edit("    d: {dtype: d_dtype,", "    y: {dtype: bfloat16, value: g}\n    z: {dtype: bfloat16, "
+                                                         "value: g}\n    d: {dtype: d_dtype,"),
+         "demo.yaml:17: epilogue.outputs.z: too many outputs; the kernel ABI has 2 (c, d), already taken by d, y"),
     case("output never computed", edit("    d: {dtype: d_dtype,", "    c: {dtype: d_dtype}\n    d: {dtype: d_dtype,"),
          "demo.yaml:16: epilogue.outputs.c: output 'c' is never computed; computed: d, g (or give value:)"),
     case("value naming an unknown value", edit("d: {dtype: d_dtype,", "d: {dtype: d_dtype, value: h,"),
@@ -334,7 +347,8 @@ CASES = [
          edit("    d: {dtype: d_dtype, " + Q + "}",
               "    c: {dtype: d_dtype, value: d, quantize: {col: d_col, norm_const: norm_const}}\n"
               "    d: {dtype: d_dtype}"),
-         "demo.yaml:16: epilogue.outputs.c.quantize.col: output 'c' has no column-quantized copy; only d "
+         "demo.yaml:16: epilogue.outputs.c.quantize.col: output 'c' (slot c) has no column-quantized copy; only the "
+         "output in slot d "
          "has one (d_col, the ABI's one)"),
     case("quantize with nothing to do", edit(Q, "quantize: {row: false, norm_const: norm_const}"),
          "demo.yaml:16: epilogue.outputs.d.quantize: quantizes nothing; set row: true or col: d_col"),

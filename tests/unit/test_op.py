@@ -533,3 +533,49 @@ def test_a_spec_with_every_input_slot_interprets_to_its_formula():
     g = (ins["alpha"][e, None] * acc + bias[:, e].T) * ins["gate"][:, None] + ins["bias2"][:, e].T * ins["scale"][:, None]
     h = g * ins["mask"][:, None] + ins["shift"][:, None] * ins["gamma"][e, None] + ins["beta"][e, None] * 0.25 + 0.5
     np.testing.assert_allclose(ref["d"], h, rtol=2e-5, atol=2e-5)
+
+
+# ---------------------------------------------------------------- outputs named by the spec
+USER_NAMED = DATA / "user_named_outputs.yaml"
+
+
+def test_outputs_named_by_the_spec_take_their_slots(no_device):
+    """h takes slot d and pre slot c: the rule writes both through those slots, the buffers and
+    the parameter struct use the spec's names and the slots' fields, the interpreter answers
+    by name."""
+    from fusegemm.generator.emit import rule_model
+    op = fusegemm.Op(str(USER_NAMED), arch="sm_90a")
+    assert [(o.name, o.slot) for o in op.epilogue.outputs] == [("h", "d"), ("pre", "c")]
+    traits = dict(rule_model(op.epilogue).traits)
+    assert (traits["kHasC"], traits["kHasD"]) == ("true", "true")
+    l, m, n, k = 2, 512, 256, 64
+    bufs = op.epilogue.buffers(n, m, l)
+    assert {k_: v[:2] for k_, v in bufs.items()} == {"h": ((m, n), "bfloat16"), "pre": ((m, n), "float32")}
+    a, b = torch.zeros((m, k), dtype=torch.bfloat16), torch.zeros((l, n, k), dtype=torch.bfloat16)
+    off = torch.tensor([256, 512], dtype=torch.int32)
+    call = op._parse((a, off, b), {})
+    values, _ = _launch(op, call, {}, {"h": 1000, "pre": 2000})
+    assert (values["d_out"], values["c_out"], values["ldd"], values["ldc"]) == (1000, 2000, n, n)
+
+    rng = np.random.default_rng(4)
+    import ml_dtypes
+    a = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((l, n, k)).astype(ml_dtypes.bfloat16)
+    alpha = np.array([0.5, 2.0], np.float32)
+    ref = op.reference(a, off.numpy(), b, inputs={"alpha": alpha})
+    e = np.repeat([0, 1], 256)
+    acc = np.einsum("mk,mnk->mn", a.astype(np.float64), b.astype(np.float64)[e]).astype(np.float32)
+    pre = alpha[e, None] * acc
+    np.testing.assert_array_equal(ref["pre"], pre)
+    h = 0.5 * pre.astype(np.float64) * (1 + np.tanh(np.sqrt(2 / np.pi) * (pre + 0.044715 * pre.astype(np.float64) ** 3)))
+    np.testing.assert_allclose(ref["h"].astype(np.float32), h, rtol=1e-2, atol=1e-2)
+    assert set(ref.keys()) >= {"h", "pre"} and ref["d"] is None
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_outputs_named_by_the_spec_compile_spill_free(arch, session_cache):
+    from fusegemm import build as b
+    from fusegemm.generator.variants import make_variant
+    (r,) = b.build([make_variant(load_spec(USER_NAMED), arch=arch)], cache=session_cache)
+    assert r.ok, r.error[:3000]
+    assert r.spill_bytes == 0 and r.registers > 0, r

@@ -105,9 +105,9 @@ CASES = [
     # schema 2: outputs are the kernel ABI's c and d, so the never-computed output is c (e: next case)
     ("output never computed", lambda t: t.replace("    d: {dtype: d_dtype}", "    c: {dtype: d_dtype}"),
      "demo.yaml:12: epilogue.outputs.c: output 'c' is never computed; computed: d (or give value:)"),
-    ("output not an ABI tensor", lambda t: t.replace("    d: {dtype: d_dtype}", "    e: {dtype: d_dtype}"),
-     "demo.yaml:12: epilogue.outputs.e: 'e' is not an output of the kernel ABI; allowed: c, d (its output "
-     "tensors; name the value to store with value:)"),
+    ("output named like another buffer", lambda t: t.replace("    d: {dtype: d_dtype}", "    dprob: {dtype: d_dtype, value: d}"),
+     "demo.yaml:12: epilogue.outputs.dprob: 'dprob' names a buffer the epilogue may also write (d_col, sfd_row, "
+     "sfd_col, amax, dprob); give the output another name"),
     ("unsupported schema version", lambda t: t.replace("schema: 2", "schema: 1"),
      "demo.yaml:1: schema: unsupported schema version 1; allowed: 2"),
 ]
