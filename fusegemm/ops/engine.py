@@ -523,7 +523,7 @@ class Op:
         values.update({"offsets": ptrs[e.offsets] if e.offsets is not None else 0, "rcp_max": self.rcp_max})
         return values
 
-    def launch_values(self, call: Any, out: Mapping[str, int], inputs: Mapping[str, int] | None = None
+    def _launch_values(self, call: Any, out: Mapping[str, int], inputs: Mapping[str, int] | None = None
                       ) -> dict[str, Any]:
         """The parameter struct a launch of parsed operands ``call`` packs, with the outputs at
         addresses ``out`` and the epilogue's input fields ``inputs`` (``_inputs``' values); tests

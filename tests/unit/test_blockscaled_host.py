@@ -78,7 +78,7 @@ def test_batched_maps_and_launch_values(cd_major):
     ln.grid = lambda s: captured.setdefault("shape", s) and 7
     ln.scalars = lambda s: {"m_rows": s.m, "n": s.n, "k": s.k, "num_experts": s.l, "cluster_m": 1, "cluster_n": 1}
     op._launcher = ln
-    v = op.launch_values(call, {"c": 1000, "amax": 2000})
+    v = op._launch_values(call, {"c": 1000, "amax": 2000})
     a, b, sfa, sfb = ln.tmaps.calls
     assert (a["shape"], a["strides"], a["box"]) == ((320, 200, 3), (320, 200 * 320), (128, 128, 1))
     assert sfa["shape"] == (128, 3, 2, 3) and sfb["shape"] == (128, 3, 3, 3)

@@ -74,7 +74,7 @@ def no_device(monkeypatch):
 
 def _launch(op, call, values, out):
     op._launcher = _Launcher()
-    return op.launch_values(call, out, values), op._launcher.grid(None)
+    return op._launch_values(call, out, values), op._launcher.grid(None)
 
 
 def test_every_family_has_a_kernel_class():
@@ -309,7 +309,7 @@ def test_grouped_gemm_class_writes_the_seed_inputs_through_the_spec_slots(tmp_pa
     call = engine._parse((a, off, b), {})
     values, _ = engine._inputs({"alpha": alpha, "prob": prob, "bias": None}, call, [])
     assert values == {"alpha": alpha.data_ptr(), "row_scale": prob.data_ptr()}
-    values = engine.launch_values(call, {"d": 8}, values)
+    values = engine._launch_values(call, {"d": 8}, values)
     assert (values["alpha"], values["row_scale"], values["d_out"]) == (alpha.data_ptr(), prob.data_ptr(), 8)
     assert "prob" not in values      # gate: absent, its default (a null pointer) applies
     (tmp_path / "grouped_gemm.yaml").write_text(text.replace("prob:", "gate:").replace("prob *", "gate *")
