@@ -131,7 +131,7 @@ def _quantize_rows(x: np.ndarray, nc, rl, convention: str, col: bool) -> tuple[n
 # --------------------------------------------------------------------------------------------
 # Result
 # --------------------------------------------------------------------------------------------
-_KEYS = ("c", "d", "d_col", "sfd_row", "sfd_col", "amax", "dprob")
+_KEYS = ("c", "d", "d_col", "sfd_row", "sfd_col", "amax", "dprob", "dbias")
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,8 @@ class Interpreted:
         float32 ``(L, S)`` per expert (S = largest slot + 1), or ``(1,)`` global.
     dprob : numpy.ndarray or None
         float32 ``(m_rows,)`` row sums (zero at or after valid_m).
+    dbias : numpy.ndarray or None
+        float32 ``(L, W)`` column sums over each expert's rows (``scope: column``).
     values : mapping
         Every live statement's FP32 value by name: ``(valid_m, W)`` (batched ``(L, M, W)``).
     out_values : mapping
@@ -171,6 +173,7 @@ class Interpreted:
     sfd_col: np.ndarray | None = None
     amax: np.ndarray | None = None
     dprob: np.ndarray | None = None
+    dbias: np.ndarray | None = None
     values: Mapping[str, np.ndarray] = field(default_factory=dict)
     out_values: Mapping[str, np.ndarray] = field(default_factory=dict)
     named: Mapping[str, np.ndarray] = field(default_factory=dict)   # outputs the spec names otherwise
@@ -474,7 +477,17 @@ def _interpret(resolved: Resolved, acc: np.ndarray, *, offsets, m_rows, inputs, 
                     if b > a:
                         amax[e, r.slot] = _fmax_nan(amax[e, r.slot], np.max(row_max[a:b]))
         result["amax"] = amax
-    sums = [r for r in resolved.reductions if r.kind == "sum"]
+    colsums = [r for r in resolved.reductions if r.scope == "column"]
+    if colsums:
+        if batched:
+            raise ValueError("column sums of a batched problem are not defined (the engine sums each expert's rows)")
+        v = values[colsums[0].of].astype(np.float64)
+        dbias = np.zeros((l, width), dtype=F32)
+        for e, (a, b) in enumerate(ranges):
+            if b > a:
+                dbias[e] = np.sum(v[a:b], axis=0).astype(F32)
+        result["dbias"] = dbias
+    sums = [r for r in resolved.reductions if r.scope == "row"]
     if sums:
         if batched:
             raise ValueError("row sums of a batched problem are not defined (the engine indexes dprob by row)")

@@ -122,9 +122,12 @@ def rule_model(r: Resolved, packed: bool = False) -> RuleModel:
     amax = [x for x in r.reductions if x.kind == "amax"]
     for k, red in enumerate(amax):
         out_fields.append((f"amax{k}", f"v_{red.of}"))
-    rowsum = [x for x in r.reductions if x.kind == "sum"]
+    rowsum = [x for x in r.reductions if x.scope == "row"]
     if rowsum:
         out_fields.append(("rowsum", f"v_{rowsum[0].of}"))
+    colsum = [x for x in r.reductions if x.scope == "column"]
+    if colsum:
+        out_fields.append(("colsum", f"v_{colsum[0].of}"))
     q = d.quantize if d is not None else None
     traits = [
         ("kPairedAcc", _b(r.paired_acc)),
@@ -139,9 +142,10 @@ def rule_model(r: Resolved, packed: bool = False) -> RuleModel:
         ("kAmaxSlots", str(max((x.slot for x in amax), default=-1) + 1)),
         ("kAmaxGlobal", _b(any(x.scope == "global" for x in amax))),
         ("kRowSum", _b(bool(rowsum))),
+        ("kColSum", _b(bool(colsum))),
         ("kElementwise", _b(not r.paired_acc and (d is None or (d.paired is None and q is None))
                             and (c is None or c.paired is None)
-                            and not amax and not rowsum
+                            and not amax and not rowsum and not colsum
                             and all(dtype_entry(o.dtype).bits >= 16 for o in r.outputs))),
     ]
     for k, red in enumerate(amax):

@@ -60,8 +60,10 @@ SLOTS: dict[str, tuple[str, ...]] = {
 OUTPUT_SLOTS = ("c", "d")
 # The kernel ABI field (generator/params.py) of every buffer an epilogue writes (Resolved.buffers).
 BUFFER_FIELDS = {"c": "c_out", "d": "d_out", "d_col": "d_col_out", "sfd_row": "sfd_row",
-                 "sfd_col": "sfd_col", "amax": "amax", "dprob": "dprob"}
-REDUCTION_SLOTS = {"amax": "amax", "dprob": "sum"}
+                 "sfd_col": "sfd_col", "amax": "amax", "dprob": "dprob", "dbias": "dbias"}
+REDUCTION_SLOTS = {"amax": "amax", "dprob": "sum", "dbias": "sum"}
+# The scopes each reduction buffer takes: dprob sums each row, dbias each expert's column.
+REDUCTION_SCOPES = {"amax": ("expert", "global"), "dprob": ("row",), "dbias": ("column",)}
 INPUT_DTYPES = ("float32", "bfloat16", "float16")
 ELEMENT_DTYPES = INPUT_DTYPES + ("float8_e4m3fn", "float8_e5m2")   # loaded tensors may be FP8 (unscaled)
 OUTPUT_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
@@ -126,10 +128,10 @@ class Output:
 
 @dataclass(frozen=True)
 class Reduction:
-    name: str          # ABI slot: amax | dprob
+    name: str          # ABI slot: amax | dprob | dbias
     kind: str          # amax | sum
     of: str            # a computed value
-    scope: str         # expert | global | row
+    scope: str         # expert | global | row | column
     slot: int          # index inside (L, S, 1) for several amax per expert
     when: Condition
 
@@ -299,8 +301,10 @@ class Resolved:
         if amax:
             glob = any(x.scope == "global" for x in amax)
             out["amax"] = ((1,) if glob else (experts, max(x.slot for x in amax) + 1), "float32", float("-inf"))
-        if any(x.kind == "sum" for x in self.reductions):
+        if any(x.scope == "row" for x in self.reductions):
             out["dprob"] = ((m_rows,), "float32", 0.0)
+        if any(x.scope == "column" for x in self.reductions):
+            out["dbias"] = ((experts, self.width(n_acc)), "float32", 0.0)
         return out
 
 
@@ -661,7 +665,7 @@ def _outputs(ctx, node, choices, computed: set[str], inputs, pairing, problem: s
 
 
 # Buffers an epilogue writes besides its outputs (Resolved.buffers): no output may take their names.
-OTHER_BUFFERS = ("d_col", "sfd_row", "sfd_col", "amax", "dprob")
+OTHER_BUFFERS = ("d_col", "sfd_row", "sfd_col", "amax", "dprob", "dbias")
 
 
 def _output_slots(ctx, m) -> dict[str, str]:
@@ -773,10 +777,12 @@ def _reductions(ctx, node, choices, computed: set[str], problem: str) -> tuple[R
                                                      f"(the kernel ABI's reduction buffers)")
         if kind != REDUCTION_SLOTS[name]:
             raise ctx.fail(m["kind"], f"{key}.kind", f"got {kind!r}; allowed for {name}: {REDUCTION_SLOTS[name]}")
-        scopes = ("row",) if kind == "sum" else ("expert", "global")
+        scopes = REDUCTION_SCOPES[name]
         if scope not in scopes:
-            raise ctx.fail(m["scope"], f"{key}.scope", f"got {scope!r}; allowed for {_a(kind)} {kind}: "
-                                                       f"{', '.join(scopes)}")
+            raise ctx.fail(m["scope"], f"{key}.scope", f"got {scope!r}; allowed for {name}: {', '.join(scopes)}")
+        if scope == "column" and problem != "grouped":
+            raise ctx.fail(m["scope"], f"{key}.scope", f"got 'column' on a {problem} problem; allowed: a grouped "
+                                                       f"problem (a column sum runs over each expert's rows)")
         of = _computed(ctx, m["of"], f"{key}.of", computed)
         slot = ctx.typed(m["slot"], f"{key}.slot", (int,), "an integer") if "slot" in m else 0
         if not 0 <= slot < 4:

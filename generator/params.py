@@ -42,6 +42,7 @@ GROUPED_PARAMS = ParamStruct("Params", (
     Field("sfd_col", "ptr", "column scale factors of D"),
     Field("amax", "ptr", "float amax per expert (L,...) or global (1,1,1)"),
     Field("dprob", "ptr", "float (rows,) dSwiGLU prob gradient, accumulated atomically"),
+    Field("dbias", "ptr", "float (L, W) per-expert column sums (a bias gradient), accumulated atomically"),
     # Per-call scratch (owned by the call or the compiled op, never global: graph-safe).
     Field("sched_counter", "ptr", "uint32 tile counter for dynamic scheduling, zeroed per call"),
     Field("tmap_workspace", "ptr", "per-CTA tensor-map slots (discrete weights), 128 B each"),

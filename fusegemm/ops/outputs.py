@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from ..base.errors import ArgumentError
 
 # 32-bit fill patterns of the reductions the kernels accumulate into with atomics.
-RESET_BITS = {"amax": 0xFF800000, "dprob": 0}     # -inf, +0.0
+RESET_BITS = {"amax": 0xFF800000, "dprob": 0, "dbias": 0}     # -inf, +0.0, +0.0
 
 
 def extent(v: Any) -> int:

@@ -301,7 +301,7 @@ CASES = [
     # ---- outputs and quantization -------------------------------------------------------------
     case("output named like another buffer", edit("    d: {dtype: d_dtype,", "    amax: {dtype: d_dtype, value: d,"),
          "demo.yaml:16: epilogue.outputs.amax: 'amax' names a buffer the epilogue may also write (d_col, "
-         "sfd_row, sfd_col, amax, dprob); give the output another name"),
+         "sfd_row, sfd_col, amax, dprob, dbias); give the output another name"),
     case("output named acc", edit("    d: {dtype: d_dtype,", "    acc: {dtype: d_dtype, value: d,"),
          f"demo.yaml:16: epilogue.outputs.acc: 'acc' is not a valid output name (acc is the accumulator); "
          f"{_NAME_RULE}"),
@@ -356,14 +356,21 @@ CASES = [
          "demo.yaml:16: epilogue.outputs.d.quantize.convention: got 'gelu'; allowed: quant, srelu, dswiglu"),
     # ---- reductions ---------------------------------------------------------------------------
     case("unknown reduction name", edit("{name: amax, kind: amax", "{name: maxabs, kind: amax"),
-         "demo.yaml:18: epilogue.reductions[0].name: got 'maxabs'; allowed: amax, dprob (the kernel ABI's "
+         "demo.yaml:18: epilogue.reductions[0].name: got 'maxabs'; allowed: amax, dprob, dbias (the kernel ABI's "
          "reduction buffers)"),
     case("reduction name/kind mismatch", edit("{name: amax, kind: amax", "{name: amax, kind: sum"),
          "demo.yaml:18: epilogue.reductions[0].kind: got 'sum'; allowed for amax: amax"),
     case("sum with scope expert", edit("{name: amax, kind: amax", "{name: dprob, kind: sum"),
-         "demo.yaml:18: epilogue.reductions[0].scope: got 'expert'; allowed for a sum: row"),
+         "demo.yaml:18: epilogue.reductions[0].scope: got 'expert'; allowed for dprob: row"),
     case("amax with scope row", edit("scope: expert", "scope: row"),
-         "demo.yaml:18: epilogue.reductions[0].scope: got 'row'; allowed for an amax: expert, global"),
+         "demo.yaml:18: epilogue.reductions[0].scope: got 'row'; allowed for amax: expert, global"),
+    case("dbias with scope row", edit("{name: amax, kind: amax, of: d, scope: expert", "{name: dbias, kind: sum, of: d, scope: row"),
+         "demo.yaml:18: epilogue.reductions[0].scope: got 'row'; allowed for dbias: column"),
+    case("column sum on a batched problem",
+         edit("{name: amax, kind: amax, of: d, scope: expert", "{name: dbias, kind: sum, of: d, scope: column",
+              edit("problem: grouped", "problem: batched", edit("kernel: grouped_gemm", "kernel: gemm_amax"))),
+         "demo.yaml:18: epilogue.reductions[0].scope: got 'column' on a batched problem; allowed: a grouped "
+         "problem (a column sum runs over each expert's rows)"),
     case("amax slot out of range", edit("scope: expert,", "scope: expert, slot: 4,"),
          "demo.yaml:18: epilogue.reductions[0].slot: got 4; allowed: 0 to 3"),
     case("reduction of an unknown value", edit("of: d,", "of: h,"),

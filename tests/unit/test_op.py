@@ -579,3 +579,49 @@ def test_outputs_named_by_the_spec_compile_spill_free(arch, session_cache):
     (r,) = b.build([make_variant(load_spec(USER_NAMED), arch=arch)], cache=session_cache)
     assert r.ok, r.error[:3000]
     assert r.spill_bytes == 0 and r.registers > 0, r
+
+
+# ---------------------------------------------------------------- a per-column reduction (dbias)
+USER_DBIAS = DATA / "user_dbias.yaml"
+
+
+def test_a_column_sum_is_an_expert_by_column_buffer(no_device):
+    """dbias (L, W) float32, zero-filled, through the ABI's dbias field; the interpreter sums each
+    expert's rows of the value (independent formula in float64)."""
+    import ml_dtypes
+    op = fusegemm.Op(str(USER_DBIAS), arch="sm_90a")
+    l, m, n, k = 3, 768, 128, 64
+    assert op.epilogue.buffers(n, m, l)["dbias"] == ((l, n), "float32", 0.0)
+    a, b = torch.zeros((m, k), dtype=torch.bfloat16), torch.zeros((l, n, k), dtype=torch.bfloat16)
+    off = torch.tensor([256, 256, 768], dtype=torch.int32)
+    call = op._parse((a, off, b), {})
+    values, _ = _launch(op, call, {}, {"d": 1000, "dbias": 2000})
+    assert (values["d_out"], values["dbias"]) == (1000, 2000)
+
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((l, n, k)).astype(ml_dtypes.bfloat16)
+    alpha = rng.random(l).astype(np.float32)
+    prob = rng.random(m).astype(np.float32)
+    c = rng.standard_normal((m, n)).astype(ml_dtypes.bfloat16)
+    ref = op.reference(a, off.numpy(), b, inputs={"alpha": alpha, "prob": prob, "c": c})
+    e = np.repeat([0, 2], [256, 512])
+    acc = np.einsum("mk,mnk->mn", a.astype(np.float64), b.astype(np.float64)[e]).astype(np.float32)
+    d = 2 * np.maximum(c.astype(np.float64), 0) * (alpha[e, None] * acc) * prob[:, None]
+    want = np.zeros((l, n))
+    want[0], want[2] = d[:256].sum(axis=0), d[256:].sum(axis=0)    # expert 1 has no rows
+    np.testing.assert_allclose(ref["dbias"], want, rtol=1e-5, atol=1e-4 * np.abs(d).sum(axis=0).max())
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_a_column_sum_compiles_spill_free(arch, session_cache):
+    """The engine's butterfly column sums and their atomics, both archs (sm_90a: the rule goes
+    through the engine, not the fragment blocks)."""
+    from fusegemm import build as b
+    from fusegemm.generator.render import render
+    from fusegemm.generator.variants import make_variant
+    v = make_variant(load_spec(USER_DBIAS), arch=arch)
+    assert "static constexpr bool kColSum = true;" in render(v).text
+    (r,) = b.build([v], cache=session_cache)
+    assert r.ok, r.error[:3000]
+    assert r.spill_bytes == 0 and r.registers > 0, r

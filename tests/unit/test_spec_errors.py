@@ -107,7 +107,7 @@ CASES = [
      "demo.yaml:12: epilogue.outputs.c: output 'c' is never computed; computed: d (or give value:)"),
     ("output named like another buffer", lambda t: t.replace("    d: {dtype: d_dtype}", "    dprob: {dtype: d_dtype, value: d}"),
      "demo.yaml:12: epilogue.outputs.dprob: 'dprob' names a buffer the epilogue may also write (d_col, sfd_row, "
-     "sfd_col, amax, dprob); give the output another name"),
+     "sfd_col, amax, dprob, dbias); give the output another name"),
     ("unsupported schema version", lambda t: t.replace("schema: 2", "schema: 1"),
      "demo.yaml:1: schema: unsupported schema version 1; allowed: 2"),
 ]

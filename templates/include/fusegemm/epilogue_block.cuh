@@ -332,6 +332,10 @@ struct BlockEngine {
     rule.elem_block(p, row_ok ? row : row0, j0, width, eb);
     RowVals<ElementC, kPackC> vc0, vc1;
     RowVals<ElementD, kPackD> vd0, vd1;
+    // Column sums (scope column): after the block, lane i holds column j0 + i's sum over the
+    // warp's rows. Each column's values are summed across the warp as they are computed (a
+    // butterfly: every lane ends with the sum), so no lane keeps 32 partials in registers.
+    float colsum = 0.0f;
     // One column's results into the row vectors and the partial reductions, in column order.
     auto take = [&](int i, bool in, const typename Rule::Out& o) {
       if constexpr (Rule::kHasC && Rule::kPairedC) { vc0.set(i, in ? o.c0 : 0.0f); vc1.set(i, in ? o.c1 : 0.0f); }
@@ -341,6 +345,12 @@ struct BlockEngine {
       if constexpr (Rule::kAmaxCount > 0) part.amax[0] = fmax_nan(part.amax[0], in ? fabsf(o.amax0) : 0.0f);
       if constexpr (Rule::kAmaxCount > 1) part.amax[1] = fmax_nan(part.amax[1], in ? fabsf(o.amax1) : 0.0f);
       if constexpr (Rule::kRowSum) part.rowsum = in ? __fadd_rn(part.rowsum, o.rowsum) : part.rowsum;
+      if constexpr (Rule::kColSum) {
+        float v = in ? o.colsum : 0.0f;
+#pragma unroll
+        for (int x = 16; x > 0; x >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, x));
+        if (lane == i) colsum = v;
+      }
     };
     if constexpr (packed_f32<Rule>()) {
       // vector_f32 (sm_100a): columns i and i + 1 in one apply2(), packed FP32 arithmetic with
@@ -373,6 +383,13 @@ struct BlockEngine {
     }
     (void)vc1;
     (void)vd1;
+    if constexpr (Rule::kColSum) {
+      // One atomic per column and warp into the expert's (W,) row of dbias (zero-initialised by
+      // the caller: the warps and tiles of an expert accumulate into it).
+      static_assert(!kBatched, "column sums are grouped (per expert) reductions");
+      if (rows_valid > 0 && j0 + lane < width && p.dbias != nullptr)
+        atomicAdd(static_cast<float*>(p.dbias) + int64_t(expert) * width + j0 + lane, colsum);
+    }
     const int64_t orow0 = kBatched ? int64_t(expert) * p.m_rows + row0 : row0;
     if constexpr (Rule::kHasC) {
       if (p.c_out != nullptr) {

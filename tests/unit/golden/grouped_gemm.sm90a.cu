@@ -33,6 +33,7 @@ struct alignas(128) Params {
   void* sfd_col;  // column scale factors of D
   void* amax;  // float amax per expert (L,...) or global (1,1,1)
   void* dprob;  // float (rows,) dSwiGLU prob gradient, accumulated atomically
+  void* dbias;  // float (L, W) per-expert column sums (a bias gradient), accumulated atomically
   void* sched_counter;  // uint32 tile counter for dynamic scheduling, zeroed per call
   void* tmap_workspace;  // per-CTA tensor-map slots (discrete weights), 128 B each
   int32_t m_rows;  // rows of A's allocation (>= valid_m = offsets[L-1])
@@ -74,18 +75,19 @@ static_assert(sizeof(Params::sfd_row) == 8 && alignof(decltype(Params::sfd_row))
 static_assert(sizeof(Params::sfd_col) == 8 && alignof(decltype(Params::sfd_col)) == 8, "ABI: Params.sfd_col (void*) at byte 920");
 static_assert(sizeof(Params::amax) == 8 && alignof(decltype(Params::amax)) == 8, "ABI: Params.amax (void*) at byte 928");
 static_assert(sizeof(Params::dprob) == 8 && alignof(decltype(Params::dprob)) == 8, "ABI: Params.dprob (void*) at byte 936");
-static_assert(sizeof(Params::sched_counter) == 8 && alignof(decltype(Params::sched_counter)) == 8, "ABI: Params.sched_counter (void*) at byte 944");
-static_assert(sizeof(Params::tmap_workspace) == 8 && alignof(decltype(Params::tmap_workspace)) == 8, "ABI: Params.tmap_workspace (void*) at byte 952");
-static_assert(sizeof(Params::m_rows) == 4 && alignof(decltype(Params::m_rows)) == 4, "ABI: Params.m_rows (int32_t) at byte 960");
-static_assert(sizeof(Params::n) == 4 && alignof(decltype(Params::n)) == 4, "ABI: Params.n (int32_t) at byte 964");
-static_assert(sizeof(Params::k) == 4 && alignof(decltype(Params::k)) == 4, "ABI: Params.k (int32_t) at byte 968");
-static_assert(sizeof(Params::num_experts) == 4 && alignof(decltype(Params::num_experts)) == 4, "ABI: Params.num_experts (int32_t) at byte 972");
-static_assert(sizeof(Params::ldc) == 8 && alignof(decltype(Params::ldc)) == 8, "ABI: Params.ldc (int64_t) at byte 976");
-static_assert(sizeof(Params::ldd) == 8 && alignof(decltype(Params::ldd)) == 8, "ABI: Params.ldd (int64_t) at byte 984");
-static_assert(sizeof(Params::ld_c_in) == 8 && alignof(decltype(Params::ld_c_in)) == 8, "ABI: Params.ld_c_in (int64_t) at byte 992");
-static_assert(sizeof(Params::rcp_max) == 4 && alignof(decltype(Params::rcp_max)) == 4, "ABI: Params.rcp_max (float) at byte 1000");
-static_assert(sizeof(Params::cluster_m) == 4 && alignof(decltype(Params::cluster_m)) == 4, "ABI: Params.cluster_m (int32_t) at byte 1004");
-static_assert(sizeof(Params::cluster_n) == 4 && alignof(decltype(Params::cluster_n)) == 4, "ABI: Params.cluster_n (int32_t) at byte 1008");
+static_assert(sizeof(Params::dbias) == 8 && alignof(decltype(Params::dbias)) == 8, "ABI: Params.dbias (void*) at byte 944");
+static_assert(sizeof(Params::sched_counter) == 8 && alignof(decltype(Params::sched_counter)) == 8, "ABI: Params.sched_counter (void*) at byte 952");
+static_assert(sizeof(Params::tmap_workspace) == 8 && alignof(decltype(Params::tmap_workspace)) == 8, "ABI: Params.tmap_workspace (void*) at byte 960");
+static_assert(sizeof(Params::m_rows) == 4 && alignof(decltype(Params::m_rows)) == 4, "ABI: Params.m_rows (int32_t) at byte 968");
+static_assert(sizeof(Params::n) == 4 && alignof(decltype(Params::n)) == 4, "ABI: Params.n (int32_t) at byte 972");
+static_assert(sizeof(Params::k) == 4 && alignof(decltype(Params::k)) == 4, "ABI: Params.k (int32_t) at byte 976");
+static_assert(sizeof(Params::num_experts) == 4 && alignof(decltype(Params::num_experts)) == 4, "ABI: Params.num_experts (int32_t) at byte 980");
+static_assert(sizeof(Params::ldc) == 8 && alignof(decltype(Params::ldc)) == 8, "ABI: Params.ldc (int64_t) at byte 984");
+static_assert(sizeof(Params::ldd) == 8 && alignof(decltype(Params::ldd)) == 8, "ABI: Params.ldd (int64_t) at byte 992");
+static_assert(sizeof(Params::ld_c_in) == 8 && alignof(decltype(Params::ld_c_in)) == 8, "ABI: Params.ld_c_in (int64_t) at byte 1000");
+static_assert(sizeof(Params::rcp_max) == 4 && alignof(decltype(Params::rcp_max)) == 4, "ABI: Params.rcp_max (float) at byte 1008");
+static_assert(sizeof(Params::cluster_m) == 4 && alignof(decltype(Params::cluster_m)) == 4, "ABI: Params.cluster_m (int32_t) at byte 1012");
+static_assert(sizeof(Params::cluster_n) == 4 && alignof(decltype(Params::cluster_n)) == 4, "ABI: Params.cluster_n (int32_t) at byte 1016");
 static_assert(sizeof(Params) == 1024 && alignof(Params) == 128, "ABI: sizeof(Params) must be 1024");
 
 // The epilogue rule generated from the epilogue of specs/grouped_gemm.yaml (generator/emit.py).
@@ -103,6 +105,7 @@ struct Rule {
   static constexpr int kAmaxSlots = 0;
   static constexpr bool kAmaxGlobal = false;
   static constexpr bool kRowSum = false;
+  static constexpr bool kColSum = false;
   static constexpr bool kElementwise = true;
 
   // Values fixed for a tile: per-expert and per-call inputs.
@@ -213,7 +216,7 @@ using Kernel = fusegemm::sm90::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm90a_ec66e5e823fc_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm90a_6354f94624fe_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -239,6 +242,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm90a_ec66
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm90a_ec66e5e823fc(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm90a_6354f94624fe(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

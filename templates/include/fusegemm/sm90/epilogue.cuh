@@ -56,6 +56,7 @@ struct WgmmaEpilogue {
   // Paired or reducing rules without SFD quantization, 16/32-bit outputs, N-major C.
   static constexpr bool kFragBlocks =
       FUSEGEMM_SM90_FRAG_BLOCKS && !kFragment && !kForceEngine && !kBatched && !Rule::kQuantRowD && !Rule::kQuantColD && !Engine::kCMajor &&
+      !Rule::kColSum &&   // column sums: the engine's lane = row layout sums a column across the warp
       !(Rule::kHasC && epi::is_narrow<ElementC>()) && !(Rule::kHasD && epi::is_narrow<ElementD>());
   using BlkC = epi::FragBlockStore<fusegemm::conditional_t<kFragBlocks && Rule::kHasC, ElementC, float>>;
   using BlkD = epi::FragBlockStore<fusegemm::conditional_t<kFragBlocks && Rule::kHasD, ElementD, float>>;
