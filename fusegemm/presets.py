@@ -115,7 +115,8 @@ PRESETS: tuple[Preset, ...] = (
         inputs=(("alpha", "alpha_tensor"), ("beta", "beta_tensor"), ("prob", "prob_tensor"), ("c", "c_tensor")),
         axes=(("c_dtype", "tensor_dtype", "c_tensor"), ("d_dtype", "dtype", "d_dtype"), *_SHARED_AXES),
         fixed=(*_FIXED_BF16, *_NO_SCALES, *_GLU_ACT, ("act_func", "dswiglu", "this op is dSwiGLU's spec; another activation is a spec of its own"),
-               ("generate_dbias", False, "the bias gradient (a per-expert column sum) is not offered yet"),
+               ("generate_dbias", False, "the bias gradient of a paired D (gate/up blocks) needs a paired "
+                                         "column sum, which the epilogue language does not have yet"),
                ("epilogue_op", None, "NVIDIA's kernel applies none")),
         returns=(("d_row_tensor", "d"), ("d_col_tensor", None), ("dprob_tensor", "dprob"), ("dbias_tensor", None),
                  ("amax_tensor", None), ("sfd_row_tensor", None), ("sfd_col_tensor", None)),
@@ -131,15 +132,16 @@ PRESETS: tuple[Preset, ...] = (
                 "d_dtype='bfloat16', cd_major='n', " + _COMMON + ", use_dynamic_sched=False, current_stream=None"),
         operands=_DENSE_OR_DISCRETE,
         inputs=(("alpha", "alpha_tensor"), ("prob", "prob_tensor"), ("c", "c_tensor")),
-        axes=(("c_dtype", "tensor_dtype", "c_tensor"), ("d_dtype", "dtype", "d_dtype"), *_SHARED_AXES),
-        fixed=(*_FIXED_BF16[:5], *_NO_SCALES,
-               ("generate_dbias", False, "the bias gradient (a per-expert column sum) is not offered yet")),
-        returns=(("d_row_tensor", "d"), ("d_col_tensor", None), ("dprob_tensor", "dprob"), ("dbias_tensor", None),
+        axes=(("c_dtype", "tensor_dtype", "c_tensor"), ("d_dtype", "dtype", "d_dtype"),
+              ("generate_dbias", "bool", "generate_dbias"), *_SHARED_AXES),
+        fixed=(*_FIXED_BF16[:5], *_NO_SCALES),
+        returns=(("d_row_tensor", "d"), ("d_col_tensor", None), ("dprob_tensor", "dprob"), ("dbias_tensor", "dbias"),
                  ("amax_tensor", "amax"), ("sfd_row_tensor", None), ("sfd_col_tensor", None)),
         into=(("dprob", "dprob_tensor"),),
         summary="Grouped BF16 GEMM + dsReLU, the backward of seed 002's sReLU: with G = alpha[e] * A_e @ B_e^T "
                 "(the gradient of D) and the forward's pre-activation C, D = 2 * prob * relu(C) * G, dprob += "
-                "sum(relu(C)^2 * G) per row, and a per-expert amax of a bf16/fp16 D."),
+                "sum(relu(C)^2 * G) per row, and a per-expert amax of a bf16/fp16 D; generate_dbias adds "
+                "dbias (L, N[, 1]) float32, the column sums of D over each expert's rows."),
 )
 BY_NAME = {p.name: p for p in PRESETS}
 
@@ -200,10 +202,10 @@ def call(row: Preset, bound: dict[str, Any]) -> TupleDict:
                             lambda: Op(row.spec, device=device, arch=arch, **axes))
     out = op(**{k: bound[p] for k, p in row.operands}, inputs={i: bound[p] for i, p in row.inputs},
              input_names=dict(row.inputs), current_stream=bound.get("current_stream"))
-    # The seed's layouts: (M, N, 1) rows and (M, 1, 1) dprob for a (M, K, 1) A.
+    # The seed's layouts for a (M, K, 1) A: (M, N, 1) rows, (M, 1, 1) dprob, (L, N, 1) dbias.
     rows = set(op.epilogue.row_buffers())
-    shaped = {k: (v if a.ndim == 2 else v.unsqueeze(-1) if k in rows else v.view(-1, 1, 1) if k == "dprob" else v)
-              for k, v in out.items()}
+    shaped = {k: (v if a.ndim == 2 else v.unsqueeze(-1) if k in rows or k == "dbias" else v.view(-1, 1, 1)
+                  if k == "dprob" else v) for k, v in out.items()}
     for spec_out, param in row.into:
         given = bound.get(param)
         if given is not None and spec_out in shaped:

@@ -64,6 +64,7 @@ AXES: dict[str, Axis] = {a.name: a for a in (
     Axis("cd_major", ("n", "m"), "C/D contiguous dimension"),
     Axis("scheduler", ("static", "dynamic"), "persistent tile scheduling"),
     Axis("generate_c", None, "materialise C", "bool"),
+    Axis("generate_dbias", None, "the bias gradient (a per-expert column sum)", "bool"),
     Axis("discrete_col_sfd", None, "column scale factors grouped by expert tile", "bool"),
     Axis("vector_f32", None, "packed f32 epilogue arithmetic", "bool"),
     Axis("tanh_clamp_scale", None, "sReLU soft clamp s (compile-time)", "positive_float_or_none"),
@@ -78,7 +79,7 @@ NEUTRAL: dict[str, Any] = {
     "ab_dtype": "bfloat16", "sf_dtype": "none", "sf_vec_size": 0, "c_dtype": "none",
     "d_dtype": "none", "bias_dtype": "none", "prob_dtype": "float32", "weight_mode": "dense", "a_major": "k",
     "b_major": "k", "cd_major": "n", "scheduler": "static", "generate_c": False,
-    "discrete_col_sfd": False, "vector_f32": False, "tanh_clamp_scale": "none",
+    "generate_dbias": False, "discrete_col_sfd": False, "vector_f32": False, "tanh_clamp_scale": "none",
 }
 
 # Axes that choose how a kernel evaluates any epilogue, not what it computes (vector_f32: packed

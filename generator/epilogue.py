@@ -50,7 +50,8 @@ from .yamlload import plain
 PER = ("scalar", "expert", "row", "column", "element")
 # Axes only an epilogue reads: a spec that offers several values of one must use it, or the
 # choice would change nothing (generator/spec.py refuses it).
-EPILOGUE_AXES = ("c_dtype", "d_dtype", "bias_dtype", "prob_dtype", "generate_c", "tanh_clamp_scale", "discrete_col_sfd",
+EPILOGUE_AXES = ("c_dtype", "d_dtype", "bias_dtype", "prob_dtype", "generate_c", "generate_dbias", "tanh_clamp_scale",
+                 "discrete_col_sfd",
                  "vector_f32")
 # ABI slots per input kind, filled in declaration order (generator/params.py fields).
 SLOTS: dict[str, tuple[str, ...]] = {

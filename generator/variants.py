@@ -37,6 +37,7 @@ class Variant:
     cd_major: str
     scheduler: str
     generate_c: bool
+    generate_dbias: bool
     discrete_col_sfd: bool
     vector_f32: bool
     tanh_clamp_scale: Any
@@ -107,6 +108,7 @@ _NAME_PARTS = (
     ("cd_major", lambda v: f"cd{v}"),
     ("scheduler", lambda v: "dyn" if v == "dynamic" else "static"),
     ("generate_c", lambda v: "genc" if v else "noc"),
+    ("generate_dbias", lambda v: "dbias" if v else ""),
     ("discrete_col_sfd", lambda v: "dcolsfd" if v else ""),
     ("vector_f32", lambda v: "vf32" if v else ""),
     ("tanh_clamp_scale", lambda v: f"tanh{v:g}" if v != "none" else ""),

@@ -75,3 +75,27 @@ def test_preset_torch_op_under_torch_compile():
     f = torch.compile(lambda x, w: torch.ops.fusegemm.grouped_gemm_glu(x, None, off, alpha, w, prob=prob)[1],
                       fullgraph=True)
     assert torch.equal(f(a, b), want)
+
+
+def test_dsrelu_preset_generates_the_bias_gradient():
+    """generate_dbias=True: dbias (L, N, 1) float32 for a (M, K, 1) A, the column sums of dC over
+    each expert's rows (the empty expert's row zero), against the interpreter."""
+    a, b, off, alpha, prob, g = _problem(n_acc=136)
+    m, n = a.shape[0], b.shape[1]
+    c = torch.randn(m, n, generator=g, device="cuda").to(torch.bfloat16)
+    got = fusegemm.grouped_gemm_dsrelu(a.unsqueeze(-1), b, c.unsqueeze(-1), padded_offsets=off, alpha_tensor=alpha,
+                                       prob_tensor=prob.view(-1, 1, 1), dprob_tensor=torch.zeros(m, 1, 1, device="cuda"),
+                                       generate_dbias=True)
+    dbias = got["dbias_tensor"]
+    assert dbias.shape == (3, n, 1) and dbias.dtype == torch.float32
+    ref = fusegemm.Op("grouped_gemm_dsrelu", generate_dbias=True).reference(
+        _host(a), _host(off), _host(b), inputs={"alpha": _host(alpha), "prob": _host(prob), "c": _host(c)})
+    want = np.asarray(ref["dbias"], np.float64)
+    bound = np.zeros_like(want)
+    vals = np.abs(np.asarray(ref.values["d"], np.float64))
+    for e, (s, t) in enumerate(((0, 256), (256, 256), (256, 768))):
+        bound[e] = vals[s:t].sum(axis=0)
+    assert np.all(np.abs(dbias[:, :, 0].cpu().numpy() - want) <= 1e-5 * bound + 1e-30)
+    assert not dbias[1].any()
+    plain = fusegemm.grouped_gemm_dsrelu(a, b, c, padded_offsets=off, alpha_tensor=alpha, prob_tensor=prob)
+    assert plain["dbias_tensor"] is None and torch.equal(plain["d_row_tensor"], got["d_row_tensor"][:, :, 0])

@@ -286,3 +286,15 @@ def test_dsrelu_formula_is_the_gradient_of_the_srelu_forward():
     np.testing.assert_allclose(dc, g * _central(lambda x: srelu_forward(x, p), c, eps), rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(dprob, np.sum(g * _central(lambda x: srelu_forward(c, x), p, eps), axis=1),
                                rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_dsrelu_with_the_bias_gradient_compiles_spill_free(arch, session_cache):
+    """generate_dbias adds the column reduction (kColSum) and keeps the kernel spill-free."""
+    v = make_variant("grouped_gemm_dsrelu", arch=arch, generate_dbias=True)
+    src = render(v)
+    assert "static constexpr bool kColSum = true;" in src.text
+    assert src.digest != render(make_variant("grouped_gemm_dsrelu", arch=arch)).digest
+    (r,) = b.build([v], cache=session_cache)
+    assert r.ok, r.error[:3000]
+    assert r.spill_bytes == 0 and r.registers > 0, r

@@ -53,7 +53,8 @@ def test_rows_spell_cudnn_and_reach_the_engine(row):
     assert used - GENERIC <= set(sig.parameters)
     spec = find_spec(row.spec)
     assert {i for i, _ in row.inputs} == {i.name for i in spec.epilogue.inputs}
-    outs = set(fusegemm.Op.planned(spec).epilogue.buffers(256, 256, 1)) | {o.name for o in spec.epilogue.outputs}
+    gated = {axis: True for axis in ("generate_dbias",) if axis in spec.choice_map}   # outputs an axis adds
+    outs = set(fusegemm.Op.planned(spec, **gated).epilogue.buffers(256, 256, 1)) | {o.name for o in spec.epilogue.outputs}
     for name, spec_out in row.returns:
         assert spec_out is None or spec_out in outs or spec_out in ("c", "amax"), (name, spec_out)
     assert getattr(compat, row.cudnn) is getattr(fusegemm, row.name)
@@ -71,7 +72,12 @@ def test_fixed_parameters_are_refused_with_their_reason():
         fusegemm.grouped_gemm_glu(a, None, off, alpha, b, prob_tensor=prob, act_func="geglu")
     with pytest.raises(ArgumentError, match=r"^sfa_tensor: got .*; allowed: None\. the BF16 backend"):
         fusegemm.grouped_gemm_glu(a, torch.zeros(4, dtype=torch.uint8), off, alpha, b, prob_tensor=prob)
-    with pytest.raises(ArgumentError, match=r"^generate_dbias: got True; allowed: False\. the bias gradient"):
+    with pytest.raises(ArgumentError, match=r"^generate_dbias: got True; allowed: False\. the bias gradient of a "
+                                            r"paired D"):
+        fusegemm.grouped_gemm_dglu(a, torch.zeros((256, 256), dtype=torch.bfloat16), None, off, alpha, alpha, prob,
+                                   torch.zeros(256), b_tensor=b, generate_dbias=True)
+    # dsReLU's bias gradient is offered: the call reaches the device check.
+    with pytest.raises(ArgumentError, match=r"^a_tensor\.device: got cpu"):
         fusegemm.grouped_gemm_dsrelu(a, b, torch.zeros((256, 128), dtype=torch.bfloat16), padded_offsets=off,
                                      alpha_tensor=alpha, prob_tensor=prob, generate_dbias=True)
     with pytest.raises(ArgumentError, match=r"^b_dtype: got .*float16.*; allowed: None or bfloat16"):
