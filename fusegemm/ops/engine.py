@@ -27,7 +27,8 @@ Host fast path: a call whose arguments are plain torch tensors (or None, or numb
 full once per *call pattern* -- how each argument is passed, and its dtype, shape, strides and
 device (numbers: their value). Later calls of the pattern check only what addresses decide
 (alignment; for ``execute`` at new addresses, that no output overlaps another or an input) and
-launch the parameters prepared for those addresses (``ops/prepared.py`` ``Prepared``).
+launch the parameters prepared for those addresses (``ops/prepared.py`` ``Prepared``,
+``ops/prepared_launch.py``).
 """
 from __future__ import annotations
 
@@ -38,22 +39,19 @@ from typing import Any, Callable, Mapping
 from .. import arguments as args
 from ..base.dtypes import DTYPES
 from ..base.errors import ArgumentError, UnsupportedError
+from ..runtime.tensors import view
 from ..tupledict import TupleDict
 from . import arg_checks as checks
 from . import device as _device
 from . import tail as _tail
 from .device import alloc, alloc_outputs
-from .grouped_operands import parse_call, shape_of
+from .grouped_operands import parse_call
 from .kgrouped_operands import KCall, parse_kgrouped
 from .loaded_kernel import LoadedKernel
 from .outputs import check_no_overlap, native_output
 from .prepared import Prepared, addresses, is_dry, pattern
-from .scaled_operands import SF_AXIS, ab_axis, parse_batched, parse_scaled, scaled_maps
-from ..generator.params import GROUPED_PARAMS
-from ..runtime import config as _config
-from ..runtime import load as _load
-from ..runtime import tensors as _tensors
-from ..runtime.tensors import TensorView, view
+from .prepared_launch import DEVICE_OPERANDS, LEAD, PreparedLaunch, device_str, pitched
+from .scaled_operands import SF_AXIS, ab_axis, parse_batched, parse_scaled
 
 # SFD: 1 / the largest value of the quantized output (e5m2: the seed page's 1/57344, or NVIDIA's
 # kernels' 1/128 with e5m2_rcp_max="nvidia").
@@ -72,7 +70,7 @@ def kernel_class(family: str, arch: str = "sm_90a") -> str:
     return row.operands
 
 
-class Op:
+class Op(PreparedLaunch):
     """A spec compiled for one variant on one device: the one engine under every face.
 
     Parameters
@@ -227,7 +225,7 @@ class Op:
         values, keep = self._inputs(given, call, deferred, input_names)
         device = self._check_devices(call, deferred)
         rows_written = self.kind in ("grouped", "kgrouped") and not is_dry()
-        out = alloc_outputs(self.epilogue, *self._dims(call), _device_str(call.a, device),
+        out = alloc_outputs(self.epilogue, *self._dims(call), device_str(call.a, device),
                             rows_written=rows_written)
         if not is_dry():   # a fake implementation's trace: outputs allocated, nothing launched
             self.compile()
@@ -296,7 +294,7 @@ class Op:
         rows = self.epilogue.row_buffers() if self.kind == "grouped" else ()
         for name, (shape, store, _) in self.epilogue.buffers(*self._dims(call)).items():
             x, nm = outputs.get(name), names.get(name, f"outputs[{name!r}]")
-            out[name] = (name in rows and _pitched(x, nm, shape, store)) or native_output(x, nm, shape, store)
+            out[name] = (name in rows and pitched(x, nm, shape, store)) or native_output(x, nm, shape, store)
         _check_overlap(out, names, call, [v for _, v, _ in deferred])
         # C / D rows are written with 16-byte vector stores; scales and reductions by word.
         aligns = [(names.get(k, f"outputs[{k!r}]"), v, 16 if k in self.epilogue.row_buffers() else 4)
@@ -310,18 +308,6 @@ class Op:
         self._run(e, ptrs, call.offsets.obj if call.offsets is not None else None, current_stream, reset=True,
                   validate_offsets=validate_offsets)
 
-    def _execute_memo(self, e: Prepared, flat: tuple, current_stream: Any, validate_offsets: bool | None) -> bool:
-        """``execute`` of a memoised pattern ``e`` on the arguments ``flat`` (``pattern``'s order):
-        known addresses passed every check before; new ones need alignment and no overlap. False
-        (nothing done) where they fail: the full path names what is wrong."""
-        ptrs = addresses(flat)
-        ready = e.bufs.get(ptrs)
-        if ready is not None or (e.aligned(ptrs) and e.disjoint(ptrs)):
-            self._run(e, ptrs, flat[e.offsets] if e.offsets is not None else None, current_stream, reset=True,
-                      validate_offsets=validate_offsets, ready=ready)
-            return True
-        return False
-
     # ---------------------------------------------------------------- operands, by kernel class
     def _parse(self, operands: tuple, kw: dict[str, Any]) -> Any:
         """The kernel class's operands, validated (shapes, strides, dtypes; devices: later)."""
@@ -333,6 +319,10 @@ class Op:
                                 f"the {self.kind} operands of {self.spec.name}: {', '.join(params)}",
                                 str(exc)) from None
         return _PARSERS[self.kind](*bound.args, **bound.kwargs)
+
+    def _operand_names(self) -> list[str]:
+        """This class's operands in order (the parser's parameters after ``op``)."""
+        return [p.name for p in class_operands(self.kind)]
 
     def _dims(self, call: Any) -> tuple[int, int, int]:
         """(accumulator columns, output rows, experts) of the buffers the epilogue writes."""
@@ -395,8 +385,8 @@ class Op:
         shape and dtype checks); the device ordinal, which must be this op's."""
         if is_dry():
             return self.device
-        named = [(nm, getattr(call, attr, None), align) for nm, attr, align in _DEVICE_OPERANDS[self.kind]]
-        first, lead = _LEAD[self.kind]
+        named = [(nm, getattr(call, attr, None), align) for nm, attr, align in DEVICE_OPERANDS[self.kind]]
+        first, lead = LEAD[self.kind]
         device = checks.require_cuda(call.a, first)
         checks.same_device([(nm, v) for nm, v, _ in named + list(more) if v is not None], call.a.device)
         checks.aligned(call.a, first, lead)
@@ -407,171 +397,6 @@ class Op:
             raise ArgumentError(f"{first}.device", f"cuda:{device}", f"cuda:{self.device} (the device this op "
                                 "was built for)")
         return device
-
-    # ---------------------------------------------------------------- launch
-    def _prepare(self, key: Any, flat: tuple, operands: tuple, kw: Mapping[str, Any], given: Mapping[str, Any],
-                 call: Any, values: dict[str, Any], keep: list, deferred: list, out: Mapping[str, Any],
-                 rows_written: bool | None, outputs: Mapping[str, Any] | None = None,
-                 align: Mapping[str, int] | None = None) -> tuple[Prepared, tuple]:
-        """What this validated call proved, by argument position (:class:`Prepared`), and its
-        address tuple. Kept under ``key`` (the host fast path) when every tensor the launch reads
-        starts at its argument's ``data_ptr()``; a one-off otherwise."""
-        from ..runtime.launch import prepare
-        from ..runtime.load import thread_context
-        thread_context(self.device)   # (the tensor maps below are encoded in this thread's context)
-        params = [p.name for p in class_operands(self.kind)]
-        pos = {name: i for i, name in enumerate(params[:len(operands)])}
-        pos.update({name: len(operands) + i for i, name in enumerate(kw)})
-        base = len(operands) + len(kw)
-        pos.update({f"input:{name}": base + i for i, name in enumerate(given)})
-        base += len(given)
-        if outputs is not None:
-            pos.update({f"output:{name}": base + i for i, name in enumerate(outputs)})
-        else:   # __call__: its own allocations follow the arguments
-            pos.update({f"output:{name}": len(flat) + i for i, name in enumerate(out)})
-        # Every tensor argument at its data_ptr() (the fast path's addresses), then the tensors the
-        # launch reads at their views' addresses (the same where the pattern is memoised).
-        ptrs = list(addresses(flat)) if key is not None else [0] * len(flat)
-        ptrs += [0] * (0 if outputs is not None else len(out))
-        views: list[tuple[int, Any]] = []
-        attr_operand = {attr: name for name, attr, _ in _DEVICE_OPERANDS[self.kind]}
-        attr_operand["a"] = _LEAD[self.kind][0]
-        rebase = []
-        template = _copy(call)
-        for attr, v in vars(call).items():
-            if isinstance(v, TensorView):
-                i = pos[attr_operand[attr]]   # every tensor of a parsed call is an operand's
-                rebase.append((attr, i))
-                views.append((i, v))
-                setattr(template, attr, TensorView(0, v.shape, v.strides, v.dtype, v.device, None))
-        aligns = {_LEAD[self.kind][0]: _LEAD[self.kind][1], **{nm: al for nm, _, al in _DEVICE_OPERANDS[self.kind]}}
-        masks = [(pos[nm], al - 1) for nm, al in aligns.items() if nm in pos]
-        slots, consts = [], {}
-        for inp in self.epilogue.inputs:
-            x = given.get(inp.name)
-            if x is None:
-                continue
-            if isinstance(x, (int, float)):   # a number's device copy: part of the key, kept here
-                consts[inp.slot] = values[inp.slot]
-            else:
-                i = pos[f"input:{inp.name}"]
-                slots.append((inp.slot, i))
-                views.append((i, _Ptr(values[inp.slot])))
-                least = 2 if DTYPES[inp.dtype].itemsize == 2 else 4   # as _inputs checks
-                masks.append((i, max(least, (align or {}).get(inp.name, 0)) - 1))
-        if "ld_c_in" in values:
-            consts["ld_c_in"] = values["ld_c_in"]
-        for o in self.epilogue.outputs:   # the caller's row pitch (execute, grouped class: _pitched)
-            if outputs is not None and self.kind == "grouped" and o.name in out:
-                consts[f"ld{o.slot}"] = out[o.name].strides[0]
-        outs = [(name, pos[f"output:{name}"]) for name in out]
-        views += [(pos[f"output:{name}"], v) for name, v in out.items()]
-        for i, v in views:
-            ptrs[i] = v.ptr
-        ptrs = tuple(ptrs)
-        rows = self.epilogue.row_buffers()
-        masks += [(i, (16 if name in rows else 4) - 1) for name, i in outs if outputs is not None]
-        from .outputs import RESET_BITS, extent
-        resets = [(RESET_BITS[name], i, out[name].numel()) for name, i in outs if name in RESET_BITS]
-        spans_out, spans_in = (), ()
-        if outputs is not None:   # what _check_overlap compared, by position
-            spans_out = tuple((pos[f"output:{name}"], extent(v)) for name, v in out.items())
-            given_views = zip([i for i in self.epilogue.inputs if given.get(i.name) is not None], deferred)
-            spans_in = tuple((pos[attr_operand[attr]], extent(v)) for attr, v in vars(call).items()
-                             if isinstance(v, TensorView) and attr not in ("b_ptrs", "sfb_ptrs"))
-            spans_in += tuple((pos[f"input:{i.name}"], extent(v)) for i, (_, v, _) in given_views
-                              if not isinstance(given[i.name], (int, float)))
-        ln = self._launcher
-        planned = _PLANS[self.kind](self, _rebased(template, rebase, ptrs), ln, {name: ptrs[i] for name, i in outs})
-        grid = planned[0] if planned is not None else 0
-        scratch = planned is not None and (ln.dynamic or planned[1].discrete)
-        alloc = None
-        if outputs is None:
-            import torch
-            dev = torch.device(_device_str(call.a, self.device))   # (parsed once, not per call)
-            alloc = [(name, shape, getattr(torch, store), dev,
-                      None if rows_written and name in rows else fill)
-                     for name, (shape, store, fill) in self.epilogue.buffers(*self._dims(call)).items()]
-        e = Prepared(call=template, rebase=tuple(rebase), slots=tuple(slots), consts=consts, outs=tuple(outs),
-                     alloc=alloc, masks=tuple(masks), resets=tuple(resets),
-                     offsets=pos["padded_offsets"] if call.offsets is not None else None,
-                     grid=grid, empty=planned is None, scratch=scratch,
-                     discrete=planned is not None and planned[1].discrete,
-                     go=None if planned is None or scratch else prepare(ln.kernel, ln.config(grid)),
-                     keep=[k for k in keep if not any(k is x for x in flat)], spans_out=spans_out, spans_in=spans_in)
-        # Memoise only when each tensor read starts at its argument's address, so that another
-        # call of the pattern can be re-addressed from its arguments alone.
-        if key is not None and all(v.ptr == (flat[i].data_ptr() if i < len(flat) else v.ptr) for i, v in views):
-            if len(self._memo) >= 64:
-                self._memo.clear()
-            self._memo[key] = e
-        return e, ptrs
-
-    def _values_at(self, e: Prepared, ptrs: tuple) -> dict[str, Any]:
-        """The parameter struct of pattern ``e`` at the addresses ``ptrs``: every address field
-        from ``ptrs`` (the tensor maps re-encoded through the kernel's map cache)."""
-        ln = self._launcher
-        call = _rebased(e.call, e.rebase, ptrs)
-        out = {name: ptrs[i] for name, i in e.outs}
-        _, _, values = _PLANS[self.kind](self, call, ln, out)
-        values.update(self.epilogue.buffer_params(out, call.n))
-        if self.kind == "batched" and self.variant.cd_major == "m":
-            values["ldc"] = call.m   # C is (L, N, M): rows of M elements
-        values.update(e.consts)
-        for slot, i in e.slots:
-            values[slot] = ptrs[i]
-        values.update({"offsets": ptrs[e.offsets] if e.offsets is not None else 0, "rcp_max": self.rcp_max})
-        return values
-
-    def _launch_values(self, call: Any, out: Mapping[str, int], inputs: Mapping[str, int] | None = None
-                      ) -> dict[str, Any]:
-        """The parameter struct a launch of parsed operands ``call`` packs, with the outputs at
-        addresses ``out`` and the epilogue's input fields ``inputs`` (``_inputs``' values); tests
-        read it."""
-        attrs = [attr for attr, v in vars(call).items() if isinstance(v, TensorView)]
-        e = Prepared(call=call, rebase=tuple((a, i) for i, a in enumerate(attrs)), slots=(), consts=dict(inputs or {}),
-                     outs=tuple((name, len(attrs) + i) for i, name in enumerate(out)),
-                     offsets=attrs.index("offsets") if "offsets" in attrs else None)
-        return self._values_at(e, tuple(getattr(call, a).ptr for a in attrs) + tuple(out.values()))
-
-    def _run(self, e: Prepared, ptrs: tuple, offsets_obj: Any, current_stream: Any,
-             zero: Mapping[str, Any] | None = None, reset: bool = False,
-             validate_offsets: bool | None = None, ready: Any = None) -> None:
-        """Launch pattern ``e`` at ``ptrs`` on ``current_stream``: reductions reset first
-        (``reset``: execute's caller buffers), rows past the last offset of ``zero``'s row
-        outputs zeroed (the grouped class's own allocations)."""
-        _load.thread_context(self.device)
-        stream = _tensors.resolve_stream(current_stream, self.device)
-        if offsets_obj is not None and (validate_offsets if validate_offsets is not None else _config.validate_offsets()):
-            # Opt-in (FUSEGEMM_VALIDATE_OFFSETS): a host copy of the offsets, never during capture.
-            host = _device.offsets_on_host(offsets_obj, stream)
-            if host is not None:
-                c = e.call
-                args.offsets_values(host, c.t if self.kind == "kgrouped" else c.m,
-                                    "dy_tensor" if self.kind == "kgrouped" else "a_tensor")
-        if reset:
-            for bits, i, words in e.resets:
-                _load.check(_load.driver().cuMemsetD32Async(ptrs[i], bits, words, stream), "cuMemsetD32Async")
-        if e.empty:
-            return   # no row tile (an empty A): nothing to map or launch; outputs hold their fills
-        if zero:
-            _tail.zero_tail([zero[k] for k in self._rows if k in zero], ptrs[e.offsets], e.call.l, e.call.m, stream,
-                            self.device)
-        if ready is None:
-            ready = e.bufs.get(ptrs)
-        if ready is None:
-            ready = self._values_at(e, ptrs)
-            if not e.scratch:
-                from ..runtime.launch import ParamBuffer
-                buf = ParamBuffer(GROUPED_PARAMS.size)
-                buf.fill(GROUPED_PARAMS.pack(ready))
-                ready = buf
-            e.remember(ptrs, ready)
-        ln = self._launcher
-        if e.scratch:   # per-call scratch (tile counter, tensor-map slots): packed per call
-            ln.launch({**ready, **ln.workspace(e.grid, e.discrete, stream, current_stream is not None)}, e.grid, stream)
-        else:
-            e.go(ready, stream)
 
     # ---------------------------------------------------------------- reference
     def reference(self, *operands: Any, inputs: Mapping[str, Any] | None = None, **operand_kw: Any) -> Any:
@@ -636,43 +461,6 @@ _ACCUMULATE = {"grouped": _acc_grouped, "scaled": _acc_grouped, "kgrouped": _acc
                "batched": _acc_batched}
 
 
-def _pitched(x: Any, name: str, shape: tuple[int, ...], store: str) -> Any:
-    """A grouped-class C / D the caller gave with a row pitch: its (rows, columns) view with the
-    caller's strides, or None (then the dense check says what is allowed)."""
-    if x is None or type(x) is TensorView:
-        return None
-    v = view(x, name)
-    dims = v.shape[:2] if v.ndim == 3 and v.shape[2] == 1 else v.shape
-    if v.dtype != store or tuple(dims) != tuple(shape) or len(shape) != 2 or v.strides[1] != 1:
-        return None
-    if v.strides[0] < shape[1] or (v.strides[0] * v.itemsize) % 16:
-        return None
-    return TensorView(v.ptr, tuple(shape), (v.strides[0], 1), v.dtype, v.device, v.obj)
-
-
-class _Ptr:
-    """An address standing in for a view in :meth:`Op._prepare`'s bookkeeping."""
-
-    __slots__ = ("ptr",)
-
-    def __init__(self, ptr: int) -> None:
-        self.ptr = ptr
-
-
-def _copy(call: Any) -> Any:
-    import copy
-    return copy.copy(call)
-
-
-def _rebased(template: Any, rebase: tuple, ptrs: tuple) -> Any:
-    """A copy of a parsed call whose tensors start at ``ptrs`` (sizes, strides, dtypes kept)."""
-    call = _copy(template)
-    for attr, i in rebase:
-        v = getattr(template, attr)
-        setattr(call, attr, TensorView(ptrs[i], v.shape, v.strides, v.dtype, v.device, None))
-    return call
-
-
 def _check_overlap(out: Mapping[str, Any], names: Mapping[str, str], call: Any, inputs: list) -> None:
     """No output overlaps another output, an operand or an input (names as the caller's)."""
     check_no_overlap([(names.get(k, f"outputs[{k!r}]"), v) for k, v in out.items()],
@@ -692,11 +480,6 @@ def _bind(names: tuple[str, ...], operands: tuple, kw: Mapping[str, Any]) -> lis
     if unknown:
         raise ArgumentError(unknown[0], "given", ", ".join(names))
     return vals
-
-
-def _device_str(a: Any, device: int) -> str:
-    kind, index = a.device
-    return f"cuda:{device}" if kind == "cuda" else (kind if index < 0 else f"{kind}:{index}")
 
 
 # ---------------------------------------------------------------- operands of each kernel class
@@ -757,64 +540,3 @@ def class_operands(kind: str) -> tuple[inspect.Parameter, ...]:
 def positional_operands(kind: str) -> tuple[str, ...]:
     """The names of ``kind``'s operands a face passes by position (no discrete-weight pointers)."""
     return tuple(p.name for p in class_operands(kind) if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
-# The first operand's name and base alignment, and the other operands checked for device and
-# alignment: (argument name, attribute of the call, bytes).
-_LEAD = {"grouped": ("a_tensor", 16), "kgrouped": ("dy_tensor", 16), "scaled": ("a_tensor", 16),
-         "batched": ("a_tensor", 16)}
-_DEVICE_OPERANDS = {
-    "grouped": (("padded_offsets", "offsets", 4), ("b_tensor", "b", 16), ("b_ptrs", "b_ptrs", 8)),
-    "kgrouped": (("x_tensor", "b", 16), ("padded_offsets", "offsets", 4)),
-    "scaled": (("padded_offsets", "offsets", 4), ("b_tensor", "b", 16), ("b_ptrs", "b_ptrs", 8),
-               ("sfb_ptrs", "sfb_ptrs", 8), ("sfa_tensor", "sfa", 16), ("sfb_tensor", "sfb", 16)),
-    "batched": (("b_tensor", "b", 16), ("sfa_tensor", "sfa", 16), ("sfb_tensor", "sfb", 16)),
-}
-
-
-# ---------------------------------------------------------------- launch plans: maps, scalars, grid
-def _plan_grouped(op: Op, call: Any, ln: LoadedKernel, out: Mapping[str, int]) -> Any:
-    s = shape_of(call)
-    if s.m < op.variant.tile_m:
-        # No row tile: M is a multiple of 256, so M = 0 and the row outputs have no rows to zero.
-        return None
-    return ln.grid(s), s, {**ln.maps(s, call.a.ptr, call.b.ptr if call.b is not None else 0), **ln.scalars(s),
-                           "b_ptrs": call.b_ptrs.ptr if call.b_ptrs is not None else 0}
-
-
-def _plan_kgrouped(op: Op, call: KCall, ln: LoadedKernel, out: Mapping[str, int]) -> Any:
-    from .loaded_kernel import GroupedShape
-    from .prepared import persistent_grid
-    c, tiled, item = ln.contract, ln.tmaps.tiled, DTYPES["bfloat16"].itemsize
-    m, n, t = call.m_out, call.n, call.t
-    # No tokens at all (an expert-parallel rank that received none): every tile has an empty K
-    # range and loads nothing, but a tensor map needs a real extent and address; an output
-    # buffer (at least M x N elements) stands in for both operands.
-    a_ptr, b_ptr, a_ld, b_ld, rows = call.a.ptr, call.b.ptr, call.a.strides[0], call.b.strides[0], t
-    if t == 0:
-        a_ptr = b_ptr = next(iter(out.values()))
-        a_ld, b_ld, rows = m, n, 1
-    s = GroupedShape(m=call.l * m, n=n, k=t, l=call.l, a_ld=a_ld, b_sn=b_ld, b_sl=0, discrete=False)
-    values = {"tma_a": tiled(a_ptr, ln.tma_dtype, (m, rows), (a_ld * item,), (c.box_a_inner, c.box_a_outer),
-                             c.swizzle_a),
-              "tma_b": tiled(b_ptr, ln.tma_dtype, (n, rows), (b_ld * item,), (c.box_b_inner, c.box_b_outer),
-                             c.swizzle_b),
-              "m_rows": m, "n": n, "k": t, "num_experts": call.l, "cluster_m": 1, "cluster_n": 1, "b_ptrs": 0}
-    grid = persistent_grid(call.l * m, n, ln.tile, c.ctas_per_tile, ln.cluster, ln.sms)   # (L * M, N) tiles
-    return grid, s, values
-
-
-def _plan_scaled(op: Op, call: Any, ln: LoadedKernel, out: Mapping[str, int]) -> Any:
-    from .loaded_kernel import GroupedShape
-    tile_m = op.variant.tile_m
-    # Batched: the grid covers L * ceil(M / TILE_M) row blocks; m_rows is M of one batch.
-    rows = call.l * -(-call.m // tile_m) * tile_m if call.batched else call.m
-    s = GroupedShape(m=rows, n=call.n, k=call.k, l=call.l, a_ld=call.a.strides[0], b_sn=call.b_strides[0],
-                     b_sl=call.b_strides[1], discrete=call.discrete)
-    if rows < tile_m:
-        return None
-    values = {**scaled_maps(ln, call), **ln.scalars(s), "m_rows": call.m,
-              "b_ptrs": call.b_ptrs.ptr if call.b_ptrs is not None else 0,
-              "sfb_ptrs": call.sfb_ptrs.ptr if call.sfb_ptrs is not None else 0}
-    return ln.grid(s), s, values
-
-
-_PLANS = {"grouped": _plan_grouped, "kgrouped": _plan_kgrouped, "scaled": _plan_scaled, "batched": _plan_scaled}
