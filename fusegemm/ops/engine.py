@@ -291,13 +291,13 @@ class Op(PreparedLaunch):
         deferred: list = []
         values, keep = self._inputs(given, call, deferred, input_names)
         out: dict[str, Any] = {}
-        rows = self.epilogue.row_buffers() if self.kind == "grouped" else ()
+        rows = self._rows if self.kind == "grouped" else ()
         for name, (shape, store, _) in self.epilogue.buffers(*self._dims(call)).items():
             x, nm = outputs.get(name), names.get(name, f"outputs[{name!r}]")
             out[name] = (name in rows and pitched(x, nm, shape, store)) or native_output(x, nm, shape, store)
         _check_overlap(out, names, call, [v for _, v, _ in deferred])
         # C / D rows are written with 16-byte vector stores; scales and reductions by word.
-        aligns = [(names.get(k, f"outputs[{k!r}]"), v, 16 if k in self.epilogue.row_buffers() else 4)
+        aligns = [(names.get(k, f"outputs[{k!r}]"), v, 16 if k in self._rows else 4)
                   for k, v in out.items()]
         self._check_devices(call, deferred + aligns)
         if is_dry():

@@ -262,14 +262,14 @@ class GroupedGemm:
         a, off, b, b_ptrs, n, alpha, prob, bias, d = flat[:9]
         c = flat[9] if len(flat) > 9 else None
         args = (a, off, alpha, b, b_ptrs, bias, prob, d, c)
-        op = self._op
+        op, check = self._op, (lambda: self._validate(args))
         if op is None:   # the arguments first: a bad call compiles nothing
-            self._validate(args)
-            op = self.compile()._op
+            check()
+            op, check = self.compile()._op, None
         operands, kw = (a, off, b), {"b_ptrs": b_ptrs, "n": n}
         inputs, outputs = {"alpha": alpha, "prob": prob, "bias": bias}, {"d": d, "c": c} if len(flat) > 9 else {"d": d}
         op.execute(*operands, **kw, inputs=inputs, outputs=outputs, current_stream=current_stream,
-                   validate_offsets=validate_offsets, check=lambda: self._validate(args), align=_INPUT_ALIGN,
+                   validate_offsets=validate_offsets, check=check, align=_INPUT_ALIGN,
                    input_names=_INPUT_NAMES, output_names=_OUTPUT_NAMES)
         if key is not None:
             e = op._memo.get(pattern(operands, kw, inputs, outputs)[0])

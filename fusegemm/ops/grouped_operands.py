@@ -155,19 +155,6 @@ ALIGNMENT = {"a_tensor": 16, "b_tensor": 16, "bias_tensor": 16, "c_tensor": 16, 
              "padded_offsets": 4, "alpha_tensor": 4, "prob_tensor": 4, "b_ptrs": 8}
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Everything a launch needs from validated arguments except their addresses."""
-
-    shape: GroupedShape
-    ldd: int
-    ldc: int
-
-    @staticmethod
-    def of(call: Call, c: TensorView | None, d: TensorView) -> "Layout":
-        return Layout(shape_of(call), ldd=d.strides[0], ldc=c.strides[0] if c is not None else 0)
-
-
 def shape_of(call: Call) -> GroupedShape:
     """The launch shape of validated grouped operands."""
     sn, sl = call.b_strides

@@ -1,10 +1,11 @@
 """Caller-owned outputs of an op (``Op.execute``, the seed classes): each checked against the buffer
-the kernel writes, no output overlapping another or an input, and the reductions the kernels
-accumulate into with atomics reset on the launch stream first.
+the kernel writes, no output overlapping another or an input; the fill patterns of the
+reductions the kernels accumulate into with atomics (the engine resets them on the launch stream,
+fusegemm/ops/prepared_launch.py).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 from ..base.errors import ArgumentError
 
@@ -89,12 +90,3 @@ def check_no_overlap(outputs: list[tuple[str, Any]], inputs: list[Any]) -> None:
             if lo <= ihi and ilo <= hi:
                 raise ArgumentError(name, "memory shared with an input", "its own buffer (outputs may not "
                                     "alias inputs)")
-
-
-def reset(out: Mapping[str, Any], stream: int) -> None:
-    """amax to -inf and dprob to 0 before the kernel's atomics accumulate into them."""
-    from ..runtime.load import check, driver
-    for key, bits in RESET_BITS.items():
-        if key in out:
-            v = out[key]
-            check(driver().cuMemsetD32Async(v.ptr, bits, v.numel(), stream), "cuMemsetD32Async")

@@ -24,6 +24,7 @@ from . import tail as _tail
 from .grouped_operands import shape_of
 from .kgrouped_operands import KCall
 from .loaded_kernel import LoadedKernel
+from .outputs import RESET_BITS, extent
 from .prepared import Prepared, addresses
 from .scaled_operands import scaled_maps
 
@@ -53,8 +54,7 @@ class PreparedLaunch:
         address tuple. Kept under ``key`` (the host fast path) when every tensor the launch reads
         starts at its argument's ``data_ptr()``; a one-off otherwise."""
         from ..runtime.launch import prepare
-        from ..runtime.load import thread_context
-        thread_context(self.device)   # (the tensor maps below are encoded in this thread's context)
+        _load.thread_context(self.device)   # (the tensor maps below are encoded in this thread's context)
         params = self._operand_names()
         pos = {name: i for i, name in enumerate(params[:len(operands)])}
         pos.update({name: len(operands) + i for i, name in enumerate(kw)})
@@ -73,7 +73,7 @@ class PreparedLaunch:
         attr_operand = {attr: name for name, attr, _ in DEVICE_OPERANDS[self.kind]}
         attr_operand["a"] = LEAD[self.kind][0]
         rebase = []
-        template = _copy(call)
+        template = copy.copy(call)
         for attr, v in vars(call).items():
             if isinstance(v, TensorView):
                 i = pos[attr_operand[attr]]   # every tensor of a parsed call is an operand's
@@ -105,9 +105,7 @@ class PreparedLaunch:
         for i, v in views:
             ptrs[i] = v.ptr
         ptrs = tuple(ptrs)
-        rows = self.epilogue.row_buffers()
-        masks += [(i, (16 if name in rows else 4) - 1) for name, i in outs if outputs is not None]
-        from .outputs import RESET_BITS, extent
+        masks += [(i, (16 if name in self._rows else 4) - 1) for name, i in outs if outputs is not None]
         resets = [(RESET_BITS[name], i, out[name].numel()) for name, i in outs if name in RESET_BITS]
         spans_out, spans_in = (), ()
         if outputs is not None:   # what _check_overlap compared, by position
@@ -126,7 +124,7 @@ class PreparedLaunch:
             import torch
             dev = torch.device(device_str(call.a, self.device))   # (parsed once, not per call)
             alloc = [(name, shape, getattr(torch, store), dev,
-                      None if rows_written and name in rows else fill)
+                      None if rows_written and name in self._rows else fill)
                      for name, (shape, store, fill) in self.epilogue.buffers(*self._dims(call)).items()]
         e = Prepared(call=template, rebase=tuple(rebase), slots=tuple(slots), consts=consts, outs=tuple(outs),
                      alloc=alloc, masks=tuple(masks), resets=tuple(resets),
@@ -233,13 +231,9 @@ class _Ptr:
         self.ptr = ptr
 
 
-def _copy(call: Any) -> Any:
-    return copy.copy(call)
-
-
 def _rebased(template: Any, rebase: tuple, ptrs: tuple) -> Any:
     """A copy of a parsed call whose tensors start at ``ptrs`` (sizes, strides, dtypes kept)."""
-    call = _copy(template)
+    call = copy.copy(template)
     for attr, i in rebase:
         v = getattr(template, attr)
         setattr(call, attr, TensorView(ptrs[i], v.shape, v.strides, v.dtype, v.device, None))
@@ -249,7 +243,6 @@ def _rebased(template: Any, rebase: tuple, ptrs: tuple) -> Any:
 def device_str(a: Any, device: int) -> str:
     kind, index = a.device
     return f"cuda:{device}" if kind == "cuda" else (kind if index < 0 else f"{kind}:{index}")
-
 
 
 # The first operand's name and base alignment, and the other operands checked for device and
