@@ -1,0 +1,154 @@
+"""The blockwise FP8 recipe (DeepSeek-V3): FP32 scales per 128 K, 1x128 for activations (one scale
+per row and 128-element K block) and 128x128 for weights (one scale per 128 x 128 block).
+
+``dequant(a)[m, k] = a[m, k] * sfa[m, k // 128]`` and ``dequant(b)[n, k] = b[n, k] *
+sfb[n // 128, k // 128]``. Scale choice: ``s = amax / elem_max`` over the block (448 for e4m3,
+57344 for e5m2), with amax clamped below at ``1e-4`` as DeepSeek's kernels do, so an all-zero block
+gets a tiny positive scale and zero elements; elements are ``x / s`` rounded to nearest-even with
+saturation. The kernels' SFA layout is M-contiguous (:func:`blockwise_sfa_layout`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .elements import to_float32, to_format
+from .numpy_dtypes import FORMATS, resolve_dtype, to_numpy
+
+__all__ = ["BLOCK", "quantize_1x128", "quantize_128x128", "dequantize_1x128", "dequantize_128x128",
+           "blockwise_sfa_layout"]
+
+BLOCK = 128
+_ELEMENTS = ("float8_e4m3fn", "float8_e5m2")
+AMAX_FLOOR = 1e-4
+
+
+def _blocks(n: int) -> int:
+    return -(-n // BLOCK)
+
+
+def _pad_to(x: np.ndarray, axis: int) -> np.ndarray:
+    """``x`` zero-padded along ``axis`` to a multiple of BLOCK."""
+    pad = _blocks(x.shape[axis]) * BLOCK - x.shape[axis]
+    if not pad:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    return np.pad(x, widths)
+
+
+def _quantize(x: np.ndarray, scales: np.ndarray, dtype: str) -> np.ndarray:
+    return to_format(x / scales, dtype, saturate=True)
+
+
+def _scale(amax: np.ndarray, dtype: str) -> np.ndarray:
+    return (np.maximum(amax, AMAX_FLOOR) / FORMATS[dtype].max_finite).astype(np.float32)
+
+
+def quantize_1x128(x: Any, dtype: Any = "float8_e4m3fn") -> tuple[np.ndarray, np.ndarray]:
+    """Quantize activations ``(..., K)`` with one FP32 scale per row and 128-element K block.
+
+    Parameters
+    ----------
+    x : array-like or torch tensor (..., K)
+        Values (FP32, BF16, ...).
+    dtype : str or dtype
+        ``float8_e4m3fn`` (default) or ``float8_e5m2``.
+
+    Returns
+    -------
+    (values, scales)
+        FP8 values ``(..., K)`` and float32 scales ``(..., ceil(K / 128))`` (row-major; the kernels
+        take them through :func:`blockwise_sfa_layout`).
+    """
+    name = resolve_dtype(dtype, argument="dtype", allowed=_ELEMENTS)
+    v = to_float32(to_numpy(x, argument="x")).astype(np.float64)
+    k = v.shape[-1]
+    blocks = _pad_to(v, -1).reshape(*v.shape[:-1], _blocks(k), BLOCK)
+    scales = _scale(np.abs(blocks).max(-1), name)
+    q = _quantize(blocks, scales[..., None].astype(np.float64), name).reshape(*v.shape[:-1], -1)[..., :k]
+    return q, scales
+
+
+def quantize_128x128(w: Any, dtype: Any = "float8_e4m3fn") -> tuple[np.ndarray, np.ndarray]:
+    """Quantize weights ``(..., N, K)`` with one FP32 scale per 128 x 128 block.
+
+    Parameters
+    ----------
+    w : array-like or torch tensor (..., N, K)
+        Values (FP32, BF16, ...).
+    dtype : str or dtype
+        ``float8_e4m3fn`` (default) or ``float8_e5m2``.
+
+    Returns
+    -------
+    (values, scales)
+        FP8 values ``(..., N, K)`` and float32 scales ``(..., ceil(N / 128), ceil(K / 128))``
+        (contiguous: the kernels' SFB layout).
+    """
+    name = resolve_dtype(dtype, argument="dtype", allowed=_ELEMENTS)
+    v = to_float32(to_numpy(w, argument="w")).astype(np.float64)
+    if v.ndim < 2:
+        raise ValueError(f"w: got {v.ndim} dimensions; allowed: (..., N, K)")
+    n, k = v.shape[-2:]
+    p = _pad_to(_pad_to(v, -1), -2)
+    lead = v.shape[:-2]
+    blocks = p.reshape(*lead, _blocks(n), BLOCK, _blocks(k), BLOCK)
+    scales = _scale(np.abs(blocks).max(axis=(-3, -1)), name)
+    q = _quantize(blocks, scales[..., :, None, :, None].astype(np.float64), name)
+    q = q.reshape(*lead, _blocks(n) * BLOCK, _blocks(k) * BLOCK)[..., :n, :k]
+    return q, np.ascontiguousarray(scales)
+
+
+def dequantize_1x128(q: Any, scales: Any) -> np.ndarray:
+    """float32 ``q[..., k] * scales[..., k // 128]``.
+
+    Parameters
+    ----------
+    q : FP8 array or torch tensor (..., K)
+        Values from :func:`quantize_1x128`.
+    scales : float32 (..., ceil(K / 128))
+        Their scales.
+    """
+    v = to_float32(to_numpy(q, argument="q"))
+    s = np.asarray(to_numpy(scales, argument="scales"), dtype=np.float32)
+    return v * np.repeat(s, BLOCK, axis=-1)[..., : v.shape[-1]]
+
+
+def dequantize_128x128(q: Any, scales: Any) -> np.ndarray:
+    """float32 ``q[..., n, k] * scales[..., n // 128, k // 128]``.
+
+    Parameters
+    ----------
+    q : FP8 array or torch tensor (..., N, K)
+        Values from :func:`quantize_128x128`.
+    scales : float32 (..., ceil(N / 128), ceil(K / 128))
+        Their scales.
+    """
+    v = to_float32(to_numpy(q, argument="q"))
+    s = np.asarray(to_numpy(scales, argument="scales"), dtype=np.float32)
+    full = np.repeat(np.repeat(s, BLOCK, axis=-2), BLOCK, axis=-1)
+    return v * full[..., : v.shape[-2], : v.shape[-1]]
+
+
+def blockwise_sfa_layout(scales: Any) -> Any:
+    """A's scales ``(M, ceil(K/128))`` in the kernels' layout: the same values with unit stride
+    along M and a pitch of ``ceil(M / 4) * 4`` floats (16 bytes, TMA's row alignment). A torch
+    tensor stays a torch tensor on its device; anything else becomes a numpy array.
+
+    Parameters
+    ----------
+    scales : float32 (M, ceil(K / 128))
+        A's scales, e.g. from :func:`quantize_1x128`.
+    """
+    if hasattr(scales, "new_zeros"):   # torch, without importing it here
+        m, sfk = scales.shape
+        buf = scales.new_zeros((sfk, -(-m // 4) * 4), dtype=scales.dtype)
+        buf[:, :m] = scales.t()
+        return buf[:, :m].t()
+    s = np.asarray(to_numpy(scales, argument="scales"), dtype=np.float32)
+    m, sfk = s.shape
+    buf = np.zeros((sfk, -(-m // 4) * 4), dtype=np.float32)
+    buf[:, :m] = s.T
+    return buf[:, :m].T

@@ -1,0 +1,380 @@
+// sm_90a blockwise-scaled FP8 GEMM (the DeepSeek-V3 recipe, issue 31): e4m3 / e5m2 A and B with
+// FP32 scales, A one per row and 128 K (1x128), B one per 128 N x 128 K block (128x128), carrying
+// the spec's epilogue rule, grouped over padded_offsets or batched. Scheduler, TMA loads of A / B,
+// epilogue and host contract are the MXFP8 kernel's (blockscaled_promote.cuh); the mainloop is
+// what the recipe changes.
+//
+// Mainloop: per 128-K stage, four chained k32 FP8 WGMMAs write a temporary FP32 set, which is
+// promoted once into the real accumulators,
+//     acc[r][c] += tmp[r][c] * (sfa[r] * sfb),
+// one FFMA per accumulator element per 128 K (MXFP8: an FMUL and an FFMA per 32 K), since a
+// stage's B scale is one number for the whole 128-column pass. The temporary set never
+// accumulates more than 128 products in the FP8 WGMMA's limited-precision accumulator. While one
+// consumer warpgroup promotes, the other's WGMMAs keep the tensor cores busy.
+//
+// Roles (384 threads):
+//   warpgroups 0-1 : consumers, 64 rows each of the 128-row tile: WGMMA, promotion, epilogue
+//   warpgroup 2    : warp 0, one elected thread: tile schedule and TMA loads (A, B, SFA);
+//                    warps 1-3 exit (the scales need no conversion: they are FP32 already)
+// Pipeline: kStages stages of A (128 x 128 B), B (kHalves x 128 rows x 128 B) and SFA (128 rows' FP32 scales of
+// the stage's 128-K block). full[s]: TMA bytes; empty[s]: one arrival per consumer thread once
+// the stage's WGMMAs have completed and its scales are read. The B scale, one float per pass and
+// stage, is read by the consumers from global memory one stage ahead (a 16-byte TMA box of it
+// faulted on the H200 with an illegal instruction; a plain load needs no map).
+//
+// Host contract (fusegemm/ops/scaled_operands.py blockwise_maps encodes the maps):
+//   tma_a, tma_b  as the MXFP8 kernel's
+//   tma_sfa  float32 (M rows, ceil(K/128)) M-contiguous, row pitch a multiple of 4 floats
+//            (batched: (M, ceil(K/128), L)); box (kTileM, 1[, 1])
+//   sfb      float32 (L, ceil(N/128), ceil(K/128)) dense; discrete: sfb_ptrs[e] -> (ceil(N/128),
+//            ceil(K/128)) per expert
+#pragma once
+
+#include "fusegemm/common.cuh"
+#include "fusegemm/epilogue_block.cuh"
+#include "fusegemm/scheduler.cuh"
+#include "fusegemm/tma.cuh"
+#include "fusegemm/sm90/blockscaled_common.cuh"
+#include "fusegemm/sm90/epilogue.cuh"
+#include "fusegemm/sm90/wgmma.cuh"
+
+namespace fusegemm {
+namespace sm90 {
+
+// The Config facts the blockwise kernel requires (the registry's sm_90a limits state the same).
+template <class Config>
+struct BlockwiseConfigChecks {
+  using ElementAB = typename Config::ElementA;
+  static_assert(fusegemm::is_same_v<ElementAB, typename Config::ElementB>, "A and B share one format");
+  static_assert(fusegemm::is_same_v<ElementAB, fusegemm::float_e4m3_t> ||
+                    fusegemm::is_same_v<ElementAB, fusegemm::float_e5m2_t>,
+                "blockwise recipe: FP8 (e4m3 / e5m2) A and B");
+  static_assert(fusegemm::is_same_v<typename Config::ElementSF, float> && Config::kSfVec == 128,
+                "blockwise recipe: FP32 scales per 128 K");
+  static_assert(!Config::kAMajorMN && !Config::kBMajorMN, "K-major A and B (the registry's sm_90a limits)");
+  static_assert(!Config::Rule::kPairedAcc, "block-scaled kernel: the accumulator is not gate/up paired");
+  static_assert(!Config::kCMajorM || !Config::Rule::kHasD, "M-major output: C only (seed 004)");
+  static_assert(Config::kTileM == 128, "sm_90a blockwise kernel: TILE_M 128 (two consumer warpgroups)");
+  static_assert(Config::kTileN == 128 || Config::kTileN == 256, "sm_90a blockwise kernel: TILE_N 128 or 256");
+};
+
+// m64n128k32 FP8 -> FP32, both operands K-major from shared memory; scale_d 0 starts the set.
+template <class T>
+struct Fp8GmmaChain {
+  using Op = fusegemm::conditional_t<fusegemm::is_same_v<T, fusegemm::float_e4m3_t>,
+                                 cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>,
+                                 cute::SM90::GMMA::MMA_64x128x32_F32E5M2E5M2_SS_TN<>>;
+  template <int... I>
+  FUSEGEMM_DEVICE static void fma(uint64_t da, uint64_t db, float* acc, int scale_d,
+                                  fusegemm::integer_sequence<int, I...>) {
+    Op::fma(da, db, acc[I]..., static_cast<cute::SM90::GMMA::ScaleOut>(scale_d));
+  }
+};
+
+template <class Config>
+struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
+  using Checks = BlockwiseConfigChecks<Config>;
+  static_assert(sizeof(Checks) > 0, "sm_90a blockwise configuration checks");
+  using ElementAB = typename Config::ElementA;
+  using ElementC = typename Config::ElementC;
+  using ElementD = typename Config::ElementD;
+  using Rule = typename Config::Rule;  // generated from the spec's epilogue
+
+  static constexpr bool kBatched = Config::kBatched, kDiscreteB = Config::kDiscreteB;
+  static constexpr int kTileM = Config::kTileM;
+  static constexpr int kTileN = Config::kTileN;
+  static constexpr int kMmaN = 128;                 // columns per WGMMA: one B scale per half and stage
+  // A 256-column tile runs its two 128-column halves on each stage's one A (48 KB of loads per 4M
+  // FMAs, not 64 KB as two passes), holding both halves' accumulators: 192 floats per thread. Rules
+  // whose epilogue needs more registers than the second half leaves (gate/up-paired outputs, row
+  // sums: dSwiGLU spills 136 bytes) run the halves as two passes over K instead.
+  static constexpr bool kShareA = kTileN == 256 && !Rule::kPairedD && !Rule::kPairedC && !Rule::kRowSum;
+  static constexpr int kHalves = kShareA ? kTileN / kMmaN : 1;   // halves per stage
+  static constexpr int kPasses = kTileN / (kHalves * kMmaN);
+  static constexpr int kTileK = 128;                // K elements (= bytes) per stage: one scale block
+  static constexpr int kSubK = 32;                  // K per FP8 WGMMA
+  static constexpr int kSubBlocks = kTileK / kSubK;
+  static constexpr int kScaleBlock = 128;           // N rows per B scale, K per A and B scale
+
+  static constexpr int kConsumerWGs = kTileM / 64;
+  static constexpr int kConsumerWarps = 4 * kConsumerWGs;
+  static constexpr int kThreads = 128 * (kConsumerWGs + 1);
+  static constexpr int kAccum = kMmaN / 2;
+
+  using Engine = epi::BlockEngine<Rule, ElementC, ElementD, kBatched, Config::kCMajorM, Config::kDiscreteColSfd>;
+  using Epi = WgmmaEpilogue<kTileM, kMmaN, Rule, ElementC, ElementD, Engine, kBatched, true>;
+
+  // Shared memory plan (offsets from the 1024-aligned dynamic smem base).
+  static constexpr int kABytes = kTileM * kTileK;
+  static constexpr int kBBytes = kHalves * kMmaN * kTileK;
+  static constexpr int kSfaBytes = kTileM * 4;
+  static constexpr int kSfStageBytes = kSfaBytes;
+  static constexpr int kTileRing = 4;
+  static constexpr int kSmemLimit = 232448 - 1024;
+  static constexpr int kEpiBytes = Epi::kBytes;
+  static constexpr int kFixedBytes = kEpiBytes + 127 + 2 * 128 + 16 * kTileRing + 8 * (2 * 8 + 2 * kTileRing);
+  static constexpr int kMaxStages = (kSmemLimit - kFixedBytes) / (kABytes + kBBytes + kSfStageBytes);
+  static constexpr int kStages = kMaxStages > 8 ? 8 : kMaxStages;
+  static_assert(kStages >= 3, "not enough shared memory for a 3-stage pipeline");
+
+  static constexpr int kOffA = 0;
+  static constexpr int kOffB = kOffA + kStages * kABytes;
+  static constexpr int kOffSf = kOffB + kStages * kBBytes;
+  static constexpr int kOffEpi = kOffSf + kStages * kSfStageBytes;
+  static constexpr int kOffTmap = (kOffEpi + kEpiBytes + 127) / 128 * 128;  // B and SFB staging
+  static constexpr int kOffRing = kOffTmap + 2 * 128;
+  static constexpr int kOffBars = kOffRing + 16 * kTileRing;
+  static constexpr int kNumBars = 2 * kStages + 2 * kTileRing;
+  static constexpr int kSmemBytes = kOffBars + 8 * kNumBars;
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "SW128 stages need 1 KB alignment");
+  static_assert(kOffSf % 128 == 0 && kSfStageBytes % 128 == 0 && kOffEpi % 16 == 0, "TMA / vector alignment");
+  static_assert(kSmemBytes <= kSmemLimit, "shared memory plan exceeds 227 KB");
+
+  // Consumers hold two accumulator halves and one temporary set (192 floats) while the first
+  // half's epilogue runs; the producer (tile walk, per-expert B maps) fits in 40.
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= 65536,
+                "register split exceeds the register file");
+
+  // Host contract (the rest: ScaledHostContract, a dependent base: named here).
+  using Contract = ScaledHostContract<Config::kDiscreteB>;
+  using Contract::kTmapSlotsPerMap;
+  using Contract::kTmapSlotStride;
+  static constexpr int kTmapSlots = kStages;
+  static_assert(kTmapSlots <= kTmapSlotsPerMap, "more stages than reserved tensor-map slots");
+  static constexpr int kBoxAInner = kTileK, kBoxAOuter = kTileM, kBoxBInner = kTileK, kBoxBOuter = kHalves * kMmaN;
+  static constexpr int kSwizzleA = 128, kSwizzleB = 128;
+  // Scale maps: one 128-K block per SFA box (kBoxAOuter rows); no SFB map (sf_box_nb 0).
+  static constexpr int kSfBoxK = 1, kSfBoxNB = 0;
+  static constexpr uint32_t kTxBytes = kABytes + kBBytes + kSfaBytes;
+
+  using Schedule = ScaledSchedule<kTileM, kTileN, kBatched>;
+  using Ring = TileRing<kTileRing>;
+
+  struct Bars {
+    uint64_t* full;
+    uint64_t* empty;
+    Ring ring;
+  };
+
+  template <class Params>
+  static __device__ void run(const Params& p) {
+    extern __shared__ __align__(1024) uint8_t smem[];
+    const int tid = threadIdx.x;
+    const int wg = tid / 128;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kOffBars);
+    const Bars b{bars, bars + kStages,
+                 Ring{bars + 2 * kStages, bars + 2 * kStages + kTileRing, reinterpret_cast<int4*>(smem + kOffRing)}};
+    if (tid == 0) {
+      if (smem_u32(smem) % 1024 != 0) __trap();  // SW128 descriptors assume a 1 KB aligned base
+      for (int s = 0; s < kStages; ++s) {
+        mbar_init(&b.full[s], 1);
+        // Every consumer lane arrives: each lane's release covers its own scale loads.
+        mbar_init(&b.empty[s], 32 * kConsumerWarps);
+      }
+      for (int s = 0; s < kTileRing; ++s) {
+        mbar_init(&b.ring.full[s], 1);
+        mbar_init(&b.ring.empty[s], kConsumerWarps);
+      }
+      mbar_fence_init();
+    }
+    __syncthreads();
+
+    if (wg == kConsumerWGs) {
+      cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+      if ((tid % 128) / 32 == 0 && elect_one()) produce(p, smem, b);
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+      consume(p, smem, b, wg);
+    }
+  }
+
+  FUSEGEMM_DEVICE static int k_blocks(int k) { return (k + kTileK - 1) / kTileK; }
+
+  // ------------------------------------------------------------------------------------
+  // Producer: one thread.
+  // ------------------------------------------------------------------------------------
+  template <class Params>
+  static __device__ void produce(const Params& p, uint8_t* smem, const Bars& b) {
+    const auto sched = Schedule::make(p);
+    const int num_k_blocks = k_blocks(p.k);
+    prefetch_tmap(&p.tma_a);
+    prefetch_tmap(&p.tma_b);
+    prefetch_tmap(&p.tma_sfa);
+    const CUtensorMap* map_b = &p.tma_b;
+    DeviceTmap<kTmapSlots> b_maps;
+    if constexpr (kDiscreteB) {
+      CUtensorMap* ws = reinterpret_cast<CUtensorMap*>(p.tmap_workspace) + blockIdx.x * kTmapSlotStride;
+      b_maps.init(&p.tma_b, ws, reinterpret_cast<CUtensorMap*>(smem + kOffTmap));
+    }
+    int expert = -1;
+
+    StaticWalk walk(blockIdx.x, gridDim.x);
+    typename Ring::Writer ring;
+    int stage = 0;
+    uint32_t phase = 0;
+    while (true) {
+      const GroupedTile t = claim_tile<Config::kDynamicSched>(p, walk, sched);
+      ring.publish(b.ring, t);
+      if (!t.valid()) break;
+
+      const int m0 = t.m_block * kTileM;
+      const int l = kBatched ? t.expert : 0;           // batch coordinate of A / SFA
+      const int lb = kDiscreteB ? 0 : t.expert;        // expert / batch of B and SFB
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int n0 = t.n_block * kTileN + pass * kHalves * kMmaN;
+        if (n0 >= p.n) break;
+        for (int kb = 0; kb < num_k_blocks; ++kb) {
+          mbar_wait(&b.empty[stage], phase ^ 1);
+          if constexpr (kDiscreteB) {
+            // After the empty wait: a DeviceTmap slot is rewritten kTmapSlots (= kStages) loads later.
+            if (t.expert != expert) {
+              expert = t.expert;
+              map_b = b_maps.update(reinterpret_cast<const void*>(reinterpret_cast<const uint64_t*>(p.b_ptrs)[expert]));
+            }
+          }
+          uint64_t* bar = &b.full[stage];
+          mbar_arrive_expect_tx(bar, kTxBytes);
+          uint8_t* sf = smem + kOffSf + stage * kSfStageBytes;
+          const int kx = kb * kTileK;
+          if constexpr (kBatched) {
+            tma_load_3d(&p.tma_a, bar, smem + kOffA + stage * kABytes, kx, m0, l);
+            tma_load_3d(&p.tma_sfa, bar, sf, m0, kb, l);
+          } else {
+            tma_load_2d(&p.tma_a, bar, smem + kOffA + stage * kABytes, kx, m0);
+            tma_load_2d(&p.tma_sfa, bar, sf, m0, kb);
+          }
+          if constexpr (kDiscreteB) {
+            tma_load_2d(map_b, bar, smem + kOffB + stage * kBBytes, kx, n0);
+          } else {
+            tma_load_3d(map_b, bar, smem + kOffB + stage * kBBytes, kx, n0, lb);
+          }
+          if (++stage == kStages) { stage = 0; phase ^= 1; }
+        }
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------------------------
+  // Consumers.
+  // ------------------------------------------------------------------------------------
+  FUSEGEMM_DEVICE static uint64_t stage_desc(uint64_t d0, int stage, int bytes) {
+    return d0 + static_cast<uint64_t>((stage * bytes) >> 4);  // address field in 16-byte units
+  }
+
+  // A tile's K loop. Per stage and 128-column half h: four chained WGMMAs into t, then
+  // acc[h] += t * (sfa[row] * sfb_h[kb]). Both halves read the stage's one A tile (a 128 x 256
+  // tile loads 48 KB per 4M FMAs, where two 128 x 128 passes would load 64 KB). sfb[h]: half h's
+  // row of B scales (one per 128-K block), read a stage ahead so that the loads' latency hides
+  // behind a stage of WGMMAs. halves: the halves inside N (the last tile's second may not be):
+  // the others' scales stay 0 and are never read.
+  FUSEGEMM_DEVICE static void mainloop(const Bars& b, const uint8_t* smem, uint64_t da0, uint64_t db0,
+                                       int num_k_blocks, int row0, const float* const (&sfb)[kHalves], int halves,
+                                       int& stage, uint32_t& phase, float (&acc)[kHalves][kAccum],
+                                       float (&t)[kAccum]) {
+    float sb_next[kHalves];
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) sb_next[h] = num_k_blocks > 0 && h < halves ? __ldg(sfb[h]) : 0.0f;
+    for (int kb = 0; kb < num_k_blocks; ++kb) {
+      float sb[kHalves];
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        sb[h] = sb_next[h];
+        if (kb + 1 < num_k_blocks && h < halves) sb_next[h] = __ldg(sfb[h] + kb + 1);
+      }
+      mbar_wait(&b.full[stage], phase);
+      const uint64_t da = stage_desc(da0, stage, kABytes), db = stage_desc(db0, stage, kBBytes);
+      const float* sfa = reinterpret_cast<const float*>(smem + kOffSf + stage * kSfStageBytes);
+      const float a0 = sfa[row0], a1 = sfa[row0 + 8];
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        // A half past N runs on TMA's zero rows with scale 0 (only the last tile of an N % 256
+        // problem has one): no branch that would make acc[h] a local-memory array.
+        fence_acc(t);
+        cute::warpgroup_arrive();
+#pragma unroll
+        for (int kk = 0; kk < kSubBlocks; ++kk) {
+          // 32 K of FP8 = 32 bytes = 2 in the descriptors' 16-byte address field; half h's B rows
+          // start h * 128 rows of 128 bytes further (1024 in 16-byte units).
+          Fp8GmmaChain<ElementAB>::fma(da + 2 * kk, db + h * (kMmaN * kTileK / 16) + 2 * kk, t, kk > 0 ? 1 : 0,
+                                       fusegemm::make_integer_sequence<int, kAccum>{});
+        }
+        cute::warpgroup_commit_batch();
+        const float s0 = a0 * sb[h], s1 = a1 * sb[h];
+        cute::warpgroup_wait<0>();
+        fence_acc(t);
+        if (h == kHalves - 1) mbar_arrive(&b.empty[stage]);  // the stage's WGMMAs are done, its scales read
+#pragma unroll
+        for (int j = 0; j < kAccum; j += 4) {
+          // Fragment: elements j, j + 1 are row row0; j + 2, j + 3 are row row0 + 8.
+          acc[h][j + 0] = fmaf(t[j + 0], s0, acc[h][j + 0]);
+          acc[h][j + 1] = fmaf(t[j + 1], s0, acc[h][j + 1]);
+          acc[h][j + 2] = fmaf(t[j + 2], s1, acc[h][j + 2]);
+          acc[h][j + 3] = fmaf(t[j + 3], s1, acc[h][j + 3]);
+        }
+      }
+      if (++stage == kStages) { stage = 0; phase ^= 1; }
+    }
+  }
+
+  // The B scales of expert (or batch) e's 128 rows from n0: dense p.sfb, or discrete sfb_ptrs[e].
+  template <class Params>
+  FUSEGEMM_DEVICE static const float* sfb_row(const Params& p, int e, int n0, int num_k_blocks) {
+    const int n_blocks = (p.n + kScaleBlock - 1) / kScaleBlock;
+    if constexpr (kDiscreteB) {
+      const float* base = reinterpret_cast<const float* const*>(p.sfb_ptrs)[e];
+      return base + (n0 / kScaleBlock) * num_k_blocks;
+    } else {
+      return reinterpret_cast<const float*>(p.sfb) + (static_cast<int64_t>(e) * n_blocks + n0 / kScaleBlock) * num_k_blocks;
+    }
+  }
+
+  template <class Params>
+  static __device__ void consume(const Params& p, uint8_t* smem, const Bars& b, int wg) {
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;  // 0 .. kConsumerWarps-1
+    const int num_k_blocks = k_blocks(p.k);
+    const uint64_t da0 = sw128_kmajor_desc(smem_u32(smem + kOffA) + wg * 64 * kTileK);
+    const uint64_t db0 = sw128_kmajor_desc(smem_u32(smem + kOffB));
+    const int row0 = 64 * wg + 16 * (warp % 4) + lane / 4;  // fragment rows row0, row0 + 8 of the tile
+
+    typename Ring::Reader ring;
+    int stage = 0;
+    uint32_t phase = 0;
+    float acc[kHalves][kAccum], t[kAccum];
+    typename Epi::Partials part;
+    part.reset();
+    int4 tile;
+    while (ring.next(b.ring, lane, tile)) {
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int n0 = tile.z * kTileN + pass * kHalves * kMmaN;
+        if (n0 >= p.n) break;
+        const int left = (p.n - n0 + kMmaN - 1) / kMmaN;
+        const int halves = left < kHalves ? left : kHalves;
+        const float* sfb[kHalves];
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) {
+          sfb[h] = sfb_row(p, tile.x, n0 + h * kMmaN, num_k_blocks);
+#pragma unroll
+          for (int i = 0; i < kAccum; ++i) acc[h][i] = 0.0f;
+        }
+        mainloop(b, smem, da0, db0, num_k_blocks, row0, sfb, halves, stage, phase, acc, t);
+        // One call site of the (not inlined) epilogue, on acc[0]: the next half moves into it. Two
+        // call sites would pass acc[1] by reference and put it in local memory.
+#pragma unroll 1
+        for (int h = 0; h < halves; ++h) {
+          Epi::run(p, smem + kOffEpi, tile.x, tile.y * kTileM, n0 + h * kMmaN, wg, warp, lane, acc[0], part);
+          if constexpr (kHalves == 2) {
+#pragma unroll
+            for (int i = 0; i < kAccum; ++i) acc[0][i] = acc[1][i];
+          }
+        }
+      }
+    }
+    Epi::finish(part, p, warp, lane);
+  }
+};
+
+}  // namespace sm90
+}  // namespace fusegemm
