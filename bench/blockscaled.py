@@ -8,6 +8,10 @@ from the same BF16 tensors:
   ``srelu_fp8``  the same with e4m3 D + SFD_row / SFD_col (C bf16);
   ``quant``  grouped GEMM + quant, e4m3 D + SFD_row / SFD_col (seed 003);
   ``dswiglu`` grouped GEMM + dSwiGLU, e4m3 D + SFD + dprob (seed 000; forward C bf16).
+* fusegemm, the blockwise FP8 recipe (``sf_vec_size=128``, FP32 scales: A 1x128, B 128x128, the
+  same BF16 tensors quantized with DeepSeek's amax / 448 scales), through ``fusegemm.Op``:
+  ``quant_bw`` (e4m3 D + SFD), ``srelu_bw`` (C and D bf16 + amax; ``srelu_bw_n128``: tile_n 128),
+  ``dswiglu_bw`` (e4m3 D + SFD + dprob), ``gemm_bw`` (quant's spec with bf16 D: the GEMM and alpha).
 * torch peers:
   ``torch_bf16_grouped_mm``  ``torch._grouped_mm`` on the BF16 tensors (GEMM only);
   ``torch_fp8_scaled_grouped_mm``  ``torch._scaled_grouped_mm``, rowwise FP8 (GEMM only);
@@ -18,7 +22,8 @@ from the same BF16 tensors:
 
 Reported per method: milliseconds and the GEMM's effective TFLOP/s (2 * rows * N * K / time);
 ratios: each fused op over ``torch_bf16_grouped_mm`` (must >= 0.9, aim 1.2) and over its unfused
-pipeline (must >= 3).
+pipeline (must >= 3); each blockwise op over ``torch_bf16_grouped_mm`` (issue 31: >= 1.3) and over
+``torch_fp8_scaled_grouped_mm`` (>= 0.9).
 
     python bench/blockscaled.py [--out bench/results/blockscaled_h200.json]
 """
@@ -55,6 +60,35 @@ def dequant(q, sf):
     import torch
     scale = torch.exp2(sf.float() - 127.0).repeat_interleave(32, dim=1)
     return (q.float() * scale).to(torch.bfloat16)
+
+
+def quantize_1x128(x, fmt):
+    """The blockwise recipe's activations: (FP8 (rows, K), FP32 scales (rows, K/128)), M-contiguous
+    scales with a 16-byte pitch (fusegemm.formats.blockwise_sfa_layout)."""
+    import fusegemm.formats as ff
+    rows, k = x.shape
+    blocks = x.float().view(rows, k // 128, 128)
+    s = blocks.abs().amax(-1).clamp_min(1e-4) / E4M3_MAX
+    return (blocks / s.unsqueeze(-1)).to(fmt).view(rows, k), ff.blockwise_sfa_layout(s)
+
+
+def quantize_128x128(w, fmt):
+    """The blockwise recipe's weights (L, N, K): (FP8, FP32 scales (L, N/128, K/128))."""
+    l, n, k = w.shape
+    blocks = w.float().view(l, n // 128, 128, k // 128, 128)
+    s = blocks.abs().amax(dim=(2, 4)).clamp_min(1e-4) / E4M3_MAX
+    return (blocks / s[:, :, None, :, None]).to(fmt).view(l, n, k), s.contiguous()
+
+
+def dequant_1x128(q, s):
+    import torch
+    return (q.float() * s.repeat_interleave(128, dim=1)).to(torch.bfloat16)
+
+
+def dequant_128x128(q, s):
+    import torch
+    full = s.repeat_interleave(128, dim=1).repeat_interleave(128, dim=2)
+    return (q.float() * full).to(torch.bfloat16)
 
 
 def bench_shape(name: str, dist: str, args) -> dict:
@@ -94,6 +128,22 @@ def bench_shape(name: str, dist: str, args) -> dict:
                                                          norm_const_tensor=norm_const, d_dtype=fmt, sf_vec_size=32),
     }
     fused = tuple(methods)
+
+    # The blockwise recipe: FP32 scales per 1 x 128 (A) and 128 x 128 (B) blocks.
+    a_bw, sfa_bw = quantize_1x128(a_bf, fmt)
+    b_bw, sfb_bw = quantize_128x128(b_bf, fmt)
+    bw = dict(sf_dtype="float32", sf_vec_size=128)
+    ops = {"quant_bw": fusegemm.Op("grouped_gemm_quant", **bw, d_dtype="float8_e4m3fn"),
+           "gemm_bw": fusegemm.Op("grouped_gemm_quant", **bw, d_dtype="bfloat16"),
+           "srelu_bw": fusegemm.Op("grouped_gemm_srelu", **bw),
+           "srelu_bw_n128": fusegemm.Op("grouped_gemm_srelu", **bw, tile_n=128),
+           "dswiglu_bw": fusegemm.Op("grouped_gemm_dswiglu", **bw)}
+    bw_inputs = {"quant_bw": {"alpha": alpha, "prob": prob, "norm_const": norm_const}, "gemm_bw": {"alpha": alpha},
+                 "srelu_bw": {"alpha": alpha, "prob": prob}, "srelu_bw_n128": {"alpha": alpha, "prob": prob},
+                 "dswiglu_bw": {"alpha": alpha, "beta": beta, "prob": prob, "c": c_fwd, "norm_const": norm_const}}
+    for key, op in ops.items():
+        methods[key] = (lambda op=op, ins=bw_inputs[key]: op(a_bw, sfa_bw, offsets, b_bw, sfb_bw, inputs=ins))
+    blockwise = tuple(ops)
 
     bt = b_bf.transpose(-2, -1)                                   # (L, K, N) view, as _grouped_mm expects
     counts = torch.tensor(sizes, device=dev)
@@ -146,6 +196,12 @@ def bench_shape(name: str, dist: str, args) -> dict:
     methods["unfused_quant"] = unfused_quant
     methods["unfused_dswiglu"] = unfused_dswiglu
 
+    # correctness guard: the blockwise GEMM agrees with BF16 torch on the dequantized operands
+    want = torch._grouped_mm(dequant_1x128(a_bw, sfa_bw), dequant_128x128(b_bw, sfb_bw).transpose(-2, -1),
+                             offs=offsets).float() * alpha.repeat_interleave(counts).unsqueeze(1)
+    got = methods["gemm_bw"]()["d"].float()
+    row["gemm_bw_max_rel_diff_vs_dequant_bf16"] = float((got - want).abs().max() / (want.abs().max() + 1e-6))
+
     # correctness guard: the fused sReLU agrees with its unfused pipeline (same MXFP8 inputs)
     ours = methods["srelu"]()["d_tensor"].float()
     theirs = unfused_srelu()[1].float()
@@ -153,6 +209,10 @@ def bench_shape(name: str, dist: str, args) -> dict:
 
     for key, ms in interleaved_ms(methods, args).items():
         row[f"{key}_ms"], row[f"{key}_tflops"] = ms, flops / ms / 1e9
+    for key in blockwise:
+        row[f"{key}_vs_bf16_grouped_mm"] = row["torch_bf16_grouped_mm_ms"] / row[f"{key}_ms"]
+        if "torch_fp8_scaled_grouped_mm_ms" in row:
+            row[f"{key}_vs_fp8_scaled_grouped_mm"] = row["torch_fp8_scaled_grouped_mm_ms"] / row[f"{key}_ms"]
     for key in fused:
         row[f"{key}_vs_bf16_grouped_mm"] = row["torch_bf16_grouped_mm_ms"] / row[f"{key}_ms"]
         peer = {"quant": "unfused_quant", "dswiglu": "unfused_dswiglu"}.get(key, "unfused_srelu")
@@ -163,7 +223,11 @@ def bench_shape(name: str, dist: str, args) -> dict:
 
 
 def _summary(r: dict) -> str:
-    return (f"srelu {r['srelu_tflops']:.0f} quant {r['quant_tflops']:.0f} dswiglu {r['dswiglu_tflops']:.0f} "
+    return (f"blockwise: gemm {r['gemm_bw_tflops']:.0f} quant {r['quant_bw_tflops']:.0f} srelu "
+            f"{r['srelu_bw_tflops']:.0f}/{r['srelu_bw_n128_tflops']:.0f} dswiglu {r['dswiglu_bw_tflops']:.0f} "
+            f"(x{r['quant_bw_vs_bf16_grouped_mm']:.2f} bf16, x{r.get('quant_bw_vs_fp8_scaled_grouped_mm', 0):.2f} "
+            f"rowwise fp8); "
+            f"srelu {r['srelu_tflops']:.0f} quant {r['quant_tflops']:.0f} dswiglu {r['dswiglu_tflops']:.0f} "
             f"bf16 {r['torch_bf16_grouped_mm_tflops']:.0f} TF/s  x{r['srelu_vs_bf16_grouped_mm']:.2f} vs bf16, "
             f"x{r['srelu_vs_unfused_srelu']:.1f} / {r['quant_vs_unfused_quant']:.1f} / "
             f"{r['dswiglu_vs_unfused_dswiglu']:.1f} vs unfused")

@@ -52,8 +52,10 @@ class Axis:
 AXES: dict[str, Axis] = {a.name: a for a in (
     Axis("arch", ARCH_NAMES, "target architecture"),
     Axis("ab_dtype", AB_DTYPES, "A and B element type (float4_e2m1fn_x2 = packed FP4)"),
-    Axis("sf_dtype", ("none", "float8_e8m0fnu", "float8_e4m3fn"), "block-scale factor type"),
-    Axis("sf_vec_size", (0, 16, 32), "K elements per scale factor (0 = not block-scaled)", "int"),
+    Axis("sf_dtype", ("none", "float8_e8m0fnu", "float8_e4m3fn", "float32"),
+         "block-scale factor type (float32: the blockwise recipe)"),
+    Axis("sf_vec_size", (0, 16, 32, 128), "K elements per scale factor (0 = not block-scaled; 128 = blockwise: "
+         "A 1x128, B 128x128)", "int"),
     Axis("c_dtype", ("none",) + OUT_DTYPES, "C output (or input, dSwiGLU) type"),
     Axis("d_dtype", ("none",) + OUT_DTYPES, "D output type"),
     Axis("bias_dtype", ("none", "bfloat16", "float16", "float32"), "bias type (none = no bias)"),

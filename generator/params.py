@@ -22,6 +22,7 @@ GROUPED_PARAMS = ParamStruct("Params", (
     Field("offsets", "cptr", "padded_offsets int32 (L,): cumulative expert row ends"),
     Field("b_ptrs", "cptr", "discrete weights: uint64 (L,) per-expert (N, K) pointers"),
     Field("sfb_ptrs", "cptr", "discrete weights: uint64 (L,) per-expert SFB pointers"),
+    Field("sfb", "cptr", "blockwise recipe, dense weights: float (L, ceil(N/128), ceil(K/128)) B scales"),
     Field("alpha", "cptr", "float (L,) per-expert scale"),
     Field("beta", "cptr", "float (L,) per-expert C scale (dSwiGLU)"),
     Field("expert_in2", "cptr", "third per-expert input (L,)"),

@@ -242,6 +242,15 @@ def _sm90_axes(axes: tuple[str, ...]) -> tuple[str, ...]:
 
 
 _SM90_BLOCKSCALED_DEFAULTS = {"tile_m": 128, "cluster_m": 1, "cluster_n": 1}
+# The blockwise recipe (FP32 scales, A 1x128, B 128x128; issue 31) has an sm_90a kernel
+# (sm90/blockwise_promote.cuh). The sm_100a kernels read MX scale atoms (tcgen05 block-scaled MMA);
+# FP32 block scales need a promoting mainloop there, which is not written yet.
+_SM100_MX_SCALES = (
+    Limit("sf_vec_size", (16, 32), "the sm_100a kernels take MX scales (per 16 or 32 K); the blockwise recipe "
+                                   "(FP32 scales per 128 K) runs on sm_90a"),
+    Limit("sf_dtype", ("float8_e8m0fnu", "float8_e4m3fn"), "the sm_100a kernels take MX scales (E8M0 or e4m3); "
+                                                           "FP32 blockwise scales run on sm_90a"),
+)
 _FUSED = ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu")
 
 
@@ -269,10 +278,13 @@ ROWS: tuple[Implementation, ...] = (
                  *_KGROUPED_LIMITS),
          defaults={"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}, executed=False),
     _row("gemm_amax", "sm_100a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
-         "BlockScaledGemmKernel", _BLOCKSCALED + ("discrete_col_sfd",) + _VECTOR_F32, rule=SPEC_RULE),
+         "BlockScaledGemmKernel", _BLOCKSCALED + ("discrete_col_sfd",) + _VECTOR_F32, rule=SPEC_RULE,
+         limits=_SM100_MX_SCALES),
     *(_row(family, "sm_100a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
-           "BlockScaledGemmKernel", _FUSED_AXES[family] + _VECTOR_F32, rule=SPEC_RULE) for family in _FUSED),
-    # sm_90a: the WGMMA block-scaled kernel (FP8 WGMMA per 32 K with FP32 scale promotion).
+           "BlockScaledGemmKernel", _FUSED_AXES[family] + _VECTOR_F32, rule=SPEC_RULE, limits=_SM100_MX_SCALES)
+      for family in _FUSED),
+    # sm_90a: the WGMMA block-scaled kernels (FP8 WGMMA with FP32 promotion per 32 K for MXFP8, per
+    # 128 K for the blockwise recipe).
     *(_row(family, "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _sm90_axes(_FUSED_AXES.get(family, _BLOCKSCALED + ("discrete_col_sfd",))),
            rule=SPEC_RULE, limits=_SM90_BLOCKSCALED_LIMITS, defaults=_SM90_BLOCKSCALED_DEFAULTS,

@@ -67,7 +67,7 @@ def _scale_type(name: str) -> str:
     cpp = dtype(name).scale_cpp if name != "none" else None
     if cpp is None:
         raise ValueError(f"sf_dtype: got {name!r}; allowed: a block-scale factor type (float8_e8m0fnu, "
-                         f"float8_e4m3fn)")
+                         f"float8_e4m3fn, float32)")
     return cpp
 
 

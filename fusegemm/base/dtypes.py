@@ -75,7 +75,7 @@ DTYPES: dict[str, DType] = {d.name: d for d in (
     DType("bfloat16", "bf16", 16, "bfloat16", 3.3895313892515355e38, "fusegemm::bfloat16_t",
           tma="BFLOAT16", typestr="<V2"),
     DType("float16", "f16", 16, "float16", 65504.0, "fusegemm::half_t", tma="FLOAT16", typestr="<f2"),
-    DType("float32", "f32", 32, "float32", _F32_MAX, "float", tma="FLOAT32", typestr="<f4"),
+    DType("float32", "f32", 32, "float32", _F32_MAX, "float", scale_cpp="float", tma="FLOAT32", typestr="<f4"),
     DType("float64", "f64", 64, "float64", 1.7976931348623157e308, "double", tma="FLOAT64",
           typestr="<f8"),
     DType("float8_e4m3fn", "e4m3", 8, "float8_e4m3fn", 448.0, "fusegemm::float_e4m3_t",

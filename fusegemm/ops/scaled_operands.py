@@ -24,8 +24,12 @@ FP4_DTYPES = ("uint8", "float4_e2m1fn_x2")
 AB_DTYPES = ("float8_e4m3fn", "float8_e5m2") + FP4_DTYPES
 SF_DTYPES = ("float8_e8m0fnu", "uint8", "int8", "float8_e4m3fn")  # raw bytes are E8M0
 SF_AXIS = {"float8_e8m0fnu": "float8_e8m0fnu", "uint8": "float8_e8m0fnu", "int8": "float8_e8m0fnu",
-           "float8_e4m3fn": "float8_e4m3fn"}
+           "float8_e4m3fn": "float8_e4m3fn", "float32": "float32"}
 ATOM_BYTES = 512
+# The blockwise recipe (sf_vec_size 128, FP32 scales; issue 31): A one scale per row and 128 K,
+# B one per 128 N x 128 K block. SFA is M-contiguous with a row pitch of a multiple of 4 floats
+# (a 16-byte TMA pitch); SFB dense (L, ceil(N/128), ceil(K/128)), K blocks contiguous.
+BLOCKWISE = 128
 
 
 def ab_axis(dtype: str) -> str:
@@ -64,6 +68,40 @@ def not_k_major(name: str, v: TensorView, strides: tuple[int, ...], mn_major: bo
                                 f"pass a K-major {name}", axis="a_major" if name == "a_tensor" else "b_major")
     what = "packed FP4 is K-major on every arch" if mn_major else "stride 1 along K"
     return ArgumentError(f"{name}.stride", tuple(strides), f"K-major ({what})", hint)
+
+
+def blockwise_sfa(x: Any, name: str, m: int, sfk: int, l: int, batched: bool) -> tuple[TensorView, int, int]:
+    """The blockwise recipe's A scales: float32 ``(M, ceil(K/128))`` (batched: ``(M, ceil(K/128), L)``)
+    with unit stride along M and a pitch of a multiple of 4 floats; (view, pitch, batch stride) in
+    floats."""
+    shape = (m, sfk, l) if batched else (m, sfk)
+    v = args.tensor(x, name, ndims=(len(shape),), dtypes=("float32",))
+    if tuple(v.shape) != shape:
+        raise ArgumentError(f"{name}.shape", tuple(v.shape), f"{shape}: one FP32 scale per row of A and 128 K"
+                            + (" per batch" if batched else ""))
+    ld = v.strides[1] if sfk > 1 else -(-m // 4) * 4
+    ls = v.strides[2] if batched and l > 1 else ld * sfk
+    if (m > 1 and v.strides[0] != 1) or ld < m or ld % 4 or ls % 4 or (batched and l > 1 and ls < ld * sfk):
+        raise ArgumentError(f"{name}.stride", tuple(v.strides), "unit stride along M and a K-block pitch of a "
+                            "multiple of 4 floats, at least M (a 16-byte TMA pitch)",
+                            f"fusegemm.formats.blockwise_sfa_layout(scales) makes one; e.g. torch: "
+                            f"{name}.t().contiguous().t() when M % 4 == 0")
+    return v, ld, ls
+
+
+def blockwise_sfb(x: Any, name: str, n: int, sfk: int, l: int) -> TensorView:
+    """The blockwise recipe's B scales: float32 ``(L, ceil(N/128), ceil(K/128))``, contiguous (a 2-D
+    ``(ceil(N/128), ceil(K/128))`` for L = 1)."""
+    nb = _ceil(n, BLOCKWISE)
+    v = args.tensor(x, name, ndims=(2, 3), dtypes=("float32",))
+    want = (l, nb, sfk) if v.ndim == 3 or l > 1 else (nb, sfk)
+    if tuple(v.shape) != want:
+        raise ArgumentError(f"{name}.shape", tuple(v.shape), f"{(l, nb, sfk)}: one FP32 scale per 128 x 128 block "
+                            "of each expert's B" + (f" (or {(nb, sfk)} for one expert)" if l == 1 else ""))
+    if any(st != d for st, d, e in zip(v.strides, dense_strides(want), want) if e > 1):
+        raise ArgumentError(f"{name}.stride", tuple(v.strides), f"{dense_strides(want)} (contiguous)",
+                            f"pass {name}.contiguous()")
+    return v
 
 
 def sf_buffer(x: Any, name: str, mn: int, sfk: int, l: int) -> TensorView:
@@ -116,6 +154,8 @@ class ScaledCall:
     canonical: bool
     batched: bool = False   # gemm_amax: L batches of M rows (offsets unused, A (M, K, L))
     a_lstride: int = 0      # batched: A's batch stride in bytes
+    sfa_ld: int = 0         # blockwise: SFA's K-block pitch and batch stride, in floats (0: MX atoms)
+    sfa_lstride: int = 0
 
     @property
     def discrete(self) -> bool:
@@ -184,13 +224,19 @@ def parse_scaled(a_tensor: Any, sfa_tensor: Any, padded_offsets: Any, b_tensor: 
         raise ArgumentError("n (N)", n, "a multiple of 8, at least 8 (16-byte output rows)")
 
     sfk = _ceil(k, sf_vec_size)
-    sfa = sf_buffer(sfa_tensor, "sfa_tensor", m, sfk, 1)
-    sfb = sf_buffer(sfb_tensor, "sfb_tensor", n, sfk, l) if sfb_tensor is not None else None
+    ld = 0
+    if sf_vec_size == BLOCKWISE:
+        sfa, ld, _ = blockwise_sfa(sfa_tensor, "sfa_tensor", m, sfk, 1, batched=False)
+        sfb = blockwise_sfb(sfb_tensor, "sfb_tensor", n, sfk, l) if sfb_tensor is not None else None
+    else:
+        sfa = sf_buffer(sfa_tensor, "sfa_tensor", m, sfk, 1)
+        sfb = sf_buffer(sfb_tensor, "sfb_tensor", n, sfk, l) if sfb_tensor is not None else None
     if sfb is not None and SF_AXIS[sfb.dtype] != SF_AXIS[sfa.dtype]:
         raise ArgumentError("sfb_tensor.dtype", sfb.dtype, f"{sfa.dtype} or raw bytes (the scale type of sfa_tensor)")
 
     call = ScaledCall(m=m, n=n, k=k, k_bytes=kb, sfk=sfk, l=l, ab=ab, sf=sfa.dtype, a=a, offsets=off, b=b,
-                      b_strides=b_strides, b_ptrs=bp, sfb_ptrs=sbp, sfa=sfa, sfb=sfb, canonical=r.canonical)
+                      b_strides=b_strides, b_ptrs=bp, sfb_ptrs=sbp, sfa=sfa, sfb=sfb, canonical=r.canonical,
+                      sfa_ld=ld)
     return call
 
 
@@ -224,13 +270,18 @@ def parse_batched(a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_tensor: Any
         raise ArgumentError("b_tensor.shape[0] (N)", n, "a multiple of 8, at least 8 (16-byte output rows)")
     k = 2 * kb if a.dtype in FP4_DTYPES else kb
     sfk = _ceil(k, sf_vec_size)
-    sfa = sf_buffer(sfa_tensor, "sfa_tensor", m, sfk, l)
-    sfb = sf_buffer(sfb_tensor, "sfb_tensor", n, sfk, l)
+    ld = ls = 0
+    if sf_vec_size == BLOCKWISE:
+        sfa, ld, ls = blockwise_sfa(sfa_tensor, "sfa_tensor", m, sfk, l, batched=True)
+        sfb = blockwise_sfb(sfb_tensor, "sfb_tensor", n, sfk, l)
+    else:
+        sfa = sf_buffer(sfa_tensor, "sfa_tensor", m, sfk, l)
+        sfb = sf_buffer(sfb_tensor, "sfb_tensor", n, sfk, l)
     if SF_AXIS[sfb.dtype] != SF_AXIS[sfa.dtype]:
         raise ArgumentError("sfb_tensor.dtype", sfb.dtype, f"{sfa.dtype} or raw bytes (the scale type of sfa_tensor)")
     return ScaledCall(m=m, n=n, k=k, k_bytes=kb, sfk=sfk, l=l, ab=a.dtype, sf=sfa.dtype, a=a, offsets=None,
                       b=b, b_strides=(b_ld, b_ls), b_ptrs=None, sfb_ptrs=None, sfa=sfa, sfb=sfb,
-                      canonical=a.ndim == 2, batched=True, a_lstride=a_ls)
+                      canonical=a.ndim == 2, batched=True, a_lstride=a_ls, sfa_ld=ld, sfa_lstride=ls)
 
 
 def scaled_maps(ln: Any, call: ScaledCall) -> dict[str, bytes]:
@@ -251,6 +302,8 @@ def scaled_maps(ln: Any, call: ScaledCall) -> dict[str, bytes]:
         b = tiled(call.a.ptr, "uint8", (kb, n), (kb,), box_b, c.swizzle_b)
     else:
         b = tiled(call.b.ptr, "uint8", (kb, n, l), call.b_strides, box_b + (1,), c.swizzle_b)
+    if call.sfa_ld:
+        return {"tma_a": a, "tma_b": b, **_blockwise_scale_maps(ln, call)}
     kt, mt, nt = -(-call.sfk // 4), -(-m // 128), -(-n // 128)
     box_sfa, box_sfb = (128, c.sf_box_k, 1, 1), (128, c.sf_box_k, c.sf_box_nb, 1)
     sfa = tiled(call.sfa.ptr, "uint32", (128, kt, mt, l if call.batched else 1),
@@ -258,3 +311,16 @@ def scaled_maps(ln: Any, call: ScaledCall) -> dict[str, bytes]:
     sfb_base, sfb_l = (call.sfa.ptr, 1) if call.discrete else (call.sfb.ptr, l)
     sfb = tiled(sfb_base, "uint32", (128, kt, nt, sfb_l), (atom, kt * atom, nt * kt * atom), box_sfb, 0)
     return {"tma_a": a, "tma_b": b, "tma_sfa": sfa, "tma_sfb": sfb}
+
+
+def _blockwise_scale_maps(ln: Any, call: ScaledCall) -> dict[str, Any]:
+    """The blockwise recipe's scales: SFA (M, sfk[, L]) float32 as a map with boxes of the A box's
+    rows by one K block; SFB by address (the kernel reads one float per 128-K stage)."""
+    c, tiled = ln.contract, ln.tmaps.tiled
+    m, sfk, l = call.m, call.sfk, call.l
+    if call.batched:
+        sfa = tiled(call.sfa.ptr, "float32", (m, sfk, l), (4 * call.sfa_ld, 4 * call.sfa_lstride),
+                    (c.box_a_outer, 1, 1), 0)
+    else:
+        sfa = tiled(call.sfa.ptr, "float32", (m, sfk), (4 * call.sfa_ld,), (c.box_a_outer, 1), 0)
+    return {"tma_sfa": sfa, "sfb": call.sfb.ptr if call.sfb is not None else 0}

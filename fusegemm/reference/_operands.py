@@ -5,7 +5,8 @@ Accumulation: per expert, ``dequant(A_e) @ dequant(B_e)^T`` with BLAS over float
 tensor cores', so results agree to FP32 rounding, not bit for bit) or float64 operands
 (``acc_dtype="float64"``: every product and partial sum is exact or nearly so, giving the
 correctly rounded FP32 value of the dot product — a kernel-independent oracle, ~3x slower).
-Dequantized values are exact in float32 (FP8/FP4 element times a power-of-two or e4m3 scale).
+Dequantized values are exact in float32 (FP8/FP4 element times a power-of-two or e4m3 scale), except
+the blockwise recipe's (FP8 times an FP32 scale: rounded once to float32).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import numpy as np
 from .. import arguments
 from ..base.errors import ArgumentError
 from ..formats.blockscale import block_format
+from ..formats.blockwise import BLOCK
 from ..formats.numpy_dtypes import FP8_NAMES, to_numpy
 from ..formats.elements import to_float32
 from ..formats.scales import sf_physical_shape, sf_view_shape, unpack_sf
@@ -228,6 +230,8 @@ def _parse_grouped_scales(
     if sfa_tensor is None:
         raise ArgumentError("sfa_tensor", None, "a tensor", f"sfa_tensor is required for "
                             f"block-scaled A/B ({ab})")
+    if vec == BLOCK:
+        return _parse_blockwise_scales(sfa_tensor, sfb_tensor, sfb_list, m, n, k, l)
     sf = sf_of(scale_tensor(sfa_tensor, "sfa_tensor").dtype)
     block_format(ab, sf, vec)  # raises for the invalid (ab, sf, sf_vec_size) combinations
     sfk = _ceil_div(k, vec)
@@ -246,6 +250,32 @@ def _parse_grouped_scales(
         same_scales(dtype, f"sfb_list[{i}]", sf)
         sfb.append(values[0])
     return sfa, tuple(sfb), sf
+
+
+def _float32_scales(x: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    v = arguments.tensor(x, name, ndims=(len(shape),), dtypes=("float32",))
+    if tuple(v.shape) != shape:
+        raise ArgumentError(f"{name}.shape", tuple(v.shape), f"{shape} (float32 blockwise scales)")
+    return np.asarray(to_numpy(x, argument=name), dtype=np.float32)
+
+
+def _parse_blockwise_scales(sfa_tensor: Any, sfb_tensor: Any, sfb_list: Sequence[Any] | None, m: int, n: int,
+                            k: int, l: int) -> tuple[np.ndarray, tuple[np.ndarray, ...], str]:
+    """The blockwise recipe's scales (formats/blockwise.py) as the per-row ``(M, sfk)`` and per-expert
+    ``(N, sfk)`` tables :func:`dequant` applies: each 128x128 B scale repeated over its 128 rows."""
+    sfk, nb = _ceil_div(k, BLOCK), _ceil_div(n, BLOCK)
+    sfa = _float32_scales(sfa_tensor, "sfa_tensor", (m, sfk))
+    _exactly_one(sfb_tensor, sfb_list, ("sfb_tensor", "sfb_list"),
+                 "exactly one of sfb_tensor (dense) and sfb_list (one scale table per expert)")
+    if sfb_tensor is not None:
+        shape = (l, nb, sfk) if len(getattr(sfb_tensor, "shape", ())) == 3 or l > 1 else (nb, sfk)
+        blocks = _float32_scales(sfb_tensor, "sfb_tensor", shape).reshape(l, nb, sfk)
+    else:
+        if len(sfb_list) != l:
+            raise ArgumentError("len(sfb_list)", len(sfb_list), f"{l} (L, the length of padded_offsets)")
+        blocks = np.stack([_float32_scales(x, f"sfb_list[{i}]", (nb, sfk)) for i, x in enumerate(sfb_list)])
+    rows = np.repeat(blocks, BLOCK, axis=1)[:, :n]
+    return sfa, tuple(rows[e] for e in range(l)), "float32"
 
 
 def _refuse_pointers(b_ptrs: Any, sfb_ptrs: Any) -> None:

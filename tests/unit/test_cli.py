@@ -26,14 +26,19 @@ def test_list_json():
     # sm_100a implements all of it (N-major B included)
     assert g90["declared"] == g100["declared"] == g100["implemented"] > 0
     assert g90["status"] == "implemented" and 0 < g90["implemented"] < g90["declared"]
-    # ... and the sm_90a block-scaled kernel implements part of each fused op (MXFP8, K-major,
-    # tile M 128, 1x1 clusters); on sm_100a the fused ops implement their whole surface.
+    # ... and the sm_90a block-scaled kernels implement part of each fused op (MXFP8 and the
+    # blockwise recipe, K-major, tile M 128, 1x1 clusters); on sm_100a the fused ops implement
+    # their whole surface but the blockwise recipe (FP32 scales per 128 K), which is sm_90a's.
+    from fusegemm.generator.spec import find_spec
+    from fusegemm.generator.variants import surface
     for fused in ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu"):
         r90 = rows[(fused, "sm_90a")]
         assert r90["status"] == "implemented" and 0 < r90["implemented"] < r90["declared"]
     for fused in ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu"):
         r100 = rows[(fused, "sm_100a")]
-        assert r100["status"] == "implemented" and r100["implemented"] == r100["declared"] > 0
+        blockwise = sum(c["sf_vec_size"] == 128 for c in surface(find_spec(fused), "sm_100a"))
+        assert blockwise > 0
+        assert r100["status"] == "implemented" and r100["implemented"] == r100["declared"] - blockwise > 0
 
 
 def test_list_text_names_status():
@@ -47,7 +52,7 @@ def test_show_text_and_json():
     r = run("show", "grouped_gemm")
     assert r.exit_code == 0 and "g = alpha * acc" in r.output and "prebuild:" in r.output
     info = json.loads(run("show", "grouped_gemm_srelu", "--json").output)
-    assert info["choices"]["sf_vec_size"] == [16, 32]
+    assert info["choices"]["sf_vec_size"] == [16, 32, 128]
     assert info["epilogue"]["quantization"]["block"] == 32
 
 
