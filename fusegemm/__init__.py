@@ -47,11 +47,10 @@ _EXPORTS = {
     "EpilogueGemm": ("fusegemm.ops.epilogue_gemm", "EpilogueGemm"),
     "KGroupedGemm": ("fusegemm.ops.kgrouped", "KGroupedGemm"),
     "BlockScaledGemm": ("fusegemm.ops.blockscaled", "BlockScaledGemm"),
-    **{name: ("fusegemm.ops.scaled_seeds", name) for name in (
-        "grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax")},
-    **{name: ("fusegemm.ops.scaled_classes", name) for name in (
-        "GroupedGemmSrelu", "GroupedGemmQuant", "GroupedGemmDswiglu", "GemmAmax")},
-    **{name: ("fusegemm.presets", name) for name in ("grouped_gemm_glu", "grouped_gemm_dglu", "grouped_gemm_dsrelu")},
+    **{name: ("fusegemm.presets", name) for name in (
+        "grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax", "GroupedGemmSrelu",
+        "GroupedGemmQuant", "GroupedGemmDswiglu", "GemmAmax", "grouped_gemm_glu", "grouped_gemm_dglu",
+        "grouped_gemm_dsrelu")},
     "TupleDict": ("fusegemm.tupledict", "TupleDict"),
     "add_bundle": ("fusegemm.pipeline", "add_bundle"),
     "load_spec": ("fusegemm.generator.spec", "load_spec"),

@@ -1,35 +1,52 @@
-"""Seed-style ops generated from one table: a row maps a cuDNN frontend wrapper's parameter names,
-defaults and return order onto a spec, and the wrapper (``fusegemm.<name>``), its cuDNN spelling in
-:mod:`fusegemm.compat` and its parameter docs are generated from the row. The call runs the one
-engine (:class:`fusegemm.Op`); the row holds no code.
+"""Seed-style ops generated from one table: a row maps a cuDNN frontend API's parameter names,
+defaults, quirks and return order onto a spec, and every face of the op is generated from the
+row: the wrapper (``fusegemm.<name>``), the class API (``fusegemm.<cls>``), the torch custom op
+(fusegemm/torch_library.py), their cuDNN spellings in :mod:`fusegemm.compat` and their parameter
+docs. Every call runs the one engine (:class:`fusegemm.Op`, fusegemm/ops/scaled_seeds.py ``_op``);
+the row holds no code.
 
-A row says, for the wrapper's parameters:
+A row says, for the wrapper's parameters (``params``, its signature as written):
 
 * ``operands`` -- which parameter passes each of the kernel class's operands;
 * ``inputs`` -- which parameter passes each of the epilogue's inputs (by spec name);
-* ``axes`` -- which parameter chooses each variant axis, and how (``dtype``: a dtype argument;
-  ``tensor_dtype``: the dtype of a tensor, ``none`` without one; ``bool``; ``scheduler``:
-  ``use_dynamic_sched``; ``weight_mode``: dense unless the parameter is None);
+* ``axes`` -- in order, how each parameter chooses a variant axis or is checked: ``(axis, how,
+  parameter)``, ``axis`` None for a check alone, ``"tile_m,tile_n"`` for a pair; each how is a
+  name of fusegemm/ops/hows.py (documented there). Block-scaled operands also choose their
+  MN-major layouts (``layout_axes``);
+* ``accepts`` -- the values ``one_of`` and ``dtype_in`` accept, by parameter (``epilogue_op``:
+  accepted and not applied, as NVIDIA's kernel does);
 * ``fixed`` -- parameters this op takes at one value only, and why (``ArgumentError`` otherwise);
 * ``returns`` -- the wrapper's outputs in order: a spec output, or None where this op produces none;
+* ``gates`` -- outputs returned only when a bool parameter is true (seed 003's ``generate_amax``);
+* ``unsqueezed`` -- outputs returned with one more trailing dimension (seed 000's amax (L, 1, 1));
 * ``into`` -- outputs also written into a caller's tensor when one is passed (cuDNN's
-  zero-initialised ``dprob_tensor``).
+  zero-initialised ``dprob_tensor``);
+* ``torch`` -- the torch op's parameters, ``Type name`` in schema order (the schema's names: the
+  wrapper's less ``_tensor``). Its Python face (``fusegemm.torch_library.<name>``) takes those
+  before ``*`` by position (required unless written ``=value``) and the rest by keyword with the
+  wrapper's defaults. Without it the schema is the wrapper's signature;
+* ``reference`` -- the numpy reference (:mod:`fusegemm.reference`) whose parameter docs every face
+  shares; without one the docs come from the row;
+* ``cls``, ``init``, ``execute``, ``samples`` -- the class API: the constructor's and
+  ``execute``'s signatures, and the wrapper parameters a sample stands for (``dtype``: its dtype,
+  ``major``: seed 004's C memory order). Other ``sample_<x>`` stand for ``<x>_tensor`` (or
+  ``<x>``), options for the wrapper's parameter of their name.
 
-Adding a seed-like op is a spec and a row here; nothing else changes.
+Output layouts ((M, N, 1) rows for an (M, K, 1) A, SF and FP8 views, seed 004's batched C) are
+the kernel class's (fusegemm/ops/scaled_seeds.py). A call with a CPU a_tensor runs every check on
+``VALIDATION_ARCH``'s variant, then is refused at the device check. Adding a seed-like op is a
+spec and a row here; nothing else changes.
 """
 from __future__ import annotations
 
-import ast
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from functools import cached_property
+from typing import Any
 
-from .base.errors import ArgumentError
-from .ops.prepared import OpCache
-from .tupledict import TupleDict
-
-_BF16_GLU_WHY = ("the BF16 backend: block-scaled GLU operands need a gate/up-paired accumulator, which the "
-                 "block-scaled kernels do not implement")
+from .ops import faces
+from .ops import scaled_seeds as _seeds
+from .ops.scaled_operands import FAMILIES
 
 
 @dataclass(frozen=True)
@@ -42,36 +59,63 @@ class Preset:
     params: str
     operands: tuple[tuple[str, str], ...]
     inputs: tuple[tuple[str, str], ...]
-    axes: tuple[tuple[str, str, str], ...]
+    axes: tuple[tuple[str | None, str, str], ...]
     returns: tuple[tuple[str, str | None], ...]
     summary: str
     fixed: tuple[tuple[str, Any, str], ...] = ()
     into: tuple[tuple[str, str], ...] = ()
+    accepts: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    gates: tuple[tuple[str, str], ...] = ()
+    unsqueezed: tuple[str, ...] = ()
+    reference: str | None = None
+    torch: str | None = None
+    cls: str | None = None
+    init: str = ""
+    execute: str = ""
+    samples: tuple[tuple[str, str, str], ...] = ()
 
     def signature(self) -> inspect.Signature:
-        """The wrapper's signature, from ``params`` (names and literal defaults only: a row is
-        data, nothing in it runs)."""
-        fn = ast.parse(f"def f({self.params}): pass").body[0]
-        a = fn.args
-        params = []
-        positional = a.args
-        defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
-        for arg, d in zip(positional, defaults):
-            params.append(inspect.Parameter(arg.arg, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                            default=inspect.Parameter.empty if d is None else ast.literal_eval(d)))
-        for arg, d in zip(a.kwonlyargs, a.kw_defaults):
-            params.append(inspect.Parameter(arg.arg, inspect.Parameter.KEYWORD_ONLY,
-                                            default=inspect.Parameter.empty if d is None else ast.literal_eval(d)))
-        return inspect.Signature(params)
+        """The wrapper's signature, from ``params``."""
+        return self._signature
+
+    @cached_property
+    def _signature(self) -> inspect.Signature:
+        return faces.parse_params(self.params)
+
+    @cached_property
+    def kind(self) -> str:
+        """The kernel class of the row's spec (``grouped``, ``scaled``, ``batched``)."""
+        from .generator.spec import find_spec
+        from .ops.engine import kernel_class
+        return kernel_class(find_spec(self.spec).kernel)
+
+    @cached_property
+    def plan(self) -> tuple:
+        """``axes`` with each how looked up once (fusegemm/ops/hows.py ``plan``)."""
+        from .ops.hows import plan
+        return plan(self.axes, dict(self.accepts))
+
+    @cached_property
+    def input_names(self) -> dict[str, str]:
+        """The parameter of each epilogue input, by spec name (messages name it)."""
+        return dict(self.inputs)
+
+    @cached_property
+    def output_names(self) -> dict[str, str]:
+        """The parameter of each output this op produces, by spec name."""
+        return {spec_out: name for name, spec_out in self.returns if spec_out}
 
 
+# ---------------------------------------------------------------- the rows
+_BF16_GLU_WHY = ("the BF16 backend: block-scaled GLU operands need a gate/up-paired accumulator, which the "
+                 "block-scaled kernels do not implement")
 _COMMON = ("mma_tiler_mn=None, cluster_shape_mn=None, sf_vec_size=16, vector_f32=False, m_aligned=256, "
            "discrete_col_sfd=False")
 _FIXED_BF16 = (("acc_dtype", "float32", "FP32 accumulation"), ("cd_major", "n", "row-major C and D"),
                ("m_aligned", 256, "every expert's rows padded to 256"),
                ("discrete_col_sfd", False, "BF16 outputs have no SFD"),
                ("sf_vec_size", 16, "BF16 operands have no scales"),
-              ("use_single_group_runtime_offsets", False, "padded_offsets are per expert"))
+               ("use_single_group_runtime_offsets", False, "padded_offsets are per expert"))
 _NO_SCALES = (("sfa_tensor", None, _BF16_GLU_WHY), ("sfb_tensor", None, _BF16_GLU_WHY),
               ("sfb_ptrs", None, _BF16_GLU_WHY), ("norm_const_tensor", None, "BF16 outputs have no SFD"))
 _GLU_ACT = (("linear_offset", None, "SwiGLU has no linear offset"),
@@ -81,7 +125,9 @@ _GLU_ACT = (("linear_offset", None, "SwiGLU has no linear offset"),
 _DENSE_OR_DISCRETE = (("a_tensor", "a_tensor"), ("padded_offsets", "padded_offsets"), ("b_tensor", "b_tensor"),
                       ("b_ptrs", "b_ptrs"), ("n", "n"))
 _SHARED_AXES = (("weight_mode", "weight_mode", "b_tensor"), ("b_major", "value", "b_major"),
-                ("scheduler", "scheduler", "use_dynamic_sched"), ("vector_f32", "bool", "vector_f32"))
+                ("scheduler", "scheduler", "use_dynamic_sched"), ("vector_f32", "bool", "vector_f32"),
+                ("tile_m,tile_n", "int_pair", "mma_tiler_mn"), ("cluster_m,cluster_n", "int_pair", "cluster_shape_mn"),
+                (None, "bf16_weights", "b_dtype"))
 
 PRESETS: tuple[Preset, ...] = (
     Preset(
@@ -114,7 +160,8 @@ PRESETS: tuple[Preset, ...] = (
         operands=_DENSE_OR_DISCRETE,
         inputs=(("alpha", "alpha_tensor"), ("beta", "beta_tensor"), ("prob", "prob_tensor"), ("c", "c_tensor")),
         axes=(("c_dtype", "tensor_dtype", "c_tensor"), ("d_dtype", "dtype", "d_dtype"), *_SHARED_AXES),
-        fixed=(*_FIXED_BF16, *_NO_SCALES, *_GLU_ACT, ("act_func", "dswiglu", "this op is dSwiGLU's spec; another activation is a spec of its own"),
+        fixed=(*_FIXED_BF16, *_NO_SCALES, *_GLU_ACT,
+               ("act_func", "dswiglu", "this op is dSwiGLU's spec; another activation is a spec of its own"),
                ("generate_dbias", False, "the bias gradient of a paired D (gate/up blocks) needs a paired "
                                          "column sum, which the epilogue language does not have yet"),
                ("epilogue_op", None, "NVIDIA's kernel applies none")),
@@ -143,123 +190,156 @@ PRESETS: tuple[Preset, ...] = (
                 "sum(relu(C)^2 * G) per row, and a per-expert amax of a bf16/fp16 D; generate_dbias adds "
                 "dbias (L, N[, 1]) float32, the column sums of D over each expert's rows."),
 )
-BY_NAME = {p.name: p for p in PRESETS}
+
+# The block-scaled seeds (cuDNN frontend's pages 000, 002-004), with their class APIs.
+_OUT = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
+_ACCEPTS = (("acc_dtype", ("float32",)), ("cd_major", ("n",)), ("m_aligned", (256,)),
+            ("e5m2_rcp_max", ("page", "nvidia")), ("b_major", ("k", "n")), ("c_dtype", _OUT), ("d_dtype", _OUT),
+            ("epilogue_op", (None, "none", "identity", "relu", "srelu")))
+_TILES = (("tile_m,tile_n", "pair", "mma_tiler_mn"), ("cluster_m,cluster_n", "pair", "cluster_shape_mn"))
+_FORMATS = (("ab_dtype", "ab_format", "a_tensor"), ("sf_dtype", "sf_format", "sfa_tensor"),
+            ("sf_vec_size", "sf_vec", "sf_vec_size"))
+# Options every grouped seed shares, then its operands' formats (discrete weights: b_dtype, b_major).
+_GROUPED = ((None, "dtype_in", "acc_dtype"), (None, "one_of", "cd_major"), (None, "one_of", "m_aligned"),
+            ("vector_f32", "bool", "vector_f32"), (None, "one_of", "e5m2_rcp_max"), *_TILES, *_FORMATS)
+_WEIGHTS = (("weight_mode", "weight_mode", "b_tensor"), (None, "b_format", "b_dtype"), ("b_major", "one_of", "b_major"))
+_SCALED_OPERANDS = (("a_tensor", "a_tensor"), ("sfa_tensor", "sfa_tensor"), ("padded_offsets", "padded_offsets"),
+                    ("b_tensor", "b_tensor"), ("sfb_tensor", "sfb_tensor"))
+_SFD = (("sfd_row_tensor", "sfd_row"), ("sfd_col_tensor", "sfd_col"))
+
+SEEDS: tuple[Preset, ...] = (
+    Preset(
+        name="grouped_gemm_srelu", spec="grouped_gemm_srelu", cudnn="grouped_gemm_srelu_wrapper_sm100",
+        reference="grouped_gemm_srelu", cls="GroupedGemmSrelu",
+        params=("a_tensor, b_tensor=None, sfa_tensor=None, sfb_tensor=None, padded_offsets=None, alpha_tensor=None, "
+                "bias_tensor=None, b_ptrs=None, sfb_ptrs=None, n=None, b_dtype=None, b_major='k', "
+                "norm_const_tensor=None, prob_tensor=None, acc_dtype='float32', c_dtype='bfloat16', "
+                "d_dtype='bfloat16', cd_major='n', " + _COMMON + ", use_dynamic_sched=False, current_stream=None, *, "
+                "tanh_clamp_scale=None, e5m2_rcp_max='page'"),
+        operands=(*_SCALED_OPERANDS, ("b_ptrs", "b_ptrs"), ("sfb_ptrs", "sfb_ptrs"), ("n", "n")),
+        inputs=(("alpha", "alpha_tensor"), ("prob", "prob_tensor"), ("bias", "bias_tensor"),
+                ("norm_const", "norm_const_tensor")),
+        axes=(("c_dtype", "dtype_in", "c_dtype"), ("d_dtype", "dtype_in", "d_dtype"), *_GROUPED, *_WEIGHTS,
+              ("bias_dtype", "tensor_dtype", "bias_tensor"), ("discrete_col_sfd", "bool", "discrete_col_sfd"),
+              ("scheduler", "scheduler", "use_dynamic_sched"), ("tanh_clamp_scale", "tanh_clamp", "tanh_clamp_scale")),
+        accepts=_ACCEPTS,
+        returns=(("c_tensor", "c"), ("d_tensor", "d"), ("d_col_tensor", "d_col"), ("amax_tensor", "amax"), *_SFD),
+        torch=("Tensor a, Tensor? b, Tensor sfa, Tensor? sfb, Tensor padded_offsets, Tensor alpha, *, Tensor? bias, "
+               "Tensor? b_ptrs, Tensor? sfb_ptrs, SymInt? n, Tensor? norm_const, Tensor? prob, ScalarType c_dtype, "
+               "ScalarType d_dtype, SymInt sf_vec_size, bool discrete_col_sfd, bool use_dynamic_sched, "
+               "float? tanh_clamp_scale, str e5m2_rcp_max"),
+        init=("sample_a, sample_b=None, sample_c=None, sample_d=None, sample_sfa=None, sample_sfb=None, "
+              "sample_padded_offsets=None, sample_alpha=None, sample_d_col=None, sample_sfd_row=None, "
+              "sample_sfd_col=None, sample_amax=None, sample_norm_const=None, sample_prob=None, sample_bias=None, *, "
+              "num_experts=None, b_shape=None, b_dtype=None, acc_dtype='float32', " + _COMMON + ", "
+              "use_dynamic_sched=False, b_major='k', "
+              "tanh_clamp_scale=None, e5m2_rcp_max='page'"),
+        execute=("a_tensor, b_tensor=None, c_tensor=None, d_tensor=None, sfa_tensor=None, sfb_tensor=None, "
+                 "padded_offsets=None, alpha_tensor=None, d_col_tensor=None, sfd_row_tensor=None, sfd_col_tensor=None, "
+                 "amax_tensor=None, norm_const_tensor=None, prob_tensor=None, bias_tensor=None, b_ptrs=None, "
+                 "sfb_ptrs=None, n=None, current_stream=None"),
+        samples=(("c_dtype", "sample_c", "dtype"), ("d_dtype", "sample_d", "dtype")),
+        summary="Grouped block-scaled GEMM + prob-gated squared ReLU (seed 002).\n\n``C = alpha[e] * dequant(A) @ "
+                "dequant(B_e)^T`` (+ bias, not gated), ``D = prob * relu(C)^2`` (with ``tanh_clamp_scale=s``: "
+                "``prob * (s * min(tanh(relu(C) / s), 1))^2``). FP8/FP4 D is quantized with SFD_row / SFD_col; "
+                "bf16/fp16 D gets a per-expert amax ``(L, 1)``. Discrete weights pass ``b_ptrs``, ``sfb_ptrs`` and "
+                "``n`` (the class: ``num_experts=`` and ``b_shape=`` instead of ``sample_b``)."),
+    Preset(
+        name="grouped_gemm_quant", spec="grouped_gemm_quant", cudnn="grouped_gemm_quant_wrapper_sm100",
+        reference="grouped_gemm_quant", cls="GroupedGemmQuant",
+        params=("a_tensor, sfa_tensor, padded_offsets, alpha_tensor, b_tensor=None, sfb_tensor=None, bias_tensor=None, "
+                "b_ptrs=None, sfb_ptrs=None, n=None, b_dtype=None, b_major='k', norm_const_tensor=None, "
+                "prob_tensor=None, acc_dtype='float32', d_dtype='bfloat16', cd_major='n', " + _COMMON + ", "
+                "use_dynamic_sched=False, current_stream=None, *, row_scale_tensor=None, generate_amax=True, "
+                "e5m2_rcp_max='page'"),
+        operands=(*_SCALED_OPERANDS, ("b_ptrs", "b_ptrs"), ("sfb_ptrs", "sfb_ptrs"), ("n", "n")),
+        inputs=(("alpha", "alpha_tensor"), ("prob", "prob_tensor"), ("row_scale", "row_scale_tensor"),
+                ("bias", "bias_tensor"), ("norm_const", "norm_const_tensor")),
+        axes=(("d_dtype", "dtype_in", "d_dtype"), *_GROUPED, *_WEIGHTS, ("bias_dtype", "tensor_dtype", "bias_tensor"),
+              ("discrete_col_sfd", "bool", "discrete_col_sfd"), ("scheduler", "scheduler", "use_dynamic_sched")),
+        accepts=_ACCEPTS, gates=(("amax", "generate_amax"),),
+        returns=(("d_tensor", "d"), ("d_col_tensor", "d_col"), ("amax_tensor", "amax"), *_SFD),
+        torch=("Tensor a, Tensor sfa, Tensor padded_offsets, Tensor alpha, Tensor? b=None, Tensor? sfb=None, *, "
+               "Tensor? bias, Tensor? b_ptrs, Tensor? sfb_ptrs, SymInt? n, Tensor? norm_const, Tensor? prob, "
+               "Tensor? row_scale, ScalarType d_dtype, SymInt sf_vec_size, bool discrete_col_sfd, "
+               "bool use_dynamic_sched, bool generate_amax, str e5m2_rcp_max"),
+        init=("sample_a, sample_b=None, sample_d=None, sample_sfa=None, sample_sfb=None, sample_padded_offsets=None, "
+              "sample_alpha=None, sample_d_col=None, sample_sfd_row=None, sample_sfd_col=None, sample_amax=None, "
+              "sample_norm_const=None, sample_prob=None, sample_bias=None, *, acc_dtype='float32', " + _COMMON + ", "
+              "use_dynamic_sched=False, "
+              "e5m2_rcp_max='page'"),
+        execute=("a_tensor, b_tensor=None, d_tensor=None, sfa_tensor=None, sfb_tensor=None, padded_offsets=None, "
+                 "alpha_tensor=None, d_col_tensor=None, sfd_row_tensor=None, sfd_col_tensor=None, amax_tensor=None, "
+                 "norm_const_tensor=None, prob_tensor=None, bias_tensor=None, row_scale_tensor=None, "
+                 "current_stream=None"),
+        samples=(("d_dtype", "sample_d", "dtype"),),
+        summary="Grouped block-scaled GEMM + prob gating + output quantization (seed 003).\n\n``D = prob * alpha[e] "
+                "* row_scale * dequant(A) @ dequant(B_e)^T`` (with bias: prob scales only the bias); FP8/FP4 D is "
+                "quantized with SFD_row / SFD_col, bf16/fp16 D gets a per-expert amax ``(L, 1)`` (returned with "
+                "``generate_amax``)."),
+    Preset(
+        name="grouped_gemm_dswiglu", spec="grouped_gemm_dswiglu", cudnn="grouped_gemm_dswiglu_wrapper_sm100",
+        reference="grouped_gemm_dswiglu", cls="GroupedGemmDswiglu",
+        params=("a_tensor, b_tensor, c_tensor, sfa_tensor, sfb_tensor, padded_offsets, alpha_tensor, beta_tensor, "
+                "prob_tensor, norm_const_tensor=None, acc_dtype='float32', d_dtype='bfloat16', cd_major='n', "
+                + _COMMON + ", epilogue_op=None, current_stream=None, *, e5m2_rcp_max='page'"),
+        operands=_SCALED_OPERANDS,
+        inputs=(("alpha", "alpha_tensor"), ("beta", "beta_tensor"), ("prob", "prob_tensor"), ("c", "c_tensor"),
+                ("norm_const", "norm_const_tensor")),
+        axes=((None, "one_of", "epilogue_op"), ("d_dtype", "dtype_in", "d_dtype"), *_GROUPED,
+              ("weight_mode", "dense_b", "b_tensor"), ("c_dtype", "forward_dtype", "c_tensor"),
+              ("discrete_col_sfd", "bool", "discrete_col_sfd"), ("prob_dtype", "prob_dtype", "prob_tensor")),
+        accepts=_ACCEPTS, unsqueezed=("amax",),
+        returns=(("d_row_tensor", "d"), ("d_col_tensor", "d_col"), ("dprob_tensor", "dprob"), ("amax_tensor", "amax"),
+                 *_SFD),
+        torch=("Tensor a, Tensor b, Tensor c, Tensor sfa, Tensor sfb, Tensor padded_offsets, Tensor alpha, "
+               "Tensor beta, Tensor prob, *, Tensor? norm_const, ScalarType d_dtype, SymInt sf_vec_size, "
+               "bool discrete_col_sfd, str e5m2_rcp_max"),
+        init=("sample_a, sample_b=None, sample_c=None, sample_d_row=None, sample_sfa=None, sample_sfb=None, "
+              "sample_padded_offsets=None, sample_alpha=None, sample_beta=None, sample_prob=None, sample_d_col=None, "
+              "sample_dprob=None, sample_amax=None, sample_sfd_row=None, sample_sfd_col=None, sample_norm_const=None, "
+              "*, acc_dtype='float32', " + _COMMON + ", epilogue_op=None, e5m2_rcp_max='page'"),
+        execute=("a_tensor, b_tensor, c_tensor, d_row_tensor=None, sfa_tensor=None, sfb_tensor=None, "
+                 "padded_offsets=None, alpha_tensor=None, beta_tensor=None, prob_tensor=None, d_col_tensor=None, "
+                 "dprob_tensor=None, amax_tensor=None, sfd_row_tensor=None, sfd_col_tensor=None, "
+                 "norm_const_tensor=None, current_stream=None"),
+        samples=(("d_dtype", "sample_d_row", "dtype"),),
+        summary="Grouped block-scaled GEMM + dSwiGLU backward epilogue (seed 000).\n\n``R = alpha[e]^2 * "
+                "dequant(A) @ dequant(B_e)^T``; with the forward C ``(M, 2N)`` scaled by ``beta[e]`` (32-column "
+                "gate/up blocks), D ``(M, 2N)`` holds dSwiGLU in the gate blocks and ``R * prob * swish(g)`` in the "
+                "up blocks, ``dprob += sum(swish(g) * u * R)`` per row. ``epilogue_op`` is accepted and not "
+                "applied, as NVIDIA's kernel does."),
+    Preset(
+        name="gemm_amax", spec="gemm_amax", cudnn="gemm_amax_wrapper_sm100", reference="gemm_amax", cls="GemmAmax",
+        params=("a_tensor, b_tensor, sfa_tensor, sfb_tensor, c_major='n', c_dtype='float32', acc_dtype='float32', "
+                "mma_tiler_mn=None, cluster_shape_mn=None, sf_vec_size=32, stream=None"),
+        operands=(("a_tensor", "a_tensor"), ("b_tensor", "b_tensor"), ("sfa_tensor", "sfa_tensor"),
+                  ("sfb_tensor", "sfb_tensor")),
+        inputs=(),
+        axes=(("cd_major", "one_of", "c_major"), (None, "dtype_in", "acc_dtype"), *_TILES, *_FORMATS,
+              ("c_dtype", "dtype_in", "c_dtype")),
+        accepts=(("c_major", ("n", "m")), ("acc_dtype", ("float32",)), ("c_dtype", _OUT + ("uint8",))),  # uint8: FP4
+        returns=(("c_tensor", "c"), ("amax_tensor", "amax")),
+        torch="Tensor a, Tensor b, Tensor sfa, Tensor sfb, *, str c_major, ScalarType c_dtype, SymInt sf_vec_size",
+        init=("sample_a, sample_b, sample_sfa, sample_sfb, sample_c=None, sample_amax=None, *, acc_dtype='float32', "
+              "mma_tiler_mn=None, cluster_shape_mn=None, sf_vec_size=32"),
+        execute="a_tensor, b_tensor, sfa_tensor, sfb_tensor, c_tensor, amax_tensor, current_stream=None",
+        samples=(("c_dtype", "sample_c", "dtype"), ("c_major", "sample_c", "major")),
+        summary="Block-scaled batched dense GEMM + global amax (seed 004).\n\n``C[:, :, l] = dequant(A_l) @ "
+                "dequant(B_l)^T``, ``amax = max |C|`` over everything. A ``(M, K, L)`` / B ``(N, K, L)`` K-major "
+                "(or 2-D for L = 1), scales as the kernel-facing view, the physical buffer or a flat one. "
+                "``c_major`` \"n\" returns C with strides (N, 1, M*N), \"m\" with (1, M, M*N); amax is (1, 1, 1). "
+                "The class's ``sample_c`` chooses C's dtype and memory order."),
+)
+BY_NAME = {p.name: p for p in PRESETS + SEEDS}
 
 
-def _axis_value(how: str, value: Any, param: str) -> Any:
-    from .formats.numpy_dtypes import dtype_name
-    from .runtime.tensors import view
-    if how == "dtype":
-        name = dtype_name(value)
-        if name is None:
-            raise ArgumentError(param, repr(value), "a dtype (torch, numpy or its name)")
-        return name
-    if how == "tensor_dtype":
-        return "none" if value is None else view(value, param).dtype
-    if how in ("bool", "scheduler"):
-        from .ops.arg_checks import bool_arg   # imports numpy: on first use, not at import
-        value = bool_arg(value, param)
-        return ("dynamic" if value else "static") if how == "scheduler" else value
-    if how == "weight_mode":
-        return "dense" if value is not None else "discrete"
-    return value
-
-
-def _pair(value: Any, name: str) -> tuple[int, int]:
-    if (not isinstance(value, (tuple, list)) or len(value) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
-        raise ArgumentError(name, repr(value), "None or a pair of ints")
-    return int(value[0]), int(value[1])
-
-
-_OPS = OpCache()
-
-
-def call(row: Preset, bound: dict[str, Any]) -> TupleDict:
-    """Run ``row``'s op on its wrapper's bound arguments; the outputs in the row's return order."""
-    from .ops.engine import Op
-    from .ops.scaled_seeds import VALIDATION_ARCH
-    from .runtime.tensors import view
-    for param, allowed, why in row.fixed:
-        value = bound.get(param)
-        if isinstance(allowed, str) and value is not None and not isinstance(value, str):
-            value = _axis_value("dtype", value, param) if param.endswith("_dtype") else value
-        if value != allowed and not (param.endswith("_dtype") and value is None):   # a None dtype: the default
-            raise ArgumentError(param, repr(bound.get(param)), repr(allowed), why)
-    axes = {axis: _axis_value(how, bound[param], param) for axis, how, param in row.axes}
-    if bound.get("mma_tiler_mn") is not None:
-        axes["tile_m"], axes["tile_n"] = _pair(bound["mma_tiler_mn"], "mma_tiler_mn")
-    if bound.get("cluster_shape_mn") is not None:
-        axes["cluster_m"], axes["cluster_n"] = _pair(bound["cluster_shape_mn"], "cluster_shape_mn")
-    b_dtype = bound.get("b_dtype")
-    if b_dtype is not None and _axis_value("dtype", b_dtype, "b_dtype") != "bfloat16":
-        raise ArgumentError("b_dtype", repr(b_dtype), "None or bfloat16 (the weights' dtype)")
-    a = view(bound["a_tensor"], "a_tensor")
-    device = a.device[1] if a.is_cuda else 0
-    # A CPU tensor: every check on the validation arch's variant, then the device's refusal.
-    arch = None if a.is_cuda else VALIDATION_ARCH
-    op = _OPS.get_or_create((row.name, device, tuple(sorted(axes.items()))),
-                            lambda: Op(row.spec, device=device, arch=arch, **axes))
-    out = op(**{k: bound[p] for k, p in row.operands}, inputs={i: bound[p] for i, p in row.inputs},
-             input_names=dict(row.inputs), current_stream=bound.get("current_stream"))
-    # The seed's layouts for a (M, K, 1) A: (M, N, 1) rows, (M, 1, 1) dprob, (L, N, 1) dbias.
-    rows = set(op.epilogue.row_buffers())
-    shaped = {k: (v if a.ndim == 2 else v.unsqueeze(-1) if k in rows or k == "dbias" else v.view(-1, 1, 1)
-                  if k == "dprob" else v) for k, v in out.items()}
-    for spec_out, param in row.into:
-        given = bound.get(param)
-        if given is not None and spec_out in shaped:
-            given.copy_(shaped[spec_out].view_as(given))   # the caller zero-initialised it, as cuDNN asks
-            shaped[spec_out] = given
-    return TupleDict(**{name: shaped.get(spec_out) if spec_out else None for name, spec_out in row.returns})
-
-
-def wrapper(row: Preset) -> Callable[..., TupleDict]:
-    """The seed-style function of ``row``: its signature, docs and the engine call."""
-    from .runtime.interop import dlpack_io
-    sig = row.signature()
-
-    def run(*args: Any, **kwargs: Any) -> TupleDict:
-        try:
-            b = sig.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise TypeError(f"{row.name}(): {exc}") from None
-        b.apply_defaults()
-        return call(row, dict(b.arguments))
-    run.__name__ = run.__qualname__ = row.name
-    run.__module__ = __name__
-    run.__signature__ = sig   # type: ignore[attr-defined]
-    outs = ", ".join(name for name, spec_out in row.returns)
-    run.__doc__ = (f"{row.summary}\n\nGenerated from the preset row of spec ``{row.spec}`` (cuDNN: "
-                   f"``{row.cudnn}``). Returns ``TupleDict({outs})``; outputs this op does not produce are None.\n\n"
-                   "Parameters\n----------\n" + "\n".join(f"{p}\n    {_param_doc(row, p)}" for p in sig.parameters))
-    return dlpack_io(run)
-
-
-def _param_doc(row: Preset, param: str) -> str:
-    """What a parameter does in this op, from the row."""
-    for i, p in row.inputs:
-        if p == param:
-            return f"The epilogue's input ``{i}`` (``fusegemm show {row.spec}``)."
-    for o, p in row.operands:
-        if p == param:
-            return f"The ``{o}`` operand (:class:`fusegemm.Op`)."
-    for axis, how, p in row.axes:
-        if p == param:
-            return f"Chooses the ``{axis}`` axis ({how})."
-    for p, allowed, why in row.fixed:
-        if p == param:
-            return f"Only {allowed!r} here: {why}."
-    for spec_out, p in row.into:
-        if p == param:
-            return f"Optional zero-initialised output: ``{spec_out}`` is written into it."
-    return {"mma_tiler_mn": "(int, int), optional: the MMA tile; default the arch kernel's.",
-            "cluster_shape_mn": "(int, int), optional: the cluster; default the arch kernel's.",
-            "current_stream": "Where to launch; default torch's current stream.",
-            "b_dtype": "dtype of discrete weights (bfloat16)."}.get(param, "As in the cuDNN frontend wrapper.")
-
-
-# The generated wrappers, as module attributes (fusegemm.<name> and fusegemm.compat read them here).
-for _row in PRESETS:
-    globals()[_row.name] = wrapper(_row)
+# The generated faces, as module attributes (fusegemm.<name>, fusegemm.compat and the torch ops
+# read them here); fusegemm.selftest calls the block-scaled wrappers through ops.scaled_seeds.
+for _row in PRESETS + SEEDS:
+    globals()[_row.name] = faces.wrapper(_row, __name__)
+    if _row.cls:
+        globals()[_row.cls] = faces.seed_class(_row, __name__)
+    if _row.name in FAMILIES:
+        setattr(_seeds, _row.name, globals()[_row.name])
 del _row

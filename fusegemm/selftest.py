@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import presets  # noqa: F401  (generates the seed wrappers; _run_scaled calls them by family name)
 from .base.archs import arch_of_capability, supported_capabilities
 from .base.errors import UnsupportedError
 from .generator import registry
@@ -283,7 +284,7 @@ def _run_scaled(family: str, case: dict[str, Any], device: str = "cuda:0") -> tu
     import torch
 
     from . import output_compare, problems, reference
-    from .ops import scaled_seeds    # the public wrappers (fusegemm.<family>)
+    from .ops import scaled_seeds    # the public wrappers (fusegemm.<family>), by family name
     opts = dict(case)
     call = opts.pop("call", {})
     if family == "gemm_amax":

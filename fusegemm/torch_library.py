@@ -20,6 +20,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from . import presets as _presets
 from . import reference as _reference
 from .arguments import b_is_canonical
 from .base.docstrings import shares_parameters
@@ -67,135 +68,6 @@ def grouped_gemm(a: Tensor, padded_offsets: Tensor, alpha: Tensor, b: Optional[T
     ``prob_tensor``)."""
     return torch.ops.fusegemm.grouped_gemm(a, padded_offsets, alpha, b, bias, b_ptrs, n, prob, c_dtype,
                                            d_dtype, generate_c, use_dynamic_sched)
-
-
-# ---------------------------------------------------------------- block-scaled ops (seeds 002-004)
-# Outputs in a fixed order per op; an output the configuration does not produce is an empty uint8
-# tensor (a schema has no optional outputs). The fake implementations run the eager wrappers on
-# the fake tensors under ``dry_run()`` (validation and allocation, no launch): the output shapes,
-# dtypes and strides come from the same code as the real op's.
-
-SRELU_OUT = ("c_tensor", "d_tensor", "d_col_tensor", "amax_tensor", "sfd_row_tensor", "sfd_col_tensor")
-QUANT_OUT = ("d_tensor", "d_col_tensor", "amax_tensor", "sfd_row_tensor", "sfd_col_tensor")
-DSWIGLU_OUT = ("d_row_tensor", "d_col_tensor", "dprob_tensor", "amax_tensor", "sfd_row_tensor", "sfd_col_tensor")
-AMAX_OUT = ("c_tensor", "amax_tensor")
-
-
-def _call(op: str, names: tuple[str, ...], params: dict, fake: bool) -> tuple[Tensor, ...]:
-    """Run the eager seed wrapper ``op`` on the custom op's parameters (``fake``: under dry_run,
-    on fake tensors) and return its outputs in ``names`` order."""
-    import contextlib
-
-    from .ops import scaled_seeds
-    from .ops.prepared import dry_run
-    a = params["a"]
-    kwargs = {TORCH_NAMES.get(k, k): v for k, v in params.items() if k != "a"}   # the seed's keywords
-    with dry_run() if fake else contextlib.nullcontext():
-        out = getattr(scaled_seeds, op)(a, **kwargs)
-    return tuple(out[k] if out[k] is not None else a.new_empty((0,), dtype=torch.uint8) for k in names)
-
-
-def _fake_of(op: str, names: tuple[str, ...]) -> object:
-    """The fake implementation of a block-scaled custom op: the same wrapper, launching nothing."""
-    def fake(*args, **kwargs):
-        params = [arg.name for arg in getattr(torch.ops.fusegemm, op).default._schema.arguments]
-        return _call(op, names, {**dict(zip(params, args)), **kwargs}, True)
-    return fake
-
-
-T6 = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
-
-
-@torch.library.custom_op("fusegemm::grouped_gemm_srelu", mutates_args=())
-def _grouped_gemm_srelu(a: Tensor, b: Optional[Tensor], sfa: Tensor, sfb: Optional[Tensor], padded_offsets: Tensor,
-                        alpha: Tensor, bias: Optional[Tensor], b_ptrs: Optional[Tensor], sfb_ptrs: Optional[Tensor],
-                        n: Optional[int], norm_const: Optional[Tensor], prob: Optional[Tensor], c_dtype: torch.dtype,
-                        d_dtype: torch.dtype, sf_vec_size: int, discrete_col_sfd: bool, use_dynamic_sched: bool,
-                        tanh_clamp_scale: Optional[float], e5m2_rcp_max: str) -> T6:
-    return _call("grouped_gemm_srelu", SRELU_OUT, dict(locals()), False)
-
-
-_grouped_gemm_srelu.register_fake(_fake_of("grouped_gemm_srelu", SRELU_OUT))
-
-
-@shares_parameters(_reference.grouped_gemm_srelu, rename=TORCH_NAMES, extra=GPU)
-def grouped_gemm_srelu(a: Tensor, b: Optional[Tensor], sfa: Tensor, sfb: Optional[Tensor], padded_offsets: Tensor,
-                       alpha: Tensor, *, bias: Optional[Tensor] = None, b_ptrs: Optional[Tensor] = None,
-                       sfb_ptrs: Optional[Tensor] = None, n: Optional[int] = None,
-                       norm_const: Optional[Tensor] = None, prob: Optional[Tensor] = None,
-                       c_dtype: torch.dtype = torch.bfloat16, d_dtype: torch.dtype = torch.bfloat16,
-                       sf_vec_size: int = 16, discrete_col_sfd: bool = False, use_dynamic_sched: bool = False,
-                       tanh_clamp_scale: Optional[float] = None, e5m2_rcp_max: str = "page") -> T6:
-    """``torch.ops.fusegemm.grouped_gemm_srelu``: seed 002 as a custom op. Returns ``(c, d, d_col,
-    amax, sfd_row, sfd_col)`` as ``fusegemm.grouped_gemm_srelu`` does (absent ones: empty tensors)."""
-    return torch.ops.fusegemm.grouped_gemm_srelu(a, b, sfa, sfb, padded_offsets, alpha, bias, b_ptrs, sfb_ptrs, n,
-                                                 norm_const, prob, c_dtype, d_dtype, sf_vec_size, discrete_col_sfd,
-                                                 use_dynamic_sched, tanh_clamp_scale, e5m2_rcp_max)
-
-
-@torch.library.custom_op("fusegemm::grouped_gemm_quant", mutates_args=())
-def _grouped_gemm_quant(a: Tensor, sfa: Tensor, padded_offsets: Tensor, alpha: Tensor, b: Optional[Tensor],
-                        sfb: Optional[Tensor], bias: Optional[Tensor], b_ptrs: Optional[Tensor],
-                        sfb_ptrs: Optional[Tensor], n: Optional[int], norm_const: Optional[Tensor],
-                        prob: Optional[Tensor], row_scale: Optional[Tensor], d_dtype: torch.dtype, sf_vec_size: int,
-                        discrete_col_sfd: bool, use_dynamic_sched: bool, generate_amax: bool,
-                        e5m2_rcp_max: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    return _call("grouped_gemm_quant", QUANT_OUT, dict(locals()), False)
-
-
-_grouped_gemm_quant.register_fake(_fake_of("grouped_gemm_quant", QUANT_OUT))
-
-
-@shares_parameters(_reference.grouped_gemm_quant, rename=TORCH_NAMES, extra=GPU)
-def grouped_gemm_quant(a: Tensor, sfa: Tensor, padded_offsets: Tensor, alpha: Tensor, b: Optional[Tensor] = None,
-                       sfb: Optional[Tensor] = None, *, bias: Optional[Tensor] = None,
-                       b_ptrs: Optional[Tensor] = None, sfb_ptrs: Optional[Tensor] = None, n: Optional[int] = None,
-                       norm_const: Optional[Tensor] = None, prob: Optional[Tensor] = None,
-                       row_scale: Optional[Tensor] = None, d_dtype: torch.dtype = torch.bfloat16,
-                       sf_vec_size: int = 16, discrete_col_sfd: bool = False, use_dynamic_sched: bool = False,
-                       generate_amax: bool = True, e5m2_rcp_max: str = "page") -> tuple[Tensor, ...]:
-    """``torch.ops.fusegemm.grouped_gemm_quant``: seed 003 as a custom op. Returns ``(d, d_col, amax,
-    sfd_row, sfd_col)`` (absent ones: empty tensors)."""
-    return torch.ops.fusegemm.grouped_gemm_quant(a, sfa, padded_offsets, alpha, b, sfb, bias, b_ptrs, sfb_ptrs, n,
-                                                 norm_const, prob, row_scale, d_dtype, sf_vec_size,
-                                                 discrete_col_sfd, use_dynamic_sched, generate_amax, e5m2_rcp_max)
-
-
-@torch.library.custom_op("fusegemm::grouped_gemm_dswiglu", mutates_args=())
-def _grouped_gemm_dswiglu(a: Tensor, b: Tensor, c: Tensor, sfa: Tensor, sfb: Tensor, padded_offsets: Tensor,
-                          alpha: Tensor, beta: Tensor, prob: Tensor, norm_const: Optional[Tensor],
-                          d_dtype: torch.dtype, sf_vec_size: int, discrete_col_sfd: bool, e5m2_rcp_max: str) -> T6:
-    return _call("grouped_gemm_dswiglu", DSWIGLU_OUT, dict(locals()), False)
-
-
-_grouped_gemm_dswiglu.register_fake(_fake_of("grouped_gemm_dswiglu", DSWIGLU_OUT))
-
-
-@shares_parameters(_reference.grouped_gemm_dswiglu, rename=TORCH_NAMES, extra=GPU)
-def grouped_gemm_dswiglu(a: Tensor, b: Tensor, c: Tensor, sfa: Tensor, sfb: Tensor, padded_offsets: Tensor,
-                         alpha: Tensor, beta: Tensor, prob: Tensor, *, norm_const: Optional[Tensor] = None,
-                         d_dtype: torch.dtype = torch.bfloat16, sf_vec_size: int = 16,
-                         discrete_col_sfd: bool = False, e5m2_rcp_max: str = "page") -> T6:
-    """``torch.ops.fusegemm.grouped_gemm_dswiglu``: seed 000 as a custom op. Returns ``(d_row, d_col,
-    dprob, amax, sfd_row, sfd_col)`` (absent ones: empty tensors)."""
-    return torch.ops.fusegemm.grouped_gemm_dswiglu(a, b, c, sfa, sfb, padded_offsets, alpha, beta, prob, norm_const,
-                                                   d_dtype, sf_vec_size, discrete_col_sfd, e5m2_rcp_max)
-
-
-@torch.library.custom_op("fusegemm::gemm_amax", mutates_args=())
-def _gemm_amax(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, c_major: str, c_dtype: torch.dtype,
-               sf_vec_size: int) -> tuple[Tensor, Tensor]:
-    return _call("gemm_amax", AMAX_OUT, dict(locals()), False)
-
-
-_gemm_amax.register_fake(_fake_of("gemm_amax", AMAX_OUT))
-
-
-@shares_parameters(_reference.gemm_amax, rename=TORCH_NAMES, extra=GPU)
-def gemm_amax(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, *, c_major: str = "n",
-              c_dtype: torch.dtype = torch.float32, sf_vec_size: int = 32) -> tuple[Tensor, Tensor]:
-    """``torch.ops.fusegemm.gemm_amax``: seed 004 as a custom op. Returns ``(c, amax)``."""
-    return torch.ops.fusegemm.gemm_amax(a, b, sfa, sfb, c_major, c_dtype, sf_vec_size)
 
 
 # ---------------------------------------------------------------- spec-driven ops (EpilogueGemm)
@@ -483,19 +355,40 @@ def register(spec: object, *, name: Optional[str] = None, e5m2_rcp_max: str = "p
 
 
 # ---------------------------------------------------------------- preset ops (fusegemm/presets.py)
-# Each preset row is a custom op too: its parameters (the seed's names, less ``_tensor``; no
-# current_stream: torch's; no caller-owned output such as dGLU's dprob_tensor: the op is
-# functional and returns it new) and its return order, absent outputs as empty uint8 tensors. The
-# body is the preset's wrapper; the fake implementation runs it under ``dry_run()``.
+# Each preset row is a custom op too, returning the row's outputs in its order (absent ones: empty
+# uint8 tensors; a schema has no optional outputs). A row's ``torch`` spelling gives the schema (the
+# seeds' ops: short names, no defaults) and a Python face here that takes the keyword parameters
+# with the wrapper's defaults; without one the schema is the wrapper's parameters (the seed's
+# names, less ``_tensor``; no current_stream: torch's; no caller-owned output such as dGLU's
+# dprob_tensor: the op is functional and returns it new), with their defaults, and the op is its
+# own face. The body is the preset's wrapper; the fake implementation runs it under ``dry_run()``.
 
 _PRESET_TYPES = {"n": "int?", "linear_offset": "float?", "epilogue_op": "str?", "tanh_clamp_scale": "float?",
                  "mma_tiler_mn": "int[]?", "cluster_shape_mn": "int[]?", "b_major": "str"}
+_ANNOTATIONS = {"Tensor": Tensor, "Tensor?": Optional[Tensor], "SymInt": int, "SymInt?": Optional[int],
+                "ScalarType": torch.dtype, "bool": bool, "float?": Optional[float], "str": str}
+
+
+def _spelled(row) -> list[tuple[str, str, str, bool, str]]:
+    """(schema name, wrapper name, schema type, keyword-only, written default) of each parameter
+    of a row's ``torch`` spelling."""
+    wrapper, kw_only, out = row.signature().parameters, False, []
+    for decl in row.torch.split(", "):
+        if decl == "*":
+            kw_only = True
+            continue
+        head, _, default = decl.partition("=")
+        t, name = head.split(" ")
+        out.append((name, name + "_tensor" if name + "_tensor" in wrapper else name, t, kw_only, default))
+    return out
 
 
 def _preset_params(row) -> list[tuple[str, str, str, object]]:
     """(schema name, seed name, schema type, default) of a preset row's parameters (default
-    ``_REQUIRED`` where the wrapper has none)."""
+    ``_REQUIRED`` where the schema has none)."""
     import inspect
+    if row.torch:
+        return [(name, seed, t, _REQUIRED) for name, seed, t, _, _ in _spelled(row)]
     out = []
     written = {param for _, param in row.into}    # functional op: those outputs come back new
     for p in row.signature().parameters.values():
@@ -515,10 +408,42 @@ def _preset_params(row) -> list[tuple[str, str, str, object]]:
     return out
 
 
+def _face(row):
+    """The Python face of a spelled preset op: the parameters before ``*`` by position (required
+    unless the spelling gives a default), the rest by keyword with the wrapper's defaults (dtype
+    names as torch dtypes); calls ``torch.ops.fusegemm.<name>`` and returns its tuple."""
+    import ast
+    import inspect
+
+    from .ops.faces import binder
+    wrapper, params = row.signature().parameters, []
+    for name, seed, t, kw_only, written in _spelled(row):
+        if kw_only:
+            d = wrapper[seed].default
+            d = getattr(torch, d) if t == "ScalarType" else d
+        else:
+            d = ast.literal_eval(written) if written else inspect.Parameter.empty
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY if kw_only else
+                                        inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=_ANNOTATIONS[t]))
+    sig = inspect.Signature(params, return_annotation=tuple[Tensor, ...])
+    names, bind, packet = tuple(sig.parameters), binder(sig, row.name), getattr(torch.ops.fusegemm, row.name)
+
+    def face(*args: Any, **kwargs: Any) -> tuple[Tensor, ...]:
+        b = bind(args, kwargs)
+        return packet(*[b[n] for n in names])
+    face.__name__ = face.__qualname__ = row.name
+    face.__module__ = __name__
+    face.__signature__ = sig   # type: ignore[attr-defined]
+    outs = ", ".join(name.removesuffix("_tensor") for name, _ in row.returns)
+    face.__doc__ = (f"``torch.ops.fusegemm.{row.name}``: ``fusegemm.{row.name}`` as a custom op. Returns ``({outs})`` "
+                    "as the wrapper does (absent ones: empty tensors).")
+    rename = {name: seed for name, seed, _, _, _ in _spelled(row)}
+    return shares_parameters(getattr(_reference, row.reference), rename=rename, extra=GPU)(face)
+
+
 def _register_preset(row) -> None:
-    from . import presets
     params = _preset_params(row)
-    wrapper = getattr(presets, row.name)
+    wrapper = getattr(_presets, row.name)
 
     def run(args: tuple) -> tuple[Tensor, ...]:
         kwargs: dict = {param: None for _, param in row.into}   # returned new, not written into
@@ -531,13 +456,15 @@ def _register_preset(row) -> None:
         return tuple(out[k] if out[k] is not None else lead.new_empty((0,), dtype=torch.uint8) for k, _ in row.returns)
 
     _define(row.name, [(name, t, d) for name, _, t, d in params], len(row.returns), run)
-    globals()[row.name] = getattr(torch.ops.fusegemm, row.name)
+    globals()[row.name] = _face(row) if row.torch else getattr(torch.ops.fusegemm, row.name)
 
 
 def _register_presets() -> None:
-    from .presets import PRESETS
-    for row in PRESETS:
+    for row in _presets.PRESETS + _presets.SEEDS:
         _register_preset(row)
 
 
 _register_presets()
+# The seeds' outputs, in the order their ops return them.
+SRELU_OUT, QUANT_OUT, DSWIGLU_OUT, AMAX_OUT = (tuple(name for name, _ in _presets.BY_NAME[op].returns) for op in (
+    "grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax"))

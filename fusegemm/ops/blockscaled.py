@@ -1,6 +1,6 @@
 """``BlockScaledGemm(spec, ...)``: :class:`fusegemm.Op` for block-scaled specs, the op under the
 seed wrappers of grouped GEMM + sReLU, + quant, + dSwiGLU and batched GEMM + amax
-(fusegemm/ops/scaled_seeds.py, scaled_classes.py). Operands: fusegemm/ops/scaled_operands.py.
+(the rows of fusegemm/presets.py). Operands: fusegemm/ops/scaled_operands.py.
 
     op = BlockScaledGemm("grouped_gemm_srelu", d_dtype="float8_e4m3fn")
     out = op(a, sfa, padded_offsets, b, sfb, inputs={"alpha": alpha, "prob": prob, "norm_const": nc})
@@ -63,7 +63,7 @@ class BlockScaledGemm(Op):
             raise ArgumentError("spec", self.spec.name, "a batched spec (problem: batched) for batched()")
         return self(a_tensor, b_tensor, sfa_tensor, sfb_tensor, current_stream=current_stream)
 
-    # The pieces the seed classes (scaled_classes.py) still call one by one.
+    # The pieces seed 004's class (scaled_seeds.execute_batched) calls one by one.
     def check_operands(self, call: ScaledCall) -> None:
         """The operands are of the format this op was built for."""
         from .engine import _check_format
