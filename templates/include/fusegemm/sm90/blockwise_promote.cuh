@@ -121,7 +121,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kOffB = kOffA + kStages * kABytes;
   static constexpr int kOffSf = kOffB + kStages * kBBytes;
   static constexpr int kOffEpi = kOffSf + kStages * kSfStageBytes;
-  static constexpr int kOffTmap = (kOffEpi + kEpiBytes + 127) / 128 * 128;  // B and SFB staging
+  static constexpr int kOffTmap = (kOffEpi + kEpiBytes + 127) / 128 * 128;  // B map staging (one of two slots)
   static constexpr int kOffRing = kOffTmap + 2 * 128;
   static constexpr int kOffBars = kOffRing + 16 * kTileRing;
   static constexpr int kNumBars = 2 * kStages + 2 * kTileRing;
