@@ -46,8 +46,9 @@ LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"pipeline": ("fusegemm.pipeline", "fusegemm.tuning_records", "fusegemm.heuristic"),
      "host": ("fusegemm.arguments", "fusegemm.tupledict", "fusegemm.reference", "fusegemm.problems",
               "fusegemm.interpret", "fusegemm.describe", "fusegemm.output_compare")},
-    # The one engine (engine.py), the operands of each kernel class and the seed ops still written
-    # by hand (scaled_seeds, scaled_classes, grouped_gemm: to become preset rows); acyclic inside.
+    # The one engine (engine.py), the operands of each kernel class, the generated faces of the
+    # preset rows (faces, hows) and the seed ops still written by hand (grouped_gemm; scaled_seeds
+    # keeps the block-scaled seeds' output shaping); acyclic inside.
     {"ops": ("fusegemm.ops",)},
     {"faces": ("fusegemm.presets", "fusegemm.compat", "fusegemm.torch_library", "fusegemm.jax_ffi", "fusegemm.moe",
                "fusegemm.expert_parallel")},
