@@ -50,18 +50,6 @@
 namespace fusegemm {
 namespace sm90 {
 
-// m64n128k32 FP8 -> FP32, both operands K-major from shared memory.
-template <class T>
-struct Fp8Gmma {
-  using Op = fusegemm::conditional_t<fusegemm::is_same_v<T, fusegemm::float_e4m3_t>,
-                                 cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>,
-                                 cute::SM90::GMMA::MMA_64x128x32_F32E5M2E5M2_SS_TN<>>;
-  template <int... I>
-  FUSEGEMM_DEVICE static void fma(uint64_t da, uint64_t db, float* acc, fusegemm::integer_sequence<int, I...>) {
-    Op::fma(da, db, acc[I]..., cute::SM90::GMMA::ScaleOut::Zero);
-  }
-};
-
 template <class Config>
 struct BlockScaledPromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   using Checks = ScaledConfigChecks<Config>;
@@ -306,7 +294,7 @@ struct BlockScaledPromoteKernel : ScaledHostContract<Config::kDiscreteB> {
     fence_acc(t);
     cute::warpgroup_arrive();
     // 32 K of FP8 = 32 bytes = 2 in the descriptors' 16-byte address field.
-    Fp8Gmma<ElementAB>::fma(da + 2 * kk, db + 2 * kk, t, fusegemm::make_integer_sequence<int, kAccum>{});
+    Fp8Gmma<ElementAB>::fma(da + 2 * kk, db + 2 * kk, t, 0, fusegemm::make_integer_sequence<int, kAccum>{});
     cute::warpgroup_commit_batch();
     fence_acc(t);
   }

@@ -58,19 +58,6 @@ struct BlockwiseConfigChecks {
   static_assert(Config::kTileN == 128 || Config::kTileN == 256, "sm_90a blockwise kernel: TILE_N 128 or 256");
 };
 
-// m64n128k32 FP8 -> FP32, both operands K-major from shared memory; scale_d 0 starts the set.
-template <class T>
-struct Fp8GmmaChain {
-  using Op = fusegemm::conditional_t<fusegemm::is_same_v<T, fusegemm::float_e4m3_t>,
-                                 cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>,
-                                 cute::SM90::GMMA::MMA_64x128x32_F32E5M2E5M2_SS_TN<>>;
-  template <int... I>
-  FUSEGEMM_DEVICE static void fma(uint64_t da, uint64_t db, float* acc, int scale_d,
-                                  fusegemm::integer_sequence<int, I...>) {
-    Op::fma(da, db, acc[I]..., static_cast<cute::SM90::GMMA::ScaleOut>(scale_d));
-  }
-};
-
 template <class Config>
 struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   using Checks = BlockwiseConfigChecks<Config>;
@@ -297,7 +284,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
         for (int kk = 0; kk < kSubBlocks; ++kk) {
           // 32 K of FP8 = 32 bytes = 2 in the descriptors' 16-byte address field; half h's B rows
           // start h * 128 rows of 128 bytes further (1024 in 16-byte units).
-          Fp8GmmaChain<ElementAB>::fma(da + 2 * kk, db + h * (kMmaN * kTileK / 16) + 2 * kk, t, kk > 0 ? 1 : 0,
+          Fp8Gmma<ElementAB>::fma(da + 2 * kk, db + h * (kMmaN * kTileK / 16) + 2 * kk, t, kk > 0 ? 1 : 0,
                                        fusegemm::make_integer_sequence<int, kAccum>{});
         }
         cute::warpgroup_commit_batch();

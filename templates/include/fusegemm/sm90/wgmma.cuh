@@ -1,5 +1,5 @@
-// WGMMA pieces for the sm_90a mainloop: shared-memory matrix descriptors and the
-// m64nNk16 BF16 -> FP32 instruction over an accumulator array.
+// WGMMA pieces for the sm_90a mainloops: shared-memory matrix descriptors, the m64nNk16 BF16 -> FP32
+// instruction and the m64n128k32 FP8 -> FP32 one over an accumulator array.
 #pragma once
 
 #include <cute/arch/mma_sm90_gmma.hpp>
@@ -66,6 +66,20 @@ template <int N, bool kBMn = false, bool kAMn = false>
 FUSEGEMM_DEVICE void gmma_64xN(uint64_t da, uint64_t db, float (&acc)[N / 2], int scale_d) {
   gmma_impl<N, kBMn, kAMn>(da, db, acc, scale_d, fusegemm::make_integer_sequence<int, N / 2>{});
 }
+
+// m64n128k32 FP8 -> FP32 (e4m3 or e5m2 A and B, both K-major from shared memory), the block-scaled
+// mainloops' instruction; scale_d 0 starts a new set (acc = A B), 1 accumulates (acc += A B).
+template <class T>
+struct Fp8Gmma {
+  using Op = fusegemm::conditional_t<fusegemm::is_same_v<T, fusegemm::float_e4m3_t>,
+                                 cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>,
+                                 cute::SM90::GMMA::MMA_64x128x32_F32E5M2E5M2_SS_TN<>>;
+  template <int... I>
+  FUSEGEMM_DEVICE static void fma(uint64_t da, uint64_t db, float* acc, int scale_d,
+                                  fusegemm::integer_sequence<int, I...>) {
+    Op::fma(da, db, acc[I]..., static_cast<cute::SM90::GMMA::ScaleOut>(scale_d));
+  }
+};
 
 template <int kN>
 FUSEGEMM_DEVICE void fence_acc(float (&acc)[kN]) {
