@@ -158,6 +158,11 @@ class ScaledCall:
     sfa_lstride: int = 0
 
     @property
+    def blockwise(self) -> bool:
+        """The blockwise recipe's FP32 scales (not MX scale atoms)."""
+        return self.sf == "float32"
+
+    @property
     def discrete(self) -> bool:
         return self.b_ptrs is not None
 
@@ -224,20 +229,29 @@ def parse_scaled(a_tensor: Any, sfa_tensor: Any, padded_offsets: Any, b_tensor: 
         raise ArgumentError("n (N)", n, "a multiple of 8, at least 8 (16-byte output rows)")
 
     sfk = _ceil(k, sf_vec_size)
-    ld = 0
-    if sf_vec_size == BLOCKWISE:
-        sfa, ld, _ = blockwise_sfa(sfa_tensor, "sfa_tensor", m, sfk, 1, batched=False)
-        sfb = blockwise_sfb(sfb_tensor, "sfb_tensor", n, sfk, l) if sfb_tensor is not None else None
-    else:
-        sfa = sf_buffer(sfa_tensor, "sfa_tensor", m, sfk, 1)
-        sfb = sf_buffer(sfb_tensor, "sfb_tensor", n, sfk, l) if sfb_tensor is not None else None
-    if sfb is not None and SF_AXIS[sfb.dtype] != SF_AXIS[sfa.dtype]:
-        raise ArgumentError("sfb_tensor.dtype", sfb.dtype, f"{sfa.dtype} or raw bytes (the scale type of sfa_tensor)")
-
+    sfa, sfb, ld, _ = _scales(sfa_tensor, sfb_tensor, sf_vec_size, m, n, sfk, l, batched=False)
     call = ScaledCall(m=m, n=n, k=k, k_bytes=kb, sfk=sfk, l=l, ab=ab, sf=sfa.dtype, a=a, offsets=off, b=b,
                       b_strides=b_strides, b_ptrs=bp, sfb_ptrs=sbp, sfa=sfa, sfb=sfb, canonical=r.canonical,
                       sfa_ld=ld)
     return call
+
+
+def _scales(sfa_tensor: Any, sfb_tensor: Any, sf_vec_size: int, m: int, n: int, sfk: int, l: int,
+            batched: bool) -> tuple[TensorView, TensorView | None, int, int]:
+    """(SFA, SFB, SFA's pitch and batch stride in floats) of either recipe: MX atoms, or the
+    blockwise recipe's FP32 tables (pitches 0 for atoms). Grouped SFA covers all rows (L = 1);
+    grouped SFB is None with discrete weights (sfb_ptrs), batched SFB is required."""
+    ld = ls = 0
+    parse_b = sfb_tensor is not None or batched
+    if sf_vec_size == BLOCKWISE:
+        sfa, ld, ls = blockwise_sfa(sfa_tensor, "sfa_tensor", m, sfk, l, batched=batched)
+        sfb = blockwise_sfb(sfb_tensor, "sfb_tensor", n, sfk, l) if parse_b else None
+    else:
+        sfa = sf_buffer(sfa_tensor, "sfa_tensor", m, sfk, l if batched else 1)
+        sfb = sf_buffer(sfb_tensor, "sfb_tensor", n, sfk, l) if parse_b else None
+    if sfb is not None and SF_AXIS[sfb.dtype] != SF_AXIS[sfa.dtype]:
+        raise ArgumentError("sfb_tensor.dtype", sfb.dtype, f"{sfa.dtype} or raw bytes (the scale type of sfa_tensor)")
+    return sfa, sfb, ld, ls
 
 
 def _batched_operand(x: Any, name: str, dtypes: tuple[str, ...]) -> tuple[TensorView, int, int, int, int, int]:
@@ -270,15 +284,7 @@ def parse_batched(a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_tensor: Any
         raise ArgumentError("b_tensor.shape[0] (N)", n, "a multiple of 8, at least 8 (16-byte output rows)")
     k = 2 * kb if a.dtype in FP4_DTYPES else kb
     sfk = _ceil(k, sf_vec_size)
-    ld = ls = 0
-    if sf_vec_size == BLOCKWISE:
-        sfa, ld, ls = blockwise_sfa(sfa_tensor, "sfa_tensor", m, sfk, l, batched=True)
-        sfb = blockwise_sfb(sfb_tensor, "sfb_tensor", n, sfk, l)
-    else:
-        sfa = sf_buffer(sfa_tensor, "sfa_tensor", m, sfk, l)
-        sfb = sf_buffer(sfb_tensor, "sfb_tensor", n, sfk, l)
-    if SF_AXIS[sfb.dtype] != SF_AXIS[sfa.dtype]:
-        raise ArgumentError("sfb_tensor.dtype", sfb.dtype, f"{sfa.dtype} or raw bytes (the scale type of sfa_tensor)")
+    sfa, sfb, ld, ls = _scales(sfa_tensor, sfb_tensor, sf_vec_size, m, n, sfk, l, batched=True)
     return ScaledCall(m=m, n=n, k=k, k_bytes=kb, sfk=sfk, l=l, ab=a.dtype, sf=sfa.dtype, a=a, offsets=None,
                       b=b, b_strides=(b_ld, b_ls), b_ptrs=None, sfb_ptrs=None, sfa=sfa, sfb=sfb,
                       canonical=a.ndim == 2, batched=True, a_lstride=a_ls, sfa_ld=ld, sfa_lstride=ls)
@@ -302,7 +308,7 @@ def scaled_maps(ln: Any, call: ScaledCall) -> dict[str, bytes]:
         b = tiled(call.a.ptr, "uint8", (kb, n), (kb,), box_b, c.swizzle_b)
     else:
         b = tiled(call.b.ptr, "uint8", (kb, n, l), call.b_strides, box_b + (1,), c.swizzle_b)
-    if call.sfa_ld:
+    if call.blockwise:
         return {"tma_a": a, "tma_b": b, **_blockwise_scale_maps(ln, call)}
     kt, mt, nt = -(-call.sfk // 4), -(-m // 128), -(-n // 128)
     box_sfa, box_sfb = (128, c.sf_box_k, 1, 1), (128, c.sf_box_k, c.sf_box_nb, 1)
