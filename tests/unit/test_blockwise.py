@@ -99,6 +99,8 @@ def test_a_valid_call_reaches_the_device_check(op):
 
 @pytest.mark.parametrize("name,bad,match", [
     ("sfa_tensor", lambda kw: kw["sfa_tensor"].contiguous(), r"sfa_tensor.stride.*unit stride along M"),
+    ("sfa_tensor", lambda kw: torch.empty_strided((768, 3), (2, 1536)).fill_(1.0),   # rows 2 floats apart
+     r"sfa_tensor.stride.*unit stride along M"),
     ("sfa_tensor", lambda kw: torch.ones(768, 4), r"sfa_tensor.shape.*\(768, 3\)"),
     ("sfa_tensor", lambda kw: kw["sfa_tensor"].double(), r"sfa_tensor.dtype"),
     ("sfb_tensor", lambda kw: kw["sfb_tensor"][:, :1], r"sfb_tensor.shape.*\(3, 2, 3\)"),
