@@ -7,11 +7,14 @@ from the same BF16 tensors:
   ``srelu``  grouped GEMM + sReLU, C and D bf16 + per-expert amax (seed 002 defaults);
   ``srelu_fp8``  the same with e4m3 D + SFD_row / SFD_col (C bf16);
   ``quant``  grouped GEMM + quant, e4m3 D + SFD_row / SFD_col (seed 003);
-  ``dswiglu`` grouped GEMM + dSwiGLU, e4m3 D + SFD + dprob (seed 000; forward C bf16).
+  ``dswiglu`` grouped GEMM + dSwiGLU, e4m3 D + SFD + dprob (seed 000; forward C bf16);
+  ``glu``  grouped GEMM + SwiGLU (``grouped_gemm_glu`` with scales: the MoE fc1 forward; N is
+  the gate/up accumulator width, D N/2 wide), e4m3 D + SFD_row for the next GEMM.
 * fusegemm, the blockwise FP8 recipe (``sf_vec_size=128``, FP32 scales: A 1x128, B 128x128, the
   same BF16 tensors quantized with DeepSeek's amax / 448 scales), through ``fusegemm.Op``:
   ``quant_bw`` (e4m3 D + SFD), ``srelu_bw`` (C and D bf16 + amax; ``srelu_bw_n128``: tile_n 128),
-  ``dswiglu_bw`` (e4m3 D + SFD + dprob), ``gemm_bw`` (quant's spec with bf16 D: the GEMM and alpha).
+  ``dswiglu_bw`` (e4m3 D + SFD + dprob), ``gemm_bw`` (quant's spec with bf16 D: the GEMM and alpha),
+  ``glu_bw`` (SwiGLU, bf16 D) and ``glu_bw_fp8`` (e4m3 D + SFD_row).
 * torch peers:
   ``torch_bf16_grouped_mm``  ``torch._grouped_mm`` on the BF16 tensors (GEMM only);
   ``torch_fp8_scaled_grouped_mm``  ``torch._scaled_grouped_mm``, rowwise FP8 (GEMM only);
@@ -126,6 +129,8 @@ def bench_shape(name: str, dist: str, args) -> dict:
                                                      norm_const_tensor=norm_const),
         "dswiglu": lambda: fusegemm.grouped_gemm_dswiglu(a_q, b_q, c_fwd, sfa_p, sfb_p, offsets, alpha, beta, prob,
                                                          norm_const_tensor=norm_const, d_dtype=fmt, sf_vec_size=32),
+        "glu": lambda: fusegemm.grouped_gemm_glu(a_q, sfa_p, offsets, alpha, b_q, sfb_p, prob_tensor=prob,
+                                                 d_dtype=fmt, norm_const_tensor=norm_const, sf_vec_size=32),
     }
     fused = tuple(methods)
 
@@ -137,10 +142,14 @@ def bench_shape(name: str, dist: str, args) -> dict:
            "gemm_bw": fusegemm.Op("grouped_gemm_quant", **bw, d_dtype="bfloat16"),
            "srelu_bw": fusegemm.Op("grouped_gemm_srelu", **bw),
            "srelu_bw_n128": fusegemm.Op("grouped_gemm_srelu", **bw, tile_n=128),
-           "dswiglu_bw": fusegemm.Op("grouped_gemm_dswiglu", **bw)}
+           "dswiglu_bw": fusegemm.Op("grouped_gemm_dswiglu", **bw),
+           "glu_bw": fusegemm.Op("grouped_gemm_glu_mx", **bw),
+           "glu_bw_fp8": fusegemm.Op("grouped_gemm_glu_mx", **bw, d_dtype="float8_e4m3fn")}
     bw_inputs = {"quant_bw": {"alpha": alpha, "prob": prob, "norm_const": norm_const}, "gemm_bw": {"alpha": alpha},
                  "srelu_bw": {"alpha": alpha, "prob": prob}, "srelu_bw_n128": {"alpha": alpha, "prob": prob},
-                 "dswiglu_bw": {"alpha": alpha, "beta": beta, "prob": prob, "c": c_fwd, "norm_const": norm_const}}
+                 "dswiglu_bw": {"alpha": alpha, "beta": beta, "prob": prob, "c": c_fwd, "norm_const": norm_const},
+                 "glu_bw": {"alpha": alpha, "prob": prob},
+                 "glu_bw_fp8": {"alpha": alpha, "prob": prob, "norm_const": norm_const}}
     for key, op in ops.items():
         methods[key] = (lambda op=op, ins=bw_inputs[key]: op(a_bw, sfa_bw, offsets, b_bw, sfb_bw, inputs=ins))
     blockwise = tuple(ops)
@@ -215,8 +224,10 @@ def bench_shape(name: str, dist: str, args) -> dict:
             row[f"{key}_vs_fp8_scaled_grouped_mm"] = row["torch_fp8_scaled_grouped_mm_ms"] / row[f"{key}_ms"]
     for key in fused:
         row[f"{key}_vs_bf16_grouped_mm"] = row["torch_bf16_grouped_mm_ms"] / row[f"{key}_ms"]
-        peer = {"quant": "unfused_quant", "dswiglu": "unfused_dswiglu"}.get(key, "unfused_srelu")
-        row[f"{key}_vs_{peer}"] = row[f"{peer}_ms"] / row[f"{key}_ms"]
+        peer = {"quant": "unfused_quant", "dswiglu": "unfused_dswiglu", "srelu": "unfused_srelu",
+                "srelu_fp8": "unfused_srelu"}.get(key)     # glu: no unfused pipeline here
+        if peer is not None:
+            row[f"{key}_vs_{peer}"] = row[f"{peer}_ms"] / row[f"{key}_ms"]
     methods.clear()
     torch.cuda.empty_cache()
     return row
@@ -225,6 +236,8 @@ def bench_shape(name: str, dist: str, args) -> dict:
 def _summary(r: dict) -> str:
     return (f"blockwise: gemm {r['gemm_bw_tflops']:.0f} quant {r['quant_bw_tflops']:.0f} srelu "
             f"{r['srelu_bw_tflops']:.0f}/{r['srelu_bw_n128_tflops']:.0f} dswiglu {r['dswiglu_bw_tflops']:.0f} "
+            f"glu {r['glu_bw_tflops']:.0f}/{r['glu_bw_fp8_tflops']:.0f} (x{r['glu_bw_vs_bf16_grouped_mm']:.2f}) "
+            f"mx glu {r['glu_tflops']:.0f} "
             f"(x{r['quant_bw_vs_bf16_grouped_mm']:.2f} bf16, x{r.get('quant_bw_vs_fp8_scaled_grouped_mm', 0):.2f} "
             f"rowwise fp8); "
             f"srelu {r['srelu_tflops']:.0f} quant {r['quant_tflops']:.0f} dswiglu {r['dswiglu_tflops']:.0f} "

@@ -88,7 +88,7 @@ def select(specs: Iterable[str] | None, archs: tuple[str, ...], *, all_variants:
 def _for_arch(spec: Spec, arch: str, row: registry.Implementation, all_variants: bool,
               choices: dict[str, Any] | None) -> list[Variant]:
     if choices is not None:
-        row.reaching(choices)
+        row.reaching(choices, spec.epilogue.axes_read())
         v = make_variant(spec, arch=arch, **choices)
         why = row.problem(v.choices)
         if why is not None:

@@ -27,6 +27,9 @@ A row says, for the wrapper's parameters (``params``, its signature as written):
   wrapper's defaults. Without it the schema is the wrapper's signature;
 * ``reference`` -- the numpy reference (:mod:`fusegemm.reference`) whose parameter docs every face
   shares; without one the docs come from the row;
+* ``scaled`` -- a second row (same parameters and returns) that serves the calls whose
+  ``sfa_tensor`` is given: the op's block-scaled backend, on a spec of its own (cuDNN's GLU
+  wrapper takes BF16 or MXFP8 operands);
 * ``cls``, ``init``, ``execute``, ``samples`` -- the class API: the constructor's and
   ``execute``'s signatures, and the wrapper parameters a sample stands for (``dtype``: its dtype,
   ``major``: seed 004's C memory order). Other ``sample_<x>`` stand for ``<x>_tensor`` (or
@@ -69,6 +72,7 @@ class Preset:
     unsqueezed: tuple[str, ...] = ()
     reference: str | None = None
     torch: str | None = None
+    scaled: "Preset | None" = None
     cls: str | None = None
     init: str = ""
     execute: str = ""
@@ -107,8 +111,9 @@ class Preset:
 
 
 # ---------------------------------------------------------------- the rows
-_BF16_GLU_WHY = ("the BF16 backend: block-scaled GLU operands need a gate/up-paired accumulator, which the "
-                 "block-scaled kernels do not implement")
+_BF16_WHY = ("the BF16 backend: this op has no block-scaled spec (the block-scaled backward runs through "
+             "grouped_gemm_dswiglu, seed 000)")
+_GLU_SFB_WHY = "BF16 operands have no scales; block-scaled operands pass sfa_tensor too (the block-scaled backend)"
 _COMMON = ("mma_tiler_mn=None, cluster_shape_mn=None, sf_vec_size=16, vector_f32=False, m_aligned=256, "
            "discrete_col_sfd=False")
 _FIXED_BF16 = (("acc_dtype", "float32", "FP32 accumulation"), ("cd_major", "n", "row-major C and D"),
@@ -116,12 +121,18 @@ _FIXED_BF16 = (("acc_dtype", "float32", "FP32 accumulation"), ("cd_major", "n", 
                ("discrete_col_sfd", False, "BF16 outputs have no SFD"),
                ("sf_vec_size", 16, "BF16 operands have no scales"),
                ("use_single_group_runtime_offsets", False, "padded_offsets are per expert"))
-_NO_SCALES = (("sfa_tensor", None, _BF16_GLU_WHY), ("sfb_tensor", None, _BF16_GLU_WHY),
-              ("sfb_ptrs", None, _BF16_GLU_WHY), ("norm_const_tensor", None, "BF16 outputs have no SFD"))
-_GLU_ACT = (("linear_offset", None, "SwiGLU has no linear offset"),
-            ("geglu_alpha", 1.702, "the BF16 backend takes the default only"),
-            ("glu_clamp_max", 7.0, "the BF16 backend takes the default only"),
-            ("glu_clamp_min", -7.0, "the BF16 backend takes the default only"))
+
+
+def _no_scales(why: str, with_sfa: bool = True) -> tuple[tuple[str, Any, str], ...]:
+    """The scale parameters a BF16 row takes at None only (``with_sfa`` False: sfa_tensor chooses the
+    row's block-scaled backend instead)."""
+    return tuple((p, None, why) for p in ("sfa_tensor",) * with_sfa + ("sfb_tensor", "sfb_ptrs")) + (
+        ("norm_const_tensor", None, "BF16 outputs have no SFD"),)
+
+
+_GEGLU_ONLY = "a GeGLU parameter; SwiGLU does not read it (another value is refused, not ignored)"
+_GLU_ACT = (("linear_offset", None, "SwiGLU has no linear offset"), ("geglu_alpha", 1.702, _GEGLU_ONLY),
+            ("glu_clamp_max", 7.0, _GEGLU_ONLY), ("glu_clamp_min", -7.0, _GEGLU_ONLY))
 _DENSE_OR_DISCRETE = (("a_tensor", "a_tensor"), ("padded_offsets", "padded_offsets"), ("b_tensor", "b_tensor"),
                       ("b_ptrs", "b_ptrs"), ("n", "n"))
 _SHARED_AXES = (("weight_mode", "weight_mode", "b_tensor"), ("b_major", "value", "b_major"),
@@ -129,26 +140,67 @@ _SHARED_AXES = (("weight_mode", "weight_mode", "b_tensor"), ("b_major", "value",
                 ("tile_m,tile_n", "int_pair", "mma_tiler_mn"), ("cluster_m,cluster_n", "int_pair", "cluster_shape_mn"),
                 (None, "bf16_weights", "b_dtype"))
 
+# What the block-scaled rows share (the seeds, cuDNN frontend's pages 000, 002-004, and GLU's
+# block-scaled backend).
+_OUT = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
+_ACCEPTS = (("acc_dtype", ("float32",)), ("cd_major", ("n",)), ("m_aligned", (256,)),
+            ("e5m2_rcp_max", ("page", "nvidia")), ("b_major", ("k", "n")), ("c_dtype", _OUT), ("d_dtype", _OUT),
+            ("epilogue_op", (None, "none", "identity", "relu", "srelu")))
+_TILES = (("tile_m,tile_n", "pair", "mma_tiler_mn"), ("cluster_m,cluster_n", "pair", "cluster_shape_mn"))
+_FORMATS = (("ab_dtype", "ab_format", "a_tensor"), ("sf_dtype", "sf_format", "sfa_tensor"),
+            ("sf_vec_size", "sf_vec", "sf_vec_size"))
+# Options every grouped seed shares, then its operands' formats (discrete weights: b_dtype, b_major).
+_GROUPED = ((None, "dtype_in", "acc_dtype"), (None, "one_of", "cd_major"), (None, "one_of", "m_aligned"),
+            ("vector_f32", "bool", "vector_f32"), (None, "one_of", "e5m2_rcp_max"), *_TILES, *_FORMATS)
+_WEIGHTS = (("weight_mode", "weight_mode", "b_tensor"), (None, "b_format", "b_dtype"), ("b_major", "one_of", "b_major"))
+_SCALED_OPERANDS = (("a_tensor", "a_tensor"), ("sfa_tensor", "sfa_tensor"), ("padded_offsets", "padded_offsets"),
+                    ("b_tensor", "b_tensor"), ("sfb_tensor", "sfb_tensor"))
+_SFD = (("sfd_row_tensor", "sfd_row"), ("sfd_col_tensor", "sfd_col"))
+
+# cuDNN's GLU wrapper with sfa_tensor: its block-scaled backend (spec grouped_gemm_glu_mx), the
+# same parameters and returns as the BF16 row that dispatches to it.
+_GLU_PARAMS = ("a_tensor, sfa_tensor=None, padded_offsets=None, alpha_tensor=None, b_tensor=None, sfb_tensor=None, "
+               "bias_tensor=None, b_ptrs=None, sfb_ptrs=None, n=None, b_dtype=None, b_major='k', "
+               "norm_const_tensor=None, prob_tensor=None, acc_dtype='float32', c_dtype='bfloat16', "
+               "d_dtype='bfloat16', cd_major='n', " + _COMMON + ", act_func='swiglu', linear_offset=None, "
+               "geglu_alpha=1.702, glu_clamp_max=7.0, glu_clamp_min=-7.0, use_dynamic_sched=False, "
+               "use_single_group_runtime_offsets=False, current_stream=None, generate_c=False")
+_GLU_RETURNS = (("c_tensor", "c"), ("d_tensor", "d"), ("d_col_tensor", None), ("amax_tensor", None),
+                ("sfd_row_tensor", "sfd_row"), ("sfd_col_tensor", None))
+_GLU_SWIGLU = ("act_func", "swiglu", "this op is SwiGLU's spec; another activation is a spec of its own")
+_GLU_MX = Preset(
+    name="grouped_gemm_glu", spec="grouped_gemm_glu_mx", cudnn="grouped_gemm_glu_wrapper_sm100",
+    params=_GLU_PARAMS,
+    operands=(*_SCALED_OPERANDS, ("b_ptrs", "b_ptrs"), ("sfb_ptrs", "sfb_ptrs"), ("n", "n")),
+    inputs=(("alpha", "alpha_tensor"), ("prob", "prob_tensor"), ("bias", "bias_tensor"),
+            ("norm_const", "norm_const_tensor")),
+    # cuDNN's GLU signature has no e5m2_rcp_max: an e5m2 D takes the page's 1 / 57344.
+    axes=(("c_dtype", "dtype_in", "c_dtype"), ("d_dtype", "dtype_in", "d_dtype"),
+          *(a for a in _GROUPED if a[2] != "e5m2_rcp_max"), *_WEIGHTS,
+          ("bias_dtype", "tensor_dtype", "bias_tensor"), ("generate_c", "bool", "generate_c")),
+    accepts=_ACCEPTS,
+    fixed=(*_GLU_ACT, _GLU_SWIGLU, ("discrete_col_sfd", False, "D is row-quantized only (SFD_row)"),
+           ("use_dynamic_sched", False, "the block-scaled GLU kernel schedules statically"),
+           ("use_single_group_runtime_offsets", False, "padded_offsets are per expert")),
+    returns=_GLU_RETURNS,
+    summary="Grouped block-scaled GEMM + SwiGLU (cuDNN's grouped_gemm_glu with sfa_tensor): with G = alpha[e] * "
+            "dequant(A_e) @ dequant(B_e)^T (+ bias) in 32-column gate/up blocks, D = prob * up * silu(gate), half "
+            "as wide; an FP8 D is row-quantized (SFD_row); C = G with generate_c.")
+
 PRESETS: tuple[Preset, ...] = (
     Preset(
         name="grouped_gemm_glu", spec="grouped_gemm_glu", cudnn="grouped_gemm_glu_wrapper_sm100",
-        params=("a_tensor, sfa_tensor=None, padded_offsets=None, alpha_tensor=None, b_tensor=None, sfb_tensor=None, "
-                "bias_tensor=None, b_ptrs=None, sfb_ptrs=None, n=None, b_dtype=None, b_major='k', "
-                "norm_const_tensor=None, prob_tensor=None, acc_dtype='float32', c_dtype='bfloat16', "
-                "d_dtype='bfloat16', cd_major='n', " + _COMMON + ", act_func='swiglu', linear_offset=None, "
-                "geglu_alpha=1.702, glu_clamp_max=7.0, glu_clamp_min=-7.0, use_dynamic_sched=False, "
-                "use_single_group_runtime_offsets=False, current_stream=None, generate_c=False"),
+        params=_GLU_PARAMS, scaled=_GLU_MX,
         operands=_DENSE_OR_DISCRETE,
         inputs=(("alpha", "alpha_tensor"), ("prob", "prob_tensor"), ("bias", "bias_tensor")),
         axes=(("c_dtype", "dtype", "c_dtype"), ("d_dtype", "dtype", "d_dtype"),
               ("bias_dtype", "tensor_dtype", "bias_tensor"), ("generate_c", "bool", "generate_c"), *_SHARED_AXES),
-        fixed=(*_FIXED_BF16, *_NO_SCALES, *_GLU_ACT,
-               ("act_func", "swiglu", "this op is SwiGLU's spec; another activation is a spec of its own")),
-        returns=(("c_tensor", "c"), ("d_tensor", "d"), ("d_col_tensor", None), ("amax_tensor", None),
-                 ("sfd_row_tensor", None), ("sfd_col_tensor", None)),
+        fixed=(*_FIXED_BF16, *_no_scales(_GLU_SFB_WHY, with_sfa=False), *_GLU_ACT, _GLU_SWIGLU),
+        returns=tuple((name, None if name == "sfd_row_tensor" else out) for name, out in _GLU_RETURNS),
         summary="Grouped BF16 GEMM + SwiGLU (cuDNN's grouped_gemm_glu, act_func='swiglu'): with G = alpha[e] * "
                 "A_e @ B_e^T (+ bias) in 32-column gate/up blocks, D = prob * up * silu(gate), half as wide; "
-                "C = G with generate_c."),
+                "C = G with generate_c. With sfa_tensor the block-scaled backend runs (spec grouped_gemm_glu_mx: MXFP8, or "
+                "the blockwise recipe on sm_90a; an FP8 D comes with SFD_row)."),
     Preset(
         name="grouped_gemm_dglu", spec="grouped_gemm_dglu", cudnn="grouped_gemm_dglu_wrapper_sm100",
         params=("a_tensor, c_tensor, sfa_tensor, padded_offsets, alpha_tensor, beta_tensor, prob_tensor, "
@@ -160,7 +212,7 @@ PRESETS: tuple[Preset, ...] = (
         operands=_DENSE_OR_DISCRETE,
         inputs=(("alpha", "alpha_tensor"), ("beta", "beta_tensor"), ("prob", "prob_tensor"), ("c", "c_tensor")),
         axes=(("c_dtype", "tensor_dtype", "c_tensor"), ("d_dtype", "dtype", "d_dtype"), *_SHARED_AXES),
-        fixed=(*_FIXED_BF16, *_NO_SCALES, *_GLU_ACT,
+        fixed=(*_FIXED_BF16, *_no_scales(_BF16_WHY), *_GLU_ACT,
                ("act_func", "dswiglu", "this op is dSwiGLU's spec; another activation is a spec of its own"),
                ("generate_dbias", False, "the bias gradient of a paired D (gate/up blocks) needs a paired "
                                          "column sum, which the epilogue language does not have yet"),
@@ -181,7 +233,7 @@ PRESETS: tuple[Preset, ...] = (
         inputs=(("alpha", "alpha_tensor"), ("prob", "prob_tensor"), ("c", "c_tensor")),
         axes=(("c_dtype", "tensor_dtype", "c_tensor"), ("d_dtype", "dtype", "d_dtype"),
               ("generate_dbias", "bool", "generate_dbias"), *_SHARED_AXES),
-        fixed=(*_FIXED_BF16[:5], *_NO_SCALES),
+        fixed=(*_FIXED_BF16[:5], *_no_scales(_BF16_WHY)),
         returns=(("d_row_tensor", "d"), ("d_col_tensor", None), ("dprob_tensor", "dprob"), ("dbias_tensor", "dbias"),
                  ("amax_tensor", "amax"), ("sfd_row_tensor", None), ("sfd_col_tensor", None)),
         into=(("dprob", "dprob_tensor"),),
@@ -190,22 +242,6 @@ PRESETS: tuple[Preset, ...] = (
                 "sum(relu(C)^2 * G) per row, and a per-expert amax of a bf16/fp16 D; generate_dbias adds "
                 "dbias (L, N[, 1]) float32, the column sums of D over each expert's rows."),
 )
-
-# The block-scaled seeds (cuDNN frontend's pages 000, 002-004), with their class APIs.
-_OUT = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
-_ACCEPTS = (("acc_dtype", ("float32",)), ("cd_major", ("n",)), ("m_aligned", (256,)),
-            ("e5m2_rcp_max", ("page", "nvidia")), ("b_major", ("k", "n")), ("c_dtype", _OUT), ("d_dtype", _OUT),
-            ("epilogue_op", (None, "none", "identity", "relu", "srelu")))
-_TILES = (("tile_m,tile_n", "pair", "mma_tiler_mn"), ("cluster_m,cluster_n", "pair", "cluster_shape_mn"))
-_FORMATS = (("ab_dtype", "ab_format", "a_tensor"), ("sf_dtype", "sf_format", "sfa_tensor"),
-            ("sf_vec_size", "sf_vec", "sf_vec_size"))
-# Options every grouped seed shares, then its operands' formats (discrete weights: b_dtype, b_major).
-_GROUPED = ((None, "dtype_in", "acc_dtype"), (None, "one_of", "cd_major"), (None, "one_of", "m_aligned"),
-            ("vector_f32", "bool", "vector_f32"), (None, "one_of", "e5m2_rcp_max"), *_TILES, *_FORMATS)
-_WEIGHTS = (("weight_mode", "weight_mode", "b_tensor"), (None, "b_format", "b_dtype"), ("b_major", "one_of", "b_major"))
-_SCALED_OPERANDS = (("a_tensor", "a_tensor"), ("sfa_tensor", "sfa_tensor"), ("padded_offsets", "padded_offsets"),
-                    ("b_tensor", "b_tensor"), ("sfb_tensor", "sfb_tensor"))
-_SFD = (("sfd_row_tensor", "sfd_row"), ("sfd_col_tensor", "sfd_col"))
 
 SEEDS: tuple[Preset, ...] = (
     Preset(

@@ -106,24 +106,28 @@ def _grouped_gemm_cases() -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
-def _spec_cases() -> list[tuple[str, dict[str, Any]]]:
-    """One case per packaged spec of the BF16 grouped family other than the seed's own (the
-    spec-authored epilogues: SwiGLU, GLU, dGLU, dsReLU, ...): its variant with float outputs where
-    the spec offers them, run through fusegemm.Op and checked against the numpy interpreter."""
+def _spec_cases(family: str) -> list[tuple[str, dict[str, Any]]]:
+    """One case per packaged spec of ``family`` (an M-grouped kernel, BF16 or block-scaled) that is
+    not the seed's own (a seed spec is named after its kernel family; the seeds have cases of their own):
+    the spec-authored epilogues (SwiGLU, GLU, dGLU, dsReLU, block-scaled GLU, ...), in their
+    variant with float outputs where the spec offers them, run through fusegemm.Op and checked
+    against the numpy interpreter."""
     from .generator.spec import list_specs, load_spec
+    from .ops.engine import kernel_class
     cases = []
     for path in list_specs():
         spec = load_spec(path)
-        if spec.kernel == "grouped_gemm" and spec.name != "grouped_gemm":
+        if spec.kernel == family and kernel_class(family) in ("grouped", "scaled") and spec.name != family:
             cases.append((f"spec {spec.name}: against its interpreter", dict(spec=spec.name, tokens=[256, 0, 300],
                                                                             n=256, k=64)))
     return cases
 
 
 def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool, str]:
-    """A spec's default variant (float outputs where offered) on integer-valued BF16 operands (every
-    FP32 sum exact, so the kernel and the interpreter differ only by the functions' ulp bounds and
-    the outputs' rounding), against ``Op.reference``."""
+    """A spec's default variant (float outputs where offered) on integer-valued operands (BF16, or
+    e4m3 with unit E8M0 scales for a block-scaled spec: every FP32 sum exact, so the kernel and the
+    interpreter differ only by the functions' ulp bounds and the outputs' rounding), against
+    ``Op.reference``."""
     import ml_dtypes
     import torch
 
@@ -147,9 +151,16 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
     sizes = _padded(case["tokens"])
     m, n, k, l = sum(sizes), case["n"], case["k"], len(sizes)
     bf16 = ml_dtypes.bfloat16
-    a = rng.integers(-2, 3, (m, k)).astype(bf16)
-    b = rng.integers(-2, 3, (l, n, k)).astype(bf16)
+    ab = ml_dtypes.float8_e4m3fn if op.kind == "scaled" else bf16
+    a = rng.integers(-2, 3, (m, k)).astype(ab)
+    b = rng.integers(-2, 3, (l, n, k)).astype(ab)
     off = np.cumsum(sizes).astype(np.int32)
+    operands = [a, off, b]
+    if op.kind == "scaled":   # (A, SFA, offsets, B, SFB): unit MXFP8 scales, physical layouts
+        from .formats import pack_sf
+        e8m0 = ml_dtypes.float8_e8m0fnu
+        operands = [a, pack_sf(np.ones((m, k // 32), np.float32).astype(e8m0)), off, b,
+                    pack_sf(np.ones((l, n, k // 32), np.float32).astype(e8m0), batch_first=True)]
     w = op.widths(n)[0]
     host: dict[str, Any] = {}
     dev: dict[str, Any] = {}
@@ -167,11 +178,10 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
         else:
             host[inp.name] = (0.5 * rng.standard_normal((m, 2 * w if inp.paired else w))).astype(dt)
         dev[inp.name] = output_compare.to_device(host[inp.name], device)
-    out = op(output_compare.to_device(a, device), output_compare.to_device(off, device),
-             output_compare.to_device(b, device), inputs=dev)
+    out = op(*(output_compare.to_device(x, device) for x in operands), inputs=dev)
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
-    ref = op.reference(a, off, b, inputs=host)
+    ref = op.reference(*operands, inputs=host)
     valid = int(off[-1])
     rows = set(op.epilogue.row_buffers())
     got = {}
@@ -362,14 +372,15 @@ def _run_wgrad(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, boo
 
 
 RUNNERS: dict[str, Callable[[], list[tuple[str, dict[str, Any]]]]] = {
-    "grouped_gemm": lambda: _grouped_gemm_cases() + _spec_cases(),
+    "grouped_gemm": lambda: _grouped_gemm_cases() + _spec_cases("grouped_gemm"),
     "grouped_gemm_wgrad": _wgrad_cases,
-    **{fam: (lambda fam=fam: _SCALED_CASES[fam]) for fam in _SCALED_CASES},
+    **{fam: (lambda fam=fam: _SCALED_CASES[fam] + _spec_cases(fam)) for fam in _SCALED_CASES},
 }
 CASE_RUNNERS: dict[str, Callable[..., tuple[float, bool, str]]] = {
     "grouped_gemm": lambda case, device="cuda:0": (_run_spec if "spec" in case else _run_grouped_gemm)(case, device),
     "grouped_gemm_wgrad": _run_wgrad,
-    **{fam: (lambda case, device="cuda:0", fam=fam: _run_scaled(fam, case, device)) for fam in _SCALED_CASES},
+    **{fam: (lambda case, device="cuda:0", fam=fam: _run_spec(case, device) if "spec" in case
+             else _run_scaled(fam, case, device)) for fam in _SCALED_CASES},
 }
 
 

@@ -141,9 +141,18 @@ class Implementation:
                 out[r.axis] = r.runs_as
         return out
 
-    def reaching(self, axes: Iterable[str]) -> None:
-        """Raise naming the first of ``axes`` that would not change this kernel. An axis the row
-        limits is checked by its limit instead (which says what is implemented and why)."""
+    def axes_for(self, epilogue_axes: Iterable[str] = ()) -> tuple[str, ...]:
+        """The axes that reach this row's source for a spec whose epilogue reads ``epilogue_axes``
+        (``Epilogue.axes_read``): the kernel's, then, where the row instantiates the spec's rule,
+        those the rule reads (a ``when: generate_c`` output, a dtype axis of an input)."""
+        extra = sorted(set(epilogue_axes) - set(self.source_axes)) if self.rule == SPEC_RULE else []
+        return self.source_axes + tuple(a for a in extra if a != "arch")
+
+    def reaching(self, axes: Iterable[str], epilogue_axes: Iterable[str] = ()) -> None:
+        """Raise naming the first of ``axes`` that would not change this kernel of a spec whose
+        epilogue reads ``epilogue_axes``. An axis the row limits is checked by its limit instead
+        (which says what is implemented and why)."""
+        source_axes = self.axes_for(epilogue_axes)
         limited = {lim.axis for lim in self.limits}
         runs_as = {r.axis: r for r in self.runs_as}
         for axis in axes:
@@ -153,8 +162,8 @@ class Implementation:
                     axis=axis, message=f"{axis}: does not reach the {self.arch} kernel of {self.family}, which runs "
                     f"{axis}={r.value!r} as {axis}={r.runs_as!r} ({r.because}): one kernel for both; allowed: "
                     f"leave {axis} out on {self.arch} (the API accepts {axis}={r.value!r} and runs that kernel)")
-            if axis not in self.source_axes and axis not in LAUNCH_AXES and axis not in limited:
-                reach = ", ".join(dict.fromkeys(self.source_axes + LAUNCH_AXES))
+            if axis not in source_axes and axis not in LAUNCH_AXES and axis not in limited:
+                reach = ", ".join(dict.fromkeys(source_axes + LAUNCH_AXES))
                 raise UnsupportedError(
                     axis=axis, message=f"{axis}: does not reach the {self.arch} kernel of {self.family} (its "
                     f"generated source does not depend on it); axes that reach it: {reach}")

@@ -72,8 +72,9 @@ def _scale_type(name: str) -> str:
 
 
 def kernel_name(v: Variant, impl: Implementation) -> str:
-    """People's name of the kernel: the axes that reach its source, tile and arch."""
-    return v.name_for(impl.source_axes)
+    """People's name of the kernel: the axes that reach its source (the kernel's and its rule's),
+    tile and arch."""
+    return v.name_for(impl.axes_for(v.spec.epilogue.axes_read()))
 
 
 def rule_of(v: Variant, impl: Implementation):

@@ -32,7 +32,10 @@ def parse_params(text: str) -> inspect.Signature:
 
 
 def call(row: Any, bound: dict[str, Any]) -> TupleDict:
-    """Run ``row``'s op on its wrapper's bound arguments; the outputs in the row's return order."""
+    """Run ``row``'s op on its wrapper's bound arguments (its block-scaled backend's, ``row.scaled``,
+    when ``sfa_tensor`` is given); the outputs in the row's return order."""
+    if row.scaled is not None and bound.get("sfa_tensor") is not None:
+        row = row.scaled
     axes = resolve(row, bound)
     shown = {spec_out: checks.bool_arg(bound[param], param) for spec_out, param in row.gates}
     op = _seeds._op(row.spec, bound["a_tensor"], bound.get("e5m2_rcp_max", "page"), axes)
@@ -139,6 +142,9 @@ def _param_doc(row: Any, param: str) -> str:
     for p, allowed, why in row.fixed:
         if p == param:
             return f"Only {allowed!r} here: {why}."
+    if row.scaled is not None and param == "sfa_tensor":
+        return (f"A's scale factors: with them the block-scaled backend runs (spec ``{row.scaled.spec}``; its "
+                "operands, scales and D quantization as the block-scaled seeds take them).")
     for spec_out, p in row.into:
         if p == param:
             return f"Optional zero-initialised output: ``{spec_out}`` is written into it."

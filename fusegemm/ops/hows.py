@@ -18,7 +18,7 @@ how                 the argument
 ``weight_mode``     ``dense`` with the tensor, ``discrete`` (pointers) without
 ``dense_b``         dense weights only (seed 000)
 ``ab_format``       A's format (``ab_dtype``); ``sf_format``: its scales' (``sf_dtype``)
-``sf_vec``          16 or 32 elements per scale
+``sf_vec``          16, 32 or 128 (blockwise) elements per scale
 ``b_format``        None or the format of A (discrete weights' ``b_dtype``)
 ``bf16_weights``    None or bfloat16 (BF16 discrete weights' ``b_dtype``)
 ``pair``            a tile or cluster (two ints), None for the arch's default
@@ -76,14 +76,15 @@ def _sf_format(v: Any, name: str, allowed: Any, bound: dict) -> str:
     if v is None:
         raise ArgumentError("sfa_tensor", None, "a tensor", "block-scaled A/B need their scale factors")
     sf = view(v, "sfa_tensor").dtype
-    if sf not in SF_DTYPES:
-        raise ArgumentError("sfa_tensor.dtype", sf, ", ".join(SF_DTYPES) + " (uint8/int8: E8M0 bytes)")
+    if sf not in SF_DTYPES + ("float32",):
+        raise ArgumentError("sfa_tensor.dtype", sf, ", ".join(SF_DTYPES) + " (uint8/int8: E8M0 bytes), float32 "
+                            "(the blockwise recipe)")
     return SF_AXIS[sf]
 
 
 def _sf_vec(v: Any, name: str, allowed: Any, bound: dict) -> int:
-    if isinstance(v, bool) or v not in (16, 32):
-        raise ArgumentError(name, repr(v), "16, 32")
+    if isinstance(v, bool) or v not in (16, 32, 128):
+        raise ArgumentError(name, repr(v), "16, 32 (MX scales), 128 (the blockwise recipe: float32 scales)")
     return v
 
 

@@ -5,8 +5,8 @@
 Outputs come back in the seed's layout: ``(M, N, 1)`` rows and kernel-facing SF views for a
 ``(M, K, 1)`` A, ``(M, N)`` rows and physical SF buffers for a 2-D A (exactly as
 :mod:`fusegemm.reference` returns them); FP8 rows as torch FP8 tensors, packed FP4 as ``uint8``,
-SFD in the scale dtype of ``sfa_tensor``; seed 004's C ``(M, N, L)`` with N- or M-contiguous
-strides (``c_major``).
+SFD in the scale dtype of ``sfa_tensor`` (E8M0 under the blockwise recipe); seed 004's C
+``(M, N, L)`` with N- or M-contiguous strides (``c_major``).
 
 Seed options that only choose a kernel (``mma_tiler_mn``, ``cluster_shape_mn``) default to None:
 the arch's preferred tile and cluster (``fusegemm show SPEC``); the seeds' defaults ((256, 256),
@@ -88,7 +88,7 @@ def shape_out(out: dict[str, Any], op: Op, a: TensorView, sfa_tensor: Any) -> di
             t = t.view(_torch_dtype(dtypes[name])) if dtypes[name] in _FP8 else t
             t = t if flat else t.unsqueeze(-1)
         elif name in ("sfd_row", "sfd_col"):
-            sf = sf or _torch_dtype(view(sfa_tensor, "sfa_tensor").dtype)
+            sf = sf or _torch_dtype(_sfd_dtype(view(sfa_tensor, "sfa_tensor").dtype))
             t = t.view(sf)
             t = t if flat else sf_to_kernel_view(t)
         elif name == "dprob":
@@ -97,6 +97,12 @@ def shape_out(out: dict[str, Any], op: Op, a: TensorView, sfa_tensor: Any) -> di
             t = t if flat else t.unsqueeze(-1)
         shaped[name] = t
     return shaped
+
+
+def _sfd_dtype(sfa_dtype: str) -> str:
+    """SFD's scale dtype: the operands' MX scale dtype (E8M0, or e4m3 for NVFP4); E8M0 under the
+    blockwise recipe, whose FP32 operand scales are not an output format (D is MXFP8-quantized)."""
+    return "float8_e8m0fnu" if sfa_dtype == "float32" else sfa_dtype
 
 
 def _batched_out(out: dict[str, Any], a: TensorView, c_dtype: str, c_major: str) -> dict[str, Any]:

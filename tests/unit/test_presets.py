@@ -41,20 +41,29 @@ CUDNN = {
 GENERIC = {"mma_tiler_mn", "cluster_shape_mn", "current_stream", "b_dtype"}
 
 
-@pytest.mark.parametrize("row", presets.PRESETS, ids=lambda r: r.name)
+# Every row, block-scaled backends (``Preset.scaled``) included: each spells cuDNN's face.
+ROWS = [r for p in presets.PRESETS for r in (p, p.scaled) if r is not None]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.spec)
 def test_rows_spell_cudnn_and_reach_the_engine(row):
     params, returns = CUDNN[row.name]
     sig = inspect.signature(getattr(fusegemm, row.name))
     assert list(sig.parameters) == params.split()
+    assert list(row.signature().parameters) == params.split()
     assert [name for name, _ in row.returns] == returns.split()
     used = ({p for _, p in row.operands} | {p for _, p in row.inputs} | {p for _, _, p in row.axes}
             | {p for p, _, _ in row.fixed} | {p for _, p in row.into} | GENERIC)
+    if row.scaled is not None:     # it chooses the block-scaled backend
+        used.add("sfa_tensor")
     assert set(sig.parameters) - used == set(), "a parameter that reaches nothing"
     assert used - GENERIC <= set(sig.parameters)
     spec = find_spec(row.spec)
     assert {i for i, _ in row.inputs} == {i.name for i in spec.epilogue.inputs}
     gated = {axis: True for axis in ("generate_dbias",) if axis in spec.choice_map}   # outputs an axis adds
-    outs = set(fusegemm.Op.planned(spec, **gated).epilogue.buffers(256, 256, 1)) | {o.name for o in spec.epilogue.outputs}
+    fp8_d = [{"d_dtype": "float8_e4m3fn"}] if "float8_e4m3fn" in spec.choice_map.get("d_dtype", ()) else []
+    outs = {o.name for o in spec.epilogue.outputs}.union(*(fusegemm.Op.planned(spec, **gated, **v).epilogue.buffers(
+        256, 256, 1) for v in [{}, *fp8_d]))      # SFD comes with an FP8 D
     for name, spec_out in row.returns:
         assert spec_out is None or spec_out in outs or spec_out in ("c", "amax"), (name, spec_out)
     assert getattr(compat, row.cudnn) is getattr(fusegemm, row.name)
@@ -70,8 +79,17 @@ def test_fixed_parameters_are_refused_with_their_reason():
     a, b, off, alpha, prob = _args()
     with pytest.raises(ArgumentError, match=r"^act_func: got 'geglu'; allowed: 'swiglu'\. this op is SwiGLU's spec"):
         fusegemm.grouped_gemm_glu(a, None, off, alpha, b, prob_tensor=prob, act_func="geglu")
-    with pytest.raises(ArgumentError, match=r"^sfa_tensor: got .*; allowed: None\. the BF16 backend"):
+    # sfa_tensor chooses the block-scaled backend, which takes FP8 operands; sfb alone is refused.
+    with pytest.raises(ArgumentError, match=r"^a_tensor\.dtype: got bfloat16; allowed: float8_e4m3fn"):
         fusegemm.grouped_gemm_glu(a, torch.zeros(4, dtype=torch.uint8), off, alpha, b, prob_tensor=prob)
+    with pytest.raises(ArgumentError, match=r"^sfb_tensor: got .*; allowed: None\. BF16 operands have no scales; "
+                                            r"block-scaled operands pass sfa_tensor too"):
+        fusegemm.grouped_gemm_glu(a, None, off, alpha, b, torch.zeros(4, dtype=torch.uint8), prob_tensor=prob)
+    with pytest.raises(ArgumentError, match=r"^sfa_tensor: got .*; allowed: None\. the BF16 backend: this op has "
+                                            r"no block-scaled spec"):
+        fusegemm.grouped_gemm_dsrelu(a, b, torch.zeros((256, 128), dtype=torch.bfloat16),
+                                     torch.zeros(4, dtype=torch.uint8), padded_offsets=off, alpha_tensor=alpha,
+                                     prob_tensor=prob)
     with pytest.raises(ArgumentError, match=r"^generate_dbias: got True; allowed: False\. the bias gradient of a "
                                             r"paired D"):
         fusegemm.grouped_gemm_dglu(a, torch.zeros((256, 256), dtype=torch.bfloat16), None, off, alpha, alpha, prob,

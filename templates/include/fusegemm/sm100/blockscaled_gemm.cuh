@@ -112,12 +112,15 @@ struct BlockScaledGemmKernel {
   static_assert(!kCMajorM || out_bits<ElementC>() >= 8, "packed FP4 C must be N-major");
   // Which C/D dtypes go with which A/B is each seed's surface (its spec's constraints), not
   // this kernel's: any pairing compiles.
-  // The epilogue rule generated from the spec (GEMM + amax, sReLU, quant or dSwiGLU),
-  // run by the arch-neutral engine: C, D (paired or not), D_col, SFD, amax and dprob.
+  // The epilogue rule generated from the spec (GEMM + amax, sReLU, quant, dSwiGLU, a GLU forward),
+  // run by the arch-neutral engine: C, D (paired or not), D_col, SFD, amax and dprob, on a paired
+  // accumulator or not.
   using Rule = typename Config::Rule;
   using ElementD = typename Config::ElementD;
   using Engine = epi::BlockEngine<Rule, ElementC, ElementD, Config::kBatched, kCMajorM, Config::kDiscreteColSfd>;
-  static_assert(!Rule::kPairedAcc, "block-scaled kernel: the accumulator is not gate/up paired (no seed pairs it)");
+  // Accumulator columns per engine call: a gate/up pair of 32-column blocks when the rule pairs
+  // the accumulator (GLU forward), else one block.
+  static constexpr int kAccPerBlock = Rule::kPairedAcc ? 2 * kEpiChunkCols : kEpiChunkCols;
   static_assert(!kCMajorM || !Rule::kHasD, "M-major output: C only (seed 004)");
   static constexpr int kStagingBytes = Engine::kStageBytes > 128 ? Engine::kStageBytes : 128;
 
@@ -339,23 +342,28 @@ struct BlockScaledGemmKernel {
     Rule rule;
     typename Engine::Partials part;
     part.reset();
+    // Element columns: the accumulator's, or half of them when the rule pairs gate/up blocks.
+    const int width = Rule::kPairedAcc ? p.n / 2 : p.n;
     f.epilogue_loop(sched, [&](const ClusterTile& t, uint32_t acc_col) {
       const int m0 = t.m_block * kTileM + f.cta_half * kRowsD;  // first row this CTA stores
       const int half = kTileM == 64 ? (m0 % 128) / 64 : 0;
       const int local = ew * 32 - half * 64;                      // first tile row of this warp
       int rows_valid = (local >= 0 && local < kRowsD) ? 32 : 0;
       if constexpr (Config::kBatched) rows_valid = min(rows_valid, max(p.m_rows - (m0 + local), 0));
-      const int n0 = t.n_block * kTileN;
       rule.begin_tile(p, t.expert);
 #pragma unroll 1
-      for (int c = 0; c < kTileN / kEpiChunkCols; ++c) {
-        float acc[32];
-        tmem_load_chunk(tmem_addr(f.tmem_base, 32 * ew, acc_col + c * kEpiChunkCols), k_blocks == 0, acc);
-        if (c == kTileN / kEpiChunkCols - 1) f.release_accumulator();
-        const int col0 = n0 + c * kEpiChunkCols;
-        if (col0 >= p.n || rows_valid <= 0) continue;  // warp-uniform
-        if constexpr (kFault == kFaultSpill) spill_through_local(acc, f.lane);
-        Engine::run(rule, p, t.expert, m0 + local, rows_valid, col0, p.n, acc, buf, f.lane, part);
+      for (int c = 0; c < kTileN / kAccPerBlock; ++c) {
+        float acc[Engine::kAccVals];
+        tmem_load_chunk(tmem_addr(f.tmem_base, 32 * ew, acc_col + c * kAccPerBlock), k_blocks == 0, acc);
+        if constexpr (Rule::kPairedAcc) {  // the up block, 32 columns after the gate block
+          tmem_load_chunk(tmem_addr(f.tmem_base, 32 * ew, acc_col + c * kAccPerBlock + kEpiChunkCols),
+                          k_blocks == 0, acc + 32);
+        }
+        if (c == kTileN / kAccPerBlock - 1) f.release_accumulator();  // after the last wait::ld
+        const int j0 = (t.n_block * kTileN + c * kAccPerBlock) / (Rule::kPairedAcc ? 2 : 1);
+        if (j0 >= width || rows_valid <= 0) continue;  // warp-uniform
+        if constexpr (kFault == kFaultSpill) spill_through_local(*reinterpret_cast<float(*)[32]>(acc), f.lane);
+        Engine::run(rule, p, t.expert, m0 + local, rows_valid, j0, width, acc, buf, f.lane, part);
       }
       if (rows_valid > 0) Engine::flush_tile(part, p, t.expert, m0 + local, rows_valid, f.lane);
     });

@@ -22,8 +22,6 @@ struct ScaledConfigChecks {
   static_assert(fusegemm::is_same_v<typename Config::ElementSF, fusegemm::float_ue8m0_t> && Config::kSfVec == 32,
                 "MXFP8: E8M0 scales per 32 K");
   static_assert(!Config::kAMajorMN && !Config::kBMajorMN, "K-major A and B (the registry's sm_90a limits)");
-  static_assert(!Config::Rule::kPairedAcc,
-                "block-scaled kernel: the accumulator is not gate/up paired (no seed pairs it)");
   static_assert(!Config::kCMajorM || !Config::Rule::kHasD, "M-major output: C only (seed 004)");
   static_assert(Config::kTileM == 128, "sm_90a block-scaled kernel: TILE_M 128 (two consumer warpgroups)");
   static_assert(Config::kTileN == 128 || Config::kTileN == 256, "sm_90a block-scaled kernel: TILE_N 128 or 256");

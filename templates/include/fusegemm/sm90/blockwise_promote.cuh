@@ -52,7 +52,6 @@ struct BlockwiseConfigChecks {
   static_assert(fusegemm::is_same_v<typename Config::ElementSF, float> && Config::kSfVec == 128,
                 "blockwise recipe: FP32 scales per 128 K");
   static_assert(!Config::kAMajorMN && !Config::kBMajorMN, "K-major A and B (the registry's sm_90a limits)");
-  static_assert(!Config::Rule::kPairedAcc, "block-scaled kernel: the accumulator is not gate/up paired");
   static_assert(!Config::kCMajorM || !Config::Rule::kHasD, "M-major output: C only (seed 004)");
   static_assert(Config::kTileM == 128, "sm_90a blockwise kernel: TILE_M 128 (two consumer warpgroups)");
   static_assert(Config::kTileN == 128 || Config::kTileN == 256, "sm_90a blockwise kernel: TILE_N 128 or 256");
