@@ -14,8 +14,9 @@ rule (generator/emit.py, templates/rule.cu.j2) and its engine
   Inf); FP8/FP4 without quantization ``cvt.rn.satfinite``; FP8/FP4 with quantization per the
   output's SFD convention (E8M0 scales rounded up, the ``rcp.approx.ftz`` flushes, the FLT_MAX
   clamp, ``fl(x * scale)``, ``cvt.rn.satfinite``), restated here step by step from the engine;
-* reductions: per-expert / global NaN-propagating ``max |x|`` (initialised to -inf), and row sums
-  (float64 then rounded once; the kernel's FP32 atomics differ by rounding).
+* reductions: per-expert / global NaN-propagating ``max |x|`` (initialised to -inf), row sums and
+  per-expert column sums (float64 then rounded once; the kernel's FP32 atomics differ by
+  rounding); a paired output's column sums cover its interleaved columns.
 
 This module is independent of :mod:`fusegemm.reference` (the hand-written references of the seed
 ops, which the tests cross-check it with); it uses :mod:`fusegemm.formats` only for element
@@ -156,7 +157,9 @@ class Interpreted:
     dprob : numpy.ndarray or None
         float32 ``(m_rows,)`` row sums (zero at or after valid_m).
     dbias : numpy.ndarray or None
-        float32 ``(L, W)`` column sums over each expert's rows (``scope: column``).
+        float32 ``(L, W)`` column sums over each expert's rows (``scope: column``); ``(L, 2W)`` when
+        the sum is a paired output's: ``dbias[e, j]`` sums column j of the output as stored (gate
+        and up blocks interleaved), of the FP32 values before conversion.
     values : mapping
         Every live statement's FP32 value by name: ``(valid_m, W)`` (batched ``(L, M, W)``).
     out_values : mapping
@@ -481,8 +484,14 @@ def _interpret(resolved: Resolved, acc: np.ndarray, *, offsets, m_rows, inputs, 
     if colsums:
         if batched:
             raise ValueError("column sums of a batched problem are not defined (the engine sums each expert's rows)")
-        v = values[colsums[0].of].astype(np.float64)
-        dbias = np.zeros((l, width), dtype=F32)
+        red = colsums[0]
+        if red.paired is not None:       # the paired output's columns, interleaved as it stores them
+            v = np.zeros((valid_m, 2 * width), dtype=np.float64)
+            for r, name in zip(roles, red.paired):
+                v[:, role_cols[r]] = values[name]
+        else:
+            v = values[red.of].astype(np.float64)
+        dbias = np.zeros((l, v.shape[1]), dtype=F32)
         for e, (a, b) in enumerate(ranges):
             if b > a:
                 dbias[e] = np.sum(v[a:b], axis=0).astype(F32)

@@ -211,18 +211,20 @@ PRESETS: tuple[Preset, ...] = (
                 "use_dynamic_sched=False, use_single_group_runtime_offsets=False, current_stream=None"),
         operands=_DENSE_OR_DISCRETE,
         inputs=(("alpha", "alpha_tensor"), ("beta", "beta_tensor"), ("prob", "prob_tensor"), ("c", "c_tensor")),
-        axes=(("c_dtype", "tensor_dtype", "c_tensor"), ("d_dtype", "dtype", "d_dtype"), *_SHARED_AXES),
+        axes=(("c_dtype", "tensor_dtype", "c_tensor"), ("d_dtype", "dtype", "d_dtype"),
+              ("generate_dbias", "bool", "generate_dbias"), *_SHARED_AXES),
         fixed=(*_FIXED_BF16, *_no_scales(_BF16_WHY), *_GLU_ACT,
                ("act_func", "dswiglu", "this op is dSwiGLU's spec; another activation is a spec of its own"),
-               ("generate_dbias", False, "the bias gradient of a paired D (gate/up blocks) needs a paired "
-                                         "column sum, which the epilogue language does not have yet"),
                ("epilogue_op", None, "NVIDIA's kernel applies none")),
-        returns=(("d_row_tensor", "d"), ("d_col_tensor", None), ("dprob_tensor", "dprob"), ("dbias_tensor", None),
+        returns=(("d_row_tensor", "d"), ("d_col_tensor", None), ("dprob_tensor", "dprob"), ("dbias_tensor", "dbias"),
                  ("amax_tensor", None), ("sfd_row_tensor", None), ("sfd_col_tensor", None)),
         into=(("dprob", "dprob_tensor"),),
         summary="Grouped BF16 GEMM + dSwiGLU backward (cuDNN's grouped_gemm_dglu, act_func='dswiglu'): R = "
                 "alpha[e]^2 * A_e @ B_e^T; with the forward's C (M, 2N) scaled by beta[e], D holds dSwiGLU in the "
-                "gate blocks and R * prob * swish(g) in the up blocks; dprob += sum(swish(g) * u * R) per row."),
+                "gate blocks and R * prob * swish(g) in the up blocks; dprob += sum(swish(g) * u * R) per row; "
+                "generate_dbias adds dbias (L, 2N[, 1]) float32, the column sums of D (all 2N interleaved columns, "
+                "gate and up blocks as D stores them) over each expert's rows (NVIDIA's BF16 kernel returns it "
+                "bfloat16)."),
     Preset(
         name="grouped_gemm_dsrelu", spec="grouped_gemm_dsrelu", cudnn="grouped_gemm_dsrelu_wrapper_sm100",
         params=("a_tensor, b_tensor=None, c_tensor=None, sfa_tensor=None, sfb_tensor=None, padded_offsets=None, "

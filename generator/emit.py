@@ -126,7 +126,9 @@ def rule_model(r: Resolved, packed: bool = False) -> RuleModel:
     if rowsum:
         out_fields.append(("rowsum", f"v_{rowsum[0].of}"))
     colsum = [x for x in r.reductions if x.scope == "column"]
-    if colsum:
+    if colsum and colsum[0].paired:     # a paired output's: both roles' values, per element column
+        out_fields += [("colsum0", f"v_{colsum[0].paired[0]}"), ("colsum1", f"v_{colsum[0].paired[1]}")]
+    elif colsum:
         out_fields.append(("colsum", f"v_{colsum[0].of}"))
     q = d.quantize if d is not None else None
     traits = [
@@ -143,6 +145,7 @@ def rule_model(r: Resolved, packed: bool = False) -> RuleModel:
         ("kAmaxGlobal", _b(any(x.scope == "global" for x in amax))),
         ("kRowSum", _b(bool(rowsum))),
         ("kColSum", _b(bool(colsum))),
+        ("kPairedColSum", _b(bool(colsum) and colsum[0].paired is not None)),
         ("kElementwise", _b(not r.paired_acc and (d is None or (d.paired is None and q is None))
                             and (c is None or c.paired is None)
                             and not amax and not rowsum and not colsum

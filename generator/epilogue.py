@@ -30,7 +30,10 @@ generator/functions.py.
 
 Inputs, outputs and reductions map onto the fixed kernel ABI (generator/params.py): per kind a
 fixed number of slots, filled in declaration order; outputs are named ``c`` and ``d`` (``d``
-may have a column-quantized copy, ``d_col``); reductions are named ``amax`` and ``dprob``.
+may have a column-quantized copy, ``d_col``); reductions are named ``amax``, ``dprob`` and
+``dbias``. A reduction's ``of:`` names a computed value; a column sum (dbias) may instead name a
+paired output, and then sums its columns as stored (gate and up blocks interleaved, twice the
+element width).
 Every mistake is a SpecError at the file and line of the offending key, before any C++ exists.
 :meth:`Epilogue.resolve` fixes a variant's dtypes and presence and returns what the C++ emitter
 (generator/emit.py) and the numpy interpreter (fusegemm/interpret.py) consume.
@@ -131,10 +134,18 @@ class Output:
 class Reduction:
     name: str          # ABI slot: amax | dprob | dbias
     kind: str          # amax | sum
-    of: str            # a computed value
+    of: str            # a computed value, or (a column sum) a paired output
     scope: str         # expert | global | row | column
     slot: int          # index inside (L, S, 1) for several amax per expert
     when: Condition
+    # When ``of`` names a paired output: its (first role, second role) values. The column sum then
+    # covers the output's interleaved columns, 2x the element width (fusegemm::epi::paired_col).
+    paired: tuple[str, str] | None = None
+
+    @property
+    def values(self) -> tuple[str, ...]:
+        """The computed values it reads."""
+        return self.paired if self.paired is not None else (self.of,)
 
 
 @dataclass(frozen=True)
@@ -177,7 +188,8 @@ class Epilogue:
             q = o.quantize if (o.quantize is not None and dt in QUANTIZED) else None
             outputs.append(ResolvedOutput(o.name, dt, o.value, o.paired, q, o.slot))
         reds = tuple(r for r in self.reductions if r.when.holds(choice))
-        needed = {v for o in outputs for v in ((o.value,) if o.value else o.paired)} | {r.of for r in reds}
+        needed = {v for o in outputs for v in ((o.value,) if o.value else o.paired)}
+        needed |= {v for r in reds for v in r.values}
         live = []
         for s in reversed(folded):          # keep what an output or reduction reads, transitively
             if s.target in needed:
@@ -278,7 +290,8 @@ class Resolved:
 
     def buffers(self, n_acc: int, m_rows: int, experts: int) -> dict[str, tuple[tuple[int, ...], str, float]]:
         """(shape, storage dtype, initial value) of every buffer the epilogue writes, by name:
-        the outputs by their spec names (c, d, ...), d_col, sfd_row, sfd_col, amax, dprob. FP8/FP4 outputs are raw bytes
+        the outputs by their spec names (c, d, ...), d_col, sfd_row, sfd_col, amax, dprob, dbias
+        ((L, W) float32, (L, 2W) for a paired output's column sums). FP8/FP4 outputs are raw bytes
         (uint8; packed FP4: two per byte); SF buffers are the physical atom layout of
         formats/scales.py (1, ceil(mn/128), ceil(k/4), 32, 4, 4); amax starts at -inf."""
         from ..base.dtypes import dtype as dtype_entry
@@ -304,8 +317,9 @@ class Resolved:
             out["amax"] = ((1,) if glob else (experts, max(x.slot for x in amax) + 1), "float32", float("-inf"))
         if any(x.scope == "row" for x in self.reductions):
             out["dprob"] = ((m_rows,), "float32", 0.0)
-        if any(x.scope == "column" for x in self.reductions):
-            out["dbias"] = ((experts, self.width(n_acc)), "float32", 0.0)
+        colsum = next((x for x in self.reductions if x.scope == "column"), None)
+        if colsum is not None:   # a paired output's sums are as wide as the output
+            out["dbias"] = ((experts, self.width(n_acc) * (2 if colsum.paired else 1)), "float32", 0.0)
         return out
 
 
@@ -354,7 +368,7 @@ def parse_epilogue(ctx: Any, node: Any, choices: dict[str, tuple[Any, ...]], pro
     statements = _statements(ctx, d["compute"], inputs, constants, pairing)
     computed = {s.target for s in statements}
     outputs = _outputs(ctx, d["outputs"], choices, computed, inputs, pairing, problem)
-    reductions = _reductions(ctx, d.get("reductions"), choices, computed, problem)
+    reductions = _reductions(ctx, d.get("reductions"), choices, computed, problem, outputs)
     ep = Epilogue(inputs, pairing, statements, outputs, reductions, constants)
     _check_presence(ctx, node, ep, choices)
     _check_inputs_read(ctx, d.get("inputs"), ep, choices)
@@ -764,7 +778,8 @@ def _quantize(ctx, node, key: str, output: str, slot: str, scalars: set[str], dt
     return Quantize(row, col, conv, nc)
 
 
-def _reductions(ctx, node, choices, computed: set[str], problem: str) -> tuple[Reduction, ...]:
+def _reductions(ctx, node, choices, computed: set[str], problem: str,
+                outputs: tuple[Output, ...]) -> tuple[Reduction, ...]:
     if node is None:
         return ()
     out = []
@@ -784,11 +799,12 @@ def _reductions(ctx, node, choices, computed: set[str], problem: str) -> tuple[R
         if scope == "column" and problem != "grouped":
             raise ctx.fail(m["scope"], f"{key}.scope", f"got 'column' on a {problem} problem; allowed: a grouped "
                                                        f"problem (a column sum runs over each expert's rows)")
-        of = _computed(ctx, m["of"], f"{key}.of", computed)
+        of, paired = _reduced(ctx, m["of"], f"{key}.of", scope, computed, outputs)
         slot = ctx.typed(m["slot"], f"{key}.slot", (int,), "an integer") if "slot" in m else 0
         if not 0 <= slot < 4:
             raise ctx.fail(m["slot"], f"{key}.slot", f"got {slot}; allowed: 0 to 3")
-        out.append(Reduction(name, kind, of, scope, slot, _condition(ctx, m.get("when"), f"{key}.when", choices)))
+        out.append(Reduction(name, kind, of, scope, slot, _condition(ctx, m.get("when"), f"{key}.when", choices),
+                             paired))
     slots = [(r.name, r.slot) for r in out]
     for j, r in enumerate(out):
         if slots.count((r.name, r.slot)) > 1 and not _exclusive(out, r):
@@ -802,6 +818,30 @@ def _reductions(ctx, node, choices, computed: set[str], problem: str) -> tuple[R
                            f"disjoint values)")
     _check_amax_engine(ctx, rnodes, out, choices)
     return tuple(out)
+
+
+def _reduced(ctx, node, key: str, scope: str, computed: set[str],
+             outputs: tuple[Output, ...]) -> tuple[str, tuple[str, str] | None]:
+    """What a reduction's ``of:`` names: a computed value (paired None), or, for a column sum, a
+    paired output (its role values: the sum covers the output's interleaved columns). A paired
+    output is one tensor of two values per element column, which only a column sum keeps apart
+    (one sum per stored column); a row sum or an amax of it would have to say how to merge them."""
+    v = node.value
+    pair = next((o for o in outputs if o.name == v and o.paired is not None), None)
+    if pair is None:
+        if v not in computed:
+            names = [o.name for o in outputs if o.paired is not None]
+            also = f" (or, for a column sum, a paired output: {', '.join(names)})" if names else ""
+            raise ctx.fail(node, key, f"{v!r} is not computed; computed: {', '.join(sorted(computed))}{also}")
+        return v, None
+    if v in computed:
+        raise ctx.fail(node, key, f"{v!r} names both a computed value and the paired output {v}; rename one "
+                                  f"(the reduction could mean either)")
+    if scope != "column":
+        raise ctx.fail(node, key, f"{v!r} is a paired output (gate/up blocks, twice the element width); got scope "
+                                  f"{scope!r}; allowed: a column sum (name dbias, scope column), or a computed "
+                                  f"value: {', '.join(sorted(computed))}")
+    return v, pair.paired
 
 
 # The block engine (epilogue_block.cuh) keeps two amax partials per thread and one scope.

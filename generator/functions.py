@@ -3,7 +3,9 @@
 Every row gives how the generated C++ computes the function (``cpp``), how the numpy interpreter
 (fusegemm/interpret.py) computes it (``numpy``), and how far the two may differ in FP32 units in
 the last place (``ulp``: 0 means bit-exact; a NaN input gives NaN on both sides, except where a
-row says otherwise). The C++ uses correctly rounded IEEE intrinsics (``__fadd_rn``...) for
+row says otherwise). A formula that cancels cannot promise a few ulps of its result: its row adds
+``abs_x`` times |x| (x its first argument) of absolute difference (gelu: ``1 + erf`` for x below
+about -3), and ``ulp`` is then in units of the result beside that term. The C++ uses correctly rounded IEEE intrinsics (``__fadd_rn``...) for
 arithmetic, so nothing contracts into an FMA behind the spec's back; transcendental functions use
 the CUDA math library (libdevice, no fast ``__expf``-style intrinsics), whose documented maximum
 errors (CUDA C++ Programming Guide, Mathematical Functions appendix) are the ``ulp`` column.
@@ -36,6 +38,7 @@ class Function:
     numpy: Callable[..., Any]   # the interpreter's definition: float32 arrays -> float32 array
     ulp: int          # max distance between the C++ and numpy results, FP32 ulps
     doc: str
+    abs_x: float = 0.0   # plus this times |x| absolute, where the formula cancels (module docstring)
 
 
 def _np():
@@ -158,6 +161,27 @@ def _gelu_tanh(x):
         return _round64(x.astype(np.float64) * _sigmoid64(z))
 
 
+# The FP32 constant of fusegemm::epi::gelu: 1/sqrt(2) (M_SQRT1_2 rounded to FP32, as torch's
+# CUDA GELU spells its kAlpha).
+GELU_RSQRT2 = float.fromhex("0x1.6a09e6p-1")
+# How far the C++ gelu and its model may differ beyond 1 ulp of the result, per unit of |x|: erff is
+# within 2 ulp (2.5 * 2^-24 absolute) of the correctly rounded erf the model uses, so 1 + erf
+# differs by at most 2^-22 after its rounding, and (x * 0.5) carries that to 2^-23 |x|.
+GELU_ABS_X = 2.0 ** -23
+
+
+def _gelu(x):
+    """Exact GELU, 0.5 x (1 + erf(x / sqrt(2))), by the C++'s FP32 operation sequence (torch's
+    order: ``(x * 0.5) * (1 + erf(x * 1/sqrt(2)))``), each step rounded once and erf by its own
+    row's model. Where CUDA's erff returns the correctly rounded erf, the bits are the C++'s."""
+    np = _np()
+    f32 = np.float32
+    with np.errstate(all="ignore"):
+        x = _f32(x)
+        e = _via64(_erf64)((x * f32(GELU_RSQRT2)).astype(f32))
+        return ((x * f32(0.5)).astype(f32) * (f32(1) + e).astype(f32)).astype(f32)
+
+
 def _erf64(x):
     """erf of a float64 array: Python's math.erf (C99 erf, float64-accurate) element by element
     (numpy has no erf, and scipy is not a dependency). erf(+-0) = +-0, erf(+-Inf) = +-1."""
@@ -201,8 +225,9 @@ def _isnan(x):
     return _np().isnan(_f32(x))
 
 
-def _f(name: str, arity: int, cpp: str, numpy: Callable[..., Any], ulp: int, doc: str) -> Function:
-    return Function(name, arity, cpp, numpy, ulp, doc)
+def _f(name: str, arity: int, cpp: str, numpy: Callable[..., Any], ulp: int, doc: str,
+       abs_x: float = 0.0) -> Function:
+    return Function(name, arity, cpp, numpy, ulp, doc, abs_x)
 
 
 # NaN rules: relu/min/max/clamp propagate NaN (numpy's maximum/minimum do; CUDA's fmaxf would
@@ -235,6 +260,10 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     _f("gelu_tanh", 1, "fusegemm::epi::gelu_tanh({0})", _gelu_tanh, 4,
        "0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as x sigmoid(2u); "
        "u is evaluated by the same FP32 operation sequence on both sides"),
+    _f("gelu", 1, "fusegemm::epi::gelu({0})", _gelu, 1,
+       "exact GELU, 0.5 x (1 + erf(x / sqrt(2))) (torch's gelu(approximate='none')), in FP32 as "
+       "(x * 0.5) * (1 + erf(x * 1/sqrt(2))) with CUDA erff; 1 + erf cancels for x below about -3, so "
+       "the bound there is absolute: 1 ulp plus 2^-23 |x|", GELU_ABS_X),
     _f("isnan", 1, "({0} != {0})", _isnan, 0, "true where x is NaN (a condition)"),
 )}
 

@@ -412,3 +412,31 @@ def test_a_column_sum_on_the_device(axes):
     into = {"d": torch.empty_like(out["d"]), "dbias": torch.full_like(out["dbias"], 7.0)}
     op.execute(a, off, b, inputs=ins, outputs=into)
     assert np.all(np.abs(into["dbias"].cpu().numpy() - want["dbias"]) <= 1e-5 * bound + 1e-30)
+
+
+@pytest.mark.parametrize("axes", [{}, {"tile_m": 64, "cluster_m": 1}, {"tile_n": 128, "d_dtype": "float32"}])
+def test_a_paired_column_sum_on_the_device(axes):
+    """dGLU with dbias: a column sum of the paired output D, (L, 2N): each stored column (gate and
+    up blocks interleaved) summed over each expert's rows, ragged experts with an empty one and an
+    N tail; against the interpreter, and execute resets dbias itself."""
+    op = fusegemm.Op("grouped_gemm_dglu", generate_dbias=True, **axes)
+    g = torch.Generator(device="cuda").manual_seed(9)
+    l, n, k = 4, 160, 192
+    off = torch.tensor([256, 256, 768, 1024], dtype=torch.int32, device="cuda")
+    m = 1024
+    a = torch.randn(m, k, generator=g, device="cuda").bfloat16()
+    b = (torch.randn(l, n, k, generator=g, device="cuda") * k ** -0.5).bfloat16()
+    ins = {"alpha": torch.rand(l, generator=g, device="cuda") + 0.5, "beta": torch.rand(l, generator=g, device="cuda"),
+           "prob": torch.rand(m, generator=g, device="cuda"),
+           "c": torch.randn(m, 2 * n, generator=g, device="cuda").bfloat16()}
+    out = op(a, off, b, inputs=ins)
+    want = op.reference(a, off, b, inputs=ins)
+    assert out["dbias"].shape == (l, 2 * n) and np.asarray(want["dbias"]).shape == (l, 2 * n)
+    vals = np.abs(np.asarray(want.out_values["d"], dtype=np.float64))
+    bound = np.stack([vals[s:t].sum(axis=0) for s, t in ((0, 256), (256, 256), (256, 768), (768, 1024))])
+    got = out["dbias"].cpu().numpy()
+    assert np.all(np.abs(got - want["dbias"]) <= 1e-5 * bound + 1e-30), np.max(np.abs(got - want["dbias"]) - 1e-5 * bound)
+    assert np.all(got[1] == 0)      # the empty expert
+    into = {"d": torch.empty_like(out["d"]), "dbias": torch.full_like(out["dbias"], 7.0)}
+    op.execute(a, off, b, inputs=ins, outputs=into)
+    assert np.all(np.abs(into["dbias"].cpu().numpy() - want["dbias"]) <= 1e-5 * bound + 1e-30)

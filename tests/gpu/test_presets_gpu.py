@@ -99,3 +99,45 @@ def test_dsrelu_preset_generates_the_bias_gradient():
     assert not dbias[1].any()
     plain = fusegemm.grouped_gemm_dsrelu(a, b, c, padded_offsets=off, alpha_tensor=alpha, prob_tensor=prob)
     assert plain["dbias_tensor"] is None and torch.equal(plain["d_row_tensor"], got["d_row_tensor"][:, :, 0])
+
+
+@pytest.mark.parametrize("d_dtype", [torch.bfloat16, torch.float32])
+def test_dglu_preset_generates_the_bias_gradient(d_dtype):
+    """generate_dbias=True: dbias (L, 2N, 1) float32 for a (M, K, 1) A, each column of the
+    interleaved D (dgate in the even 32-column blocks, dup in the odd) summed over each expert's
+    rows, of the FP32 values before D's conversion (the empty expert's row zero). Against the
+    interpreter (FP32 sums in another order: 1e-5 of the column's sum of |D|), and against column
+    sums of the D the kernel returned (a float32 D holds those very values: 1e-5 again; a bf16 D
+    their rounding: 2^-8). D is the call's without dbias, bit for bit; dprob within 1e-5."""
+    a, b, off, alpha, prob, g = _problem(n_acc=224)           # N = 224: 7 gate/up pairs, a partial tile
+    m, n = a.shape[0], b.shape[1]
+    c = torch.randn(m, 2 * n, generator=g, device="cuda").to(torch.bfloat16)
+    beta = torch.rand(3, generator=g, device="cuda") + 0.5
+    dprob = torch.zeros(m, 1, 1, device="cuda")
+    got = fusegemm.grouped_gemm_dglu(a.unsqueeze(-1), c.unsqueeze(-1), None, off, alpha, beta, prob.view(-1, 1, 1),
+                                     dprob, b_tensor=b, d_dtype=d_dtype, generate_dbias=True)
+    dbias = got["dbias_tensor"]
+    assert dbias.shape == (3, 2 * n, 1) and dbias.dtype == torch.float32
+    dbias = dbias[:, :, 0].double().cpu().numpy()
+    op = fusegemm.Op("grouped_gemm_dglu", generate_dbias=True, d_dtype=str(d_dtype).removeprefix("torch."))
+    ref = op.reference(_host(a), _host(off), _host(b),
+                       inputs={"alpha": _host(alpha), "beta": _host(beta), "prob": _host(prob), "c": _host(c)})
+    ranges = ((0, 256), (256, 256), (256, 768))
+    vals = np.abs(np.asarray(ref.out_values["d"], np.float64))          # D's FP32 values, interleaved
+    bound = np.stack([vals[s:t].sum(axis=0) for s, t in ranges])
+    assert np.all(np.abs(dbias - np.asarray(ref["dbias"], np.float64)) <= 1e-5 * bound + 1e-30)
+    d = got["d_row_tensor"][:, :, 0].double().cpu().numpy()
+    sums = np.stack([d[s:t].sum(axis=0) for s, t in ranges])
+    rel = 1e-5 if d_dtype == torch.float32 else 2.0 ** -8
+    assert np.all(np.abs(dbias - sums) <= rel * bound + 1e-30)
+    assert not dbias[1].any()
+    # the check above can fail: the interpreter's sums with the gate and up blocks swapped do not pass it
+    swapped = np.asarray(ref["dbias"], np.float64).reshape(3, n // 32, 2, 32)[:, :, ::-1].reshape(3, 2 * n)
+    assert not np.all(np.abs(dbias - swapped) <= 1e-5 * bound + 1e-30)
+    plain = fusegemm.grouped_gemm_dglu(a.unsqueeze(-1), c.unsqueeze(-1), None, off, alpha, beta, prob.view(-1, 1, 1),
+                                       torch.zeros(m, 1, 1, device="cuda"), b_tensor=b, d_dtype=d_dtype)
+    assert plain["dbias_tensor"] is None and torch.equal(plain["d_row_tensor"], got["d_row_tensor"])
+    # dprob: the same row sums, added in another order where the sm_90a rule leaves the fragment
+    # blocks for the engine (a column sum needs lane = row)
+    p0, p1 = plain["dprob_tensor"].double().cpu().numpy(), dprob.double().cpu().numpy()
+    assert np.abs(p0 - p1).max() <= 1e-5 * max(1.0, np.abs(p0).max())

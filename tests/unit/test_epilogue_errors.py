@@ -113,6 +113,7 @@ G = "- g = alpha * acc"                                           # BASE line 13
 D = "- d = where(present(bias), g + prob * bias, g * prob)"       # BASE line 14
 Q = "quantize: {norm_const: norm_const}"                          # BASE line 16
 RED = "when: {d_dtype: [bfloat16]}}"                              # BASE line 18
+PAIRED_D = "quantize: {col: d_col, norm_const: norm_const}}"        # PAIRED line 18, its paired d
 
 
 def edit(old: str, new: str, base: str = BASE) -> str:
@@ -124,15 +125,15 @@ def case(id: str, text: str, message: str, injection: bool = False):
     return pytest.param(text, message, id=("injection: " if injection else "") + id)
 
 
-_FUNCS = ("abs, clamp, erf, exp, fma, gelu_tanh, isnan, log, max, min, pow, present, rcp, relu, sigmoid, "
+_FUNCS = ("abs, clamp, erf, exp, fma, gelu, gelu_tanh, isnan, log, max, min, pow, present, rcp, relu, sigmoid, "
           "silu, sqrt, square, tanh, where")
 _CHARS = "allowed: ASCII names, numbers, + - * / < <= > >= == != ( ) , ."
 _NAME_RULE = "allowed: a lower-case ASCII identifier that is not acc, where, present, a function or an axis"
 
 CASES = [
     # ---- statements: functions, names, definitions ------------------------------------------
-    case("unknown function", edit(G, "- g = gelu(acc)"),
-         f"demo.yaml:13: epilogue.compute[0]: unknown function 'gelu' at column 5 of 'g = gelu(acc)'; "
+    case("unknown function", edit(G, "- g = mish(acc)"),
+         f"demo.yaml:13: epilogue.compute[0]: unknown function 'mish' at column 5 of 'g = mish(acc)'; "
          f"allowed: {_FUNCS}"),
     case("wrong arity", edit(G, "- g = max(acc)"),
          "demo.yaml:13: epilogue.compute[0]: max() takes 2 argument(s), got 1 at column 5 of 'g = max(acc)'"),
@@ -375,6 +376,25 @@ CASES = [
          "demo.yaml:18: epilogue.reductions[0].slot: got 4; allowed: 0 to 3"),
     case("reduction of an unknown value", edit("of: d,", "of: h,"),
          "demo.yaml:18: epilogue.reductions[0].of: 'h' is not computed; computed: d, g"),
+    # A paired output is one tensor of two values per element column: only a column sum (one sum
+    # per stored column) reduces it; a name that is both a value and a paired output is ambiguous.
+    case("amax of a paired output", edit(PAIRED_D, PAIRED_D + "\n  reductions:\n    - {name: amax, kind: amax, of: d, "
+                                                           "scope: expert}", PAIRED),
+         "demo.yaml:20: epilogue.reductions[0].of: 'd' is a paired output (gate/up blocks, twice the element width); "
+         "got scope 'expert'; allowed: a column sum (name dbias, scope column), or a computed value: g, r, u"),
+    case("row sum of a paired output", edit(PAIRED_D, PAIRED_D + "\n  reductions:\n    - {name: dprob, kind: sum, of: d, "
+                                                              "scope: row}", PAIRED),
+         "demo.yaml:20: epilogue.reductions[0].of: 'd' is a paired output (gate/up blocks, twice the element width); "
+         "got scope 'row'; allowed: a column sum (name dbias, scope column), or a computed value: g, r, u"),
+    case("column sum of a name both computed and a paired output",
+         edit(PAIRED_D, PAIRED_D + "\n  reductions:\n    - {name: dbias, kind: sum, of: d, scope: column}",
+              edit("    - u = c.up * r", "    - u = c.up * r\n    - d = g + u", PAIRED)),
+         "demo.yaml:21: epilogue.reductions[0].of: 'd' names both a computed value and the paired output d; rename "
+         "one (the reduction could mean either)"),
+    case("column sum of an unknown value in a paired spec",
+         edit(PAIRED_D, PAIRED_D + "\n  reductions:\n    - {name: dbias, kind: sum, of: h, scope: column}", PAIRED),
+         "demo.yaml:20: epilogue.reductions[0].of: 'h' is not computed; computed: g, r, u (or, for a column sum, a "
+         "paired output: d)"),
     case("two reductions writing one slot",
          edit(RED, RED + "\n    - {name: amax, kind: amax, of: g, scope: expert}"),
          "demo.yaml:19: epilogue.reductions[1]: writes amax slot 0, like epilogue.reductions[0]; give it "

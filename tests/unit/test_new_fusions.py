@@ -15,6 +15,12 @@ and grouped_gemm_dsrelu (the backward of grouped_gemm_srelu), all on the BF16 gr
 4. The closed forms of (3) are themselves checked: each backward formula equals central finite
    differences of its forward (GLU -> dGLU, sReLU -> dsReLU), so the roles of C and the GEMM,
    the gate/up block order and what dprob sums are those of a gradient, not a transcription.
+5. The bias gradients (generate_dbias): dsReLU's and dGLU's variants compile spill-free on both
+   archs; dGLU's is a paired column sum, (L, 2N): each column of the interleaved D summed over
+   each expert's rows, checked against column sums of the formula's D on ragged experts with an
+   empty one (tolerance 2^-20 of the column's sum of |D| plus 2^-20 of the rows times max |D|:
+   the per-element bound of (3) summed), and against the sums arranged without the pairing,
+   which must not match.
 """
 from __future__ import annotations
 
@@ -298,3 +304,108 @@ def test_dsrelu_with_the_bias_gradient_compiles_spill_free(arch, session_cache):
     (r,) = b.build([v], cache=session_cache)
     assert r.ok, r.error[:3000]
     assert r.spill_bytes == 0 and r.registers > 0, r
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_dglu_with_the_bias_gradient_compiles_spill_free(arch, session_cache):
+    """generate_dbias adds a paired column sum (kPairedColSum: the gate and up values of each element
+    column) and keeps the kernel spill-free; on sm_90a the rule runs through the engine."""
+    v = make_variant("grouped_gemm_dglu", arch=arch, generate_dbias=True)
+    src = render(v)
+    for line in ("static constexpr bool kColSum = true;", "static constexpr bool kPairedColSum = true;",
+                 "o.colsum0 = v_dgate;", "o.colsum1 = v_dup;"):
+        assert line in src.text, line
+    plain = render(make_variant("grouped_gemm_dglu", arch=arch))
+    assert src.digest != plain.digest and "kPairedColSum = false;" in plain.text
+    (r,) = b.build([v], cache=session_cache)
+    assert r.ok, r.error[:3000]
+    assert r.spill_bytes == 0 and r.registers > 0, r
+
+
+# --------------------------------------------------------------------------------------------
+# 5. dGLU's bias gradient: the column sums of the interleaved D
+# --------------------------------------------------------------------------------------------
+RAGGED = [100, 0, 317, 45]          # experts' rows: ragged, the second one empty (the interpreter
+                                    # takes any offsets; the kernels' are multiples of 256)
+
+
+def _dglu_dbias_case(seed: int, n: int, axes=None):
+    """The dGLU interpreter with generate_dbias on ragged experts (on the FP32 accumulator, as
+    ``reference`` runs it: the ops take offsets in multiples of 256 only), and the formula's D."""
+    from fusegemm.interpret import interpret
+    rng = np.random.default_rng(seed)
+    off = np.cumsum(RAGGED).astype(np.int32)
+    valid, l = int(off[-1]), len(RAGGED)
+    m = valid + PAD_ROWS
+    a = (rng.standard_normal((m, 64)) * 0.5).astype(ml_dtypes.bfloat16)
+    w = (rng.standard_normal((l, n, 64)) * 0.25).astype(ml_dtypes.bfloat16)
+    alpha, beta = (rng.random(l) + 0.5).astype(F32), (rng.random(l) + 0.5).astype(F32)
+    prob = rng.random(m).astype(F32)
+    c = (rng.standard_normal((m, 2 * n)) * 2.0).astype(ml_dtypes.bfloat16)
+    op = EpilogueGemm("grouped_gemm_dglu", arch="sm_90a", generate_dbias=True, **(axes or {}))
+    g = _gemm64(a, off, w)
+    out = interpret(op.epilogue, g.astype(F32), offsets=off, m_rows=m,
+                    inputs={"alpha": alpha, "beta": beta, "prob": prob, "c": c.astype(NP_DTYPES[op.variant.c_dtype])})
+    e = _expert_of_rows(off)
+    r = (alpha.astype(np.float64) ** 2)[e, None] * g
+    c64 = np.asarray(c.astype(NP_DTYPES[op.variant.c_dtype]), np.float64)[:valid]
+    d, _ = dglu_backward(r, c64, beta.astype(np.float64)[e, None], prob[:valid, None].astype(np.float64))
+    return op, out, off, d
+
+
+def _column_sums(x: np.ndarray, off) -> np.ndarray:
+    starts = np.concatenate([[0], off[:-1]])
+    return np.stack([x[s:t].sum(axis=0) for s, t in zip(starts, off)])
+
+
+def _dbias_ok(got: np.ndarray, want: np.ndarray, d: np.ndarray, off) -> np.ndarray:
+    """Per element: within the per-element bound of (3) summed over the expert's rows."""
+    rows = np.diff(np.concatenate([[0], off]))[:, None]
+    bound = 2.0 ** -20 * (_column_sums(np.abs(d), off) + rows * np.abs(d).max())
+    return np.abs(np.asarray(got, np.float64) - want) <= bound
+
+
+@pytest.mark.parametrize("axes", [{}, {"d_dtype": "float32", "c_dtype": "float32"}],
+                         ids=lambda a: "-".join(f"{k}={v}" for k, v in a.items()) or "default")
+def test_dglu_dbias_is_the_column_sums_of_the_interleaved_d(axes):
+    n = 160                                           # 5 gate/up block pairs: D is (M, 320)
+    op, out, off, d = _dglu_dbias_case(7, n, axes)
+    assert op.epilogue.buffers(n, 1024, len(RAGGED))["dbias"] == ((len(RAGGED), 2 * n), "float32", 0.0)
+    got = np.asarray(out.dbias)
+    assert got.shape == (len(RAGGED), 2 * n) and got.dtype == F32
+    want = _column_sums(d, off)                       # D as stored: dgate even blocks, dup odd ones
+    ok = _dbias_ok(got, want, d, off)
+    assert ok.all(), f"{(~ok).sum()} sums beyond the bound, first at {np.argwhere(~ok)[0]}"
+    assert not got[1].any()                           # the empty expert
+    # The same comparison rejects sums that ignore the pairing: the roles concatenated instead of
+    # interleaved, the roles swapped, or the gate values alone (an unpaired sum, as wide as one role).
+    gate, up = _split(d)
+    for what, wrong in (("concatenated", np.concatenate([gate, up], axis=1)), ("swapped", _interleave(up, gate)),
+                        ("gate twice", _interleave(gate, gate))):
+        assert not _dbias_ok(got, _column_sums(wrong, off), d, off).all(), what
+
+
+def test_a_column_sum_of_one_role_is_the_paired_sums_columns():
+    """``of: dgate`` (a value, unpaired) in the same spec gives (L, N): the paired sums' gate
+    columns, bit for bit (the same FP32 values summed in the same order)."""
+    from fusegemm.generator.spec import parse_spec
+    from fusegemm.interpret import interpret, paired_col
+    text = (spec_dir() / "grouped_gemm_dglu.yaml").read_text()
+    old = "{name: dbias, kind: sum, of: d, scope: column"
+    assert old in text
+    one = parse_spec(text.replace(old, old.replace("of: d,", "of: dgate,")), "grouped_gemm_dglu.yaml",
+                     expected_name="grouped_gemm_dglu")
+    both = find_spec("grouped_gemm_dglu")
+    n, rng = 96, np.random.default_rng(3)
+    off = np.cumsum(RAGGED).astype(np.int32)
+    m, l = int(off[-1]) + PAD_ROWS, len(RAGGED)
+    acc = rng.standard_normal((int(off[-1]), n)).astype(F32)
+    ins = {"alpha": (rng.random(l) + 0.5).astype(F32), "beta": (rng.random(l) + 0.5).astype(F32),
+           "prob": rng.random(m).astype(F32), "c": rng.standard_normal((m, 2 * n)).astype(ml_dtypes.bfloat16)}
+    sums = []
+    for spec in (both, one):
+        r = spec.epilogue.resolve(make_variant(spec, arch="sm_90a", generate_dbias=True).choices)
+        sums.append(interpret(r, acc, offsets=off, m_rows=m, inputs=ins).dbias)
+    paired, gate = sums
+    assert paired.shape == (l, 2 * n) and gate.shape == (l, n)
+    assert np.array_equal(gate, paired[:, paired_col(np.arange(n), 0)])

@@ -94,9 +94,9 @@ CASES = [
     ("epilogue unknown name", lambda t: t.replace("d = alpha * acc", "d = gamma * acc"),
      "demo.yaml:10: epilogue.compute[0]: unknown name 'gamma' at column 5 of 'd = gamma * acc'; "
      "allowed: acc, alpha"),
-    ("epilogue unknown function", lambda t: t.replace("d = alpha * acc", "d = gelu(acc)"),
-     "demo.yaml:10: epilogue.compute[0]: unknown function 'gelu' at column 5 of 'd = gelu(acc)'; "
-     "allowed: abs, clamp, erf, exp, fma, gelu_tanh, isnan, log, max, min, pow, present, rcp, relu, sigmoid, "
+    ("epilogue unknown function", lambda t: t.replace("d = alpha * acc", "d = mish(acc)"),
+     "demo.yaml:10: epilogue.compute[0]: unknown function 'mish' at column 5 of 'd = mish(acc)'; "
+     "allowed: abs, clamp, erf, exp, fma, gelu, gelu_tanh, isnan, log, max, min, pow, present, rcp, relu, sigmoid, "
      "silu, sqrt, square, tanh, where"),
     ("duplicate key", lambda t: t.replace("problem: grouped\n", "problem: grouped\nproblem: batched\n"),
      "demo.yaml:5: duplicate key 'problem' (first at line 4)"),

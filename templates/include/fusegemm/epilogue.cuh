@@ -54,6 +54,12 @@ FUSEGEMM_DEVICE float gelu_tanh_arg(float x) {
   return __fmul_rn(0x1.988454p-1f /* sqrt(2/pi) */, __fadd_rn(x, __fmul_rn(0x1.6e4e26p-5f /* 0.044715 */, x3)));
 }
 FUSEGEMM_DEVICE float gelu_tanh(float x) { return __fmul_rn(x, sigmoid(__fmul_rn(2.0f, gelu_tanh_arg(x)))); }
+// Exact GELU in torch's FP32 order, (x * 0.5) * (1 + erf(x * 1/sqrt(2))), each step rounded once,
+// so that it is the same formula a user would compare with; fusegemm/interpret.py spells the same
+// steps. 1 + erf cancels for x below about -3: there erff's 2 ulp dominate (generator/functions.py).
+FUSEGEMM_DEVICE float gelu(float x) {
+  return __fmul_rn(__fmul_rn(x, 0.5f), __fadd_rn(1.0f, erff(__fmul_rn(x, 0x1.6a09e6p-1f /* 1/sqrt(2) */))));
+}
 
 // 32-column gate/up interleave: element column j of a role lives at this column of the
 // paired tensor (role 0: even 32-column blocks, role 1: odd ones).

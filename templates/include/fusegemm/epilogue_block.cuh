@@ -10,7 +10,8 @@
 //
 // Per block, in order: the rule's row inputs and element inputs, apply(); C; D (row SFD: one
 // scale per lane's 32 values; column SFD: one scale per column over the warp's 32 rows);
-// amax (NaN-propagating max of |x|, one atomic per warp); row sums (one atomic per row).
+// amax (NaN-propagating max of |x|, one atomic per warp); row sums (one atomic per row); column
+// sums (one atomic per column and warp; a paired output's: one per stored column, both roles).
 // Bit-level SFD rules: notes/sfd-semantics.md and fusegemm/reference/_epilogue.py, which the
 // functions below follow step by step (round-up E8M0, exact power-of-two reciprocal with the
 // rcp.approx.ftz flushes, FLT_MAX clamp, fl(x * scale), cvt.rn.satfinite).
@@ -71,6 +72,13 @@ FUSEGEMM_DEVICE int64_t sf_atom_offset(int mn, int k, int kt) {
 // NaN-propagating max of |x| over a warp's lanes (|x| bits order as unsigned ints, NaN above Inf).
 FUSEGEMM_DEVICE float warp_amax(float x) {
   return __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(fabsf(x))));
+}
+
+// Sum of x over a warp's lanes, every lane getting it (a butterfly of correctly rounded adds).
+FUSEGEMM_DEVICE float warp_sum(float x) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) x = __fadd_rn(x, __shfl_xor_sync(0xFFFFFFFFu, x, d));
+  return x;
 }
 
 // ---- stores -----------------------------------------------------------------------------
@@ -333,9 +341,10 @@ struct BlockEngine {
     RowVals<ElementC, kPackC> vc0, vc1;
     RowVals<ElementD, kPackD> vd0, vd1;
     // Column sums (scope column): after the block, lane i holds column j0 + i's sum over the
-    // warp's rows. Each column's values are summed across the warp as they are computed (a
-    // butterfly: every lane ends with the sum), so no lane keeps 32 partials in registers.
-    float colsum = 0.0f;
+    // warp's rows (colsum1: the second role's, when the sum is a paired output's). Each column's
+    // values are summed across the warp as they are computed (a butterfly: every lane ends with
+    // the sum), so no lane keeps 32 partials in registers.
+    float colsum = 0.0f, colsum1 = 0.0f;
     // One column's results into the row vectors and the partial reductions, in column order.
     auto take = [&](int i, bool in, const typename Rule::Out& o) {
       if constexpr (Rule::kHasC && Rule::kPairedC) { vc0.set(i, in ? o.c0 : 0.0f); vc1.set(i, in ? o.c1 : 0.0f); }
@@ -345,10 +354,11 @@ struct BlockEngine {
       if constexpr (Rule::kAmaxCount > 0) part.amax[0] = fmax_nan(part.amax[0], in ? fabsf(o.amax0) : 0.0f);
       if constexpr (Rule::kAmaxCount > 1) part.amax[1] = fmax_nan(part.amax[1], in ? fabsf(o.amax1) : 0.0f);
       if constexpr (Rule::kRowSum) part.rowsum = in ? __fadd_rn(part.rowsum, o.rowsum) : part.rowsum;
-      if constexpr (Rule::kColSum) {
-        float v = in ? o.colsum : 0.0f;
-#pragma unroll
-        for (int x = 16; x > 0; x >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, x));
+      if constexpr (Rule::kColSum && Rule::kPairedColSum) {
+        const float v0 = warp_sum(in ? o.colsum0 : 0.0f), v1 = warp_sum(in ? o.colsum1 : 0.0f);
+        if (lane == i) { colsum = v0; colsum1 = v1; }
+      } else if constexpr (Rule::kColSum) {
+        const float v = warp_sum(in ? o.colsum : 0.0f);
         if (lane == i) colsum = v;
       }
     };
@@ -383,12 +393,23 @@ struct BlockEngine {
     }
     (void)vc1;
     (void)vd1;
+    (void)colsum1;
     if constexpr (Rule::kColSum) {
-      // One atomic per column and warp into the expert's (W,) row of dbias (zero-initialised by
-      // the caller: the warps and tiles of an expert accumulate into it).
+      // One atomic per column and warp into the expert's row of dbias (zero-initialised by the
+      // caller: the warps and tiles of an expert accumulate into it). The row is (W,), or (2W,)
+      // for a paired output's sums: element column j's two roles at their columns of the
+      // interleaved output, paired_col(j, 0) and paired_col(j, 1).
       static_assert(!kBatched, "column sums are grouped (per expert) reductions");
-      if (rows_valid > 0 && j0 + lane < width && p.dbias != nullptr)
-        atomicAdd(static_cast<float*>(p.dbias) + int64_t(expert) * width + j0 + lane, colsum);
+      if (rows_valid > 0 && j0 + lane < width && p.dbias != nullptr) {
+        const int j = j0 + lane;
+        if constexpr (Rule::kPairedColSum) {
+          float* row = static_cast<float*>(p.dbias) + int64_t(expert) * (2 * width);
+          atomicAdd(row + paired_col(j, 0), colsum);
+          atomicAdd(row + paired_col(j, 1), colsum1);
+        } else {
+          atomicAdd(static_cast<float*>(p.dbias) + int64_t(expert) * width + j, colsum);
+        }
+      }
     }
     const int64_t orow0 = kBatched ? int64_t(expert) * p.m_rows + row0 : row0;
     if constexpr (Rule::kHasC) {

@@ -108,6 +108,7 @@ struct Rule {
   static constexpr bool kAmaxGlobal = true;
   static constexpr bool kRowSum = false;
   static constexpr bool kColSum = false;
+  static constexpr bool kPairedColSum = false;
   static constexpr bool kElementwise = false;
   static constexpr int kAmaxSlot0 = 0;
 
@@ -222,7 +223,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_73b9a9e24500_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_2df8418acfcf_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -248,6 +249,6 @@ extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_73b9a9
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_gemm_amax_sm100a_73b9a9e24500(const __grid_constant__ fusegemm_gen::Params params) {
+fg_gemm_amax_sm100a_2df8418acfcf(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

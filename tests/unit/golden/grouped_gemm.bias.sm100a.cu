@@ -108,6 +108,7 @@ struct Rule {
   static constexpr bool kAmaxGlobal = false;
   static constexpr bool kRowSum = false;
   static constexpr bool kColSum = false;
+  static constexpr bool kPairedColSum = false;
   static constexpr bool kElementwise = true;
 
   // Values fixed for a tile: per-expert and per-call inputs.
@@ -229,7 +230,7 @@ using Kernel = fusegemm::sm100::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_9ec4418270b2_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_71355955d18f_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -255,6 +256,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_9ec
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm100a_9ec4418270b2(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm100a_71355955d18f(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -108,6 +108,7 @@ struct Rule {
   static constexpr bool kAmaxGlobal = false;
   static constexpr bool kRowSum = false;
   static constexpr bool kColSum = false;
+  static constexpr bool kPairedColSum = false;
   static constexpr bool kElementwise = true;
 
   // Values fixed for a tile: per-expert and per-call inputs.
@@ -218,7 +219,7 @@ using Kernel = fusegemm::sm90::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm90a_5b50c1a1dfd9_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm90a_19f364a231d2_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -244,6 +245,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm90a_5b50
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm90a_5b50c1a1dfd9(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm90a_19f364a231d2(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -108,6 +108,7 @@ struct Rule {
   static constexpr bool kAmaxGlobal = false;
   static constexpr bool kRowSum = true;
   static constexpr bool kColSum = false;
+  static constexpr bool kPairedColSum = false;
   static constexpr bool kElementwise = false;
 
   // Values fixed for a tile: per-expert and per-call inputs.
@@ -257,7 +258,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_a4440ef700d5_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_55de8afce585_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -283,6 +284,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_dswiglu_sm100a_a4440ef700d5(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_dswiglu_sm100a_55de8afce585(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

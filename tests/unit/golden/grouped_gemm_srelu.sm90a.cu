@@ -108,6 +108,7 @@ struct Rule {
   static constexpr bool kAmaxGlobal = false;
   static constexpr bool kRowSum = false;
   static constexpr bool kColSum = false;
+  static constexpr bool kPairedColSum = false;
   static constexpr bool kElementwise = false;
   static constexpr int kAmaxSlot0 = 0;
 
@@ -231,7 +232,7 @@ using Kernel = fusegemm::sm90::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90a_23aa599e49c9_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90a_e6a8f2bc2c2a_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -257,6 +258,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_srelu_sm90a_23aa599e49c9(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_srelu_sm90a_e6a8f2bc2c2a(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }
