@@ -76,9 +76,10 @@ def _sf_format(v: Any, name: str, allowed: Any, bound: dict) -> str:
     if v is None:
         raise ArgumentError("sfa_tensor", None, "a tensor", "block-scaled A/B need their scale factors")
     sf = view(v, "sfa_tensor").dtype
-    if sf not in SF_DTYPES + ("float32",):
-        raise ArgumentError("sfa_tensor.dtype", sf, ", ".join(SF_DTYPES) + " (uint8/int8: E8M0 bytes), float32 "
-                            "(the blockwise recipe)")
+    blockwise = sf == "float32" and bound.get("sf_vec_size") == 128    # FP32 scales: that recipe only
+    if sf not in SF_DTYPES and not blockwise:
+        raise ArgumentError("sfa_tensor.dtype", sf, ", ".join(SF_DTYPES) + " (uint8/int8: E8M0 bytes); float32 "
+                            "with sf_vec_size=128 (the blockwise recipe)")
     return SF_AXIS[sf]
 
 

@@ -158,42 +158,50 @@ def test_block_scaled_cases_logic_on_cpu(monkeypatch, family):
         return getattr(reference, family)(**{k: host(v) for k, v in kw.items()})
     monkeypatch.setattr(scaled_seeds, family, fake)   # the wrapper selftest calls
     for label, case in st.RUNNERS[family]():
-        if case.get("discrete"):
+        if case.get("discrete") or "spec" in case:   # spec cases: the next test
             continue
         err, ok, detail = st._run_scaled(family, case, "cpu")
         assert ok and err == 0.0, (label, detail)
 
 
 def test_spec_cases_cover_every_spec_authored_epilogue_and_can_fail(monkeypatch):
-    """Every packaged BF16 grouped spec but the seed's has a selftest case (so a new spec appears
-    in `fusegemm selftest` and the first-run gate with nothing else to write); the case's
-    problem -> inputs -> compare path runs on the CPU with the interpreter standing in for the
-    kernel, and a wrong output fails it."""
+    """Every packaged spec of an M-grouped kernel but the seeds' has a selftest case in its kernel
+    family (so a new spec appears in `fusegemm selftest` and the first-run gate with nothing else
+    to write); the case's problem -> inputs -> compare path runs on the CPU with the interpreter
+    standing in for the kernel, BF16 and block-scaled operands alike, and a wrong output fails it."""
     torch = pytest.importorskip("torch")
     from fusegemm.generator.spec import list_specs, load_spec
-    from fusegemm.ops.engine import Op
-    names = {load_spec(p).name for p in list_specs() if load_spec(p).kernel == "grouped_gemm"} - {"grouped_gemm"}
-    cases = [case for label, case in st.RUNNERS["grouped_gemm"]() if "spec" in case]
-    assert {c["spec"] for c in cases} == names and {"grouped_gemm_glu", "grouped_gemm_dglu",
-                                                    "grouped_gemm_dsrelu"} <= names
+    from fusegemm.ops.engine import Op, kernel_class
+    specs = [load_spec(p) for p in list_specs()]
+    names = {s.name for s in specs if kernel_class(s.kernel) in ("grouped", "scaled") and s.name != s.kernel}
+    cases = [(fam, case) for fam in st.RUNNERS for _, case in st.RUNNERS[fam]() if "spec" in case]
+    assert {c["spec"] for _, c in cases} == names and {"grouped_gemm_glu", "grouped_gemm_dglu",
+                                                       "grouped_gemm_dsrelu", "grouped_gemm_glu_mx"} <= names
+    assert all(fam == load_spec(next(p for p in list_specs() if load_spec(p).name == c["spec"])).kernel
+               for fam, c in cases)
     monkeypatch.setattr("fusegemm.ops.device.device_arch", lambda d: "sm_90a")
     bump = {"on": False}
 
-    def fake_call(self, a, off, b, *, inputs=None, **kw):
+    def fake_call(self, *operands, inputs=None, **kw):
         import ml_dtypes
 
         def host(t):
-            return t.view(torch.uint16).numpy().view(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
-        ref = self.reference(host(a), host(off), host(b), inputs={k: host(v) for k, v in (inputs or {}).items()})
+            name = str(t.dtype).split(".")[1]
+            if t.dtype.itemsize <= 2 and name in ("bfloat16", "float8_e4m3fn", "float8_e8m0fnu"):
+                raw = torch.uint16 if t.dtype.itemsize == 2 else torch.uint8
+                return t.view(raw).numpy().view(getattr(ml_dtypes, name))
+            return t.numpy()
+        ref = self.reference(*map(host, operands), inputs={k: host(v) for k, v in (inputs or {}).items()})
         out = {k: torch.from_numpy(np.array(v)) for k, v in ref.out_values.items()}
         if bump["on"]:
             k0 = next(iter(out))
             out[k0] = out[k0] * 1.5 + 1
         return out
     monkeypatch.setattr(Op, "__call__", fake_call)
-    for case in cases:
-        err, ok, detail = st.CASE_RUNNERS["grouped_gemm"](case, "cpu")
+    for fam, case in cases:
+        err, ok, detail = st.CASE_RUNNERS[fam](case, "cpu")
         assert ok, (case, detail)
     bump["on"] = True
-    err, ok, detail = st.CASE_RUNNERS["grouped_gemm"](cases[0], "cpu")
-    assert not ok
+    for fam, case in (cases[0], cases[-1]):
+        err, ok, detail = st.CASE_RUNNERS[fam](case, "cpu")
+        assert not ok

@@ -25,6 +25,9 @@ CASES = [
     ("grouped_gemm_dswiglu", dict(ab_dtype="float8_e5m2", c_dtype="float8_e5m2", d_dtype="float8_e5m2", tile_n=128)),
     ("gemm_amax", {}),
     ("gemm_amax", dict(cd_major="m", c_dtype="bfloat16", tile_n=256)),
+    # the gate/up-paired accumulator (SwiGLU forward), on both mainloops
+    ("grouped_gemm_glu_mx", dict(d_dtype="float8_e4m3fn", generate_c=True, bias_dtype="bfloat16")),
+    ("grouped_gemm_glu_mx", dict(sf_dtype="float32", sf_vec_size=128, tile_n=128, weight_mode="discrete")),
 ]
 def _compile(spec, axes):
     variant = make_variant(spec, arch="sm_90a", **axes)
@@ -51,43 +54,15 @@ def test_sm90_block_scaled_kernels_compile_clean(spec, axes):
     assert disasm.count_prefix(hist, "FFMA") >= 64, "the promotion's FFMAs"
 
 
-PAIRED_MX = """\
-schema: 2
-name: paired_mx
-kernel: grouped_gemm_quant
-problem: grouped
-summary: SwiGLU on MXFP8 operands, which needs a gate/up-paired accumulator.
-epilogue:
-  inputs:
-    alpha: {per: expert}
-  pairing: {block: 32, roles: [gate, up], acc: true}
-  compute:
-    - h = silu(acc.gate * alpha) * acc.up * alpha
-  outputs:
-    d: {dtype: d_dtype, value: h}
-choices:
-  ab_dtype: [float8_e4m3fn]
-  sf_dtype: [float8_e8m0fnu]
-  sf_vec_size: [32]
-  d_dtype: [bfloat16]
-  weight_mode: [dense]
-  b_major: [k]
-  tile_m: [128]
-  tile_n: [256]
-  cluster_m: [1]
-  cluster_n: [1]
-defaults: {ab_dtype: float8_e4m3fn, sf_dtype: float8_e8m0fnu, sf_vec_size: 32, d_dtype: bfloat16,
-           weight_mode: dense, b_major: k, tile_m: 128, tile_n: 256, cluster_m: 1, cluster_n: 1}
-prebuild: [{}]
-"""
-
-
-def test_configuration_checks_hold_in_the_promoting_kernel(tmp_path):
-    """ScaledConfigChecks' static_asserts fire in the promoting kernel: it named the struct without
-    instantiating it, so a gate/up-paired accumulator, which no sm_90a block-scaled kernel
-    implements, compiled there untested (found writing the MXFP8 SwiGLU spec)."""
+def test_configuration_checks_hold_in_the_promoting_kernel():
+    """ScaledConfigChecks' static_asserts fire in the promoting kernel (it once named the struct
+    without instantiating it, so a configuration it refuses compiled untested): a K-major-only
+    kernel handed an MN-major A fails to compile, naming the limit."""
     from fusegemm.base.errors import CompileError
-    path = tmp_path / "paired_mx.yaml"
-    path.write_text(PAIRED_MX)
-    with pytest.raises(CompileError, match="the accumulator is not gate/up paired"):
-        _compile(str(path), {})
+    src = render(make_variant("grouped_gemm_quant", arch="sm_90a"))
+    text = src.text.replace("static constexpr bool kAMajorMN = false;", "static constexpr bool kAMajorMN = true;")
+    assert text != src.text
+    with pytest.raises(CompileError, match="K-major A and B"):
+        compile_source(text, arch="sm_90a", kernel=src.symbol)
+
+
