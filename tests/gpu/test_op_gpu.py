@@ -383,35 +383,45 @@ def test_outputs_named_by_the_spec_on_the_device():
     assert torch.equal(into["h"], out["h"]) and torch.equal(into["pre"], out["pre"])
 
 
+def _ragged_sums_problem(seed, n, k=192):
+    """(generator, offsets, A, B, (L, N, M)) of the column-sum tests: four experts of 256, 0, 512
+    and 256 rows (an empty one), N columns (a tail of the tile)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    l, m = 4, 1024
+    off = torch.tensor([256, 256, 768, 1024], dtype=torch.int32, device="cuda")
+    a = torch.randn(m, k, generator=g, device="cuda").bfloat16()
+    b = (torch.randn(l, n, k, generator=g, device="cuda") * k ** -0.5).bfloat16()
+    return g, off, a, b, (l, n, m)
+
+
+def _check_column_sums(op, out, want, summed, operands, ins):
+    """dbias against the interpreter's: sums of FP32 values in another order, within 1e-5 of each
+    column's absolute sum (``summed``: the values summed, per row); the empty expert's are 0;
+    ``execute`` into a dbias holding garbage resets it first."""
+    vals = np.abs(np.asarray(summed, dtype=np.float64))
+    bound = np.stack([vals[s:t].sum(axis=0) for s, t in ((0, 256), (256, 256), (256, 768), (768, 1024))])
+    got = out["dbias"].cpu().numpy()
+    assert np.all(np.abs(got - want["dbias"]) <= 1e-5 * bound + 1e-30), np.max(np.abs(got - want["dbias"]) - 1e-5 * bound)
+    assert np.all(got[1] == 0)      # the empty expert
+    into = {"d": torch.empty_like(out["d"]), "dbias": torch.full_like(out["dbias"], 7.0)}
+    op.execute(*operands, inputs=ins, outputs=into)
+    assert np.all(np.abs(into["dbias"].cpu().numpy() - want["dbias"]) <= 1e-5 * bound + 1e-30)
+
+
 @pytest.mark.parametrize("axes", [{}, {"tile_m": 128, "cluster_m": 1, "d_dtype": "float32"}, {"tile_m": 64, "cluster_m": 1}])
 def test_a_column_sum_on_the_device(axes):
     """dsReLU with dbias (the column sums of dC over each expert's rows, scope: column), ragged
     experts with an empty one and an N tail: D and dbias against the interpreter; execute
     resets dbias itself (its buffer holds garbage before the call)."""
     op = fusegemm.Op(str(DATA / "user_dbias.yaml"), **axes)
-    g = torch.Generator(device="cuda").manual_seed(8)
-    l, n, k = 4, 136, 192
-    off = torch.tensor([256, 256, 768, 1024], dtype=torch.int32, device="cuda")
-    m = 1024
-    a = torch.randn(m, k, generator=g, device="cuda").bfloat16()
-    b = (torch.randn(l, n, k, generator=g, device="cuda") * k ** -0.5).bfloat16()
+    g, off, a, b, (l, n, m) = _ragged_sums_problem(8, 136)
     ins = {"alpha": torch.rand(l, generator=g, device="cuda"), "prob": torch.rand(m, generator=g, device="cuda"),
            "c": torch.randn(m, n, generator=g, device="cuda").bfloat16()}
     out = op(a, off, b, inputs=ins)
     want = op.reference(a, off, b, inputs=ins)
     d_ref = np.asarray(want["d"], dtype=np.float32)
     assert np.max(np.abs(out["d"].float().cpu().numpy() - d_ref)) <= 1e-2 * np.abs(d_ref).max()
-    # Sums of FP32 values in another order: within a few ulps of the column's absolute sum.
-    vals = np.abs(np.asarray(want.values["d"], dtype=np.float64))
-    bound = np.zeros((l, n))
-    for e, (s, t) in enumerate(((0, 256), (256, 256), (256, 768), (768, 1024))):
-        bound[e] = vals[s:t].sum(axis=0)
-    got = out["dbias"].cpu().numpy()
-    assert np.all(np.abs(got - want["dbias"]) <= 1e-5 * bound + 1e-30), np.max(np.abs(got - want["dbias"]) - 1e-5 * bound)
-    assert np.all(got[1] == 0)      # the empty expert
-    into = {"d": torch.empty_like(out["d"]), "dbias": torch.full_like(out["dbias"], 7.0)}
-    op.execute(a, off, b, inputs=ins, outputs=into)
-    assert np.all(np.abs(into["dbias"].cpu().numpy() - want["dbias"]) <= 1e-5 * bound + 1e-30)
+    _check_column_sums(op, out, want, want.values["d"], (a, off, b), ins)
 
 
 @pytest.mark.parametrize("axes", [{}, {"tile_m": 64, "cluster_m": 1}, {"tile_n": 128, "d_dtype": "float32"}])
@@ -420,23 +430,11 @@ def test_a_paired_column_sum_on_the_device(axes):
     up blocks interleaved) summed over each expert's rows, ragged experts with an empty one and an
     N tail; against the interpreter, and execute resets dbias itself."""
     op = fusegemm.Op("grouped_gemm_dglu", generate_dbias=True, **axes)
-    g = torch.Generator(device="cuda").manual_seed(9)
-    l, n, k = 4, 160, 192
-    off = torch.tensor([256, 256, 768, 1024], dtype=torch.int32, device="cuda")
-    m = 1024
-    a = torch.randn(m, k, generator=g, device="cuda").bfloat16()
-    b = (torch.randn(l, n, k, generator=g, device="cuda") * k ** -0.5).bfloat16()
+    g, off, a, b, (l, n, m) = _ragged_sums_problem(9, 160)
     ins = {"alpha": torch.rand(l, generator=g, device="cuda") + 0.5, "beta": torch.rand(l, generator=g, device="cuda"),
            "prob": torch.rand(m, generator=g, device="cuda"),
            "c": torch.randn(m, 2 * n, generator=g, device="cuda").bfloat16()}
     out = op(a, off, b, inputs=ins)
     want = op.reference(a, off, b, inputs=ins)
     assert out["dbias"].shape == (l, 2 * n) and np.asarray(want["dbias"]).shape == (l, 2 * n)
-    vals = np.abs(np.asarray(want.out_values["d"], dtype=np.float64))
-    bound = np.stack([vals[s:t].sum(axis=0) for s, t in ((0, 256), (256, 256), (256, 768), (768, 1024))])
-    got = out["dbias"].cpu().numpy()
-    assert np.all(np.abs(got - want["dbias"]) <= 1e-5 * bound + 1e-30), np.max(np.abs(got - want["dbias"]) - 1e-5 * bound)
-    assert np.all(got[1] == 0)      # the empty expert
-    into = {"d": torch.empty_like(out["d"]), "dbias": torch.full_like(out["dbias"], 7.0)}
-    op.execute(a, off, b, inputs=ins, outputs=into)
-    assert np.all(np.abs(into["dbias"].cpu().numpy() - want["dbias"]) <= 1e-5 * bound + 1e-30)
+    _check_column_sums(op, out, want, want.out_values["d"], (a, off, b), ins)
