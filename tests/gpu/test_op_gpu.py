@@ -403,7 +403,7 @@ def _check_column_sums(op, out, want, summed, operands, ins):
     got = out["dbias"].cpu().numpy()
     assert np.all(np.abs(got - want["dbias"]) <= 1e-5 * bound + 1e-30), np.max(np.abs(got - want["dbias"]) - 1e-5 * bound)
     assert np.all(got[1] == 0)      # the empty expert
-    into = {"d": torch.empty_like(out["d"]), "dbias": torch.full_like(out["dbias"], 7.0)}
+    into = {k: torch.full_like(v, 7.0) for k, v in out.items()}     # every output, garbage first
     op.execute(*operands, inputs=ins, outputs=into)
     assert np.all(np.abs(into["dbias"].cpu().numpy() - want["dbias"]) <= 1e-5 * bound + 1e-30)
 
