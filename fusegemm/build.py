@@ -252,6 +252,13 @@ def _stop(pool: ProcessPoolExecutor) -> None:
     manager = getattr(pool, "_executor_manager_thread", None)
     if manager is not None:   # it closes the pool's queues (their semaphores) once it sees the pool broken
         manager.join(5)
+        # The interpreter's exit hook (concurrent.futures.process._python_exit) writes to every
+        # manager's wakeup pipe; a manager still closing its own pipe on the way out races that
+        # write: "Exception ignored ... Bad file descriptor" after the build's Ctrl-C report (seen
+        # in CI on a loaded machine). This pool needs no wakeup any more (shutdown sent one), and
+        # the manager, a non-daemon thread, is still joined at exit: drop its entry.
+        from concurrent.futures import process as _futures_process
+        getattr(_futures_process, "_threads_wakeups", {}).pop(manager, None)
 
 
 def compile_all(planned: list[Planned], *, jobs: int = 1) -> list[BuildResult]:
