@@ -728,10 +728,11 @@ def _output_slots(ctx, m) -> dict[str, str]:
     return out
 
 
-def _computed(ctx, node, key: str, computed: set[str]) -> str:
+def _computed(ctx, node, key: str, computed: set[str], also: str = "") -> str:
+    """The computed value ``node`` names (``also``: what else the key may name, in the message)."""
     v = node.value
     if v not in computed:
-        raise ctx.fail(node, key, f"{v!r} is not computed; computed: {', '.join(sorted(computed))}")
+        raise ctx.fail(node, key, f"{v!r} is not computed; computed: {', '.join(sorted(computed))}{also}")
     return v
 
 
@@ -829,11 +830,9 @@ def _reduced(ctx, node, key: str, scope: str, computed: set[str],
     v = node.value
     pair = next((o for o in outputs if o.name == v and o.paired is not None), None)
     if pair is None:
-        if v not in computed:
-            names = [o.name for o in outputs if o.paired is not None]
-            also = f" (or, for a column sum, a paired output: {', '.join(names)})" if names else ""
-            raise ctx.fail(node, key, f"{v!r} is not computed; computed: {', '.join(sorted(computed))}{also}")
-        return v, None
+        names = [o.name for o in outputs if o.paired is not None]
+        also = f" (or, for a column sum, a paired output: {', '.join(names)})" if names else ""
+        return _computed(ctx, node, key, computed, also), None
     if v in computed:
         raise ctx.fail(node, key, f"{v!r} names both a computed value and the paired output {v}; rename one "
                                   f"(the reduction could mean either)")

@@ -2,19 +2,20 @@
 
 Every row gives how the generated C++ computes the function (``cpp``), how the numpy interpreter
 (fusegemm/interpret.py) computes it (``numpy``), and how far the two may differ in FP32 units in
-the last place (``ulp``: 0 means bit-exact; a NaN input gives NaN on both sides, except where a
-row says otherwise). A formula that cancels cannot promise a few ulps of its result: its row adds
+the last place (``ulp``: 0 means bit-exact; a NaN input gives NaN on both sides, except where a row
+says otherwise). A formula that cancels cannot promise a few ulps of its result: its row adds
 ``abs_x`` times |x| (x its first argument) of absolute difference (gelu: ``1 + erf`` for x below
-about -3), and ``ulp`` is then in units of the result beside that term. The C++ uses correctly rounded IEEE intrinsics (``__fadd_rn``...) for
-arithmetic, so nothing contracts into an FMA behind the spec's back; transcendental functions use
-the CUDA math library (libdevice, no fast ``__expf``-style intrinsics), whose documented maximum
-errors (CUDA C++ Programming Guide, Mathematical Functions appendix) are the ``ulp`` column.
-The numpy side rounds the float64 result once to float32 (correctly rounded). The ulp bounds
-hold while every intermediate is a normal number. Where one is subnormal (the logistic term of
-sigmoid, silu and gelu_tanh for x < -87.3, x < -10 for gelu_tanh; erf and pow results below
-2^-126), the result, whose magnitude is then below 2^-119, agrees within ``SUBNORMAL_ABS`` =
-2^-138 absolute instead. Neither side flushes subnormals to zero. tests/gpu/test_epilogue_gpu.py
-and tests/gpu/test_epilogue_language_gpu.py measure every bound on the device.
+about -3), and ``ulp`` is then in units of the result beside that term. The C++ uses correctly
+rounded IEEE intrinsics (``__fadd_rn``...) for arithmetic, so nothing contracts into an FMA behind
+the spec's back; transcendental functions use the CUDA math library (libdevice, no fast
+``__expf``-style intrinsics), whose documented maximum errors (CUDA C++ Programming Guide,
+Mathematical Functions appendix) are the ``ulp`` column. The numpy side rounds the float64 result
+once to float32 (correctly rounded). The ulp bounds hold while every intermediate is a normal
+number. Where one is subnormal (the logistic term of sigmoid, silu and gelu_tanh for x < -87.3,
+x < -10 for gelu_tanh; erf and pow results below 2^-126), the result, whose magnitude is then below
+2^-119, agrees within ``SUBNORMAL_ABS`` = 2^-138 absolute instead. Neither side flushes subnormals
+to zero. tests/gpu/test_epilogue_gpu.py and tests/gpu/test_epilogue_language_gpu.py measure every
+bound on the device.
 
 The numpy definitions take and return float32 arrays (``isnan``: bool). numpy is imported when
 one is first called: loading a spec, and so the CLI, needs none.

@@ -24,16 +24,15 @@ torch = pytest.importorskip("torch")
 import fusegemm  # noqa: E402
 from fusegemm.formats import (dequantize_128x128, dequantize_1x128, dequantize_blockwise, pack_sf,  # noqa: E402
                               quantize_128x128, quantize_1x128, quantize_blockwise, unpack_sf)
-from fusegemm.output_compare import compare_outputs  # noqa: E402
+from fusegemm.output_compare import compare_outputs, to_device  # noqa: E402
 
 E8M0 = "float8_e8m0fnu"
 ARCH: dict = {}   # the device's arch; a host check of this file passes arch="sm_90a"
 
 
-def _t(x: np.ndarray, dtype) -> "torch.Tensor":
-    """A numpy array (ml_dtypes FP8 / E8M0 or float32) as a torch tensor of ``dtype``, bytes kept."""
-    x = np.ascontiguousarray(x)
-    return torch.from_numpy(x.view(np.uint8) if x.dtype.itemsize == 1 else x).view(dtype)
+def _t(x: np.ndarray) -> "torch.Tensor":
+    """A numpy array (ml_dtypes FP8 / E8M0 or float32) as a CPU torch tensor of its dtype."""
+    return to_device(x, "cpu")
 
 
 def _operands(sizes, n_acc, k, seed, recipe, exact=False):
@@ -57,7 +56,7 @@ def _operands(sizes, n_acc, k, seed, recipe, exact=False):
             bq, sb = quantize_blockwise(w, ab_dtype="float8_e4m3fn", sf_dtype=E8M0, sf_vec_size=32)
         a64 = dequantize_blockwise(aq, sa, sf_vec_size=32).astype(np.float64)
         b64 = dequantize_blockwise(bq, sb, sf_vec_size=32).astype(np.float64)
-        sfa, sfb = _t(pack_sf(sa), torch.float8_e8m0fnu), _t(pack_sf(sb, batch_first=True), torch.float8_e8m0fnu)
+        sfa, sfb = _t(pack_sf(sa)), _t(pack_sf(sb, batch_first=True))
     else:   # the blockwise recipe: A 1x128, B 128x128, FP32 scales
         from fusegemm.formats import blockwise_sfa_layout
         if not exact:
@@ -65,9 +64,9 @@ def _operands(sizes, n_acc, k, seed, recipe, exact=False):
             bq, sb = quantize_128x128(w, "float8_e4m3fn")
         a64, b64 = dequantize_1x128(aq, sa).astype(np.float64), dequantize_128x128(bq, sb).astype(np.float64)
         sfa, sfb = blockwise_sfa_layout(torch.from_numpy(sa)), torch.from_numpy(sb)
-    host = {"a_tensor": _t(aq, torch.float8_e4m3fn), "sfa_tensor": sfa,
+    host = {"a_tensor": _t(aq), "sfa_tensor": sfa,
             "padded_offsets": torch.tensor(np.cumsum(sizes), dtype=torch.int32),
-            "b_tensor": _t(bq, torch.float8_e4m3fn), "sfb_tensor": sfb}
+            "b_tensor": _t(bq), "sfb_tensor": sfb}
     return host, a64, b64
 
 

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 import fusegemm  # noqa: E402
 from fusegemm.base.errors import ArgumentError, UnsupportedError  # noqa: E402
+from fusegemm.output_compare import to_device  # noqa: E402
 from fusegemm.formats import (dequantize_128x128, dequantize_1x128, dequantize_blockwise, pack_sf,  # noqa: E402
                               quantize_128x128, quantize_1x128, quantize_blockwise)
 
@@ -40,9 +41,8 @@ def test_kernels_compile_without_spills(arch, axes, session_cache):
 
 
 def _t(x):
-    x = np.ascontiguousarray(x)
-    return torch.from_numpy(x.view(np.uint8)).view(getattr(torch, x.dtype.name)) if x.dtype.itemsize == 1 \
-        else torch.from_numpy(x)
+    """A numpy array (ml_dtypes FP8 / E8M0 or float32) as a CPU torch tensor of its dtype."""
+    return to_device(x, "cpu")
 
 
 def _problem(recipe, sizes=(256, 0, 512), n_acc=256, k=384, seed=0):
