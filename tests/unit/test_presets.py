@@ -148,3 +148,46 @@ def test_every_preset_is_a_functional_torch_op_traced_on_fake_tensors(row, monke
             want = [(m, n_acc), (), (m,)]
     got = [tuple(t.shape) if t.numel() or t.dim() != 1 else () for t in out]
     assert got[:len(want)] == want
+
+
+def test_a_wrapper_resolves_each_argument_pattern_once(monkeypatch):
+    """The generated wrappers' host fast path (ops/faces.py ``call``): a repeat of an argument
+    pattern (dtypes, shapes, strides, devices, option values) skips the row's resolution and the
+    op lookup; another dtype, option value or layout resolves again; numpy arrays never memoise;
+    a stand-in for the op factory is honoured (it is part of the key)."""
+    from fusegemm.ops import faces
+    a, b, off, alpha, prob = _args()
+    calls = []
+    real = faces.resolve
+    monkeypatch.setattr(faces, "resolve",
+                        lambda row, bound, names=None: calls.append(row.name) or real(row, bound, names))
+    faces._RESOLVED.clear()
+
+    def run(**kw):
+        with pytest.raises(ArgumentError, match=r"^a_tensor\.device: got cpu"):
+            fusegemm.grouped_gemm_glu(a, None, off, alpha, kw.pop("b", b), prob_tensor=prob, **kw)
+    run()
+    run()
+    assert len(calls) == 1
+    run(d_dtype=torch.float32)           # another option value
+    run(d_dtype="float32")               # spelled otherwise: a pattern of its own, same op
+    run(b=torch.zeros((1, 128, 64), dtype=torch.bfloat16))             # same pattern, new tensor
+    run(b=torch.zeros((1, 64, 128), dtype=torch.bfloat16).transpose(1, 2), b_major="n")   # another layout
+    assert len(calls) == 4
+    with pytest.raises(ArgumentError):   # a refused pattern is not memoised: refused again, with its reason
+        fusegemm.grouped_gemm_glu(a, None, off, alpha, b, prob_tensor=prob, act_func="geglu")
+    with pytest.raises(ArgumentError, match=r"^act_func"):
+        fusegemm.grouped_gemm_glu(a, None, off, alpha, b, prob_tensor=prob, act_func="geglu")
+    assert len(calls) == 6
+    import ml_dtypes
+    n = len(faces._RESOLVED)
+    with pytest.raises(ArgumentError):
+        fusegemm.grouped_gemm_glu(a.view(torch.int16).numpy().view(ml_dtypes.bfloat16), None, off, alpha, b,
+                                  prob_tensor=prob)
+    assert len(faces._RESOLVED) == n and len(calls) == 7
+    from fusegemm.ops import scaled_seeds
+    made = []
+    real_op = scaled_seeds._op
+    monkeypatch.setattr(scaled_seeds, "_op", lambda *args: made.append(args) or real_op(*args))
+    run()
+    assert len(made) == 1 and len(calls) == 8
