@@ -26,9 +26,9 @@ if not (_here / "generator").is_dir() and (_here.parent / "generator" / "__init_
 # any fusegemm module, so the first-run gate and the first-call tuner are in place before any
 # launch. The imports stay inside the functions: `import fusegemm` touches neither the runtime
 # nor the ops.
-def _first_launch(family: str, arch: str, device: int) -> None:
+def _first_launch(variant: object, device: int, ctas: int | None = None) -> None:
     from .verify import ensure_verified
-    ensure_verified(family, arch, device)
+    ensure_verified(variant, device, ctas)
 
 
 def _first_call_tune(*args: object, **kwargs: object) -> object:

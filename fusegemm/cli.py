@@ -469,13 +469,31 @@ def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def selftest(as_json: bool) -> None:
+@click.option("--all-configs", is_flag=True, help="Run the verification cases of every configuration class "
+              "(tile, cluster, CTAs, scheduler, majors, recipe, weights) this GPU's kernels implement, each in a "
+              "child process under the first-run watchdog, instead of each family's cases.")
+@click.option("--family", "families", multiple=True, help="With --all-configs: only this kernel family "
+              "(repeatable).")
+@click.option("--jobs", type=int, default=1, show_default=True, help="With --all-configs: classes checked at once.")
+@click.option("--timeout", type=float, default=None, help="With --all-configs: seconds each class's cases may "
+              "run on the device (default FUSEGEMM_VERIFY_TIMEOUT).")
+def selftest(as_json: bool, all_configs: bool, families: tuple[str, ...], jobs: int, timeout: float | None) -> None:
     """Run every op family on this GPU against the numpy references (pass/fail table).
 
     Exit status: 0 every case passed, 1 a case failed, 3 no GPU to run on (nothing was
     verified: a script can tell that apart from a pass).
     """
     from . import selftest as st
+    from .generator import registry
+    if not all_configs and (families or jobs != 1 or timeout is not None):
+        raise click.UsageError("--family, --jobs and --timeout go with --all-configs")
+    unknown = [f for f in families if f not in registry.families()]
+    if unknown:
+        raise click.BadParameter(f"got {unknown[0]!r}; allowed: {', '.join(registry.families())}",
+                                 param_hint="--family")
+    if jobs < 1 or (timeout is not None and not timeout > 0):
+        raise click.BadParameter(f"got {jobs if jobs < 1 else timeout}; allowed: a positive number",
+                                 param_hint="--jobs" if jobs < 1 else "--timeout")
     arch, device = st.detect_arch()
     if arch is None:
         if as_json:
@@ -483,7 +501,12 @@ def selftest(as_json: bool) -> None:
         else:
             click.echo(f"selftest: nothing to run, nothing verified: {device}")
         sys.exit(NO_GPU_EXIT)
-    rows = st.run(arch)
+    if all_configs:
+        from . import verify
+        rows = verify.run_all_configs(arch, 0, families=families or None, jobs=jobs, timeout=timeout,
+                                      progress=lambda line: click.echo(line, err=True))
+    else:
+        rows = st.run(arch)
     failed = [r for r in rows if r.status == "FAIL"]
     if as_json:
         _echo_json({"device": device, "arch": arch, "rows": [r.__dict__ for r in rows]})

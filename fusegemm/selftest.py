@@ -124,10 +124,12 @@ def _spec_cases(family: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool, str]:
-    """A spec's default variant (float outputs where offered) on integer-valued operands (BF16, or
-    e4m3 with unit E8M0 scales for a block-scaled spec: every FP32 sum exact, so the kernel and the
-    interpreter differ only by the functions' ulp bounds and the outputs' rounding), against
-    ``Op.reference``."""
+    """A spec's variant (float outputs where offered; ``case["axes"]`` pinned: a configuration
+    class's) on integer-valued operands, against ``Op.reference``: BF16, or FP8 (the variant's
+    element format) with power-of-two scales, MX (E8M0 per 32) or the blockwise recipe (FP32 per
+    128), so that every FP32 sum is exact and the kernel and the interpreter differ only by the
+    functions' ulp bounds and the outputs' rounding. Dense or discrete weights, K- or N-major B,
+    as the variant says."""
     import ml_dtypes
     import torch
 
@@ -142,25 +144,52 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
         if pick is not None:
             axes[axis] = pick
     index = _ordinal(device)
-    op = Op(spec, device=index, **axes)
     try:
+        op = Op(spec, device=index, **{**axes, **case.get("axes", {})})
         op.check_support()
     except UnsupportedError as exc:
         raise CaseNotAvailable(str(exc)) from None
+    v = op.variant
+    if op.kind == "scaled" and v.ab_dtype not in ("float8_e4m3fn", "float8_e5m2"):
+        raise CaseNotAvailable(f"{v.ab_dtype} operands: run through the seed's cases")
     rng = np.random.default_rng(7)
     sizes = _padded(case["tokens"])
     m, n, k, l = sum(sizes), case["n"], case["k"], len(sizes)
     bf16 = ml_dtypes.bfloat16
-    ab = ml_dtypes.float8_e4m3fn if op.kind == "scaled" else bf16
+    ab = getattr(ml_dtypes, v.ab_dtype)
     a = rng.integers(-2, 3, (m, k)).astype(ab)
     b = rng.integers(-2, 3, (l, n, k)).astype(ab)
     off = np.cumsum(sizes).astype(np.int32)
-    operands = [a, off, b]
-    if op.kind == "scaled":   # (A, SFA, offsets, B, SFB): unit MXFP8 scales, physical layouts
-        from .formats import pack_sf
-        e8m0 = ml_dtypes.float8_e8m0fnu
-        operands = [a, pack_sf(np.ones((m, k // 32), np.float32).astype(e8m0)), off, b,
-                    pack_sf(np.ones((l, n, k // 32), np.float32).astype(e8m0), batch_first=True)]
+    sfa = sfb = None
+    if op.kind == "scaled":   # power-of-two scales in the kernels' physical layouts
+        if v.sf_vec_size == 128:
+            from .formats import blockwise_sfa_layout
+            sfa = blockwise_sfa_layout(np.exp2(rng.integers(-1, 2, (m, -(-k // 128)))).astype(np.float32))
+            sfb = np.exp2(rng.integers(-1, 2, (l, -(-n // 128), -(-k // 128)))).astype(np.float32)
+        else:
+            from .formats import pack_sf
+            e8m0 = ml_dtypes.float8_e8m0fnu
+            sfa = pack_sf(np.exp2(rng.integers(-1, 2, (m, k // 32))).astype(np.float32).astype(e8m0))
+            sfb = pack_sf(np.exp2(rng.integers(-1, 2, (l, n, k // 32))).astype(np.float32).astype(e8m0),
+                          batch_first=True)
+    host_ops = [a, sfa, off, b, sfb] if op.kind == "scaled" else [a, off, b]
+    dev_ops: list[Any] = [output_compare.to_device(x, device) for x in host_ops]
+    keep: list[Any] = []
+    kw: dict[str, Any] = {}
+    if v.weight_mode == "discrete":   # per-expert buffers behind device pointer tables
+        bs = [output_compare.to_device(np.ascontiguousarray(b[e]), device) for e in range(l)]
+        keep += bs
+        kw = {"b_ptrs": torch.tensor([t.data_ptr() for t in bs], dtype=torch.int64, device=device), "n": n}
+        if op.kind == "scaled":
+            sbs = [output_compare.to_device(np.ascontiguousarray(sfb[e]), device) for e in range(l)]
+            keep += sbs
+            kw["sfb_ptrs"] = torch.tensor([t.data_ptr() for t in sbs], dtype=torch.int64, device=device)
+            dev_ops = dev_ops[:3]
+        else:
+            dev_ops = dev_ops[:2]
+    elif v.b_major == "n":            # (L, K, N) storage read as its (L, N, K) view
+        at = 3 if op.kind == "scaled" else 2
+        dev_ops[at] = output_compare.to_device(np.ascontiguousarray(b.transpose(0, 2, 1)), device).transpose(1, 2)
     w = op.widths(n)[0]
     host: dict[str, Any] = {}
     dev: dict[str, Any] = {}
@@ -178,10 +207,11 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
         else:
             host[inp.name] = (0.5 * rng.standard_normal((m, 2 * w if inp.paired else w))).astype(dt)
         dev[inp.name] = output_compare.to_device(host[inp.name], device)
-    out = op(*(output_compare.to_device(x, device) for x in operands), inputs=dev)
+    out = op(*dev_ops, **kw, inputs=dev)
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
-    ref = op.reference(*operands, inputs=host)
+    del keep
+    ref = op.reference(*host_ops, inputs=host)
     valid = int(off[-1])
     rows = set(op.epilogue.row_buffers())
     got = {}
@@ -304,7 +334,7 @@ def _run_scaled(family: str, case: dict[str, Any], device: str = "cuda:0") -> tu
         tokens = opts.pop("tokens")
         pb = problems.make_grouped_problem(family, num_experts=len(tokens), tokens=tokens, seed=7,
                                            values="integer", **opts)
-        kwargs = pb.kwargs(sf_vec_size=32, **call)
+        kwargs = pb.kwargs(**call)     # the problem's scale format (E8M0 per 32 for FP8 by default)
     ref = getattr(reference, family)(**kwargs)
     dev, keep = output_compare.device_args(kwargs, device)
     out = getattr(scaled_seeds, family)(**dev)
@@ -415,3 +445,129 @@ def run_family(family: str, device: int = 0) -> list[Row]:
             rows.append(Row(family, label, "FAIL", None, time.perf_counter() - t0,
                             f"{type(exc).__name__}: {exc}"[:300]))
     return rows
+
+
+# ---------------------------------------------------------------- configuration classes
+# fusegemm/verify.py verifies kernels per configuration class (verify.ConfigClass): these are the
+# cases of one class, its tile, cluster, CTAs, scheduler, majors, recipe and weights pinned.
+
+def class_cases(cls: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Cases that run configuration class ``cls``'s kernel: ragged and empty experts, N and K
+    tails, and a problem large enough that every CTA of the cluster gets tiles (each case dict
+    also names its runner: ``run``)."""
+    from .generator.spec import find_spec
+    spec = find_spec(cls.family)
+    pin = {k: v for k, v in cls.axes().items() if k in spec.choice_map}
+    (tm, tn), (cm, cn) = cls.tile, cls.cluster
+    units = max(1, cm // cls.ctas)          # MMA tiles side by side along M in one cluster
+    if cls.kind == "kgrouped":
+        return [("ragged + empty experts, an N tail", dict(run="wgrad", tokens=[256, 0, 768, 300], m=2 * tm,
+                                                            n=tn + 72, axes=pin)),
+                ("two experts, every column tile", dict(run="wgrad", tokens=[512, 512], m=tm, n=2 * tn, axes=pin))]
+    ab, sf, vec = cls.recipe
+    if cls.kind == "batched":
+        fmt = dict(ab_dtype=ab, sf_dtype=sf, sf_vec_size=vec, a_major=cls.majors[0])
+        call = dict(mma_tiler_mn=cls.tile, cluster_shape_mn=cls.cluster)
+        return [("3 batches, M and N tails", dict(run="seed", m=tm * units + 72, n=tn * cn + 8, k=320, batch=3,
+                                                  call=call, **fmt)),
+                ("1 batch, every CTA busy", dict(run="seed", m=2 * tm * units, n=2 * tn * cn, k=256, batch=1,
+                                                 call=call, **fmt))]
+    tail = dict(tokens=[300, 0, 700, 17], n=tn * cn + (64 if cls.kind == "grouped" else 128), k=200 if
+                cls.kind == "grouped" else 320)
+    busy = dict(tokens=[max(1024, 4 * tm * units)], n=2 * tn * cn, k=256)
+    if cls.kind == "scaled" and ab not in ("float8_e4m3fn", "float8_e5m2"):   # packed FP4: the seed's problems
+        call = dict(mma_tiler_mn=cls.tile, cluster_shape_mn=cls.cluster,
+                    use_dynamic_sched=cls.scheduler == "dynamic")
+        fmt = dict(ab_dtype=ab, sf_dtype=sf, sf_vec_size=vec, discrete=cls.weights == "discrete")
+        return [(f"{what}, {ab}", dict(run="seed", **shape, **fmt, call=call))
+                for what, shape in (("ragged + empty experts, tails", {**tail, "k": 256}), ("every CTA busy", busy))]
+    return [("ragged + empty experts, N and K tails", dict(run="spec", spec=cls.family, axes=pin, **tail)),
+            ("every CTA of the cluster busy", dict(run="spec", spec=cls.family, axes=pin, **busy))]
+
+
+def run_class_case(cls: Any, case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool, str]:
+    """One case of :func:`class_cases`."""
+    opts = {k: v for k, v in case.items() if k != "run"}
+    if case["run"] == "wgrad":
+        return _run_wgrad(opts, device)
+    if case["run"] == "seed":
+        return _run_scaled(cls.family, opts, device)
+    return _run_spec(opts, device)
+
+
+def run_class(cls: Any, device: int = 0, built: Callable[[], None] = lambda: None) -> list[Row]:
+    """The verification cases of configuration class ``cls`` on ``device`` (what fusegemm/verify.py's
+    watchdog child runs): a first pass with every kernel launch suppressed builds and loads the
+    cases' kernels, ``built()`` says so (the watchdog then starts the clock), then the cases run
+    and are compared with the references."""
+    from .ops.engine import Op
+    cases = class_cases(cls)
+    where = f"cuda:{device}"
+    launch = Op._run
+    Op._run = lambda *args, **kwargs: None   # this process only runs the cases (the watchdog's child)
+    try:
+        for _, case in cases:
+            try:
+                run_class_case(cls, case, where)
+            except Exception:   # outputs of launches that never happened; the real pass reports
+                pass
+    finally:
+        Op._run = launch
+    built()
+    rows: list[Row] = []
+    for label, case in cases:
+        t0 = time.perf_counter()
+        name = f"{cls.slug}: {label}"
+        try:
+            err, ok, detail = run_class_case(cls, case, where)
+            rows.append(Row(cls.family, name, "pass" if ok else "FAIL", err, time.perf_counter() - t0, detail))
+        except CaseNotAvailable as exc:
+            rows.append(Row(cls.family, name, "not available", detail=str(exc)[:300]))
+        except Exception as exc:  # a crash is a failed case, reported with its message
+            rows.append(Row(cls.family, name, "FAIL", None, time.perf_counter() - t0,
+                            f"{type(exc).__name__}: {exc}"[:300]))
+    return rows
+
+
+def all_classes(arch: str, families: tuple[str, ...] | None = None) -> list[Any]:
+    """Every configuration class ``arch``'s kernels implement, per family (default: every family
+    with a runner): the spec's tile, cluster, scheduler, majors, recipe and weight choices that the
+    spec's constraints and the registry row admit (fusegemm selftest --all-configs)."""
+    import itertools
+
+    from .generator.config_class import config_class
+    from .generator.spec import find_spec
+    from .generator.variants import make_variant
+    from .ops.scaled_layouts import check_layouts
+    out: list[Any] = []
+    for fam in families or registry.families():
+        if registry.lookup(fam, arch) is None or fam not in RUNNERS:
+            continue
+        spec = find_spec(fam)
+        dims = ("tile_m", "tile_n", "cluster_m", "cluster_n", "scheduler", "a_major", "b_major", "ab_dtype",
+                "sf_dtype", "sf_vec_size", "weight_mode")
+        offered = [(d, spec.choice_map[d]) for d in dims if d in spec.choice_map]
+        seen = set()
+        for values in itertools.product(*(vals for _, vals in offered)):
+            choice = dict(zip((d for d, _ in offered), values))
+            try:
+                variant = make_variant(spec, arch=arch, **choice)
+                registry.resolve(fam, arch, variant.choices)
+                if registry.lookup(fam, arch).operands in ("scaled", "batched"):
+                    check_layouts(_Shim(spec, arch, variant))
+            except UnsupportedError:
+                continue
+            cls = config_class(variant)
+            if cls not in seen:
+                seen.add(cls)
+                out.append(cls)
+    return out
+
+
+@dataclass(frozen=True)
+class _Shim:
+    """What ``check_layouts`` reads of an op."""
+
+    spec: Any
+    arch: str
+    variant: Any

@@ -78,6 +78,13 @@ def _nvrtc_major(s: str) -> int | None:
     raise ValueError(s)
 
 
+def _positive_seconds(s: str) -> float:
+    value = float(s)
+    if not (0 < value < float("inf")):
+        raise ValueError(s)
+    return value
+
+
 def _archs(s: str) -> tuple[str, ...]:
     items = tuple(a.strip() for a in s.split(",") if a.strip())
     if not items or any(a not in ARCH_NAMES for a in items):
@@ -119,6 +126,11 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("FUSEGEMM_TRUST_UNVERIFIED", "0", _bool, "0/1, true/false",
         "Skip the first-run verification of kernel families on an arch fusegemm has not executed "
         "on (sm_100a today): launch without running their selftest cases first."),
+    Var("FUSEGEMM_VERIFY_TIMEOUT", "30", _positive_seconds, "seconds, a positive number",
+        "How long the first-run verification cases of a configuration may run on the device (after "
+        "their kernels are built) before the check is stopped and the configuration refused as "
+        "hanging. The cases run in a child process, so a hang or a fault there leaves this process "
+        "and its CUDA context usable."),
 )}
 
 
@@ -172,6 +184,10 @@ def trust_unverified() -> bool:
     return bool(get("FUSEGEMM_TRUST_UNVERIFIED"))
 
 
+def verify_timeout() -> float:
+    return get("FUSEGEMM_VERIFY_TIMEOUT")  # type: ignore[return-value]
+
+
 def nvrtc_major() -> int | None:
     return get("FUSEGEMM_NVRTC_MAJOR")  # type: ignore[return-value]
 
@@ -193,6 +209,12 @@ def override(**values: str | None) -> Iterator[None]:
     finally:
         _overrides.clear()
         _overrides.update(saved)
+
+
+def environment(**values: str) -> dict[str, str]:
+    """The environment for a child process that must see this process's configuration: the
+    process environment with every variable's value here (overrides included), then ``values``."""
+    return {**os.environ, **{v.name: str(raw) for v in VARS.values() if (raw := v.raw()) is not None}, **values}
 
 
 def describe() -> list[tuple[str, str, str]]:

@@ -51,7 +51,7 @@ class Hook:
         return f"Hook({self.name!r}, installed={self.installed})"
 
 
-# fn(family, arch, device) -> None; raises UnverifiedError to refuse the launch.
+# fn(variant, device, ctas_per_tile) -> None; raises UnverifiedError to refuse the launch.
 FIRST_LAUNCH = Hook("first-run verification")
 # fn(spec, arch, device, device_name, bucket, *, experts, m_rows, n, k, d_dtype, stream)
 #   -> the tuned configuration (a tuning_records.Candidate) or None for the default.

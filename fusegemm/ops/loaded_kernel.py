@@ -67,9 +67,10 @@ class LoadedKernel:
         check_contract(c, kernel=built.name, tile=(variant.tile_m, variant.tile_n), ab_dtype=variant.ab_dtype,
                        cluster=(variant.cluster_m, variant.cluster_n),
                        discrete=variant.weight_mode == "discrete")
-        # The first-run gate (fusegemm/verify.py, installed from above: it runs the selftest
-        # cases, which call these ops) refuses a kernel fusegemm has not executed until it passed.
-        FIRST_LAUNCH(variant.kernel, variant.arch, device)
+        # The first-run gate (fusegemm/verify.py, installed from above: it runs the verification
+        # cases, which call these ops) refuses a kernel fusegemm has not executed until its
+        # configuration class passed.
+        FIRST_LAUNCH(variant, device, c.ctas_per_tile)
         kernel = default_modules().get(built.cubin, built.kernel_name, key=built.key, smem_bytes=c.smem_bytes,
                                        device=device, max_cluster_ctas=c.max_cluster_ctas)
         return cls(variant, built, kernel, device)

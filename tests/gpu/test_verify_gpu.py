@@ -1,16 +1,21 @@
 """The first-run gate on a real device (fusegemm/verify.py), exercised on the H200 by pretending
-sm_90a is an arch the project has not executed on: the selftest cases run on the device before
-the first launch, a pass is recorded, a failing case refuses the launch."""
+sm_90a is an arch the project has not executed on: a configuration class's cases run on the device
+in a child process before the first launch of that class, a pass is recorded per class; failing
+cases, a planted kernel that hangs and one that faults each refuse the launch within the
+watchdog's limit, and this process and its CUDA context stay usable."""
 from __future__ import annotations
 
 import dataclasses
 import json
+import time
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.gpu
+PLANTS = str(Path(__file__).parent / "helpers")
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +37,7 @@ def cache_dir(kernel_cache):
 
 @pytest.fixture
 def unexecuted_arch(monkeypatch, cache_dir):
-    """The device's arch marked unexecuted, a fresh gate and op cache."""
+    """The device's arch marked unexecuted, a fresh gate and op cache; the checks counted."""
     from fusegemm import verify
     from fusegemm.base import archs
     from fusegemm.ops import grouped_gemm as op
@@ -41,7 +46,17 @@ def unexecuted_arch(monkeypatch, cache_dir):
     monkeypatch.setitem(archs.ARCHS, arch, dataclasses.replace(archs.ARCHS[arch], executed=False))
     monkeypatch.setattr(verify, "_verified", set())
     monkeypatch.setattr(op, "_OPS", None)
-    return arch
+    monkeypatch.setattr(verify, "RUNNER_PATH", (PLANTS,))
+    checks = []
+    real = verify.check_class
+
+    def counted(cls, device, **kw):
+        t0 = time.monotonic()
+        rows, problem = real(cls, device, **kw)
+        checks.append((cls, rows, problem, time.monotonic() - t0))
+        return rows, problem
+    monkeypatch.setattr(verify, "check_class", counted)
+    return arch, checks
 
 
 def _problem():
@@ -53,46 +68,62 @@ def _problem():
     return a, b, offsets, alpha
 
 
-def test_first_launch_runs_the_selftest_and_records_it(unexecuted_arch, cache_dir):
-    import fusegemm
-    from fusegemm import selftest
-    calls = []
-    real = selftest.run_family
-
-    def counted(family, device=0):
-        rows = real(family, device)
-        calls.append([r.status for r in rows])
-        return rows
-    selftest.run_family = counted
-    try:
-        a, b, offsets, alpha = _problem()
-        out = fusegemm.grouped_gemm(a, offsets, alpha, b)["d_tensor"]
-        torch.cuda.synchronize()
-        ref = (a[:, :, 0].float() @ b[:, :, 0].float().t()).to(torch.bfloat16)[:256]
-        assert torch.allclose(out[:256, :, 0].float(), ref.float(), rtol=2**-7, atol=1e-2)
-        fusegemm.grouped_gemm(a, offsets, alpha, b)   # the second call does not check again
-    finally:
-        selftest.run_family = real
-    assert len(calls) == 1 and calls[0] and all(s == "pass" for s in calls[0]), calls
-    record = json.loads((cache_dir / "verified" / f"grouped_gemm.{unexecuted_arch}.json").read_text())
-    assert record["cases"] == len(calls[0]) and record["arch"] == unexecuted_arch
-
-
-def test_a_failing_case_refuses_the_launch(unexecuted_arch, monkeypatch, cache_dir):
-    from fusegemm import selftest
-    from fusegemm.base.errors import UnverifiedError
-    from fusegemm.ops.grouped_gemm import GroupedGemm
-    # A planted defect in what the cases compare: every case now "fails".
-    monkeypatch.setattr(selftest, "_compare", lambda got, ref, scale, dtype: (1.0, False))
+def _check_result(fn):
     a, b, offsets, alpha = _problem()
-    d = torch.empty(512, 256, 1, dtype=torch.bfloat16, device="cuda")
-    op = GroupedGemm(a, None, d, offsets, alpha, b, None, None)
-    # Every case compared through _compare fails: the grouped GEMM's own (counted where they are
-    # declared); the spec cases compare through output_compare and still pass.
-    n = len(selftest._grouped_gemm_cases())
-    total = len(selftest.RUNNERS["grouped_gemm"]())
-    with pytest.raises(UnverifiedError, match=r"grouped_gemm failed its first-run verification on "
-                                              rf"sm_\w+ \(device 0, .*\): {n} of {total} selftest cases failed"):
-        op.compile()
-    assert op._launcher is None
-    assert not (cache_dir / "verified").exists()
+    out = fn(a, offsets, alpha, b)["d_tensor"]
+    torch.cuda.synchronize()
+    ref = (a[:, :, 0].float() @ b[:, :, 0].float().t()).to(torch.bfloat16)[:256]
+    assert torch.allclose(out[:256, :, 0].float(), ref.float(), rtol=2**-7, atol=1e-2)
+
+
+def test_first_launch_verifies_its_class_in_a_child_and_records_it(unexecuted_arch, cache_dir):
+    import fusegemm
+    arch, checks = unexecuted_arch
+    _check_result(fusegemm.grouped_gemm)
+    _check_result(fusegemm.grouped_gemm)                 # the same class: not checked again
+    assert len(checks) == 1
+    cls, rows, problem, took = checks[0]
+    assert problem is None and rows and all(r.status == "pass" for r in rows), rows
+    record = json.loads((cache_dir / "verified" / f"grouped_gemm.{arch}.{cls.slug}.json").read_text())
+    assert record["cases"] == len(rows) and record["class"] == cls.slug and record["driver"] > 0
+    # Another class of the family (tile 64x256, ping-pong on sm_90a) is checked on its first launch.
+    _check_result(lambda a, off, alpha, b: fusegemm.grouped_gemm(a, off, alpha, b, mma_tiler_mn=(64, 256)))
+    assert len(checks) == 2 and checks[1][0].tile == (64, 256) and checks[1][2] is None
+
+
+@pytest.mark.parametrize("plant,says", [
+    ("wrong", r"2 of 2 verification cases failed"),
+    ("hang", r"the cases did not finish within 5 s of running on the device: a hang"),
+    ("fault", r"the verification process died while running the cases .*ILLEGAL_ADDRESS"),
+])
+def test_a_planted_defect_refuses_the_launch_and_leaves_this_process_usable(unexecuted_arch, monkeypatch,
+                                                                            cache_dir, plant, says):
+    import fusegemm
+    from fusegemm import verify
+    from fusegemm.base.errors import UnverifiedError
+    from fusegemm.runtime import config
+    _, checks = unexecuted_arch
+    monkeypatch.setattr(verify, "RUNNER", f"verify_plants:{plant}")
+    a, b, offsets, alpha = _problem()
+    with config.override(FUSEGEMM_VERIFY_TIMEOUT="5"), pytest.raises(UnverifiedError, match=says):
+        fusegemm.grouped_gemm(a, offsets, alpha, b)
+    took = checks[-1][3]
+    assert took < 120, took                             # building the cases, then at most 5 s of running
+    assert not list((cache_dir / "verified").glob("*.json")) if (cache_dir / "verified").exists() else True
+    # This process and its CUDA context: unaffected (a torch kernel, then fusegemm trusted).
+    x = torch.ones(64, 64, device="cuda")
+    assert float((x @ x).sum()) == 64.0 ** 3
+    with config.override(FUSEGEMM_TRUST_UNVERIFIED="1"):
+        _check_result(fusegemm.grouped_gemm)
+
+
+def test_all_configs_of_a_family_pass_under_the_watchdog(cache_dir):
+    """fusegemm selftest --all-configs for the K-grouped family: every class on the device."""
+    from fusegemm import selftest, verify
+    from fusegemm.ops.device import device_arch
+    arch = device_arch(0)
+    classes = selftest.all_classes(arch, ("grouped_gemm_wgrad",))
+    rows = verify.run_all_configs(arch, 0, families=("grouped_gemm_wgrad",), jobs=4)
+    assert len(classes) >= 2
+    assert rows and all(r.status == "pass" for r in rows), [(r.case, r.status, r.detail) for r in rows]
+    assert len(rows) == sum(len(selftest.class_cases(c)) for c in classes)

@@ -1,0 +1,104 @@
+"""Configuration classes: what decides which paths a kernel's launch takes, apart from its
+epilogue's math (tile, cluster, CTAs per tile, scheduler, operand majors, scaling recipe,
+weights). The first-run gate (fusegemm/verify.py) verifies and records kernels fusegemm has not
+executed per class; fusegemm/selftest.py holds each class's cases.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..base.dtypes import short
+from . import registry
+
+
+@dataclass(frozen=True)
+class ConfigClass:
+    """What decides which paths a kernel's launch takes, apart from the epilogue's math: the
+    unit the first-run gate verifies and records.
+
+    Attributes
+    ----------
+    family, arch : str
+        The kernel family (a spec's ``kernel``) and the arch.
+    kind : str
+        The kernel class (``grouped``, ``kgrouped``, ``scaled``, ``batched``): the registry row's
+        ``operands``.
+    tile, cluster : (int, int)
+        The MMA tile (M, N) and the cluster (M, N).
+    ctas : int
+        CTAs per MMA tile: 2 for the sm_100a kernels' 256-row tiles (``cta_group::2``).
+    scheduler : str
+        ``static`` or ``dynamic``.
+    majors : (str, str)
+        A's and B's memory order (``k``, ``m`` / ``n``).
+    recipe : (str, str, int)
+        A/B element format, scale format and elements per scale (``("bfloat16", "none", 0)`` for
+        unscaled operands; ``sf_vec_size`` 128 with float32 scales is the blockwise recipe).
+    weights : str
+        ``dense`` or ``discrete`` (per-expert pointers).
+    """
+
+    family: str
+    arch: str
+    kind: str
+    tile: tuple[int, int]
+    cluster: tuple[int, int]
+    ctas: int
+    scheduler: str
+    majors: tuple[str, str]
+    recipe: tuple[str, str, int]
+    weights: str
+
+    @property
+    def slug(self) -> str:
+        """A file-name-safe label: ``t256x256.c2x1.cta2.static.kk.bf16.dense`` (a block-scaled
+        recipe reads ``e4m3-ue8m0x32``)."""
+        ab, sf, vec = self.recipe
+        fmt = short(ab) if sf == "none" else f"{short(ab)}-{short(sf)}x{vec}"
+        return (f"t{self.tile[0]}x{self.tile[1]}.c{self.cluster[0]}x{self.cluster[1]}.cta{self.ctas}."
+                f"{self.scheduler}.{''.join(self.majors)}.{fmt}.{self.weights}")
+
+    def describe(self) -> str:
+        """For people: ``tile 256x256, cluster 2x1, 2 CTAs per tile, static scheduler, ...``."""
+        ab, sf, vec = self.recipe
+        fmt = ab if sf == "none" else f"{ab} with {sf} scales per {vec}"
+        return (f"tile {self.tile[0]}x{self.tile[1]}, cluster {self.cluster[0]}x{self.cluster[1]}, "
+                f"{self.ctas} CTA{'s' if self.ctas > 1 else ''} per tile, {self.scheduler} scheduler, "
+                f"{self.majors[0]}-major A, {self.majors[1]}-major B, {fmt}, {self.weights} weights")
+
+    def axes(self) -> dict[str, Any]:
+        """The variant axes that pin this class (``fusegemm.Op(spec, **cls.axes())``)."""
+        ab, sf, vec = self.recipe
+        out: dict[str, Any] = {"tile_m": self.tile[0], "tile_n": self.tile[1], "cluster_m": self.cluster[0],
+                               "cluster_n": self.cluster[1], "scheduler": self.scheduler,
+                               "a_major": self.majors[0], "b_major": self.majors[1], "ab_dtype": ab,
+                               "weight_mode": self.weights}
+        if sf != "none":
+            out.update(sf_dtype=sf, sf_vec_size=vec)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "ConfigClass":
+        return cls(**{**d, "tile": tuple(d["tile"]), "cluster": tuple(d["cluster"]),
+                      "majors": tuple(d["majors"]), "recipe": tuple(d["recipe"])})
+
+
+def cta_group(arch: str, tile_m: int) -> int:
+    """CTAs per MMA tile of ``arch``'s kernels at ``tile_m`` (what their contracts export as
+    ``ctas_per_tile``; the gate passes the contract's own)."""
+    return 2 if arch == "sm_100a" and tile_m == 256 else 1
+
+
+def config_class(variant: Any, ctas: int | None = None) -> ConfigClass:
+    """The configuration class of ``variant`` (``ctas``: its kernel's ``ctas_per_tile``)."""
+    row = registry.lookup(variant.kernel, variant.arch)
+    kind = row.operands if row is not None else "grouped"
+    return ConfigClass(
+        family=variant.kernel, arch=variant.arch, kind=kind, tile=(variant.tile_m, variant.tile_n),
+        cluster=(variant.cluster_m, variant.cluster_n), ctas=ctas or cta_group(variant.arch, variant.tile_m),
+        scheduler=variant.scheduler, majors=(variant.a_major, variant.b_major),
+        recipe=(variant.ab_dtype, variant.sf_dtype, variant.sf_vec_size), weights=variant.weight_mode)
