@@ -33,15 +33,14 @@ def parse_params(text: str) -> inspect.Signature:
         make(x, d, inspect.Parameter.KEYWORD_ONLY) for x, d in zip(a.kwonlyargs, a.kw_defaults)])
 
 
-def call(row: Any, bound: dict[str, Any]) -> TupleDict:
+def call(row: Any, bound: dict[str, Any], key: tuple | None = None) -> TupleDict:
     """Run ``row``'s op on its wrapper's bound arguments (its block-scaled backend's, ``row.scaled``,
     when ``sfa_tensor`` is given); the outputs in the row's return order.
 
     Host fast path: what the arguments' dtypes, shapes, strides, devices and option values decide
     (the row, the variant's axes, the op, the gated outputs) is resolved once per such pattern
-    (:func:`_pattern`); a later call of the pattern goes straight to the op, whose own memo then
-    checks what the addresses decide (fusegemm/ops/engine.py)."""
-    key = _pattern(row, bound)
+    (``key``, :func:`pattern` of the call as written); a later call of the pattern goes straight
+    to the op, whose own memo then checks what the addresses decide (fusegemm/ops/engine.py)."""
     hit = _RESOLVED.get(key) if key is not None else None
     if hit is None:
         hit = _resolve(row, bound)
@@ -80,35 +79,33 @@ def _resolve(row: Any, bound: dict[str, Any]) -> tuple[Any, Any, dict[str, bool]
 
 # (row, op factory, validation arch, each argument's pattern) -> what _resolve found for it.
 _RESOLVED: dict[tuple, tuple] = {}
-_KEYED: dict[int, tuple[str, ...]] = {}    # id(row) -> the parameters its pattern reads
 _STREAMS = ("current_stream", "stream")    # where to launch decides nothing about the op
 
 
-def _pattern(row: Any, bound: dict[str, Any]) -> tuple | None:
-    """The key of a wrapper call's resolution: each argument's (dtype, shape, strides, device)
-    for a plain torch tensor, (type, value) for None, a number, a string, a torch dtype or a
-    tuple of ints; None (no memo) for anything else (numpy arrays, tensor subclasses,
-    fake tensors while tracing). ``_seeds._op`` and ``VALIDATION_ARCH`` are part of it: they
-    decide the op (tests stand in for them)."""
+def pattern(row: Any, args: tuple, kwargs: dict[str, Any]) -> tuple | None:
+    """The key of a wrapper call's resolution, from the call as written (a parameter left out is
+    its default, the same every call): how many arguments by position and which by keyword, and
+    each one's (dtype, shape, strides, device) for a plain torch tensor, (type, value) for None, a
+    number, a string, a torch dtype or a tuple of ints; None (no memo) for anything else (numpy
+    arrays, tensor subclasses, fake tensors while tracing). ``_seeds._op`` and
+    ``VALIDATION_ARCH`` are part of it: they decide the op (tests stand in for them)."""
     if is_dry():
         return None
     torch = sys.modules.get("torch")
     if torch is None:
         return None
-    names = _KEYED.get(id(row))
-    if names is None:
-        names = _KEYED[id(row)] = tuple(p for p in row.signature().parameters if p not in _STREAMS)
     if not _PLAIN:
         _PLAIN.update((int, float, str, bool, type(None), torch.dtype))
     tensor, plain = torch.Tensor, _PLAIN
-    key: list[Any] = [id(row), _seeds._op, _seeds.VALIDATION_ARCH]
-    for name in names:
-        x = bound[name]
+    key: list[Any] = [id(row), _seeds._op, _seeds.VALIDATION_ARCH, len(args)]
+    for name, x in (*enumerate(args), *kwargs.items()):
+        if name in _STREAMS:
+            continue
         t = type(x)
         if t is tensor:
-            key.append((x.dtype, x.shape, x.stride(), x.get_device()))
+            key.append((name, x.dtype, x.shape, x.stride(), x.get_device()))
         elif t in plain or (t is tuple and all(type(v) is int for v in x)):
-            key.append((t, x))
+            key.append((name, t, x))
         else:
             return None
     return tuple(key)
@@ -168,7 +165,7 @@ def wrapper(row: Any, module: str) -> Callable[..., TupleDict]:
     bind = binder(sig, row.name)
 
     def run(*args: Any, **kwargs: Any) -> TupleDict:
-        return call(row, bind(args, kwargs))
+        return call(row, bind(args, kwargs), pattern(row, args, kwargs))
     run.__name__ = run.__qualname__ = row.name
     run.__module__ = module
     run.__signature__ = sig   # type: ignore[attr-defined]
