@@ -342,10 +342,7 @@ class Op(PreparedLaunch):
         r = self.epilogue
         w = self.widths(call.n)[0] if self.kind != "kgrouped" else call.n
         m = call.m
-        known = {i.name for i in r.inputs}
-        extra = sorted(set(given) - {i.name for i in self.spec.epilogue.inputs})
-        if extra:
-            raise ArgumentError(f"inputs[{extra[0]!r}]", "given", f"the epilogue's inputs: {', '.join(sorted(known))}")
+        self._known_inputs(given)
         values: dict[str, int] = {}
         keep: list[Any] = []
         for inp in r.inputs:
@@ -379,6 +376,13 @@ class Op(PreparedLaunch):
             values[inp.slot] = v.ptr
             keep.append(x)
         return values, keep
+
+    def _known_inputs(self, given: Mapping[str, Any]) -> None:
+        """Every name in ``given`` is an input the spec's epilogue declares."""
+        extra = sorted(set(given) - {i.name for i in self.spec.epilogue.inputs})
+        if extra:
+            known = ", ".join(sorted(i.name for i in self.epilogue.inputs))
+            raise ArgumentError(f"inputs[{extra[0]!r}]", "given", f"the epilogue's inputs: {known}")
 
     def _check_devices(self, call: Any, more: list[tuple[str, Any, int]]) -> int:
         """Every operand and ``more`` on a_tensor's CUDA device at an aligned address (after all
@@ -415,6 +419,7 @@ class Op(PreparedLaunch):
         """
         from ..formats.numpy_dtypes import to_numpy
         from ..interpret import interpret
+        self._known_inputs(inputs or {})
         host = {k: (v if isinstance(v, (int, float)) else to_numpy(v)) for k, v in (inputs or {}).items()}
         names = positional_operands(self.kind)
         acc, offsets, m_rows = _ACCUMULATE[self.kind](self, dict(zip(names, _bind(names, operands, operand_kw))))

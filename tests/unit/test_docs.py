@@ -146,7 +146,7 @@ def test_the_complete_spec_in_the_docs_validates_and_runs(tmp_path):
     import numpy as np
 
     import fusegemm
-    from fusegemm.base.errors import SpecError
+    from fusegemm.base.errors import ArgumentError, SpecError
     text = next(b for b in re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
                 if "name: my_gelu" in b)
     path = tmp_path / "my_gelu.yaml"
@@ -162,6 +162,10 @@ def test_the_complete_spec_in_the_docs_validates_and_runs(tmp_path):
     g = a.astype(ml_dtypes.bfloat16).astype(np.float64) @ b[0].astype(ml_dtypes.bfloat16).astype(np.float64).T
     want = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
     assert np.allclose(np.asarray(out["d"], np.float32), want, rtol=2e-2, atol=2e-2)
+    # An input name the spec does not declare is refused, as the GPU call refuses it (issue 32, probe 9).
+    with pytest.raises(ArgumentError, match=r"^inputs\['alhpa'\]: got given; allowed: the epilogue's inputs: alpha"):
+        op.reference(a.astype(ml_dtypes.bfloat16), np.array([256], np.int32), b.astype(ml_dtypes.bfloat16),
+                     inputs={"alhpa": np.ones(1, np.float32)})
     lines = [ln for ln in text.splitlines() if not ln.strip().startswith(("tile_", "cluster_"))]
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(SpecError, match=r"choices: missing tile_m, tile_n, cluster_m, cluster_n"):
