@@ -341,7 +341,10 @@ def _run_scaled(family: str, case: dict[str, Any], device: str = "cuda:0") -> tu
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
     del keep
-    err, problem = output_compare.compare_outputs(ref, out, exact=family != "grouped_gemm_dswiglu", rtol=1e-5)
+    # dSwiGLU's sigmoid is within its ulp bound of the reference's, not exact: an FP8 D value that
+    # close to a rounding midpoint rounds to the neighbouring code (seen by the GPU fuzzing).
+    dswiglu = family == "grouped_gemm_dswiglu"
+    err, problem = output_compare.compare_outputs(ref, out, exact=not dswiglu, rtol=1e-5, fp8_steps=int(dswiglu))
     return err, problem is None, problem or "outputs match the reference"
 
 

@@ -427,8 +427,10 @@ def _grouped_gemm_checked(inputs: tuple, key: tuple | None, n, b_dtype, b_major,
     c = alloc(shape, c_name, device) if gen_c else None
     if tile is None and cluster is None and not dyn:     # every argument checked: now the device
         tile, dyn, cluster = _tuned(call, device, c_name if gen_c else None, d_name, b_major, current_stream)
+    # Discrete weights: the op holds N (pointers carry no shape), so each N is an op of its own
+    # (the same kernel); a call of another N reused the first N's op and was refused.
     op_key = (SPEC, device, c_name, d_name, call.bias.dtype if call.bias else None,
-              call.b_ptrs is not None, gen_c, dyn, tile, cluster, packed)
+              call.n if call.b_ptrs is not None else None, gen_c, dyn, tile, cluster, packed)
 
     def make() -> GroupedGemm:
         op = GroupedGemm(a_tensor, c, d, padded_offsets, alpha_tensor, b_tensor, bias_tensor,

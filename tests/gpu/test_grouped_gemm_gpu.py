@@ -298,6 +298,18 @@ def test_wrapper_matches_class_and_caches():
     assert len(_ops()) == before, "a second identical call must reuse the compiled op"
 
 
+def test_wrapper_with_discrete_weights_of_another_n():
+    """Discrete weights carry no shape: the wrapper's op holds N, so a call with another N gets an op
+    of its own (found by the GPU fuzzing: the second N was refused with the first one's shape)."""
+    for n in (64, 136, 64):
+        pb = make_problem([256, 0, 512], n, 72, discrete=True, seed=n)
+        d = grouped_gemm(**pb["args"])["d_tensor"]
+        torch.cuda.synchronize()
+        rc, rd, scale = reference(pb)
+        valid_m = sum(pb["sizes"])
+        check(d[:valid_m], rd, scale, "bfloat16", valid_m, f"wrapper, discrete N {n}")
+
+
 def test_fast_paths_recheck_alignment_and_follow_new_data():
     """A repeat call with the signature of an earlier one takes the host fast path (wrapper and
     class): it must still refuse a misaligned base and compute with the new addresses' data."""
