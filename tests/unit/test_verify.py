@@ -331,3 +331,35 @@ def test_each_class_case_builds_a_variant_of_its_class(arch):
             v = make_variant(spec, arch=arch, **case["axes"])
             registry.resolve(cls.family, arch, v.choices)
             assert config_class(v) == cls, (cls, label)
+            # The case finds output formats the spec allows with its operands (selftest._with_outputs).
+            from fusegemm.base.errors import UnsupportedError
+            ds = [d for d in selftest._OUTPUTS if d in spec.choice_map.get("d_dtype", ())] or [None]
+            cs = [c for c in selftest._OUTPUTS if c in spec.choice_map.get("c_dtype", ())] or [None]
+            found = []
+            for d in ds:
+                for c in cs:
+                    outs = {k: x for k, x in (("d_dtype", d), ("c_dtype", c)) if x is not None}
+                    try:
+                        w = make_variant(spec, arch=arch, **{**outs, **case["axes"]})
+                        registry.resolve(cls.family, arch, w.choices)
+                        found.append(w)
+                    except UnsupportedError:
+                        pass
+            assert found and config_class(found[0]) == cls, (cls, label)
+
+
+def test_all_configs_runs_every_class_and_a_class_without_a_passing_case_fails(monkeypatch, cache_dir):
+    from fusegemm import selftest
+    monkeypatch.setattr(verify, "RUNNER_PATH", (HELPERS,))
+    monkeypatch.setattr(verify, "RUNNER", "verify_runners:passing")
+    lines = []
+    classes = selftest.all_classes("sm_90a", ("grouped_gemm_wgrad",))
+    rows = verify.run_all_configs("sm_90a", 0, families=("grouped_gemm_wgrad",), jobs=4, progress=lines.append)
+    assert [r.case for r in rows] == [f"{c.slug}: case" for c in classes] and all(r.status == "pass" for r in rows)
+    assert lines[0].startswith(f"[1/{len(classes)}] grouped_gemm_wgrad t") and lines[0].endswith(": pass")
+    assert not (cache_dir / "verified").exists()          # an executed kernel's classes record nothing
+    monkeypatch.setattr(verify, "RUNNER", "verify_runners:unavailable")
+    rows = verify.run_all_configs("sm_90a", 0, families=("grouped_gemm_wgrad",), jobs=4, progress=lines.append)
+    fails = [r for r in rows if r.status == "FAIL"]
+    assert len(fails) == len(classes) and fails[0].detail.startswith("no case ran")
+    assert lines[-1].endswith(": FAIL")

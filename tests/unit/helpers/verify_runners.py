@@ -48,3 +48,8 @@ def config_echo(cls, device, built):
     from fusegemm.runtime import config
     built()
     return [Row(cls.family, "c", "pass", 0.0, detail=f"{config.cache_dir()} {config.trust_unverified()}")]
+
+
+def unavailable(cls, device, built):
+    built()
+    return [Row(cls.family, "c", "not available", detail="tile not implemented")]
