@@ -606,10 +606,20 @@ def cache_clear(yes: bool, records: bool) -> None:
     --records)."""
     from .runtime.cache import default_cache
     c = default_cache()
-    if not yes and sys.stdin.isatty():
-        what = "entry and record" if records else "kernel entry"
-        click.confirm(f"Delete every {what} under {c.root}?", abort=True)
-    removed, failed = c.clear(records=records)
+    what = "every kernel entry and record" if records else "every kernel entry"
+    try:
+        c.require_writable("nothing removed")   # refused before asking: no prompt for nothing
+        if not yes:
+            # Without a terminal there is no one to ask (`< /dev/null`, a pipe, CI): deleting
+            # anyway would take silence for a yes.
+            if not sys.stdin.isatty():
+                raise click.ClickException(f"cache clear: stdin is not a terminal, so it cannot ask before "
+                                           f"deleting {what} under {c.root}; nothing removed. Pass --yes to "
+                                           "delete them")
+            click.confirm(f"Delete {what} under {c.root}?", abort=True)
+        removed, failed = c.clear(records=records)
+    except FusegemmError as exc:
+        raise _fail(exc) from None
     click.echo(f"removed {removed} {'entries and records' if records else 'entries'} from {c.root}")
     if failed:
         raise click.ClickException(f"{len(failed)} entries could not be removed (read-only cache?): "

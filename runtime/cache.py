@@ -130,10 +130,24 @@ class KernelCache:
     def readonly(self) -> bool:
         """Read, never write: FUSEGEMM_CACHE_READONLY, or a cache folder this process cannot
         write (a shared cache on a read-only mount). Misses are then compiled in memory."""
+        return self._readonly_reason() is not None
+
+    def _readonly_reason(self) -> tuple[str, str] | None:
+        """(why the cache is read-only, how to make it writable), or None when it is not."""
         if config.cache_readonly():
-            return True
+            return (f"FUSEGEMM_CACHE_READONLY={config.raw('FUSEGEMM_CACHE_READONLY')}",
+                    "Unset FUSEGEMM_CACHE_READONLY to write it")
         root = self.root
-        return root.is_dir() and not os.access(root, os.W_OK)
+        if root.is_dir() and not os.access(root, os.W_OK):
+            return "this process cannot write the folder", "Run as a user who can write it"
+        return None
+
+    def require_writable(self, consequence: str) -> None:
+        """CacheError when the cache is read-only (:attr:`readonly`), naming why and saying
+        ``consequence`` ("nothing removed"): for what must not silently skip the disk."""
+        why = self._readonly_reason()
+        if why is not None:
+            raise CacheError(f"the kernel cache at {self.root} is read-only ({why[0]}); {consequence}. {why[1]}")
 
     def entry_dir(self, name: str, key: str) -> Path:
         return self.root / f"{name.rsplit('.', 1)[0]}.{key[:16]}"
@@ -273,7 +287,9 @@ class KernelCache:
     def clear(self, records: bool = False) -> tuple[int, list[str]]:
         """Remove every kernel entry (and with ``records`` the record folders of
         :data:`RECORD_DIRS` too): (entries and record files removed, "name: reason" of those
-        that could not be)."""
+        that could not be). CacheError, removing nothing, when the cache is read-only: a cache
+        shared read-only (FUSEGEMM_CACHE_READONLY) is not this process's to empty."""
+        self.require_writable("nothing removed")
         n, failed = 0, []
         with self._lock:
             self._mem.clear()

@@ -131,6 +131,16 @@ def get(name: str) -> object:
     return var.get()
 
 
+def raw(name: str) -> str | None:
+    """The unparsed value of the declared variable ``name`` (None: unset, no default), for
+    messages that name the setting as the user wrote it."""
+    try:
+        var = VARS[name]
+    except KeyError:
+        raise ConfigError(f"unknown configuration variable {name!r}; declared: {sorted(VARS)}") from None
+    return var.raw()
+
+
 def cache_dir() -> Path:
     value = get("FUSEGEMM_CACHE_DIR")
     if value is not None:
