@@ -338,9 +338,12 @@ def _build(specs, arch, jobs, all_variants, variant_opts, bundle_path, as_json) 
     results = _run_with_progress(vs, jobs, quiet=as_json)
     wall = time.perf_counter() - t0
     failed = [r for r in results if not r.ok]
+    from .runtime.cache import default_cache
+    not_stored = default_cache().not_stored()   # the workers' caches read the same settings
     if as_json:
         _echo_json({"results": [r.as_dict() for r in results], "skipped": [sk.__dict__ for sk in skipped],
-                    "wall_seconds": round(wall, 2), "cache": str(config.cache_dir()), "failed": len(failed)})
+                    "wall_seconds": round(wall, 2), "cache": str(config.cache_dir()), "failed": len(failed),
+                    "not_stored": not_stored})
     else:
         _table(["kernel", "arch", "variants", "regs", "smem", "spills", "threads", "tmem", "seconds",
                 "cached"],
@@ -356,7 +359,8 @@ def _build(specs, arch, jobs, all_variants, variant_opts, bundle_path, as_json) 
         n_variants = sum(r.variants for r in results if r.ok)
         extra = f" serving {n_variants} variants" if n_variants != len(results) - len(failed) else ""
         click.echo(f"{len(results) - len(failed)} built ({n_cached} cached){extra}, "
-                   f"{len(failed)} failed, {wall:.1f} s wall, cache {config.cache_dir()}")
+                   f"{len(failed)} failed, {wall:.1f} s wall, cache {config.cache_dir()}"
+                   + (f" ({not_stored}: nothing stored)" if not_stored else ""))
         for r in failed:
             click.echo(f"\nFAILED {r.name} ({r.arch}):\n{r.error}", err=True)
     if failed:

@@ -142,6 +142,17 @@ class KernelCache:
             return "this process cannot write the folder", "Run as a user who can write it"
         return None
 
+    def not_stored(self) -> str | None:
+        """Why :meth:`put` keeps what it is given in this process only ("read-only,
+        FUSEGEMM_CACHE_READONLY=1"), or None when it writes the disk: a build says so rather
+        than report kernels the next process will not find."""
+        if not self.disk:
+            off = not config.disk_cache_enabled()
+            return "disk cache off" + (f", FUSEGEMM_DISABLE_DISK_CACHE={config.raw('FUSEGEMM_DISABLE_DISK_CACHE')}"
+                                       if off else "")
+        why = self._readonly_reason()
+        return None if why is None else f"read-only, {why[0]}"
+
     def require_writable(self, consequence: str) -> None:
         """CacheError when the cache is read-only (:attr:`readonly`), naming why and saying
         ``consequence`` ("nothing removed"): for what must not silently skip the disk."""

@@ -44,3 +44,51 @@ def test_2_cache_clear_refuses_a_read_only_cache(cache_dir):
                             f"nothing removed. Unset FUSEGEMM_CACHE_READONLY to write it\n")
         assert run("cache", "clear", "--yes", "--records").exit_code == 1
     assert entry.is_dir()
+
+
+# ---- 3: a build into a read-only cache says that it stored nothing ------------------------------
+
+def _fresh_default_cache():
+    import fusegemm.runtime.cache as kc
+    kc._default = None   # a new process's cache: no memory hits from earlier tests, none left behind
+
+
+def _compile_once(monkeypatch):
+    """NVRTC runs once per source in this test (each case builds the same kernel anew)."""
+    from fusegemm import pipeline
+    real, done = pipeline.compile_source, {}
+
+    def memo(text, **kw):
+        key = (text, kw["arch"])
+        if key not in done:
+            done[key] = real(text, **kw)
+        return done[key]
+    monkeypatch.setattr(pipeline, "compile_source", memo)
+
+
+def test_3_a_build_into_a_read_only_cache_says_nothing_was_stored(cache_dir, monkeypatch):
+    _compile_once(monkeypatch)
+    cache_dir.mkdir()
+    _fresh_default_cache()
+    args = ["build", "gemm_amax", "--arch", "sm_90a", "--variant", "tile_n=128", "-j", "1"]
+    try:
+        with config.override(FUSEGEMM_CACHE_READONLY="1"):
+            r = run(*args)
+            assert r.exit_code == 0, r.output
+            summary = r.output.strip().splitlines()[-1]
+            assert summary.startswith("1 built (0 cached), 0 failed, ")
+            assert summary.endswith(f" s wall, cache {cache_dir} (read-only, FUSEGEMM_CACHE_READONLY=1: "
+                                    "nothing stored)"), summary
+            assert list(cache_dir.iterdir()) == []
+            data = json.loads(run(*args, "--json").output)
+            assert data["not_stored"] == "read-only, FUSEGEMM_CACHE_READONLY=1"
+        with config.override(FUSEGEMM_DISABLE_DISK_CACHE="1"):
+            _fresh_default_cache()   # the process-wide cache reads the setting when it is created
+            summary = run(*args).output.strip().splitlines()[-1]
+            assert summary.endswith(f"cache {cache_dir} (disk cache off, FUSEGEMM_DISABLE_DISK_CACHE=1: "
+                                    "nothing stored)"), summary
+        _fresh_default_cache()
+        r = run(*args, "--json")
+        assert json.loads(r.output)["not_stored"] is None and len(list(cache_dir.iterdir())) == 2  # entry, .locks
+    finally:
+        _fresh_default_cache()
