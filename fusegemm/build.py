@@ -56,6 +56,20 @@ class Skipped:
     reason: str
 
 
+def preflight(cache: KernelCache | None = None) -> None:
+    """What every kernel of a build needs, checked once, before any work: the FUSEGEMM_*
+    settings (``runtime.config.check``), the bundles of FUSEGEMM_BUNDLE (opened as the runtime
+    opens them: the same CacheError the API raises for that value) and, where the build stores
+    kernels, a cache folder it can create. Raises ConfigError or CacheError."""
+    from .runtime import config
+    from .runtime.bundle import default_bundles
+    config.check()
+    default_bundles().active()
+    c = cache or default_cache()
+    if c.not_stored() is None:
+        c.ensure_root()
+
+
 def select(specs: Iterable[str] | None, archs: tuple[str, ...], *, all_variants: bool = False,
            choices: dict[str, Any] | None = None) -> tuple[list[Variant], list[Skipped]]:
     """Variants to build (each spec's prebuild list; with ``all_variants`` its whole surface;

@@ -6,12 +6,13 @@ machine-readable output on the reporting commands.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -36,6 +37,21 @@ def _archs(value: str | None) -> tuple[str, ...]:
         raise click.BadParameter(f"got {value!r}; allowed: comma list of {', '.join(ARCH_NAMES)}",
                                  param_hint="--arch")
     return archs
+
+
+def _settings_checked(command: Callable[..., Any]) -> Callable[..., Any]:
+    """A command that reads FUSEGEMM_* settings checks them all first (runtime/config.py's
+    check): a bad value is one error naming it, before any work, never a traceback from
+    wherever it is first read."""
+    @functools.wraps(command)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        from .runtime import config
+        try:
+            config.check()
+        except FusegemmError as exc:
+            raise _fail(exc) from None
+        return command(*args, **kwargs)
+    return checked
 
 
 def _echo_json(obj: Any) -> None:
@@ -252,6 +268,7 @@ def _echo_epilogue(s) -> None:
 @click.option("--prebuild", is_flag=True, help="Every prebuild variant instead of the default one.")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for the generated .cu files.")
+@_settings_checked
 def generate(spec: str, variant_opts: tuple[str, ...], arch: str | None, prebuild: bool,
              out_dir: str) -> None:
     """Write the generated CUDA C++ of a spec's variants to a folder (no compile)."""
@@ -322,6 +339,7 @@ def _build(specs, arch, jobs, all_variants, variant_opts, bundle_path, as_json) 
     from .generator.variants import parse_variant_options
     from .runtime import config
     try:
+        b.preflight()
         vs, skipped = b.select(specs or None, _archs(arch), all_variants=all_variants,
                                choices=parse_variant_options(variant_opts) if variant_opts else None)
         jobs = jobs or config.jobs()
@@ -403,6 +421,7 @@ def _run_with_progress(vs, jobs: int, quiet: bool):
 @click.option("--sass/--no-sass", default=True, help="Include the SASS instruction histogram.")
 @click.option("--top", default=25, show_default=True, help="Histogram rows to print.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_settings_checked
 def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
     """Registers, shared memory, spills and SASS of a cached kernel (name prefix) or a .cubin."""
     from .runtime import disasm
@@ -473,6 +492,7 @@ def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_settings_checked
 def selftest(as_json: bool) -> None:
     """Run every op family on this GPU against the numpy references (pass/fail table).
 
@@ -515,6 +535,7 @@ def selftest(as_json: bool) -> None:
 @click.option("--device", type=int, default=0, show_default=True, help="CUDA device ordinal.")
 @click.option("--no-write", is_flag=True, help="Measure and print; record nothing in the cache.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_settings_checked
 def tune(spec: str, shape: str, dist: str, rounds: int, margin: float, iters: int, device: int, no_write: bool,
          as_json: bool) -> None:
     """Time every tile and scheduler this GPU's kernel implements for a problem shape and record
@@ -557,6 +578,7 @@ def cache() -> None:
 
 
 @cache.command("path")
+@_settings_checked
 def cache_path() -> None:
     """Print the cache folder."""
     from .runtime import config
@@ -565,6 +587,7 @@ def cache_path() -> None:
 
 @cache.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_settings_checked
 def cache_list(as_json: bool) -> None:
     """List cached kernels."""
     from .runtime.cache import default_cache
@@ -582,6 +605,7 @@ def cache_list(as_json: bool) -> None:
 
 @cache.command("records")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_settings_checked
 def cache_records(as_json: bool) -> None:
     """List the records kept beside the kernels: tuning winners (`fusegemm tune`,
     FUSEGEMM_AUTOTUNE) and first-run verification passes."""
@@ -605,6 +629,7 @@ def cache_records(as_json: bool) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--records", is_flag=True,
               help="Also delete the tuning records and verification passes (`fusegemm cache records`).")
+@_settings_checked
 def cache_clear(yes: bool, records: bool) -> None:
     """Delete every cached kernel (kept: the records of `fusegemm cache records`, unless
     --records)."""

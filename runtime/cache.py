@@ -254,6 +254,11 @@ class KernelCache:
             except OSError:
                 pass
 
+    def ensure_root(self) -> Path:
+        """Create the cache folder now (CacheError when it cannot be): a build checks this once,
+        before compiling, rather than have each kernel fail alike."""
+        return self._mkdir(self.root, exist_ok=True)
+
     def lock(self, key: str):
         if self.readonly:   # nothing will be written: no lock file either
             import contextlib

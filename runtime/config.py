@@ -190,6 +190,29 @@ def nvrtc_extra_options() -> tuple[str, ...]:
     return get("FUSEGEMM_NVRTC_EXTRA")  # type: ignore[return-value]
 
 
+def check() -> None:
+    """Parse every declared variable now, and check that the cache folder, where the disk cache
+    is on, is a folder (or can be one): ConfigError naming the variable, its value and what is
+    allowed. Commands call it before any work, so a bad setting is one error, not a traceback
+    from wherever it is first read, nor one identical failure per kernel of a build."""
+    for var in VARS.values():
+        var.get()
+    if disk_cache_enabled():
+        root = cache_dir()
+        # The nearest existing part of the path decides: a file there (the folder itself or a
+        # parent) cannot hold the cache, and nothing below it can be created.
+        for part in (root, *root.parents):
+            if part.exists():
+                break
+        if part.exists() and not part.is_dir():
+            given = raw("FUSEGEMM_CACHE_DIR")
+            if given:
+                raise ConfigError(f"FUSEGEMM_CACHE_DIR={given!r} is invalid: {part} is a file; allowed: a "
+                                  f"directory path")
+            raise ConfigError(f"the default kernel cache folder {root} cannot be used: {part} is a file; "
+                              f"allowed: set FUSEGEMM_CACHE_DIR to a directory path")
+
+
 @contextlib.contextmanager
 def override(**values: str | None) -> Iterator[None]:
     """Temporarily set variables (``None`` = unset), e.g. ``override(FUSEGEMM_JOBS="2")``."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 from fusegemm.runtime import config
 
@@ -92,3 +93,60 @@ def test_3_a_build_into_a_read_only_cache_says_nothing_was_stored(cache_dir, mon
         assert json.loads(r.output)["not_stored"] is None and len(list(cache_dir.iterdir())) == 2  # entry, .locks
     finally:
         _fresh_default_cache()
+
+
+# ---- 4, 10: a bad setting is one clear error, before any work -----------------------------------
+
+def _no_compile(monkeypatch):
+    from fusegemm import build, pipeline
+    monkeypatch.setattr(build, "plan", lambda *a, **k: (_ for _ in ()).throw(AssertionError("planned")))
+    monkeypatch.setattr(pipeline, "compile_source",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("compiled")))
+
+
+def test_4_a_bad_setting_is_one_error_before_any_work(cache_dir, monkeypatch, tmp_path):
+    _no_compile(monkeypatch)
+    with config.override(FUSEGEMM_DISABLE_DISK_CACHE="2"):
+        for args in (("cache", "list"), ("cache", "path"), ("cache", "clear", "--yes"), ("inspect", "grouped_gemm")):
+            r = run(*args)   # no traceback: CliRunner would raise it (catch_exceptions=False)
+            assert (r.exit_code, r.output) == (
+                1, "Error: FUSEGEMM_DISABLE_DISK_CACHE='2' is invalid; allowed: 0/1, true/false\n"), args
+    with config.override(FUSEGEMM_NVRTC_MAJOR="11"):
+        r = run("build", "--arch", "sm_90a")       # 20-odd kernels: one error, not one FAILED block each
+        assert (r.exit_code, r.output) == (1, "Error: FUSEGEMM_NVRTC_MAJOR='11' is invalid; allowed: auto, 12, 13\n")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for root, where in ((a_file, a_file), (a_file / "sub", a_file)):
+        with config.override(FUSEGEMM_CACHE_DIR=str(root)):
+            r = run("build", "grouped_gemm", "--arch", "sm_90a")
+            assert (r.exit_code, r.output) == (
+                1, f"Error: FUSEGEMM_CACHE_DIR='{root}' is invalid: {where} is a file; allowed: a directory path\n")
+    with config.override(FUSEGEMM_CACHE_DIR=str(a_file), FUSEGEMM_DISABLE_DISK_CACHE="1"):
+        assert config.check() is None             # no disk cache: its folder is not read
+
+
+def test_4_config_check_names_every_declared_variable(monkeypatch):
+    """check() parses each declared variable: a bad value of any of them is refused."""
+    from fusegemm.base.errors import ConfigError
+    bad = {"FUSEGEMM_DISABLE_DISK_CACHE": "2", "FUSEGEMM_JOBS": "0", "FUSEGEMM_ARCHS": "sm_80",
+           "FUSEGEMM_VALIDATE_OFFSETS": "maybe", "FUSEGEMM_NVRTC_MAJOR": "11", "FUSEGEMM_CACHE_READONLY": "2",
+           "FUSEGEMM_AUTOTUNE": "x", "FUSEGEMM_TRUST_UNVERIFIED": "x"}
+    for name, value in bad.items():
+        with config.override(**{name: value}), pytest.raises(ConfigError, match=f"^{name}='{value}' is invalid"):
+            config.check()
+
+
+def test_10_build_refuses_a_missing_or_garbage_bundle_as_the_api_does(cache_dir, monkeypatch, tmp_path):
+    from fusegemm.runtime.bundle import default_bundles
+
+    from fusegemm.base.errors import CacheError
+    _no_compile(monkeypatch)
+    garbage = tmp_path / "garbage.fgb"
+    garbage.write_text("not a bundle")
+    for path in (tmp_path / "missing.fgb", garbage):
+        with config.override(FUSEGEMM_BUNDLE=str(path)):
+            with pytest.raises(CacheError) as api:
+                default_bundles().active()         # what a runtime does first
+            r = run("build", "grouped_gemm", "--arch", "sm_90a")
+            assert (r.exit_code, r.output) == (1, f"Error: {api.value}\n")
+            assert str(path) in r.output
