@@ -242,9 +242,32 @@ def _start_pool(workers: int, ctx: Any) -> ProcessPoolExecutor:
 
 def _worker_init() -> None:
     """Workers ignore SIGINT: a terminal's Ctrl-C reaches the whole process group, and the parent
-    alone decides (it terminates them), so no worker dies mid-queue with a traceback."""
+    alone decides (it terminates them), so no worker dies mid-queue with a traceback. And a
+    worker exits when the build's process does, however it ends (_exit_with_parent)."""
     import signal
+    import threading
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with_parent, args=(parent.sentinel,), name="fusegemm-parent-watch",
+                         daemon=True).start()
+
+
+def _exit_with_parent(sentinel: int) -> None:
+    """Wait until the build's process ends, then end this worker.
+
+    A build killed outright (kill -9, the OOM killer) runs no cleanup, and its workers lived on,
+    compiling for nobody and then blocked on the task queue (45 s and more; issue 32): each holds
+    a write end of that queue and of the forkserver's liveness pipe, so neither ever reads EOF.
+    PR_SET_PDEATHSIG does not help either: a worker's parent is the forkserver, which outlives the
+    build for as long as a worker does. What does end with the build is multiprocessing's parent
+    sentinel (a pipe whose only write end the build's process holds), on every platform and
+    start method: it is ready the moment that process is gone, with no polling.
+    """
+    import os
+    from multiprocessing.connection import wait
+    wait([sentinel])
+    os._exit(1)   # not sys.exit: the main thread may be inside NVRTC; a .tmp-* entry is swept later
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:
