@@ -154,8 +154,9 @@ def test_workers_exit_when_the_build_is_killed():
     instead of running on, orphaned (they lived 45 s and more: issue 32, probe 5)."""
     proc = subprocess.Popen([sys.executable, "-c", _KILLED_PARENT], stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
+    pids: list[int] = []
     try:
-        pids = [int(p) for p in proc.stdout.readline().split()]
+        pids += [int(p) for p in proc.stdout.readline().split()]
         assert len(pids) == 3, pids     # the forkserver and two workers
         assert all(_alive(p) for p in pids)
         os.kill(proc.pid, signal.SIGKILL)
@@ -165,7 +166,7 @@ def test_workers_exit_when_the_build_is_killed():
             time.sleep(0.1)
         assert [p for p in pids if _alive(p)] == []
     finally:
-        for p in pids if "pids" in locals() else ():
+        for p in pids:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
         proc.kill()
