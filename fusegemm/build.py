@@ -91,9 +91,13 @@ def select(specs: Iterable[str] | None, archs: tuple[str, ...], *, all_variants:
             if row is None:
                 skipped.append(Skipped(spec.name, arch, registry.NONE, f"no kernel for {arch}"))
                 continue
-            got = _for_arch(spec, arch, row, all_variants, choices)
+            requested = _for_arch(spec, arch, row, all_variants, choices)
+            got = [v for v in requested if row.problem(v.choices) is None]
             if not got:
-                skipped.append(Skipped(spec.name, arch, row.status, "no variant of the request is "
+                # Say which axis value the kernel lacks (the first variant's), not only that
+                # something is missing: the user's next step is to change that value.
+                why = row.problem(requested[0].choices) if requested else None
+                skipped.append(Skipped(spec.name, arch, row.status, why or "no variant of the request is "
                                        "inside the kernel's implemented limits"))
             out.extend(got)
     return out, skipped
@@ -101,6 +105,8 @@ def select(specs: Iterable[str] | None, archs: tuple[str, ...], *, all_variants:
 
 def _for_arch(spec: Spec, arch: str, row: registry.Implementation, all_variants: bool,
               choices: dict[str, Any] | None) -> list[Variant]:
+    """The variants requested on ``arch``, before the kernel's limits are applied (a single
+    ``choices`` point out of them is an error here, naming the limit)."""
     if choices is not None:
         row.reaching(choices, spec.epilogue.axes_read())
         v = make_variant(spec, arch=arch, **choices)
@@ -109,8 +115,8 @@ def _for_arch(spec: Spec, arch: str, row: registry.Implementation, all_variants:
             raise UnsupportedError(why)
         return [v]
     if all_variants:
-        return [v for v in surface(spec, arch, as_variants=True) if row.problem(v.choices) is None]
-    return [v for v in prebuild_variants(spec, (arch,)) if row.problem(v.choices) is None]
+        return list(surface(spec, arch, as_variants=True))
+    return prebuild_variants(spec, (arch,))
 
 
 def _result(v: Variant, b: Built, seconds: float) -> BuildResult:

@@ -150,3 +150,45 @@ def test_10_build_refuses_a_missing_or_garbage_bundle_as_the_api_does(cache_dir,
             r = run("build", "grouped_gemm", "--arch", "sm_90a")
             assert (r.exit_code, r.output) == (1, f"Error: {api.value}\n")
             assert str(path) in r.output
+
+
+# ---- 6: what no kernel of an arch implements is named ---------------------------------------------
+
+DYNAMIC_CLUSTERS = """\
+schema: 2
+name: dyn_clusters
+kernel: grouped_gemm
+summary: D = alpha * acc, dynamic scheduling with 2x1 clusters only
+epilogue:
+  inputs:
+    alpha: {per: expert}
+  compute:
+    - d = alpha * acc
+  outputs:
+    d: {dtype: d_dtype}
+choices:
+  d_dtype: [bfloat16]
+  scheduler: [dynamic]
+  tile_m: [128]
+  tile_n: [256]
+  cluster_m: [2]
+  cluster_n: [1]
+defaults: {}
+"""
+
+
+def test_6_build_names_the_axis_value_an_arch_does_not_implement(tmp_path, monkeypatch):
+    """Each declared value is implemented on sm_90a, but not together (clusters only with static
+    scheduling there): the spec is valid and the build names the axis, value and what is
+    implemented, instead of a bare "nothing to build". (A value no combination reaches is
+    refused by the spec itself: tests/unit/test_spec_errors.py.)"""
+    _no_compile(monkeypatch)
+    path = tmp_path / "dyn_clusters.yaml"
+    path.write_text(DYNAMIC_CLUSTERS)
+    assert run("validate", str(path)).exit_code == 0
+    r = run("build", str(path), "--arch", "sm_90a")
+    assert r.exit_code == 1
+    why = ("cluster_m=2 is not implemented for grouped_gemm on sm_90a with scheduler=dynamic; implemented: 1 "
+           "(the dynamic scheduler claims tiles per CTA; clusters walk statically)")
+    assert r.output.splitlines() == [f"not built: dyn_clusters on sm_90a (implemented): {why}",
+                                     "Error: nothing to build: dyn_clusters on sm_90a (implemented)"]

@@ -205,3 +205,22 @@ def test_numbers_fp32_cannot_hold_are_refused():
         msg = _err(GOOD.replace("alpha: {per: expert, dtype: float32}",
                                 f"alpha: {{per: expert, dtype: float32, default: {default}}}"))
         assert "allowed: a finite number that FP32 represents" in msg, msg
+
+
+def test_a_declared_axis_no_value_of_which_an_arch_implements_is_refused():
+    """Issue 32, probe 6: a spec whose every value of an axis is outside an arch's kernel (the
+    registry's limits) builds nothing on that arch; it is refused at the axis's line, naming the
+    values implemented and the archs that would build it, not left to `fusegemm build`'s
+    "nothing to build"."""
+    only_256 = GOOD.replace("tile_m: [128, 256]", "tile_m: [256]").replace("cluster_m: [1, 2]", "cluster_m: [2]") \
+        .replace("  tile_m: 128\n  cluster_m: 1\n", "")
+    assert _err(only_256) == (
+        "demo.yaml:16: choices.tile_m: got 256, which the sm_90a kernel of grouped_gemm does not implement "
+        "(it implements 64, 128: two WGMMA consumer warpgroups: 128 cooperative (64 rows each), 64 ping-pong "
+        "(a 64-row tile each, in turn)), so nothing of this spec builds on sm_90a; allowed: a value among 64, 128, "
+        "or choices.arch: [sm_100a]")
+    s = parse_spec(only_256.replace("arch: [sm_100a, sm_90a]", "arch: [sm_100a]"), "demo.yaml", expected_name="demo")
+    assert s.choice_map["tile_m"] == (256,)
+    # an axis the spec does not offer takes its neutral value (K-major A): the sm_90a block-scaled
+    # kernel implements that, so a spec need not name it
+    parse_spec(GOOD, "demo.yaml", expected_name="demo")
