@@ -130,13 +130,11 @@ def show(spec: str, as_json: bool) -> None:
     kernel that implements it (status, limits, defaults, the axes that reach its source)."""
     from .generator import registry
     from .generator.spec import find_spec
-    from .generator.variants import prebuild_variants
     try:
         s = find_spec(spec)
-        pre = [v.readable for v in prebuild_variants(s)]
+        info = spec_info(s)
     except FusegemmError as exc:
         raise _fail(exc) from None
-    info = spec_info(s, pre)
     impls = info["implementations"]
     if as_json:
         return _echo_json(info)
@@ -167,9 +165,11 @@ def show(spec: str, as_json: bool) -> None:
                            f"({r['because']})")
         if impl["defaults"]:
             click.echo(f"    defaults: {', '.join(f'{k}={v}' for k, v in impl['defaults'].items())}")
+    # Kernel names (what build prints and inspect takes), with the variant's where it differs.
     click.echo("prebuild:")
-    for n in pre:
-        click.echo(f"  {n}")
+    for line in dict.fromkeys(f"  {k}" + (f"  (variant {v})" if v != k else "")
+                              for k, v in zip(info["prebuild_kernels"], info["prebuild"])):
+        click.echo(line)
 
 
 @main.command()

@@ -2,7 +2,7 @@
 
 Layout (inspectable; raw cubins so cuobjdump/nvdisasm work on them)::
 
-    <cache>/<readable name>.<key16>/{kernel.cu, kernel.cubin, meta.json}
+    <cache>/<kernel name>.<key16>/{kernel.cu, kernel.cubin, meta.json}
     <cache>/tuned/<spec>.<arch>.<device>.json       tuning records (fusegemm/tune.py)
     <cache>/verified/<family>.<arch>.json           first-run verification passes (fusegemm/verify.py)
 
@@ -161,7 +161,11 @@ class KernelCache:
             raise CacheError(f"the kernel cache at {self.root} is read-only ({why[0]}); {consequence}. {why[1]}")
 
     def entry_dir(self, name: str, key: str) -> Path:
-        return self.root / f"{name.rsplit('.', 1)[0]}.{key[:16]}"
+        """``<root>/<name>.<key16>``: the kernel's name as build prints it (readable part and the
+        hash of its source), then the cache key's (which adds the toolchain: NVRTC, headers,
+        options). The folder used to drop the source hash, so the one hash it showed was none
+        that any command printed (issue 32)."""
+        return self.root / f"{name}.{key[:16]}"
 
     # -- reading --------------------------------------------------------------------------
     def get(self, name: str, key: str) -> Built | None:

@@ -192,3 +192,32 @@ def test_6_build_names_the_axis_value_an_arch_does_not_implement(tmp_path, monke
            "(the dynamic scheduler claims tiles per CTA; clusters walk statically)")
     assert r.output.splitlines() == [f"not built: dyn_clusters on sm_90a (implemented): {why}",
                                      "Error: nothing to build: dyn_clusters on sm_90a (implemented)"]
+
+
+# ---- 7: the names printed are the names inspect takes, and the cache folders carry them -----------
+
+def test_7_show_prints_kernel_names_that_inspect_resolves(cache_dir, monkeypatch):
+    _compile_once(monkeypatch)
+    _fresh_default_cache()
+    r = run("build", "grouped_gemm", "--arch", "sm_100a", "--variant", "d_dtype=bfloat16", "--json")
+    assert r.exit_code == 0, r.output
+    (built,) = json.loads(r.output)["results"]
+    # the default variant's 2x1 cluster is a launch attribute on sm_100a: one kernel, no "mc" in its name
+    variant = "grouped_gemm.cbf16.dbf16.nobias.dense.bk.static.noc.mc.t256x256.sm100a"
+    kernel = "grouped_gemm.cbf16.dbf16.nobias.dense.bk.static.noc.t256x256.sm100a"
+    assert built["name"].startswith(kernel + ".")
+    lines = run("show", "grouped_gemm").output.splitlines()
+    prebuild = lines[lines.index("prebuild:") + 1:]
+    assert prebuild[0] == f"  {kernel}  (variant {variant})"
+    assert "  grouped_gemm.cbf16.dbf16.nobias.dense.bk.static.noc.t128x256.sm90a" in prebuild
+    info = json.loads(run("show", "grouped_gemm", "--json").output)
+    assert info["prebuild"][0] == variant and info["prebuild_kernels"][0] == kernel
+    for name in (prebuild[0].split()[0], built["name"]):
+        r = run("inspect", name, "--no-sass", "--json")
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["name"] == built["name"]
+    # the entry's folder is the printed name and the cache key's first 16 hex digits
+    (entry,) = [d for d in cache_dir.iterdir() if not d.name.startswith(".")]
+    meta = json.loads((entry / "meta.json").read_text())
+    assert entry.name == f"{built['name']}.{meta['key'][:16]}"
+    _fresh_default_cache()
