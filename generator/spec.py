@@ -5,6 +5,7 @@ YAML is loaded safely, and the epilogue statements are parsed (generator/expr.py
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from ..base.errors import SpecError
 from .axes import ARITHMETIC_AXES, AXES, NEUTRAL
 from .epilogue import EPILOGUE_AXES, Epilogue, parse_epilogue
 from .registry import Implementation, families, lookup, problem_of
-from .yamlload import Node, load_yaml, plain
+from .yamlload import Node, load_yaml, plain, read_text
 
 # 2: the epilogue language (generator/epilogue.py): typed inputs by kind, pairing, outputs with
 # quantization, reductions with ABI slots.
@@ -121,14 +122,7 @@ def load_spec(path: str | Path) -> Spec:
         The YAML file (``specs/NAME.yaml`` or a user's).
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"cannot read spec: {exc.strerror}", path=str(p)) from None
-    except UnicodeDecodeError as exc:
-        line = p.read_bytes()[:exc.start].count(b"\n") + 1
-        raise SpecError(f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}; "
-                        "allowed: a UTF-8 YAML file", path=str(p), line=line) from None
+    text = read_text(p)
     key = (text, str(p))
     spec = _PARSED.get(key)
     if spec is None:
@@ -356,7 +350,9 @@ def list_specs() -> list[Path]:
 def find_spec(name_or_path: str) -> Spec:
     """A spec by name (``grouped_gemm``) or by path to a YAML file."""
     p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
+    # lexists: a symlink that leads nowhere (or in a loop) is still the path the user named,
+    # and load_spec says what is wrong with it, not "no spec named".
+    if p.suffix in (".yaml", ".yml") or os.path.lexists(p):
         return load_spec(p)
     cand = spec_dir() / f"{name_or_path}.yaml"
     if not cand.is_file():
