@@ -79,6 +79,15 @@ def select(specs: Iterable[str] | None, archs: tuple[str, ...], *, all_variants:
     if all_variants and choices is not None:
         raise UnsupportedError("--all and --variant: got both; allowed: one of them (--all builds "
                                "the whole implemented surface, --variant one point of it)")
+    if choices and "arch" in choices:
+        # The arch is --arch's (every spec's arch axis); --variant arch= agreeing with it is
+        # redundant, disagreeing is a contradiction, not an axis that "does not reach the kernel".
+        want = choices["arch"]
+        if tuple(archs) != (want,):
+            raise UnsupportedError(f"--variant arch={want}: the arch is chosen with --arch, and --arch gives "
+                                   f"{', '.join(archs)}, which disagrees; allowed: --arch {want} (and no arch in "
+                                   "--variant)", axis="arch")
+        choices = {a: v for a, v in choices.items() if a != "arch"}
     names = list(specs) if specs else [p.stem for p in list_specs()]
     out: list[Variant] = []
     skipped: list[Skipped] = []

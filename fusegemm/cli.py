@@ -438,18 +438,22 @@ def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
         elif path.suffix == ".cubin" or os.sep in name:
             raise click.ClickException(f"{name}: no such file")
         else:
+            # Entries whose meta.json is unreadable (no key: named after their folder) match too,
+            # so inspect says what `cache list` says of them rather than "no cached kernel".
             matches = [e for e in default_cache().entries()
-                       if "key" in e and (e["name"].startswith(name) or Path(e["path"]).name.startswith(name))]
+                       if e["name"].startswith(name) or Path(e["path"]).name.startswith(name)]
             if not matches:
                 raise click.ClickException(f"no cached kernel matches {name!r}; "
                                            f"see `fusegemm cache list` or build it first")
-            if len({m["key"] for m in matches}) > 1:
+            if len({m.get("key", m["path"]) for m in matches}) > 1:
                 raise click.ClickException(f"{name!r} matches {len(matches)} kernels: "
                                            + ", ".join(m["name"] for m in matches[:8]))
             meta = matches[0]
-            if meta.get("corrupted"):   # entries() checked the cubin's size and sha256
-                raise click.ClickException(f"cached kernel {meta['name']} is corrupted (its cubin does not "
-                                           "match the size and sha256 in meta.json); `fusegemm build` rebuilds it")
+            if meta.get("corrupted"):   # entries() read meta.json and checked the cubin's size and sha256
+                what = meta["corrupted"] if "key" not in meta else \
+                    "its cubin does not match the size and sha256 in meta.json"
+                raise click.ClickException(f"cached kernel {meta['name']} is corrupted ({what}); `fusegemm build` "
+                                           "rebuilds it, or `fusegemm cache clear --yes` removes it")
             data = (Path(meta["path"]) / "kernel.cubin").read_bytes()
         cub = Cubin(data)
         info: dict[str, Any] = {"name": meta.get("name", str(path)), "arch": meta.get("arch"),

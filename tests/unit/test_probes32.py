@@ -221,3 +221,38 @@ def test_7_show_prints_kernel_names_that_inspect_resolves(cache_dir, monkeypatch
     meta = json.loads((entry / "meta.json").read_text())
     assert entry.name == f"{built['name']}.{meta['key'][:16]}"
     _fresh_default_cache()
+
+
+# ---- 11: three messages that said the wrong thing ------------------------------------------------
+
+def test_11_variant_arch_is_chosen_with_arch(tmp_path, monkeypatch):
+    _no_compile(monkeypatch)
+    for cmd in (("build", "grouped_gemm"), ("generate", "grouped_gemm", "-o", str(tmp_path))):
+        r = run(*cmd, "--variant", "arch=sm_90a", "--arch", "sm_100a")
+        assert (r.exit_code, r.output) == (1, ("Error: --variant arch=sm_90a: the arch is chosen with --arch, and "
+                                              "--arch gives sm_100a, which disagrees; allowed: --arch sm_90a (and "
+                                              "no arch in --variant)\n"))
+    # agreeing with --arch, it says nothing new: allowed
+    r = run("generate", "grouped_gemm", "--variant", "arch=sm_90a", "--arch", "sm_90a", "-o", str(tmp_path))
+    assert r.exit_code == 0, r.output
+
+
+def test_11_a_meta_tensor_is_reported_as_meta():
+    torch = pytest.importorskip("torch")
+    import fusegemm
+    from fusegemm.base.errors import ArgumentError
+    meta = {"device": "meta"}
+    with pytest.raises(ArgumentError, match=r"^a_tensor.device: got meta; allowed: a CUDA device$"):
+        fusegemm.grouped_gemm(torch.empty(256, 128, dtype=torch.bfloat16, **meta),
+                              torch.tensor([256], dtype=torch.int32, **meta), torch.ones(1, **meta),
+                              torch.empty(128, 128, 1, dtype=torch.bfloat16, **meta))
+
+
+def test_11_inspect_says_an_entry_with_an_unreadable_meta_json_is_corrupted(cache_dir):
+    entry = _fake_entry(cache_dir)
+    (entry / "meta.json").write_text("{not json")
+    assert "corrupted (meta.json unreadable)" in run("cache", "list").output
+    r = run("inspect", "grouped_gemm.t128x256")
+    assert (r.exit_code, r.output) == (
+        1, (f"Error: cached kernel {entry.name} is corrupted (meta.json unreadable); `fusegemm build` rebuilds it, "
+           "or `fusegemm cache clear --yes` removes it\n"))
