@@ -630,7 +630,7 @@ def cache_records(as_json: bool) -> None:
 
 
 @cache.command("clear")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (required when stdin is not a terminal).")
 @click.option("--records", is_flag=True,
               help="Also delete the tuning records and verification passes (`fusegemm cache records`).")
 @_settings_checked
