@@ -56,6 +56,20 @@ class Skipped:
     reason: str
 
 
+def preflight(cache: KernelCache | None = None) -> None:
+    """What every kernel of a build needs, checked once, before any work: the FUSEGEMM_*
+    settings (``runtime.config.check``), the bundles of FUSEGEMM_BUNDLE (opened as the runtime
+    opens them: the same CacheError the API raises for that value) and, where the build stores
+    kernels, a cache folder it can create. Raises ConfigError or CacheError."""
+    from .runtime import config
+    from .runtime.bundle import default_bundles
+    config.check()
+    default_bundles().active()
+    c = cache or default_cache()
+    if c.not_stored() is None:
+        c.ensure_root()
+
+
 def select(specs: Iterable[str] | None, archs: tuple[str, ...], *, all_variants: bool = False,
            choices: dict[str, Any] | None = None) -> tuple[list[Variant], list[Skipped]]:
     """Variants to build (each spec's prebuild list; with ``all_variants`` its whole surface;
@@ -65,6 +79,15 @@ def select(specs: Iterable[str] | None, archs: tuple[str, ...], *, all_variants:
     if all_variants and choices is not None:
         raise UnsupportedError("--all and --variant: got both; allowed: one of them (--all builds "
                                "the whole implemented surface, --variant one point of it)")
+    if choices and "arch" in choices:
+        # The arch is --arch's (every spec's arch axis); --variant arch= agreeing with it is
+        # redundant, disagreeing is a contradiction, not an axis that "does not reach the kernel".
+        want = choices["arch"]
+        if tuple(archs) != (want,):
+            raise UnsupportedError(f"--variant arch={want}: the arch is chosen with --arch, and --arch gives "
+                                   f"{', '.join(archs)}, which disagrees; allowed: --arch {want} (and no arch in "
+                                   "--variant)", axis="arch")
+        choices = {a: v for a, v in choices.items() if a != "arch"}
     names = list(specs) if specs else [p.stem for p in list_specs()]
     out: list[Variant] = []
     skipped: list[Skipped] = []
@@ -77,9 +100,13 @@ def select(specs: Iterable[str] | None, archs: tuple[str, ...], *, all_variants:
             if row is None:
                 skipped.append(Skipped(spec.name, arch, registry.NONE, f"no kernel for {arch}"))
                 continue
-            got = _for_arch(spec, arch, row, all_variants, choices)
+            requested = _for_arch(spec, arch, row, all_variants, choices)
+            got = [v for v in requested if row.problem(v.choices) is None]
             if not got:
-                skipped.append(Skipped(spec.name, arch, row.status, "no variant of the request is "
+                # Say which axis value the kernel lacks (the first variant's), not only that
+                # something is missing: the user's next step is to change that value.
+                why = row.problem(requested[0].choices) if requested else None
+                skipped.append(Skipped(spec.name, arch, row.status, why or "no variant of the request is "
                                        "inside the kernel's implemented limits"))
             out.extend(got)
     return out, skipped
@@ -87,6 +114,8 @@ def select(specs: Iterable[str] | None, archs: tuple[str, ...], *, all_variants:
 
 def _for_arch(spec: Spec, arch: str, row: registry.Implementation, all_variants: bool,
               choices: dict[str, Any] | None) -> list[Variant]:
+    """The variants requested on ``arch``, before the kernel's limits are applied (a single
+    ``choices`` point out of them is an error here, naming the limit)."""
     if choices is not None:
         row.reaching(choices, spec.epilogue.axes_read())
         v = make_variant(spec, arch=arch, **choices)
@@ -95,8 +124,8 @@ def _for_arch(spec: Spec, arch: str, row: registry.Implementation, all_variants:
             raise UnsupportedError(why)
         return [v]
     if all_variants:
-        return [v for v in surface(spec, arch, as_variants=True) if row.problem(v.choices) is None]
-    return [v for v in prebuild_variants(spec, (arch,)) if row.problem(v.choices) is None]
+        return list(surface(spec, arch, as_variants=True))
+    return prebuild_variants(spec, (arch,))
 
 
 def _result(v: Variant, b: Built, seconds: float) -> BuildResult:
@@ -228,9 +257,32 @@ def _start_pool(workers: int, ctx: Any) -> ProcessPoolExecutor:
 
 def _worker_init() -> None:
     """Workers ignore SIGINT: a terminal's Ctrl-C reaches the whole process group, and the parent
-    alone decides (it terminates them), so no worker dies mid-queue with a traceback."""
+    alone decides (it terminates them), so no worker dies mid-queue with a traceback. And a
+    worker exits when the build's process does, however it ends (_exit_with_parent)."""
     import signal
+    import threading
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with_parent, args=(parent.sentinel,), name="fusegemm-parent-watch",
+                         daemon=True).start()
+
+
+def _exit_with_parent(sentinel: int) -> None:
+    """Wait until the build's process ends, then end this worker.
+
+    A build killed outright (kill -9, the OOM killer) runs no cleanup, and its workers lived on,
+    compiling for nobody and then blocked on the task queue (45 s and more; issue 32): each holds
+    a write end of that queue and of the forkserver's liveness pipe, so neither ever reads EOF.
+    PR_SET_PDEATHSIG does not help either: a worker's parent is the forkserver, which outlives the
+    build for as long as a worker does. What does end with the build is multiprocessing's parent
+    sentinel (a pipe whose only write end the build's process holds), on every platform and
+    start method: it is ready the moment that process is gone, with no polling.
+    """
+    import os
+    from multiprocessing.connection import wait
+    wait([sentinel])
+    os._exit(1)   # not sys.exit: the main thread may be inside NVRTC; a .tmp-* entry is swept later
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:

@@ -6,12 +6,13 @@ machine-readable output on the reporting commands.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -36,6 +37,21 @@ def _archs(value: str | None) -> tuple[str, ...]:
         raise click.BadParameter(f"got {value!r}; allowed: comma list of {', '.join(ARCH_NAMES)}",
                                  param_hint="--arch")
     return archs
+
+
+def _settings_checked(command: Callable[..., Any]) -> Callable[..., Any]:
+    """A command that reads FUSEGEMM_* settings checks them all first (runtime/config.py's
+    check): a bad value is one error naming it, before any work, never a traceback from
+    wherever it is first read."""
+    @functools.wraps(command)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        from .runtime import config
+        try:
+            config.check()
+        except FusegemmError as exc:
+            raise _fail(exc) from None
+        return command(*args, **kwargs)
+    return checked
 
 
 def _echo_json(obj: Any) -> None:
@@ -114,13 +130,11 @@ def show(spec: str, as_json: bool) -> None:
     kernel that implements it (status, limits, defaults, the axes that reach its source)."""
     from .generator import registry
     from .generator.spec import find_spec
-    from .generator.variants import prebuild_variants
     try:
         s = find_spec(spec)
-        pre = [v.readable for v in prebuild_variants(s)]
+        info = spec_info(s)
     except FusegemmError as exc:
         raise _fail(exc) from None
-    info = spec_info(s, pre)
     impls = info["implementations"]
     if as_json:
         return _echo_json(info)
@@ -151,9 +165,11 @@ def show(spec: str, as_json: bool) -> None:
                            f"({r['because']})")
         if impl["defaults"]:
             click.echo(f"    defaults: {', '.join(f'{k}={v}' for k, v in impl['defaults'].items())}")
+    # Kernel names (what build prints and inspect takes), with the variant's where it differs.
     click.echo("prebuild:")
-    for n in pre:
-        click.echo(f"  {n}")
+    for line in dict.fromkeys(f"  {k}" + (f"  (variant {v})" if v != k else "")
+                              for k, v in zip(info["prebuild_kernels"], info["prebuild"])):
+        click.echo(line)
 
 
 @main.command()
@@ -252,6 +268,7 @@ def _echo_epilogue(s) -> None:
 @click.option("--prebuild", is_flag=True, help="Every prebuild variant instead of the default one.")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for the generated .cu files.")
+@_settings_checked
 def generate(spec: str, variant_opts: tuple[str, ...], arch: str | None, prebuild: bool,
              out_dir: str) -> None:
     """Write the generated CUDA C++ of a spec's variants to a folder (no compile)."""
@@ -322,6 +339,7 @@ def _build(specs, arch, jobs, all_variants, variant_opts, bundle_path, as_json) 
     from .generator.variants import parse_variant_options
     from .runtime import config
     try:
+        b.preflight()
         vs, skipped = b.select(specs or None, _archs(arch), all_variants=all_variants,
                                choices=parse_variant_options(variant_opts) if variant_opts else None)
         jobs = jobs or config.jobs()
@@ -338,9 +356,12 @@ def _build(specs, arch, jobs, all_variants, variant_opts, bundle_path, as_json) 
     results = _run_with_progress(vs, jobs, quiet=as_json)
     wall = time.perf_counter() - t0
     failed = [r for r in results if not r.ok]
+    from .runtime.cache import default_cache
+    not_stored = default_cache().not_stored()   # the workers' caches read the same settings
     if as_json:
         _echo_json({"results": [r.as_dict() for r in results], "skipped": [sk.__dict__ for sk in skipped],
-                    "wall_seconds": round(wall, 2), "cache": str(config.cache_dir()), "failed": len(failed)})
+                    "wall_seconds": round(wall, 2), "cache": str(config.cache_dir()), "failed": len(failed),
+                    "not_stored": not_stored})
     else:
         _table(["kernel", "arch", "variants", "regs", "smem", "spills", "threads", "tmem", "seconds",
                 "cached"],
@@ -356,7 +377,8 @@ def _build(specs, arch, jobs, all_variants, variant_opts, bundle_path, as_json) 
         n_variants = sum(r.variants for r in results if r.ok)
         extra = f" serving {n_variants} variants" if n_variants != len(results) - len(failed) else ""
         click.echo(f"{len(results) - len(failed)} built ({n_cached} cached){extra}, "
-                   f"{len(failed)} failed, {wall:.1f} s wall, cache {config.cache_dir()}")
+                   f"{len(failed)} failed, {wall:.1f} s wall, cache {config.cache_dir()}"
+                   + (f" ({not_stored}: nothing stored)" if not_stored else ""))
         for r in failed:
             click.echo(f"\nFAILED {r.name} ({r.arch}):\n{r.error}", err=True)
     if failed:
@@ -399,6 +421,7 @@ def _run_with_progress(vs, jobs: int, quiet: bool):
 @click.option("--sass/--no-sass", default=True, help="Include the SASS instruction histogram.")
 @click.option("--top", default=25, show_default=True, help="Histogram rows to print.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_settings_checked
 def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
     """Registers, shared memory, spills and SASS of a cached kernel (name prefix) or a .cubin."""
     from .runtime import disasm
@@ -415,18 +438,22 @@ def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
         elif path.suffix == ".cubin" or os.sep in name:
             raise click.ClickException(f"{name}: no such file")
         else:
+            # Entries whose meta.json is unreadable (no key: named after their folder) match too,
+            # so inspect says what `cache list` says of them rather than "no cached kernel".
             matches = [e for e in default_cache().entries()
-                       if "key" in e and (e["name"].startswith(name) or Path(e["path"]).name.startswith(name))]
+                       if e["name"].startswith(name) or Path(e["path"]).name.startswith(name)]
             if not matches:
                 raise click.ClickException(f"no cached kernel matches {name!r}; "
                                            f"see `fusegemm cache list` or build it first")
-            if len({m["key"] for m in matches}) > 1:
+            if len({m.get("key", m["path"]) for m in matches}) > 1:
                 raise click.ClickException(f"{name!r} matches {len(matches)} kernels: "
                                            + ", ".join(m["name"] for m in matches[:8]))
             meta = matches[0]
-            if meta.get("corrupted"):   # entries() checked the cubin's size and sha256
-                raise click.ClickException(f"cached kernel {meta['name']} is corrupted (its cubin does not "
-                                           "match the size and sha256 in meta.json); `fusegemm build` rebuilds it")
+            if meta.get("corrupted"):   # entries() read meta.json and checked the cubin's size and sha256
+                what = meta["corrupted"] if "key" not in meta else \
+                    "its cubin does not match the size and sha256 in meta.json"
+                raise click.ClickException(f"cached kernel {meta['name']} is corrupted ({what}); `fusegemm build` "
+                                           "rebuilds it, or `fusegemm cache clear --yes` removes it")
             data = (Path(meta["path"]) / "kernel.cubin").read_bytes()
         cub = Cubin(data)
         info: dict[str, Any] = {"name": meta.get("name", str(path)), "arch": meta.get("arch"),
@@ -477,6 +504,7 @@ def inspect(name: str, sass: bool, top: int, as_json: bool) -> None:
 @click.option("--jobs", type=int, default=1, show_default=True, help="With --all-configs: classes checked at once.")
 @click.option("--timeout", type=float, default=None, help="With --all-configs: seconds each class's cases may "
               "run on the device (default FUSEGEMM_VERIFY_TIMEOUT).")
+@_settings_checked
 def selftest(as_json: bool, all_configs: bool, families: tuple[str, ...], jobs: int, timeout: float | None) -> None:
     """Run every op family on this GPU against the numpy references (pass/fail table).
 
@@ -534,6 +562,7 @@ def selftest(as_json: bool, all_configs: bool, families: tuple[str, ...], jobs: 
 @click.option("--device", type=int, default=0, show_default=True, help="CUDA device ordinal.")
 @click.option("--no-write", is_flag=True, help="Measure and print; record nothing in the cache.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_settings_checked
 def tune(spec: str, shape: str, dist: str, rounds: int, margin: float, iters: int, device: int, no_write: bool,
          as_json: bool) -> None:
     """Time every tile and scheduler this GPU's kernel implements for a problem shape and record
@@ -576,6 +605,7 @@ def cache() -> None:
 
 
 @cache.command("path")
+@_settings_checked
 def cache_path() -> None:
     """Print the cache folder."""
     from .runtime import config
@@ -584,6 +614,7 @@ def cache_path() -> None:
 
 @cache.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_settings_checked
 def cache_list(as_json: bool) -> None:
     """List cached kernels."""
     from .runtime.cache import default_cache
@@ -601,6 +632,7 @@ def cache_list(as_json: bool) -> None:
 
 @cache.command("records")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_settings_checked
 def cache_records(as_json: bool) -> None:
     """List the records kept beside the kernels: tuning winners (`fusegemm tune`,
     FUSEGEMM_AUTOTUNE) and first-run verification passes."""
@@ -621,18 +653,29 @@ def cache_records(as_json: bool) -> None:
 
 
 @cache.command("clear")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (required when stdin is not a terminal).")
 @click.option("--records", is_flag=True,
               help="Also delete the tuning records and verification passes (`fusegemm cache records`).")
+@_settings_checked
 def cache_clear(yes: bool, records: bool) -> None:
     """Delete every cached kernel (kept: the records of `fusegemm cache records`, unless
     --records)."""
     from .runtime.cache import default_cache
     c = default_cache()
-    if not yes and sys.stdin.isatty():
-        what = "entry and record" if records else "kernel entry"
-        click.confirm(f"Delete every {what} under {c.root}?", abort=True)
-    removed, failed = c.clear(records=records)
+    what = "every kernel entry and record" if records else "every kernel entry"
+    try:
+        c.require_writable("nothing removed")   # refused before asking: no prompt for nothing
+        if not yes:
+            # Without a terminal there is no one to ask (`< /dev/null`, a pipe, CI): deleting
+            # anyway would take silence for a yes.
+            if not sys.stdin.isatty():
+                raise click.ClickException(f"cache clear: stdin is not a terminal, so it cannot ask before "
+                                           f"deleting {what} under {c.root}; nothing removed. Pass --yes to "
+                                           "delete them")
+            click.confirm(f"Delete {what} under {c.root}?", abort=True)
+        removed, failed = c.clear(records=records)
+    except FusegemmError as exc:
+        raise _fail(exc) from None
     click.echo(f"removed {removed} {'entries and records' if records else 'entries'} from {c.root}")
     if failed:
         raise click.ClickException(f"{len(failed)} entries could not be removed (read-only cache?): "

@@ -6,6 +6,29 @@ from __future__ import annotations
 from typing import Any
 
 
+def prebuild_kernels(s: Any) -> list[tuple[str, str]]:
+    """(kernel name, variant name) of each prebuild variant of ``s``, in order.
+
+    The kernel's name is what ``fusegemm build`` prints before the hash, and what ``fusegemm
+    inspect`` takes (as a prefix); the variant's also names the axes that do not reach that
+    kernel (the cluster's ``mc`` where one cubin serves every cluster shape), so it is no
+    kernel's name. A variant its arch's kernel does not implement (build skips it) keeps the
+    variant's name.
+    """
+    from .base.errors import UnsupportedError
+    from .generator.registry import resolve
+    from .generator.render import kernel_name
+    from .generator.variants import prebuild_variants
+    out = []
+    for v in prebuild_variants(s):
+        try:
+            name = kernel_name(v, resolve(v.kernel, v.arch, v.choices))
+        except UnsupportedError:
+            name = v.readable
+        out.append((name, v.readable))
+    return out
+
+
 def spec_info(s: Any, prebuild: list[str] | None = None) -> dict[str, Any]:
     """A spec (generator/spec.py's Spec) and its implementations per arch (the registry).
 
@@ -14,12 +37,13 @@ def spec_info(s: Any, prebuild: list[str] | None = None) -> dict[str, Any]:
     s : Spec
         A loaded spec (``fusegemm.load_spec`` or ``generator.spec.find_spec``).
     prebuild : list of str, optional
-        Readable names of its prebuild variants (computed when None).
+        Readable names of its prebuild variants (computed when None); ``prebuild_kernels`` holds
+        their kernels' names (:func:`prebuild_kernels`).
     """
     from .generator import registry
-    from .generator.variants import prebuild_variants
+    kernels = prebuild_kernels(s)
     if prebuild is None:
-        prebuild = [v.readable for v in prebuild_variants(s)]
+        prebuild = [variant for _, variant in kernels]
     impls: dict[str, Any] = {}
     for arch in s.choice_map["arch"]:
         row = registry.lookup(s.kernel, arch)
@@ -40,6 +64,7 @@ def spec_info(s: Any, prebuild: list[str] | None = None) -> dict[str, Any]:
                         for c in s.constraints],
         "defaults": dict(s.defaults),
         "prebuild": prebuild,
+        "prebuild_kernels": [kernel for kernel, _ in kernels],   # what build prints; inspect takes
         "implementations": impls,
     }
 

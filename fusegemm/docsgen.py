@@ -90,16 +90,10 @@ def _input_needs(spec: Any) -> dict[str, str]:
 
 def _prebuild_lines(spec: Any) -> list[str]:
     """One line per prebuilt kernel: its name, and the variant's where they differ."""
-    from .generator.registry import resolve
-    from .generator.render import kernel_name
-    from .generator.variants import prebuild_variants
+    from .describe import prebuild_kernels
     lines = []
-    for v in prebuild_variants(spec):
-        try:
-            name = kernel_name(v, resolve(v.kernel, v.arch, v.choices))
-        except Exception:        # pragma: no cover - a prebuild entry always resolves (tests build them)
-            name = v.readable
-        line = f"- `{name}`" + (f" (variant `{v.readable}`)" if name != v.readable else "")
+    for name, variant in prebuild_kernels(spec):
+        line = f"- `{name}`" + (f" (variant `{variant}`)" if name != variant else "")
         if line not in lines:
             lines.append(line)
     return lines

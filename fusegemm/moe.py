@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .base.errors import ArgumentError
 from .formats.torch_mx import dequantize_mx, kernel_view, pack_sf, quantize_mx, unpack_sf
 
 __all__ = ["ExpertMLP", "ExpertMLPFunction", "RECIPES", "interleave_gate_up", "split_gate_up", "join_gate_up",
@@ -121,9 +122,49 @@ def _acc(t: Tensor) -> Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def _expert_rows(padded_offsets: Tensor) -> list[tuple[int, int]]:
-    ends = padded_offsets.tolist()     # a host copy: the per-expert weight gradients need it
+def _expert_rows(padded_offsets: Tensor, m: int | None = None) -> list[tuple[int, int]]:
+    """Each expert's [start, end) rows, from a host copy of the offsets (the per-expert weight
+    gradients need it), checked: nondecreasing and, given ``m``, within the ``m`` rows of x
+    (ArgumentError)."""
+    ends = padded_offsets.tolist()
+    prev = 0
+    for e, end in enumerate(ends):
+        if end < prev:
+            raise ArgumentError(f"padded_offsets[{e}]", end, f"at least padded_offsets[{e - 1}] = {prev} "
+                                "(nondecreasing)" if e else "at least 0")
+        if m is not None and end > m:
+            raise ArgumentError(f"padded_offsets[{e}]", end, f"at most {m}, the rows of x")
+        prev = end
     return list(zip([0] + ends[:-1], ends))
+
+
+def _check_inputs(x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w2: Tensor) -> None:
+    """The shapes of the layer's inputs against its weights (no host copy, no sync): a mistake
+    is an ArgumentError naming the argument, not an error from inside a matmul or a kernel."""
+    experts, two_f, hidden = w1.shape
+    if w2.shape != (experts, hidden, two_f // 2):
+        raise ArgumentError("w2.shape", tuple(w2.shape), f"({experts}, {hidden}, {two_f // 2}): (L, H, F) of w1's "
+                            f"(L, 2F, H) = {tuple(w1.shape)}")
+    if x.dim() != 2 or x.shape[1] != hidden:
+        raise ArgumentError("x.shape", tuple(x.shape), f"(M, {hidden}): {hidden} is the layer's hidden size")
+    if padded_offsets.shape != (experts,):
+        raise ArgumentError("padded_offsets.shape", tuple(padded_offsets.shape),
+                            f"({experts},): one end row per expert")
+    if padded_offsets.dtype.is_floating_point or padded_offsets.dtype.is_complex or padded_offsets.dtype == torch.bool:
+        raise ArgumentError("padded_offsets.dtype", padded_offsets.dtype, "an integer dtype (torch.int32)")
+    if prob.shape != (x.shape[0],):
+        raise ArgumentError("prob.shape", tuple(prob.shape), f"({x.shape[0]},): one weight per row of x")
+
+
+ALIGN = 256   # rows each expert's range is padded to (the kernels' tile rows)
+
+
+def _check_aligned(padded_offsets: Tensor) -> None:
+    """Every offset a multiple of ALIGN (a host copy: the torch backend takes one anyway)."""
+    for e, end in enumerate(padded_offsets.tolist()):
+        if end % ALIGN:
+            raise ArgumentError(f"padded_offsets[{e}]", end, f"a multiple of {ALIGN} (each expert's rows are "
+                                f"padded to {ALIGN})")
 
 
 class _Torch:
@@ -416,7 +457,8 @@ class ExpertMLPFunction(torch.autograd.Function):
         if backend == "fusegemm" and not x.is_cuda:
             raise ValueError(f"x: got a tensor on {x.device}; allowed: a CUDA tensor for backend 'fusegemm' "
                              f"(backend='torch' runs the same layer with torch matmuls on any device)")
-        rows = _expert_rows(padded_offsets) if backend == "torch" else None
+        _check_inputs(x, padded_offsets, prob, w1, w2)
+        rows = _expert_rows(padded_offsets, x.shape[0]) if backend == "torch" else None
         ctx.backend, ctx.recipe, ctx.stats = backend, recipe, stats
         ctx.wgrad = wgrad
         if recipe == "bf16":
@@ -435,7 +477,7 @@ class ExpertMLPFunction(torch.autograd.Function):
     def backward(ctx, dy: Tensor):
         x, off, prob, w1, w2, g, *h = ctx.saved_tensors
         be = _BACKENDS[ctx.backend]
-        rows = _expert_rows(off) if ctx.backend == "torch" else None
+        rows = _expert_rows(off, x.shape[0]) if ctx.backend == "torch" else None
         dy = dy.to(x.dtype)     # rows past the last expert are read by no kernel
         if ctx.recipe == "bf16":
             dg, dprob = be.dswiglu(dy, off, rows, w2, g, prob)
@@ -496,16 +538,19 @@ class ExpertMLP(torch.nn.Module):
                  backend: str = "fusegemm", recipe: str = "bf16", wgrad: str = "auto", device=None,
                  generator: torch.Generator | None = None) -> None:
         super().__init__()
+        for name, value in (("experts", experts), ("hidden", hidden), ("intermediate", intermediate)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ArgumentError(name, repr(value), "a positive integer")
         if backend not in _BACKENDS:
-            raise ValueError(f"backend: got {backend!r}; allowed: {', '.join(_BACKENDS)}")
+            raise ArgumentError("backend", repr(backend), ", ".join(_BACKENDS))
         if recipe not in RECIPES:
-            raise ValueError(f"recipe: got {recipe!r}; allowed: {', '.join(RECIPES)}")
+            raise ArgumentError("recipe", repr(recipe), ", ".join(RECIPES))
         if wgrad not in WGRAD_KERNELS:
-            raise ValueError(f"wgrad: got {wgrad!r}; allowed: {', '.join(WGRAD_KERNELS)}")
+            raise ArgumentError("wgrad", repr(wgrad), ", ".join(WGRAD_KERNELS))
         if intermediate % BLOCK:
-            raise ValueError(f"intermediate: got {intermediate}; allowed: a multiple of {BLOCK}")
+            raise ArgumentError("intermediate", intermediate, f"a multiple of {BLOCK}")
         if recipe == "mxfp8" and hidden % BLOCK:
-            raise ValueError(f"hidden: got {hidden}; allowed: a multiple of {BLOCK} with recipe 'mxfp8'")
+            raise ArgumentError("hidden", hidden, f"a multiple of {BLOCK} with recipe 'mxfp8'")
         self.backend, self.recipe, self.wgrad, self.amax = backend, recipe, wgrad, {}
         w = lambda *s, fan: torch.randn(*s, generator=generator) * fan ** -0.5  # noqa: E731
         self.w1 = torch.nn.Parameter(w(experts, 2 * intermediate, hidden, fan=hidden).to(dtype=dtype, device=device))
@@ -523,6 +568,17 @@ class ExpertMLP(torch.nn.Module):
             Each expert's end row: nondecreasing multiples of 256.
         prob : (M,) float32 tensor
             Routing weight of each row.
+
+        Raises
+        ------
+        ArgumentError
+            A shape that does not match the layer (``x``'s hidden size, one offset per expert, one
+            ``prob`` per row); with the torch backend (which copies the offsets to the host
+            anyway) also offsets that are not nondecreasing multiples of 256 within ``x``'s rows.
+            The fusegemm backend's kernels check the values with FUSEGEMM_VALIDATE_OFFSETS.
         """
+        _check_inputs(x, padded_offsets, prob, self.w1, self.w2)
+        if self.backend == "torch":
+            _check_aligned(padded_offsets)
         return ExpertMLPFunction.apply(x, padded_offsets, prob, self.w1, self.w2, self.backend, self.recipe,
                                        self.amax, self.wgrad)

@@ -5,6 +5,7 @@ YAML is loaded safely, and the epilogue statements are parsed (generator/expr.py
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,10 +13,10 @@ from typing import Any
 
 from ..base.archs import ARCH_NAMES
 from ..base.errors import SpecError
-from .axes import ARITHMETIC_AXES, AXES
+from .axes import ARITHMETIC_AXES, AXES, NEUTRAL
 from .epilogue import EPILOGUE_AXES, Epilogue, parse_epilogue
-from .registry import families, problem_of
-from .yamlload import Node, load_yaml, plain
+from .registry import Implementation, families, lookup, problem_of
+from .yamlload import Node, load_yaml, plain, read_text
 
 # 2: the epilogue language (generator/epilogue.py): typed inputs by kind, pairing, outputs with
 # quantization, reductions with ABI slots.
@@ -121,14 +122,7 @@ def load_spec(path: str | Path) -> Spec:
         The YAML file (``specs/NAME.yaml`` or a user's).
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"cannot read spec: {exc.strerror}", path=str(p)) from None
-    except UnicodeDecodeError as exc:
-        line = p.read_bytes()[:exc.start].count(b"\n") + 1
-        raise SpecError(f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}; "
-                        "allowed: a UTF-8 YAML file", path=str(p), line=line) from None
+    text = read_text(p)
     key = (text, str(p))
     spec = _PARSED.get(key)
     if spec is None:
@@ -181,6 +175,7 @@ def parse_spec(text: str, path: str, expected_name: str | None = None) -> Spec:
         if "constraints" in top else ()
     defaults = _defaults(ctx, top["defaults"], choices, constraints)
     prebuild = _prebuild(ctx, top.get("prebuild"), choices, constraints, defaults)
+    _every_arch_builds(ctx, top["choices"], kernel, choices)   # last: the spec is well-formed, is it built?
     return Spec(name=name, path=path, kernel=kernel, problem=problem, seed=seed, summary=summary,
                 epilogue=epilogue, choices=tuple(choices.items()), constraints=constraints,
                 defaults=tuple(defaults.items()),
@@ -226,6 +221,38 @@ def _choices(ctx: _Ctx, node: Node) -> dict[str, tuple[Any, ...]]:
                                         "cluster_m: [1], cluster_n: [1]); `fusegemm show SPEC` then says what each "
                                         "arch's kernel implements")
     return out
+
+
+def _blocking_limit(row: Implementation | None, choices: dict[str, tuple[Any, ...]]):
+    """(limit, declared values) of the first unconditional registry limit of ``row`` that none
+    of the declared values of its axis meets (after ``runs_as``), or None."""
+    for lim in (row.limits if row is not None else ()):
+        if lim.when:          # a conditional limit rules out combinations, not a whole axis
+            continue
+        declared = choices.get(lim.axis, (NEUTRAL[lim.axis],) if lim.axis in NEUTRAL else ())
+        if declared and not any(row.canonical({lim.axis: v})[lim.axis] in lim.values for v in declared):
+            return lim, declared
+    return None
+
+
+def _every_arch_builds(ctx: _Ctx, node: Node, kernel: str, choices: dict[str, tuple[Any, ...]]) -> None:
+    """Every arch the spec lists builds some of it. An axis none of whose declared values an
+    arch's kernel implements (generator/registry.py's limits) would leave that arch with nothing
+    to build, found only by `fusegemm build` ("nothing to build"): it is refused here, at the
+    axis's line, with the values implemented and the archs that do build the spec."""
+    blocked = {arch: _blocking_limit(lookup(kernel, arch), choices) for arch in choices["arch"]}
+    for arch, found in blocked.items():
+        if found is None:
+            continue
+        lim, declared = found
+        implemented = ", ".join(map(str, lim.values))
+        others = [a for a, f in blocked.items() if f is None]
+        fix = f"a value among {implemented}" + (f", or choices.arch: [{', '.join(others)}]" if others else "")
+        what = f"{lim.axis} is not offered, so it is {declared[0]!r}" if lim.axis not in node.value else \
+            f"got {', '.join(map(str, declared))}"
+        raise ctx.fail(node.value.get(lim.axis, node), f"choices.{lim.axis}",
+                       f"{what}, which the {arch} kernel of {kernel} does not implement (it implements "
+                       f"{implemented}: {lim.because}), so nothing of this spec builds on {arch}; allowed: {fix}")
 
 
 # Axes every spec must choose: the kernel templates have no neutral tile or cluster.
@@ -323,7 +350,9 @@ def list_specs() -> list[Path]:
 def find_spec(name_or_path: str) -> Spec:
     """A spec by name (``grouped_gemm``) or by path to a YAML file."""
     p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
+    # lexists: a symlink that leads nowhere (or in a loop) is still the path the user named,
+    # and load_spec says what is wrong with it, not "no spec named".
+    if p.suffix in (".yaml", ".yml") or os.path.lexists(p):
         return load_spec(p)
     cand = spec_dir() / f"{name_or_path}.yaml"
     if not cand.is_file():

@@ -6,7 +6,11 @@ constructed: a spec can never instantiate Python objects.
 """
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -107,3 +111,62 @@ def plain(node: Any) -> Any:
     if isinstance(node, list):
         return [plain(v) for v in node]
     return node
+
+
+def read_text(p: Path) -> str:
+    """The text of the spec file ``p`` (UTF-8, universal newlines): a regular file of at most
+    MAX_SPEC_BYTES, else a SpecError naming the path and what is wrong."""
+    data = _read_bounded(p)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise SpecError(f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}; "
+                        "allowed: a UTF-8 YAML file", path=str(p), line=line) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+# The largest spec file read: the packaged specs are a few KB; anything near this is no spec, and
+# reading it whole (a device, a huge file) would only exhaust memory.
+MAX_SPEC_BYTES = 1 << 20
+
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _read_bounded(p: Path) -> bytes:
+    """The bytes of the spec file ``p``: a regular file of at most MAX_SPEC_BYTES, else a
+    SpecError naming the path. A FIFO used to hang the read (waiting for a writer), /dev/zero to
+    end in a MemoryError, and a symlink loop to read as a missing file."""
+    try:
+        # O_NONBLOCK: opening a FIFO returns at once (no writer needed), so fstat can refuse it;
+        # regular files ignore the flag. Opening and then checking the open file leaves no window
+        # in which the path could become something else.
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SpecError("a symbolic link loop (too many levels of symbolic links); allowed: a YAML file",
+                            path=str(p)) from None
+        raise SpecError(f"cannot read spec: {exc.strerror}", path=str(p)) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _FILE_KINDS if test(mode)), "a special file")
+            raise SpecError(f"not a regular file ({kind}); allowed: a YAML file", path=str(p))
+        chunks, size = [], 0
+        while size <= MAX_SPEC_BYTES:   # bounded even if the file grows meanwhile
+            chunk = os.read(fd, MAX_SPEC_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise SpecError(f"cannot read spec: {exc.strerror}", path=str(p)) from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SPEC_BYTES:
+        size = max(len(data), os.stat(p).st_size)
+        raise SpecError(f"{size} bytes; allowed: a YAML file of at most {MAX_SPEC_BYTES} bytes "
+                        f"({MAX_SPEC_BYTES >> 20} MiB)", path=str(p))
+    return data

@@ -2,7 +2,7 @@
 
 Layout (inspectable; raw cubins so cuobjdump/nvdisasm work on them)::
 
-    <cache>/<readable name>.<key16>/{kernel.cu, kernel.cubin, meta.json}
+    <cache>/<kernel name>.<key16>/{kernel.cu, kernel.cubin, meta.json}
     <cache>/tuned/<spec>.<arch>.<device>.json       tuning records (fusegemm/tune.py)
     <cache>/verified/<family>.<arch>.json           first-run verification passes (fusegemm/verify.py)
 
@@ -130,13 +130,42 @@ class KernelCache:
     def readonly(self) -> bool:
         """Read, never write: FUSEGEMM_CACHE_READONLY, or a cache folder this process cannot
         write (a shared cache on a read-only mount). Misses are then compiled in memory."""
+        return self._readonly_reason() is not None
+
+    def _readonly_reason(self) -> tuple[str, str] | None:
+        """(why the cache is read-only, how to make it writable), or None when it is not."""
         if config.cache_readonly():
-            return True
+            return (f"FUSEGEMM_CACHE_READONLY={config.raw('FUSEGEMM_CACHE_READONLY')}",
+                    "Unset FUSEGEMM_CACHE_READONLY to write it")
         root = self.root
-        return root.is_dir() and not os.access(root, os.W_OK)
+        if root.is_dir() and not os.access(root, os.W_OK):
+            return "this process cannot write the folder", "Run as a user who can write it"
+        return None
+
+    def not_stored(self) -> str | None:
+        """Why :meth:`put` keeps what it is given in this process only ("read-only,
+        FUSEGEMM_CACHE_READONLY=1"), or None when it writes the disk: a build says so rather
+        than report kernels the next process will not find."""
+        if not self.disk:
+            off = not config.disk_cache_enabled()
+            return "disk cache off" + (f", FUSEGEMM_DISABLE_DISK_CACHE={config.raw('FUSEGEMM_DISABLE_DISK_CACHE')}"
+                                       if off else "")
+        why = self._readonly_reason()
+        return None if why is None else f"read-only, {why[0]}"
+
+    def require_writable(self, consequence: str) -> None:
+        """CacheError when the cache is read-only (:attr:`readonly`), naming why and saying
+        ``consequence`` ("nothing removed"): for what must not silently skip the disk."""
+        why = self._readonly_reason()
+        if why is not None:
+            raise CacheError(f"the kernel cache at {self.root} is read-only ({why[0]}); {consequence}. {why[1]}")
 
     def entry_dir(self, name: str, key: str) -> Path:
-        return self.root / f"{name.rsplit('.', 1)[0]}.{key[:16]}"
+        """``<root>/<name>.<key16>``: the kernel's name as build prints it (readable part and the
+        hash of its source), then the cache key's (which adds the toolchain: NVRTC, headers,
+        options). The folder used to drop the source hash, so the one hash it showed was none
+        that any command printed (issue 32)."""
+        return self.root / f"{name}.{key[:16]}"
 
     # -- reading --------------------------------------------------------------------------
     def get(self, name: str, key: str) -> Built | None:
@@ -229,6 +258,11 @@ class KernelCache:
             except OSError:
                 pass
 
+    def ensure_root(self) -> Path:
+        """Create the cache folder now (CacheError when it cannot be): a build checks this once,
+        before compiling, rather than have each kernel fail alike."""
+        return self._mkdir(self.root, exist_ok=True)
+
     def lock(self, key: str):
         if self.readonly:   # nothing will be written: no lock file either
             import contextlib
@@ -273,7 +307,9 @@ class KernelCache:
     def clear(self, records: bool = False) -> tuple[int, list[str]]:
         """Remove every kernel entry (and with ``records`` the record folders of
         :data:`RECORD_DIRS` too): (entries and record files removed, "name: reason" of those
-        that could not be)."""
+        that could not be). CacheError, removing nothing, when the cache is read-only: a cache
+        shared read-only (FUSEGEMM_CACHE_READONLY) is not this process's to empty."""
+        self.require_writable("nothing removed")
         n, failed = 0, []
         with self._lock:
             self._mem.clear()

@@ -143,6 +143,16 @@ def get(name: str) -> object:
     return var.get()
 
 
+def raw(name: str) -> str | None:
+    """The unparsed value of the declared variable ``name`` (None: unset, no default), for
+    messages that name the setting as the user wrote it."""
+    try:
+        var = VARS[name]
+    except KeyError:
+        raise ConfigError(f"unknown configuration variable {name!r}; declared: {sorted(VARS)}") from None
+    return var.raw()
+
+
 def cache_dir() -> Path:
     value = get("FUSEGEMM_CACHE_DIR")
     if value is not None:
@@ -194,6 +204,29 @@ def nvrtc_major() -> int | None:
 
 def nvrtc_extra_options() -> tuple[str, ...]:
     return get("FUSEGEMM_NVRTC_EXTRA")  # type: ignore[return-value]
+
+
+def check() -> None:
+    """Parse every declared variable now, and check that the cache folder, where the disk cache
+    is on, is a folder (or can be one): ConfigError naming the variable, its value and what is
+    allowed. Commands call it before any work, so a bad setting is one error, not a traceback
+    from wherever it is first read, nor one identical failure per kernel of a build."""
+    for var in VARS.values():
+        var.get()
+    if disk_cache_enabled():
+        root = cache_dir()
+        # The nearest existing part of the path decides: a file there (the folder itself or a
+        # parent) cannot hold the cache, and nothing below it can be created.
+        for part in (root, *root.parents):
+            if part.exists():
+                break
+        if part.exists() and not part.is_dir():
+            given = raw("FUSEGEMM_CACHE_DIR")
+            if given:
+                raise ConfigError(f"FUSEGEMM_CACHE_DIR={given!r} is invalid: {part} is a file; allowed: a "
+                                  f"directory path")
+            raise ConfigError(f"the default kernel cache folder {root} cannot be used: {part} is a file; "
+                              f"allowed: set FUSEGEMM_CACHE_DIR to a directory path")
 
 
 @contextlib.contextmanager

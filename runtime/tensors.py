@@ -83,7 +83,8 @@ def view(x: Any, name: str) -> TensorView:
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor):
         dt = _torch_dtype_names(torch).get(x.dtype) or str(x.dtype).removeprefix("torch.")
-        dev = ("cuda", x.get_device()) if x.is_cuda else _CPU
+        # Not "cpu" for every non-CUDA tensor: a meta (or mps, xpu...) tensor is named as what it is.
+        dev = ("cuda", x.get_device()) if x.is_cuda else _CPU if x.device.type == "cpu" else (x.device.type, -1)
         if type(x) is torch.Tensor or not _is_fake(x):
             return TensorView(x.data_ptr(), x.shape, x.stride(), dt, dev, x)
         # A fake tensor (a custom op's fake implementation under torch.compile) has no storage,

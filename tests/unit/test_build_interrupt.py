@@ -123,3 +123,50 @@ def test_a_ctrl_c_outside_the_command_exits_130(monkeypatch):
     monkeypatch.setattr(click.Group, "resolve_command", interrupted)
     result = CliRunner().invoke(main, ["build", "grouped_gemm"])
     assert result.exit_code == 130 and "Aborted!" in result.output
+
+
+# A build's pool whose parent is killed outright (kill -9: no handler, no atexit, no _stop).
+_KILLED_PARENT = """
+import multiprocessing, sys, time
+from fusegemm import build
+from multiprocessing import forkserver
+pool = build._start_pool(2, multiprocessing.get_context("forkserver"))
+running = [pool.submit(time.sleep, 120) for _ in range(2)]   # long compiles, as far as the pool knows
+while len(pool._processes) < 2:
+    time.sleep(0.05)
+time.sleep(0.3)
+print(forkserver._forkserver._forkserver_pid, *pool._processes, flush=True)
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"   # a zombie has exited
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver pool; reads /proc")
+def test_workers_exit_when_the_build_is_killed():
+    """kill -9 of the build's process: its pool's workers (mid-compile) exit within seconds
+    instead of running on, orphaned (they lived 45 s and more: issue 32, probe 5)."""
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_PARENT], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    pids: list[int] = []
+    try:
+        pids += [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 3, pids     # the forkserver and two workers
+        assert all(_alive(p) for p in pids)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [p for p in pids if _alive(p)] == []
+    finally:
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        proc.kill()

@@ -123,3 +123,38 @@ def test_training_example_on_the_cpu():
     assert out["ok"] and out["track"] <= 0.05 and max(out["final_over_first"].values()) < 0.8, out
     assert 0.01 < out["y_rel_diff_first_step"] < 0.1, out["y_rel_diff_first_step"]
     assert len(out["loss"]["bf16"]) == len(out["loss"]["mxfp8"]) == 40
+
+
+def test_layer_inputs_are_checked_by_name():
+    """Issue 32, probe 9: the torch backend took offsets of the wrong length, unaligned or out of
+    order, zero experts, and a wrong hidden size ended in torch's matmul error; each is an
+    ArgumentError naming the argument, what it got and what is allowed."""
+    from fusegemm.base.errors import ArgumentError
+    for args, name, got in (((0, 64, 64), "experts", 0), ((2, 0, 64), "hidden", 0), ((2, 64, -32), "intermediate", -32),
+                            ((2.0, 64, 64), "experts", 2.0), ((True, 64, 64), "experts", True)):
+        with pytest.raises(ArgumentError, match=rf"^{name}: got {got}; allowed: a positive integer$"):
+            moe.ExpertMLP(*args, backend="torch")
+    m = moe.ExpertMLP(2, 64, 64, backend="torch", dtype=torch.float32)
+    x, prob, off = torch.zeros(512, 64), torch.zeros(512), torch.tensor([256, 512], dtype=torch.int32)
+    assert m(x, off, prob).shape == (512, 64)
+    cases = [
+        ((x, torch.tensor([256, 512, 512], dtype=torch.int32), prob),
+         r"padded_offsets.shape: got \(3,\); allowed: \(2,\): one end row per expert"),
+        ((x, torch.tensor([256.0, 512.0]), prob), r"padded_offsets.dtype: got torch.float32; allowed: an integer dtype \(torch.int32\)"),
+        ((x, torch.tensor([100, 512], dtype=torch.int32), prob),
+         r"padded_offsets\[0\]: got 100; allowed: a multiple of 256 \(each expert's rows are padded to 256\)"),
+        ((x, torch.tensor([512, 256], dtype=torch.int32), prob),
+         r"padded_offsets\[1\]: got 256; allowed: at least padded_offsets\[0\] = 512 \(nondecreasing\)"),
+        ((x, torch.tensor([256, 768], dtype=torch.int32), prob),
+         r"padded_offsets\[1\]: got 768; allowed: at most 512, the rows of x"),
+        ((torch.zeros(512, 32), off, prob), r"x.shape: got \(512, 32\); allowed: \(M, 64\): 64 is the layer's hidden size"),
+        ((torch.zeros(512), off, prob), r"x.shape: got \(512,\); allowed: \(M, 64\): 64 is the layer's hidden size"),
+        ((x, off, torch.zeros(256)), r"prob.shape: got \(256,\); allowed: \(512,\): one weight per row of x"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ArgumentError, match=f"^{message}$"):
+            m(*args)
+    # the autograd function checks the shapes too (the gradcheck above calls it with small,
+    # unaligned offsets: alignment is the layer's contract)
+    with pytest.raises(ArgumentError, match=r"^padded_offsets.shape: got \(1,\); allowed: \(2,\)"):
+        moe.ExpertMLPFunction.apply(x, off[:1], prob, m.w1, m.w2, "torch")

@@ -1,7 +1,10 @@
 """Spec mistakes are reported as file:line: key: message; allowed: ... (exact messages)."""
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import textwrap
 from pathlib import Path
 
@@ -205,3 +208,69 @@ def test_numbers_fp32_cannot_hold_are_refused():
         msg = _err(GOOD.replace("alpha: {per: expert, dtype: float32}",
                                 f"alpha: {{per: expert, dtype: float32, default: {default}}}"))
         assert "allowed: a finite number that FP32 represents" in msg, msg
+
+
+def test_a_declared_axis_no_value_of_which_an_arch_implements_is_refused():
+    """Issue 32, probe 6: a spec whose every value of an axis is outside an arch's kernel (the
+    registry's limits) builds nothing on that arch; it is refused at the axis's line, naming the
+    values implemented and the archs that would build it, not left to `fusegemm build`'s
+    "nothing to build"."""
+    only_256 = GOOD.replace("tile_m: [128, 256]", "tile_m: [256]").replace("cluster_m: [1, 2]", "cluster_m: [2]") \
+        .replace("  tile_m: 128\n  cluster_m: 1\n", "")
+    assert _err(only_256) == (
+        "demo.yaml:16: choices.tile_m: got 256, which the sm_90a kernel of grouped_gemm does not implement "
+        "(it implements 64, 128: two WGMMA consumer warpgroups: 128 cooperative (64 rows each), 64 ping-pong "
+        "(a 64-row tile each, in turn)), so nothing of this spec builds on sm_90a; allowed: a value among 64, 128, "
+        "or choices.arch: [sm_100a]")
+    s = parse_spec(only_256.replace("arch: [sm_100a, sm_90a]", "arch: [sm_100a]"), "demo.yaml", expected_name="demo")
+    assert s.choice_map["tile_m"] == (256,)
+    # an axis the spec does not offer takes its neutral value (K-major A): the sm_90a block-scaled
+    # kernel implements that, so a spec need not name it
+    parse_spec(GOOD, "demo.yaml", expected_name="demo")
+
+
+@contextlib.contextmanager
+def _within(seconds: int):
+    """Fail, rather than hang the suite, when the block blocks (a FIFO's open waits for a writer)."""
+    def stop(signum, frame):
+        raise TimeoutError(f"blocked for {seconds} s")
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX special files")
+def test_a_spec_path_that_is_no_regular_file_is_refused(tmp_path):
+    """Issue 32, probe 8: a FIFO hung `fusegemm validate`, /dev/zero ended in a MemoryError and a
+    symlink loop read as "no spec named"; each is now a SpecError naming the path."""
+    from fusegemm.generator.spec import find_spec
+    from fusegemm.generator.yamlload import MAX_SPEC_BYTES
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    with _within(3), pytest.raises(SpecError) as info:
+        find_spec(str(fifo))
+    assert str(info.value) == f"{fifo}: not a regular file (a FIFO); allowed: a YAML file"
+    with _within(3), pytest.raises(SpecError) as info:
+        find_spec("/dev/zero")
+    assert str(info.value) == "/dev/zero: not a regular file (a character device); allowed: a YAML file"
+    with pytest.raises(SpecError) as info:
+        find_spec(str(tmp_path))
+    assert str(info.value) == f"{tmp_path}: not a regular file (a directory); allowed: a YAML file"
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as fh:
+        fh.truncate(MAX_SPEC_BYTES + 1)      # sparse: no megabytes written
+    with pytest.raises(SpecError) as info:
+        find_spec(str(big))
+    assert str(info.value) == (f"{big}: {MAX_SPEC_BYTES + 1} bytes; allowed: a YAML file of at most "
+                               f"{MAX_SPEC_BYTES} bytes (1 MiB)")
+    for name in ("loop.yaml", "loop"):      # with or without the suffix: a path, not a spec's name
+        (tmp_path / name).symlink_to(tmp_path / f"{name}.2")
+        (tmp_path / f"{name}.2").symlink_to(tmp_path / name)
+        with pytest.raises(SpecError) as info:
+            find_spec(str(tmp_path / name))
+        assert str(info.value) == (f"{tmp_path / name}: a symbolic link loop (too many levels of symbolic "
+                                   "links); allowed: a YAML file")
