@@ -114,6 +114,7 @@ class Preset:
 _BF16_WHY = ("the BF16 backend: this op has no block-scaled spec (the block-scaled backward runs through "
              "grouped_gemm_dswiglu, seed 000)")
 _GLU_SFB_WHY = "BF16 operands have no scales; block-scaled operands pass sfa_tensor too (the block-scaled backend)"
+_DSRELU_SFB_WHY = _GLU_SFB_WHY
 _COMMON = ("mma_tiler_mn=None, cluster_shape_mn=None, sf_vec_size=16, vector_f32=False, m_aligned=256, "
            "discrete_col_sfd=False")
 _FIXED_BF16 = (("acc_dtype", "float32", "FP32 accumulation"), ("cd_major", "n", "row-major C and D"),
@@ -187,6 +188,34 @@ _GLU_MX = Preset(
             "dequant(A_e) @ dequant(B_e)^T (+ bias) in 32-column gate/up blocks, D = prob * up * silu(gate), half "
             "as wide; an FP8 D is row-quantized (SFD_row); C = G with generate_c.")
 
+# cuDNN's dsReLU with sfa_tensor: its block-scaled backend (spec grouped_gemm_dsrelu_mx; NVIDIA ships
+# dsReLU block-scaled only), the same parameters and returns as the BF16 row that dispatches to it.
+_DSRELU_PARAMS = ("a_tensor, b_tensor=None, c_tensor=None, sfa_tensor=None, sfb_tensor=None, padded_offsets=None, "
+                  "alpha_tensor=None, prob_tensor=None, dprob_tensor=None, generate_dbias=False, b_ptrs=None, "
+                  "sfb_ptrs=None, n=None, b_dtype=None, b_major='k', norm_const_tensor=None, acc_dtype='float32', "
+                  "d_dtype='bfloat16', cd_major='n', " + _COMMON + ", use_dynamic_sched=False, current_stream=None")
+_DSRELU_RETURNS = (("d_row_tensor", "d"), ("d_col_tensor", "d_col"), ("dprob_tensor", "dprob"),
+                   ("dbias_tensor", "dbias"), ("amax_tensor", "amax"), ("sfd_row_tensor", "sfd_row"),
+                   ("sfd_col_tensor", "sfd_col"))
+_DSRELU_MX = Preset(
+    name="grouped_gemm_dsrelu", spec="grouped_gemm_dsrelu_mx", cudnn="grouped_gemm_dsrelu_wrapper_sm100",
+    params=_DSRELU_PARAMS,
+    operands=(*_SCALED_OPERANDS, ("b_ptrs", "b_ptrs"), ("sfb_ptrs", "sfb_ptrs"), ("n", "n")),
+    inputs=(("alpha", "alpha_tensor"), ("prob", "prob_tensor"), ("c", "c_tensor"),
+            ("norm_const", "norm_const_tensor")),
+    # cuDNN's dsReLU signature has no e5m2_rcp_max: an e5m2 D takes the page's 1 / 57344.
+    axes=(("c_dtype", "forward_dtype", "c_tensor"), ("d_dtype", "dtype_in", "d_dtype"),
+          *(a for a in _GROUPED if a[2] != "e5m2_rcp_max"), *_WEIGHTS,
+          ("generate_dbias", "bool", "generate_dbias"), ("discrete_col_sfd", "bool", "discrete_col_sfd")),
+    accepts=_ACCEPTS,
+    fixed=(("use_dynamic_sched", False, "the block-scaled dsReLU kernel schedules statically"),),
+    returns=_DSRELU_RETURNS,
+    into=(("dprob", "dprob_tensor"),),
+    summary="Grouped block-scaled GEMM + dsReLU (cuDNN's grouped_gemm_dsrelu with sfa_tensor): with G = alpha[e] * "
+            "dequant(A_e) @ dequant(B_e)^T and the forward's pre-activation C, D = 2 * prob * relu(C) * G (an FP8 D "
+            "quantized along rows, SFD_row, and columns, D_col with SFD_col), dprob += sum(relu(C)^2 * G) per row, a "
+            "per-expert amax of a bf16/fp16 D; generate_dbias adds dbias, the column sums of D.")
+
 PRESETS: tuple[Preset, ...] = (
     Preset(
         name="grouped_gemm_glu", spec="grouped_gemm_glu", cudnn="grouped_gemm_glu_wrapper_sm100",
@@ -227,22 +256,20 @@ PRESETS: tuple[Preset, ...] = (
                 "bfloat16)."),
     Preset(
         name="grouped_gemm_dsrelu", spec="grouped_gemm_dsrelu", cudnn="grouped_gemm_dsrelu_wrapper_sm100",
-        params=("a_tensor, b_tensor=None, c_tensor=None, sfa_tensor=None, sfb_tensor=None, padded_offsets=None, "
-                "alpha_tensor=None, prob_tensor=None, dprob_tensor=None, generate_dbias=False, b_ptrs=None, "
-                "sfb_ptrs=None, n=None, b_dtype=None, b_major='k', norm_const_tensor=None, acc_dtype='float32', "
-                "d_dtype='bfloat16', cd_major='n', " + _COMMON + ", use_dynamic_sched=False, current_stream=None"),
+        params=_DSRELU_PARAMS, scaled=_DSRELU_MX,
         operands=_DENSE_OR_DISCRETE,
         inputs=(("alpha", "alpha_tensor"), ("prob", "prob_tensor"), ("c", "c_tensor")),
-        axes=(("c_dtype", "tensor_dtype", "c_tensor"), ("d_dtype", "dtype", "d_dtype"),
+        axes=(("c_dtype", "forward_dtype", "c_tensor"), ("d_dtype", "dtype", "d_dtype"),
               ("generate_dbias", "bool", "generate_dbias"), *_SHARED_AXES),
-        fixed=(*_FIXED_BF16[:5], *_no_scales(_BF16_WHY)),
-        returns=(("d_row_tensor", "d"), ("d_col_tensor", None), ("dprob_tensor", "dprob"), ("dbias_tensor", "dbias"),
-                 ("amax_tensor", "amax"), ("sfd_row_tensor", None), ("sfd_col_tensor", None)),
+        fixed=(*_FIXED_BF16[:5], *_no_scales(_DSRELU_SFB_WHY, with_sfa=False)),
+        returns=tuple((name, out if out in ("d", "dprob", "dbias", "amax") else None) for name, out in _DSRELU_RETURNS),
         into=(("dprob", "dprob_tensor"),),
         summary="Grouped BF16 GEMM + dsReLU, the backward of seed 002's sReLU: with G = alpha[e] * A_e @ B_e^T "
                 "(the gradient of D) and the forward's pre-activation C, D = 2 * prob * relu(C) * G, dprob += "
                 "sum(relu(C)^2 * G) per row, and a per-expert amax of a bf16/fp16 D; generate_dbias adds "
-                "dbias (L, N[, 1]) float32, the column sums of D over each expert's rows."),
+                "dbias (L, N[, 1]) float32, the column sums of D over each expert's rows. With sfa_tensor the "
+                "block-scaled backend runs (spec grouped_gemm_dsrelu_mx: MXFP8, or the blockwise recipe on sm_90a; an "
+                "FP8 D comes with SFD_row, D_col and SFD_col)."),
 )
 
 SEEDS: tuple[Preset, ...] = (

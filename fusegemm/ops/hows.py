@@ -13,7 +13,7 @@ how                 the argument
 ``bool``            True or False
 ``scheduler``       ``use_dynamic_sched``: ``dynamic`` or ``static``
 ``tensor_dtype``    a tensor's dtype, ``none`` without one
-``forward_dtype``   a required tensor's dtype (seed 000's forward C)
+``forward_dtype``   a required tensor's dtype (the forward's C a backward reads)
 ``prob_dtype``      seed 000's prob: float32 (also without one) or bfloat16
 ``weight_mode``     ``dense`` with the tensor, ``discrete`` (pointers) without
 ``dense_b``         dense weights only (seed 000)
@@ -105,7 +105,7 @@ def _dense_b(v: Any, name: str, allowed: Any, bound: dict) -> str:
 
 def _forward_dtype(v: Any, name: str, allowed: Any, bound: dict) -> str:
     if v is None:
-        raise ArgumentError(name, None, "the forward's (M, 2N) input (its dtype chooses the kernel)")
+        raise ArgumentError(name, None, "a tensor: the forward's saved input (its dtype chooses the kernel)")
     return view(v, name).dtype
 
 
