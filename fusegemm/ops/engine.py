@@ -424,7 +424,7 @@ class Op(PreparedLaunch):
         names = positional_operands(self.kind)
         acc, offsets, m_rows = _ACCUMULATE[self.kind](self, dict(zip(names, _bind(names, operands, operand_kw))))
         return interpret(self.epilogue, acc, offsets=offsets, m_rows=m_rows, inputs=host,
-                         rcp_max=self.rcp_max or None)
+                         rcp_max=self.rcp_max or None, discrete_col_sfd=self.variant.discrete_col_sfd)
 
 
 def _acc_grouped(op: Op, o: dict[str, Any]) -> tuple[Any, Any, int]:

@@ -99,6 +99,12 @@ def test_an_fp8_d_is_quantized_along_rows_and_columns():
     op = fusegemm.Op(SPEC, arch="sm_90a", **MX, d_dtype="float8_e4m3fn")
     out = op.reference(*ops, inputs=ins)
     assert {k for k in out.keys() if out[k] is not None} == {"d", "d_col", "sfd_row", "sfd_col", "dprob"}
+    # discrete_col_sfd: the same column scales in the per-expert atom order (Op.reference reads the
+    # variant's; it used to give the default order, which the H200 run of the kernel showed).
+    disc = fusegemm.Op(SPEC, arch="sm_90a", **MX, d_dtype="float8_e4m3fn", discrete_col_sfd=True).reference(
+        *ops, inputs=ins)
+    a, b = (np.asarray(x["sfd_col"]).reshape(-1) for x in (out, disc))
+    assert not np.array_equal(a, b) and np.array_equal(np.sort(a), np.sort(b))
     f16 = fusegemm.Op(SPEC, arch="sm_90a", **MX, d_dtype="float16").reference(*ops, inputs=ins)
     assert {k for k in f16.keys() if f16[k] is not None} == {"d", "dprob", "amax"}
 
