@@ -143,3 +143,25 @@ def test_every_arch_has_a_header_folder():
     from fusegemm.base.package import package_data_dir
     for a in ARCHS.values():
         assert (package_data_dir("templates") / "include" / "fusegemm" / a.headers).is_dir(), a.name
+
+
+@pytest.mark.parametrize("name", ["gemm_amax", "grouped_gemm_quant", "grouped_gemm_swiglu", "grouped_gemm_dswiglu_bf16",
+                                  "grouped_gemm_wgrad"])
+def test_the_pruned_surface_is_the_filtered_product(name):
+    """variants.surface prunes a constraint's subtree as soon as the axes it reads are chosen: the
+    same points in the same order as filtering the full product (the specs with small products)."""
+    import itertools
+
+    from fusegemm.generator.axes import NEUTRAL
+    from fusegemm.generator.spec import check_choice, find_spec
+    from fusegemm.generator.variants import surface
+    spec = find_spec(name)
+    offered = spec.choice_map
+    axes = [a for a in offered if a != "arch"]
+    for arch in offered["arch"]:
+        want = [{**NEUTRAL, **dict(zip(axes, values), arch=arch)}
+                for values in itertools.product(*(offered[a] for a in axes))
+                if check_choice(dict(zip(axes, values), arch=arch), spec.constraints) is None]
+        got = list(surface(spec, arch))
+        assert got == want and [list(p) for p in got] == [list(p) for p in want]
+        assert len(want) < len(list(itertools.product(*(offered[a] for a in axes)))) or not spec.constraints
