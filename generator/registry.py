@@ -315,6 +315,17 @@ def lookup(family: str, arch: str) -> Implementation | None:
 _PROBLEMS = {"gemm_amax": "batched", "grouped_gemm_wgrad": "kgrouped"}
 
 
+def kernel_classes() -> dict[str, str]:
+    """Kernel class -> the family a spec gets when it names the class (``kernel: scaled``): the
+    first row of each class (``grouped_gemm``, ``grouped_gemm_wgrad``, ``gemm_amax``,
+    ``grouped_gemm_srelu``, the family names the seeds gave them). A spec that names the class
+    builds exactly what one naming that family builds."""
+    out: dict[str, str] = {}
+    for r in ROWS:
+        out.setdefault(r.operands, r.family)
+    return out
+
+
 def problem_of(family: str) -> str:
     """``grouped``, ``batched`` or ``kgrouped``: the problem ``family``'s kernels solve."""
     return _PROBLEMS.get(family, "grouped")

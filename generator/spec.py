@@ -15,7 +15,7 @@ from ..base.archs import ARCH_NAMES
 from ..base.errors import SpecError
 from .axes import ARITHMETIC_AXES, AXES, NEUTRAL
 from .epilogue import EPILOGUE_AXES, Epilogue, parse_epilogue
-from .registry import Implementation, families, lookup, problem_of
+from .registry import Implementation, families, kernel_classes, lookup, problem_of
 from .yamlload import Node, load_yaml, plain, read_text
 
 # 2: the epilogue language (generator/epilogue.py): typed inputs by kind, pairing, outputs with
@@ -151,7 +151,12 @@ def parse_spec(text: str, path: str, expected_name: str | None = None) -> Spec:
         raise ctx.fail(top["name"], "name", f"{name!r} is not a lower-case identifier ([a-z][a-z0-9_]*)")
     if expected_name is not None and name != expected_name:
         raise ctx.fail(top["name"], "name", f"{name!r} must match the file name {expected_name!r}")
-    kernel = _enum(ctx, top["kernel"], "kernel", families())
+    # A spec names its kernel's class (grouped, kgrouped, scaled, batched) or one of the families
+    # the seeds named (grouped_gemm_srelu for the block-scaled grouped class): a class stands for
+    # its family (registry.kernel_classes).
+    classes = kernel_classes()
+    kernel = _enum(ctx, top["kernel"], "kernel", (*classes, *families()))
+    kernel = classes.get(kernel, kernel)
     # The problem follows from the kernel family (registry.problem_of); a spec may state it, and
     # then it must be the family's.
     problem = _enum(ctx, top["problem"], "problem", PROBLEMS) if "problem" in top else problem_of(kernel)

@@ -165,3 +165,18 @@ def test_the_pruned_surface_is_the_filtered_product(name):
         got = list(surface(spec, arch))
         assert got == want and [list(p) for p in got] == [list(p) for p in want]
         assert len(want) < len(list(itertools.product(*(offered[a] for a in axes)))) or not spec.constraints
+
+
+def test_a_spec_names_its_kernel_class(tmp_path):
+    """``kernel: scaled`` (a kernel class) stands for the family the seeds named for it: the spec
+    loads as that family and renders the same source as one that names the family."""
+    from fusegemm.generator.spec import load_spec
+    assert registry.kernel_classes() == {"grouped": "grouped_gemm", "kgrouped": "grouped_gemm_wgrad",
+                                         "batched": "gemm_amax", "scaled": "grouped_gemm_srelu"}
+    spec = find_spec("grouped_gemm_dsrelu_mx")
+    assert "kernel: scaled" in open(spec.path).read() and spec.kernel == "grouped_gemm_srelu"
+    other = tmp_path / "grouped_gemm_dsrelu_mx.yaml"
+    other.write_text(open(spec.path).read().replace("kernel: scaled", "kernel: grouped_gemm_srelu"))
+    for arch in ("sm_90a", "sm_100a"):
+        a, b = (render(make_variant(s, arch=arch)).text for s in (spec, load_spec(other)))
+        assert a == b
