@@ -96,10 +96,8 @@ def ensure_verified(variant: Any, device: int, ctas: int | None = None) -> None:
                      config.verify_timeout())
         t0 = time.perf_counter()
         rows, problem = check_class(cls, device)
-        # A case the arch's kernel does not implement is neither run nor a failure; at least one
-        # case must pass.
-        failed = [r for r in rows if r.status not in ("pass", "not available")]
-        if problem or failed or not any(r.status == "pass" for r in rows):
+        if not _passed(rows, problem):
+            failed = [r for r in rows if r.status not in ("pass", "not available")]
             lines = "\n".join(f"  {r.case}: {r.status} {r.detail}" for r in (failed or rows)) or "  (no cases)"
             what = problem or f"{len(failed)} of {len(rows)} verification cases failed"
             raise UnverifiedError(
@@ -108,10 +106,23 @@ def ensure_verified(variant: Any, device: int, ctas: int | None = None) -> None:
                 f"fusegemm has not executed its {cls.family} kernel on {cls.arch} hardware before; please report "
                 f"this with the output of `fusegemm selftest --all-configs --json`. FUSEGEMM_TRUST_UNVERIFIED=1 "
                 f"launches anyway, at your own risk.")
-        from .runtime.cache import default_cache
-        if path is not None and not default_cache().readonly:   # read-only: the pass lasts the process
-            _write(path, {**ident, "cases": len(rows), "seconds": round(time.perf_counter() - t0, 3)})
+        _record(path, ident, rows, t0)
         _verified.add(key)
+
+
+def _passed(rows: list[Any], problem: str | None) -> bool:
+    """A class passes when its check ended (no hang, no death), no case failed and at least one
+    ran: a case the arch's kernel does not implement is neither run nor a failure."""
+    return (problem is None and all(r.status in ("pass", "not available") for r in rows)
+            and any(r.status == "pass" for r in rows))
+
+
+def _record(path: Path | None, ident: dict[str, Any], rows: list[Any], t0: float) -> None:
+    """Record a pass at ``path`` (None: the disk cache is off; a read-only cache: nothing is
+    written either, and the pass lasts the process)."""
+    from .runtime.cache import default_cache
+    if path is not None and not default_cache().readonly:
+        _write(path, {**ident, "cases": len(rows), "seconds": round(time.perf_counter() - t0, 3)})
 
 
 def running() -> bool:
@@ -278,12 +289,8 @@ def run_all_configs(arch: str, device: int, *, families: tuple[str, ...] | None 
         rows, problem = check_class(cls, device, timeout=timeout)
         if problem is None and not any(r.status == "pass" for r in rows):
             problem = "no case ran (every case not available): the class is not verified"
-        passed = problem is None and all(r.status in ("pass", "not available") for r in rows)
-        if passed and not registry.executed(cls.family, cls.arch):
-            path = record_path(cls)
-            if path is not None:
-                _write(path, {**identity(cls, device), "cases": len(rows),
-                              "seconds": round(time.perf_counter() - t0, 3)})
+        if _passed(rows, problem) and not registry.executed(cls.family, cls.arch):
+            _record(record_path(cls), identity(cls, device), rows, t0)
         return rows + ([Row(cls.family, cls.slug, "FAIL", detail=problem)] if problem else [])
 
     out: list[Any] = []

@@ -363,3 +363,21 @@ def test_all_configs_runs_every_class_and_a_class_without_a_passing_case_fails(m
     fails = [r for r in rows if r.status == "FAIL"]
     assert len(fails) == len(classes) and fails[0].detail.startswith("no case ran")
     assert lines[-1].endswith(": FAIL")
+
+
+def test_all_configs_records_passes_as_the_gate_does(monkeypatch, cache_dir):
+    """A passing class of a kernel fusegemm has not executed is recorded, except in a read-only
+    cache (where the gate's passes last the process too)."""
+    monkeypatch.setattr(verify, "RUNNER_PATH", (HELPERS,))
+    monkeypatch.setattr(verify, "RUNNER", "verify_runners:passing")
+    monkeypatch.setattr(verify, "device_name", lambda d: "Fake H200")
+    key = ("grouped_gemm_wgrad", "sm_90a")
+    monkeypatch.setitem(registry._BY_KEY, key, dataclasses.replace(registry._BY_KEY[key], executed=False))
+    from fusegemm.runtime.cache import default_cache
+    with config.override(FUSEGEMM_CACHE_READONLY="1"):
+        assert default_cache().readonly
+        verify.run_all_configs("sm_90a", 0, families=("grouped_gemm_wgrad",), jobs=4)
+    assert not (cache_dir / "verified").exists()
+    verify.run_all_configs("sm_90a", 0, families=("grouped_gemm_wgrad",), jobs=4)
+    from fusegemm import selftest
+    assert len(verify.passes()) == len(selftest.all_classes("sm_90a", ("grouped_gemm_wgrad",)))
