@@ -166,17 +166,12 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
     keep: list[Any] = []
     kw: dict[str, Any] = {}
     if v.weight_mode == "discrete":   # per-expert buffers behind device pointer tables: (N, K), or (K, N) N-major
-        bs = [output_compare.to_device(np.ascontiguousarray(b[e].T if v.b_major == "n" else b[e]), device)
-              for e in range(l)]
-        keep += bs
-        kw = {"b_ptrs": torch.tensor([t.data_ptr() for t in bs], dtype=torch.int64, device=device), "n": n}
+        lists = {"b_list": [np.ascontiguousarray(b[e].T if v.b_major == "n" else b[e]) for e in range(l)]}
         if op.kind == "scaled":
-            sbs = [output_compare.to_device(np.ascontiguousarray(sfb[e]), device) for e in range(l)]
-            keep += sbs
-            kw["sfb_ptrs"] = torch.tensor([t.data_ptr() for t in sbs], dtype=torch.int64, device=device)
-            dev_ops = dev_ops[:3]
-        else:
-            dev_ops = dev_ops[:2]
+            lists["sfb_list"] = [np.ascontiguousarray(sfb[e]) for e in range(l)]
+        kw, keep = output_compare.device_args(lists, device)
+        kw["n"] = n
+        dev_ops = dev_ops[:3 if op.kind == "scaled" else 2]
     elif v.b_major == "n":            # (L, K, N) storage read as its (L, N, K) view
         at = 3 if op.kind == "scaled" else 2
         dev_ops[at] = output_compare.to_device(np.ascontiguousarray(b.transpose(0, 2, 1)), device).transpose(1, 2)
@@ -557,13 +552,14 @@ def all_classes(arch: str, families: tuple[str, ...] | None = None) -> list[Any]
     from .generator.spec import find_spec
     from .generator.variants import make_variant
     from .ops.scaled_layouts import check_layouts
+    dims = ("tile_m", "tile_n", "cluster_m", "cluster_n", "scheduler", "a_major", "b_major", "ab_dtype",
+            "sf_dtype", "sf_vec_size", "weight_mode")
     out: list[Any] = []
     for fam in families or registry.families():
-        if registry.lookup(fam, arch) is None or fam not in RUNNERS:
+        row = registry.lookup(fam, arch)
+        if row is None or fam not in RUNNERS:
             continue
         spec = find_spec(fam)
-        dims = ("tile_m", "tile_n", "cluster_m", "cluster_n", "scheduler", "a_major", "b_major", "ab_dtype",
-                "sf_dtype", "sf_vec_size", "weight_mode")
         offered = [(d, spec.choice_map[d]) for d in dims if d in spec.choice_map]
         seen = set()
         for values in itertools.product(*(vals for _, vals in offered)):
@@ -571,7 +567,7 @@ def all_classes(arch: str, families: tuple[str, ...] | None = None) -> list[Any]
             try:
                 variant = make_variant(spec, arch=arch, **choice)
                 registry.resolve(fam, arch, variant.choices)
-                if registry.lookup(fam, arch).operands in ("scaled", "batched"):
+                if row.operands in ("scaled", "batched"):
                     check_layouts(_Shim(spec, arch, variant))
             except UnsupportedError:
                 continue
