@@ -178,20 +178,23 @@ def test_a_wrapper_resolves_each_argument_pattern_once(monkeypatch):
     run(b=torch.zeros((1, 128, 64), dtype=torch.bfloat16))             # same pattern, new tensor
     run(b=torch.zeros((1, 64, 128), dtype=torch.bfloat16).transpose(1, 2), b_major="n")   # another layout
     assert len(calls) == 4
+    run(d_dtype="float16")               # another value of the same type
+    run(d_dtype="float16")
+    assert len(calls) == 5
     with pytest.raises(ArgumentError):   # a refused pattern is not memoised: refused again, with its reason
         fusegemm.grouped_gemm_glu(a, None, off, alpha, b, prob_tensor=prob, act_func="geglu")
     with pytest.raises(ArgumentError, match=r"^act_func"):
         fusegemm.grouped_gemm_glu(a, None, off, alpha, b, prob_tensor=prob, act_func="geglu")
-    assert len(calls) == 6
+    assert len(calls) == 7
     import ml_dtypes
     n = len(faces._RESOLVED)
     with pytest.raises(ArgumentError):
         fusegemm.grouped_gemm_glu(a.view(torch.int16).numpy().view(ml_dtypes.bfloat16), None, off, alpha, b,
                                   prob_tensor=prob)
-    assert len(faces._RESOLVED) == n and len(calls) == 7
+    assert len(faces._RESOLVED) == n and len(calls) == 8
     from fusegemm.ops import scaled_seeds
     made = []
     real_op = scaled_seeds._op
     monkeypatch.setattr(scaled_seeds, "_op", lambda *args: made.append(args) or real_op(*args))
     run()
-    assert len(made) == 1 and len(calls) == 8
+    assert len(made) == 1 and len(calls) == 9
