@@ -99,7 +99,7 @@ def sustained(methods: dict, seconds: float) -> dict[str, dict]:
 
 def bench_shape(name: str, dist: str, args) -> dict:
     import torch
-    from fusegemm.ops.grouped_gemm import GroupedGemm
+    from fusegemm.presets import GroupedGemm
     experts, tokens, n, k = SHAPES[name]
     sizes = expert_sizes(experts, tokens, dist)
     m = sum(sizes)

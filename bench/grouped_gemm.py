@@ -23,7 +23,7 @@ from _common import SHAPES, add_run_arguments, expert_sizes, interleaved_ms, nvr
 
 def bench_shape(name: str, dist: str, args) -> dict:
     import torch
-    from fusegemm.ops.grouped_gemm import GroupedGemm
+    from fusegemm.presets import GroupedGemm
     experts, tokens, n, k = SHAPES[name]
     sizes = expert_sizes(experts, tokens, dist)
     m = sum(sizes)
@@ -57,7 +57,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
             # What fusegemm.grouped_gemm would launch for this call (a tuned record's
             # configuration, else the default), run through the same class path as the other
             # configs so that only the configuration differs.
-            from fusegemm.ops.grouped_gemm import _tuned
+            from fusegemm.ops.tuned import _tuned
             from fusegemm.ops.grouped_operands import parse_call
             call = parse_call(a3, offsets, alpha, b_view, None, None, prob, ab_dtypes=("bfloat16",),
                               bias_dtypes=("bfloat16",))

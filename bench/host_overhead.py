@@ -110,11 +110,11 @@ def main() -> int:
     # The floor: the driver's cuLaunchKernel of the same kernel through ctypes, nothing else
     # (what any Python launch path pays; the other methods add their own work on top).
     from fusegemm.runtime.launch import _direct_launch
-    entry = next(iter(op._op._memo.values()))        # the class's call pattern in the engine's memo
+    entry = next(iter(op.op._memo.values()))        # the class's call pattern in the engine's memo
     buf = next(iter(entry.bufs.values())) if entry.bufs else None
     raw = _direct_launch()
     if buf is not None and raw is not None:
-        ln = op._op._launcher
+        ln = op.op._launcher
         kern, cfg, handle = ln.kernel, ln.config(entry.grid), stream.cuda_stream
         methods["driver_launch_floor"] = lambda: raw(kern.handle, *cfg.grid, *cfg.block, cfg.smem_bytes,
                                                      handle, buf.argv_address, None)

@@ -72,7 +72,7 @@ def _offsets(torch, sizes):
 
 
 def _gemm(torch, shape, dist, args):
-    from fusegemm.ops.grouped_gemm import GroupedGemm
+    from fusegemm.presets import GroupedGemm
     experts, tokens, n, k = SHAPES[shape]
     sizes = expert_sizes(experts, tokens, dist)
     m = sum(sizes)

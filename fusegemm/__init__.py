@@ -42,13 +42,12 @@ _hooks.FIRST_CALL_TUNE.install(_first_call_tune)
 
 _EXPORTS = {
     "Op": ("fusegemm.ops.engine", "Op"),
-    "grouped_gemm": ("fusegemm.ops.grouped_gemm", "grouped_gemm"),
-    "GroupedGemm": ("fusegemm.ops.grouped_gemm", "GroupedGemm"),
     "EpilogueGemm": ("fusegemm.ops.epilogue_gemm", "EpilogueGemm"),
     "KGroupedGemm": ("fusegemm.ops.kgrouped", "KGroupedGemm"),
     "BlockScaledGemm": ("fusegemm.ops.blockscaled", "BlockScaledGemm"),
     **{name: ("fusegemm.presets", name) for name in (
-        "grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax", "GroupedGemmSrelu",
+        "grouped_gemm", "GroupedGemm", "grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax",
+        "GroupedGemmSrelu",
         "GroupedGemmQuant", "GroupedGemmDswiglu", "GemmAmax", "grouped_gemm_glu", "grouped_gemm_dglu",
         "grouped_gemm_dsrelu")},
     "TupleDict": ("fusegemm.tupledict", "TupleDict"),

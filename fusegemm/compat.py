@@ -4,17 +4,11 @@ kernel on Blackwell: the ``Sm100`` in the names is the seed's, not a restriction
 """
 from __future__ import annotations
 
-from .ops.grouped_gemm import GroupedGemm, grouped_gemm
 from . import presets as _presets
 
-__all__ = ["grouped_gemm_wrapper_sm100", "GroupedGemmSm100"]
+__all__: list[str] = []
 
-#: ``cudnn.grouped_gemm_wrapper_sm100`` (seed 001)
-grouped_gemm_wrapper_sm100 = grouped_gemm
-#: ``cudnn.GroupedGemmSm100`` (seed 001)
-GroupedGemmSm100 = GroupedGemm
-
-# The block-scaled seeds and cuDNN frontend's newer grouped fusions: the wrappers and class APIs
+# The seeds and cuDNN frontend's newer grouped fusions: the wrappers and class APIs
 # generated from fusegemm.presets' rows (cuDNN's class names are ours with ``Sm100``).
 for _row in _presets.SEEDS + _presets.PRESETS:
     globals()[_row.cudnn] = getattr(_presets, _row.name)

@@ -14,16 +14,18 @@ read here stay where they are).
         return fj.grouped_gemm(a, offsets, alpha, b)        # D (M, N) bfloat16
 
 What runs in the callback: the result buffers XLA allocated become the op's outputs, the
-class API (``fusegemm.GroupedGemm``, cached per configuration) validates the buffers and
-launches on XLA's stream. The callback holds the GIL while it runs (host work of one cached
-``execute()`` plus the decoding); XLA releases the GIL while it executes, as for any JAX call.
-A failure becomes an XLA error carrying fusegemm's message, never a crash. Buffers are dense
-row-major (XLA's default layout): A ``(M, K)``, B ``(L, N, K)``, outputs ``(M, N)``.
+engine (:class:`fusegemm.Op` of the call's spec and variant, cached) validates the buffers and
+launches on XLA's stream; one target serves every spec, seed 001's included. The callback
+holds the GIL while it runs (host work of one cached ``execute()`` plus the decoding); XLA
+releases the GIL while it executes, as for any JAX call. A failure becomes an XLA error
+carrying fusegemm's message, never a crash. Buffers are dense row-major (XLA's default
+layout): A ``(M, K)``, B ``(L, N, K)``, outputs ``(M, N)``.
 Registering the targets needs JAX with a CUDA backend; importing this module does not.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from typing import Any
 
@@ -192,36 +194,7 @@ def _handler(run):
     return _Handler(handle)
 
 
-# ---------------------------------------------------------------- the grouped GEMM target
-
-_ops: dict[tuple, Any] = {}
 _ops_lock = threading.Lock()
-
-
-def _run_grouped_gemm(args: list, rets: list, attrs: dict[str, Any], stream: int) -> None:
-    from .ops.grouped_gemm import GroupedGemm
-    has_prob, has_bias, gen_c = bool(attrs.get("has_prob")), bool(attrs.get("has_bias")), bool(attrs.get("generate_c"))
-    want = 4 + has_prob + has_bias
-    if len(args) != want or len(rets) != 1 + gen_c:
-        raise ArgumentError("ffi buffers", f"{len(args)} arguments, {len(rets)} results",
-                            f"{want} arguments and {1 + gen_c} results for these attributes")
-    a, off, alpha, b = args[:4]
-    rest = args[4:]
-    prob = rest.pop(0) if has_prob else None
-    bias = rest.pop(0) if has_bias else None
-    if bias is not None and bias.ndim == 2:
-        # The kernel reads bias as (N, L) with N contiguous: exactly a row-major (L, N) buffer.
-        bias = _transposed(bias, (1, 0))
-    d = rets[0]
-    c = rets[1] if gen_c else None
-    key = (a.dtype, b.dtype, d.dtype, c.dtype if c is not None else None, has_prob,
-           bias.dtype if bias is not None else None, gen_c, a.device[1])
-    op = _ops.get(key)
-    if op is None:
-        with _ops_lock:
-            op = _ops.get(key) or GroupedGemm(a, c, d, off, alpha, b, bias, prob, generate_c=gen_c).compile()
-            _ops[key] = op
-    op.execute(a, c, d, off, alpha, b, bias, prob, current_stream=stream)
 
 
 _registered: dict[str, Any] = {}   # target name -> the C handler (kept alive: XLA holds its address)
@@ -232,7 +205,7 @@ def register() -> None:
     if _registered:
         return
     import jax
-    for name, run in (("fusegemm_grouped_gemm", _run_grouped_gemm), ("fusegemm_spec", _run_spec)):
+    for name, run in (("fusegemm_spec", _run_spec),):
         fn = _handler(run)
         capsule = jax.ffi.pycapsule(ctypes.cast(fn, ctypes.c_void_p).value)
         jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
@@ -254,18 +227,18 @@ def grouped_gemm(a: Any, padded_offsets: Any, alpha: Any, b: Any, *, prob: Any =
     the same memory). Returns D (M, N) (``d_dtype``, default bfloat16), or ``(D, C)`` with
     ``generate_c``. Rows at or past ``padded_offsets[-1]`` are unspecified (XLA's buffers).
     """
-    import jax
     import jax.numpy as jnp
-    register()
-    d_dt = jnp.dtype(d_dtype or jnp.bfloat16)
-    m, n = a.shape[0], b.shape[1]
-    outs = [jax.ShapeDtypeStruct((m, n), d_dt)]
-    if generate_c:
-        outs.append(jax.ShapeDtypeStruct((m, n), jnp.dtype(c_dtype or jnp.bfloat16)))
-    call = jax.ffi.ffi_call("fusegemm_grouped_gemm", outs)
-    operands = [a, padded_offsets, alpha, b] + [x for x in (prob, bias) if x is not None]
-    res = call(*operands, has_prob=prob is not None, has_bias=bias is not None, generate_c=bool(generate_c))
-    return res if generate_c else res[0]
+    axes = (("bias_dtype", jnp.dtype(bias.dtype).name if bias is not None else "none"),
+            ("c_dtype", jnp.dtype(c_dtype or jnp.bfloat16).name), ("d_dtype", jnp.dtype(d_dtype or jnp.bfloat16).name),
+            ("generate_c", bool(generate_c)))
+    out = _seed_op(axes)(a, padded_offsets, b, inputs={"alpha": alpha, "prob": prob, "bias": bias})
+    return (out["d"], out["c"]) if generate_c else out["d"]
+
+
+@functools.lru_cache(maxsize=64)
+def _seed_op(axes: tuple) -> Any:
+    """Seed 001's spec as a JAX operation of these variant axes (the one FFI target of every spec)."""
+    return spec_op("grouped_gemm", **dict(axes))
 
 
 # ---------------------------------------------------------------- any spec: spec_op(spec)

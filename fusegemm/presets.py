@@ -33,7 +33,17 @@ A row says, for the wrapper's parameters (``params``, its signature as written):
 * ``cls``, ``init``, ``execute``, ``samples`` -- the class API: the constructor's and
   ``execute``'s signatures, and the wrapper parameters a sample stands for (``dtype``: its dtype,
   ``major``: seed 004's C memory order). Other ``sample_<x>`` stand for ``<x>_tensor`` (or
-  ``<x>``), options for the wrapper's parameter of their name.
+  ``<x>``), options for the wrapper's parameter of their name (an option left None: the
+  wrapper's default);
+* ``tune`` -- a call that names no tile, cluster or scheduler takes the tuned (or modelled)
+  configuration of its shape bucket (fusegemm/ops/tuned.py; seed 001);
+* ``align`` -- input alignments (bytes) stricter than the engine's, by spec name (seed 001's
+  16-byte bias);
+* ``tail`` -- False: the wrapper leaves output rows at or past the last offset unwritten, as
+  seed 001 documents (no zeroing launch);
+* ``strict`` -- the class checks its samples when built (operands, output samples,
+  device), reports an unsupported configuration at ``check_support`` naming the argument that
+  chose it, and takes ``arch=`` (seed 001's class).
 
 Output layouts ((M, N, 1) rows for an (M, K, 1) A, SF and FP8 views, seed 004's batched C) are
 the kernel class's (fusegemm/ops/scaled_seeds.py). A call with a CPU a_tensor runs every check on
@@ -77,6 +87,10 @@ class Preset:
     init: str = ""
     execute: str = ""
     samples: tuple[tuple[str, str, str], ...] = ()
+    tune: bool = False
+    align: tuple[tuple[str, int], ...] = ()
+    tail: bool = True
+    strict: bool = False
 
     def signature(self) -> inspect.Signature:
         """The wrapper's signature, from ``params``."""
@@ -98,6 +112,18 @@ class Preset:
         """``axes`` with each how looked up once (fusegemm/ops/hows.py ``plan``)."""
         from .ops.hows import plan
         return plan(self.axes, dict(self.accepts))
+
+    def launch_options(self, bound: dict[str, Any]) -> dict[str, Any]:
+        """The engine keywords of a wrapper call (``Op.__call__``): the row's stricter alignments,
+        its tail rule, the call's ``validate_offsets``."""
+        out = dict(self._launch)
+        if "validate_offsets" in bound:
+            out["validate_offsets"] = bound["validate_offsets"]
+        return out
+
+    @cached_property
+    def _launch(self) -> dict[str, Any]:
+        return {**({"align": dict(self.align)} if self.align else {}), **({} if self.tail else {"tail": False})}
 
     @cached_property
     def input_names(self) -> dict[str, str]:
@@ -272,7 +298,44 @@ PRESETS: tuple[Preset, ...] = (
                 "FP8 D comes with SFD_row, D_col and SFD_col)."),
 )
 
+_BF16_OUT = ("bfloat16", "float16", "float32")
 SEEDS: tuple[Preset, ...] = (
+    Preset(
+        name="grouped_gemm", spec="grouped_gemm", cudnn="grouped_gemm_wrapper_sm100", reference="grouped_gemm",
+        cls="GroupedGemm",
+        params=("a_tensor, padded_offsets, alpha_tensor, b_tensor=None, bias_tensor=None, b_ptrs=None, n=None, "
+                "b_dtype=None, b_major='k', prob_tensor=None, acc_dtype='float32', c_dtype='bfloat16', "
+                "d_dtype='bfloat16', cd_major='n', mma_tiler_mn=None, cluster_shape_mn=None, vector_f32=False, "
+                "m_aligned=256, generate_c=False, use_dynamic_sched=False, current_stream=None, *, "
+                "validate_offsets=None"),
+        operands=_DENSE_OR_DISCRETE,
+        inputs=(("alpha", "alpha_tensor"), ("prob", "prob_tensor"), ("bias", "bias_tensor")),
+        axes=((None, "one_of", "cd_major"), ("vector_f32", "bool", "vector_f32"), (None, "one_of", "m_aligned"),
+              (None, "dtype_in", "acc_dtype"), ("c_dtype", "dtype_in", "c_dtype"), ("d_dtype", "dtype_in", "d_dtype"),
+              ("generate_c", "bool", "generate_c"), ("scheduler", "scheduler", "use_dynamic_sched"),
+              ("tile_m,tile_n", "pair", "mma_tiler_mn"), ("cluster_m,cluster_n", "pair", "cluster_shape_mn"),
+              ("weight_mode", "weight_mode", "b_tensor"), ("b_major", "one_of", "b_major"),
+              (None, "bf16_weights", "b_dtype"), ("bias_dtype", "tensor_dtype_in", "bias_tensor")),
+        accepts=(("acc_dtype", ("float32",)), ("cd_major", ("n",)), ("m_aligned", (256,)), ("b_major", ("k",)),
+                 ("c_dtype", _BF16_OUT), ("d_dtype", _BF16_OUT), ("bias_tensor", _BF16_OUT)),
+        returns=(("d_tensor", "d"), ("c_tensor", "c")),
+        torch=("Tensor a, Tensor padded_offsets, Tensor alpha, Tensor? b=None, *, Tensor? bias, Tensor? b_ptrs, "
+               "SymInt? n, Tensor? prob, ScalarType c_dtype, ScalarType d_dtype, bool generate_c, "
+               "bool use_dynamic_sched"),
+        init=("sample_a, sample_c=None, sample_d=None, sample_padded_offsets=None, sample_alpha=None, sample_b=None, "
+              "sample_bias=None, sample_prob=None, *, num_experts=None, b_shape=None, b_dtype=None, b_major='k', "
+              "acc_dtype='float32', c_dtype='bfloat16', d_dtype='bfloat16', generate_c=False, use_dynamic_sched=False, "
+              "mma_tiler_mn=None, cluster_shape_mn=None, m_aligned=256, vector_f32=False, arch=None"),
+        execute=("a_tensor, c_tensor=None, d_tensor=None, padded_offsets=None, alpha_tensor=None, b_tensor=None, "
+                 "bias_tensor=None, prob_tensor=None, *, b_ptrs=None, current_stream=None, validate_offsets=None"),
+        samples=(("c_dtype", "sample_c", "dtype"), ("d_dtype", "sample_d", "dtype")),
+        tune=True, align=(("bias", 16),), tail=False, strict=True,
+        summary="Grouped BF16 GEMM (seed 001).\n\nFor the rows of expert e: ``G = alpha[e] * A_e @ B_e^T`` (FP32 "
+                "accumulation); with bias ``C = G + prob * bias[:, e]``, ``D = C``; without bias ``C = G``, ``D = prob "
+                "* G``. ``c_tensor`` is None unless ``generate_c``. Rows at or past ``padded_offsets[-1]`` are left "
+                "unwritten. Without ``mma_tiler_mn``, ``cluster_shape_mn`` and ``use_dynamic_sched`` a call takes the "
+                "configuration ``fusegemm tune`` recorded for its shape bucket (``FUSEGEMM_AUTOTUNE=1``: tuned on the "
+                "first call; on sm_100a the roofline model's choice; else the spec's default)."),
     Preset(
         name="grouped_gemm_srelu", spec="grouped_gemm_srelu", cudnn="grouped_gemm_srelu_wrapper_sm100",
         reference="grouped_gemm_srelu", cls="GroupedGemmSrelu",

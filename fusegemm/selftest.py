@@ -272,7 +272,7 @@ def _run_grouped_gemm(case: dict[str, Any], device: str = "cuda:0") -> tuple[flo
     import torch
 
     from . import output_compare, problems, reference
-    from .ops import grouped_gemm as op
+    from . import presets as op
     opts = dict(case)
     call_opts = {k: opts.pop(k) for k in ("use_dynamic_sched", "generate_c", "c_dtype", "d_dtype",
                                          "mma_tiler_mn") if k in opts}

@@ -22,52 +22,8 @@ from torch import Tensor
 
 from . import presets as _presets
 from . import reference as _reference
-from .arguments import b_is_canonical
 from .base.docstrings import shares_parameters
-from .ops.param_docs import GPU, TORCH_NAMES
-
-
-@torch.library.custom_op("fusegemm::grouped_gemm", mutates_args=())
-def _grouped_gemm(a: Tensor, padded_offsets: Tensor, alpha: Tensor, b: Optional[Tensor],
-                  bias: Optional[Tensor], b_ptrs: Optional[Tensor], n: Optional[int],
-                  prob: Optional[Tensor], c_dtype: torch.dtype, d_dtype: torch.dtype,
-                  generate_c: bool, use_dynamic_sched: bool) -> tuple[Tensor, Tensor]:
-    from .ops.grouped_gemm import grouped_gemm as eager
-    d, c = eager(a, padded_offsets, alpha, b_tensor=b, bias_tensor=bias, b_ptrs=b_ptrs, n=n,
-                 prob_tensor=prob, c_dtype=c_dtype, d_dtype=d_dtype, generate_c=generate_c,
-                 use_dynamic_sched=use_dynamic_sched)
-    return d, (c if c is not None else a.new_empty((0,), dtype=c_dtype))
-
-
-@_grouped_gemm.register_fake
-def _grouped_gemm_fake(a, padded_offsets, alpha, b, bias, b_ptrs, n, prob, c_dtype, d_dtype,
-                       generate_c, use_dynamic_sched):
-    m, k, l = a.shape[0], a.shape[1], padded_offsets.shape[0]
-    if b is not None:
-        canonical = b_is_canonical(tuple(b.shape), tuple(b.stride()), k, l)
-        if canonical is None:   # the real op raises the seed's ArgumentError for this
-            raise ValueError(f"b_tensor.shape: got {tuple(b.shape)}; allowed: (N, {k}, {l}) or ({l}, N, {k})")
-        n = b.shape[1] if canonical else b.shape[0]
-    elif n is None:
-        raise ValueError("n: got None; allowed: an int (discrete weights need n=)")
-    shape = (m, n) if a.dim() == 2 else (m, n, 1)
-    d = a.new_empty(shape, dtype=d_dtype)
-    c = a.new_empty(shape if generate_c else (0,), dtype=c_dtype)
-    return d, c
-
-
-@shares_parameters(_reference.grouped_gemm, rename=TORCH_NAMES, extra=GPU)
-def grouped_gemm(a: Tensor, padded_offsets: Tensor, alpha: Tensor, b: Optional[Tensor] = None, *,
-                 bias: Optional[Tensor] = None, b_ptrs: Optional[Tensor] = None, n: Optional[int] = None,
-                 prob: Optional[Tensor] = None, c_dtype: torch.dtype = torch.bfloat16,
-                 d_dtype: torch.dtype = torch.bfloat16, generate_c: bool = False,
-                 use_dynamic_sched: bool = False) -> tuple[Tensor, Tensor]:
-    """``torch.ops.fusegemm.grouped_gemm``: seed 001's grouped GEMM as a custom op. Returns
-    ``(d, c)``; ``c`` is an empty tensor unless ``generate_c``. Arguments as
-    ``fusegemm.grouped_gemm`` (``b`` = ``b_tensor``, ``bias`` = ``bias_tensor``, ``prob`` =
-    ``prob_tensor``)."""
-    return torch.ops.fusegemm.grouped_gemm(a, padded_offsets, alpha, b, bias, b_ptrs, n, prob, c_dtype,
-                                           d_dtype, generate_c, use_dynamic_sched)
+from .ops.param_docs import GPU
 
 
 # ---------------------------------------------------------------- spec-driven ops (EpilogueGemm)
@@ -453,7 +409,11 @@ def _register_preset(row) -> None:
             kwargs[seed] = tuple(value) if isinstance(value, list) else value
         out = wrapper(**kwargs)
         lead = args[0]
-        return tuple(out[k] if out[k] is not None else lead.new_empty((0,), dtype=torch.uint8) for k, _ in row.returns)
+
+        def absent(spec_out: str | None) -> Tensor:      # in its dtype where a parameter names one
+            dtype = kwargs.get(f"{spec_out}_dtype")
+            return lead.new_empty((0,), dtype=dtype if isinstance(dtype, torch.dtype) else torch.uint8)
+        return tuple(out[k] if out[k] is not None else absent(spec_out) for k, spec_out in row.returns)
 
     _define(row.name, [(name, t, d) for name, _, t, d in params], len(row.returns), run)
     globals()[row.name] = _face(row) if row.torch else getattr(torch.ops.fusegemm, row.name)

@@ -194,7 +194,7 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
     from .generator.spec import find_spec
     from .generator.variants import default_choice
     from .ops.device import device_arch
-    from .ops.grouped_gemm import GroupedGemm
+    from .presets import GroupedGemm
     from .runtime.load import device_name
     arch = device_arch(device)
     name = device_name(device)

@@ -33,6 +33,7 @@ launch the parameters prepared for those addresses (``ops/prepared.py`` ``Prepar
 from __future__ import annotations
 
 import inspect
+import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -187,7 +188,8 @@ class Op(PreparedLaunch):
 
     # ---------------------------------------------------------------------------------
     def __call__(self, *operands: Any, inputs: Mapping[str, Any] | None = None, current_stream: Any = None,
-                 input_names: Mapping[str, str] | None = None, **operand_kw: Any) -> TupleDict:
+                 input_names: Mapping[str, str] | None = None, validate_offsets: bool | None = None,
+                 align: Mapping[str, int] | None = None, tail: bool = True, **operand_kw: Any) -> TupleDict:
         """Run and return every output the epilogue declares, by spec name (c, d, d_col, sfd_row,
         sfd_col, amax, dprob and the spec's own: the present ones; FP8/FP4 outputs as raw bytes,
         SF buffers physical, amax starting at -inf, dprob at 0).
@@ -207,41 +209,59 @@ class Op(PreparedLaunch):
             Where to launch (raw handle, torch.cuda.Stream, ...); default torch's current stream.
         input_names : dict, optional
             The caller's argument name of each input, for error messages (a preset's names).
+        validate_offsets, align
+            As :meth:`execute`.
+        tail : bool
+            Zero the grouped class's rows at or past the last offset (False: leave them unwritten,
+            as seed 001's wrapper does; one launch less).
         """
         given = inputs or {}
         key, flat = (None, ()) if is_dry() else pattern(operands, operand_kw, given, None)
         e = self._memo.get(key) if key is not None else None
         if e is not None:   # a call pattern validated before: allocate, check addresses, launch
-            import torch
-            out = {name: (torch.empty(shape, dtype=dt, device=dev) if fill is None else
-                          torch.full(shape, fill, dtype=dt, device=dev)) for name, shape, dt, dev, fill in e.alloc}
-            ptrs = addresses(flat) + tuple([t.data_ptr() for t in out.values()])
-            if e.aligned(ptrs):
-                self._run(e, ptrs, flat[e.offsets] if e.offsets is not None else None, current_stream,
-                          zero=out if self.kind == "grouped" else None)
-                return self._shaped(e.call, out)
+            done = self._call_memo(e, flat, current_stream, validate_offsets, tail)
+            if done is not None:
+                return done
         call = self._parse(operands, operand_kw)
         deferred: list = []
-        values, keep = self._inputs(given, call, deferred, input_names)
+        values, keep = self._inputs(given, call, deferred, input_names, align)
         device = self._check_devices(call, deferred)
         rows_written = self.kind in ("grouped", "kgrouped") and not is_dry()
         out = alloc_outputs(self.epilogue, *self._dims(call), device_str(call.a, device),
                             rows_written=rows_written)
         if not is_dry():   # a fake implementation's trace: outputs allocated, nothing launched
-            self.compile()
+            self.compile(tail=tail)
             e, ptrs = self._prepare(key, flat, operands, operand_kw, given, call, values, keep, deferred,
-                                    {k: view(t, k) for k, t in out.items()}, rows_written)
+                                    {k: view(t, k) for k, t in out.items()}, rows_written, align=align)
             # The grouped class stores rows below the last offset only: zero the rest first. The
             # K-grouped kernel stores every row of every expert's block.
             self._run(e, ptrs, call.offsets.obj if call.offsets is not None else None, current_stream,
-                      zero=out if self.kind == "grouped" else None)
+                      zero=out if self.kind == "grouped" and tail else None, validate_offsets=validate_offsets)
         return self._shaped(call, out)
+
+    def _call_memo(self, e: Any, flat: tuple, current_stream: Any, validate_offsets: bool | None = None,
+                   tail: bool = True, shaped: bool = True) -> Any:
+        """``__call__`` of a memoised pattern ``e`` on the arguments ``flat`` (``pattern``'s order):
+        outputs allocated as the pattern's were, addresses checked, launched (``shaped`` False: the
+        outputs as allocated, a dict). None (nothing done) where an address fails its alignment:
+        the full path names what is wrong."""
+        torch = sys.modules["torch"]   # a memoised pattern is one of torch tensors
+        out = {name: (torch.empty(shape, dtype=dt, device=dev) if fill is None else
+                      torch.full(shape, fill, dtype=dt, device=dev)) for name, shape, dt, dev, fill in e.alloc}
+        ptrs = addresses(flat) + tuple([t.data_ptr() for t in out.values()])
+        ready = e.bufs.get(ptrs)        # these addresses launched before (the allocator reuses them)
+        if ready is None and not e.aligned(ptrs):
+            return None
+        self._run(e, ptrs, flat[e.offsets] if e.offsets is not None else None, current_stream,
+                  zero=out if self.kind == "grouped" and tail else None, validate_offsets=validate_offsets,
+                  ready=ready)
+        return self._shaped(e.call, out) if shaped else out
 
     def _shaped(self, call: Any, out: dict[str, Any]) -> TupleDict:
         if self.kind == "kgrouped":   # D_e blocks as (L, M, N)
             outs = {o.name for o in self.epilogue.outputs}
             out = {k: (v.view(call.l, call.m_out, call.n) if k in outs else v) for k, v in out.items()}
-        return TupleDict(**out)
+        return TupleDict.of(**out)
 
     def execute(self, *operands: Any, outputs: Mapping[str, Any], inputs: Mapping[str, Any] | None = None,
                 current_stream: Any = None, input_names: Mapping[str, str] | None = None,
@@ -289,17 +309,10 @@ class Op(PreparedLaunch):
             check()
         call = self._parse(operands, operand_kw)
         deferred: list = []
-        values, keep = self._inputs(given, call, deferred, input_names)
-        out: dict[str, Any] = {}
-        rows = self._rows if self.kind == "grouped" else ()
-        for name, (shape, store, _) in self.epilogue.buffers(*self._dims(call)).items():
-            x, nm = outputs.get(name), names.get(name, f"outputs[{name!r}]")
-            out[name] = (name in rows and pitched(x, nm, shape, store)) or native_output(x, nm, shape, store)
+        values, keep = self._inputs(given, call, deferred, input_names, align)
+        out = self.check_outputs(call, outputs, names)
         _check_overlap(out, names, call, [v for _, v, _ in deferred])
-        # C / D rows are written with 16-byte vector stores; scales and reductions by word.
-        aligns = [(names.get(k, f"outputs[{k!r}]"), v, 16 if k in self._rows else 4)
-                  for k, v in out.items()]
-        self._check_devices(call, deferred + aligns)
+        self._check_devices(call, deferred + self._aligns(out, names))
         if is_dry():
             return
         self.compile()
@@ -307,6 +320,22 @@ class Op(PreparedLaunch):
                                 outputs=outputs, align=align)
         self._run(e, ptrs, call.offsets.obj if call.offsets is not None else None, current_stream, reset=True,
                   validate_offsets=validate_offsets)
+
+    def check_outputs(self, call: Any, outputs: Mapping[str, Any], names: Mapping[str, str],
+                      required: bool = True) -> dict[str, Any]:
+        """Each buffer the epilogue writes for ``call``, checked against the layout the kernel
+        writes (shape, dtype, strides; ``required`` False: only those given), by spec name."""
+        out: dict[str, Any] = {}
+        rows = self._rows if self.kind == "grouped" else ()
+        for name, (shape, store, _) in self.epilogue.buffers(*self._dims(call)).items():
+            x, nm = outputs.get(name), names.get(name, f"outputs[{name!r}]")
+            if x is not None or required:
+                out[name] = (name in rows and pitched(x, nm, shape, store)) or native_output(x, nm, shape, store)
+        return out
+
+    def _aligns(self, out: Mapping[str, Any], names: Mapping[str, str]) -> list[tuple[str, Any, int]]:
+        # C / D rows are written with 16-byte vector stores; scales and reductions by word.
+        return [(names.get(k, f"outputs[{k!r}]"), v, 16 if k in self._rows else 4) for k, v in out.items()]
 
     # ---------------------------------------------------------------- operands, by kernel class
     def _parse(self, operands: tuple, kw: dict[str, Any]) -> Any:
@@ -332,17 +361,18 @@ class Op(PreparedLaunch):
             return call.n, call.l * call.m, 1
         return call.n, call.m, call.l
 
-    def _inputs(self, given: Mapping[str, Any], call: Any, deferred: list,
-                names: Mapping[str, str] | None = None) -> tuple[dict[str, int], list[Any]]:
+    def _inputs(self, given: Mapping[str, Any], call: Any, deferred: list, names: Mapping[str, str] | None = None,
+                align: Mapping[str, int] | None = None) -> tuple[dict[str, int], list[Any]]:
         """Validate the epilogue's inputs; their ABI slot values (and what must stay alive).
 
         Devices and addresses are collected into ``deferred`` as ``(name, view, alignment)``,
         checked with the operands' after every shape and dtype. ``names``: the caller's argument
-        name of each input in messages (a preset's ``alpha_tensor``); default ``inputs['alpha']``."""
+        name of each input in messages (a preset's ``alpha_tensor``); default ``inputs['alpha']``.
+        ``align``: alignments (bytes) stricter than the dtype's, by spec name."""
         r = self.epilogue
         w = self.widths(call.n)[0] if self.kind != "kgrouped" else call.n
         m = call.m
-        self._known_inputs(given)
+        self._known_inputs(given, names or {})
         values: dict[str, int] = {}
         keep: list[Any] = []
         for inp in r.inputs:
@@ -372,17 +402,25 @@ class Op(PreparedLaunch):
                 values["ld_c_in"] = v.strides[0]
             if inp.per in ("row", "expert"):
                 checks.unit_stride(v, name)
-            deferred.append((name, v, 2 if DTYPES[inp.dtype].itemsize == 2 else 4))
+            deferred.append((name, v, max(2 if DTYPES[inp.dtype].itemsize == 2 else 4, (align or {}).get(inp.name, 0))))
             values[inp.slot] = v.ptr
             keep.append(x)
         return values, keep
 
-    def _known_inputs(self, given: Mapping[str, Any]) -> None:
-        """Every name in ``given`` is an input the spec's epilogue declares."""
+    def _known_inputs(self, given: Mapping[str, Any], names: Mapping[str, str]) -> None:
+        """Every name in ``given`` is an input the spec's epilogue declares, and none is one this
+        variant built without (its dtype axis ``none``: silently dropping it would be wrong)."""
         extra = sorted(set(given) - {i.name for i in self.spec.epilogue.inputs})
         if extra:
             known = ", ".join(sorted(i.name for i in self.epilogue.inputs))
             raise ArgumentError(f"inputs[{extra[0]!r}]", "given", f"the epilogue's inputs: {known}")
+        for i in self.spec.epilogue.inputs:
+            x = given.get(i.name)
+            if x is not None and self.variant.choices.get(i.dtype) == "none":
+                name = names.get(i.name, f"inputs[{i.name!r}]")
+                got = repr(x) if isinstance(x, (int, float)) else view(x, name).dtype
+                raise ArgumentError(name, got, "None", f"this op was built with {i.dtype}=none (an input's presence "
+                                    "and dtype are fixed when the op is built)")
 
     def _check_devices(self, call: Any, more: list[tuple[str, Any, int]]) -> int:
         """Every operand and ``more`` on a_tensor's CUDA device at an aligned address (after all
@@ -419,7 +457,7 @@ class Op(PreparedLaunch):
         """
         from ..formats.numpy_dtypes import to_numpy
         from ..interpret import interpret
-        self._known_inputs(inputs or {})
+        self._known_inputs(inputs or {}, {})
         host = {k: (v if isinstance(v, (int, float)) else to_numpy(v)) for k, v in (inputs or {}).items()}
         names = positional_operands(self.kind)
         acc, offsets, m_rows = _ACCUMULATE[self.kind](self, dict(zip(names, _bind(names, operands, operand_kw))))

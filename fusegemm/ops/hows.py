@@ -13,6 +13,7 @@ how                 the argument
 ``bool``            True or False
 ``scheduler``       ``use_dynamic_sched``: ``dynamic`` or ``static``
 ``tensor_dtype``    a tensor's dtype, ``none`` without one
+``tensor_dtype_in`` the same, a dtype of the row's ``accepts`` (seed 001's bias)
 ``forward_dtype``   a required tensor's dtype (the forward's C a backward reads)
 ``prob_dtype``      seed 000's prob: float32 (also without one) or bfloat16
 ``weight_mode``     ``dense`` with the tensor, ``discrete`` (pointers) without
@@ -116,6 +117,15 @@ def _prob_dtype(v: Any, name: str, allowed: Any, bound: dict) -> str:
     return dtype
 
 
+def _tensor_dtype_in(v: Any, name: str, allowed: tuple, bound: dict) -> str:
+    if v is None:
+        return "none"
+    dtype = view(v, name).dtype
+    if dtype not in allowed:
+        raise ArgumentError(f"{name}.dtype", dtype, ", ".join(allowed))
+    return dtype
+
+
 def _tanh_clamp(v: Any, name: str, allowed: Any, bound: dict) -> Any:
     if v is None:
         return "none"
@@ -135,7 +145,8 @@ HOWS: dict[str, Callable[[Any, str, Any, dict], Any]] = {
     "value": lambda v, name, allowed, b: v,
     "pair": lambda v, name, allowed, b: None if v is None else checks.pair_arg(v, name),
     "ab_format": _ab_format, "sf_format": _sf_format, "sf_vec": _sf_vec, "b_format": _b_format,
-    "dense_b": _dense_b, "forward_dtype": _forward_dtype, "prob_dtype": _prob_dtype, "tanh_clamp": _tanh_clamp,
+    "tensor_dtype_in": _tensor_dtype_in, "dense_b": _dense_b, "forward_dtype": _forward_dtype,
+    "prob_dtype": _prob_dtype, "tanh_clamp": _tanh_clamp,
 }
 
 

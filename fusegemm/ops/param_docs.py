@@ -31,6 +31,8 @@ GPU = {
                   "columns with FADD2/FMUL2/FFMA2 (each lane the same correctly rounded operation: the results "
                   "are bit-identical to False); sm_90a has no packed FP32 and runs the scalar kernel.",
     "m_aligned": "256\nRow padding of every expert (fixed by the kernels).",
+    "arch": "str, optional\nThe arch to build for (``fusegemm.base.archs``); default the device's. A class built "
+            "for another arch checks its support and compiles, and refuses to run on this device.",
     "validate_offsets": "bool, optional\nCopy ``padded_offsets`` to the host and check them before the launch (a "
                         "sync; never during graph capture); default ``FUSEGEMM_VALIDATE_OFFSETS``.",
 }
@@ -53,6 +55,9 @@ _SFD_COL = "scale factors\nd_col's scales (one per 32 or 16 rows), as ``sfd_row_
 _AMAX = "(L, 1) float32\nPer-expert max |D| of a bf16/fp16 D"
 # The outputs of each block-scaled seed, by the seed's names (shapes as the wrappers return them).
 OUTPUTS = {
+    "grouped_gemm": {
+        "c_tensor": "(M, N) or (M, N, 1), optional\nC = alpha * A B^T (+ prob * bias) in ``c_dtype`` (with generate_c)",
+        "d_tensor": "(M, N) or (M, N, 1)\nD in ``d_dtype``"},
     "grouped_gemm_srelu": {
         "c_tensor": "(M, N) or (M, N, 1)\nC = alpha * A B^T (+ bias) in ``c_dtype``, before the activation",
         "d_tensor": "(M, N) or (M, N, 1)\nD = prob * relu(C)^2 in ``d_dtype`` (FP8/FP4: quantized with sfd_row)",

@@ -93,25 +93,6 @@ def is_dry() -> bool:
     return getattr(_dry, "on", False)
 
 
-def signature(args: tuple) -> tuple | None:
-    """(dtype, shape, strides, device) of every argument, or None unless all are torch tensors
-    (or None): the key under which a full validation is memoised. About 0.3 us per tensor:
-    it runs on every call of the host fast path."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    tensor = torch.Tensor
-    out = []
-    for x in args:
-        if x is None:
-            out.append(None)
-        elif isinstance(x, tensor):
-            out.append((x.dtype, x.shape, x.stride(), x.get_device()))
-        else:
-            return None
-    return tuple(out)
-
-
 def pattern(operands: tuple, kw: Mapping[str, Any], inputs: Mapping[str, Any],
             outputs: Mapping[str, Any] | None) -> tuple[Any, tuple]:
     """(key, flat) of an op call: ``flat`` every argument in call order (positional operands,
@@ -134,8 +115,8 @@ def flat_signature(flat: tuple) -> tuple | None:
         return None
     tensor = torch.Tensor
     try:
-        return tuple([(x.dtype, x.shape, x.stride(), x.get_device()) if type(x) is tensor else _plain(x)
-                      for x in flat])
+        return tuple([(x.dtype, x.shape, x.stride(), x.get_device()) if type(x) is tensor else
+                      None if x is None else _plain(x) for x in flat])
     except _NotPlain:
         return None
 
@@ -226,9 +207,6 @@ class OpCache:
         # verification of fusegemm/verify.py runs selftest cases through the public wrappers
         # while the first op is being compiled); a plain Lock deadlocks there.
         self._lock = threading.RLock()
-        # The wrappers' host fast path: (argument signature, options) -> what their full path
-        # resolved (op, launch entry, output shapes). Lives and dies with the ops it names.
-        self.fast: dict[Hashable, Any] = {}
 
     def get_or_create(self, key: Hashable, make: Callable[[], Any]) -> Any:
         op = self._ops.get(key)
@@ -249,4 +227,3 @@ class OpCache:
     def clear(self) -> None:
         with self._lock:
             self._ops.clear()
-            self.fast.clear()

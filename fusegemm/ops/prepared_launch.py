@@ -21,6 +21,7 @@ from ..runtime import tensors as _tensors
 from ..runtime.tensors import TensorView, view
 from . import device as _device
 from . import tail as _tail
+from .arg_checks import row_pitch_aligned
 from .grouped_operands import shape_of
 from .kgrouped_operands import KCall
 from .loaded_kernel import LoadedKernel
@@ -217,8 +218,10 @@ def pitched(x: Any, name: str, shape: tuple[int, ...], store: str) -> Any:
     dims = v.shape[:2] if v.ndim == 3 and v.shape[2] == 1 else v.shape
     if v.dtype != store or tuple(dims) != tuple(shape) or len(shape) != 2 or v.strides[1] != 1:
         return None
-    if v.strides[0] < shape[1] or (v.strides[0] * v.itemsize) % 16:
+    if v.strides[0] < shape[1]:
         return None
+    # Rows are stored with 16-byte vector stores: a pitch that breaks that is named as such.
+    row_pitch_aligned(v.strides[0], v.itemsize, f"{name}.stride[0]")
     return TensorView(v.ptr, tuple(shape), (v.strides[0], 1), v.dtype, v.device, v.obj)
 
 

@@ -36,23 +36,32 @@ from .scaled_operands import FAMILIES, parse_batched
 VALIDATION_ARCH = "sm_100a"
 _OPS = OpCache()
 _ROWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # op -> its row buffers' dtypes
+_AS_IS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # op -> 2-D outputs need no reshaping
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
-def _op(spec: str, a_tensor: Any, e5m2_rcp_max: str, axes: dict[str, Any]) -> Op:
+def _op(spec: str, a_tensor: Any, e5m2_rcp_max: str, axes: dict[str, Any], arch: str | None = None) -> Op:
     """The cached op of this configuration on a_tensor's device (compiled on its first launch):
-    a :class:`BlockScaledGemm` for the block-scaled families, an :class:`Op` otherwise."""
+    a :class:`BlockScaledGemm` for the block-scaled families, an :class:`Op` otherwise. ``arch``:
+    the arch to build for (default the device's)."""
     from .device import device_arch
     from ..generator import registry
     a = view(a_tensor, "a_tensor")
     device = a.device[1] if a.is_cuda else 0
-    arch = device_arch(device) if a.is_cuda else VALIDATION_ARCH
+    arch = arch or (device_arch(device) if a.is_cuda else VALIDATION_ARCH)
     row = registry.lookup(spec, arch)
     if row is not None:   # what this arch runs the axes as (sm_90a: vector_f32 as scalar): one op
         axes = row.canonical(axes)
     key = (spec, arch, device, e5m2_rcp_max, tuple(sorted(axes.items())))
     cls = BlockScaledGemm if spec in FAMILIES else Op
     return _OPS.get_or_create(key, lambda: cls(spec, arch=arch, device=device, e5m2_rcp_max=e5m2_rcp_max, **axes))
+
+
+def device_arch_of(a_tensor: Any) -> str:
+    """The arch of a_tensor's device (``VALIDATION_ARCH`` off the GPU)."""
+    from .device import device_arch
+    a = view(a_tensor, "a_tensor")
+    return device_arch(a.device[1]) if a.is_cuda else VALIDATION_ARCH
 
 
 _LAID_OUT: weakref.WeakSet = weakref.WeakSet()
@@ -71,14 +80,21 @@ def _torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def shape_out(out: dict[str, Any], op: Op, a: TensorView, sfa_tensor: Any) -> dict[str, Any]:
-    """The engine's outputs (by spec name) in the seed's layout for an A of view ``a``."""
-    flat = a.ndim == 2
+def shape_out(out: dict[str, Any], op: Op, a_tensor: Any, sfa_tensor: Any,
+              flat: bool | None = None) -> dict[str, Any]:
+    """The engine's outputs (by spec name) in the seed's layout for ``a_tensor`` (``flat``: whether
+    it is 2-D, when the caller knows)."""
+    if flat is None or op.kind == "batched":
+        a = view(a_tensor, "a_tensor")
+        flat = a.ndim == 2
     dtypes = _ROWS.get(op)
     if dtypes is None:                                       # the row buffers' dtypes, once per op
         outs = op.epilogue.outputs
         dtypes = _ROWS[op] = {**{o.name: o.dtype for o in outs},
                               **{o.quantize.col: o.dtype for o in outs if o.quantize is not None and o.quantize.col}}
+        _AS_IS[op] = op.kind != "batched" and not any(o.quantize is not None or o.dtype in _FP8 for o in outs)
+    if flat and _AS_IS[op]:   # 2-D rows of non-FP8 outputs, no SF: the engine's layout is the seed's
+        return out if type(out) is dict else dict(out)
     if op.kind == "batched":
         return _batched_out(out, a, dtypes["c"], op.variant.cd_major)
     shaped: dict[str, Any] = {}

@@ -279,7 +279,7 @@ def test_one_grouped_gemm_op_from_8_threads_on_8_streams(mode):
     name the stream, odd ones set it current): every D must equal its own reference."""
     from test_grouped_gemm_gpu import check, make_problem, reference
 
-    from fusegemm.ops.grouped_gemm import GroupedGemm
+    from fusegemm.presets import GroupedGemm
     discrete = mode == "discrete"
     pbs = [make_problem([256, 0, 512, 256], 256, 192, discrete=discrete, canonical=True, seed=40 + i)
            for i in range(THREADS)]

@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch") if __name__ != "__main__" else __import__("torch")
 
-from fusegemm.ops.grouped_gemm import GroupedGemm, grouped_gemm  # noqa: E402
+from fusegemm.presets import GroupedGemm, grouped_gemm  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -292,10 +292,10 @@ def test_wrapper_matches_class_and_caches():
     valid_m = sum(pb["sizes"])
     check(c[:valid_m], rc, scale, "float32", valid_m, "wrapper C")
     check(d[:valid_m], rd, scale, "bfloat16", valid_m, "wrapper D")
-    from fusegemm.ops.grouped_gemm import _ops
-    before = len(_ops())
+    from fusegemm.ops.scaled_seeds import _OPS
+    before = len(_OPS._ops)
     grouped_gemm(**pb["args"], generate_c=True, c_dtype=torch.float32)
-    assert len(_ops()) == before, "a second identical call must reuse the compiled op"
+    assert len(_OPS._ops) == before, "a second identical call must reuse the compiled op"
 
 
 def test_wrapper_with_discrete_weights_of_another_n():
@@ -434,7 +434,7 @@ def test_host_time_per_execute(record_property, monkeypatch):
                               args["b_tensor"], None, args["prob_tensor"])
     us = _host_us(call)
     # Breakdown: the same calls with the entry's prepared driver launch replaced by a no-op.
-    entries = list(op._op._memo.values())   # the engine's memo of this call pattern
+    entries = list(op.op._memo.values())   # the engine's memo of this call pattern
     assert entries and all(e.go is not None for e in entries)
     for e in entries:
         monkeypatch.setattr(e, "go", lambda *a: None)

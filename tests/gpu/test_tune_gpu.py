@@ -41,13 +41,14 @@ def test_tune_measures_every_configuration_and_records_the_best(cache):
         assert res.best == res.fastest and res.ms[res.default.label] > res.ms[res.best.label] * 1.05
     assert res.path is not None and res.path.is_file() and res.path.parent == cache / "tuned"
     tuning_records.forget()                                # read back from the file
-    from fusegemm.ops.grouped_gemm import _device_identity
+    from fusegemm.ops.tuned import _device_identity
     arch, name = _device_identity(0)
     assert tuning_records.lookup("grouped_gemm", arch, name, res.bucket) == res.best
 
 
 def test_the_wrapper_launches_the_recorded_configuration(cache):
-    from fusegemm.ops import grouped_gemm as gg
+    from fusegemm.ops import faces, scaled_seeds
+    from fusegemm.ops import tuned as gg
     arch, name = gg._device_identity(0)
     sizes = [300, 0, 512, 200]
     padded = [-(-s // 256) * 256 for s in sizes]
@@ -55,35 +56,43 @@ def test_the_wrapper_launches_the_recorded_configuration(cache):
     bucket = tuning_records.Bucket.of(experts=4, m_rows=m, n=n, k=k)
     tuning_records.write(tuning_records.record_file("grouped_gemm", arch, name), bucket.key,
                          {"tile": [64, 128], "dynamic": True})
-    gg._ops().fast.clear()
+    faces._RESOLVED.clear()
     g = torch.Generator(device="cuda").manual_seed(3)
     a = torch.randn(m, k, generator=g, device="cuda").bfloat16()
     b = torch.randn(4, n, k, generator=g, device="cuda").bfloat16()
     off = torch.tensor(padded, device="cuda").cumsum(0).to(torch.int32)
     alpha = torch.rand(4, generator=g, device="cuda") + 0.5
-    before = set(gg._ops()._ops)
+    before = set(scaled_seeds._OPS._ops)
     d = fusegemm.grouped_gemm(a, off, alpha, b_tensor=b)["d_tensor"]
-    new = set(gg._ops()._ops) - before
-    assert any(key[8] == (64, 128) and key[7] is True for key in set(gg._ops()._ops)), new
+    new = set(scaled_seeds._OPS._ops) - before
+    assert any(_tile(key) == (64, 128) and dict(key[4])["scheduler"] == "dynamic"
+               for key in set(scaled_seeds._OPS._ops)), new
     torch.testing.assert_close(d.float(), _reference(a, b, alpha, padded), rtol=1e-2, atol=1e-2)
     # A pinned configuration ignores the record.
-    before = set(gg._ops()._ops)
+    before = set(scaled_seeds._OPS._ops)
     fusegemm.grouped_gemm(a, off, alpha, b_tensor=b, mma_tiler_mn=(128, 256))
-    assert all(key[8] == (128, 256) for key in set(gg._ops()._ops) - before)
+    assert all(_tile(key) == (128, 256) for key in set(scaled_seeds._OPS._ops) - before)
+
+
+def _tile(key: tuple) -> tuple:
+    """The tile of a preset op's cache key (spec, arch, device, e5m2 rule, its axes)."""
+    axes = dict(key[4])
+    return axes.get("tile_m"), axes.get("tile_n")
 
 
 def test_first_call_tuning_records_the_calls_bucket_and_matches_the_reference(cache, monkeypatch):
     """FUSEGEMM_AUTOTUNE=1: the first wrapper call of an untuned bucket tunes it (a record lands
     in the cache under the call's own bucket), launches the winner, and the output equals the
     reference; a call of another argument signature in the same bucket does not tune again."""
-    from fusegemm.ops import grouped_gemm as gg
+    from fusegemm.ops import faces, scaled_seeds
+    from fusegemm.ops import tuned as gg
     monkeypatch.setenv("FUSEGEMM_AUTOTUNE", "1")
     tune._first_done.clear()
     measured = []
     real = tune.tune
     monkeypatch.setattr(tune, "tune", lambda *a, **kw: measured.append(kw["bucket"].key) or
                         real(*a, **{**kw, "rounds": 1, "iters": 2, "warmup": 1}))
-    gg._ops().fast.clear()
+    faces._RESOLVED.clear()
     arch, name = gg._device_identity(0)
     sizes = [300, 0, 700]                       # 3 experts, 1280 rows: bucket of 512 rows per expert
     padded = [-(-s // 256) * 256 for s in sizes]

@@ -40,12 +40,14 @@ def unexecuted_arch(monkeypatch, cache_dir):
     """The device's arch marked unexecuted, a fresh gate and op cache; the checks counted."""
     from fusegemm import verify
     from fusegemm.base import archs
-    from fusegemm.ops import grouped_gemm as op
+    from fusegemm.ops import faces
+    from fusegemm.ops import scaled_seeds as op
     from fusegemm.ops.device import device_arch
     arch = device_arch(0)
     monkeypatch.setitem(archs.ARCHS, arch, dataclasses.replace(archs.ARCHS[arch], executed=False))
     monkeypatch.setattr(verify, "_verified", set())
-    monkeypatch.setattr(op, "_OPS", None)
+    monkeypatch.setattr(op, "_OPS", type(op._OPS)())
+    monkeypatch.setattr(faces, "_RESOLVED", {})
     monkeypatch.setattr(verify, "RUNNER_PATH", (PLANTS,))
     checks = []
     real = verify.check_class

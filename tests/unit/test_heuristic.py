@@ -55,7 +55,7 @@ def test_every_choice_is_implemented_and_compiles_clean(tmp_path, monkeypatch):
 
 
 def test_the_wrapper_uses_the_model_on_sm100a_only(tmp_path, monkeypatch):
-    from fusegemm.ops import grouped_gemm as gg
+    from fusegemm.ops import tuned as gg
     monkeypatch.setenv("FUSEGEMM_CACHE_DIR", str(tmp_path))
     tuning_records.forget()
     small = SimpleNamespace(l=8, m=8 * 512, n=4096, k=7168, bias=None, b_ptrs=None)

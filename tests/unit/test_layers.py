@@ -268,7 +268,7 @@ def test_nothing_imports_the_package_root(tmp_path):
      ("fusegemm.generator", "fusegemm.ops", "fusegemm.pipeline")),
     ("fusegemm.base.errors, fusegemm.base.dtypes, fusegemm.base.archs, fusegemm.base.contract, fusegemm.base.hooks",
      ("fusegemm.generator", "fusegemm.runtime", "fusegemm.ops", "fusegemm.verify", "fusegemm.tune", "numpy")),
-    ("fusegemm.ops.loaded_kernel, fusegemm.ops.grouped_gemm",
+    ("fusegemm.ops.loaded_kernel, fusegemm.presets",
      ("fusegemm.verify", "fusegemm.selftest", "fusegemm.tune", "fusegemm.cli")),
 ])
 def test_each_layer_imports_alone(modules, forbidden):

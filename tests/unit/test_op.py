@@ -289,21 +289,26 @@ def test_grouped_gemm_class_writes_the_seed_inputs_through_the_spec_slots(tmp_pa
     that declared another row input before prob moves prob to the second row slot; one without
     prob is refused before any pointer is written."""
     from fusegemm.generator.spec import load_spec as load
-    from fusegemm.ops import grouped_gemm as gg
+    import fusegemm.generator.spec as spec_mod
+    from fusegemm import presets
+    from fusegemm.ops import scaled_seeds
     text = (SPECS / "grouped_gemm.yaml").read_text()
     moved = text.replace("    prob: {per: row, default: 1.0}", "    gate: {per: row, default: 1.0}\n"
                          "    prob: {per: row, default: 1.0}").replace("- g = alpha * acc", "- g = alpha * acc * gate")
     (tmp_path / "grouped_gemm.yaml").write_text(moved)
-    monkeypatch.setattr(gg, "_spec", lambda: load(tmp_path / "grouped_gemm.yaml"))
+    real_find = spec_mod.find_spec
+    monkeypatch.setattr(spec_mod, "find_spec", lambda name: load(tmp_path / "grouped_gemm.yaml")
+                        if name == "grouped_gemm" else real_find(name))
+    monkeypatch.setattr(scaled_seeds, "_OPS", type(scaled_seeds._OPS)())    # ops of the edited spec only
     monkeypatch.setattr("fusegemm.ops.loaded_kernel.LoadedKernel.build", classmethod(lambda cls, v, d: _Launcher()))
     monkeypatch.setattr("fusegemm.ops.tail.prepare", lambda device: True)
     a = torch.zeros((512, 64), dtype=torch.bfloat16)
     b = torch.zeros((2, 256, 64), dtype=torch.bfloat16)
     off = torch.tensor([256, 512], dtype=torch.int32)
     alpha, prob = torch.ones(2), torch.ones(512)
-    monkeypatch.setattr(gg, "parse_call", _no_devices(gg.parse_call))
-    op = gg.GroupedGemm(a, None, None, off, alpha, b, arch="sm_90a").compile()
-    engine = op._op
+    monkeypatch.setattr("fusegemm.ops.arg_checks.require_cuda", lambda v, n: 0)
+    op = presets.GroupedGemm(a, None, None, off, alpha, b, arch="sm_90a").compile()
+    engine = op.op
     assert {i.name: i.slot for i in engine.spec.epilogue.inputs} == {"alpha": "alpha", "gate": "prob",
                                                                      "prob": "row_scale", "bias": "bias"}
     call = engine._parse((a, off, b), {})
@@ -314,14 +319,9 @@ def test_grouped_gemm_class_writes_the_seed_inputs_through_the_spec_slots(tmp_pa
     assert "prob" not in values      # gate: absent, its default (a null pointer) applies
     (tmp_path / "grouped_gemm.yaml").write_text(text.replace("prob:", "gate:").replace("prob *", "gate *")
                                                 .replace("prob)", "gate)").replace("+ prob", "+ gate"))
+    monkeypatch.setattr(scaled_seeds, "_OPS", type(scaled_seeds._OPS)())
     with pytest.raises(UnsupportedError, match="the seed's prob_tensor has no epilogue input 'prob'"):
-        gg.GroupedGemm(a, None, None, off, alpha, b, arch="sm_90a").compile()
-
-
-def _no_devices(parse):
-    def run(*a, **kw):
-        return parse(*a, **{**kw, "devices": False})
-    return run
+        presets.GroupedGemm(a, None, None, off, alpha, b, arch="sm_90a").compile()
 
 
 # ---------------------------------------------------------------- the host fast path

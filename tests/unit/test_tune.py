@@ -76,15 +76,16 @@ def test_a_read_only_cache_keeps_the_record_in_the_process(cache, monkeypatch):
 
 
 def test_the_wrapper_uses_the_record_of_its_bucket(cache, monkeypatch):
-    from fusegemm.ops import grouped_gemm as gg
+    from fusegemm.ops import tuned as gg
     monkeypatch.setattr(gg, "_device_identity", lambda device: ("sm_90a", "NVIDIA H200"))
     call = SimpleNamespace(l=8, m=16384, n=4096, k=7168, bias=None, b_ptrs=None)
     assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, False, None)            # no record: the default
     b = tuning_records.Bucket.of(experts=8, m_rows=16384, n=4096, k=7168)
-    gg._ops().fast["memoised call"] = "its configuration"
+    from fusegemm.ops import faces
+    faces._RESOLVED["memoised call"] = "its configuration"
     tuning_records.write(tuning_records.record_file("grouped_gemm", "sm_90a", "NVIDIA H200"), b.key,
                          {"tile": [64, 256], "dynamic": True})
-    assert "memoised call" not in gg._ops().fast      # the store told the wrapper: calls re-resolve
+    assert "memoised call" not in faces._RESOLVED     # the store told the wrapper: calls re-resolve
     assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), True, None)
     assert gg._tuned(call, 0, "bfloat16", "bfloat16", "k") == (None, False, None)     # with C: another bucket
 
@@ -105,7 +106,7 @@ def test_cli_without_a_gpu_exits_3(monkeypatch):
 def first(cache, monkeypatch):
     """The wrapper's configuration choice on a fake H200 with FUSEGEMM_AUTOTUNE=1 and tune()
     replaced by a recorder (the measuring runs on the H200: tests/gpu/test_tune_gpu.py)."""
-    from fusegemm.ops import grouped_gemm as gg
+    from fusegemm.ops import tuned as gg
     from fusegemm.runtime import tensors
     monkeypatch.setattr(gg, "_device_identity", lambda device: ("sm_90a", "NVIDIA H200"))
     monkeypatch.setattr(gg, "resolve_stream", lambda stream, device: 7 if stream is None else stream)

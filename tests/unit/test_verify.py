@@ -243,7 +243,7 @@ def test_op_compile_runs_the_gate_before_loading(gate, monkeypatch, session_cach
     torch = pytest.importorskip("torch")
     from fusegemm import pipeline
     from fusegemm.ops import arg_checks as checks
-    from fusegemm.ops.grouped_gemm import GroupedGemm
+    from fusegemm.presets import GroupedGemm
     from fusegemm.runtime import load
     real_get = pipeline.get_kernel
     monkeypatch.setattr(checks, "require_cuda", lambda v, n: 0)
@@ -259,7 +259,7 @@ def test_op_compile_runs_the_gate_before_loading(gate, monkeypatch, session_cach
                      torch.ones(512, 1, 1), arch="sm_100a")
     with pytest.raises(UnverifiedError, match="grouped_gemm failed its first-run verification on sm_100a"):
         op.compile()
-    assert op._op is None and len(runs) == 1 and runs[0][1] == -1    # CPU tensors: device -1
+    assert op.op._launcher is None and len(runs) == 1 and runs[0][1] == 0    # CPU samples: the default device
     assert runs[0][0].ctas == 2 and runs[0][0].tile == (256, 256)
 
 
