@@ -261,3 +261,27 @@ def test_a_spec_names_its_kernel_class(tmp_path):
     for arch in ("sm_90a", "sm_100a"):
         a, b = (render(make_variant(s, arch=arch)).text for s in (spec, load_spec(other)))
         assert a == b
+
+
+@pytest.mark.parametrize("spec", ["grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu"])
+def test_families_of_a_class_build_one_kernel(spec, tmp_path):
+    """A family is a name for its class's kernel: the seed spec of each block-scaled family,
+    loaded as each other family of the class (or the class), renders the same source but for the
+    family named in its header comment (and the symbol, which hashes the text), and accepts and
+    refuses the same axes."""
+    from fusegemm.generator.spec import load_spec
+    s = find_spec(spec)
+    text = open(s.path).read()
+    assert f"kernel: {spec}\n" in text
+    for other in ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "scaled"):
+        path = tmp_path / other / f"{spec}.yaml"
+        path.parent.mkdir()
+        path.write_text(text.replace(f"kernel: {spec}\n", f"kernel: {other}\n"))
+        t = load_spec(str(path))
+        for arch in ("sm_100a", "sm_90a"):
+            srcs = [render(make_variant(x, arch=arch)) for x in (s, t)]
+            a, b = (src.text.replace(src.symbol, "SYMBOL").replace(f"kernel family {x.kernel},", "kernel family F,")
+                    for src, x in zip(srcs, (s, t)))
+            assert a == b, (spec, other, arch)
+            rows = [registry.lookup(x.kernel, arch) for x in (s, t)]
+            assert rows[0].axes_for(s.epilogue.axes_read()) == rows[1].axes_for(t.epilogue.axes_read())
