@@ -49,10 +49,10 @@ def spec_info(s: Any, prebuild: list[str] | None = None) -> dict[str, Any]:
         row = registry.lookup(s.kernel, arch)
         impls[arch] = {"status": registry.status(s.kernel, arch)} if row is None else {
             "status": row.status, "template": row.template, "kernel": row.kernel, "rule": row.rule,
-            "source_axes": list(row.source_axes),
+            "source_axes": list(row.axes_for(s.epilogue.axes_read())),
             "limits": [{"axis": l.axis, "values": list(l.values), "because": l.because, "when": dict(l.when),
                         "condition": l.condition()} for l in row.limits],
-            "defaults": dict(row.defaults),
+            "defaults": dict(registry.policy(arch).defaults_for(row.kernel_class)),
             "runs_as": [{"axis": r.axis, "value": r.value, "runs_as": r.runs_as, "because": r.because}
                         for r in row.runs_as]}
     return {

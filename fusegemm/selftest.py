@@ -567,7 +567,7 @@ def all_classes(arch: str, families: tuple[str, ...] | None = None) -> list[Any]
             try:
                 variant = make_variant(spec, arch=arch, **choice)
                 registry.resolve(fam, arch, variant.choices)
-                if row.operands in ("scaled", "batched"):
+                if row.kernel_class in ("scaled", "batched"):
                     check_layouts(_Shim(spec, arch, variant))
             except UnsupportedError:
                 continue

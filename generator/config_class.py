@@ -22,12 +22,13 @@ class ConfigClass:
     family, arch : str
         The kernel family (a spec's ``kernel``) and the arch.
     kind : str
-        The kernel class (``grouped``, ``kgrouped``, ``scaled``, ``batched``): the registry row's
-        ``operands``.
+        The family's kernel class (``grouped``, ``kgrouped``, ``scaled``, ``batched``;
+        ``registry.kernel_class``).
     tile, cluster : (int, int)
         The MMA tile (M, N) and the cluster (M, N).
     ctas : int
-        CTAs per MMA tile: 2 for the sm_100a kernels' 256-row tiles (``cta_group::2``).
+        CTAs per MMA tile: 2 for the sm_100a kernels' 256-row tiles (``cta_group::2``; the
+        arch's registry policy).
     scheduler : str
         ``static`` or ``dynamic``.
     majors : (str, str)
@@ -87,18 +88,12 @@ class ConfigClass:
                       "majors": tuple(d["majors"]), "recipe": tuple(d["recipe"])})
 
 
-def cta_group(arch: str, tile_m: int) -> int:
-    """CTAs per MMA tile of ``arch``'s kernels at ``tile_m`` (what their contracts export as
-    ``ctas_per_tile``; the gate passes the contract's own)."""
-    return 2 if arch == "sm_100a" and tile_m == 256 else 1
-
-
 def config_class(variant: Any, ctas: int | None = None) -> ConfigClass:
-    """The configuration class of ``variant`` (``ctas``: its kernel's ``ctas_per_tile``)."""
-    row = registry.lookup(variant.kernel, variant.arch)
-    kind = row.operands if row is not None else "grouped"
+    """The configuration class of ``variant`` (``ctas``: its kernel's ``ctas_per_tile``, which
+    the gate passes; else the arch's policy says)."""
     return ConfigClass(
-        family=variant.kernel, arch=variant.arch, kind=kind, tile=(variant.tile_m, variant.tile_n),
-        cluster=(variant.cluster_m, variant.cluster_n), ctas=ctas or cta_group(variant.arch, variant.tile_m),
+        family=variant.kernel, arch=variant.arch, kind=registry.kernel_class(variant.kernel),
+        tile=(variant.tile_m, variant.tile_n), cluster=(variant.cluster_m, variant.cluster_n),
+        ctas=ctas or registry.policy(variant.arch).ctas_per_tile(variant.tile_m),
         scheduler=variant.scheduler, majors=(variant.a_major, variant.b_major),
         recipe=(variant.ab_dtype, variant.sf_dtype, variant.sf_vec_size), weights=variant.weight_mode)

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 from ..base.dtypes import short
 from ..base.errors import UnsupportedError
 from .axes import AXES, NEUTRAL
-from .registry import lookup
+from .registry import lookup, policy
 from .spec import Spec, check_choice, find_spec
 
 
@@ -128,11 +128,12 @@ def _build(spec: Spec, choice: dict[str, Any]) -> Variant:
 
 def default_choice(spec: Spec, arch: str) -> dict[str, Any]:
     """The default of every axis on ``arch``: the spec's (the op's defaults), then those the
-    arch's kernel prefers (registry row ``defaults``, where the spec offers that value)."""
+    arch's kernel prefers (the arch's registry policy for the kernel class, where the spec
+    offers that value)."""
     choice = {**dict(spec.defaults), "arch": arch}
     row = lookup(spec.kernel, arch)
     offered = spec.choice_map
-    for axis, value in (row.defaults if row is not None else ()):
+    for axis, value in (policy(arch).defaults_for(row.kernel_class) if row is not None else ()):
         if axis in offered and value in offered[axis]:
             choice[axis] = value
     return choice

@@ -1,9 +1,10 @@
 """The one arch table: the GPU architectures fusegemm compiles for.
 
-Adding an architecture is a row here, its rows in ``generator/registry.py`` (which kernel each
-family runs there) and its headers under ``templates/include/fusegemm/<headers>/``; everything
-else (NVRTC targets, the CLI's ``--arch``, ``FUSEGEMM_ARCHS``, device dispatch, spec surfaces,
-the first-run verification gate) reads this table.
+Adding an architecture is a row here, its rows and policy in ``generator/registry.py`` (which
+kernel each kernel class runs there) and its headers under
+``templates/include/fusegemm/<headers>/``; everything else (NVRTC targets, the CLI's ``--arch``,
+``FUSEGEMM_ARCHS``, device dispatch, spec surfaces, the first-run verification gate) reads this
+table.
 """
 from __future__ import annotations
 

@@ -60,15 +60,11 @@ RCP_MAX = {"float8_e4m3fn": 1.0 / 448.0, "float4_e2m1fn_x2": 1.0 / 6.0}
 E5M2_RCP_MAX = {"page": 1.0 / 57344.0, "nvidia": 1.0 / 128.0}
 
 
-def kernel_class(family: str, arch: str = "sm_90a") -> str:
+def kernel_class(family: str) -> str:
     """``grouped``, ``kgrouped``, ``scaled`` or ``batched``: the operands ``family``'s kernel
-    reads (its registry row's ``operands``; any arch's row where ``arch`` has none)."""
+    reads (``registry.kernel_class``; the faces ask here)."""
     from ..generator import registry
-    row = registry.lookup(family, arch) or next((r for r in registry.ROWS if r.family == family), None)
-    if row is None:
-        raise UnsupportedError(f"kernel family {family!r} has no kernel; families: "
-                               f"{', '.join(registry.families())}")
-    return row.operands
+    return registry.kernel_class(family)
 
 
 class Op(PreparedLaunch):
@@ -104,7 +100,7 @@ class Op(PreparedLaunch):
         args.choice(e5m2_rcp_max, "e5m2_rcp_max", tuple(E5M2_RCP_MAX))
         self.device = device
         self.arch = arch or _device.device_arch(device)
-        self.kind = kernel_class(self.spec.kernel, self.arch)
+        self.kind = kernel_class(self.spec.kernel)
         self.variant = make_variant(self.spec, arch=self.arch, **axes)
         self.epilogue = self.spec.epilogue.resolve(self.variant.choices)
         self._rows = self.epilogue.row_buffers()

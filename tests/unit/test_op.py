@@ -78,15 +78,15 @@ def _launch(op, call, values, out):
 
 
 def test_every_family_has_a_kernel_class():
-    """The class is the registry row's: from its template and the problem the family solves, the
-    same on every arch that has the family."""
+    """The class is the registry's: every arch's row of the family is a row of that class, with
+    the class's template, and the family solves the class's problem."""
     want = {"grouped": ("grouped_gemm.cu.j2", "grouped"), "kgrouped": ("grouped_gemm.cu.j2", "kgrouped"),
             "scaled": ("blockscaled_gemm.cu.j2", "grouped"), "batched": ("blockscaled_gemm.cu.j2", "batched")}
     seen = set()
     for family in registry.families():
         kind = kernel_class(family)
-        rows = [r for r in registry.ROWS if r.family == family]
-        assert {r.operands for r in rows} == {kind}, family
+        rows = [registry.lookup(family, arch) for arch in ("sm_100a", "sm_90a")]
+        assert {r.kernel_class for r in rows} == {kind} and {r.template for r in rows} == {rows[0].template}, family
         assert (rows[0].template, registry.problem_of(family)) == want[kind], family
         seen.add(kind)
     assert seen == set(want)

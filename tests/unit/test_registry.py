@@ -1,6 +1,8 @@
-"""The registry of what is implemented (generator/registry.py): every row's declared facts are
-true of the templates it renders, every seed spec's defaults and prebuild list land on a row,
-and adding an arch touches only the arch table, the registry and the headers."""
+"""The registry of what is implemented (generator/registry.py): one row per (kernel class, arch)
+and one policy per arch; every row's declared facts are true of the templates it renders for
+every spec of its class, every family resolves to its class's row, every seed spec's defaults
+and prebuild list land on a row, and adding an arch touches only the arch table, the registry
+and the headers."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,9 +20,8 @@ from fusegemm.generator.spec import find_spec, list_specs
 from fusegemm.generator.variants import default_choice, make_variant
 
 SPECS = [p.stem for p in list_specs()]
-# The seed spec of each family (named after it; user-style specs such as grouped_gemm_swiglu
-# share a family but read fewer of its axes).
-SPEC_OF = {find_spec(s).kernel: s for s in SPECS if find_spec(s).kernel == s}
+FAMILY_CLASS = {"grouped_gemm": "grouped", "grouped_gemm_wgrad": "kgrouped", "gemm_amax": "batched",
+                "grouped_gemm_srelu": "scaled", "grouped_gemm_quant": "scaled", "grouped_gemm_dswiglu": "scaled"}
 
 
 def _alternatives(axis: str, value):
@@ -33,13 +34,15 @@ def _alternatives(axis: str, value):
     return [x for x in a.allowed if x != value and x != "none"] or [x for x in a.allowed if x != value]
 
 
-@pytest.mark.parametrize("row", registry.ROWS, ids=lambda r: f"{r.family}.{r.arch}")
-def test_source_axes_are_exactly_the_axes_that_change_the_source(row):
-    """Render the row's default variant with each axis changed (bypassing the spec, so axes
-    with one declared value are tested too): the source changes iff the row declares the axis.
-    A wrong declaration would let `--variant` accept an axis that changes nothing, or refuse
-    one that does."""
-    base = make_variant(SPEC_OF[row.family], arch=row.arch)
+@pytest.mark.parametrize("spec,arch", [(s, a) for s in SPECS for a in find_spec(s).choice_map["arch"]])
+def test_source_axes_are_exactly_the_axes_that_change_the_source(spec, arch):
+    """Render every spec's default variant on each arch with each axis changed (bypassing the
+    spec, so axes with one declared value are tested too): the source changes iff the axis is
+    its class row's or one the spec's epilogue reads (``axes_for``). A wrong declaration would
+    let `--variant` accept an axis that changes nothing, or refuse one that does."""
+    s = find_spec(spec)
+    row = registry.lookup(s.kernel, arch)
+    base = make_variant(s, arch=arch)
     ref = render(base).digest
     changes = {}
     for axis in AXES:
@@ -52,10 +55,10 @@ def test_source_axes_are_exactly_the_axes_that_change_the_source(row):
             except (ValueError, UnsupportedError):
                 continue   # e.g. an sf_dtype with no scale type, or a value outside the row's limits
         changes[axis] = any(d != ref for d in digests)
-    assert {a for a, changed in changes.items() if changed} == set(row.source_axes)
+    assert {a for a, changed in changes.items() if changed} == set(row.axes_for(s.epilogue.axes_read()))
     # The cluster reaches only the sm_90a BF16 kernel's source (its 1x1 build has no cluster
     # machinery); every other kernel serves every legal cluster with one cubin.
-    sees_cluster = (row.family, row.arch) == ("grouped_gemm", "sm_90a")
+    sees_cluster = (row.kernel_class, row.arch) == ("grouped", "sm_90a")
     assert all(changes[a] == sees_cluster for a in LAUNCH_AXES)
 
 
@@ -95,11 +98,87 @@ def test_resolve_says_why():
 
 def test_rows_are_validated():
     with pytest.raises(ValueError, match=r"arch: got 'sm_80'"):
-        registry.Implementation("x", "sm_80", "t", "h", "k", None, ())
+        registry.Implementation("grouped", "sm_80", "t", "h", "k", None, ())
+    with pytest.raises(ValueError, match=r"^Implementation.kernel_class: got 'x'; allowed: grouped, kgrouped, "
+                                         r"scaled, batched$"):
+        registry.Implementation("x", "sm_90a", "t", "h", "k", None, ())
     with pytest.raises(ValueError, match=r"source_axes: got \['cluster_m'\]"):
-        registry.Implementation("x", "sm_90a", "t", "h", "k", None, ("cluster_m",))
+        registry.Implementation("grouped", "sm_90a", "t", "h", "k", None, ("cluster_m",))
     # status is not declared: a row is an implementation, its absence is status none
-    assert registry.Implementation("x", "sm_90a", "t", "h", "k", None, ()).status == registry.IMPLEMENTED
+    assert registry.Implementation("grouped", "sm_90a", "t", "h", "k", None, ()).status == registry.IMPLEMENTED
+    with pytest.raises(ValueError, match=r"^ArchPolicy.defaults: got \['x', 'tile'\]"):
+        registry.ArchPolicy("sm_90a", (("x", ()), ("grouped", (("tile", 1),))), False, None, "sm_90a")
+
+
+def test_one_row_per_kernel_class_and_arch():
+    """The table holds a row per (kernel class, arch), unbound to any family; the families of a
+    class share it (their specs' epilogues are what differs)."""
+    assert len(registry.ROWS) == 8
+    assert {(r.kernel_class, r.arch) for r in registry.ROWS} == {
+        (k, a) for k in ("grouped", "kgrouped", "scaled", "batched") for a in ("sm_100a", "sm_90a")}
+    assert all(r.family == "" for r in registry.ROWS)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CLASS))
+def test_every_family_resolves_to_its_class_row(family):
+    """``lookup`` and ``resolve`` return the class row bound to the family: the same kernel, with
+    the family's name in its messages."""
+    assert registry.kernel_class(family) == FAMILY_CLASS[family]
+    for arch in ARCHS:
+        row = registry.lookup(family, arch)
+        table = next(r for r in registry.ROWS if (r.kernel_class, r.arch) == (FAMILY_CLASS[family], arch))
+        assert row == dataclasses.replace(table, family=family)
+        choice = default_choice(find_spec(family), arch)
+        assert registry.resolve(family, arch, choice) == row
+        assert registry.status(family, arch) == registry.IMPLEMENTED
+
+
+def test_families_and_classes():
+    assert registry.families() == tuple(FAMILY_CLASS)   # table order: the seeds' families
+    assert registry.problem_of("gemm_amax") == "batched" and registry.problem_of("grouped_gemm_wgrad") == "kgrouped"
+    assert registry.problem_of("grouped_gemm_quant") == "grouped"
+    assert registry.lookup("nope", "sm_90a") is None and registry.status("nope", "sm_90a") == registry.NONE
+    with pytest.raises(UnsupportedError, match=r"^kernel family 'nope' has no kernel; families: grouped_gemm, "
+                                               r"grouped_gemm_wgrad, gemm_amax, grouped_gemm_srelu, "):
+        registry.kernel_class("nope")
+    # An unbound row's messages name its class.
+    row = next(r for r in registry.ROWS if (r.kernel_class, r.arch) == ("scaled", "sm_90a"))
+    assert row.problem({"ab_dtype": "float8_e4m3fn", "tile_m": 256}).startswith(
+        "tile_m=256 is not implemented for the scaled kernel class on sm_90a; implemented: 128 (")
+
+
+def test_arch_policies():
+    """What each arch decides: the tiles and clusters each class prefers, whether the roofline
+    model picks configurations, 2-CTA tiles, the harness's arch."""
+    assert set(registry.POLICIES) == set(ARCHS)
+    sm100, sm90 = registry.policy("sm_100a"), registry.policy("sm_90a")
+    bf16 = (("cluster_m", 1), ("cluster_n", 1), ("tile_m", 128), ("tile_n", 256))
+    scaled = (("cluster_m", 1), ("cluster_n", 1), ("tile_m", 128))
+    assert [sm100.defaults_for(k) for k in ("grouped", "kgrouped", "scaled", "batched")] == [(), bf16, (), ()]
+    assert [sm90.defaults_for(k) for k in ("grouped", "kgrouped", "scaled", "batched")] == [bf16, bf16, scaled, scaled]
+    assert (sm100.heuristic, sm90.heuristic) == (True, False)
+    assert [sm100.ctas_per_tile(m) for m in (64, 128, 256)] == [1, 1, 2]
+    assert [sm90.ctas_per_tile(m) for m in (64, 128, 256)] == [1, 1, 1]
+    assert (sm100.harness_arch, sm90.harness_arch) == ("sm_90a", "sm_90a")
+    with pytest.raises(UnsupportedError, match=r"^arch: got 'sm_80'; allowed: sm_100a, sm_90a$"):
+        registry.policy("sm_80")
+
+
+def test_the_policy_is_what_decides(monkeypatch):
+    """Defaults, CTAs per tile and the harness's arch are read from the policy: changing it
+    changes them."""
+    from fusegemm.generator.config_class import config_class
+    from fusegemm.generator.harness import render_harness
+    v = make_variant("grouped_gemm", arch="sm_100a", tile_m=256)
+    assert config_class(v).ctas == 2 and render_harness(v, "block").symbol.startswith("fg_harness_sm90a_")
+    sm90 = registry.policy("sm_90a")
+    assert default_choice(find_spec("grouped_gemm"), "sm_90a")["tile_n"] == 256
+    monkeypatch.setitem(registry.POLICIES, "sm_100a", dataclasses.replace(
+        registry.policy("sm_100a"), pair_tile_m=None, harness_arch="sm_100a"))
+    monkeypatch.setitem(registry.POLICIES, "sm_90a", dataclasses.replace(sm90, defaults=(
+        ("grouped", (("tile_n", 128),)),)))
+    assert config_class(v).ctas == 1 and render_harness(v, "block").symbol.startswith("fg_harness_sm100a_")
+    assert default_choice(find_spec("grouped_gemm"), "sm_90a")["tile_n"] == 128
 
 
 ADD_AN_ARCH = r"""
@@ -108,11 +187,13 @@ import fusegemm.base.archs as archs
 # 1. the arch table
 archs.ARCHS["sm_120a"] = archs.Arch("sm_120a", (12, 0), "sm90", "a hypothetical third arch", executed=False)
 archs.ARCH_NAMES = tuple(archs.ARCHS)
-# 2. its registry rows (here: the sm90 headers stand in for 3., its own headers)
+# 2. its registry rows and policy (here: the sm90 headers stand in for 3., its own headers)
 import fusegemm.generator.registry as registry
-row = dataclasses.replace(registry.lookup("grouped_gemm", "sm_90a"), arch="sm_120a")
+row = dataclasses.replace(next(r for r in registry.ROWS if (r.kernel_class, r.arch) == ("grouped", "sm_90a")),
+                          arch="sm_120a")
 registry.ROWS += (row,)
-registry._BY_KEY[("grouped_gemm", "sm_120a")] = row
+registry._BY_CLASS[("grouped", "sm_120a")] = row
+registry.POLICIES["sm_120a"] = dataclasses.replace(registry.policy("sm_90a"), arch="sm_120a")
 # Nothing else: specs, variants, rendering, config, the CLI's --arch and the build read the tables.
 from fusegemm.generator.variants import make_variant
 from fusegemm.generator.render import render
@@ -121,7 +202,7 @@ from fusegemm import build
 v = make_variant("grouped_gemm", arch="sm_120a")
 src = render(v)
 assert src.symbol.startswith("fg_grouped_gemm_sm120a_"), src.symbol
-assert (v.tile_m, v.cluster_m) == (128, 1)   # the row's defaults
+assert (v.tile_m, v.cluster_m) == (128, 1)   # the policy's defaults
 with config.override(FUSEGEMM_ARCHS="sm_120a"):
     assert config.default_archs() == ("sm_120a",)
 vs, skipped = build.select(["grouped_gemm", "gemm_amax"], ("sm_120a",))
@@ -132,7 +213,7 @@ print("ok")
 
 def test_adding_an_arch_touches_three_places():
     """The README's developer section lists the places to touch for a new arch: the arch table,
-    the registry rows, the headers. This builds a hypothetical arch from the first two (the
+    the registry rows and policy, the headers. This builds a hypothetical arch from the first two (the
     sm90 headers standing in for the third) and runs it through specs, variants, rendering,
     the configuration and the build selection."""
     out = subprocess.run([sys.executable, "-c", ADD_AN_ARCH], capture_output=True, text=True)
@@ -180,3 +261,27 @@ def test_a_spec_names_its_kernel_class(tmp_path):
     for arch in ("sm_90a", "sm_100a"):
         a, b = (render(make_variant(s, arch=arch)).text for s in (spec, load_spec(other)))
         assert a == b
+
+
+@pytest.mark.parametrize("spec", ["grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu"])
+def test_families_of_a_class_build_one_kernel(spec, tmp_path):
+    """A family is a name for its class's kernel: the seed spec of each block-scaled family,
+    loaded as each other family of the class (or the class), renders the same source but for the
+    family named in its header comment (and the symbol, which hashes the text), and accepts and
+    refuses the same axes."""
+    from fusegemm.generator.spec import load_spec
+    s = find_spec(spec)
+    text = open(s.path).read()
+    assert f"kernel: {spec}\n" in text
+    for other in ("grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "scaled"):
+        path = tmp_path / other / f"{spec}.yaml"
+        path.parent.mkdir()
+        path.write_text(text.replace(f"kernel: {spec}\n", f"kernel: {other}\n"))
+        t = load_spec(str(path))
+        for arch in ("sm_100a", "sm_90a"):
+            srcs = [render(make_variant(x, arch=arch)) for x in (s, t)]
+            a, b = (src.text.replace(src.symbol, "SYMBOL").replace(f"kernel family {x.kernel},", "kernel family F,")
+                    for src, x in zip(srcs, (s, t)))
+            assert a == b, (spec, other, arch)
+            rows = [registry.lookup(x.kernel, arch) for x in (s, t)]
+            assert rows[0].axes_for(s.epilogue.axes_read()) == rows[1].axes_for(t.epilogue.axes_read())

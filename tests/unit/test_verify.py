@@ -97,8 +97,8 @@ def test_a_family_not_yet_executed_is_gated_on_an_executed_arch(gate, monkeypatc
     """A registry row marked executed=False (a family just added) is verified on first launch like a
     kernel of an unexecuted arch; its failure names the kernel and the configuration."""
     runs, state = gate
-    key = ("grouped_gemm_wgrad", "sm_90a")
-    monkeypatch.setitem(registry._BY_KEY, key, dataclasses.replace(registry._BY_KEY[key], executed=False))
+    key = ("kgrouped", "sm_90a")    # grouped_gemm_wgrad's kernel class
+    monkeypatch.setitem(registry._BY_CLASS, key, dataclasses.replace(registry._BY_CLASS[key], executed=False))
     state["rows"] = [Row("grouped_gemm_wgrad", "case 1", "FAIL", 1.0)]
     with pytest.raises(UnverifiedError, match=r"not executed its grouped_gemm_wgrad kernel on sm_90a hardware"):
         verify.ensure_verified(variant("grouped_gemm_wgrad", "sm_90a"), 0)
@@ -385,8 +385,8 @@ def test_all_configs_records_passes_as_the_gate_does(monkeypatch, cache_dir):
     monkeypatch.setattr(verify, "RUNNER_PATH", (HELPERS,))
     monkeypatch.setattr(verify, "RUNNER", "verify_runners:passing")
     monkeypatch.setattr(verify, "device_name", lambda d: "Fake H200")
-    key = ("grouped_gemm_wgrad", "sm_90a")
-    monkeypatch.setitem(registry._BY_KEY, key, dataclasses.replace(registry._BY_KEY[key], executed=False))
+    key = ("kgrouped", "sm_90a")    # grouped_gemm_wgrad's kernel class
+    monkeypatch.setitem(registry._BY_CLASS, key, dataclasses.replace(registry._BY_CLASS[key], executed=False))
     from fusegemm.runtime.cache import default_cache
     with config.override(FUSEGEMM_CACHE_READONLY="1"):
         assert default_cache().readonly
