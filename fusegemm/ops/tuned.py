@@ -3,10 +3,11 @@
 Without ``mma_tiler_mn``, ``cluster_shape_mn`` and ``use_dynamic_sched``, a call takes what
 ``fusegemm tune`` recorded for its shape bucket (:mod:`fusegemm.tuning_records`); else, with
 ``FUSEGEMM_AUTOTUNE=1``, the bucket is tuned on this first call and its winner recorded (the
-first-call hook that the package root installs: tuning times the op); else, on sm_100a (which
-cannot be timed here), the roofline model's choice (:mod:`fusegemm.heuristic`); else the spec's
-default. It runs once per call pattern: the faces memoise what a pattern resolved to
-(fusegemm/ops/faces.py), and a record written later clears that memo.
+first-call hook that the package root installs: tuning times the op); else, on an arch whose
+policy says so (sm_100a, which cannot be timed here), the roofline model's choice
+(:mod:`fusegemm.heuristic`); else the spec's default. It runs once per call pattern: the
+faces memoise what a pattern resolved to (fusegemm/ops/faces.py), and a record written later
+clears that memo.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def _tuned(call: Any, device: int, c_name: str | None, d_name: str, b_major: str
     configuration; (None, False, None) for the spec's default."""
     from .. import tuning_records
     from ..base.hooks import FIRST_CALL_TUNE
+    from ..generator import registry
     from .prepared import is_dry
     arch, name = _device_identity(device)
     bucket = tuning_records.Bucket.of(experts=call.l, m_rows=call.m, n=call.n, k=call.k, d_dtype=d_name,
@@ -52,7 +54,7 @@ def _tuned(call: Any, device: int, c_name: str | None, d_name: str, b_major: str
                               k=call.k, d_dtype=d_name, stream=resolve_stream(stream, device))
     if hit is not None:
         return hit.tile, hit.dynamic, None
-    if arch == "sm_100a" and call.bias is None:     # (bias needs tile N 256: the default's)
+    if registry.policy(arch).heuristic and call.bias is None:     # (bias needs tile N 256: the default's)
         from .. import heuristic
         # Every expert's rows are a multiple of 256 and every tile M divides 256, so the tile
         # count depends on the rows' sum only: the allocation's rows, with no device read.
