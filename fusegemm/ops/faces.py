@@ -473,12 +473,12 @@ def seed_class(row: Any, module: str) -> type:
     from .param_docs import OUTPUTS, class_api
     this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
     init_sig, exec_sig = parse_params(row.init), parse_params(row.execute)
-    bind_init, bind_exec = binder(init_sig, row.cls), binder(exec_sig, f"{row.cls}.execute")
+    bind_init = binder(init_sig, row.cls)
 
     def __init__(self: _SeedClass, *args: Any, **kwargs: Any) -> None:
         self._build(bind_init(args, kwargs))
 
-    execute = _executor(row, exec_sig, bind_exec)
+    execute = _executor(row, exec_sig)
     for fn, sig in ((__init__, init_sig), (execute, exec_sig)):
         fn.__signature__ = sig.replace(parameters=[this, *sig.parameters.values()])  # type: ignore[attr-defined]
         fn.__qualname__, fn.__module__ = f"{row.cls}.{fn.__name__}", module
@@ -498,11 +498,15 @@ def _getter(keys: tuple[str, ...]) -> Callable[[dict], tuple]:
     return itemgetter(*keys) if len(keys) > 1 else lambda b: tuple(b[k] for k in keys)
 
 
-def _executor(row: Any, sig: inspect.Signature, bind: Callable[[tuple, dict], dict]) -> Callable[..., None]:
+def _executor(row: Any, sig: inspect.Signature) -> Callable[..., None]:
     """The class's ``execute``: its arguments by name, then the engine's ``execute`` with the row's
     operands (by position, the discrete weights' pointers by keyword), inputs and outputs. The
     lookups are done here once: the call is the class's host fast path. The seed's output views
-    (amax (L, 1, 1), SF views, (M, N, 1) rows) are the engine's too."""
+    (amax (L, 1, 1), SF views, (M, N, 1) rows) are the engine's too.
+
+    The function has the row's signature as written (Python binds its arguments: no binding
+    code runs per call); a call pattern run before goes from its arguments straight to the
+    engine's memoised launch (``_fast``: the pattern's signature -> the engine entry)."""
     from .engine import positional_operands
     # The ones execute takes (a discrete op's n: from its b_shape).
     operands = [(k, p) for k, p in row.operands if p in sig.parameters or p == "n"]
@@ -510,43 +514,12 @@ def _executor(row: Any, sig: inspect.Signature, bind: Callable[[tuple, dict], di
     in_keys, in_get = tuple(i for i, _ in row.inputs), _getter(tuple(p for _, p in row.inputs))
     out_keys, out_get = tuple(row.output_names), _getter(tuple(row.output_names.values()))
     input_names, output_names = row.input_names, row.output_names
-    split: list = []                  # (positional getter, keyword names): the kernel class's, on first use
-    # A call shape (how many arguments by position, which keywords, in order) that bound before ->
-    # ``get(args, kwargs)``: (``flat`` below, the stream, validate_offsets) without binding.
-    getters: dict[tuple, Callable[[tuple, dict], tuple]] = {}
     names = tuple(sig.parameters)
+    split: list = []     # (positional getter, keyword operands, the engine-order parameters): on first use
+    state: list = []     # [``flat`` from the arguments in signature order]: after the first launch
 
-    def getter(nargs: int, kwnames: tuple[str, ...]) -> Callable[[tuple, dict], tuple]:
-        order = (*split[2], "current_stream", "validate_offsets")
-        consts = tuple(sig.parameters[p].default if p in names else None for p in order
-                       if p not in kwnames and (p not in names or names.index(p) >= nargs))
-        idx, c = [], nargs + len(kwnames)
-        for p in order:
-            if p in names and names.index(p) < nargs:
-                idx.append(names.index(p))
-            elif p in kwnames:
-                idx.append(nargs + kwnames.index(p))
-            else:
-                idx.append(c)
-                c += 1
-        take, launch = itemgetter(*idx[:-2]), itemgetter(*idx[-2:])
-
-        def get(args: tuple, kwargs: dict) -> tuple:
-            v = (*args, *kwargs.values(), *consts)
-            return (take(v), *launch(v))
-        return get
-
-    def execute(self: _SeedClass, *args: Any, **kwargs: Any) -> None:
-        """Run once into the given outputs (those the configuration writes are required; an op
-        built for discrete weights takes ``b_ptrs`` and ``sfb_ptrs``)."""
-        shape = (len(args), *kwargs)
-        get = getters.get(shape) if self._discrete is None else None
-        if get is not None:                                 # a call shape seen: no binding
-            flat, stream, validate = get(args, kwargs)
-            hit = self._fast.get(flat_signature(flat))
-            if hit is not None and self.op._execute_memo(hit[0], hit[1](flat), stream, validate):
-                return                                      # a pattern run before: its addresses checked
-        b = bind(args, kwargs)
+    def full(self: _SeedClass, vals: tuple) -> None:
+        b = dict(zip(names, vals))
         if self._discrete is not None:                      # N from b_shape
             b["n"] = self._discrete.n_for(b.get("n"), b["padded_offsets"])
         elif b.get("n") is None and self._n is not None and b.get("b_ptrs") is not None:
@@ -585,6 +558,36 @@ def _executor(row: Any, sig: inspect.Signature, bind: Callable[[tuple, dict], di
             if len(self._fast) >= 64:
                 self._fast.clear()
             self._fast[key] = (e, itemgetter(*picks))
-            if shape not in getters and "n" not in kwargs and (b.get("n") is None or "n" in names):
-                getters[shape] = getter(len(args), tuple(kwargs))
+            if not state and (b.get("n") is None or "n" in names):   # (a parameter absent: None)
+                state.append(itemgetter(*(names.index(p) if p in names else len(names) for p in split[2])))
+
+    # The signature as Python source: the names are identifiers parsed from the row (ast), the
+    # defaults are passed as values (never written into the source).
+    ns: dict[str, Any] = {"_state": state, "_sig": flat_signature, "_full": full}
+    params, star = [], False
+    if any(n.startswith("_") or n == "self" for n in names):   # the generated body's own names
+        raise ValueError(f"{row.cls}.execute: parameter names may not start with '_' or be 'self': {names}")
+    for i, p in enumerate(sig.parameters.values()):
+        if p.kind is p.KEYWORD_ONLY and not star:
+            params.append("*")
+            star = True
+        if p.default is p.empty:
+            params.append(p.name)
+        else:
+            ns[f"_d{i}"] = p.default
+            params.append(f"{p.name}=_d{i}")
+    stream = "current_stream" if "current_stream" in names else "None"
+    validate = "validate_offsets" if "validate_offsets" in names else "None"
+    src = (f"def execute(self, {', '.join(params)}):\n"
+           f"    _v = ({', '.join(names)}, None)\n"
+           f"    if _state and self._discrete is None:\n"
+           f"        _f = _state[0](_v)\n"
+           f"        _h = self._fast.get(_sig(_f))\n"
+           f"        if _h is not None and self.op._execute_memo(_h[0], _h[1](_f), {stream}, {validate}):\n"
+           f"            return\n"
+           f"    return _full(self, _v)\n")
+    exec(compile(src, f"<{row.cls}.execute>", "exec"), ns)
+    execute = ns["execute"]
+    execute.__doc__ = ("Run once into the given outputs (those the configuration writes are required; an op built "
+                       "for discrete weights takes ``b_ptrs`` and ``sfb_ptrs``).")
     return execute
