@@ -166,22 +166,30 @@ def pattern(row: Any, args: tuple, kwargs: dict[str, Any]) -> tuple | None:
         return None
     if not _PLAIN:
         _PLAIN.update((int, float, str, bool, type(None), torch.dtype))
-    tensor, plain = torch.Tensor, _PLAIN
-    key: list[Any] = [id(row), _seeds._op, _seeds.VALIDATION_ARCH, len(args)]
-    for name, x in (*enumerate(args), *kwargs.items()):
-        if name in _STREAMS:
-            continue
-        t = type(x)
-        if t is tensor:
-            key.append((name, x.dtype, x.shape, x.stride(), x.get_device()))
-        elif t in plain or (t is tuple and all(type(v) is int for v in x)):
-            key.append((name, t, x))
-        else:
-            return None
-    return tuple(key)
+    tensor = torch.Tensor
+    # Comprehensions, not a loop of appends: this runs on every call (positions are implied by
+    # the count of positional arguments, keywords are named).
+    try:
+        return (id(row), _seeds._op, _seeds.VALIDATION_ARCH, len(args),
+                *[(x.dtype, x.shape, x.stride(), x.get_device()) if type(x) is tensor else _value(x) for x in args],
+                *[(k, x.dtype, x.shape, x.stride(), x.get_device()) if type(x) is tensor else (k, _value(x))
+                  for k, x in kwargs.items() if k not in _STREAMS])
+    except _NotPlain:
+        return None
 
 
 _PLAIN: set[type] = set()   # the argument types keyed by value (filled on first use: torch.dtype)
+
+
+class _NotPlain(Exception):
+    """An argument :func:`pattern` does not key by value (an array, a subclass, a stream)."""
+
+
+def _value(x: Any) -> tuple:
+    t = type(x)
+    if t in _PLAIN or (t is tuple and all(type(v) is int for v in x)):
+        return (t, x)
+    raise _NotPlain
 
 
 def binder(sig: inspect.Signature, name: str) -> Callable[[tuple, dict], dict[str, Any]]:
@@ -291,13 +299,18 @@ def _launcher(sig: inspect.Signature, hit: tuple, nargs: int, kwnames: tuple[str
         else:
             idx.append(c)
             c += 1
-    take, n, tail = itemgetter(*idx), len(picks), row.tail
+    take, launch, tail = itemgetter(*idx[:-2]), itemgetter(*idx[-2:]), row.tail
     rets = tuple((name, o if o and shown.get(o, True) else None) for name, o in row.returns)
+    names_out, outs = tuple(name for name, _ in rets), tuple(o for _, o in rets)
 
     def go(args: tuple, kwargs: dict) -> TupleDict | None:
-        v = take((*args, *kwargs.values(), *consts))
-        out = op._call_memo(e, v[:n], v[n], v[n + 1], tail, shaped=False)
-        return None if out is None else TupleDict.of(**{name: out.get(o) for name, o in rets})
+        v = (*args, *kwargs.values(), *consts)
+        out = op._call_memo(e, take(v), *launch(v), tail, shaped=False)
+        if out is None:
+            return None
+        r = TupleDict.__new__(TupleDict)      # (TupleDict.of without the keyword call)
+        dict.update(r, zip(names_out, map(out.get, outs)))
+        return r
     return go
 
 
