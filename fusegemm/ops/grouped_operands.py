@@ -136,18 +136,6 @@ def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: 
     return call
 
 
-def check_output(x: Any, name: str, call: Call, dtype: str) -> TensorView:
-    """An output C/D of this call: (M, N[, 1]), N-major, 16-byte rows and base, A's device."""
-    v = args.output(x, name, call.m, call.n, (dtype,))
-    if v.strides[1] != 1:
-        raise ArgumentError(f"{name}.stride", v.strides, "N-major (stride 1 along N)")
-    row_pitch_aligned(v.strides[0], v.itemsize, f"{name}.stride[0]")
-    if v.device != call.a.device:
-        raise ArgumentError(f"{name}.device", v.device, f"a_tensor's device {call.a.device}")
-    aligned(v, name, 16)  # 16-byte vector stores
-    return v
-
-
 # Base alignment of every argument, in bytes: TMA and 16-byte vector accesses read A, B and bias
 # and write C/D; the offsets and the vectors are read as 4-byte words, the pointer table as
 # 8-byte words.
