@@ -137,10 +137,8 @@ class Preset:
 
 
 # ---------------------------------------------------------------- the rows
-_BF16_WHY = ("the BF16 backend: this op has no block-scaled spec (the block-scaled backward runs through "
-             "grouped_gemm_dswiglu, seed 000)")
-_GLU_SFB_WHY = "BF16 operands have no scales; block-scaled operands pass sfa_tensor too (the block-scaled backend)"
-_DSRELU_SFB_WHY = _GLU_SFB_WHY
+# Why a BF16 row takes no B scales: its sfa_tensor chooses the row's block-scaled backend (``scaled``).
+_SFB_WHY = "BF16 operands have no scales; block-scaled operands pass sfa_tensor too (the block-scaled backend)"
 _COMMON = ("mma_tiler_mn=None, cluster_shape_mn=None, sf_vec_size=16, vector_f32=False, m_aligned=256, "
            "discrete_col_sfd=False")
 _FIXED_BF16 = (("acc_dtype", "float32", "FP32 accumulation"), ("cd_major", "n", "row-major C and D"),
@@ -242,6 +240,44 @@ _DSRELU_MX = Preset(
             "quantized along rows, SFD_row, and columns, D_col with SFD_col), dprob += sum(relu(C)^2 * G) per row, a "
             "per-expert amax of a bf16/fp16 D; generate_dbias adds dbias, the column sums of D.")
 
+# cuDNN's dGLU with sfa_tensor: its block-scaled backend (spec grouped_gemm_dglu_mx, the BF16 spec's
+# math with seed 000's FP8 D quantization and two-slot amax), the same parameters and returns as the
+# BF16 row that dispatches to it.
+_DGLU_PARAMS = ("a_tensor, c_tensor, sfa_tensor, padded_offsets, alpha_tensor, beta_tensor, prob_tensor, "
+                "dprob_tensor, b_tensor=None, sfb_tensor=None, generate_dbias=False, b_ptrs=None, sfb_ptrs=None, "
+                "n=None, b_dtype=None, b_major='k', norm_const_tensor=None, acc_dtype='float32', "
+                "d_dtype='bfloat16', cd_major='n', " + _COMMON + ", act_func='dswiglu', linear_offset=None, "
+                "geglu_alpha=1.702, glu_clamp_max=7.0, glu_clamp_min=-7.0, epilogue_op=None, "
+                "use_dynamic_sched=False, use_single_group_runtime_offsets=False, current_stream=None")
+_DGLU_RETURNS = (("d_row_tensor", "d"), ("d_col_tensor", "d_col"), ("dprob_tensor", "dprob"),
+                 ("dbias_tensor", "dbias"), ("amax_tensor", "amax"), ("sfd_row_tensor", "sfd_row"),
+                 ("sfd_col_tensor", "sfd_col"))
+_DGLU_DSWIGLU = ("act_func", "dswiglu", "this op is dSwiGLU's spec; another activation is a spec of its own")
+_DGLU_MX = Preset(
+    name="grouped_gemm_dglu", spec="grouped_gemm_dglu_mx", cudnn="grouped_gemm_dglu_wrapper_sm100",
+    params=_DGLU_PARAMS,
+    operands=(*_SCALED_OPERANDS, ("b_ptrs", "b_ptrs"), ("sfb_ptrs", "sfb_ptrs"), ("n", "n")),
+    inputs=(("alpha", "alpha_tensor"), ("beta", "beta_tensor"), ("prob", "prob_tensor"), ("c", "c_tensor"),
+            ("norm_const", "norm_const_tensor")),
+    # cuDNN's dGLU signature has no e5m2_rcp_max: an e5m2 D takes the page's 1 / 57344.
+    axes=(("c_dtype", "forward_dtype", "c_tensor"), ("d_dtype", "dtype_in", "d_dtype"),
+          *(a for a in _GROUPED if a[2] != "e5m2_rcp_max"), *_WEIGHTS,
+          ("generate_dbias", "bool", "generate_dbias"), ("discrete_col_sfd", "bool", "discrete_col_sfd")),
+    accepts=_ACCEPTS,
+    fixed=(*_GLU_ACT, _DGLU_DSWIGLU, ("epilogue_op", None, "NVIDIA's kernel applies none"),
+           ("use_dynamic_sched", False, "the block-scaled dGLU kernel schedules statically"),
+           ("use_single_group_runtime_offsets", False, "padded_offsets are per expert")),
+    returns=_DGLU_RETURNS,
+    # Seed 000's layout of the same two-slot amax: (L, 2, 1), [e, 0] of dgate, [e, 1] of dup.
+    unsqueezed=("amax",),
+    into=(("dprob", "dprob_tensor"),),
+    summary="Grouped block-scaled GEMM + dSwiGLU backward (cuDNN's grouped_gemm_dglu with sfa_tensor): R = "
+            "alpha[e]^2 * dequant(A_e) @ dequant(B_e)^T; with the forward's C (M, 2N) scaled by beta[e], D holds "
+            "dSwiGLU in the gate blocks and R * prob * swish(g) in the up blocks (an FP8 D quantized along rows, "
+            "SFD_row, and columns, D_col with SFD_col); dprob += sum(swish(g) * u * R) per row; a bf16/fp16 D gets "
+            "a per-expert amax (L, 2, 1) of its gate and up blocks; generate_dbias adds dbias, the column sums of "
+            "D (2N interleaved columns).")
+
 PRESETS: tuple[Preset, ...] = (
     Preset(
         name="grouped_gemm_glu", spec="grouped_gemm_glu", cudnn="grouped_gemm_glu_wrapper_sm100",
@@ -250,36 +286,31 @@ PRESETS: tuple[Preset, ...] = (
         inputs=(("alpha", "alpha_tensor"), ("prob", "prob_tensor"), ("bias", "bias_tensor")),
         axes=(("c_dtype", "dtype", "c_dtype"), ("d_dtype", "dtype", "d_dtype"),
               ("bias_dtype", "tensor_dtype", "bias_tensor"), ("generate_c", "bool", "generate_c"), *_SHARED_AXES),
-        fixed=(*_FIXED_BF16, *_no_scales(_GLU_SFB_WHY, with_sfa=False), *_GLU_ACT, _GLU_SWIGLU),
+        fixed=(*_FIXED_BF16, *_no_scales(_SFB_WHY, with_sfa=False), *_GLU_ACT, _GLU_SWIGLU),
         returns=tuple((name, None if name == "sfd_row_tensor" else out) for name, out in _GLU_RETURNS),
         summary="Grouped BF16 GEMM + SwiGLU (cuDNN's grouped_gemm_glu, act_func='swiglu'): with G = alpha[e] * "
                 "A_e @ B_e^T (+ bias) in 32-column gate/up blocks, D = prob * up * silu(gate), half as wide; "
-                "C = G with generate_c. With sfa_tensor the block-scaled backend runs (spec grouped_gemm_glu_mx: MXFP8, or "
-                "the blockwise recipe on sm_90a; an FP8 D comes with SFD_row)."),
+                "C = G with generate_c. With sfa_tensor the block-scaled backend runs (spec grouped_gemm_glu_mx: "
+                "MXFP8, or the blockwise recipe on sm_90a; an FP8 D comes with SFD_row)."),
     Preset(
         name="grouped_gemm_dglu", spec="grouped_gemm_dglu", cudnn="grouped_gemm_dglu_wrapper_sm100",
-        params=("a_tensor, c_tensor, sfa_tensor, padded_offsets, alpha_tensor, beta_tensor, prob_tensor, "
-                "dprob_tensor, b_tensor=None, sfb_tensor=None, generate_dbias=False, b_ptrs=None, sfb_ptrs=None, "
-                "n=None, b_dtype=None, b_major='k', norm_const_tensor=None, acc_dtype='float32', "
-                "d_dtype='bfloat16', cd_major='n', " + _COMMON + ", act_func='dswiglu', linear_offset=None, "
-                "geglu_alpha=1.702, glu_clamp_max=7.0, glu_clamp_min=-7.0, epilogue_op=None, "
-                "use_dynamic_sched=False, use_single_group_runtime_offsets=False, current_stream=None"),
+        params=_DGLU_PARAMS, scaled=_DGLU_MX,
         operands=_DENSE_OR_DISCRETE,
         inputs=(("alpha", "alpha_tensor"), ("beta", "beta_tensor"), ("prob", "prob_tensor"), ("c", "c_tensor")),
         axes=(("c_dtype", "tensor_dtype", "c_tensor"), ("d_dtype", "dtype", "d_dtype"),
               ("generate_dbias", "bool", "generate_dbias"), *_SHARED_AXES),
-        fixed=(*_FIXED_BF16, *_no_scales(_BF16_WHY), *_GLU_ACT,
-               ("act_func", "dswiglu", "this op is dSwiGLU's spec; another activation is a spec of its own"),
+        fixed=(*_FIXED_BF16, *_no_scales(_SFB_WHY, with_sfa=False), *_GLU_ACT, _DGLU_DSWIGLU,
                ("epilogue_op", None, "NVIDIA's kernel applies none")),
-        returns=(("d_row_tensor", "d"), ("d_col_tensor", None), ("dprob_tensor", "dprob"), ("dbias_tensor", "dbias"),
-                 ("amax_tensor", None), ("sfd_row_tensor", None), ("sfd_col_tensor", None)),
+        returns=tuple((name, out if out in ("d", "dprob", "dbias") else None) for name, out in _DGLU_RETURNS),
         into=(("dprob", "dprob_tensor"),),
         summary="Grouped BF16 GEMM + dSwiGLU backward (cuDNN's grouped_gemm_dglu, act_func='dswiglu'): R = "
                 "alpha[e]^2 * A_e @ B_e^T; with the forward's C (M, 2N) scaled by beta[e], D holds dSwiGLU in the "
                 "gate blocks and R * prob * swish(g) in the up blocks; dprob += sum(swish(g) * u * R) per row; "
                 "generate_dbias adds dbias (L, 2N[, 1]) float32, the column sums of D (all 2N interleaved columns, "
                 "gate and up blocks as D stores them) over each expert's rows (NVIDIA's BF16 kernel returns it "
-                "bfloat16)."),
+                "bfloat16). With sfa_tensor the block-scaled backend runs (spec grouped_gemm_dglu_mx: MXFP8, or the "
+                "blockwise recipe on sm_90a; an FP8 D comes with SFD_row, D_col and SFD_col, a bf16/fp16 D with "
+                "amax)."),
     Preset(
         name="grouped_gemm_dsrelu", spec="grouped_gemm_dsrelu", cudnn="grouped_gemm_dsrelu_wrapper_sm100",
         params=_DSRELU_PARAMS, scaled=_DSRELU_MX,
@@ -287,7 +318,7 @@ PRESETS: tuple[Preset, ...] = (
         inputs=(("alpha", "alpha_tensor"), ("prob", "prob_tensor"), ("c", "c_tensor")),
         axes=(("c_dtype", "forward_dtype", "c_tensor"), ("d_dtype", "dtype", "d_dtype"),
               ("generate_dbias", "bool", "generate_dbias"), *_SHARED_AXES),
-        fixed=(*_FIXED_BF16[:5], *_no_scales(_DSRELU_SFB_WHY, with_sfa=False)),
+        fixed=(*_FIXED_BF16[:5], *_no_scales(_SFB_WHY, with_sfa=False)),
         returns=tuple((name, out if out in ("d", "dprob", "dbias", "amax") else None) for name, out in _DSRELU_RETURNS),
         into=(("dprob", "dprob_tensor"),),
         summary="Grouped BF16 GEMM + dsReLU, the backward of seed 002's sReLU: with G = alpha[e] * A_e @ B_e^T "

@@ -17,8 +17,9 @@ def test_list_json():
     assert r.exit_code == 0
     rows = {(row["name"], row["arch"]): row for row in json.loads(r.output)}
     assert sorted({name for name, _ in rows}) == ["gemm_amax", "grouped_gemm", "grouped_gemm_dglu",
-                                                  "grouped_gemm_dsrelu", "grouped_gemm_dsrelu_mx",
-                                                  "grouped_gemm_dswiglu", "grouped_gemm_dswiglu_bf16",
+                                                  "grouped_gemm_dglu_mx", "grouped_gemm_dsrelu",
+                                                  "grouped_gemm_dsrelu_mx", "grouped_gemm_dswiglu",
+                                                  "grouped_gemm_dswiglu_bf16",
                                                   "grouped_gemm_glu", "grouped_gemm_glu_mx", "grouped_gemm_quant",
                                                   "grouped_gemm_srelu", "grouped_gemm_swiglu", "grouped_gemm_wgrad"]
     # declared and implemented side by side: sm_90a implements tile M 64/128 without clusters

@@ -85,11 +85,14 @@ def test_fixed_parameters_are_refused_with_their_reason():
     with pytest.raises(ArgumentError, match=r"^sfb_tensor: got .*; allowed: None\. BF16 operands have no scales; "
                                             r"block-scaled operands pass sfa_tensor too"):
         fusegemm.grouped_gemm_glu(a, None, off, alpha, b, torch.zeros(4, dtype=torch.uint8), prob_tensor=prob)
-    with pytest.raises(ArgumentError, match=r"^sfa_tensor: got .*; allowed: None\. the BF16 backend: this op has "
-                                            r"no block-scaled spec"):
+    # dGLU and dsReLU with sfa_tensor run their block-scaled backends (specs grouped_gemm_dglu_mx,
+    # grouped_gemm_dsrelu_mx), which take FP8 A.
+    with pytest.raises(ArgumentError, match=r"^a_tensor\.dtype: got bfloat16; allowed: float8_e4m3fn"):
         fusegemm.grouped_gemm_dglu(a, torch.zeros((256, 256), dtype=torch.bfloat16), torch.zeros(4, dtype=torch.uint8),
                                    off, alpha, alpha, prob, torch.zeros(256), b_tensor=b)
-    # dsReLU with sfa_tensor runs its block-scaled backend (spec grouped_gemm_dsrelu_mx), which takes FP8 A.
+    with pytest.raises(ArgumentError, match=r"^sfb_tensor: got .*; allowed: None\. BF16 operands have no scales"):
+        fusegemm.grouped_gemm_dglu(a, torch.zeros((256, 256), dtype=torch.bfloat16), None, off, alpha, alpha, prob,
+                                   torch.zeros(256), b_tensor=b, sfb_tensor=torch.zeros(4, dtype=torch.uint8))
     with pytest.raises(ArgumentError, match=r"^a_tensor\.dtype: got bfloat16; allowed: float8_e4m3fn"):
         fusegemm.grouped_gemm_dsrelu(a, b, torch.zeros((256, 128), dtype=torch.bfloat16),
                                      torch.zeros(4, dtype=torch.uint8), padded_offsets=off, alpha_tensor=alpha,

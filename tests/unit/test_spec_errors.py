@@ -144,7 +144,8 @@ def test_code_injection_in_epilogue_is_rejected():
 def test_seed_specs_load():
     from fusegemm.generator.spec import list_specs
     names = sorted(load_spec(p).name for p in list_specs())
-    assert names == ["gemm_amax", "grouped_gemm", "grouped_gemm_dglu", "grouped_gemm_dsrelu", "grouped_gemm_dsrelu_mx",
+    assert names == ["gemm_amax", "grouped_gemm", "grouped_gemm_dglu", "grouped_gemm_dglu_mx", "grouped_gemm_dsrelu",
+                     "grouped_gemm_dsrelu_mx",
                      "grouped_gemm_dswiglu", "grouped_gemm_dswiglu_bf16", "grouped_gemm_glu",
                      "grouped_gemm_glu_mx", "grouped_gemm_quant", "grouped_gemm_srelu",
                      "grouped_gemm_swiglu", "grouped_gemm_wgrad"]
