@@ -19,37 +19,17 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 import fusegemm  # noqa: E402
-from fusegemm.formats import blockwise_sfa_layout, pack_sf  # noqa: E402
-from fusegemm.output_compare import compare_outputs, to_device  # noqa: E402
+from fusegemm.output_compare import compare_outputs  # noqa: E402
+
+import scaled_problems  # noqa: E402  (tests/gpu/scaled_problems.py)
 
 SPEC = "grouped_gemm_dsrelu_mx"
 
 
 def _problem(sizes, n, k, recipe, seed):
-    import ml_dtypes
     rng = np.random.default_rng(seed)
     m, l = sum(sizes), len(sizes)
-    e4m3 = ml_dtypes.float8_e4m3fn
-    aq = rng.integers(-3, 4, (m, k)).astype(e4m3)
-    bq = rng.integers(-3, 4, (l, n, k)).astype(e4m3)
-    if recipe == "mx":
-        e8m0 = ml_dtypes.float8_e8m0fnu
-        sa = np.exp2(rng.integers(-1, 2, (m, k // 32))).astype(np.float32).astype(e8m0)
-        sb = np.exp2(rng.integers(-1, 2, (l, n, k // 32))).astype(np.float32).astype(e8m0)
-        sfa, sfb = to_device(pack_sf(sa), "cpu"), to_device(pack_sf(sb, batch_first=True), "cpu")
-        per_expert_sfb = [to_device(pack_sf(sb[e]), "cpu") for e in range(l)]
-        a64 = aq.astype(np.float64) * np.repeat(sa.astype(np.float64), 32, axis=1)
-        b64 = bq.astype(np.float64) * np.repeat(sb.astype(np.float64), 32, axis=2)
-    else:
-        sa = np.exp2(rng.integers(-1, 2, (m, -(-k // 128)))).astype(np.float32)
-        sb = np.exp2(rng.integers(-1, 2, (l, -(-n // 128), -(-k // 128)))).astype(np.float32)
-        sfa, sfb = blockwise_sfa_layout(torch.from_numpy(sa)), torch.from_numpy(sb)
-        per_expert_sfb = [sfb[e].contiguous() for e in range(l)]
-        a64 = aq.astype(np.float64) * np.repeat(sa, 128, axis=1)[:, :k]
-        b64 = bq.astype(np.float64) * np.repeat(np.repeat(sb, 128, axis=1), 128, axis=2)[:, :n, :k]
-    host = {"a_tensor": to_device(aq, "cpu"), "sfa_tensor": sfa,
-            "padded_offsets": torch.tensor(np.cumsum(sizes), dtype=torch.int32),
-            "b_tensor": to_device(bq, "cpu"), "sfb_tensor": sfb}
+    host, per_expert_sfb, a64, b64 = scaled_problems.operands(sizes, n, k, recipe, rng)
     ins = {"alpha": torch.from_numpy(np.exp2(rng.integers(-1, 2, l)).astype(np.float32)),
            "prob": torch.from_numpy(rng.integers(1, 5, m).astype(np.float32) / 4),
            "c": torch.from_numpy(rng.integers(-8, 9, (m, n)).astype(np.float32) / 4).to(torch.bfloat16),
@@ -60,15 +40,7 @@ def _problem(sizes, n, k, recipe, seed):
 def _run(sizes, n, k, recipe, *, d_dtype="bfloat16", discrete=False, tile_n=256, seed=0, **axes):
     host, ins, a64, b64, per_sfb = _problem(sizes, n, k, recipe, seed)
     vec = 32 if recipe == "mx" else 128
-    dev = {key: v.cuda() for key, v in host.items()}
-    keep = []
-    if discrete:
-        bs = [t.contiguous() for t in dev.pop("b_tensor")]
-        sbs = [t.cuda() for t in per_sfb]
-        dev.pop("sfb_tensor")
-        keep = bs + sbs
-        dev.update(b_ptrs=torch.tensor([t.data_ptr() for t in bs], dtype=torch.int64, device="cuda"),
-                   sfb_ptrs=torch.tensor([t.data_ptr() for t in sbs], dtype=torch.int64, device="cuda"), n=n)
+    dev, keep = scaled_problems.on_device(host, per_sfb, n, discrete)
     dprob = torch.zeros(sum(sizes), device="cuda")
     got = fusegemm.grouped_gemm_dsrelu(
         dev["a_tensor"], dev.get("b_tensor"), ins["c"].cuda(), dev["sfa_tensor"], dev.get("sfb_tensor"),

@@ -1,0 +1,56 @@
+"""Block-scaled grouped problems whose GEMM is exact, for the GPU tests of spec-authored
+block-scaled backends (tests/gpu/test_dsrelu_mx_gpu.py, test_dglu_mx_gpu.py): FP8 operands of
+small integers with power-of-two scales, so every product and sum of the GEMM is exact in any
+order and the kernel differs from the references only in its epilogue's own rounding."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fusegemm.formats import blockwise_sfa_layout, pack_sf
+from fusegemm.output_compare import to_device
+
+
+def operands(sizes: list[int], n: int, k: int, recipe: str, rng: np.random.Generator) -> tuple:
+    """(host operands by the wrapper's names, each expert's SFB for discrete weights, A and B
+    dequantized in float64) on the CPU; ``recipe`` "mx" (E8M0 per 32 K) or "blockwise" (FP32, A
+    1x128, B 128x128). Draws from ``rng`` in a fixed order (the callers' inputs come after)."""
+    import ml_dtypes
+    m, l = sum(sizes), len(sizes)
+    e4m3 = ml_dtypes.float8_e4m3fn
+    aq = rng.integers(-3, 4, (m, k)).astype(e4m3)
+    bq = rng.integers(-3, 4, (l, n, k)).astype(e4m3)
+    if recipe == "mx":
+        e8m0 = ml_dtypes.float8_e8m0fnu
+        sa = np.exp2(rng.integers(-1, 2, (m, k // 32))).astype(np.float32).astype(e8m0)
+        sb = np.exp2(rng.integers(-1, 2, (l, n, k // 32))).astype(np.float32).astype(e8m0)
+        sfa, sfb = to_device(pack_sf(sa), "cpu"), to_device(pack_sf(sb, batch_first=True), "cpu")
+        per_expert_sfb = [to_device(pack_sf(sb[e]), "cpu") for e in range(l)]
+        a64 = aq.astype(np.float64) * np.repeat(sa.astype(np.float64), 32, axis=1)
+        b64 = bq.astype(np.float64) * np.repeat(sb.astype(np.float64), 32, axis=2)
+    else:
+        sa = np.exp2(rng.integers(-1, 2, (m, -(-k // 128)))).astype(np.float32)
+        sb = np.exp2(rng.integers(-1, 2, (l, -(-n // 128), -(-k // 128)))).astype(np.float32)
+        sfa, sfb = blockwise_sfa_layout(torch.from_numpy(sa)), torch.from_numpy(sb)
+        per_expert_sfb = [sfb[e].contiguous() for e in range(l)]
+        a64 = aq.astype(np.float64) * np.repeat(sa, 128, axis=1)[:, :k]
+        b64 = bq.astype(np.float64) * np.repeat(np.repeat(sb, 128, axis=1), 128, axis=2)[:, :n, :k]
+    host = {"a_tensor": to_device(aq, "cpu"), "sfa_tensor": sfa,
+            "padded_offsets": torch.tensor(np.cumsum(sizes), dtype=torch.int32),
+            "b_tensor": to_device(bq, "cpu"), "sfb_tensor": sfb}
+    return host, per_expert_sfb, a64, b64
+
+
+def on_device(host: dict, per_expert_sfb: list, n: int, discrete: bool) -> tuple[dict, list]:
+    """(the operands on the GPU, what must stay alive): discrete weights as ``b_ptrs`` /
+    ``sfb_ptrs`` / ``n`` in place of ``b_tensor`` / ``sfb_tensor``."""
+    dev = {key: v.cuda() for key, v in host.items()}
+    keep: list = []
+    if discrete:
+        bs = [t.contiguous() for t in dev.pop("b_tensor")]
+        sbs = [t.cuda() for t in per_expert_sfb]
+        dev.pop("sfb_tensor")
+        keep = bs + sbs
+        dev.update(b_ptrs=torch.tensor([t.data_ptr() for t in bs], dtype=torch.int64, device="cuda"),
+                   sfb_ptrs=torch.tensor([t.data_ptr() for t in sbs], dtype=torch.int64, device="cuda"), n=n)
+    return dev, keep
