@@ -25,6 +25,15 @@ The MXFP8 recipe (``recipe="mxfp8"``) is described at :class:`ExpertMLP`.
 
 ``backend="torch"`` runs the same structure with torch matmuls (any device, any float dtype):
 the reference the tests hold the fusegemm backend to, and what ``gradcheck`` differentiates.
+
+:class:`MoEBlock` is the whole layer around it: router logits and token-major ``x`` in,
+token-major output out. It routes (:func:`fusegemm.routing.route`: top-k and the padded
+expert-sorted permutation on the device, no host synchronisation), gathers the tokens into those
+rows, runs the expert MLP (each row's routing weight applied by the fused SwiGLU), and sums each
+token's k rows back (:func:`fusegemm.routing.combine`). Autograd carries the gradients of ``x``,
+of the logits (through dprob, the softmax and top-k) and of both weights. The gather and combine
+are torch index operations in this version; fusing them into the grouped GEMM's loads and stores
+is issue 33's next step.
 """
 from __future__ import annotations
 
@@ -33,9 +42,10 @@ from torch import Tensor
 
 from .base.errors import ArgumentError
 from .formats.torch_mx import dequantize_mx, kernel_view, pack_sf, quantize_mx, unpack_sf
+from .routing import combine, gather, route, row_probs
 
-__all__ = ["ExpertMLP", "ExpertMLPFunction", "RECIPES", "interleave_gate_up", "split_gate_up", "join_gate_up",
-           "swiglu_backward"]
+__all__ = ["ExpertMLP", "ExpertMLPFunction", "MoEBlock", "RECIPES", "interleave_gate_up", "split_gate_up",
+           "join_gate_up", "swiglu_backward"]
 
 BLOCK = 32   # the seed's gate/up interleave (columns per block)
 
@@ -582,3 +592,59 @@ class ExpertMLP(torch.nn.Module):
             _check_aligned(padded_offsets)
         return ExpertMLPFunction.apply(x, padded_offsets, prob, self.w1, self.w2, self.backend, self.recipe,
                                        self.amax, self.wgrad)
+
+
+# ---------------------------------------------------------------- the whole layer: routing in, tokens out
+class MoEBlock(torch.nn.Module):
+    """An MoE layer of ``experts`` SwiGLU experts, ``top_k`` per token.
+
+    Parameters
+    ----------
+    hidden : int
+        H, the model dimension.
+    intermediate : int
+        F, each expert's intermediate size (a multiple of 32).
+    experts : int
+        E, the experts (all local).
+    top_k : int
+        Experts per token, 1 <= top_k <= experts.
+    normalize : bool
+        Renormalize each token's k routing weights to sum to 1.
+    dtype, backend, recipe, wgrad, device, generator
+        As :class:`fusegemm.moe.ExpertMLP` (``backend="torch"`` runs on any device).
+    """
+
+    def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, *, normalize: bool = False,
+                 dtype: torch.dtype = torch.bfloat16, backend: str = "fusegemm", recipe: str = "bf16",
+                 wgrad: str = "auto", device=None, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not (isinstance(experts, int) and
+                                                                          1 <= top_k <= experts):
+            raise ArgumentError("top_k", repr(top_k), f"an int from 1 to experts ({experts!r})")
+        if not isinstance(normalize, bool):
+            raise ArgumentError("normalize", repr(normalize), "True or False")
+        self.top_k, self.normalize = top_k, normalize
+        self.mlp = ExpertMLP(experts, hidden, intermediate, dtype=dtype, backend=backend, recipe=recipe,
+                             wgrad=wgrad, device=device, generator=generator)
+
+    def forward(self, x: Tensor, logits: Tensor) -> Tensor:
+        """The layer on token-major ``x``.
+
+        Parameters
+        ----------
+        x : (T, H) tensor
+            The tokens, in the expert weights' dtype.
+        logits : (T, E) float tensor
+            The router's logits for each token.
+        """
+        experts, hidden = self.mlp.w1.shape[0], self.mlp.w1.shape[2]
+        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != hidden:
+            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ArgumentError("x.shape", got, f"(T, {hidden}): token-major, the hidden size")
+        if not isinstance(logits, Tensor) or tuple(logits.shape) != (x.shape[0], experts):
+            got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+            raise ArgumentError("logits.shape", got, f"({x.shape[0]}, {experts}): one row per token, one column "
+                                "per expert")
+        r = route(logits, self.top_k, normalize=self.normalize)
+        y_rows = self.mlp(gather(x, r), r.padded_offsets, row_probs(r))
+        return combine(y_rows, r)

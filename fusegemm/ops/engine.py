@@ -376,7 +376,8 @@ class Op(PreparedLaunch):
             name = (names or {}).get(inp.name, f"inputs[{inp.name!r}]")
             if x is None:
                 if inp.default is None:
-                    raise ArgumentError(name, None, f"a {inp.per} input ({inp.dtype}): the epilogue reads it")
+                    article = "an" if inp.per[0] in "aeiou" else "a"
+                    raise ArgumentError(name, None, f"{article} {inp.per} input ({inp.dtype}): the epilogue reads it")
                 continue
             if inp.per == "scalar":
                 if isinstance(x, (int, float)) and not isinstance(x, bool):

@@ -47,11 +47,12 @@ LAYERS: list[dict[str, tuple[str, ...]]] = [
      "host": ("fusegemm.arguments", "fusegemm.tupledict", "fusegemm.reference", "fusegemm.problems",
               "fusegemm.interpret", "fusegemm.describe", "fusegemm.output_compare")},
     # The one engine (engine.py), the operands of each kernel class, the generated faces of the
-    # preset rows (faces, hows) and the seed ops still written by hand (grouped_gemm; scaled_seeds
-    # keeps the block-scaled seeds' output shaping); acyclic inside.
+    # preset rows (faces, hows, tuned; scaled_seeds keeps the seeds' output shaping); acyclic
+    # inside.
     {"ops": ("fusegemm.ops",)},
+    # The faces and what is built on them: the MoE layer and its routing (torch operations).
     {"faces": ("fusegemm.presets", "fusegemm.compat", "fusegemm.torch_library", "fusegemm.jax_ffi", "fusegemm.moe",
-               "fusegemm.expert_parallel")},
+               "fusegemm.routing", "fusegemm.expert_parallel")},
     # The note's tools, plus verify (it runs selftest's cases: the first-run verification is a
     # tool the ops reach through base.hooks) and harness (the epilogue harness on a GPU, which
     # tests and benchmarks drive; it uses the ops' device facts). The cubin reader the note

@@ -1,0 +1,134 @@
+"""MoE routing on the device, with no host synchronisation: top-k over the router's logits, then
+the permutation of each token's k copies into expert-sorted rows padded per expert to multiples
+of 256 (``padded_offsets``, the layout every grouped family and :class:`fusegemm.moe.ExpertMLP`
+read), and back.
+
+    r = route(logits, top_k=2)                       # logits (T, E)
+    x_rows = gather(x, r)                            # (r.rows, H): row i holds token r.token_of_row[i]
+    y_rows = mlp(x_rows, r.padded_offsets, row_probs(r))
+    y = combine(y_rows, r)                           # (T, H): the sum over each token's k rows
+
+Every shape depends on (tokens, experts, top_k) only, never on the data: the rows are the bound
+``R = round_up(T * k + 255 * E, 256)`` (each expert pads fewer than 256 rows), rows past
+``padded_offsets[-1]`` and an expert's padding rows read token -1 (zeros). So no step reads a
+value back to the host: the functions run inside CUDA graphs and on meta tensors (tested), and
+each is made of torch operations that autograd differentiates (the probabilities through
+``row_probs``, x through ``gather``, the rows through ``combine``).
+
+Within an expert, rows follow token order (a stable sort), so a routing is deterministic, and
+``combine`` sums each token's k rows in choice order (no atomics).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .arguments import M_ALIGNED
+from .base.errors import ArgumentError
+
+__all__ = ["Routing", "route", "gather", "row_probs", "combine", "padded_rows"]
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Where each token's k copies go.
+
+    Attributes
+    ----------
+    probs : (T, k) float32
+        The routing weight of each choice (softmax over the experts, the top k; renormalized over
+        them with ``normalize``); differentiable with respect to the logits.
+    experts : (T, k) int64
+        The chosen experts, in descending probability.
+    padded_offsets : (E,) int32
+        Each expert's end row: nondecreasing multiples of 256.
+    row_of : (T, k) int64
+        The row of each (token, choice).
+    token_of_row : (R,) int64
+        The token each row reads, -1 for padding rows.
+    """
+
+    probs: Tensor
+    experts: Tensor
+    padded_offsets: Tensor
+    row_of: Tensor
+    token_of_row: Tensor
+
+    @property
+    def rows(self) -> int:
+        """R, the row count of the grouped problem (a multiple of 256)."""
+        return self.token_of_row.shape[0]
+
+
+def padded_rows(tokens: int, experts: int, top_k: int) -> int:
+    """R: the rows a routing of ``tokens`` over ``experts`` with ``top_k`` occupies at most."""
+    return -(-(tokens * top_k + (M_ALIGNED - 1) * experts) // M_ALIGNED) * M_ALIGNED
+
+
+def route(logits: Tensor, top_k: int, *, normalize: bool = False) -> Routing:
+    """Top-``top_k`` routing of ``logits`` (T, E) into expert-sorted rows padded per expert.
+
+    Parameters
+    ----------
+    logits : (T, E) float tensor
+        The router's logits (any float dtype; the softmax runs in float32).
+    top_k : int
+        Experts per token, 1 <= top_k <= E.
+    normalize : bool
+        Renormalize each token's k probabilities to sum to 1 (Mixtral, Qwen3); default the
+        softmax's values (DeepSeek-V2's).
+    """
+    if not isinstance(logits, Tensor) or logits.dim() != 2 or not logits.is_floating_point():
+        got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ArgumentError("logits", got, "a (tokens, experts) float tensor")
+    t, e = logits.shape
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
+        raise ArgumentError("top_k", repr(top_k), f"an int from 1 to {e} (the experts)")
+    if not isinstance(normalize, bool):
+        raise ArgumentError("normalize", repr(normalize), "True or False")
+    probs, experts = torch.softmax(logits.float(), dim=-1).topk(top_k, dim=-1)
+    if normalize:
+        probs = probs / probs.sum(-1, keepdim=True)
+    dev, n = logits.device, t * top_k
+    flat = experts.reshape(-1)
+    # Counts by scatter (bincount's length would depend on the data), padded per expert.
+    counts = torch.zeros(e, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + M_ALIGNED - 1) // M_ALIGNED * M_ALIGNED
+    ends = padded.cumsum(0)
+    # Each choice's rank among its expert's choices, in token order (a stable sort).
+    order = torch.sort(flat, stable=True).indices
+    sorted_e = flat[order]
+    rank = torch.arange(n, device=dev) - (counts.cumsum(0) - counts)[sorted_e]
+    row_flat = torch.empty_like(flat).scatter_(0, order, (ends - padded)[sorted_e] + rank)
+    token_of_row = torch.full((padded_rows(t, e, top_k),), -1, dtype=torch.int64, device=dev)
+    token_of_row.scatter_(0, row_flat, torch.arange(n, device=dev) // top_k)
+    return Routing(probs, experts, ends.to(torch.int32), row_flat.view(t, top_k), token_of_row)
+
+
+def gather(x: Tensor, routing: Routing) -> Tensor:
+    """(R, H): row i is token ``routing.token_of_row[i]`` of ``x`` (T, H), zeros for padding."""
+    if x.dim() != 2 or x.shape[0] != routing.row_of.shape[0]:
+        raise ArgumentError("x.shape", tuple(x.shape), f"({routing.row_of.shape[0]}, H): one row per routed token")
+    tok = routing.token_of_row
+    return x.index_select(0, tok.clamp(min=0)) * (tok >= 0).to(x.dtype)[:, None]
+
+
+def row_probs(routing: Routing) -> Tensor:
+    """(R,) float32: each row's routing weight (0 for padding rows); differentiable."""
+    r = routing
+    return torch.zeros(r.rows, dtype=torch.float32, device=r.probs.device).scatter(
+        0, r.row_of.reshape(-1), r.probs.reshape(-1))
+
+
+def combine(y_rows: Tensor, routing: Routing) -> Tensor:
+    """(T, H): each token's sum over its k rows of ``y_rows`` (R, H), in choice order, in at least
+    float32 and then ``y_rows``' dtype. The routing weights are the rows' own (applied by whatever made
+    them, as the expert MLP's fused SwiGLU does)."""
+    r = routing
+    if y_rows.dim() != 2 or y_rows.shape[0] != r.rows:
+        raise ArgumentError("y_rows.shape", tuple(y_rows.shape), f"({r.rows}, H): the routing's rows")
+    t, k = r.row_of.shape
+    picked = y_rows.index_select(0, r.row_of.reshape(-1)).view(t, k, -1)
+    return picked.to(torch.promote_types(picked.dtype, torch.float32)).sum(1).to(y_rows.dtype)

@@ -1,0 +1,68 @@
+"""fusegemm.moe.MoEBlock and fusegemm.routing on the GPU: the fusegemm backend against the torch
+backend of the same layer (whose output and every gradient match a plain torch MoE layer on the
+CPU: tests/unit/test_routing.py), and the routing captured in a CUDA graph (it reads nothing back
+to the host) and replayed on new logits.
+
+Tolerance: relative Frobenius error <= 2e-2 per tensor (both in bfloat16 with FP32 accumulation;
+they round to bf16 at different places, one to a few bf16 ulps per element, and the logits'
+gradient sums those over the hidden size)."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fusegemm import moe, routing  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 8])
+def test_moe_block_matches_the_torch_backend_forward_and_backward(top_k):
+    g = torch.Generator(device="cuda").manual_seed(3)
+    tokens, hidden, inter, experts = 700, 256, 256, 8
+    x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
+    logits = torch.randn(tokens, experts, generator=g, device="cuda")
+    logits[:, 5] = -1e4          # an expert nobody prefers: empty unless top_k = experts (then weight ~0)
+    dy = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
+    out = {}
+    for backend in ("fusegemm", "torch"):
+        block = moe.MoEBlock(hidden, inter, experts, top_k, backend=backend, device="cuda",
+                             generator=torch.Generator().manual_seed(4))
+        xi, zi = x.clone().requires_grad_(), logits.clone().requires_grad_()
+        y = block(xi, zi)
+        (y.float() * dy.float()).sum().backward()
+        out[backend] = (y, xi.grad, zi.grad, block.mlp.w1.grad, block.mlp.w2.grad)
+    for name, got, want in zip(("y", "dx", "dlogits", "dw1", "dw2"), out["fusegemm"], out["torch"]):
+        assert got.shape == want.shape, name
+        assert _rel(got, want) <= 2e-2, (name, _rel(got, want))
+
+
+def test_routing_runs_in_a_cuda_graph():
+    """route, gather, row_probs and combine captured once, replayed on new logits and tokens:
+    the same rows as an eager call (nothing in them synchronises with the host)."""
+    tokens, experts, top_k, hidden = 1000, 32, 8, 64
+    logits = torch.randn(tokens, experts, device="cuda")
+    x = torch.randn(tokens, hidden, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):                                     # warm-up outside the capture
+        routing.route(logits, top_k)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        r = routing.route(logits, top_k)
+        y = routing.combine(routing.gather(x, r), r)
+        p = routing.row_probs(r)
+    logits.copy_(torch.randn(tokens, experts, device="cuda"))
+    x.copy_(torch.randn(tokens, hidden, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = routing.route(logits, top_k)
+    assert torch.equal(r.token_of_row, eager.token_of_row) and torch.equal(r.padded_offsets, eager.padded_offsets)
+    assert torch.equal(p, routing.row_probs(eager))
+    torch.testing.assert_close(y, top_k * x, rtol=1e-6, atol=1e-6)
