@@ -271,7 +271,11 @@ def wrapper(row: Any, module: str) -> Callable[..., TupleDict]:
     else:
         run.__doc__ = (_doc(row) + "\n\nParameters\n----------\n"
                        + "\n".join(f"{p}\n    {_param_doc(row, p)}" for p in sig.parameters))
+    # The checked path is the wrapper's own function, named as the wrapper (docs tools follow
+    # ``__wrapped__`` to a public name).
     checked.__doc__, run.__wrapped__ = run.__doc__, checked   # type: ignore[attr-defined]
+    checked.__name__ = checked.__qualname__ = row.name
+    checked.__module__ = module
     return run
 
 
