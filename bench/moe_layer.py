@@ -1,0 +1,128 @@
+"""Forward + backward step of the whole MoE layer (``fusegemm.moe.MoEBlock``: routing, gather,
+expert MLP, combine) against the same layer in plain torch, in the same run; prints JSON.
+
+The torch layer is what a framework runs without fusegemm: softmax top-k, the token copies
+sorted by expert (``argsort``, ``index_select``), ``torch._grouped_mm`` for fc1 and fc2 with
+SwiGLU between them, and ``index_add_`` back into token order. Both read the same weights and
+routing logits. One step: ``y = layer(x, logits)``, ``y.backward(dy)`` (gradients of x, the
+logits and both weights). Times are CUDA-event medians over interleaved rounds; ``speedup`` is
+torch_ms / fusegemm_ms; peak memory is ``torch.cuda.max_memory_allocated`` over one step of each.
+Issue 33's target: >= 1.5x on these layers once gather and scatter are fused (this version of
+``MoEBlock`` gathers and combines with torch index operations).
+
+    python bench/moe_layer.py [--layers dsv3-8,dsv3-32,mixtral,qwen3] [--out bench/results/moe_layer_h200.json]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from _common import emit_json, interleaved_ms
+
+# name: (experts, tokens, hidden, intermediate, top_k)
+LAYERS = {
+    "dsv3-8": (8, 4096, 7168, 2048, 8),
+    "dsv3-32": (32, 4096, 7168, 2048, 8),
+    "mixtral": (8, 4096, 4096, 14336, 2),
+    "qwen3": (128, 4096, 2048, 768, 8),
+}
+
+
+class TorchLayer:
+    """The plain torch MoE layer on ``w1`` (E, 2F, H; fusegemm's gate/up interleave) and ``w2``."""
+
+    def __init__(self, w1, w2, top_k):
+        self.w1, self.w2, self.top_k = w1, w2, top_k
+
+    def __call__(self, x, logits):
+        import torch
+
+        from fusegemm.moe import split_gate_up
+        probs, experts = torch.softmax(logits.float(), -1).topk(self.top_k, -1)
+        flat = experts.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        tokens = order // self.top_k
+        counts = torch.zeros(self.w1.shape[0], dtype=torch.int64, device=x.device).scatter_add_(
+            0, flat, torch.ones_like(flat))
+        offs = counts.cumsum(0).to(torch.int32)
+        g = torch._grouped_mm(x.index_select(0, tokens), self.w1.transpose(1, 2), offs=offs)
+        gate, up = split_gate_up(g.float())
+        h = (torch.nn.functional.silu(gate) * up * probs.reshape(-1)[order][:, None]).to(x.dtype)
+        y = torch._grouped_mm(h, self.w2.transpose(1, 2), offs=offs)
+        return torch.zeros_like(x).index_add_(0, tokens, y)
+
+
+def bench_layer(name: str, args) -> dict:
+    import torch
+
+    from fusegemm.moe import MoEBlock
+    experts, tokens, hidden, inter, top_k = LAYERS[name]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(tokens, hidden, generator=g, device="cuda") * 0.5).bfloat16().requires_grad_()
+    logits = torch.randn(tokens, experts, generator=g, device="cuda").requires_grad_()
+    dy = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
+    ours = MoEBlock(hidden, inter, experts, top_k, device="cuda", generator=torch.Generator().manual_seed(1))
+    w1 = ours.mlp.w1.detach().clone().requires_grad_()
+    w2 = ours.mlp.w2.detach().clone().requires_grad_()
+    peer = TorchLayer(w1, w2, top_k)
+    row = {"layer": name, "experts": experts, "tokens": tokens, "hidden": hidden, "intermediate": inter,
+           "top_k": top_k}
+
+    def step(layer, params):
+        def run():
+            for p in (x, logits, *params):
+                p.grad = None
+            layer(x, logits).backward(dy)
+        return run
+
+    methods = {"fusegemm": step(ours, (ours.mlp.w1, ours.mlp.w2)), "torch": step(peer, (w1, w2))}
+    with torch.no_grad():
+        yo, yt = ours(x, logits).float(), peer(x, logits).float()
+    row["rel_diff_y_vs_torch"] = float((yo - yt).norm() / yt.norm())
+    for key, run in methods.items():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        run()
+        torch.cuda.synchronize()
+        row[f"{key}_peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+    for key, ms in interleaved_ms(methods, args).items():
+        row[f"{key}_ms"] = ms
+    row["speedup_vs_torch"] = row["torch_ms"] / row["fusegemm_ms"]
+    torch.cuda.empty_cache()
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    import platform
+    import time
+
+    import torch
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--layers", default=",".join(LAYERS))
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print('{"error": "no CUDA GPU"}')
+        return 1
+    rows = []
+    for name in args.layers.split(","):
+        if name not in LAYERS:
+            raise SystemExit(f"--layers: unknown {name!r}; allowed: {', '.join(LAYERS)}")
+        rows.append(bench_layer(name, args))
+        r = rows[-1]
+        print(f"{name:8s} fusegemm {r['fusegemm_ms']:.2f} ms  torch {r['torch_ms']:.2f} ms  "
+              f"x{r['speedup_vs_torch']:.2f}  peak {r['fusegemm_peak_gib']:.1f} / {r['torch_peak_gib']:.1f} GiB",
+              file=sys.stderr)
+    emit_json({"benchmark": "MoE layer forward + backward step (routing, gather, expert MLP, combine) vs torch",
+               "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
+               "method": f"CUDA events; {args.rounds} interleaved rounds, each the median of {args.iters} steps "
+                         f"after {args.warmup} warm-ups; median over rounds", "rows": rows}, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
