@@ -14,10 +14,9 @@ torch = pytest.importorskip("torch")
 
 import fusegemm  # noqa: E402
 from fusegemm.base.errors import ArgumentError, UnsupportedError  # noqa: E402
-from fusegemm.formats import (blockwise_sfa_layout, dequantize_128x128, dequantize_1x128,  # noqa: E402
-                              dequantize_blockwise, pack_sf, quantize_128x128, quantize_1x128, quantize_blockwise,
-                              unpack_sf)
-from fusegemm.output_compare import to_device  # noqa: E402
+from fusegemm.formats import unpack_sf  # noqa: E402
+
+import quantized_problems  # noqa: E402  (tests/unit/quantized_problems.py)
 
 SPEC = "grouped_gemm_dglu_mx"
 MX = {"sf_dtype": "float8_e8m0fnu", "sf_vec_size": 32}
@@ -56,19 +55,7 @@ def _problem(recipe, sizes=(256, 0, 512), n=256, k=384, seed=0):
     """Operands (A, SFA, offsets, B, SFB) as CPU tensors, the inputs, and A and B dequantized."""
     rng = np.random.default_rng(seed)
     m, l = sum(sizes), len(sizes)
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    w = rng.standard_normal((l, n, k)).astype(np.float32) * np.float32(k ** -0.5)
-    if recipe == "mx":
-        aq, sa = quantize_blockwise(x, ab_dtype="float8_e4m3fn", sf_vec_size=32)
-        bq, sb = quantize_blockwise(w, ab_dtype="float8_e4m3fn", sf_vec_size=32)
-        a64, b64 = (dequantize_blockwise(q, s, sf_vec_size=32) for q, s in ((aq, sa), (bq, sb)))
-        sfa, sfb = to_device(pack_sf(sa), "cpu"), to_device(pack_sf(sb, batch_first=True), "cpu")
-    else:
-        aq, sa = quantize_1x128(x, "float8_e4m3fn")
-        bq, sb = quantize_128x128(w, "float8_e4m3fn")
-        a64, b64 = dequantize_1x128(aq, sa), dequantize_128x128(bq, sb)
-        sfa, sfb = blockwise_sfa_layout(torch.from_numpy(sa)), torch.from_numpy(sb)
-    ops = (to_device(aq, "cpu"), sfa, torch.tensor(np.cumsum(sizes), dtype=torch.int32), to_device(bq, "cpu"), sfb)
+    ops, a64, b64 = quantized_problems.operands(recipe, sizes, n, k, rng)
     ins = {"alpha": torch.from_numpy(rng.uniform(0.5, 1.5, l).astype(np.float32)),
            "beta": torch.from_numpy(rng.uniform(0.5, 1.5, l).astype(np.float32)),
            "prob": torch.from_numpy(rng.uniform(0, 1, m).astype(np.float32)),
