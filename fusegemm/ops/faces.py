@@ -289,27 +289,14 @@ def _launcher(sig: inspect.Signature, hit: tuple, nargs: int, kwnames: tuple[str
     if row.into or row.unsqueezed or not (flat2d and _seeds._AS_IS.get(op)):
         pick = _picker(sig, row, nargs, kwnames)
         return lambda args, kwargs: call(row, pick(args, kwargs), None, hit)
-    names = tuple(sig.parameters)
-    stream = next((p for p in ("current_stream", "stream") if p in names), None)
-    order = (*picks, stream, "validate_offsets")
-    consts = tuple(sig.parameters[p].default if p in names else None for p in order
-                   if p not in kwnames and (p not in names or names.index(p) >= nargs))
-    idx, c = [], nargs + len(kwnames)
-    for p in order:
-        if p in names and names.index(p) < nargs:
-            idx.append(names.index(p))
-        elif p in kwnames:
-            idx.append(nargs + kwnames.index(p))
-        else:
-            idx.append(c)
-            c += 1
-    take, launch, tail = itemgetter(*idx[:-2]), itemgetter(*idx[-2:]), row.tail
+    stream = next((p for p in ("current_stream", "stream") if p in sig.parameters), None)
+    take, n, tail = _taker(sig, nargs, kwnames, (*picks, stream, "validate_offsets")), len(picks), row.tail
     rets = tuple((name, o if o and shown.get(o, True) else None) for name, o in row.returns)
     names_out, outs = tuple(name for name, _ in rets), tuple(o for _, o in rets)
 
     def go(args: tuple, kwargs: dict) -> TupleDict | None:
-        v = (*args, *kwargs.values(), *consts)
-        out = op._call_memo(e, take(v), *launch(v), tail, shaped=False)
+        v = take(args, kwargs)
+        out = op._call_memo(e, v[:n], v[n], v[n + 1], tail, shaped=False)
         if out is None:
             return None
         r = TupleDict.__new__(TupleDict)      # (TupleDict.of without the keyword call)
@@ -322,21 +309,33 @@ def _picker(sig: inspect.Signature, row: Any, nargs: int, kwnames: tuple[str, ..
     """``pick(args, kwargs)``: the arguments a resolved call of ``row`` reads (operands, inputs,
     outputs written into, A and its scales, the stream), by name, for calls passing ``nargs``
     positional arguments and the keywords ``kwnames`` (a call that binds, since it resolved)."""
-    names = tuple(sig.parameters)
     wanted = {p for _, p in (*row.operands, *row.inputs, *row.into)}
-    wanted |= {"a_tensor", "sfa_tensor", "current_stream", "stream", "validate_offsets"} & set(names)
-    pos = tuple((p, names.index(p)) for p in wanted if names.index(p) < nargs)
-    kws = tuple(p for p in wanted if p in kwnames)
-    fixed = {p: sig.parameters[p].default for p in wanted if p not in dict(pos) and p not in kws}
+    wanted = tuple(wanted | {"a_tensor", "sfa_tensor", "current_stream", "stream", "validate_offsets"}
+                   & set(sig.parameters))
+    take = _taker(sig, nargs, kwnames, wanted)
+    return lambda args, kwargs: dict(zip(wanted, take(args, kwargs)))
 
-    def pick(args: tuple, kwargs: dict) -> dict:
-        b = dict(fixed)
-        for p, i in pos:
-            b[p] = args[i]
-        for p in kws:
-            b[p] = kwargs[p]
-        return b
-    return pick
+
+def _taker(sig: inspect.Signature, nargs: int, kwnames: tuple[str, ...],
+           params: tuple[str, ...]) -> Callable[[tuple, dict], tuple]:
+    """``take(args, kwargs)``: the values of ``params``, in order, in calls of ``sig`` that pass
+    ``nargs`` arguments by position and the keywords ``kwnames`` in that order (a parameter the
+    call leaves out: its default; a name ``sig`` lacks: None). One itemgetter over the call's
+    values: no binding runs."""
+    names = tuple(sig.parameters)
+    idx, consts = [], []
+    for p in params:
+        if p in names and names.index(p) < nargs:
+            idx.append(names.index(p))
+        elif p in kwnames:
+            idx.append(nargs + kwnames.index(p))
+        else:
+            idx.append(nargs + len(kwnames) + len(consts))
+            consts.append(sig.parameters[p].default if p in names else None)
+    get, fixed = itemgetter(*idx), tuple(consts)
+    if len(idx) == 1:
+        return lambda args, kwargs: (get((*args, *kwargs.values(), *fixed)),)
+    return lambda args, kwargs: get((*args, *kwargs.values(), *fixed))
 
 
 def _param_doc(row: Any, param: str) -> str:

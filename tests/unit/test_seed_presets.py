@@ -199,3 +199,42 @@ def test_torch_faces_trace_in_full_graphs():
     torch._dynamo.reset()
     with pytest.raises(ArgumentError, match=r"^a_tensor\.device: got cpu"):
         torch.compile(f, fullgraph=True)(*args)
+
+
+def test_a_resolved_calls_launcher_reads_the_values_binding_gives():
+    """A wrapper call resolved before is launched from its arguments as passed (no binding): for
+    each way of passing them (by position, by keyword, left out) the launcher hands the op the
+    values binding gives, and the picker (outputs the seed reshapes) reads them too. A fake op
+    records what it is handed."""
+    from fusegemm.ops import faces, scaled_seeds
+    row = presets.BY_NAME["grouped_gemm"]
+    sig = row.signature()
+    bind = faces.binder(sig, row.name)
+    picks = ("a_tensor", "padded_offsets", "b_tensor", "b_ptrs", "n", "alpha_tensor")
+    seen = []
+
+    class FakeOp:
+        def _call_memo(self, e, flat, stream, validate, tail, shaped):
+            seen.append((flat, stream, validate, tail, shaped))
+            return {"d": "D"}
+    op = FakeOp()
+    scaled_seeds._AS_IS[op] = True
+    hit = (row, op, {}, True, [(object(), picks), None])
+    a, off, alpha, b, prob = "A", "OFF", "ALPHA", "B", "PROB"
+    calls = [((a, off, alpha, b), {}), ((a, off, alpha), {"b_tensor": b, "current_stream": 7}),
+             ((a,), {"alpha_tensor": alpha, "padded_offsets": off, "b_tensor": b, "validate_offsets": True}),
+             ((a, off, alpha, None, None, "PTRS", 5, None, "k", prob), {"current_stream": 3})]
+    for args, kwargs in calls:
+        want = bind(args, kwargs)
+        seen.clear()
+        out = faces._launcher(sig, hit, len(args), tuple(kwargs))(args, kwargs)
+        assert seen == [(tuple(want[p] for p in picks), want["current_stream"], want["validate_offsets"], False,
+                         False)], (args, kwargs)
+        assert list(out.items()) == [("d_tensor", "D"), ("c_tensor", None)]
+        got = faces._picker(sig, row, len(args), tuple(kwargs))(args, kwargs)
+        assert got == {p: want[p] for p in got} and set(got) >= set(picks) | {"prob_tensor", "current_stream"}
+    # A parameter the call leaves out reads its default (here ones that are not None), one the
+    # signature lacks reads None.
+    take = faces._taker(sig, 2, ("m_aligned",), ("d_dtype", "m_aligned", "padded_offsets", "absent"))
+    assert take((a, off), {"m_aligned": 256}) == ("bfloat16", 256, off, None)
+    assert faces._taker(sig, 1, (), ("c_dtype",))((a,), {}) == ("bfloat16",)
