@@ -87,7 +87,8 @@ def _resolve(row: Any, bound: dict[str, Any]) -> tuple[Any, Any, dict[str, bool]
     if row.scaled is not None and bound.get("sfa_tensor") is not None:
         row = row.scaled
     axes = resolve(row, bound)
-    if row.tune and not is_dry() and view(bound["a_tensor"], "a_tensor").is_cuda \
+    a = view(bound["a_tensor"], "a_tensor")
+    if row.tune and not is_dry() and a.is_cuda \
             and not {"tile_m", "cluster_m"} & set(axes) and axes.get("scheduler") == "static":
         # No configuration named: the tuned one (a fake trace sizes outputs: any tile does).
         from .tuned import tuned_axes
@@ -96,7 +97,7 @@ def _resolve(row: Any, bound: dict[str, Any]) -> tuple[Any, Any, dict[str, bool]
     op = _make_op(row, bound["a_tensor"], bound.get("e5m2_rcp_max", "page"), axes, bound)
     if row.kind != "grouped":
         _seeds.check_layouts_once(op)
-    return row, op, shown, view(bound["a_tensor"], "a_tensor").ndim == 2, [None, None]
+    return row, op, shown, a.ndim == 2, [None, None]
 
 
 def _make_op(row: Any, a_tensor: Any, e5m2_rcp_max: str, axes: dict[str, Any], given: dict[str, Any],
@@ -253,7 +254,7 @@ def wrapper(row: Any, module: str) -> Callable[..., TupleDict]:
             return slow(*args, **kwargs)
         hit = _RESOLVED.get(key)
         if hit is None or hit[4][0] is None:
-            return call(row, bind(args, kwargs), key)
+            return call(row, bind(args, kwargs), key, hit)
         # Resolved and launched before (the key fixes which arguments come by position and which
         # by keyword): the launch's values are picked without binding.
         go = hit[4][1]

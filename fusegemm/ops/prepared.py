@@ -126,9 +126,7 @@ class _NotPlain(Exception):
 
 
 def _plain(x: Any) -> Any:
-    """The key entry of a non-tensor argument: None, or a number's (type, value)."""
-    if x is None:
-        return None
+    """The key entry of a number: its (type, value) (flat_signature keys None itself)."""
     if type(x) is int or type(x) is float:
         return (type(x), x)
     raise _NotPlain

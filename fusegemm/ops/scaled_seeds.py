@@ -44,11 +44,10 @@ def _op(spec: str, a_tensor: Any, e5m2_rcp_max: str, axes: dict[str, Any], arch:
     """The cached op of this configuration on a_tensor's device (compiled on its first launch):
     a :class:`BlockScaledGemm` for the block-scaled families, an :class:`Op` otherwise. ``arch``:
     the arch to build for (default the device's)."""
-    from .device import device_arch
     from ..generator import registry
     a = view(a_tensor, "a_tensor")
     device = a.device[1] if a.is_cuda else 0
-    arch = arch or (device_arch(device) if a.is_cuda else VALIDATION_ARCH)
+    arch = arch or device_arch_of(a_tensor)
     row = registry.lookup(spec, arch)
     if row is not None:   # what this arch runs the axes as (sm_90a: vector_f32 as scalar): one op
         axes = row.canonical(axes)
@@ -80,13 +79,9 @@ def _torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def shape_out(out: dict[str, Any], op: Op, a_tensor: Any, sfa_tensor: Any,
-              flat: bool | None = None) -> dict[str, Any]:
-    """The engine's outputs (by spec name) in the seed's layout for ``a_tensor`` (``flat``: whether
-    it is 2-D, when the caller knows)."""
-    if flat is None or op.kind == "batched":
-        a = view(a_tensor, "a_tensor")
-        flat = a.ndim == 2
+def shape_out(out: dict[str, Any], op: Op, a_tensor: Any, sfa_tensor: Any, flat: bool) -> dict[str, Any]:
+    """The engine's outputs (by spec name) in the seed's layout for ``a_tensor`` (``flat``: it is
+    2-D)."""
     dtypes = _ROWS.get(op)
     if dtypes is None:                                       # the row buffers' dtypes, once per op
         outs = op.epilogue.outputs
@@ -96,7 +91,7 @@ def shape_out(out: dict[str, Any], op: Op, a_tensor: Any, sfa_tensor: Any,
     if flat and _AS_IS[op]:   # 2-D rows of non-FP8 outputs, no SF: the engine's layout is the seed's
         return out if type(out) is dict else dict(out)
     if op.kind == "batched":
-        return _batched_out(out, a, dtypes["c"], op.variant.cd_major)
+        return _batched_out(out, view(a_tensor, "a_tensor"), dtypes["c"], op.variant.cd_major)
     shaped: dict[str, Any] = {}
     sf = None
     for name, t in out.items():
