@@ -71,6 +71,16 @@ def test_gather_and_combine_are_inverse_over_the_k_copies():
     torch.testing.assert_close(combine(rows, r), 2 * x, rtol=0, atol=0)
 
 
+def test_gather_and_combine_gradients_are_each_others_transpose():
+    """Their backwards are written by hand (each the other's forward): gradcheck both, twice."""
+    r = route(_logits(11, 6, 3, cold=(4,)), 3)
+    x = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
+    rows = torch.randn(r.rows, 5, dtype=torch.float64, requires_grad=True)
+    for f, v in ((lambda t: gather(t, r), x), (lambda t: combine(t, r), rows)):
+        assert torch.autograd.gradcheck(f, (v,), fast_mode=True)
+        assert torch.autograd.gradgradcheck(f, (v,), fast_mode=True)
+
+
 def test_shapes_depend_on_the_sizes_only():
     """On meta tensors nothing has a value, so any step that read one back (bincount's length,
     nonzero, .item()) would fail here: the routing is free of host synchronisation."""
