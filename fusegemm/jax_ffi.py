@@ -220,25 +220,102 @@ def register() -> None:
     "c_dtype": "jnp dtype, optional\nbfloat16 (default), float16 or float32 (with ``generate_c``)."})
 def grouped_gemm(a: Any, padded_offsets: Any, alpha: Any, b: Any, *, prob: Any = None, bias: Any = None,
                  d_dtype: Any = None, c_dtype: Any = None, generate_c: bool = False) -> Any:
-    """Seed 001's grouped GEMM as a JAX operation (usable inside ``jax.jit``).
+    """Seed 001's grouped GEMM as a JAX operation (usable inside ``jax.jit``, differentiable).
 
     ``a`` (M, K) bfloat16, ``padded_offsets`` (L,) int32, ``alpha`` (L,) float32, ``b`` (L, N, K)
     bfloat16, ``prob`` (M,) float32, ``bias`` (L, N) (one row per expert; the seed's (N, L) view of
     the same memory). Returns D (M, N) (``d_dtype``, default bfloat16), or ``(D, C)`` with
     ``generate_c``. Rows at or past ``padded_offsets[-1]`` are unspecified (XLA's buffers).
+
+    ``jax.grad`` and ``jax.vjp`` reach a, alpha, b, prob and bias (a ``jax.custom_vjp``): the data
+    gradient runs this op on the transposed weights, the weight gradient fusegemm's K-grouped
+    kernel where it fits (N whole tiles of it, K a multiple of 8, on an arch where it has run),
+    else an XLA einsum over an expert mask (L times the GEMM's work: small problems only); alpha,
+    prob and bias by per-expert segment sums. Cotangents of rows past the last expert are ignored.
     """
     import jax.numpy as jnp
     axes = (("bias_dtype", jnp.dtype(bias.dtype).name if bias is not None else "none"),
             ("c_dtype", jnp.dtype(c_dtype or jnp.bfloat16).name), ("d_dtype", jnp.dtype(d_dtype or jnp.bfloat16).name),
             ("generate_c", bool(generate_c)))
-    out = _seed_op(axes)(a, padded_offsets, b, inputs={"alpha": alpha, "prob": prob, "bias": bias})
-    return (out["d"], out["c"]) if generate_c else out["d"]
+    return _differentiable(axes)(a, padded_offsets, alpha, b, prob, bias)
 
 
 @functools.lru_cache(maxsize=64)
 def _seed_op(axes: tuple) -> Any:
     """Seed 001's spec as a JAX operation of these variant axes (the one FFI target of every spec)."""
     return spec_op("grouped_gemm", **dict(axes))
+
+
+@functools.lru_cache(maxsize=64)
+def _differentiable(axes: tuple) -> Any:
+    """Seed 001's op of these axes as a ``jax.custom_vjp`` of (a, offsets, alpha, b, prob, bias)."""
+    import jax
+
+    generate_c = dict(axes)["generate_c"]
+
+    def forward(a, offsets, alpha, b, prob, bias):
+        out = _seed_op(axes)(a, offsets, b, inputs={"alpha": alpha, "prob": prob, "bias": bias})
+        return (out["d"], out["c"]) if generate_c else out["d"]
+
+    f = jax.custom_vjp(forward)
+    f.defvjp(lambda *args: (forward(*args), args),
+             lambda saved, g: _grouped_gemm_vjp(saved, *(g if generate_c else (g, None))))
+    return f
+
+
+def _grouped_gemm_vjp(saved: tuple, gd: Any, gc: Any) -> tuple:
+    """Cotangents of (a, offsets, alpha, b, prob, bias), as torch_library's backward computes them:
+    U, the cotangent at alpha_e A B_e^T over alpha; ``da = alpha_e U B_e``, ``db_e = alpha_e U_e^T A_e``."""
+    import jax
+    import jax.numpy as jnp
+    a, offsets, alpha, b, prob, bias = saved
+    m, n_exp, f32 = a.shape[0], alpha.shape[0], jnp.float32
+    rows = jnp.searchsorted(offsets, jnp.arange(m, dtype=offsets.dtype), side="right")   # L: past the end
+    valid = (rows < n_exp)[:, None]
+    gd = jnp.where(valid, gd.astype(f32), 0)
+    gc = jnp.where(valid, gc.astype(f32), 0) if gc is not None else 0
+    p = prob.reshape(m, 1).astype(f32) if prob is not None else 1.0
+    u = gd + gc if bias is not None else p * gd + gc
+    ua = u.astype(a.dtype)
+    da = jnp.where(valid, grouped_gemm(ua, offsets, alpha, jnp.transpose(b, (0, 2, 1)), d_dtype=a.dtype), 0)
+    db = (_wgrad(ua, a, offsets, rows, n_exp) * alpha.astype(f32)[:, None, None]).astype(b.dtype)
+
+    def per_expert(x):
+        return jax.ops.segment_sum(x, rows, num_segments=n_exp + 1)[:n_exp]
+    s = grouped_gemm(a, offsets, jnp.ones_like(alpha), b, d_dtype=f32)     # A B^T (XLA drops it if unused)
+    dalpha = per_expert(jnp.where(valid, u * s, 0).sum(1)).astype(alpha.dtype)
+    dbias = per_expert(p * u).astype(bias.dtype) if bias is not None else None
+    dprob = None
+    if prob is not None:
+        if bias is None:
+            alpha_row = jnp.concatenate((alpha.astype(f32), jnp.zeros(1, f32)))[rows]
+            dp = alpha_row * jnp.where(valid, gd * s, 0).sum(1)
+        else:
+            bias_row = jnp.concatenate((bias.astype(f32), jnp.zeros((1, bias.shape[1]), f32)))[rows]
+            dp = (u * bias_row).sum(1)
+        dprob = dp.astype(prob.dtype).reshape(prob.shape)
+    return da, None, dalpha, db, dprob, dbias
+
+
+def _wgrad(u: Any, a: Any, offsets: Any, rows: Any, n_exp: int) -> Any:
+    """(L, N, K) float32: ``u_e^T a_e`` per expert (see :func:`grouped_gemm`)."""
+    import jax.numpy as jnp
+    if _kgrouped_fits(u.shape[1], a.shape[1], u.shape[0]):
+        return spec_op("grouped_gemm_wgrad")(u, a, offsets)["d"]
+    mask = (rows[:, None] == jnp.arange(n_exp)).astype(jnp.float32)
+    return jnp.einsum("me,mn,mk->enk", mask, u.astype(jnp.float32), a.astype(jnp.float32))
+
+
+@functools.lru_cache(maxsize=64)
+def _kgrouped_fits(n: int, k: int, m: int) -> bool:
+    """The K-grouped kernel serves (M, N) x (M, K) on device 0's arch (as the torch path decides)."""
+    from .generator import registry
+    from .ops.device import device_arch
+    from .ops.engine import Op
+    arch = device_arch(0)
+    if registry.lookup("grouped_gemm_wgrad", arch) is None or not registry.executed("grouped_gemm_wgrad", arch):
+        return False
+    return n % Op("grouped_gemm_wgrad", arch=arch).variant.tile_m == 0 and k % 8 == 0 and m % 256 == 0
 
 
 # ---------------------------------------------------------------- any spec: spec_op(spec)

@@ -20,7 +20,7 @@ data gradient with the grouped GEMM (both read the weights in place as N-major B
 device's kernel implements it: sm_90a and sm_100a), and the weight
 gradients (K-grouped: a reduction over each expert's tokens) with fusegemm's K-grouped family
 (:class:`fusegemm.KGroupedGemm`, ``specs/grouped_gemm_wgrad.yaml``) where the device's arch has
-it and the shapes fit, else ``torch._grouped_mm`` (``wgrad="auto"``; see :data:`WGRAD_KERNELS`).
+it and the shapes fit, else ``torch._grouped_mm`` (``wgrad="auto"``; see :data:`fusegemm.torch_library.WGRAD_KERNELS`).
 The MXFP8 recipe (``recipe="mxfp8"``) is described at :class:`ExpertMLP`.
 
 ``backend="torch"`` runs the same structure with torch matmuls (any device, any float dtype):
@@ -32,8 +32,10 @@ expert-sorted permutation on the device, no host synchronisation), gathers the t
 rows, runs the expert MLP (each row's routing weight applied by the fused SwiGLU), and sums each
 token's k rows back (:func:`fusegemm.routing.combine`). Autograd carries the gradients of ``x``,
 of the logits (through dprob, the softmax and top-k) and of both weights. The gather and combine
-are torch index operations in this version; fusing them into the grouped GEMM's loads and stores
-is issue 33's next step.
+are torch gathers, each the other's backward (deterministic, no atomics); fusing them into the
+grouped GEMM's loads and stores is issue 33's next step. H200 (bench/results/moe_layer_h200.json),
+the whole layer's forward + backward step against a plain torch layer in the same run: 1.35x
+(dsv3, 8 experts), 1.26x (dsv3, 32), 1.29x (mixtral), 1.23x (qwen3, 128 experts).
 """
 from __future__ import annotations
 
@@ -263,13 +265,14 @@ class _Fusegemm:
 
     def dgrad(self, dg: Tensor, off: Tensor, rows: list, w1: Tensor) -> Tensor:
         """fc1's data gradient dG @ w1: w1 read as an N-major B where the arch's kernel can."""
-        return self.gemm(dg, off, rows, *_weight_as_b(w1))
+        from .torch_library import weight_as_b
+        return self.gemm(dg, off, rows, *weight_as_b(w1))
 
     def dswiglu(self, dy: Tensor, off: Tensor, rows: list, w2: Tensor, g: Tensor, prob: Tensor) -> tuple[Tensor, Tensor]:
         """One kernel: fc2's data gradient with the dSwiGLU epilogue (specs/grouped_gemm_dswiglu_bf16.yaml)
         writes dG interleaved and accumulates dprob."""
-        from .torch_library import epilogue_gemm
-        b, major = _weight_as_b(w2)
+        from .torch_library import epilogue_gemm, weight_as_b
+        b, major = weight_as_b(w2)
         out = epilogue_gemm("grouped_gemm_dswiglu_bf16", dy, off, b,
                             inputs={"alpha": self._ones(w2), "prob": prob.float(), "c": g}, b_major=major,
                             **_dswiglu_tile(dy.device, g.shape[1] // 2))
@@ -311,68 +314,14 @@ class _Fusegemm:
 
     @staticmethod
     def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor, kernel: str = "auto") -> Tensor:
-        """The K-grouped weight gradient dW_e = dy_e^T x_e (BF16 in, FP32 accumulation; no host
-        copy of the offsets) with fusegemm's KGroupedGemm or torch._grouped_mm (``kernel``;
-        ``auto``: :func:`_kgrouped_fits`). Both reduce over every row of an expert's range: the
-        layer's padding rows of x and h are zero, so they add nothing."""
-        if kernel == "fusegemm" or (kernel == "auto" and _kgrouped_fits(dy, x)):
-            # Token-major rows (the MXFP8 recipe's dequantized operands are transposed views).
-            return _kgrouped(dy.device)(dy.contiguous(), x.contiguous(), off)["d"].to(like.dtype)
-        return torch._grouped_mm(dy.t(), x, offs=off).to(like.dtype)
-
-
-# The weight gradients' kernels: "auto" (the default) runs fusegemm's K-grouped kernel where
-# _kgrouped_fits, else torch._grouped_mm; "torch" and "fusegemm" force one. H200, same run
-# (bench/results/wgrad_h200.json), fusegemm against torch._grouped_mm on bench/wgrad.py's ten
-# rows: 0.98-1.09x (dsv3's fc2 weight gradient the only one below 1), and the layer's step with
-# each: 7.14 / 7.33 ms, 7.79 / 8.04 ms and 28.18 / 28.91 ms (dsv3-8, dsv3-32, mixtral;
-# bench/results/moe_mlp_h200_bf16.json). Before its outputs were allocated uninitialised
-# (fusegemm/ops/tail.py: the kernel writes every element) it ran 0.84-1.03x torch's speed.
-WGRAD_KERNELS = ("auto", "torch", "fusegemm")
-
-
-def _ordinal(device: torch.device) -> int:
-    """The CUDA ordinal of ``device`` ("cuda" without an index: the current device)."""
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
-def _kgrouped_fits(dy: Tensor, x: Tensor) -> bool:
-    """Whether KGroupedGemm runs this weight gradient: the device's arch has the family and its
-    kernel has run on that arch in the project's tests (the registry: sm_90a today; an arch
-    without that keeps torch's kernel rather than a first-run verification), and dy's columns
-    are whole tiles of its kernel (x's rows of 16 bytes, token rows in 256s: the layer's own
-    requirements)."""
-    from .generator import registry
-    from .ops.device import device_arch
-    arch = device_arch(_ordinal(dy.device))
-    if registry.lookup("grouped_gemm_wgrad", arch) is None or not registry.executed("grouped_gemm_wgrad", arch):
-        return False
-    tile_m = _kgrouped(dy.device).variant.tile_m
-    return dy.shape[1] % tile_m == 0 and x.shape[1] % 8 == 0 and dy.shape[0] % 256 == 0
-
-
-_KGROUPED: dict[int, object] = {}
-
-
-def _kgrouped(device: torch.device):
-    """The compiled KGroupedGemm of specs/grouped_gemm_wgrad.yaml for ``device`` (one per process)."""
-    index = _ordinal(device)
-    if index not in _KGROUPED:
-        from .ops.kgrouped import KGroupedGemm
-        _KGROUPED[index] = KGroupedGemm("grouped_gemm_wgrad", device=index).compile()
-    return _KGROUPED[index]
+        """dW_e = dy_e^T x_e (:func:`fusegemm.torch_library.grouped_wgrad`). Both kernels reduce over
+        every row of an expert's range: the layer's padding rows of x and h are zero."""
+        from .torch_library import grouped_wgrad
+        return grouped_wgrad(dy, x, off, kernel).to(like.dtype)
 
 
 def _one(t: Tensor) -> Tensor:
     return torch.ones(1, device=t.device)
-
-
-def _weight_as_b(w: Tensor) -> tuple[Tensor, str]:
-    """A data gradient's weight (L, K, N) as the GEMM's B (L, N, K) and its ``b_major``: the view
-    itself where the device's kernel reads N-major B (sm_90a, sm_100a), else a K-major copy."""
-    if _b_major(w.device) == "n":
-        return w.transpose(1, 2), "n"
-    return w.transpose(1, 2).contiguous(), "k"
 
 
 # The dSwiGLU GEMM's tile on sm_90a: ping-pong 64-row tiles (two consumer warpgroups in turn,
@@ -387,23 +336,9 @@ def _dswiglu_tile(device: torch.device, f: int) -> dict:
     """The dSwiGLU GEMM's tile choices for ``device``'s arch and intermediate size ``f`` (none:
     the spec's default)."""
     from .ops.device import device_arch
-    pick = _DSWIGLU_TILE.get(device_arch(_ordinal(device)))
+    from .torch_library import device_ordinal
+    pick = _DSWIGLU_TILE.get(device_arch(device_ordinal(device)))
     return pick(f) if pick is not None else {}
-
-
-_B_MAJOR: dict[int, str] = {}
-
-
-def _b_major(device: torch.device) -> str:
-    """"n" when the device's arch implements N-major B for the grouped family (the registry's
-    row: sm_90a and sm_100a today), else "k"."""
-    index = _ordinal(device)
-    if index not in _B_MAJOR:
-        from .generator import registry
-        from .ops.device import device_arch
-        row = registry.lookup("grouped_gemm", device_arch(index))
-        _B_MAJOR[index] = "n" if row is not None and row.problem({"b_major": "n"}) is None else "k"
-    return _B_MAJOR[index]
 
 
 def _zero_tail(y: Tensor, off: Tensor) -> Tensor:
@@ -462,6 +397,7 @@ class ExpertMLPFunction(torch.autograd.Function):
             the second.
         """
         be = _BACKENDS[backend]
+        from .torch_library import WGRAD_KERNELS
         if wgrad not in WGRAD_KERNELS:
             raise ValueError(f"wgrad: got {wgrad!r}; allowed: {', '.join(WGRAD_KERNELS)}")
         if backend == "fusegemm" and not x.is_cuda:
@@ -555,6 +491,7 @@ class ExpertMLP(torch.nn.Module):
             raise ArgumentError("backend", repr(backend), ", ".join(_BACKENDS))
         if recipe not in RECIPES:
             raise ArgumentError("recipe", repr(recipe), ", ".join(RECIPES))
+        from .torch_library import WGRAD_KERNELS
         if wgrad not in WGRAD_KERNELS:
             raise ArgumentError("wgrad", repr(wgrad), ", ".join(WGRAD_KERNELS))
         if intermediate % BLOCK:

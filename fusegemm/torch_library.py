@@ -428,3 +428,169 @@ _register_presets()
 # The seeds' outputs, in the order their ops return them.
 SRELU_OUT, QUANT_OUT, DSWIGLU_OUT, AMAX_OUT = (tuple(name for name, _ in _presets.BY_NAME[op].returns) for op in (
     "grouped_gemm_srelu", "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax"))
+
+
+# ---------------------------------------------------------------- gradients
+# torch.ops.fusegemm.grouped_gemm is differentiable, as torch._grouped_mm is: the data gradient
+# runs the same grouped GEMM on the weights read transposed, the weight gradient the K-grouped
+# family (a reduction over each expert's rows), the small ones (alpha, prob, bias) torch
+# reductions per expert segment (deterministic: no atomics).
+
+# The weight gradients' kernels: "auto" (the default) runs fusegemm's K-grouped kernel where
+# _kgrouped_fits, else torch._grouped_mm; "torch" and "fusegemm" force one. H200, same run
+# (bench/results/wgrad_h200.json), fusegemm against torch._grouped_mm on bench/wgrad.py's ten
+# rows: 0.98-1.09x (dsv3's fc2 weight gradient the only one below 1), and the MoE MLP step with
+# each: 7.14 / 7.33 ms, 7.79 / 8.04 ms and 28.18 / 28.91 ms (dsv3-8, dsv3-32, mixtral;
+# bench/results/moe_mlp_h200_bf16.json).
+WGRAD_KERNELS = ("auto", "torch", "fusegemm")
+
+
+def device_ordinal(device: torch.device) -> int:
+    """The CUDA ordinal of ``device`` ("cuda" without an index: the current device).
+
+    Parameters
+    ----------
+    device : torch.device
+        A CUDA device.
+    """
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _kgrouped_fits(dy: Tensor, x: Tensor) -> bool:
+    """Whether KGroupedGemm runs this weight gradient: the device's arch has the family and its
+    kernel has run on that arch in the project's tests (the registry: sm_90a today; an arch
+    without that keeps torch's kernel rather than a first-run verification), and dy's columns
+    are whole tiles of its kernel (x's rows of 16 bytes, token rows in 256s)."""
+    from .generator import registry
+    from .ops.device import device_arch
+    arch = device_arch(device_ordinal(dy.device))
+    if registry.lookup("grouped_gemm_wgrad", arch) is None or not registry.executed("grouped_gemm_wgrad", arch):
+        return False
+    tile_m = register("grouped_gemm_wgrad").engine(device_ordinal(dy.device)).variant.tile_m
+    return dy.shape[1] % tile_m == 0 and x.shape[1] % 8 == 0 and dy.shape[0] % 256 == 0
+
+
+def grouped_wgrad(dy: Tensor, x: Tensor, padded_offsets: Tensor, kernel: str = "auto") -> Tensor:
+    """(L, N, K): ``dW_e = dy_e^T x_e`` over each expert's rows of ``dy`` (M, N) and ``x`` (M, K),
+    bfloat16, accumulated in FP32, with no host copy of the offsets: fusegemm's K-grouped kernel
+    (``torch.ops.fusegemm.grouped_gemm_wgrad``, FP32 result) or ``torch._grouped_mm`` (``kernel``;
+    see :data:`WGRAD_KERNELS`); traceable by ``torch.compile``.
+
+    Parameters
+    ----------
+    dy : (M, N) bfloat16 tensor
+        The output gradient's rows, grouped by expert (M a multiple of 256 for the fusegemm kernel).
+    x : (M, K) bfloat16 tensor
+        The forward's input rows.
+    padded_offsets : (L,) int32 tensor
+        Each expert's end row.
+    kernel : {"auto", "torch", "fusegemm"}
+        Which kernel; ``auto`` runs fusegemm's where the device's arch has run it and N is whole
+        tiles of it, else torch's.
+    """
+    if kernel not in WGRAD_KERNELS:
+        raise ValueError(f"kernel: got {kernel!r}; allowed: {', '.join(WGRAD_KERNELS)}")
+    if kernel == "fusegemm" or (kernel == "auto" and _kgrouped_fits(dy, x)):
+        # Token-major rows (the MXFP8 recipe's dequantized operands are transposed views).
+        return register("grouped_gemm_wgrad")(dy.contiguous(), x.contiguous(), padded_offsets)["d"]
+    return torch._grouped_mm(dy.t(), x, offs=padded_offsets)
+
+
+_B_MAJOR: dict[int, str] = {}
+
+
+def weight_as_b(w: Tensor) -> tuple[Tensor, str]:
+    """A data gradient's weight (L, K, N) as the grouped GEMM's B (L, N, K) and its ``b_major``:
+    the view itself where the device's kernel reads N-major B (the registry's row: sm_90a and
+    sm_100a today), else a K-major copy.
+
+    Parameters
+    ----------
+    w : (L, K, N) tensor
+        The weights as the forward reads them (its B), whose data gradient contracts over K.
+    """
+    index = device_ordinal(w.device)
+    if index not in _B_MAJOR:
+        from .generator import registry
+        from .ops.device import device_arch
+        row = registry.lookup("grouped_gemm", device_arch(index))
+        _B_MAJOR[index] = "n" if row is not None and row.problem({"b_major": "n"}) is None else "k"
+    if _B_MAJOR[index] == "n":
+        return w.transpose(1, 2), "n"
+    return w.transpose(1, 2).contiguous(), "k"
+
+
+def _dgrad(u: Tensor, offsets: Tensor, w: Tensor, alpha: Tensor) -> Tensor:
+    """(M, K): ``alpha_e * u_m @ w_e`` for u (M, N) and w (L, N, K)."""
+    b, major = weight_as_b(w)
+    return epilogue_gemm("grouped_gemm", u, offsets, b, inputs={"alpha": alpha}, b_major=major)["d"]
+
+
+def _products(a: Tensor, offsets: Tensor, w: Tensor) -> Tensor:
+    """(M, N) float32: ``a_m @ w_e^T`` (the GEMM before alpha, prob and bias)."""
+    ones = torch.ones(w.shape[0], device=a.device)
+    return epilogue_gemm("grouped_gemm", a, offsets, w, inputs={"alpha": ones}, d_dtype="float32")["d"]
+
+
+def _segment_sum(x: Tensor, offsets: Tensor) -> Tensor:
+    """(L, ...): the sum of ``x``'s rows over each expert's range (rows past the last dropped)."""
+    ends = offsets.to(torch.int64)
+    lengths = ends.diff(prepend=ends.new_zeros(1), append=ends.new_full((1,), x.shape[0]))
+    return torch.segment_reduce(x, "sum", lengths=lengths, axis=0)[:-1]
+
+
+def _grouped_gemm_context(ctx, inputs: tuple, output: tuple) -> None:
+    a, offsets, alpha, b, bias, b_ptrs, n, prob, *_ = inputs
+    ctx.save_for_backward(a, offsets, alpha, b, bias, prob)
+    ctx.discrete = b is None
+
+
+def _grouped_gemm_backward(ctx, grad_d: Optional[Tensor], grad_c: Optional[Tensor]) -> tuple:
+    """Gradients of ``(d, c)`` (seed 001: ``G = alpha_e A B_e^T``; with bias ``C = G + p bias_e``,
+    ``D = C``; without, ``C = G``, ``D = p G``) in a, alpha, b, bias and prob. Everything flows
+    through ``U``, the gradient at G divided by alpha: ``dA = alpha_e U B_e``,
+    ``dB_e = alpha_e U_e^T A_e`` (both GEMMs read U in A's dtype), ``dalpha_e = sum U_e . S_e``
+    (S = A B^T, recomputed only when alpha or, without bias, prob needs a gradient)."""
+    a, offsets, alpha, b, bias, prob = ctx.saved_tensors
+    need = dict(zip(("a", "alpha", "b", "bias", "prob"), (ctx.needs_input_grad[i] for i in (0, 2, 3, 4, 7))))
+    if ctx.discrete and (need["a"] or need["b"]):
+        from .base.errors import UnsupportedError
+        raise UnsupportedError("b_ptrs: the gradient of grouped_gemm with discrete weights (device addresses carry "
+                               "no tensor to differentiate or read transposed); pass the weights as b")
+    m, l, acc = a.shape[0], alpha.shape[0], torch.promote_types(a.dtype, torch.float32)
+    zero = a.new_zeros((m, b.shape[0]), dtype=acc)
+    gd = zero if grad_d is None or grad_d.numel() == 0 else grad_d.reshape(m, -1).to(acc)
+    gc = zero if grad_c is None or grad_c.numel() == 0 else grad_c.reshape(m, -1).to(acc)
+    p = a.new_ones((m, 1), dtype=acc) if prob is None else prob.reshape(m, 1).to(acc)
+    u = gd + gc if bias is not None else p * gd + gc           # the gradient at alpha_e * S
+    w = b.permute(2, 0, 1)                                      # (L, N, K), as stored
+    a2 = a.reshape(m, -1)
+    ua = u.to(a.dtype)
+    rows = torch.searchsorted(offsets, torch.arange(m, device=a.device, dtype=offsets.dtype), right=True)
+    alpha_row = torch.cat((alpha.to(acc), alpha.new_zeros(1, dtype=acc)))[rows][:, None]
+    grads = dict.fromkeys(need)
+    if need["a"]:
+        grads["a"] = _dgrad(ua, offsets, w, alpha.float()).to(a.dtype).view_as(a)
+    if need["b"]:
+        dw = grouped_wgrad(ua, a2, offsets).to(acc) * alpha.to(acc)[:, None, None]
+        grads["b"] = dw.to(b.dtype).permute(1, 2, 0)
+    s = _products(a2, offsets, w) if need["alpha"] or (need["prob"] and bias is None) else None
+    if need["alpha"]:
+        grads["alpha"] = _segment_sum((u * s).sum(1), offsets).to(alpha.dtype)
+    if need["bias"]:
+        grads["bias"] = _segment_sum(p * u, offsets).to(bias.dtype).t()
+    if need["prob"]:
+        if bias is None:
+            dp = alpha_row * (gd * s).sum(1, keepdim=True)
+        else:
+            per_row = torch.cat((bias.t().to(acc), bias.new_zeros((1, bias.shape[0]), dtype=acc)))[rows]
+            dp = (u * per_row).sum(1, keepdim=True)
+        grads["prob"] = torch.where(rows[:, None] < l, dp, 0.0).to(prob.dtype).view_as(prob)
+    return (grads["a"], None, grads["alpha"], grads["b"], grads["bias"], None, None, grads["prob"]) + (None,) * 4
+
+
+torch.library.register_autograd("fusegemm::grouped_gemm", _grouped_gemm_backward,
+                                setup_context=_grouped_gemm_context)
+# The weight gradient's op exists before any backward is traced (torch.compile cannot define an op
+# while it traces one).
+register("grouped_gemm_wgrad")

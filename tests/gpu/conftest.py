@@ -4,8 +4,13 @@ Nothing here touches CUDA unless torch reports a device."""
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
+
+# JAX takes 75% of the GPU at its first use unless told not to: the tests share it with torch
+# (and with the other xdist workers).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
 @functools.lru_cache(maxsize=1)

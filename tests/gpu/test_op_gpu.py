@@ -10,13 +10,10 @@ the block-scaled comparisons bit-exact; the BF16 ones use random normal data and
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # share the GPU with torch
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
 torch = pytest.importorskip("torch")
 
