@@ -300,22 +300,13 @@ def _grouped_gemm_vjp(saved: tuple, gd: Any, gc: Any) -> tuple:
 def _wgrad(u: Any, a: Any, offsets: Any, rows: Any, n_exp: int) -> Any:
     """(L, N, K) float32: ``u_e^T a_e`` per expert (see :func:`grouped_gemm`)."""
     import jax.numpy as jnp
-    if _kgrouped_fits(u.shape[1], a.shape[1], u.shape[0]):
+
+    from .ops.device import device_arch
+    from .ops.kgrouped import wgrad_fits
+    if wgrad_fits(u.shape[1], a.shape[1], u.shape[0], device_arch(0)):
         return spec_op("grouped_gemm_wgrad")(u, a, offsets)["d"]
     mask = (rows[:, None] == jnp.arange(n_exp)).astype(jnp.float32)
     return jnp.einsum("me,mn,mk->enk", mask, u.astype(jnp.float32), a.astype(jnp.float32))
-
-
-@functools.lru_cache(maxsize=64)
-def _kgrouped_fits(n: int, k: int, m: int) -> bool:
-    """The K-grouped kernel serves (M, N) x (M, K) on device 0's arch (as the torch path decides)."""
-    from .generator import registry
-    from .ops.device import device_arch
-    from .ops.engine import Op
-    arch = device_arch(0)
-    if registry.lookup("grouped_gemm_wgrad", arch) is None or not registry.executed("grouped_gemm_wgrad", arch):
-        return False
-    return n % Op("grouped_gemm_wgrad", arch=arch).variant.tile_m == 0 and k % 8 == 0 and m % 256 == 0
 
 
 # ---------------------------------------------------------------- any spec: spec_op(spec)

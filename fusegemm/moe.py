@@ -271,11 +271,11 @@ class _Fusegemm:
     def dswiglu(self, dy: Tensor, off: Tensor, rows: list, w2: Tensor, g: Tensor, prob: Tensor) -> tuple[Tensor, Tensor]:
         """One kernel: fc2's data gradient with the dSwiGLU epilogue (specs/grouped_gemm_dswiglu_bf16.yaml)
         writes dG interleaved and accumulates dprob."""
-        from .torch_library import epilogue_gemm, weight_as_b
+        from .torch_library import device_ordinal, epilogue_gemm, weight_as_b
         b, major = weight_as_b(w2)
         out = epilogue_gemm("grouped_gemm_dswiglu_bf16", dy, off, b,
                             inputs={"alpha": self._ones(w2), "prob": prob.float(), "c": g}, b_major=major,
-                            **_dswiglu_tile(dy.device, g.shape[1] // 2))
+                            **dict(_dswiglu_tile(device_ordinal(dy.device), g.shape[1] // 2)))
         return out["d"], out["dprob"]
 
     # MXFP8 recipe
@@ -332,13 +332,13 @@ def _one(t: Tensor) -> Tensor:
 _DSWIGLU_TILE = {"sm_90a": lambda f: {"tile_m": 64, "tile_n": 128 if f <= 1024 else 256}}
 
 
-def _dswiglu_tile(device: torch.device, f: int) -> dict:
-    """The dSwiGLU GEMM's tile choices for ``device``'s arch and intermediate size ``f`` (none:
-    the spec's default)."""
+@torch.compiler.assume_constant_result
+def _dswiglu_tile(index: int, f: int) -> tuple:
+    """The dSwiGLU GEMM's tile choices, as (axis, value) pairs, for device ``index``'s arch and
+    intermediate size ``f`` (none: the spec's default); a constant for torch.compile."""
     from .ops.device import device_arch
-    from .torch_library import device_ordinal
-    pick = _DSWIGLU_TILE.get(device_arch(device_ordinal(device)))
-    return pick(f) if pick is not None else {}
+    pick = _DSWIGLU_TILE.get(device_arch(index))
+    return tuple(sorted(pick(f).items())) if pick is not None else ()
 
 
 def _zero_tail(y: Tensor, off: Tensor) -> Tensor:

@@ -456,18 +456,12 @@ def device_ordinal(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def _kgrouped_fits(dy: Tensor, x: Tensor) -> bool:
-    """Whether KGroupedGemm runs this weight gradient: the device's arch has the family and its
-    kernel has run on that arch in the project's tests (the registry: sm_90a today; an arch
-    without that keeps torch's kernel rather than a first-run verification), and dy's columns
-    are whole tiles of its kernel (x's rows of 16 bytes, token rows in 256s)."""
-    from .generator import registry
+@torch.compiler.assume_constant_result
+def _kgrouped_fits(n: int, k: int, m: int, index: int) -> bool:
+    """:func:`fusegemm.ops.kgrouped.wgrad_fits` on device ``index``'s arch (a constant for torch.compile)."""
     from .ops.device import device_arch
-    arch = device_arch(device_ordinal(dy.device))
-    if registry.lookup("grouped_gemm_wgrad", arch) is None or not registry.executed("grouped_gemm_wgrad", arch):
-        return False
-    tile_m = register("grouped_gemm_wgrad").engine(device_ordinal(dy.device)).variant.tile_m
-    return dy.shape[1] % tile_m == 0 and x.shape[1] % 8 == 0 and dy.shape[0] % 256 == 0
+    from .ops.kgrouped import wgrad_fits
+    return wgrad_fits(n, k, m, device_arch(index))
 
 
 def grouped_wgrad(dy: Tensor, x: Tensor, padded_offsets: Tensor, kernel: str = "auto") -> Tensor:
@@ -490,13 +484,11 @@ def grouped_wgrad(dy: Tensor, x: Tensor, padded_offsets: Tensor, kernel: str = "
     """
     if kernel not in WGRAD_KERNELS:
         raise ValueError(f"kernel: got {kernel!r}; allowed: {', '.join(WGRAD_KERNELS)}")
-    if kernel == "fusegemm" or (kernel == "auto" and _kgrouped_fits(dy, x)):
+    if kernel == "fusegemm" or (kernel == "auto" and _kgrouped_fits(dy.shape[1], x.shape[1], dy.shape[0],
+                                                                     device_ordinal(dy.device))):
         # Token-major rows (the MXFP8 recipe's dequantized operands are transposed views).
-        return register("grouped_gemm_wgrad")(dy.contiguous(), x.contiguous(), padded_offsets)["d"]
+        return _WGRAD(dy.contiguous(), x.contiguous(), padded_offsets)["d"]
     return torch._grouped_mm(dy.t(), x, offs=padded_offsets)
-
-
-_B_MAJOR: dict[int, str] = {}
 
 
 def weight_as_b(w: Tensor) -> tuple[Tensor, str]:
@@ -509,15 +501,18 @@ def weight_as_b(w: Tensor) -> tuple[Tensor, str]:
     w : (L, K, N) tensor
         The weights as the forward reads them (its B), whose data gradient contracts over K.
     """
-    index = device_ordinal(w.device)
-    if index not in _B_MAJOR:
-        from .generator import registry
-        from .ops.device import device_arch
-        row = registry.lookup("grouped_gemm", device_arch(index))
-        _B_MAJOR[index] = "n" if row is not None and row.problem({"b_major": "n"}) is None else "k"
-    if _B_MAJOR[index] == "n":
+    if _b_major(device_ordinal(w.device)) == "n":
         return w.transpose(1, 2), "n"
     return w.transpose(1, 2).contiguous(), "k"
+
+
+@torch.compiler.assume_constant_result
+def _b_major(index: int) -> str:
+    """"n" when device ``index``'s arch implements N-major B for the grouped family, else "k"."""
+    from .generator import registry
+    from .ops.device import device_arch
+    row = registry.lookup("grouped_gemm", device_arch(index))
+    return "n" if row is not None and row.problem({"b_major": "n"}) is None else "k"
 
 
 def _dgrad(u: Tensor, offsets: Tensor, w: Tensor, alpha: Tensor) -> Tensor:
@@ -593,4 +588,4 @@ torch.library.register_autograd("fusegemm::grouped_gemm", _grouped_gemm_backward
                                 setup_context=_grouped_gemm_context)
 # The weight gradient's op exists before any backward is traced (torch.compile cannot define an op
 # while it traces one).
-register("grouped_gemm_wgrad")
+_WGRAD = register("grouped_gemm_wgrad")

@@ -17,9 +17,11 @@ kernel stores every tile of every expert (zeros where an expert has no tokens).
 """
 from __future__ import annotations
 
+import functools
+
 from .engine import Op
 
-__all__ = ["KGroupedGemm"]
+__all__ = ["KGroupedGemm", "wgrad_fits"]
 
 
 class KGroupedGemm(Op):
@@ -45,3 +47,24 @@ class KGroupedGemm(Op):
 
     FAMILIES = ("grouped_gemm_wgrad",)
     WHAT = "K-grouped BF16: weight gradients"
+
+
+@functools.lru_cache(maxsize=256)
+def wgrad_fits(n: int, k: int, m: int, arch: str) -> bool:
+    """Whether specs/grouped_gemm_wgrad.yaml's kernel runs the weight gradient of (M, N) x (M, K)
+    token rows on ``arch``: the registry has the family there and its kernel has run on that arch
+    in the project's tests (sm_90a today; elsewhere the torch and JAX faces keep their framework's
+    kernel rather than a first-run verification), N is whole tiles of it, K rows of 16 bytes and
+    M a multiple of 256.
+
+    Parameters
+    ----------
+    n, k, m : int
+        The problem: dW (N, K) per expert over M rows.
+    arch : str
+        The device's arch.
+    """
+    from ..generator import registry
+    if registry.lookup("grouped_gemm_wgrad", arch) is None or not registry.executed("grouped_gemm_wgrad", arch):
+        return False
+    return n % KGroupedGemm("grouped_gemm_wgrad", arch=arch).variant.tile_m == 0 and k % 8 == 0 and m % 256 == 0

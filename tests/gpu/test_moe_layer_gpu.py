@@ -66,3 +66,62 @@ def test_routing_runs_in_a_cuda_graph():
     assert torch.equal(r.token_of_row, eager.token_of_row) and torch.equal(r.padded_offsets, eager.padded_offsets)
     assert torch.equal(p, routing.row_probs(eager))
     torch.testing.assert_close(y, top_k * x, rtol=1e-6, atol=1e-6)
+
+
+def _step_inputs(tokens=600, hidden=256, experts=8, seed=5):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
+    logits = torch.randn(tokens, experts, generator=g, device="cuda")
+    dy = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
+    return x, logits, dy
+
+
+def _step(block, x, logits, dy):
+    """One forward + backward; (y, dx, dlogits, dw1, dw2)."""
+    xi, zi = x.clone().requires_grad_(), logits.clone().requires_grad_()
+    block.mlp.w1.grad = block.mlp.w2.grad = None
+    y = block(xi, zi)
+    y.backward(dy)
+    return y.detach(), xi.grad, zi.grad, block.mlp.w1.grad, block.mlp.w2.grad
+
+
+def test_moe_block_under_torch_compile_fullgraph():
+    """The whole layer traced by torch.compile(fullgraph=True) (routing, the expert MLP's custom
+    ops and its autograd.Function, the weight gradient's op), forward and backward: the same
+    numbers as eager."""
+    x, logits, dy = _step_inputs()
+    block = moe.MoEBlock(256, 256, 8, 2, device="cuda", generator=torch.Generator().manual_seed(4))
+    eager = _step(block, x, logits, dy)
+    block.forward = torch.compile(block.forward, fullgraph=True)
+    compiled = _step(block, x, logits, dy)
+    for name, got, want in zip(("y", "dx", "dlogits", "dw1", "dw2"), compiled, eager):
+        assert _rel(got, want) <= 1e-3, (name, _rel(got, want))
+
+
+def test_moe_block_step_in_a_cuda_graph():
+    """Forward and backward of the whole layer captured once and replayed on new tokens and
+    logits: nothing in the step synchronises with the host or allocates outside the graph."""
+    x, logits, dy = _step_inputs()
+    block = moe.MoEBlock(256, 256, 8, 2, device="cuda", generator=torch.Generator().manual_seed(4))
+    xs, zs = x.clone().requires_grad_(), logits.clone().requires_grad_()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):                                     # warm-up (compiles, loads) outside the capture
+        for _ in range(2):
+            block(xs, zs).backward(dy)
+    torch.cuda.current_stream().wait_stream(s)
+    block.mlp.w1.grad = block.mlp.w2.grad = xs.grad = zs.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = block(xs, zs)
+        y.backward(dy)
+    x2, z2, _ = _step_inputs(seed=6)
+    with torch.no_grad():
+        xs.copy_(x2)
+        zs.copy_(z2)
+    graph.replay()
+    torch.cuda.synchronize()
+    got = (y.detach().clone(), xs.grad.clone(), zs.grad.clone(), block.mlp.w1.grad.clone(), block.mlp.w2.grad.clone())
+    want = _step(block, x2, z2, dy)
+    for name, g, w in zip(("y", "dx", "dlogits", "dw1", "dw2"), got, want):
+        assert _rel(g, w) <= 1e-3, (name, _rel(g, w))
