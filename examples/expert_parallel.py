@@ -1,7 +1,8 @@
 """Expert parallelism with fusegemm.expert_parallel: W processes, E experts (E / W per rank),
 each rank routing its own tokens to top-k experts; checks that forward output and every
 gradient (tokens, routing weights, expert weights) equal one process running all E experts
-on the global batch, and prints the largest relative differences as JSON.
+on the global batch, and prints the largest relative differences as JSON. Then the whole layer
+from router logits (ExpertParallelMoEBlock against one process's MoEBlock): ``block_*``.
 
     python examples/expert_parallel.py                      # 2 GPUs, NCCL, fusegemm kernels
     python examples/expert_parallel.py --cpu                # 2 CPU processes, gloo, torch backend (float64)
@@ -30,7 +31,8 @@ def make_problem(torch, *, tokens, hidden, inter, experts, topk, dtype, device):
         idx[idx == experts - 1] = 0                        # the last expert receives no token
     full = ExpertMLP(experts, hidden, inter, dtype=dtype, backend="torch", generator=torch.Generator().manual_seed(1))
     dy = torch.randn(tokens, hidden, generator=g).to(dtype)
-    return x.to(device), idx.to(device), weight.to(device), full.w1.detach().to(device), full.w2.detach().to(device), dy.to(device)
+    return (x.to(device), idx.to(device), weight.to(device), full.w1.detach().to(device), full.w2.detach().to(device),
+            dy.to(device), scores.to(device))
 
 
 def reference(torch, x, idx, weight, w1, w2, dy):
@@ -47,6 +49,34 @@ def reference(torch, x, idx, weight, w1, w2, dy):
     return dict(y=y.detach(), dx=x.grad, dweight=weight.grad, dw1=w1.grad, dw2=w2.grad)
 
 
+def _block_check(torch, args, x, logits, w1, w2, dy, mine, dtype, device, got, want):
+    """The whole layer (router logits in): ExpertParallelMoEBlock on this rank's tokens against
+    MoEBlock on one process holding every expert (torch backend, float64; tested against a plain
+    torch layer in tests/unit/test_routing.py). Adds block_* entries to ``got`` and ``want``."""
+    from fusegemm.expert_parallel import ExpertParallelMoEBlock
+    from fusegemm.moe import MoEBlock
+    one = MoEBlock(args.hidden, args.inter, args.experts, args.topk, dtype=torch.float64, backend="torch")
+    with torch.no_grad():
+        one.mlp.w1.copy_(w1.double())
+        one.mlp.w2.copy_(w2.double())
+    xr, zr = x.detach().double().clone().requires_grad_(), logits.detach().clone().requires_grad_()
+    one(xr, zr).backward(dy.double())
+    ep = ExpertParallelMoEBlock(args.hidden, args.inter, args.experts, args.topk, dtype=dtype, device=device,
+                                backend="torch" if args.cpu else "fusegemm")
+    lo, n = ep.mlp.rank * ep.mlp.experts_per_rank, ep.mlp.experts_per_rank
+    with torch.no_grad():
+        ep.mlp.local.w1.copy_(w1[lo:lo + n])
+        ep.mlp.local.w2.copy_(w2[lo:lo + n])
+    xi, zi = x[mine].detach().clone().requires_grad_(), logits[mine].detach().clone().requires_grad_()
+    y = ep(xi, zi)
+    y.backward(dy[mine])
+    got.update(block_y=y, block_dx=xi.grad, block_dlogits=zi.grad, block_dw1=ep.mlp.local.w1.grad,
+               block_dw2=ep.mlp.local.w2.grad)
+    want.update(block_y=one(xr, zr).detach()[mine], block_dx=xr.grad[mine], block_dlogits=zr.grad[mine].double(),
+                block_dw1=one.mlp.w1.grad[lo:lo + n], block_dw2=one.mlp.w2.grad[lo:lo + n])
+    return got, want
+
+
 def worker(rank: int, world: int, args, init: str, out: str) -> None:
     import torch
     import torch.distributed as dist
@@ -58,8 +88,9 @@ def worker(rank: int, world: int, args, init: str, out: str) -> None:
     dist.init_process_group("gloo" if cpu else "nccl", init_method=f"file://{init}", rank=rank, world_size=world)
     try:
         dtype = torch.float64 if cpu else torch.bfloat16
-        x, idx, weight, w1, w2, dy = make_problem(torch, tokens=args.tokens, hidden=args.hidden, inter=args.inter,
-                                                  experts=args.experts, topk=args.topk, dtype=dtype, device=device)
+        x, idx, weight, w1, w2, dy, logits = make_problem(torch, tokens=args.tokens, hidden=args.hidden,
+                                                          inter=args.inter, experts=args.experts, topk=args.topk,
+                                                          dtype=dtype, device=device)
         ref = reference(torch, x, idx, weight, w1, w2, dy)
         per = args.tokens // world
         mine = slice(rank * per, (rank + 1) * per)
@@ -75,6 +106,7 @@ def worker(rank: int, world: int, args, init: str, out: str) -> None:
         got = dict(y=y, dx=xi.grad, dweight=wi.grad, dw1=ep.local.w1.grad, dw2=ep.local.w2.grad)
         want = dict(y=ref["y"][mine], dx=ref["dx"][mine], dweight=ref["dweight"][mine],
                     dw1=ref["dw1"][lo:lo + ep.experts_per_rank], dw2=ref["dw2"][lo:lo + ep.experts_per_rank])
+        got, want = _block_check(torch, args, x, logits, w1, w2, dy, mine, dtype, device, got, want)
         rel = {}
         for key in got:
             if got[key] is None:

@@ -12,6 +12,9 @@ tokens, routing weights and expert weights flow through one ``backward()``.
     ep = ExpertParallelMLP(num_experts=16, hidden=1024, intermediate=2048, device="cuda")
     y = ep(x, topk_idx, topk_weight)            # x (T, H) this rank's tokens -> y (T, H)
 
+:class:`ExpertParallelMoEBlock` is :class:`fusegemm.moe.MoEBlock` over a process group: router
+logits in (the same softmax top-k, :func:`fusegemm.routing.top_k`), the experts spread as above.
+
 The routing weight gates each expert's SwiGLU inside the fused kernel (``prob``), so combine
 is a plain sum. Split sizes cross to the host once per dispatch (all_to_all needs them).
 """
@@ -22,9 +25,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .base.errors import ArgumentError
 from .moe import ExpertMLP
+from .routing import top_k as _top_k
 
-__all__ = ["ExpertParallelMLP", "dispatch", "combine", "Plan"]
+__all__ = ["ExpertParallelMLP", "ExpertParallelMoEBlock", "dispatch", "combine", "Plan"]
 
 
 def _all_to_all(out: Tensor, inp: Tensor, out_splits: list[int], in_splits: list[int], group) -> Tensor:
@@ -215,3 +220,55 @@ class ExpertParallelMLP(torch.nn.Module):
         """
         x_local, offsets, prob, plan = dispatch(x, topk_idx, topk_weight, self.experts_per_rank, self.group)
         return combine(self.local(x_local, offsets, prob), plan, self.group)
+
+
+class ExpertParallelMoEBlock(torch.nn.Module):
+    """:class:`fusegemm.moe.MoEBlock` with its experts spread over a process group: each rank
+    routes its own tokens from the router's logits (:func:`fusegemm.routing.top_k`, as MoEBlock
+    does) and runs :class:`ExpertParallelMLP`. Gradients reach the tokens, the logits (through the
+    routing weights) and this rank's expert weights (``self.mlp.local``).
+
+    Parameters
+    ----------
+    hidden : int
+        H, the model dimension.
+    intermediate : int
+        F, each expert's intermediate size (a multiple of 32).
+    experts : int
+        E, the experts over all ranks (a multiple of the group size).
+    top_k : int
+        Experts per token, 1 <= top_k <= experts.
+    normalize : bool
+        Renormalize each token's k routing weights to sum to 1.
+    group : ProcessGroup, optional
+        As :class:`ExpertParallelMLP`.
+    **kwargs
+        Passed to :class:`~fusegemm.moe.ExpertMLP` (dtype, backend, recipe, device, generator).
+    """
+
+    def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, *, normalize: bool = False,
+                 group=None, **kwargs) -> None:
+        super().__init__()
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not (isinstance(experts, int) and
+                                                                          1 <= top_k <= experts):
+            raise ArgumentError("top_k", repr(top_k), f"an int from 1 to experts ({experts!r})")
+        self.top_k, self.normalize = top_k, normalize
+        self.mlp = ExpertParallelMLP(experts, hidden, intermediate, group=group, **kwargs)
+
+    def forward(self, x: Tensor, logits: Tensor) -> Tensor:
+        """The layer on this rank's tokens.
+
+        Parameters
+        ----------
+        x : (T, H) tensor
+            This rank's tokens, in the expert weights' dtype.
+        logits : (T, E) float tensor
+            The router's logits for each of them, over all E experts.
+        """
+        experts_all = self.mlp.experts_per_rank * _group_size(self.mlp.group)[0]
+        if not isinstance(logits, Tensor) or tuple(logits.shape) != (x.shape[0], experts_all):
+            got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+            raise ArgumentError("logits.shape", got, f"({x.shape[0]}, {experts_all}): one row per token, one column "
+                                "per expert of the group")
+        probs, experts = _top_k(logits, self.top_k, normalize=self.normalize)
+        return self.mlp(x, experts, probs)

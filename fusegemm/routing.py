@@ -28,7 +28,7 @@ from torch import Tensor
 from .arguments import M_ALIGNED
 from .base.errors import ArgumentError
 
-__all__ = ["Routing", "route", "gather", "row_probs", "combine", "padded_rows"]
+__all__ = ["Routing", "route", "top_k", "gather", "row_probs", "combine", "padded_rows"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,37 @@ def padded_rows(tokens: int, experts: int, top_k: int) -> int:
     return -(-(tokens * top_k + (M_ALIGNED - 1) * experts) // M_ALIGNED) * M_ALIGNED
 
 
+def top_k(logits: Tensor, k: int, *, normalize: bool = False) -> tuple[Tensor, Tensor]:
+    """(probs (T, k) float32, experts (T, k) int64): the top ``k`` of the softmax of ``logits``
+    (T, E) over the experts, in descending probability; differentiable in the logits.
+
+    Parameters
+    ----------
+    logits : (T, E) float tensor
+        The router's logits (any float dtype; the softmax runs in float32).
+    k : int
+        Experts per token, 1 <= k <= E.
+    normalize : bool
+        Renormalize each token's k probabilities to sum to 1 (Mixtral, Qwen3); default the
+        softmax's values (DeepSeek-V2's).
+    """
+    if not isinstance(logits, Tensor) or logits.dim() != 2 or not logits.is_floating_point():
+        got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ArgumentError("logits", got, "a (tokens, experts) float tensor")
+    e = logits.shape[1]
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= e:
+        raise ArgumentError("top_k", repr(k), f"an int from 1 to {e} (the experts)")
+    if not isinstance(normalize, bool):
+        raise ArgumentError("normalize", repr(normalize), "True or False")
+    probs, experts = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
+    if normalize:
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs, experts
+
+
+_top_k = top_k     # route's parameter of that name (the seeds' spelling) hides the function there
+
+
 def route(logits: Tensor, top_k: int, *, normalize: bool = False) -> Routing:
     """Top-``top_k`` routing of ``logits`` (T, E) into expert-sorted rows padded per expert.
 
@@ -80,17 +111,8 @@ def route(logits: Tensor, top_k: int, *, normalize: bool = False) -> Routing:
         Renormalize each token's k probabilities to sum to 1 (Mixtral, Qwen3); default the
         softmax's values (DeepSeek-V2's).
     """
-    if not isinstance(logits, Tensor) or logits.dim() != 2 or not logits.is_floating_point():
-        got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-        raise ArgumentError("logits", got, "a (tokens, experts) float tensor")
+    probs, experts = _top_k(logits, top_k, normalize=normalize)
     t, e = logits.shape
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
-        raise ArgumentError("top_k", repr(top_k), f"an int from 1 to {e} (the experts)")
-    if not isinstance(normalize, bool):
-        raise ArgumentError("normalize", repr(normalize), "True or False")
-    probs, experts = torch.softmax(logits.float(), dim=-1).topk(top_k, dim=-1)
-    if normalize:
-        probs = probs / probs.sum(-1, keepdim=True)
     dev, n = logits.device, t * top_k
     flat = experts.reshape(-1)
     # Counts by scatter (bincount's length would depend on the data), padded per expert.

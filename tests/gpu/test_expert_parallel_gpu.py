@@ -1,5 +1,6 @@
 """fusegemm.expert_parallel on two H200s (NCCL, the fusegemm kernels in bfloat16): the example
-script's 2-GPU run against one process running all experts in float64 on the global batch.
+script's 2-GPU run against one process running all experts in float64 on the global batch, for the
+expert MLP and for the whole layer from router logits (``block_*``: ExpertParallelMoEBlock).
 
 Tolerance: relative Frobenius error <= 2e-2 per tensor (bfloat16 operands and outputs; the
 single-GPU layer is held to the torch layer at 1e-2 in test_moe_gpu.py)."""

@@ -1,6 +1,7 @@
 """fusegemm.expert_parallel on two CPU processes (gloo, the torch backend in float64): the
 example script's check that forward output and every gradient equal one process running all
-experts on the global batch (ragged, skewed routing, an expert that receives no token).
+experts on the global batch (ragged, skewed routing, an expert that receives no token), for the
+expert MLP and for the whole layer from router logits (ExpertParallelMoEBlock vs MoEBlock).
 
 Tolerances: the routing weights travel as float32 (the kernels' prob dtype), so y and dweight
 agree to ~1e-8 relative; everything else to float64 rounding (1e-12)."""
@@ -26,6 +27,9 @@ def test_two_processes_equal_one():
     assert out["world"] == 2 and [x["experts_local"] for x in out["ranks"]] == [4, 4]
     assert worst["y"] <= 1e-6 and worst["dweight"] <= 1e-6, worst
     assert max(worst["dx"], worst["dw1"], worst["dw2"]) <= 1e-12, worst
+    # The whole layer from router logits (ExpertParallelMoEBlock against one process's MoEBlock).
+    assert worst["block_y"] <= 1e-6, worst
+    assert max(worst["block_dx"], worst["block_dlogits"], worst["block_dw1"], worst["block_dw2"]) <= 1e-12, worst
 
 
 def test_dispatch_refuses_bad_routes():
@@ -62,7 +66,7 @@ def test_one_process_without_torch_distributed():
     spec = importlib.util.spec_from_file_location("expert_parallel_example", ROOT / "examples" / "expert_parallel.py")
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    x, idx, weight, w1, w2, dy = example.make_problem(torch, tokens=96, hidden=32, inter=64, experts=4, topk=2,
+    x, idx, weight, w1, w2, dy, _ = example.make_problem(torch, tokens=96, hidden=32, inter=64, experts=4, topk=2,
                                                       dtype=torch.float64, device="cpu")
     ref = example.reference(torch, x, idx, weight, w1, w2, dy)
     ep = ExpertParallelMLP(4, 32, 64, dtype=torch.float64, backend="torch")
