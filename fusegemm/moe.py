@@ -34,8 +34,9 @@ token's k rows back (:func:`fusegemm.routing.combine`). Autograd carries the gra
 of the logits (through dprob, the softmax and top-k) and of both weights. The gather and combine
 are torch gathers, each the other's backward (deterministic, no atomics); fusing them into the
 grouped GEMM's loads and stores is issue 33's next step. H200 (bench/results/moe_layer_h200.json),
-the whole layer's forward + backward step against a plain torch layer in the same run: 1.35x
-(dsv3, 8 experts), 1.26x (dsv3, 32), 1.29x (mixtral), 1.23x (qwen3, 128 experts).
+the whole layer's forward + backward step against a plain torch layer in the same run: 1.31x
+(dsv3, 8 experts), 1.27x (dsv3, 32), 1.27x (mixtral), 1.28x (qwen3, 128 experts); with both steps
+in CUDA graphs 1.34x, 1.28x, 1.39x, 1.61x (moe_layer_h200_graph.json).
 """
 from __future__ import annotations
 
@@ -332,13 +333,19 @@ def _one(t: Tensor) -> Tensor:
 _DSWIGLU_TILE = {"sm_90a": lambda f: {"tile_m": 64, "tile_n": 128 if f <= 1024 else 256}}
 
 
+_TILES: dict[tuple[int, int], tuple] = {}
+
+
 @torch.compiler.assume_constant_result
 def _dswiglu_tile(index: int, f: int) -> tuple:
     """The dSwiGLU GEMM's tile choices, as (axis, value) pairs, for device ``index``'s arch and
-    intermediate size ``f`` (none: the spec's default); a constant for torch.compile."""
-    from .ops.device import device_arch
-    pick = _DSWIGLU_TILE.get(device_arch(index))
-    return tuple(sorted(pick(f).items())) if pick is not None else ()
+    intermediate size ``f`` (none: the spec's default); a constant for torch.compile (cached by
+    hand: dynamo would trace into an lru_cache wrapper)."""
+    if (index, f) not in _TILES:
+        from .ops.device import device_arch
+        pick = _DSWIGLU_TILE.get(device_arch(index))
+        _TILES[index, f] = tuple(sorted(pick(f).items())) if pick is not None else ()
+    return _TILES[index, f]
 
 
 def _zero_tail(y: Tensor, off: Tensor) -> Tensor:
