@@ -27,6 +27,7 @@ from torch import Tensor
 
 from .base.errors import ArgumentError
 from .moe import ExpertMLP
+from .routing import check_choice
 from .routing import top_k as _top_k
 
 __all__ = ["ExpertParallelMLP", "ExpertParallelMoEBlock", "dispatch", "combine", "Plan"]
@@ -249,9 +250,7 @@ class ExpertParallelMoEBlock(torch.nn.Module):
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, *, normalize: bool = False,
                  group=None, **kwargs) -> None:
         super().__init__()
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not (isinstance(experts, int) and
-                                                                          1 <= top_k <= experts):
-            raise ArgumentError("top_k", repr(top_k), f"an int from 1 to experts ({experts!r})")
+        check_choice(top_k, experts, normalize)
         self.top_k, self.normalize = top_k, normalize
         self.mlp = ExpertParallelMLP(experts, hidden, intermediate, group=group, **kwargs)
 

@@ -45,7 +45,7 @@ from torch import Tensor
 
 from .base.errors import ArgumentError
 from .formats.torch_mx import dequantize_mx, kernel_view, pack_sf, quantize_mx, unpack_sf
-from .routing import combine, gather, route, row_probs
+from .routing import check_choice, combine, gather, route, row_probs
 
 __all__ = ["ExpertMLP", "ExpertMLPFunction", "MoEBlock", "RECIPES", "interleave_gate_up", "split_gate_up",
            "join_gate_up", "swiglu_backward"]
@@ -562,11 +562,7 @@ class MoEBlock(torch.nn.Module):
                  dtype: torch.dtype = torch.bfloat16, backend: str = "fusegemm", recipe: str = "bf16",
                  wgrad: str = "auto", device=None, generator: torch.Generator | None = None) -> None:
         super().__init__()
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not (isinstance(experts, int) and
-                                                                          1 <= top_k <= experts):
-            raise ArgumentError("top_k", repr(top_k), f"an int from 1 to experts ({experts!r})")
-        if not isinstance(normalize, bool):
-            raise ArgumentError("normalize", repr(normalize), "True or False")
+        check_choice(top_k, experts, normalize)
         self.top_k, self.normalize = top_k, normalize
         self.mlp = ExpertMLP(experts, hidden, intermediate, dtype=dtype, backend=backend, recipe=recipe,
                              wgrad=wgrad, device=device, generator=generator)

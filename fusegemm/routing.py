@@ -28,7 +28,7 @@ from torch import Tensor
 from .arguments import M_ALIGNED
 from .base.errors import ArgumentError
 
-__all__ = ["Routing", "route", "top_k", "gather", "row_probs", "combine", "padded_rows"]
+__all__ = ["Routing", "route", "top_k", "gather", "row_probs", "combine", "padded_rows", "check_choice"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,26 @@ def top_k(logits: Tensor, k: int, *, normalize: bool = False) -> tuple[Tensor, T
 
 
 _top_k = top_k     # route's parameter of that name (the seeds' spelling) hides the function there
+
+
+def check_choice(top_k: object, experts: object, normalize: object) -> None:
+    """Refuse, naming the argument, a ``top_k`` that is not an int from 1 to ``experts`` or a
+    ``normalize`` that is not a bool (an MoE layer's constructor, before it builds anything).
+
+    Parameters
+    ----------
+    top_k : int
+        Experts per token.
+    experts : int
+        The experts.
+    normalize : bool
+        Whether routing weights are renormalized.
+    """
+    in_range = isinstance(experts, int) and isinstance(top_k, int) and 1 <= top_k <= experts
+    if isinstance(top_k, bool) or not in_range:
+        raise ArgumentError("top_k", repr(top_k), f"an int from 1 to experts ({experts!r})")
+    if not isinstance(normalize, bool):
+        raise ArgumentError("normalize", repr(normalize), "True or False")
 
 
 def route(logits: Tensor, top_k: int, *, normalize: bool = False) -> Routing:

@@ -17,15 +17,9 @@ import fusegemm  # noqa: E402
 from fusegemm import reference  # noqa: E402
 from fusegemm.output_compare import compare_outputs  # noqa: E402
 from fusegemm.problems import make_batched_problem, make_grouped_problem  # noqa: E402
+from jax_gpu import jax_on_gpu  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-
-def _jax():
-    jax = pytest.importorskip("jax")
-    if not any(d.platform == "gpu" for d in jax.devices()):
-        pytest.skip(f"JAX {jax.__version__} sees no GPU ({jax.devices()})")
-    return jax
 
 
 def _problem(op):
@@ -41,7 +35,7 @@ def _problem(op):
 
 @pytest.mark.parametrize("op", ["grouped_gemm", "grouped_gemm_srelu", "grouped_gemm_quant", "gemm_amax"])
 def test_jax_arrays_in_jax_arrays_out(op):
-    jax = _jax()
+    jax = jax_on_gpu()
     import jax.numpy as jnp
     kw = _problem(op)
     ref = getattr(reference, op)(**kw)
@@ -60,7 +54,7 @@ def test_jax_inputs_on_a_named_stream_and_dropped_right_after_the_call():
     """current_stream names a torch side stream: the handshake orders JAX's producers before it,
     the outputs after it; the inputs are dropped at once (fusegemm keeps them until the kernel
     has run) and their memory is reused by new JAX work."""
-    _jax()
+    jax_on_gpu()
     import jax.numpy as jnp
     kw = _problem("grouped_gemm")
     ref = reference.grouped_gemm(**kw)
@@ -133,7 +127,7 @@ def test_jax_jit_through_the_ffi_target():
     """fusegemm.jax_ffi.grouped_gemm inside jax.jit: XLA calls fusegemm's ctypes FFI handler on
     its stream; D (and C with bias) match the reference for two data sets through one compiled
     function; a refused argument surfaces as a JAX error carrying fusegemm's message."""
-    jax = _jax()
+    jax = jax_on_gpu()
     import jax.numpy as jnp
 
     import fusegemm.jax_ffi as fj

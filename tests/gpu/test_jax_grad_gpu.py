@@ -9,15 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from jax_gpu import jax_on_gpu
 
 pytestmark = pytest.mark.gpu
-
-
-def _jax():
-    jax = pytest.importorskip("jax")
-    if not any(d.platform == "gpu" for d in jax.devices()):
-        pytest.skip(f"JAX {jax.__version__} sees no GPU ({jax.devices()})")
-    return jax
 
 
 def _plain(a, offsets, alpha, b, prob, bias):
@@ -38,7 +32,7 @@ def _plain(a, offsets, alpha, b, prob, bias):
 
 @pytest.mark.parametrize("n,with_bias,with_prob", [(256, False, True), (256, True, True), (160, False, False)])
 def test_jax_grad_matches_a_plain_jnp_implementation(n, with_bias, with_prob):
-    jax = _jax()
+    jax = jax_on_gpu()
     import jax.numpy as jnp
 
     import fusegemm.jax_ffi as fj

@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 import fusegemm  # noqa: E402
 from fusegemm.problems import make_grouped_problem  # noqa: E402
+from jax_gpu import jax_on_gpu  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -63,13 +64,6 @@ def specs(tmp_path_factory):
     return out
 
 
-def _jax():
-    jax = pytest.importorskip("jax")
-    if not any(d.platform == "gpu" for d in jax.devices()):
-        pytest.skip(f"JAX {jax.__version__} sees no GPU ({jax.devices()})")
-    return jax
-
-
 def _same(a, b) -> bool:
     a, b = np.asarray(a), np.asarray(b)
     return a.shape == b.shape and a.tobytes() == b.tobytes()
@@ -85,7 +79,7 @@ def _faces(spec_path, name, operands, inputs, axes, jax_args=None):
     compiled = torch.compile(lambda *xs: face(*xs, inputs=inputs), fullgraph=True)
     traced = {k: v.cpu().numpy() for k, v in compiled(*operands).items()}
     try:
-        jax = _jax()
+        jax = jax_on_gpu()
     except pytest.skip.Exception:
         return op, eager, traced, None
     import jax.numpy as jnp

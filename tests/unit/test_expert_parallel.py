@@ -79,3 +79,17 @@ def test_one_process_without_torch_distributed():
     rel = lambda a, b: float((a - b).norm() / b.norm())  # noqa: E731
     assert rel(y, ref["y"]) <= 1e-6 and rel(wi.grad, ref["dweight"]) <= 1e-6   # weights travel as float32
     assert max(rel(xi.grad, ref["dx"]), rel(ep.local.w1.grad, ref["dw1"]), rel(ep.local.w2.grad, ref["dw2"])) <= 1e-12
+
+
+def test_expert_parallel_block_refuses_with_the_argument_named():
+    import torch
+
+    from fusegemm.base.errors import ArgumentError
+    from fusegemm.expert_parallel import ExpertParallelMoEBlock
+    for top_k, normalize, msg in ((0, False, "^top_k: got 0"), (5, False, "^top_k: got 5"), (2, 1, "^normalize: ")):
+        with pytest.raises(ArgumentError, match=msg):
+            ExpertParallelMoEBlock(8, 32, 4, top_k, normalize=normalize, backend="torch")
+    block = ExpertParallelMoEBlock(8, 32, 4, 2, backend="torch", dtype=torch.float64)
+    with pytest.raises(ArgumentError, match=r"^logits\.shape: got \(3, 5\); allowed: \(3, 4\)"):
+        block(torch.zeros(3, 8, dtype=torch.float64), torch.zeros(3, 5))
+    assert block(torch.zeros(3, 8, dtype=torch.float64), torch.zeros(3, 4)).shape == (3, 8)
