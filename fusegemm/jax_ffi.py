@@ -297,6 +297,11 @@ def _grouped_gemm_vjp(saved: tuple, gd: Any, gc: Any) -> tuple:
     return da, None, dalpha, db, dprob, dbias
 
 
+@functools.lru_cache(maxsize=1)
+def _wgrad_op() -> Any:
+    return spec_op("grouped_gemm_wgrad")
+
+
 def _wgrad(u: Any, a: Any, offsets: Any, rows: Any, n_exp: int) -> Any:
     """(L, N, K) float32: ``u_e^T a_e`` per expert (see :func:`grouped_gemm`)."""
     import jax.numpy as jnp
@@ -304,7 +309,7 @@ def _wgrad(u: Any, a: Any, offsets: Any, rows: Any, n_exp: int) -> Any:
     from .ops.device import device_arch
     from .ops.kgrouped import wgrad_fits
     if wgrad_fits(u.shape[1], a.shape[1], u.shape[0], device_arch(0)):
-        return spec_op("grouped_gemm_wgrad")(u, a, offsets)["d"]
+        return _wgrad_op()(u, a, offsets)["d"]
     mask = (rows[:, None] == jnp.arange(n_exp)).astype(jnp.float32)
     return jnp.einsum("me,mn,mk->enk", mask, u.astype(jnp.float32), a.astype(jnp.float32))
 

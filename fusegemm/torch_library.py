@@ -582,10 +582,10 @@ def _grouped_gemm_backward(ctx, grad_d: Optional[Tensor], grad_c: Optional[Tenso
     (S = A B^T, recomputed only when alpha or, without bias, prob needs a gradient)."""
     a, offsets, alpha, b, bias, prob = ctx.saved_tensors
     need = dict(zip(("a", "alpha", "b", "bias", "prob"), (ctx.needs_input_grad[i] for i in (0, 2, 3, 4, 7))))
-    if ctx.discrete and (need["a"] or need["b"]):
+    if ctx.discrete and any(need.values()):
         from .base.errors import UnsupportedError
         raise UnsupportedError("b_ptrs: the gradient of grouped_gemm with discrete weights (device addresses carry "
-                               "no tensor to differentiate or read transposed); pass the weights as b")
+                               "no tensor to differentiate, read transposed or recompute with); pass the weights as b")
     m, l, acc = a.shape[0], alpha.shape[0], torch.promote_types(a.dtype, torch.float32)
     zero = a.new_zeros((m, b.shape[0]), dtype=acc)
     gd = zero if grad_d is None or grad_d.numel() == 0 else grad_d.reshape(m, -1).to(acc)
@@ -595,8 +595,6 @@ def _grouped_gemm_backward(ctx, grad_d: Optional[Tensor], grad_c: Optional[Tenso
     w = b.permute(2, 0, 1)                                      # (L, N, K), as stored
     a2 = a.reshape(m, -1)
     ua = u.to(a.dtype)
-    rows = torch.searchsorted(offsets, torch.arange(m, device=a.device, dtype=offsets.dtype), right=True)
-    alpha_row = torch.cat((alpha.to(acc), alpha.new_zeros(1, dtype=acc)))[rows][:, None]
     grads = dict.fromkeys(need)
     if need["a"]:
         grads["a"] = _dgrad(ua, offsets, w, alpha.float()).to(a.dtype).view_as(a)
@@ -609,7 +607,10 @@ def _grouped_gemm_backward(ctx, grad_d: Optional[Tensor], grad_c: Optional[Tenso
     if need["bias"]:
         grads["bias"] = _segment_sum(p * u, offsets).to(bias.dtype).t()
     if need["prob"]:
+        # Each row's expert (L past the last one), for its alpha or bias row.
+        rows = torch.searchsorted(offsets, torch.arange(m, device=a.device, dtype=offsets.dtype), right=True)
         if bias is None:
+            alpha_row = torch.cat((alpha.to(acc), alpha.new_zeros(1, dtype=acc)))[rows][:, None]
             dp = alpha_row * (gd * s).sum(1, keepdim=True)
         else:
             per_row = torch.cat((bias.t().to(acc), bias.new_zeros((1, bias.shape[0]), dtype=acc)))[rows]

@@ -95,11 +95,12 @@ def test_backward_matches_autograd_of_the_seed_formula(cpu_primitives, with_bias
     assert (got[0][20:] == 0).all() and (with_prob is False or (got[7][20:] == 0).all())   # rows past the end
 
 
-def test_discrete_weights_refuse_a_gradient_with_the_argument_named():
+@pytest.mark.parametrize("wanted", [0, 2, 7])    # a, alpha, prob: each needs the weights
+def test_discrete_weights_refuse_a_gradient_with_the_argument_named(wanted):
     from fusegemm.base.errors import UnsupportedError
     a = torch.randn(8, 4, 1, dtype=torch.float64)
-    ctx = SimpleNamespace(saved_tensors=(a, torch.tensor([8], dtype=torch.int32), torch.ones(1), None, None, None),
-                          needs_input_grad=[True] + [False] * 11, discrete=True)
+    saved = (a, torch.tensor([8], dtype=torch.int32), torch.ones(1), None, None, torch.ones(8, 1, 1))
+    ctx = SimpleNamespace(saved_tensors=saved, needs_input_grad=[i == wanted for i in range(12)], discrete=True)
     with pytest.raises(UnsupportedError, match="^b_ptrs: "):
         tl._grouped_gemm_backward(ctx, torch.ones(8, 3, 1), None)
 
