@@ -14,6 +14,8 @@ Issue 33's target: >= 1.5x on these layers once gather and scatter are fused (th
 
 ``--graph`` captures each step in a CUDA graph first (both layers) and times the replays: the
 GPU time without the host's launch gaps, what a framework that captures its step runs.
+``--profile`` adds, per layer and method, the kernels' time per eager step and the top kernels
+(torch.profiler); wall minus kernel time is what the GPU idled.
 """
 from __future__ import annotations
 
@@ -88,6 +90,9 @@ def bench_layer(name: str, args) -> dict:
         run()
         torch.cuda.synchronize()
         row[f"{key}_peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+    if args.profile:    # where each eager step's GPU time goes, before any graph capture
+        for key, run in methods.items():
+            row[f"{key}_kernels"] = _kernel_table(run)
     if args.graph:      # after the eager peaks: a graph's pool is allocated once, at capture
         methods = {key: _graphed(run) for key, run in methods.items()}
     for key, ms in interleaved_ms(methods, args).items():
@@ -95,6 +100,29 @@ def bench_layer(name: str, args) -> dict:
     row["speedup_vs_torch"] = row["torch_ms"] / row["fusegemm_ms"]
     torch.cuda.empty_cache()
     return row
+
+
+def _kernel_table(run, steps: int = 3, top: int = 12) -> dict:
+    """torch.profiler over ``steps`` steps of ``run``: the kernels' total time per step and the
+    ``top`` kernels by time (ms per step, launches per step, name); the step's wall time minus the
+    kernels' is the GPU's idle time in it."""
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) * 1e3 / steps
+    events = sorted((e for e in prof.key_averages() if e.self_device_time_total > 0),
+                    key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in events) / steps / 1e3
+    return {"wall_ms_per_step": wall, "kernel_ms_per_step": total,
+            "top": [(e.self_device_time_total / steps / 1e3, e.count // steps, e.key[:120]) for e in events[:top]]}
 
 
 def _graphed(run):
@@ -124,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--graph", action="store_true", help="time both steps as CUDA-graph replays (no host gaps)")
+    ap.add_argument("--profile", action="store_true",
+                    help="add each layer's kernel-time table (torch.profiler, eager steps) to the JSON")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
