@@ -171,7 +171,7 @@ def _rows_of_tokens(x: Tensor, token_of_row: Tensor) -> Tensor:
 def _sum_rows(rows: Tensor, row_of: Tensor) -> Tensor:
     # Each token's k rows, summed in choice order in at least float32 (the reduction upcasts as it reads).
     t, k = row_of.shape
-    picked = rows.index_select(0, row_of.reshape(-1)).view(t, k, -1)
+    picked = rows.index_select(0, row_of.reshape(-1)).view(t, k, rows.shape[1])
     return picked.sum(1, dtype=torch.promote_types(rows.dtype, torch.float32)).to(rows.dtype)
 
 

@@ -150,3 +150,15 @@ def test_moe_block_refuses_shapes_with_the_argument_named():
         block(torch.zeros(5, 16, dtype=torch.float64), torch.zeros(5, 3))
     with pytest.raises(ArgumentError, match=r"^top_k: got 5; allowed: an int from 1 to experts \(4\)"):
         MoEBlock(16, 64, 4, 5, backend="torch")
+
+
+def test_a_batch_without_tokens():
+    """T = 0 (a micro-batch or a rank with no tokens): an empty output and empty gradients, the
+    weights' gradients zero; the combine's reshape once failed on the empty rows."""
+    block = MoEBlock(16, 64, 4, 2, dtype=torch.float64, backend="torch")
+    x = torch.zeros(0, 16, dtype=torch.float64, requires_grad=True)
+    logits = torch.zeros(0, 4, requires_grad=True)
+    y = block(x, logits)
+    y.sum().backward()
+    assert y.shape == (0, 16) and x.grad.shape == (0, 16) and logits.grad.shape == (0, 4)
+    assert block.mlp.w1.grad.abs().max() == 0 and block.mlp.w2.grad.abs().max() == 0
