@@ -569,9 +569,12 @@ def _segment_sum(x: Tensor, offsets: Tensor) -> Tensor:
 
 
 def _grouped_gemm_context(ctx, inputs: tuple, output: tuple) -> None:
+    from .arguments import b_is_canonical
     a, offsets, alpha, b, bias, b_ptrs, n, prob, *_ = inputs
     ctx.save_for_backward(a, offsets, alpha, b, bias, prob)
     ctx.discrete = b is None
+    # B as the op read it: (L, N, K) canonical or the seed's (N, K, L) view (arguments.dense_b).
+    ctx.canonical = b is not None and bool(b_is_canonical(b.shape, b.stride(), a.shape[1], alpha.shape[0]))
 
 
 def _grouped_gemm_backward(ctx, grad_d: Optional[Tensor], grad_c: Optional[Tensor]) -> tuple:
@@ -587,12 +590,12 @@ def _grouped_gemm_backward(ctx, grad_d: Optional[Tensor], grad_c: Optional[Tenso
         raise UnsupportedError("b_ptrs: the gradient of grouped_gemm with discrete weights (device addresses carry "
                                "no tensor to differentiate, read transposed or recompute with); pass the weights as b")
     m, l, acc = a.shape[0], alpha.shape[0], torch.promote_types(a.dtype, torch.float32)
-    zero = a.new_zeros((m, b.shape[0]), dtype=acc)
+    w = b if ctx.canonical else b.permute(2, 0, 1)             # (L, N, K), as stored
+    zero = a.new_zeros((m, w.shape[1]), dtype=acc)
     gd = zero if grad_d is None or grad_d.numel() == 0 else grad_d.reshape(m, -1).to(acc)
     gc = zero if grad_c is None or grad_c.numel() == 0 else grad_c.reshape(m, -1).to(acc)
     p = a.new_ones((m, 1), dtype=acc) if prob is None else prob.reshape(m, 1).to(acc)
     u = gd + gc if bias is not None else p * gd + gc           # the gradient at alpha_e * S
-    w = b.permute(2, 0, 1)                                      # (L, N, K), as stored
     a2 = a.reshape(m, -1)
     ua = u.to(a.dtype)
     grads = dict.fromkeys(need)
@@ -600,7 +603,7 @@ def _grouped_gemm_backward(ctx, grad_d: Optional[Tensor], grad_c: Optional[Tenso
         grads["a"] = _dgrad(ua, offsets, w, alpha.float()).to(a.dtype).view_as(a)
     if need["b"]:
         dw = grouped_wgrad(ua, a2, offsets).to(acc) * alpha.to(acc)[:, None, None]
-        grads["b"] = dw.to(b.dtype).permute(1, 2, 0)
+        grads["b"] = dw.to(b.dtype) if ctx.canonical else dw.to(b.dtype).permute(1, 2, 0)
     s = _products(a2, offsets, w) if need["alpha"] or (need["prob"] and bias is None) else None
     if need["alpha"]:
         grads["alpha"] = _segment_sum((u * s).sum(1), offsets).to(alpha.dtype)

@@ -59,30 +59,42 @@ def _seed_001(a, offsets, alpha, b, bias, prob):
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("with_prob", [False, True])
 @pytest.mark.parametrize("with_c", [False, True])
-def test_backward_matches_autograd_of_the_seed_formula(cpu_primitives, with_bias, with_prob, with_c):
+@pytest.mark.parametrize("canonical", [False, True])
+def test_backward_matches_autograd_of_the_seed_formula(cpu_primitives, with_bias, with_prob, with_c, canonical):
+    """The seed's kernel-facing layout (a (M, K, 1), b (N, K, L), prob (M, 1, 1)) and the canonical
+    one the op also takes (a (M, K), b (L, N, K), prob (M,))."""
     g = torch.Generator().manual_seed(3)
     m, k, n = 24, 5, 7
     offsets = torch.tensor([8, 8, 20], dtype=torch.int32)          # ragged, one empty expert, 4 rows past
+    w = torch.randn(3, n, k, generator=g, dtype=torch.float64)
     leaves = {
-        "a": torch.randn(m, k, 1, generator=g, dtype=torch.float64),
+        "a": torch.randn(m, k, generator=g, dtype=torch.float64).reshape((m, k) if canonical else (m, k, 1)),
         "alpha": (torch.rand(3, generator=g) + 0.5).double(),     # float32 values: the kernel reads alpha in FP32
-        "b": torch.randn(3, n, k, generator=g, dtype=torch.float64).permute(1, 2, 0),   # (N, K, L), K-major
+        "b": w if canonical else w.permute(1, 2, 0),               # (L, N, K), or the seed's K-major (N, K, L) view
         "bias": torch.randn(3, n, generator=g, dtype=torch.float64).t() if with_bias else None,   # (N, L)
-        "prob": torch.rand(m, 1, 1, generator=g, dtype=torch.float64) if with_prob else None,
+        "prob": torch.rand(m, generator=g, dtype=torch.float64).reshape((m,) if canonical else (m, 1, 1))
+        if with_prob else None,
     }
     for v in leaves.values():
         if v is not None:
             v.requires_grad_(True)
-    d, c = _seed_001(leaves["a"], offsets, leaves["alpha"], leaves["b"], leaves["bias"], leaves["prob"])
-    gd = torch.randn(m, n, 1, generator=g, dtype=torch.float64)
-    gc = torch.randn(m, n, 1, generator=g, dtype=torch.float64) if with_c else None
+    seed_view = {"a": leaves["a"].reshape(m, k, 1), "b": leaves["b"].permute(1, 2, 0) if canonical else leaves["b"],
+                 "prob": leaves["prob"].reshape(m, 1, 1) if with_prob else None}
+    d, c = _seed_001(seed_view["a"], offsets, leaves["alpha"], seed_view["b"], leaves["bias"], seed_view["prob"])
+    if canonical:
+        d, c = d[..., 0], c[..., 0]
+    gd = torch.randn(*d.shape, generator=g, dtype=torch.float64)
+    gc = torch.randn(*d.shape, generator=g, dtype=torch.float64) if with_c else None
     present = [v for v in leaves.values() if v is not None]
     want = dict(zip([k for k, v in leaves.items() if v is not None],
                     torch.autograd.grad((d * gd).sum() + ((c * gc).sum() if with_c else 0), present)))
     saved = (leaves["a"], offsets, leaves["alpha"], leaves["b"], leaves["bias"], leaves["prob"])
     needs = [True, False, True, True, with_bias, False, False, with_prob] + [False] * 4
-    ctx = SimpleNamespace(saved_tensors=tuple(x.detach() if x is not None else None for x in saved),
-                          needs_input_grad=needs, discrete=False)
+    # The real setup_context saves what the backward reads (and decides B's layout).
+    ctx = SimpleNamespace(needs_input_grad=needs)
+    ctx.save_for_backward = lambda *ts: setattr(ctx, "saved_tensors", tuple(x.detach() if x is not None else None
+                                                                            for x in ts))
+    tl._grouped_gemm_context(ctx, (saved[0], offsets, saved[2], saved[3], saved[4], None, None, saved[5]), ())
     got = tl._grouped_gemm_backward(ctx, gd, gc if with_c else torch.empty(0, dtype=torch.float64))
     assert len(got) == 12
     for name, index in (("a", 0), ("alpha", 2), ("b", 3), ("bias", 4), ("prob", 7)):
