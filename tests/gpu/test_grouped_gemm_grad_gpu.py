@@ -84,3 +84,23 @@ def test_discrete_weights_refuse_the_gradient_of_a():
     d, _ = fg.grouped_gemm(a, offsets, leaves["alpha"], b_ptrs=ptrs, n=w.shape[1])
     with pytest.raises(UnsupportedError, match="^b_ptrs: "):
         d.float().sum().backward()
+
+
+def test_gradients_with_canonical_operands():
+    """The canonical layout the op also takes (a (M, K), b (L, N, K) contiguous, d (M, N)): the
+    backward reads B as the op did and returns dB as (L, N, K)."""
+    import fusegemm.torch_library as fg
+    leaves, offsets = _problem(False, True)
+    a = leaves["a"][..., 0].clone().requires_grad_(True)                       # (M, K)
+    b = leaves["b"].permute(2, 0, 1).contiguous().clone().requires_grad_(True)  # (L, N, K)
+    prob = leaves["prob"].reshape(-1).clone().requires_grad_(True)              # (M,)
+    d, _ = fg.grouped_gemm(a, offsets, leaves["alpha"], b, prob=prob)
+    g = torch.Generator(device="cuda").manual_seed(9)
+    gd = torch.randn(d.shape, generator=g, device="cuda")
+    got = torch.autograd.grad((d.float() * gd).sum(), [a, b, prob])
+    a2, b2, p2 = (t.detach().clone().requires_grad_(True) for t in (a, b, prob))
+    d_ref, _ = _seed_001(a2[..., None], offsets, leaves["alpha"], b2.permute(1, 2, 0), None, p2[:, None, None])
+    want = torch.autograd.grad((d_ref[..., 0] * gd).sum(), [a2, b2, p2])
+    for name, x, y in zip(("a", "b", "prob"), got, want):
+        assert x.shape == y.shape, name
+        assert _rel(x, y) <= 1e-2, (name, _rel(x, y))
