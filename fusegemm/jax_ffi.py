@@ -230,8 +230,8 @@ def grouped_gemm(a: Any, padded_offsets: Any, alpha: Any, b: Any, *, prob: Any =
     ``jax.grad`` and ``jax.vjp`` reach a, alpha, b, prob and bias (a ``jax.custom_vjp``): the data
     gradient runs this op on the transposed weights, the weight gradient fusegemm's K-grouped
     kernel where it fits (N whole tiles of it, K a multiple of 8, on an arch where it has run),
-    else an XLA einsum over an expert mask (L times the GEMM's work: small problems only); alpha,
-    prob and bias by per-expert segment sums. Cotangents of rows past the last expert are ignored.
+    else one masked XLA matmul per expert (L times the GEMM's work); alpha, prob and bias by
+    per-expert segment sums. Cotangents of rows past the last expert are ignored.
     """
     import jax.numpy as jnp
     axes = (("bias_dtype", jnp.dtype(bias.dtype).name if bias is not None else "none"),
@@ -269,7 +269,8 @@ def _grouped_gemm_vjp(saved: tuple, gd: Any, gc: Any) -> tuple:
     import jax
     import jax.numpy as jnp
     a, offsets, alpha, b, prob, bias = saved
-    m, n_exp, f32 = a.shape[0], alpha.shape[0], jnp.float32
+    # FP32 (the kernels' accumulation), or wider for wider operands (the CPU test's float64).
+    m, n_exp, f32 = a.shape[0], alpha.shape[0], jnp.promote_types(a.dtype, jnp.float32)
     rows = jnp.searchsorted(offsets, jnp.arange(m, dtype=offsets.dtype), side="right")   # L: past the end
     valid = (rows < n_exp)[:, None]
     gd = jnp.where(valid, gd.astype(f32), 0)
@@ -278,7 +279,7 @@ def _grouped_gemm_vjp(saved: tuple, gd: Any, gc: Any) -> tuple:
     u = gd + gc if bias is not None else p * gd + gc
     ua = u.astype(a.dtype)
     da = jnp.where(valid, grouped_gemm(ua, offsets, alpha, jnp.transpose(b, (0, 2, 1)), d_dtype=a.dtype), 0)
-    db = (_wgrad(ua, a, offsets, rows, n_exp) * alpha.astype(f32)[:, None, None]).astype(b.dtype)
+    db = (_wgrad(ua, a, offsets, rows, n_exp).astype(f32) * alpha.astype(f32)[:, None, None]).astype(b.dtype)
 
     def per_expert(x):
         return jax.ops.segment_sum(x, rows, num_segments=n_exp + 1)[:n_exp]
@@ -303,15 +304,20 @@ def _wgrad_op() -> Any:
 
 
 def _wgrad(u: Any, a: Any, offsets: Any, rows: Any, n_exp: int) -> Any:
-    """(L, N, K) float32: ``u_e^T a_e`` per expert (see :func:`grouped_gemm`)."""
+    """(L, N, K) float32: ``u_e^T a_e`` per expert (see :func:`grouped_gemm`). Where the K-grouped
+    kernel does not serve (its tiles, or an arch where it has not run: sm_100a today), one masked
+    XLA matmul per expert: memory of one (M, N) mask at a time (an einsum over an (M, L) mask
+    would build an (L, M, N) product), L times the GEMM's work."""
+    import jax
     import jax.numpy as jnp
 
     from .ops.device import device_arch
     from .ops.kgrouped import wgrad_fits
     if wgrad_fits(u.shape[1], a.shape[1], u.shape[0], device_arch(0)):
         return _wgrad_op()(u, a, offsets)["d"]
-    mask = (rows[:, None] == jnp.arange(n_exp)).astype(jnp.float32)
-    return jnp.einsum("me,mn,mk->enk", mask, u.astype(jnp.float32), a.astype(jnp.float32))
+    acc = jnp.promote_types(u.dtype, jnp.float32)
+    u32, a32 = u.astype(acc), a.astype(acc)
+    return jax.lax.map(lambda e: jnp.where((rows == e)[:, None], u32, 0).T @ a32, jnp.arange(n_exp))
 
 
 # ---------------------------------------------------------------- any spec: spec_op(spec)
