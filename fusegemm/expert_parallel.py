@@ -25,9 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .base.errors import ArgumentError
 from .moe import ExpertMLP
-from .routing import check_choice
+from .routing import check_choice, check_logits
 from .routing import top_k as _top_k
 
 __all__ = ["ExpertParallelMLP", "ExpertParallelMoEBlock", "dispatch", "combine", "Plan"]
@@ -264,10 +263,6 @@ class ExpertParallelMoEBlock(torch.nn.Module):
         logits : (T, E) float tensor
             The router's logits for each of them, over all E experts.
         """
-        experts_all = self.mlp.experts_per_rank * _group_size(self.mlp.group)[0]
-        if not isinstance(logits, Tensor) or tuple(logits.shape) != (x.shape[0], experts_all):
-            got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-            raise ArgumentError("logits.shape", got, f"({x.shape[0]}, {experts_all}): one row per token, one column "
-                                "per expert of the group")
+        check_logits(logits, x.shape[0], self.mlp.experts_per_rank * _group_size(self.mlp.group)[0])
         probs, experts = _top_k(logits, self.top_k, normalize=self.normalize)
         return self.mlp(x, experts, probs)

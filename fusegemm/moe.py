@@ -45,7 +45,7 @@ from torch import Tensor
 
 from .base.errors import ArgumentError
 from .formats.torch_mx import dequantize_mx, kernel_view, pack_sf, quantize_mx, unpack_sf
-from .routing import check_choice, combine, gather, route, row_probs
+from .routing import check_choice, check_logits, combine, gather, route, row_probs
 
 __all__ = ["ExpertMLP", "ExpertMLPFunction", "MoEBlock", "RECIPES", "interleave_gate_up", "split_gate_up",
            "join_gate_up", "swiglu_backward"]
@@ -581,10 +581,7 @@ class MoEBlock(torch.nn.Module):
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != hidden:
             got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ArgumentError("x.shape", got, f"(T, {hidden}): token-major, the hidden size")
-        if not isinstance(logits, Tensor) or tuple(logits.shape) != (x.shape[0], experts):
-            got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-            raise ArgumentError("logits.shape", got, f"({x.shape[0]}, {experts}): one row per token, one column "
-                                "per expert")
+        check_logits(logits, x.shape[0], experts)
         r = route(logits, self.top_k, normalize=self.normalize)
         y_rows = self.mlp(gather(x, r), r.padded_offsets, row_probs(r))
         return combine(y_rows, r)

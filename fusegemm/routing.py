@@ -28,7 +28,7 @@ from torch import Tensor
 from .arguments import M_ALIGNED
 from .base.errors import ArgumentError
 
-__all__ = ["Routing", "route", "top_k", "gather", "row_probs", "combine", "padded_rows", "check_choice"]
+__all__ = ["Routing", "route", "top_k", "gather", "row_probs", "combine", "padded_rows", "check_choice", "check_logits"]
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,24 @@ def check_choice(top_k: object, experts: object, normalize: object) -> None:
     if not isinstance(normalize, bool):
         raise ArgumentError("normalize", repr(normalize), "True or False")
 
+
+
+def check_logits(logits: object, tokens: int, experts: int) -> None:
+    """Refuse router ``logits`` that are not a (tokens, experts) tensor, naming ``logits.shape``
+    (an MoE layer's forward, before it routes).
+
+    Parameters
+    ----------
+    logits : tensor
+        The router's logits.
+    tokens : int
+        T, the layer's tokens.
+    experts : int
+        E, the experts routed over.
+    """
+    if not isinstance(logits, Tensor) or tuple(logits.shape) != (tokens, experts):
+        got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ArgumentError("logits.shape", got, f"({tokens}, {experts}): one row per token, one column per expert")
 
 def route(logits: Tensor, top_k: int, *, normalize: bool = False) -> Routing:
     """Top-``top_k`` routing of ``logits`` (T, E) into expert-sorted rows padded per expert.
