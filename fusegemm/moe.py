@@ -333,19 +333,13 @@ def _one(t: Tensor) -> Tensor:
 _DSWIGLU_TILE = {"sm_90a": lambda f: {"tile_m": 64, "tile_n": 128 if f <= 1024 else 256}}
 
 
-_TILES: dict[tuple[int, int], tuple] = {}
-
-
 @torch.compiler.assume_constant_result
 def _dswiglu_tile(index: int, f: int) -> tuple:
     """The dSwiGLU GEMM's tile choices, as (axis, value) pairs, for device ``index``'s arch and
-    intermediate size ``f`` (none: the spec's default); a constant for torch.compile (cached by
-    hand: dynamo would trace into an lru_cache wrapper)."""
-    if (index, f) not in _TILES:
-        from .ops.device import device_arch
-        pick = _DSWIGLU_TILE.get(device_arch(index))
-        _TILES[index, f] = tuple(sorted(pick(f).items())) if pick is not None else ()
-    return _TILES[index, f]
+    intermediate size ``f`` (none: the spec's default); a constant for torch.compile."""
+    from .ops.device import device_arch
+    pick = _DSWIGLU_TILE.get(device_arch(index))
+    return tuple(sorted(pick(f).items())) if pick is not None else ()
 
 
 def _zero_tail(y: Tensor, off: Tensor) -> Tensor:

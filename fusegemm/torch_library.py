@@ -479,20 +479,18 @@ def device_ordinal(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-# The host lookups a traced backward makes: constants for torch.compile (dynamo calls them once
-# instead of tracing them), each cached by hand (dynamo traces into an lru_cache wrapper).
-_LOOKUPS: dict[tuple, Any] = {}
+# The host lookups a traced backward makes are constants for torch.compile (dynamo calls them
+# once instead of tracing them). An lru_cache may sit inside one, not around it: dynamo traces
+# into an lru_cache wrapper.
+_B_MAJOR: dict[int, str] = {}
 
 
 @torch.compiler.assume_constant_result
 def _kgrouped_fits(n: int, k: int, m: int, index: int) -> bool:
-    """:func:`fusegemm.ops.kgrouped.wgrad_fits` on device ``index``'s arch."""
-    key = ("kgrouped", n, k, m, index)
-    if key not in _LOOKUPS:
-        from .ops.device import device_arch
-        from .ops.kgrouped import wgrad_fits
-        _LOOKUPS[key] = wgrad_fits(n, k, m, device_arch(index))
-    return _LOOKUPS[key]
+    """:func:`fusegemm.ops.kgrouped.wgrad_fits` on device ``index``'s arch (both cached)."""
+    from .ops.device import device_arch
+    from .ops.kgrouped import wgrad_fits
+    return wgrad_fits(n, k, m, device_arch(index))
 
 
 def grouped_wgrad(dy: Tensor, x: Tensor, padded_offsets: Tensor, kernel: str = "auto") -> Tensor:
@@ -540,13 +538,12 @@ def weight_as_b(w: Tensor) -> tuple[Tensor, str]:
 @torch.compiler.assume_constant_result
 def _b_major(index: int) -> str:
     """"n" when device ``index``'s arch implements N-major B for the grouped family, else "k"."""
-    key = ("b_major", index)
-    if key not in _LOOKUPS:
+    if index not in _B_MAJOR:
         from .generator import registry
         from .ops.device import device_arch
         row = registry.lookup("grouped_gemm", device_arch(index))
-        _LOOKUPS[key] = "n" if row is not None and row.problem({"b_major": "n"}) is None else "k"
-    return _LOOKUPS[key]
+        _B_MAJOR[index] = "n" if row is not None and row.problem({"b_major": "n"}) is None else "k"
+    return _B_MAJOR[index]
 
 
 def _dgrad(u: Tensor, offsets: Tensor, w: Tensor, alpha: Tensor) -> Tensor:
