@@ -32,11 +32,12 @@ expert-sorted permutation on the device, no host synchronisation), gathers the t
 rows, runs the expert MLP (each row's routing weight applied by the fused SwiGLU), and sums each
 token's k rows back (:func:`fusegemm.routing.combine`). Autograd carries the gradients of ``x``,
 of the logits (through dprob, the softmax and top-k) and of both weights. The gather and combine
-are torch gathers, each the other's backward (deterministic, no atomics); fusing them into the
-grouped GEMM's loads and stores is issue 33's next step. H200 (bench/results/moe_layer_h200.json),
-the whole layer's forward + backward step against a plain torch layer in the same run: 1.31x
-(dsv3, 8 experts), 1.27x (dsv3, 32), 1.27x (mixtral), 1.28x (qwen3, 128 experts); with both steps
-in CUDA graphs 1.34x, 1.28x, 1.39x, 1.61x (moe_layer_h200_graph.json).
+are one-pass permutation kernels (fusegemm/ops/permute.py), each the other's backward
+(deterministic, no atomics); fusing them into the grouped GEMM's loads and stores is issue 33's
+next step. H200 (bench/results/moe_layer_h200.json),
+the whole layer's forward + backward step against a plain torch layer in the same run: 1.42x
+(dsv3, 8 experts), 1.38x (dsv3, 32), 1.32x (mixtral), 1.54x (qwen3, 128 experts); with both steps
+in CUDA graphs 1.45x, 1.35x, 1.38x, 1.78x (moe_layer_h200_graph.json).
 """
 from __future__ import annotations
 

@@ -12,11 +12,13 @@ Every shape depends on (tokens, experts, top_k) only, never on the data: the row
 ``R = round_up(T * k + 255 * E, 256)`` (each expert pads fewer than 256 rows), rows past
 ``padded_offsets[-1]`` and an expert's padding rows read token -1 (zeros). So no step reads a
 value back to the host: the functions run inside CUDA graphs and on meta tensors (tested), and
-each is made of torch operations that autograd differentiates (the probabilities through
-``row_probs``, x through ``gather``, the rows through ``combine``).
+autograd differentiates each (the probabilities through ``row_probs``, x through ``gather``, the
+rows through ``combine``).
 
 Within an expert, rows follow token order (a stable sort), so a routing is deterministic, and
-``combine`` sums each token's k rows in choice order (no atomics).
+``combine`` sums each token's k rows in choice order (no atomics). On CUDA tensors ``gather`` and
+``combine`` run one kernel each (fusegemm/ops/permute.py; torch custom ops under torch.compile),
+elsewhere torch's operations.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from torch import Tensor
 
 from .arguments import M_ALIGNED
 from .base.errors import ArgumentError
+from .ops import permute
 
 __all__ = ["Routing", "route", "top_k", "gather", "row_probs", "combine", "padded_rows", "check_choice", "check_logits"]
 
@@ -180,17 +183,58 @@ def gather(x: Tensor, routing: Routing) -> Tensor:
 
 
 def _rows_of_tokens(x: Tensor, token_of_row: Tensor) -> Tensor:
+    if x.is_cuda and not torch.compiler.is_compiling():
+        out = permute.gather_rows(x, token_of_row)   # one pass (fusegemm/ops/permute.py)
+        if out is not None:
+            return out
+    return torch.ops.fusegemm.gather_rows(x, token_of_row) if x.is_cuda else _rows_of_tokens_torch(x, token_of_row)
+
+
+def _sum_rows(rows: Tensor, row_of: Tensor) -> Tensor:
+    if rows.is_cuda and not torch.compiler.is_compiling():
+        out = permute.sum_rows(rows, row_of)
+        if out is not None:
+            return out
+    return torch.ops.fusegemm.sum_rows(rows, row_of) if rows.is_cuda else _sum_rows_torch(rows, row_of)
+
+
+def _rows_of_tokens_torch(x: Tensor, token_of_row: Tensor) -> Tensor:
     # Padding rows (-1) read an appended zero row: one copy of x (T rows) is cheaper than masking R rows.
     t = x.shape[0]
     source = torch.where(token_of_row < 0, t, token_of_row)
     return torch.cat((x, x.new_zeros(1, x.shape[1]))).index_select(0, source)
 
 
-def _sum_rows(rows: Tensor, row_of: Tensor) -> Tensor:
+def _sum_rows_torch(rows: Tensor, row_of: Tensor) -> Tensor:
     # Each token's k rows, summed in choice order in at least float32 (the reduction upcasts as it reads).
     t, k = row_of.shape
     picked = rows.index_select(0, row_of.reshape(-1)).view(t, k, rows.shape[1])
     return picked.sum(1, dtype=torch.promote_types(rows.dtype, torch.float32)).to(rows.dtype)
+
+
+# The permutation kernels as torch custom ops, for torch.compile's graphs (eager calls above go
+# to the kernels directly: a custom op's dispatch costs host time on every call); torch's
+# operations where the kernels do not serve the tensors.
+@torch.library.custom_op("fusegemm::gather_rows", mutates_args=())
+def _gather_rows_op(x: Tensor, token_of_row: Tensor) -> Tensor:
+    out = permute.gather_rows(x, token_of_row)
+    return out if out is not None else _rows_of_tokens_torch(x, token_of_row)
+
+
+@_gather_rows_op.register_fake
+def _(x: Tensor, token_of_row: Tensor) -> Tensor:
+    return x.new_empty((token_of_row.shape[0], x.shape[1]))
+
+
+@torch.library.custom_op("fusegemm::sum_rows", mutates_args=())
+def _sum_rows_op(rows: Tensor, row_of: Tensor) -> Tensor:
+    out = permute.sum_rows(rows, row_of)
+    return out if out is not None else _sum_rows_torch(rows, row_of)
+
+
+@_sum_rows_op.register_fake
+def _(rows: Tensor, row_of: Tensor) -> Tensor:
+    return rows.new_empty((row_of.shape[0], rows.shape[1]))
 
 
 class _Gather(torch.autograd.Function):

@@ -167,14 +167,15 @@ def pattern(row: Any, args: tuple, kwargs: dict[str, Any]) -> tuple | None:
         return None
     if not _PLAIN:
         _PLAIN.update((int, float, str, bool, type(None), torch.dtype))
-    tensor = torch.Tensor
+    tensor, param = torch.Tensor, torch.nn.Parameter   # (a Parameter adds no behaviour: keyed as a tensor)
     # Comprehensions, not a loop of appends: this runs on every call (positions are implied by
     # the count of positional arguments, keywords are named).
     try:
         return (id(row), _seeds._op, _seeds.VALIDATION_ARCH, len(args),
-                *[(x.dtype, x.shape, x.stride(), x.get_device()) if type(x) is tensor else _value(x) for x in args],
-                *[(k, x.dtype, x.shape, x.stride(), x.get_device()) if type(x) is tensor else (k, _value(x))
-                  for k, x in kwargs.items() if k not in _STREAMS])
+                *[(x.dtype, x.shape, x.stride(), x.get_device()) if type(x) is tensor or type(x) is param
+                  else _value(x) for x in args],
+                *[(k, x.dtype, x.shape, x.stride(), x.get_device()) if type(x) is tensor or type(x) is param
+                  else (k, _value(x)) for k, x in kwargs.items() if k not in _STREAMS])
     except _NotPlain:
         return None
 

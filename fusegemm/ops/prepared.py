@@ -98,7 +98,8 @@ def pattern(operands: tuple, kw: Mapping[str, Any], inputs: Mapping[str, Any],
     """(key, flat) of an op call: ``flat`` every argument in call order (positional operands,
     keyword operands, inputs, outputs); ``key`` how they were passed and each one's (dtype, shape,
     strides, device), or a Python number's value. The key is None unless every argument is a
-    plain torch tensor, None or a number: only those calls take :class:`fusegemm.Op`'s memo.
+    plain torch tensor (or an ``nn.Parameter``: a module's weights), None or a number: only those
+    calls take :class:`fusegemm.Op`'s memo.
     (About 0.2 us per argument: it runs on every call.)"""
     flat = (*operands, *kw.values(), *inputs.values(), *(outputs.values() if outputs is not None else ()))
     sig = flat_signature(flat)
@@ -109,13 +110,14 @@ def pattern(operands: tuple, kw: Mapping[str, Any], inputs: Mapping[str, Any],
 
 def flat_signature(flat: tuple) -> tuple | None:
     """Each argument's (dtype, shape, strides, device), a number's (type, value), None for None;
-    None unless every argument is one of those (a plain torch tensor, not a subclass)."""
+    None unless every argument is one of those (a plain torch tensor or an ``nn.Parameter``, which
+    adds no behaviour; no other subclass)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
-    tensor = torch.Tensor
+    tensor, param = torch.Tensor, torch.nn.Parameter
     try:
-        return tuple([(x.dtype, x.shape, x.stride(), x.get_device()) if type(x) is tensor else
+        return tuple([(x.dtype, x.shape, x.stride(), x.get_device()) if type(x) is tensor or type(x) is param else
                       None if x is None else _plain(x) for x in flat])
     except _NotPlain:
         return None
@@ -134,8 +136,9 @@ def _plain(x: Any) -> Any:
 
 def addresses(flat: tuple) -> tuple[int, ...]:
     """Each argument's address (0 for None and numbers) for a call :func:`pattern` keyed."""
-    tensor = sys.modules["torch"].Tensor
-    return tuple([x.data_ptr() if type(x) is tensor else 0 for x in flat])
+    torch = sys.modules["torch"]
+    tensor, param = torch.Tensor, torch.nn.Parameter
+    return tuple([x.data_ptr() if type(x) is tensor or type(x) is param else 0 for x in flat])
 
 
 class Prepared:

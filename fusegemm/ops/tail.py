@@ -16,45 +16,28 @@ a multiple of 16 bytes, the buffer is zeroed whole instead, as before.
 """
 from __future__ import annotations
 
-import logging
 import struct
 import threading
 from typing import Any, Iterable
 
+from .small_kernels import SmallKernels
+
 __all__ = ["prepare", "zero_tail"]
 
-_LOG = logging.getLogger("fusegemm")
-_SOURCE = '#include "fusegemm/zero_tail.cuh"\n'
 _KERNEL = "fusegemm_zero_tail"
+_KERNELS = SmallKernels("fusegemm/zero_tail.cuh", "the tail-zeroing kernel", "outputs are zero-filled whole")
 _MAX_BUFFERS = 4           # ZeroTailParams::kMaxBuffers
 _THREADS = 256             # the kernel's __launch_bounds__
 _MAX_BLOCKS = 1024         # grid-stride: enough to keep HBM busy on a full-buffer tail
 # ZeroTailParams: base[4], row_bytes[4], offsets, num_experts, m_rows (80 bytes, 8-aligned).
 _PARAMS = struct.Struct("<4Q4qQii")
 
-_lock = threading.Lock()
-_cubins: dict[str, Any] = {}       # arch -> Cubin, or the exception its compile raised
 _local = threading.local()
 
 
 def _kernel(device: int) -> Any:
     """The loaded kernel for ``device``, or None where it cannot be compiled (logged once)."""
-    from ..runtime.load import default_modules
-    from .device import device_arch
-    arch = device_arch(device)
-    with _lock:
-        if arch not in _cubins:
-            try:
-                from ..runtime.compile import compile_source
-                _cubins[arch] = compile_source(_SOURCE, arch=arch, kernel=_KERNEL, name="zero_tail.cu")
-            except Exception as exc:   # no NVRTC (bundle-only processes) or no headers
-                _LOG.info("fusegemm: the tail-zeroing kernel is unavailable (%s: %s); outputs are "
-                          "zero-filled whole", type(exc).__name__, str(exc)[:200])
-                _cubins[arch] = exc
-    cub = _cubins[arch]
-    if isinstance(cub, Exception):
-        return None
-    return default_modules().get(cub.data, _KERNEL, key=f"zero_tail.{arch}", smem_bytes=0, device=device)
+    return _KERNELS.function(device, _KERNEL)
 
 
 _launches: dict[int, Any] = {}     # device -> (kernel, {(blocks, buffers): prepared launch}) or None

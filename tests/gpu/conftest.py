@@ -12,6 +12,11 @@ import pytest
 # (and with the other xdist workers).
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+# Tests append their error and timing records under $FUSEGEMM_TEST_OUT when it is set: a fresh
+# machine has no such folder yet, and a record must never fail the test it describes.
+if os.environ.get("FUSEGEMM_TEST_OUT"):
+    os.makedirs(os.environ["FUSEGEMM_TEST_OUT"], exist_ok=True)
+
 
 @functools.lru_cache(maxsize=1)
 def gpu_skip_reason() -> str | None:

@@ -434,8 +434,10 @@ def test_host_time_per_execute(record_property, monkeypatch):
                               args["b_tensor"], None, args["prob_tensor"])
     us = _host_us(call)
     # Breakdown: the same calls with the entry's prepared driver launch replaced by a no-op.
-    entries = list(op.op._memo.values())   # the engine's memo of this call pattern
-    assert entries and all(e.go is not None for e in entries)
+    # The engine's memo entries that launch through a prepared driver call: this pattern's among
+    # them (the op is shared across tests; an empty problem's entry launches nothing, go None).
+    entries = [e for e in op.op._memo.values() if e.go is not None]
+    assert entries
     for e in entries:
         monkeypatch.setattr(e, "go", lambda *a: None)
     python_us = _host_us(call)

@@ -59,7 +59,7 @@ def test_tail_kernel_compiles_clean(arch):
     from fusegemm.ops import tail
     from fusegemm.runtime.compile import compile_source
     from fusegemm.runtime.cubin_info import Cubin
-    cub = compile_source(tail._SOURCE, arch=arch, kernel=tail._KERNEL)
+    cub = compile_source('#include "fusegemm/zero_tail.cuh"\n', arch=arch, kernel=tail._KERNEL)
     res = Cubin(cub.data).resources(tail._KERNEL)
     assert res.local_bytes == 0 and res.max_threads == tail._THREADS, res
     assert cub.seconds < 5.0
@@ -115,7 +115,7 @@ def test_a_failed_compile_is_remembered_and_means_whole_fills(monkeypatch, caplo
     def no_nvrtc(*a, **k):
         tries.append(1)
         raise ToolchainError("libnvrtc not found")
-    monkeypatch.setattr(tail, "_cubins", {})
+    monkeypatch.setattr(tail._KERNELS, "_cubins", {})
     monkeypatch.setattr(device, "device_arch", lambda d: "sm_90a")
     monkeypatch.setattr(compile_mod, "compile_source", no_nvrtc)
     with caplog.at_level("INFO", logger="fusegemm"):

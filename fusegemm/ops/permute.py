@@ -1,0 +1,98 @@
+"""The MoE layer's token permutations on the device, one memory pass each
+(``templates/include/fusegemm/permute.cuh``): :func:`gather_rows` (expert-sorted rows from
+token-major X, zeros for padding) and :func:`sum_rows` (the combine: each token's sum over its
+k rows, in choice order, in FP32). fusegemm/routing.py calls them through its torch custom ops.
+
+On the H200 torch's route wrote every intermediate: a copy of X with a zero row appended before
+``index_select``, and for the combine ``index_select`` into (T, k, H) and a sum over k, twice the
+combine's bytes through memory. Each function returns None (nothing launched) where its kernel
+does not serve the tensors (another device type or dtype, rows that are not 16-byte whole, or
+no NVRTC): the caller runs torch's.
+"""
+from __future__ import annotations
+
+import struct
+import threading
+from typing import Any
+
+from .small_kernels import SmallKernels
+
+__all__ = ["gather_rows", "sum_rows"]
+
+_KERNELS = SmallKernels("fusegemm/permute.cuh", "the token-permutation kernels",
+                        "the MoE layer's gather and combine run torch's operations")
+_THREADS = 256              # kPermuteThreads
+_MAX_BLOCKS = 4096          # grid-stride over rows
+# PermuteParams: src, dst, index, rows, src_rows, src_ld, dst_ld, vecs, k (64 bytes).
+_PARAMS = struct.Struct("<QQQqqqqii")
+_local = threading.local()   # one parameter buffer per thread (the driver copies it at launch)
+_SUMS = {"torch.float32": "fusegemm_sum_rows_float32", "torch.bfloat16": "fusegemm_sum_rows_bfloat16",
+         "torch.float16": "fusegemm_sum_rows_float16"}
+
+
+def _rows_ok(t: Any) -> bool:
+    """A CUDA matrix of 16-byte rows at 16-byte-aligned addresses (what the kernels read and write)."""
+    row_bytes = t.shape[1] * t.element_size()
+    return (t.is_cuda and t.dim() == 2 and t.stride(1) == 1 and row_bytes % 16 == 0 and row_bytes > 0
+            and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0)
+
+
+def _launch(name: str, src: Any, dst: Any, index: Any, k: int) -> bool:
+    from ..runtime.launch import ParamBuffer
+    from ..runtime.load import thread_context
+    from ..runtime.tensors import resolve_stream
+    rows = dst.shape[0]
+    if rows == 0:
+        return True
+    device = src.device.index if src.device.index is not None else 0
+    thread_context(device)   # (autograd's backward thread and compiled graphs' may have none current)
+    grid = (min(rows, _MAX_BLOCKS), 1, 1)
+    go = _KERNELS.launcher(device, name, grid, (_THREADS, 1, 1))
+    if go is None:
+        return False
+    es = src.element_size()
+    params = getattr(_local, "params", None)
+    if params is None:
+        params = _local.params = ParamBuffer(_PARAMS.size)
+    params.fill(_PARAMS.pack(src.data_ptr(), dst.data_ptr(), index.data_ptr(), rows, src.shape[0],
+                             src.stride(0) * es, dst.stride(0) * es, src.shape[1] * es // 16, k))
+    go(params, resolve_stream(None, device))
+    return True
+
+
+def gather_rows(x: Any, index: Any) -> Any:
+    """(R, H) rows: row r is ``x[index[r]]`` for x (T, H), zeros where ``index[r]`` is outside
+    [0, T); None where the kernel does not serve these tensors.
+
+    Parameters
+    ----------
+    x : (T, H) CUDA tensor
+        Token-major rows (any dtype; H times its size a multiple of 16 bytes).
+    index : (R,) int64 CUDA tensor
+        The token of each row, -1 for padding.
+    """
+    import torch
+    if not _rows_ok(x) or index.dtype != torch.int64 or index.device != x.device or index.dim() != 1:
+        return None
+    out = torch.empty((index.shape[0], x.shape[1]), dtype=x.dtype, device=x.device)
+    return out if _launch("fusegemm_gather_rows", x, out, index.contiguous(), 0) else None
+
+
+def sum_rows(rows: Any, index: Any) -> Any:
+    """(T, H): row t is ``sum_j rows[index[t, j]]`` in choice order j, in FP32, rounded once to
+    ``rows``' dtype; None where the kernel does not serve these tensors.
+
+    Parameters
+    ----------
+    rows : (R, H) CUDA tensor
+        float32, bfloat16 or float16 rows.
+    index : (T, k) int64 CUDA tensor
+        The rows of each token.
+    """
+    import torch
+    name = _SUMS.get(str(rows.dtype))
+    if (name is None or not _rows_ok(rows) or index.dtype != torch.int64 or index.device != rows.device
+            or index.dim() != 2):
+        return None
+    out = torch.empty((index.shape[0], rows.shape[1]), dtype=rows.dtype, device=rows.device)
+    return out if _launch(name, rows, out, index.contiguous(), index.shape[1]) else None

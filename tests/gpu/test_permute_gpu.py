@@ -1,0 +1,88 @@
+"""The MoE layer's permutation kernels (fusegemm/ops/permute.py) on the GPU against plain
+indexing: ``gather_rows`` bit-exact (a copy, zeros for padding and for every index outside the
+source, so no index value can fault), ``sum_rows`` against a float64 sum of the same rows rounded
+once to the dtype (tolerance: one ulp of the dtype, as the kernel rounds an FP32 sum once), and
+the routing functions' results on the kernels equal to torch's operations' results.
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fusegemm import routing  # noqa: E402
+from fusegemm.ops import permute  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.int8])
+@pytest.mark.parametrize("tokens,hidden,rows", [(700, 256, 1024), (1, 8 * 64, 256), (4096, 7168, 512), (5, 64, 0)])
+def test_gather_rows_copies_rows_and_reads_zeros_outside_the_source(dtype, tokens, hidden, rows):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = (torch.randn(tokens, hidden, generator=g, device="cuda") * 20).to(dtype)
+    index = torch.randint(-1, tokens, (rows,), generator=g, device="cuda")
+    if rows:
+        index[0], index[-1] = tokens, -(2 ** 40)         # past the end, far below: zeros, no fault
+    got = permute.gather_rows(x, index)
+    want = torch.where(((index >= 0) & (index < tokens))[:, None], x[index.clamp(0, tokens - 1)],
+                       torch.zeros((), dtype=dtype, device="cuda"))
+    torch.cuda.synchronize()
+    assert got.shape == (rows, hidden) and got.dtype == dtype
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("tokens,k,hidden", [(700, 8, 256), (33, 1, 64), (64, 2, 7168), (9, 5, 16), (0, 2, 64)])
+def test_sum_rows_is_the_fp32_sum_in_choice_order_rounded_once(dtype, tokens, k, hidden):
+    g = torch.Generator(device="cuda").manual_seed(2)
+    rows = (torch.randn(tokens * k + 300, hidden, generator=g, device="cuda") * 3).to(dtype)
+    index = torch.randperm(rows.shape[0], generator=g, device="cuda")[:tokens * k].view(tokens, k)
+    got = permute.sum_rows(rows, index)
+    want = rows.double()[index].sum(1)
+    torch.cuda.synchronize()
+    assert got.shape == (tokens, hidden) and got.dtype == dtype
+    ulp = {torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10, torch.float32: 2 ** -22}[dtype]
+    # One rounding of the FP32 sum to the dtype, plus FP32's own rounding over k adds.
+    tol = ulp * want.abs() + k * 2 ** -23 * rows.double().abs()[index].sum(1) + 1e-30
+    assert ((got.double() - want).abs() <= tol).all()
+
+
+def test_pitched_rows_and_fallbacks():
+    x = torch.randn(64, 96, device="cuda").bfloat16()
+    view = x[:, :64]                                   # row pitch 192 bytes: served
+    index = torch.arange(-1, 63, device="cuda")
+    assert torch.equal(permute.gather_rows(view, index)[1:], view[:63])
+    assert permute.gather_rows(x[:, :3], index) is None          # 6-byte rows: torch's route
+    assert permute.sum_rows(x.to(torch.int32), index.view(32, 2)) is None   # no integer sum
+    assert permute.gather_rows(x, index.int()) is None           # int32 index: torch's route
+    # The routing functions take torch's route there and agree with it.
+    r = routing.route(torch.randn(64, 4, device="cuda"), 2)
+    odd = torch.randn(64, 3, device="cuda").bfloat16()
+    assert torch.equal(routing.gather(odd, r), routing._rows_of_tokens_torch(odd, r.token_of_row))
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 8])
+def test_routing_on_the_kernels_equals_torch_operations(top_k):
+    g = torch.Generator(device="cuda").manual_seed(5)
+    tokens, hidden, experts = 300, 128, 8
+    logits = torch.randn(tokens, experts, generator=g, device="cuda")
+    x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16().requires_grad_()
+    r = routing.route(logits, top_k)
+    rows = routing.gather(x, r)
+    assert torch.equal(rows, routing._rows_of_tokens_torch(x.detach(), r.token_of_row))
+    y = routing.combine(rows.float() * 1.5, r)
+    want = routing._sum_rows_torch(rows.detach().float() * 1.5, r.row_of)
+    assert torch.allclose(y, want, rtol=1e-6, atol=1e-6)
+    y.sum().backward()                                 # gather's backward: the combine of ones * 1.5
+    assert torch.allclose(x.grad.float(), torch.full_like(x.grad.float(), 1.5 * top_k))
+
+
+def test_the_custom_ops_trace_under_torch_compile():
+    r = routing.route(torch.randn(256, 4, device="cuda"), 2)
+    x = torch.randn(256, 64, device="cuda").bfloat16()
+
+    def f(x):
+        return routing.combine(routing.gather(x, r).float(), r)
+    got = torch.compile(f, fullgraph=True)(x)
+    assert torch.allclose(got, x.float() * 2, rtol=1e-2, atol=1e-2)
