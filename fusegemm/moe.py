@@ -32,7 +32,7 @@ expert-sorted permutation on the device, no host synchronisation), gathers the t
 rows, runs the expert MLP (each row's routing weight applied by the fused SwiGLU), and sums each
 token's k rows back (:func:`fusegemm.routing.combine`). Autograd carries the gradients of ``x``,
 of the logits (through dprob, the softmax and top-k) and of both weights. The gather and combine
-are one-pass permutation kernels (fusegemm/ops/permute.py), each the other's backward
+are one-pass permutation kernels (fusegemm/permute.py), each the other's backward
 (deterministic, no atomics); fusing them into the grouped GEMM's loads and stores is issue 33's
 next step. H200 (bench/results/moe_layer_h200.json),
 the whole layer's forward + backward step against a plain torch layer in the same run: 1.42x

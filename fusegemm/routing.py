@@ -17,7 +17,7 @@ rows through ``combine``).
 
 Within an expert, rows follow token order (a stable sort), so a routing is deterministic, and
 ``combine`` sums each token's k rows in choice order (no atomics). On CUDA tensors ``gather`` and
-``combine`` run one kernel each (fusegemm/ops/permute.py; torch custom ops under torch.compile),
+``combine`` run one kernel each (fusegemm/permute.py; torch custom ops under torch.compile),
 elsewhere torch's operations.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch import Tensor
 
 from .arguments import M_ALIGNED
 from .base.errors import ArgumentError
-from .ops import permute
+from . import permute
 
 __all__ = ["Routing", "route", "top_k", "gather", "row_probs", "combine", "padded_rows", "check_choice", "check_logits"]
 
@@ -154,7 +154,25 @@ def route(logits: Tensor, top_k: int, *, normalize: bool = False) -> Routing:
     """
     probs, experts = _top_k(logits, top_k, normalize=normalize)
     t, e = logits.shape
-    dev, n = logits.device, t * top_k
+    ends, row_of, token_of_row = _route_rows(experts, e, padded_rows(t, e, top_k))
+    return Routing(probs, experts, ends, row_of, token_of_row)
+
+
+def _route_rows(experts: Tensor, e: int, rows: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(padded_offsets, row_of (T, k), token_of_row) of the choices: one kernel on CUDA tensors
+    (fusegemm/permute.py), torch's operations elsewhere; the same values either way."""
+    if experts.is_cuda and not torch.compiler.is_compiling():
+        out = permute.route_rows(experts, e, rows)
+        if out is not None:
+            return out
+    if experts.is_cuda:
+        return torch.ops.fusegemm.route_rows(experts, e, rows)
+    return _route_rows_torch(experts, e, rows)
+
+
+def _route_rows_torch(experts: Tensor, e: int, rows: int) -> tuple[Tensor, Tensor, Tensor]:
+    t, top_k = experts.shape
+    dev, n = experts.device, t * top_k
     flat = experts.reshape(-1)
     # Counts by scatter (bincount's length would depend on the data), padded per expert.
     counts = torch.zeros(e, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
@@ -165,9 +183,9 @@ def route(logits: Tensor, top_k: int, *, normalize: bool = False) -> Routing:
     sorted_e = flat[order]
     rank = torch.arange(n, device=dev) - (counts.cumsum(0) - counts)[sorted_e]
     row_flat = torch.empty_like(flat).scatter_(0, order, (ends - padded)[sorted_e] + rank)
-    token_of_row = torch.full((padded_rows(t, e, top_k),), -1, dtype=torch.int64, device=dev)
+    token_of_row = torch.full((rows,), -1, dtype=torch.int64, device=dev)
     token_of_row.scatter_(0, row_flat, torch.arange(n, device=dev) // top_k)
-    return Routing(probs, experts, ends.to(torch.int32), row_flat.view(t, top_k), token_of_row)
+    return ends.to(torch.int32), row_flat.view(t, top_k), token_of_row
 
 
 def gather(x: Tensor, routing: Routing) -> Tensor:
@@ -184,7 +202,7 @@ def gather(x: Tensor, routing: Routing) -> Tensor:
 
 def _rows_of_tokens(x: Tensor, token_of_row: Tensor) -> Tensor:
     if x.is_cuda and not torch.compiler.is_compiling():
-        out = permute.gather_rows(x, token_of_row)   # one pass (fusegemm/ops/permute.py)
+        out = permute.gather_rows(x, token_of_row)   # one pass (fusegemm/permute.py)
         if out is not None:
             return out
     return torch.ops.fusegemm.gather_rows(x, token_of_row) if x.is_cuda else _rows_of_tokens_torch(x, token_of_row)
@@ -224,6 +242,18 @@ def _gather_rows_op(x: Tensor, token_of_row: Tensor) -> Tensor:
 @_gather_rows_op.register_fake
 def _(x: Tensor, token_of_row: Tensor) -> Tensor:
     return x.new_empty((token_of_row.shape[0], x.shape[1]))
+
+
+@torch.library.custom_op("fusegemm::route_rows", mutates_args=())
+def _route_rows_op(experts: Tensor, num_experts: int, rows: int) -> tuple[Tensor, Tensor, Tensor]:
+    out = permute.route_rows(experts, num_experts, rows)
+    return out if out is not None else _route_rows_torch(experts, num_experts, rows)
+
+
+@_route_rows_op.register_fake
+def _(experts: Tensor, num_experts: int, rows: int) -> tuple[Tensor, Tensor, Tensor]:
+    return (experts.new_empty((num_experts,), dtype=torch.int32), experts.new_empty(experts.shape),
+            experts.new_empty((rows,)))
 
 
 @torch.library.custom_op("fusegemm::sum_rows", mutates_args=())

@@ -1,8 +1,9 @@
-"""The MoE layer's permutation kernels (fusegemm/ops/permute.py) on the GPU against plain
+"""The MoE layer's permutation kernels (fusegemm/permute.py) on the GPU against plain
 indexing: ``gather_rows`` bit-exact (a copy, zeros for padding and for every index outside the
 source, so no index value can fault), ``sum_rows`` against a float64 sum of the same rows rounded
 once to the dtype (tolerance: one ulp of the dtype, as the kernel rounds an FP32 sum once), and
-the routing functions' results on the kernels equal to torch's operations' results.
+``route_rows`` equal to torch's operations (padded offsets, the row of every choice, the token of
+every row), and the routing functions' results on the kernels equal to torch's operations' results.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fusegemm import routing  # noqa: E402
-from fusegemm.ops import permute  # noqa: E402
+from fusegemm import permute  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -86,3 +87,27 @@ def test_the_custom_ops_trace_under_torch_compile():
         return routing.combine(routing.gather(x, r).float(), r)
     got = torch.compile(f, fullgraph=True)(x)
     assert torch.allclose(got, x.float() * 2, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("tokens,experts,k,skew", [
+    (4096, 8, 8, False), (4096, 128, 8, False), (700, 256, 2, True), (3, 4, 4, False), (0, 5, 2, False),
+    (1, 1, 1, False), (5000, 64, 1, True)])
+def test_route_rows_equals_torchs_stable_sort(tokens, experts, k, skew):
+    g = torch.Generator(device="cuda").manual_seed(tokens + experts)
+    logits = torch.randn(tokens, experts, generator=g, device="cuda")
+    if skew:
+        logits[:, :3] += 4.0            # most tokens pick the first experts; many experts empty
+    _, choice = routing.top_k(logits, k)
+    rows = routing.padded_rows(tokens, experts, k)
+    got = permute.route_rows(choice, experts, rows)
+    want = routing._route_rows_torch(choice, experts, rows)
+    torch.cuda.synchronize()
+    for name, a, b in zip(("padded_offsets", "row_of", "token_of_row"), got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), name
+
+
+def test_route_rows_refuses_what_it_does_not_serve():
+    choice = torch.zeros(4, 2, dtype=torch.int64, device="cuda")
+    assert permute.route_rows(choice, 257, 1024) is None          # more experts than its table
+    assert permute.route_rows(choice.int(), 8, 1024) is None
+    assert permute.route_rows(choice.cpu(), 8, 1024) is None

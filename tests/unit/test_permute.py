@@ -1,4 +1,4 @@
-"""The MoE layer's permutation kernels (fusegemm/ops/permute.py): both archs compile clean (no
+"""The MoE layer's permutation kernels (fusegemm/permute.py): both archs compile clean (no
 local memory, the 64-byte parameter struct the host packs), CPU tensors take torch's route, and
 the custom ops' fake implementations give the shapes torch.compile traces (opcheck on the CPU).
 On the GPU: tests/gpu/test_permute_gpu.py."""
@@ -9,9 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fusegemm import routing  # noqa: E402
-from fusegemm.ops import permute  # noqa: E402
+from fusegemm import permute  # noqa: E402
 
-KERNELS = ("fusegemm_gather_rows", "fusegemm_sum_rows_float32", "fusegemm_sum_rows_bfloat16",
+KERNELS = ("fusegemm_route_rows", "fusegemm_gather_rows", "fusegemm_sum_rows_float32", "fusegemm_sum_rows_bfloat16",
            "fusegemm_sum_rows_float16")
 
 
@@ -22,9 +22,10 @@ def test_permutation_kernels_compile_clean(arch):
     cub = compile_source('#include "fusegemm/permute.cuh"\n', arch=arch, kernel=KERNELS[0])
     for name in KERNELS:
         res = Cubin(cub.data).resources(name)
-        assert res.local_bytes == 0 and res.max_threads == permute._THREADS and res.registers <= 64, res
-    assert set(permute._SUMS.values()) == set(KERNELS[1:])
-    assert permute._PARAMS.size == 64
+        threads = permute._ROUTE_THREADS if name == "fusegemm_route_rows" else permute._THREADS
+        assert res.local_bytes == 0 and res.max_threads == threads and res.registers <= 64, res
+    assert set(permute._SUMS.values()) == set(KERNELS[2:])
+    assert permute._PARAMS.size == 64 and permute._ROUTE.size == 56
 
 
 def test_cpu_tensors_take_torchs_route():
@@ -42,6 +43,7 @@ def test_cpu_tensors_take_torchs_route():
 
 
 @pytest.mark.parametrize("op,args", [
+    ("route_rows", lambda: (torch.tensor([[0, 2], [2, 1], [0, 1]]), 3, 1024)),
     ("gather_rows", lambda: (torch.randn(8, 16), torch.tensor([3, -1, 0, 7]))),
     ("sum_rows", lambda: (torch.randn(8, 16), torch.tensor([[0, 1], [5, 2], [7, 7]]))),
 ])
@@ -55,3 +57,11 @@ def test_custom_ops_agree_with_torch_on_the_cpu():
     assert torch.equal(torch.ops.fusegemm.gather_rows(x, idx), routing._rows_of_tokens_torch(x, idx))
     pairs = torch.tensor([[0, 1], [5, 2]])
     assert torch.equal(torch.ops.fusegemm.sum_rows(x, pairs), x[pairs].sum(1))
+
+
+def test_route_rows_custom_op_equals_torchs_routing_on_the_cpu():
+    experts = torch.tensor([[0, 2], [2, 1], [0, 1]])
+    ends, row_of, token_of_row = torch.ops.fusegemm.route_rows(experts, 3, 1024)
+    want = routing._route_rows_torch(experts, 3, 1024)
+    assert torch.equal(ends, want[0]) and torch.equal(row_of, want[1]) and torch.equal(token_of_row, want[2])
+    assert ends.tolist() == [256, 512, 768] and row_of.tolist() == [[0, 512], [513, 256], [1, 257]]

@@ -5,6 +5,11 @@
 //   fusegemm_sum_rows_*  : dst row t = the sum of src rows index[t * k + j], j = 0 .. k-1, in that
 //                          order, in FP32, rounded once to the element type (the combine: each
 //                          token's k expert rows; deterministic, no atomics).
+//   fusegemm_route_rows  : the routing's rows from its (T, k) expert choices, one CTA: each
+//                          expert's padded end row, the row of every choice (in token order
+//                          within an expert: a stable counting sort) and the token of every row
+//                          (-1 for padding). torch's route took about 20 small kernels, and the
+//                          host's time to launch them stood at the head of every eager step.
 //
 // torch's route to the same results wrote every intermediate: a copy of X with a zero row
 // appended, then index_select (gather); index_select into (T, k, H), then a sum over k (combine,
@@ -27,7 +32,7 @@ struct PermuteParams {
   int vecs;                   // 16-byte vectors per row
   int k;                      // sum: source rows per destination row
 };
-static_assert(sizeof(PermuteParams) == 64, "fusegemm/ops/permute.py packs these 64 bytes");
+static_assert(sizeof(PermuteParams) == 64, "fusegemm/permute.py packs these 64 bytes");
 
 constexpr int kPermuteThreads = 256;
 
@@ -124,8 +129,92 @@ FUSEGEMM_DEVICE void sum_rows(const PermuteParams& p) {
   }
 }
 
+// ------------------------------------------------------------------------------------------
+// Routing rows. Warp w of the CTA owns the w-th contiguous segment of the n = T * k choices (in
+// token order); pass 1 counts each warp's choices per expert, a prefix over the warps gives every
+// (warp, expert) its first rank, pass 2 ranks each choice within its warp's segment. Segments in
+// token order and ranks in segment order make the sort stable without atomics.
+struct RouteParams {
+  const long long* experts;   // (n,) the choices, token-major: choice j of token t at t * k + j
+  int* offsets;               // (E,) each expert's padded end row
+  long long* row_of;          // (n,) the row of each choice
+  long long* token_of_row;    // (rows,) the token of each row, -1 for padding
+  long long n;                // T * k, below 2^31
+  long long rows;             // R, the bound padded_rows(T, E, k)
+  int num_experts;            // E <= kRouteMaxExperts
+  int k;
+};
+static_assert(sizeof(RouteParams) == 56, "fusegemm/permute.py packs these 56 bytes");
+
+constexpr int kRouteWarps = 32;
+constexpr int kRouteMaxExperts = 256;
+
+FUSEGEMM_DEVICE int route_expert(const RouteParams& p, long long i) {
+  const long long e = __ldg(p.experts + i);
+  return (e >= 0 && e < p.num_experts) ? int(e) : -1;   // (top-k's choices are always in range)
+}
+
+FUSEGEMM_DEVICE void route_rows(const RouteParams& p) {
+  __shared__ int count[kRouteWarps][kRouteMaxExperts];   // pass 1: counts; then first ranks
+  __shared__ int start[kRouteMaxExperts];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int E = p.num_experts;
+  for (int i = threadIdx.x; i < kRouteWarps * kRouteMaxExperts; i += blockDim.x) (&count[0][0])[i] = 0;
+  for (long long r = threadIdx.x; r < p.rows; r += blockDim.x) p.token_of_row[r] = -1;
+  __syncthreads();
+  const long long seg = (p.n + kRouteWarps - 1) / kRouteWarps;
+  const long long lo = warp * seg, hi = min(p.n, lo + seg);
+  for (long long base = lo; base < hi; base += 32) {      // pass 1
+    const long long i = base + lane;
+    const int e = i < hi ? route_expert(p, i) : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    if (e >= 0 && lane == __ffs(peers) - 1) count[warp][e] += __popc(peers);
+    __syncwarp();
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {     // prefix over the warps
+    int run = 0;
+    for (int w = 0; w < kRouteWarps; ++w) {
+      const int c = count[w][e];
+      count[w][e] = run;
+      run += c;
+    }
+    start[e] = run;   // the expert's count, until the scan below
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {                                  // padded ends (E <= 256: serial)
+    int end = 0;
+    for (int e = 0; e < E; ++e) {
+      const int padded = (start[e] + kMAligned - 1) / kMAligned * kMAligned;
+      start[e] = end;
+      end += padded;
+      p.offsets[e] = end;
+    }
+  }
+  __syncthreads();
+  for (long long base = lo; base < hi; base += 32) {      // pass 2
+    const long long i = base + lane;
+    const int e = i < hi ? route_expert(p, i) : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    if (e >= 0) {
+      const long long row = start[e] + count[warp][e] + __popc(peers & ((1u << lane) - 1u));
+      p.row_of[i] = row;
+      if (row < p.rows) p.token_of_row[row] = int(i) / p.k;   // (n < 2^31: a 32-bit divide, no local memory)
+    } else if (i < hi) {
+      p.row_of[i] = p.rows;   // an expert outside [0, E): no row (never from top-k)
+    }
+    __syncwarp();
+    if (e >= 0 && lane == __ffs(peers) - 1) count[warp][e] += __popc(peers);
+    __syncwarp();
+  }
+}
+
 }  // namespace fusegemm
 
+extern "C" __global__ void __launch_bounds__(fusegemm::kRouteWarps * 32)
+fusegemm_route_rows(const __grid_constant__ fusegemm::RouteParams p) {
+  fusegemm::route_rows(p);
+}
 extern "C" __global__ void __launch_bounds__(fusegemm::kPermuteThreads)
 fusegemm_gather_rows(const __grid_constant__ fusegemm::PermuteParams p) {
   fusegemm::gather_rows(p);

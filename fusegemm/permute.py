@@ -15,9 +15,9 @@ import struct
 import threading
 from typing import Any
 
-from .small_kernels import SmallKernels
+from .ops.small_kernels import SmallKernels
 
-__all__ = ["gather_rows", "sum_rows"]
+__all__ = ["gather_rows", "sum_rows", "route_rows"]
 
 _KERNELS = SmallKernels("fusegemm/permute.cuh", "the token-permutation kernels",
                         "the MoE layer's gather and combine run torch's operations")
@@ -26,6 +26,10 @@ _MAX_BLOCKS = 4096          # grid-stride over rows
 # PermuteParams: src, dst, index, rows, src_rows, src_ld, dst_ld, vecs, k (64 bytes).
 _PARAMS = struct.Struct("<QQQqqqqii")
 _local = threading.local()   # one parameter buffer per thread (the driver copies it at launch)
+# RouteParams: experts, offsets, row_of, token_of_row, n, rows, num_experts, k (56 bytes).
+_ROUTE = struct.Struct("<QQQQqqii")
+_ROUTE_MAX_EXPERTS = 256    # kRouteMaxExperts
+_ROUTE_THREADS = 1024       # kRouteWarps * 32
 _SUMS = {"torch.float32": "fusegemm_sum_rows_float32", "torch.bfloat16": "fusegemm_sum_rows_bfloat16",
          "torch.float16": "fusegemm_sum_rows_float16"}
 
@@ -37,10 +41,20 @@ def _rows_ok(t: Any) -> bool:
             and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0)
 
 
+def _params(size: int) -> Any:
+    """This thread's parameter buffer of ``size`` bytes (the driver copies it at launch)."""
+    from .runtime.launch import ParamBuffer
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = {}
+    if size not in bufs:
+        bufs[size] = ParamBuffer(size)
+    return bufs[size]
+
+
 def _launch(name: str, src: Any, dst: Any, index: Any, k: int) -> bool:
-    from ..runtime.launch import ParamBuffer
-    from ..runtime.load import thread_context
-    from ..runtime.tensors import resolve_stream
+    from .runtime.load import thread_context
+    from .runtime.tensors import resolve_stream
     rows = dst.shape[0]
     if rows == 0:
         return True
@@ -51,9 +65,7 @@ def _launch(name: str, src: Any, dst: Any, index: Any, k: int) -> bool:
     if go is None:
         return False
     es = src.element_size()
-    params = getattr(_local, "params", None)
-    if params is None:
-        params = _local.params = ParamBuffer(_PARAMS.size)
+    params = _params(_PARAMS.size)
     params.fill(_PARAMS.pack(src.data_ptr(), dst.data_ptr(), index.data_ptr(), rows, src.shape[0],
                              src.stride(0) * es, dst.stride(0) * es, src.shape[1] * es // 16, k))
     go(params, resolve_stream(None, device))
@@ -96,3 +108,41 @@ def sum_rows(rows: Any, index: Any) -> Any:
         return None
     out = torch.empty((index.shape[0], rows.shape[1]), dtype=rows.dtype, device=rows.device)
     return out if _launch(name, rows, out, index.contiguous(), index.shape[1]) else None
+
+
+def route_rows(experts: Any, num_experts: int, rows: int) -> Any:
+    """(padded_offsets (E,) int32, row_of (T, k) int64, token_of_row (R,) int64) of the choices
+    ``experts`` (T, k): :func:`fusegemm.routing.route`'s rows in one kernel (a stable counting
+    sort: within an expert, rows in token order); None where the kernel does not serve them
+    (another device type, E above 256, T k of 2^31 or more).
+
+    Parameters
+    ----------
+    experts : (T, k) int64 CUDA tensor
+        Each token's chosen experts, in [0, E).
+    num_experts : int
+        E.
+    rows : int
+        R, the rows' bound (:func:`fusegemm.routing.padded_rows`).
+    """
+    import torch
+
+    from .runtime.load import thread_context
+    from .runtime.tensors import resolve_stream
+    if (not experts.is_cuda or experts.dtype != torch.int64 or experts.dim() != 2 or num_experts > _ROUTE_MAX_EXPERTS
+            or experts.numel() >= 2 ** 31 or rows >= 2 ** 31):
+        return None
+    device = experts.device.index if experts.device.index is not None else 0
+    thread_context(device)
+    go = _KERNELS.launcher(device, "fusegemm_route_rows", (1, 1, 1), (_ROUTE_THREADS, 1, 1))
+    if go is None:
+        return None
+    choices = experts.contiguous()
+    offsets = torch.empty(num_experts, dtype=torch.int32, device=experts.device)
+    row_of = torch.empty_like(choices)
+    token_of_row = torch.empty(rows, dtype=torch.int64, device=experts.device)
+    params = _params(_ROUTE.size)
+    params.fill(_ROUTE.pack(choices.data_ptr(), offsets.data_ptr(), row_of.data_ptr(), token_of_row.data_ptr(),
+                            choices.numel(), rows, num_experts, choices.shape[1]))
+    go(params, resolve_stream(None, device))
+    return offsets, row_of, token_of_row
