@@ -35,9 +35,9 @@ of the logits (through dprob, the softmax and top-k) and of both weights. The ga
 are one-pass permutation kernels (fusegemm/permute.py), each the other's backward
 (deterministic, no atomics); fusing them into the grouped GEMM's loads and stores is issue 33's
 next step. H200 (bench/results/moe_layer_h200.json),
-the whole layer's forward + backward step against a plain torch layer in the same run: 1.42x
-(dsv3, 8 experts), 1.38x (dsv3, 32), 1.32x (mixtral), 1.54x (qwen3, 128 experts); with both steps
-in CUDA graphs 1.45x, 1.35x, 1.38x, 1.78x (moe_layer_h200_graph.json).
+the whole layer's forward + backward step against a plain torch layer in the same run: 1.46x
+(dsv3, 8 experts), 1.38x (dsv3, 32), 1.36x (mixtral), 1.71x (qwen3, 128 experts); with both steps
+in CUDA graphs 1.52x, 1.37x, 1.38x, 1.80x (moe_layer_h200_graph.json).
 """
 from __future__ import annotations
 
