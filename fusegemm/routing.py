@@ -158,18 +158,6 @@ def route(logits: Tensor, top_k: int, *, normalize: bool = False) -> Routing:
     return Routing(probs, experts, ends, row_of, token_of_row)
 
 
-def _route_rows(experts: Tensor, e: int, rows: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(padded_offsets, row_of (T, k), token_of_row) of the choices: one kernel on CUDA tensors
-    (fusegemm/permute.py), torch's operations elsewhere; the same values either way."""
-    if experts.is_cuda and not torch.compiler.is_compiling():
-        out = permute.route_rows(experts, e, rows)
-        if out is not None:
-            return out
-    if experts.is_cuda:
-        return torch.ops.fusegemm.route_rows(experts, e, rows)
-    return _route_rows_torch(experts, e, rows)
-
-
 def _route_rows_torch(experts: Tensor, e: int, rows: int) -> tuple[Tensor, Tensor, Tensor]:
     t, top_k = experts.shape
     dev, n = experts.device, t * top_k
@@ -200,22 +188,6 @@ def gather(x: Tensor, routing: Routing) -> Tensor:
     return _Gather.apply(x, routing.token_of_row, routing.row_of)
 
 
-def _rows_of_tokens(x: Tensor, token_of_row: Tensor) -> Tensor:
-    if x.is_cuda and not torch.compiler.is_compiling():
-        out = permute.gather_rows(x, token_of_row)   # one pass (fusegemm/permute.py)
-        if out is not None:
-            return out
-    return torch.ops.fusegemm.gather_rows(x, token_of_row) if x.is_cuda else _rows_of_tokens_torch(x, token_of_row)
-
-
-def _sum_rows(rows: Tensor, row_of: Tensor) -> Tensor:
-    if rows.is_cuda and not torch.compiler.is_compiling():
-        out = permute.sum_rows(rows, row_of)
-        if out is not None:
-            return out
-    return torch.ops.fusegemm.sum_rows(rows, row_of) if rows.is_cuda else _sum_rows_torch(rows, row_of)
-
-
 def _rows_of_tokens_torch(x: Tensor, token_of_row: Tensor) -> Tensor:
     # Padding rows (-1) read an appended zero row: one copy of x (T rows) is cheaper than masking R rows.
     t = x.shape[0]
@@ -230,41 +202,39 @@ def _sum_rows_torch(rows: Tensor, row_of: Tensor) -> Tensor:
     return picked.sum(1, dtype=torch.promote_types(rows.dtype, torch.float32)).to(rows.dtype)
 
 
-# The permutation kernels as torch custom ops, for torch.compile's graphs (eager calls above go
-# to the kernels directly: a custom op's dispatch costs host time on every call); torch's
-# operations where the kernels do not serve the tensors.
-@torch.library.custom_op("fusegemm::gather_rows", mutates_args=())
-def _gather_rows_op(x: Tensor, token_of_row: Tensor) -> Tensor:
-    out = permute.gather_rows(x, token_of_row)
-    return out if out is not None else _rows_of_tokens_torch(x, token_of_row)
+class _OnDevice:
+    """One of the routing's permutations: its kernel (fusegemm/permute.py) on CUDA tensors, called
+    directly outside torch.compile (a custom op's dispatch costs host time on every call) and as
+    the torch custom op ``torch.ops.fusegemm.<name>`` inside it (``fake`` gives its outputs'
+    shapes); torch's operations (``fallback``) elsewhere and where the kernel does not serve the
+    tensors. The same values on every path."""
+
+    def __init__(self, name: str, schema: str, kernel, fallback, fake) -> None:
+        self.kernel, self.fallback = kernel, fallback
+        self.op = torch.library.custom_op(f"fusegemm::{name}", self._served, mutates_args=(), schema=schema)
+        self.op.register_fake(fake)
+
+    def _served(self, *args):
+        out = self.kernel(*args)
+        return out if out is not None else self.fallback(*args)
+
+    def __call__(self, lead: Tensor, *args):
+        if not lead.is_cuda:
+            return self.fallback(lead, *args)
+        return self.op(lead, *args) if torch.compiler.is_compiling() else self._served(lead, *args)
 
 
-@_gather_rows_op.register_fake
-def _(x: Tensor, token_of_row: Tensor) -> Tensor:
-    return x.new_empty((token_of_row.shape[0], x.shape[1]))
-
-
-@torch.library.custom_op("fusegemm::route_rows", mutates_args=())
-def _route_rows_op(experts: Tensor, num_experts: int, rows: int) -> tuple[Tensor, Tensor, Tensor]:
-    out = permute.route_rows(experts, num_experts, rows)
-    return out if out is not None else _route_rows_torch(experts, num_experts, rows)
-
-
-@_route_rows_op.register_fake
-def _(experts: Tensor, num_experts: int, rows: int) -> tuple[Tensor, Tensor, Tensor]:
-    return (experts.new_empty((num_experts,), dtype=torch.int32), experts.new_empty(experts.shape),
-            experts.new_empty((rows,)))
-
-
-@torch.library.custom_op("fusegemm::sum_rows", mutates_args=())
-def _sum_rows_op(rows: Tensor, row_of: Tensor) -> Tensor:
-    out = permute.sum_rows(rows, row_of)
-    return out if out is not None else _sum_rows_torch(rows, row_of)
-
-
-@_sum_rows_op.register_fake
-def _(rows: Tensor, row_of: Tensor) -> Tensor:
-    return rows.new_empty((row_of.shape[0], rows.shape[1]))
+_route_rows = _OnDevice(
+    "route_rows", "(Tensor experts, int num_experts, int rows) -> (Tensor, Tensor, Tensor)",
+    permute.route_rows, _route_rows_torch,
+    lambda experts, e, rows: (experts.new_empty((e,), dtype=torch.int32), experts.new_empty(experts.shape),
+                              experts.new_empty((rows,))))
+_rows_of_tokens = _OnDevice(
+    "gather_rows", "(Tensor x, Tensor token_of_row) -> Tensor", permute.gather_rows, _rows_of_tokens_torch,
+    lambda x, token_of_row: x.new_empty((token_of_row.shape[0], x.shape[1])))
+_sum_rows = _OnDevice(
+    "sum_rows", "(Tensor rows, Tensor row_of) -> Tensor", permute.sum_rows, _sum_rows_torch,
+    lambda rows, row_of: rows.new_empty((row_of.shape[0], rows.shape[1])))
 
 
 class _Gather(torch.autograd.Function):

@@ -62,45 +62,45 @@ template <> struct Lanes<float> {
     return make_uint4(__float_as_uint(acc[0]), __float_as_uint(acc[1]), __float_as_uint(acc[2]), __float_as_uint(acc[3]));
   }
 };
-template <> struct Lanes<bfloat16_t> {
-  static constexpr int kN = 8;
-  static FUSEGEMM_DEVICE void add(float* acc, const uint4& u) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      acc[2 * i] += __uint_as_float(w[i] << 16);              // bf16 -> f32 is a shift
-      acc[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
-    }
+// Two 16-bit values of a 32-bit word to FP32 and back (round to nearest even).
+template <class T> struct Pair16;
+template <> struct Pair16<bfloat16_t> {
+  static FUSEGEMM_DEVICE void unpack(uint32_t w, float& lo, float& hi) {
+    lo = __uint_as_float(w << 16);             // bf16 -> f32 is a shift
+    hi = __uint_as_float(w & 0xffff0000u);
   }
-  static FUSEGEMM_DEVICE uint32_t round2(float lo, float hi) {
+  static FUSEGEMM_DEVICE uint32_t pack(float lo, float hi) {
     uint32_t r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
   }
-  static FUSEGEMM_DEVICE uint4 pack(const float* acc) {
-    return make_uint4(round2(acc[0], acc[1]), round2(acc[2], acc[3]), round2(acc[4], acc[5]), round2(acc[6], acc[7]));
+};
+template <> struct Pair16<half_t> {
+  static FUSEGEMM_DEVICE void unpack(uint32_t w, float& lo, float& hi) {
+    asm("{\n\t.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
+        : "=f"(lo), "=f"(hi) : "r"(w));
+  }
+  static FUSEGEMM_DEVICE uint32_t pack(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
   }
 };
-template <> struct Lanes<half_t> {
+template <class T> struct Lanes {   // bfloat16_t, half_t
   static constexpr int kN = 8;
   static FUSEGEMM_DEVICE void add(float* acc, const uint4& u) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       float lo, hi;
-      asm("{\n\t.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
-          : "=f"(lo), "=f"(hi) : "r"(w[i]));
+      Pair16<T>::unpack(w[i], lo, hi);
       acc[2 * i] += lo;
       acc[2 * i + 1] += hi;
     }
   }
-  static FUSEGEMM_DEVICE uint32_t round2(float lo, float hi) {
-    uint32_t r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-  }
   static FUSEGEMM_DEVICE uint4 pack(const float* acc) {
-    return make_uint4(round2(acc[0], acc[1]), round2(acc[2], acc[3]), round2(acc[4], acc[5]), round2(acc[6], acc[7]));
+    return make_uint4(Pair16<T>::pack(acc[0], acc[1]), Pair16<T>::pack(acc[2], acc[3]),
+                      Pair16<T>::pack(acc[4], acc[5]), Pair16<T>::pack(acc[6], acc[7]));
   }
 };
 
