@@ -15,8 +15,8 @@ is not yet fused into the GEMMs' loads).
 
 ``--graph`` captures each step in a CUDA graph first (both layers) and times the replays: the
 GPU time without the host's launch gaps, what a framework that captures its step runs.
-``--profile`` adds, per layer and method, the kernels' time per eager step and the top kernels
-(torch.profiler); wall minus kernel time is what the GPU idled.
+``--profile`` adds, per layer and method, the kernels' time per eager step, the GEMM kernels'
+share of it and the top kernels (torch.profiler); wall minus kernel time is what the GPU idled.
 """
 from __future__ import annotations
 
@@ -123,7 +123,9 @@ def _kernel_table(run, steps: int = 3, top: int = 12) -> dict:
     events = sorted((e for e in prof.key_averages() if e.self_device_time_total > 0),
                     key=lambda e: -e.self_device_time_total)
     total = sum(e.self_device_time_total for e in events) / steps / 1e3
-    return {"wall_ms_per_step": wall, "kernel_ms_per_step": total,
+    # GEMM kernels: fusegemm's (fg_*) and torch's grouped GEMMs (CUTLASS); the rest is everything around them.
+    gemm = sum(e.self_device_time_total for e in events if e.key.startswith("fg_") or "cutlass" in e.key) / steps / 1e3
+    return {"wall_ms_per_step": wall, "kernel_ms_per_step": total, "gemm_ms_per_step": gemm,
             "top": [(e.self_device_time_total / steps / 1e3, e.count // steps, e.key[:120]) for e in events[:top]]}
 
 
@@ -167,9 +169,14 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--layers: unknown {name!r}; allowed: {', '.join(LAYERS)}")
         rows.append(bench_layer(name, args))
         r = rows[-1]
+        split = ""
+        if args.profile:
+            ours, peer = r["fusegemm_kernels"], r["torch_kernels"]
+            split = (f"  GEMMs {ours['gemm_ms_per_step']:.2f} / {peer['gemm_ms_per_step']:.2f} ms of kernels "
+                     f"{ours['kernel_ms_per_step']:.2f} / {peer['kernel_ms_per_step']:.2f} ms")
         print(f"{name:8s} fusegemm {r['fusegemm_ms']:.2f} ms  torch {r['torch_ms']:.2f} ms  "
-              f"x{r['speedup_vs_torch']:.2f}  peak {r['fusegemm_peak_gib']:.1f} / {r['torch_peak_gib']:.1f} GiB",
-              file=sys.stderr)
+              f"x{r['speedup_vs_torch']:.2f}  peak {r['fusegemm_peak_gib']:.1f} / {r['torch_peak_gib']:.1f} GiB"
+              + split, file=sys.stderr)
     emit_json({"benchmark": "MoE layer forward + backward step (routing, gather, expert MLP, combine) vs torch",
                "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
