@@ -31,7 +31,7 @@ from typing import Any
 
 from . import reference as _reference
 from .base.docstrings import shares_parameters
-from .base.errors import ArgumentError
+from .base.errors import ArgumentError, UnsupportedError
 from .ops.param_docs import TORCH_NAMES
 
 # ---------------------------------------------------------------- the FFI C API (ctypes)
@@ -394,6 +394,9 @@ def spec_op(spec: Any, *, e5m2_rcp_max: str = "page", **axes: Any) -> Any:
 
     from .ops.engine import Op, positional_operands
     plan = Op.planned(spec, e5m2_rcp_max=e5m2_rcp_max, **axes)
+    if plan.variant.a_gather:
+        raise UnsupportedError("a_gather=True: gathered A (the a_index operand) runs through fusegemm.Op and "
+                               "the torch ops; the JAX target passes the positional operands only")
     names = positional_operands(plan.kind)      # row-major buffers, as JAX passes them
     declared = [i.name for i in plan.spec.epilogue.inputs]
     axes_json = json.dumps(axes, sort_keys=True)

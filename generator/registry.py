@@ -88,7 +88,8 @@ _SM90_SCALAR_F32 = (RunsAs("vector_f32", True, False, "sm_90a has no packed FP32
 # changed and checks that exactly these, and those its epilogue reads, change the source). The
 # BF16 template stores C and D as the variant's c_dtype / d_dtype where the rule has no such
 # output; bias_dtype and generate_c reach it through the rules that read them (grouped_gemm's).
-_GROUPED_BF16 = ("ab_dtype", "c_dtype", "d_dtype", "weight_mode", "b_major", "scheduler", "tile_m", "tile_n")
+_GROUPED_BF16 = ("ab_dtype", "c_dtype", "d_dtype", "weight_mode", "b_major", "a_gather", "scheduler", "tile_m",
+                 "tile_n")
 _KGROUPED = ("ab_dtype", "c_dtype", "d_dtype", "tile_m", "tile_n")
 # The block-scaled template takes its C and D types from the rule: c_dtype and d_dtype reach it
 # where the family's epilogue reads them (gemm_amax's C, sReLU's and dSwiGLU's; quant has no C).
@@ -98,8 +99,12 @@ _BLOCKSCALED = ("ab_dtype", "sf_dtype", "sf_vec_size", "a_major", "b_major", "cd
 # The tile and cluster the BF16 kernels prefer where a policy lists them: tile 128x256, no cluster.
 _BF16_DEFAULTS = {"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}
 
+# Gathered A (a_gather) is the M-grouped BF16 kernel's operand mode: the others read A whole.
+_NO_GATHER = Limit("a_gather", (False,), "gathered A (a_index) is the BF16 grouped family's operand mode")
+
 # What both archs' K-grouped kernels (weight gradients, Config::kKGrouped) leave out.
 _KGROUPED_LIMITS = (
+    _NO_GATHER,
     Limit("weight_mode", ("dense",), "both operands are activations (dense, token-major)"),
     Limit("scheduler", ("static",), "static persistent scheduling only"),
     Limit("cluster_m", (1,), "K-grouped tiles have one K range per expert: clusters are 1x1"),
@@ -129,7 +134,9 @@ _SM100_MX_SCALES = (
 
 _SM100_ROWS = (
     _row("grouped", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
-         "GroupedGemmKernel", _GROUPED_BF16 + _VECTOR_F32, rule=SPEC_RULE),
+         "GroupedGemmKernel", tuple(a for a in _GROUPED_BF16 if a != "a_gather") + _VECTOR_F32, rule=SPEC_RULE,
+         limits=(Limit("a_gather", (False,), "gathered A is the sm_90a kernel's (one TMA box per row); the "
+                                             "sm_100a kernel's gathered loads (TMA gather4) are not written"),)),
     # The tcgen05 kernel with per-tile K ranges (Config::kKGrouped): no Blackwell GPU has run it
     # (executed=False: its first launch runs the family's selftest cases on the device,
     # fusegemm/verify.py).
@@ -139,7 +146,8 @@ _SM100_ROWS = (
                  *_KGROUPED_LIMITS),
          executed=False),
     *(_row(kind, "sm_100a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
-           "BlockScaledGemmKernel", _BLOCKSCALED + _VECTOR_F32, rule=SPEC_RULE, limits=_SM100_MX_SCALES)
+           "BlockScaledGemmKernel", _BLOCKSCALED + _VECTOR_F32, rule=SPEC_RULE,
+           limits=(*_SM100_MX_SCALES, _NO_GATHER))
       for kind in ("scaled", "batched")),
 )
 
@@ -169,6 +177,13 @@ _SM90_CLUSTERS = (
           when=(("scheduler", "dynamic"),)),
 )
 
+# Gathered A (fusegemm/sm90/grouped_gemm.cuh): the producer warp loads A row by row; the cluster
+# kernel's sliced multicast loads have no such path.
+_SM90_GATHER = (
+    Limit("cluster_m", (1,), "gathered A loads rows per CTA: no clusters", when=(("a_gather", True),)),
+    Limit("cluster_n", (1,), "gathered A loads rows per CTA: no clusters", when=(("a_gather", True),)),
+)
+
 # The BF16 kernel's two consumer warpgroups (fusegemm/sm90/grouped_gemm.cuh): both on one
 # 128-row tile (cooperative), or each on 64-row tiles of its own, in turn (ping-pong: one's
 # epilogue overlaps the other's mainloop). 256 would need 2-CTA instructions (sm_100a).
@@ -193,14 +208,14 @@ _SM90_BLOCKSCALED = tuple(a for a in _BLOCKSCALED if a not in ("a_major", "b_maj
 _SM90_ROWS = (
     _row("grouped", "sm_90a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _GROUPED_BF16 + LAUNCH_AXES, rule=SPEC_RULE,
-         limits=(_SM90_TILE_M, *_SM90_CLUSTERS), runs_as=_SM90_SCALAR_F32),
+         limits=(_SM90_TILE_M, *_SM90_CLUSTERS, *_SM90_GATHER), runs_as=_SM90_SCALAR_F32),
     # K-grouped weight gradients on the BF16 kernel (Config::kKGrouped): token-major operands,
     # one K range per expert.
     _row("kgrouped", "sm_90a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _KGROUPED, rule=SPEC_RULE,
          limits=(_SM90_TILE_M, *_KGROUPED_LIMITS), runs_as=_SM90_SCALAR_F32),
     *(_row(kind, "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
-           "BlockScaledGemmKernel", _SM90_BLOCKSCALED, rule=SPEC_RULE, limits=_SM90_BLOCKSCALED_LIMITS,
+           "BlockScaledGemmKernel", _SM90_BLOCKSCALED, rule=SPEC_RULE, limits=(*_SM90_BLOCKSCALED_LIMITS, _NO_GATHER),
            runs_as=_SM90_SCALAR_F32)
       for kind in ("scaled", "batched")),
 )

@@ -33,6 +33,7 @@ class Variant:
     weight_mode: str
     a_major: str
     b_major: str
+    a_gather: bool
     cd_major: str
     scheduler: str
     generate_c: bool

@@ -197,7 +197,10 @@ class Op(PreparedLaunch):
             b_tensor)`` for BF16 grouped specs, ``(a_tensor, sfa_tensor, padded_offsets,
             b_tensor, sfb_tensor)`` block-scaled grouped, ``(a_tensor, b_tensor, sfa_tensor,
             sfb_tensor)`` batched, ``(dy_tensor, x_tensor, padded_offsets)`` K-grouped; by
-            position or keyword, with ``b_ptrs`` / ``sfb_ptrs`` / ``n`` for discrete weights.
+            position or keyword, with ``b_ptrs`` / ``sfb_ptrs`` / ``n`` for discrete weights, and
+            ``a_index`` for a BF16 grouped op built with ``a_gather=True`` (gathered A: int32
+            (M,), problem row r reads row ``a_index[r]`` of a token-major ``a_tensor`` (T, K);
+            an index outside [0, T) reads zeros; sm_90a).
         inputs : dict, optional
             The epilogue's inputs by spec name (``fusegemm show SPEC`` lists them): tensors, or
             Python numbers for scalar inputs.
@@ -524,11 +527,14 @@ def _bind(names: tuple[str, ...], operands: tuple, kw: Mapping[str, Any]) -> lis
 
 # ---------------------------------------------------------------- operands of each kernel class
 def _parse_grouped(op: Op, a_tensor: Any, padded_offsets: Any, b_tensor: Any = None, *, b_ptrs: Any = None,
-                   n: int | None = None) -> Any:
+                   n: int | None = None, a_index: Any = None) -> Any:
     b_major = op.variant.b_major
+    if (a_index is not None) != op.variant.a_gather:
+        raise ArgumentError("a_index", "given" if a_index is not None else "None",
+                            "an int32 (M,) row index for an op built with a_gather=True, else None")
     call = parse_call(a_tensor, padded_offsets, None, b_tensor, b_ptrs, None, None,
                       ab_dtypes=("bfloat16",), bias_dtypes=(), n=n, alpha_required=False,
-                      b_major=b_major, b_majors=(b_major,), devices=False)
+                      b_major=b_major, b_majors=(b_major,), devices=False, a_index=a_index)
     if (call.b_ptrs is not None) != (op.variant.weight_mode == "discrete"):
         raise ArgumentError("b_tensor/b_ptrs", "b_ptrs" if call.b_ptrs is not None else "b_tensor",
                             f"the {op.variant.weight_mode} weights this op was built for")

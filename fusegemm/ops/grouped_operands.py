@@ -38,13 +38,16 @@ class Call:
     bias: TensorView | None
     prob: TensorView | None
     canonical: bool               # 2-D A: outputs are (M, N), else (M, N, 1)
+    a_index: TensorView | None = None   # gathered A: the row of A each of the M problem rows reads
+    a_rows: int = -1              # rows of A (gathered A: its tokens; else M)
 
 
 def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: Any,
                b_ptrs: Any, bias_tensor: Any, prob_tensor: Any, *, ab_dtypes: tuple[str, ...],
                bias_dtypes: tuple[str, ...], n: Any = None, b_dtype: Any = None,
                b_major: str = "k", discrete_experts: int | None = None,
-               alpha_required: bool = True, b_majors: tuple[str, ...] = ("k",), devices: bool = True) -> Call:
+               alpha_required: bool = True, b_majors: tuple[str, ...] = ("k",), devices: bool = True,
+               a_index: Any = None) -> Call:
     """Validate the inputs (shapes, strides, dtypes first; devices last).
 
     ``discrete_experts`` describes discrete weights without a pointer table (class API
@@ -52,18 +55,33 @@ def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: 
     only (a spec-driven op validates its epilogue inputs itself). ``b_majors``: the weight layouts
     the caller's kernel reads (the seed wrappers': K-major only). ``devices=False``: the caller
     checks devices and addresses itself, after its own shape checks (``fusegemm.Op``).
+    ``a_index`` (gathered A): int32 (M,), the row of A (T, K) each problem row reads; M from it.
     """
-    r = args.rows(a_tensor, ab_dtypes)
-    a, m, k = r.a, r.m, r.k_stored
+    idx = None
+    if a_index is None:
+        r = args.rows(a_tensor, ab_dtypes)
+        a, m, k, canonical = r.a, r.m, r.k_stored, r.canonical
+        a_rows = m
+    else:
+        a = args.tensor(a_tensor, "a_tensor", ndims=(2,), dtypes=ab_dtypes)
+        (a_rows, k), canonical = a.shape, True
+        idx = args.tensor(a_index, "a_index", ndims=(1,), dtypes=("int32",))
+        m = idx.shape[0]
+        if m % args.M_ALIGNED:
+            raise ArgumentError("a_index.shape[0]", m, f"a multiple of {args.M_ALIGNED} (the problem's padded rows)")
+        if a_rows == 0:
+            raise ArgumentError("a_tensor.shape[0]", 0, "at least 1 (the rows a_index reads; an index outside "
+                                                         "them reads zeros)")
+        unit_stride(idx, "a_index")
     item = DTYPES[a.dtype].itemsize
     # Strides of an empty A (an expert-parallel rank that received no tokens) are arbitrary
     # (numpy gives (0, 0)) and never used: nothing is launched for it.
-    if a.strides[1] != 1 and k > 1 and m:
+    if a.strides[1] != 1 and k > 1 and a_rows:
         raise ArgumentError("a_tensor.stride", a.strides, "K-major (stride 1 along K)",
                             "pass a_tensor.contiguous()")
     if k < 8 or k % 8:
         raise ArgumentError("a_tensor.shape[1] (K)", k, "a multiple of 8, at least 8 (16-byte rows for TMA)")
-    if m:
+    if a_rows:
         row_pitch_aligned(a.strides[0], item, "a_tensor.stride[0]")
 
     off, l = args.offsets(padded_offsets)
@@ -122,12 +140,12 @@ def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: 
         unit_stride(prob, "prob_tensor")
 
     call = Call(m=m, n=n, k=k, l=l, a=a, offsets=off, alpha=alpha, b=b, b_strides=b_strides, b_major=b_major,
-                b_ptrs=ptrs, bias=bias, prob=prob, canonical=r.canonical)
+                b_ptrs=ptrs, bias=bias, prob=prob, canonical=canonical, a_index=idx, a_rows=a_rows)
     if not devices:
         return call
     # Devices and addresses last (CPU-only tests reach everything above).
     named = [("padded_offsets", off), ("alpha_tensor", alpha), ("b_tensor", b), ("b_ptrs", ptrs),
-             ("bias_tensor", bias), ("prob_tensor", prob)]
+             ("bias_tensor", bias), ("prob_tensor", prob), ("a_index", idx)]
     checks.require_cuda(a, "a_tensor")
     checks.same_device([(nm, v) for nm, v in named if v is not None], a.device)
     for name, v in (("a_tensor", a), *named):
@@ -140,7 +158,7 @@ def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: 
 # and write C/D; the offsets and the vectors are read as 4-byte words, the pointer table as
 # 8-byte words.
 ALIGNMENT = {"a_tensor": 16, "b_tensor": 16, "bias_tensor": 16, "c_tensor": 16, "d_tensor": 16,
-             "padded_offsets": 4, "alpha_tensor": 4, "prob_tensor": 4, "b_ptrs": 8}
+             "padded_offsets": 4, "alpha_tensor": 4, "prob_tensor": 4, "b_ptrs": 8, "a_index": 4}
 
 
 def shape_of(call: Call) -> GroupedShape:
@@ -150,4 +168,4 @@ def shape_of(call: Call) -> GroupedShape:
         # L == 1 may report any expert stride; give TMA a legal one
         sl = sn * (call.n if call.b_major == "k" else call.k)
     return GroupedShape(m=call.m, n=call.n, k=call.k, l=call.l, a_ld=call.a.strides[0], b_sn=sn, b_sl=sl,
-                        discrete=call.b_ptrs is not None, b_mn=call.b_major == "n")
+                        discrete=call.b_ptrs is not None, b_mn=call.b_major == "n", a_rows=call.a_rows)

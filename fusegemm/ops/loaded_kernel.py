@@ -33,6 +33,7 @@ class GroupedShape:
     b_sl: int       # expert stride (elements)
     discrete: bool
     b_mn: bool = False   # N-major B (b_major "n"): maps of (N, K[, L])
+    a_rows: int = -1     # rows of A's map: its tokens for gathered A (a_index); -1: m
 
 
 class LoadedKernel:
@@ -82,7 +83,7 @@ class LoadedKernel:
         """The A and B tensor maps (boxes, swizzles and element type from the contract)."""
         c, tiled, item, dt = self.contract, self.tmaps.tiled, self.itemsize, self.tma_dtype
         box_a, box_b = (c.box_a_inner, c.box_a_outer), (c.box_b_inner, c.box_b_outer)
-        a_map = tiled(a_ptr, dt, (s.k, s.m), (s.a_ld * item,), box_a, c.swizzle_a)
+        a_map = tiled(a_ptr, dt, (s.k, s.a_rows if s.a_rows >= 0 else s.m), (s.a_ld * item,), box_a, c.swizzle_a)
         inner, outer = (s.n, s.k) if s.b_mn else (s.k, s.n)   # B's contiguous extent first
         if s.discrete:
             # Template of the device-side per-expert maps: any valid aligned address will do

@@ -253,7 +253,8 @@ def device_str(a: Any, device: int) -> str:
 LEAD = {"grouped": ("a_tensor", 16), "kgrouped": ("dy_tensor", 16), "scaled": ("a_tensor", 16),
          "batched": ("a_tensor", 16)}
 DEVICE_OPERANDS = {
-    "grouped": (("padded_offsets", "offsets", 4), ("b_tensor", "b", 16), ("b_ptrs", "b_ptrs", 8)),
+    "grouped": (("padded_offsets", "offsets", 4), ("b_tensor", "b", 16), ("b_ptrs", "b_ptrs", 8),
+                ("a_index", "a_index", 4)),
     "kgrouped": (("x_tensor", "b", 16), ("padded_offsets", "offsets", 4)),
     "scaled": (("padded_offsets", "offsets", 4), ("b_tensor", "b", 16), ("b_ptrs", "b_ptrs", 8),
                ("sfb_ptrs", "sfb_ptrs", 8), ("sfa_tensor", "sfa", 16), ("sfb_tensor", "sfb", 16)),
@@ -267,7 +268,8 @@ def _plan_grouped(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) 
         # No row tile: M is a multiple of 256, so M = 0 and the row outputs have no rows to zero.
         return None
     return ln.grid(s), s, {**ln.maps(s, call.a.ptr, call.b.ptr if call.b is not None else 0), **ln.scalars(s),
-                           "b_ptrs": call.b_ptrs.ptr if call.b_ptrs is not None else 0}
+                           "b_ptrs": call.b_ptrs.ptr if call.b_ptrs is not None else 0,
+                           "a_index": call.a_index.ptr if call.a_index is not None else 0}
 
 
 def _plan_kgrouped(op: Any, call: KCall, ln: LoadedKernel, out: Mapping[str, int]) -> Any:

@@ -22,6 +22,15 @@
 // token-major (MN-major: dY is tokens x M, X tokens x N), loaded as 64-element chunks of 64
 // token rows like an N-major B. An expert without tokens gets zeros (alpha * 0).
 //
+// Gathered A (Config::kGatherA, M-grouped, no clusters): row r of the problem is row a_index[r]
+// of A (tokens x K, token-major: an MoE layer's x before the permutation). The whole producer warp
+// loads A, each lane kTileM / 32 rows of the tile per stage, one TMA box of 1 row x 64 K each
+// into the row's place in the SW128 stage (TMA swizzles by shared-memory address, so a one-row
+// box lands as the row of the whole box would). An index outside A's rows (padding: -1) is a box
+// out of bounds: TMA fills it with zeros and counts its bytes, so no index value can fault and
+// the stage's transaction count is the ungathered one. B, the ring and the scheduling stay with
+// one elected lane.
+//
 // Clusters (M-grouped, static scheduling; fusegemm/cluster.cuh has the protocol, shared with the
 // sm_100a kernels): a Config with kClusterMulticast (the variant's cluster has more than one CTA)
 // builds the cluster kernel, whose shape is a launch attribute (p.cluster_m x p.cluster_n CTAs,
@@ -107,6 +116,11 @@ template <class C>
 constexpr auto multicast_of(int) -> decltype(C::kClusterMulticast, bool()) { return C::kClusterMulticast; }
 template <class C>
 constexpr bool multicast_of(long) { return false; }
+// Config::kGatherA, false where the generated Config does not declare it.
+template <class C>
+constexpr auto gather_of(int) -> decltype(C::kGatherA, bool()) { return C::kGatherA; }
+template <class C>
+constexpr bool gather_of(long) { return false; }
 
 template <class Config>
 struct GroupedGemmKernel {
@@ -141,6 +155,11 @@ struct GroupedGemmKernel {
                 "clusters: M-grouped problems, static scheduling (the registry's limits)");
   static constexpr int kSlices = kClusters ? 2 : 1;
   static_assert(kMcSlices % kSlices == 0, "slices of a box");
+  // Gathered A (above): kGatherRows rows of each tile per producer lane.
+  static constexpr bool kGatherA = gather_of<Config>(0);
+  static_assert(!kGatherA || (!kKGrouped && !kClusters), "gathered A: M-grouped problems without clusters "
+                "(the registry's limits)");
+  static constexpr int kGatherRows = Config::kTileM / 32;
 
   // Ping-pong (TILE_M 64, above; FUSEGEMM_SM90_PINGPONG 0 builds the measured baseline instead:
   // one consumer warpgroup).
@@ -188,8 +207,8 @@ struct GroupedGemmKernel {
   // Register split (setmaxnreg): producer warps give registers to the consumers.
   // A cluster-capable producer holds the cluster geometry and the block walk besides the tile
   // state: 40 registers spilled it (one value per tile).
-  static constexpr int kProducerRegs = kClusters ? 56 : 40;
-  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? (kClusters ? 224 : 232) : 240;
+  static constexpr int kProducerRegs = kClusters || kGatherA ? 56 : 40;   // (a gathering lane holds its row indices)
+  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? (kClusters || kGatherA ? 224 : 232) : 240;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= 65536,
                 "register split exceeds the register file");
 
@@ -213,7 +232,7 @@ struct GroupedGemmKernel {
   // slice lands where the unsliced box would have put it; an N-major B is shared by chunks.
   static constexpr int kSliceRowsA = kTileM / kSlices, kSliceRowsB = kTileN / kSlices;
   static_assert(kSliceRowsA % 8 == 0 && kSliceRowsB % 8 == 0, "slices are whole 8-row SW128 atoms");
-  static constexpr int kBoxAInner = kAMn ? 64 : kTileK, kBoxAOuter = kAMn ? kTileK : kSliceRowsA;
+  static constexpr int kBoxAInner = kAMn ? 64 : kTileK, kBoxAOuter = kAMn ? kTileK : kGatherA ? 1 : kSliceRowsA;
   static constexpr int kAChunks = kAMn ? kTileM / 64 : 1;  // A loads per stage
   static constexpr int kBoxBInner = kBMn ? 64 : kTileK, kBoxBOuter = kBMn ? kTileK : kSliceRowsB;
   static constexpr int kBChunks = kBMn ? kTileN / 64 : 1;  // B loads per stage
@@ -336,7 +355,9 @@ struct GroupedGemmKernel {
 
     if (wg == kConsumerWGs) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-      if (tid % 128 < 32 && elect_one()) {
+      if constexpr (kGatherA) {   // the whole warp: every lane loads rows of A
+        if (tid % 128 < 32) produce(p, smem, geom, full, empty, tile_full, tile_empty, ring);
+      } else if (tid % 128 < 32 && elect_one()) {
         produce(p, smem, geom, full, empty, tile_full, tile_empty, ring);
       }
     } else {
@@ -351,14 +372,18 @@ struct GroupedGemmKernel {
   }
 
   // ------------------------------------------------------------------------------------
-  // Producer: one thread.
+  // Producer: one thread (gathered A: the warp, lane 0 leading; the other lanes load A only).
   // ------------------------------------------------------------------------------------
   template <class Params>
   static __device__ void produce(const Params& p, uint8_t* smem, const Geom& geom, uint64_t* full,
                                  uint64_t* empty, uint64_t* tile_full, uint64_t* tile_empty,
                                  int4* ring) {
-    prefetch_tmap(&p.tma_a);
-    prefetch_tmap(&p.tma_b);
+    const int lane = threadIdx.x % 32;
+    const bool lead = !kGatherA || lane == 0;
+    if (lead) {
+      prefetch_tmap(&p.tma_a);
+      prefetch_tmap(&p.tma_b);
+    }
     const Sched sched = make_sched(p, geom);
     // A is shared along cluster N (same M tile), B along cluster M when the block's M tiles
     // belong to one expert (ClusterTile::share_b).
@@ -371,7 +396,7 @@ struct GroupedGemmKernel {
     const CUtensorMap* tmap_b = &p.tma_b;
     int tmap_expert = -1;
     if constexpr (Config::kDiscreteB) {
-      dtm.init(&p.tma_b,
+      if (lead) dtm.init(&p.tma_b,
                reinterpret_cast<CUtensorMap*>(p.tmap_workspace) + blockIdx.x * kTmapSlotsPerCta,
                reinterpret_cast<CUtensorMap*>(smem + kOffTmap));
     }
@@ -380,20 +405,36 @@ struct GroupedGemmKernel {
     int stage = 0, slot = 0;
     uint32_t phase = 0, ring_phase = 0;
     while (true) {
-      const int linear = Config::kDynamicSched
-                             ? dynamic_claim(reinterpret_cast<unsigned int*>(p.sched_counter))
-                             : walk.claim();
+      int linear;
+      if constexpr (Config::kDynamicSched) {
+        linear = lead ? dynamic_claim(reinterpret_cast<unsigned int*>(p.sched_counter)) : 0;
+        if constexpr (kGatherA) linear = __shfl_sync(0xffffffffu, linear, 0);   // one claim per warp
+      } else {
+        linear = walk.claim();   // (every lane walks the same sequence)
+      }
       const auto t = sched.tile(linear);
 
       mbar_wait(&tile_empty[slot], ring_phase ^ 1);
       // A tile the epilogue does not store (a phantom of a cluster block) travels as expert -1.
-      ring[slot] = make_int4(stores(t) ? t.expert : -1, t.m_block, t.n_block, t.linear);
-      mbar_arrive(&tile_full[slot]);
+      if (lead) {
+        ring[slot] = make_int4(stores(t) ? t.expert : -1, t.m_block, t.n_block, t.linear);
+        mbar_arrive(&tile_full[slot]);
+      }
       if (++slot == kTileRing) { slot = 0; ring_phase ^= 1; }
       if (!t.valid()) break;
 
       const int m0 = t.m_block * kTileM;
       const int n0 = t.n_block * kTileN;
+      // Gathered A: this lane's rows of the tile (lane + 32 j), as rows of A; -1 past m_rows.
+      int a_row[kGatherA ? kGatherRows : 1];
+      if constexpr (kGatherA) {
+        const int* index = reinterpret_cast<const int*>(p.a_index);
+#pragma unroll
+        for (int j = 0; j < kGatherRows; ++j) {
+          const int r = m0 + lane + 32 * j;
+          a_row[j] = r < p.m_rows ? __ldg(index + r) : -1;
+        }
+      }
       int k0 = 0, num_k_blocks = k_blocks_all;
       if constexpr (kKGrouped) {
         const int2 kr = k_range(p, t.expert);
@@ -404,13 +445,15 @@ struct GroupedGemmKernel {
         mbar_wait(&empty[stage], phase ^ 1);
         if constexpr (Config::kDiscreteB) {
           // Rewrite only here, after the empty wait (see kTmapSlots).
-          if (kb == 0 && t.expert != tmap_expert) {
+          if (lead && kb == 0 && t.expert != tmap_expert) {
             const uint64_t* ptrs = reinterpret_cast<const uint64_t*>(p.b_ptrs);
             tmap_b = dtm.update(reinterpret_cast<const void*>(ptrs[t.expert]));
             tmap_expert = t.expert;
           }
         }
-        mbar_arrive_expect_tx(&full[stage], kStageBytes);
+        // (Gathered A: other lanes' boxes may complete before this; the arrival it carries is
+        // the stage's only one, so the phase cannot complete without it.)
+        if (lead) mbar_arrive_expect_tx(&full[stage], kStageBytes);
         if constexpr (kKGrouped) {
           uint8_t* sa = smem + kOffA + stage * kABytes;
           uint8_t* sb = smem + kOffB + stage * kBBytes;
@@ -425,25 +468,37 @@ struct GroupedGemmKernel {
         } else if constexpr (kClusters) {
           load_stage_sliced(p, smem, geom, stage, &full[stage], tmap_b, t, kb, share_a);
         } else {
-          tma_load_2d(&p.tma_a, &full[stage], smem + kOffA + stage * kABytes, kb * kTileK, m0);
-          uint8_t* sb = smem + kOffB + stage * kBBytes;
-          if constexpr (kBMn) {
+          if constexpr (kGatherA) {
+            uint8_t* sa = smem + kOffA + stage * kABytes;
 #pragma unroll
-            for (int c = 0; c < kBChunks; ++c) {
-              if constexpr (Config::kDiscreteB) {
-                tma_load_2d(tmap_b, &full[stage], sb + c * kMnChunkBytes, n0 + 64 * c, kb * kTileK);
-              } else {
-                tma_load_3d(tmap_b, &full[stage], sb + c * kMnChunkBytes, n0 + 64 * c, kb * kTileK, t.expert);
-              }
+            for (int j = 0; j < kGatherRows; ++j) {
+              tma_load_2d(&p.tma_a, &full[stage], sa + (lane + 32 * j) * 128, kb * kTileK, a_row[j]);
             }
-          } else if constexpr (Config::kDiscreteB) {
-            tma_load_2d(tmap_b, &full[stage], sb, kb * kTileK, n0);
           } else {
-            tma_load_3d(tmap_b, &full[stage], sb, kb * kTileK, n0, t.expert);
+            tma_load_2d(&p.tma_a, &full[stage], smem + kOffA + stage * kABytes, kb * kTileK, m0);
           }
+          if (lead) load_b(&full[stage], smem + kOffB + stage * kBBytes, tmap_b, n0, kb, t.expert);
         }
         if (++stage == kStages) { stage = 0; phase ^= 1; }
       }
+    }
+  }
+
+  // B's k-block kb of N block n0 (no clusters): K-major one box, N-major its 64-column chunks.
+  static __device__ void load_b(uint64_t* bar, uint8_t* sb, const CUtensorMap* tmap_b, int n0, int kb, int expert) {
+    if constexpr (kBMn) {
+#pragma unroll
+      for (int c = 0; c < kBChunks; ++c) {
+        if constexpr (Config::kDiscreteB) {
+          tma_load_2d(tmap_b, bar, sb + c * kMnChunkBytes, n0 + 64 * c, kb * kTileK);
+        } else {
+          tma_load_3d(tmap_b, bar, sb + c * kMnChunkBytes, n0 + 64 * c, kb * kTileK, expert);
+        }
+      }
+    } else if constexpr (Config::kDiscreteB) {
+      tma_load_2d(tmap_b, bar, sb, kb * kTileK, n0);
+    } else {
+      tma_load_3d(tmap_b, bar, sb, kb * kTileK, n0, expert);
     }
   }
 

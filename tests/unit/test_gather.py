@@ -1,0 +1,93 @@
+"""Gathered A (``a_gather``: problem row r reads row ``a_index[r]`` of a token-major A) on the CPU:
+the axis reaches the sm_90a kernel's source and is refused, with the reason, where no kernel reads
+it (sm_100a, the K-grouped and block-scaled families, clusters); the gathered kernels compile
+clean (0 local memory) with the one-row A box their contract exports; ``fusegemm.Op`` parses
+``a_index`` (M rows from it, A's own rows for its map) and refuses it where it does not belong.
+On the GPU (tests/gpu/test_gather_gpu.py): bit-equal to the same kernel on pre-permuted rows."""
+from __future__ import annotations
+
+import pytest
+
+from fusegemm import pipeline
+from fusegemm.base.errors import ArgumentError, UnsupportedError
+from fusegemm.generator import registry
+from fusegemm.generator.render import render
+from fusegemm.generator.variants import make_variant
+from fusegemm.runtime.cubin_info import Cubin
+
+torch = pytest.importorskip("torch")
+
+from fusegemm.ops.engine import Op  # noqa: E402
+
+from test_op import _launch, no_device  # noqa: E402,F401
+
+BF16 = dict(tile_m=128, tile_n=256, cluster_m=1, cluster_n=1)
+
+
+def test_the_axis_reaches_the_sm90_source_and_is_refused_elsewhere():
+    src = render(make_variant("grouped_gemm", arch="sm_90a", a_gather=True, **BF16))
+    assert "kGatherA = true" in src.text
+    assert "kGatherA = false" in render(make_variant("grouped_gemm", arch="sm_90a", **BF16)).text
+    with pytest.raises(UnsupportedError, match="gather4"):
+        registry.resolve("grouped_gemm", "sm_100a", {"a_gather": True})
+    with pytest.raises(UnsupportedError, match="no clusters"):
+        registry.resolve("grouped_gemm", "sm_90a", {"a_gather": True, "cluster_m": 2})
+    for family, arch, ab in (("grouped_gemm_wgrad", "sm_90a", "bfloat16"),
+                             ("grouped_gemm_srelu", "sm_90a", "float8_e4m3fn"),
+                             ("grouped_gemm_srelu", "sm_100a", "float8_e4m3fn")):
+        with pytest.raises(UnsupportedError, match=r"gathered A \(a_index\) is the BF16 grouped family"):
+            registry.resolve(family, arch, {"a_gather": True, "ab_dtype": ab, "sf_vec_size": 32,
+                                              "sf_dtype": "float8_e8m0fnu"})
+
+
+@pytest.mark.parametrize("spec,axes", [
+    ("grouped_gemm", {}),
+    ("grouped_gemm", dict(tile_m=64, tile_n=128)),                 # ping-pong: 2 rows per lane
+    ("grouped_gemm", dict(scheduler="dynamic")),                   # one claim per warp, broadcast
+    ("grouped_gemm", dict(weight_mode="discrete")),
+    ("grouped_gemm", dict(b_major="n")),
+    ("grouped_gemm_swiglu", dict(d_dtype="bfloat16", generate_c=True)),
+])
+def test_gathered_kernels_compile_clean_with_one_row_boxes(session_cache, spec, axes):
+    v = make_variant(spec, arch="sm_90a", a_gather=True, **{**BF16, **axes})
+    built = pipeline.get_kernel(v, session_cache)
+    assert Cubin(built.cubin).resources(built.kernel_name).local_bytes == 0, (spec, axes, "spills / local memory")
+    c = built.contract
+    # A's box: one row of 64 K (each producer lane loads its rows one box each); the rest as ungathered.
+    assert (c.box_a_inner, c.box_a_outer, c.tile_m) == (64, 1, v.tile_m)
+    plain = pipeline.get_kernel(make_variant(spec, arch="sm_90a", **{**BF16, **axes}), session_cache).contract
+    assert (c.box_b_inner, c.box_b_outer, c.smem_bytes, c.threads) == (
+        plain.box_b_inner, plain.box_b_outer, plain.smem_bytes, plain.threads)
+
+
+def test_op_parses_a_index_and_maps_a_by_its_own_rows(no_device):  # noqa: F811
+    op = Op("grouped_gemm", arch="sm_90a", a_gather=True)
+    t, m, n, k, l = 300, 512, 256, 64, 2
+    a = torch.zeros((t, k), dtype=torch.bfloat16)
+    b = torch.zeros((l, n, k), dtype=torch.bfloat16)
+    off = torch.tensor([256, 512], dtype=torch.int32)
+    idx = torch.full((m,), -1, dtype=torch.int32)
+    call = op._parse((a, off, b), {"a_index": idx})
+    assert (call.m, call.a_rows, call.k) == (m, t, k)
+    from fusegemm.ops.grouped_operands import shape_of
+    assert shape_of(call).a_rows == t and shape_of(call).m == m
+    values, _ = _launch(op, call, {"alpha": 0}, {"d": 1000})
+    assert values["a_index"] == idx.data_ptr() and values["m_rows"] == m
+
+
+def test_a_index_is_refused_where_it_does_not_belong():
+    a = torch.zeros((300, 64), dtype=torch.bfloat16)
+    b = torch.zeros((1, 128, 64), dtype=torch.bfloat16)
+    off = torch.tensor([256], dtype=torch.int32)
+    gathered, plain = Op("grouped_gemm", arch="sm_90a", a_gather=True), Op("grouped_gemm", arch="sm_90a")
+    with pytest.raises(ArgumentError, match=r"^a_index: got None; allowed: an int32 \(M,\) row index"):
+        gathered._parse((a, off, b), {})
+    with pytest.raises(ArgumentError, match=r"^a_index: got given; allowed: .*a_gather=True, else None"):
+        plain._parse((torch.zeros((256, 64), dtype=torch.bfloat16), off, b),
+                     {"a_index": torch.zeros(256, dtype=torch.int32)})
+    with pytest.raises(ArgumentError, match=r"^a_index.dtype"):
+        gathered._parse((a, off, b), {"a_index": torch.zeros(256, dtype=torch.int64)})
+    with pytest.raises(ArgumentError, match=r"^a_index.shape\[0\]: got 300; allowed: a multiple of 256"):
+        gathered._parse((a, off, b), {"a_index": torch.zeros(300, dtype=torch.int32)})
+    with pytest.raises(ArgumentError, match=r"^a_tensor.shape\[0\]: got 0; allowed: at least 1"):
+        gathered._parse((a[:0], off, b), {"a_index": torch.zeros(256, dtype=torch.int32)})
