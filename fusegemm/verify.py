@@ -76,7 +76,13 @@ def ensure_verified(variant: Any, device: int, ctas: int | None = None) -> None:
     """Return when ``variant``'s kernel may launch on ``device``; else raise UnverifiedError
     naming its configuration class and what failed (cases, a hang, a fault)."""
     from .generator import registry
-    if registry.executed(variant.kernel, variant.arch) or config.trust_unverified() or running():
+    if config.trust_unverified() or running():
+        return
+    mode = registry.unexecuted_mode(variant.kernel, variant.arch, vars(variant))
+    if mode is not None:
+        raise UnverifiedError(f"{variant.kernel}: {mode}. FUSEGEMM_TRUST_UNVERIFIED=1 launches it anyway, at your "
+                              f"own risk.")
+    if registry.executed(variant.kernel, variant.arch):
         return
     cls = config_class(variant, ctas)
     key = (cls, device)

@@ -279,6 +279,24 @@ def executed(family: str, arch: str) -> bool:
     return arch_entry(arch).executed and (row is None or row.executed)
 
 
+# Operand modes an executed row's kernel has but no GPU has run yet: each refused at launch, with
+# its reason, unless FUSEGEMM_TRUST_UNVERIFIED=1 (fusegemm/verify.py), until tests/gpu has run it
+# and the entry goes. (The first-run gate's verification cases cannot stand in: none passes a_index.)
+UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {
+    ("grouped", "sm_90a"): (("a_gather", True, "gathered A (one TMA box per row) was written on 2026-12-03 "
+                             "without device time: tests/gpu/test_gather_gpu.py is its first run"),),
+}
+
+
+def unexecuted_mode(family: str, arch: str, choice: dict[str, Any]) -> str | None:
+    """Why ``choice`` of ``family`` on ``arch`` selects an operand mode no GPU has run (None:
+    nothing of the kind)."""
+    for axis, value, why in UNEXECUTED_MODES.get((_CLASS_OF.get(family, family), arch), ()):
+        if choice.get(axis, NEUTRAL.get(axis)) == value:
+            return f"{axis}={value!r} on {arch}: {why}"
+    return None
+
+
 def status(family: str, arch: str) -> str:
     """``implemented`` or ``none``."""
     row = lookup(family, arch)

@@ -476,3 +476,25 @@ def test_show_says_what_an_arch_runs_a_value_as():
     assert info["implementations"]["sm_90a"]["runs_as"] == [
         {"axis": "vector_f32", "value": True, "runs_as": False,
          "because": info["implementations"]["sm_90a"]["runs_as"][0]["because"]}]
+
+
+def test_a_ctrl_c_inside_an_import_exits_130():
+    """A Ctrl-C that lands while a lazily imported module builds a class reaches the CLI as
+    Python 3.11's "RuntimeError: Error calling __set_name__" (from the KeyboardInterrupt): it
+    exits 130 like any other interrupt (test_build_interrupt.py met it at random moments); other
+    RuntimeErrors propagate."""
+    import pytest
+
+    from fusegemm import cli
+
+    class Interrupting:
+        def __set_name__(self, owner, name):
+            raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as stop:
+        with cli._interrupt_exits_130():
+            type("Built", (), {"field": Interrupting()})
+    assert stop.value.code == 130
+    with pytest.raises(RuntimeError, match="other"):
+        with cli._interrupt_exits_130():
+            raise RuntimeError("other")

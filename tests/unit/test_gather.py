@@ -91,3 +91,19 @@ def test_a_index_is_refused_where_it_does_not_belong():
         gathered._parse((a, off, b), {"a_index": torch.zeros(300, dtype=torch.int32)})
     with pytest.raises(ArgumentError, match=r"^a_tensor.shape\[0\]: got 0; allowed: at least 1"):
         gathered._parse((a[:0], off, b), {"a_index": torch.zeros(256, dtype=torch.int32)})
+
+
+def test_gathered_a_is_refused_at_launch_until_a_gpu_has_run_it(monkeypatch):
+    """registry.UNEXECUTED_MODES: the first-run gate refuses a gathered variant with its reason
+    (FUSEGEMM_TRUST_UNVERIFIED=1 launches it); the ungathered variant of the same row is not
+    affected."""
+    from fusegemm.base.errors import UnverifiedError
+    from fusegemm.verify import ensure_verified
+    monkeypatch.delenv("FUSEGEMM_TRUST_UNVERIFIED", raising=False)
+    v = make_variant("grouped_gemm", arch="sm_90a", a_gather=True, **BF16)
+    with pytest.raises(UnverifiedError, match=r"a_gather=True on sm_90a: gathered A .*test_gather_gpu.py is its "
+                                              r"first run\. FUSEGEMM_TRUST_UNVERIFIED=1 launches it anyway"):
+        ensure_verified(v, 0)
+    ensure_verified(make_variant("grouped_gemm", arch="sm_90a", **BF16), 0)      # executed: returns
+    monkeypatch.setenv("FUSEGEMM_TRUST_UNVERIFIED", "1")
+    ensure_verified(v, 0)
