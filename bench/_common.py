@@ -102,6 +102,31 @@ def emit_json(result: dict, out: str | None) -> None:
             fh.write(text + "\n")
 
 
+def run_layers(args, layers: dict, bench_layer, summary, benchmark: str, steps: str = "steps", note: str = "",
+               **fields) -> int:
+    """``bench_layer(name, args)`` for every name of ``args.layers`` (keys of ``layers``),
+    ``summary(row)`` to stderr as each finishes; prints the JSON (``benchmark``, the run's facts,
+    the timing method with ``note`` appended, ``fields`` and the rows) and writes it to --out. 1
+    without a CUDA GPU."""
+    import sys
+
+    import torch
+    if not torch.cuda.is_available():
+        print(json.dumps({"error": "no CUDA GPU"}))
+        return 1
+    rows = []
+    for name in args.layers.split(","):
+        if name not in layers:
+            raise SystemExit(f"--layers: unknown {name!r}; allowed: {', '.join(layers)}")
+        rows.append(bench_layer(name, args))
+        print(f"{name:8s} {summary(rows[-1])}", file=sys.stderr)
+    emit_json({"benchmark": benchmark, "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
+               "method": f"CUDA events; {args.rounds} interleaved rounds, each the median of {args.iters} {steps} "
+                         f"after {args.warmup} warm-ups; median over rounds" + note, **fields, "rows": rows}, args.out)
+    return 0
+
+
 @contextlib.contextmanager
 def nvrtc_defines(defines: str):
     """Kernels compiled inside the block get ``defines`` (``-DNAME=VALUE ...``) after the run's

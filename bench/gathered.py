@@ -18,11 +18,8 @@ Outputs of the first two are checked bit-equal before timing.
 from __future__ import annotations
 
 import argparse
-import platform
-import sys
-import time
 
-from _common import emit_json, interleaved_ms
+from _common import interleaved_ms, run_layers
 
 # name: (experts, tokens, K (hidden), N (2 x intermediate), top_k)
 LAYERS = {
@@ -66,7 +63,6 @@ def bench_layer(name: str, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", default=",".join(LAYERS))
     ap.add_argument("--warmup", type=int, default=3)
@@ -74,24 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print('{"error": "no CUDA GPU"}')
-        return 1
-    rows = []
-    for name in args.layers.split(","):
-        if name not in LAYERS:
-            raise SystemExit(f"--layers: unknown {name!r}; allowed: {', '.join(LAYERS)}")
-        rows.append(bench_layer(name, args))
-        r = rows[-1]
-        print(f"{name:8s} gathered {r['gathered_ms']:.3f} ms  pre-permuted {r['pre_permuted_ms']:.3f} ms  "
-              f"gather+gemm {r['gather_then_gemm_ms']:.3f} ms  x{r['gathered_vs_pre_permuted']:.3f} of pre-permuted  "
-              f"equal {r['gathered_equals_pre_permuted']}", file=sys.stderr)
-    emit_json({"benchmark": "gathered A vs the same grouped GEMM on pre-permuted rows",
-               "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
-               "method": f"CUDA events; {args.rounds} interleaved rounds, each the median of {args.iters} calls "
-                         f"after {args.warmup} warm-ups; median over rounds", "rows": rows}, args.out)
-    return 0
+    return run_layers(args, LAYERS, bench_layer,
+                      lambda r: (f"gathered {r['gathered_ms']:.3f} ms  pre-permuted {r['pre_permuted_ms']:.3f} ms  "
+                                 f"gather+gemm {r['gather_then_gemm_ms']:.3f} ms  "
+                                 f"x{r['gathered_vs_pre_permuted']:.3f} of pre-permuted  "
+                                 f"equal {r['gathered_equals_pre_permuted']}"),
+                      "gathered A vs the same grouped GEMM on pre-permuted rows", steps="calls")
 
 
 if __name__ == "__main__":

@@ -21,9 +21,8 @@ share of it and the top kernels (torch.profiler); wall minus kernel time is what
 from __future__ import annotations
 
 import argparse
-import sys
 
-from _common import emit_json, interleaved_ms
+from _common import interleaved_ms, run_layers
 
 # name: (experts, tokens, hidden, intermediate, top_k)
 LAYERS = {
@@ -146,10 +145,6 @@ def _graphed(run):
 
 
 def main(argv: list[str] | None = None) -> int:
-    import platform
-    import time
-
-    import torch
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--layers", default=",".join(LAYERS))
     ap.add_argument("--warmup", type=int, default=2)
@@ -160,31 +155,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="add each layer's kernel-time table (torch.profiler, eager steps) to the JSON")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print('{"error": "no CUDA GPU"}')
-        return 1
-    rows = []
-    for name in args.layers.split(","):
-        if name not in LAYERS:
-            raise SystemExit(f"--layers: unknown {name!r}; allowed: {', '.join(LAYERS)}")
-        rows.append(bench_layer(name, args))
-        r = rows[-1]
+
+    def summary(r: dict) -> str:
         split = ""
         if args.profile:
             ours, peer = r["fusegemm_kernels"], r["torch_kernels"]
             split = (f"  GEMMs {ours['gemm_ms_per_step']:.2f} / {peer['gemm_ms_per_step']:.2f} ms of kernels "
                      f"{ours['kernel_ms_per_step']:.2f} / {peer['kernel_ms_per_step']:.2f} ms")
-        print(f"{name:8s} fusegemm {r['fusegemm_ms']:.2f} ms  torch {r['torch_ms']:.2f} ms  "
-              f"x{r['speedup_vs_torch']:.2f}  peak {r['fusegemm_peak_gib']:.1f} / {r['torch_peak_gib']:.1f} GiB"
-              + split, file=sys.stderr)
-    emit_json({"benchmark": "MoE layer forward + backward step (routing, gather, expert MLP, combine) vs torch",
-               "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
-               "method": f"CUDA events; {args.rounds} interleaved rounds, each the median of {args.iters} steps "
-                         f"after {args.warmup} warm-ups; median over rounds"
-                         + ("; each step a CUDA-graph replay" if args.graph else "; eager steps"),
-               "graph": args.graph, "rows": rows}, args.out)
-    return 0
+        return (f"fusegemm {r['fusegemm_ms']:.2f} ms  torch {r['torch_ms']:.2f} ms  x{r['speedup_vs_torch']:.2f}  "
+                f"peak {r['fusegemm_peak_gib']:.1f} / {r['torch_peak_gib']:.1f} GiB" + split)
+    return run_layers(args, LAYERS, bench_layer, summary,
+                      "MoE layer forward + backward step (routing, gather, expert MLP, combine) vs torch",
+                      note="; each step a CUDA-graph replay" if args.graph else "; eager steps", graph=args.graph)
 
 
 if __name__ == "__main__":

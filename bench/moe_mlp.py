@@ -20,9 +20,8 @@ every output of the spec ops zero-filled whole before its GEMM, as before fusege
 from __future__ import annotations
 
 import argparse
-import sys
 
-from _common import emit_json, interleaved_ms, whole_fill
+from _common import interleaved_ms, run_layers, whole_fill
 
 # name: (local experts, tokens, hidden, intermediate)
 LAYERS = {
@@ -123,10 +122,6 @@ def bench_layer(name: str, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import platform
-    import time
-
-    import torch
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--layers", default=",".join(LAYERS))
     ap.add_argument("--recipes", default="bf16,mxfp8", help="bf16 always runs; add mxfp8 to time that recipe too")
@@ -141,23 +136,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time the BF16 layer with the spec ops' outputs zero-filled whole (the old allocation)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print('{"error": "no CUDA GPU"}')
-        return 1
-    rows = []
-    for name in args.layers.split(","):
-        if name not in LAYERS:
-            raise SystemExit(f"--layers: unknown {name!r}; allowed: {', '.join(LAYERS)}")
-        rows.append(bench_layer(name, args))
-        r = rows[-1]
-        print(f"{name:8s} fusegemm {r['fusegemm_bf16_ms']:.2f} ms  torch {r.get('torch_grouped_mm_ms', float('nan')):.2f}"
-              f" ms  x{r.get('speedup_bf16_vs_torch', float('nan')):.2f}  mxfp8 {r.get('fusegemm_mxfp8_ms', float('nan')):.2f} ms",
-              file=sys.stderr)
-    emit_json({"benchmark": "MoE expert MLP forward + backward step (BF16 and MXFP8 recipes vs torch BF16)", "device": torch.cuda.get_device_name(0),
-               "torch": torch.__version__, "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
-               "method": f"CUDA events; {args.rounds} interleaved rounds, each the median of {args.iters} steps "
-                         f"after {args.warmup} warm-ups; median over rounds", "rows": rows}, args.out)
-    return 0
+    nan = float("nan")
+    return run_layers(args, LAYERS, bench_layer,
+                      lambda r: (f"fusegemm {r['fusegemm_bf16_ms']:.2f} ms  "
+                                 f"torch {r.get('torch_grouped_mm_ms', nan):.2f} ms  "
+                                 f"x{r.get('speedup_bf16_vs_torch', nan):.2f}  "
+                                 f"mxfp8 {r.get('fusegemm_mxfp8_ms', nan):.2f} ms"),
+                      "MoE expert MLP forward + backward step (BF16 and MXFP8 recipes vs torch BF16)")
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ autograd differentiates each (the probabilities through ``row_probs``, x through
 rows through ``combine``).
 
 Within an expert, rows follow token order (a stable sort), so a routing is deterministic, and
-``combine`` sums each token's k rows in choice order (no atomics). On CUDA tensors ``gather`` and
-``combine`` run one kernel each (fusegemm/permute.py; torch custom ops under torch.compile),
-elsewhere torch's operations.
+``combine`` sums each token's k rows in choice order (no atomics). On CUDA tensors the routing's
+rows (after the top-k), ``gather`` and ``combine`` run one kernel each (fusegemm/permute.py; torch
+custom ops under torch.compile), elsewhere torch's operations, with the same values.
 """
 from __future__ import annotations
 
