@@ -11,7 +11,11 @@ over random logits; BF16, ``specs/grouped_gemm.yaml``, tile 128 x 256):
 * ``gather_then_gemm``  the permutation kernel (fusegemm/permute.py) and then the GEMM: what the
   layer runs without the gathered mode.
 
-Outputs of the first two are checked bit-equal before timing.
+and the same for the layer's fc1 weight gradient (``specs/grouped_gemm_wgrad.yaml``, dW1_e =
+dG_e^T X_e): ``wgrad_gathered`` reads X's token rows through the index (``b_gather=True``),
+``wgrad_pre_permuted`` the rows gathered beforehand.
+
+Outputs of each gathered kernel and its pre-permuted run are checked bit-equal before timing.
 
     python bench/gathered.py [--layers dsv3-8,mixtral,qwen3] [--out FILE]
 """
@@ -46,19 +50,25 @@ def bench_layer(name: str, args) -> dict:
     rows = permute.gather_rows(x, r.token_of_row)
     equal = torch.equal(gathered(x, r.padded_offsets, w, a_index=idx, inputs=ins)["d"],
                         plain(rows, r.padded_offsets, w, inputs=ins)["d"])
+    dg = torch.randn(r.rows, n, generator=g, device="cuda").bfloat16()      # fc1's output gradient rows
+    wg, wp = Op("grouped_gemm_wgrad", b_gather=True, **axes), Op("grouped_gemm_wgrad", **axes)
+    wequal = torch.equal(wg(dg, x, r.padded_offsets, x_index=idx)["d"], wp(dg, rows, r.padded_offsets)["d"])
     methods = {
         "gathered": lambda: gathered(x, r.padded_offsets, w, a_index=idx, inputs=ins),
         "pre_permuted": lambda: plain(rows, r.padded_offsets, w, inputs=ins),
         "gather_then_gemm": lambda: plain(permute.gather_rows(x, r.token_of_row), r.padded_offsets, w, inputs=ins),
+        "wgrad_gathered": lambda: wg(dg, x, r.padded_offsets, x_index=idx),
+        "wgrad_pre_permuted": lambda: wp(dg, rows, r.padded_offsets),
     }
     row = {"layer": name, "experts": experts, "tokens": tokens, "k": k, "n": n, "top_k": top_k, "rows": r.rows,
-           "gathered_equals_pre_permuted": equal}
+           "gathered_equals_pre_permuted": equal, "wgrad_gathered_equals_pre_permuted": wequal}
     for key, ms in interleaved_ms(methods, args).items():
         row[f"{key}_ms"] = ms
     flops = 2.0 * tokens * top_k * k * n
     row["gathered_tflops"] = flops / row["gathered_ms"] / 1e9
     row["gathered_vs_pre_permuted"] = row["pre_permuted_ms"] / row["gathered_ms"]
     row["gathered_vs_gather_then_gemm"] = row["gather_then_gemm_ms"] / row["gathered_ms"]
+    row["wgrad_gathered_vs_pre_permuted"] = row["wgrad_pre_permuted_ms"] / row["wgrad_gathered_ms"]
     return row
 
 
@@ -74,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
                       lambda r: (f"gathered {r['gathered_ms']:.3f} ms  pre-permuted {r['pre_permuted_ms']:.3f} ms  "
                                  f"gather+gemm {r['gather_then_gemm_ms']:.3f} ms  "
                                  f"x{r['gathered_vs_pre_permuted']:.3f} of pre-permuted  "
-                                 f"equal {r['gathered_equals_pre_permuted']}"),
+                                 f"equal {r['gathered_equals_pre_permuted']}  wgrad "
+                                 f"x{r['wgrad_gathered_vs_pre_permuted']:.3f} of pre-permuted  "
+                                 f"equal {r['wgrad_gathered_equals_pre_permuted']}"),
                       "gathered A vs the same grouped GEMM on pre-permuted rows", steps="calls")
 
 

@@ -63,7 +63,9 @@ AXES: dict[str, Axis] = {a.name: a for a in (
     Axis("weight_mode", ("dense", "discrete"), "B as one (N, K, L) tensor or per-expert pointers"),
     Axis("a_major", ("k", "m"), "A contiguous dimension"),
     Axis("b_major", ("k", "n"), "B contiguous dimension"),
-    Axis("a_gather", None, "gathered A: problem row r reads row a_index[r] of A", "bool"),
+    Axis("a_gather", None, "gathered A: problem row r reads row a_index[r] of A (K-grouped: dY's token rows)",
+         "bool"),
+    Axis("b_gather", None, "K-grouped, gathered X: token row t reads row b_index[t] of X", "bool"),
     Axis("cd_major", ("n", "m"), "C/D contiguous dimension"),
     Axis("scheduler", ("static", "dynamic"), "persistent tile scheduling"),
     Axis("generate_c", None, "materialise C", "bool"),
@@ -81,7 +83,7 @@ AXES: dict[str, Axis] = {a.name: a for a in (
 NEUTRAL: dict[str, Any] = {
     "ab_dtype": "bfloat16", "sf_dtype": "none", "sf_vec_size": 0, "c_dtype": "none",
     "d_dtype": "none", "bias_dtype": "none", "prob_dtype": "float32", "weight_mode": "dense", "a_major": "k",
-    "b_major": "k", "a_gather": False, "cd_major": "n", "scheduler": "static", "generate_c": False,
+    "b_major": "k", "a_gather": False, "b_gather": False, "cd_major": "n", "scheduler": "static", "generate_c": False,
     "generate_dbias": False, "discrete_col_sfd": False, "vector_f32": False, "tanh_clamp_scale": "none",
 }
 

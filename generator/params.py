@@ -21,6 +21,7 @@ GROUPED_PARAMS = ParamStruct("Params", (
     # Device pointers (inputs).
     Field("offsets", "cptr", "padded_offsets int32 (L,): cumulative expert row ends"),
     Field("a_index", "cptr", "gathered A: int32 (m_rows,) the row of A each problem row reads (outside A: zeros)"),
+    Field("b_index", "cptr", "K-grouped, gathered X: int32 (k,) the row of X each token row reads (outside X: zeros)"),
     Field("b_ptrs", "cptr", "discrete weights: uint64 (L,) per-expert (N, K) pointers"),
     Field("sfb_ptrs", "cptr", "discrete weights: uint64 (L,) per-expert SFB pointers"),
     Field("sfb", "cptr", "blockwise recipe, dense weights: float (L, ceil(N/128), ceil(K/128)) B scales"),

@@ -91,6 +91,7 @@ _SM90_SCALAR_F32 = (RunsAs("vector_f32", True, False, "sm_90a has no packed FP32
 _GROUPED_BF16 = ("ab_dtype", "c_dtype", "d_dtype", "weight_mode", "b_major", "a_gather", "scheduler", "tile_m",
                  "tile_n")
 _KGROUPED = ("ab_dtype", "c_dtype", "d_dtype", "tile_m", "tile_n")
+_KGROUPED_SM90 = _KGROUPED + ("a_gather", "b_gather")   # token rows read through an index (sm_90a)
 # The block-scaled template takes its C and D types from the rule: c_dtype and d_dtype reach it
 # where the family's epilogue reads them (gemm_amax's C, sReLU's and dSwiGLU's; quant has no C).
 _BLOCKSCALED = ("ab_dtype", "sf_dtype", "sf_vec_size", "a_major", "b_major", "cd_major",
@@ -99,12 +100,15 @@ _BLOCKSCALED = ("ab_dtype", "sf_dtype", "sf_vec_size", "a_major", "b_major", "cd
 # The tile and cluster the BF16 kernels prefer where a policy lists them: tile 128x256, no cluster.
 _BF16_DEFAULTS = {"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}
 
-# Gathered A (a_gather) is the M-grouped BF16 kernel's operand mode: the others read A whole.
-_NO_GATHER = Limit("a_gather", (False,), "gathered A (a_index) is the BF16 grouped family's operand mode")
+# Gathered operands are the BF16 kernels' modes on sm_90a: gathered A (a_gather) of the M-grouped
+# and K-grouped classes, gathered X (b_gather) of the K-grouped class; the others read whole rows.
+_NO_GATHER = Limit("a_gather", (False,), "gathered A (a_index) is the BF16 grouped and K-grouped families' "
+                                         "operand mode on sm_90a")
+_NO_GATHER_B = Limit("b_gather", (False,), "gathered B (b_index) is the K-grouped family's operand mode on "
+                                           "sm_90a (token rows of X)")
 
 # What both archs' K-grouped kernels (weight gradients, Config::kKGrouped) leave out.
 _KGROUPED_LIMITS = (
-    _NO_GATHER,
     Limit("weight_mode", ("dense",), "both operands are activations (dense, token-major)"),
     Limit("scheduler", ("static",), "static persistent scheduling only"),
     Limit("cluster_m", (1,), "K-grouped tiles have one K range per expert: clusters are 1x1"),
@@ -136,18 +140,19 @@ _SM100_ROWS = (
     _row("grouped", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", tuple(a for a in _GROUPED_BF16 if a != "a_gather") + _VECTOR_F32, rule=SPEC_RULE,
          limits=(Limit("a_gather", (False,), "gathered A is the sm_90a kernel's (one TMA box per row); the "
-                                             "sm_100a kernel's gathered loads (TMA gather4) are not written"),)),
+                                             "sm_100a kernel's gathered loads (TMA gather4) are not written"),
+                 _NO_GATHER_B)),
     # The tcgen05 kernel with per-tile K ranges (Config::kKGrouped): no Blackwell GPU has run it
     # (executed=False: its first launch runs the family's selftest cases on the device,
     # fusegemm/verify.py).
     _row("kgrouped", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", tuple(a for a in _KGROUPED if a != "tile_m") + _VECTOR_F32, rule=SPEC_RULE,
          limits=(Limit("tile_m", (128,), "1-CTA tiles of 128 rows (two 64-row M-major A atoms)"),
-                 *_KGROUPED_LIMITS),
+                 *_KGROUPED_LIMITS, _NO_GATHER, _NO_GATHER_B),
          executed=False),
     *(_row(kind, "sm_100a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _BLOCKSCALED + _VECTOR_F32, rule=SPEC_RULE,
-           limits=(*_SM100_MX_SCALES, _NO_GATHER))
+           limits=(*_SM100_MX_SCALES, _NO_GATHER, _NO_GATHER_B))
       for kind in ("scaled", "batched")),
 )
 
@@ -208,14 +213,15 @@ _SM90_BLOCKSCALED = tuple(a for a in _BLOCKSCALED if a not in ("a_major", "b_maj
 _SM90_ROWS = (
     _row("grouped", "sm_90a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _GROUPED_BF16 + LAUNCH_AXES, rule=SPEC_RULE,
-         limits=(_SM90_TILE_M, *_SM90_CLUSTERS, *_SM90_GATHER), runs_as=_SM90_SCALAR_F32),
+         limits=(_SM90_TILE_M, *_SM90_CLUSTERS, *_SM90_GATHER, _NO_GATHER_B), runs_as=_SM90_SCALAR_F32),
     # K-grouped weight gradients on the BF16 kernel (Config::kKGrouped): token-major operands,
     # one K range per expert.
     _row("kgrouped", "sm_90a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
-         "GroupedGemmKernel", _KGROUPED, rule=SPEC_RULE,
+         "GroupedGemmKernel", _KGROUPED_SM90, rule=SPEC_RULE,
          limits=(_SM90_TILE_M, *_KGROUPED_LIMITS), runs_as=_SM90_SCALAR_F32),
     *(_row(kind, "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
-           "BlockScaledGemmKernel", _SM90_BLOCKSCALED, rule=SPEC_RULE, limits=(*_SM90_BLOCKSCALED_LIMITS, _NO_GATHER),
+           "BlockScaledGemmKernel", _SM90_BLOCKSCALED, rule=SPEC_RULE,
+           limits=(*_SM90_BLOCKSCALED_LIMITS, _NO_GATHER, _NO_GATHER_B),
            runs_as=_SM90_SCALAR_F32)
       for kind in ("scaled", "batched")),
 )
@@ -285,6 +291,9 @@ def executed(family: str, arch: str) -> bool:
 UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {
     ("grouped", "sm_90a"): (("a_gather", True, "gathered A (one TMA box per row) was written on 2026-12-03 "
                              "without device time: tests/gpu/test_gather_gpu.py is its first run"),),
+    ("kgrouped", "sm_90a"): tuple((axis, True, "gathered token rows (one TMA box per row) were written on "
+                                   "2026-12-03 without device time: tests/gpu/test_gather_gpu.py is their first run")
+                                  for axis in ("a_gather", "b_gather")),
 }
 
 

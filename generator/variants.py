@@ -34,6 +34,7 @@ class Variant:
     a_major: str
     b_major: str
     a_gather: bool
+    b_gather: bool
     cd_major: str
     scheduler: str
     generate_c: bool

@@ -200,7 +200,9 @@ class Op(PreparedLaunch):
             position or keyword, with ``b_ptrs`` / ``sfb_ptrs`` / ``n`` for discrete weights, and
             ``a_index`` for a BF16 grouped op built with ``a_gather=True`` (gathered A: int32
             (M,), problem row r reads row ``a_index[r]`` of a token-major ``a_tensor`` (T, K);
-            an index outside [0, T) reads zeros; sm_90a).
+            an index outside [0, T) reads zeros; sm_90a), ``dy_index`` / ``x_index`` for a
+            K-grouped op built with ``a_gather`` / ``b_gather`` (int32 (T,): token row t of dY / X
+            is that row of ``dy_tensor`` / ``x_tensor``).
         inputs : dict, optional
             The epilogue's inputs by spec name (``fusegemm show SPEC`` lists them): tensors, or
             Python numbers for scalar inputs.
@@ -541,8 +543,13 @@ def _parse_grouped(op: Op, a_tensor: Any, padded_offsets: Any, b_tensor: Any = N
     return call
 
 
-def _parse_kgrouped(op: Op, dy_tensor: Any, x_tensor: Any, padded_offsets: Any) -> KCall:
-    return parse_kgrouped(op.variant.tile_m, dy_tensor, x_tensor, padded_offsets)
+def _parse_kgrouped(op: Op, dy_tensor: Any, x_tensor: Any, padded_offsets: Any, *, dy_index: Any = None,
+                    x_index: Any = None) -> KCall:
+    for name, index, axis in (("dy_index", dy_index, "a_gather"), ("x_index", x_index, "b_gather")):
+        if (index is not None) != getattr(op.variant, axis):
+            raise ArgumentError(name, "given" if index is not None else "None",
+                                f"an int32 (T,) token-row index for an op built with {axis}=True, else None")
+    return parse_kgrouped(op.variant.tile_m, dy_tensor, x_tensor, padded_offsets, dy_index, x_index)
 
 
 def _check_format(op: Op, call: Any) -> None:

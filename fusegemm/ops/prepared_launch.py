@@ -255,7 +255,8 @@ LEAD = {"grouped": ("a_tensor", 16), "kgrouped": ("dy_tensor", 16), "scaled": ("
 DEVICE_OPERANDS = {
     "grouped": (("padded_offsets", "offsets", 4), ("b_tensor", "b", 16), ("b_ptrs", "b_ptrs", 8),
                 ("a_index", "a_index", 4)),
-    "kgrouped": (("x_tensor", "b", 16), ("padded_offsets", "offsets", 4)),
+    "kgrouped": (("x_tensor", "b", 16), ("padded_offsets", "offsets", 4), ("dy_index", "a_index", 4),
+                 ("x_index", "b_index", 4)),
     "scaled": (("padded_offsets", "offsets", 4), ("b_tensor", "b", 16), ("b_ptrs", "b_ptrs", 8),
                ("sfb_ptrs", "sfb_ptrs", 8), ("sfa_tensor", "sfa", 16), ("sfb_tensor", "sfb", 16)),
     "batched": (("b_tensor", "b", 16), ("sfa_tensor", "sfa", 16), ("sfb_tensor", "sfb", 16)),
@@ -280,15 +281,18 @@ def _plan_kgrouped(op: Any, call: KCall, ln: LoadedKernel, out: Mapping[str, int
     # No tokens at all (an expert-parallel rank that received none): every tile has an empty K
     # range and loads nothing, but a tensor map needs a real extent and address; an output
     # buffer (at least M x N elements) stands in for both operands.
-    a_ptr, b_ptr, a_ld, b_ld, rows = call.a.ptr, call.b.ptr, call.a.strides[0], call.b.strides[0], t
+    a_ptr, b_ptr, a_ld, b_ld = call.a.ptr, call.b.ptr, call.a.strides[0], call.b.strides[0]
+    a_rows, b_rows = call.a.shape[0], call.b.shape[0]   # (a gathered operand: its own rows)
     if t == 0:
         a_ptr = b_ptr = next(iter(out.values()))
-        a_ld, b_ld, rows = m, n, 1
+        a_ld, b_ld, a_rows, b_rows = m, n, 1, 1
     s = GroupedShape(m=call.l * m, n=n, k=t, l=call.l, a_ld=a_ld, b_sn=b_ld, b_sl=0, discrete=False)
-    values = {"tma_a": tiled(a_ptr, ln.tma_dtype, (m, rows), (a_ld * item,), (c.box_a_inner, c.box_a_outer),
+    values = {"tma_a": tiled(a_ptr, ln.tma_dtype, (m, a_rows), (a_ld * item,), (c.box_a_inner, c.box_a_outer),
                              c.swizzle_a),
-              "tma_b": tiled(b_ptr, ln.tma_dtype, (n, rows), (b_ld * item,), (c.box_b_inner, c.box_b_outer),
+              "tma_b": tiled(b_ptr, ln.tma_dtype, (n, b_rows), (b_ld * item,), (c.box_b_inner, c.box_b_outer),
                              c.swizzle_b),
+              "a_index": call.a_index.ptr if call.a_index is not None else 0,
+              "b_index": call.b_index.ptr if call.b_index is not None else 0,
               "m_rows": m, "n": n, "k": t, "num_experts": call.l, "cluster_m": 1, "cluster_n": 1, "b_ptrs": 0}
     grid = persistent_grid(call.l * m, n, ln.tile, c.ctas_per_tile, ln.cluster, ln.sms)   # (L * M, N) tiles
     return grid, s, values

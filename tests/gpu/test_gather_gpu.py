@@ -106,3 +106,36 @@ def test_a_gathered_op_reused_on_new_indices_and_tokens():
         want = Op("grouped_gemm", tile_m=128, tile_n=256)(_gathered_rows(x, idx), off, w, inputs=inputs)["d"]
         torch.cuda.synchronize()
         assert torch.equal(got, want), seed
+
+
+@pytest.mark.parametrize("axes", [dict(a_gather=True), dict(b_gather=True), dict(a_gather=True, b_gather=True),
+                                  dict(b_gather=True, tile_m=64, tile_n=128)], ids=lambda a: ".".join(map(str, a)))
+def test_kgrouped_gathered_token_rows_equal_the_kernel_on_pre_gathered_rows(axes):
+    """The weight gradients with dY's and/or X's token rows read through an index (the MoE layer's
+    dy and x before the permutation): bit-equal to the K-grouped kernel on the rows gathered
+    beforehand, ragged and empty experts, padding and out-of-range indices."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    tokens, m, n = 500, 256, 256
+    padded = [512, 0, 256, 768]
+    t = sum(padded)
+    off = torch.tensor(padded, device="cuda").cumsum(0).to(torch.int32)
+    dy_tok = torch.randn(tokens, m, generator=g, device="cuda").bfloat16()
+    x_tok = torch.randn(tokens + 3, n, generator=g, device="cuda").bfloat16()
+    dy_idx = torch.randint(-1, tokens, (t,), generator=g, device="cuda", dtype=torch.int32)
+    x_idx = torch.randint(-1, tokens + 3, (t,), generator=g, device="cuda", dtype=torch.int32)
+    dy_idx[5], x_idx[6] = tokens + 100, -(2 ** 30)
+    tiles = {"tile_m": axes.get("tile_m", 128), "tile_n": axes.get("tile_n", 256)}
+    op = Op("grouped_gemm_wgrad", d_dtype="float32", **{k: v for k, v in axes.items() if k.endswith("gather")}, **tiles)
+    plain = Op("grouped_gemm_wgrad", d_dtype="float32", **tiles)
+    dy_rows, x_rows = _gathered_rows(dy_tok, dy_idx), _gathered_rows(x_tok, x_idx)
+    kw = {}
+    dy_arg, x_arg = dy_rows, x_rows
+    if axes.get("a_gather"):
+        dy_arg, kw["dy_index"] = dy_tok, dy_idx
+    if axes.get("b_gather"):
+        x_arg, kw["x_index"] = x_tok, x_idx
+    got = op(dy_arg, x_arg, off, **kw)["d"]
+    want = plain(dy_rows, x_rows, off)["d"]
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+    assert not want[1].any()                                      # the expert without tokens: zeros

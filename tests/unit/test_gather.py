@@ -32,10 +32,14 @@ def test_the_axis_reaches_the_sm90_source_and_is_refused_elsewhere():
         registry.resolve("grouped_gemm", "sm_100a", {"a_gather": True})
     with pytest.raises(UnsupportedError, match="no clusters"):
         registry.resolve("grouped_gemm", "sm_90a", {"a_gather": True, "cluster_m": 2})
-    for family, arch, ab in (("grouped_gemm_wgrad", "sm_90a", "bfloat16"),
+    with pytest.raises(UnsupportedError, match=r"gathered B \(b_index\) is the K-grouped family's"):
+        registry.resolve("grouped_gemm", "sm_90a", {"b_gather": True})
+    registry.resolve("grouped_gemm_wgrad", "sm_90a", {"a_gather": True, "b_gather": True, "tile_m": 128,
+                                                       "cluster_m": 1, "cluster_n": 1})
+    for family, arch, ab in (("grouped_gemm_wgrad", "sm_100a", "bfloat16"),
                              ("grouped_gemm_srelu", "sm_90a", "float8_e4m3fn"),
                              ("grouped_gemm_srelu", "sm_100a", "float8_e4m3fn")):
-        with pytest.raises(UnsupportedError, match=r"gathered A \(a_index\) is the BF16 grouped family"):
+        with pytest.raises(UnsupportedError, match=r"gathered A \(a_index\) is the BF16 grouped and K-grouped"):
             registry.resolve(family, arch, {"a_gather": True, "ab_dtype": ab, "sf_vec_size": 32,
                                               "sf_dtype": "float8_e8m0fnu"})
 
@@ -107,3 +111,36 @@ def test_gathered_a_is_refused_at_launch_until_a_gpu_has_run_it(monkeypatch):
     ensure_verified(make_variant("grouped_gemm", arch="sm_90a", **BF16), 0)      # executed: returns
     monkeypatch.setenv("FUSEGEMM_TRUST_UNVERIFIED", "1")
     ensure_verified(v, 0)
+
+
+@pytest.mark.parametrize("axes", [dict(a_gather=True), dict(b_gather=True), dict(a_gather=True, b_gather=True),
+                                  dict(b_gather=True, tile_m=64, tile_n=128)])
+def test_kgrouped_gathered_kernels_compile_clean_with_one_row_boxes(session_cache, axes):
+    """The weight gradients' token rows through an index: dY's (a_gather) and/or X's (b_gather),
+    each a one-row box (64 columns x 1 token row) per row of a k-block's chunk."""
+    v = make_variant("grouped_gemm_wgrad", arch="sm_90a", **{**BF16, **axes})
+    built = pipeline.get_kernel(v, session_cache)
+    assert Cubin(built.cubin).resources(built.kernel_name).local_bytes == 0, (axes, "spills / local memory")
+    c = built.contract
+    assert (c.box_a_inner, c.box_a_outer) == (64, 1 if axes.get("a_gather") else 64)
+    assert (c.box_b_inner, c.box_b_outer) == (64, 1 if axes.get("b_gather") else 64)
+
+
+def test_kgrouped_op_parses_its_indices(no_device):  # noqa: F811
+    op = Op("grouped_gemm_wgrad", arch="sm_90a", a_gather=True, b_gather=True)
+    tokens, t, m, n = 300, 512, 256, 128
+    dy = torch.zeros((tokens, m), dtype=torch.bfloat16)
+    x = torch.zeros((tokens + 7, n), dtype=torch.bfloat16)
+    off = torch.tensor([256, 512], dtype=torch.int32)
+    dy_idx, x_idx = torch.zeros(t, dtype=torch.int32), torch.full((t,), -1, dtype=torch.int32)
+    call = op._parse((dy, x, off), {"dy_index": dy_idx, "x_index": x_idx})
+    assert (call.t, call.m_out, call.n, call.l) == (t, m, n, 2)
+    assert call.a_index.ptr == dy_idx.data_ptr() and call.b_index.ptr == x_idx.data_ptr()
+    with pytest.raises(ArgumentError, match=r"^x_index.shape\[0\]: got 256; allowed: 512 \(the token rows of dy\)"):
+        op._parse((dy, x, off), {"dy_index": dy_idx, "x_index": x_idx[:256]})
+    with pytest.raises(ArgumentError, match=r"^dy_index: got None; allowed: an int32 \(T,\) token-row index"):
+        op._parse((dy, x, off), {"x_index": x_idx})
+    plain = Op("grouped_gemm_wgrad", arch="sm_90a")
+    with pytest.raises(ArgumentError, match=r"^x_index: got given; allowed: .*b_gather=True, else None"):
+        plain._parse((torch.zeros((t, m), dtype=torch.bfloat16), torch.zeros((t, n), dtype=torch.bfloat16), off),
+                     {"x_index": x_idx})

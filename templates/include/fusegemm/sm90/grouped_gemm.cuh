@@ -116,11 +116,15 @@ template <class C>
 constexpr auto multicast_of(int) -> decltype(C::kClusterMulticast, bool()) { return C::kClusterMulticast; }
 template <class C>
 constexpr bool multicast_of(long) { return false; }
-// Config::kGatherA, false where the generated Config does not declare it.
+// Config::kGatherA / kGatherB, false where the generated Config does not declare them.
 template <class C>
 constexpr auto gather_of(int) -> decltype(C::kGatherA, bool()) { return C::kGatherA; }
 template <class C>
 constexpr bool gather_of(long) { return false; }
+template <class C>
+constexpr auto gather_b_of(int) -> decltype(C::kGatherB, bool()) { return C::kGatherB; }
+template <class C>
+constexpr bool gather_b_of(long) { return false; }
 
 template <class Config>
 struct GroupedGemmKernel {
@@ -155,10 +159,13 @@ struct GroupedGemmKernel {
                 "clusters: M-grouped problems, static scheduling (the registry's limits)");
   static constexpr int kSlices = kClusters ? 2 : 1;
   static_assert(kMcSlices % kSlices == 0, "slices of a box");
-  // Gathered A (above): kGatherRows rows of each tile per producer lane.
+  // Gathered A (above): kGatherRows rows of each tile per producer lane. K-grouped: gathered
+  // token rows of dY (kGatherA) and/or X (kGatherB), two of each k-block's 64 per lane and chunk.
   static constexpr bool kGatherA = gather_of<Config>(0);
-  static_assert(!kGatherA || (!kKGrouped && !kClusters), "gathered A: M-grouped problems without clusters "
-                "(the registry's limits)");
+  static constexpr bool kGatherB = gather_b_of<Config>(0);
+  static_assert(!kGatherA || !kClusters, "gathered A: no clusters (the registry's limits)");
+  static_assert(!kGatherB || kKGrouped, "gathered B: K-grouped problems (B is token rows only there)");
+  static constexpr bool kGathers = kGatherA || kGatherB;
   static constexpr int kGatherRows = Config::kTileM / 32;
 
   // Ping-pong (TILE_M 64, above; FUSEGEMM_SM90_PINGPONG 0 builds the measured baseline instead:
@@ -207,8 +214,8 @@ struct GroupedGemmKernel {
   // Register split (setmaxnreg): producer warps give registers to the consumers.
   // A cluster-capable producer holds the cluster geometry and the block walk besides the tile
   // state: 40 registers spilled it (one value per tile).
-  static constexpr int kProducerRegs = kClusters || kGatherA ? 56 : 40;   // (a gathering lane holds its row indices)
-  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? (kClusters || kGatherA ? 224 : 232) : 240;
+  static constexpr int kProducerRegs = kClusters || kGathers ? 56 : 40;   // (a gathering lane holds its row indices)
+  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? (kClusters || kGathers ? 224 : 232) : 240;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= 65536,
                 "register split exceeds the register file");
 
@@ -232,9 +239,9 @@ struct GroupedGemmKernel {
   // slice lands where the unsliced box would have put it; an N-major B is shared by chunks.
   static constexpr int kSliceRowsA = kTileM / kSlices, kSliceRowsB = kTileN / kSlices;
   static_assert(kSliceRowsA % 8 == 0 && kSliceRowsB % 8 == 0, "slices are whole 8-row SW128 atoms");
-  static constexpr int kBoxAInner = kAMn ? 64 : kTileK, kBoxAOuter = kAMn ? kTileK : kGatherA ? 1 : kSliceRowsA;
+  static constexpr int kBoxAInner = kAMn ? 64 : kTileK, kBoxAOuter = kGatherA ? 1 : kAMn ? kTileK : kSliceRowsA;
   static constexpr int kAChunks = kAMn ? kTileM / 64 : 1;  // A loads per stage
-  static constexpr int kBoxBInner = kBMn ? 64 : kTileK, kBoxBOuter = kBMn ? kTileK : kSliceRowsB;
+  static constexpr int kBoxBInner = kBMn ? 64 : kTileK, kBoxBOuter = kGatherB ? 1 : kBMn ? kTileK : kSliceRowsB;
   static constexpr int kBChunks = kBMn ? kTileN / 64 : 1;  // B loads per stage
   static constexpr int kSwizzleA = 128, kSwizzleB = 128;
   static constexpr int kTmaDtypeA = TmaDtype<ElementA>::value, kTmaDtypeB = TmaDtype<ElementB>::value;
@@ -355,7 +362,7 @@ struct GroupedGemmKernel {
 
     if (wg == kConsumerWGs) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-      if constexpr (kGatherA) {   // the whole warp: every lane loads rows of A
+      if constexpr (kGathers) {   // the whole warp: every lane loads gathered rows
         if (tid % 128 < 32) produce(p, smem, geom, full, empty, tile_full, tile_empty, ring);
       } else if (tid % 128 < 32 && elect_one()) {
         produce(p, smem, geom, full, empty, tile_full, tile_empty, ring);
@@ -379,7 +386,7 @@ struct GroupedGemmKernel {
                                  uint64_t* empty, uint64_t* tile_full, uint64_t* tile_empty,
                                  int4* ring) {
     const int lane = threadIdx.x % 32;
-    const bool lead = !kGatherA || lane == 0;
+    const bool lead = !kGathers || lane == 0;
     if (lead) {
       prefetch_tmap(&p.tma_a);
       prefetch_tmap(&p.tma_b);
@@ -408,7 +415,7 @@ struct GroupedGemmKernel {
       int linear;
       if constexpr (Config::kDynamicSched) {
         linear = lead ? dynamic_claim(reinterpret_cast<unsigned int*>(p.sched_counter)) : 0;
-        if constexpr (kGatherA) linear = __shfl_sync(0xffffffffu, linear, 0);   // one claim per warp
+        if constexpr (kGathers) linear = __shfl_sync(0xffffffffu, linear, 0);   // one claim per warp
       } else {
         linear = walk.claim();   // (every lane walks the same sequence)
       }
@@ -426,8 +433,8 @@ struct GroupedGemmKernel {
       const int m0 = t.m_block * kTileM;
       const int n0 = t.n_block * kTileN;
       // Gathered A: this lane's rows of the tile (lane + 32 j), as rows of A; -1 past m_rows.
-      int a_row[kGatherA ? kGatherRows : 1];
-      if constexpr (kGatherA) {
+      int a_row[kGatherA && !kKGrouped ? kGatherRows : 1];
+      if constexpr (kGatherA && !kKGrouped) {
         const int* index = reinterpret_cast<const int*>(p.a_index);
 #pragma unroll
         for (int j = 0; j < kGatherRows; ++j) {
@@ -457,14 +464,9 @@ struct GroupedGemmKernel {
         if constexpr (kKGrouped) {
           uint8_t* sa = smem + kOffA + stage * kABytes;
           uint8_t* sb = smem + kOffB + stage * kBBytes;
-#pragma unroll
-          for (int c = 0; c < kAChunks; ++c) {
-            tma_load_2d(&p.tma_a, &full[stage], sa + c * kMnChunkBytes, m0 + 64 * c, k0 + kb * kTileK);
-          }
-#pragma unroll
-          for (int c = 0; c < kBChunks; ++c) {
-            tma_load_2d(&p.tma_b, &full[stage], sb + c * kMnChunkBytes, n0 + 64 * c, k0 + kb * kTileK);
-          }
+          const int t0 = k0 + kb * kTileK;   // the k-block's first token row
+          load_kgrouped_operand<kGatherA, kAChunks>(&p.tma_a, &full[stage], sa, m0, t0, p.a_index, lane, lead);
+          load_kgrouped_operand<kGatherB, kBChunks>(&p.tma_b, &full[stage], sb, n0, t0, p.b_index, lane, lead);
         } else if constexpr (kClusters) {
           load_stage_sliced(p, smem, geom, stage, &full[stage], tmap_b, t, kb, share_a);
         } else {
@@ -481,6 +483,27 @@ struct GroupedGemmKernel {
         }
         if (++stage == kStages) { stage = 0; phase ^= 1; }
       }
+    }
+  }
+
+  // One K-grouped operand's k-block (token rows t0 .. t0 + 63) in chunks of 64 M (N) columns:
+  // whole 64-row boxes (the leading lane), or gathered (kGather: row t of the k-block reads token
+  // row index[t], lanes taking rows lane and lane + 32 of every chunk, one-row boxes at the row's
+  // SW128 place; an index outside the operand's rows reads zeros).
+  template <bool kGather, int kChunks>
+  static __device__ void load_kgrouped_operand(const CUtensorMap* tmap, uint64_t* bar, uint8_t* dst, int c0, int t0,
+                                               const void* index_ptr, int lane, bool lead) {
+    if constexpr (kGather) {
+      const int* index = reinterpret_cast<const int*>(index_ptr);
+      const int row0 = __ldg(index + t0 + lane), row1 = __ldg(index + t0 + lane + 32);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        tma_load_2d(tmap, bar, dst + c * kMnChunkBytes + lane * 128, c0 + 64 * c, row0);
+        tma_load_2d(tmap, bar, dst + c * kMnChunkBytes + (lane + 32) * 128, c0 + 64 * c, row1);
+      }
+    } else if (lead) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) tma_load_2d(tmap, bar, dst + c * kMnChunkBytes, c0 + 64 * c, t0);
     }
   }
 
