@@ -389,14 +389,14 @@ def spec_op(spec: Any, *, e5m2_rcp_max: str = "page", **axes: Any) -> Any:
     """
     import json
 
+    from .ops.engine import Op, positional_operands
+    plan = Op.planned(spec, e5m2_rcp_max=e5m2_rcp_max, **axes)
+    if plan.variant.a_gather or plan.variant.b_gather:
+        raise UnsupportedError("a_gather / b_gather: gathered operands (their index operands) run through "
+                               "fusegemm.Op and the torch ops; the JAX target passes the positional operands only")
     import jax
     import jax.numpy as jnp
 
-    from .ops.engine import Op, positional_operands
-    plan = Op.planned(spec, e5m2_rcp_max=e5m2_rcp_max, **axes)
-    if plan.variant.a_gather:
-        raise UnsupportedError("a_gather=True: gathered A (the a_index operand) runs through fusegemm.Op and "
-                               "the torch ops; the JAX target passes the positional operands only")
     names = positional_operands(plan.kind)      # row-major buffers, as JAX passes them
     declared = [i.name for i in plan.spec.epilogue.inputs]
     axes_json = json.dumps(axes, sort_keys=True)

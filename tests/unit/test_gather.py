@@ -144,3 +144,13 @@ def test_kgrouped_op_parses_its_indices(no_device):  # noqa: F811
     with pytest.raises(ArgumentError, match=r"^x_index: got given; allowed: .*b_gather=True, else None"):
         plain._parse((torch.zeros((t, m), dtype=torch.bfloat16), torch.zeros((t, n), dtype=torch.bfloat16), off),
                      {"x_index": x_idx})
+
+
+@pytest.mark.parametrize("spec,axes", [("grouped_gemm", dict(a_gather=True)),
+                                       ("grouped_gemm_wgrad", dict(b_gather=True))])
+def test_the_jax_target_refuses_gathered_operands(spec, axes):
+    """JAX passes the class's positional operands only: a gathered variant is refused, naming
+    where it runs (before JAX is imported: CI has none)."""
+    from fusegemm import jax_ffi
+    with pytest.raises(UnsupportedError, match=r"gathered operands .* run through fusegemm.Op and the torch ops"):
+        jax_ffi.spec_op(spec, **axes)

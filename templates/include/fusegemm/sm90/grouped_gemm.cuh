@@ -379,7 +379,7 @@ struct GroupedGemmKernel {
   }
 
   // ------------------------------------------------------------------------------------
-  // Producer: one thread (gathered A: the warp, lane 0 leading; the other lanes load A only).
+  // Producer: one thread (gathered operands: the warp, lane 0 leading; the others load gathered rows only).
   // ------------------------------------------------------------------------------------
   template <class Params>
   static __device__ void produce(const Params& p, uint8_t* smem, const Geom& geom, uint64_t* full,
@@ -458,7 +458,7 @@ struct GroupedGemmKernel {
             tmap_expert = t.expert;
           }
         }
-        // (Gathered A: other lanes' boxes may complete before this; the arrival it carries is
+        // (Gathered rows: other lanes' boxes may complete before this; the arrival it carries is
         // the stage's only one, so the phase cannot complete without it.)
         if (lead) mbar_arrive_expect_tx(&full[stage], kStageBytes);
         if constexpr (kKGrouped) {
