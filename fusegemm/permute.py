@@ -12,7 +12,6 @@ no NVRTC): the caller runs torch's.
 from __future__ import annotations
 
 import struct
-import threading
 from typing import Any
 
 from .ops.small_kernels import SmallKernels
@@ -25,7 +24,6 @@ _THREADS = 256              # kPermuteThreads
 _MAX_BLOCKS = 4096          # grid-stride over rows
 # PermuteParams: src, dst, index, rows, src_rows, src_ld, dst_ld, vecs, k (64 bytes).
 _PARAMS = struct.Struct("<QQQqqqqii")
-_local = threading.local()   # one parameter buffer per thread (the driver copies it at launch)
 # RouteParams: experts, offsets, row_of, token_of_row, n, rows, num_experts, k (56 bytes).
 _ROUTE = struct.Struct("<QQQQqqii")
 _ROUTE_MAX_EXPERTS = 256    # kRouteMaxExperts
@@ -41,35 +39,24 @@ def _rows_ok(t: Any) -> bool:
             and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0)
 
 
-def _params(size: int) -> Any:
-    """This thread's parameter buffer of ``size`` bytes (the driver copies it at launch)."""
-    from .runtime.launch import ParamBuffer
-    bufs = getattr(_local, "bufs", None)
-    if bufs is None:
-        bufs = _local.bufs = {}
-    if size not in bufs:
-        bufs[size] = ParamBuffer(size)
-    return bufs[size]
+def _run(lead: Any, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], raw: bytes) -> bool:
+    """Kernel ``name`` on ``lead``'s device and torch's current stream there; False where it is
+    unavailable."""
+    from .runtime.load import thread_context
+    from .runtime.tensors import resolve_stream
+    device = lead.device.index if lead.device.index is not None else 0
+    thread_context(device)   # (autograd's backward thread and compiled graphs' may have none current)
+    return _KERNELS.launch(device, name, grid, block, raw, resolve_stream(None, device))
 
 
 def _launch(name: str, src: Any, dst: Any, index: Any, k: int) -> bool:
-    from .runtime.load import thread_context
-    from .runtime.tensors import resolve_stream
     rows = dst.shape[0]
     if rows == 0:
         return True
-    device = src.device.index if src.device.index is not None else 0
-    thread_context(device)   # (autograd's backward thread and compiled graphs' may have none current)
-    grid = (min(rows, _MAX_BLOCKS), 1, 1)
-    go = _KERNELS.launcher(device, name, grid, (_THREADS, 1, 1))
-    if go is None:
-        return False
     es = src.element_size()
-    params = _params(_PARAMS.size)
-    params.fill(_PARAMS.pack(src.data_ptr(), dst.data_ptr(), index.data_ptr(), rows, src.shape[0],
+    return _run(src, name, (min(rows, _MAX_BLOCKS), 1, 1), (_THREADS, 1, 1),
+                _PARAMS.pack(src.data_ptr(), dst.data_ptr(), index.data_ptr(), rows, src.shape[0],
                              src.stride(0) * es, dst.stride(0) * es, src.shape[1] * es // 16, k))
-    go(params, resolve_stream(None, device))
-    return True
 
 
 def gather_rows(x: Any, index: Any) -> Any:
@@ -126,23 +113,14 @@ def route_rows(experts: Any, num_experts: int, rows: int) -> Any:
         R, the rows' bound (:func:`fusegemm.routing.padded_rows`).
     """
     import torch
-
-    from .runtime.load import thread_context
-    from .runtime.tensors import resolve_stream
     if (not experts.is_cuda or experts.dtype != torch.int64 or experts.dim() != 2 or num_experts > _ROUTE_MAX_EXPERTS
             or experts.numel() >= 2 ** 31 or rows >= 2 ** 31):
-        return None
-    device = experts.device.index if experts.device.index is not None else 0
-    thread_context(device)
-    go = _KERNELS.launcher(device, "fusegemm_route_rows", (1, 1, 1), (_ROUTE_THREADS, 1, 1))
-    if go is None:
         return None
     choices = experts.contiguous()
     offsets = torch.empty(num_experts, dtype=torch.int32, device=experts.device)
     row_of = torch.empty_like(choices)
     token_of_row = torch.empty(rows, dtype=torch.int64, device=experts.device)
-    params = _params(_ROUTE.size)
-    params.fill(_ROUTE.pack(choices.data_ptr(), offsets.data_ptr(), row_of.data_ptr(), token_of_row.data_ptr(),
-                            choices.numel(), rows, num_experts, choices.shape[1]))
-    go(params, resolve_stream(None, device))
-    return offsets, row_of, token_of_row
+    raw = _ROUTE.pack(choices.data_ptr(), offsets.data_ptr(), row_of.data_ptr(), token_of_row.data_ptr(),
+                      choices.numel(), rows, num_experts, choices.shape[1])
+    ok = _run(choices, "fusegemm_route_rows", (1, 1, 1), (_ROUTE_THREADS, 1, 1), raw)
+    return (offsets, row_of, token_of_row) if ok else None

@@ -15,7 +15,8 @@ _LOG = logging.getLogger("fusegemm")
 
 class SmallKernels:
     """The kernels of one header: ``function(device, name)`` loads one (None where it cannot be
-    compiled), ``launcher(device, name, grid, block)`` prepares its launch for a geometry.
+    compiled), ``launch(device, name, grid, block, raw, stream)`` launches it with packed parameter
+    bytes (each geometry's launch prepared once, one parameter buffer per thread and size).
 
     Parameters
     ----------
@@ -31,10 +32,19 @@ class SmallKernels:
         self.header, self.what, self.fallback = header, what, fallback
         self._lock = threading.Lock()
         self._cubins: dict[str, Any] = {}     # arch -> Cubin, or the exception its compile raised
+        self._functions: dict[tuple[int, str], Any] = {}   # (device, name) -> loaded kernel or None
         self._launches: dict[tuple, Callable[..., None]] = {}
+        self._local = threading.local()
 
     def function(self, device: int, name: str) -> Any:
-        """Kernel ``name`` loaded on ``device``, or None where NVRTC cannot build the header."""
+        """Kernel ``name`` loaded on ``device``, or None where NVRTC cannot build the header
+        (looked up once per device: the tail kernel's callers are every grouped op's calls)."""
+        key = (device, name)
+        if key not in self._functions:
+            self._functions[key] = self._load(device, name)
+        return self._functions[key]
+
+    def _load(self, device: int, name: str) -> Any:
         from ..runtime.load import default_modules
         from .device import device_arch
         arch = device_arch(device)
@@ -45,24 +55,35 @@ class SmallKernels:
                     self._cubins[arch] = compile_source(f'#include "{self.header}"\n', arch=arch, kernel=name,
                                                         name=self.header.rsplit("/", 1)[-1] + ".cu")
                 except Exception as exc:   # no NVRTC (bundle-only processes) or no headers
-                    _LOG.info("fusegemm: %s is unavailable (%s: %s); %s", self.what, type(exc).__name__, str(exc)[:200],
-                              self.fallback)
+                    _LOG.info("fusegemm: %s is unavailable (%s: %s); %s", self.what, type(exc).__name__,
+                              str(exc)[:200], self.fallback)
                     self._cubins[arch] = exc
         cub = self._cubins[arch]
         if isinstance(cub, Exception):
             return None
         return default_modules().get(cub.data, name, key=f"{self.header}:{name}.{arch}", smem_bytes=0, device=device)
 
-    def launcher(self, device: int, name: str, grid: tuple[int, int, int], block: tuple[int, int, int]
-                 ) -> Callable[..., None] | None:
-        """``go(params, stream)`` for kernel ``name`` on ``device`` with this geometry (prepared once:
-        runtime/launch.py checks the fit there), or None where the kernel is unavailable."""
+    def launch(self, device: int, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], raw: bytes,
+               stream: int) -> bool:
+        """Launch kernel ``name`` on ``device`` with parameter bytes ``raw`` on ``stream``; False
+        (nothing launched) where the kernel is unavailable. Each geometry's launch is prepared
+        once (runtime/launch.py checks the fit there); the driver copies the bytes at launch, so
+        one buffer per thread and size serves every call."""
         key = (device, name, grid, block)
         go = self._launches.get(key)
         if go is None:
             k = self.function(device, name)
             if k is None:
-                return None
+                return False
             from ..runtime.launch import LaunchConfig, prepare
             go = self._launches[key] = prepare(k, LaunchConfig(grid=grid, block=block))
-        return go
+        bufs = getattr(self._local, "bufs", None)
+        if bufs is None:
+            bufs = self._local.bufs = {}
+        params = bufs.get(len(raw))
+        if params is None:
+            from ..runtime.launch import ParamBuffer
+            params = bufs[len(raw)] = ParamBuffer(len(raw))
+        params.fill(raw)
+        go(params, stream)
+        return True

@@ -17,7 +17,6 @@ a multiple of 16 bytes, the buffer is zeroed whole instead, as before.
 from __future__ import annotations
 
 import struct
-import threading
 from typing import Any, Iterable
 
 from .small_kernels import SmallKernels
@@ -32,23 +31,10 @@ _MAX_BLOCKS = 1024         # grid-stride: enough to keep HBM busy on a full-buff
 # ZeroTailParams: base[4], row_bytes[4], offsets, num_experts, m_rows (80 bytes, 8-aligned).
 _PARAMS = struct.Struct("<4Q4qQii")
 
-_local = threading.local()
-
 
 def _kernel(device: int) -> Any:
     """The loaded kernel for ``device``, or None where it cannot be compiled (logged once)."""
     return _KERNELS.function(device, _KERNEL)
-
-
-_launches: dict[int, Any] = {}     # device -> (kernel, {(blocks, buffers): prepared launch}) or None
-
-
-def _loaded(device: int) -> Any:
-    """(kernel, its prepared launches) of ``device`` (looked up once per process), or None."""
-    if device not in _launches:
-        k = _kernel(device)
-        _launches[device] = None if k is None else (k, {})
-    return _launches[device]
 
 
 def prepare(device: int) -> bool:
@@ -85,7 +71,6 @@ def zero_tail(buffers: Iterable[Any], offsets_ptr: int, experts: int, m_rows: in
     device : int
         CUDA ordinal.
     """
-    from ..runtime.launch import ParamBuffer
     bufs = [b for b in buffers if b.numel()]
     if not bufs or m_rows == 0:
         return
@@ -94,24 +79,15 @@ def zero_tail(buffers: Iterable[Any], offsets_ptr: int, experts: int, m_rows: in
         rb = b.numel() * b.element_size() // m_rows
         ok = rb % 16 == 0 and b.data_ptr() % 16 == 0 and b.is_contiguous()
         (direct if ok else whole).append((b, rb))
-    kernel = _loaded(device) if direct else None
-    if kernel is None:
+    if direct and _kernel(device) is None:
         whole += direct
         direct = []
     for b, _ in whole:
         b.zero_()   # torch's fill on torch's current stream, before the op's launch (as before)
-    params = getattr(_local, "params", None)
-    if params is None:
-        params = _local.params = ParamBuffer(_PARAMS.size)
     for i in range(0, len(direct), _MAX_BUFFERS):
         group = direct[i:i + _MAX_BUFFERS]
         base = [b.data_ptr() for b, _ in group] + [0] * (_MAX_BUFFERS - len(group))
         row_bytes = [rb for _, rb in group] + [0] * (_MAX_BUFFERS - len(group))
-        params.fill(_PARAMS.pack(*base, *row_bytes, offsets_ptr, experts, m_rows))
         blocks = min(_MAX_BLOCKS, max(1, -(-max(row_bytes) * m_rows // (16 * _THREADS))))
-        go = kernel[1].get((blocks, len(group)))
-        if go is None:   # one prepared launch per grid (runtime/launch.py: the fit checked once)
-            from ..runtime.launch import LaunchConfig, prepare as prepared
-            go = kernel[1][(blocks, len(group))] = prepared(
-                kernel[0], LaunchConfig(grid=(blocks, len(group), 1), block=(_THREADS, 1, 1)))
-        go(params, stream)
+        _KERNELS.launch(device, _KERNEL, (blocks, len(group), 1), (_THREADS, 1, 1),
+                        _PARAMS.pack(*base, *row_bytes, offsets_ptr, experts, m_rows), stream)

@@ -65,3 +65,34 @@ def test_route_rows_custom_op_equals_torchs_routing_on_the_cpu():
     want = routing._route_rows_torch(experts, 3, 1024)
     assert torch.equal(ends, want[0]) and torch.equal(row_of, want[1]) and torch.equal(token_of_row, want[2])
     assert ends.tolist() == [256, 512, 768] and row_of.tolist() == [[0, 512], [513, 256], [1, 257]]
+
+
+def test_permutations_pack_their_launches(monkeypatch):
+    """What gather_rows and sum_rows hand the driver (their kernels stand in here; on the GPU:
+    tests/gpu/test_permute_gpu.py): the 64-byte PermuteParams (source, destination, index, rows,
+    source rows, both pitches in bytes, 16-byte vectors per row, k), a grid-stride grid over the
+    rows, 256 threads, torch's current stream."""
+    from fusegemm.runtime import launch as launch_mod
+    calls = []
+    monkeypatch.setattr(permute, "_rows_ok", lambda t: True)            # CPU tensors stand in for CUDA ones
+    monkeypatch.setattr(permute._KERNELS, "function", lambda device, name: name)
+    monkeypatch.setattr(permute._KERNELS, "_launches", {})
+    monkeypatch.setattr(launch_mod, "prepare", lambda kernel, cfg: lambda params, stream: calls.append(
+        (kernel, cfg, bytes(params._data.raw), stream)))
+    monkeypatch.setattr("fusegemm.runtime.load.thread_context", lambda device: None)
+    monkeypatch.setattr("fusegemm.runtime.tensors.resolve_stream", lambda stream, device: 77)
+    x = torch.randn(10, 24)[:, :16]                                     # fp32 rows, pitch 96 bytes
+    idx = torch.tensor([3, -1, 9, 0])
+    out = permute.gather_rows(x, idx)
+    kernel, cfg, raw, stream = calls[-1]
+    assert kernel == "fusegemm_gather_rows" and stream == 77
+    assert permute._PARAMS.unpack(raw) == (x.data_ptr(), out.data_ptr(), idx.data_ptr(), 4, 10, 96, 64, 4, 0)
+    assert cfg.grid == (4, 1, 1) and cfg.block == (permute._THREADS, 1, 1)
+    rows = torch.randn(5000, 8).bfloat16()
+    pairs = torch.tensor([[0, 1, 2], [4, 3, 4999]])
+    out = permute.sum_rows(rows, pairs)
+    kernel, cfg, raw, _ = calls[-1]
+    assert kernel == "fusegemm_sum_rows_bfloat16" and out.shape == (2, 8) and out.dtype == torch.bfloat16
+    assert permute._PARAMS.unpack(raw) == (rows.data_ptr(), out.data_ptr(), pairs.data_ptr(), 2, 5000, 16, 16, 1, 3)
+    assert cfg.grid == (2, 1, 1)
+    assert permute.sum_rows(rows[:, :0], pairs[:0]).shape == (0, 0) and len(calls) == 2   # no rows: no launch

@@ -73,8 +73,8 @@ def test_zero_tail_packs_one_launch_per_four_buffers(monkeypatch):
     from fusegemm.ops import tail
     from fusegemm.runtime import launch as launch_mod
     calls = []
-    monkeypatch.setattr(tail, "_kernel", lambda device: "kernel")
-    monkeypatch.setattr(tail, "_launches", {})
+    monkeypatch.setattr(tail._KERNELS, "function", lambda device, name: "kernel")
+    monkeypatch.setattr(tail._KERNELS, "_launches", {})
     monkeypatch.setattr(launch_mod, "prepare", lambda kernel, cfg: lambda params, stream: calls.append(
         (cfg, bytes(params._data.raw), stream)))
     m = 512
@@ -96,8 +96,8 @@ def test_zero_tail_without_its_kernel_zeroes_whole_buffers(monkeypatch):
     as the ops did before, and nothing is launched."""
     from fusegemm.ops import tail
     from fusegemm.runtime import launch as launch_mod
-    monkeypatch.setattr(tail, "_kernel", lambda device: None)
-    monkeypatch.setattr(tail, "_launches", {})
+    monkeypatch.setattr(tail._KERNELS, "function", lambda device, name: None)
+    monkeypatch.setattr(tail._KERNELS, "_launches", {})
     monkeypatch.setattr(launch_mod, "prepare", lambda *a: pytest.fail("launched without a kernel"))
     bufs = [torch.ones(256, 64), torch.ones(256, 8, dtype=torch.bfloat16)]
     tail.zero_tail(bufs, 0, 2, 256, 0, 0)
@@ -116,6 +116,7 @@ def test_a_failed_compile_is_remembered_and_means_whole_fills(monkeypatch, caplo
         tries.append(1)
         raise ToolchainError("libnvrtc not found")
     monkeypatch.setattr(tail._KERNELS, "_cubins", {})
+    monkeypatch.setattr(tail._KERNELS, "_functions", {})
     monkeypatch.setattr(device, "device_arch", lambda d: "sm_90a")
     monkeypatch.setattr(compile_mod, "compile_source", no_nvrtc)
     with caplog.at_level("INFO", logger="fusegemm"):
