@@ -71,3 +71,18 @@ def same_device(views: list[tuple[str, TensorView]], device: tuple[str, int]) ->
 
 def _dev(d: tuple[str, int]) -> str:
     return d[0] if d[1] < 0 else f"{d[0]}:{d[1]}"
+
+
+def row_index(index: Any, name: str, rows_are: str, equal: tuple[int, str] | None = None) -> TensorView:
+    """The int32 (R,) index of a gathered operand (one entry per row of the problem; an entry
+    outside the operand's rows reads zeros): R a multiple of M_ALIGNED (``rows_are`` says what R
+    counts) and, with ``equal`` (R, what), that R; unit stride."""
+    from .. import arguments as args
+    idx = args.tensor(index, name, ndims=(1,), dtypes=("int32",))
+    n = idx.shape[0]
+    if equal is not None and n != equal[0]:
+        raise ArgumentError(f"{name}.shape[0]", n, f"{equal[0]} ({equal[1]})")
+    if n % args.M_ALIGNED:
+        raise ArgumentError(f"{name}.shape[0]", n, f"a multiple of {args.M_ALIGNED} ({rows_are})")
+    unit_stride(idx, name)
+    return idx

@@ -528,12 +528,17 @@ def _bind(names: tuple[str, ...], operands: tuple, kw: Mapping[str, Any]) -> lis
 
 
 # ---------------------------------------------------------------- operands of each kernel class
+def _index_matches(op: Op, name: str, index: Any, axis: str, what: str) -> None:
+    """A gathered operand's index is given exactly when the op was built with its ``axis``."""
+    if (index is not None) != getattr(op.variant, axis):
+        raise ArgumentError(name, "given" if index is not None else "None",
+                            f"{what} for an op built with {axis}=True, else None")
+
+
 def _parse_grouped(op: Op, a_tensor: Any, padded_offsets: Any, b_tensor: Any = None, *, b_ptrs: Any = None,
                    n: int | None = None, a_index: Any = None) -> Any:
     b_major = op.variant.b_major
-    if (a_index is not None) != op.variant.a_gather:
-        raise ArgumentError("a_index", "given" if a_index is not None else "None",
-                            "an int32 (M,) row index for an op built with a_gather=True, else None")
+    _index_matches(op, "a_index", a_index, "a_gather", "an int32 (M,) row index")
     call = parse_call(a_tensor, padded_offsets, None, b_tensor, b_ptrs, None, None,
                       ab_dtypes=("bfloat16",), bias_dtypes=(), n=n, alpha_required=False,
                       b_major=b_major, b_majors=(b_major,), devices=False, a_index=a_index)
@@ -545,10 +550,8 @@ def _parse_grouped(op: Op, a_tensor: Any, padded_offsets: Any, b_tensor: Any = N
 
 def _parse_kgrouped(op: Op, dy_tensor: Any, x_tensor: Any, padded_offsets: Any, *, dy_index: Any = None,
                     x_index: Any = None) -> KCall:
-    for name, index, axis in (("dy_index", dy_index, "a_gather"), ("x_index", x_index, "b_gather")):
-        if (index is not None) != getattr(op.variant, axis):
-            raise ArgumentError(name, "given" if index is not None else "None",
-                                f"an int32 (T,) token-row index for an op built with {axis}=True, else None")
+    _index_matches(op, "dy_index", dy_index, "a_gather", "an int32 (T,) token-row index")
+    _index_matches(op, "x_index", x_index, "b_gather", "an int32 (T,) token-row index")
     return parse_kgrouped(op.variant.tile_m, dy_tensor, x_tensor, padded_offsets, dy_index, x_index)
 
 

@@ -65,14 +65,11 @@ def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: 
     else:
         a = args.tensor(a_tensor, "a_tensor", ndims=(2,), dtypes=ab_dtypes)
         (a_rows, k), canonical = a.shape, True
-        idx = args.tensor(a_index, "a_index", ndims=(1,), dtypes=("int32",))
+        idx = checks.row_index(a_index, "a_index", "the problem's padded rows")
         m = idx.shape[0]
-        if m % args.M_ALIGNED:
-            raise ArgumentError("a_index.shape[0]", m, f"a multiple of {args.M_ALIGNED} (the problem's padded rows)")
         if a_rows == 0:
             raise ArgumentError("a_tensor.shape[0]", 0, "at least 1 (the rows a_index reads; an index outside "
                                                          "them reads zeros)")
-        unit_stride(idx, "a_index")
     item = DTYPES[a.dtype].itemsize
     # Strides of an empty A (an expert-parallel rank that received no tokens) are arbitrary
     # (numpy gives (0, 0)) and never used: nothing is launched for it.

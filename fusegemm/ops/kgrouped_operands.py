@@ -24,13 +24,17 @@ class KCall:
         self.a_index, self.b_index = a_index, b_index
 
 
-def token_major(x: Any, name: str, t: int | None) -> Any:
-    """A (T, C) bfloat16 operand, C contiguous, 16-byte row pitch, T a multiple of 256."""
+def token_major(x: Any, name: str, t: int | None, index_name: str | None = None) -> Any:
+    """A (T, C) bfloat16 operand, C contiguous, 16-byte row pitch: T a multiple of 256 (``t``
+    where given), or for an operand read through ``index_name`` (gathered) any T >= 1."""
     v = args.tensor(x, name, ndims=(2,), dtypes=("bfloat16",))
     rows, cols = v.shape
-    if t is not None and rows != t:
+    if index_name is not None:
+        if rows == 0:
+            raise ArgumentError(f"{name}.shape[0]", 0, f"at least 1 (the rows {index_name} reads)")
+    elif t is not None and rows != t:
         raise ArgumentError(f"{name}.shape[0]", rows, f"{t} (the token rows of dy_tensor)")
-    if rows % args.M_ALIGNED:
+    elif rows % args.M_ALIGNED:
         raise ArgumentError(f"{name}.shape[0]", rows, f"a multiple of {args.M_ALIGNED} (padded token rows)")
     if cols < 8 or cols % 8:
         raise ArgumentError(f"{name}.shape[1]", cols, "a multiple of 8, at least 8 (16-byte rows)")
@@ -41,25 +45,11 @@ def token_major(x: Any, name: str, t: int | None) -> Any:
 
 
 def _gathered(x: Any, name: str, index: Any, index_name: str, t: int | None) -> tuple[Any, Any, int]:
-    """A token-major operand read through ``index`` (int32, one entry per token row of the
-    problem; an entry outside the operand's rows reads zeros): (operand, index, token rows)."""
-    v = args.tensor(x, name, ndims=(2,), dtypes=("bfloat16",))
-    rows, cols = v.shape
-    if rows == 0:
-        raise ArgumentError(f"{name}.shape[0]", 0, f"at least 1 (the rows {index_name} reads)")
-    if cols < 8 or cols % 8:
-        raise ArgumentError(f"{name}.shape[1]", cols, "a multiple of 8, at least 8 (16-byte rows)")
-    if v.strides[1] != 1 or v.strides[0] < cols:
-        raise ArgumentError(f"{name}.stride", v.strides, f"row-major: (at least {cols}, 1)")
-    checks.row_pitch_aligned(v.strides[0], DTYPES[v.dtype].itemsize, name)
-    idx = args.tensor(index, index_name, ndims=(1,), dtypes=("int32",))
-    n = idx.shape[0]
-    if t is not None and n != t:
-        raise ArgumentError(f"{index_name}.shape[0]", n, f"{t} (the token rows of dy)")
-    if n % args.M_ALIGNED:
-        raise ArgumentError(f"{index_name}.shape[0]", n, f"a multiple of {args.M_ALIGNED} (padded token rows)")
-    checks.unit_stride(idx, index_name)
-    return v, idx, n
+    """A token-major operand read through ``index`` (one entry per token row of the problem):
+    (operand, index, token rows)."""
+    v = token_major(x, name, None, index_name)
+    idx = checks.row_index(index, index_name, "padded token rows", None if t is None else (t, "the token rows of dy"))
+    return v, idx, idx.shape[0]
 
 
 def parse_kgrouped(tile_m: int, dy_tensor: Any, x_tensor: Any, padded_offsets: Any, dy_index: Any = None,
