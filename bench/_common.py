@@ -21,6 +21,8 @@ def expert_sizes(experts: int, tokens: int, dist: str, seed: int = 0) -> list[in
     import numpy as np
     if dist == "balanced":
         raw = [tokens / experts] * experts
+    elif dist == "routed":   # uniform random routing, as the MoE layer benchmarks' random logits give
+        raw = list(np.random.default_rng(seed).multinomial(tokens, [1 / experts] * experts))
     else:
         raw = list(np.random.default_rng(seed).dirichlet(np.ones(experts)) * tokens)
     return [int(-(-r // 256) * 256) for r in raw]

@@ -4,8 +4,8 @@ An MoE layer's fc1 (and its data gradient's dY) reads token-major rows through t
 permutation. Three ways to run the grouped GEMM of one routed batch (``fusegemm.routing.route``
 over random logits; BF16, ``specs/grouped_gemm.yaml``, tile 128 x 256):
 
-* ``gathered``  the kernel reads row ``a_index[r]`` of x itself (``a_gather=True``: one TMA box
-  per row, fusegemm/sm90/grouped_gemm.cuh);
+* ``gathered``  the kernel reads row ``a_index[r]`` of x itself (``a_gather=True``: the producer
+  warp's cp.async, fusegemm/gather.cuh);
 * ``pre_permuted``  the same kernel on rows gathered beforehand (issue 33's baseline: the
   gathered kernel should run at >= 0.95x of this);
 * ``gather_then_gemm``  the permutation kernel (fusegemm/permute.py) and then the GEMM: what the

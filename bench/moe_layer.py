@@ -7,9 +7,9 @@ SwiGLU between them, and ``index_add_`` back into token order. Both read the sam
 routing logits. One step: ``y = layer(x, logits)``, ``y.backward(dy)`` (gradients of x, the
 logits and both weights). Times are CUDA-event medians over interleaved rounds; ``speedup`` is
 torch_ms / fusegemm_ms; peak memory is ``torch.cuda.max_memory_allocated`` over one step of each.
-Issue 33's target: >= 1.5x on these layers (this version of ``MoEBlock`` gathers and combines
-with one-pass permutation kernels, fusegemm/permute.py, each the other's backward; the gather
-is not yet fused into the GEMMs' loads).
+Issue 33's target: >= 1.5x on these layers (``MoEBlock`` gathers and combines with one-pass
+permutation kernels, fusegemm/permute.py, each the other's backward; its GEMMs read permuted
+rows: ``fusegemm.moe.RoutedMLPFunction``, the gathered-operand variant, measured slower).
 
     python bench/moe_layer.py [--layers dsv3-8,dsv3-32,mixtral,qwen3] [--graph] [--out FILE]
 

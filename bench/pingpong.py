@@ -41,10 +41,15 @@ from _common import (SHAPES, add_also_argument, add_run_arguments, also_builds, 
 
 WGRAD = {"dsv3-fc1-w": (8, 16384, 4096, 7168), "dsv3-fc2-w": (8, 16384, 7168, 2048),
          "dsv3-32-fc1-w": (32, 16384, 4096, 7168), "mixtral-fc1-w": (8, 16384, 28672, 4096),
-         "mixtral-fc2-w": (8, 16384, 4096, 14336)}
+         "mixtral-fc2-w": (8, 16384, 4096, 14336),
+         # bench/moe_layer.py's layers (4096 tokens; dist "routed" pads as its routing does)
+         "dsv3-32-l-fc1-w": (32, 32768, 4096, 7168), "dsv3-32-l-fc2-w": (32, 32768, 7168, 2048),
+         "mixtral-l-fc1-w": (8, 8192, 28672, 4096), "mixtral-l-fc2-w": (8, 8192, 4096, 14336)}
 LAYERS = {"dsv3": (8, 16384, 7168, 2048), "qwen3": (32, 16384, 2048, 768),   # experts, tokens, hidden, F
-          "mixtral": (8, 16384, 4096, 14336)}
-ALL = ([f"gemm:{s}" for s in SHAPES] + [f"wgrad:{s}" for s in WGRAD]
+          "mixtral": (8, 16384, 4096, 14336), "dsv3-32-l": (32, 32768, 7168, 2048), "mixtral-l": (8, 8192, 4096, 14336)}
+GEMM = {**SHAPES, "dsv3-32-l-fc2": (32, 32768, 7168, 2048), "dsv3-32-l-dgrad": (32, 32768, 7168, 4096),
+        "mixtral-l-fc2": (8, 8192, 4096, 14336), "mixtral-l-dgrad": (8, 8192, 4096, 28672)}
+ALL = ([f"gemm:{s}" for s in GEMM] + [f"wgrad:{s}" for s in WGRAD]
        + [f"{op}:{s}" for op in ("dswiglu", "swiglu") for s in LAYERS])
 CONFIGS = {"c128x256": (128, 256, ""), "pp64x256": (64, 256, ""), "pp64x128": (64, 128, ""),
            "1wg64x256": (64, 256, "-DFUSEGEMM_SM90_PINGPONG=0")}
@@ -73,7 +78,7 @@ def _offsets(torch, sizes):
 
 def _gemm(torch, shape, dist, args):
     from fusegemm.presets import GroupedGemm
-    experts, tokens, n, k = SHAPES[shape]
+    experts, tokens, n, k = GEMM[shape]
     sizes = expert_sizes(experts, tokens, dist)
     m = sum(sizes)
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -33,8 +33,9 @@ rows, runs the expert MLP (each row's routing weight applied by the fused SwiGLU
 token's k rows back (:func:`fusegemm.routing.combine`). Autograd carries the gradients of ``x``,
 of the logits (through dprob, the softmax and top-k) and of both weights. The gather and combine
 are one-pass permutation kernels (fusegemm/permute.py), each the other's backward
-(deterministic, no atomics); fusing them into the grouped GEMM's loads and stores is issue 33's
-next step. H200 (bench/results/moe_layer_h200.json),
+(deterministic, no atomics). :class:`RoutedMLPFunction` is the same layer with the permutation
+and the padding inside the GEMMs (gathered operands, the routing's ``row_ends``): bit-equal,
+measured slower today, so the block does not run it. H200 (bench/results/moe_layer_h200.json),
 the whole layer's forward + backward step against a plain torch layer in the same run: 1.46x
 (dsv3, 8 experts), 1.38x (dsv3, 32), 1.36x (mixtral), 1.71x (qwen3, 128 experts); with both steps
 in CUDA graphs 1.52x, 1.37x, 1.38x, 1.80x (moe_layer_h200_graph.json).
@@ -48,8 +49,8 @@ from .base.errors import ArgumentError
 from .formats.torch_mx import dequantize_mx, kernel_view, pack_sf, quantize_mx, unpack_sf
 from .routing import check_choice, check_logits, combine, gather, route, row_probs
 
-__all__ = ["ExpertMLP", "ExpertMLPFunction", "MoEBlock", "RECIPES", "interleave_gate_up", "split_gate_up",
-           "join_gate_up", "swiglu_backward"]
+__all__ = ["ExpertMLP", "ExpertMLPFunction", "MoEBlock", "RECIPES", "RoutedMLPFunction", "interleave_gate_up",
+           "split_gate_up", "join_gate_up", "swiglu_backward"]
 
 BLOCK = 32   # the seed's gate/up interleave (columns per block)
 
@@ -534,6 +535,131 @@ class ExpertMLP(torch.nn.Module):
 
 
 # ---------------------------------------------------------------- the whole layer: routing in, tokens out
+_GATHER_OPS: dict = {}
+
+
+def _gather_op(spec: str, device: int, **axes) -> "Op":  # noqa: F821
+    """One fusegemm.Op per (spec, device, axes), built on first use: the gathered GEMMs' engines."""
+    key = (spec, device, tuple(sorted(axes.items())))
+    op = _GATHER_OPS.get(key)
+    if op is None:
+        from .ops.engine import Op
+        op = _GATHER_OPS[key] = Op(spec, device=device, **axes)
+    return op
+
+
+@torch.compiler.assume_constant_result
+def _gathers(index: int) -> bool:
+    """Whether device ``index``'s arch has the gathered grouped and K-grouped kernels (sm_90a)."""
+    from .ops.device import device_arch
+    return device_arch(index) == "sm_90a"
+
+
+# Whether RoutedMLPFunction reads x's and dy's token rows through the index inside the GEMMs
+# (gathered operands) or permutes them first with the one-pass gather kernel. H200, 2026-12-03
+# (bench/gathered.py, same run): the gathered fc1 ran at 0.94x (dsv3) and 0.90x (qwen3) of the
+# kernel on pre-permuted rows, about as fast as gather + GEMM, but the gathered K-grouped weight
+# gradient at 0.51-0.57x: the permuted path is the faster one today. (Both bit-equal on the
+# H200: tests/gpu/test_moe_layer_gpu.py.)
+GATHERED_LOADS = False
+
+
+class RoutedMLPFunction(torch.autograd.Function):
+    """The expert MLP of a routed batch on token-major tensors, the permutation inside the GEMMs'
+    loads: fc1 reads x's token rows through the routing's index (``a_gather``) and fc1's weight
+    gradient reads them again (``b_gather``); the backward's dSwiGLU GEMM and fc2's weight
+    gradient read the output gradient's token rows the same way. Neither x nor the output
+    gradient is ever permuted into (R, H) rows. Every GEMM takes the routing's ``row_ends`` and
+    skips the tiles (and K-grouped k-blocks) of the 256-row padding. Output: (T, H), each token's
+    sum over its k expert rows (fusegemm/permute.py's combine), equal to :class:`ExpertMLPFunction`
+    on the gathered rows followed by :func:`fusegemm.routing.combine` (the same kernels on the
+    same values); the x gradient likewise sums fc1's data-gradient rows. Eager CUDA (sm_90a)
+    only: the ops are called directly, without custom-op faces.
+
+    :class:`MoEBlock` does not run it: on the H200 (bench/moe_layer.py, same run, 2026-12-03) the
+    layer's step took 16.39 ms with it against 15.30 ms on the permuted path at dsv3 with 32
+    experts, 3.55 against 3.04 ms at qwen3; without the row ends 15.44 and 3.11 ms. Why the row
+    ends cost time is not measured yet. Suspects: skipping tiles inside a static tile walk leaves
+    the CTAs unevenly loaded (a CTA's tiles repeat a few residues of the raster band), and the
+    tail kernel now loops over the experts; a compacted tile space would avoid the first. The
+    gathered loads (``GATHERED_LOADS``) are slower still (their K-grouped weight gradient).
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, token_of_row: Tensor, row_of: Tensor, padded_offsets: Tensor, row_ends: Tensor,
+                prob: Tensor, w1: Tensor, w2: Tensor, wgrad: str = "auto") -> Tensor:
+        """The layer's (T, H) output (``RoutedMLPFunction.apply(x, token_of_row, row_of,
+        padded_offsets, row_ends, prob, w1, w2, wgrad)``).
+
+        Parameters
+        ----------
+        x : (T, H) bfloat16 CUDA tensor
+            The tokens, token-major.
+        token_of_row, row_of, padded_offsets, row_ends : tensors
+            The routing's (:class:`fusegemm.routing.Routing`).
+        prob : (R,) float32 tensor
+            Each row's routing weight (:func:`fusegemm.routing.row_probs`).
+        w1, w2 : tensors
+            As :class:`ExpertMLPFunction`'s.
+        wgrad : {"auto", "torch", "fusegemm"}
+            The weight gradients' kernel (as :class:`ExpertMLPFunction`).
+        """
+        from .routing import _rows_of_tokens
+        dev = x.device.index or 0
+        idx = token_of_row.to(torch.int32)
+        ones = torch.ones(w1.shape[0], device=x.device)
+        fc1 = _gather_op("grouped_gemm_swiglu", dev, a_gather=GATHERED_LOADS, d_dtype="bfloat16", generate_c=True,
+                         c_dtype="bfloat16")
+        if GATHERED_LOADS:
+            out = fc1(x, padded_offsets, w1, a_index=idx, row_ends=row_ends, inputs={"alpha": ones, "prob": prob})
+        else:   # x's rows permuted first (kept for fc1's weight gradient in place of x)
+            x = _rows_of_tokens(x, token_of_row)
+            out = fc1(x, padded_offsets, w1, row_ends=row_ends, inputs={"alpha": ones, "prob": prob})
+        g, h = out["c"], out["d"]
+        y = _gather_op("grouped_gemm", dev)(h, padded_offsets, w2, row_ends=row_ends, inputs={"alpha": ones})["d"]
+        ctx.save_for_backward(x, idx, row_of, padded_offsets, row_ends, prob, w1, w2, g, h)
+        ctx.wgrad = wgrad
+        from .routing import _sum_rows
+        return _sum_rows(y, row_of)
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        from .routing import _sum_rows
+        from .torch_library import _kgrouped_fits, grouped_wgrad, weight_as_b
+        x, idx, row_of, off, ends, prob, w1, w2, g, h = ctx.saved_tensors
+        dev = x.device.index or 0
+        ones = torch.ones(w1.shape[0], device=x.device)
+        dy = dy.to(x.dtype).contiguous()   # (T, H): read through idx (padding rows: -1, zeros)
+        b2, major2 = weight_as_b(w2)
+        dsw = _gather_op("grouped_gemm_dswiglu_bf16", dev, a_gather=GATHERED_LOADS, b_major=major2,
+                         **dict(_dswiglu_tile(dev, g.shape[1] // 2)))
+        if not GATHERED_LOADS:
+            from .routing import _rows_of_tokens
+            dy = _rows_of_tokens(dy, idx.long())
+        out = dsw(dy, off, b2, row_ends=ends, inputs={"alpha": ones, "prob": prob, "c": g},
+                  **({"a_index": idx} if GATHERED_LOADS else {}))
+        dg, dprob = out["d"], out["dprob"]
+        b1, major1 = weight_as_b(w1)
+        dx = _sum_rows(_gather_op("grouped_gemm", dev, b_major=major1)(dg, off, b1, row_ends=ends,
+                                                                       inputs={"alpha": ones})["d"], row_of)
+
+        def wgrad(a: Tensor, b: Tensor, like: Tensor, **gathered) -> Tensor:
+            rows = g.shape[0]
+            if ctx.wgrad != "torch" and _kgrouped_fits(a.shape[1], b.shape[1], rows, dev):
+                op = _gather_op("grouped_gemm_wgrad", dev, a_gather="dy_index" in gathered,
+                                b_gather="x_index" in gathered)
+                return op(a, b, off, row_ends=ends, **gathered)["d"].to(like.dtype)
+            from .routing import _rows_of_tokens   # torch's kernel reads permuted rows
+            if "dy_index" in gathered:
+                a = _rows_of_tokens(a, gathered["dy_index"].long())
+            if "x_index" in gathered:
+                b = _rows_of_tokens(b, gathered["x_index"].long())
+            return grouped_wgrad(a, b, off, ctx.wgrad).to(like.dtype)
+        dw1 = wgrad(dg, x, w1, **({"x_index": idx} if GATHERED_LOADS else {}))
+        dw2 = wgrad(dy, h, w2, **({"dy_index": idx} if GATHERED_LOADS else {}))
+        return dx, None, None, None, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None
+
+
 class MoEBlock(torch.nn.Module):
     """An MoE layer of ``experts`` SwiGLU experts, ``top_k`` per token.
 
@@ -578,5 +704,6 @@ class MoEBlock(torch.nn.Module):
             raise ArgumentError("x.shape", got, f"(T, {hidden}): token-major, the hidden size")
         check_logits(logits, x.shape[0], experts)
         r = route(logits, self.top_k, normalize=self.normalize)
-        y_rows = self.mlp(gather(x, r), r.padded_offsets, row_probs(r))
-        return combine(y_rows, r)
+        # (RoutedMLPFunction, the same layer with the permutation and the padding inside the
+        # GEMMs, measured slower on the H200: see its docstring.)
+        return combine(self.mlp(gather(x, r), r.padded_offsets, row_probs(r)), r)

@@ -25,7 +25,7 @@ _MAX_BLOCKS = 4096          # grid-stride over rows
 # PermuteParams: src, dst, index, rows, src_rows, src_ld, dst_ld, vecs, k (64 bytes).
 _PARAMS = struct.Struct("<QQQqqqqii")
 # RouteParams: experts, offsets, row_of, token_of_row, n, rows, num_experts, k (56 bytes).
-_ROUTE = struct.Struct("<QQQQqqii")
+_ROUTE = struct.Struct("<QQQQqqiiQ")
 _ROUTE_MAX_EXPERTS = 256    # kRouteMaxExperts
 _ROUTE_THREADS = 1024       # kRouteWarps * 32
 _SUMS = {"torch.float32": "fusegemm_sum_rows_float32", "torch.bfloat16": "fusegemm_sum_rows_bfloat16",
@@ -98,7 +98,8 @@ def sum_rows(rows: Any, index: Any) -> Any:
 
 
 def route_rows(experts: Any, num_experts: int, rows: int) -> Any:
-    """(padded_offsets (E,) int32, row_of (T, k) int64, token_of_row (R,) int64) of the choices
+    """(padded_offsets (E,) int32, row_of (T, k) int64, token_of_row (R,) int64, row_ends (E,)
+    int32: where each expert's rows end before its padding) of the choices
     ``experts`` (T, k): :func:`fusegemm.routing.route`'s rows in one kernel (a stable counting
     sort: within an expert, rows in token order); None where the kernel does not serve them
     (another device type, E above 256, T k of 2^31 or more).
@@ -118,9 +119,10 @@ def route_rows(experts: Any, num_experts: int, rows: int) -> Any:
         return None
     choices = experts.contiguous()
     offsets = torch.empty(num_experts, dtype=torch.int32, device=experts.device)
+    row_ends = torch.empty_like(offsets)
     row_of = torch.empty_like(choices)
     token_of_row = torch.empty(rows, dtype=torch.int64, device=experts.device)
     raw = _ROUTE.pack(choices.data_ptr(), offsets.data_ptr(), row_of.data_ptr(), token_of_row.data_ptr(),
-                      choices.numel(), rows, num_experts, choices.shape[1])
+                      choices.numel(), rows, num_experts, choices.shape[1], row_ends.data_ptr())
     ok = _run(choices, "fusegemm_route_rows", (1, 1, 1), (_ROUTE_THREADS, 1, 1), raw)
-    return (offsets, row_of, token_of_row) if ok else None
+    return (offsets, row_of, token_of_row, row_ends) if ok else None

@@ -51,6 +51,9 @@ class Routing:
         The row of each (token, choice).
     token_of_row : (R,) int64
         The token each row reads, -1 for padding rows.
+    row_ends : (E,) int32
+        Where each expert's rows end before its padding (its first padding row): the grouped
+        ops' ``row_ends``, with which the sm_90a kernels skip padding tiles.
     """
 
     probs: Tensor
@@ -58,6 +61,7 @@ class Routing:
     padded_offsets: Tensor
     row_of: Tensor
     token_of_row: Tensor
+    row_ends: Tensor
 
     @property
     def rows(self) -> int:
@@ -154,11 +158,11 @@ def route(logits: Tensor, top_k: int, *, normalize: bool = False) -> Routing:
     """
     probs, experts = _top_k(logits, top_k, normalize=normalize)
     t, e = logits.shape
-    ends, row_of, token_of_row = _route_rows(experts, e, padded_rows(t, e, top_k))
-    return Routing(probs, experts, ends, row_of, token_of_row)
+    ends, row_of, token_of_row, row_ends = _route_rows(experts, e, padded_rows(t, e, top_k))
+    return Routing(probs, experts, ends, row_of, token_of_row, row_ends)
 
 
-def _route_rows_torch(experts: Tensor, e: int, rows: int) -> tuple[Tensor, Tensor, Tensor]:
+def _route_rows_torch(experts: Tensor, e: int, rows: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     t, top_k = experts.shape
     dev, n = experts.device, t * top_k
     flat = experts.reshape(-1)
@@ -173,7 +177,7 @@ def _route_rows_torch(experts: Tensor, e: int, rows: int) -> tuple[Tensor, Tenso
     row_flat = torch.empty_like(flat).scatter_(0, order, (ends - padded)[sorted_e] + rank)
     token_of_row = torch.full((rows,), -1, dtype=torch.int64, device=dev)
     token_of_row.scatter_(0, row_flat, torch.arange(n, device=dev) // top_k)
-    return ends.to(torch.int32), row_flat.view(t, top_k), token_of_row
+    return ends.to(torch.int32), row_flat.view(t, top_k), token_of_row, (ends - padded + counts).to(torch.int32)
 
 
 def gather(x: Tensor, routing: Routing) -> Tensor:
@@ -225,10 +229,10 @@ class _OnDevice:
 
 
 _route_rows = _OnDevice(
-    "route_rows", "(Tensor experts, int num_experts, int rows) -> (Tensor, Tensor, Tensor)",
+    "route_rows", "(Tensor experts, int num_experts, int rows) -> (Tensor, Tensor, Tensor, Tensor)",
     permute.route_rows, _route_rows_torch,
     lambda experts, e, rows: (experts.new_empty((e,), dtype=torch.int32), experts.new_empty(experts.shape),
-                              experts.new_empty((rows,))))
+                              experts.new_empty((rows,)), experts.new_empty((e,), dtype=torch.int32)))
 _rows_of_tokens = _OnDevice(
     "gather_rows", "(Tensor x, Tensor token_of_row) -> Tensor", permute.gather_rows, _rows_of_tokens_torch,
     lambda x, token_of_row: x.new_empty((token_of_row.shape[0], x.shape[1])))

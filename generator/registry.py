@@ -139,7 +139,7 @@ _SM100_MX_SCALES = (
 _SM100_ROWS = (
     _row("grouped", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", tuple(a for a in _GROUPED_BF16 if a != "a_gather") + _VECTOR_F32, rule=SPEC_RULE,
-         limits=(Limit("a_gather", (False,), "gathered A is the sm_90a kernel's (one TMA box per row); the "
+         limits=(Limit("a_gather", (False,), "gathered A is the sm_90a kernel's (cp.async row copies); the "
                                              "sm_100a kernel's gathered loads (TMA gather4) are not written"),
                  _NO_GATHER_B)),
     # The tcgen05 kernel with per-tile K ranges (Config::kKGrouped): no Blackwell GPU has run it
@@ -289,11 +289,8 @@ def executed(family: str, arch: str) -> bool:
 # its reason, unless FUSEGEMM_TRUST_UNVERIFIED=1 (fusegemm/verify.py), until tests/gpu has run it
 # and the entry goes. (The first-run gate's verification cases cannot stand in: none passes a_index.)
 UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {
-    ("grouped", "sm_90a"): (("a_gather", True, "gathered A (one TMA box per row) was written on 2026-12-03 "
-                             "without device time: tests/gpu/test_gather_gpu.py is its first run"),),
-    ("kgrouped", "sm_90a"): tuple((axis, True, "gathered token rows (one TMA box per row) were written on "
-                                   "2026-12-03 without device time: tests/gpu/test_gather_gpu.py is their first run")
-                                  for axis in ("a_gather", "b_gather")),
+    # (gathered operands, a_gather / b_gather on sm_90a, stood here from their writing until
+    # tests/gpu/test_gather_gpu.py passed on the H200 on 2026-12-03.)
 }
 
 

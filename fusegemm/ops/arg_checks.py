@@ -73,6 +73,20 @@ def _dev(d: tuple[str, int]) -> str:
     return d[0] if d[1] < 0 else f"{d[0]}:{d[1]}"
 
 
+def row_ends(value: Any, experts: int) -> TensorView | None:
+    """The optional ``row_ends`` of a grouped or K-grouped call: int32 (L,), unit stride, where
+    each expert's tokens end inside its padded range (its values live on the device, unchecked,
+    and clamped there to the expert's range: fusegemm/scheduler.cuh)."""
+    if value is None:
+        return None
+    from .. import arguments as args
+    v = args.tensor(value, "row_ends", ndims=(1,), dtypes=("int32",))
+    if v.shape[0] != experts:
+        raise ArgumentError("row_ends.shape[0]", v.shape[0], f"{experts} (one per expert, as padded_offsets)")
+    unit_stride(v, "row_ends")
+    return v
+
+
 def row_index(index: Any, name: str, rows_are: str, equal: tuple[int, str] | None = None) -> TensorView:
     """The int32 (R,) index of a gathered operand (one entry per row of the problem; an entry
     outside the operand's rows reads zeros): R a multiple of M_ALIGNED (``rows_are`` says what R

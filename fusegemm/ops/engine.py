@@ -202,7 +202,11 @@ class Op(PreparedLaunch):
             (M,), problem row r reads row ``a_index[r]`` of a token-major ``a_tensor`` (T, K);
             an index outside [0, T) reads zeros; sm_90a), ``dy_index`` / ``x_index`` for a
             K-grouped op built with ``a_gather`` / ``b_gather`` (int32 (T,): token row t of dY / X
-            is that row of ``dy_tensor`` / ``x_tensor``).
+            is that row of ``dy_tensor`` / ``x_tensor``). BF16 grouped and K-grouped ops also take
+            ``row_ends`` (int32 (L,), optional): where each expert's tokens end inside its padded
+            range (the rest is padding, zero rows). The sm_90a kernels skip the M tiles that start
+            at or past it (their output rows come back zero) and the K-grouped k-blocks after it
+            (the rows after the row end in the last k-block are read: padding must be zero).
         inputs : dict, optional
             The epilogue's inputs by spec name (``fusegemm show SPEC`` lists them): tensors, or
             Python numbers for scalar inputs.
@@ -536,7 +540,7 @@ def _index_matches(op: Op, name: str, index: Any, axis: str, what: str) -> None:
 
 
 def _parse_grouped(op: Op, a_tensor: Any, padded_offsets: Any, b_tensor: Any = None, *, b_ptrs: Any = None,
-                   n: int | None = None, a_index: Any = None) -> Any:
+                   n: int | None = None, a_index: Any = None, row_ends: Any = None) -> Any:
     b_major = op.variant.b_major
     _index_matches(op, "a_index", a_index, "a_gather", "an int32 (M,) row index")
     call = parse_call(a_tensor, padded_offsets, None, b_tensor, b_ptrs, None, None,
@@ -545,14 +549,17 @@ def _parse_grouped(op: Op, a_tensor: Any, padded_offsets: Any, b_tensor: Any = N
     if (call.b_ptrs is not None) != (op.variant.weight_mode == "discrete"):
         raise ArgumentError("b_tensor/b_ptrs", "b_ptrs" if call.b_ptrs is not None else "b_tensor",
                             f"the {op.variant.weight_mode} weights this op was built for")
+    call.row_ends = checks.row_ends(row_ends, call.offsets.shape[0])
     return call
 
 
 def _parse_kgrouped(op: Op, dy_tensor: Any, x_tensor: Any, padded_offsets: Any, *, dy_index: Any = None,
-                    x_index: Any = None) -> KCall:
+                    x_index: Any = None, row_ends: Any = None) -> KCall:
     _index_matches(op, "dy_index", dy_index, "a_gather", "an int32 (T,) token-row index")
     _index_matches(op, "x_index", x_index, "b_gather", "an int32 (T,) token-row index")
-    return parse_kgrouped(op.variant.tile_m, dy_tensor, x_tensor, padded_offsets, dy_index, x_index)
+    call = parse_kgrouped(op.variant.tile_m, dy_tensor, x_tensor, padded_offsets, dy_index, x_index)
+    call.row_ends = checks.row_ends(row_ends, call.l)
+    return call
 
 
 def _check_format(op: Op, call: Any) -> None:

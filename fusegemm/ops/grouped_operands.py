@@ -40,6 +40,7 @@ class Call:
     canonical: bool               # 2-D A: outputs are (M, N), else (M, N, 1)
     a_index: TensorView | None = None   # gathered A: the row of A each of the M problem rows reads
     a_rows: int = -1              # rows of A (gathered A: its tokens; else M)
+    row_ends: TensorView | None = None  # where each expert's tokens end (tiles past it skipped)
 
 
 def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: Any,

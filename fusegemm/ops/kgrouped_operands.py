@@ -22,6 +22,7 @@ class KCall:
         self.t, self.m_out, self.n, self.l = t, m, n, l
         self.m = l * m    # rows of the (L * M, N) output the epilogue writes
         self.a_index, self.b_index = a_index, b_index
+        self.row_ends: Any = None   # where each expert's tokens end (k-blocks past it skipped)
 
 
 def token_major(x: Any, name: str, t: int | None, index_name: str | None = None) -> Any:

@@ -190,8 +190,9 @@ class PreparedLaunch:
         if e.empty:
             return   # no row tile (an empty A): nothing to map or launch; outputs hold their fills
         if zero:
+            ends = dict(e.rebase).get("row_ends")   # (its tiles past the row ends may be skipped)
             _tail.zero_tail([zero[k] for k in self._rows if k in zero], ptrs[e.offsets], e.call.l, e.call.m, stream,
-                            self.device)
+                            self.device, ptrs[ends] if ends is not None else 0)
         if ready is None:
             ready = e.bufs.get(ptrs)
         if ready is None:
@@ -254,9 +255,9 @@ LEAD = {"grouped": ("a_tensor", 16), "kgrouped": ("dy_tensor", 16), "scaled": ("
          "batched": ("a_tensor", 16)}
 DEVICE_OPERANDS = {
     "grouped": (("padded_offsets", "offsets", 4), ("b_tensor", "b", 16), ("b_ptrs", "b_ptrs", 8),
-                ("a_index", "a_index", 4)),
+                ("a_index", "a_index", 4), ("row_ends", "row_ends", 4)),
     "kgrouped": (("x_tensor", "b", 16), ("padded_offsets", "offsets", 4), ("dy_index", "a_index", 4),
-                 ("x_index", "b_index", 4)),
+                 ("x_index", "b_index", 4), ("row_ends", "row_ends", 4)),
     "scaled": (("padded_offsets", "offsets", 4), ("b_tensor", "b", 16), ("b_ptrs", "b_ptrs", 8),
                ("sfb_ptrs", "sfb_ptrs", 8), ("sfa_tensor", "sfa", 16), ("sfb_tensor", "sfb", 16)),
     "batched": (("b_tensor", "b", 16), ("sfa_tensor", "sfa", 16), ("sfb_tensor", "sfb", 16)),
@@ -270,7 +271,9 @@ def _plan_grouped(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) 
         return None
     return ln.grid(s), s, {**ln.maps(s, call.a.ptr, call.b.ptr if call.b is not None else 0), **ln.scalars(s),
                            "b_ptrs": call.b_ptrs.ptr if call.b_ptrs is not None else 0,
-                           "a_index": call.a_index.ptr if call.a_index is not None else 0}
+                           "a_index": call.a_index.ptr if call.a_index is not None else 0,
+                           "row_ends": call.row_ends.ptr if call.row_ends is not None else 0,
+                           **_gather_source("a", call.a if call.a_index is not None else None)}
 
 
 def _plan_kgrouped(op: Any, call: KCall, ln: LoadedKernel, out: Mapping[str, int]) -> Any:
@@ -293,9 +296,20 @@ def _plan_kgrouped(op: Any, call: KCall, ln: LoadedKernel, out: Mapping[str, int
                              c.swizzle_b),
               "a_index": call.a_index.ptr if call.a_index is not None else 0,
               "b_index": call.b_index.ptr if call.b_index is not None else 0,
-              "m_rows": m, "n": n, "k": t, "num_experts": call.l, "cluster_m": 1, "cluster_n": 1, "b_ptrs": 0}
+              "row_ends": call.row_ends.ptr if call.row_ends is not None else 0,
+              "m_rows": m, "n": n, "k": t, "num_experts": call.l, "cluster_m": 1, "cluster_n": 1, "b_ptrs": 0,
+              **_gather_source("a", call.a if call.a_index is not None and t else None),
+              **_gather_source("b", call.b if call.b_index is not None and t else None)}
     grid = persistent_grid(call.l * m, n, ln.tile, c.ctas_per_tile, ln.cluster, ln.sms)   # (L * M, N) tiles
     return grid, s, values
+
+
+def _gather_source(operand: str, v: TensorView | None) -> dict[str, int]:
+    """The fields a gathered operand's cp.async loads read (fusegemm/gather.cuh): the token-major
+    matrix's address, row stride and rows; zeros where ``v`` is None (not gathered)."""
+    if v is None:
+        return {f"{operand}_gather_ptr": 0, f"{operand}_gather_ld": 0, f"{operand}_gather_rows": 0}
+    return {f"{operand}_gather_ptr": v.ptr, f"{operand}_gather_ld": v.strides[0], f"{operand}_gather_rows": v.shape[0]}
 
 
 def _plan_scaled(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) -> Any:

@@ -28,8 +28,8 @@ _KERNELS = SmallKernels("fusegemm/zero_tail.cuh", "the tail-zeroing kernel", "ou
 _MAX_BUFFERS = 4           # ZeroTailParams::kMaxBuffers
 _THREADS = 256             # the kernel's __launch_bounds__
 _MAX_BLOCKS = 1024         # grid-stride: enough to keep HBM busy on a full-buffer tail
-# ZeroTailParams: base[4], row_bytes[4], offsets, num_experts, m_rows (80 bytes, 8-aligned).
-_PARAMS = struct.Struct("<4Q4qQii")
+# ZeroTailParams: base[4], row_bytes[4], offsets, num_experts, m_rows, row_ends (88 bytes, 8-aligned).
+_PARAMS = struct.Struct("<4Q4qQiiQ")
 
 
 def _kernel(device: int) -> Any:
@@ -51,7 +51,7 @@ def prepare(device: int) -> bool:
 
 
 def zero_tail(buffers: Iterable[Any], offsets_ptr: int, experts: int, m_rows: int, stream: int,
-              device: int) -> None:
+              device: int, row_ends_ptr: int = 0) -> None:
     """Zero rows ``[min(padded_offsets[-1], m_rows), m_rows)`` of each of ``buffers`` (contiguous
     torch tensors of ``m_rows`` rows) on ``stream``. Call it before the op's launch: a buffer
     the kernel cannot serve is zeroed whole instead.
@@ -70,6 +70,9 @@ def zero_tail(buffers: Iterable[Any], offsets_ptr: int, experts: int, m_rows: in
         Raw CUstream handle.
     device : int
         CUDA ordinal.
+    row_ends_ptr : int
+        Device address of the op's row ends (int32, ``experts`` values; 0: none): each expert's
+        rows past its row end are zeroed too (the kernel may skip their tiles).
     """
     bufs = [b for b in buffers if b.numel()]
     if not bufs or m_rows == 0:
@@ -90,4 +93,4 @@ def zero_tail(buffers: Iterable[Any], offsets_ptr: int, experts: int, m_rows: in
         row_bytes = [rb for _, rb in group] + [0] * (_MAX_BUFFERS - len(group))
         blocks = min(_MAX_BLOCKS, max(1, -(-max(row_bytes) * m_rows // (16 * _THREADS))))
         _KERNELS.launch(device, _KERNEL, (blocks, len(group), 1), (_THREADS, 1, 1),
-                        _PARAMS.pack(*base, *row_bytes, offsets_ptr, experts, m_rows), stream)
+                        _PARAMS.pack(*base, *row_bytes, offsets_ptr, experts, m_rows, row_ends_ptr), stream)

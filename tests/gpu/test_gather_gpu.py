@@ -1,10 +1,10 @@
 """Gathered A on the H200 (``a_gather``: problem row r reads row ``a_index[r]`` of token-major A,
-one TMA box per row; fusegemm/sm90/grouped_gemm.cuh): every output bit-equal to the same kernel
+copied by the producer warp's cp.async; fusegemm/gather.cuh): every output bit-equal to the same kernel
 run on the rows gathered beforehand (zeros for padding indices, for indices past A's rows and
 for negative ones), on ragged and empty experts, both tile shapes, both schedulers, discrete
 and N-major weights and the SwiGLU epilogue; and the plain GEMM within BF16 rounding of a
-float64 product (an independent check of what both compute). Until these tests have passed on a
-GPU, the mode is refused at launch (fusegemm/generator/registry.py UNEXECUTED_MODES); they opt in."""
+float64 product (an independent check of what both compute). The K-grouped weight gradients'
+gathered token rows likewise."""
 from __future__ import annotations
 
 import pytest
@@ -15,12 +15,6 @@ from fusegemm.ops.engine import Op  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-
-@pytest.fixture(autouse=True)
-def _trusted(monkeypatch):
-    # Gathered A is refused at launch until a GPU has run these tests (registry.UNEXECUTED_MODES):
-    # they are that run. Once they pass on the H200, the registry entry goes and so does this.
-    monkeypatch.setenv("FUSEGEMM_TRUST_UNVERIFIED", "1")
 
 CASES = [
     ("grouped_gemm", dict(tile_m=128, tile_n=256)),
@@ -80,8 +74,8 @@ def test_gathered_a_equals_the_kernel_on_pre_gathered_rows(spec, axes):
     ops2, kw2, keep2 = _operands(rows, off, w, axes)
     want = plain(*ops2, inputs=inputs, **kw2)
     torch.cuda.synchronize()
-    assert set(got) == set(want)
-    for name in want:
+    assert list(got.keys()) == list(want.keys())   # a TupleDict iterates its values
+    for name in want.keys():
         assert torch.equal(got[name], want[name]), name
     if spec == "grouped_gemm" and not axes.get("weight_mode"):
         # Independent of both kernels: D = prob * alpha[e] * rows @ w[e]^T, rows past the last offset 0.
@@ -93,6 +87,24 @@ def test_gathered_a_equals_the_kernel_on_pre_gathered_rows(spec, axes):
         ref *= inputs["prob"].double()[:, None]
         err = (got["d"].double() - ref).abs()
         assert float((err - 2 ** -7 * ref.abs()).max()) <= 1e-3, float(err.max())
+
+
+def test_dswiglu_reads_dy_token_rows_through_the_index():
+    """fc2's data gradient with the dSwiGLU epilogue on a token-major dy (the MoE layer's output
+    gradient, before any permutation): dG bit-equal to the kernel on pre-gathered rows, dprob
+    within its atomic sums' order (N tiles add into each row)."""
+    x, idx, off, w = _problem(2, k=512, n=256)
+    m, l, f = idx.shape[0], off.shape[0], 256
+    g = torch.Generator(device="cuda").manual_seed(9)
+    c = torch.randn(m, 2 * f, generator=g, device="cuda").bfloat16()
+    wn = w.transpose(1, 2).contiguous().transpose(1, 2)     # (L, N, K) read N-major, as the layer's w2
+    inputs = {"alpha": torch.ones(l, device="cuda"), "prob": torch.rand(m, generator=g, device="cuda"), "c": c}
+    axes = dict(tile_m=64, tile_n=256, b_major="n")
+    got = Op("grouped_gemm_dswiglu_bf16", a_gather=True, **axes)(x, off, wn, a_index=idx, inputs=inputs)
+    want = Op("grouped_gemm_dswiglu_bf16", **axes)(_gathered_rows(x, idx), off, wn, inputs=inputs)
+    torch.cuda.synchronize()
+    assert torch.equal(got["d"], want["d"])
+    assert torch.allclose(got["dprob"], want["dprob"], rtol=1e-5, atol=1e-6)
 
 
 def test_a_gathered_op_reused_on_new_indices_and_tokens():

@@ -42,6 +42,43 @@ def test_moe_block_matches_the_torch_backend_forward_and_backward(top_k):
         assert _rel(got, want) <= 2e-2, (name, _rel(got, want))
 
 
+@pytest.mark.parametrize("top_k,wgrad", [(1, "auto"), (8, "auto"), (2, "torch")])
+@pytest.mark.parametrize("gathered", [False, True])
+def test_routed_mlp_is_bit_equal_to_the_permuted_block(top_k, wgrad, gathered, monkeypatch):
+    """RoutedMLPFunction (the routing's row ends skip the padding's tiles; with GATHERED_LOADS the
+    GEMMs read x's and dy's token rows through the index): output and every gradient equal the
+    block's permuted path bit for bit (the same kernels on the same values; the logits' gradient
+    within 1e-5, dprob's atomic sums), with an empty expert and padding rows."""
+    if not moe._gathers(torch.cuda.current_device()):
+        pytest.skip("the gathered kernels are sm_90a's")
+    monkeypatch.setattr(moe, "GATHERED_LOADS", gathered)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    tokens, hidden, inter, experts = 900, 256, 384, 8
+    x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
+    logits = torch.randn(tokens, experts, generator=g, device="cuda")
+    logits[:, 2] = -1e4
+    dy = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
+    block = moe.MoEBlock(hidden, inter, experts, top_k, wgrad=wgrad, device="cuda",
+                         generator=torch.Generator().manual_seed(6))
+    out = {}
+    for path in ("routed", "permuted"):
+        block.zero_grad(set_to_none=True)
+        xi, zi = x.clone().requires_grad_(), logits.clone().requires_grad_()
+        r = routing.route(zi, top_k)
+        if path == "routed":
+            y = moe.RoutedMLPFunction.apply(xi, r.token_of_row, r.row_of, r.padded_offsets, r.row_ends,
+                                            routing.row_probs(r), block.mlp.w1, block.mlp.w2, wgrad)
+        else:
+            y = block(xi, zi)
+        (y.float() * dy.float()).sum().backward()
+        out[path] = (y, xi.grad, zi.grad, block.mlp.w1.grad, block.mlp.w2.grad)
+    for name, got, want in zip(("y", "dx", "dlogits", "dw1", "dw2"), out["routed"], out["permuted"]):
+        if name == "dlogits":   # dprob sums N tiles with atomics: their order varies run to run
+            assert _rel(got, want) <= 1e-5, (name, _rel(got, want))
+        else:
+            assert torch.equal(got, want), (name, _rel(got, want))
+
+
 def test_routing_runs_in_a_cuda_graph():
     """route, gather, row_probs and combine captured once, replayed on new logits and tokens:
     the same rows as an eager call (nothing in them synchronises with the host)."""

@@ -102,7 +102,8 @@ def test_route_rows_equals_torchs_stable_sort(tokens, experts, k, skew):
     got = permute.route_rows(choice, experts, rows)
     want = routing._route_rows_torch(choice, experts, rows)
     torch.cuda.synchronize()
-    for name, a, b in zip(("padded_offsets", "row_of", "token_of_row"), got, want):
+    assert len(got) == len(want) == 4
+    for name, a, b in zip(("padded_offsets", "row_of", "token_of_row", "row_ends"), got, want):
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), name
 
 

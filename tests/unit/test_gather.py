@@ -51,13 +51,15 @@ def test_the_axis_reaches_the_sm90_source_and_is_refused_elsewhere():
     ("grouped_gemm", dict(weight_mode="discrete")),
     ("grouped_gemm", dict(b_major="n")),
     ("grouped_gemm_swiglu", dict(d_dtype="bfloat16", generate_c=True)),
+    ("grouped_gemm_dswiglu_bf16", dict(tile_m=64, tile_n=256, b_major="n", cluster_m=1)),   # the layer's dy
 ])
 def test_gathered_kernels_compile_clean_with_one_row_boxes(session_cache, spec, axes):
     v = make_variant(spec, arch="sm_90a", a_gather=True, **{**BF16, **axes})
     built = pipeline.get_kernel(v, session_cache)
     assert Cubin(built.cubin).resources(built.kernel_name).local_bytes == 0, (spec, axes, "spills / local memory")
     c = built.contract
-    # A's box: one row of 64 K (each producer lane loads its rows one box each); the rest as ungathered.
+    # A's map keeps its one-row box (encoded, not read: the producer's cp.async reads A through
+    # a_gather_ptr, fusegemm/gather.cuh); B, shared memory and threads as ungathered.
     assert (c.box_a_inner, c.box_a_outer, c.tile_m) == (64, 1, v.tile_m)
     plain = pipeline.get_kernel(make_variant(spec, arch="sm_90a", **{**BF16, **axes}), session_cache).contract
     assert (c.box_b_inner, c.box_b_outer, c.smem_bytes, c.threads) == (
@@ -77,6 +79,8 @@ def test_op_parses_a_index_and_maps_a_by_its_own_rows(no_device):  # noqa: F811
     assert shape_of(call).a_rows == t and shape_of(call).m == m
     values, _ = _launch(op, call, {"alpha": 0}, {"d": 1000})
     assert values["a_index"] == idx.data_ptr() and values["m_rows"] == m
+    # What the producer's cp.async reads: A's own address, row pitch and rows (T, not M).
+    assert (values["a_gather_ptr"], values["a_gather_ld"], values["a_gather_rows"]) == (a.data_ptr(), k, t)
 
 
 def test_a_index_is_refused_where_it_does_not_belong():
@@ -97,18 +101,20 @@ def test_a_index_is_refused_where_it_does_not_belong():
         gathered._parse((a[:0], off, b), {"a_index": torch.zeros(256, dtype=torch.int32)})
 
 
-def test_gathered_a_is_refused_at_launch_until_a_gpu_has_run_it(monkeypatch):
-    """registry.UNEXECUTED_MODES: the first-run gate refuses a gathered variant with its reason
-    (FUSEGEMM_TRUST_UNVERIFIED=1 launches it); the ungathered variant of the same row is not
-    affected."""
+def test_an_unexecuted_mode_is_refused_at_launch_with_its_reason(monkeypatch):
+    """registry.UNEXECUTED_MODES: the first-run gate refuses a variant that selects a mode listed
+    there, with its reason (FUSEGEMM_TRUST_UNVERIFIED=1 launches it); other variants of the row
+    are not affected. The gathered modes have run on the H200 and are no longer listed."""
     from fusegemm.base.errors import UnverifiedError
     from fusegemm.verify import ensure_verified
     monkeypatch.delenv("FUSEGEMM_TRUST_UNVERIFIED", raising=False)
     v = make_variant("grouped_gemm", arch="sm_90a", a_gather=True, **BF16)
-    with pytest.raises(UnverifiedError, match=r"a_gather=True on sm_90a: gathered A .*test_gather_gpu.py is its "
-                                              r"first run\. FUSEGEMM_TRUST_UNVERIFIED=1 launches it anyway"):
+    ensure_verified(v, 0)                                                           # run on the H200: launches
+    monkeypatch.setitem(registry.UNEXECUTED_MODES, ("grouped", "sm_90a"), (("a_gather", True, "written today"),))
+    with pytest.raises(UnverifiedError, match=r"a_gather=True on sm_90a: written today\. "
+                                              r"FUSEGEMM_TRUST_UNVERIFIED=1 launches it anyway"):
         ensure_verified(v, 0)
-    ensure_verified(make_variant("grouped_gemm", arch="sm_90a", **BF16), 0)      # executed: returns
+    ensure_verified(make_variant("grouped_gemm", arch="sm_90a", **BF16), 0)      # the row's other variants
     monkeypatch.setenv("FUSEGEMM_TRUST_UNVERIFIED", "1")
     ensure_verified(v, 0)
 
@@ -117,7 +123,7 @@ def test_gathered_a_is_refused_at_launch_until_a_gpu_has_run_it(monkeypatch):
                                   dict(b_gather=True, tile_m=64, tile_n=128)])
 def test_kgrouped_gathered_kernels_compile_clean_with_one_row_boxes(session_cache, axes):
     """The weight gradients' token rows through an index: dY's (a_gather) and/or X's (b_gather),
-    each a one-row box (64 columns x 1 token row) per row of a k-block's chunk."""
+    copied by the producer warp's cp.async (a gathered operand's map keeps a one-row box, unread)."""
     v = make_variant("grouped_gemm_wgrad", arch="sm_90a", **{**BF16, **axes})
     built = pipeline.get_kernel(v, session_cache)
     assert Cubin(built.cubin).resources(built.kernel_name).local_bytes == 0, (axes, "spills / local memory")
@@ -136,6 +142,9 @@ def test_kgrouped_op_parses_its_indices(no_device):  # noqa: F811
     call = op._parse((dy, x, off), {"dy_index": dy_idx, "x_index": x_idx})
     assert (call.t, call.m_out, call.n, call.l) == (t, m, n, 2)
     assert call.a_index.ptr == dy_idx.data_ptr() and call.b_index.ptr == x_idx.data_ptr()
+    values, _ = _launch(op, call, {}, {"d": 1000})
+    assert (values["a_gather_ptr"], values["a_gather_ld"], values["a_gather_rows"]) == (dy.data_ptr(), m, tokens)
+    assert (values["b_gather_ptr"], values["b_gather_ld"], values["b_gather_rows"]) == (x.data_ptr(), n, tokens + 7)
     with pytest.raises(ArgumentError, match=r"^x_index.shape\[0\]: got 256; allowed: 512 \(the token rows of dy\)"):
         op._parse((dy, x, off), {"dy_index": dy_idx, "x_index": x_idx[:256]})
     with pytest.raises(ArgumentError, match=r"^dy_index: got None; allowed: an int32 \(T,\) token-row index"):
@@ -154,3 +163,23 @@ def test_the_jax_target_refuses_gathered_operands(spec, axes):
     from fusegemm import jax_ffi
     with pytest.raises(UnsupportedError, match=r"gathered operands .* run through fusegemm.Op and the torch ops"):
         jax_ffi.spec_op(spec, **axes)
+
+
+def test_row_ends_are_parsed_packed_and_checked(no_device):  # noqa: F811
+    """``row_ends`` (the routing's, fusegemm/scheduler.cuh): int32 (L,), packed into the ABI field
+    of the grouped and the K-grouped classes; 0 without; a wrong shape or dtype named."""
+    off = torch.tensor([256, 512], dtype=torch.int32)
+    ends = torch.tensor([100, 300], dtype=torch.int32)
+    op = Op("grouped_gemm", arch="sm_90a")
+    a, b = torch.zeros((512, 64), dtype=torch.bfloat16), torch.zeros((2, 128, 64), dtype=torch.bfloat16)
+    values, _ = _launch(op, op._parse((a, off, b), {"row_ends": ends}), {"alpha": 0}, {"d": 1000})
+    assert values["row_ends"] == ends.data_ptr()
+    assert _launch(op, op._parse((a, off, b), {}), {"alpha": 0}, {"d": 1000})[0]["row_ends"] == 0
+    wg = Op("grouped_gemm_wgrad", arch="sm_90a")
+    dy, x = torch.zeros((512, 128), dtype=torch.bfloat16), torch.zeros((512, 128), dtype=torch.bfloat16)
+    values, _ = _launch(wg, wg._parse((dy, x, off), {"row_ends": ends}), {}, {"d": 1000})
+    assert values["row_ends"] == ends.data_ptr()
+    with pytest.raises(ArgumentError, match=r"^row_ends.shape\[0\]: got 3; allowed: 2 \(one per expert"):
+        op._parse((a, off, b), {"row_ends": torch.zeros(3, dtype=torch.int32)})
+    with pytest.raises(ArgumentError, match=r"^row_ends.dtype"):
+        wg._parse((dy, x, off), {"row_ends": ends.long()})

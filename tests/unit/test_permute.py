@@ -25,7 +25,7 @@ def test_permutation_kernels_compile_clean(arch):
         threads = permute._ROUTE_THREADS if name == "fusegemm_route_rows" else permute._THREADS
         assert res.local_bytes == 0 and res.max_threads == threads and res.registers <= 64, res
     assert set(permute._SUMS.values()) == set(KERNELS[2:])
-    assert permute._PARAMS.size == 64 and permute._ROUTE.size == 56
+    assert permute._PARAMS.size == 64 and permute._ROUTE.size == 64
 
 
 def test_cpu_tensors_take_torchs_route():
@@ -61,10 +61,11 @@ def test_custom_ops_agree_with_torch_on_the_cpu():
 
 def test_route_rows_custom_op_equals_torchs_routing_on_the_cpu():
     experts = torch.tensor([[0, 2], [2, 1], [0, 1]])
-    ends, row_of, token_of_row = torch.ops.fusegemm.route_rows(experts, 3, 1024)
+    ends, row_of, token_of_row, row_ends = torch.ops.fusegemm.route_rows(experts, 3, 1024)
     want = routing._route_rows_torch(experts, 3, 1024)
-    assert torch.equal(ends, want[0]) and torch.equal(row_of, want[1]) and torch.equal(token_of_row, want[2])
+    assert all(torch.equal(a, b) for a, b in zip((ends, row_of, token_of_row, row_ends), want))
     assert ends.tolist() == [256, 512, 768] and row_of.tolist() == [[0, 512], [513, 256], [1, 257]]
+    assert row_ends.tolist() == [2, 258, 514] and row_ends.dtype == torch.int32   # each expert's 2 tokens
 
 
 def test_permutations_pack_their_launches(monkeypatch):

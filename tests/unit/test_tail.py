@@ -54,7 +54,7 @@ def test_rows_written_leaves_only_the_row_outputs_uninitialised(monkeypatch):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_tail_kernel_compiles_clean(arch):
-    """The kernel (0 local memory; its parameter struct is the 80 bytes tail.py packs: the header
+    """The kernel (0 local memory; its parameter struct is the 88 bytes tail.py packs: the header
     static_asserts the size) compiles without CUTLASS in well under a second."""
     from fusegemm.ops import tail
     from fusegemm.runtime.compile import compile_source
@@ -63,12 +63,13 @@ def test_tail_kernel_compiles_clean(arch):
     res = Cubin(cub.data).resources(tail._KERNEL)
     assert res.local_bytes == 0 and res.max_threads == tail._THREADS, res
     assert cub.seconds < 5.0
-    assert tail._PARAMS.size == 80 == struct.calcsize("<4Q4qQii")
+    assert tail._PARAMS.size == 88 == struct.calcsize("<4Q4qQiiQ")
 
 
 def test_zero_tail_packs_one_launch_per_four_buffers(monkeypatch):
     """The launch's parameter bytes name each buffer, its row bytes, the offsets and the rows
-    (the 80-byte ZeroTailParams), four buffers per launch, blockIdx.y choosing the buffer; a buffer
+    (the 88-byte ZeroTailParams; the row ends' address last, 0 without), four buffers per
+    launch, blockIdx.y choosing the buffer; a buffer
     whose rows are not 16-byte whole is zeroed whole instead (before the op's launch)."""
     from fusegemm.ops import tail
     from fusegemm.runtime import launch as launch_mod
@@ -87,8 +88,11 @@ def test_zero_tail_packs_one_launch_per_four_buffers(monkeypatch):
         fields = tail._PARAMS.unpack(raw)
         assert fields[:4] == tuple([b.data_ptr() for b in group] + [0] * (4 - len(group)))
         assert fields[4:8] == tuple([128] * len(group) + [0] * (4 - len(group)))
-        assert fields[8:] == (0x1234, 7, m) and stream == 99
+        assert fields[8:] == (0x1234, 7, m, 0) and stream == 99
         assert cfg.grid[1] == len(group) and cfg.block == (tail._THREADS, 1, 1)
+    calls.clear()
+    tail.zero_tail(bufs[:1], 0x1234, 7, m, 99, 0, row_ends_ptr=0x5678)
+    assert tail._PARAMS.unpack(calls[0][1])[8:] == (0x1234, 7, m, 0x5678)
 
 
 def test_zero_tail_without_its_kernel_zeroes_whole_buffers(monkeypatch):

@@ -143,8 +143,9 @@ struct RouteParams {
   long long rows;             // R, the bound padded_rows(T, E, k)
   int num_experts;            // E <= kRouteMaxExperts
   int k;
+  int* row_ends;              // (E,) where each expert's rows end before its padding
 };
-static_assert(sizeof(RouteParams) == 56, "fusegemm/permute.py packs these 56 bytes");
+static_assert(sizeof(RouteParams) == 64, "fusegemm/permute.py packs these 64 bytes");
 
 constexpr int kRouteWarps = 32;
 constexpr int kRouteMaxExperts = 256;
@@ -186,6 +187,7 @@ FUSEGEMM_DEVICE void route_rows(const RouteParams& p) {
     int end = 0;
     for (int e = 0; e < E; ++e) {
       const int padded = (start[e] + kMAligned - 1) / kMAligned * kMAligned;
+      p.row_ends[e] = end + start[e];
       start[e] = end;
       end += padded;
       p.offsets[e] = end;

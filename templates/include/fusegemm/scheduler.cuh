@@ -115,15 +115,31 @@ struct BatchedScheduler {
   }
 };
 
+// Row ends (the ops' row_ends=, optional: null reads as absent): row_ends[e] is where expert
+// e's tokens end inside its padded range [offsets[e-1], offsets[e]); the rows after it are the
+// 256-row padding, zero in an MoE layer. An M tile that starts at or past its expert's row end
+// holds no token: the sm_90a kernels skip it (no loads, no MMA, no store; the op zero-filled its
+// rows before the launch). With 32 experts of about 1024 tokens each, padding is 12% of the rows.
+template <int TILE_M>
+FUSEGEMM_DEVICE bool tile_past_row_end(const int* row_ends, const GroupedTile& t) {
+  return row_ends != nullptr && t.valid() && t.m_block * TILE_M >= __ldg(row_ends + t.expert);
+}
+
 // K-grouped problems (weight gradients dW_e = dY_e^T X_e, shared by the sm_90a and sm_100a
 // kernels): the K range of expert e is its token rows [offsets[e-1], offsets[e]), clamped to the
 // k rows the operands were allocated with (offsets live on the device and are unchecked: wrong
-// ones give wrong results, never an out-of-bounds load). Returns (first row, k-blocks of
-// kBlockK rows); an expert without tokens has none (its tiles store alpha * 0).
+// ones give wrong results, never an out-of-bounds load), and with row ends to the k-blocks that
+// hold a token (the rows after the row end in the last one are padding, zero by the ops'
+// contract). Returns (first row, k-blocks of kBlockK rows); an expert without tokens has none
+// (its tiles store alpha * 0).
 template <int kBlockK>
-FUSEGEMM_DEVICE int2 kgrouped_k_range(const int* offsets, int expert, int k) {
+FUSEGEMM_DEVICE int2 kgrouped_k_range(const int* offsets, const int* row_ends, int expert, int k) {
   const int begin = min(expert == 0 ? 0 : __ldg(offsets + expert - 1), k);
-  const int end = min(__ldg(offsets + expert), k);
+  int end = min(__ldg(offsets + expert), k);
+  if (row_ends != nullptr) {
+    const int tokens = max(__ldg(row_ends + expert) - begin, 0);
+    end = min(end, begin + (tokens + kBlockK - 1) / kBlockK * kBlockK);
+  }
   return make_int2(begin, end > begin ? (end - begin) / kBlockK : 0);
 }
 

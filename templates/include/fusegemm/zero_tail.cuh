@@ -6,7 +6,8 @@
 // without reading the offsets back (a sync, and impossible while a CUDA graph captures); so this
 // kernel reads the last offset itself and zeroes only the tail, for up to kMaxBuffers buffers in
 // one launch. Rows of every buffer are contiguous (the ops allocate them): buffer i's tail is the
-// byte range [valid_m * row_bytes[i], m_rows * row_bytes[i]).
+// byte range [valid_m * row_bytes[i], m_rows * row_bytes[i]); with row ends, each expert's rows
+// past its row end as well.
 #pragma once
 
 #include "fusegemm/common.cuh"
@@ -20,8 +21,9 @@ struct ZeroTailParams {
   const int* offsets;                 // padded_offsets (L,)
   int num_experts;
   int m_rows;
+  const int* row_ends;                // optional (L,): also zero each expert's rows past its row end
 };
-static_assert(sizeof(ZeroTailParams) == 80, "fusegemm/ops/tail.py packs these 80 bytes");
+static_assert(sizeof(ZeroTailParams) == 88, "fusegemm/ops/tail.py packs these 88 bytes");
 
 // Grid-stride 16-byte stores over each buffer's tail (blockIdx.y: the buffer).
 FUSEGEMM_DEVICE void zero_tail(const ZeroTailParams& p) {
@@ -32,8 +34,21 @@ FUSEGEMM_DEVICE void zero_tail(const ZeroTailParams& p) {
   valid = min(max(valid, 0), p.m_rows);   // offsets are unchecked: never outside the buffer
   const long long begin = valid * row_bytes, end = static_cast<long long>(p.m_rows) * row_bytes;
   const long long stride = 16ll * gridDim.x * blockDim.x;
-  for (long long i = begin + 16ll * (blockIdx.x * blockDim.x + threadIdx.x); i < end; i += stride) {
+  const long long first = 16ll * (blockIdx.x * blockDim.x + threadIdx.x);
+  for (long long i = begin + first; i < end; i += stride) {
     *reinterpret_cast<uint4*>(p.base[b] + i) = make_uint4(0u, 0u, 0u, 0u);
+  }
+  if (p.row_ends == nullptr) return;
+  // Row ends (fusegemm/scheduler.cuh): rows [row_ends[e], offsets[e]) of each expert, which a
+  // kernel that skips tiles past the row end may leave unwritten; the launch that follows
+  // overwrites the ones its tiles do store.
+  for (int e = 0; e < p.num_experts; ++e) {
+    const int lo = e == 0 ? 0 : __ldg(p.offsets + e - 1);
+    const int hi = min(__ldg(p.offsets + e), valid);
+    const int from = min(max(__ldg(p.row_ends + e), max(lo, 0)), hi);
+    for (long long i = from * row_bytes + first; i < hi * row_bytes; i += stride) {
+      *reinterpret_cast<uint4*>(p.base[b] + i) = make_uint4(0u, 0u, 0u, 0u);
+    }
   }
 }
 

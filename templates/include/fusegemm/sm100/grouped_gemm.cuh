@@ -164,7 +164,7 @@ struct GroupedGemmKernel {
     if constexpr (kKGrouped) {
       // One K range per expert: the frame's loops take each tile's k-blocks from its expert.
       run_with(p, [&p](const ClusterTile& t) {
-        return kgrouped_k_range<kBlockK>(static_cast<const int*>(p.offsets), t.expert, p.k).y;
+        return kgrouped_k_range<kBlockK>(static_cast<const int*>(p.offsets), static_cast<const int*>(p.row_ends), t.expert, p.k).y;
       });
     } else {
       run_with(p, (p.k + kBlockK - 1) / kBlockK);
@@ -198,7 +198,7 @@ struct GroupedGemmKernel {
         const int m_row = t.m_block * kTileM + f.cta_half * kRowsA;
         const int n_row = t.n_block * kTileN + f.cta_half * kRowsB;
         // K-grouped: the k-block's token rows start at the expert's first (both maps 2-D).
-        const int k0 = (kKGrouped ? kgrouped_k_range<kBlockK>(static_cast<const int*>(p.offsets), t.expert, p.k).x : 0)
+        const int k0 = (kKGrouped ? kgrouped_k_range<kBlockK>(static_cast<const int*>(p.offsets), static_cast<const int*>(p.row_ends), t.expert, p.k).x : 0)
                        + kb * kBlockK;
         // A is shared along cluster N, B along cluster M (cluster.cuh), slice by slice (not
         // unrolled: the producer's hoisted slice addresses would raise the kernel's registers).

@@ -24,12 +24,12 @@
 //
 // Gathered A (Config::kGatherA, M-grouped, no clusters): row r of the problem is row a_index[r]
 // of A (tokens x K, token-major: an MoE layer's x before the permutation). The whole producer warp
-// loads A, each lane kTileM / 32 rows of the tile per stage, one TMA box of 1 row x 64 K each
-// into the row's place in the SW128 stage (TMA swizzles by shared-memory address, so a one-row
-// box lands as the row of the whole box would). An index outside A's rows (padding: -1) is a box
-// out of bounds: TMA fills it with zeros and counts its bytes, so no index value can fault and
-// the stage's transaction count is the ungathered one. B, the ring and the scheduling stay with
-// one elected lane.
+// loads A with cp.async into the SW128 stage (fusegemm/gather.cuh: why not TMA, the layout, the
+// completion protocol), each lane holding the indices of kTileM / 32 of the tile's rows; an index
+// outside A's rows (padding: -1) reads zeros, so no index value can fault. The stage's full
+// barrier counts the leading lane's arrival (with B's TMA bytes) and one cp.async arrival per
+// lane. B, the ring and the scheduling stay with the leading lane. The K-grouped kernels gather
+// dY's and/or X's token rows the same way (kGatherA / kGatherB).
 //
 // Clusters (M-grouped, static scheduling; fusegemm/cluster.cuh has the protocol, shared with the
 // sm_100a kernels): a Config with kClusterMulticast (the variant's cluster has more than one CTA)
@@ -54,6 +54,7 @@
 #include "fusegemm/cluster.cuh"
 #include "fusegemm/common.cuh"
 #include "fusegemm/epilogue_block.cuh"
+#include "fusegemm/gather.cuh"
 #include "fusegemm/sm90/epilogue.cuh"
 #include "fusegemm/scheduler.cuh"
 #include "fusegemm/tma.cuh"
@@ -85,6 +86,24 @@
 // stays 128).
 #ifndef FUSEGEMM_SM90_PINGPONG
 #define FUSEGEMM_SM90_PINGPONG 1
+#endif
+
+// Gathered operands (cp.async, fusegemm/gather.cuh): who makes the copies visible to WGMMA's
+// async proxy. 1: the producer lanes, one stage late (wait for the previous stage's copies,
+// fence.proxy.async, arrive on its full barrier), so the consumers' k-loop is the ungathered one.
+// 0: each copy arrives by cp.async.mbarrier.arrive.noinc and the consumers fence after every
+// full wait (a fence between WGMMA batches). A/B switch for bench/gathered.py.
+#ifndef FUSEGEMM_SM90_GATHER_LAG
+#define FUSEGEMM_SM90_GATHER_LAG 1
+#endif
+
+// Gathered operands: how many of the producer warpgroup's warps copy rows (1: the first warp
+// alone; 4: every warp takes a share of each stage, M-grouped 32 rows each, K-grouped whole
+// 64-row chunks in turn). A stage of a 128 x 256 K-grouped tile is 384 rows of copies: one warp
+// issues them more slowly than the tensor cores consume a stage. Static scheduling only (the
+// dynamic claim is broadcast within the first warp). A/B switch for bench/gathered.py.
+#ifndef FUSEGEMM_SM90_GATHER_WARPS
+#define FUSEGEMM_SM90_GATHER_WARPS 4
 #endif
 
 // Deferred D (1): the cooperative tile's D (element-wise rules with a 16-bit D, no C, no column
@@ -166,7 +185,15 @@ struct GroupedGemmKernel {
   static_assert(!kGatherA || !kClusters, "gathered A: no clusters (the registry's limits)");
   static_assert(!kGatherB || kKGrouped, "gathered B: K-grouped problems (B is token rows only there)");
   static constexpr bool kGathers = kGatherA || kGatherB;
-  static constexpr int kGatherRows = Config::kTileM / 32;
+  // Warps copying gathered rows (FUSEGEMM_SM90_GATHER_WARPS): M-grouped at most one per 32 rows
+  // of the tile; one under dynamic scheduling.
+  static constexpr int kGatherWarps =
+      !kGathers || Config::kDynamicSched ? 1
+      : kKGrouped ? FUSEGEMM_SM90_GATHER_WARPS
+      : (FUSEGEMM_SM90_GATHER_WARPS < Config::kTileM / 32 ? FUSEGEMM_SM90_GATHER_WARPS : Config::kTileM / 32);
+  static_assert(kGatherWarps >= 1 && kGatherWarps <= 4, "the producer warpgroup's warps");
+  static constexpr int kGatherRows = Config::kTileM / 32 / kGatherWarps;   // M-grouped: indices per lane
+  static_assert(kKGrouped || Config::kTileM % (32 * kGatherWarps) == 0, "whole 32-row shares");
 
   // Ping-pong (TILE_M 64, above; FUSEGEMM_SM90_PINGPONG 0 builds the measured baseline instead:
   // one consumer warpgroup).
@@ -181,6 +208,11 @@ struct GroupedGemmKernel {
   static constexpr int kABytes = kTileM * kTileK * 2;
   static constexpr int kBBytes = kTileN * kTileK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
+  // What a stage's TMA loads bring (gathered operands arrive through cp.async instead), and
+  // the full barrier's arrivals: the leading producer lane, plus every lane's cp.async arrival.
+  static constexpr int kTxBytes = kStageBytes - (kGatherA ? kABytes : 0) - (kGatherB ? kBBytes : 0);
+  static constexpr int kFullArrivals = kGathers ? 1 + 32 * kGatherWarps : 1;
+  static constexpr bool kGatherLag = kGathers && FUSEGEMM_SM90_GATHER_LAG;
   // The epilogue (fusegemm/sm90/epilogue.cuh): fragment path for element-wise rules, else the
   // arch-neutral engine.
   using Engine = epi::BlockEngine<Rule, ElementC, ElementD>;
@@ -197,6 +229,7 @@ struct GroupedGemmKernel {
   static constexpr int kMaxStages =
       (kSmemLimit - kEpiBytes - kMiscBytes - 8 * 2 * (8 + kTileRing)) / kStageBytes;
   static constexpr int kStages = kMaxStages > 8 ? 8 : kMaxStages;
+  static_assert(!kGatherLag || (kStages >= 3 && kTileRing >= 2), "a lagging gathered stage needs a third stage");
   static_assert(kStages >= 3, "not enough shared memory for a 3-stage pipeline");
 
   static constexpr int kOffA = 0;
@@ -300,12 +333,20 @@ struct GroupedGemmKernel {
     if constexpr (kClusters) return t.in_range; else return true;
   }
 
+  // A tile past its expert's row end (fusegemm/scheduler.cuh): M-grouped tiles without clusters
+  // (a cluster block's tiles load and multicast together: they all run).
+  template <class Tile>
+  static __device__ bool skips(const int* row_ends, const Tile& t) {
+    if constexpr (!kKGrouped && !kClusters) return tile_past_row_end<kTileM>(row_ends, t); else return false;
+  }
+
   // First token row and k-block count of a tile: the whole K, or (K-grouped) the expert's token
   // rows (fusegemm/scheduler.cuh kgrouped_k_range).
   template <class Params>
   static __device__ int2 k_range(const Params& p, int expert) {
     if constexpr (kKGrouped) {
-      return kgrouped_k_range<kTileK>(reinterpret_cast<const int*>(p.offsets), expert, p.k);
+      return kgrouped_k_range<kTileK>(reinterpret_cast<const int*>(p.offsets), reinterpret_cast<const int*>(p.row_ends),
+                                      expert, p.k);
     } else {
       return make_int2(0, (p.k + kTileK - 1) / kTileK);
     }
@@ -347,7 +388,7 @@ struct GroupedGemmKernel {
       // would produce wrong results, so stop loudly instead.
       if (smem_u32(smem) % 1024 != 0) __trap();
       for (int s = 0; s < kStages; ++s) {
-        mbar_init(&full[s], 1);
+        mbar_init(&full[s], kFullArrivals);
         mbar_init(&empty[s], kReleasesPerCta * geom.empty_count());
       }
       for (int s = 0; s < kTileRing; ++s) {
@@ -363,7 +404,7 @@ struct GroupedGemmKernel {
     if (wg == kConsumerWGs) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
       if constexpr (kGathers) {   // the whole warp: every lane loads gathered rows
-        if (tid % 128 < 32) produce(p, smem, geom, full, empty, tile_full, tile_empty, ring);
+        if (tid % 128 < 32 * kGatherWarps) produce(p, smem, geom, full, empty, tile_full, tile_empty, ring);
       } else if (tid % 128 < 32 && elect_one()) {
         produce(p, smem, geom, full, empty, tile_full, tile_empty, ring);
       }
@@ -386,12 +427,19 @@ struct GroupedGemmKernel {
                                  uint64_t* empty, uint64_t* tile_full, uint64_t* tile_empty,
                                  int4* ring) {
     const int lane = threadIdx.x % 32;
-    const bool lead = !kGathers || lane == 0;
+    const int gwarp = (threadIdx.x % 128) / 32;   // gathered operands: this warp's share
+    const bool lead = !kGathers || (gwarp == 0 && lane == 0);
     if (lead) {
       prefetch_tmap(&p.tma_a);
       prefetch_tmap(&p.tma_b);
     }
     const Sched sched = make_sched(p, geom);
+    // Gathered operands' sources (fusegemm/gather.cuh): M-grouped A is K elements wide; K-grouped
+    // dY's rows are M (m_rows) wide, X's N.
+    const GatherSource src_a{static_cast<const unsigned char*>(p.a_gather_ptr), p.a_gather_ld * 2ll, p.a_gather_rows,
+                             kKGrouped ? p.m_rows : p.k};
+    const GatherSource src_b{static_cast<const unsigned char*>(p.b_gather_ptr), p.b_gather_ld * 2ll, p.b_gather_rows,
+                             p.n};
     // A is shared along cluster N (same M tile), B along cluster M when the block's M tiles
     // belong to one expert (ClusterTile::share_b).
     const Share share_a{geom.a_group() > 1, geom.a_group(), geom.a_member(), geom.a_mask()};
@@ -411,15 +459,32 @@ struct GroupedGemmKernel {
     StaticWalk walk = make_walk(geom);
     int stage = 0, slot = 0;
     uint32_t phase = 0, ring_phase = 0;
-    while (true) {
-      int linear;
-      if constexpr (Config::kDynamicSched) {
-        linear = lead ? dynamic_claim(reinterpret_cast<unsigned int*>(p.sched_counter)) : 0;
-        if constexpr (kGathers) linear = __shfl_sync(0xffffffffu, linear, 0);   // one claim per warp
-      } else {
-        linear = walk.claim();   // (every lane walks the same sequence)
+    int lag_stage = -1;   // kGatherLag: the stage whose copies this lane has not yet published
+    // Publish lag_stage: its copies landed (the group before the newest), fenced for WGMMA's
+    // async proxy, then this lane's arrival. Waiting on one stage late keeps a stage of copies in
+    // flight; it needs a third stage (the consumers free stage s after waiting on s + 1's).
+    auto publish = [&](bool last) {
+      if constexpr (kGatherLag) {
+        if (lag_stage < 0) return;
+        if (last) cp_async_wait_all(); else cp_async_wait_all_but_newest();
+        fence_async_shared();
+        mbar_arrive(&full[lag_stage]);
+        lag_stage = -1;
       }
-      const auto t = sched.tile(linear);
+    };
+    const int* row_ends = reinterpret_cast<const int*>(p.row_ends);
+    while (true) {
+      decltype(sched.tile(0)) t;
+      do {   // tiles past their expert's row end are skipped here: the consumers never see them
+        int linear;
+        if constexpr (Config::kDynamicSched) {
+          linear = lead ? dynamic_claim(reinterpret_cast<unsigned int*>(p.sched_counter)) : 0;
+          if constexpr (kGathers) linear = __shfl_sync(0xffffffffu, linear, 0);   // one claim per warp
+        } else {
+          linear = walk.claim();   // (every lane walks the same sequence)
+        }
+        t = sched.tile(linear);
+      } while (skips(row_ends, t));
 
       mbar_wait(&tile_empty[slot], ring_phase ^ 1);
       // A tile the epilogue does not store (a phantom of a cluster block) travels as expert -1.
@@ -428,7 +493,10 @@ struct GroupedGemmKernel {
         mbar_arrive(&tile_full[slot]);
       }
       if (++slot == kTileRing) { slot = 0; ring_phase ^= 1; }
-      if (!t.valid()) break;
+      if (!t.valid()) {
+        publish(true);
+        break;
+      }
 
       const int m0 = t.m_block * kTileM;
       const int n0 = t.n_block * kTileN;
@@ -438,7 +506,7 @@ struct GroupedGemmKernel {
         const int* index = reinterpret_cast<const int*>(p.a_index);
 #pragma unroll
         for (int j = 0; j < kGatherRows; ++j) {
-          const int r = m0 + lane + 32 * j;
+          const int r = m0 + (gwarp * kGatherRows + j) * 32 + lane;
           a_row[j] = r < p.m_rows ? __ldg(index + r) : -1;
         }
       }
@@ -460,46 +528,59 @@ struct GroupedGemmKernel {
         }
         // (Gathered rows: other lanes' boxes may complete before this; the arrival it carries is
         // the stage's only one, so the phase cannot complete without it.)
-        if (lead) mbar_arrive_expect_tx(&full[stage], kStageBytes);
+        if (lead) mbar_arrive_expect_tx(&full[stage], kTxBytes);
         if constexpr (kKGrouped) {
           uint8_t* sa = smem + kOffA + stage * kABytes;
           uint8_t* sb = smem + kOffB + stage * kBBytes;
           const int t0 = k0 + kb * kTileK;   // the k-block's first token row
-          load_kgrouped_operand<kGatherA, kAChunks>(&p.tma_a, &full[stage], sa, m0, t0, p.a_index, lane, lead);
-          load_kgrouped_operand<kGatherB, kBChunks>(&p.tma_b, &full[stage], sb, n0, t0, p.b_index, lane, lead);
+          // Gathered chunks go to the copying warps in turn, A's first (chunk c to warp c % W).
+          load_kgrouped_operand<kGatherA, kAChunks>(&p.tma_a, &full[stage], sa, m0, t0, p.a_index, src_a, lane, lead,
+                                                    gwarp);
+          load_kgrouped_operand<kGatherB, kBChunks>(&p.tma_b, &full[stage], sb, n0, t0, p.b_index, src_b, lane, lead,
+                                                    (gwarp - (kGatherA ? kAChunks : 0) % kGatherWarps + kGatherWarps)
+                                                        % kGatherWarps);
         } else if constexpr (kClusters) {
           load_stage_sliced(p, smem, geom, stage, &full[stage], tmap_b, t, kb, share_a);
         } else {
           if constexpr (kGatherA) {
-            uint8_t* sa = smem + kOffA + stage * kABytes;
-#pragma unroll
-            for (int j = 0; j < kGatherRows; ++j) {
-              tma_load_2d(&p.tma_a, &full[stage], sa + (lane + 32 * j) * 128, kb * kTileK, a_row[j]);
-            }
+            gather_rows_sw128<kTileM / kGatherWarps>(smem + kOffA + stage * kABytes + gwarp * (kTileM / kGatherWarps) * 128,
+                                                     src_a, a_row, kb * kTileK, lane);
           } else {
             tma_load_2d(&p.tma_a, &full[stage], smem + kOffA + stage * kABytes, kb * kTileK, m0);
           }
           if (lead) load_b(&full[stage], smem + kOffB + stage * kBBytes, tmap_b, n0, kb, t.expert);
         }
+        if constexpr (kGatherLag) {
+          cp_async_commit();
+          publish(false);
+          lag_stage = stage;
+        } else if constexpr (kGathers) {
+          cp_async_arrive_noinc(&full[stage]);   // every lane: its copies landed
+        }
         if (++stage == kStages) { stage = 0; phase ^= 1; }
       }
+      // A tile without k-blocks (a K-grouped expert without tokens) publishes now: the next
+      // tile's ring wait may need the tile that the lagging stage belongs to.
+      if (num_k_blocks == 0) publish(true);
     }
   }
 
   // One K-grouped operand's k-block (token rows t0 .. t0 + 63) in chunks of 64 M (N) columns:
   // whole 64-row boxes (the leading lane), or gathered (kGather: row t of the k-block reads token
-  // row index[t], lanes taking rows lane and lane + 32 of every chunk, one-row boxes at the row's
-  // SW128 place; an index outside the operand's rows reads zeros).
+  // row index[t], lanes holding the indices of rows lane and lane + 32, the warp's cp.async copies
+  // at each row's SW128 place; an index outside the operand's rows reads zeros).
   template <bool kGather, int kChunks>
   static __device__ void load_kgrouped_operand(const CUtensorMap* tmap, uint64_t* bar, uint8_t* dst, int c0, int t0,
-                                               const void* index_ptr, int lane, bool lead) {
+                                               const void* index_ptr, const GatherSource& src, int lane, bool lead,
+                                               int first_chunk) {
     if constexpr (kGather) {
+      // This warp's chunks: first_chunk, first_chunk + W, ... (W = kGatherWarps copying warps).
+      if (first_chunk >= kChunks) return;
       const int* index = reinterpret_cast<const int*>(index_ptr);
-      const int row0 = __ldg(index + t0 + lane), row1 = __ldg(index + t0 + lane + 32);
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        tma_load_2d(tmap, bar, dst + c * kMnChunkBytes + lane * 128, c0 + 64 * c, row0);
-        tma_load_2d(tmap, bar, dst + c * kMnChunkBytes + (lane + 32) * 128, c0 + 64 * c, row1);
+      const int rows[2] = {__ldg(index + t0 + lane), __ldg(index + t0 + lane + 32)};
+#pragma unroll 1   // (unrolled, both operands' copies outgrow the producer's registers: local memory)
+      for (int c = first_chunk; c < kChunks; c += kGatherWarps) {
+        gather_rows_sw128<64>(dst + c * kMnChunkBytes, src, rows, c0 + 64 * c, lane);
       }
     } else if (lead) {
 #pragma unroll
@@ -667,6 +748,7 @@ struct GroupedGemmKernel {
       auto k_step = [&](int kb) {
         if (kb == prefetch_kb && stores_tile) Epi::prefetch(p, tile_row0(p, t) - row_shift, t.z * kTileN, warp, lane);
         mbar_wait(&full[stage], phase);
+        if constexpr (kGathers && !kGatherLag) fence_async_shared();   // cp.async's writes, read by WGMMA
         fence_acc(acc);
         cute::warpgroup_arrive();
         // Descriptor address field is in 16-byte units: stage offsets and the 32-byte K
