@@ -153,6 +153,8 @@ class Prepared:
     * ``outs`` -- (output name, position); ``alloc`` -- what ``__call__`` allocates per call;
     * ``masks`` -- (position, alignment - 1) of every address the kernel needs aligned;
     * ``resets`` -- (fill bits, position, words) of the reductions ``execute`` resets;
+    * ``offsets`` / ``row_ends`` -- the positions of padded_offsets and of the row ends (None
+      where the call has none);
     * ``spans_out`` / ``spans_in`` -- (position, last byte's offset) of the caller's outputs and of
       what they may not overlap (``execute``);
     * the launch geometry (``grid``, ``empty``, ``scratch``, ``go``) and ``bufs``: packed
@@ -162,7 +164,7 @@ class Prepared:
     (a bounded dict whose values are complete before they are inserted).
     """
 
-    __slots__ = ("call", "rebase", "slots", "consts", "outs", "alloc", "masks", "resets", "offsets",
+    __slots__ = ("call", "rebase", "slots", "consts", "outs", "alloc", "masks", "resets", "offsets", "row_ends",
                  "grid", "empty", "scratch", "discrete", "go", "bufs", "keep", "spans_out", "spans_in")
 
     def __init__(self, **fields: Any) -> None:

@@ -130,6 +130,7 @@ class PreparedLaunch:
         e = Prepared(call=template, rebase=tuple(rebase), slots=tuple(slots), consts=consts, outs=tuple(outs),
                      alloc=alloc, masks=tuple(masks), resets=tuple(resets),
                      offsets=pos["padded_offsets"] if call.offsets is not None else None,
+                     row_ends=dict(rebase).get("row_ends"),
                      grid=grid, empty=planned is None, scratch=scratch,
                      discrete=planned is not None and planned[1].discrete,
                      go=None if planned is None or scratch else prepare(ln.kernel, ln.config(grid)),
@@ -190,9 +191,9 @@ class PreparedLaunch:
         if e.empty:
             return   # no row tile (an empty A): nothing to map or launch; outputs hold their fills
         if zero:
-            ends = dict(e.rebase).get("row_ends")   # (its tiles past the row ends may be skipped)
+            # (with row ends, the rows past them too: the kernel may skip their tiles)
             _tail.zero_tail([zero[k] for k in self._rows if k in zero], ptrs[e.offsets], e.call.l, e.call.m, stream,
-                            self.device, ptrs[ends] if ends is not None else 0)
+                            self.device, ptrs[e.row_ends] if e.row_ends is not None else 0)
         if ready is None:
             ready = e.bufs.get(ptrs)
         if ready is None:

@@ -183,3 +183,25 @@ def test_row_ends_are_parsed_packed_and_checked(no_device):  # noqa: F811
         op._parse((a, off, b), {"row_ends": torch.zeros(3, dtype=torch.int32)})
     with pytest.raises(ArgumentError, match=r"^row_ends.dtype"):
         wg._parse((dy, x, off), {"row_ends": ends.long()})
+
+
+def test_row_ends_reach_the_tail_kernel_on_every_call(monkeypatch, no_device):  # noqa: F811
+    """The tail kernel zeroes the rows past the row ends (the kernel may skip their tiles): the
+    launch hands it the address of this call's row ends, on the full path and on the memoised
+    one, and 0 without them."""
+    from test_op import _Driver, _Packed
+    tails = []
+    monkeypatch.setattr("fusegemm.runtime.launch.prepare", lambda kernel, cfg: lambda buf, stream: None)
+    monkeypatch.setattr(Op, "_check_devices", lambda self, call, more: 0)
+    monkeypatch.setattr("fusegemm.ops.tail.zero_tail", lambda *a: tails.append(a[-1]))
+    monkeypatch.setattr("fusegemm.runtime.load.driver", lambda: _Driver())
+    monkeypatch.setattr("fusegemm.runtime.load.check", lambda *a: None)
+    monkeypatch.setattr("fusegemm.ops.engine.alloc", lambda shape, dtype, device: torch.empty(shape))
+    op = Op("grouped_gemm", arch="sm_90a")
+    op._launcher = _Packed()
+    off = torch.tensor([256, 512], dtype=torch.int32)
+    a, b = torch.zeros((512, 64), dtype=torch.bfloat16), torch.zeros((2, 128, 64), dtype=torch.bfloat16)
+    ends1, ends2 = torch.tensor([100, 300], dtype=torch.int32), torch.tensor([10, 400], dtype=torch.int32)
+    for ends in (ends1, ends2, None):
+        op(a, off, b, row_ends=ends, inputs={"alpha": torch.ones(2)})
+    assert len(op._memo) == 2 and tails == [ends1.data_ptr(), ends2.data_ptr(), 0]
