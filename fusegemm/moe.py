@@ -548,13 +548,6 @@ def _gather_op(spec: str, device: int, **axes) -> "Op":  # noqa: F821
     return op
 
 
-@torch.compiler.assume_constant_result
-def _gathers(index: int) -> bool:
-    """Whether device ``index``'s arch has the gathered grouped and K-grouped kernels (sm_90a)."""
-    from .ops.device import device_arch
-    return device_arch(index) == "sm_90a"
-
-
 # Whether RoutedMLPFunction reads x's and dy's token rows through the index inside the GEMMs
 # (gathered operands) or permutes them first with the one-pass gather kernel. H200, 2026-12-03
 # (bench/gathered.py, same run): the gathered fc1 ran at 0.94x (dsv3) and 0.90x (qwen3) of the
@@ -604,7 +597,7 @@ class RoutedMLPFunction(torch.autograd.Function):
         wgrad : {"auto", "torch", "fusegemm"}
             The weight gradients' kernel (as :class:`ExpertMLPFunction`).
         """
-        from .routing import _rows_of_tokens
+        from .routing import _rows_of_tokens, _sum_rows
         dev = x.device.index or 0
         idx = token_of_row.to(torch.int32)
         ones = torch.ones(w1.shape[0], device=x.device)
@@ -617,46 +610,40 @@ class RoutedMLPFunction(torch.autograd.Function):
             out = fc1(x, padded_offsets, w1, row_ends=row_ends, inputs={"alpha": ones, "prob": prob})
         g, h = out["c"], out["d"]
         y = _gather_op("grouped_gemm", dev)(h, padded_offsets, w2, row_ends=row_ends, inputs={"alpha": ones})["d"]
-        ctx.save_for_backward(x, idx, row_of, padded_offsets, row_ends, prob, w1, w2, g, h)
+        ctx.save_for_backward(x, idx, token_of_row, row_of, padded_offsets, row_ends, prob, w1, w2, g, h)
         ctx.wgrad = wgrad
-        from .routing import _sum_rows
         return _sum_rows(y, row_of)
 
     @staticmethod
     def backward(ctx, dy: Tensor):
-        from .routing import _sum_rows
+        from .routing import _rows_of_tokens, _sum_rows
         from .torch_library import _kgrouped_fits, grouped_wgrad, weight_as_b
-        x, idx, row_of, off, ends, prob, w1, w2, g, h = ctx.saved_tensors
+        x, idx, token_of_row, row_of, off, ends, prob, w1, w2, g, h = ctx.saved_tensors
         dev = x.device.index or 0
         ones = torch.ones(w1.shape[0], device=x.device)
-        dy = dy.to(x.dtype).contiguous()   # (T, H): read through idx (padding rows: -1, zeros)
+        # dy (T, H): read through idx (padding rows: -1, zeros), or permuted first
+        dy = dy.to(x.dtype).contiguous() if GATHERED_LOADS else _rows_of_tokens(dy.to(x.dtype), token_of_row)
+        through = {"a_index": idx} if GATHERED_LOADS else {}
         b2, major2 = weight_as_b(w2)
         dsw = _gather_op("grouped_gemm_dswiglu_bf16", dev, a_gather=GATHERED_LOADS, b_major=major2,
                          **dict(_dswiglu_tile(dev, g.shape[1] // 2)))
-        if not GATHERED_LOADS:
-            from .routing import _rows_of_tokens
-            dy = _rows_of_tokens(dy, idx.long())
-        out = dsw(dy, off, b2, row_ends=ends, inputs={"alpha": ones, "prob": prob, "c": g},
-                  **({"a_index": idx} if GATHERED_LOADS else {}))
+        out = dsw(dy, off, b2, row_ends=ends, inputs={"alpha": ones, "prob": prob, "c": g}, **through)
         dg, dprob = out["d"], out["dprob"]
         b1, major1 = weight_as_b(w1)
         dx = _sum_rows(_gather_op("grouped_gemm", dev, b_major=major1)(dg, off, b1, row_ends=ends,
                                                                        inputs={"alpha": ones})["d"], row_of)
 
-        def wgrad(a: Tensor, b: Tensor, like: Tensor, **gathered) -> Tensor:
-            rows = g.shape[0]
-            if ctx.wgrad != "torch" and _kgrouped_fits(a.shape[1], b.shape[1], rows, dev):
-                op = _gather_op("grouped_gemm_wgrad", dev, a_gather="dy_index" in gathered,
-                                b_gather="x_index" in gathered)
-                return op(a, b, off, row_ends=ends, **gathered)["d"].to(like.dtype)
-            from .routing import _rows_of_tokens   # torch's kernel reads permuted rows
-            if "dy_index" in gathered:
-                a = _rows_of_tokens(a, gathered["dy_index"].long())
-            if "x_index" in gathered:
-                b = _rows_of_tokens(b, gathered["x_index"].long())
+        def wgrad(a: Tensor, b: Tensor, like: Tensor, a_gathered: bool, b_gathered: bool) -> Tensor:
+            if ctx.wgrad != "torch" and _kgrouped_fits(a.shape[1], b.shape[1], g.shape[0], dev):
+                op = _gather_op("grouped_gemm_wgrad", dev, a_gather=a_gathered, b_gather=b_gathered)
+                index = {**({"dy_index": idx} if a_gathered else {}), **({"x_index": idx} if b_gathered else {})}
+                return op(a, b, off, row_ends=ends, **index)["d"].to(like.dtype)
+            # torch's kernel reads permuted rows
+            a = _rows_of_tokens(a, token_of_row) if a_gathered else a
+            b = _rows_of_tokens(b, token_of_row) if b_gathered else b
             return grouped_wgrad(a, b, off, ctx.wgrad).to(like.dtype)
-        dw1 = wgrad(dg, x, w1, **({"x_index": idx} if GATHERED_LOADS else {}))
-        dw2 = wgrad(dy, h, w2, **({"dy_index": idx} if GATHERED_LOADS else {}))
+        dw1 = wgrad(dg, x, w1, False, GATHERED_LOADS)
+        dw2 = wgrad(dy, h, w2, GATHERED_LOADS, False)
         return dx, None, None, None, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None
 
 
