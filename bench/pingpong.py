@@ -47,6 +47,7 @@ WGRAD = {"dsv3-fc1-w": (8, 16384, 4096, 7168), "dsv3-fc2-w": (8, 16384, 7168, 20
          "mixtral-l-fc1-w": (8, 8192, 28672, 4096), "mixtral-l-fc2-w": (8, 8192, 4096, 14336)}
 LAYERS = {"dsv3": (8, 16384, 7168, 2048), "qwen3": (32, 16384, 2048, 768),   # experts, tokens, hidden, F
           "mixtral": (8, 16384, 4096, 14336), "dsv3-32-l": (32, 32768, 7168, 2048), "mixtral-l": (8, 8192, 4096, 14336)}
+# (the layers' data gradients "-dgrad" with K-major B here; the layer reads w1 N-major)
 GEMM = {**SHAPES, "dsv3-32-l-fc2": (32, 32768, 7168, 2048), "dsv3-32-l-dgrad": (32, 32768, 7168, 4096),
         "mixtral-l-fc2": (8, 8192, 4096, 14336), "mixtral-l-dgrad": (8, 8192, 4096, 28672)}
 ALL = ([f"gemm:{s}" for s in GEMM] + [f"wgrad:{s}" for s in WGRAD]
