@@ -23,13 +23,13 @@
 // token rows like an N-major B. An expert without tokens gets zeros (alpha * 0).
 //
 // Gathered A (Config::kGatherA, M-grouped, no clusters): row r of the problem is row a_index[r]
-// of A (tokens x K, token-major: an MoE layer's x before the permutation). The whole producer warp
-// loads A with cp.async into the SW128 stage (fusegemm/gather.cuh: why not TMA, the layout, the
-// completion protocol), each lane holding the indices of kTileM / 32 of the tile's rows; an index
-// outside A's rows (padding: -1) reads zeros, so no index value can fault. The stage's full
-// barrier counts the leading lane's arrival (with B's TMA bytes) and one cp.async arrival per
-// lane. B, the ring and the scheduling stay with the leading lane. The K-grouped kernels gather
-// dY's and/or X's token rows the same way (kGatherA / kGatherB).
+// of A (tokens x K, token-major: an MoE layer's x before the permutation). kGatherWarps warps of
+// the producer warpgroup copy A with cp.async into the SW128 stage (fusegemm/gather.cuh: why not
+// TMA, the layout, the completion protocol), each warp a 32-row share of the tile whose indices
+// its lanes hold; an index outside A's rows (padding: -1) reads zeros, so no index value can
+// fault. The stage's full barrier counts the leading lane's arrival (with B's TMA bytes) and one
+// arrival per copying lane. B, the ring and the scheduling stay with the leading lane. The
+// K-grouped kernels gather dY's and/or X's token rows the same way (kGatherA / kGatherB).
 //
 // Clusters (M-grouped, static scheduling; fusegemm/cluster.cuh has the protocol, shared with the
 // sm_100a kernels): a Config with kClusterMulticast (the variant's cluster has more than one CTA)
@@ -229,8 +229,9 @@ struct GroupedGemmKernel {
   static constexpr int kMaxStages =
       (kSmemLimit - kEpiBytes - kMiscBytes - 8 * 2 * (8 + kTileRing)) / kStageBytes;
   static constexpr int kStages = kMaxStages > 8 ? 8 : kMaxStages;
-  static_assert(!kGatherLag || (kStages >= 3 && kTileRing >= 2), "a lagging gathered stage needs a third stage");
+  // (Three stages, and two ring slots, are also what a lagging gathered stage needs: produce().)
   static_assert(kStages >= 3, "not enough shared memory for a 3-stage pipeline");
+  static_assert(!kGatherLag || kTileRing >= 2, "a lagging gathered stage needs a second ring slot");
 
   static constexpr int kOffA = 0;
   static constexpr int kOffB = kOffA + kStages * kABytes;
@@ -403,7 +404,7 @@ struct GroupedGemmKernel {
 
     if (wg == kConsumerWGs) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-      if constexpr (kGathers) {   // the whole warp: every lane loads gathered rows
+      if constexpr (kGathers) {   // the copying warps: every lane loads gathered rows
         if (tid % 128 < 32 * kGatherWarps) produce(p, smem, geom, full, empty, tile_full, tile_empty, ring);
       } else if (tid % 128 < 32 && elect_one()) {
         produce(p, smem, geom, full, empty, tile_full, tile_empty, ring);
@@ -420,7 +421,8 @@ struct GroupedGemmKernel {
   }
 
   // ------------------------------------------------------------------------------------
-  // Producer: one thread (gathered operands: the warp, lane 0 leading; the others load gathered rows only).
+  // Producer: one thread (gathered operands: the copying warps, lane 0 of the first leading; the
+  // others copy gathered rows only).
   // ------------------------------------------------------------------------------------
   template <class Params>
   static __device__ void produce(const Params& p, uint8_t* smem, const Geom& geom, uint64_t* full,
@@ -526,8 +528,8 @@ struct GroupedGemmKernel {
             tmap_expert = t.expert;
           }
         }
-        // (Gathered rows: other lanes' boxes may complete before this; the arrival it carries is
-        // the stage's only one, so the phase cannot complete without it.)
+        // (Gathered rows: other lanes' copies may be published before this; the phase cannot
+        // complete without this arrival, one of the kFullArrivals.)
         if (lead) mbar_arrive_expect_tx(&full[stage], kTxBytes);
         if constexpr (kKGrouped) {
           uint8_t* sa = smem + kOffA + stage * kABytes;
