@@ -17,6 +17,13 @@ rows: ``fusegemm.moe.RoutedMLPFunction``, the gathered-operand variant, measured
 GPU time without the host's launch gaps, what a framework that captures its step runs.
 ``--profile`` adds, per layer and method, the kernels' time per eager step, the GEMM kernels'
 share of it and the top kernels (torch.profiler); wall minus kernel time is what the GPU idled.
+``--host`` adds each method's host time to issue one eager step (the GPU kept busy ahead of it)
+and cProfile's top functions by own time.
+``--also block-no-ends,routed,routed-no-ends,routed-gathered`` times, in the same rounds, the
+block without the routing's row ends and the same layer through
+``fusegemm.moe.RoutedMLPFunction`` (with the row ends, without them, and with gathered loads as
+well): ``<variant>_ms``, its speedup over torch and its largest difference from the block's
+output.
 """
 from __future__ import annotations
 
@@ -31,6 +38,43 @@ LAYERS = {
     "mixtral": (8, 4096, 4096, 14336, 2),
     "qwen3": (128, 4096, 2048, 768, 8),
 }
+
+
+# --also: MoEBlock's layer without the row ends, and RoutedMLPFunction's forms (row ends passed,
+# gathered loads)
+VARIANTS = {"block-no-ends": None, "routed": (True, False), "routed-no-ends": (False, False),
+            "routed-gathered": (True, True)}
+
+
+class BlockNoEnds:
+    """``block``'s own layer (permuted rows) without the routing's row ends: every GEMM runs the
+    padding's tiles."""
+
+    def __init__(self, block):
+        self.block = block
+
+    def __call__(self, x, logits):
+        from fusegemm.routing import combine, gather, route, row_probs
+        b = self.block
+        r = route(logits, b.top_k, normalize=b.normalize)
+        return combine(b.mlp(gather(x, r), r.padded_offsets, row_probs(r)), r)
+
+
+class RoutedLayer:
+    """``block``'s layer through ``RoutedMLPFunction`` (the permutation and padding inside the
+    GEMMs); ``ends``: pass the routing's row ends; ``gathered``: ``moe.GATHERED_LOADS`` for the call
+    (set around forward and backward by :func:`bench_layer`'s step)."""
+
+    def __init__(self, block, ends: bool, gathered: bool):
+        self.block, self.ends, self.gathered = block, ends, gathered
+
+    def __call__(self, x, logits):
+        from fusegemm.moe import RoutedMLPFunction
+        from fusegemm.routing import route, row_probs
+        b = self.block
+        r = route(logits, b.top_k, normalize=b.normalize)
+        return RoutedMLPFunction.apply(x, r.token_of_row, r.row_of, r.padded_offsets,
+                                       r.row_ends if self.ends else None, row_probs(r), b.mlp.w1, b.mlp.w2)
 
 
 class TorchLayer:
@@ -73,17 +117,35 @@ def bench_layer(name: str, args) -> dict:
     row = {"layer": name, "experts": experts, "tokens": tokens, "hidden": hidden, "intermediate": inter,
            "top_k": top_k}
 
-    def step(layer, params):
+    def step(layer, params, gathered=False):
+        import fusegemm.moe as moe
+
         def run():
             for p in (x, logits, *params):
                 p.grad = None
-            layer(x, logits).backward(dy)
+            moe.GATHERED_LOADS = gathered
+            try:
+                layer(x, logits).backward(dy)
+            finally:
+                moe.GATHERED_LOADS = False
         return run
 
     methods = {"fusegemm": step(ours, (ours.mlp.w1, ours.mlp.w2)), "torch": step(peer, (w1, w2))}
+    also = [v for v in args.also.split(",") if v]
     with torch.no_grad():
         yo, yt = ours(x, logits).float(), peer(x, logits).float()
     row["rel_diff_y_vs_torch"] = float((yo - yt).norm() / yt.norm())
+    for v in also:
+        ends, gathered = VARIANTS[v] or (False, False)
+        layer = BlockNoEnds(ours) if VARIANTS[v] is None else RoutedLayer(ours, ends, gathered)
+        methods[v] = step(layer, (ours.mlp.w1, ours.mlp.w2), gathered)
+        import fusegemm.moe as moe
+        moe.GATHERED_LOADS = gathered
+        try:
+            with torch.no_grad():
+                row[f"{v}_max_abs_diff_vs_fusegemm"] = float((layer(x, logits).float() - yo).abs().max())
+        finally:
+            moe.GATHERED_LOADS = False
     for key, run in methods.items():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -95,10 +157,15 @@ def bench_layer(name: str, args) -> dict:
         methods = {key: _graphed(run) for key, run in methods.items()}
     for key, ms in interleaved_ms(methods, args).items():
         row[f"{key}_ms"] = ms
+    if args.host:
+        for key, run in eager.items():
+            row[f"{key}_host"] = _host_table(run)
     if args.profile:    # after the timing: the profiler's hooks outlive it and slow the host
         for key, run in eager.items():
             row[f"{key}_kernels"] = _kernel_table(run)
     row["speedup_vs_torch"] = row["torch_ms"] / row["fusegemm_ms"]
+    for v in also:
+        row[f"{v}_vs_torch"] = row["torch_ms"] / row[f"{v}_ms"]
     torch.cuda.empty_cache()
     return row
 
@@ -128,6 +195,37 @@ def _kernel_table(run, steps: int = 3, top: int = 12) -> dict:
             "top": [(e.self_device_time_total / steps / 1e3, e.count // steps, e.key[:120]) for e in events[:top]]}
 
 
+def _host_table(run, steps: int = 3, top: int = 25) -> dict:
+    """The host's time to issue one eager step while the GPU is kept busy (a sleep kernel ahead
+    of it, so no call waits on the GPU unless it synchronises), and cProfile's top functions by
+    own time over ``steps`` steps (ms per step, calls per step, function)."""
+    import cProfile
+    import pstats
+    import time
+
+    import torch
+    run()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(3e9))   # cycles: about 1.5 s at the H200's clocks
+    start = time.perf_counter()
+    for _ in range(steps):
+        run()
+    issue = (time.perf_counter() - start) * 1e3 / steps
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(3e9))
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        run()
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof).stats
+    rows = sorted(((tt, nc, f"{fn[2]} {fn[0].rsplit('/', 2)[-1]}:{fn[1]}", ct)
+                   for fn, (_, nc, tt, ct, _) in stats.items()), reverse=True)[:top]
+    return {"issue_ms_per_step": issue,
+            "top_own": [(tt * 1e3 / steps, nc // steps, name, ct * 1e3 / steps) for tt, nc, name, ct in rows]}
+
+
 def _graphed(run):
     """``run`` (one step) captured in a CUDA graph after two warm-up steps on a side stream; the
     replay, which is what a framework that captures its training step launches."""
@@ -153,8 +251,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--graph", action="store_true", help="time both steps as CUDA-graph replays (no host gaps)")
     ap.add_argument("--profile", action="store_true",
                     help="add each layer's kernel-time table (torch.profiler, eager steps) to the JSON")
+    ap.add_argument("--host", action="store_true",
+                    help="add each method's host time to issue an eager step and its cProfile top functions")
+    ap.add_argument("--also", default="", help="RoutedMLPFunction forms timed beside the block: "
+                    + ", ".join(VARIANTS))
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    for v in filter(None, args.also.split(",")):
+        if v not in VARIANTS:
+            ap.error(f"--also: got {v!r}; allowed: {', '.join(VARIANTS)}")
 
     def summary(r: dict) -> str:
         split = ""
@@ -162,8 +267,10 @@ def main(argv: list[str] | None = None) -> int:
             ours, peer = r["fusegemm_kernels"], r["torch_kernels"]
             split = (f"  GEMMs {ours['gemm_ms_per_step']:.2f} / {peer['gemm_ms_per_step']:.2f} ms of kernels "
                      f"{ours['kernel_ms_per_step']:.2f} / {peer['kernel_ms_per_step']:.2f} ms")
+        also = "".join(f"  {v} {r[v + '_ms']:.2f} ms x{r[v + '_vs_torch']:.2f}"
+                       for v in filter(None, args.also.split(",")))
         return (f"fusegemm {r['fusegemm_ms']:.2f} ms  torch {r['torch_ms']:.2f} ms  x{r['speedup_vs_torch']:.2f}  "
-                f"peak {r['fusegemm_peak_gib']:.1f} / {r['torch_peak_gib']:.1f} GiB" + split)
+                f"peak {r['fusegemm_peak_gib']:.1f} / {r['torch_peak_gib']:.1f} GiB" + also + split)
     return run_layers(args, LAYERS, bench_layer, summary,
                       "MoE layer forward + backward step (routing, gather, expert MLP, combine) vs torch",
                       note="; each step a CUDA-graph replay" if args.graph else "; eager steps", graph=args.graph)

@@ -153,7 +153,8 @@ def _expert_rows(padded_offsets: Tensor, m: int | None = None) -> list[tuple[int
     return list(zip([0] + ends[:-1], ends))
 
 
-def _check_inputs(x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w2: Tensor) -> None:
+def _check_inputs(x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w2: Tensor,
+                  row_ends: Tensor | None = None) -> None:
     """The shapes of the layer's inputs against its weights (no host copy, no sync): a mistake
     is an ArgumentError naming the argument, not an error from inside a matmul or a kernel."""
     experts, two_f, hidden = w1.shape
@@ -169,6 +170,10 @@ def _check_inputs(x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w
         raise ArgumentError("padded_offsets.dtype", padded_offsets.dtype, "an integer dtype (torch.int32)")
     if prob.shape != (x.shape[0],):
         raise ArgumentError("prob.shape", tuple(prob.shape), f"({x.shape[0]},): one weight per row of x")
+    if row_ends is not None and (not isinstance(row_ends, Tensor) or row_ends.shape != (experts,)
+                                 or row_ends.dtype != torch.int32):
+        got = (tuple(row_ends.shape), row_ends.dtype) if isinstance(row_ends, Tensor) else type(row_ends).__name__
+        raise ArgumentError("row_ends", got, f"an int32 tensor of shape ({experts},): one row end per expert")
 
 
 ALIGN = 256   # rows each expert's range is padded to (the kernels' tile rows)
@@ -183,7 +188,8 @@ def _check_aligned(padded_offsets: Tensor) -> None:
 
 
 class _Torch:
-    """The layer's GEMMs with torch matmuls per expert (reference and CPU backend)."""
+    """The layer's GEMMs with torch matmuls per expert (reference and CPU backend). Row ends
+    (``ends``) change nothing here: the matmuls read every row, and the padding rows are zero."""
 
     @staticmethod
     def grouped(x: Tensor, rows: list, w: Tensor, dtype: torch.dtype | None = None) -> Tensor:
@@ -194,18 +200,20 @@ class _Torch:
                 y[s:t] = (_acc(x[s:t]) @ _acc(w[e]).T).to(y.dtype)
         return y
 
-    def fc1(self, x: Tensor, off: Tensor, rows: list, w1: Tensor, prob: Tensor) -> tuple[Tensor, Tensor]:
+    def fc1(self, x: Tensor, off: Tensor, rows: list, w1: Tensor, prob: Tensor, ends: Tensor | None = None
+            ) -> tuple[Tensor, Tensor]:
         """(g, h): the pre-activations (kept for the backward) and ``prob * silu(gate) * up``."""
         g = self.grouped(x, rows, w1)
         return g, _swiglu(g, prob).to(x.dtype)
 
-    def gemm(self, x: Tensor, off: Tensor, rows: list, w: Tensor) -> Tensor:
+    def gemm(self, x: Tensor, off: Tensor, rows: list, w: Tensor, ends: Tensor | None = None) -> Tensor:
         return self.grouped(x, rows, w)
 
-    def dgrad(self, dg: Tensor, off: Tensor, rows: list, w1: Tensor) -> Tensor:
+    def dgrad(self, dg: Tensor, off: Tensor, rows: list, w1: Tensor, ends: Tensor | None = None) -> Tensor:
         return self.grouped(dg, rows, w1.transpose(1, 2))
 
-    def dswiglu(self, dy: Tensor, off: Tensor, rows: list, w2: Tensor, g: Tensor, prob: Tensor) -> tuple[Tensor, Tensor]:
+    def dswiglu(self, dy: Tensor, off: Tensor, rows: list, w2: Tensor, g: Tensor, prob: Tensor,
+                ends: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(dG interleaved, dprob) from dh = dy @ w2 (fc2's data gradient) and the saved g."""
         dh = self.grouped(dy, rows, w2.transpose(1, 2))
         dg, dprob = swiglu_backward(g, dh, prob)
@@ -238,7 +246,8 @@ class _Torch:
         return rq, rsf, cq.t(), csf, dprob
 
     @staticmethod
-    def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor, kernel: str = "auto") -> Tensor:
+    def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor, kernel: str = "auto",
+              ends: Tensor | None = None) -> Tensor:
         """dW[e] = dy[rows_e]^T @ x[rows_e] (a reduction over each expert's rows)."""
         dw = torch.zeros_like(like)
         for e, (s, t) in enumerate(rows):
@@ -255,30 +264,34 @@ class _Fusegemm:
     def _ones(w: Tensor) -> Tensor:
         return torch.ones(w.shape[0], device=w.device)
 
-    def fc1(self, x: Tensor, off: Tensor, rows: list, w1: Tensor, prob: Tensor) -> tuple[Tensor, Tensor]:
+    def fc1(self, x: Tensor, off: Tensor, rows: list, w1: Tensor, prob: Tensor, ends: Tensor | None = None
+            ) -> tuple[Tensor, Tensor]:
         """One kernel: the SwiGLU epilogue stores h and, with generate_c, the pre-activations g."""
         from .torch_library import epilogue_gemm
         out = epilogue_gemm("grouped_gemm_swiglu", x, off, w1, inputs={"alpha": self._ones(w1), "prob": prob.float()},
-                            d_dtype="bfloat16", generate_c=True, c_dtype="bfloat16")
+                            row_ends=ends, d_dtype="bfloat16", generate_c=True, c_dtype="bfloat16")
         return out["c"], out["d"]
 
-    def gemm(self, x: Tensor, off: Tensor, rows: list, w: Tensor, b_major: str = "k") -> Tensor:
+    def gemm(self, x: Tensor, off: Tensor, rows: list, w: Tensor, b_major: str = "k", ends: Tensor | None = None
+             ) -> Tensor:
         from .torch_library import epilogue_gemm
-        return epilogue_gemm("grouped_gemm", x, off, w, inputs={"alpha": self._ones(w)}, b_major=b_major)["d"]
+        return epilogue_gemm("grouped_gemm", x, off, w, inputs={"alpha": self._ones(w)}, row_ends=ends,
+                             b_major=b_major)["d"]
 
-    def dgrad(self, dg: Tensor, off: Tensor, rows: list, w1: Tensor) -> Tensor:
+    def dgrad(self, dg: Tensor, off: Tensor, rows: list, w1: Tensor, ends: Tensor | None = None) -> Tensor:
         """fc1's data gradient dG @ w1: w1 read as an N-major B where the arch's kernel can."""
         from .torch_library import weight_as_b
-        return self.gemm(dg, off, rows, *weight_as_b(w1))
+        return self.gemm(dg, off, rows, *weight_as_b(w1), ends=ends)
 
-    def dswiglu(self, dy: Tensor, off: Tensor, rows: list, w2: Tensor, g: Tensor, prob: Tensor) -> tuple[Tensor, Tensor]:
+    def dswiglu(self, dy: Tensor, off: Tensor, rows: list, w2: Tensor, g: Tensor, prob: Tensor,
+                ends: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """One kernel: fc2's data gradient with the dSwiGLU epilogue (specs/grouped_gemm_dswiglu_bf16.yaml)
         writes dG interleaved and accumulates dprob."""
         from .torch_library import device_ordinal, epilogue_gemm, weight_as_b
         b, major = weight_as_b(w2)
         out = epilogue_gemm("grouped_gemm_dswiglu_bf16", dy, off, b,
-                            inputs={"alpha": self._ones(w2), "prob": prob.float(), "c": g}, b_major=major,
-                            **dict(_dswiglu_tile(device_ordinal(dy.device), g.shape[1] // 2)))
+                            inputs={"alpha": self._ones(w2), "prob": prob.float(), "c": g}, row_ends=ends,
+                            b_major=major, **dict(_dswiglu_tile(device_ordinal(dy.device), g.shape[1] // 2)))
         return out["d"], out["dprob"]
 
     # MXFP8 recipe
@@ -316,11 +329,13 @@ class _Fusegemm:
                 dprob.view(-1))
 
     @staticmethod
-    def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor, kernel: str = "auto") -> Tensor:
+    def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor, kernel: str = "auto",
+              ends: Tensor | None = None) -> Tensor:
         """dW_e = dy_e^T x_e (:func:`fusegemm.torch_library.grouped_wgrad`). Both kernels reduce over
-        every row of an expert's range: the layer's padding rows of x and h are zero."""
+        the rows of an expert's range (fusegemm's up to the k-block of its row end): the layer's
+        padding rows of x and h are zero."""
         from .torch_library import grouped_wgrad
-        return grouped_wgrad(dy, x, off, kernel).to(like.dtype)
+        return grouped_wgrad(dy, x, off, kernel, row_ends=ends).to(like.dtype)
 
 
 def _one(t: Tensor) -> Tensor:
@@ -370,9 +385,9 @@ class ExpertMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w2: Tensor,
                 backend: str = "fusegemm", recipe: str = "bf16", stats: dict | None = None,
-                wgrad: str = "auto") -> Tensor:
+                wgrad: str = "auto", row_ends: Tensor | None = None) -> Tensor:
         """The layer's forward (``ExpertMLPFunction.apply(x, padded_offsets, prob, w1, w2, backend, recipe,
-        stats, wgrad)``).
+        stats, wgrad, row_ends)``).
 
         Parameters
         ----------
@@ -398,6 +413,10 @@ class ExpertMLPFunction(torch.autograd.Function):
             (:class:`fusegemm.KGroupedGemm`, sm_90a; the hidden size and 2F whole multiples of
             128), ``torch._grouped_mm``, or (``auto``, the default) the first where it fits, else
             the second.
+        row_ends : (L,) int32 tensor, optional
+            Where each expert's tokens end inside its padded range (the routing's,
+            :attr:`fusegemm.routing.Routing.row_ends`; the rows after it zero in ``x``): the BF16
+            recipe's kernels skip the padding's row tiles and k-blocks (the same values).
         """
         be = _BACKENDS[backend]
         from .torch_library import WGRAD_KERNELS
@@ -406,14 +425,14 @@ class ExpertMLPFunction(torch.autograd.Function):
         if backend == "fusegemm" and not x.is_cuda:
             raise ValueError(f"x: got a tensor on {x.device}; allowed: a CUDA tensor for backend 'fusegemm' "
                              f"(backend='torch' runs the same layer with torch matmuls on any device)")
-        _check_inputs(x, padded_offsets, prob, w1, w2)
+        _check_inputs(x, padded_offsets, prob, w1, w2, row_ends)
         rows = _expert_rows(padded_offsets, x.shape[0]) if backend == "torch" else None
         ctx.backend, ctx.recipe, ctx.stats = backend, recipe, stats
         ctx.wgrad = wgrad
         if recipe == "bf16":
-            g, h = be.fc1(x, padded_offsets, rows, w1, prob)
-            y = be.gemm(h, padded_offsets, rows, w2)
-            ctx.save_for_backward(x, padded_offsets, prob, w1, w2, g, h)
+            g, h = be.fc1(x, padded_offsets, rows, w1, prob, ends=row_ends)
+            y = be.gemm(h, padded_offsets, rows, w2, ends=row_ends)
+            ctx.save_for_backward(x, padded_offsets, prob, w1, w2, g, h, row_ends)
             return y
         g, hq, sfh = be.fc1_mx(x, padded_offsets, rows, w1, prob)
         y, amax = be.gemm_mx(hq, sfh, padded_offsets, rows, *quantize_mx(w2), x.dtype)
@@ -429,9 +448,12 @@ class ExpertMLPFunction(torch.autograd.Function):
         rows = _expert_rows(off, x.shape[0]) if ctx.backend == "torch" else None
         dy = dy.to(x.dtype)     # rows past the last expert are read by no kernel
         if ctx.recipe == "bf16":
-            dg, dprob = be.dswiglu(dy, off, rows, w2, g, prob)
-            dx = be.dgrad(dg, off, rows, w1)
-            dw1, dw2 = be.wgrad(dg, x, off, rows, w1, ctx.wgrad), be.wgrad(dy, h[0], off, rows, w2, ctx.wgrad)
+            h, ends = h
+            # (with row ends, dy's padding rows are read as zeros: the combine's gradient has none)
+            dg, dprob = be.dswiglu(dy, off, rows, w2, g, prob, ends=ends)
+            dx = be.dgrad(dg, off, rows, w1, ends=ends)
+            dw1 = be.wgrad(dg, x, off, rows, w1, ctx.wgrad, ends=ends)
+            dw2 = be.wgrad(dy, h, off, rows, w2, ctx.wgrad, ends=ends)
         else:
             # Data gradients on MXFP8 kernels (operands quantized along their K); the weight
             # gradients with every operand quantized along M, as a K-grouped MXFP8 GEMM reads them.
@@ -444,7 +466,7 @@ class ExpertMLPFunction(torch.autograd.Function):
             h = dequantize_mx(*h).to(x.dtype)
             dw1 = be.wgrad(dg, _dequant_col(x, x.dtype), off, rows, w1, ctx.wgrad)
             dw2 = be.wgrad(_dequant_col(dy, x.dtype), _dequant_col(h, x.dtype), off, rows, w2, ctx.wgrad)
-        return dx, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None, None, None, None
+        return dx, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None, None, None, None, None
 
 
 class ExpertMLP(torch.nn.Module):
@@ -506,7 +528,7 @@ class ExpertMLP(torch.nn.Module):
         self.w1 = torch.nn.Parameter(w(experts, 2 * intermediate, hidden, fan=hidden).to(dtype=dtype, device=device))
         self.w2 = torch.nn.Parameter(w(experts, hidden, intermediate, fan=intermediate).to(dtype=dtype, device=device))
 
-    def forward(self, x: Tensor, padded_offsets: Tensor, prob: Tensor) -> Tensor:
+    def forward(self, x: Tensor, padded_offsets: Tensor, prob: Tensor, row_ends: Tensor | None = None) -> Tensor:
         """The layer on tokens grouped by expert; rows at or past ``padded_offsets[-1]`` give 0.
 
         Parameters
@@ -518,20 +540,24 @@ class ExpertMLP(torch.nn.Module):
             Each expert's end row: nondecreasing multiples of 256.
         prob : (M,) float32 tensor
             Routing weight of each row.
+        row_ends : (L,) int32 tensor, optional
+            Where each expert's tokens end inside its padded range (the routing's row ends; the
+            rows after it hold zeros): the BF16 recipe's kernels skip the padding (same values).
 
         Raises
         ------
         ArgumentError
             A shape that does not match the layer (``x``'s hidden size, one offset per expert, one
-            ``prob`` per row); with the torch backend (which copies the offsets to the host
-            anyway) also offsets that are not nondecreasing multiples of 256 within ``x``'s rows.
+            ``prob`` per row, one int32 row end per expert); with the torch backend (which copies
+            the offsets to the host anyway) also offsets that are not nondecreasing multiples of
+            256 within ``x``'s rows.
             The fusegemm backend's kernels check the values with FUSEGEMM_VALIDATE_OFFSETS.
         """
-        _check_inputs(x, padded_offsets, prob, self.w1, self.w2)
+        _check_inputs(x, padded_offsets, prob, self.w1, self.w2, row_ends)
         if self.backend == "torch":
             _check_aligned(padded_offsets)
         return ExpertMLPFunction.apply(x, padded_offsets, prob, self.w1, self.w2, self.backend, self.recipe,
-                                       self.amax, self.wgrad)
+                                       self.amax, self.wgrad, row_ends)
 
 
 # ---------------------------------------------------------------- the whole layer: routing in, tokens out
@@ -558,24 +584,26 @@ GATHERED_LOADS = False
 
 
 class RoutedMLPFunction(torch.autograd.Function):
-    """The expert MLP of a routed batch on token-major tensors, the permutation inside the GEMMs'
-    loads: fc1 reads x's token rows through the routing's index (``a_gather``) and fc1's weight
-    gradient reads them again (``b_gather``); the backward's dSwiGLU GEMM and fc2's weight
-    gradient read the output gradient's token rows the same way. Neither x nor the output
-    gradient is ever permuted into (R, H) rows. Every GEMM takes the routing's ``row_ends`` and
+    """The expert MLP of a routed batch on token-major tensors. With ``GATHERED_LOADS`` the
+    permutation happens inside the GEMMs' loads: fc1 reads x's token rows through the routing's
+    index (``a_gather``) and fc1's weight gradient reads them again (``b_gather``); the
+    backward's dSwiGLU GEMM and fc2's weight gradient read the output gradient's token rows the
+    same way, and neither x nor the output gradient is permuted into (R, H) rows (without it,
+    both are, by the one-pass gather kernel). Every GEMM takes the routing's ``row_ends`` and
     skips the tiles (and K-grouped k-blocks) of the 256-row padding. Output: (T, H), each token's
     sum over its k expert rows (fusegemm/permute.py's combine), equal to :class:`ExpertMLPFunction`
     on the gathered rows followed by :func:`fusegemm.routing.combine` (the same kernels on the
     same values); the x gradient likewise sums fc1's data-gradient rows. Eager CUDA (sm_90a)
     only: the ops are called directly, without custom-op faces.
 
-    :class:`MoEBlock` does not run it: on the H200 (bench/moe_layer.py, same run, 2026-12-03) the
-    layer's step took 16.39 ms with it against 15.30 ms on the permuted path at dsv3 with 32
-    experts, 3.55 against 3.04 ms at qwen3; without the row ends 15.44 and 3.11 ms. Why the row
-    ends cost time is not measured yet. Suspects: skipping tiles inside a static tile walk leaves
-    the CTAs unevenly loaded (a CTA's tiles repeat a few residues of the raster band), and the
-    tail kernel now loops over the experts; a compacted tile space would avoid the first. The
-    gathered loads (``GATHERED_LOADS``) are slower still (their K-grouped weight gradient).
+    :class:`MoEBlock` runs the same row ends on its permuted rows, and does not run this: on
+    the H200 (bench/moe_layer.py --also, same run, 2026-12-03) the layer's step took 15.71 ms
+    with it against 15.53 ms for the block at dsv3 with 32 experts (16.68 and 15.99 ms without the
+    row ends), 15.89 against 15.54 ms at mixtral. The row ends skip the padding's tiles through a
+    compacted tile walk (fusegemm/scheduler.cuh); skipping them inside the full walk had made the
+    step slower (16.39 against 15.44 ms), the CTAs that skipped running ahead into later raster
+    bands. The gathered loads (``GATHERED_LOADS``) are slower still (their K-grouped weight
+    gradient).
     """
 
     @staticmethod
@@ -691,6 +719,7 @@ class MoEBlock(torch.nn.Module):
             raise ArgumentError("x.shape", got, f"(T, {hidden}): token-major, the hidden size")
         check_logits(logits, x.shape[0], experts)
         r = route(logits, self.top_k, normalize=self.normalize)
-        # (RoutedMLPFunction, the same layer with the permutation and the padding inside the
-        # GEMMs, measured slower on the H200: see its docstring.)
-        return combine(self.mlp(gather(x, r), r.padded_offsets, row_probs(r)), r)
+        # The row ends let the GEMMs skip the 256-row padding's tiles. (RoutedMLPFunction, the
+        # same layer with the permutation inside the GEMMs as well, measured slower on the H200:
+        # see its docstring.)
+        return combine(self.mlp(gather(x, r), r.padded_offsets, row_probs(r), r.row_ends), r)

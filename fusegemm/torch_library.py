@@ -48,7 +48,7 @@ def _epilogue_op(spec: str, axes: str, device: int):
     return op
 
 
-def _epilogue_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, fake):
+def _epilogue_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, fake, row_ends=None):
     import contextlib
 
     from .ops.prepared import dry_run
@@ -57,35 +57,43 @@ def _epilogue_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inp
         raise ValueError(f"input_names: got {len(names)} names for {len(inputs)} tensors; allowed: one each")
     op = _epilogue_op(spec, axes, a.device.index or 0)
     with dry_run() if fake else contextlib.nullcontext():
-        out = op(a, padded_offsets, b, b_ptrs=b_ptrs, n=n, inputs=dict(zip(names, inputs)))
+        out = op(a, padded_offsets, b, b_ptrs=b_ptrs, n=n, row_ends=row_ends, inputs=dict(zip(names, inputs)))
     return list(out.values())
 
 
 @torch.library.custom_op("fusegemm::epilogue_gemm", mutates_args=())
 def _epilogue_gemm(spec: str, axes: str, a: Tensor, padded_offsets: Tensor, b: Optional[Tensor],
                    b_ptrs: Optional[Tensor], n: Optional[int], input_names: str,
-                   inputs: list[Tensor]) -> list[Tensor]:
-    return _epilogue_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, False)
+                   inputs: list[Tensor], row_ends: Optional[Tensor] = None) -> list[Tensor]:
+    return _epilogue_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, False, row_ends)
 
 
 @_epilogue_gemm.register_fake
-def _epilogue_gemm_fake(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs):
-    return _epilogue_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, True)
+def _epilogue_gemm_fake(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, row_ends=None):
+    return _epilogue_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, True, row_ends)
+
+
+_PLANS: dict[tuple, tuple[str, tuple[str, ...]]] = {}
 
 
 @torch.compiler.assume_constant_result
 def _epilogue_plan(spec: str, axes: tuple, device: int) -> tuple[str, tuple[str, ...]]:
     """(variant choices as JSON, output names in order) of a spec op: constant for torch.compile
-    (dynamo calls this once while tracing instead of tracing into the spec machinery)."""
-    import json
-    axes_json = json.dumps(dict(axes), sort_keys=True)
-    op = _epilogue_op(spec, axes_json, device)
-    return axes_json, tuple(op.epilogue.buffers(256, 256, 1))
+    (dynamo calls this once while tracing instead of tracing into the spec machinery), and kept
+    per call pattern for eager calls (about 18 us of host time a call otherwise)."""
+    key = (spec, axes, device)
+    plan = _PLANS.get(key)
+    if plan is None:
+        import json
+        axes_json = json.dumps(dict(axes), sort_keys=True)
+        op = _epilogue_op(spec, axes_json, device)
+        plan = _PLANS[key] = (axes_json, tuple(op.epilogue.buffers(256, 256, 1)))
+    return plan
 
 
 def epilogue_gemm(spec: str, a: Tensor, padded_offsets: Tensor, b: Optional[Tensor] = None, *,
                   b_ptrs: Optional[Tensor] = None, n: Optional[int] = None,
-                  inputs: Optional[dict] = None, **axes) -> dict:
+                  inputs: Optional[dict] = None, row_ends: Optional[Tensor] = None, **axes) -> dict:
     """``torch.ops.fusegemm.epilogue_gemm``: ``fusegemm.EpilogueGemm(spec, **axes)(a, padded_offsets,
     b, inputs=inputs)`` as a custom op (traceable by ``torch.compile``). Returns the epilogue's
     outputs by name (FP8/FP4 outputs as raw bytes, SF buffers physical, as EpilogueGemm returns
@@ -107,6 +115,10 @@ def epilogue_gemm(spec: str, a: Tensor, padded_offsets: Tensor, b: Optional[Tens
         N of discrete weights.
     inputs : dict, optional
         The epilogue's inputs by spec name (tensors, or Python numbers for scalar inputs).
+    row_ends : (L,) int32, optional
+        Where each expert's tokens end inside its padded range (:attr:`fusegemm.routing.Routing.row_ends`):
+        the rows after it must be zero in ``a``; their tiles are skipped and the outputs' rows
+        there come back zero (``fusegemm.Op``'s ``row_ends``).
     **axes
         Variant choices (``d_dtype="float8_e4m3fn"``, tiles...), as for ``EpilogueGemm``.
     """
@@ -114,11 +126,13 @@ def epilogue_gemm(spec: str, a: Tensor, padded_offsets: Tensor, b: Optional[Tens
     given = dict(inputs or {})
     tensors = [v if isinstance(v, Tensor) else torch.full((1,), float(v), device=a.device) for v in given.values()]
     run = _epilogue_call if _eager(a, a, b, *tensors) else _epilogue_op_call
-    return dict(zip(names, run(str(spec), axes_json, a, padded_offsets, b, b_ptrs, n, ",".join(given), tensors, False)))
+    return dict(zip(names, run(str(spec), axes_json, a, padded_offsets, b, b_ptrs, n, ",".join(given), tensors, False,
+                               row_ends)))
 
 
-def _epilogue_op_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, fake):
-    return torch.ops.fusegemm.epilogue_gemm(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs)
+def _epilogue_op_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, fake, row_ends=None):
+    return torch.ops.fusegemm.epilogue_gemm(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs,
+                                            row_ends)
 
 
 def _eager(lead: Any, *tensors: Any) -> bool:
@@ -493,7 +507,8 @@ def _kgrouped_fits(n: int, k: int, m: int, index: int) -> bool:
     return wgrad_fits(n, k, m, device_arch(index))
 
 
-def grouped_wgrad(dy: Tensor, x: Tensor, padded_offsets: Tensor, kernel: str = "auto") -> Tensor:
+def grouped_wgrad(dy: Tensor, x: Tensor, padded_offsets: Tensor, kernel: str = "auto",
+                  row_ends: Optional[Tensor] = None) -> Tensor:
     """(L, N, K): ``dW_e = dy_e^T x_e`` over each expert's rows of ``dy`` (M, N) and ``x`` (M, K),
     bfloat16, accumulated in FP32, with no host copy of the offsets: fusegemm's K-grouped kernel
     (``torch.ops.fusegemm.grouped_gemm_wgrad``, FP32 result) or ``torch._grouped_mm`` (``kernel``;
@@ -510,13 +525,17 @@ def grouped_wgrad(dy: Tensor, x: Tensor, padded_offsets: Tensor, kernel: str = "
     kernel : {"auto", "torch", "fusegemm"}
         Which kernel; ``auto`` runs fusegemm's where the device's arch has run it and N is whole
         tiles of it, else torch's.
+    row_ends : (L,) int32 tensor, optional
+        Where each expert's tokens end (the rows after it zero in both operands): fusegemm's
+        kernel stops each expert's reduction at the k-block of its last token; torch's reads
+        every row.
     """
     if kernel not in WGRAD_KERNELS:
         raise ValueError(f"kernel: got {kernel!r}; allowed: {', '.join(WGRAD_KERNELS)}")
     if kernel == "fusegemm" or (kernel == "auto" and _kgrouped_fits(dy.shape[1], x.shape[1], dy.shape[0],
                                                                      device_ordinal(dy.device))):
         # Token-major rows (the MXFP8 recipe's dequantized operands are transposed views).
-        return _WGRAD(dy.contiguous(), x.contiguous(), padded_offsets)["d"]
+        return _WGRAD(dy.contiguous(), x.contiguous(), padded_offsets, row_ends=row_ends)["d"]
     return torch._grouped_mm(dy.t(), x, offs=padded_offsets)
 
 

@@ -204,8 +204,9 @@ class Op(PreparedLaunch):
             K-grouped op built with ``a_gather`` / ``b_gather`` (int32 (T,): token row t of dY / X
             is that row of ``dy_tensor`` / ``x_tensor``). BF16 grouped and K-grouped ops also take
             ``row_ends`` (int32 (L,), optional): where each expert's tokens end inside its padded
-            range (the rest is padding, zero rows). The sm_90a kernels skip the M tiles that start
-            at or past it (their output rows come back zero) and the K-grouped k-blocks after it
+            range (the rest is padding, zero rows). The sm_90a kernels with dense weights and no
+            cluster skip the M tiles that start at or past it (their output rows come back zero;
+            other kernels compute them from the zero rows) and the K-grouped k-blocks after it
             (the rows after the row end in the last k-block are read: padding must be zero).
         inputs : dict, optional
             The epilogue's inputs by spec name (``fusegemm show SPEC`` lists them): tensors, or

@@ -137,6 +137,9 @@ def test_layer_inputs_are_checked_by_name():
     m = moe.ExpertMLP(2, 64, 64, backend="torch", dtype=torch.float32)
     x, prob, off = torch.zeros(512, 64), torch.zeros(512), torch.tensor([256, 512], dtype=torch.int32)
     assert m(x, off, prob).shape == (512, 64)
+    ROW_ENDS = r"an int32 tensor of shape \(2,\): one row end per expert"
+    # row ends (the routing's): the torch backend's matmuls read every row (the padding is zero)
+    assert torch.equal(m(x, off, prob, torch.tensor([100, 300], dtype=torch.int32)), m(x, off, prob))
     cases = [
         ((x, torch.tensor([256, 512, 512], dtype=torch.int32), prob),
          r"padded_offsets.shape: got \(3,\); allowed: \(2,\): one end row per expert"),
@@ -150,6 +153,10 @@ def test_layer_inputs_are_checked_by_name():
         ((torch.zeros(512, 32), off, prob), r"x.shape: got \(512, 32\); allowed: \(M, 64\): 64 is the layer's hidden size"),
         ((torch.zeros(512), off, prob), r"x.shape: got \(512,\); allowed: \(M, 64\): 64 is the layer's hidden size"),
         ((x, off, torch.zeros(256)), r"prob.shape: got \(256,\); allowed: \(512,\): one weight per row of x"),
+        ((x, off, prob, torch.tensor([100, 300, 500], dtype=torch.int32)),
+         r"row_ends: got \(\(3,\), torch.int32\); allowed: " + ROW_ENDS),
+        ((x, off, prob, torch.tensor([100, 300])), r"row_ends: got \(\(2,\), torch.int64\); allowed: " + ROW_ENDS),
+        ((x, off, prob, [100, 300]), r"row_ends: got list; allowed: " + ROW_ENDS),
     ]
     for args, message in cases:
         with pytest.raises(ArgumentError, match=f"^{message}$"):

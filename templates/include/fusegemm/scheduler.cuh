@@ -117,13 +117,86 @@ struct BatchedScheduler {
 
 // Row ends (the ops' row_ends=, optional: null reads as absent): row_ends[e] is where expert
 // e's tokens end inside its padded range [offsets[e-1], offsets[e]); the rows after it are the
-// 256-row padding, zero in an MoE layer. An M tile that starts at or past its expert's row end
-// holds no token: the sm_90a kernels skip it (no loads, no MMA, no store; the op zero-filled its
-// rows before the launch). With 32 experts of about 1024 tokens each, padding is 12% of the rows.
-template <int TILE_M>
-FUSEGEMM_DEVICE bool tile_past_row_end(const int* row_ends, const GroupedTile& t) {
-  return row_ends != nullptr && t.valid() && t.m_block * TILE_M >= __ldg(row_ends + t.expert);
-}
+// 256-row padding, zero in an MoE layer (with 32 experts of about 1024 tokens each, 12% of the
+// rows). An M block that starts at or past its expert's row end holds no token. The sm_90a
+// M-grouped kernels walk a compacted tile space without those blocks (the op zero-filled their
+// rows before the launch): the blocks that hold a token, expert after expert, rasterised in
+// bands as GroupedScheduler's. Skipping the blocks inside GroupedScheduler's walk instead was
+// slower than computing them (H200, bench/moe_layer.py --also routed: fc1 2.87 -> 3.60 ms at
+// dsv3 with 32 experts): a CTA that skips runs ahead of the others into later bands, so the
+// tiles running at once no longer share their A rows and B columns in L2.
+//
+// The expert of a compacted block: a cursor per walker (the producer's lanes) from the expert of
+// its band's first block, scanning forward; walks claim tiles in increasing order (static and
+// dynamic), so each band's cursor starts where the previous one stopped and a lookup scans
+// about one expert.
+template <int TILE_M, int TILE_N, int kGroupM = 8>
+struct CompactedScheduler {
+  using Grouped = GroupedScheduler<TILE_M, TILE_N, kGroupM>;
+  Grouped g;           // the problem's full tile space (its m_blocks: the valid blocks)
+  const int* row_ends; // null: g's tile space
+  int m_blocks;        // blocks that hold a token, over all experts (count())
+  int band_e = 0;      // cursor: the expert holding (or after) the first block of the band
+  int band_p = 0;      // last looked up, and the compacted blocks before that expert
+
+  // (first global M block, blocks holding a token) of expert e, clamped to the valid blocks
+  // (offsets and row ends live on the device and are unchecked: wrong ones give wrong results,
+  // never a block outside the allocation).
+  FUSEGEMM_DEVICE static int2 span(const int* offsets, const int* row_ends, int valid_blocks, int e) {
+    const int valid_m = valid_blocks * TILE_M;
+    const int lo = min(max(e == 0 ? 0 : __ldg(offsets + e - 1), 0), valid_m);
+    const int hi = min(min(__ldg(offsets + e), __ldg(row_ends + e)), valid_m);
+    const int first = lo / TILE_M;
+    return make_int2(first, max((hi + TILE_M - 1) / TILE_M - first, 0));
+  }
+  FUSEGEMM_DEVICE int2 span(int e) const { return span(g.offsets, row_ends, g.m_blocks, e); }
+
+  // The blocks that hold a token, summed over the experts by the 32 lanes of a warp (every lane
+  // calls it and gets the sum).
+  FUSEGEMM_DEVICE static int count(const Grouped& g, const int* row_ends) {
+    const int lane = threadIdx.x % 32;
+    int sum = 0;
+    for (int e = lane; e < g.num_experts; e += 32) sum += span(g.offsets, row_ends, g.m_blocks, e).y;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    return sum;
+  }
+
+  // row_ends_ null: the grouped walk itself; else blocks is count()'s value.
+  FUSEGEMM_DEVICE CompactedScheduler(const Grouped& grouped, const int* row_ends_, int blocks)
+      : g(grouped), row_ends(row_ends_), m_blocks(blocks) {}
+
+  FUSEGEMM_DEVICE GroupedTile tile(int linear) {
+    if (row_ends == nullptr) return g.tile(linear);
+    GroupedTile t{-1, 0, 0, -1};
+    const int n_blocks = g.n_blocks;
+    if (linear < 0 || linear >= m_blocks * n_blocks) return t;
+    const int b = linear / (kGroupM * n_blocks);
+    const int first_m = b * kGroupM;
+    const int band_rows = min(kGroupM, m_blocks - first_m);
+    const int local = linear - b * kGroupM * n_blocks;
+    const int cm = first_m + local % band_rows;   // compacted block
+    t.n_block = local / band_rows;
+    if (first_m < band_p) {   // (a walk that went back starts over)
+      band_e = 0;
+      band_p = 0;
+    }
+    int2 s = span(band_e);
+    while (band_e + 1 < g.num_experts && first_m >= band_p + s.y) {
+      band_p += s.y;
+      s = span(++band_e);
+    }
+    int e = band_e, before = band_p;
+    while (e + 1 < g.num_experts && cm >= before + s.y) {
+      before += s.y;
+      s = span(++e);
+    }
+    t.expert = e;
+    t.m_block = s.x + (cm - before);
+    t.linear = linear;
+    return t;
+  }
+};
 
 // K-grouped problems (weight gradients dW_e = dY_e^T X_e, shared by the sm_90a and sm_100a
 // kernels): the K range of expert e is its token rows [offsets[e-1], offsets[e]), clamped to the

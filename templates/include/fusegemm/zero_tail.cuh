@@ -38,15 +38,23 @@ FUSEGEMM_DEVICE void zero_tail(const ZeroTailParams& p) {
   for (long long i = begin + first; i < end; i += stride) {
     *reinterpret_cast<uint4*>(p.base[b] + i) = make_uint4(0u, 0u, 0u, 0u);
   }
-  if (p.row_ends == nullptr) return;
+  const int experts = p.num_experts;
+  if (p.row_ends == nullptr || experts <= 0) return;
   // Row ends (fusegemm/scheduler.cuh): rows [row_ends[e], offsets[e]) of each expert, which a
   // kernel that skips tiles past the row end may leave unwritten; the launch that follows
-  // overwrites the ones its tiles do store.
-  for (int e = 0; e < p.num_experts; ++e) {
+  // overwrites the ones its tiles do store. Block x serves expert x % L, as chunk x / L of the
+  // chunks = grid / L blocks that share it (a grid smaller than L: every grid-th expert, whole):
+  // no thread walks every expert (a walk over 128 experts per thread cost as much as the tail).
+  const int chunks = max(int(gridDim.x) / experts, 1);
+  const int chunk = int(blockIdx.x) / experts;
+  if (chunk >= chunks) return;
+  const long long step = 16ll * chunks * blockDim.x;
+  const long long own = 16ll * (chunk * blockDim.x + threadIdx.x);
+  for (int e = int(blockIdx.x) % experts; e < experts; e += gridDim.x) {
     const int lo = e == 0 ? 0 : __ldg(p.offsets + e - 1);
     const int hi = min(__ldg(p.offsets + e), valid);
     const int from = min(max(__ldg(p.row_ends + e), max(lo, 0)), hi);
-    for (long long i = from * row_bytes + first; i < hi * row_bytes; i += stride) {
+    for (long long i = from * row_bytes + own; i < hi * row_bytes; i += step) {
       *reinterpret_cast<uint4*>(p.base[b] + i) = make_uint4(0u, 0u, 0u, 0u);
     }
   }

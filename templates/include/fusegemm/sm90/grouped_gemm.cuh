@@ -117,6 +117,12 @@
 #define FUSEGEMM_SM90_DEFER_STORE 1
 #endif
 
+// Measurement only: 0 runs every M tile with row ends (no compacted walk) and unrolls the
+// producer's k-loop as before the walk existed, the A/B baseline of the compacted walk.
+#ifndef FUSEGEMM_SM90_COMPACT_ROW_ENDS
+#define FUSEGEMM_SM90_COMPACT_ROW_ENDS 1
+#endif
+
 // Benchmark only: 1 skips the epilogue at run time (nothing is stored unless a tile's first
 // accumulator is exactly -1; the output is not a result): the mainloop's own speed, the ceiling
 // any epilogue work can reach (bench/ceiling.py). A data-dependent skip, not a removed call:
@@ -334,11 +340,24 @@ struct GroupedGemmKernel {
     if constexpr (kClusters) return t.in_range; else return true;
   }
 
-  // A tile past its expert's row end (fusegemm/scheduler.cuh): M-grouped tiles without clusters
-  // (a cluster block's tiles load and multicast together: they all run).
-  template <class Tile>
-  static __device__ bool skips(const int* row_ends, const Tile& t) {
-    if constexpr (!kKGrouped && !kClusters) return tile_past_row_end<kTileM>(row_ends, t); else return false;
+  // Row ends (fusegemm/scheduler.cuh): M-grouped tiles with dense weights and without clusters
+  // walk the compacted tile space, the blocks that hold a token (a cluster block's tiles load and
+  // multicast together: they all run; K-grouped tiles shorten their k range instead, k_range).
+  // Discrete weights run every tile: their producer's tensor-map state leaves no registers for
+  // the cursor (8 bytes spilled).
+  static constexpr bool kCompacts = FUSEGEMM_SM90_COMPACT_ROW_ENDS && !kKGrouped && !kClusters && !Config::kDiscreteB;
+  using Compacted = CompactedScheduler<kTileM, kTileN, FUSEGEMM_RASTER_GROUP>;
+
+  // The compacted space's M blocks, or -1 without row ends (the full tile space): every lane of
+  // a producer warp calls it.
+  template <class Params>
+  static __device__ int compacted_blocks(const Params& p, const Geom& geom) {
+    if constexpr (kCompacts) {
+      if (p.row_ends == nullptr) return -1;
+      return Compacted::count(make_sched(p, geom), reinterpret_cast<const int*>(p.row_ends));
+    } else {
+      return -1;
+    }
   }
 
   // First token row and k-block count of a tile: the whole K, or (K-grouped) the expert's token
@@ -404,10 +423,10 @@ struct GroupedGemmKernel {
 
     if (wg == kConsumerWGs) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-      if constexpr (kGathers) {   // the copying warps: every lane loads gathered rows
-        if (tid % 128 < 32 * kGatherWarps) produce(p, smem, geom, full, empty, tile_full, tile_empty, ring);
-      } else if (tid % 128 < 32 && elect_one()) {
-        produce(p, smem, geom, full, empty, tile_full, tile_empty, ring);
+      // (gathered operands: the copying warps, every lane loads gathered rows; else one thread)
+      if (tid % 128 < 32 * (kGathers ? kGatherWarps : 1)) {
+        const int blocks = compacted_blocks(p, geom);   // (the warp's lanes together)
+        if (kGathers || elect_one()) produce(p, smem, geom, full, empty, tile_full, tile_empty, ring, blocks);
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
@@ -427,7 +446,7 @@ struct GroupedGemmKernel {
   template <class Params>
   static __device__ void produce(const Params& p, uint8_t* smem, const Geom& geom, uint64_t* full,
                                  uint64_t* empty, uint64_t* tile_full, uint64_t* tile_empty,
-                                 int4* ring) {
+                                 int4* ring, int blocks) {
     const int lane = threadIdx.x % 32;
     const int gwarp = (threadIdx.x % 128) / 32;   // gathered operands: this warp's share
     const bool lead = !kGathers || (gwarp == 0 && lane == 0);
@@ -435,7 +454,15 @@ struct GroupedGemmKernel {
       prefetch_tmap(&p.tma_a);
       prefetch_tmap(&p.tma_b);
     }
-    const Sched sched = make_sched(p, geom);
+    // With row ends (blocks >= 0), M-grouped tiles walk the compacted tile space (a cursor that
+    // each claim moves); its scheduler serves the full tile space too, without them.
+    auto sched = [&] {
+      if constexpr (kCompacts) {
+        return Compacted(make_sched(p, geom), blocks >= 0 ? reinterpret_cast<const int*>(p.row_ends) : nullptr, blocks);
+      } else {
+        return make_sched(p, geom);
+      }
+    }();
     // Gathered operands' sources (fusegemm/gather.cuh): M-grouped A is K elements wide; K-grouped
     // dY's rows are M (m_rows) wide, X's N.
     const GatherSource src_a{static_cast<const unsigned char*>(p.a_gather_ptr), p.a_gather_ld * 2ll, p.a_gather_rows,
@@ -474,19 +501,15 @@ struct GroupedGemmKernel {
         lag_stage = -1;
       }
     };
-    const int* row_ends = reinterpret_cast<const int*>(p.row_ends);
     while (true) {
-      decltype(sched.tile(0)) t;
-      do {   // tiles past their expert's row end are skipped here: the consumers never see them
-        int linear;
-        if constexpr (Config::kDynamicSched) {
-          linear = lead ? dynamic_claim(reinterpret_cast<unsigned int*>(p.sched_counter)) : 0;
-          if constexpr (kGathers) linear = __shfl_sync(0xffffffffu, linear, 0);   // one claim per warp
-        } else {
-          linear = walk.claim();   // (every lane walks the same sequence)
-        }
-        t = sched.tile(linear);
-      } while (skips(row_ends, t));
+      int linear;
+      if constexpr (Config::kDynamicSched) {
+        linear = lead ? dynamic_claim(reinterpret_cast<unsigned int*>(p.sched_counter)) : 0;
+        if constexpr (kGathers) linear = __shfl_sync(0xffffffffu, linear, 0);   // one claim per warp
+      } else {
+        linear = walk.claim();   // (every lane walks the same sequence)
+      }
+      const auto t = sched.tile(linear);
 
       mbar_wait(&tile_empty[slot], ring_phase ^ 1);
       // A tile the epilogue does not store (a phantom of a cluster block) travels as expert -1.
@@ -518,6 +541,11 @@ struct GroupedGemmKernel {
         k0 = kr.x;
         num_k_blocks = kr.y;
       }
+      // Not unrolled (as CUTLASS's producers): each k-block waits on a barrier anyway, and the
+      // compacted walk's cursor (row ends) leaves no registers for an unrolled copy (it spilled).
+#if FUSEGEMM_SM90_COMPACT_ROW_ENDS
+#pragma unroll 1
+#endif
       for (int kb = 0; kb < num_k_blocks; ++kb) {
         mbar_wait(&empty[stage], phase ^ 1);
         if constexpr (Config::kDiscreteB) {
