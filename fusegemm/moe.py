@@ -33,12 +33,14 @@ rows, runs the expert MLP (each row's routing weight applied by the fused SwiGLU
 token's k rows back (:func:`fusegemm.routing.combine`). Autograd carries the gradients of ``x``,
 of the logits (through dprob, the softmax and top-k) and of both weights. The gather and combine
 are one-pass permutation kernels (fusegemm/permute.py), each the other's backward
-(deterministic, no atomics). :class:`RoutedMLPFunction` is the same layer with the permutation
-and the padding inside the GEMMs (gathered operands, the routing's ``row_ends``): bit-equal,
-measured slower today, so the block does not run it. H200 (bench/results/moe_layer_h200.json),
-the whole layer's forward + backward step against a plain torch layer in the same run: 1.46x
-(dsv3, 8 experts), 1.38x (dsv3, 32), 1.36x (mixtral), 1.71x (qwen3, 128 experts); with both steps
-in CUDA graphs 1.52x, 1.37x, 1.38x, 1.80x (moe_layer_h200_graph.json).
+(deterministic, no atomics). The routing's row ends (where each expert's tokens end inside its
+256-row padded range) reach every GEMM: the sm_90a kernels leave the padding's tiles out of their
+tile walk and the weight gradients its k-blocks. :class:`RoutedMLPFunction` is the same layer with
+the permutation inside the GEMMs as well (gathered operands): bit-equal, measured slower today,
+so the block does not run it. H200 (bench/results/moe_layer_h200_row_ends.json), the whole
+layer's forward + backward step against a plain torch layer in the same run: 1.42x (dsv3, 8
+experts), 1.39x (dsv3, 32), 1.38x (mixtral), 1.77x (qwen3, 128 experts); with both steps in CUDA
+graphs 1.46x, 1.40x, 1.38x, 1.96x.
 """
 from __future__ import annotations
 
@@ -472,7 +474,8 @@ class ExpertMLPFunction(torch.autograd.Function):
 class ExpertMLP(torch.nn.Module):
     """The expert MLP of an MoE layer: ``L`` experts, hidden size ``H``, intermediate size ``F``
     (a multiple of 32). ``w1`` (L, 2F, H) gate/up interleaved, ``w2`` (L, H, F), kept in ``dtype``
-    (the master weights). ``forward(x, padded_offsets, prob)`` as :class:`ExpertMLPFunction`.
+    (the master weights). ``forward(x, padded_offsets, prob, row_ends=None)`` as
+:class:`ExpertMLPFunction`.
 
     Recipes: ``"bf16"`` runs every GEMM on BF16 operands. ``"mxfp8"`` quantizes to MXFP8 (E4M3
     elements, one E8M0 scale per 32 along K): fc1's SwiGLU epilogue writes ``h`` as MXFP8 for
