@@ -604,8 +604,8 @@ class RoutedMLPFunction(torch.autograd.Function):
     with it against 15.53 ms for the block at dsv3 with 32 experts (16.68 and 15.99 ms without the
     row ends), 15.89 against 15.54 ms at mixtral. The row ends skip the padding's tiles through a
     compacted tile walk (fusegemm/scheduler.cuh); skipping them inside the full walk had made the
-    step slower (16.39 against 15.44 ms), the CTAs that skipped running ahead into later raster
-    bands. The gathered loads (``GATHERED_LOADS``) are slower still (their K-grouped weight
+    step slower (16.39 against 15.44 ms), most likely because the CTAs that skipped ran ahead
+    into later raster bands. The gathered loads (``GATHERED_LOADS``) are slower still (their K-grouped weight
     gradient).
     """
 

@@ -122,9 +122,9 @@ struct BatchedScheduler {
 // M-grouped kernels walk a compacted tile space without those blocks (the op zero-filled their
 // rows before the launch): the blocks that hold a token, expert after expert, rasterised in
 // bands as GroupedScheduler's. Skipping the blocks inside GroupedScheduler's walk instead was
-// slower than computing them (H200, bench/moe_layer.py --also routed: fc1 2.87 -> 3.60 ms at
-// dsv3 with 32 experts): a CTA that skips runs ahead of the others into later bands, so the
-// tiles running at once no longer share their A rows and B columns in L2.
+// slower than computing them (H200, bench/moe_layer.py --also routed: fc1 2.97 -> 3.60 ms at
+// dsv3 with 32 experts), most likely because a CTA that skips runs ahead of the others into
+// later bands, where the tiles running at once no longer share their A rows and B columns in L2.
 //
 // The expert of a compacted block: a cursor per walker (the producer's lanes) from the expert of
 // its band's first block, scanning forward; walks claim tiles in increasing order (static and
