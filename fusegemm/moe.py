@@ -475,7 +475,7 @@ class ExpertMLP(torch.nn.Module):
     """The expert MLP of an MoE layer: ``L`` experts, hidden size ``H``, intermediate size ``F``
     (a multiple of 32). ``w1`` (L, 2F, H) gate/up interleaved, ``w2`` (L, H, F), kept in ``dtype``
     (the master weights). ``forward(x, padded_offsets, prob, row_ends=None)`` as
-:class:`ExpertMLPFunction`.
+    :class:`ExpertMLPFunction`.
 
     Recipes: ``"bf16"`` runs every GEMM on BF16 operands. ``"mxfp8"`` quantizes to MXFP8 (E4M3
     elements, one E8M0 scale per 32 along K): fc1's SwiGLU epilogue writes ``h`` as MXFP8 for
