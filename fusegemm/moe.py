@@ -445,12 +445,12 @@ class ExpertMLPFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy: Tensor):
-        x, off, prob, w1, w2, g, *h = ctx.saved_tensors
+        x, off, prob, w1, w2, g, *rest = ctx.saved_tensors   # bf16: (h, row_ends); mxfp8: (hq, sfh)
         be = _BACKENDS[ctx.backend]
         rows = _expert_rows(off, x.shape[0]) if ctx.backend == "torch" else None
         dy = dy.to(x.dtype)     # rows past the last expert are read by no kernel
         if ctx.recipe == "bf16":
-            h, ends = h
+            h, ends = rest
             # (with row ends, dy's padding rows are read as zeros: the combine's gradient has none)
             dg, dprob = be.dswiglu(dy, off, rows, w2, g, prob, ends=ends)
             dx = be.dgrad(dg, off, rows, w1, ends=ends)
@@ -465,7 +465,7 @@ class ExpertMLPFunction(torch.autograd.Function):
             if ctx.stats is not None:
                 ctx.stats["dx"] = amax
             dg = dequantize_mx(dgc_q.t(), dgc_sf).t().to(x.dtype)
-            h = dequantize_mx(*h).to(x.dtype)
+            h = dequantize_mx(*rest).to(x.dtype)
             dw1 = be.wgrad(dg, _dequant_col(x, x.dtype), off, rows, w1, ctx.wgrad)
             dw2 = be.wgrad(_dequant_col(dy, x.dtype), _dequant_col(h, x.dtype), off, rows, w2, ctx.wgrad)
         return dx, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None, None, None, None, None
@@ -605,8 +605,8 @@ class RoutedMLPFunction(torch.autograd.Function):
     row ends), 15.89 against 15.54 ms at mixtral. The row ends skip the padding's tiles through a
     compacted tile walk (fusegemm/scheduler.cuh); skipping them inside the full walk had made the
     step slower (16.39 against 15.44 ms), most likely because the CTAs that skipped ran ahead
-    into later raster bands. The gathered loads (``GATHERED_LOADS``) are slower still (their K-grouped weight
-    gradient).
+    into later raster bands. The gathered loads (``GATHERED_LOADS``) are slower still (their
+    K-grouped weight gradient).
     """
 
     @staticmethod

@@ -24,7 +24,7 @@ _THREADS = 256              # kPermuteThreads
 _MAX_BLOCKS = 4096          # grid-stride over rows
 # PermuteParams: src, dst, index, rows, src_rows, src_ld, dst_ld, vecs, k (64 bytes).
 _PARAMS = struct.Struct("<QQQqqqqii")
-# RouteParams: experts, offsets, row_of, token_of_row, n, rows, num_experts, k (56 bytes).
+# RouteParams: experts, offsets, row_of, token_of_row, n, rows, num_experts, k, row_ends (64 bytes).
 _ROUTE = struct.Struct("<QQQQqqiiQ")
 _ROUTE_MAX_EXPERTS = 256    # kRouteMaxExperts
 _ROUTE_THREADS = 1024       # kRouteWarps * 32
