@@ -28,6 +28,7 @@ output.
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from _common import interleaved_ms, run_layers
 
@@ -40,15 +41,11 @@ LAYERS = {
 }
 
 
-# --also: MoEBlock's layer without the row ends, and RoutedMLPFunction's forms (row ends passed,
-# gathered loads)
-VARIANTS = {"block-no-ends": None, "routed": (True, False), "routed-no-ends": (False, False),
-            "routed-gathered": (True, True)}
-
-
 class BlockNoEnds:
     """``block``'s own layer (permuted rows) without the routing's row ends: every GEMM runs the
     padding's tiles."""
+
+    gathered = False
 
     def __init__(self, block):
         self.block = block
@@ -75,6 +72,24 @@ class RoutedLayer:
         r = route(logits, b.top_k, normalize=b.normalize)
         return RoutedMLPFunction.apply(x, r.token_of_row, r.row_of, r.padded_offsets,
                                        r.row_ends if self.ends else None, row_probs(r), b.mlp.w1, b.mlp.w2)
+
+
+# --also: each variant's layer on the block
+VARIANTS = {"block-no-ends": BlockNoEnds,
+            "routed": lambda b: RoutedLayer(b, ends=True, gathered=False),
+            "routed-no-ends": lambda b: RoutedLayer(b, ends=False, gathered=False),
+            "routed-gathered": lambda b: RoutedLayer(b, ends=True, gathered=True)}
+
+
+@contextlib.contextmanager
+def _loads(layer):
+    """``moe.GATHERED_LOADS`` as ``layer`` asks (a RoutedLayer's ``gathered``), reset after."""
+    import fusegemm.moe as moe
+    moe.GATHERED_LOADS = getattr(layer, "gathered", False)
+    try:
+        yield
+    finally:
+        moe.GATHERED_LOADS = False
 
 
 class TorchLayer:
@@ -117,35 +132,23 @@ def bench_layer(name: str, args) -> dict:
     row = {"layer": name, "experts": experts, "tokens": tokens, "hidden": hidden, "intermediate": inter,
            "top_k": top_k}
 
-    def step(layer, params, gathered=False):
-        import fusegemm.moe as moe
-
+    def step(layer, params):
         def run():
             for p in (x, logits, *params):
                 p.grad = None
-            moe.GATHERED_LOADS = gathered
-            try:
+            with _loads(layer):
                 layer(x, logits).backward(dy)
-            finally:
-                moe.GATHERED_LOADS = False
         return run
 
     methods = {"fusegemm": step(ours, (ours.mlp.w1, ours.mlp.w2)), "torch": step(peer, (w1, w2))}
-    also = [v for v in args.also.split(",") if v]
     with torch.no_grad():
         yo, yt = ours(x, logits).float(), peer(x, logits).float()
     row["rel_diff_y_vs_torch"] = float((yo - yt).norm() / yt.norm())
-    for v in also:
-        ends, gathered = VARIANTS[v] or (False, False)
-        layer = BlockNoEnds(ours) if VARIANTS[v] is None else RoutedLayer(ours, ends, gathered)
-        methods[v] = step(layer, (ours.mlp.w1, ours.mlp.w2), gathered)
-        import fusegemm.moe as moe
-        moe.GATHERED_LOADS = gathered
-        try:
-            with torch.no_grad():
-                row[f"{v}_max_abs_diff_vs_fusegemm"] = float((layer(x, logits).float() - yo).abs().max())
-        finally:
-            moe.GATHERED_LOADS = False
+    for v in args.also:
+        layer = VARIANTS[v](ours)
+        methods[v] = step(layer, (ours.mlp.w1, ours.mlp.w2))
+        with torch.no_grad(), _loads(layer):
+            row[f"{v}_max_abs_diff_vs_fusegemm"] = float((layer(x, logits).float() - yo).abs().max())
     for key, run in methods.items():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -164,7 +167,7 @@ def bench_layer(name: str, args) -> dict:
         for key, run in eager.items():
             row[f"{key}_kernels"] = _kernel_table(run)
     row["speedup_vs_torch"] = row["torch_ms"] / row["fusegemm_ms"]
-    for v in also:
+    for v in args.also:
         row[f"{v}_vs_torch"] = row["torch_ms"] / row[f"{v}_ms"]
     torch.cuda.empty_cache()
     return row
@@ -253,11 +256,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="add each layer's kernel-time table (torch.profiler, eager steps) to the JSON")
     ap.add_argument("--host", action="store_true",
                     help="add each method's host time to issue an eager step and its cProfile top functions")
-    ap.add_argument("--also", default="", help="RoutedMLPFunction forms timed beside the block: "
+    ap.add_argument("--also", default="", help="variants timed beside the block in the same rounds: "
                     + ", ".join(VARIANTS))
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    for v in filter(None, args.also.split(",")):
+    args.also = [v for v in args.also.split(",") if v]
+    for v in args.also:
         if v not in VARIANTS:
             ap.error(f"--also: got {v!r}; allowed: {', '.join(VARIANTS)}")
 
@@ -267,8 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             ours, peer = r["fusegemm_kernels"], r["torch_kernels"]
             split = (f"  GEMMs {ours['gemm_ms_per_step']:.2f} / {peer['gemm_ms_per_step']:.2f} ms of kernels "
                      f"{ours['kernel_ms_per_step']:.2f} / {peer['kernel_ms_per_step']:.2f} ms")
-        also = "".join(f"  {v} {r[v + '_ms']:.2f} ms x{r[v + '_vs_torch']:.2f}"
-                       for v in filter(None, args.also.split(",")))
+        also = "".join(f"  {v} {r[v + '_ms']:.2f} ms x{r[v + '_vs_torch']:.2f}" for v in args.also)
         return (f"fusegemm {r['fusegemm_ms']:.2f} ms  torch {r['torch_ms']:.2f} ms  x{r['speedup_vs_torch']:.2f}  "
                 f"peak {r['fusegemm_peak_gib']:.1f} / {r['torch_peak_gib']:.1f} GiB" + also + split)
     return run_layers(args, LAYERS, bench_layer, summary,
