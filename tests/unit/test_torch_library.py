@@ -152,6 +152,29 @@ def test_spec_op_fake_outputs(monkeypatch, d_dtype, want):
     assert {k: (tuple(v.shape), v.dtype) for k, v in out.items()} == want
 
 
+def test_row_ends_reach_the_op_through_the_faces(monkeypatch):
+    """``row_ends`` given to ``epilogue_gemm`` (its custom op) and to ``grouped_wgrad`` (the
+    K-grouped op) reaches the engine's parser: traced on fake CUDA tensors, one of the wrong
+    length is refused there, naming it; the right one traces."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fusegemm.base.errors import ArgumentError
+    monkeypatch.setattr("fusegemm.ops.device.device_arch", lambda d: "sm_90a")
+    with FakeTensorMode():
+        a = torch.empty((768, 256), dtype=torch.bfloat16, device="cuda")
+        off = torch.empty((3,), dtype=torch.int32, device="cuda")
+        b = torch.empty((3, 1024, 256), dtype=torch.bfloat16, device="cuda")
+        inputs = {"alpha": torch.empty((3,), device="cuda"), "prob": torch.empty((768,), device="cuda")}
+        good, bad = (torch.empty((n,), dtype=torch.int32, device="cuda") for n in (3, 2))
+        fg.epilogue_gemm("grouped_gemm_swiglu", a, off, b, inputs=inputs, row_ends=good, d_dtype="bfloat16")
+        with pytest.raises(ArgumentError, match=r"^row_ends.shape\[0\]: got 2; allowed: 3 \(one per expert"):
+            fg.epilogue_gemm("grouped_gemm_swiglu", a, off, b, inputs=inputs, row_ends=bad, d_dtype="bfloat16")
+        dy, x = (torch.empty((768, 256), dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        assert tuple(fg.grouped_wgrad(dy, x, off, "fusegemm", row_ends=good).shape) == (3, 256, 256)
+        with pytest.raises(ArgumentError, match=r"^row_ends.shape\[0\]: got 2; allowed: 3 \(one per expert"):
+            fg.grouped_wgrad(dy, x, off, "fusegemm", row_ends=bad)
+
+
 def test_spec_op_names_its_inputs_one_to_one():
     with pytest.raises(ValueError, match="input_names: got 2 names for 1 tensors"):
         fg._epilogue_call("grouped_gemm_swiglu", "{}", torch.empty(1), None, None, None, None, "alpha,prob",
