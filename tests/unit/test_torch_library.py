@@ -131,6 +131,15 @@ def test_block_scaled_ops_are_functional():
         assert not any(arg.alias_info is not None for arg in schema.arguments), name
 
 
+def _swiglu_operands():
+    """(a, padded_offsets, b, inputs) of a SwiGLU spec call on CUDA tensors (fake ones inside a
+    FakeTensorMode): 768 rows, K 256, three experts, N 1024 paired columns."""
+    a = torch.empty((768, 256), dtype=torch.bfloat16, device="cuda")
+    off = torch.empty((3,), dtype=torch.int32, device="cuda")
+    b = torch.empty((3, 1024, 256), dtype=torch.bfloat16, device="cuda")
+    return a, off, b, {"alpha": torch.empty((3,), device="cuda"), "prob": torch.empty((768,), device="cuda")}
+
+
 @pytest.mark.parametrize("d_dtype,want", [
     ("bfloat16", {"d": ((768, 512), torch.bfloat16)}),
     ("float8_e4m3fn", {"d": ((768, 512), torch.uint8), "sfd_row": ((1, 6, 4, 32, 4, 4), torch.uint8)}),
@@ -142,10 +151,7 @@ def test_spec_op_fake_outputs(monkeypatch, d_dtype, want):
     from torch._subclasses.fake_tensor import FakeTensorMode
     monkeypatch.setattr("fusegemm.ops.device.device_arch", lambda d: "sm_90a")
     with FakeTensorMode():
-        a = torch.empty((768, 256), dtype=torch.bfloat16, device="cuda")
-        off = torch.empty((3,), dtype=torch.int32, device="cuda")
-        b = torch.empty((3, 1024, 256), dtype=torch.bfloat16, device="cuda")
-        inputs = {"alpha": torch.empty((3,), device="cuda"), "prob": torch.empty((768,), device="cuda")}
+        a, off, b, inputs = _swiglu_operands()
         if d_dtype != "bfloat16":
             inputs["norm_const"] = 0.01
         out = fg.epilogue_gemm("grouped_gemm_swiglu", a, off, b, inputs=inputs, d_dtype=d_dtype)
@@ -161,10 +167,7 @@ def test_row_ends_reach_the_op_through_the_faces(monkeypatch):
     from fusegemm.base.errors import ArgumentError
     monkeypatch.setattr("fusegemm.ops.device.device_arch", lambda d: "sm_90a")
     with FakeTensorMode():
-        a = torch.empty((768, 256), dtype=torch.bfloat16, device="cuda")
-        off = torch.empty((3,), dtype=torch.int32, device="cuda")
-        b = torch.empty((3, 1024, 256), dtype=torch.bfloat16, device="cuda")
-        inputs = {"alpha": torch.empty((3,), device="cuda"), "prob": torch.empty((768,), device="cuda")}
+        a, off, b, inputs = _swiglu_operands()
         good, bad = (torch.empty((n,), dtype=torch.int32, device="cuda") for n in (3, 2))
         fg.epilogue_gemm("grouped_gemm_swiglu", a, off, b, inputs=inputs, row_ends=good, d_dtype="bfloat16")
         with pytest.raises(ArgumentError, match=r"^row_ends.shape\[0\]: got 2; allowed: 3 \(one per expert"):
