@@ -13,7 +13,8 @@ from the same BF16 tensors:
 * fusegemm, the blockwise FP8 recipe (``sf_vec_size=128``, FP32 scales: A 1x128, B 128x128, the
   same BF16 tensors quantized with DeepSeek's amax / 448 scales), through ``fusegemm.Op``:
   ``quant_bw`` (e4m3 D + SFD), ``srelu_bw`` (C and D bf16 + amax; ``srelu_bw_n128``: tile_n 128),
-  ``dswiglu_bw`` (e4m3 D + SFD + dprob), ``gemm_bw`` (quant's spec with bf16 D: the GEMM and alpha),
+  ``dswiglu_bw`` (e4m3 D + SFD + dprob; ``dswiglu_bw_n128``: tile_n 128), ``gemm_bw`` (quant's
+  spec with bf16 D: the GEMM and alpha),
   ``glu_bw`` (SwiGLU, bf16 D) and ``glu_bw_fp8`` (e4m3 D + SFD_row).
 * torch peers:
   ``torch_bf16_grouped_mm``  ``torch._grouped_mm`` on the BF16 tensors (GEMM only);
@@ -28,13 +29,20 @@ ratios: each fused op over ``torch_bf16_grouped_mm`` (must >= 0.9, aim 1.2) and 
 pipeline (must >= 3); each blockwise op over ``torch_bf16_grouped_mm`` (issue 31: >= 1.3) and over
 ``torch_fp8_scaled_grouped_mm`` (>= 0.9).
 
+``--also NAME=DEFINES`` (repeatable) builds every blockwise op again with those NVRTC defines (a
+header's A/B switch), timed as ``<op>_NAME`` with its largest difference from the default build
+(``<op>_NAME_max_abs_diff_vs_<op>``: 0 where the switch must not change a bit; dSwiGLU's dprob
+sums by atomics across tiles); ``--blockwise-only`` times the blockwise ops and the torch GEMMs only.
+
     python bench/blockscaled.py [--out bench/results/blockscaled_h200.json]
+    python bench/blockscaled.py --blockwise-only --also w2=-DFUSEGEMM_SM90_ENGINE_WARPS=2
 """
 from __future__ import annotations
 
 import argparse
 
-from _common import SHAPES, add_run_arguments, expert_sizes, interleaved_ms, run
+from _common import (SHAPES, add_also_argument, add_run_arguments, also_builds, expert_sizes, interleaved_ms,
+                     nvrtc_defines, run)
 
 DEFAULT_SHAPES = ",".join(SHAPES)
 E4M3_MAX = 448.0
@@ -121,7 +129,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
 
     common = dict(a_tensor=a_q, b_tensor=b_q, sfa_tensor=sfa_p, sfb_tensor=sfb_p, padded_offsets=offsets,
                   alpha_tensor=alpha, sf_vec_size=32)
-    methods = {
+    methods = {} if args.blockwise_only else {
         "srelu": lambda: fusegemm.grouped_gemm_srelu(**common, prob_tensor=prob),
         "srelu_fp8": lambda: fusegemm.grouped_gemm_srelu(**common, prob_tensor=prob, d_dtype=fmt,
                                                          norm_const_tensor=norm_const),
@@ -138,20 +146,29 @@ def bench_shape(name: str, dist: str, args) -> dict:
     a_bw, sfa_bw = quantize_1x128(a_bf, fmt)
     b_bw, sfb_bw = quantize_128x128(b_bf, fmt)
     bw = dict(sf_dtype="float32", sf_vec_size=128)
-    ops = {"quant_bw": fusegemm.Op("grouped_gemm_quant", **bw, d_dtype="float8_e4m3fn"),
-           "gemm_bw": fusegemm.Op("grouped_gemm_quant", **bw, d_dtype="bfloat16"),
-           "srelu_bw": fusegemm.Op("grouped_gemm_srelu", **bw),
-           "srelu_bw_n128": fusegemm.Op("grouped_gemm_srelu", **bw, tile_n=128),
-           "dswiglu_bw": fusegemm.Op("grouped_gemm_dswiglu", **bw),
-           "glu_bw": fusegemm.Op("grouped_gemm_glu_mx", **bw),
-           "glu_bw_fp8": fusegemm.Op("grouped_gemm_glu_mx", **bw, d_dtype="float8_e4m3fn")}
+    made = {"quant_bw": ("grouped_gemm_quant", dict(d_dtype="float8_e4m3fn")),
+            "gemm_bw": ("grouped_gemm_quant", dict(d_dtype="bfloat16")),
+            "srelu_bw": ("grouped_gemm_srelu", {}),
+            "srelu_bw_n128": ("grouped_gemm_srelu", dict(tile_n=128)),
+            "dswiglu_bw": ("grouped_gemm_dswiglu", {}),
+            "dswiglu_bw_n128": ("grouped_gemm_dswiglu", dict(tile_n=128)),
+            "glu_bw": ("grouped_gemm_glu_mx", {}),
+            "glu_bw_fp8": ("grouped_gemm_glu_mx", dict(d_dtype="float8_e4m3fn"))}
+    # method -> (the op's key in `made`, the op); --also: each op again, built with its defines
+    ops = {key: (key, fusegemm.Op(spec, **bw, **axes)) for key, (spec, axes) in made.items()}
+    for name, defines in args.also_pairs:
+        for key, (spec, axes) in made.items():
+            with nvrtc_defines(defines):
+                ops[f"{key}_{name}"] = (key, fusegemm.Op(spec, **bw, **axes).compile())
     bw_inputs = {"quant_bw": {"alpha": alpha, "prob": prob, "norm_const": norm_const}, "gemm_bw": {"alpha": alpha},
                  "srelu_bw": {"alpha": alpha, "prob": prob}, "srelu_bw_n128": {"alpha": alpha, "prob": prob},
                  "dswiglu_bw": {"alpha": alpha, "beta": beta, "prob": prob, "c": c_fwd, "norm_const": norm_const},
+                 "dswiglu_bw_n128": {"alpha": alpha, "beta": beta, "prob": prob, "c": c_fwd,
+                                     "norm_const": norm_const},
                  "glu_bw": {"alpha": alpha, "prob": prob},
                  "glu_bw_fp8": {"alpha": alpha, "prob": prob, "norm_const": norm_const}}
-    for key, op in ops.items():
-        methods[key] = (lambda op=op, ins=bw_inputs[key]: op(a_bw, sfa_bw, offsets, b_bw, sfb_bw, inputs=ins))
+    for key, (base, op) in ops.items():
+        methods[key] = (lambda op=op, ins=bw_inputs[base]: op(a_bw, sfa_bw, offsets, b_bw, sfb_bw, inputs=ins))
     blockwise = tuple(ops)
 
     bt = b_bf.transpose(-2, -1)                                   # (L, K, N) view, as _grouped_mm expects
@@ -201,9 +218,10 @@ def bench_shape(name: str, dist: str, args) -> dict:
         dprob = (swish * u * r).sum(dim=1)
         return quantize_mx(d, fmt), dprob
 
-    methods["unfused_srelu"] = unfused_srelu
-    methods["unfused_quant"] = unfused_quant
-    methods["unfused_dswiglu"] = unfused_dswiglu
+    if not args.blockwise_only:
+        methods["unfused_srelu"] = unfused_srelu
+        methods["unfused_quant"] = unfused_quant
+        methods["unfused_dswiglu"] = unfused_dswiglu
 
     # correctness guard: the blockwise GEMM agrees with BF16 torch on the dequantized operands
     want = torch._grouped_mm(dequant_1x128(a_bw, sfa_bw), dequant_128x128(b_bw, sfb_bw).transpose(-2, -1),
@@ -211,10 +229,19 @@ def bench_shape(name: str, dist: str, args) -> dict:
     got = methods["gemm_bw"]()["d"].float()
     row["gemm_bw_max_rel_diff_vs_dequant_bf16"] = float((got - want).abs().max() / (want.abs().max() + 1e-6))
 
-    # correctness guard: the fused sReLU agrees with its unfused pipeline (same MXFP8 inputs)
-    ours = methods["srelu"]()["d_tensor"].float()
-    theirs = unfused_srelu()[1].float()
-    row["srelu_max_rel_diff_vs_unfused"] = float(((ours - theirs).abs() / (theirs.abs().max() + 1e-6)).max())
+    for key in ops:         # every --also build computes what the default build does
+        if key not in made:
+            base = ops[key][0]
+            ours, theirs = methods[key](), methods[base]()
+            row[f"{key}_max_abs_diff_vs_{base}"] = max(
+                float((ours[o].float() - theirs[o].float()).abs().max()) if ours[o].is_floating_point()
+                else float((ours[o] != theirs[o]).sum()) for o in theirs.keys() if theirs[o] is not None)
+
+    if not args.blockwise_only:
+        # correctness guard: the fused sReLU agrees with its unfused pipeline (same MXFP8 inputs)
+        ours = methods["srelu"]()["d_tensor"].float()
+        theirs = unfused_srelu()[1].float()
+        row["srelu_max_rel_diff_vs_unfused"] = float(((ours - theirs).abs() / (theirs.abs().max() + 1e-6)).max())
 
     for key, ms in interleaved_ms(methods, args).items():
         row[f"{key}_ms"], row[f"{key}_tflops"] = ms, flops / ms / 1e9
@@ -234,6 +261,8 @@ def bench_shape(name: str, dist: str, args) -> dict:
 
 
 def _summary(r: dict) -> str:
+    if "srelu_tflops" not in r:      # --blockwise-only
+        return " ".join(f"{k[:-10]} x{v:.2f}" for k, v in r.items() if k.endswith("_vs_bf16_grouped_mm"))
     return (f"blockwise: gemm {r['gemm_bw_tflops']:.0f} quant {r['quant_bw_tflops']:.0f} srelu "
             f"{r['srelu_bw_tflops']:.0f}/{r['srelu_bw_n128_tflops']:.0f} dswiglu {r['dswiglu_bw_tflops']:.0f} "
             f"glu {r['glu_bw_tflops']:.0f}/{r['glu_bw_fp8_tflops']:.0f} (x{r['glu_bw_vs_bf16_grouped_mm']:.2f}) "
@@ -249,7 +278,11 @@ def _summary(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_run_arguments(ap, DEFAULT_SHAPES)
+    add_also_argument(ap)
+    ap.add_argument("--blockwise-only", action="store_true",
+                    help="time the blockwise ops and the torch GEMMs only (no MXFP8 or unfused methods)")
     args = ap.parse_args(argv)
+    args.also_pairs = also_builds(args)
     return run(args, bench_shape, _summary,
                {"benchmark": "block-scaled fused grouped GEMMs (MXFP8 A/B) vs torch"})
 

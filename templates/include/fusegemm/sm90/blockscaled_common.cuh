@@ -8,8 +8,28 @@
 #include "fusegemm/scheduler.cuh"
 #include "fusegemm/tma.cuh"
 
+// The epilogue path of both block-scaled kernels (fusegemm/sm90/epilogue.cuh): 1 runs the rules
+// the BF16 kernel runs on the WGMMA fragment (element-wise; paired or reducing without SFD
+// quantization; 16/32-bit outputs, N-major C) there too; 0 sends every rule through the
+// arch-neutral engine, where two of each warpgroup's four warps work, lane = row (the measured
+// baseline, an A/B switch through FUSEGEMM_NVRTC_EXTRA). Quantized and narrow outputs and M-major
+// C take the engine either way.
+#ifndef FUSEGEMM_SM90_BS_FRAGMENT
+#define FUSEGEMM_SM90_BS_FRAGMENT 1
+#endif
+
+// Benchmark only, as grouped_gemm.cuh's: 1 skips the epilogue unless a tile's first accumulator
+// is exactly -1 (the output is not a result): the mainloop's own speed.
+#ifndef FUSEGEMM_SM90_BENCH_NO_EPILOGUE
+#define FUSEGEMM_SM90_BENCH_NO_EPILOGUE 0
+#endif
+
 namespace fusegemm {
 namespace sm90 {
+
+// WgmmaEpilogue's kForceEngine for a block-scaled Config (FUSEGEMM_SM90_BS_FRAGMENT above).
+template <class Config>
+inline constexpr bool kScaledForceEngine = !FUSEGEMM_SM90_BS_FRAGMENT || Config::kCMajorM;
 
 // The Config facts the kernel requires (the registry's sm_90a limits state the same).
 template <class Config>

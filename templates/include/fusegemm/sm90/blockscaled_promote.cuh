@@ -81,7 +81,8 @@ struct BlockScaledPromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static_assert(kTempSets == 1 || kTempSets == 2, "one or two temporary accumulator sets");
 
   using Engine = epi::BlockEngine<Rule, ElementC, ElementD, kBatched, Config::kCMajorM, Config::kDiscreteColSfd>;
-  using Epi = WgmmaEpilogue<kTileM, kMmaN, Rule, ElementC, ElementD, Engine, kBatched, true>;
+  using Epi = WgmmaEpilogue<kTileM, kMmaN, Rule, ElementC, ElementD, Engine, kBatched,
+                            kScaledForceEngine<Config>>;
 
   // Shared memory plan (offsets from the 1024-aligned dynamic smem base).
   static constexpr int kABytes = kTileM * kTileK;

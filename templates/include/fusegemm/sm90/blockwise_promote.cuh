@@ -88,7 +88,12 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kAccum = kMmaN / 2;
 
   using Engine = epi::BlockEngine<Rule, ElementC, ElementD, kBatched, Config::kCMajorM, Config::kDiscreteColSfd>;
-  using Epi = WgmmaEpilogue<kTileM, kMmaN, Rule, ElementC, ElementD, Engine, kBatched, true>;
+  // Two engine warps per warpgroup for rules with C and D where the tile's second half stays live
+  // through the first half's epilogue (kShareA): the four-warp engine spilled 8 bytes there
+  // (sReLU with FP8 D; quant's D alone did not).
+  static constexpr int kEngineWarps = kShareA && Rule::kHasC && Rule::kHasD ? 2 : FUSEGEMM_SM90_ENGINE_WARPS;
+  using Epi = WgmmaEpilogue<kTileM, kMmaN, Rule, ElementC, ElementD, Engine, kBatched,
+                            kScaledForceEngine<Config>, false, false, kEngineWarps>;
 
   // Shared memory plan (offsets from the 1024-aligned dynamic smem base).
   static constexpr int kABytes = kTileM * kTileK;
@@ -346,6 +351,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
           for (int i = 0; i < kAccum; ++i) acc[h][i] = 0.0f;
         }
         mainloop(b, smem, da0, db0, num_k_blocks, row0, sfb, halves, stage, phase, acc, t);
+        if (FUSEGEMM_SM90_BENCH_NO_EPILOGUE && acc[0][0] != -1.0f) continue;
         // One call site of the (not inlined) epilogue, on acc[0]: the next half moves into it. Two
         // call sites would pass acc[1] by reference and put it in local memory.
 #pragma unroll 1

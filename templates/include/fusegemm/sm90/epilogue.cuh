@@ -10,10 +10,12 @@
 // pair gate/up blocks or reduce (row sums, amax) but do not quantize, with 16/32-bit outputs (the
 // MoE layer's SwiGLU forward and dSwiGLU backward) also run on the fragment, block by block
 // (frag_blocks below): a thread's gate and up values sit in its own registers, so every warp
-// works and nothing is staged but the outputs. Every other rule (SFD quantization, narrow
-// outputs) goes through the arch-neutral engine (fusegemm/epilogue_block.cuh): each warpgroup
-// stages a block of its 64 accumulator rows in shared memory and two of its warps run the engine
-// on 32 rows each, lane = row, exactly as the sm_100a kernels and the epilogue harness do.
+// works and nothing is staged but the outputs; so does an 8-bit D quantized along rows only
+// (FUSEGEMM_SM90_FRAG_QUANT: a row's 32 block columns are a quad's). Every other rule (column
+// SFD, other narrow outputs) goes through the arch-neutral engine (fusegemm/epilogue_block.cuh):
+// each warpgroup stages blocks of its 64 accumulator rows in shared memory and its warps run the
+// engine on 32 rows each, lane = row, exactly as the sm_100a kernels and the epilogue harness do
+// (FUSEGEMM_SM90_ENGINE_WARPS: four warps on two blocks, or two on one).
 //
 // H200, the MoE layer's dsv3 step (8 experts, H 7168, F 2048): through the engine the SwiGLU
 // forward (with C) took 1.75 ms and dSwiGLU 1.13 ms; on the fragment 1.27 and 0.86 ms, against
@@ -35,9 +37,60 @@
 #ifndef FUSEGEMM_SM90_FRAG_ROLL
 #define FUSEGEMM_SM90_FRAG_ROLL 1
 #endif
+// 1: rules whose only quantized output is an 8-bit D scaled along rows (SFD_row, no SFD_col:
+// the SwiGLU forward feeding the next GEMM) run on the fragment too: the four lanes that hold a
+// row's 32 columns of a block reduce its max with two shuffles and every warp quantizes its rows
+// (QuantRowStore below), where the engine runs them on two warps of four per warpgroup, lane =
+// row. Same bits. 0 sends them to the engine (the measured baseline, an A/B switch through
+// FUSEGEMM_NVRTC_EXTRA).
+#ifndef FUSEGEMM_SM90_FRAG_QUANT
+#define FUSEGEMM_SM90_FRAG_QUANT 1
+#endif
+// Warps of each warpgroup that run the engine path (lane = row, 32 rows each): 4 stages two
+// blocks of the fragment at once and gives each pair of warps one of them, where the block has
+// 32 unpaired columns (a paired block's stage is twice the size); 2 stages one block at a time
+// and leaves two warps idle (the measured baseline, an A/B switch through FUSEGEMM_NVRTC_EXTRA).
+#ifndef FUSEGEMM_SM90_ENGINE_WARPS
+#define FUSEGEMM_SM90_ENGINE_WARPS 4
+#endif
 
 namespace fusegemm {
 namespace sm90 {
+
+// A warp's 16 x 32 block of an 8-bit output (FP8 D quantized on the fragment): 32-byte rows at a
+// 48-byte pitch (the u16 stores of one fragment group hit 8 distinct banks; rows stay 16-byte
+// aligned for the flush's vector loads).
+struct QuantRowStore {
+  static constexpr int kPitch = 48;
+  static constexpr int kBytes = 16 * kPitch;
+
+  // Two adjacent converted values (cvt_narrow2's low 16 bits) at (row, col), col even.
+  FUSEGEMM_DEVICE static void put(uint32_t buf, int row, int col, uint32_t pair) {
+    asm volatile("st.shared.u16 [%0], %1;" ::"r"(buf + row * kPitch + col), "h"(uint16_t(pair)) : "memory");
+  }
+
+  // Rows 0-15 to gbase (byte of row 0, column 0; row pitch ld bytes): lane = 16 bytes of a row;
+  // 16-byte stores where the vector is whole and aligned, else bytes up to cols_valid.
+  FUSEGEMM_DEVICE static void flush(uint32_t buf, uint8_t* gbase, int64_t ld, int cols_valid, int lane) {
+    const int row = lane / 2, col = (lane % 2) * 16;
+    if (col >= cols_valid) return;
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(buf + row * kPitch + col)
+                 : "memory");
+    uint8_t* dst = gbase + row * ld + col;
+    if (cols_valid - col >= 16 && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+      epi::st_global_v4(dst, v);
+    } else {
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        if (j < cols_valid - col) dst[j] = uint8_t(w[j / 4] >> (8 * (j % 4)));
+      }
+    }
+  }
+};
 
 // kTileM / kTileN: rows and columns of the fragment the consumers hold (64 rows per warpgroup).
 // Engine: the epi::BlockEngine instantiation (its batching, C layout and SFD_col layout).
@@ -46,20 +99,30 @@ namespace sm90 {
 // not stage, e.g. FP8/FP4 C).
 // kDefer: the kernel defers D's stores into its next tile's mainloop where it can (kDeferD below).
 // kOverlapped: the epilogue runs while the other warpgroup's mainloop does (ping-pong).
+// kEngineWarps: warps per warpgroup that run the engine path (FUSEGEMM_SM90_ENGINE_WARPS below).
 template <int kTileM, int kTileN, class Rule, class ElementC, class ElementD, class Engine,
-          bool kBatched = false, bool kForceEngine = false, bool kDefer = false, bool kOverlapped = false>
+          bool kBatched = false, bool kForceEngine = false, bool kDefer = false, bool kOverlapped = false,
+          int kEngineWarps = FUSEGEMM_SM90_ENGINE_WARPS>
 struct WgmmaEpilogue {
   static constexpr int kConsumerWGs = kTileM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
   static constexpr int kAccum = kTileN / 2;  // FP32 accumulators per consumer thread
   static constexpr bool kFragment = Rule::kElementwise && !kForceEngine && !kBatched;
-  // Paired or reducing rules without SFD quantization, 16/32-bit outputs, N-major C.
+  // An 8-bit D quantized along rows only (FUSEGEMM_SM90_FRAG_QUANT): the fragment path below
+  // quantizes it.
+  static constexpr bool kQuantRowOnly = Rule::kHasD && Rule::kQuantRowD && !Rule::kQuantColD;
+  static constexpr bool kFragQuantOk = FUSEGEMM_SM90_FRAG_QUANT && kQuantRowOnly && epi::out_bits<ElementD>() == 8;
+  // Paired or reducing rules without SFD quantization (or with kFragQuantOk's), 16/32-bit outputs
+  // otherwise, N-major C.
   static constexpr bool kFragBlocks =
-      FUSEGEMM_SM90_FRAG_BLOCKS && !kFragment && !kForceEngine && !kBatched && !Rule::kQuantRowD && !Rule::kQuantColD && !Engine::kCMajor &&
+      FUSEGEMM_SM90_FRAG_BLOCKS && !kFragment && !kForceEngine && !kBatched && !Engine::kCMajor &&
+      (kFragQuantOk || (!Rule::kQuantRowD && !Rule::kQuantColD && !(Rule::kHasD && epi::is_narrow<ElementD>()))) &&
       !Rule::kColSum &&   // column sums: the engine's lane = row layout sums a column across the warp
-      !(Rule::kHasC && epi::is_narrow<ElementC>()) && !(Rule::kHasD && epi::is_narrow<ElementD>());
+      !(Rule::kHasC && epi::is_narrow<ElementC>());
+  static constexpr bool kFragQuant = kFragBlocks && kFragQuantOk;
   using BlkC = epi::FragBlockStore<fusegemm::conditional_t<kFragBlocks && Rule::kHasC, ElementC, float>>;
-  using BlkD = epi::FragBlockStore<fusegemm::conditional_t<kFragBlocks && Rule::kHasD, ElementD, float>>;
+  using BlkD = fusegemm::conditional_t<kFragQuant, QuantRowStore,
+      epi::FragBlockStore<fusegemm::conditional_t<kFragBlocks && Rule::kHasD && !kFragQuant, ElementD, float>>>;
   static constexpr int kBlkCBufs = Rule::kHasC ? (Rule::kPairedC ? 2 : 1) : 0;
   static constexpr int kBlkDBufs = Rule::kHasD ? (Rule::kPairedD ? 2 : 1) : 0;
   static constexpr int kBlkWarpBytes = kBlkCBufs * BlkC::kBytes + kBlkDBufs * BlkD::kBytes;
@@ -72,8 +135,11 @@ struct WgmmaEpilogue {
   // buffers for its two active warps.
   static constexpr int kAccPerBlock = Rule::kPairedAcc ? 64 : 32;
   static constexpr int kAccPitch = kAccPerBlock + 1;  // floats: lane-per-row reads hit distinct banks
-  static constexpr int kWgAccBytes = 64 * kAccPitch * 4;
-  static constexpr int kWgEpiBytes = kWgAccBytes + 2 * Engine::kStageBytes;
+  // Blocks staged and run at once per warpgroup (kEngineWarps): warps 2 and 3 take the second.
+  static constexpr int kEngineBlocks =
+      kEngineWarps == 4 && !Rule::kPairedAcc && (kTileN / kAccPerBlock) % 2 == 0 ? 2 : 1;
+  static constexpr int kWgAccBytes = kEngineBlocks * 64 * kAccPitch * 4;
+  static constexpr int kWgEpiBytes = kWgAccBytes + 2 * kEngineBlocks * Engine::kStageBytes;
   static_assert(kTileN % kAccPerBlock == 0, "tile N holds whole gate/up block pairs");
   // Shared memory the epilogue needs (the kernel places it; the harness passes its own).
   static constexpr int kBytes = kFragment     ? kConsumerWarps * kEpiWarpBytes
@@ -267,7 +333,7 @@ struct WgmmaEpilogue {
     if constexpr (kFragBlocks) {
       Engine::flush_end(part, p, lane);
     } else if constexpr (!kFragment) {
-      if (warp % 4 < 2) Engine::flush_end(part, p, lane);
+      if (warp % 4 < 2 * kEngineBlocks) Engine::flush_end(part, p, lane);
     }
   }
 
@@ -293,7 +359,9 @@ struct WgmmaEpilogue {
       BlkC::put(buf, row, col, a.c, b.c);
     }
     const uint32_t dbuf = buf + kBlkCBufs * BlkC::kBytes;
-    if constexpr (Rule::kHasD && Rule::kPairedD) {
+    if constexpr (kFragQuant) {
+      // D waits for its row scales (frag_blocks' quant_d)
+    } else if constexpr (Rule::kHasD && Rule::kPairedD) {
       BlkD::put(dbuf, row, col, a.d0, b.d0);
       BlkD::put(dbuf + BlkD::kBytes, row, col, a.d1, b.d1);
     } else if constexpr (Rule::kHasD) {
@@ -362,6 +430,62 @@ struct WgmmaEpilogue {
     }
   }
 
+  // Role r's D value of an output (d, or d0 / d1 of a paired D).
+  template <int r>
+  FUSEGEMM_DEVICE static float d_of(const typename Rule::Out& o) {
+    if constexpr (Rule::kPairedD) {
+      if constexpr (r == 0) return o.d0; else return o.d1;
+    } else {
+      return o.d;
+    }
+  }
+
+  // kFragQuant: each role's 16 x 32 D block of the warp quantized along rows into its staging
+  // buffer (dbuf, then the next role's), and the rows' SFD_row bytes written. A row's 32 values
+  // sit in the 4 lanes of a quad (8 each: dq[role][q][0..1] row r0, [2..3] row r0 + 8): two
+  // shuffles give each lane the block's max |x|, and every step after it is the engine's
+  // d_block, value by value (epilogue_block.cuh: sfd_block, fl(x * scale), cvt.rn.satfinite).
+  template <class Params>
+  FUSEGEMM_DEVICE static void quant_d(const Params& p, const Rule& rule, uint32_t dbuf,
+                                      const float (&dq)[kFragQuant ? kBlkDBufs : 1][4][4], int row0, int r0, int cq,
+                                      int e0, int width, int lane) {
+    constexpr int kConv = Rule::kSfdConvention;
+    const float nc = rule.sfd_norm_const();
+    const float rl = p.rcp_max;
+    const int dw = Rule::kPairedD ? 2 * width : width;
+    const int kt = ((dw + 31) / 32 + 3) / 4;
+#pragma unroll
+    for (int role = 0; role < kBlkDBufs; ++role) {
+      float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        a0 = epi::fmax_nan(epi::fmax_nan(a0, fabsf(dq[role][q][0])), fabsf(dq[role][q][1]));
+        a1 = epi::fmax_nan(epi::fmax_nan(a1, fabsf(dq[role][q][2])), fabsf(dq[role][q][3]));
+      }
+#pragma unroll
+      for (int d = 1; d <= 2; d <<= 1) {
+        a0 = epi::fmax_nan(a0, __shfl_xor_sync(0xFFFFFFFFu, a0, d));
+        a1 = epi::fmax_nan(a1, __shfl_xor_sync(0xFFFFFFFFu, a1, d));
+      }
+      const epi::Sfd s0 = epi::sfd_block<kConv, false>(a0, nc, rl);
+      const epi::Sfd s1 = epi::sfd_block<kConv, false>(a1, nc, rl);
+      const uint32_t buf = dbuf + role * QuantRowStore::kBytes;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        QuantRowStore::put(buf, r0, 8 * q + cq, epi::cvt_narrow2<ElementD>(__fmul_rn(dq[role][q][0], s0.scale),
+                                                                           __fmul_rn(dq[role][q][1], s0.scale)));
+        QuantRowStore::put(buf, r0 + 8, 8 * q + cq, epi::cvt_narrow2<ElementD>(__fmul_rn(dq[role][q][2], s1.scale),
+                                                                               __fmul_rn(dq[role][q][3], s1.scale)));
+      }
+      const int dc0 = Rule::kPairedD ? 2 * e0 + 32 * role : e0;
+      if (lane % 4 == 0 && dc0 < dw && p.sfd_row != nullptr) {
+        uint8_t* sfd = static_cast<uint8_t*>(p.sfd_row);
+        sfd[epi::sf_atom_offset(row0 + r0, dc0 / 32, kt)] = uint8_t(s0.stored);
+        sfd[epi::sf_atom_offset(row0 + r0 + 8, dc0 / 32, kt)] = uint8_t(s1.stored);
+      }
+    }
+  }
+
   // The fragment path of paired and reducing rules: per block of 32 element columns (64
   // accumulator columns when the accumulator is paired: gate block, then up block), every
   // thread applies the rule to its values (rows lane/4 and lane/4 + 8 of the warp's 16, two
@@ -411,6 +535,9 @@ struct WgmmaEpilogue {
           }
         }
       }
+      // kFragQuant: the block's D values (role, group, i: as o00, o01, o10, o11) until the rows'
+      // scales are known.
+      float dq[kFragQuant ? kBlkDBufs : 1][4][4];
       // The block's accumulators: a[4q + i] (gate values of group q), a[16 + 4q + i] (their up
       // partners, 4 groups on, when the accumulator pairs).
       float a[kBlockAcc];
@@ -434,14 +561,32 @@ struct WgmmaEpilogue {
         reduce(o11, in1, rs1, part);
         put_outputs(buf, r0, 8 * q + cq, o00, o01);
         put_outputs(buf, r0 + 8, 8 * q + cq, o10, o11);
+        if constexpr (kFragQuant) {
+          // Masked values are 0, as the engine's (mask_out).
+          dq[0][q][0] = d_of<0>(o00); dq[0][q][1] = d_of<0>(o01); dq[0][q][2] = d_of<0>(o10); dq[0][q][3] = d_of<0>(o11);
+          if constexpr (Rule::kPairedD) {
+            dq[1][q][0] = d_of<1>(o00); dq[1][q][1] = d_of<1>(o01); dq[1][q][2] = d_of<1>(o10); dq[1][q][3] = d_of<1>(o11);
+          }
+        }
       }
+      if constexpr (kFragQuant) quant_d(p, rule, buf + kBlkCBufs * BlkC::kBytes, dq, row0, r0, cq, e0, width, lane);
       __syncwarp();
       if constexpr (Rule::kHasC) {
         if (p.c_out != nullptr) {
           flush_output<BlkC, Rule::kPairedC>(buf, reinterpret_cast<ElementC*>(p.c_out), p.ldc, row0, e0, width, lane);
         }
       }
-      if constexpr (Rule::kHasD) {
+      if constexpr (kFragQuant) {
+        const int dw = Rule::kPairedD ? 2 * width : width;
+#pragma unroll
+        for (int role = 0; role < kBlkDBufs; ++role) {
+          const int dc0 = Rule::kPairedD ? 2 * e0 + 32 * role : e0;
+          if (dc0 < dw) {
+            QuantRowStore::flush(buf + kBlkCBufs * BlkC::kBytes + role * QuantRowStore::kBytes,
+                                 static_cast<uint8_t*>(p.d_out) + int64_t(row0) * p.ldd + dc0, p.ldd, dw - dc0, lane);
+          }
+        }
+      } else if constexpr (Rule::kHasD) {
         flush_output<BlkD, Rule::kPairedD>(buf + kBlkCBufs * BlkC::kBytes, reinterpret_cast<ElementD*>(p.d_out),
                                            p.ldd, row0, e0, width, lane);
       }
@@ -461,13 +606,17 @@ struct WgmmaEpilogue {
 
   // The engine path: per block of kAccPerBlock accumulator columns, the warpgroup's four warps
   // write their fragments into [64 rows][kAccPitch] floats, then warps 0 and 1 run the engine on
-  // rows 0-31 and 32-63 (lane = row). Named barrier 1 + wg orders the two phases.
+  // rows 0-31 and 32-63 (lane = row). With kEngineBlocks 2, blocks c and c + 1 are staged
+  // together and warps 2 and 3 run c + 1's rows. Named barrier 1 + wg orders the two phases.
   template <class Params>
   static __device__ void engine(const Params& p, uint8_t* epi_smem, Rule& rule, int expert, int m0, int n0,
                                 int wg, int wl, int lane, const float (&acc)[kAccum], Partials& part) {
+    constexpr int kBlockFloats = 64 * kAccPitch;
     uint8_t* region = epi_smem + wg * kWgEpiBytes;
     float* stage = reinterpret_cast<float*>(region);
-    const uint32_t engine_buf = smem_u32(region + kWgAccBytes) + (wl & 1) * Engine::kStageBytes;
+    const int sub = kEngineBlocks == 2 ? wl >> 1 : 0;   // the staged block this warp runs
+    const bool runs = wl < 2 * kEngineBlocks;
+    const uint32_t engine_buf = smem_u32(region + kWgAccBytes) + (wl % (2 * kEngineBlocks)) * Engine::kStageBytes;
     const int width = elem_width(p);
     const int row_wg0 = m0 + 64 * wg;
     const int row_w = row_wg0 + 32 * (wl & 1);  // first row of this warp's engine block
@@ -476,7 +625,7 @@ struct WgmmaEpilogue {
     const int fr = 16 * wl + lane / 4;    // fragment rows fr and fr + 8 (of the warpgroup's 64)
     const int cq = (lane % 4) * 2;
 #pragma unroll 1
-    for (int c = 0; c < kTileN / kAccPerBlock; ++c) {
+    for (int c = 0; c < kTileN / kAccPerBlock; c += kEngineBlocks) {
       const int j0 = (n0 + c * kAccPerBlock) / (Rule::kPairedAcc ? 2 : 1);
       if (j0 >= width) break;  // warpgroup-uniform: past N
       // Fragment -> stage. The fragment index must be a compile-time constant (a run-time
@@ -484,11 +633,12 @@ struct WgmmaEpilogue {
       // predicated on c.
 #pragma unroll
       for (int cc = 0; cc < kTileN / kAccPerBlock; ++cc) {
-        if (cc == c) {
+        if (cc >= c && cc < c + kEngineBlocks) {
+          float* blk = stage + (cc - c) * kBlockFloats;
 #pragma unroll
           for (int g = 0; g < kAccPerBlock / 8; ++g) {
             const int j = cc * (kAccPerBlock / 8) + g;
-            float* r0 = stage + fr * kAccPitch + 8 * g + cq;
+            float* r0 = blk + fr * kAccPitch + 8 * g + cq;
             float* r1 = r0 + 8 * kAccPitch;
             r0[0] = acc[4 * j];
             r0[1] = acc[4 * j + 1];
@@ -498,14 +648,33 @@ struct WgmmaEpilogue {
         }
       }
       named_barrier_sync(1 + wg, 128);
-      if (wl < 2 && rows_valid > 0) {
-        const float* src = stage + (32 * wl + lane) * kAccPitch;  // this lane's row
-        Engine::run_with(rule, p, expert, row_w, rows_valid, j0, width, [&](int i) { return src[i]; },
+      const int jw = j0 + sub * kAccPerBlock;   // this warp's block's first element column
+      if (runs && rows_valid > 0 && jw < width) {
+        const float* src = stage + sub * kBlockFloats + (32 * (wl & 1) + lane) * kAccPitch;  // this lane's row
+        Engine::run_with(rule, p, expert, row_w, rows_valid, jw, width, [&](int i) { return src[i]; },
                          engine_buf, lane, part);
       }
       named_barrier_sync(1 + wg, 128);
     }
-    if (wl < 2 && rows_valid > 0) Engine::flush_tile(part, p, expert, row_w, rows_valid, lane);
+    if constexpr (kEngineBlocks == 2 && Rule::kRowSum) {
+      // One atomic per row and tile, as with two warps: warps 2 and 3 hand their rows' partial
+      // sums (the odd blocks') to warps 0 and 1 through the free stage, so that the order of
+      // the additions, and dprob's bits, do not depend on which warp reaches its atomic first.
+      if (wl >= 2) {
+        stage[32 * (wl & 1) + lane] = part.rowsum;
+        part.rowsum = 0.0f;
+      }
+      named_barrier_sync(1 + wg, 128);
+      if (wl < 2) part.rowsum = __fadd_rn(part.rowsum, stage[32 * (wl & 1) + lane]);
+      named_barrier_sync(1 + wg, 128);   // read before the next tile's staging writes there
+      if (wl >= 2) {
+        if constexpr (Rule::kAmaxCount > 0 && !Rule::kAmaxGlobal) {
+          if (rows_valid > 0) Engine::flush_amax(part, p, expert, lane);
+        }
+        return;
+      }
+    }
+    if (runs && rows_valid > 0) Engine::flush_tile(part, p, expert, row_w, rows_valid, lane);
   }
 };
 
