@@ -121,8 +121,8 @@ struct WgmmaEpilogue {
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
   static constexpr int kAccum = kTileN / 2;  // FP32 accumulators per consumer thread
   static constexpr bool kFragment = Rule::kElementwise && !kForceEngine && !kBatched;
-  // An 8-bit D quantized along rows only (FUSEGEMM_SM90_FRAG_QUANT): the fragment path below
-  // quantizes it.
+  // An 8-bit D quantized along rows (FUSEGEMM_SM90_FRAG_QUANT >= 1) and along columns (>= 2):
+  // the fragment path below quantizes it.
   static constexpr bool kFragQuantOk =
       Rule::kHasD && (Rule::kQuantRowD || Rule::kQuantColD) && epi::out_bits<ElementD>() == 8 &&
       (Rule::kQuantColD ? FUSEGEMM_SM90_FRAG_QUANT >= 2 : FUSEGEMM_SM90_FRAG_QUANT >= 1);
@@ -611,7 +611,7 @@ struct WgmmaEpilogue {
           }
         }
       }
-      // kFragQuant: the block's D values (role, group, i: as o00, o01, o10, o11) until the rows'
+      // kFragQuant: the block's D values (role, group, i: as o00, o01, o10, o11) until their
       // scales are known.
       float dq[kFragQuant ? kBlkDBufs : 1][4][4];
       // The block's accumulators: a[4q + i] (gate values of group q), a[16 + 4q + i] (their up
