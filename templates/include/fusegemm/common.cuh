@@ -25,4 +25,8 @@ FUSEGEMM_DEVICE T ceil_div(T a, T b) { return (a + b - 1) / b; }
 // Every padded_offsets value is a multiple of this (seed contract: m_aligned == 256).
 constexpr int kMAligned = 256;
 
+// The first row of expert e's padded range [offsets[e-1], offsets[e]) (offsets: padded_offsets,
+// cumulative ends, on the device).
+FUSEGEMM_DEVICE int expert_first_row(const int* offsets, int e) { return e == 0 ? 0 : __ldg(offsets + e - 1); }
+
 }  // namespace fusegemm

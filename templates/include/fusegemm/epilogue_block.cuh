@@ -539,7 +539,7 @@ struct BlockEngine {
   FUSEGEMM_DEVICE static int64_t col_sfd_offset(const P& p, int expert, int n, int row0, int dw) {
     if constexpr (kDiscreteColSfd) {
       const int* off = static_cast<const int*>(p.offsets);
-      const int start = expert == 0 ? 0 : __ldg(off + expert - 1);
+      const int start = expert_first_row(off, expert);
       const int tiles = (__ldg(off + expert) - start) >> 7;
       const int64_t atom = int64_t(start >> 7) * ((dw + 127) >> 7) + int64_t(n >> 7) * tiles + ((row0 - start) >> 7);
       return atom * 512 + (n & 31) * 16 + ((n >> 5) & 3) * 4 + ((row0 >> 5) & 3);

@@ -65,7 +65,7 @@ struct GroupedScheduler {
     return lo;
   }
 
-  FUSEGEMM_DEVICE int expert_begin(int e) const { return e == 0 ? 0 : __ldg(offsets + e - 1); }
+  FUSEGEMM_DEVICE int expert_begin(int e) const { return expert_first_row(offsets, e); }
   FUSEGEMM_DEVICE int expert_end(int e) const { return __ldg(offsets + e); }
 
   FUSEGEMM_DEVICE GroupedTile tile(int linear) const {
@@ -144,7 +144,7 @@ struct CompactedScheduler {
   // never a block outside the allocation).
   FUSEGEMM_DEVICE static int2 span(const int* offsets, const int* row_ends, int valid_blocks, int e) {
     const int valid_m = valid_blocks * TILE_M;
-    const int lo = min(max(e == 0 ? 0 : __ldg(offsets + e - 1), 0), valid_m);
+    const int lo = min(max(expert_first_row(offsets, e), 0), valid_m);
     const int hi = min(min(__ldg(offsets + e), __ldg(row_ends + e)), valid_m);
     const int first = lo / TILE_M;
     return make_int2(first, max((hi + TILE_M - 1) / TILE_M - first, 0));
@@ -207,7 +207,7 @@ struct CompactedScheduler {
 // (its tiles store alpha * 0).
 template <int kBlockK>
 FUSEGEMM_DEVICE int2 kgrouped_k_range(const int* offsets, const int* row_ends, int expert, int k) {
-  const int begin = min(expert == 0 ? 0 : __ldg(offsets + expert - 1), k);
+  const int begin = min(expert_first_row(offsets, expert), k);
   int end = min(__ldg(offsets + expert), k);
   if (row_ends != nullptr) {
     const int tokens = max(__ldg(row_ends + expert) - begin, 0);

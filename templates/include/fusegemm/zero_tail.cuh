@@ -51,7 +51,7 @@ FUSEGEMM_DEVICE void zero_tail(const ZeroTailParams& p) {
   const long long step = 16ll * chunks * blockDim.x;
   const long long own = 16ll * (chunk * blockDim.x + threadIdx.x);
   for (int e = int(blockIdx.x) % experts; e < experts; e += gridDim.x) {
-    const int lo = e == 0 ? 0 : __ldg(p.offsets + e - 1);
+    const int lo = expert_first_row(p.offsets, e);
     const int hi = min(__ldg(p.offsets + e), valid);
     const int from = min(max(__ldg(p.row_ends + e), max(lo, 0)), hi);
     for (long long i = from * row_bytes + own; i < hi * row_bytes; i += step) {
