@@ -4,8 +4,11 @@ per row and 128-element K block) and 128x128 for weights (one scale per 128 x 12
 ``dequant(a)[m, k] = a[m, k] * sfa[m, k // 128]`` and ``dequant(b)[n, k] = b[n, k] *
 sfb[n // 128, k // 128]``. Scale choice: ``s = amax / elem_max`` over the block (448 for e4m3,
 57344 for e5m2), with amax clamped below at ``1e-4`` as DeepSeek's kernels do, so an all-zero block
-gets a tiny positive scale and zero elements; elements are ``x / s`` rounded to nearest-even with
-saturation. The kernels' SFA layout is M-contiguous (:func:`blockwise_sfa_layout`).
+gets a tiny positive scale and zero elements; with ``scales="pow2"`` that scale rounded up to a
+power of two (the UE8M0 scales of DeepSeek-V3.1's recipe: each is exactly an E8M0 byte, and
+dividing by it is exact); elements are ``x / s`` rounded to nearest-even with saturation. The
+kernels take the scales as float32 either way. The kernels' SFA layout is M-contiguous
+(:func:`blockwise_sfa_layout`).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ __all__ = ["BLOCK", "quantize_1x128", "quantize_128x128", "dequantize_1x128", "d
 BLOCK = 128
 _ELEMENTS = ("float8_e4m3fn", "float8_e5m2")
 AMAX_FLOOR = 1e-4
+SCALES = ("amax", "pow2")   # s = amax / max, or that rounded up to a power of two
 
 
 def _blocks(n: int) -> int:
@@ -42,11 +46,24 @@ def _quantize(x: np.ndarray, scales: np.ndarray, dtype: str) -> np.ndarray:
     return to_format(x / scales, dtype, saturate=True)
 
 
-def _scale(amax: np.ndarray, dtype: str) -> np.ndarray:
-    return (np.maximum(amax, AMAX_FLOOR) / FORMATS[dtype].max_finite).astype(np.float32)
+def _scale(amax: np.ndarray, dtype: str, scales: str) -> np.ndarray:
+    s = np.maximum(amax, AMAX_FLOOR) / FORMATS[dtype].max_finite
+    if scales == "pow2":
+        # The smallest power of two >= s, exactly: s = m * 2^e with m in [0.5, 1) (frexp), so
+        # 2^(e - 1) when m is 0.5 (s is one), else 2^e. A log2 in floating point could round a
+        # value just above a power of two down to it.
+        m, e = np.frexp(s)
+        s = np.ldexp(1.0, np.where(m == 0.5, e - 1, e))
+    return s.astype(np.float32)
 
 
-def quantize_1x128(x: Any, dtype: Any = "float8_e4m3fn") -> tuple[np.ndarray, np.ndarray]:
+def _scales_arg(scales: Any) -> str:
+    if scales not in SCALES:
+        raise ValueError(f"scales: got {scales!r}; allowed: {', '.join(map(repr, SCALES))}")
+    return scales
+
+
+def quantize_1x128(x: Any, dtype: Any = "float8_e4m3fn", scales: str = "amax") -> tuple[np.ndarray, np.ndarray]:
     """Quantize activations ``(..., K)`` with one FP32 scale per row and 128-element K block.
 
     Parameters
@@ -55,6 +72,9 @@ def quantize_1x128(x: Any, dtype: Any = "float8_e4m3fn") -> tuple[np.ndarray, np
         Values (FP32, BF16, ...).
     dtype : str or dtype
         ``float8_e4m3fn`` (default) or ``float8_e5m2``.
+    scales : {"amax", "pow2"}
+        ``amax / max`` per block (DeepSeek-V3, the default) or that rounded up to a power of two
+        (UE8M0, DeepSeek-V3.1).
 
     Returns
     -------
@@ -63,15 +83,16 @@ def quantize_1x128(x: Any, dtype: Any = "float8_e4m3fn") -> tuple[np.ndarray, np
         take them through :func:`blockwise_sfa_layout`).
     """
     name = resolve_dtype(dtype, argument="dtype", allowed=_ELEMENTS)
+    how = _scales_arg(scales)
     v = to_float32(to_numpy(x, argument="x")).astype(np.float64)
     k = v.shape[-1]
     blocks = _pad_to(v, -1).reshape(*v.shape[:-1], _blocks(k), BLOCK)
-    scales = _scale(np.abs(blocks).max(-1), name)
-    q = _quantize(blocks, scales[..., None].astype(np.float64), name).reshape(*v.shape[:-1], -1)[..., :k]
-    return q, scales
+    s = _scale(np.abs(blocks).max(-1), name, how)
+    q = _quantize(blocks, s[..., None].astype(np.float64), name).reshape(*v.shape[:-1], -1)[..., :k]
+    return q, s
 
 
-def quantize_128x128(w: Any, dtype: Any = "float8_e4m3fn") -> tuple[np.ndarray, np.ndarray]:
+def quantize_128x128(w: Any, dtype: Any = "float8_e4m3fn", scales: str = "amax") -> tuple[np.ndarray, np.ndarray]:
     """Quantize weights ``(..., N, K)`` with one FP32 scale per 128 x 128 block.
 
     Parameters
@@ -80,6 +101,8 @@ def quantize_128x128(w: Any, dtype: Any = "float8_e4m3fn") -> tuple[np.ndarray, 
         Values (FP32, BF16, ...).
     dtype : str or dtype
         ``float8_e4m3fn`` (default) or ``float8_e5m2``.
+    scales : {"amax", "pow2"}
+        As :func:`quantize_1x128`.
 
     Returns
     -------
@@ -88,6 +111,7 @@ def quantize_128x128(w: Any, dtype: Any = "float8_e4m3fn") -> tuple[np.ndarray, 
         (contiguous: the kernels' SFB layout).
     """
     name = resolve_dtype(dtype, argument="dtype", allowed=_ELEMENTS)
+    how = _scales_arg(scales)
     v = to_float32(to_numpy(w, argument="w")).astype(np.float64)
     if v.ndim < 2:
         raise ValueError(f"w: got {v.ndim} dimensions; allowed: (..., N, K)")
@@ -95,10 +119,10 @@ def quantize_128x128(w: Any, dtype: Any = "float8_e4m3fn") -> tuple[np.ndarray, 
     p = _pad_to(_pad_to(v, -1), -2)
     lead = v.shape[:-2]
     blocks = p.reshape(*lead, _blocks(n), BLOCK, _blocks(k), BLOCK)
-    scales = _scale(np.abs(blocks).max(axis=(-3, -1)), name)
-    q = _quantize(blocks, scales[..., :, None, :, None].astype(np.float64), name)
+    s = _scale(np.abs(blocks).max(axis=(-3, -1)), name, how)
+    q = _quantize(blocks, s[..., :, None, :, None].astype(np.float64), name)
     q = q.reshape(*lead, _blocks(n) * BLOCK, _blocks(k) * BLOCK)[..., :n, :k]
-    return q, np.ascontiguousarray(scales)
+    return q, np.ascontiguousarray(s)
 
 
 def dequantize_1x128(q: Any, scales: Any) -> np.ndarray:

@@ -61,6 +61,53 @@ def test_quantize_128x128_blocks():
     np.testing.assert_array_equal(q0 * s[0, 0, 0], deq[0, :128, :128])
 
 
+def _torch_pow2_1x128(x: np.ndarray, fmt) -> tuple[np.ndarray, np.ndarray]:
+    """An independent UE8M0 1x128 quantizer: scales 2^ceil(log2(amax / max)) by torch in float64,
+    then torch's float8 cast."""
+    t = torch.from_numpy(x).double()
+    k = t.shape[-1]
+    blocks = torch.nn.functional.pad(t, (0, -k % 128)).view(*t.shape[:-1], -1, 128)
+    s = torch.exp2(torch.ceil(torch.log2(blocks.abs().amax(-1).clamp_min(1e-4) / torch.finfo(fmt).max)))
+    q = (blocks / s.unsqueeze(-1)).to(fmt).reshape(*t.shape[:-1], -1)[..., :k]
+    return q.view(torch.uint8).numpy(), s.float().numpy()
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_pow2_scales_match_torch_and_are_e8m0(dtype):
+    import ml_dtypes
+    fmt = getattr(torch, dtype)
+    top = float(torch.finfo(fmt).max)
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((21, 260)) * np.exp(rng.uniform(-6, 6, (21, 1)))).astype(np.float32)
+    x[4] = 0.0                                    # the floor's scale, rounded up
+    x[5, :128] = 0.0
+    x[5, 7] = top * 2.0 ** -3                     # amax / max exactly a power of two: kept, not doubled
+    q, s = quantize_1x128(x, dtype, scales="pow2")
+    tq, ts = _torch_pow2_1x128(x, fmt)
+    np.testing.assert_array_equal(s, ts)
+    np.testing.assert_array_equal(np.asarray(q).view(np.uint8), tq)
+    assert s[5, 0] == 2.0 ** -3
+    assert np.all(np.frexp(s)[0] == 0.5)          # powers of two ...
+    np.testing.assert_array_equal(s.astype(ml_dtypes.float8_e8m0fnu).astype(np.float32), s)   # ... E8M0 bytes
+    amax = np.maximum(np.abs(np.pad(x, ((0, 0), (0, 124)))).reshape(21, 3, 128).max(-1), 1e-4)
+    assert np.all(s >= amax / top) and np.all(s < 2 * amax / top)   # the tightest power of two: no saturation
+    w = rng.standard_normal((2, 200, 260)).astype(np.float32)
+    qw, sw = quantize_128x128(w, dtype, scales="pow2")
+    assert sw.shape == (2, 2, 3) and np.all(np.frexp(sw)[0] == 0.5)
+    _, s_amax = quantize_128x128(w, dtype)
+    assert np.all(sw >= s_amax) and np.all(sw < 2 * s_amax)
+    full = np.repeat(np.repeat(sw, 128, axis=1), 128, axis=2)[:, :200, :260]
+    rel = 2.0 ** -4 if dtype == "float8_e4m3fn" else 2.0 ** -3
+    assert np.all(np.abs(dequantize_128x128(qw, sw) - w) <= rel * top * full)
+
+
+def test_scales_argument_is_checked():
+    with pytest.raises(ValueError, match="scales: got 'e8m0'; allowed: 'amax', 'pow2'"):
+        quantize_1x128(np.ones((2, 128), np.float32), scales="e8m0")
+    with pytest.raises(ValueError, match="scales"):
+        quantize_128x128(np.ones((128, 128), np.float32), scales=None)
+
+
 def test_sfa_layout_numpy_and_torch():
     s = np.arange(30, dtype=np.float32).reshape(10, 3)
     v = blockwise_sfa_layout(s)
