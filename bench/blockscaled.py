@@ -161,12 +161,12 @@ def bench_shape(name: str, dist: str, args) -> dict:
             with nvrtc_defines(defines):
                 ops[f"{key}_{name}"] = (key, fusegemm.Op(spec, **bw, **axes).compile())
     bw_inputs = {"quant_bw": {"alpha": alpha, "prob": prob, "norm_const": norm_const}, "gemm_bw": {"alpha": alpha},
-                 "srelu_bw": {"alpha": alpha, "prob": prob}, "srelu_bw_n128": {"alpha": alpha, "prob": prob},
+                 "srelu_bw": {"alpha": alpha, "prob": prob},
                  "dswiglu_bw": {"alpha": alpha, "beta": beta, "prob": prob, "c": c_fwd, "norm_const": norm_const},
-                 "dswiglu_bw_n128": {"alpha": alpha, "beta": beta, "prob": prob, "c": c_fwd,
-                                     "norm_const": norm_const},
                  "glu_bw": {"alpha": alpha, "prob": prob},
                  "glu_bw_fp8": {"alpha": alpha, "prob": prob, "norm_const": norm_const}}
+    for key in ("srelu_bw", "dswiglu_bw"):      # the tile N 128 builds take the same inputs
+        bw_inputs[key + "_n128"] = bw_inputs[key]
     for key, (base, op) in ops.items():
         methods[key] = (lambda op=op, ins=bw_inputs[base]: op(a_bw, sfa_bw, offsets, b_bw, sfb_bw, inputs=ins))
     blockwise = tuple(ops)
