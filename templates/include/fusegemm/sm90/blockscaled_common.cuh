@@ -18,12 +18,6 @@
 #define FUSEGEMM_SM90_BS_FRAGMENT 1
 #endif
 
-// Benchmark only, as grouped_gemm.cuh's: 1 skips the epilogue unless a tile's first accumulator
-// is exactly -1 (the output is not a result): the mainloop's own speed.
-#ifndef FUSEGEMM_SM90_BENCH_NO_EPILOGUE
-#define FUSEGEMM_SM90_BENCH_NO_EPILOGUE 0
-#endif
-
 namespace fusegemm {
 namespace sm90 {
 

@@ -50,6 +50,15 @@
 #ifndef FUSEGEMM_SM90_FRAG_QUANT
 #define FUSEGEMM_SM90_FRAG_QUANT 1
 #endif
+// Benchmark only: 1 skips the epilogue at run time (nothing is stored unless a tile's first
+// accumulator is exactly -1; the output is not a result): the mainloop's own speed, the ceiling
+// any epilogue work can reach (bench/ceiling.py; the BF16 and
+// blockwise kernels read it). A data-dependent skip, not a removed call:
+// without the call NVRTC reshapes the mainloop (7 HGMMA sites instead of 28), and the ceiling
+// would time another loop.
+#ifndef FUSEGEMM_SM90_BENCH_NO_EPILOGUE
+#define FUSEGEMM_SM90_BENCH_NO_EPILOGUE 0
+#endif
 // Warps of each warpgroup that run the engine path (lane = row, 32 rows each): 4 stages two
 // blocks of the fragment at once and gives each pair of warps one of them, where the block has
 // 32 unpaired columns (a paired block's stage is twice the size); 2 stages one block at a time
@@ -143,8 +152,10 @@ struct WgmmaEpilogue {
   static constexpr int kQRowBufs = kFragQuant && Rule::kQuantRowD ? kBlkDBufs : 0;
   static constexpr int kQColBufs = kFragQuant && Rule::kQuantColD ? kBlkDBufs : 0;
   static constexpr int kXchBytes = kQColBufs * 2 * 32 * 4;
-  static constexpr int kBlkWarpBytes = kBlkCBufs * BlkC::kBytes +
-      (kFragQuant ? (kQRowBufs + kQColBufs) * QuantRowStore::kBytes + kXchBytes : kBlkDBufs * BlkD::kBytes);
+  static constexpr int kDBufOff = kBlkCBufs * BlkC::kBytes;                           // D (by rows)
+  static constexpr int kQColOff = kDBufOff + kQRowBufs * QuantRowStore::kBytes;       // D by columns
+  static constexpr int kXchOff = kQColOff + kQColBufs * QuantRowStore::kBytes;        // column maxima
+  static constexpr int kBlkWarpBytes = kFragQuant ? kXchOff + kXchBytes : kDBufOff + kBlkDBufs * BlkD::kBytes;
   static constexpr uint32_t kPairBarrier = 6;   // ids 6-9: warps 2k and 2k + 1 (column maxima)
   // 32-element-column blocks of a tile (64 accumulator columns each when the accumulator pairs).
   static constexpr int kElemBlocks = Rule::kPairedAcc ? kTileN / 64 : kTileN / 32;
@@ -378,7 +389,7 @@ struct WgmmaEpilogue {
     } else if constexpr (Rule::kHasC) {
       BlkC::put(buf, row, col, a.c, b.c);
     }
-    const uint32_t dbuf = buf + kBlkCBufs * BlkC::kBytes;
+    const uint32_t dbuf = buf + kDBufOff;
     if constexpr (kFragQuant) {
       // D waits for its row scales (frag_blocks' quant_d)
     } else if constexpr (Rule::kHasD && Rule::kPairedD) {
@@ -480,8 +491,6 @@ struct WgmmaEpilogue {
     const float nc = rule.sfd_norm_const();
     const float rl = p.rcp_max;
     const int dw = Rule::kPairedD ? 2 * width : width;
-    const uint32_t row_buf = buf + kBlkCBufs * BlkC::kBytes;
-    const uint32_t col_buf = row_buf + kQRowBufs * QuantRowStore::kBytes;
     if constexpr (Rule::kQuantRowD) {
       const int kt = ((dw + 31) / 32 + 3) / 4;
 #pragma unroll
@@ -499,7 +508,7 @@ struct WgmmaEpilogue {
         }
         const epi::Sfd s0 = epi::sfd_block<kConv, false>(a0, nc, rl);
         const epi::Sfd s1 = epi::sfd_block<kConv, false>(a1, nc, rl);
-        const uint32_t rb = row_buf + role * QuantRowStore::kBytes;
+        const uint32_t rb = buf + kDBufOff + role * QuantRowStore::kBytes;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           QuantRowStore::put(rb, r0, 8 * q + cq, epi::cvt_narrow2<ElementD>(__fmul_rn(dq[role][q][0], s0.scale),
@@ -516,7 +525,7 @@ struct WgmmaEpilogue {
       }
     }
     if constexpr (Rule::kQuantColD) {
-      const uint32_t xch = col_buf + kQColBufs * QuantRowStore::kBytes;   // this warp's exchange sets
+      const uint32_t xch = buf + kXchOff;   // this warp's exchange sets
       const uint32_t partner = xch + ((warp & 1) ? -kBlkWarpBytes : kBlkWarpBytes);
       float cm[kBlkDBufs][4][2];
 #pragma unroll
@@ -538,7 +547,7 @@ struct WgmmaEpilogue {
 #pragma unroll
       for (int role = 0; role < kBlkDBufs; ++role) {
         const int dc0 = Rule::kPairedD ? 2 * e0 + 32 * role : e0;
-        const uint32_t cb = col_buf + role * QuantRowStore::kBytes;
+        const uint32_t cb = buf + kQColOff + role * QuantRowStore::kBytes;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           float sc[2];
@@ -654,19 +663,17 @@ struct WgmmaEpilogue {
       }
       if constexpr (kFragQuant) {
         const int dw = Rule::kPairedD ? 2 * width : width;
-        const uint32_t row_buf = buf + kBlkCBufs * BlkC::kBytes;
-        const uint32_t col_buf = row_buf + kQRowBufs * QuantRowStore::kBytes;
 #pragma unroll
         for (int role = 0; role < kBlkDBufs; ++role) {
           const int dc0 = Rule::kPairedD ? 2 * e0 + 32 * role : e0;
           if (dc0 < dw) {
             if constexpr (Rule::kQuantRowD) {
-              QuantRowStore::flush(row_buf + role * QuantRowStore::kBytes,
+              QuantRowStore::flush(buf + kDBufOff + role * QuantRowStore::kBytes,
                                    static_cast<uint8_t*>(p.d_out) + int64_t(row0) * p.ldd + dc0, p.ldd, dw - dc0, lane);
             }
             if constexpr (Rule::kQuantColD) {
               if (p.d_col_out != nullptr) {
-                QuantRowStore::flush(col_buf + role * QuantRowStore::kBytes,
+                QuantRowStore::flush(buf + kQColOff + role * QuantRowStore::kBytes,
                                      static_cast<uint8_t*>(p.d_col_out) + int64_t(row0) * p.ldd + dc0, p.ldd, dw - dc0,
                                      lane);
               }
@@ -674,7 +681,7 @@ struct WgmmaEpilogue {
           }
         }
       } else if constexpr (Rule::kHasD) {
-        flush_output<BlkD, Rule::kPairedD>(buf + kBlkCBufs * BlkC::kBytes, reinterpret_cast<ElementD*>(p.d_out),
+        flush_output<BlkD, Rule::kPairedD>(buf + kDBufOff, reinterpret_cast<ElementD*>(p.d_out),
                                            p.ldd, row0, e0, width, lane);
       }
     }

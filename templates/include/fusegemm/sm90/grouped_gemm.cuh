@@ -123,15 +123,6 @@
 #define FUSEGEMM_SM90_COMPACT_ROW_ENDS 1
 #endif
 
-// Benchmark only: 1 skips the epilogue at run time (nothing is stored unless a tile's first
-// accumulator is exactly -1; the output is not a result): the mainloop's own speed, the ceiling
-// any epilogue work can reach (bench/ceiling.py). A data-dependent skip, not a removed call:
-// without the call NVRTC reshapes the mainloop (7 HGMMA sites instead of 28), and the ceiling
-// would time another loop.
-#ifndef FUSEGEMM_SM90_BENCH_NO_EPILOGUE
-#define FUSEGEMM_SM90_BENCH_NO_EPILOGUE 0
-#endif
-
 
 namespace fusegemm {
 namespace sm90 {
