@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 import fusegemm  # noqa: E402
 from fusegemm.problems import make_grouped_problem  # noqa: E402
 from jax_gpu import jax_on_gpu  # noqa: E402
+from op_helpers import epilogue_inputs, same_outputs  # noqa: E402  (tests/gpu/op_helpers.py)
 
 pytestmark = pytest.mark.gpu
 
@@ -260,29 +261,7 @@ def _memo_case(spec, seed):
         axes, m, n, l = {}, 200, 264, 3
         kw, _ = device_args(make_batched_problem(m=m, n=n, k=320, batch=l, values="integer", seed=seed).kwargs())
         operands = tuple(kw[x] for x in ("a_tensor", "b_tensor", "sfa_tensor", "sfb_tensor"))
-    op = fusegemm.Op(spec, **axes)
-    inputs = {}
-    for i in op.epilogue.inputs:
-        dt = getattr(torch, i.dtype)
-        if i.per == "scalar":
-            inputs[i.name] = 0.5
-        elif i.per == "expert":
-            inputs[i.name] = torch.rand(l, generator=g, device=dev)
-        elif i.per == "row":
-            inputs[i.name] = torch.rand(m, generator=g, device=dev).to(dt)
-        elif i.per == "column":
-            inputs[i.name] = torch.rand(l, n, generator=g, device=dev).to(dt).t()
-        else:
-            inputs[i.name] = torch.randn(m, 2 * n if i.paired else n, generator=g, device=dev).to(dt)
-    return axes, operands, inputs
-
-
-def _same_outputs(got, want, what):
-    for k, v in want.items():
-        if k == "dprob":    # a sum of atomic float adds: its order varies
-            torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-5, msg=f"{what}: {k}")
-        else:
-            assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), f"{what}: {k} differs"
+    return axes, operands, epilogue_inputs(fusegemm.Op(spec, **axes), m, n, l, g)
 
 
 @pytest.mark.parametrize("spec", ["grouped_gemm_dswiglu_bf16", "grouped_gemm_srelu", "grouped_gemm_wgrad",
@@ -297,7 +276,7 @@ def test_memoised_calls_give_the_bytes_of_a_fresh_op(spec):
     want = [fusegemm.Op(spec, **axes)(*ops, inputs=ins) for _, ops, ins in cases]
     op = fusegemm.Op(spec, **axes)
     op(*cases[0][1], inputs=cases[0][2])
-    _same_outputs(op(*cases[1][1], inputs=cases[1][2]), want[1], "second call")
+    same_outputs(op(*cases[1][1], inputs=cases[1][2]), want[1], "second call")
     assert len(op._memo) == 1
     got, errors = [None] * 8, []
     streams = [torch.cuda.Stream() for _ in range(8)]
@@ -319,7 +298,7 @@ def test_memoised_calls_give_the_bytes_of_a_fresh_op(spec):
         w.join()
     assert not errors, errors[0]
     for i in range(8):
-        _same_outputs(got[i], want[i + 1], f"thread {i}")
+        same_outputs(got[i], want[i + 1], f"thread {i}")
     moved = {k: torch.full_like(v, 3) for k, v in want[2].items()}
     if spec == "grouped_gemm_wgrad":
         moved = {k: v.view(-1, v.shape[-1]) for k, v in moved.items()}
@@ -330,7 +309,7 @@ def test_memoised_calls_give_the_bytes_of_a_fresh_op(spec):
     if spec == "grouped_gemm_wgrad":
         moved = {k: v.view(want[2][k].shape) for k, v in moved.items()}
     # (Every row is below the last offset in these cases: execute writes all that __call__ returns.)
-    _same_outputs({k: moved[k] for k in want[2].keys()}, want[2], "execute, moved outputs")
+    same_outputs({k: moved[k] for k in want[2].keys()}, want[2], "execute, moved outputs")
 
 
 def test_every_input_slot_on_the_device():
