@@ -38,6 +38,17 @@
 #include "fusegemm/sm90/epilogue.cuh"
 #include "fusegemm/sm90/wgmma.cuh"
 
+// Epilogue input prefetch: each consumer warp asks L2 for the element inputs its epilogue will
+// read (dSwiGLU's C) this many k-blocks before a pass's mainloop ends (at its start when the
+// mainloop is shorter; 0 = off). An A/B switch through FUSEGEMM_NVRTC_EXTRA; the BF16 kernel's
+// FUSEGEMM_SM90_EPI_PREFETCH is the same idea over 64-K blocks. H200, same run, 3 rounds
+// (bench/results/blockscaled_h200_prefetch.json): dSwiGLU at tile N 256 1.01-1.07x the speed of
+// the build without (faster on all eight rows), at tile N 128 0.98-1.03x; 16 blocks ahead no
+// better than 8. Ops without element inputs issue nothing (0.93-1.07x there: the run's noise).
+#ifndef FUSEGEMM_SM90_BW_EPI_PREFETCH
+#define FUSEGEMM_SM90_BW_EPI_PREFETCH 8
+#endif
+
 namespace fusegemm {
 namespace sm90 {
 
@@ -260,10 +271,12 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   // row of B scales (one per 128-K block), read a stage ahead so that the loads' latency hides
   // behind a stage of WGMMAs. halves: the halves inside N (the last tile's second may not be):
   // the others' scales stay 0 and are never read.
+  // on_block(kb): called before each block's full wait (blocks before kb have completed).
+  template <class OnBlock>
   FUSEGEMM_DEVICE static void mainloop(const Bars& b, const uint8_t* smem, uint64_t da0, uint64_t db0,
                                        int num_k_blocks, int row0, const float* const (&sfb)[kHalves], int halves,
                                        int& stage, uint32_t& phase, float (&acc)[kHalves][kAccum],
-                                       float (&t)[kAccum]) {
+                                       float (&t)[kAccum], const OnBlock& on_block) {
     float sb_next[kHalves];
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) sb_next[h] = num_k_blocks > 0 && h < halves ? __ldg(sfb[h]) : 0.0f;
@@ -274,6 +287,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
         sb[h] = sb_next[h];
         if (kb + 1 < num_k_blocks && h < halves) sb_next[h] = __ldg(sfb[h] + kb + 1);
       }
+      on_block(kb);
       mbar_wait(&b.full[stage], phase);
       const uint64_t da = stage_desc(da0, stage, kABytes), db = stage_desc(db0, stage, kBBytes);
       const float* sfa = reinterpret_cast<const float*>(smem + kOffSf + stage * kSfStageBytes);
@@ -336,6 +350,9 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
     float acc[kHalves][kAccum], t[kAccum];
     typename Epi::Partials part;
     part.reset();
+
+    const int prefetch_kb =
+        FUSEGEMM_SM90_BW_EPI_PREFETCH > 0 ? max(num_k_blocks - FUSEGEMM_SM90_BW_EPI_PREFETCH, 0) : -1;
     int4 tile;
     while (ring.next(b.ring, lane, tile)) {
       for (int pass = 0; pass < kPasses; ++pass) {
@@ -350,13 +367,22 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
 #pragma unroll
           for (int i = 0; i < kAccum; ++i) acc[h][i] = 0.0f;
         }
-        mainloop(b, smem, da0, db0, num_k_blocks, row0, sfb, halves, stage, phase, acc, t);
+        const int m0 = tile.y * kTileM;
+        auto on_block = [&](int kb) {
+          if (kb == prefetch_kb) {
+#pragma unroll
+            for (int h = 0; h < kHalves; ++h) {
+              if (h < halves) Epi::prefetch(p, m0, n0 + h * kMmaN, warp, lane);
+            }
+          }
+        };
+        mainloop(b, smem, da0, db0, num_k_blocks, row0, sfb, halves, stage, phase, acc, t, on_block);
         if (FUSEGEMM_SM90_BENCH_NO_EPILOGUE && acc[0][0] != -1.0f) continue;
         // One call site of the (not inlined) epilogue, on acc[0]: the next half moves into it. Two
         // call sites would pass acc[1] by reference and put it in local memory.
 #pragma unroll 1
         for (int h = 0; h < halves; ++h) {
-          Epi::run(p, smem + kOffEpi, tile.x, tile.y * kTileM, n0 + h * kMmaN, wg, warp, lane, acc[0], part);
+          Epi::run(p, smem + kOffEpi, tile.x, m0, n0 + h * kMmaN, wg, warp, lane, acc[0], part);
           if constexpr (kHalves == 2) {
 #pragma unroll
             for (int i = 0; i < kAccum; ++i) acc[0][i] = acc[1][i];

@@ -37,16 +37,15 @@
 #ifndef FUSEGEMM_SM90_FRAG_ROLL
 #define FUSEGEMM_SM90_FRAG_ROLL 1
 #endif
-// Rules with an 8-bit D quantized on the fragment (frag_blocks' quant_d): 1, D scaled along rows
-// only (SFD_row: the SwiGLU forward feeding the next GEMM): the four lanes that hold a row's 32
-// columns of a block reduce its max with two shuffles; 2, also D scaled along columns (SFD_col:
-// quant, dSwiGLU), each column's max over a 32-row block reduced over a warp's 16 rows by
-// shuffles and between the two warps that hold the block through shared memory. Same bits as the
-// engine, which runs these rules on the staged fragment, lane = row. 0: every quantized D on the
-// engine (the measured baseline, an A/B switch through FUSEGEMM_NVRTC_EXTRA). The default is 1:
-// level 2 has compiled without spills for every block-scaled seed rule but has not run on a GPU
-// yet (tests/gpu/test_frag_quant_gpu.py compares it with the engine byte for byte; it becomes
-// the default when that passes).
+// Rules with an 8-bit D quantized along rows only (SFD_row: the SwiGLU forward feeding the next
+// GEMM): 1 quantizes it on the fragment (frag_blocks' quant_d: the four lanes that hold a row's 32
+// columns of a block reduce its max with two shuffles; the engine's bits); 0 runs it on the engine
+// (the measured baseline, an A/B switch through FUSEGEMM_NVRTC_EXTRA). D quantized along columns
+// too (SFD_col: quant, dSwiGLU) stays on the engine: its fragment path (each column's 32-row max
+// reduced by shuffles over a warp's 16 rows and through shared memory between the two warps of a
+// block; same bytes as the engine on the H200) ran slower in every case, blockwise recipe, same
+// run (bench/results/blockscaled_h200_frag_quant_col.json): quant 0.78-0.91x the engine's speed,
+// dSwiGLU 0.76-0.90x (ops it did not touch: 0.94-1.07x, the noise). It was removed.
 #ifndef FUSEGEMM_SM90_FRAG_QUANT
 #define FUSEGEMM_SM90_FRAG_QUANT 1
 #endif
@@ -63,21 +62,15 @@
 // blocks of the fragment at once and gives each pair of warps one of them, where the block has
 // 32 unpaired columns (a paired block's stage is twice the size); 2 stages one block at a time
 // and leaves two warps idle (the measured baseline, an A/B switch through FUSEGEMM_NVRTC_EXTRA).
+// Paired blocks staged two at a time as well (twice the stage memory, taken from the pipeline)
+// ran blockwise dSwiGLU at 0.96-1.03x, the noise (bench/results/blockscaled_h200_prefetch.json,
+// "ep2"): not kept.
 #ifndef FUSEGEMM_SM90_ENGINE_WARPS
 #define FUSEGEMM_SM90_ENGINE_WARPS 4
 #endif
 
 namespace fusegemm {
 namespace sm90 {
-
-FUSEGEMM_DEVICE void st_shared_f32(uint32_t addr, float v) {
-  asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
-}
-FUSEGEMM_DEVICE float ld_shared_f32(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
-  return v;
-}
 
 // A warp's 16 x 32 block of an 8-bit output (FP8 D quantized on the fragment): 32-byte rows at a
 // 48-byte pitch (the u16 stores of one fragment group hit 8 distinct banks; rows stay 16-byte
@@ -130,11 +123,10 @@ struct WgmmaEpilogue {
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
   static constexpr int kAccum = kTileN / 2;  // FP32 accumulators per consumer thread
   static constexpr bool kFragment = Rule::kElementwise && !kForceEngine && !kBatched;
-  // An 8-bit D quantized along rows (FUSEGEMM_SM90_FRAG_QUANT >= 1) and along columns (>= 2):
-  // the fragment path below quantizes it.
-  static constexpr bool kFragQuantOk =
-      Rule::kHasD && (Rule::kQuantRowD || Rule::kQuantColD) && epi::out_bits<ElementD>() == 8 &&
-      (Rule::kQuantColD ? FUSEGEMM_SM90_FRAG_QUANT >= 2 : FUSEGEMM_SM90_FRAG_QUANT >= 1);
+  // An 8-bit D quantized along rows only (FUSEGEMM_SM90_FRAG_QUANT): the fragment path below
+  // quantizes it.
+  static constexpr bool kFragQuantOk = FUSEGEMM_SM90_FRAG_QUANT && Rule::kHasD && Rule::kQuantRowD &&
+                                       !Rule::kQuantColD && epi::out_bits<ElementD>() == 8;
   // Paired or reducing rules without SFD quantization (or with kFragQuantOk's), 16/32-bit outputs
   // otherwise, N-major C.
   static constexpr bool kFragBlocks =
@@ -148,15 +140,9 @@ struct WgmmaEpilogue {
       epi::FragBlockStore<fusegemm::conditional_t<kFragBlocks && Rule::kHasD && !kFragQuant, ElementD, float>>>;
   static constexpr int kBlkCBufs = Rule::kHasC ? (Rule::kPairedC ? 2 : 1) : 0;
   static constexpr int kBlkDBufs = Rule::kHasD ? (Rule::kPairedD ? 2 : 1) : 0;
-  // kFragQuant: [C][D by rows][D by columns][column maxima, two blocks' sets] per warp.
-  static constexpr int kQRowBufs = kFragQuant && Rule::kQuantRowD ? kBlkDBufs : 0;
-  static constexpr int kQColBufs = kFragQuant && Rule::kQuantColD ? kBlkDBufs : 0;
-  static constexpr int kXchBytes = kQColBufs * 2 * 32 * 4;
-  static constexpr int kDBufOff = kBlkCBufs * BlkC::kBytes;                           // D (by rows)
-  static constexpr int kQColOff = kDBufOff + kQRowBufs * QuantRowStore::kBytes;       // D by columns
-  static constexpr int kXchOff = kQColOff + kQColBufs * QuantRowStore::kBytes;        // column maxima
-  static constexpr int kBlkWarpBytes = kFragQuant ? kXchOff + kXchBytes : kDBufOff + kBlkDBufs * BlkD::kBytes;
-  static constexpr uint32_t kPairBarrier = 6;   // ids 6-9: warps 2k and 2k + 1 (column maxima)
+  // kFragQuant: [C][D by rows] per warp.
+  static constexpr int kDBufOff = kBlkCBufs * BlkC::kBytes;
+  static constexpr int kBlkWarpBytes = kDBufOff + kBlkDBufs * BlkD::kBytes;
   // 32-element-column blocks of a tile (64 accumulator columns each when the accumulator pairs).
   static constexpr int kElemBlocks = Rule::kPairedAcc ? kTileN / 64 : kTileN / 32;
   using StoreC = epi::WarpStagedStore<fusegemm::conditional_t<kFragment, ElementC, float>>;
@@ -413,13 +399,15 @@ struct WgmmaEpilogue {
     }
   }
 
-  // L2 prefetch of the element inputs the fragment path will read for this warp's 16 rows of the
-  // tile (rows m0 + 16 warp ..; the kernel calls it a few k-blocks before the tile's mainloop
-  // ends, so that the epilogue's block loads find them in L2): the warp's 16 rows x kElemBlocks
-  // (row, block) pairs shared by its lanes. Rules without element inputs issue nothing.
+  // L2 prefetch of the element inputs the epilogue will read for this warp's 16 rows of the tile
+  // (rows m0 + 16 warp ..; the kernel calls it a few k-blocks before the tile's mainloop ends, so
+  // that the epilogue's block loads find them in L2): the warp's 16 rows x kElemBlocks (row,
+  // block) pairs shared by its lanes. The block paths (fragment blocks and the engine, which
+  // reads the same rows and blocks, lane = row) prefetch; rules without element inputs, and the
+  // element-wise fragment path (which loads its inputs group by group), issue nothing.
   template <class Params>
   static __device__ void prefetch(const Params& p, int m0, int n0, int warp, int lane) {
-    if constexpr (kFragBlocks) {
+    if constexpr (!kFragment && !kBatched) {
       const Rule rule{};
       const int width = elem_width(p), e_base = elem_col(n0);
 #pragma unroll
@@ -471,102 +459,49 @@ struct WgmmaEpilogue {
     }
   }
 
-  // kFragQuant: each role's 16 x 32 D block of the warp quantized into its staging buffers (the
-  // warp's region `buf`: kQRowBufs by rows, then kQColBufs by columns) and its SFD bytes written;
-  // every step after a block's max is the engine's d_block, value by value (epilogue_block.cuh:
-  // sfd_block, fl(x * scale), cvt.rn.satfinite), so the bytes are the engine's.
-  // Rows: a row's 32 values sit in the 4 lanes of a quad (8 each: dq[role][q][0..1] row r0,
-  // [2..3] row r0 + 8); two shuffles give each lane the row's max |x|.
-  // Columns: SFD_col blocks are 32 rows, warps 2k and 2k + 1 of a tile (16 rows each). A column's
-  // values sit in the 8 lanes of equal lane % 4 (2 rows each): three shuffles give the warp's max,
-  // lanes 0-3 put it in the warp's exchange set for this block's parity (two sets: a warp that
-  // runs ahead writes the next block's into the other), a named barrier of the pair, and each
-  // lane takes the larger of its own and its partner's. NaN wins any max, as in the engine (whose
-  // SFD is then 0xFF whatever the NaN's bits).
+  // kFragQuant: each role's 16 x 32 D block of the warp quantized along its rows into the role's
+  // staging buffer and its SFD_row bytes written; every step after a block's max is the engine's
+  // d_block, value by value (epilogue_block.cuh: sfd_block, fl(x * scale), cvt.rn.satfinite), so
+  // the bytes are the engine's. A row's 32 values sit in the 4 lanes of a quad (8 each:
+  // dq[role][q][0..1] row r0, [2..3] row r0 + 8); two shuffles give each lane the row's max |x|.
+  // NaN wins any max, as in the engine (whose SFD is then 0xFF whatever the NaN's bits).
   template <class Params>
   FUSEGEMM_DEVICE static void quant_d(const Params& p, const Rule& rule, uint32_t buf,
-                                      const float (&dq)[kFragQuant ? kBlkDBufs : 1][4][4], int expert, int warp,
-                                      int row0, int r0, int cq, int e0, int width, int parity, int lane) {
+                                      const float (&dq)[kFragQuant ? kBlkDBufs : 1][4][4], int row0, int r0,
+                                      int cq, int e0, int width, int lane) {
     constexpr int kConv = Rule::kSfdConvention;
     const float nc = rule.sfd_norm_const();
     const float rl = p.rcp_max;
     const int dw = Rule::kPairedD ? 2 * width : width;
-    if constexpr (Rule::kQuantRowD) {
-      const int kt = ((dw + 31) / 32 + 3) / 4;
+    const int kt = ((dw + 31) / 32 + 3) / 4;
 #pragma unroll
-      for (int role = 0; role < kBlkDBufs; ++role) {
-        float a0 = 0.0f, a1 = 0.0f;
+    for (int role = 0; role < kBlkDBufs; ++role) {
+      float a0 = 0.0f, a1 = 0.0f;
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          a0 = epi::fmax_nan(epi::fmax_nan(a0, fabsf(dq[role][q][0])), fabsf(dq[role][q][1]));
-          a1 = epi::fmax_nan(epi::fmax_nan(a1, fabsf(dq[role][q][2])), fabsf(dq[role][q][3]));
-        }
-#pragma unroll
-        for (int d = 1; d <= 2; d <<= 1) {
-          a0 = epi::fmax_nan(a0, __shfl_xor_sync(0xFFFFFFFFu, a0, d));
-          a1 = epi::fmax_nan(a1, __shfl_xor_sync(0xFFFFFFFFu, a1, d));
-        }
-        const epi::Sfd s0 = epi::sfd_block<kConv, false>(a0, nc, rl);
-        const epi::Sfd s1 = epi::sfd_block<kConv, false>(a1, nc, rl);
-        const uint32_t rb = buf + kDBufOff + role * QuantRowStore::kBytes;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          QuantRowStore::put(rb, r0, 8 * q + cq, epi::cvt_narrow2<ElementD>(__fmul_rn(dq[role][q][0], s0.scale),
-                                                                            __fmul_rn(dq[role][q][1], s0.scale)));
-          QuantRowStore::put(rb, r0 + 8, 8 * q + cq, epi::cvt_narrow2<ElementD>(__fmul_rn(dq[role][q][2], s1.scale),
-                                                                                __fmul_rn(dq[role][q][3], s1.scale)));
-        }
-        const int dc0 = Rule::kPairedD ? 2 * e0 + 32 * role : e0;
-        if (lane % 4 == 0 && dc0 < dw && p.sfd_row != nullptr) {
-          uint8_t* sfd = static_cast<uint8_t*>(p.sfd_row);
-          sfd[epi::sf_atom_offset(row0 + r0, dc0 / 32, kt)] = uint8_t(s0.stored);
-          sfd[epi::sf_atom_offset(row0 + r0 + 8, dc0 / 32, kt)] = uint8_t(s1.stored);
-        }
+      for (int q = 0; q < 4; ++q) {
+        a0 = epi::fmax_nan(epi::fmax_nan(a0, fabsf(dq[role][q][0])), fabsf(dq[role][q][1]));
+        a1 = epi::fmax_nan(epi::fmax_nan(a1, fabsf(dq[role][q][2])), fabsf(dq[role][q][3]));
       }
-    }
-    if constexpr (Rule::kQuantColD) {
-      const uint32_t xch = buf + kXchOff;   // this warp's exchange sets
-      const uint32_t partner = xch + ((warp & 1) ? -kBlkWarpBytes : kBlkWarpBytes);
-      float cm[kBlkDBufs][4][2];
 #pragma unroll
-      for (int role = 0; role < kBlkDBufs; ++role) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            float m = epi::fmax_nan(fabsf(dq[role][q][i]), fabsf(dq[role][q][i + 2]));
-#pragma unroll
-            for (int d = 4; d <= 16; d <<= 1) m = epi::fmax_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, d));
-            cm[role][q][i] = m;
-            if (lane < 4) st_shared_f32(xch + 4 * ((parity * kBlkDBufs + role) * 32 + 8 * q + cq + i), m);
-          }
-        }
+      for (int d = 1; d <= 2; d <<= 1) {
+        a0 = epi::fmax_nan(a0, __shfl_xor_sync(0xFFFFFFFFu, a0, d));
+        a1 = epi::fmax_nan(a1, __shfl_xor_sync(0xFFFFFFFFu, a1, d));
       }
-      named_barrier_sync(kPairBarrier + warp / 2, 64);
-      const int row_pair0 = row0 - 16 * (warp & 1);   // the 32-row SFD_col block's first row
+      const epi::Sfd s0 = epi::sfd_block<kConv, false>(a0, nc, rl);
+      const epi::Sfd s1 = epi::sfd_block<kConv, false>(a1, nc, rl);
+      const uint32_t rb = buf + kDBufOff + role * QuantRowStore::kBytes;
 #pragma unroll
-      for (int role = 0; role < kBlkDBufs; ++role) {
-        const int dc0 = Rule::kPairedD ? 2 * e0 + 32 * role : e0;
-        const uint32_t cb = buf + kQColOff + role * QuantRowStore::kBytes;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          float sc[2];
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const float m = epi::fmax_nan(cm[role][q][i],
-                                          ld_shared_f32(partner + 4 * ((parity * kBlkDBufs + role) * 32 + 8 * q + cq + i)));
-            const epi::Sfd sf = epi::sfd_block<kConv, true>(m, nc, rl);
-            sc[i] = sf.scale;
-            const int n = dc0 + 8 * q + cq + i;
-            if (lane < 4 && (warp & 1) == 0 && n < dw && p.sfd_col != nullptr) {
-              static_cast<uint8_t*>(p.sfd_col)[Engine::col_sfd_offset(p, expert, n, row_pair0, dw)] = uint8_t(sf.stored);
-            }
-          }
-          QuantRowStore::put(cb, r0, 8 * q + cq, epi::cvt_narrow2<ElementD>(__fmul_rn(dq[role][q][0], sc[0]),
-                                                                            __fmul_rn(dq[role][q][1], sc[1])));
-          QuantRowStore::put(cb, r0 + 8, 8 * q + cq, epi::cvt_narrow2<ElementD>(__fmul_rn(dq[role][q][2], sc[0]),
-                                                                                __fmul_rn(dq[role][q][3], sc[1])));
-        }
+      for (int q = 0; q < 4; ++q) {
+        QuantRowStore::put(rb, r0, 8 * q + cq, epi::cvt_narrow2<ElementD>(__fmul_rn(dq[role][q][0], s0.scale),
+                                                                          __fmul_rn(dq[role][q][1], s0.scale)));
+        QuantRowStore::put(rb, r0 + 8, 8 * q + cq, epi::cvt_narrow2<ElementD>(__fmul_rn(dq[role][q][2], s1.scale),
+                                                                              __fmul_rn(dq[role][q][3], s1.scale)));
+      }
+      const int dc0 = Rule::kPairedD ? 2 * e0 + 32 * role : e0;
+      if (lane % 4 == 0 && dc0 < dw && p.sfd_row != nullptr) {
+        uint8_t* sfd = static_cast<uint8_t*>(p.sfd_row);
+        sfd[epi::sf_atom_offset(row0 + r0, dc0 / 32, kt)] = uint8_t(s0.stored);
+        sfd[epi::sf_atom_offset(row0 + r0 + 8, dc0 / 32, kt)] = uint8_t(s1.stored);
       }
     }
   }
@@ -654,7 +589,7 @@ struct WgmmaEpilogue {
           }
         }
       }
-      if constexpr (kFragQuant) quant_d(p, rule, buf, dq, expert, warp, row0, r0, cq, e0, width, b & 1, lane);
+      if constexpr (kFragQuant) quant_d(p, rule, buf, dq, row0, r0, cq, e0, width, lane);
       __syncwarp();
       if constexpr (Rule::kHasC) {
         if (p.c_out != nullptr) {
@@ -667,17 +602,8 @@ struct WgmmaEpilogue {
         for (int role = 0; role < kBlkDBufs; ++role) {
           const int dc0 = Rule::kPairedD ? 2 * e0 + 32 * role : e0;
           if (dc0 < dw) {
-            if constexpr (Rule::kQuantRowD) {
-              QuantRowStore::flush(buf + kDBufOff + role * QuantRowStore::kBytes,
-                                   static_cast<uint8_t*>(p.d_out) + int64_t(row0) * p.ldd + dc0, p.ldd, dw - dc0, lane);
-            }
-            if constexpr (Rule::kQuantColD) {
-              if (p.d_col_out != nullptr) {
-                QuantRowStore::flush(buf + kQColOff + role * QuantRowStore::kBytes,
-                                     static_cast<uint8_t*>(p.d_col_out) + int64_t(row0) * p.ldd + dc0, p.ldd, dw - dc0,
-                                     lane);
-              }
-            }
+            QuantRowStore::flush(buf + kDBufOff + role * QuantRowStore::kBytes,
+                                 static_cast<uint8_t*>(p.d_out) + int64_t(row0) * p.ldd + dc0, p.ldd, dw - dc0, lane);
           }
         }
       } else if constexpr (Rule::kHasD) {
