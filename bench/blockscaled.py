@@ -15,7 +15,9 @@ from the same BF16 tensors:
   ``quant_bw`` (e4m3 D + SFD), ``srelu_bw`` (C and D bf16 + amax; ``srelu_bw_n128``: tile_n 128),
   ``dswiglu_bw`` (e4m3 D + SFD + dprob; ``dswiglu_bw_n128``: tile_n 128), ``gemm_bw`` (quant's
   spec with bf16 D: the GEMM and alpha),
-  ``glu_bw`` (SwiGLU, bf16 D) and ``glu_bw_fp8`` (e4m3 D + SFD_row).
+  ``glu_bw`` (SwiGLU, bf16 D) and ``glu_bw_fp8`` (e4m3 D + SFD_row); ``dswiglu_bw_nmajor``:
+  dSwiGLU on N-major B, which the op copies K-major on each call (timed with it; ``nmajor_b_copy``:
+  the copy alone).
 * torch peers:
   ``torch_bf16_grouped_mm``  ``torch._grouped_mm`` on the BF16 tensors (GEMM only);
   ``torch_fp8_scaled_grouped_mm``  ``torch._scaled_grouped_mm``, rowwise FP8 (GEMM only);
@@ -169,6 +171,14 @@ def bench_shape(name: str, dist: str, args) -> dict:
         bw_inputs[key + "_n128"] = bw_inputs[key]
     for key, (base, op) in ops.items():
         methods[key] = (lambda op=op, ins=bw_inputs[base]: op(a_bw, sfa_bw, offsets, b_bw, sfb_bw, inputs=ins))
+    # dSwiGLU on N-major B (seed 000's other layout): the op copies B K-major on each call first
+    # (fusegemm/ops/scaled_layouts.py), which this times with it.
+    b_bw_n = b_bw.transpose(1, 2).contiguous().transpose(1, 2)        # (L, N, K), N contiguous
+    nmajor = fusegemm.Op("grouped_gemm_dswiglu", b_major="n", **bw)
+    methods["dswiglu_bw_nmajor"] = lambda: nmajor(a_bw, sfa_bw, offsets, b_bw_n, sfb_bw, inputs=bw_inputs["dswiglu_bw"])
+    ops["dswiglu_bw_nmajor"] = ("dswiglu_bw", nmajor)
+    from fusegemm.ops.scaled_layouts import k_major_operands   # the copy alone
+    methods["nmajor_b_copy"] = lambda: k_major_operands(nmajor, (a_bw, sfa_bw, offsets, b_bw_n, sfb_bw), {}, None)[0]
     blockwise = tuple(ops)
 
     bt = b_bf.transpose(-2, -1)                                   # (L, K, N) view, as _grouped_mm expects

@@ -52,6 +52,7 @@ from .loaded_kernel import LoadedKernel
 from .outputs import check_no_overlap, native_output
 from .prepared import Prepared, addresses, is_dry, pattern
 from .prepared_launch import DEVICE_OPERANDS, LEAD, PreparedLaunch, device_str, pitched
+from .scaled_layouts import host_copies, k_major_operands, kernel_choices
 from .scaled_operands import SF_AXIS, ab_axis, parse_batched, parse_scaled
 
 # SFD: 1 / the largest value of the quantized output (e5m2: the seed page's 1/57344, or NVIDIA's
@@ -102,6 +103,14 @@ class Op(PreparedLaunch):
         self.arch = arch or _device.device_arch(device)
         self.kind = kernel_class(self.spec.kernel)
         self.variant = make_variant(self.spec, arch=self.arch, **axes)
+        # MN-major operands the kernel reads through a K-major copy (scaled_layouts.py): the
+        # kernel is built from the K-major variant, each call copies them first.
+        self.host_copies = host_copies(self.kind, self.variant.choices)
+        self.kernel_variant = self.variant
+        if self.host_copies:
+            kc = kernel_choices(self.kind, self.variant.choices)
+            kc.pop("arch", None)
+            self.kernel_variant = make_variant(self.spec, arch=self.arch, **kc)
         self.epilogue = self.spec.epilogue.resolve(self.variant.choices)
         self._rows = self.epilogue.row_buffers()
         self._e5m2 = e5m2_rcp_max
@@ -140,7 +149,7 @@ class Op(PreparedLaunch):
     def check_support(self) -> bool:
         """True when the arch's kernel implements this variant; UnsupportedError says why not."""
         from ..generator import registry
-        registry.resolve(self.spec.kernel, self.arch, self.variant.choices)
+        registry.resolve(self.spec.kernel, self.arch, self.kernel_variant.choices)
         return True
 
     def compile(self, tail: bool = True) -> "Op":
@@ -156,7 +165,7 @@ class Op(PreparedLaunch):
         """
         if self._launcher is None and not is_dry():
             self.check_support()
-            self._launcher = LoadedKernel.build(self.variant, self.device)
+            self._launcher = LoadedKernel.build(self.kernel_variant, self.device)
             if self.kind == "grouped" and tail:
                 _tail.prepare(self.device)
         return self
@@ -222,6 +231,9 @@ class Op(PreparedLaunch):
             as seed 001's wrapper does; one launch less).
         """
         given = inputs or {}
+        _copied: list = []     # (alive until the launch is issued)
+        if self.host_copies:   # MN-major operands: K-major copies, then the call as on those
+            operands, operand_kw, _copied = k_major_operands(self, operands, operand_kw, current_stream)
         key, flat = (None, ()) if is_dry() else pattern(operands, operand_kw, given, None)
         e = self._memo.get(key) if key is not None else None
         if e is not None:   # a call pattern validated before: allocate, check addresses, launch
@@ -307,6 +319,9 @@ class Op(PreparedLaunch):
         """
         names = output_names or {}
         given = inputs or {}
+        _copied: list = []     # (alive until the launch is issued)
+        if self.host_copies:
+            operands, operand_kw, _copied = k_major_operands(self, operands, operand_kw, current_stream)
         key, flat = (None, ()) if is_dry() else pattern(operands, operand_kw, given, outputs)
         e = self._memo.get(key) if key is not None else None
         if e is not None and self._execute_memo(e, flat, current_stream, validate_offsets):

@@ -21,7 +21,7 @@ from . import scaled_seeds as _seeds
 from .hows import resolve
 from .prepared import flat_signature, is_dry
 from .prepared import pattern as engine_pattern
-from .scaled_layouts import check_layouts, discrete_weights
+from .scaled_layouts import check_layouts, discrete_weights, kernel_choices
 
 
 def parse_params(text: str) -> inspect.Signature:
@@ -116,7 +116,7 @@ def _make_op(row: Any, a_tensor: Any, e5m2_rcp_max: str, axes: dict[str, Any], g
     arch = arch or _seeds.device_arch_of(a_tensor)
     try:
         full = {**default_choice(spec, arch), **axes}
-        registry.resolve(spec.kernel, arch, full)
+        registry.resolve(spec.kernel, arch, kernel_choices(registry.kernel_class(spec.kernel), full))
         op = _seeds._op(row.spec, a_tensor, e5m2_rcp_max, axes, arch=arch)
         _routed(row, op)
     except UnsupportedError as exc:
@@ -458,7 +458,7 @@ class _SeedClass:
 
     def check_support(self) -> bool:
         """True when this device's kernel implements the configuration; UnsupportedError says
-        why not (an MN-major operand this arch or fusegemm's host path lacks included)."""
+        why not (an MN-major operand no K-major copy serves included: discrete N-major weights)."""
         if self._unsupported is not None:
             raise self._unsupported
         check_layouts(self.op)

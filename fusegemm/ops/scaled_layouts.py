@@ -1,25 +1,34 @@
-"""Operand layouts of the block-scaled seeds: which are invalid for an op (ArgumentError) and which
-are valid for it but not run here (UnsupportedError naming the arch and what it lacks); and the
-discrete weights a class is built for (seed 002's ``num_experts=``, ``b_shape=``).
+"""Operand layouts of the block-scaled seeds: which are invalid for an op (ArgumentError), which
+are valid and run through a K-major copy made on the device, and which are valid but not run here
+(UnsupportedError naming what is missing); and the discrete weights a class is built for (seed
+002's ``num_experts=``, ``b_shape=``).
 
 A and B are K-major in every seed; MN-major FP8 operands are valid too where a seed says so
 (seed 004: A M-major and B N-major; seed 000: dense B N-major; seed 002: discrete B
 ``b_major="n"``). Whether a layout is valid for an op is its spec's answer (the ``a_major`` /
-``b_major`` choices and constraints, so packed FP4 stays K-major); whether an arch runs it is the
-registry's (sm_90a's FP8 WGMMA reads K-major operands only). The sm_100a kernels read MN-major
-FP8, but fusegemm's host launch path encodes K-major tensor maps only, so those are refused too,
-as UnsupportedError, until it encodes them (templates/include/fusegemm/sm100/blockscaled_gemm.cuh
-documents the maps they need).
+``b_major`` choices and constraints, so packed FP4 stays K-major). The kernels read K-major FP8
+(sm_90a's FP8 WGMMA reads K-major shared memory only; the sm_100a kernels could read MN-major but
+fusegemm's host path encodes K-major tensor maps only), so an op built for an MN-major dense
+operand (``host_copies``) builds the K-major kernel and each call first copies that operand into
+a K-major buffer on the launch stream (``k_major_operands``: a tiled byte transpose,
+templates/include/fusegemm/transpose.cuh, one read and one write of the operand;
+bench/blockscaled.py's ``dswiglu_bw_nmajor`` times it). Discrete N-major weights (seed 002's
+``b_major="n"`` with ``b_ptrs``: each expert's dense (N, K) matrix N-major) are copied the same
+way, through the pointer table, into one K-major (L, N, K) buffer that a new pointer table on the
+device points into; that buffer lives until the call returns (the launch stream orders its reuse).
 """
 from __future__ import annotations
 
-from typing import Any
+import struct
+from typing import Any, Mapping
 
 from .. import arguments as args
 from ..base.errors import ArgumentError, UnsupportedError
-from ..runtime.tensors import TensorView, view
+from ..runtime.tensors import TensorView, resolve_stream, view
 from . import arg_checks as checks
+from .prepared import is_dry
 from .scaled_operands import FP4_DTYPES, is_mn_major
+from .small_kernels import SmallKernels
 
 # The MN-major value of each layout axis and the argument it describes.
 MN = {"a_major": ("m", "a_tensor"), "b_major": ("n", "b_tensor")}
@@ -65,17 +74,173 @@ def layout_axes(spec: str, axes: dict[str, Any], a_tensor: Any, b_tensor: Any, *
     return found
 
 
+def host_copies(kind: str, choices: Mapping[str, Any]) -> dict[str, str]:
+    """``{axis: operand}`` of the MN-major operands a block-scaled variant (``choices``) reads
+    through a K-major copy (module docstring): MN-major FP8 A (batched), dense B, and discrete B
+    (its pointer table, ``b_ptrs``)."""
+    if kind not in ("scaled", "batched") or choices.get("ab_dtype") in FP4_DTYPES:
+        return {}
+    found = {}
+    for axis, (mn, arg) in MN.items():
+        if choices.get(axis) != mn or (axis == "a_major" and kind != "batched"):
+            continue
+        found[axis] = "b_ptrs" if axis == "b_major" and choices.get("weight_mode") == "discrete" else arg
+    return found
+
+
+def kernel_choices(kind: str, choices: Mapping[str, Any]) -> dict[str, Any]:
+    """The choices of the kernel that runs a variant: its host-copied axes K-major."""
+    return {**choices, **{axis: "k" for axis in host_copies(kind, choices)}}
+
+
+# The K-major copy kernel (templates/include/fusegemm/transpose.cuh): 64 x 64 byte tiles.
+_TRANSPOSE = SmallKernels("fusegemm/transpose.cuh", "the K-major copy kernel", "torch copies MN-major operands")
+_TRANSPOSE_PARAMS = struct.Struct("<QQQqqiiii")   # TransposeParams, 56 bytes
+
+
+def _transpose(device: int, stream: int, dst: Any, src: int, src_ptrs: int, ld: int, lb: int, rows: int, cols: int,
+               batch: int) -> bool:
+    """Launch the copy kernel into ``dst`` (dense (batch, rows, cols) bytes); False where it
+    cannot be compiled (nothing launched)."""
+    aligned = int(ld % 4 == 0 and lb % 4 == 0)    # (the kernel checks each source address itself)
+    grid = (-(-rows // 64), -(-cols // 64), batch)
+    raw = _TRANSPOSE_PARAMS.pack(src, dst.data_ptr(), src_ptrs, ld, lb, rows, cols, aligned, 0)
+    return _TRANSPOSE.launch(device, "fusegemm_transpose_u8", grid, (256, 1, 1), raw, stream)
+
+
+def _k_major_copy(t: Any, dims: int, stream: int | None, device: int) -> Any:
+    """A K-major copy of MN-major torch tensor ``t``: (rows, K) row-major, or (rows, K, L) with K,
+    then rows, then L contiguous (batched operands and kernel-facing dense B; ``dims`` 3);
+    canonical B (L, N, K) (``dims`` 0) row-major as it is shaped. On the GPU the transpose kernel
+    on ``stream``; torch's copy where it cannot run (CPU tensors, fake tensors under tracing, no
+    NVRTC, K not a multiple of 16 bytes, which the operand parse then refuses)."""
+    import torch
+    if t.dim() == 2:
+        (rows, cols), (ld, lb), batch = t.shape, (t.stride(1), 0), 1
+    elif dims == 3:
+        (rows, cols, batch), (ld, lb) = t.shape, (t.stride(1), t.stride(2))
+    else:
+        (batch, rows, cols), (ld, lb) = t.shape, (t.stride(2), t.stride(0))
+    fast = (stream is not None and t.is_cuda and not is_dry() and t.element_size() == 1 and cols % 16 == 0
+            and rows * cols * batch > 0)
+    if fast:
+        dst = torch.empty((batch, rows, cols), dtype=t.dtype, device=t.device)
+        if _transpose(device, stream, dst, t.data_ptr(), 0, ld, lb, rows, cols, batch):
+            if t.dim() == 2:
+                return dst[0]
+            return dst.permute(1, 2, 0) if dims == 3 else dst
+    if t.dim() == 3 and dims == 3:
+        return t.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+    return t.contiguous()
+
+
+def k_major_operands(op: Any, operands: tuple, kw: dict[str, Any],
+                     current_stream: Any) -> tuple[tuple, dict, list]:
+    """``operands`` / ``kw`` with each of ``op.host_copies``' operands that is MN-major replaced by
+    a K-major copy made on the launch stream (operands in any other layout are left for the
+    operand parse to judge; nothing is copied for a K-major operand), and what the caller keeps
+    alive until its launch is issued (discrete weights' buffer, which only pointers name)."""
+    names = op._operand_names()
+    vals = dict(zip(names, operands))
+    vals.update(kw)
+    a = vals.get("a_tensor")
+    if a is None:
+        return operands, kw, []
+    av = view(a, "a_tensor")
+    kb = av.shape[1] if av.ndim >= 2 else 0
+    batched = op.kind == "batched"
+    ov = view(vals["padded_offsets"], "padded_offsets") if vals.get("padded_offsets") is not None else None
+    l = ov.shape[0] if ov is not None and ov.ndim == 1 else 0
+    copies: dict[str, Any] = {}
+    keep: list = []
+    for axis, arg in op.host_copies.items():
+        x = vals.get(arg)
+        if x is None:
+            continue
+        if arg == "b_ptrs":
+            _discrete_copy(op, x, vals.get("n"), kb, l, current_stream, copies, keep)
+            continue
+        v = view(x, arg)
+        if v.dtype in FP4_DTYPES or v.ndim not in (2, 3):
+            continue
+        canonical = False                # (rows, K[, L]): batched A / B, kernel-facing dense B
+        if not batched:
+            canonical = args.b_is_canonical(v.shape, v.strides, kb, l) if v.ndim == 3 and l else None
+            if canonical is None:
+                continue                 # neither reading fits: the operand parse names the shape
+        if not is_mn_major(v.strides, v.shape, 1 if canonical else 0, 2 if canonical else 1):
+            continue
+        torch = _torch_for(x, arg)
+        t = x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
+        dims = 0 if canonical else 3
+        stream = resolve_stream(current_stream, op.device) if t.is_cuda else None
+        if stream is not None and stream != torch.cuda.current_stream(t.device).cuda_stream:
+            # The copy on the launch stream; its buffer then belongs to that stream's pool, so the
+            # allocator reuses it only after the GEMM there has read it.
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=t.device)):
+                copies[arg] = _k_major_copy(t, dims, stream, op.device)
+        else:
+            copies[arg] = _k_major_copy(t, dims, stream, op.device)
+    if not copies:
+        return operands, kw, keep
+    pos = tuple(copies.get(n, x) for n, x in zip(names, operands))
+    return pos, {k: copies.get(k, x) for k, x in kw.items()}, keep
+
+
+def _discrete_copy(op: Any, ptrs: Any, n: Any, kb: int, l: int, current_stream: Any, copies: dict,
+                   keep: list) -> None:
+    """Discrete N-major weights: every expert's (N, K) matrix (N contiguous, dense) copied K-major
+    into one (L, N, K) buffer through the pointer table, and ``copies["b_ptrs"]`` a new table on
+    the device pointing into it (no host sync). A table the operand parse would refuse (not an
+    (L,) int64 CUDA tensor, no int ``n``) is left for it to name."""
+    pv = view(ptrs, "b_ptrs")
+    if (not pv.is_cuda or pv.ndim != 1 or pv.shape[0] != l or pv.dtype not in ("int64", "uint64")
+            or pv.strides[0] != 1 or l == 0 or kb % 16
+            or isinstance(n, bool) or not isinstance(n, int) or n < 8 or n % 8 or is_dry()):
+        return
+    torch = _torch_for(ptrs, "b_ptrs")
+    t = ptrs if isinstance(ptrs, torch.Tensor) else torch.from_dlpack(ptrs)
+    stream = resolve_stream(current_stream, op.device)
+    other = stream != torch.cuda.current_stream(t.device).cuda_stream
+    with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=t.device)) if other else _nothing():
+        dst = torch.empty((l, n, kb), dtype=torch.uint8, device=t.device)
+        if not _transpose(op.device, stream, dst, 0, t.data_ptr(), n, 0, n, kb, l):
+            raise UnsupportedError("b_ptrs: discrete N-major weights are copied K-major on the device by a kernel "
+                                   "that NVRTC could not build here; pass K-major weights (b_major='k')")
+        copies["b_ptrs"] = torch.arange(l, dtype=torch.int64, device=t.device) * (n * kb) + dst.data_ptr()
+    keep.append(dst)
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _torch_for(x: Any, arg: str) -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise UnsupportedError(f"{arg}: an MN-major operand is copied K-major with torch before the launch, and "
+                               f"torch is not installed; pass a K-major {arg}") from None
+    return torch
+
+
 def check_layouts(op: Any) -> None:
     """UnsupportedError when ``op``'s variant has an MN-major operand (valid for the op: its spec
-    declared it) that its arch's kernel does not implement (the registry's limit, naming the arch
-    and why) or that fusegemm cannot launch yet (no MN-major tensor maps on the host)."""
+    declared it) that no copy serves (``host_copies``: discrete N-major weights) and its arch's
+    kernel does not implement (the registry's limit, naming the arch and why) or that fusegemm
+    cannot launch (no MN-major tensor maps on the host)."""
     from ..generator import registry
     v = op.variant
     row = registry.lookup(op.spec.kernel, op.arch)
     if row is None:
         return                           # no kernel at all: check_support says so
+    copied = getattr(op, "host_copies", {})
     for axis, (mn, arg) in MN.items():
-        if getattr(v, axis) != mn:
+        if getattr(v, axis) != mn or axis in copied:
             continue
         if v.weight_mode == "discrete" and axis == "b_major":
             arg = "b_major"              # discrete weights: the argument that chose it

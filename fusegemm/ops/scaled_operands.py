@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import arguments as args
-from ..base.errors import ArgumentError, UnsupportedError
+from ..base.errors import ArgumentError
 from ..formats.scales import sf_physical_shape, sf_view_shape
 from ..runtime.tensors import TensorView, dense_strides
 from . import arg_checks as checks
@@ -46,13 +46,14 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-# MN-major FP8 A/B (seed 004's a_major 'm' / b_major 'n', seed 000's N-major dense B): valid for
-# those ops and read by the sm_100a kernels (registry source axes a_major / b_major), but no host
-# path encodes their tensor maps yet (K-major maps only); sm_90a's FP8 WGMMA reads K-major only.
-# So such an operand is an UnsupportedError (the arch or fusegemm lacks it), not an ArgumentError;
-# packed FP4 A/B are K-major on every arch (an ArgumentError).
-MN_MAJOR_UNSUPPORTED = ("the sm_100a kernels read MN-major FP8 operands, but fusegemm's host launch path encodes "
-                        "K-major tensor maps only, and sm_90a's FP8 WGMMA reads K-major operands only")
+# MN-major FP8 A/B (seed 004's a_major 'm' / b_major 'n', seed 000's N-major dense B) reach the
+# kernels through a K-major copy that an op built for them makes on each call
+# (fusegemm/ops/scaled_layouts.py); the kernels themselves read K-major. So an MN-major FP8
+# operand here, where the parse reads the operand as the kernel will, went to an op built for
+# K-major operands: an ArgumentError that names the axis to build it with. Packed FP4 A/B are
+# K-major on every arch.
+def _mn_axis(name: str) -> str:
+    return "a_major='m'" if name == "a_tensor" else "b_major='n'"
 
 
 def is_mn_major(strides: tuple[int, ...], shape: tuple[int, ...], mn_dim: int, k_dim: int) -> bool:
@@ -61,11 +62,13 @@ def is_mn_major(strides: tuple[int, ...], shape: tuple[int, ...], mn_dim: int, k
 
 
 def not_k_major(name: str, v: TensorView, strides: tuple[int, ...], mn_major: bool, hint: str) -> Exception:
-    """The error for an A/B operand that is not K-major: UnsupportedError for an MN-major FP8 one
-    (valid for seed 004 / seed 000; see MN_MAJOR_UNSUPPORTED), ArgumentError otherwise."""
+    """The error for an A/B operand that is not K-major (an MN-major FP8 one: the op was built for
+    K-major operands; its hint names the axis that takes this layout)."""
     if mn_major and v.dtype not in FP4_DTYPES:
-        return UnsupportedError(f"{name}.stride: got {tuple(strides)} (MN-major {v.dtype}); {MN_MAJOR_UNSUPPORTED}; "
-                                f"pass a K-major {name}", axis="a_major" if name == "a_tensor" else "b_major")
+        return ArgumentError(f"{name}.stride", tuple(strides), "K-major (stride 1 along K): this op was built for "
+                             "K-major operands",
+                             f"build the op with {_mn_axis(name)} to pass an MN-major {v.dtype} {name} (a K-major "
+                             f"copy is made on the device before each launch), or pass a K-major {name}")
     what = "packed FP4 is K-major on every arch" if mn_major else "stride 1 along K"
     return ArgumentError(f"{name}.stride", tuple(strides), f"K-major ({what})", hint)
 

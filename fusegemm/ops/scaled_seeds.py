@@ -28,7 +28,7 @@ from .blockscaled import BlockScaledGemm
 from .engine import Op
 from .outputs import as_bytes, check_no_overlap, native_output
 from .prepared import OpCache
-from .scaled_layouts import check_layouts
+from .scaled_layouts import check_layouts, k_major_operands
 from .scaled_operands import FAMILIES, parse_batched
 
 # Arch whose variant validates the arguments of a call whose a_tensor is not on a GPU: every check
@@ -144,6 +144,9 @@ def execute_batched(op: BlockScaledGemm, a_tensor: Any, b_tensor: Any, sfa_tenso
                     c_tensor: Any, amax_tensor: Any, current_stream: Any) -> None:
     """Seed 004's class ``execute`` (its layouts checked): C ``(M, N, L)`` (or 2-D for L = 1) in the
     memory order the op was built for, and amax (reset to -inf first), written in place."""
+    if op.host_copies:   # MN-major A / B: K-major copies first (scaled_layouts.py), parsed as the kernel reads them
+        (a_tensor, b_tensor, sfa_tensor, sfb_tensor), _, _ = k_major_operands(
+            op, (a_tensor, b_tensor, sfa_tensor, sfb_tensor), {}, current_stream)
     call = parse_batched(a_tensor, b_tensor, sfa_tensor, sfb_tensor, op.variant.sf_vec_size)
     op.check_operands(call)
     (c_shape, c_store, _), (a_shape, a_store, _) = (op.epilogue.buffers(call.n, call.l * call.m, 1)[k]

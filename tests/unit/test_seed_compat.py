@@ -646,7 +646,8 @@ def test_quant_and_dswiglu_classes_document_no_discrete_weights():
 
 
 # ============================================================================================
-# 5. A layout valid for the op but not on this arch: UnsupportedError naming the arch
+# 5. MN-major FP8 operands: valid where the seed says so, run through a K-major copy on each arch
+#    (fusegemm/ops/scaled_layouts.py); discrete N-major weights: UnsupportedError naming the arch
 # ============================================================================================
 def _mn(t):
     """The same (rows, K, L) values, MN-major: strides (1, rows, rows * K)."""
@@ -658,36 +659,24 @@ def _n_major_b(b):
     return _mn(b)
 
 
-def test_mn_major_fp8_gemm_amax_on_sm90(monkeypatch):
-    monkeypatch.setattr(scaled_seeds, "VALIDATION_ARCH", "sm_90a")
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
+def test_mn_major_fp8_gemm_amax_is_copied_k_major(monkeypatch, arch):
+    """Seed 004's M-major A and N-major B pass the layout checks on both archs: the op is built
+    K-major and the call copies them (here, CPU tensors, the call then stops at the device)."""
+    monkeypatch.setattr(scaled_seeds, "VALIDATION_ARCH", arch)
     kw = amax_base()
-    with pytest.raises(UnsupportedError) as info:
-        compat.gemm_amax_wrapper_sm100(**dict(kw, a_tensor=_mn(kw["a_tensor"])))
-    assert str(info.value) == ("a_tensor: MN-major float8_e4m3fn (a_major='m') is valid for gemm_amax but not "
-                               "implemented on sm_90a: FP8 WGMMA reads K-major A only; allowed on sm_90a: "
-                               "a_major='k' (K-major)")
-    assert info.value.axis == "a_major"
-    with pytest.raises(UnsupportedError, match=r"^b_tensor: MN-major float8_e4m3fn \(b_major='n'\) is valid for "
-                                               r"gemm_amax but not implemented on sm_90a: FP8 WGMMA reads K-major B "
-                                               r"only; allowed on sm_90a: b_major='k' \(K-major\)$"):
-        compat.gemm_amax_wrapper_sm100(**dict(kw, b_tensor=_mn(kw["b_tensor"])))
-    # the class: built, then check_support and execute say why
-    op = compat.GemmAmaxSm100(_mn(kw["a_tensor"]), kw["b_tensor"], kw["sfa_tensor"], kw["sfb_tensor"])
-    with pytest.raises(UnsupportedError, match=r"^a_tensor: MN-major float8_e4m3fn \(a_major='m'\) is valid for "
-                                               r"gemm_amax but not implemented on sm_90a"):
-        op.check_support()
-    with pytest.raises(UnsupportedError, match=r"not implemented on sm_90a"):
-        op.execute(_mn(kw["a_tensor"]), kw["b_tensor"], kw["sfa_tensor"], kw["sfb_tensor"],
+    for changed in ({"a_tensor": _mn(kw["a_tensor"])}, {"b_tensor": _mn(kw["b_tensor"])},
+                    {"a_tensor": _mn(kw["a_tensor"]), "b_tensor": _mn(kw["b_tensor"])}):
+        with pytest.raises(ArgumentError, match=DEVICE):
+            compat.gemm_amax_wrapper_sm100(**dict(kw, **changed))
+    op = compat.GemmAmaxSm100(_mn(kw["a_tensor"]), _mn(kw["b_tensor"]), kw["sfa_tensor"], kw["sfb_tensor"])
+    assert op.check_support()
+    assert op.op.host_copies == {"a_major": "a_tensor", "b_major": "b_tensor"}
+    assert (op.op.variant.a_major, op.op.variant.b_major) == ("m", "n")
+    assert (op.op.kernel_variant.a_major, op.op.kernel_variant.b_major) == ("k", "k")
+    with pytest.raises(ArgumentError, match=DEVICE):
+        op.execute(_mn(kw["a_tensor"]), _mn(kw["b_tensor"]), kw["sfa_tensor"], kw["sfb_tensor"],
                    torch.zeros(2, 200, 256).permute(1, 2, 0), torch.zeros(1, 1, 1))
-
-
-def test_mn_major_fp8_gemm_amax_on_sm100_is_refused_by_the_host_path():
-    kw = amax_base()
-    with pytest.raises(UnsupportedError) as info:
-        compat.gemm_amax_wrapper_sm100(**dict(kw, a_tensor=_mn(kw["a_tensor"])))
-    assert str(info.value) == ("a_tensor: MN-major float8_e4m3fn (a_major='m') is valid for gemm_amax and the "
-                               "sm_100a kernel reads it, but fusegemm's host launch path encodes K-major tensor maps "
-                               "only; allowed: K-major (a_major='k')")
 
 
 def test_mn_major_fp4_is_invalid_on_every_arch():
@@ -704,28 +693,24 @@ def test_mn_major_fp4_is_invalid_on_every_arch():
     with pytest.raises(ArgumentError, match=r"^a_tensor\.stride: got .*; allowed: K-major \(packed FP4 is K-major "
                                             r"on every arch\)"):
         parse_batched(a, kw["b_tensor"], kw["sfa_tensor"], kw["sfb_tensor"], 16)
+    # an MN-major FP8 operand at the parse went to an op built K-major: the hint names the axis
     f8 = amax_base()
-    with pytest.raises(UnsupportedError, match=r"^a_tensor\.stride: got \(1, 200, 51200\) \(MN-major float8_e4m3fn\); "
-                                               r"the sm_100a kernels read MN-major FP8 operands, but fusegemm's host "
-                                               r"launch path encodes K-major tensor maps only"):
+    with pytest.raises(ArgumentError) as info:
         parse_batched(_mn(f8["a_tensor"]), f8["b_tensor"], f8["sfa_tensor"], f8["sfb_tensor"], 32)
+    assert str(info.value) == ("a_tensor.stride: got (1, 200, 51200); allowed: K-major (stride 1 along K): this op "
+                               "was built for K-major operands. build the op with a_major='m' to pass an MN-major "
+                               "float8_e4m3fn a_tensor (a K-major copy is made on the device before each launch), "
+                               "or pass a K-major a_tensor")
 
 
-def test_n_major_dense_b_of_the_grouped_seeds(monkeypatch):
-    """Seed 000 (dSwiGLU) allows N-major FP8 B: on sm_90a an UnsupportedError naming it; seeds 002
-    and 003 say dense B is K-major: an ArgumentError on every arch."""
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
+def test_n_major_dense_b_of_the_grouped_seeds(monkeypatch, arch):
+    """Seed 000 (dSwiGLU) allows N-major FP8 B: copied K-major on each arch (the CPU call then stops
+    at the device); seeds 002 and 003 say dense B is K-major: an ArgumentError on every arch."""
+    monkeypatch.setattr(scaled_seeds, "VALIDATION_ARCH", arch)
     ds = base("grouped_gemm_dswiglu")
-    b = _n_major_b(ds["b_tensor"])
-    with pytest.raises(UnsupportedError, match=r"^b_tensor: MN-major float8_e4m3fn \(b_major='n'\) is valid for "
-                                               r"grouped_gemm_dswiglu and the sm_100a kernel reads it, but fusegemm's "
-                                               r"host launch path encodes K-major tensor maps only"):
-        compat.grouped_gemm_dswiglu_wrapper_sm100(**dict(ds, b_tensor=b))
-    monkeypatch.setattr(scaled_seeds, "VALIDATION_ARCH", "sm_90a")
-    with pytest.raises(UnsupportedError) as info:
-        compat.grouped_gemm_dswiglu_wrapper_sm100(**dict(ds, b_tensor=b))
-    assert str(info.value) == ("b_tensor: MN-major float8_e4m3fn (b_major='n') is valid for grouped_gemm_dswiglu but "
-                               "not implemented on sm_90a: FP8 WGMMA reads K-major B only; allowed on sm_90a: "
-                               "b_major='k' (K-major)")
+    with pytest.raises(ArgumentError, match=DEVICE):
+        compat.grouped_gemm_dswiglu_wrapper_sm100(**dict(ds, b_tensor=_n_major_b(ds["b_tensor"])))
     sr = base("grouped_gemm_srelu")
     with pytest.raises(ArgumentError) as info:
         compat.grouped_gemm_srelu_wrapper_sm100(**dict(sr, b_tensor=_n_major_b(sr["b_tensor"])))
@@ -739,19 +724,52 @@ def test_n_major_dense_b_of_the_grouped_seeds(monkeypatch):
         compat.grouped_gemm_quant_wrapper_sm100(**dict(qu, b_tensor=_n_major_b(qu["b_tensor"])))
 
 
-def test_discrete_n_major_b_of_srelu(monkeypatch):
+def test_k_major_copies_keep_every_value():
+    """What the copy makes (scaled_layouts.k_major_operands): for each MN-major layout of a
+    block-scaled operand, a K-major tensor of the same logical shape and values; a K-major
+    operand is passed through as the same object."""
+    from fusegemm.ops.scaled_layouts import k_major_operands
+    from fusegemm.ops.engine import Op
+    g = torch.Generator().manual_seed(3)
+    def fp8(*shape):
+        return torch.randn(*shape, generator=g).to(torch.float8_e4m3fn)
+    amax = Op("gemm_amax", arch="sm_90a", a_major="m", b_major="n")
+    a, b = fp8(2, 192, 128), fp8(2, 64, 128)                   # (L, rows, K) row-major
+    a_mn, b_mn = _mn(a.permute(1, 2, 0)), _mn(b.permute(1, 2, 0))  # (rows, K, L), rows contiguous
+    assert a_mn.stride()[0] == 1 and b_mn.stride()[0] == 1
+    (ca, cb, *_), _, _ = k_major_operands(amax, (a_mn, b_mn, None, None), {}, None)
+    for got, want in ((ca, a_mn), (cb, b_mn)):
+        assert got.shape == want.shape and got.stride()[1] == 1 and got.stride()[0] == want.shape[1]
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    two_d = a_mn[:, :, 0]                                       # (M, K), stride (1, M)
+    (c2, *_), _, _ = k_major_operands(amax, (two_d, b_mn, None, None), {}, None)
+    assert c2.stride() == (128, 1) and torch.equal(c2.view(torch.uint8), two_d.view(torch.uint8))
+    ds = Op("grouped_gemm_dswiglu", arch="sm_90a", b_major="n")
+    a_rows, offsets = fp8(256, 128), torch.tensor([0, 128, 256], dtype=torch.int32)
+    b_nkl = _n_major_b(fp8(64, 128, 3))                         # kernel-facing (N, K, L), N-major
+    for bb in (b_nkl, b_nkl.permute(2, 0, 1)):                  # and canonical (L, N, K)
+        (_, _, _, cbb), kw, _ = k_major_operands(ds, (a_rows, None, offsets, bb), {}, None)
+        assert cbb.shape == bb.shape and cbb.stride()[-1 if bb.shape[0] == 3 else 1] == 1
+        assert torch.equal(cbb.view(torch.uint8), bb.view(torch.uint8))
+    k_major = fp8(3, 64, 128)
+    (_, _, _, same), _, _ = k_major_operands(ds, (a_rows, None, offsets, k_major), {}, None)
+    assert same is k_major
+
+
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
+def test_discrete_n_major_b_of_srelu(monkeypatch, arch):
+    """Seed 002's discrete N-major weights are copied K-major through the pointer table (the CPU
+    call then stops at the device); the op builds the discrete K-major kernel."""
+    monkeypatch.setattr(scaled_seeds, "VALIDATION_ARCH", arch)
     kw = base("grouped_gemm_srelu")
     discrete = {k: v for k, v in kw.items() if k not in ("b_tensor", "sfb_tensor")}
     discrete.update(b_ptrs=torch.zeros(3, dtype=torch.int64), sfb_ptrs=torch.zeros(3, dtype=torch.int64), n=256,
                     b_major="n")
-    with pytest.raises(UnsupportedError, match=r"^b_major: MN-major float8_e4m3fn \(b_major='n'\) is valid for "
-                                               r"grouped_gemm_srelu and the sm_100a kernel reads it, but fusegemm's "
-                                               r"host launch path encodes K-major tensor maps only"):
-        compat.grouped_gemm_srelu_wrapper_sm100(**discrete)
-    monkeypatch.setattr(scaled_seeds, "VALIDATION_ARCH", "sm_90a")
-    with pytest.raises(UnsupportedError, match=r"^b_major: MN-major float8_e4m3fn \(b_major='n'\) is valid for "
-                                               r"grouped_gemm_srelu but not implemented on sm_90a: FP8 WGMMA reads "
-                                               r"K-major B only"):
+    with pytest.raises(ArgumentError, match=DEVICE):
         compat.grouped_gemm_srelu_wrapper_sm100(**discrete)
     with pytest.raises(ArgumentError, match=DEVICE):       # K-major discrete weights run on both
         compat.grouped_gemm_srelu_wrapper_sm100(**dict(discrete, b_major="k"))
+    from fusegemm.ops.engine import Op
+    op = Op("grouped_gemm_srelu", arch=arch, weight_mode="discrete", b_major="n")
+    assert op.host_copies == {"b_major": "b_ptrs"} and op.check_support()
+    assert (op.kernel_variant.weight_mode, op.kernel_variant.b_major) == ("discrete", "k")

@@ -628,6 +628,9 @@ struct WgmmaEpilogue {
   // write their fragments into [64 rows][kAccPitch] floats, then warps 0 and 1 run the engine on
   // rows 0-31 and 32-63 (lane = row). With kEngineBlocks 2, blocks c and c + 1 are staged
   // together and warps 2 and 3 run c + 1's rows. Named barrier 1 + wg orders the two phases.
+  // (Each warp's element-input loads issued before the staging and the barrier, so that their
+  // latency would overlap those, ran blockwise dSwiGLU at 0.87-0.95x this order's speed:
+  // bench/results/blockscaled_h200_early_loads.json, "el0" is this order.)
   template <class Params>
   static __device__ void engine(const Params& p, uint8_t* epi_smem, Rule& rule, int expert, int m0, int n0,
                                 int wg, int wl, int lane, const float (&acc)[kAccum], Partials& part) {
