@@ -41,6 +41,20 @@ def test_gemm_amax_m_major_a_and_n_major_b_exact(batch):
     assert torch.equal(out["c_tensor"], k_major["c_tensor"]) and torch.equal(out["amax_tensor"], k_major["amax_tensor"])
 
 
+def _run(op, operands, inputs, other_stream):
+    """``op``'s outputs on torch's current stream, or on a new one ordered after it (the copy and
+    the GEMM both go there), synchronised."""
+    if other_stream:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        out = op(**operands, inputs=inputs, current_stream=s)
+        torch.cuda.current_stream().wait_stream(s)
+    else:
+        out = op(**operands, inputs=inputs)
+    torch.cuda.synchronize()
+    return out
+
+
 def _n_major(b, form):
     """(L, N, K) row-major B as an N-major tensor: canonical (L, N, K) or kernel-facing (N, K, L)."""
     nm = b.transpose(1, 2).contiguous().transpose(1, 2)          # (L, N, K), strides (N K, 1, N)
@@ -63,14 +77,7 @@ def test_dswiglu_n_major_dense_b_matches_k_major(recipe, form, other_stream):
     want = k_op(**dev, inputs=ins)
     b_n = _n_major(dev["b_tensor"], form)
     assert 1 in b_n.stride() and b_n.stride()[-1 if form == "canonical" else 1] != 1
-    if other_stream:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        got = n_op(**dict(dev, b_tensor=b_n), inputs=ins, current_stream=s)
-        torch.cuda.current_stream().wait_stream(s)
-    else:
-        got = n_op(**dict(dev, b_tensor=b_n), inputs=ins)
-    torch.cuda.synchronize()
+    got = _run(n_op, dict(dev, b_tensor=b_n), ins, other_stream)
     same_outputs(got, want, f"dSwiGLU {recipe} N-major {form} B against K-major B")
 
 
@@ -122,12 +129,5 @@ def test_srelu_discrete_n_major_weights_match_k_major(recipe, other_stream):
     g = torch.Generator(device="cuda").manual_seed(4)
     ins = epilogue_inputs(k_op, m, n, l, g)
     want = k_op(**dev, inputs=ins)
-    if other_stream:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        got = n_op(**dict(dev, b_ptrs=n_ptrs), inputs=ins, current_stream=s)
-        torch.cuda.current_stream().wait_stream(s)
-    else:
-        got = n_op(**dict(dev, b_ptrs=n_ptrs), inputs=ins)
-    torch.cuda.synchronize()
+    got = _run(n_op, dict(dev, b_ptrs=n_ptrs), ins, other_stream)
     same_outputs(got, want, f"sReLU {recipe} discrete N-major weights against K-major ones")

@@ -45,6 +45,10 @@
 // (bench/results/blockscaled_h200_prefetch.json): dSwiGLU at tile N 256 1.01-1.07x the speed of
 // the build without (faster on all eight rows), at tile N 128 0.98-1.03x; 16 blocks ahead no
 // better than 8. Ops without element inputs issue nothing (0.93-1.07x there: the run's noise).
+// (Also measured and not kept: warpgroup 1 starting 3 blocks after warpgroup 0, so that their
+// epilogues would not coincide, the offset bounded by the pipeline; builds that run the two
+// halves as passes, dSwiGLU and tile N 128: 0.94-1.02x of lockstep's speed,
+// bench/results/blockscaled_h200_stagger.json.)
 #ifndef FUSEGEMM_SM90_BW_EPI_PREFETCH
 #define FUSEGEMM_SM90_BW_EPI_PREFETCH 8
 #endif
