@@ -169,7 +169,7 @@ def show(spec: str, as_json: bool) -> None:
                            f"({lim['because']})")
         for r in impl["runs_as"]:
             if r["axis"] in s.choice_map:
-                click.echo(f"    {r['axis']}={r['value']} runs as {r['axis']}={r['runs_as']} "
+                click.echo(f"    {r['axis']}={r['value']} runs as {r['axis']}={r['runs_as']}{r['condition']} "
                            f"({r['because']})")
         if impl["defaults"]:
             click.echo(f"    defaults: {', '.join(f'{k}={v}' for k, v in impl['defaults'].items())}")

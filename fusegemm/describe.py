@@ -53,8 +53,8 @@ def spec_info(s: Any, prebuild: list[str] | None = None) -> dict[str, Any]:
             "limits": [{"axis": l.axis, "values": list(l.values), "because": l.because, "when": dict(l.when),
                         "condition": l.condition()} for l in row.limits],
             "defaults": dict(registry.policy(arch).defaults_for(row.kernel_class)),
-            "runs_as": [{"axis": r.axis, "value": r.value, "runs_as": r.runs_as, "because": r.because}
-                        for r in row.runs_as]}
+            "runs_as": [{"axis": r.axis, "value": r.value, "runs_as": r.runs_as, "because": r.because,
+                         "when": dict(r.when), "condition": r.condition()} for r in row.runs_as]}
     return {
         "name": s.name, "path": s.path, "kernel": s.kernel, "problem": s.problem, "seed": s.seed,
         "summary": s.summary,

@@ -46,16 +46,29 @@ class Limit:
 
 @dataclass(frozen=True)
 class RunsAs:
-    """``axis=value`` runs as ``axis=runs_as`` on this row's kernel, with the same results, and why."""
+    """``axis=value`` runs as ``axis=runs_as`` on this row's kernel, with the same results, and why;
+    only for choices that also take every ``when`` value (a conditional one may name an axis that
+    otherwise reaches the kernel's source: its other values keep their kernels)."""
 
     axis: str
     value: Any
     runs_as: Any
     because: str
+    when: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.axis not in AXES:
-            raise ValueError(f"RunsAs.axis: got {self.axis!r}; allowed: {', '.join(AXES)}")
+        for axis in (self.axis, *(a for a, _ in self.when)):
+            if axis not in AXES:
+                raise ValueError(f"RunsAs.axis: got {axis!r}; allowed: {', '.join(AXES)}")
+
+    def condition(self) -> str:
+        """`` with sf_vec_size=128`` (how ``fusegemm show`` names ``when``), or ''."""
+        return "".join(f" with {a}={v}" for a, v in self.when)
+
+    def applies(self, choice: dict[str, Any]) -> bool:
+        """Whether ``choice`` takes ``value`` and every ``when`` value."""
+        return (choice.get(self.axis, NEUTRAL.get(self.axis)) == self.value and
+                all(choice.get(a, NEUTRAL.get(a)) == v for a, v in self.when))
 
 
 @dataclass(frozen=True)
@@ -115,7 +128,8 @@ class Implementation:
             raise ValueError(f"Implementation.kernel_class: got {self.kernel_class!r}; allowed: "
                              f"{', '.join(CLASS_PROBLEMS)}")
         bad = [a for a in self.source_axes if a not in AXES or a == "arch"]
-        bad += [r.axis for r in self.runs_as if r.axis in self.source_axes]   # it would reach the source
+        # an unconditional one would reach the source; a conditional one maps a value the source takes
+        bad += [r.axis for r in self.runs_as if r.axis in self.source_axes and not r.when]
         launch = [a for a in self.source_axes if a in LAUNCH_AXES]
         if bad or launch not in ([], list(LAUNCH_AXES)):
             raise ValueError(f"Implementation.source_axes: got {bad or launch}; allowed: variant axes, "
@@ -147,7 +161,7 @@ class Implementation:
         value: the variant this kernel builds for it."""
         out = dict(choice)
         for r in self.runs_as:
-            if out.get(r.axis, NEUTRAL.get(r.axis)) == r.value:
+            if r.applies(out):
                 out[r.axis] = r.runs_as
         return out
 
@@ -164,7 +178,7 @@ class Implementation:
         (which says what is implemented and why)."""
         source_axes = self.axes_for(epilogue_axes)
         limited = {lim.axis for lim in self.limits}
-        runs_as = {r.axis: r for r in self.runs_as}
+        runs_as = {r.axis: r for r in self.runs_as if not r.when}   # (a conditional one's axis reaches the source)
         for axis in axes:
             if axis in runs_as:
                 r = runs_as[axis]

@@ -84,6 +84,13 @@ _VECTOR_F32 = ("vector_f32",)
 _SM90_SCALAR_F32 = (RunsAs("vector_f32", True, False, "sm_90a has no packed FP32 instructions: scalar FP32 "
                            "math, the same results"),)
 
+# The blockwise recipe with E8M0 (power-of-two) scales, DeepSeek-V3.1's UE8M0: each byte is a
+# power of two that FP32 holds exactly, so the kernel with FP32 scales runs it; each call converts
+# the scale tensors on the device first (fusegemm/ops/scaled_layouts.py). One kernel for both.
+_SM90_BLOCKWISE_E8M0 = (RunsAs("sf_dtype", "float8_e8m0fnu", "float32", "every E8M0 scale is a power of two that "
+                               "FP32 holds exactly: the FP32-scale kernel, the scales converted on the device "
+                               "per call", when=(("sf_vec_size", 128),)),)
+
 # Axes each template reads itself (tests/unit/test_registry.py renders every spec with each axis
 # changed and checks that exactly these, and those its epilogue reads, change the source). The
 # BF16 template stores C and D as the variant's c_dtype / d_dtype where the rule has no such
@@ -222,7 +229,7 @@ _SM90_ROWS = (
     *(_row(kind, "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _SM90_BLOCKSCALED, rule=SPEC_RULE,
            limits=(*_SM90_BLOCKSCALED_LIMITS, _NO_GATHER, _NO_GATHER_B),
-           runs_as=_SM90_SCALAR_F32)
+           runs_as=_SM90_SCALAR_F32 + _SM90_BLOCKWISE_E8M0)
       for kind in ("scaled", "batched")),
 )
 

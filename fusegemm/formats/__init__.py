@@ -13,8 +13,8 @@ Pure numpy + ml_dtypes; torch tensors are accepted where cheap and torch is neve
 from __future__ import annotations
 
 from .blockscale import BlockFormat, block_format, dequantize_blockwise, quantize_blockwise
-from .blockwise import (blockwise_sfa_layout, dequantize_1x128, dequantize_128x128, quantize_1x128,
-                        quantize_128x128)
+from .blockwise import (blockwise_sfa_layout, dequantize_1x128, dequantize_128x128, e8m0_bytes, e8m0_to_float32,
+                        quantize_1x128, quantize_128x128)
 from .numpy_dtypes import ElementFormat, FORMATS, dtype_name, resolve_dtype, to_numpy
 from .elements import pack_fp4, to_float32, to_format, unpack_fp4
 from .scales import (
@@ -56,6 +56,8 @@ __all__ = [
     "dequantize_128x128",
     "dequantize_blockwise",
     "dtype_name",
+    "e8m0_bytes",
+    "e8m0_to_float32",
     "pack_fp4",
     "pack_sf",
     "pack_sf_discrete_col",

@@ -7,8 +7,9 @@ sfb[n // 128, k // 128]``. Scale choice: ``s = amax / elem_max`` over the block 
 gets a tiny positive scale and zero elements; with ``scales="pow2"`` that scale rounded up to a
 power of two (the UE8M0 scales of DeepSeek-V3.1's recipe: each is exactly an E8M0 byte, and
 dividing by it is exact); elements are ``x / s`` rounded to nearest-even with saturation. The
-kernels take the scales as float32 either way. The kernels' SFA layout is M-contiguous
-(:func:`blockwise_sfa_layout`).
+kernels take the scales as float32 either way; power-of-two scales may also be stored as E8M0
+bytes (:func:`e8m0_bytes`, :func:`e8m0_to_float32`), which the ops convert to float32 on the device.
+The kernels' SFA layout is M-contiguous (:func:`blockwise_sfa_layout`).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from .elements import to_float32, to_format
 from .numpy_dtypes import FORMATS, resolve_dtype, to_numpy
 
 __all__ = ["BLOCK", "quantize_1x128", "quantize_128x128", "dequantize_1x128", "dequantize_128x128",
-           "blockwise_sfa_layout"]
+           "blockwise_sfa_layout", "e8m0_bytes", "e8m0_to_float32"]
 
 BLOCK = 128
 _ELEMENTS = ("float8_e4m3fn", "float8_e5m2")
@@ -176,3 +177,63 @@ def blockwise_sfa_layout(scales: Any) -> Any:
     buf = np.zeros((sfk, -(-m // 4) * 4), dtype=np.float32)
     buf[:, :m] = s.T
     return buf[:, :m].T
+
+
+# E8M0 byte b is 2^(b - 127): FP32 exponent field b for 1..254 (mantissa 0), 2^-127 (the FP32
+# subnormal 0x00400000) for 0x00, NaN for 0xFF (cvt's encoding, OCP MX's E8M0).
+_E8M0_ZERO_BITS, _E8M0_NAN_BITS = 0x00400000, 0x7FC00000
+
+
+def e8m0_to_float32(x: Any) -> Any:
+    """E8M0 bytes as the float32 values they encode, exactly: ``2^(b - 127)``, 0x00 -> 2^-127,
+    0xFF -> NaN.
+
+    Parameters
+    ----------
+    x : array or tensor of ``float8_e8m0fnu`` or ``uint8``
+        The bytes, any shape. A torch tensor stays a torch tensor on its device (the conversion
+        runs there); anything else becomes a numpy array.
+    """
+    if hasattr(x, "new_zeros"):   # torch, without importing it here
+        import torch
+        b = x.view(torch.uint8).to(torch.int32)
+        bits = torch.where(b == 0, _E8M0_ZERO_BITS, torch.where(b == 255, _E8M0_NAN_BITS, b << 23))
+        return bits.view(torch.float32)
+    a = np.asarray(to_numpy(x, argument="scales"))
+    if a.dtype.itemsize != 1:
+        raise ValueError(f"scales: got {a.dtype}; allowed: float8_e8m0fnu or uint8 (E8M0 bytes)")
+    b = a.view(np.uint8).astype(np.uint32)
+    bits = np.where(b == 0, _E8M0_ZERO_BITS, np.where(b == 255, _E8M0_NAN_BITS, b << 23)).astype(np.uint32)
+    return bits.view(np.float32)
+
+
+def e8m0_bytes(scales: Any) -> Any:
+    """Power-of-two float32 scales as E8M0 bytes (uint8), exactly: 2^e for e in [-127, 127], NaN
+    as 0xFF.
+
+    Parameters
+    ----------
+    scales : float32 array or tensor
+        E.g. from ``quantize_1x128(..., scales="pow2")``. Torch in, torch out (on its device).
+
+    Raises
+    ------
+    ValueError
+        Naming the first value that is not one (zero, negative, infinite or not a power of two).
+    """
+    torch_in = hasattr(scales, "new_zeros")
+    s = np.asarray(scales.detach().cpu() if torch_in else to_numpy(scales, argument="scales"), dtype=np.float32)
+    bits = s.view(np.uint32)
+    exp, man = (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    nan = np.isnan(s)
+    normal = (bits >> 31 == 0) & (man == 0) & (exp >= 1) & (exp <= 254)
+    tiny = bits == _E8M0_ZERO_BITS
+    bad = ~(normal | tiny | nan)
+    if bad.any():
+        i = tuple(int(v) for v in np.argwhere(bad)[0])
+        raise ValueError(f"scales{list(i)}: got {s[i]!r}; allowed: powers of two from 2^-127 to 2^127 (E8M0), or NaN")
+    out = np.where(nan, 255, np.where(tiny, 0, exp)).astype(np.uint8)
+    if torch_in:
+        import torch
+        return torch.from_numpy(out).to(scales.device)
+    return out

@@ -52,7 +52,7 @@ from .loaded_kernel import LoadedKernel
 from .outputs import check_no_overlap, native_output
 from .prepared import Prepared, addresses, is_dry, pattern
 from .prepared_launch import DEVICE_OPERANDS, LEAD, PreparedLaunch, device_str, pitched
-from .scaled_layouts import host_copies, k_major_operands, kernel_choices
+from .scaled_layouts import E8M0_NAMES, host_copies, host_operands, kernel_choices
 from .scaled_operands import SF_AXIS, ab_axis, parse_batched, parse_scaled
 
 # SFD: 1 / the largest value of the quantized output (e5m2: the seed page's 1/57344, or NVIDIA's
@@ -111,6 +111,9 @@ class Op(PreparedLaunch):
             kc = kernel_choices(self.kind, self.variant.choices)
             kc.pop("arch", None)
             self.kernel_variant = make_variant(self.spec, arch=self.arch, **kc)
+        # The blockwise recipe's FP32-scale kernel also takes E8M0 scale tensors (converted per
+        # call, exactly: scaled_layouts.py; the registry runs sf_dtype e8m0 at 128 as float32).
+        self.e8m0_scales = self.kind == "scaled" and self.variant.sf_vec_size == 128 and self.variant.sf_dtype == "float32"
         self.epilogue = self.spec.epilogue.resolve(self.variant.choices)
         self._rows = self.epilogue.row_buffers()
         self._e5m2 = e5m2_rcp_max
@@ -232,8 +235,8 @@ class Op(PreparedLaunch):
         """
         given = inputs or {}
         _copied: list = []     # (alive until the launch is issued)
-        if self.host_copies:   # MN-major operands: K-major copies, then the call as on those
-            operands, operand_kw, _copied = k_major_operands(self, operands, operand_kw, current_stream)
+        if self.host_copies or self.e8m0_scales:   # MN-major copies, E8M0 scales: the call as on those
+            operands, operand_kw, _copied = host_operands(self, operands, operand_kw, current_stream)
         key, flat = (None, ()) if is_dry() else pattern(operands, operand_kw, given, None)
         e = self._memo.get(key) if key is not None else None
         if e is not None:   # a call pattern validated before: allocate, check addresses, launch
@@ -320,8 +323,8 @@ class Op(PreparedLaunch):
         names = output_names or {}
         given = inputs or {}
         _copied: list = []     # (alive until the launch is issued)
-        if self.host_copies:
-            operands, operand_kw, _copied = k_major_operands(self, operands, operand_kw, current_stream)
+        if self.host_copies or self.e8m0_scales:
+            operands, operand_kw, _copied = host_operands(self, operands, operand_kw, current_stream)
         key, flat = (None, ()) if is_dry() else pattern(operands, operand_kw, given, outputs)
         e = self._memo.get(key) if key is not None else None
         if e is not None and self._execute_memo(e, flat, current_stream, validate_offsets):
@@ -491,7 +494,12 @@ def _acc_grouped(op: Op, o: dict[str, Any]) -> tuple[Any, Any, int]:
     """(FP32 accumulator of every row below the last offset, offsets, rows of A)."""
     import numpy as np
 
+    from ..formats.blockwise import e8m0_to_float32
+    from ..formats.numpy_dtypes import array_dtype_name, to_numpy
     from ..reference._operands import parse_grouped
+    if op.kind == "scaled" and op.e8m0_scales:   # E8M0 blockwise scales: the values they encode
+        o = {k: (e8m0_to_float32(to_numpy(x)) if k in ("sfa_tensor", "sfb_tensor") and x is not None and
+                 array_dtype_name(to_numpy(x)) in E8M0_NAMES else x) for k, x in o.items()}
     g = parse_grouped(a_tensor=o["a_tensor"], b_tensor=o["b_tensor"], b_list=None,
                       padded_offsets=o["padded_offsets"], m_aligned=args.M_ALIGNED, acc="float64",
                       sfa_tensor=o.get("sfa_tensor"), sfb_tensor=o.get("sfb_tensor"),

@@ -172,15 +172,9 @@ def k_major_operands(op: Any, operands: tuple, kw: dict[str, Any],
             continue
         torch = _torch_for(x, arg)
         t = x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
-        dims = 0 if canonical else 3
         stream = resolve_stream(current_stream, op.device) if t.is_cuda else None
-        if stream is not None and stream != torch.cuda.current_stream(t.device).cuda_stream:
-            # The copy on the launch stream; its buffer then belongs to that stream's pool, so the
-            # allocator reuses it only after the GEMM there has read it.
-            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=t.device)):
-                copies[arg] = _k_major_copy(t, dims, stream, op.device)
-        else:
-            copies[arg] = _k_major_copy(t, dims, stream, op.device)
+        with _on_launch_stream(torch, t, current_stream, op.device):
+            copies[arg] = _k_major_copy(t, 0 if canonical else 3, stream, op.device)
     if not copies:
         return operands, kw, keep
     pos = tuple(copies.get(n, x) for n, x in zip(names, operands))
@@ -201,8 +195,7 @@ def _discrete_copy(op: Any, ptrs: Any, n: Any, kb: int, l: int, current_stream: 
     torch = _torch_for(ptrs, "b_ptrs")
     t = ptrs if isinstance(ptrs, torch.Tensor) else torch.from_dlpack(ptrs)
     stream = resolve_stream(current_stream, op.device)
-    other = stream != torch.cuda.current_stream(t.device).cuda_stream
-    with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=t.device)) if other else _nothing():
+    with _on_launch_stream(torch, t, current_stream, op.device):
         dst = torch.empty((l, n, kb), dtype=torch.uint8, device=t.device)
         if not _transpose(op.device, stream, dst, 0, t.data_ptr(), n, 0, n, kb, l):
             raise UnsupportedError("b_ptrs: discrete N-major weights are copied K-major on the device by a kernel "
@@ -217,6 +210,60 @@ class _nothing:
 
     def __exit__(self, *exc: Any) -> None:
         return None
+
+
+E8M0_NAMES = ("float8_e8m0fnu", "uint8")   # E8M0 scale bytes as a tensor's dtype
+
+
+def e8m0_scale_operands(op: Any, operands: tuple, kw: dict[str, Any], current_stream: Any) -> tuple[tuple, dict]:
+    """``operands`` / ``kw`` of a blockwise op (``op.e8m0_scales``: FP32-scale kernel) with E8M0
+    scale tensors (DeepSeek-V3.1's UE8M0: ``float8_e8m0fnu`` or ``uint8`` bytes, SFA ``(M, ceil(K /
+    128))`` in any layout, SFB ``(L, ceil(N/128), ceil(K/128))``) replaced by the float32 tensors
+    they encode, exactly, in the kernel's layouts, converted on the launch stream; FP32 scales and
+    anything the operand parse should name are left as they are."""
+    from ..formats.blockwise import blockwise_sfa_layout, e8m0_to_float32
+    names = op._operand_names()
+    vals = dict(zip(names, operands))
+    vals.update(kw)
+    done: dict[str, Any] = {}
+    for arg in ("sfa_tensor", "sfb_tensor"):
+        x = vals.get(arg)
+        if x is None or str(getattr(x, "dtype", "")).endswith("float32"):
+            continue                     # (the usual case, decided without a view)
+        v = view(x, arg)
+        if v.dtype not in E8M0_NAMES or v.ndim not in (2, 3):
+            continue
+        torch = _torch_for(x, arg)
+        t = x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
+        with _on_launch_stream(torch, t, current_stream, op.device):
+            f = e8m0_to_float32(t)
+            done[arg] = blockwise_sfa_layout(f) if arg == "sfa_tensor" and f.dim() == 2 else f.contiguous()
+    if not done:
+        return operands, kw
+    return tuple(done.get(n, x) for n, x in zip(names, operands)), {k: done.get(k, x) for k, x in kw.items()}
+
+
+def host_operands(op: Any, operands: tuple, kw: dict[str, Any], current_stream: Any) -> tuple[tuple, dict, list]:
+    """What an op's call passes to the kernel's operand parse: MN-major operands copied K-major
+    (``k_major_operands``) and E8M0 blockwise scales converted (``e8m0_scale_operands``); and what
+    the caller keeps alive until its launch is issued."""
+    keep: list = []
+    if op.host_copies:
+        operands, kw, keep = k_major_operands(op, operands, kw, current_stream)
+    if op.e8m0_scales:
+        operands, kw = e8m0_scale_operands(op, operands, kw, current_stream)
+    return operands, kw, keep
+
+
+def _on_launch_stream(torch: Any, t: Any, current_stream: Any, device: int) -> Any:
+    """A context in which torch's work on ``t`` runs on the launch stream (and its allocations
+    belong to that stream's pool, so the allocator reuses them only after the launch there)."""
+    if not t.is_cuda or is_dry():
+        return _nothing()
+    stream = resolve_stream(current_stream, device)
+    if stream == torch.cuda.current_stream(t.device).cuda_stream:
+        return _nothing()
+    return torch.cuda.stream(torch.cuda.ExternalStream(stream, device=t.device))
 
 
 def _torch_for(x: Any, arg: str) -> Any:

@@ -473,9 +473,14 @@ def test_show_says_what_an_arch_runs_a_value_as():
     sm100 = r.output[r.output.index("  sm_100a: implemented"):r.output.index("  sm_90a: implemented")]
     assert "runs as" not in sm100
     info = json.loads(run("show", "grouped_gemm_srelu", "--json").output)
-    assert info["implementations"]["sm_90a"]["runs_as"] == [
-        {"axis": "vector_f32", "value": True, "runs_as": False,
-         "because": info["implementations"]["sm_90a"]["runs_as"][0]["because"]}]
+    # the blockwise recipe's E8M0 scales run as its FP32 ones, at sf_vec_size 128 only
+    assert ("    sf_dtype=float8_e8m0fnu runs as sf_dtype=float32 with sf_vec_size=128 (every E8M0 scale is a "
+            "power of two") in sm90
+    ras = info["implementations"]["sm_90a"]["runs_as"]
+    assert ras == [{"axis": "vector_f32", "value": True, "runs_as": False, "because": ras[0]["because"], "when": {},
+                    "condition": ""},
+                   {"axis": "sf_dtype", "value": "float8_e8m0fnu", "runs_as": "float32", "because": ras[1]["because"],
+                    "when": {"sf_vec_size": 128}, "condition": " with sf_vec_size=128"}]
 
 
 def test_a_ctrl_c_inside_an_import_exits_130():
