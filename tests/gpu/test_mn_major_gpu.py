@@ -131,3 +131,20 @@ def test_srelu_discrete_n_major_weights_match_k_major(recipe, other_stream):
     want = k_op(**dev, inputs=ins)
     got = _run(n_op, dict(dev, b_ptrs=n_ptrs), ins, other_stream)
     same_outputs(got, want, f"sReLU {recipe} discrete N-major weights against K-major ones")
+
+
+def test_gemm_amax_m_major_a_with_an_unaligned_pitch():
+    """An M-major A whose K steps are M + 1 bytes apart (not word-aligned): the copy kernel's byte
+    path on every tile; the same bytes as the aligned M-major call."""
+    pb = make_batched_problem(m=200, n=264, k=320, batch=2, a_major="m", values="integer", seed=22)
+    dev, keep = device_args(pb.kwargs())
+    a = dev["a_tensor"]                                            # (M, K, L), strides (1, M, M K)
+    m, k, l = a.shape
+    buf = torch.zeros(l, k, m + 1, dtype=torch.uint8, device="cuda")
+    buf[:, :, :m] = a.view(torch.uint8).permute(2, 1, 0)
+    a_pad = buf[:, :, :m].permute(2, 1, 0).view(a.dtype)          # strides (1, M + 1, K (M + 1))
+    assert a_pad.stride()[:2] == (1, m + 1) and torch.equal(a_pad.view(torch.uint8), a.view(torch.uint8))
+    want = fusegemm.gemm_amax(**dev)
+    got = fusegemm.gemm_amax(**dict(dev, a_tensor=a_pad))
+    torch.cuda.synchronize()
+    assert torch.equal(got["c_tensor"], want["c_tensor"]) and torch.equal(got["amax_tensor"], want["amax_tensor"])

@@ -126,3 +126,16 @@ def test_the_wrapper_takes_e8m0_scales_at_128(monkeypatch):
         fusegemm.grouped_gemm_quant(a_tensor=e8["a_tensor"], sfa_tensor=e8["sfa_tensor"],
                                     padded_offsets=e8["padded_offsets"], alpha_tensor=torch.ones(3),
                                     b_tensor=e8["b_tensor"], sfb_tensor=e8["sfb_tensor"], sf_vec_size=128)
+
+
+def test_execute_converts_too():
+    """``execute`` (caller outputs) takes the same conversion before its checks."""
+    f32, e8 = _operands()
+    op = fusegemm.Op("grouped_gemm_quant", arch="sm_90a", **E8)
+    outs = {name: torch.empty(shape, dtype=getattr(torch, store))
+            for name, (shape, store, _) in op.epilogue.buffers(256, 768, 3).items()}
+    with pytest.raises(ArgumentError, match="a_tensor.device"):
+        op.execute(**e8, outputs=outs, inputs={"alpha": torch.ones(3)})
+    with pytest.raises(ArgumentError, match=r"sfa_tensor.dtype: got int16"):   # not E8M0 bytes: named
+        op.execute(**dict(e8, sfa_tensor=torch.zeros(768, 3, dtype=torch.int16)), outputs=outs,
+                   inputs={"alpha": torch.ones(3)})
