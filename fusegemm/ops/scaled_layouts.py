@@ -19,6 +19,7 @@ device points into; that buffer lives until the call returns (the launch stream 
 """
 from __future__ import annotations
 
+import contextlib
 import struct
 from typing import Any, Mapping
 
@@ -204,14 +205,6 @@ def _discrete_copy(op: Any, ptrs: Any, n: Any, kb: int, l: int, current_stream: 
     keep.append(dst)
 
 
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
 E8M0_NAMES = ("float8_e8m0fnu", "uint8")   # E8M0 scale bytes as a tensor's dtype
 
 
@@ -259,10 +252,10 @@ def _on_launch_stream(torch: Any, t: Any, current_stream: Any, device: int) -> A
     """A context in which torch's work on ``t`` runs on the launch stream (and its allocations
     belong to that stream's pool, so the allocator reuses them only after the launch there)."""
     if not t.is_cuda or is_dry():
-        return _nothing()
+        return contextlib.nullcontext()
     stream = resolve_stream(current_stream, device)
     if stream == torch.cuda.current_stream(t.device).cuda_stream:
-        return _nothing()
+        return contextlib.nullcontext()
     return torch.cuda.stream(torch.cuda.ExternalStream(stream, device=t.device))
 
 
