@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 import fusegemm  # noqa: E402
 import scaled_problems  # noqa: E402  (tests/gpu/scaled_problems.py)
 from fusegemm.formats import e8m0_bytes  # noqa: E402
-from op_helpers import epilogue_inputs, same_outputs  # noqa: E402  (tests/gpu/op_helpers.py)
+from epilogue_inputs import epilogue_inputs  # noqa: E402  (tests/epilogue_inputs.py)
+from op_helpers import same_outputs  # noqa: E402  (tests/gpu/op_helpers.py)
 
 BW = {"sf_vec_size": 128}
 CASES = [("grouped_gemm_quant", {"d_dtype": "float8_e4m3fn"}), ("grouped_gemm_srelu", {}),

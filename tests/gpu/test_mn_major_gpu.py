@@ -18,7 +18,8 @@ import scaled_problems  # noqa: E402  (tests/gpu/scaled_problems.py)
 from fusegemm import reference  # noqa: E402
 from fusegemm.output_compare import compare_outputs, device_args  # noqa: E402
 from fusegemm.problems import make_batched_problem  # noqa: E402
-from op_helpers import epilogue_inputs, same_outputs  # noqa: E402  (tests/gpu/op_helpers.py)
+from epilogue_inputs import epilogue_inputs  # noqa: E402  (tests/epilogue_inputs.py)
+from op_helpers import same_outputs  # noqa: E402  (tests/gpu/op_helpers.py)
 
 RECIPES = {"mx": {}, "blockwise": {"sf_dtype": "float32", "sf_vec_size": 128}}
 

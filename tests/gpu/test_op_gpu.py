@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 import fusegemm  # noqa: E402
 from fusegemm.problems import make_grouped_problem  # noqa: E402
 from jax_gpu import jax_on_gpu  # noqa: E402
-from op_helpers import epilogue_inputs, same_outputs  # noqa: E402  (tests/gpu/op_helpers.py)
+from epilogue_inputs import epilogue_inputs  # noqa: E402  (tests/epilogue_inputs.py)
+from op_helpers import same_outputs  # noqa: E402  (tests/gpu/op_helpers.py)
 
 pytestmark = pytest.mark.gpu
 

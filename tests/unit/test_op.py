@@ -18,6 +18,7 @@ from fusegemm.generator import registry  # noqa: E402
 from fusegemm.generator.spec import list_specs, load_spec  # noqa: E402
 from fusegemm.ops.engine import Op, kernel_class  # noqa: E402
 from fusegemm.problems import make_grouped_problem  # noqa: E402
+from epilogue_inputs import epilogue_inputs  # noqa: E402  (tests/epilogue_inputs.py)
 
 from test_scaled_errors import _cpu  # noqa: E402
 
@@ -388,20 +389,7 @@ def _case(kind, seed):
         kw = {k: _cpu(v) for k, v in make_batched_problem(m=200, n=264, k=320, batch=3, seed=seed).kwargs().items()}
         operands = tuple(kw[x] for x in ("a_tensor", "b_tensor", "sfa_tensor", "sfb_tensor"))
         m, n, l = 200, 264, 3
-    inputs = {}
-    for i in op.epilogue.inputs:
-        dt = getattr(torch, i.dtype)
-        if i.per == "scalar":
-            inputs[i.name] = 0.5
-        elif i.per == "expert":
-            inputs[i.name] = torch.rand(l, generator=g)
-        elif i.per == "row":
-            inputs[i.name] = torch.rand(m, generator=g).to(dt)
-        elif i.per == "column":
-            inputs[i.name] = torch.rand(l, n, generator=g).to(dt).t()
-        else:
-            inputs[i.name] = torch.rand(m, 2 * n if i.paired else n, generator=g).to(dt)
-    return op, operands, inputs
+    return op, operands, epilogue_inputs(op, m, n, l, g, device="cpu", element=torch.rand)
 
 
 @pytest.mark.parametrize("kind", ["grouped", "scaled", "kgrouped", "batched"])
