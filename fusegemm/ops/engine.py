@@ -113,7 +113,8 @@ class Op(PreparedLaunch):
             self.kernel_variant = make_variant(self.spec, arch=self.arch, **kc)
         # The blockwise recipe's FP32-scale kernel also takes E8M0 scale tensors (converted per
         # call, exactly: scaled_layouts.py; the registry runs sf_dtype e8m0 at 128 as float32).
-        self.e8m0_scales = self.kind == "scaled" and self.variant.sf_vec_size == 128 and self.variant.sf_dtype == "float32"
+        self.e8m0_scales = (self.kind == "scaled" and self.variant.sf_vec_size == 128
+                            and self.variant.sf_dtype == "float32")
         self.epilogue = self.spec.epilogue.resolve(self.variant.choices)
         self._rows = self.epilogue.row_buffers()
         self._e5m2 = e5m2_rcp_max
@@ -498,8 +499,10 @@ def _acc_grouped(op: Op, o: dict[str, Any]) -> tuple[Any, Any, int]:
     from ..formats.numpy_dtypes import array_dtype_name, to_numpy
     from ..reference._operands import parse_grouped
     if op.kind == "scaled" and op.e8m0_scales:   # E8M0 blockwise scales: the values they encode
-        o = {k: (e8m0_to_float32(to_numpy(x)) if k in ("sfa_tensor", "sfb_tensor") and x is not None and
-                 array_dtype_name(to_numpy(x)) in E8M0_NAMES else x) for k, x in o.items()}
+        for k in ("sfa_tensor", "sfb_tensor"):
+            x = to_numpy(o[k]) if o.get(k) is not None else None
+            if x is not None and array_dtype_name(x) in E8M0_NAMES:
+                o = {**o, k: e8m0_to_float32(x)}
     g = parse_grouped(a_tensor=o["a_tensor"], b_tensor=o["b_tensor"], b_list=None,
                       padded_offsets=o["padded_offsets"], m_aligned=args.M_ALIGNED, acc="float64",
                       sfa_tensor=o.get("sfa_tensor"), sfb_tensor=o.get("sfb_tensor"),

@@ -174,7 +174,7 @@ def k_major_operands(op: Any, operands: tuple, kw: dict[str, Any],
         torch = _torch_for(x, arg)
         t = x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
         stream = resolve_stream(current_stream, op.device) if t.is_cuda else None
-        with _on_launch_stream(torch, t, current_stream, op.device):
+        with _on_launch_stream(torch, t, stream):
             copies[arg] = _k_major_copy(t, 0 if canonical else 3, stream, op.device)
     if not copies:
         return operands, kw, keep
@@ -196,7 +196,7 @@ def _discrete_copy(op: Any, ptrs: Any, n: Any, kb: int, l: int, current_stream: 
     torch = _torch_for(ptrs, "b_ptrs")
     t = ptrs if isinstance(ptrs, torch.Tensor) else torch.from_dlpack(ptrs)
     stream = resolve_stream(current_stream, op.device)
-    with _on_launch_stream(torch, t, current_stream, op.device):
+    with _on_launch_stream(torch, t, stream):
         dst = torch.empty((l, n, kb), dtype=torch.uint8, device=t.device)
         if not _transpose(op.device, stream, dst, 0, t.data_ptr(), n, 0, n, kb, l):
             raise UnsupportedError("b_ptrs: discrete N-major weights are copied K-major on the device by a kernel "
@@ -228,7 +228,7 @@ def e8m0_scale_operands(op: Any, operands: tuple, kw: dict[str, Any], current_st
             continue
         torch = _torch_for(x, arg)
         t = x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
-        with _on_launch_stream(torch, t, current_stream, op.device):
+        with _on_launch_stream(torch, t, resolve_stream(current_stream, op.device) if t.is_cuda else None):
             f = e8m0_to_float32(t)
             done[arg] = blockwise_sfa_layout(f) if arg == "sfa_tensor" and f.dim() == 2 else f.contiguous()
     if not done:
@@ -248,12 +248,12 @@ def host_operands(op: Any, operands: tuple, kw: dict[str, Any], current_stream: 
     return operands, kw, keep
 
 
-def _on_launch_stream(torch: Any, t: Any, current_stream: Any, device: int) -> Any:
-    """A context in which torch's work on ``t`` runs on the launch stream (and its allocations
-    belong to that stream's pool, so the allocator reuses them only after the launch there)."""
-    if not t.is_cuda or is_dry():
+def _on_launch_stream(torch: Any, t: Any, stream: int | None) -> Any:
+    """A context in which torch's work on ``t`` runs on the launch stream ``stream`` (resolved;
+    None off the GPU), its allocations in that stream's pool, so that the allocator reuses them
+    only after the launch there."""
+    if stream is None or not t.is_cuda or is_dry():
         return contextlib.nullcontext()
-    stream = resolve_stream(current_stream, device)
     if stream == torch.cuda.current_stream(t.device).cuda_stream:
         return contextlib.nullcontext()
     return torch.cuda.stream(torch.cuda.ExternalStream(stream, device=t.device))
