@@ -15,7 +15,9 @@ from the same BF16 tensors:
   ``quant_bw`` (e4m3 D + SFD), ``srelu_bw`` (C and D bf16 + amax; ``srelu_bw_n128``: tile_n 128),
   ``dswiglu_bw`` (e4m3 D + SFD + dprob; ``dswiglu_bw_n128``: tile_n 128), ``gemm_bw`` (quant's
   spec with bf16 D: the GEMM and alpha),
-  ``glu_bw`` (SwiGLU, bf16 D) and ``glu_bw_fp8`` (e4m3 D + SFD_row); ``dswiglu_bw_nmajor``:
+  ``glu_bw`` (SwiGLU, bf16 D), ``glu_bw_fp8`` (e4m3 D + SFD_row), ``glu_bw_fp8_1x128`` (e4m3 D with
+  the recipe's own 1x128 FP32 row scales, fc2's A as it is) and ``*_c`` (with C, the training
+  forward); ``dswiglu_bw_nmajor``:
   dSwiGLU on N-major B, which the op copies K-major on each call (timed with it; ``nmajor_b_copy``:
   the copy alone).
 * torch peers:
@@ -155,7 +157,12 @@ def bench_shape(name: str, dist: str, args) -> dict:
             "dswiglu_bw": ("grouped_gemm_dswiglu", {}),
             "dswiglu_bw_n128": ("grouped_gemm_dswiglu", dict(tile_n=128)),
             "glu_bw": ("grouped_gemm_glu_mx", {}),
-            "glu_bw_fp8": ("grouped_gemm_glu_mx", dict(d_dtype="float8_e4m3fn"))}
+            "glu_bw_fp8": ("grouped_gemm_glu_mx", dict(d_dtype="float8_e4m3fn")),
+            # 1x128 output scales (the blockwise recipe's A format for fc2), without and with C
+            "glu_bw_fp8_1x128": ("grouped_gemm_glu_mx", dict(d_dtype="float8_e4m3fn", sfd_vec_size=128)),
+            "glu_bw_fp8_c": ("grouped_gemm_glu_mx", dict(d_dtype="float8_e4m3fn", generate_c=True)),
+            "glu_bw_fp8_1x128_c": ("grouped_gemm_glu_mx", dict(d_dtype="float8_e4m3fn", sfd_vec_size=128,
+                                                                generate_c=True))}
     # method -> (the op's key in `made`, the op); --also: each op again, built with its defines
     ops = {key: (key, fusegemm.Op(spec, **bw, **axes)) for key, (spec, axes) in made.items()}
     for name, defines in args.also_pairs:
@@ -169,6 +176,8 @@ def bench_shape(name: str, dist: str, args) -> dict:
                  "glu_bw_fp8": {"alpha": alpha, "prob": prob, "norm_const": norm_const}}
     for key in ("srelu_bw", "dswiglu_bw"):      # the tile N 128 builds take the same inputs
         bw_inputs[key + "_n128"] = bw_inputs[key]
+    for key in ("glu_bw_fp8_1x128", "glu_bw_fp8_c", "glu_bw_fp8_1x128_c"):
+        bw_inputs[key] = bw_inputs["glu_bw_fp8"]
     for key, (base, op) in ops.items():
         methods[key] = (lambda op=op, ins=bw_inputs[base]: op(a_bw, sfa_bw, offsets, b_bw, sfb_bw, inputs=ins))
     # dSwiGLU on N-major B (seed 000's other layout): the op copies B K-major on each call first
@@ -238,6 +247,12 @@ def bench_shape(name: str, dist: str, args) -> dict:
                              offs=offsets).float() * alpha.repeat_interleave(counts).unsqueeze(1)
     got = methods["gemm_bw"]()["d"].float()
     row["gemm_bw_max_rel_diff_vs_dequant_bf16"] = float((got - want).abs().max() / (want.abs().max() + 1e-6))
+
+    # correctness guard: the 1x128-quantized SwiGLU, dequantized, against the bf16 one (norm_const x)
+    h = methods["glu_bw"]()["d"].float() * norm_const
+    q = methods["glu_bw_fp8_1x128"]()
+    got = dequant_1x128(q["d"].view(fmt)[:, : h.shape[1]], q["sfd_row"]).float()
+    row["glu_bw_fp8_1x128_max_rel_diff_vs_bf16"] = float((got - h).abs().max() / (h.abs().max() + 1e-6))
 
     for key in ops:         # every --also build computes what the default build does
         if key not in made:

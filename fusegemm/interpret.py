@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
+from .formats.blockwise import AMAX_FLOOR
 from .formats.numpy_dtypes import FORMATS, to_numpy
 from .formats.elements import to_float32, to_format
 from .formats.scales import pack_sf, pack_sf_discrete_col
@@ -44,6 +45,7 @@ BLOCK = 32                      # pairing block and SFD block (always 32)
 WIDE = ("float32", "float16", "bfloat16")
 NARROW = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
 CONVENTIONS = ("quant", "srelu", "dswiglu")
+VEC_1X128 = 128                 # quantize.vec of the blockwise recipe's 1x128 output scales
 
 
 # --------------------------------------------------------------------------------------------
@@ -127,6 +129,27 @@ def _quantize_rows(x: np.ndarray, nc, rl, convention: str, col: bool) -> tuple[n
         scale, stored = sfd_block_scales(a, nc, rl, convention, col)
         y = (blocks * scale[:, :, None]).astype(F32).reshape(rows, nb * BLOCK)[:, :cols]
     return np.ascontiguousarray(y), stored
+
+
+def quantize_1x128_rows(x: np.ndarray, nc, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """The fragment epilogue's 1x128 row quantization (``quantize.vec: 128``), step by step in
+    float32: ``t = fl(nc * x)``; per block of 128 columns (zero padded past C) ``a = max|t|``
+    (NaN wins), ``s = fl(max(a, 1e-4) / elem_max)`` (448 for e4m3, 57344 for e5m2, as
+    :func:`fusegemm.formats.quantize_1x128`); the values are ``fl(t / s)``, converted with
+    ``cvt.rn.satfinite``. Dequantized (``q * s``) they are ``nc * x``.
+
+    Returns ``fl(t / s)`` (R, C) float32 and the scales (R, ceil(C / 128)) float32.
+    """
+    rows, cols = x.shape
+    nb = -(-cols // VEC_1X128)
+    t = np.zeros((rows, nb * VEC_1X128), dtype=F32)
+    with np.errstate(all="ignore"):
+        t[:, :cols] = F32(nc) * _f32(x)
+        blocks = t.reshape(rows, nb, VEC_1X128)
+        a = np.max(np.abs(blocks), axis=-1) if nb and rows else np.zeros((rows, nb), F32)   # NaN wins
+        s = (_fmax_nan(a, F32(AMAX_FLOOR)) / F32(FORMATS[dtype].max_finite)).astype(F32)
+        y = (blocks / s[:, :, None]).astype(F32).reshape(rows, nb * VEC_1X128)[:, :cols]
+    return np.ascontiguousarray(y), s
 
 
 # --------------------------------------------------------------------------------------------
@@ -437,11 +460,16 @@ def _interpret(resolved: Resolved, acc: np.ndarray, *, offsets, m_rows, inputs, 
             continue
         if batched:
             raise ValueError("SFD-quantized outputs are grouped outputs; the engine has none for batched problems")
-        if rcp_max is None:
+        if rcp_max is None and q.vec != VEC_1X128:
             raise ValueError(f"output {o.name!r} is SFD-quantized ({o.dtype}): pass rcp_max (rl)")
         if q.norm_const not in scalars:
             raise ValueError(f"output {o.name!r} is SFD-quantized: its norm_const input "
                              f"{q.norm_const!r} is not among the resolved inputs")
+        if q.vec == VEC_1X128:
+            y, scales = quantize_1x128_rows(x, scalars[q.norm_const], o.dtype)
+            result[o.name] = shaped(_store(y, o.dtype))
+            result["sfd_row"] = shaped(scales)
+            continue
         nc, rl = scalars[q.norm_const], F32(rcp_max)
         if q.row:
             y, codes = _quantize_rows(x, nc, rl, q.convention, col=False)

@@ -140,6 +140,7 @@ def rule_model(r: Resolved, packed: bool = False) -> RuleModel:
         ("kQuantRowD", _b(q is not None and q.row)),
         ("kQuantColD", _b(q is not None and q.col is not None)),
         ("kSfdConvention", str(CONVENTION_CODE[q.convention] if q is not None else 0)),
+        ("kSfdVec", str(r.sfd_vec)),
         ("kAmaxCount", str(len(amax))),
         ("kAmaxSlots", str(max((x.slot for x in amax), default=-1) + 1)),
         ("kAmaxGlobal", _b(any(x.scope == "global" for x in amax))),

@@ -41,7 +41,7 @@ Every mistake is a SpecError at the file and line of the offending key, before a
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from .axes import AXES
@@ -73,6 +73,7 @@ ELEMENT_DTYPES = INPUT_DTYPES + ("float8_e4m3fn", "float8_e5m2")   # loaded tens
 OUTPUT_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
 QUANTIZED = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
 CONVENTIONS = ("quant", "srelu", "dswiglu")   # SFD operation orders (fusegemm.reference._epilogue)
+QUANTIZE_VECS = (32, 128)   # columns per SFD_row block: MX (E8M0) or the blockwise recipe's 1x128 (FP32)
 MAX_STATEMENTS = 64
 MAX_OPTIONAL = 6                                # optional-by-axis names: 2**6 presence combinations
 RESERVED = frozenset({"acc", "where", "present"})
@@ -117,6 +118,9 @@ class Quantize:
     col: str | None          # the column-quantized copy's name (d_col): 32-row blocks
     convention: str          # SFD operation order (CONVENTIONS)
     norm_const: str          # the scalar input scaling the output
+    # Columns per row block: 32 (MX: an E8M0 scale each) or 128 (the blockwise recipe's 1x128: an
+    # FP32 scale each, rows only), or the axis that chooses (sfd_vec_size; resolve() fixes it).
+    vec: int | str = 32
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,7 @@ class Epilogue:
                 if isinstance(n, Ref) and n.name in self.constants}
         if any(o.quantize is not None and o.quantize.col for o in self.outputs):
             out.add("discrete_col_sfd")
+        out |= {o.quantize.vec for o in self.outputs if o.quantize is not None and isinstance(o.quantize.vec, str)}
         return out
 
     def resolve(self, choice: dict[str, Any]) -> "Resolved":
@@ -186,6 +191,8 @@ class Epilogue:
                 continue
             dt = _dtype(o.dtype, choice)
             q = o.quantize if (o.quantize is not None and dt in QUANTIZED) else None
+            if q is not None and isinstance(q.vec, str):
+                q = replace(q, vec=int(choice[q.vec]))
             outputs.append(ResolvedOutput(o.name, dt, o.value, o.paired, q, o.slot))
         reds = tuple(r for r in self.reductions if r.when.holds(choice))
         needed = {v for o in outputs for v in ((o.value,) if o.value else o.paired)}
@@ -198,9 +205,13 @@ class Epilogue:
         live.reverse()
         used = {n.name for st in live for n in walk(st.expr) if isinstance(n, Ref)}
         used |= {o.quantize.norm_const for o in outputs if o.quantize is not None}
+        # The SFD_row block the variant chooses (kSfdVec), also where its output is not quantized
+        # (a bf16 D): the axis reaches the source of every variant that reads it.
+        vecs = [o.quantize.vec for o in self.outputs if o.quantize is not None]
+        sfd_vec = next((int(choice[v]) if isinstance(v, str) else v for v in vecs), 32)
         return Resolved(inputs=tuple(i for i in inputs if i.name in used),
                         constants={c: v for c, v in consts.items() if c in used}, pairing=self.pairing,
-                        statements=tuple(live), outputs=tuple(outputs), reductions=reds)
+                        statements=tuple(live), outputs=tuple(outputs), reductions=reds, sfd_vec=sfd_vec)
 
 
 @dataclass(frozen=True)
@@ -236,6 +247,7 @@ class Resolved:
     statements: tuple[Statement, ...]
     outputs: tuple[ResolvedOutput, ...]
     reductions: tuple[Reduction, ...]
+    sfd_vec: int = 32                  # the SFD_row block a quantized output would use (32 or 128)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def input(self, name: str) -> _ResolvedInput | None:
@@ -293,7 +305,8 @@ class Resolved:
         the outputs by their spec names (c, d, ...), d_col, sfd_row, sfd_col, amax, dprob, dbias
         ((L, W) float32, (L, 2W) for a paired output's column sums). FP8/FP4 outputs are raw bytes
         (uint8; packed FP4: two per byte); SF buffers are the physical atom layout of
-        formats/scales.py (1, ceil(mn/128), ceil(k/4), 32, 4, 4); amax starts at -inf."""
+        formats/scales.py (1, ceil(mn/128), ceil(k/4), 32, 4, 4), or for 1x128 scales (quantize.vec
+        128) float32 (ceil(cols/128), pitch), pitch the rows rounded up to 4; amax starts at -inf."""
         from ..base.dtypes import dtype as dtype_entry
 
         def ceil(a: int, b: int) -> int:
@@ -306,7 +319,11 @@ class Resolved:
             shape, store = ((m_rows, cols * bits // 8), "uint8") if bits < 16 else ((m_rows, cols), o.dtype)
             out[o.name] = (shape, store, 0.0)
             if o.quantize is not None:
-                if o.quantize.row:
+                if o.quantize.row and o.quantize.vec == 128:
+                    # 1x128 FP32 scales, M-contiguous: sfd_row[j, m] = scale of row m, columns
+                    # 128j.., at a pitch of whole 16 bytes (the blockwise recipe's SFA layout).
+                    out["sfd_row"] = ((ceil(cols, 128), ceil(m_rows, 4) * 4), "float32", 0.0)
+                elif o.quantize.row:
                     out["sfd_row"] = ((1, ceil(m_rows, 128), ceil(ceil(cols, 32), 4), 32, 4, 4), "uint8", 0.0)
                 if o.quantize.col:
                     out[o.quantize.col] = (shape, store, 0.0)
@@ -752,7 +769,7 @@ def _output_dtype(ctx, node, key: str, choices) -> str:
 
 
 def _quantize(ctx, node, key: str, output: str, slot: str, scalars: set[str], dtype: str, choices) -> Quantize:
-    q = ctx.mapping(node, key, {"norm_const"}, {"row", "col", "convention"})
+    q = ctx.mapping(node, key, {"norm_const"}, {"row", "col", "convention", "vec"})
     possible = [dtype] if dtype not in AXES else list(choices[dtype])
     if not any(d in QUANTIZED for d in possible):
         raise ctx.fail(node, key, f"output {output!r} is never FP8/FP4 ({', '.join(map(str, possible))}); "
@@ -776,7 +793,23 @@ def _quantize(ctx, node, key: str, output: str, slot: str, scalars: set[str], dt
     conv = q["convention"].value if "convention" in q else "quant"
     if conv not in CONVENTIONS:
         raise ctx.fail(q["convention"], f"{key}.convention", f"got {conv!r}; allowed: {', '.join(CONVENTIONS)}")
-    return Quantize(row, col, conv, nc)
+    vec = _quantize_vec(ctx, q["vec"], f"{key}.vec", choices) if "vec" in q else 32
+    if 128 in ((vec,) if isinstance(vec, int) else choices[vec]) and (col is not None or not row):
+        raise ctx.fail(q["vec"], f"{key}.vec", "1x128 blocks (FP32 scales, the blockwise recipe) quantize rows "
+                                               "only: drop col: d_col (32-row column blocks need vec 32)")
+    return Quantize(row, col, conv, nc, vec)
+
+
+def _quantize_vec(ctx, node, key: str, choices) -> int | str:
+    """``quantize.vec``: 32 or 128, or an axis in the choices offering only those (sfd_vec_size)."""
+    v, allowed = node.value, QUANTIZE_VECS
+    if isinstance(v, int) and not isinstance(v, bool) and v in allowed:
+        return v
+    if v == "sfd_vec_size":     # (the axis itself offers 32 and 128 only: generator/axes.py)
+        if v not in choices:
+            raise ctx.fail(node, key, f"axis {v!r} is not in this spec's choices")
+        return v
+    raise ctx.fail(node, key, f"got {v!r}; allowed: {', '.join(map(str, allowed))} or the axis sfd_vec_size")
 
 
 def _reductions(ctx, node, choices, computed: set[str], problem: str,

@@ -143,23 +143,30 @@ _SM100_MX_SCALES = (
                                                            "FP32 blockwise scales run on sm_90a"),
 )
 
+# 1x128 output scales (quantize.vec 128, FP32 per 128 columns: the blockwise recipe's output) are
+# quantized on the sm_90a blockwise kernel's fragment path, which holds a 256-column tile's rows at
+# once; the block engine (sm_100a, and sm_90a rules it runs) quantizes 32-column blocks.
+_SFD_MX_ONLY = Limit("sfd_vec_size", (32,), "1x128 output scales (FP32 per 128 columns) are quantized by the "
+                                             "sm_90a blockwise kernel (sf_vec_size 128); this kernel writes MX "
+                                             "scales (E8M0 per 32 columns)")
+
 _SM100_ROWS = (
     _row("grouped", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", tuple(a for a in _GROUPED_BF16 if a != "a_gather") + _VECTOR_F32, rule=SPEC_RULE,
          limits=(Limit("a_gather", (False,), "gathered A is the sm_90a kernel's (cp.async row copies); the "
                                              "sm_100a kernel's gathered loads (TMA gather4) are not written"),
-                 _NO_GATHER_B)),
+                 _NO_GATHER_B, _SFD_MX_ONLY)),
     # The tcgen05 kernel with per-tile K ranges (Config::kKGrouped): no Blackwell GPU has run it
     # (executed=False: its first launch runs the family's selftest cases on the device,
     # fusegemm/verify.py).
     _row("kgrouped", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", tuple(a for a in _KGROUPED if a != "tile_m") + _VECTOR_F32, rule=SPEC_RULE,
          limits=(Limit("tile_m", (128,), "1-CTA tiles of 128 rows (two 64-row M-major A atoms)"),
-                 *_KGROUPED_LIMITS, _NO_GATHER, _NO_GATHER_B),
+                 *_KGROUPED_LIMITS, _NO_GATHER, _NO_GATHER_B, _SFD_MX_ONLY),
          executed=False),
     *(_row(kind, "sm_100a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _BLOCKSCALED + _VECTOR_F32, rule=SPEC_RULE,
-           limits=(*_SM100_MX_SCALES, _NO_GATHER, _NO_GATHER_B))
+           limits=(*_SM100_MX_SCALES, _NO_GATHER, _NO_GATHER_B, _SFD_MX_ONLY))
       for kind in ("scaled", "batched")),
 )
 
@@ -220,15 +227,18 @@ _SM90_BLOCKSCALED = tuple(a for a in _BLOCKSCALED if a not in ("a_major", "b_maj
 _SM90_ROWS = (
     _row("grouped", "sm_90a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _GROUPED_BF16 + LAUNCH_AXES, rule=SPEC_RULE,
-         limits=(_SM90_TILE_M, *_SM90_CLUSTERS, *_SM90_GATHER, _NO_GATHER_B), runs_as=_SM90_SCALAR_F32),
+         limits=(_SM90_TILE_M, *_SM90_CLUSTERS, *_SM90_GATHER, _NO_GATHER_B, _SFD_MX_ONLY), runs_as=_SM90_SCALAR_F32),
     # K-grouped weight gradients on the BF16 kernel (Config::kKGrouped): token-major operands,
     # one K range per expert.
     _row("kgrouped", "sm_90a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _KGROUPED_SM90, rule=SPEC_RULE,
-         limits=(_SM90_TILE_M, *_KGROUPED_LIMITS), runs_as=_SM90_SCALAR_F32),
+         limits=(_SM90_TILE_M, *_KGROUPED_LIMITS, _SFD_MX_ONLY), runs_as=_SM90_SCALAR_F32),
     *(_row(kind, "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _SM90_BLOCKSCALED, rule=SPEC_RULE,
-           limits=(*_SM90_BLOCKSCALED_LIMITS, _NO_GATHER, _NO_GATHER_B),
+           limits=(*_SM90_BLOCKSCALED_LIMITS, _NO_GATHER, _NO_GATHER_B,
+                   Limit("sf_vec_size", (128,), "1x128 output scales are the blockwise recipe's (A and B scaled "
+                                                "per 128 K); MXFP8 inputs give MX output scales (sfd_vec_size 32)",
+                         when=(("sfd_vec_size", 128),))),
            runs_as=_SM90_SCALAR_F32 + _SM90_BLOCKWISE_E8M0)
       for kind in ("scaled", "batched")),
 )

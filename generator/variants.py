@@ -40,6 +40,7 @@ class Variant:
     generate_c: bool
     generate_dbias: bool
     discrete_col_sfd: bool
+    sfd_vec_size: int
     vector_f32: bool
     tanh_clamp_scale: Any
     tile_m: int
@@ -111,6 +112,7 @@ _NAME_PARTS = (
     ("generate_c", lambda v: "genc" if v else "noc"),
     ("generate_dbias", lambda v: "dbias" if v else ""),
     ("discrete_col_sfd", lambda v: "dcolsfd" if v else ""),
+    ("sfd_vec_size", lambda v: "sfd1x128" if v == 128 else ""),
     ("vector_f32", lambda v: "vf32" if v else ""),
     ("tanh_clamp_scale", lambda v: f"tanh{v:g}" if v != "none" else ""),
 )

@@ -117,6 +117,10 @@ class Op(PreparedLaunch):
                             and self.variant.sf_dtype == "float32")
         self.epilogue = self.spec.epilogue.resolve(self.variant.choices)
         self._rows = self.epilogue.row_buffers()
+        # The output quantized with 1x128 FP32 scales (quantize.vec 128), if any: its rows size
+        # the sfd_row view (_shaped).
+        self._sfd_1x128 = next((o.name for o in self.epilogue.outputs
+                                if o.quantize is not None and o.quantize.vec == 128), None)
         self._e5m2 = e5m2_rcp_max
         self._launcher: LoadedKernel | None = None
         # The host fast path: call pattern (ops/prepared.py ``pattern``) -> what its first full
@@ -201,7 +205,9 @@ class Op(PreparedLaunch):
                  align: Mapping[str, int] | None = None, tail: bool = True, **operand_kw: Any) -> TupleDict:
         """Run and return every output the epilogue declares, by spec name (c, d, d_col, sfd_row,
         sfd_col, amax, dprob and the spec's own: the present ones; FP8/FP4 outputs as raw bytes,
-        SF buffers physical, amax starting at -inf, dprob at 0).
+        SF buffers physical (1x128 FP32 scales, ``sfd_vec_size=128``: the (M, ceil(N/128)) view
+        with unit stride along M, the next blockwise GEMM's sfa_tensor), amax starting at -inf,
+        dprob at 0).
 
         Parameters
         ----------
@@ -283,6 +289,11 @@ class Op(PreparedLaunch):
         if self.kind == "kgrouped":   # D_e blocks as (L, M, N)
             outs = {o.name for o in self.epilogue.outputs}
             out = {k: (v.view(call.l, call.m_out, call.n) if k in outs else v) for k, v in out.items()}
+        if self._sfd_1x128 is not None:
+            # 1x128 FP32 scales (ceil(N/128), pitch) as the (M, ceil(N/128)) M-contiguous view the
+            # blockwise recipe's next GEMM takes as sfa_tensor (formats.blockwise_sfa_layout's).
+            m = out[self._sfd_1x128].shape[0]
+            out = {**out, "sfd_row": out["sfd_row"][:, :m].t()}
         return TupleDict.of(**out)
 
     def execute(self, *operands: Any, outputs: Mapping[str, Any], inputs: Mapping[str, Any] | None = None,

@@ -54,6 +54,9 @@ def native_output(x: Any, name: str, shape: tuple[int, ...], store: str) -> Any:
     from ..formats.scales import sf_from_kernel_view
     v = view(x, name)
     t = x
+    if len(shape) == 2 and store == "float32" and v.ndim == 2 and tuple(v.strides) == (1, shape[1]) \
+            and v.shape[1] == shape[0] and v.shape[0] <= shape[1]:
+        t = t.as_strided(shape, (shape[1], 1))     # 1x128 scales' (M, ceil(N/128)) view -> (ceil(N/128), pitch)
     if len(shape) == 6 and v.ndim == 6 and tuple(v.shape[3:]) != (32, 4, 4):
         t = sf_from_kernel_view(t)                       # kernel-facing SF view -> physical atoms
     t = as_bytes(t)

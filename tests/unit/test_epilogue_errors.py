@@ -355,6 +355,13 @@ CASES = [
          "demo.yaml:16: epilogue.outputs.d.quantize: quantizes nothing; set row: true or col: d_col"),
     case("unknown convention", edit(Q, "quantize: {norm_const: norm_const, convention: gelu}"),
          "demo.yaml:16: epilogue.outputs.d.quantize.convention: got 'gelu'; allowed: quant, srelu, dswiglu"),
+    case("quantize vec not 32 or 128", edit(Q, "quantize: {norm_const: norm_const, vec: 64}"),
+         "demo.yaml:16: epilogue.outputs.d.quantize.vec: got 64; allowed: 32, 128 or the axis sfd_vec_size"),
+    case("quantize vec axis not chosen", edit(Q, "quantize: {norm_const: norm_const, vec: sfd_vec_size}"),
+         "demo.yaml:16: epilogue.outputs.d.quantize.vec: axis 'sfd_vec_size' is not in this spec's choices"),
+    case("quantize vec 128 with a column copy", edit(Q, "quantize: {norm_const: norm_const, vec: 128, col: d_col}"),
+         "demo.yaml:16: epilogue.outputs.d.quantize.vec: 1x128 blocks (FP32 scales, the blockwise recipe) quantize "
+         "rows only: drop col: d_col (32-row column blocks need vec 32)"),
     # ---- reductions ---------------------------------------------------------------------------
     case("unknown reduction name", edit("{name: amax, kind: amax", "{name: maxabs, kind: amax"),
          "demo.yaml:18: epilogue.reductions[0].name: got 'maxabs'; allowed: amax, dprob, dbias (the kernel ABI's "

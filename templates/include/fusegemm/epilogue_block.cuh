@@ -491,6 +491,8 @@ struct BlockEngine {
     if constexpr (!kQuant) {
       store_vals(stage, p.d_out, p.ldd, orow0, int(orow0) + lane, row_ok, dc0, cols_valid, rows_valid, lane, x);
     } else {
+      static_assert(Rule::kSfdVec == 32, "the engine quantizes 32-column SFD blocks; 1x128 output scales are the "
+                                         "sm_90a fragment path's (sm90/epilogue.cuh)");
       const float (&v)[32] = x.v;   // kPackD is false when D is quantized
       constexpr int kConv = Rule::kSfdConvention;
       const float nc = rule.sfd_norm_const();

@@ -89,7 +89,10 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   // FMAs, not 64 KB as two passes), holding both halves' accumulators: 192 floats per thread. Rules
   // whose epilogue needs more registers than the second half leaves (gate/up-paired outputs, row
   // sums: dSwiGLU spills 136 bytes) run the halves as two passes over K instead.
-  static constexpr bool kShareA = kTileN == 256 && !Rule::kPairedD && !Rule::kPairedC && !Rule::kRowSum;
+  // 1x128 output scales (Rule::kSfdVec 128) need the whole tile in one epilogue (kOneEpi below),
+  // so their rules share A with a paired C too (SwiGLU forward with C: no spill).
+  static constexpr bool kShareA = kTileN == 256 && !Rule::kPairedD && !Rule::kRowSum &&
+                                  (!Rule::kPairedC || (Rule::kSfdVec == 128 && Rule::kQuantRowD));
   static constexpr int kHalves = kShareA ? kTileN / kMmaN : 1;   // halves per stage
   static constexpr int kPasses = kTileN / (kHalves * kMmaN);
   static constexpr int kTileK = 128;                // K elements (= bytes) per stage: one scale block
@@ -107,7 +110,10 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   // through the first half's epilogue (kShareA): the four-warp engine spilled 8 bytes there
   // (sReLU with FP8 D; quant's D alone did not).
   static constexpr int kEngineWarps = kShareA && Rule::kHasC && Rule::kHasD ? 2 : FUSEGEMM_SM90_ENGINE_WARPS;
-  using Epi = WgmmaEpilogue<kTileM, kMmaN, Rule, ElementC, ElementD, Engine, kBatched,
+  // 1x128 output scales (the rule's kSfdVec 128): a 128-column group of a paired accumulator's
+  // D spans both halves, so a tile that holds both runs one epilogue over its 256 columns.
+  static constexpr bool kOneEpi = kShareA && Rule::kSfdVec == 128 && Rule::kQuantRowD;
+  using Epi = WgmmaEpilogue<kTileM, kOneEpi ? kHalves * kMmaN : kMmaN, Rule, ElementC, ElementD, Engine, kBatched,
                             kScaledForceEngine<Config>, false, false, kEngineWarps>;
 
   // Shared memory plan (offsets from the 1024-aligned dynamic smem base).
@@ -374,22 +380,34 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
         const int m0 = tile.y * kTileM;
         auto on_block = [&](int kb) {
           if (kb == prefetch_kb) {
+            if constexpr (kOneEpi) {
+              Epi::prefetch(p, m0, n0, warp, lane);
+            } else {
 #pragma unroll
-            for (int h = 0; h < kHalves; ++h) {
-              if (h < halves) Epi::prefetch(p, m0, n0 + h * kMmaN, warp, lane);
+              for (int h = 0; h < kHalves; ++h) {
+                if (h < halves) Epi::prefetch(p, m0, n0 + h * kMmaN, warp, lane);
+              }
             }
           }
         };
         mainloop(b, smem, da0, db0, num_k_blocks, row0, sfb, halves, stage, phase, acc, t, on_block);
         if (FUSEGEMM_SM90_BENCH_NO_EPILOGUE && acc[0][0] != -1.0f) continue;
-        // One call site of the (not inlined) epilogue, on acc[0]: the next half moves into it. Two
-        // call sites would pass acc[1] by reference and put it in local memory.
-#pragma unroll 1
-        for (int h = 0; h < halves; ++h) {
-          Epi::run(p, smem + kOffEpi, tile.x, m0, n0 + h * kMmaN, wg, warp, lane, acc[0], part);
-          if constexpr (kHalves == 2) {
+        if constexpr (kOneEpi) {
+          // Both halves as one fragment (register renames, no copies after allocation).
+          float all[kHalves * kAccum];
 #pragma unroll
-            for (int i = 0; i < kAccum; ++i) acc[0][i] = acc[1][i];
+          for (int i = 0; i < kHalves * kAccum; ++i) all[i] = acc[i / kAccum][i % kAccum];
+          Epi::run(p, smem + kOffEpi, tile.x, m0, n0, wg, warp, lane, all, part);
+        } else {
+          // One call site of the (not inlined) epilogue, on acc[0]: the next half moves into it.
+          // Two call sites would pass acc[1] by reference and put it in local memory.
+#pragma unroll 1
+          for (int h = 0; h < halves; ++h) {
+            Epi::run(p, smem + kOffEpi, tile.x, m0, n0 + h * kMmaN, wg, warp, lane, acc[0], part);
+            if constexpr (kHalves == 2) {
+#pragma unroll
+              for (int i = 0; i < kAccum; ++i) acc[0][i] = acc[1][i];
+            }
           }
         }
       }

@@ -135,6 +135,14 @@ struct WgmmaEpilogue {
       !Rule::kColSum &&   // column sums: the engine's lane = row layout sums a column across the warp
       !(Rule::kHasC && epi::is_narrow<ElementC>());
   static constexpr bool kFragQuant = kFragBlocks && kFragQuantOk;
+  // 1x128 output scales (quantize.vec 128, the blockwise recipe's): a row's scale covers 128
+  // columns, four blocks, so the fragment path finds each group's max first (group_scales) and
+  // then quantizes block by block. Rows only, unpaired D, whole groups in the tile; the engine
+  // (epilogue_block.cuh) quantizes 32-column blocks only.
+  static constexpr bool k1x128 = Rule::kSfdVec == 128 && Rule::kQuantRowD;   // (a 16-bit D: nothing to scale)
+  static_assert(Rule::kSfdVec == 32 || Rule::kSfdVec == 128, "SFD_row blocks of 32 or 128 columns");
+  static_assert(!k1x128 || kFragQuant, "1x128 output scales are quantized on the fragment: an 8-bit D quantized "
+                                       "along rows only (FUSEGEMM_SM90_FRAG_QUANT 1)");
   using BlkC = epi::FragBlockStore<fusegemm::conditional_t<kFragBlocks && Rule::kHasC, ElementC, float>>;
   using BlkD = fusegemm::conditional_t<kFragQuant, QuantRowStore,
       epi::FragBlockStore<fusegemm::conditional_t<kFragBlocks && Rule::kHasD && !kFragQuant, ElementD, float>>>;
@@ -145,6 +153,9 @@ struct WgmmaEpilogue {
   static constexpr int kBlkWarpBytes = kDBufOff + kBlkDBufs * BlkD::kBytes;
   // 32-element-column blocks of a tile (64 accumulator columns each when the accumulator pairs).
   static constexpr int kElemBlocks = Rule::kPairedAcc ? kTileN / 64 : kTileN / 32;
+  static_assert(!k1x128 || (!Rule::kPairedD && kElemBlocks % 4 == 0),
+                "1x128 output scales: an unpaired D and whole 128-column groups per epilogue call (a paired "
+                "accumulator needs the 256-column tile)");
   using StoreC = epi::WarpStagedStore<fusegemm::conditional_t<kFragment, ElementC, float>>;
   using StoreD = epi::WarpStagedStore<fusegemm::conditional_t<kFragment, ElementD, float>>;
   static constexpr int kEpiWarpBytes = StoreC::kBytes > StoreD::kBytes ? StoreC::kBytes : StoreD::kBytes;
@@ -459,6 +470,38 @@ struct WgmmaEpilogue {
     }
   }
 
+  // k1x128: a group's scales s0, s1 (rows r0, r0 + 8 of a warp) and what divides by them. div0 /
+  // div1 give fl(t / s), correctly rounded, as div.rn.f32's fast path does (a refined reciprocal,
+  // the quotient, one FMA correction: Markstein's theorem) with the reciprocal computed once per
+  // group: three operations per value instead of div.rn's range check and refinement each time.
+  // The fast path needs no overflow or underflow: s is normal (>= 1e-4 / 57344) and t / s <= the
+  // element maximum; a subnormal t gives a quotient below 1e-30, which every FP8 format rounds
+  // to zero either way. A group whose scale is Inf or NaN (an Inf or NaN in it) takes div.rn.
+  struct Group1x128 {
+    float s0 = 1.0f, s1 = 1.0f, r0 = 1.0f, r1 = 1.0f;
+    bool fast = true;
+
+    FUSEGEMM_DEVICE static float refined_rcp(float s) {
+      float r;
+      asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
+      return __fmaf_rn(__fmaf_rn(-s, r, 1.0f), r, r);
+    }
+    FUSEGEMM_DEVICE void set(float a, float b) {
+      s0 = a;
+      s1 = b;
+      fast = isfinite(a) && isfinite(b);
+      r0 = refined_rcp(a);
+      r1 = refined_rcp(b);
+    }
+    FUSEGEMM_DEVICE static float div(float t, float s, float r, bool fast) {
+      if (!fast) return __fdiv_rn(t, s);
+      const float q = __fmul_rn(t, r);
+      return __fmaf_rn(__fmaf_rn(-s, q, t), r, q);
+    }
+    FUSEGEMM_DEVICE float div0(float t) const { return div(t, s0, r0, fast); }
+    FUSEGEMM_DEVICE float div1(float t) const { return div(t, s1, r1, fast); }
+  };
+
   // kFragQuant: each role's 16 x 32 D block of the warp quantized along its rows into the role's
   // staging buffer and its SFD_row bytes written; every step after a block's max is the engine's
   // d_block, value by value (epilogue_block.cuh: sfd_block, fl(x * scale), cvt.rn.satfinite), so
@@ -468,9 +511,21 @@ struct WgmmaEpilogue {
   template <class Params>
   FUSEGEMM_DEVICE static void quant_d(const Params& p, const Rule& rule, uint32_t buf,
                                       const float (&dq)[kFragQuant ? kBlkDBufs : 1][4][4], int row0, int r0,
-                                      int cq, int e0, int width, int lane) {
+                                      int cq, int e0, int width, int lane, const Group1x128& g) {
     constexpr int kConv = Rule::kSfdConvention;
     const float nc = rule.sfd_norm_const();
+    if constexpr (k1x128) {
+      // 1x128: fl(nc * x) / s with the group's scale of each row (group_scales).
+      const uint32_t rb = buf + kDBufOff;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        QuantRowStore::put(rb, r0, 8 * q + cq, epi::cvt_narrow2<ElementD>(
+            g.div0(__fmul_rn(nc, dq[0][q][0])), g.div0(__fmul_rn(nc, dq[0][q][1]))));
+        QuantRowStore::put(rb, r0 + 8, 8 * q + cq, epi::cvt_narrow2<ElementD>(
+            g.div1(__fmul_rn(nc, dq[0][q][2])), g.div1(__fmul_rn(nc, dq[0][q][3]))));
+      }
+      return;
+    }
     const float rl = p.rcp_max;
     const int dw = Rule::kPairedD ? 2 * width : width;
     const int kt = ((dw + 31) / 32 + 3) / 4;
@@ -506,6 +561,102 @@ struct WgmmaEpilogue {
     }
   }
 
+  // A block's element inputs into x: every load in flight at once (one latency per block; the
+  // shared-memory stores after them are compiler barriers that would serialise them). A whole
+  // block of aligned inputs (the usual case, a warp-uniform test) is loaded without a branch; a
+  // partial block or an unaligned input pair by pair, with its tests.
+  template <class Params>
+  FUSEGEMM_DEVICE static void load_inputs(const Params& p, const Rule& rule, bool pairs, int row0, int r0, int cq,
+                                          int e0, int width, typename Rule::ElemIn (&x)[4][4]) {
+    if (pairs && e0 + 32 <= width) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int e = e0 + 8 * q + cq;
+        rule.template elem2<true>(p, row0 + r0, e, x[q][0], x[q][1]);
+        rule.template elem2<true>(p, row0 + r0 + 8, e, x[q][2], x[q][3]);
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int e = e0 + 8 * q + cq;
+        x[q][0] = x[q][1] = x[q][2] = x[q][3] = typename Rule::ElemIn{};
+        if (e + 1 < width) {
+          rule.template elem2<false>(p, row0 + r0, e, x[q][0], x[q][1]);
+          rule.template elem2<false>(p, row0 + r0 + 8, e, x[q][2], x[q][3]);
+        } else if (e < width) {
+          x[q][0] = rule.elem(p, row0 + r0, e);
+          x[q][2] = rule.elem(p, row0 + r0 + 8, e);
+        }
+      }
+    }
+  }
+
+  // k1x128: the scales of the 128-column group starting at block b, for rows r0 and r0 + 8 of
+  // the warp: the rule is applied to the group's four blocks once more for D alone (outputs,
+  // reductions and stores wait for the block loop), each row's max |D| over its quad's lanes,
+  // then s = fl(max(fl(|nc| * max), 1e-4) / elem_max) (fusegemm/interpret.py quantize_1x128_rows:
+  // fl(|nc| * max|x|) is max |fl(nc * x)|, rounding being monotonic). A NaN wins the max, as in
+  // the interpreter. Lanes 0, 4, ... write the FP32 scales, M-contiguous: sfd_row[j * pitch + row]
+  // for group j, pitch the rows rounded up to 4 (16 bytes).
+  // kKeepD: the group's D values stay in registers from group_scales to the block loop (kept[block
+  // of the group][group q][value]), which then neither loads the inputs nor applies the rule again:
+  // rules whose rule outputs are D alone (no C, no reductions), in unrolled block loops (the
+  // index must be a constant). Others apply the rule twice.
+  static constexpr bool kKeepD = k1x128 && !Rule::kHasC && Rule::kAmaxCount == 0 && !Rule::kRowSum &&
+                                 !kRollBlocks;
+  using Kept = float[kKeepD ? 4 : 1][4][4];
+
+  template <class Params>
+  FUSEGEMM_DEVICE static void group_scales(const Params& p, const Rule& rule, const float (&acc)[kAccum], int b,
+                                           int e_base, int width, int row0, int r0, int cq, int lane, bool pairs,
+                                           const typename Rule::RowIn& ri0, const typename Rule::RowIn& ri1,
+                                           Group1x128& grp, Kept& kept) {
+    constexpr bool kPA = Rule::kPairedAcc;
+    constexpr float kQMax = fusegemm::is_same_v<ElementD, fusegemm::float_e5m2_t> ? 57344.0f : 448.0f;
+    float m0 = 0.0f, m1 = 0.0f;
+#pragma unroll(kRollBlocks ? 1 : 4)
+    for (int g = b; g < b + 4; ++g) {
+      const int e0 = e_base + 32 * g;
+      if (e0 >= width) break;   // warp-uniform
+      typename Rule::ElemIn x[4][4];
+      load_inputs(p, rule, pairs, row0, r0, cq, e0, width, x);
+      float a[kBlockAcc];
+      block_acc(acc, g, a);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int e = e0 + 8 * q + cq;
+        const bool in0 = e < width, in1 = e + 1 < width;
+        const float u0 = kPA ? a[16 + 4 * q] : 0.0f, u1 = kPA ? a[16 + 4 * q + 1] : 0.0f;
+        const float u2 = kPA ? a[16 + 4 * q + 2] : 0.0f, u3 = kPA ? a[16 + 4 * q + 3] : 0.0f;
+        const float d[4] = {d_of<0>(mask_out(rule.apply(a[4 * q], u0, ri0, x[q][0]), in0)),
+                            d_of<0>(mask_out(rule.apply(a[4 * q + 1], u1, ri0, x[q][1]), in1)),
+                            d_of<0>(mask_out(rule.apply(a[4 * q + 2], u2, ri1, x[q][2]), in0)),
+                            d_of<0>(mask_out(rule.apply(a[4 * q + 3], u3, ri1, x[q][3]), in1))};
+        m0 = epi::fmax_nan(epi::fmax_nan(m0, fabsf(d[0])), fabsf(d[1]));
+        m1 = epi::fmax_nan(epi::fmax_nan(m1, fabsf(d[2])), fabsf(d[3]));
+        if constexpr (kKeepD) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) kept[g - b][q][i] = d[i];
+        }
+      }
+    }
+#pragma unroll
+    for (int d = 1; d <= 2; d <<= 1) {
+      m0 = epi::fmax_nan(m0, __shfl_xor_sync(0xFFFFFFFFu, m0, d));
+      m1 = epi::fmax_nan(m1, __shfl_xor_sync(0xFFFFFFFFu, m1, d));
+    }
+    const float anc = fabsf(rule.sfd_norm_const());
+    const float gs0 = __fdiv_rn(epi::fmax_nan(__fmul_rn(anc, m0), 1e-4f), kQMax);
+    const float gs1 = __fdiv_rn(epi::fmax_nan(__fmul_rn(anc, m1), 1e-4f), kQMax);
+    grp.set(gs0, gs1);
+    const int e0 = e_base + 32 * b;
+    if (lane % 4 == 0 && p.sfd_row != nullptr) {
+      float* sfd = static_cast<float*>(p.sfd_row) + int64_t(e0 / 128) * ((p.m_rows + 3) & ~3);
+      sfd[row0 + r0] = gs0;
+      sfd[row0 + r0 + 8] = gs1;
+    }
+  }
+
   // The fragment path of paired and reducing rules: per block of 32 element columns (64
   // accumulator columns when the accumulator is paired: gate block, then up block), every
   // thread applies the rule to its values (rows lane/4 and lane/4 + 8 of the warp's 16, two
@@ -524,37 +675,18 @@ struct WgmmaEpilogue {
     const uint32_t buf = smem_u32(epi_smem) + warp * kBlkWarpBytes;
     const bool pairs = rule.pairs_aligned(p);
     float rs0 = 0.0f, rs1 = 0.0f;
+    Group1x128 grp;   // k1x128: the current group's scales of rows r0, r0 + 8
+    Kept kept = {};   // kKeepD: its D values
 #pragma unroll(kRollBlocks ? 1 : kElemBlocks)
     for (int b = 0; b < kElemBlocks; ++b) {
       const int e0 = e_base + 32 * b;
       if (e0 >= width) break;  // warp-uniform: the rest of the tile is past N
       __syncwarp();            // the previous block's flush has read the buffers
-      // The block's element inputs first: every load in flight at once (one latency per block;
-      // the shared-memory stores below are compiler barriers that would serialise them).
-      // A whole block of aligned inputs (the usual case, a warp-uniform test) is loaded without
-      // a branch; a partial block or an unaligned input pair by pair, with its tests.
-      typename Rule::ElemIn x[4][4];
-      if (pairs && e0 + 32 <= width) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int e = e0 + 8 * q + cq;
-          rule.template elem2<true>(p, row0 + r0, e, x[q][0], x[q][1]);
-          rule.template elem2<true>(p, row0 + r0 + 8, e, x[q][2], x[q][3]);
-        }
-      } else {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int e = e0 + 8 * q + cq;
-          x[q][0] = x[q][1] = x[q][2] = x[q][3] = typename Rule::ElemIn{};
-          if (e + 1 < width) {
-            rule.template elem2<false>(p, row0 + r0, e, x[q][0], x[q][1]);
-            rule.template elem2<false>(p, row0 + r0 + 8, e, x[q][2], x[q][3]);
-          } else if (e < width) {
-            x[q][0] = rule.elem(p, row0 + r0, e);
-            x[q][2] = rule.elem(p, row0 + r0 + 8, e);
-          }
-        }
+      if constexpr (k1x128) {
+        if (b % 4 == 0) group_scales(p, rule, acc, b, e_base, width, row0, r0, cq, lane, pairs, ri0, ri1, grp, kept);
       }
+      typename Rule::ElemIn x[4][4];
+      if constexpr (!kKeepD) load_inputs(p, rule, pairs, row0, r0, cq, e0, width, x);
       // kFragQuant: the block's D values (role, group, i: as o00, o01, o10, o11) until their
       // scales are known.
       float dq[kFragQuant ? kBlkDBufs : 1][4][4];
@@ -581,7 +713,10 @@ struct WgmmaEpilogue {
         reduce(o11, in1, rs1, part);
         put_outputs(buf, r0, 8 * q + cq, o00, o01);
         put_outputs(buf, r0 + 8, 8 * q + cq, o10, o11);
-        if constexpr (kFragQuant) {
+        if constexpr (kKeepD) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) dq[0][q][i] = kept[b % 4][q][i];   // (the rule above is then dead code)
+        } else if constexpr (kFragQuant) {
           // Masked values are 0, as the engine's (mask_out).
           dq[0][q][0] = d_of<0>(o00); dq[0][q][1] = d_of<0>(o01); dq[0][q][2] = d_of<0>(o10); dq[0][q][3] = d_of<0>(o11);
           if constexpr (Rule::kPairedD) {
@@ -589,7 +724,7 @@ struct WgmmaEpilogue {
           }
         }
       }
-      if constexpr (kFragQuant) quant_d(p, rule, buf, dq, row0, r0, cq, e0, width, lane);
+      if constexpr (kFragQuant) quant_d(p, rule, buf, dq, row0, r0, cq, e0, width, lane, grp);
       __syncwarp();
       if constexpr (Rule::kHasC) {
         if (p.c_out != nullptr) {

@@ -1,0 +1,182 @@
+"""1x128 output scales (``quantize.vec: 128``, ``sfd_vec_size=128``) on the GPU: an FP8 D with one
+FP32 scale per row and 128 columns, M-contiguous, which the next blockwise GEMM takes as its A
+and sfa_tensor as they are.
+
+* A user's linear epilogue (tests/data/user_sfd_1x128.yaml) on exact problems (small integers,
+  power-of-two operand scales: the accumulator is exact in any order) must match the numpy
+  interpreter bit for bit: D's bytes and the scales, tile N 128 and 256 (one and two groups per
+  epilogue), e4m3 and e5m2, ragged and empty experts, a partial last group.
+* SwiGLU (grouped_gemm_glu_mx), whose silu differs from the interpreter's by a few ulp: the
+  scales within 2^-20 relative of the interpreter's, the dequantized D within one FP8 step of
+  the interpreter's, and against a float64 SwiGLU of the dequantized operands; with C (the
+  training forward) C as the interpreter's within 2e-3 of its largest magnitude.
+* The chain: that D and its scales are fc2's A (grouped_gemm_quant, blockwise, bf16 D) without a
+  copy or a conversion, against fc2's interpreter on the same bytes.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+import fusegemm  # noqa: E402
+from fusegemm.formats import (blockwise_sfa_layout, dequantize_128x128, dequantize_1x128,  # noqa: E402
+                              quantize_128x128, quantize_1x128)
+
+USER = str(Path(__file__).resolve().parents[1] / "data" / "user_sfd_1x128.yaml")
+BW = {"sf_dtype": "float32", "sf_vec_size": 128}
+STEP = {"float8_e4m3fn": 2.0 ** -3, "float8_e5m2": 2.0 ** -2}
+
+
+def _fp8(x: np.ndarray, dtype: str) -> "torch.Tensor":
+    return torch.from_numpy(np.ascontiguousarray(x).view(np.uint8)).view(getattr(torch, dtype))
+
+
+def _problem(sizes, n, k, seed, *, exact, ab="float8_e4m3fn"):
+    """Host operands (fusegemm.Op's keywords) and A, B dequantized (float64)."""
+    import ml_dtypes
+    rng = np.random.default_rng(seed)
+    m, l = sum(sizes), len(sizes)
+    sfk, nb = -(-k // 128), -(-n // 128)
+    if exact:
+        cast = getattr(ml_dtypes, ab)
+        aq, bq = rng.integers(-3, 4, (m, k)).astype(cast), rng.integers(-3, 4, (l, n, k)).astype(cast)
+        sa = np.exp2(rng.integers(-2, 2, (m, sfk))).astype(np.float32)
+        sb = np.exp2(rng.integers(-4, -1, (l, nb, sfk))).astype(np.float32)
+    else:
+        aq, sa = quantize_1x128(rng.standard_normal((m, k)) * 2, ab)
+        bq, sb = quantize_128x128(rng.standard_normal((l, n, k)) * k ** -0.5, ab)
+    host = {"a_tensor": _fp8(aq, ab), "sfa_tensor": blockwise_sfa_layout(torch.from_numpy(sa)),
+            "padded_offsets": torch.tensor(np.cumsum(sizes), dtype=torch.int32), "b_tensor": _fp8(bq, ab),
+            "sfb_tensor": torch.from_numpy(sb)}
+    return host, dequantize_1x128(aq, sa).astype(np.float64), dequantize_128x128(bq, sb).astype(np.float64)
+
+
+def _device(host):
+    dev = {k: v.cuda() for k, v in host.items()}
+    dev["sfa_tensor"] = blockwise_sfa_layout(host["sfa_tensor"].contiguous().cuda())
+    return dev
+
+
+def _inputs(sizes, seed, norm_const, *, exact):
+    rng = np.random.default_rng(seed + 5)
+    m, l = sum(sizes), len(sizes)
+    if exact:
+        alpha, prob = np.exp2(rng.integers(-1, 2, l)), rng.integers(1, 5, m) / 4
+    else:
+        alpha, prob = rng.uniform(0.5, 1.5, l), rng.uniform(0, 1, m)
+    return {"alpha": torch.from_numpy(alpha.astype(np.float32)), "prob": torch.from_numpy(prob.astype(np.float32)),
+            "norm_const": torch.full((1,), norm_const)}
+
+
+def _check_layout(sfd, m, w):
+    """sfd_row: the (M, ceil(W/128)) float32 view, unit stride along M, a 16-byte pitch."""
+    pitch = -(-m // 4) * 4
+    assert sfd.dtype == torch.float32 and tuple(sfd.shape) == (m, -(-w // 128))
+    assert tuple(sfd.stride()) == (1, pitch)
+
+
+@pytest.mark.parametrize("sizes,n,k,tile_n,d_dtype,nc", [
+    ([256, 0, 512, 256], 512, 384, 256, "float8_e4m3fn", 1.0),   # two groups per 256-column epilogue
+    ([512, 256], 320, 256, 128, "float8_e4m3fn", 0.5),            # tile N 128; a 64-column last group
+    ([512, 0], 320, 512, 256, "float8_e5m2", 2.0),                # e5m2 (elem max 57344), empty expert last
+    ([256], 128, 128, 256, "float8_e4m3fn", 1.0),                 # L = 1, one group, half a tile
+])
+def test_user_epilogue_bit_exact(sizes, n, k, tile_n, d_dtype, nc):
+    host, _, _ = _problem(sizes, n, k, seed=n + k, exact=True)
+    ins = _inputs(sizes, seed=k, norm_const=nc, exact=True)
+    op = fusegemm.Op(USER, d_dtype=d_dtype, tile_n=tile_n)
+    out = op(**_device(host), inputs={k2: v.cuda() for k2, v in ins.items()})
+    torch.cuda.synchronize()
+    ref = op.reference(*host.values(), inputs=ins)
+    m = sum(sizes)
+    _check_layout(out["sfd_row"], m, n)
+    s_got, s_ref = out["sfd_row"].cpu().numpy(), np.asarray(ref["sfd_row"])
+    np.testing.assert_array_equal(s_got, s_ref)
+    d_got, d_ref = out["d"].cpu().numpy(), np.asarray(ref["d"]).view(np.uint8)
+    np.testing.assert_array_equal(d_got, d_ref)
+    assert (s_got[:m] > 0).all() and np.isfinite(s_got).all()
+
+
+def _swiglu64(a64, b64, sizes, ins):
+    """prob * up * silu(gate), G = alpha[e] * A_e @ B_e^T in 32-column gate/up blocks (float64)."""
+    n_acc = b64.shape[1]
+    j = np.arange(n_acc // 2)
+    gate_col, up_col = (j // 32) * 64 + j % 32, (j // 32) * 64 + 32 + j % 32
+    out, start = [], 0
+    for e, rows in enumerate(sizes):
+        g = a64[start:start + rows] @ b64[e].T * float(ins["alpha"][e])
+        gate, up = g[:, gate_col], g[:, up_col]
+        out.append(up * gate / (1 + np.exp(-gate)))
+        start += rows
+    return np.concatenate(out) * ins["prob"].double().numpy()[:, None]
+
+
+def _dequant(d_bytes, s, dtype):
+    import ml_dtypes
+    q = np.ascontiguousarray(d_bytes).view(getattr(ml_dtypes, dtype)).astype(np.float64)
+    return q * np.repeat(np.asarray(s, dtype=np.float64), 128, axis=1)[:, : q.shape[1]]
+
+
+@pytest.mark.parametrize("sizes,n_acc,k,generate_c,exact", [
+    ([256, 0, 512], 512, 640, False, False),
+    ([512, 256], 768, 384, True, False),     # with C (the training forward); three groups
+    ([256, 256], 320, 256, True, True),      # a partial last group
+])
+def test_swiglu_against_the_interpreter_and_the_formula(sizes, n_acc, k, generate_c, exact):
+    host, a64, b64 = _problem(sizes, n_acc, k, seed=k, exact=exact)
+    ins = _inputs(sizes, seed=n_acc, norm_const=1.0, exact=exact)
+    op = fusegemm.Op("grouped_gemm_glu_mx", **BW, d_dtype="float8_e4m3fn", sfd_vec_size=128,
+                     generate_c=generate_c)
+    out = op(**_device(host), inputs={k2: v.cuda() for k2, v in ins.items()})
+    torch.cuda.synchronize()
+    ref = op.reference(*host.values(), inputs=ins)
+    m, w = sum(sizes), n_acc // 2
+    _check_layout(out["sfd_row"], m, w)
+    s_got, s_ref = out["sfd_row"].cpu().numpy(), np.asarray(ref["sfd_row"])
+    # Exact operands: silu's few ulps move a group's max by as much; realistic ones: Hopper's FP8
+    # WGMMA accumulation (about 1e-4 of the largest magnitude, tests/gpu/test_blockwise_gpu.py).
+    np.testing.assert_allclose(s_got, s_ref, rtol=2.0 ** -18 if exact else 2e-3, atol=0)
+    d_got = _dequant(out["d"].cpu().numpy(), s_got, "float8_e4m3fn")
+    d_ref = _dequant(np.asarray(ref["d"]).view(np.uint8), s_ref, "float8_e4m3fn")
+    group_max = np.repeat(s_ref.astype(np.float64), 128, axis=1)[:, :w] * 448
+    step = STEP["float8_e4m3fn"] * np.maximum(np.abs(d_ref), 2.0 ** -8 * group_max) + (0 if exact else 4e-3) * group_max
+    bad = np.abs(d_got - d_ref) > step
+    assert not bad.any(), (np.argwhere(bad)[:5], d_got[bad][:5], d_ref[bad][:5])
+    same = (out["d"].cpu().numpy() == np.asarray(ref["d"]).view(np.uint8)).mean()   # the bytes
+    assert same > 0.98, same
+    want = _swiglu64(a64, b64, sizes, ins)
+    bad = np.abs(d_got - want) > group_max * (2.0 ** -4 + (0 if exact else 4e-3))
+    assert not bad.any(), (np.argwhere(bad)[:5], d_got[bad][:5], want[bad][:5])
+    if generate_c:
+        c_got, c_ref = out["c"].float().cpu().numpy(), np.asarray(ref["c"], dtype=np.float32)
+        # bf16 C: exact operands bit for bit; else 2e-3 of the largest magnitude plus a bf16 ulp
+        assert np.all(np.abs(c_got - c_ref) <= (0 if exact else 2e-3 * np.abs(c_ref).max() + 2.0 ** -7 * np.abs(c_ref)))
+
+
+def test_the_output_is_fc2s_operand_as_it_is():
+    """fc1 (SwiGLU, 1x128 FP8 D) -> fc2 (blockwise GEMM, bf16 D): fc2 reads fc1's D bytes and its
+    sfd_row view directly; its result is fc2's interpreter on the same bytes and scales."""
+    sizes, n1, k1, n2 = [256, 0, 512], 512, 256, 384
+    host, _, _ = _problem(sizes, n1, k1, seed=3, exact=False)
+    ins = _inputs(sizes, seed=3, norm_const=1.0, exact=False)
+    fc1 = fusegemm.Op("grouped_gemm_glu_mx", **BW, d_dtype="float8_e4m3fn", sfd_vec_size=128)
+    h = fc1(**_device(host), inputs={k2: v.cuda() for k2, v in ins.items()})
+    w2 = np.random.default_rng(4).standard_normal((len(sizes), n2, n1 // 2)) * (n1 // 2) ** -0.5
+    bq, sb = quantize_128x128(w2)
+    fc2 = fusegemm.Op("grouped_gemm_quant", **BW, d_dtype="bfloat16")
+    a2 = h["d"].view(torch.float8_e4m3fn)
+    alpha2 = torch.ones(len(sizes))
+    y = fc2(a2, h["sfd_row"], host["padded_offsets"].cuda(), _fp8(bq, "float8_e4m3fn").cuda(),
+            torch.from_numpy(sb).cuda(), inputs={"alpha": alpha2.cuda()})
+    torch.cuda.synchronize()
+    ref = fc2.reference(a2.cpu(), blockwise_sfa_layout(h["sfd_row"].cpu().contiguous()), host["padded_offsets"],
+                        _fp8(bq, "float8_e4m3fn"), torch.from_numpy(sb), inputs={"alpha": alpha2})
+    got, want = y["d"].float().cpu().numpy(), np.asarray(ref["d"], dtype=np.float32)
+    # 2e-3 of the largest magnitude (FP8 WGMMA accumulation) plus one bf16 ulp of each value
+    assert np.all(np.abs(got - want) <= 2e-3 * np.abs(want).max() + 2.0 ** -7 * np.abs(want))

@@ -1,0 +1,170 @@
+"""1x128 output scales (``quantize.vec: 128``, axis ``sfd_vec_size``): an FP8 D quantized with one
+FP32 scale per row and 128 columns, the blockwise recipe's activation format, so that fc1's
+output is fc2's A as it is. On the CPU: the spec language's checks, the interpreter against
+``fusegemm.formats.quantize_1x128`` (an independent float64 quantizer), the registry's refusals,
+the op's sfd_row layout and the sm_90a kernels' resources (0 spills)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fusegemm.base.errors import SpecError, UnsupportedError
+from fusegemm.formats import quantize_1x128
+from fusegemm.interpret import quantize_1x128_rows
+from fusegemm.generator.spec import find_spec, parse_spec
+from fusegemm.generator.variants import make_variant
+
+GLU = "grouped_gemm_glu_mx"
+BW_1X128 = {"sf_dtype": "float32", "sf_vec_size": 128, "d_dtype": "float8_e4m3fn", "sfd_vec_size": 128}
+
+
+def _ties(t: np.ndarray, s: np.ndarray, dtype: str) -> np.ndarray:
+    """Where fl32(t / s) is exactly halfway between two values of ``dtype``: the only places a
+    float32 division followed by a rounding to FP8 may differ from one rounding of the exact
+    quotient (quantize_1x128 rounds t / s in float64)."""
+    y = (t / s).astype(np.float32)
+    mant = {"float8_e4m3fn": 3, "float8_e5m2": 2}[dtype]
+    with np.errstate(all="ignore"):
+        e = np.floor(np.log2(np.abs(y.astype(np.float64))))
+        e = np.maximum(e, {"float8_e4m3fn": -6, "float8_e5m2": -14}[dtype])
+        step = np.ldexp(1.0, (e - mant).astype(int))
+        return np.abs(y) / step % 1.0 == 0.5
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("cols", [128, 256, 300, 32])
+def test_interpreter_matches_the_float64_quantizer(dtype, cols):
+    rng = np.random.default_rng(cols)
+    x = (rng.standard_normal((37, cols)) * np.exp(rng.uniform(-8, 8, (37, 1)))).astype(np.float32)
+    x[3, :] = 0.0                        # an all-zero row: the 1e-4 floor
+    x[5, 7] = 1e-30                      # a tiny block
+    y, s = quantize_1x128_rows(x, np.float32(1.0), dtype)
+    ref_q, ref_s = quantize_1x128(x, dtype=dtype)
+    assert s.dtype == np.float32 and s.shape == (37, -(-cols // 128))
+    np.testing.assert_array_equal(s, ref_s)                      # scales: bit for bit
+    from fusegemm.interpret import _store
+    q = _store(y, dtype).view(np.uint8)
+    ref = np.asarray(ref_q).view(np.uint8)
+    diff = q != ref
+    tie = _ties(x, np.repeat(s, 128, axis=1)[:, :cols], dtype)
+    assert not np.any(diff & ~tie), "bytes differ away from a float32 tie"
+    assert diff.mean() < 1e-3
+
+
+def test_norm_const_scales_what_is_quantized():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((16, 256)).astype(np.float32)
+    y, s = quantize_1x128_rows(x, np.float32(0.5), "float8_e4m3fn")
+    y1, s1 = quantize_1x128_rows((x * np.float32(0.5)).astype(np.float32), np.float32(1.0), "float8_e4m3fn")
+    np.testing.assert_array_equal(s, s1)
+    np.testing.assert_array_equal(y, y1)
+
+
+def test_nan_wins_its_group_only():
+    x = np.ones((2, 256), dtype=np.float32)
+    x[0, 3] = np.nan
+    _, s = quantize_1x128_rows(x, np.float32(1.0), "float8_e4m3fn")
+    assert np.isnan(s[0, 0]) and s[0, 1] == np.float32(1.0) / np.float32(448.0) and not np.isnan(s[1]).any()
+
+
+# ---- the spec language
+_SPEC = """
+schema: 2
+name: user_q128
+summary: a user spec with 1x128 output scales
+kernel: scaled
+epilogue:
+  inputs:
+    alpha: {per: expert}
+    norm_const: {per: scalar}
+  compute:
+    - y = alpha * acc
+  outputs:
+    d: {dtype: d_dtype, value: y, quantize: {norm_const: norm_const, QUANT}}
+choices:
+  arch: [sm_90a]
+  ab_dtype: [float8_e4m3fn]
+  sf_dtype: [float32]
+  sf_vec_size: [128]
+  d_dtype: [float8_e4m3fn]
+  SFDAXIS
+  tile_m: [128]
+  tile_n: [128, 256]
+  cluster_m: [1]
+  cluster_n: [1]
+defaults:
+  ab_dtype: float8_e4m3fn
+  sf_dtype: float32
+  sf_vec_size: 128
+  d_dtype: float8_e4m3fn
+  tile_m: 128
+  tile_n: 256
+"""
+
+
+def _user(quant: str, axis: str = "") -> object:
+    text = _SPEC.replace("QUANT", quant).replace("SFDAXIS", axis)
+    return parse_spec(text, "user_q128.yaml", expected_name="user_q128")
+
+
+@pytest.mark.parametrize("quant, axis, match", [
+    ("vec: 64", "", r"vec.*got 64; allowed: 32, 128"),
+    ("vec: sfd_vec_size", "", r"axis 'sfd_vec_size' is not in this spec's choices"),
+    ("vec: tile_n", "", r"allowed: 32, 128 or the axis sfd_vec_size"),
+    ("vec: 128, col: d_col", "", r"1x128 blocks .* quantize rows only"),
+    ("vec: 128, row: false, col: d_col", "", r"quantize rows only"),
+    ("vec: sfd_vec_size, col: d_col", "sfd_vec_size: [32, 128]", r"quantize rows only"),
+])
+def test_spec_errors_name_the_key(quant, axis, match):
+    with pytest.raises(SpecError, match=match):
+        _user(quant, axis)
+
+
+def test_a_literal_128_reaches_the_rule():
+    from fusegemm.generator.emit import rule_model
+    spec = _user("vec: 128")
+    v = make_variant(spec, arch="sm_90a")
+    traits = dict(rule_model(spec.epilogue.resolve(v.choices)).traits)
+    assert traits["kSfdVec"] == "128"
+    assert spec.epilogue.resolve(v.choices).buffers(256, 100, 2)["sfd_row"] == ((2, 100), "float32", 0.0)
+
+
+def test_the_axis_is_a_source_axis_and_names_the_kernel():
+    spec = find_spec(GLU)
+    assert "sfd_vec_size" in spec.epilogue.axes_read()
+    v32 = make_variant(spec, arch="sm_90a", **{**BW_1X128, "sfd_vec_size": 32})
+    v128 = make_variant(spec, arch="sm_90a", **BW_1X128)
+    assert "sfd1x128" in v128.readable and "sfd1x128" not in v32.readable
+    r = spec.epilogue.resolve(v128.choices)
+    assert r.output("d").quantize.vec == 128
+    assert r.buffers(512, 1000, 4)["sfd_row"] == ((2, 1000), "float32", 0.0)     # (ceil(256/128), pitch)
+    assert r.buffers(512, 1001, 4)["sfd_row"] == ((2, 1004), "float32", 0.0)     # pitch: 16 bytes
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"arch": "sm_100a", "sf_dtype": "float8_e8m0fnu", "sf_vec_size": 32}, r"sf_vec_size=32 but 1x128 output"),
+    ({"arch": "sm_90a", "sf_dtype": "float8_e8m0fnu", "sf_vec_size": 32}, r"sf_vec_size"),
+    ({"arch": "sm_90a", "d_dtype": "bfloat16"}, r"d_dtype"),
+    ({"arch": "sm_90a", "tile_n": 128}, r"tile_n"),
+])
+def test_refusals_say_why(over, match):
+    import fusegemm
+    kw = {**BW_1X128, **over}
+    with pytest.raises(UnsupportedError, match=match):
+        fusegemm.Op(GLU, **kw).check_support()
+
+
+def test_the_sm100_refusal_names_the_blockwise_kernel():
+    from fusegemm.generator import registry
+    with pytest.raises(UnsupportedError, match=r"sfd_vec_size.*sm_90a blockwise kernel"):
+        registry.resolve("grouped_gemm_srelu", "sm_100a",
+                         {"sf_vec_size": 32, "sf_dtype": "float8_e8m0fnu", "sfd_vec_size": 128})
+    with pytest.raises(UnsupportedError, match=r"sfd_vec_size"):
+        registry.resolve("grouped_gemm", "sm_90a", {"sfd_vec_size": 128})
+
+
+@pytest.mark.parametrize("generate_c", [False, True])
+def test_sm90_kernels_build_without_spills(generate_c, session_cache):
+    from fusegemm.pipeline import get_kernel
+    built = get_kernel(make_variant(GLU, arch="sm_90a", generate_c=generate_c, **BW_1X128), session_cache)
+    assert built.resources.local_bytes == 0, built.resources      # no register spills
