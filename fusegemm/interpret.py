@@ -131,12 +131,20 @@ def _quantize_rows(x: np.ndarray, nc, rl, convention: str, col: bool) -> tuple[n
     return np.ascontiguousarray(y), stored
 
 
-def quantize_1x128_rows(x: np.ndarray, nc, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+def _pow2_up(s: np.ndarray) -> np.ndarray:
+    """The smallest power of two >= each positive normal float32 (Inf and NaN stay), exactly."""
+    b = _f32(s).view(np.uint32)
+    up = np.where(((b & 0x7F800000) == 0x7F800000) | ((b & 0x007FFFFF) == 0), b, (b & 0x7F800000) + 0x00800000)
+    return up.astype(np.uint32).view(F32)
+
+
+def quantize_1x128_rows(x: np.ndarray, nc, dtype: str, pow2: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The fragment epilogue's 1x128 row quantization (``quantize.vec: 128``), step by step in
     float32: ``t = fl(nc * x)``; per block of 128 columns (zero padded past C) ``a = max|t|``
     (NaN wins), ``s = fl(max(a, 1e-4) / elem_max)`` (448 for e4m3, 57344 for e5m2, as
     :func:`fusegemm.formats.quantize_1x128`); the values are ``fl(t / s)``, converted with
-    ``cvt.rn.satfinite``. Dequantized (``q * s``) they are ``nc * x``.
+    ``cvt.rn.satfinite``. Dequantized (``q * s``) they are ``nc * x``. ``pow2``: each ``s`` rounded
+    up to a power of two (UE8M0: ``quantize_1x128(..., scales="pow2")``), so that ``t / s`` is exact.
 
     Returns ``fl(t / s)`` (R, C) float32 and the scales (R, ceil(C / 128)) float32.
     """
@@ -148,6 +156,8 @@ def quantize_1x128_rows(x: np.ndarray, nc, dtype: str) -> tuple[np.ndarray, np.n
         blocks = t.reshape(rows, nb, VEC_1X128)
         a = np.max(np.abs(blocks), axis=-1) if nb and rows else np.zeros((rows, nb), F32)   # NaN wins
         s = (_fmax_nan(a, F32(AMAX_FLOOR)) / F32(FORMATS[dtype].max_finite)).astype(F32)
+        if pow2:
+            s = _pow2_up(s)
         y = (blocks / s[:, :, None]).astype(F32).reshape(rows, nb * VEC_1X128)[:, :cols]
     return np.ascontiguousarray(y), s
 
@@ -466,7 +476,7 @@ def _interpret(resolved: Resolved, acc: np.ndarray, *, offsets, m_rows, inputs, 
             raise ValueError(f"output {o.name!r} is SFD-quantized: its norm_const input "
                              f"{q.norm_const!r} is not among the resolved inputs")
         if q.vec == VEC_1X128:
-            y, scales = quantize_1x128_rows(x, scalars[q.norm_const], o.dtype)
+            y, scales = quantize_1x128_rows(x, scalars[q.norm_const], o.dtype, pow2=bool(q.pow2))
             result[o.name] = shaped(_store(y, o.dtype))
             result["sfd_row"] = shaped(scales)
             continue

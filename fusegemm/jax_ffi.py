@@ -375,7 +375,9 @@ def spec_op(spec: Any, *, e5m2_rcp_max: str = "page", **axes: Any) -> Any:
     uint8/E8M0 buffers); batched ``(a (L, M, K), b (L, N, K), sfa, sfb)``; K-grouped ``(dy (T, M),
     x (T, N), padded_offsets)``. ``inputs`` are the epilogue's by spec name (arrays; a per-column
     input as (L, N), one row per expert). ``f`` returns a dict of the outputs by spec name in the
-    kernel's storage (FP8/FP4 as uint8 bytes, SF buffers physical); K-grouped C/D as (L, M, N).
+    kernel's storage (FP8/FP4 as uint8 bytes, SF buffers physical: 1x128 scales, ``sfd_vec_size=128``,
+    as the float32 (ceil(N/128), pitch) buffer whose row j holds every row's scale of columns
+    128j..); K-grouped C/D as (L, M, N).
     Rows at or past ``padded_offsets[-1]`` are unspecified (XLA's buffers).
 
     Parameters

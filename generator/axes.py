@@ -73,6 +73,8 @@ AXES: dict[str, Axis] = {a.name: a for a in (
     Axis("discrete_col_sfd", None, "column scale factors grouped by expert tile", "bool"),
     Axis("sfd_vec_size", (32, 128), "output quantization blocks (a quantize: block's vec): 32 = MX (E8M0 per 32 "
          "columns), 128 = the blockwise recipe's 1x128 (FP32 per 128 columns)", "int"),
+    Axis("sfd_pow2", None, "1x128 output scales rounded up to powers of two (UE8M0, a quantize: block's pow2)",
+         "bool"),
     Axis("vector_f32", None, "packed f32 epilogue arithmetic", "bool"),
     Axis("tanh_clamp_scale", None, "sReLU soft clamp s (compile-time)", "positive_float_or_none"),
     Axis("tile_m", (64, 128, 256), "CTA-pair tile M (256 = 2-CTA on sm_100a)", "int"),
@@ -86,7 +88,7 @@ NEUTRAL: dict[str, Any] = {
     "ab_dtype": "bfloat16", "sf_dtype": "none", "sf_vec_size": 0, "c_dtype": "none",
     "d_dtype": "none", "bias_dtype": "none", "prob_dtype": "float32", "weight_mode": "dense", "a_major": "k",
     "b_major": "k", "a_gather": False, "b_gather": False, "cd_major": "n", "scheduler": "static", "generate_c": False,
-    "generate_dbias": False, "discrete_col_sfd": False, "sfd_vec_size": 32, "vector_f32": False,
+    "generate_dbias": False, "discrete_col_sfd": False, "sfd_vec_size": 32, "sfd_pow2": False, "vector_f32": False,
     "tanh_clamp_scale": "none",
 }
 

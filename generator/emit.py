@@ -141,6 +141,7 @@ def rule_model(r: Resolved, packed: bool = False) -> RuleModel:
         ("kQuantColD", _b(q is not None and q.col is not None)),
         ("kSfdConvention", str(CONVENTION_CODE[q.convention] if q is not None else 0)),
         ("kSfdVec", str(r.sfd_vec)),
+        ("kSfdPow2", _b(r.sfd_pow2)),
         ("kAmaxCount", str(len(amax))),
         ("kAmaxSlots", str(max((x.slot for x in amax), default=-1) + 1)),
         ("kAmaxGlobal", _b(any(x.scope == "global" for x in amax))),

@@ -121,6 +121,8 @@ class Quantize:
     # Columns per row block: 32 (MX: an E8M0 scale each) or 128 (the blockwise recipe's 1x128: an
     # FP32 scale each, rows only), or the axis that chooses (sfd_vec_size; resolve() fixes it).
     vec: int | str = 32
+    # 1x128 scales rounded up to powers of two (UE8M0), or the axis that chooses (sfd_pow2).
+    pow2: bool | str = False
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,8 @@ class Epilogue:
                 if isinstance(n, Ref) and n.name in self.constants}
         if any(o.quantize is not None and o.quantize.col for o in self.outputs):
             out.add("discrete_col_sfd")
-        out |= {o.quantize.vec for o in self.outputs if o.quantize is not None and isinstance(o.quantize.vec, str)}
+        out |= {v for o in self.outputs if o.quantize is not None
+                for v in (o.quantize.vec, o.quantize.pow2) if isinstance(v, str)}
         return out
 
     def resolve(self, choice: dict[str, Any]) -> "Resolved":
@@ -193,6 +196,8 @@ class Epilogue:
             q = o.quantize if (o.quantize is not None and dt in QUANTIZED) else None
             if q is not None and isinstance(q.vec, str):
                 q = replace(q, vec=int(choice[q.vec]))
+            if q is not None and isinstance(q.pow2, str):
+                q = replace(q, pow2=bool(choice[q.pow2]))
             outputs.append(ResolvedOutput(o.name, dt, o.value, o.paired, q, o.slot))
         reds = tuple(r for r in self.reductions if r.when.holds(choice))
         needed = {v for o in outputs for v in ((o.value,) if o.value else o.paired)}
@@ -207,11 +212,13 @@ class Epilogue:
         used |= {o.quantize.norm_const for o in outputs if o.quantize is not None}
         # The SFD_row block the variant chooses (kSfdVec), also where its output is not quantized
         # (a bf16 D): the axis reaches the source of every variant that reads it.
-        vecs = [o.quantize.vec for o in self.outputs if o.quantize is not None]
-        sfd_vec = next((int(choice[v]) if isinstance(v, str) else v for v in vecs), 32)
+        quants = [o.quantize for o in self.outputs if o.quantize is not None]
+        sfd_vec = next((int(choice[q.vec]) if isinstance(q.vec, str) else q.vec for q in quants), 32)
+        sfd_pow2 = next((bool(choice[q.pow2]) if isinstance(q.pow2, str) else q.pow2 for q in quants), False)
         return Resolved(inputs=tuple(i for i in inputs if i.name in used),
                         constants={c: v for c, v in consts.items() if c in used}, pairing=self.pairing,
-                        statements=tuple(live), outputs=tuple(outputs), reductions=reds, sfd_vec=sfd_vec)
+                        statements=tuple(live), outputs=tuple(outputs), reductions=reds, sfd_vec=sfd_vec,
+                        sfd_pow2=sfd_pow2)
 
 
 @dataclass(frozen=True)
@@ -248,6 +255,7 @@ class Resolved:
     outputs: tuple[ResolvedOutput, ...]
     reductions: tuple[Reduction, ...]
     sfd_vec: int = 32                  # the SFD_row block a quantized output would use (32 or 128)
+    sfd_pow2: bool = False             # ... and whether its 1x128 scales are powers of two
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def input(self, name: str) -> _ResolvedInput | None:
@@ -769,7 +777,7 @@ def _output_dtype(ctx, node, key: str, choices) -> str:
 
 
 def _quantize(ctx, node, key: str, output: str, slot: str, scalars: set[str], dtype: str, choices) -> Quantize:
-    q = ctx.mapping(node, key, {"norm_const"}, {"row", "col", "convention", "vec"})
+    q = ctx.mapping(node, key, {"norm_const"}, {"row", "col", "convention", "vec", "pow2"})
     possible = [dtype] if dtype not in AXES else list(choices[dtype])
     if not any(d in QUANTIZED for d in possible):
         raise ctx.fail(node, key, f"output {output!r} is never FP8/FP4 ({', '.join(map(str, possible))}); "
@@ -797,7 +805,22 @@ def _quantize(ctx, node, key: str, output: str, slot: str, scalars: set[str], dt
     if 128 in ((vec,) if isinstance(vec, int) else choices[vec]) and (col is not None or not row):
         raise ctx.fail(q["vec"], f"{key}.vec", "1x128 blocks (FP32 scales, the blockwise recipe) quantize rows "
                                                "only: drop col: d_col (32-row column blocks need vec 32)")
-    return Quantize(row, col, conv, nc, vec)
+    pow2 = _quantize_pow2(ctx, q["pow2"], f"{key}.pow2", choices, vec) if "pow2" in q else False
+    return Quantize(row, col, conv, nc, vec, pow2)
+
+
+def _quantize_pow2(ctx, node, key: str, choices, vec: int | str) -> bool | str:
+    """``quantize.pow2``: true, false or the axis sfd_pow2; 1x128 scales only."""
+    v = node.value
+    if v == "sfd_pow2":
+        if v not in choices:
+            raise ctx.fail(node, key, f"axis {v!r} is not in this spec's choices")
+    elif not isinstance(v, bool):
+        raise ctx.fail(node, key, f"got {v!r}; allowed: true, false or the axis sfd_pow2")
+    if v is not False and 128 not in ((vec,) if isinstance(vec, int) else choices[vec]):
+        raise ctx.fail(node, key, "power-of-two scales are the 1x128 blocks' (vec: 128); MX blocks' E8M0 "
+                                  "scales are powers of two already")
+    return v
 
 
 def _quantize_vec(ctx, node, key: str, choices) -> int | str:

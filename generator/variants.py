@@ -41,6 +41,7 @@ class Variant:
     generate_dbias: bool
     discrete_col_sfd: bool
     sfd_vec_size: int
+    sfd_pow2: bool
     vector_f32: bool
     tanh_clamp_scale: Any
     tile_m: int
@@ -113,6 +114,7 @@ _NAME_PARTS = (
     ("generate_dbias", lambda v: "dbias" if v else ""),
     ("discrete_col_sfd", lambda v: "dcolsfd" if v else ""),
     ("sfd_vec_size", lambda v: "sfd1x128" if v == 128 else ""),
+    ("sfd_pow2", lambda v: "pow2" if v else ""),
     ("vector_f32", lambda v: "vf32" if v else ""),
     ("tanh_clamp_scale", lambda v: f"tanh{v:g}" if v != "none" else ""),
 )

@@ -81,16 +81,18 @@ def _check_layout(sfd, m, w):
     assert tuple(sfd.stride()) == (1, pitch)
 
 
-@pytest.mark.parametrize("sizes,n,k,tile_n,d_dtype,nc", [
-    ([256, 0, 512, 256], 512, 384, 256, "float8_e4m3fn", 1.0),   # two groups per 256-column epilogue
-    ([512, 256], 320, 256, 128, "float8_e4m3fn", 0.5),            # tile N 128; a 64-column last group
-    ([512, 0], 320, 512, 256, "float8_e5m2", 2.0),                # e5m2 (elem max 57344), empty expert last
-    ([256], 128, 128, 256, "float8_e4m3fn", 1.0),                 # L = 1, one group, half a tile
+@pytest.mark.parametrize("sizes,n,k,tile_n,d_dtype,nc,pow2", [
+    ([256, 0, 512, 256], 512, 384, 256, "float8_e4m3fn", 1.0, False),   # two groups per 256-column epilogue
+    ([512, 256], 320, 256, 128, "float8_e4m3fn", 0.5, False),            # tile N 128; a 64-column last group
+    ([512, 0], 320, 512, 256, "float8_e5m2", 2.0, False),                # e5m2 (elem max 57344), empty last
+    ([256], 128, 128, 256, "float8_e4m3fn", 1.0, False),                 # L = 1, one group, half a tile
+    ([256, 0, 512, 256], 512, 384, 256, "float8_e4m3fn", 0.5, True),    # UE8M0 scales
+    ([512, 256], 320, 256, 128, "float8_e5m2", 1.0, True),
 ])
-def test_user_epilogue_bit_exact(sizes, n, k, tile_n, d_dtype, nc):
+def test_user_epilogue_bit_exact(sizes, n, k, tile_n, d_dtype, nc, pow2):
     host, _, _ = _problem(sizes, n, k, seed=n + k, exact=True)
     ins = _inputs(sizes, seed=k, norm_const=nc, exact=True)
-    op = fusegemm.Op(USER, d_dtype=d_dtype, tile_n=tile_n)
+    op = fusegemm.Op(USER, d_dtype=d_dtype, tile_n=tile_n, sfd_pow2=pow2)
     out = op(**_device(host), inputs={k2: v.cuda() for k2, v in ins.items()})
     torch.cuda.synchronize()
     ref = op.reference(*host.values(), inputs=ins)
@@ -101,6 +103,8 @@ def test_user_epilogue_bit_exact(sizes, n, k, tile_n, d_dtype, nc):
     d_got, d_ref = out["d"].cpu().numpy(), np.asarray(ref["d"]).view(np.uint8)
     np.testing.assert_array_equal(d_got, d_ref)
     assert (s_got[:m] > 0).all() and np.isfinite(s_got).all()
+    if pow2:   # each scale a power of two (an exact E8M0 byte)
+        assert (np.frexp(s_got[:m])[0] == 0.5).all()
 
 
 def _swiglu64(a64, b64, sizes, ins):
@@ -123,16 +127,17 @@ def _dequant(d_bytes, s, dtype):
     return q * np.repeat(np.asarray(s, dtype=np.float64), 128, axis=1)[:, : q.shape[1]]
 
 
-@pytest.mark.parametrize("sizes,n_acc,k,generate_c,exact", [
-    ([256, 0, 512], 512, 640, False, False),
-    ([512, 256], 768, 384, True, False),     # with C (the training forward); three groups
-    ([256, 256], 320, 256, True, True),      # a partial last group
+@pytest.mark.parametrize("sizes,n_acc,k,generate_c,exact,pow2", [
+    ([256, 0, 512], 512, 640, False, False, False),
+    ([512, 256], 768, 384, True, False, False),     # with C (the training forward); three groups
+    ([256, 256], 320, 256, True, True, False),      # a partial last group
+    ([256, 0, 512], 512, 640, True, False, True),   # UE8M0 scales
 ])
-def test_swiglu_against_the_interpreter_and_the_formula(sizes, n_acc, k, generate_c, exact):
+def test_swiglu_against_the_interpreter_and_the_formula(sizes, n_acc, k, generate_c, exact, pow2):
     host, a64, b64 = _problem(sizes, n_acc, k, seed=k, exact=exact)
     ins = _inputs(sizes, seed=n_acc, norm_const=1.0, exact=exact)
     op = fusegemm.Op("grouped_gemm_glu_mx", **BW, d_dtype="float8_e4m3fn", sfd_vec_size=128,
-                     generate_c=generate_c)
+                     generate_c=generate_c, sfd_pow2=pow2)
     out = op(**_device(host), inputs={k2: v.cuda() for k2, v in ins.items()})
     torch.cuda.synchronize()
     ref = op.reference(*host.values(), inputs=ins)
@@ -141,7 +146,10 @@ def test_swiglu_against_the_interpreter_and_the_formula(sizes, n_acc, k, generat
     s_got, s_ref = out["sfd_row"].cpu().numpy(), np.asarray(ref["sfd_row"])
     # Exact operands: silu's few ulps move a group's max by as much; realistic ones: Hopper's FP8
     # WGMMA accumulation (about 1e-4 of the largest magnitude, tests/gpu/test_blockwise_gpu.py).
-    np.testing.assert_allclose(s_got, s_ref, rtol=2.0 ** -18 if exact else 2e-3, atol=0)
+    # (power-of-two scales: equal, or one step apart where the group's max sits at a power of two)
+    np.testing.assert_allclose(s_got, s_ref, rtol=1.0 if pow2 else 2.0 ** -18 if exact else 2e-3, atol=0)
+    if pow2:
+        assert (np.frexp(s_got)[0] == 0.5).all() and (s_got == s_ref).mean() > 0.99
     d_got = _dequant(out["d"].cpu().numpy(), s_got, "float8_e4m3fn")
     d_ref = _dequant(np.asarray(ref["d"]).view(np.uint8), s_ref, "float8_e4m3fn")
     group_max = np.repeat(s_ref.astype(np.float64), 128, axis=1)[:, :w] * 448

@@ -359,6 +359,13 @@ CASES = [
          "demo.yaml:16: epilogue.outputs.d.quantize.vec: got 64; allowed: 32, 128 or the axis sfd_vec_size"),
     case("quantize vec axis not chosen", edit(Q, "quantize: {norm_const: norm_const, vec: sfd_vec_size}"),
          "demo.yaml:16: epilogue.outputs.d.quantize.vec: axis 'sfd_vec_size' is not in this spec's choices"),
+    case("quantize pow2 axis not chosen", edit(Q, "quantize: {norm_const: norm_const, vec: 128, pow2: sfd_pow2}"),
+         "demo.yaml:16: epilogue.outputs.d.quantize.pow2: axis 'sfd_pow2' is not in this spec's choices"),
+    case("quantize pow2 not a bool", edit(Q, "quantize: {norm_const: norm_const, vec: 128, pow2: maybe}"),
+         "demo.yaml:16: epilogue.outputs.d.quantize.pow2: got 'maybe'; allowed: true, false or the axis sfd_pow2"),
+    case("quantize pow2 on MX blocks", edit(Q, "quantize: {norm_const: norm_const, pow2: true}"),
+         "demo.yaml:16: epilogue.outputs.d.quantize.pow2: power-of-two scales are the 1x128 blocks' (vec: 128); "
+         "MX blocks' E8M0 scales are powers of two already"),
     case("quantize vec 128 with a column copy", edit(Q, "quantize: {norm_const: norm_const, vec: 128, col: d_col}"),
          "demo.yaml:16: epilogue.outputs.d.quantize.vec: 1x128 blocks (FP32 scales, the blockwise recipe) quantize "
          "rows only: drop col: d_col (32-row column blocks need vec 32)"),

@@ -51,6 +51,22 @@ def test_interpreter_matches_the_float64_quantizer(dtype, cols):
     assert diff.mean() < 1e-3
 
 
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_pow2_is_the_float64_quantizer_bit_for_bit(dtype):
+    """UE8M0 scales: t / s is exact, so the float32 steps give quantize_1x128(scales="pow2")'s bytes."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((41, 300)) * np.exp(rng.uniform(-10, 10, (41, 1)))).astype(np.float32)
+    x[2] = 0.0
+    x[4, :128] = 448.0 * 2.0 ** -3       # amax / 448 exactly a power of two: kept, not doubled
+    y, s = quantize_1x128_rows(x, np.float32(1.0), dtype, pow2=True)
+    ref_q, ref_s = quantize_1x128(x, dtype=dtype, scales="pow2")
+    np.testing.assert_array_equal(s, ref_s)
+    from fusegemm.interpret import _store
+    np.testing.assert_array_equal(_store(y, dtype).view(np.uint8), np.asarray(ref_q).view(np.uint8))
+    if dtype == "float8_e4m3fn":
+        assert s[4, 0] == np.float32(2.0 ** -3)
+
+
 def test_norm_const_scales_what_is_quantized():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((16, 256)).astype(np.float32)
@@ -131,7 +147,10 @@ def test_a_literal_128_reaches_the_rule():
 
 def test_the_axis_is_a_source_axis_and_names_the_kernel():
     spec = find_spec(GLU)
-    assert "sfd_vec_size" in spec.epilogue.axes_read()
+    assert {"sfd_vec_size", "sfd_pow2"} <= spec.epilogue.axes_read()
+    assert "pow2" in make_variant(spec, arch="sm_90a", sfd_pow2=True, **BW_1X128).readable
+    with pytest.raises(UnsupportedError, match="power-of-two scales are an option of the 1x128"):
+        make_variant(spec, arch="sm_90a", sfd_pow2=True)     # MX scales (sfd_vec_size 32)
     v32 = make_variant(spec, arch="sm_90a", **{**BW_1X128, "sfd_vec_size": 32})
     v128 = make_variant(spec, arch="sm_90a", **BW_1X128)
     assert "sfd1x128" in v128.readable and "sfd1x128" not in v32.readable
@@ -163,8 +182,9 @@ def test_the_sm100_refusal_names_the_blockwise_kernel():
         registry.resolve("grouped_gemm", "sm_90a", {"sfd_vec_size": 128})
 
 
-@pytest.mark.parametrize("generate_c", [False, True])
-def test_sm90_kernels_build_without_spills(generate_c, session_cache):
+@pytest.mark.parametrize("generate_c,pow2", [(False, False), (True, False), (False, True)])
+def test_sm90_kernels_build_without_spills(generate_c, pow2, session_cache):
     from fusegemm.pipeline import get_kernel
-    built = get_kernel(make_variant(GLU, arch="sm_90a", generate_c=generate_c, **BW_1X128), session_cache)
+    built = get_kernel(make_variant(GLU, arch="sm_90a", generate_c=generate_c, sfd_pow2=pow2, **BW_1X128),
+                       session_cache)
     assert built.resources.local_bytes == 0, built.resources      # no register spills

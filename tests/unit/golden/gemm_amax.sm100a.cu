@@ -122,6 +122,7 @@ struct Rule {
   static constexpr bool kQuantColD = false;
   static constexpr int kSfdConvention = 0;
   static constexpr int kSfdVec = 32;
+  static constexpr bool kSfdPow2 = false;
   static constexpr int kAmaxCount = 1;
   static constexpr int kAmaxSlots = 1;
   static constexpr bool kAmaxGlobal = true;
@@ -242,7 +243,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_c94deffb5fd0_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_be3830e8138b_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -268,6 +269,6 @@ extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_c94def
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_gemm_amax_sm100a_c94deffb5fd0(const __grid_constant__ fusegemm_gen::Params params) {
+fg_gemm_amax_sm100a_be3830e8138b(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

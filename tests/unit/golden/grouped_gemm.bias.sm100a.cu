@@ -122,6 +122,7 @@ struct Rule {
   static constexpr bool kQuantColD = false;
   static constexpr int kSfdConvention = 0;
   static constexpr int kSfdVec = 32;
+  static constexpr bool kSfdPow2 = false;
   static constexpr int kAmaxCount = 0;
   static constexpr int kAmaxSlots = 0;
   static constexpr bool kAmaxGlobal = false;
@@ -251,7 +252,7 @@ using Kernel = fusegemm::sm100::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_60da5c2291f3_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_75eb8c3d0b03_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -277,6 +278,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_60d
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm100a_60da5c2291f3(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm100a_75eb8c3d0b03(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -122,6 +122,7 @@ struct Rule {
   static constexpr bool kQuantColD = true;
   static constexpr int kSfdConvention = 2;
   static constexpr int kSfdVec = 32;
+  static constexpr bool kSfdPow2 = false;
   static constexpr int kAmaxCount = 0;
   static constexpr int kAmaxSlots = 0;
   static constexpr bool kAmaxGlobal = false;
@@ -277,7 +278,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_ea381281d615_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_750164112fde_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -303,6 +304,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_dswiglu_sm100a_ea381281d615(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_dswiglu_sm100a_750164112fde(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

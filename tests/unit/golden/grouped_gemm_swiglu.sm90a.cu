@@ -122,6 +122,7 @@ struct Rule {
   static constexpr bool kQuantColD = false;
   static constexpr int kSfdConvention = 0;
   static constexpr int kSfdVec = 32;
+  static constexpr bool kSfdPow2 = false;
   static constexpr int kAmaxCount = 0;
   static constexpr int kAmaxSlots = 0;
   static constexpr bool kAmaxGlobal = false;
@@ -245,7 +246,7 @@ using Kernel = fusegemm::sm90::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_swiglu_sm90a_17759ca3b50d_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_swiglu_sm90a_bc02706e78bb_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -271,6 +272,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_swiglu_sm9
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_swiglu_sm90a_17759ca3b50d(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_swiglu_sm90a_bc02706e78bb(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

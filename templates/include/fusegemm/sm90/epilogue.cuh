@@ -591,10 +591,19 @@ struct WgmmaEpilogue {
     }
   }
 
+  // kSfdPow2: the smallest power of two >= s (UE8M0 scales; s is normal, at least 1e-4 / 57344,
+  // so the exponent only grows; Inf and NaN stay). Dividing by it is exact: one rounding, to FP8.
+  FUSEGEMM_DEVICE static float pow2_up(float s) {
+    const uint32_t b = __float_as_uint(s);
+    if ((b & 0x7F800000u) == 0x7F800000u || (b & 0x007FFFFFu) == 0) return s;
+    return __uint_as_float((b & 0x7F800000u) + 0x00800000u);
+  }
+
   // k1x128: the scales of the 128-column group starting at block b, for rows r0 and r0 + 8 of
   // the warp: the rule is applied to the group's four blocks once more for D alone (outputs,
   // reductions and stores wait for the block loop), each row's max |D| over its quad's lanes,
-  // then s = fl(max(fl(|nc| * max), 1e-4) / elem_max) (fusegemm/interpret.py quantize_1x128_rows:
+  // then s = fl(max(fl(|nc| * max), 1e-4) / elem_max), kSfdPow2: rounded up to a power of two
+  // (fusegemm/interpret.py quantize_1x128_rows:
   // fl(|nc| * max|x|) is max |fl(nc * x)|, rounding being monotonic). A NaN wins the max, as in
   // the interpreter. Lanes 0, 4, ... write the FP32 scales, M-contiguous: sfd_row[j * pitch + row]
   // for group j, pitch the rows rounded up to 4 (16 bytes).
@@ -646,8 +655,12 @@ struct WgmmaEpilogue {
       m1 = epi::fmax_nan(m1, __shfl_xor_sync(0xFFFFFFFFu, m1, d));
     }
     const float anc = fabsf(rule.sfd_norm_const());
-    const float gs0 = __fdiv_rn(epi::fmax_nan(__fmul_rn(anc, m0), 1e-4f), kQMax);
-    const float gs1 = __fdiv_rn(epi::fmax_nan(__fmul_rn(anc, m1), 1e-4f), kQMax);
+    float gs0 = __fdiv_rn(epi::fmax_nan(__fmul_rn(anc, m0), 1e-4f), kQMax);
+    float gs1 = __fdiv_rn(epi::fmax_nan(__fmul_rn(anc, m1), 1e-4f), kQMax);
+    if constexpr (Rule::kSfdPow2) {
+      gs0 = pow2_up(gs0);
+      gs1 = pow2_up(gs1);
+    }
     grp.set(gs0, gs1);
     const int e0 = e_base + 32 * b;
     if (lane % 4 == 0 && p.sfd_row != nullptr) {
