@@ -134,8 +134,9 @@ SM100_POLICY = _policy(
     harness_arch="sm_90a")
 
 # The blockwise recipe (FP32 scales, A 1x128, B 128x128; issue 31) has an sm_90a kernel
-# (sm90/blockwise_promote.cuh). The sm_100a kernels read MX scale atoms (tcgen05 block-scaled MMA);
-# FP32 block scales need a promoting mainloop there, which is not written yet.
+# (sm90/blockwise_promote.cuh). The sm_100a kernels read MX scale atoms (tcgen05 block-scaled MMA):
+# they run the recipe's E8M0 scales (_SM100_BLOCKWISE_E8M0 below); FP32 block scales need a
+# promoting mainloop there, which is not written yet.
 _SM100_MX_SCALES = (
     Limit("sf_vec_size", (16, 32), "the sm_100a kernels take MX scales (per 16 or 32 K); the blockwise recipe "
                                    "(FP32 scales per 128 K) runs on sm_90a"),
@@ -149,6 +150,15 @@ _SM100_MX_SCALES = (
 _SFD_MX_ONLY = Limit("sfd_vec_size", (32,), "1x128 output scales (FP32 per 128 columns) are quantized by the "
                                              "sm_90a blockwise kernel (sf_vec_size 128); this kernel writes MX "
                                              "scales (E8M0 per 32 columns)")
+
+# The blockwise recipe with E8M0 (power-of-two) scales on sm_100a: a power of two scales every
+# element of its 128-element block alike, so each 1x128 / 128x128 scale repeated over its 32-K MX
+# blocks (and B's 128 rows) gives the MXFP8 kernel (tcgen05 kind::mxf8f6f4) the recipe's products
+# exactly; each call expands the scale tensors on the device first (fusegemm/ops/scaled_layouts.py
+# mx_scale_operands). The grouped class only (gemm_amax does not offer the recipe's E8M0 scales).
+_SM100_BLOCKWISE_E8M0 = (RunsAs("sf_vec_size", 128, 32, "power-of-two scales repeated over their 32-K MX blocks "
+                                "(and B's 128 rows) are exactly the recipe's: the MXFP8 kernel, the scales "
+                                "expanded on the device per call", when=(("sf_dtype", "float8_e8m0fnu"),)),)
 
 _SM100_ROWS = (
     _row("grouped", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
@@ -166,7 +176,8 @@ _SM100_ROWS = (
          executed=False),
     *(_row(kind, "sm_100a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _BLOCKSCALED + _VECTOR_F32, rule=SPEC_RULE,
-           limits=(*_SM100_MX_SCALES, _NO_GATHER, _NO_GATHER_B, _SFD_MX_ONLY))
+           limits=(*_SM100_MX_SCALES, _NO_GATHER, _NO_GATHER_B, _SFD_MX_ONLY),
+           runs_as=_SM100_BLOCKWISE_E8M0 if kind == "scaled" else ())
       for kind in ("scaled", "batched")),
 )
 

@@ -6,7 +6,8 @@ Pure numpy + ml_dtypes; torch tensors are accepted where cheap and torch is neve
 * :mod:`.elements` — FP32/BF16 to and from e4m3fn, e5m2, e2m1, E8M0 (nearest-even and the SFD's
   round-up), saturation, FP4 packing (even element in the low nibble).
 * :mod:`.blockscale` — MXFP8 / NVFP4 / MXFP4 quantization along K.
-* :mod:`.blockwise` — the blockwise FP8 recipe: FP32 scales, 1x128 (activations) and 128x128 (weights).
+* :mod:`.blockwise` — the blockwise FP8 recipe: FP32 scales, 1x128 (activations) and 128x128 (weights);
+  :mod:`.torch_blockwise` the same on torch tensors on their device (and the E8M0 scales as MX ones).
 * :mod:`.scales` — the 32x4x4 scale-factor atom layout and the ``discrete_col_sfd`` order.
 * :mod:`.views` — canonical row-major tensors and the kernel-facing views of the seed pages.
 """

@@ -115,6 +115,10 @@ class Op(PreparedLaunch):
         # call, exactly: scaled_layouts.py; the registry runs sf_dtype e8m0 at 128 as float32).
         self.e8m0_scales = (self.kind == "scaled" and self.variant.sf_vec_size == 128
                             and self.variant.sf_dtype == "float32")
+        # The recipe's E8M0 scales on a kernel that runs them as MX scales (sm_100a's registry
+        # runs sf_vec_size 128 as 32): each call expands them into MX scale atoms first.
+        self.blockwise_mx = (self.kind == "scaled" and self.variant.sf_vec_size == 32 and
+                             self._requested("sf_vec_size", axes) == 128)
         self.epilogue = self.spec.epilogue.resolve(self.variant.choices)
         self._rows = self.epilogue.row_buffers()
         # The output quantized with 1x128 FP32 scales (quantize.vec 128), if any: its rows size
@@ -126,6 +130,13 @@ class Op(PreparedLaunch):
         # The host fast path: call pattern (ops/prepared.py ``pattern``) -> what its first full
         # validation proved (``Prepared``); a later call of the pattern checks its addresses only.
         self._memo: dict[Any, Prepared] = {}
+
+    def _requested(self, axis: str, axes: Mapping[str, Any]) -> Any:
+        """``axis``'s value as asked for (before the registry's ``runs_as``)."""
+        if axis in axes:
+            return axes[axis]
+        from ..generator.variants import default_choice
+        return default_choice(self.spec, self.arch).get(axis)
 
     # ---------------------------------------------------------------------------------
     @classmethod
@@ -242,7 +253,7 @@ class Op(PreparedLaunch):
         """
         given = inputs or {}
         _copied: list = []     # (alive until the launch is issued)
-        if self.host_copies or self.e8m0_scales:   # MN-major copies, E8M0 scales: the call as on those
+        if self.host_copies or self.e8m0_scales or self.blockwise_mx:   # copies, converted scales: the call on those
             operands, operand_kw, _copied = host_operands(self, operands, operand_kw, current_stream)
         key, flat = (None, ()) if is_dry() else pattern(operands, operand_kw, given, None)
         e = self._memo.get(key) if key is not None else None
@@ -335,7 +346,7 @@ class Op(PreparedLaunch):
         names = output_names or {}
         given = inputs or {}
         _copied: list = []     # (alive until the launch is issued)
-        if self.host_copies or self.e8m0_scales:
+        if self.host_copies or self.e8m0_scales or self.blockwise_mx:
             operands, operand_kw, _copied = host_operands(self, operands, operand_kw, current_stream)
         key, flat = (None, ()) if is_dry() else pattern(operands, operand_kw, given, outputs)
         e = self._memo.get(key) if key is not None else None
@@ -509,15 +520,17 @@ def _acc_grouped(op: Op, o: dict[str, Any]) -> tuple[Any, Any, int]:
     from ..formats.blockwise import e8m0_to_float32
     from ..formats.numpy_dtypes import array_dtype_name, to_numpy
     from ..reference._operands import parse_grouped
-    if op.kind == "scaled" and op.e8m0_scales:   # E8M0 blockwise scales: the values they encode
+    if op.kind == "scaled" and (op.e8m0_scales or op.blockwise_mx):   # E8M0 blockwise scales: their values
         for k in ("sfa_tensor", "sfb_tensor"):
             x = to_numpy(o[k]) if o.get(k) is not None else None
             if x is not None and array_dtype_name(x) in E8M0_NAMES:
                 o = {**o, k: e8m0_to_float32(x)}
+    # (the MX kernel's expanded scales are these values: the blockwise products)
+    vec = 128 if op.blockwise_mx else op.variant.sf_vec_size
     g = parse_grouped(a_tensor=o["a_tensor"], b_tensor=o["b_tensor"], b_list=None,
                       padded_offsets=o["padded_offsets"], m_aligned=args.M_ALIGNED, acc="float64",
                       sfa_tensor=o.get("sfa_tensor"), sfb_tensor=o.get("sfb_tensor"),
-                      sf_vec_size=op.variant.sf_vec_size if op.kind == "scaled" else None)
+                      sf_vec_size=vec if op.kind == "scaled" else None)
     return g.accumulate(), g.offsets.astype(np.int64), g.m
 
 

@@ -236,6 +236,41 @@ def e8m0_scale_operands(op: Any, operands: tuple, kw: dict[str, Any], current_st
     return tuple(done.get(n, x) for n, x in zip(names, operands)), {k: done.get(k, x) for k, x in kw.items()}
 
 
+def mx_scale_operands(op: Any, operands: tuple, kw: dict[str, Any], current_stream: Any) -> tuple[tuple, dict]:
+    """``operands`` / ``kw`` of a blockwise op with E8M0 scales on a kernel that runs them as MX
+    scales (``op.blockwise_mx``: sm_100a), the scale tensors expanded into MX scale atoms on the
+    launch stream (``fusegemm.formats.torch_blockwise.mx_scales_of_blockwise``, exact). Each scale tensor
+    is checked first: E8M0 bytes of the recipe's shapes, dense weights."""
+    from ..formats.torch_blockwise import mx_scales_of_blockwise
+    names = op._operand_names()
+    vals = dict(zip(names, operands))
+    vals.update(kw)
+    if vals.get("sfb_tensor") is None or vals.get("b_tensor") is None:
+        raise ArgumentError("sfb_tensor", None, "dense weights' E8M0 scales (L, ceil(N/128), ceil(K/128)): the "
+                            f"{op.arch} kernel runs the recipe's E8M0 scales as MX scales, expanded per call, "
+                            "which a pointer table (b_ptrs / sfb_ptrs) hides")
+    a, b = view(vals["a_tensor"], "a_tensor"), view(vals["b_tensor"], "b_tensor")
+    if a.ndim != 2 or b.ndim != 3:
+        raise ArgumentError("a_tensor / b_tensor", f"{a.ndim} and {b.ndim} dimensions", "(M, K) and (L, N, K)")
+    (m, k), (l, n) = a.shape, b.shape[:2]
+    kb = -(-k // 128)
+    for arg, want in (("sfa_tensor", (m, kb)), ("sfb_tensor", (l, -(-n // 128), kb))):
+        v = view(vals[arg], arg)
+        if v.dtype not in E8M0_NAMES:
+            raise ArgumentError(f"{arg}.dtype", v.dtype, f"E8M0 bytes ({' or '.join(E8M0_NAMES)}): the op was built "
+                                "with sf_dtype float8_e8m0fnu (fusegemm.formats.e8m0_bytes converts power-of-two "
+                                "float32 scales)")
+        if tuple(v.shape) != want:
+            raise ArgumentError(f"{arg}.shape", tuple(v.shape), f"{want} (the blockwise recipe's scales for "
+                                f"A {tuple(a.shape)} and B {tuple(b.shape)})")
+    torch = _torch_for(vals["sfa_tensor"], "sfa_tensor")
+    sfa, sfb = (x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
+                for x in (vals["sfa_tensor"], vals["sfb_tensor"]))
+    with _on_launch_stream(torch, sfa, resolve_stream(current_stream, op.device) if sfa.is_cuda else None):
+        done = dict(zip(("sfa_tensor", "sfb_tensor"), mx_scales_of_blockwise(sfa, sfb, n=n, k=k)))
+    return tuple(done.get(nm, x) for nm, x in zip(names, operands)), {k2: done.get(k2, x) for k2, x in kw.items()}
+
+
 def host_operands(op: Any, operands: tuple, kw: dict[str, Any], current_stream: Any) -> tuple[tuple, dict, list]:
     """What an op's call passes to the kernel's operand parse: MN-major operands copied K-major
     (``k_major_operands``) and E8M0 blockwise scales converted (``e8m0_scale_operands``); and what
@@ -245,6 +280,8 @@ def host_operands(op: Any, operands: tuple, kw: dict[str, Any], current_stream: 
         operands, kw, keep = k_major_operands(op, operands, kw, current_stream)
     if op.e8m0_scales:
         operands, kw = e8m0_scale_operands(op, operands, kw, current_stream)
+    if op.blockwise_mx:
+        operands, kw = mx_scale_operands(op, operands, kw, current_stream)
     return operands, kw, keep
 
 

@@ -54,9 +54,10 @@ def test_e8m0_at_128_is_the_fp32_scale_kernel(spec):
     assert make_variant(spec, arch="sm_90a", sf_dtype="float8_e8m0fnu", sf_vec_size=32).sf_dtype == "float8_e8m0fnu"
 
 
-def test_sm100a_refuses_the_recipe_with_either_scale_dtype():
+def test_sm100a_refuses_the_recipe_with_fp32_scales():
+    """(Its E8M0 scales run on the MX kernel: tests/unit/test_blockwise_sm100.py.)"""
     with pytest.raises(UnsupportedError, match=r"sf_vec_size=128 is not implemented.*sm_100a"):
-        fusegemm.Op("grouped_gemm_srelu", arch="sm_100a", **E8).check_support()
+        fusegemm.Op("grouped_gemm_srelu", arch="sm_100a", **BW).check_support()
 
 
 def test_discrete_weights_take_fp32_scales_only():

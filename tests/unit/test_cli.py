@@ -471,7 +471,10 @@ def test_show_says_what_an_arch_runs_a_value_as():
     sm90 = r.output[r.output.index("  sm_90a: implemented"):r.output.index("prebuild:")]
     assert "    vector_f32=True runs as vector_f32=False (sm_90a has no packed FP32 instructions" in sm90
     sm100 = r.output[r.output.index("  sm_100a: implemented"):r.output.index("  sm_90a: implemented")]
-    assert "runs as" not in sm100
+    # sm_100a runs the recipe's E8M0 scales as MX ones (its MXFP8 kernel), at sf_dtype e8m0 only
+    assert ("    sf_vec_size=128 runs as sf_vec_size=32 with sf_dtype=float8_e8m0fnu (power-of-two scales "
+            "repeated over their 32-K MX blocks") in sm100
+    assert "vector_f32=True runs as" not in sm100
     info = json.loads(run("show", "grouped_gemm_srelu", "--json").output)
     # the blockwise recipe's E8M0 scales run as its FP32 ones, at sf_vec_size 128 only
     assert ("    sf_dtype=float8_e8m0fnu runs as sf_dtype=float32 with sf_vec_size=128 (every E8M0 scale is a "

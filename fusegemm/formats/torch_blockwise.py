@@ -1,0 +1,144 @@
+"""The blockwise FP8 recipe on torch tensors, on the tensors' device: the training-step side of
+:mod:`fusegemm.formats.blockwise` (numpy, for references and host preparation).
+
+* :func:`quantize_1x128` / :func:`quantize_128x128` quantize activations and weights as the
+  recipe's kernels take them (SFA already in the M-contiguous layout). The scale is
+  :mod:`~fusegemm.formats.blockwise`'s bit for bit (``max(amax, 1e-4) / elem_max``, or rounded up
+  to a power of two); each element is ``fl32(x / s)`` converted to FP8 with round-to-nearest-even,
+  which is what the kernels' own 1x128 output quantization does (``quantize.vec: 128``). The
+  numpy helpers round ``x / s`` once from float64, so where ``fl32(x / s)`` lands exactly halfway
+  between two FP8 values the two may differ by one FP8 step (power-of-two scales: never, the
+  division is exact).
+* :func:`mx_scales_of_blockwise` turns the recipe's E8M0 scales into MXFP8 scale atoms, exactly:
+  what sm_100a's MXFP8 kernel reads for them.
+
+    a_q, sfa = quantize_1x128(x)            # x (M, K) bfloat16 on the GPU -> e4m3 (M, K), sfa (M, K/128)
+    b_q, sfb = quantize_128x128(w)          # w (L, N, K) -> e4m3 (L, N, K), sfb (L, N/128, K/128)
+    op(a_q, sfa, padded_offsets, b_q, sfb, inputs=...)   # an Op built with sf_vec_size=128
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .torch_mx import pack_sf
+
+__all__ = ["quantize_1x128", "quantize_128x128", "mx_scales_of_blockwise"]
+
+BLOCK = 128
+_ELEMENTS = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+SCALES = ("amax", "pow2")
+
+
+def _scale(amax: Tensor, dtype: torch.dtype, scales: str) -> Tensor:
+    """float32 ``max(amax, 1e-4) / elem_max`` as numpy's float64 computes it, rounded once (a
+    float32 division is that for amax >= 1e-4; the floor's own quotient is taken from numpy),
+    optionally rounded up to a power of two (exact bit arithmetic)."""
+    from .blockwise import AMAX_FLOOR
+    top = _ELEMENTS[dtype]
+    floor = torch.tensor(np.float32(AMAX_FLOOR / top), device=amax.device)
+    s = torch.where(amax.double() >= AMAX_FLOOR, amax / top, floor)   # (float64: 1e-4 itself, not float32's)
+    s = torch.where(torch.isnan(amax), amax, s)
+    if scales == "pow2":
+        b = s.view(torch.int32)
+        up = (b & 0x7F800000) + 0x00800000
+        keep = ((b & 0x7F800000) == 0x7F800000) | ((b & 0x007FFFFF) == 0)
+        s = torch.where(keep, b, up).view(torch.float32)
+    return s
+
+
+def _check(x: Tensor, dtype: torch.dtype, scales: str, name: str, dims: str, ndim: int) -> None:
+    if not isinstance(x, Tensor) or x.dim() < ndim:
+        raise ValueError(f"{name}: got {getattr(x, 'shape', type(x).__name__)}; allowed: a torch tensor {dims}")
+    if dtype not in _ELEMENTS:
+        raise ValueError(f"dtype: got {dtype}; allowed: torch.float8_e4m3fn, torch.float8_e5m2")
+    if scales not in SCALES:
+        raise ValueError(f"scales: got {scales!r}; allowed: {', '.join(map(repr, SCALES))}")
+
+
+def quantize_1x128(x: Tensor, dtype: torch.dtype = torch.float8_e4m3fn, scales: str = "amax"
+                   ) -> tuple[Tensor, Tensor]:
+    """Quantize activations ``(M, K)`` with one FP32 scale per row and 128-element K block, on
+    ``x``'s device.
+
+    Parameters
+    ----------
+    x : torch tensor (M, K)
+        Values (bfloat16, float32, ...).
+    dtype : torch.float8_e4m3fn or torch.float8_e5m2
+        The element format.
+    scales : {"amax", "pow2"}
+        ``amax / max`` per block (DeepSeek-V3) or that rounded up to a power of two (UE8M0).
+
+    Returns
+    -------
+    (values, scales)
+        FP8 ``(M, K)`` and float32 ``(M, ceil(K/128))`` scales in the kernels' SFA layout (unit
+        stride along M, a 16-byte pitch: :func:`fusegemm.formats.blockwise_sfa_layout`).
+    """
+    from .blockwise import blockwise_sfa_layout
+    _check(x, dtype, scales, "x", "(M, K)", 2)
+    m, k = x.shape
+    kb = -(-k // BLOCK)
+    v = torch.nn.functional.pad(x.float(), (0, kb * BLOCK - k)).view(m, kb, BLOCK)
+    s = _scale(v.abs().amax(-1), dtype, scales)
+    q = (v / s[:, :, None]).to(dtype).view(m, kb * BLOCK)[:, :k]
+    return q.contiguous(), blockwise_sfa_layout(s)
+
+
+def quantize_128x128(w: Tensor, dtype: torch.dtype = torch.float8_e4m3fn, scales: str = "amax"
+                     ) -> tuple[Tensor, Tensor]:
+    """Quantize weights ``(..., N, K)`` with one FP32 scale per 128 x 128 block, on ``w``'s device.
+
+    Parameters
+    ----------
+    w : torch tensor (..., N, K)
+        Values.
+    dtype : torch.float8_e4m3fn or torch.float8_e5m2
+        The element format.
+    scales : {"amax", "pow2"}
+        As :func:`quantize_1x128`.
+
+    Returns
+    -------
+    (values, scales)
+        FP8 ``(..., N, K)`` and float32 ``(..., ceil(N/128), ceil(K/128))`` scales (contiguous:
+        the kernels' SFB layout).
+    """
+    _check(w, dtype, scales, "w", "(..., N, K)", 2)
+    *lead, n, k = w.shape
+    nb, kb = -(-n // BLOCK), -(-k // BLOCK)
+    v = torch.nn.functional.pad(w.float(), (0, kb * BLOCK - k, 0, nb * BLOCK - n))
+    v = v.reshape(-1, nb, BLOCK, kb, BLOCK)
+    s = _scale(v.abs().amax(dim=(2, 4)), dtype, scales)
+    q = (v / s[:, :, None, :, None]).to(dtype).reshape(-1, nb * BLOCK, kb * BLOCK)[:, :n, :k]
+    return q.reshape(*lead, n, k).contiguous(), s.reshape(*lead, nb, kb).contiguous()
+
+
+def mx_scales_of_blockwise(sfa: Tensor, sfb: Tensor, *, n: int, k: int) -> tuple[Tensor, Tensor]:
+    """The blockwise recipe's E8M0 (power-of-two) scales as MXFP8's, exactly, on their device:
+    A's 1x128 scale repeated over its four 32-K blocks, B's 128x128 one over its 128 rows and
+    four 32-K blocks (a power of two scales every element of its block alike, so the MX GEMM
+    computes the blockwise one's products). What sm_100a's block-scaled MMA
+    (tcgen05 ``kind::mxf8f6f4``) reads for the recipe's UE8M0 scales.
+
+    Parameters
+    ----------
+    sfa : (M, ceil(K/128)) float8_e8m0fnu or uint8 tensor
+        A's scales, any strides.
+    sfb : (L, ceil(N/128), ceil(K/128)) float8_e8m0fnu or uint8 tensor
+        B's scales.
+    n, k : int
+        B's rows and the GEMM's K.
+
+    Returns
+    -------
+    (sfa, sfb)
+        Physical atom buffers (:func:`pack_sf`) of the (M, ceil(K/32)) and (L, N, ceil(K/32))
+        MX scales, in the inputs' dtype.
+    """
+    sfk = -(-k // 32)
+    a = sfa.view(torch.uint8).repeat_interleave(4, dim=-1)[..., :sfk]
+    b = sfb.view(torch.uint8).repeat_interleave(128, dim=-2)[..., :n, :].repeat_interleave(4, dim=-1)[..., :sfk]
+    return pack_sf(a).view(sfa.dtype), pack_sf(b).view(sfb.dtype)

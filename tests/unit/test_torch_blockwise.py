@@ -1,0 +1,75 @@
+"""fusegemm.formats.torch_blockwise (the blockwise recipe's quantizers on torch tensors) on the
+CPU: scales bit for bit those of the numpy helpers (fusegemm.formats.quantize_1x128 /
+quantize_128x128, float64), values bit for bit the kernels' own 1x128 output quantization (the
+interpreter's quantize_1x128_rows: fl32(x / s), then FP8), and the numpy helpers' except where
+fl32(x / s) is an exact FP8 tie; power-of-two scales: the numpy helpers' exactly."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fusegemm.formats import quantize_1x128, quantize_128x128  # noqa: E402
+from fusegemm.formats.torch_blockwise import quantize_1x128 as tq_1x128  # noqa: E402
+from fusegemm.formats.torch_blockwise import quantize_128x128 as tq_128x128  # noqa: E402
+from fusegemm.interpret import _store, quantize_1x128_rows  # noqa: E402
+
+DTYPES = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+
+
+def _data(shape, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * np.exp(rng.uniform(-9, 9, shape[:-1] + (1,)))
+    x = x.astype(np.float32)
+    x.reshape(-1, shape[-1])[1] = 0.0                                     # the 1e-4 floor
+    x.reshape(-1, shape[-1])[2, :5] = np.float32(1e-4)                    # amax = float32(1e-4) < 1e-4
+    return x
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("scales", ["amax", "pow2"])
+@pytest.mark.parametrize("k", [128, 300, 1024])
+def test_1x128_scales_and_values(dtype, scales, k):
+    x = _data((70, k), seed=k)
+    q, s = tq_1x128(torch.from_numpy(x), DTYPES[dtype], scales)
+    ref_q, ref_s = quantize_1x128(x, dtype=dtype, scales=scales)
+    assert q.dtype == DTYPES[dtype] and q.shape == (70, k) and s.dtype == torch.float32
+    assert s.shape == (70, -(-k // 128)) and s.stride() == (1, 72)        # the kernels' SFA layout
+    np.testing.assert_array_equal(s.numpy(), ref_s)
+    y, ks = quantize_1x128_rows(x, np.float32(1.0), dtype, pow2=scales == "pow2")
+    np.testing.assert_array_equal(ks, ref_s)
+    got = q.view(torch.uint8).numpy()
+    np.testing.assert_array_equal(got, _store(y, dtype).view(np.uint8))   # the kernels' own quantization
+    same = got == np.asarray(ref_q).view(np.uint8)
+    assert same.all() if scales == "pow2" else same.mean() > 0.999
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("scales", ["amax", "pow2"])
+def test_128x128_scales_and_values(dtype, scales):
+    w = _data((3, 200, 300), seed=5)
+    q, s = tq_128x128(torch.from_numpy(w).to(torch.bfloat16), DTYPES[dtype], scales)
+    ref_q, ref_s = quantize_128x128(torch.from_numpy(w).to(torch.bfloat16), dtype=dtype, scales=scales)
+    assert q.shape == (3, 200, 300) and s.shape == (3, 2, 3) and s.is_contiguous()
+    np.testing.assert_array_equal(s.numpy(), ref_s)
+    same = q.view(torch.uint8).numpy() == np.asarray(ref_q).view(np.uint8)
+    assert same.all() if scales == "pow2" else same.mean() > 0.999
+
+
+def test_nan_gives_its_block_a_nan_scale():
+    x = torch.ones(2, 256)
+    x[0, 3] = float("nan")
+    _, s = tq_1x128(x)
+    assert torch.isnan(s[0, 0]) and not torch.isnan(s[0, 1]) and not torch.isnan(s[1]).any()
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: tq_1x128(np.ones((4, 128))), r"x: got \(4, 128\); allowed: a torch tensor \(M, K\)"),
+    (lambda: tq_1x128(torch.ones(128)), r"x: got torch.Size\(\[128\]\)"),
+    (lambda: tq_1x128(torch.ones(4, 128), torch.bfloat16), r"dtype: got torch.bfloat16"),
+    (lambda: tq_128x128(torch.ones(4, 128), scales="ue8m0"), r"scales: got 'ue8m0'; allowed: 'amax', 'pow2'"),
+])
+def test_bad_arguments_are_named(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
