@@ -25,6 +25,7 @@ import fusegemm  # noqa: E402
 from fusegemm.formats import (dequantize_128x128, dequantize_1x128, dequantize_blockwise, pack_sf,  # noqa: E402
                               quantize_128x128, quantize_1x128, quantize_blockwise, unpack_sf)
 from fusegemm.output_compare import compare_outputs, to_device  # noqa: E402
+from formulas import swiglu64  # noqa: E402  (tests/formulas.py)
 
 E8M0 = "float8_e8m0fnu"
 ARCH: dict = {}   # the device's arch; a host check of this file passes arch="sm_90a"
@@ -79,23 +80,6 @@ def _inputs(sizes, n_acc, seed, bias):
     if bias:
         ins["bias"] = torch.from_numpy(rng.standard_normal((l, n_acc)).astype(np.float32)).to(torch.bfloat16).T
     return ins
-
-
-def _swiglu64(a64, b64, sizes, ins):
-    """prob * up * silu(gate) with G = alpha[e] * A_e @ B_e^T (+ bias) read in 32-column gate/up
-    blocks, in float64: the formula, not the interpreter."""
-    n_acc = b64.shape[1]
-    j = np.arange(n_acc // 2)
-    gate_col, up_col = (j // 32) * 64 + j % 32, (j // 32) * 64 + 32 + j % 32
-    out, start = [], 0
-    for e, rows in enumerate(sizes):
-        g = a64[start:start + rows] @ b64[e].T * float(ins["alpha"][e])
-        if "bias" in ins:
-            g = g + ins["bias"][:, e].double().numpy()[None, :]
-        gate, up = g[:, gate_col], g[:, up_col]
-        out.append(up * gate / (1 + np.exp(-gate)))
-        start += rows
-    return np.concatenate(out) * ins["prob"].double().numpy()[:, None]
 
 
 def _call(host, ins, keep, *, sf_vec_size, discrete=False, **kw):
@@ -154,7 +138,7 @@ def test_bf16_d_and_c_against_the_interpreter_and_the_formula(recipe, sizes, n_a
     rtol = 1e-6 if exact else 2e-3
     _check_rows(d, ref["d"], valid, rtol)
     _check_rows(c, ref["c"], valid, 0.0 if exact else rtol)
-    want = _swiglu64(a64, b64, sizes, ins)
+    want = swiglu64(a64, b64, sizes, ins)
     assert np.abs(d - want).max() <= 2 ** -7 * np.abs(want).max()
 
 

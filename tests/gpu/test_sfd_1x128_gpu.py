@@ -27,6 +27,7 @@ torch = pytest.importorskip("torch")
 import fusegemm  # noqa: E402
 from fusegemm.formats import (blockwise_sfa_layout, dequantize_128x128, dequantize_1x128,  # noqa: E402
                               quantize_128x128, quantize_1x128)
+from formulas import swiglu64  # noqa: E402  (tests/formulas.py)
 
 USER = str(Path(__file__).resolve().parents[1] / "data" / "user_sfd_1x128.yaml")
 BW = {"sf_dtype": "float32", "sf_vec_size": 128}
@@ -107,20 +108,6 @@ def test_user_epilogue_bit_exact(sizes, n, k, tile_n, d_dtype, nc, pow2):
         assert (np.frexp(s_got[:m])[0] == 0.5).all()
 
 
-def _swiglu64(a64, b64, sizes, ins):
-    """prob * up * silu(gate), G = alpha[e] * A_e @ B_e^T in 32-column gate/up blocks (float64)."""
-    n_acc = b64.shape[1]
-    j = np.arange(n_acc // 2)
-    gate_col, up_col = (j // 32) * 64 + j % 32, (j // 32) * 64 + 32 + j % 32
-    out, start = [], 0
-    for e, rows in enumerate(sizes):
-        g = a64[start:start + rows] @ b64[e].T * float(ins["alpha"][e])
-        gate, up = g[:, gate_col], g[:, up_col]
-        out.append(up * gate / (1 + np.exp(-gate)))
-        start += rows
-    return np.concatenate(out) * ins["prob"].double().numpy()[:, None]
-
-
 def _dequant(d_bytes, s, dtype):
     import ml_dtypes
     q = np.ascontiguousarray(d_bytes).view(getattr(ml_dtypes, dtype)).astype(np.float64)
@@ -158,7 +145,7 @@ def test_swiglu_against_the_interpreter_and_the_formula(sizes, n_acc, k, generat
     assert not bad.any(), (np.argwhere(bad)[:5], d_got[bad][:5], d_ref[bad][:5])
     same = (out["d"].cpu().numpy() == np.asarray(ref["d"]).view(np.uint8)).mean()   # the bytes
     assert same > 0.98, same
-    want = _swiglu64(a64, b64, sizes, ins)
+    want = swiglu64(a64, b64, sizes, ins)
     bad = np.abs(d_got - want) > group_max * (2.0 ** -4 + (0 if exact else 4e-3))
     assert not bad.any(), (np.argwhere(bad)[:5], d_got[bad][:5], want[bad][:5])
     if generate_c:

@@ -15,26 +15,19 @@ torch = pytest.importorskip("torch")
 
 import fusegemm  # noqa: E402
 from fusegemm.base.errors import ArgumentError, UnsupportedError  # noqa: E402
-from fusegemm.formats import e8m0_bytes, pack_sf, quantize_1x128, quantize_128x128  # noqa: E402
+from fusegemm.formats import pack_sf  # noqa: E402
 from fusegemm.formats.torch_blockwise import mx_scales_of_blockwise  # noqa: E402
 from fusegemm.generator.variants import make_variant  # noqa: E402
+from test_blockwise_e8m0 import E8, SPECS  # noqa: E402  (tests/unit/test_blockwise_e8m0.py)
+from test_blockwise_e8m0 import _operands as _e8m0_problem  # noqa: E402
 
-E8 = {"sf_dtype": "float8_e8m0fnu", "sf_vec_size": 128}
 MX = {"sf_dtype": "float8_e8m0fnu", "sf_vec_size": 32}
-SPECS = ("grouped_gemm_quant", "grouped_gemm_srelu", "grouped_gemm_dswiglu", "grouped_gemm_glu_mx",
-         "grouped_gemm_dglu_mx", "grouped_gemm_dsrelu_mx")
 
 
-def _operands(sizes=(256, 0, 512), n=320, k=400, seed=1):
-    """A blockwise problem with power-of-two scales as E8M0 bytes (N and K not multiples of 128)."""
-    rng = np.random.default_rng(seed)
-    m, l = sum(sizes), len(sizes)
-    aq, sa = quantize_1x128(rng.standard_normal((m, k)), scales="pow2")
-    bq, sb = quantize_128x128(rng.standard_normal((l, n, k)), scales="pow2")
-    fp8 = lambda x: torch.from_numpy(np.asarray(x).view(np.uint8)).view(torch.float8_e4m3fn)  # noqa: E731
-    return {"a_tensor": fp8(aq), "sfa_tensor": e8m0_bytes(torch.from_numpy(sa)).view(torch.float8_e8m0fnu),
-            "padded_offsets": torch.tensor(np.cumsum(sizes), dtype=torch.int32), "b_tensor": fp8(bq),
-            "sfb_tensor": e8m0_bytes(torch.from_numpy(sb))}
+def _operands():
+    """A blockwise problem with power-of-two scales as E8M0 bytes, N and K not multiples of 128
+    (test_blockwise_e8m0's builder)."""
+    return _e8m0_problem(n=320, k=400)[1]
 
 
 @pytest.mark.parametrize("spec", SPECS)

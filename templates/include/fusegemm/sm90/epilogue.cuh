@@ -607,6 +607,25 @@ struct WgmmaEpilogue {
   // fl(|nc| * max|x|) is max |fl(nc * x)|, rounding being monotonic). A NaN wins the max, as in
   // the interpreter. Lanes 0, 4, ... write the FP32 scales, M-contiguous: sfd_row[j * pitch + row]
   // for group j, pitch the rows rounded up to 4 (16 bytes).
+  // The rule on group q of a fragment-path block (a: block_acc's values, x: its inputs): o[0], o[1]
+  // row r0's columns e, e + 1 (e = e0 + 8 q + cq), o[2], o[3] row r0 + 8's. Applied
+  // unconditionally (no branch regions in the block): past N the accumulator holds the zeros TMA
+  // filled in and the inputs are zero; what comes out there is masked to zero and never stored.
+  FUSEGEMM_DEVICE static void apply_quad(const Rule& rule, const float (&a)[kBlockAcc], int q, int e0, int cq,
+                                         int width, const typename Rule::RowIn& ri0,
+                                         const typename Rule::RowIn& ri1, const typename Rule::ElemIn (&x)[4][4],
+                                         typename Rule::Out (&o)[4]) {
+    constexpr bool kPA = Rule::kPairedAcc;
+    const int e = e0 + 8 * q + cq;
+    const bool in0 = e < width, in1 = e + 1 < width;
+    const float u0 = kPA ? a[16 + 4 * q] : 0.0f, u1 = kPA ? a[16 + 4 * q + 1] : 0.0f;
+    const float u2 = kPA ? a[16 + 4 * q + 2] : 0.0f, u3 = kPA ? a[16 + 4 * q + 3] : 0.0f;
+    o[0] = mask_out(rule.apply(a[4 * q], u0, ri0, x[q][0]), in0);
+    o[1] = mask_out(rule.apply(a[4 * q + 1], u1, ri0, x[q][1]), in1);
+    o[2] = mask_out(rule.apply(a[4 * q + 2], u2, ri1, x[q][2]), in0);
+    o[3] = mask_out(rule.apply(a[4 * q + 3], u3, ri1, x[q][3]), in1);
+  }
+
   // kKeepD: the group's D values stay in registers from group_scales to the block loop (kept[block
   // of the group][group q][value]), which then neither loads the inputs nor applies the rule again:
   // rules whose rule outputs are D alone (no C, no reductions), in unrolled block loops (the
@@ -620,7 +639,6 @@ struct WgmmaEpilogue {
                                            int e_base, int width, int row0, int r0, int cq, int lane, bool pairs,
                                            const typename Rule::RowIn& ri0, const typename Rule::RowIn& ri1,
                                            Group1x128& grp, Kept& kept) {
-    constexpr bool kPA = Rule::kPairedAcc;
     constexpr float kQMax = fusegemm::is_same_v<ElementD, fusegemm::float_e5m2_t> ? 57344.0f : 448.0f;
     float m0 = 0.0f, m1 = 0.0f;
 #pragma unroll(kRollBlocks ? 1 : 4)
@@ -633,14 +651,9 @@ struct WgmmaEpilogue {
       block_acc(acc, g, a);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const int e = e0 + 8 * q + cq;
-        const bool in0 = e < width, in1 = e + 1 < width;
-        const float u0 = kPA ? a[16 + 4 * q] : 0.0f, u1 = kPA ? a[16 + 4 * q + 1] : 0.0f;
-        const float u2 = kPA ? a[16 + 4 * q + 2] : 0.0f, u3 = kPA ? a[16 + 4 * q + 3] : 0.0f;
-        const float d[4] = {d_of<0>(mask_out(rule.apply(a[4 * q], u0, ri0, x[q][0]), in0)),
-                            d_of<0>(mask_out(rule.apply(a[4 * q + 1], u1, ri0, x[q][1]), in1)),
-                            d_of<0>(mask_out(rule.apply(a[4 * q + 2], u2, ri1, x[q][2]), in0)),
-                            d_of<0>(mask_out(rule.apply(a[4 * q + 3], u3, ri1, x[q][3]), in1))};
+        typename Rule::Out o[4];
+        apply_quad(rule, a, q, e0, cq, width, ri0, ri1, x, o);
+        const float d[4] = {d_of<0>(o[0]), d_of<0>(o[1]), d_of<0>(o[2]), d_of<0>(o[3])};
         m0 = epi::fmax_nan(epi::fmax_nan(m0, fabsf(d[0])), fabsf(d[1]));
         m1 = epi::fmax_nan(epi::fmax_nan(m1, fabsf(d[2])), fabsf(d[3]));
         if constexpr (kKeepD) {
@@ -679,7 +692,6 @@ struct WgmmaEpilogue {
   template <class Params>
   static __device__ void frag_blocks(const Params& p, uint8_t* epi_smem, const Rule& rule, int expert, int m0,
                                      int n0, int warp, int lane, const float (&acc)[kAccum], Partials& part) {
-    constexpr bool kPA = Rule::kPairedAcc;
     const int width = elem_width(p), e_base = elem_col(n0);
     const int row0 = m0 + 16 * warp;
     const int r0 = lane / 4, cq = (lane % 4) * 2;
@@ -711,15 +723,9 @@ struct WgmmaEpilogue {
       for (int q = 0; q < 4; ++q) {
         const int e = e0 + 8 * q + cq;
         const bool in0 = e < width, in1 = e + 1 < width;
-        const float u0 = kPA ? a[16 + 4 * q] : 0.0f, u1 = kPA ? a[16 + 4 * q + 1] : 0.0f;
-        const float u2 = kPA ? a[16 + 4 * q + 2] : 0.0f, u3 = kPA ? a[16 + 4 * q + 3] : 0.0f;
-        // Applied unconditionally (no branch regions in the block): past N the accumulator
-        // holds the zeros TMA filled in and the inputs are zero; what comes out there is masked
-        // to zero and never stored.
-        const typename Rule::Out o00 = mask_out(rule.apply(a[4 * q], u0, ri0, x[q][0]), in0);
-        const typename Rule::Out o01 = mask_out(rule.apply(a[4 * q + 1], u1, ri0, x[q][1]), in1);
-        const typename Rule::Out o10 = mask_out(rule.apply(a[4 * q + 2], u2, ri1, x[q][2]), in0);
-        const typename Rule::Out o11 = mask_out(rule.apply(a[4 * q + 3], u3, ri1, x[q][3]), in1);
+        typename Rule::Out o[4];
+        apply_quad(rule, a, q, e0, cq, width, ri0, ri1, x, o);
+        const typename Rule::Out &o00 = o[0], &o01 = o[1], &o10 = o[2], &o11 = o[3];
         reduce(o00, in0, rs0, part);
         reduce(o01, in1, rs0, part);
         reduce(o10, in0, rs1, part);
