@@ -145,11 +145,17 @@ _SM100_MX_SCALES = (
 )
 
 # 1x128 output scales (quantize.vec 128, FP32 per 128 columns: the blockwise recipe's output) are
-# quantized on the sm_90a blockwise kernel's fragment path, which holds a 256-column tile's rows at
-# once; the block engine (sm_100a, and sm_90a rules it runs) quantizes 32-column blocks.
+# quantized on the sm_90a kernels' fragment path (BF16 grouped and blockwise), which holds a
+# 256-column tile's rows at once; the block engine (sm_100a, and sm_90a rules it runs) quantizes
+# 32-column blocks.
 _SFD_MX_ONLY = Limit("sfd_vec_size", (32,), "1x128 output scales (FP32 per 128 columns) are quantized by the "
-                                             "sm_90a blockwise kernel (sf_vec_size 128); this kernel writes MX "
-                                             "scales (E8M0 per 32 columns)")
+                                             "sm_90a kernels' fragment epilogue (the BF16 grouped and the blockwise "
+                                             "kernel); this kernel writes MX scales (E8M0 per 32 columns)")
+# The BF16 sm_90a kernel holds a 64 x tile-N fragment per warpgroup: a 128-column group of a paired
+# accumulator's D is the whole 256-column tile.
+_SM90_SFD_1X128_TILE = Limit("tile_n", (256,), "1x128 output scales: a 128-column group of a gate/up paired "
+                                               "accumulator's D spans the 256-column tile",
+                             when=(("sfd_vec_size", 128),))
 
 # The blockwise recipe with E8M0 (power-of-two) scales on sm_100a: a power of two scales every
 # element of its 128-element block alike, so each 1x128 / 128x128 scale repeated over its 32-K MX
@@ -238,7 +244,8 @@ _SM90_BLOCKSCALED = tuple(a for a in _BLOCKSCALED if a not in ("a_major", "b_maj
 _SM90_ROWS = (
     _row("grouped", "sm_90a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _GROUPED_BF16 + LAUNCH_AXES, rule=SPEC_RULE,
-         limits=(_SM90_TILE_M, *_SM90_CLUSTERS, *_SM90_GATHER, _NO_GATHER_B, _SFD_MX_ONLY), runs_as=_SM90_SCALAR_F32),
+         limits=(_SM90_TILE_M, *_SM90_CLUSTERS, *_SM90_GATHER, _NO_GATHER_B, _SM90_SFD_1X128_TILE),
+         runs_as=_SM90_SCALAR_F32),
     # K-grouped weight gradients on the BF16 kernel (Config::kKGrouped): token-major operands,
     # one K range per expert.
     _row("kgrouped", "sm_90a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",

@@ -175,3 +175,38 @@ def test_the_output_is_fc2s_operand_as_it_is():
     got, want = y["d"].float().cpu().numpy(), np.asarray(ref["d"], dtype=np.float32)
     # 2e-3 of the largest magnitude (FP8 WGMMA accumulation) plus one bf16 ulp of each value
     assert np.all(np.abs(got - want) <= 2e-3 * np.abs(want).max() + 2.0 ** -7 * np.abs(want))
+
+
+@pytest.mark.parametrize("tile_m,generate_c,pow2", [(128, False, False), (64, True, False), (128, True, True)])
+def test_bf16_swiglu_emits_the_recipe_format(tile_m, generate_c, pow2):
+    """The BF16 grouped kernel's SwiGLU (grouped_gemm_swiglu: BF16 x and w1) with an FP8 D in
+    1x128 FP32 scales, cooperative (tile M 128) and ping-pong (64): fc1 of a BF16 layer whose fc2
+    runs the blockwise recipe. Against the interpreter (silu's ulps: the scales within 2^-18,
+    D within one FP8 step) and its C bit for bit (alpha * acc in BF16)."""
+    sizes, n_acc, k = [256, 0, 512], 512, 256
+    g = torch.Generator().manual_seed(11)
+    a = torch.randn(sum(sizes), k, generator=g).to(torch.bfloat16)
+    b = (torch.randn(len(sizes), n_acc, k, generator=g) * k ** -0.5).to(torch.bfloat16)
+    off = torch.tensor(np.cumsum(sizes), dtype=torch.int32)
+    ins = {"alpha": torch.full((len(sizes),), 1.0), "prob": torch.rand(sum(sizes), generator=g),
+           "norm_const": torch.full((1,), 1.0)}
+    op = fusegemm.Op("grouped_gemm_swiglu", d_dtype="float8_e4m3fn", sfd_vec_size=128, sfd_pow2=pow2,
+                     generate_c=generate_c, tile_m=tile_m, tile_n=256, cluster_m=1)
+    out = op(a.cuda(), off.cuda(), b.cuda(), inputs={k2: v.cuda() for k2, v in ins.items()})
+    torch.cuda.synchronize()
+    ref = op.reference(a, off, b, inputs=ins)
+    m, w = sum(sizes), n_acc // 2
+    _check_layout(out["sfd_row"], m, w)
+    s_got, s_ref = out["sfd_row"].cpu().numpy(), np.asarray(ref["sfd_row"])
+    # (the BF16 WGMMA sums in another order than the interpreter's float64: a few ulps)
+    np.testing.assert_allclose(s_got, s_ref, rtol=1.0 if pow2 else 2.0 ** -18, atol=0)
+    if pow2:
+        assert (s_got == s_ref).mean() > 0.99
+    d_got = _dequant(out["d"].cpu().numpy(), s_got, "float8_e4m3fn")
+    d_ref = _dequant(np.asarray(ref["d"]).view(np.uint8), s_ref, "float8_e4m3fn")
+    group_max = np.repeat(s_ref.astype(np.float64), 128, axis=1)[:, :w] * 448
+    step = STEP["float8_e4m3fn"] * np.maximum(np.abs(d_ref), 2.0 ** -8 * group_max) + 1e-3 * group_max
+    assert not (np.abs(d_got - d_ref) > step).any()
+    if generate_c:
+        c_got, c_ref = out["c"].float().cpu().numpy(), np.asarray(ref["c"], dtype=np.float32)
+        assert np.all(np.abs(c_got - c_ref) <= 2.0 ** -7 * np.abs(c_ref) + 1e-6 * np.abs(c_ref).max())

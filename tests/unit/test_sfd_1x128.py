@@ -173,13 +173,18 @@ def test_refusals_say_why(over, match):
         fusegemm.Op(GLU, **kw).check_support()
 
 
-def test_the_sm100_refusal_names_the_blockwise_kernel():
+def test_the_sm100_refusal_names_the_sm90_fragment_epilogue():
     from fusegemm.generator import registry
-    with pytest.raises(UnsupportedError, match=r"sfd_vec_size.*sm_90a blockwise kernel"):
+    with pytest.raises(UnsupportedError, match=r"sfd_vec_size.*sm_90a kernels. fragment epilogue"):
         registry.resolve("grouped_gemm_srelu", "sm_100a",
                          {"sf_vec_size": 32, "sf_dtype": "float8_e8m0fnu", "sfd_vec_size": 128})
-    with pytest.raises(UnsupportedError, match=r"sfd_vec_size"):
-        registry.resolve("grouped_gemm", "sm_90a", {"sfd_vec_size": 128})
+    with pytest.raises(UnsupportedError, match=r"sfd_vec_size=128 is not implemented for grouped_gemm_wgrad"):
+        registry.resolve("grouped_gemm_wgrad", "sm_90a", {"sfd_vec_size": 128})
+    # the BF16 grouped kernel quantizes them on its fragment too, at tile N 256
+    tile = {"tile_m": 128, "cluster_m": 1, "cluster_n": 1}
+    assert registry.resolve("grouped_gemm", "sm_90a", {"sfd_vec_size": 128, "tile_n": 256, **tile})
+    with pytest.raises(UnsupportedError, match=r"tile_n=128 is not implemented.*with sfd_vec_size=128"):
+        registry.resolve("grouped_gemm", "sm_90a", {"sfd_vec_size": 128, "tile_n": 128, **tile})
 
 
 @pytest.mark.parametrize("generate_c,pow2", [(False, False), (True, False), (False, True)])
@@ -188,3 +193,14 @@ def test_sm90_kernels_build_without_spills(generate_c, pow2, session_cache):
     built = get_kernel(make_variant(GLU, arch="sm_90a", generate_c=generate_c, sfd_pow2=pow2, **BW_1X128),
                        session_cache)
     assert built.resources.local_bytes == 0, built.resources      # no register spills
+
+
+@pytest.mark.parametrize("tile_m,generate_c", [(128, False), (64, True)])
+def test_the_bf16_kernel_builds_them_without_spills(tile_m, generate_c, session_cache):
+    """grouped_gemm_swiglu (BF16 operands): cooperative and ping-pong tiles, with and without C."""
+    from fusegemm.pipeline import get_kernel
+    v = make_variant("grouped_gemm_swiglu", arch="sm_90a", d_dtype="float8_e4m3fn", sfd_vec_size=128,
+                     generate_c=generate_c, tile_m=tile_m, tile_n=256, cluster_m=1)
+    assert "sfd1x128" in v.readable
+    built = get_kernel(v, session_cache)
+    assert built.resources.local_bytes == 0, built.resources
