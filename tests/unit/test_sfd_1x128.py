@@ -204,3 +204,30 @@ def test_the_bf16_kernel_builds_them_without_spills(tile_m, generate_c, session_
     assert "sfd1x128" in v.readable
     built = get_kernel(v, session_cache)
     assert built.resources.local_bytes == 0, built.resources
+
+
+def test_execute_takes_the_scale_view_or_its_buffer():
+    """``execute`` into caller outputs: sfd_row as the (M, ceil(N/128)) view the op returns or as
+    its (ceil(N/128), pitch) buffer; another layout is named before anything launches."""
+    torch = pytest.importorskip("torch")
+    import fusegemm
+    from fusegemm.base.errors import ArgumentError
+    from fusegemm.formats import blockwise_sfa_layout, quantize_128x128
+    op = fusegemm.Op(GLU, arch="sm_90a", **BW_1X128)
+    rng = np.random.default_rng(0)
+    m, n, k, l = 512, 512, 256, 2
+    aq, sa = quantize_1x128(rng.standard_normal((m, k)).astype(np.float32))
+    bq, sb = quantize_128x128(rng.standard_normal((l, n, k)))
+    fp8 = lambda x: torch.from_numpy(np.asarray(x).view(np.uint8)).view(torch.float8_e4m3fn)  # noqa: E731
+    operands = dict(a_tensor=fp8(aq), sfa_tensor=blockwise_sfa_layout(torch.from_numpy(sa)),
+                    padded_offsets=torch.tensor([256, 512], dtype=torch.int32), b_tensor=fp8(bq),
+                    sfb_tensor=torch.from_numpy(sb))
+    ins = {"alpha": torch.ones(l), "prob": torch.ones(m), "norm_const": torch.ones(1)}
+    outs = {name: torch.empty(shape, dtype=getattr(torch, store))
+            for name, (shape, store, _) in op.epilogue.buffers(n, m, l).items()}
+    assert tuple(outs["sfd_row"].shape) == (2, 512)
+    for sfd in (outs["sfd_row"], outs["sfd_row"][:, :m].t()):        # the buffer, the view
+        with pytest.raises(ArgumentError, match="a_tensor.device"):    # past every output check
+            op.execute(**operands, outputs={**outs, "sfd_row": sfd}, inputs=ins)
+    with pytest.raises(ArgumentError, match="sfd_row"):
+        op.execute(**operands, outputs={**outs, "sfd_row": torch.empty(m, 2)}, inputs=ins)
