@@ -4,8 +4,9 @@ the same run; prints JSON.
 The FC1 of an MoE layer with gate and up projections interleaved in 32-column blocks
 (N = 2 * intermediate): D = prob * silu(alpha[e] * G.gate) * (alpha[e] * G.up), half as wide.
 
-* fusegemm: ``EpilogueGemm("grouped_gemm_swiglu")``, one kernel: BF16 D, and MXFP8 D with its
-  E8M0 row scales (SFD_row) for the next GEMM. Each call allocates its outputs (included).
+* fusegemm: ``EpilogueGemm("grouped_gemm_swiglu")``, one kernel: BF16 D, MXFP8 D with its E8M0
+  row scales (SFD_row) for the next GEMM, and e4m3 D with the blockwise recipe's 1x128 FP32 row
+  scales (``fusegemm_fp8_1x128``, sm_90a). Each call allocates its outputs (included).
 * torch: ``torch._grouped_mm`` to a BF16 (M, N) tensor, then the same epilogue in eager torch
   (per-row alpha, silu, products; BF16). This is what a framework runs without fusion.
 
@@ -45,9 +46,13 @@ def bench_shape(name: str, dist: str, args) -> dict:
     row = {"shape": name, "dist": dist, "experts": experts, "rows": m, "n": n, "k": k, "sizes": sizes}
 
     ops = {"fusegemm_bf16": EpilogueGemm("grouped_gemm_swiglu", d_dtype="bfloat16").compile(),
-           "fusegemm_mxfp8": EpilogueGemm("grouped_gemm_swiglu", d_dtype="float8_e4m3fn").compile()}
+           "fusegemm_mxfp8": EpilogueGemm("grouped_gemm_swiglu", d_dtype="float8_e4m3fn").compile(),
+           # e4m3 D with the blockwise recipe's 1x128 FP32 row scales (sm_90a)
+           "fusegemm_fp8_1x128": EpilogueGemm("grouped_gemm_swiglu", d_dtype="float8_e4m3fn",
+                                              sfd_vec_size=128).compile()}
     inputs = {"fusegemm_bf16": {"alpha": alpha, "prob": prob},
               "fusegemm_mxfp8": {"alpha": alpha, "prob": prob, "norm_const": 1.0}}
+    inputs["fusegemm_fp8_1x128"] = inputs["fusegemm_mxfp8"]
     if args.engine_baseline:
         # The same BF16 kernel with the sm_90a epilogue's fragment path for paired rules switched
         # off (the block engine instead): a same-run A/B of that path.
