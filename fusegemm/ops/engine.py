@@ -377,7 +377,8 @@ class Op(PreparedLaunch):
         for name, (shape, store, _) in self.epilogue.buffers(*self._dims(call)).items():
             x, nm = outputs.get(name), names.get(name, f"outputs[{name!r}]")
             if x is not None or required:
-                out[name] = (name in rows and pitched(x, nm, shape, store)) or native_output(x, nm, shape, store)
+                out[name] = (name in rows and pitched(x, nm, shape, store)) or native_output(
+                    x, nm, shape, store, m_major_view=name == "sfd_row" and self._sfd_1x128 is not None)
         return out
 
     def _aligns(self, out: Mapping[str, Any], names: Mapping[str, str]) -> list[tuple[str, Any, int]]:

@@ -40,10 +40,11 @@ def as_bytes(t: Any) -> Any:
     return t.view(torch.uint8) if str(t.dtype).removeprefix("torch.") in _BYTE_DTYPES else t
 
 
-def native_output(x: Any, name: str, shape: tuple[int, ...], store: str) -> Any:
+def native_output(x: Any, name: str, shape: tuple[int, ...], store: str, m_major_view: bool = False) -> Any:
     """The caller's output ``x`` (seed layout) as the dense buffer the kernel writes: C/D
     ``(M, N[, 1])`` rows, FP8 as its bytes, SF as the physical atoms, amax ``(L, slots[, 1])``,
-    dprob ``(M[, 1, 1])``."""
+    dprob ``(M[, 1, 1])``; ``m_major_view``: 1x128 scales, whose ``(M, ceil(N/128))`` view (unit
+    stride along M, as the op returns them) stands for the ``(ceil(N/128), pitch)`` buffer."""
     from ..runtime.tensors import TensorView, dense_strides, view
     if x is None:
         raise ArgumentError(name, None, f"a tensor (the kernel writes {shape} {store} here)")
@@ -54,8 +55,8 @@ def native_output(x: Any, name: str, shape: tuple[int, ...], store: str) -> Any:
     from ..formats.scales import sf_from_kernel_view
     v = view(x, name)
     t = x
-    if len(shape) == 2 and store == "float32" and v.ndim == 2 and tuple(v.strides) == (1, shape[1]) \
-            and v.shape[1] == shape[0] and v.shape[0] <= shape[1]:
+    if m_major_view and v.ndim == 2 and tuple(v.strides) == (1, shape[1]) and v.shape[1] == shape[0] \
+            and v.shape[0] <= shape[1]:
         t = t.as_strided(shape, (shape[1], 1))     # 1x128 scales' (M, ceil(N/128)) view -> (ceil(N/128), pitch)
     if len(shape) == 6 and v.ndim == 6 and tuple(v.shape[3:]) != (32, 4, 4):
         t = sf_from_kernel_view(t)                       # kernel-facing SF view -> physical atoms

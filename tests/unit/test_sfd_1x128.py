@@ -231,3 +231,16 @@ def test_execute_takes_the_scale_view_or_its_buffer():
             op.execute(**operands, outputs={**outs, "sfd_row": sfd}, inputs=ins)
     with pytest.raises(ArgumentError, match="sfd_row"):
         op.execute(**operands, outputs={**outs, "sfd_row": torch.empty(m, 2)}, inputs=ins)
+
+
+def test_only_the_scales_take_the_m_major_view():
+    """A transposed view of another float32 output (a dbias (L, W)) stays refused: only 1x128
+    scales stand for their buffer through the (M, ceil(N/128)) view."""
+    torch = pytest.importorskip("torch")
+    from fusegemm.base.errors import ArgumentError
+    from fusegemm.ops.outputs import native_output
+    buf = torch.zeros(4, 8)
+    with pytest.raises(ArgumentError, match=r"dbias.shape"):
+        native_output(buf.t(), "dbias", (4, 8), "float32")
+    got = native_output(buf[:, :6].t(), "sfd_row", (4, 8), "float32", m_major_view=True)
+    assert tuple(got.shape) == (4, 8) and got.ptr == buf.data_ptr()
