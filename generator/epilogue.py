@@ -193,11 +193,7 @@ class Epilogue:
             if not o.when.holds(choice):
                 continue
             dt = _dtype(o.dtype, choice)
-            q = o.quantize if (o.quantize is not None and dt in QUANTIZED) else None
-            if q is not None and isinstance(q.vec, str):
-                q = replace(q, vec=int(choice[q.vec]))
-            if q is not None and isinstance(q.pow2, str):
-                q = replace(q, pow2=bool(choice[q.pow2]))
+            q = _chosen(o.quantize, choice) if (o.quantize is not None and dt in QUANTIZED) else None
             outputs.append(ResolvedOutput(o.name, dt, o.value, o.paired, q, o.slot))
         reds = tuple(r for r in self.reductions if r.when.holds(choice))
         needed = {v for o in outputs for v in ((o.value,) if o.value else o.paired)}
@@ -212,13 +208,17 @@ class Epilogue:
         used |= {o.quantize.norm_const for o in outputs if o.quantize is not None}
         # The SFD_row block the variant chooses (kSfdVec), also where its output is not quantized
         # (a bf16 D): the axis reaches the source of every variant that reads it.
-        quants = [o.quantize for o in self.outputs if o.quantize is not None]
-        sfd_vec = next((int(choice[q.vec]) if isinstance(q.vec, str) else q.vec for q in quants), 32)
-        sfd_pow2 = next((bool(choice[q.pow2]) if isinstance(q.pow2, str) else q.pow2 for q in quants), False)
+        first = next((_chosen(o.quantize, choice) for o in self.outputs if o.quantize is not None), None)
         return Resolved(inputs=tuple(i for i in inputs if i.name in used),
                         constants={c: v for c, v in consts.items() if c in used}, pairing=self.pairing,
-                        statements=tuple(live), outputs=tuple(outputs), reductions=reds, sfd_vec=sfd_vec,
-                        sfd_pow2=sfd_pow2)
+                        statements=tuple(live), outputs=tuple(outputs), reductions=reds,
+                        sfd_vec=first.vec if first else 32, sfd_pow2=bool(first and first.pow2))
+
+
+def _chosen(q: Quantize, choice: dict[str, Any]) -> Quantize:
+    """``q`` with the axes it names (vec: sfd_vec_size, pow2: sfd_pow2) fixed by ``choice``."""
+    return replace(q, vec=int(choice[q.vec]) if isinstance(q.vec, str) else q.vec,
+                   pow2=bool(choice[q.pow2]) if isinstance(q.pow2, str) else q.pow2)
 
 
 @dataclass(frozen=True)
@@ -802,22 +802,24 @@ def _quantize(ctx, node, key: str, output: str, slot: str, scalars: set[str], dt
     if conv not in CONVENTIONS:
         raise ctx.fail(q["convention"], f"{key}.convention", f"got {conv!r}; allowed: {', '.join(CONVENTIONS)}")
     vec = _quantize_vec(ctx, q["vec"], f"{key}.vec", choices) if "vec" in q else 32
-    if 128 in ((vec,) if isinstance(vec, int) else choices[vec]) and (col is not None or not row):
+    by_128 = 128 in ((vec,) if isinstance(vec, int) else choices[vec])   # (some variant's blocks are 1x128)
+    if by_128 and (col is not None or not row):
         raise ctx.fail(q["vec"], f"{key}.vec", "1x128 blocks (FP32 scales, the blockwise recipe) quantize rows "
                                                "only: drop col: d_col (32-row column blocks need vec 32)")
-    pow2 = _quantize_pow2(ctx, q["pow2"], f"{key}.pow2", choices, vec) if "pow2" in q else False
+    pow2 = _quantize_pow2(ctx, q["pow2"], f"{key}.pow2", choices, by_128) if "pow2" in q else False
     return Quantize(row, col, conv, nc, vec, pow2)
 
 
-def _quantize_pow2(ctx, node, key: str, choices, vec: int | str) -> bool | str:
-    """``quantize.pow2``: true, false or the axis sfd_pow2; 1x128 scales only."""
+def _quantize_pow2(ctx, node, key: str, choices, by_128: bool) -> bool | str:
+    """``quantize.pow2``: true, false or the axis sfd_pow2; 1x128 scales only (``by_128``: the
+    output's vec can be 128)."""
     v = node.value
     if v == "sfd_pow2":
         if v not in choices:
             raise ctx.fail(node, key, f"axis {v!r} is not in this spec's choices")
     elif not isinstance(v, bool):
         raise ctx.fail(node, key, f"got {v!r}; allowed: true, false or the axis sfd_pow2")
-    if v is not False and 128 not in ((vec,) if isinstance(vec, int) else choices[vec]):
+    if v is not False and not by_128:
         raise ctx.fail(node, key, "power-of-two scales are the 1x128 blocks' (vec: 128); MX blocks' E8M0 "
                                   "scales are powers of two already")
     return v

@@ -18,7 +18,6 @@
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -33,13 +32,11 @@ SCALES = ("amax", "pow2")
 
 def _scale(amax: Tensor, dtype: torch.dtype, scales: str) -> Tensor:
     """float32 ``max(amax, 1e-4) / elem_max`` as numpy's float64 computes it, rounded once (a
-    float32 division is that for amax >= 1e-4; the floor's own quotient is taken from numpy),
-    optionally rounded up to a power of two (exact bit arithmetic)."""
+    float32 division is that; float32's 1e-4, the only float32 below 1e-4 that numpy's floor does
+    not replace, gives numpy's quotient of 1e-4 for both element maxima), NaN kept, optionally
+    rounded up to a power of two (exact bit arithmetic)."""
     from .blockwise import AMAX_FLOOR
-    top = _ELEMENTS[dtype]
-    floor = torch.tensor(np.float32(AMAX_FLOOR / top), device=amax.device)
-    s = torch.where(amax.double() >= AMAX_FLOOR, amax / top, floor)   # (float64: 1e-4 itself, not float32's)
-    s = torch.where(torch.isnan(amax), amax, s)
+    s = amax.clamp_min(AMAX_FLOOR) / _ELEMENTS[dtype]
     if scales == "pow2":
         b = s.view(torch.int32)
         up = (b & 0x7F800000) + 0x00800000

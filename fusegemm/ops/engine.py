@@ -119,6 +119,8 @@ class Op(PreparedLaunch):
         # runs sf_vec_size 128 as 32): each call expands them into MX scale atoms first.
         self.blockwise_mx = (self.kind == "scaled" and self.variant.sf_vec_size == 32 and
                              self._requested("sf_vec_size", axes) == 128)
+        # Whether a call's operands pass through scaled_layouts.host_operands first (any of the three).
+        self._host_prep = bool(self.host_copies or self.e8m0_scales or self.blockwise_mx)
         self.epilogue = self.spec.epilogue.resolve(self.variant.choices)
         self._rows = self.epilogue.row_buffers()
         # The output quantized with 1x128 FP32 scales (quantize.vec 128), if any: its rows size
@@ -253,7 +255,7 @@ class Op(PreparedLaunch):
         """
         given = inputs or {}
         _copied: list = []     # (alive until the launch is issued)
-        if self.host_copies or self.e8m0_scales or self.blockwise_mx:   # copies, converted scales: the call on those
+        if self._host_prep:   # copies, converted scales: the call on those
             operands, operand_kw, _copied = host_operands(self, operands, operand_kw, current_stream)
         key, flat = (None, ()) if is_dry() else pattern(operands, operand_kw, given, None)
         e = self._memo.get(key) if key is not None else None
@@ -346,7 +348,7 @@ class Op(PreparedLaunch):
         names = output_names or {}
         given = inputs or {}
         _copied: list = []     # (alive until the launch is issued)
-        if self.host_copies or self.e8m0_scales or self.blockwise_mx:
+        if self._host_prep:
             operands, operand_kw, _copied = host_operands(self, operands, operand_kw, current_stream)
         key, flat = (None, ()) if is_dry() else pattern(operands, operand_kw, given, outputs)
         e = self._memo.get(key) if key is not None else None

@@ -141,9 +141,7 @@ def k_major_operands(op: Any, operands: tuple, kw: dict[str, Any],
     a K-major copy made on the launch stream (operands in any other layout are left for the
     operand parse to judge; nothing is copied for a K-major operand), and what the caller keeps
     alive until its launch is issued (discrete weights' buffer, which only pointers name)."""
-    names = op._operand_names()
-    vals = dict(zip(names, operands))
-    vals.update(kw)
+    vals = _operand_values(op, operands, kw)
     a = vals.get("a_tensor")
     if a is None:
         return operands, kw, []
@@ -171,15 +169,11 @@ def k_major_operands(op: Any, operands: tuple, kw: dict[str, Any],
                 continue                 # neither reading fits: the operand parse names the shape
         if not is_mn_major(v.strides, v.shape, 1 if canonical else 0, 2 if canonical else 1):
             continue
-        torch = _torch_for(x, arg)
-        t = x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
+        torch, t = _as_torch(x, arg, f"pass a K-major {arg}")
         stream = resolve_stream(current_stream, op.device) if t.is_cuda else None
         with _on_launch_stream(torch, t, stream):
             copies[arg] = _k_major_copy(t, 0 if canonical else 3, stream, op.device)
-    if not copies:
-        return operands, kw, keep
-    pos = tuple(copies.get(n, x) for n, x in zip(names, operands))
-    return pos, {k: copies.get(k, x) for k, x in kw.items()}, keep
+    return (*_replaced(op, operands, kw, copies), keep)
 
 
 def _discrete_copy(op: Any, ptrs: Any, n: Any, kb: int, l: int, current_stream: Any, copies: dict,
@@ -193,8 +187,7 @@ def _discrete_copy(op: Any, ptrs: Any, n: Any, kb: int, l: int, current_stream: 
             or pv.strides[0] != 1 or l == 0 or kb % 16
             or isinstance(n, bool) or not isinstance(n, int) or n < 8 or n % 8 or is_dry()):
         return
-    torch = _torch_for(ptrs, "b_ptrs")
-    t = ptrs if isinstance(ptrs, torch.Tensor) else torch.from_dlpack(ptrs)
+    torch, t = _as_torch(ptrs, "b_ptrs", "pass K-major weights (b_major='k')")
     stream = resolve_stream(current_stream, op.device)
     with _on_launch_stream(torch, t, stream):
         dst = torch.empty((l, n, kb), dtype=torch.uint8, device=t.device)
@@ -215,9 +208,7 @@ def e8m0_scale_operands(op: Any, operands: tuple, kw: dict[str, Any], current_st
     they encode, exactly, in the kernel's layouts, converted on the launch stream; FP32 scales and
     anything the operand parse should name are left as they are."""
     from ..formats.blockwise import blockwise_sfa_layout, e8m0_to_float32
-    names = op._operand_names()
-    vals = dict(zip(names, operands))
-    vals.update(kw)
+    vals = _operand_values(op, operands, kw)
     done: dict[str, Any] = {}
     for arg in ("sfa_tensor", "sfb_tensor"):
         x = vals.get(arg)
@@ -226,14 +217,11 @@ def e8m0_scale_operands(op: Any, operands: tuple, kw: dict[str, Any], current_st
         v = view(x, arg)
         if v.dtype not in E8M0_NAMES or v.ndim not in (2, 3):
             continue
-        torch = _torch_for(x, arg)
-        t = x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
+        torch, t = _as_torch(x, arg, "pass float32 scales")
         with _on_launch_stream(torch, t, resolve_stream(current_stream, op.device) if t.is_cuda else None):
             f = e8m0_to_float32(t)
             done[arg] = blockwise_sfa_layout(f) if arg == "sfa_tensor" and f.dim() == 2 else f.contiguous()
-    if not done:
-        return operands, kw
-    return tuple(done.get(n, x) for n, x in zip(names, operands)), {k: done.get(k, x) for k, x in kw.items()}
+    return _replaced(op, operands, kw, done)
 
 
 def mx_scale_operands(op: Any, operands: tuple, kw: dict[str, Any], current_stream: Any) -> tuple[tuple, dict]:
@@ -242,9 +230,7 @@ def mx_scale_operands(op: Any, operands: tuple, kw: dict[str, Any], current_stre
     launch stream (``fusegemm.formats.torch_blockwise.mx_scales_of_blockwise``, exact). Each scale tensor
     is checked first: E8M0 bytes of the recipe's shapes, dense weights."""
     from ..formats.torch_blockwise import mx_scales_of_blockwise
-    names = op._operand_names()
-    vals = dict(zip(names, operands))
-    vals.update(kw)
+    vals = _operand_values(op, operands, kw)
     if vals.get("sfb_tensor") is None or vals.get("b_tensor") is None:
         raise ArgumentError("sfb_tensor", None, "dense weights' E8M0 scales (L, ceil(N/128), ceil(K/128)): the "
                             f"{op.arch} kernel runs the recipe's E8M0 scales as MX scales, expanded per call, "
@@ -263,18 +249,19 @@ def mx_scale_operands(op: Any, operands: tuple, kw: dict[str, Any], current_stre
         if tuple(v.shape) != want:
             raise ArgumentError(f"{arg}.shape", tuple(v.shape), f"{want} (the blockwise recipe's scales for "
                                 f"A {tuple(a.shape)} and B {tuple(b.shape)})")
-    torch = _torch_for(vals["sfa_tensor"], "sfa_tensor")
-    sfa, sfb = (x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
-                for x in (vals["sfa_tensor"], vals["sfb_tensor"]))
+    why = f"{op.arch} has no other path for the recipe's E8M0 scales"
+    torch, sfa = _as_torch(vals["sfa_tensor"], "sfa_tensor", why)
+    _, sfb = _as_torch(vals["sfb_tensor"], "sfb_tensor", why)
     with _on_launch_stream(torch, sfa, resolve_stream(current_stream, op.device) if sfa.is_cuda else None):
         done = dict(zip(("sfa_tensor", "sfb_tensor"), mx_scales_of_blockwise(sfa, sfb, n=n, k=k)))
-    return tuple(done.get(nm, x) for nm, x in zip(names, operands)), {k2: done.get(k2, x) for k2, x in kw.items()}
+    return _replaced(op, operands, kw, done)
 
 
 def host_operands(op: Any, operands: tuple, kw: dict[str, Any], current_stream: Any) -> tuple[tuple, dict, list]:
     """What an op's call passes to the kernel's operand parse: MN-major operands copied K-major
-    (``k_major_operands``) and E8M0 blockwise scales converted (``e8m0_scale_operands``); and what
-    the caller keeps alive until its launch is issued."""
+    (``k_major_operands``), E8M0 blockwise scales converted to float32 (``e8m0_scale_operands``) or
+    expanded into MX atoms (``mx_scale_operands``); and what the caller keeps alive until its
+    launch is issued."""
     keep: list = []
     if op.host_copies:
         operands, kw, keep = k_major_operands(op, operands, kw, current_stream)
@@ -296,12 +283,34 @@ def _on_launch_stream(torch: Any, t: Any, stream: int | None) -> Any:
     return torch.cuda.stream(torch.cuda.ExternalStream(stream, device=t.device))
 
 
-def _torch_for(x: Any, arg: str) -> Any:
+def _operand_values(op: Any, operands: tuple, kw: dict[str, Any]) -> dict[str, Any]:
+    """A call's operands by name (positional ones named by the op's class)."""
+    vals = dict(zip(op._operand_names(), operands))
+    vals.update(kw)
+    return vals
+
+
+def _replaced(op: Any, operands: tuple, kw: dict[str, Any], done: Mapping[str, Any]) -> tuple[tuple, dict]:
+    """``operands`` / ``kw`` with the operands named in ``done`` replaced (the same objects when
+    ``done`` is empty)."""
+    if not done:
+        return operands, kw
+    names = op._operand_names()
+    return tuple(done.get(n, x) for n, x in zip(names, operands)), {k: done.get(k, x) for k, x in kw.items()}
+
+
+def _as_torch(x: Any, arg: str, remedy: str) -> tuple[Any, Any]:
+    """(torch, ``x`` as a torch tensor: itself, or through DLPack)."""
+    torch = _torch_for(x, arg, remedy)
+    return torch, (x if isinstance(x, torch.Tensor) else torch.from_dlpack(x))
+
+
+def _torch_for(x: Any, arg: str, remedy: str) -> Any:
     try:
         import torch
     except ImportError:
-        raise UnsupportedError(f"{arg}: an MN-major operand is copied K-major with torch before the launch, and "
-                               f"torch is not installed; pass a K-major {arg}") from None
+        raise UnsupportedError(f"{arg}: the op prepares it with torch before the launch (a K-major copy or a scale "
+                               f"conversion), and torch is not installed; {remedy}") from None
     return torch
 
 

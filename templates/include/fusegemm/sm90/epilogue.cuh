@@ -599,14 +599,6 @@ struct WgmmaEpilogue {
     return __uint_as_float((b & 0x7F800000u) + 0x00800000u);
   }
 
-  // k1x128: the scales of the 128-column group starting at block b, for rows r0 and r0 + 8 of
-  // the warp: the rule is applied to the group's four blocks once more for D alone (outputs,
-  // reductions and stores wait for the block loop), each row's max |D| over its quad's lanes,
-  // then s = fl(max(fl(|nc| * max), 1e-4) / elem_max), kSfdPow2: rounded up to a power of two
-  // (fusegemm/interpret.py quantize_1x128_rows:
-  // fl(|nc| * max|x|) is max |fl(nc * x)|, rounding being monotonic). A NaN wins the max, as in
-  // the interpreter. Lanes 0, 4, ... write the FP32 scales, M-contiguous: sfd_row[j * pitch + row]
-  // for group j, pitch the rows rounded up to 4 (16 bytes).
   // The rule on group q of a fragment-path block (a: block_acc's values, x: its inputs): o[0], o[1]
   // row r0's columns e, e + 1 (e = e0 + 8 q + cq), o[2], o[3] row r0 + 8's. Applied
   // unconditionally (no branch regions in the block): past N the accumulator holds the zeros TMA
@@ -634,6 +626,14 @@ struct WgmmaEpilogue {
                                  !kRollBlocks;
   using Kept = float[kKeepD ? 4 : 1][4][4];
 
+  // k1x128: the scales of the 128-column group starting at block b, for rows r0 and r0 + 8 of
+  // the warp: the rule is applied to the group's four blocks for D alone (outputs, reductions and
+  // stores wait for the block loop; kKeepD keeps the values), each row's max |D| over its quad's
+  // lanes, then s = fl(max(fl(|nc| * max), 1e-4) / elem_max), with kSfdPow2 rounded up to a power
+  // of two (fusegemm/interpret.py quantize_1x128_rows; fl(|nc| * max|x|) is max |fl(nc * x)|,
+  // rounding being monotonic). A NaN wins the max, as in the interpreter. Lanes 0, 4, ... write
+  // the FP32 scales, M-contiguous: sfd_row[j * pitch + row] for group j, pitch the rows rounded
+  // up to 4 (16 bytes).
   template <class Params>
   FUSEGEMM_DEVICE static void group_scales(const Params& p, const Rule& rule, const float (&acc)[kAccum], int b,
                                            int e_base, int width, int row0, int r0, int cq, int lane, bool pairs,
