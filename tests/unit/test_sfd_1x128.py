@@ -67,6 +67,18 @@ def test_pow2_is_the_float64_quantizer_bit_for_bit(dtype):
         assert s[4, 0] == np.float32(2.0 ** -3)
 
 
+def test_a_quotient_on_an_fp8_midpoint_rounds_to_even():
+    """fl(t / s) exactly halfway between two e4m3 values (0.93750006 / fl(268.80002 / 448) =
+    1.5625, between 1.5 and 1.625) rounds to even, 1.5, as the kernel's correctly rounded
+    division gives; t * fl(1 / s) is 1.5625001 and would give 1.625."""
+    from fusegemm.interpret import _store
+    x = np.zeros((1, 128), dtype=np.float32)
+    x[0, :2] = np.float32(268.80002), np.float32(0.93750006)
+    y, s = quantize_1x128_rows(x, np.float32(1.0), "float8_e4m3fn")
+    assert y[0, 1] == np.float32(1.5625)
+    assert _store(y, "float8_e4m3fn").view(np.uint8)[0, 1] == 0x3C   # e4m3 1.5
+
+
 def test_norm_const_scales_what_is_quantized():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((16, 256)).astype(np.float32)

@@ -57,6 +57,15 @@ def test_128x128_scales_and_values(dtype, scales):
     assert same.all() if scales == "pow2" else same.mean() > 0.999
 
 
+def test_a_quotient_on_an_fp8_midpoint_rounds_to_even():
+    """fl(0.93750006 / fl(268.80002 / 448)) = 1.5625, halfway between e4m3's 1.5 and 1.625: 1.5
+    (t * fl(1 / s) is 1.5625001 and would give 1.625)."""
+    x = torch.zeros(1, 128)
+    x[0, :2] = torch.tensor([268.80002, 0.93750006])
+    q, _ = tq_1x128(x)
+    assert q.view(torch.uint8)[0, 1] == 0x3C
+
+
 def test_nan_gives_its_block_a_nan_scale():
     x = torch.ones(2, 256)
     x[0, 3] = float("nan")
