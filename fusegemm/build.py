@@ -15,6 +15,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from .base import interrupts
 from .base.errors import FusegemmError, UnsupportedError
 from .generator import registry
 from .generator.spec import Spec, find_spec, list_specs
@@ -158,6 +159,7 @@ def _build_planned(ps: list[Planned], *, jobs: int, cache: KernelCache | None,
     unless ``jobs`` is 1 or a custom ``cache`` is given (in-process). ``done(i, row)`` for each."""
     misses: list[int] = []
     for i, p in enumerate(ps):
+        interrupts.check()
         t0 = time.perf_counter()
         try:
             hit = lookup(p, cache or default_cache())
@@ -170,6 +172,7 @@ def _build_planned(ps: list[Planned], *, jobs: int, cache: KernelCache | None,
             misses.append(i)
     if jobs <= 1 or len(misses) <= 1 or cache is not None:
         for i in misses:
+            interrupts.check()
             done(i, _compile_one(ps[i], cache))
     elif misses:
         # forkserver: safe when the caller has threads (torch, CUDA); workers need no CUDA.
@@ -210,11 +213,17 @@ def _interrupt_flag():
     import signal
     import threading
     flag = threading.Event()
+    if interrupts.seen():   # latched earlier, its KeyboardInterrupt swallowed: stop at once
+        flag.set()
     ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     if ignored or threading.current_thread() is not threading.main_thread():
         yield flag
         return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: flag.set())
+
+    def handler(signum: int, frame: Any) -> None:
+        flag.set()
+        interrupts.record()
+    previous = signal.signal(signal.SIGINT, handler)
     try:
         yield flag
     finally:
@@ -338,6 +347,7 @@ def build(vs: list[Variant], *, jobs: int = 1, cache: KernelCache | None = None,
     served: dict[str, int] = {}
     failed_early: list[BuildResult] = []
     for v in vs:
+        interrupts.check()   # a Ctrl-C that Python swallowed (base/interrupts.py) stops here
         try:
             p = plan(v)
         except FusegemmError as exc:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 
 import click
 
+from .base import interrupts
 from .base.errors import FusegemmError
 from .describe import epilogue_info, spec_info
 
@@ -82,6 +83,9 @@ class _Cli(click.Group):
     everything else (usage errors, broken pipes, exit codes) stays click's standalone handling."""
 
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        # First thing of every command: a Ctrl-C that Python swallows later (an import's
+        # cleanup callback, a finalizer) is still recorded, and the build stops at its next step.
+        interrupts.install()
         with _interrupt_exits_130():
             return super().make_context(*args, **kwargs)
 

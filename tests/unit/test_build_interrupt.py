@@ -170,3 +170,53 @@ def test_workers_exit_when_the_build_is_killed():
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
         proc.kill()
+
+
+# A Ctrl-C whose KeyboardInterrupt Python swallows: raised inside a finalizer it is only printed
+# ("Exception ignored in: ..."), as CI saw with an import's module-lock callback.
+_SWALLOWED = """
+import signal, sys
+from fusegemm import build
+from fusegemm.base import interrupts
+from fusegemm.generator.spec import find_spec
+from fusegemm.generator.variants import prebuild_variants
+if sys.argv[1] == "latched":
+    interrupts.install()
+vs = prebuild_variants(find_spec("gemm_amax"), ("sm_90a",))
+class Finalized:
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)
+Finalized()
+try:
+    rows = build.build(vs)
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+else:
+    print("built", len(rows), flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "raise_signal"), reason="signal.raise_signal")
+@pytest.mark.parametrize("mode", ["latched", "bare"])
+def test_a_swallowed_ctrl_c_still_stops_the_build(tmp_path, mode):
+    """The command line latches SIGINT (base/interrupts.py): a Ctrl-C whose KeyboardInterrupt
+    Python swallowed stops the build at its next step. Without the latch (a library caller
+    that installed nothing) the same program builds: the swallowing is real, not simulated."""
+    env = {**os.environ, "FUSEGEMM_CACHE_DIR": str(tmp_path / "cache")}
+    res = subprocess.run([sys.executable, "-c", _SWALLOWED, mode], env=env, capture_output=True, text=True,
+                         timeout=300, preexec_fn=_foreground_job)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "Exception ignored" in res.stderr and "KeyboardInterrupt" in res.stderr, res.stderr[-2000:]
+    assert res.stdout.split()[0] == ("stopped" if mode == "latched" else "built"), res.stdout
+
+
+def test_every_command_latches_ctrl_c():
+    """The command line installs the latch before any command runs (the random-moment test above
+    cannot show it: a swallowed Ctrl-C is rare there)."""
+    prog = ("import signal; from fusegemm.cli import main; from fusegemm.base import interrupts\n"
+            "main(['list', '--json'], standalone_mode=False)\n"
+            "print(signal.getsignal(signal.SIGINT) is interrupts._latch)")
+    res = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120,
+                         preexec_fn=_foreground_job)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split()[-1] == "True", res.stdout[-500:]
