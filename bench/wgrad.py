@@ -9,6 +9,13 @@ dW_e = dY_e^T X_e over each expert's token rows: dY (T, M), X (T, N) token-major
 * fc1: dY = dG (T, 2F), X = x (T, H): dW1 (L, 2F, H)
 * fc2: dY = dy (T, H), X = h (T, F): dW2 (L, H, F)
 
+With ``--fp8`` (the default) the FP8 weight gradient of the blockwise recipe runs too
+(specs/grouped_gemm_wgrad_fp8.yaml: dY^T and X^T FP8, scaled per row and 128 tokens):
+``fusegemm_fp8`` the GEMM on operands quantized beforehand (what the recipe's fused producers
+hand it), ``fusegemm_fp8_quant`` with ``torch_blockwise.quantize_wgrad`` of both operands in the
+timed call; its difference from torch's BF16 result is reported relative to that result's
+largest magnitude (the recipe's quantization error, not a kernel error).
+
 Every fusegemm result is checked against torch._grouped_mm before it is timed. ``--also
 NAME=DEFINES`` (repeatable) times the op built with a header's A/B switch as well (e.g.
 ``--also staged=-DFUSEGEMM_SM90_DEFER_STORE=0``).
@@ -59,12 +66,26 @@ def bench_shape(name: str, dist: str, args) -> dict:
         methods[key] = (lambda other=other: other(dy, x, off))
     if args.fill_ab:   # D zero-filled before the GEMM, as before fusegemm/ops/tail.py
         methods["fusegemm_whole_fill"] = whole_fill(lambda: op(dy, x, off))
+    if args.fp8:
+        from fusegemm import Op
+        from fusegemm.formats.torch_blockwise import quantize_wgrad
+        op8 = Op("grouped_gemm_wgrad_fp8").compile()
+        q = (*quantize_wgrad(dy), *quantize_wgrad(x))
+        ref = torch._grouped_mm(dy.t(), x, offs=off).float()
+        got = op8(*q, off)["d"].float()
+        row["fp8_max_diff_vs_torch_bf16_rel_to_max"] = float((got - ref).abs().max() / ref.abs().max())
+        del ref, got
+        methods["fusegemm_fp8"] = lambda: op8(*q, off)
+        methods["fusegemm_fp8_quant"] = lambda: op8(*quantize_wgrad(dy), *quantize_wgrad(x), off)
     if dist == "balanced":
         dyb, xb = dy.view(experts, t // experts, m), x.view(experts, t // experts, n)
         methods["cublas_bmm"] = lambda: torch.bmm(dyb.transpose(1, 2), xb)
     for key, ms in interleaved_ms(methods, args).items():
         row[f"{key}_ms"], row[f"{key}_tflops"] = ms, flops / ms / 1e9
     row["ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row["fusegemm_ms"]
+    for key in ("fusegemm_fp8", "fusegemm_fp8_quant"):
+        if f"{key}_ms" in row:
+            row[f"{key}_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row[f"{key}_ms"]
     for key, _ in also_builds(args):
         row[f"{key}_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row[f"{key}_ms"]
     if "fusegemm_whole_fill_ms" in row:
@@ -88,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fill-ab", action="store_true",
                     help="also time fusegemm with D zero-filled before the GEMM (the allocation before "
                          "fusegemm/ops/tail.py)")
+    ap.add_argument("--fp8", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time the blockwise recipe's FP8 weight gradient (default: on)")
     add_also_argument(ap)
     args = ap.parse_args(argv)
     also_builds(args)   # refuse a malformed --also before any work

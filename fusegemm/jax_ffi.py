@@ -373,7 +373,8 @@ def spec_op(spec: Any, *, e5m2_rcp_max: str = "page", **axes: Any) -> Any:
     grouped ``(a (M, K), padded_offsets (L,), b (L, N, K))``; block-scaled grouped ``(a, sfa,
     padded_offsets, b, sfb)`` (FP8 as ``float8_e4m3fn``/``e5m2`` or bytes, scales as flat or physical
     uint8/E8M0 buffers); batched ``(a (L, M, K), b (L, N, K), sfa, sfb)``; K-grouped ``(dy (T, M),
-    x (T, N), padded_offsets)``. ``inputs`` are the epilogue's by spec name (arrays; a per-column
+    x (T, N), padded_offsets)``; FP8 K-grouped ``(a = dY^T (M, T), sfa (M, T/128), b = X^T (N, T),
+    sfb (N, T/128), padded_offsets)``. ``inputs`` are the epilogue's by spec name (arrays; a per-column
     input as (L, N), one row per expert). ``f`` returns a dict of the outputs by spec name in the
     kernel's storage (FP8/FP4 as uint8 bytes, SF buffers physical: 1x128 scales, ``sfd_vec_size=128``,
     as the float32 (ceil(N/128), pitch) buffer whose row j holds every row's scale of columns
@@ -420,8 +421,9 @@ def spec_op(spec: Any, *, e5m2_rcp_max: str = "page", **axes: Any) -> Any:
             *operands, *given.values(), spec=str(spec), axes=axes_json, e5m2_rcp_max=e5m2_rcp_max,
             operands=",".join(names), inputs=",".join(given), outputs=",".join(bufs))
         out = dict(zip(bufs, res))
-        if plan.kind == "kgrouped":
-            l, m, n = operands[2].shape[0], operands[0].shape[1], operands[1].shape[1]
+        if plan.k_grouped:   # (L * M, N) rows as (L, M, N)
+            n, rows_out, l = dims
+            m = rows_out // l
             rows = {o.name for o in plan.epilogue.outputs}
             out = {k: (v.reshape(l, m, n) if k in rows else v) for k, v in out.items()}
         return out

@@ -414,14 +414,81 @@ def _run_wgrad(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, boo
     return err, ok, f"L={len(sizes)}, T={t}"
 
 
+def wgrad_fp8_problem(tokens: list[int], m: int, n: int, seed: int, ab: str = "float8_e4m3fn") -> tuple[Any, ...]:
+    """An exact FP8 weight-gradient problem (the kscaled class): A = dY^T (M, T) and B = X^T (N, T)
+    with integers in [-2, 2] in each expert's token columns (padded to 256 with zeros) and
+    power-of-two scales per row and 128 tokens, so every product and sum is exact in any order;
+    host torch tensors (a, sfa, b, sfb, padded_offsets, alpha)."""
+    import ml_dtypes
+    import torch
+
+    from .formats.blockwise import blockwise_sfa_layout
+    rng = np.random.default_rng(seed)
+    sizes = _padded(tokens)
+    t = sum(sizes)
+    a = np.zeros((m, t), np.float32)
+    b = np.zeros((n, t), np.float32)
+    start = 0
+    for tok, size in zip(tokens, sizes):
+        a[:, start:start + tok] = rng.integers(-2, 3, (m, tok))
+        b[:, start:start + tok] = rng.integers(-2, 3, (n, tok))
+        start += size
+    sa = torch.from_numpy(np.exp2(rng.integers(-2, 3, (m, t // 128))).astype(np.float32))
+    sb = torch.from_numpy(np.exp2(rng.integers(-2, 3, (n, t // 128))).astype(np.float32))
+
+    def fp8(x: np.ndarray) -> Any:
+        return torch.from_numpy(x.astype(getattr(ml_dtypes, ab)).view(np.uint8)).view(getattr(torch, ab))
+    alpha = torch.from_numpy(np.exp2(rng.integers(-1, 2, len(sizes))).astype(np.float32))
+    return (fp8(a), blockwise_sfa_layout(sa), fp8(b), blockwise_sfa_layout(sb),
+            torch.tensor(np.cumsum(sizes), dtype=torch.int32), alpha)
+
+
+def _wgrad_fp8_cases() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        ("ragged + empty experts, an N tail", dict(tokens=[256, 0, 700, 100], m=256, n=192)),
+        ("e5m2, fp32 D, tile 128x128", dict(tokens=[512, 300], m=128, n=200,
+                                            axes={"ab_dtype": "float8_e5m2", "d_dtype": "float32", "tile_n": 128})),
+        ("no tokens in the last experts", dict(tokens=[1024, 0, 0], m=384, n=256)),
+    ]
+
+
+def _run_wgrad_fp8(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool, str]:
+    """The FP8 weight gradient (blockwise recipe) on an exact problem (wgrad_fp8_problem): D bit for
+    bit the op's reference."""
+    import torch
+
+    from . import output_compare
+    from .formats.blockwise import blockwise_sfa_layout
+    from .ops.engine import Op
+    axes = dict(case.get("axes", {}))
+    a, sfa, b, sfb, off, alpha = wgrad_fp8_problem(case["tokens"], case["m"], case["n"], 11,
+                                                   axes.get("ab_dtype", "float8_e4m3fn"))
+    op = Op("grouped_gemm_wgrad_fp8", device=_ordinal(device), **axes)
+    try:
+        op.check_support()
+    except UnsupportedError as exc:
+        raise CaseNotAvailable(str(exc)) from None
+    out = op(a.to(device), blockwise_sfa_layout(sfa.to(device)), b.to(device), blockwise_sfa_layout(sfb.to(device)),
+             off.to(device), inputs={"alpha": alpha.to(device)})
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+    ref = op.reference(a, sfa, b, sfb, off, inputs={"alpha": alpha})
+    l, m, n = off.shape[0], case["m"], case["n"]
+    err, problem = output_compare.compare_outputs({"d": np.asarray(ref["d"])}, {"d": out["d"].reshape(l * m, n)},
+                                                  exact=True)
+    return err, problem is None, problem or f"L={l}, T={a.shape[1]}: D exact"
+
+
 RUNNERS: dict[str, Callable[[], list[tuple[str, dict[str, Any]]]]] = {
     "grouped_gemm": lambda: _grouped_gemm_cases() + _spec_cases("grouped_gemm"),
     "grouped_gemm_wgrad": _wgrad_cases,
+    "grouped_gemm_wgrad_fp8": _wgrad_fp8_cases,
     **{fam: (lambda fam=fam: _SCALED_CASES[fam] + _spec_cases(fam)) for fam in _SCALED_CASES},
 }
 CASE_RUNNERS: dict[str, Callable[..., tuple[float, bool, str]]] = {
     "grouped_gemm": lambda case, device="cuda:0": (_run_spec if "spec" in case else _run_grouped_gemm)(case, device),
     "grouped_gemm_wgrad": _run_wgrad,
+    "grouped_gemm_wgrad_fp8": _run_wgrad_fp8,
     **{fam: (lambda case, device="cuda:0", fam=fam: _run_spec(case, device) if "spec" in case
              else _run_scaled(fam, case, device)) for fam in _SCALED_CASES},
 }
@@ -473,6 +540,11 @@ def class_cases(cls: Any) -> list[tuple[str, dict[str, Any]]]:
     pin = {k: v for k, v in cls.axes().items() if k in spec.choice_map}
     (tm, tn), (cm, cn) = cls.tile, cls.cluster
     units = max(1, cm // cls.ctas)          # MMA tiles side by side along M in one cluster
+    if cls.kind == "kscaled":
+        return [("ragged + empty experts, an N tail", dict(run="wgrad_fp8", tokens=[256, 0, 700, 100], m=2 * tm,
+                                                            n=tn + 72, axes=pin)),
+                ("two experts, every column tile", dict(run="wgrad_fp8", tokens=[512, 512], m=tm, n=2 * tn,
+                                                        axes=pin))]
     if cls.kind == "kgrouped":
         return [("ragged + empty experts, an N tail", dict(run="wgrad", tokens=[256, 0, 768, 300], m=2 * tm,
                                                             n=tn + 72, axes=pin)),
@@ -503,6 +575,8 @@ def run_class_case(cls: Any, case: dict[str, Any], device: str = "cuda:0") -> tu
     opts = {k: v for k, v in case.items() if k != "run"}
     if case["run"] == "wgrad":
         return _run_wgrad(opts, device)
+    if case["run"] == "wgrad_fp8":
+        return _run_wgrad_fp8(opts, device)
     if case["run"] == "seed":
         return _run_scaled(cls.family, opts, device)
     return _run_spec(opts, device)

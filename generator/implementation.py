@@ -17,7 +17,8 @@ SPEC_RULE = "spec"   # Implementation.rule: the rule generated from the spec's e
 # The kernel classes and the problem each solves (its scheduler and output rows): a spec's
 # ``problem`` must be its kernel's (generator/spec.py), since the epilogue checks that depend on
 # the problem (generator/epilogue.py) are what keep a rule within what the kernel defines.
-CLASS_PROBLEMS = {"grouped": "grouped", "kgrouped": "kgrouped", "scaled": "grouped", "batched": "batched"}
+CLASS_PROBLEMS = {"grouped": "grouped", "kgrouped": "kgrouped", "scaled": "grouped", "batched": "batched",
+                  "kscaled": "kgrouped"}
 
 
 @dataclass(frozen=True)

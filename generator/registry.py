@@ -12,6 +12,7 @@ class         kernel                                          families
 ``scaled``    block-scaled, M-grouped                         ``grouped_gemm_srelu``, ``_quant``,
                                                               ``_dswiglu``
 ``batched``   block-scaled, batched                           ``gemm_amax``
+``kscaled``   blockwise FP8, K-grouped (weight gradients)     ``grouped_gemm_wgrad_fp8``
 ============  ==============================================  ======================================
 
 Families of one class differ only in their specs' epilogues, so a row
@@ -57,6 +58,7 @@ _CLASS_OF = {
     "grouped_gemm_srelu": "scaled",
     "grouped_gemm_quant": "scaled",
     "grouped_gemm_dswiglu": "scaled",
+    "grouped_gemm_wgrad_fp8": "kscaled",
 }
 
 
@@ -251,6 +253,18 @@ _SM90_ROWS = (
     _row("kgrouped", "sm_90a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _KGROUPED_SM90, rule=SPEC_RULE,
          limits=(_SM90_TILE_M, *_KGROUPED_LIMITS, _SFD_MX_ONLY), runs_as=_SM90_SCALAR_F32),
+    # FP8 weight gradients with the blockwise recipe (Config::kKGrouped of the blockwise kernel):
+    # dY^T and X^T token-contiguous, both scaled 1x128 along the tokens. sm_100a has no row: its
+    # block-scaled kernel has no K ranges and no promoting mainloop. Written on 2026-12-03 with
+    # the session's device time spent: no GPU has run it yet (executed=False: its first launch
+    # runs the family's verification cases on the device first, fusegemm/verify.py;
+    # tests/gpu/test_wgrad_fp8_gpu.py is written for the next H200 run).
+    _row("kscaled", "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
+         "BlockScaledGemmKernel", ("ab_dtype", "cd_major", "discrete_col_sfd", "tile_n"), rule=SPEC_RULE,
+         limits=(*_SM90_BLOCKSCALED_LIMITS, *_KGROUPED_LIMITS, _NO_GATHER, _NO_GATHER_B, _SFD_MX_ONLY,
+                 Limit("sf_vec_size", (128,), "the blockwise recipe (FP32 scales per 128 tokens)"),
+                 Limit("sf_dtype", ("float32",), "FP32 scales (the blockwise recipe)")),
+         executed=False),
     *(_row(kind, "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _SM90_BLOCKSCALED, rule=SPEC_RULE,
            limits=(*_SM90_BLOCKSCALED_LIMITS, _NO_GATHER, _NO_GATHER_B,

@@ -9,6 +9,9 @@
   numpy helpers round ``x / s`` once from float64, so where ``fl32(x / s)`` lands exactly halfway
   between two FP8 values the two may differ by one FP8 step (power-of-two scales: never, the
   division is exact).
+* :func:`quantize_wgrad` quantizes a token-major matrix for the weight-gradient GEMM
+  (``grouped_gemm_wgrad_fp8``): its transpose, tokens contiguous, with one scale per column and
+  128 tokens; the same values as ``quantize_1x128(y.t())``.
 * :func:`mx_scales_of_blockwise` turns the recipe's E8M0 scales into MXFP8 scale atoms, exactly:
   what sm_100a's MXFP8 kernel reads for them.
 
@@ -23,7 +26,7 @@ from torch import Tensor
 
 from .torch_mx import pack_sf
 
-__all__ = ["quantize_1x128", "quantize_128x128", "mx_scales_of_blockwise"]
+__all__ = ["quantize_1x128", "quantize_128x128", "quantize_wgrad", "mx_scales_of_blockwise"]
 
 BLOCK = 128
 _ELEMENTS = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
@@ -82,6 +85,38 @@ def quantize_1x128(x: Tensor, dtype: torch.dtype = torch.float8_e4m3fn, scales: 
     s = _scale(v.abs().amax(-1), dtype, scales)
     q = (v / s[:, :, None]).to(dtype).view(m, kb * BLOCK)[:, :k]
     return q.contiguous(), blockwise_sfa_layout(s)
+
+
+def quantize_wgrad(y: Tensor, dtype: torch.dtype = torch.float8_e4m3fn, scales: str = "amax"
+                   ) -> tuple[Tensor, Tensor]:
+    """Quantize a token-major matrix ``y`` (T, C) (an MoE layer's activations X or output
+    gradients dY) as an operand of the FP8 weight-gradient GEMM (``grouped_gemm_wgrad_fp8``,
+    dW_e = dY_e^T X_e): one FP32 scale per column and 128 tokens, on ``y``'s device.
+
+    Parameters
+    ----------
+    y : torch tensor (T, C)
+        Values (bfloat16, float32, ...), token rows.
+    dtype : torch.float8_e4m3fn or torch.float8_e5m2
+        The element format.
+    scales : {"amax", "pow2"}
+        As :func:`quantize_1x128`.
+
+    Returns
+    -------
+    (values, scales)
+        FP8 ``y^T`` (C, T), tokens contiguous, and float32 ``(C, ceil(T/128))`` scales in the
+        kernels' SFA layout: the same values as ``quantize_1x128(y.t())``, without a transposed
+        BF16 copy (the FP8 bytes are transposed instead).
+    """
+    from .blockwise import blockwise_sfa_layout
+    _check(y, dtype, scales, "y", "(T, C)", 2)
+    t, c = y.shape
+    tb = -(-t // BLOCK)
+    v = torch.nn.functional.pad(y.float(), (0, 0, 0, tb * BLOCK - t)).view(tb, BLOCK, c)
+    s = _scale(v.abs().amax(1), dtype, scales)                  # (T/128, C)
+    q = (v / s[:, None, :]).to(dtype).view(tb * BLOCK, c)[:t]
+    return q.t().contiguous(), blockwise_sfa_layout(s.t())
 
 
 def quantize_128x128(w: Tensor, dtype: torch.dtype = torch.float8_e4m3fn, scales: str = "amax"

@@ -11,6 +11,8 @@ kernel class    families                                              operands
 ``scaled``      block-scaled grouped (sReLU, quant, dSwiGLU)          a, sfa, padded_offsets, b, sfb
                                                                       | b_ptrs, sfb_ptrs, n
 ``batched``     block-scaled batched (``gemm_amax``)                  a, b, sfa, sfb
+``kscaled``     FP8 weight gradients, blockwise recipe               a (dY^T), sfa, b (X^T), sfb,
+                (``grouped_gemm_wgrad_fp8``)                          padded_offsets
 ==============  ====================================================  ===============================
 
 Everything else is the spec's: the epilogue's inputs are passed by their spec names and reach the
@@ -48,6 +50,7 @@ from . import tail as _tail
 from .device import alloc, alloc_outputs
 from .grouped_operands import parse_call
 from .kgrouped_operands import KCall, parse_kgrouped
+from .kscaled_operands import KSCall, parse_kscaled
 from .loaded_kernel import LoadedKernel
 from .outputs import check_no_overlap, native_output
 from .prepared import Prepared, addresses, is_dry, pattern
@@ -62,8 +65,8 @@ E5M2_RCP_MAX = {"page": 1.0 / 57344.0, "nvidia": 1.0 / 128.0}
 
 
 def kernel_class(family: str) -> str:
-    """``grouped``, ``kgrouped``, ``scaled`` or ``batched``: the operands ``family``'s kernel
-    reads (``registry.kernel_class``; the faces ask here)."""
+    """``grouped``, ``kgrouped``, ``scaled``, ``batched`` or ``kscaled``: the operands ``family``'s
+    kernel reads (``registry.kernel_class``; the faces ask here)."""
     from ..generator import registry
     return registry.kernel_class(family)
 
@@ -102,6 +105,8 @@ class Op(PreparedLaunch):
         self.device = device
         self.arch = arch or _device.device_arch(device)
         self.kind = kernel_class(self.spec.kernel)
+        # K-grouped classes (weight gradients): the output is an (M, N) block per expert, (L, M, N).
+        self.k_grouped = self.kind in ("kgrouped", "kscaled")
         self.variant = make_variant(self.spec, arch=self.arch, **axes)
         # MN-major operands the kernel reads through a K-major copy (scaled_layouts.py): the
         # kernel is built from the K-major variant, each call copies them first.
@@ -162,6 +167,9 @@ class Op(PreparedLaunch):
         if self.kind == "kgrouped":
             l = shapes["padded_offsets"][0]
             return shapes["x_tensor"][1], l * shapes["dy_tensor"][1], l
+        if self.kind == "kscaled":
+            l = shapes["padded_offsets"][0]
+            return shapes["b_tensor"][0], l * shapes["a_tensor"][0], l
         if self.kind == "batched":
             a = shapes["a_tensor"]
             return shapes["b_tensor"][-2], (a[0] * a[1] if len(a) == 3 else a[0]), 1
@@ -228,7 +236,9 @@ class Op(PreparedLaunch):
             The kernel class's operands (module docstring): ``(a_tensor, padded_offsets,
             b_tensor)`` for BF16 grouped specs, ``(a_tensor, sfa_tensor, padded_offsets,
             b_tensor, sfb_tensor)`` block-scaled grouped, ``(a_tensor, b_tensor, sfa_tensor,
-            sfb_tensor)`` batched, ``(dy_tensor, x_tensor, padded_offsets)`` K-grouped; by
+            sfb_tensor)`` batched, ``(dy_tensor, x_tensor, padded_offsets)`` K-grouped, ``(a_tensor,
+            sfa_tensor, b_tensor, sfb_tensor, padded_offsets)`` FP8 K-grouped (A = dY^T (M, T), B = X^T
+            (N, T), tokens contiguous, scales (M, T/128) and (N, T/128): ``quantize_wgrad``); by
             position or keyword, with ``b_ptrs`` / ``sfb_ptrs`` / ``n`` for discrete weights, and
             ``a_index`` for a BF16 grouped op built with ``a_gather=True`` (gathered A: int32
             (M,), problem row r reads row ``a_index[r]`` of a token-major ``a_tensor`` (T, K);
@@ -267,7 +277,7 @@ class Op(PreparedLaunch):
         deferred: list = []
         values, keep = self._inputs(given, call, deferred, input_names, align)
         device = self._check_devices(call, deferred)
-        rows_written = self.kind in ("grouped", "kgrouped") and not is_dry()
+        rows_written = (self.kind == "grouped" or self.k_grouped) and not is_dry()
         out = alloc_outputs(self.epilogue, *self._dims(call), device_str(call.a, device),
                             rows_written=rows_written)
         if not is_dry():   # a fake implementation's trace: outputs allocated, nothing launched
@@ -299,7 +309,7 @@ class Op(PreparedLaunch):
         return self._shaped(e.call, out) if shaped else out
 
     def _shaped(self, call: Any, out: dict[str, Any]) -> TupleDict:
-        if self.kind == "kgrouped":   # D_e blocks as (L, M, N)
+        if self.k_grouped:   # D_e blocks as (L, M, N)
             outs = {o.name for o in self.epilogue.outputs}
             out = {k: (v.view(call.l, call.m_out, call.n) if k in outs else v) for k, v in out.items()}
         if self._sfd_1x128 is not None:
@@ -405,7 +415,7 @@ class Op(PreparedLaunch):
 
     def _dims(self, call: Any) -> tuple[int, int, int]:
         """(accumulator columns, output rows, experts) of the buffers the epilogue writes."""
-        if self.kind == "kgrouped":
+        if self.k_grouped:
             return call.n, call.l * call.m_out, call.l
         if self.kind == "batched":
             return call.n, call.l * call.m, 1
@@ -420,7 +430,7 @@ class Op(PreparedLaunch):
         name of each input in messages (a preset's ``alpha_tensor``); default ``inputs['alpha']``.
         ``align``: alignments (bytes) stricter than the dtype's, by spec name."""
         r = self.epilogue
-        w = self.widths(call.n)[0] if self.kind != "kgrouped" else call.n
+        w = self.widths(call.n)[0] if not self.k_grouped else call.n
         m = call.m
         self._known_inputs(given, names or {})
         values: dict[str, int] = {}
@@ -560,8 +570,28 @@ def _acc_batched(op: Op, o: dict[str, Any]) -> tuple[Any, Any, int]:
     raise UnsupportedError("Op.reference: batched specs have the seed's reference, fusegemm.reference.gemm_amax")
 
 
+def _acc_kscaled(op: Op, o: dict[str, Any]) -> tuple[Any, Any, int]:
+    """Each expert's dequant(A)[:, T_e] @ dequant(B)[:, T_e]^T (A = dY^T, B = X^T, scaled per row
+    and 128 tokens) stacked as (L * M, N)."""
+    import numpy as np
+
+    from ..formats.blockwise import dequantize_1x128
+    from ..formats.numpy_dtypes import to_numpy
+    a = dequantize_1x128(o["a_tensor"], o["sfa_tensor"]).astype(np.float64)
+    b = dequantize_1x128(o["b_tensor"], o["sfb_tensor"]).astype(np.float64)
+    off = to_numpy(o["padded_offsets"]).astype(np.int64)
+    args.offsets_values([int(v) for v in off], a.shape[1], "a_tensor (token columns)")
+    l, m, n = off.size, a.shape[0], b.shape[0]
+    acc = np.zeros((l * m, n), dtype=np.float32)
+    start = 0
+    for e, end in enumerate(off):
+        acc[e * m:(e + 1) * m] = (a[:, start:end] @ b[:, start:end].T).astype(np.float32)
+        start = int(end)
+    return acc, np.arange(1, l + 1, dtype=np.int64) * m, l * m
+
+
 _ACCUMULATE = {"grouped": _acc_grouped, "scaled": _acc_grouped, "kgrouped": _acc_kgrouped,
-               "batched": _acc_batched}
+               "batched": _acc_batched, "kscaled": _acc_kscaled}
 
 
 def _check_overlap(out: Mapping[str, Any], names: Mapping[str, str], call: Any, inputs: list) -> None:
@@ -642,8 +672,17 @@ def _parse_batched(op: Op, a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_te
     return call
 
 
+def _parse_kscaled(op: Op, a_tensor: Any, sfa_tensor: Any, b_tensor: Any, sfb_tensor: Any, padded_offsets: Any,
+                   *, row_ends: Any = None) -> KSCall:
+    call = parse_kscaled(op.variant.tile_m, a_tensor, sfa_tensor, b_tensor, sfb_tensor, padded_offsets)
+    if call.ab != op.variant.ab_dtype:
+        raise ArgumentError("a_tensor.dtype", call.ab, f"{op.variant.ab_dtype} (the A/B format this op was built for)")
+    call.row_ends = checks.row_ends(row_ends, call.l)
+    return call
+
+
 _PARSERS = {"grouped": _parse_grouped, "kgrouped": _parse_kgrouped, "scaled": _parse_scaled,
-            "batched": _parse_batched}
+            "batched": _parse_batched, "kscaled": _parse_kscaled}
 # The one statement of each class's operands: its parser's parameters after ``op`` (positional
 # ones are the operands every face passes; keyword-only ones are discrete weights' pointers).
 _SIGNATURES = {kind: inspect.signature(parse) for kind, parse in _PARSERS.items()}

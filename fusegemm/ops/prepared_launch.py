@@ -183,8 +183,7 @@ class PreparedLaunch:
             host = _device.offsets_on_host(offsets_obj, stream)
             if host is not None:
                 c = e.call
-                args.offsets_values(host, c.t if self.kind == "kgrouped" else c.m,
-                                    "dy_tensor" if self.kind == "kgrouped" else "a_tensor")
+                args.offsets_values(host, c.t if self.k_grouped else c.m, _OFFSET_ROWS.get(self.kind, "a_tensor"))
         if reset:
             for bits, i, words in e.resets:
                 _load.check(_load.driver().cuMemsetD32Async(ptrs[i], bits, words, stream), "cuMemsetD32Async")
@@ -253,7 +252,9 @@ def device_str(a: Any, device: int) -> str:
 # The first operand's name and base alignment, and the other operands checked for device and
 # alignment: (argument name, attribute of the call, bytes).
 LEAD = {"grouped": ("a_tensor", 16), "kgrouped": ("dy_tensor", 16), "scaled": ("a_tensor", 16),
-         "batched": ("a_tensor", 16)}
+        "batched": ("a_tensor", 16), "kscaled": ("a_tensor", 16)}
+# What padded_offsets count, for their host check's message.
+_OFFSET_ROWS = {"kgrouped": "dy_tensor", "kscaled": "a_tensor (token columns)"}
 DEVICE_OPERANDS = {
     "grouped": (("padded_offsets", "offsets", 4), ("b_tensor", "b", 16), ("b_ptrs", "b_ptrs", 8),
                 ("a_index", "a_index", 4), ("row_ends", "row_ends", 4)),
@@ -262,6 +263,8 @@ DEVICE_OPERANDS = {
     "scaled": (("padded_offsets", "offsets", 4), ("b_tensor", "b", 16), ("b_ptrs", "b_ptrs", 8),
                ("sfb_ptrs", "sfb_ptrs", 8), ("sfa_tensor", "sfa", 16), ("sfb_tensor", "sfb", 16)),
     "batched": (("b_tensor", "b", 16), ("sfa_tensor", "sfa", 16), ("sfb_tensor", "sfb", 16)),
+    "kscaled": (("b_tensor", "b", 16), ("sfa_tensor", "sfa", 16), ("sfb_tensor", "sfb", 16),
+                ("padded_offsets", "offsets", 4), ("row_ends", "row_ends", 4)),
 }
 
 
@@ -328,4 +331,33 @@ def _plan_scaled(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) -
     return ln.grid(s), s, values
 
 
-_PLANS = {"grouped": _plan_grouped, "kgrouped": _plan_kgrouped, "scaled": _plan_scaled, "batched": _plan_scaled}
+def _plan_kscaled(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) -> Any:
+    """FP8 weight gradients (fusegemm/sm90/blockwise_promote.cuh, K-grouped): A = dY^T (M, T) and B =
+    X^T (N, T) bytes, their 1x128 scales (M, T/128) and (N, T/128) as maps with boxes of the
+    operand box's rows by one 128-token block."""
+    from .loaded_kernel import GroupedShape
+    from .prepared import persistent_grid
+    c, tiled = ln.contract, ln.tmaps.tiled
+    m, n, t = call.m_out, call.n, call.t
+    a_ptr, b_ptr, sfa_ptr, sfb_ptr = call.a.ptr, call.b.ptr, call.sfa.ptr, call.sfb.ptr
+    a_ld, b_ld, cols, sfk, sfa_ld, sfb_ld = call.a.strides[0], call.b.strides[0], t, call.sfk, call.sfa_ld, call.sfb_ld
+    if t == 0:
+        # No tokens (an expert-parallel rank that received none): every tile's K range is empty
+        # and nothing is loaded, but a map needs a real extent and address: an output buffer (at
+        # least M x N elements) stands in for every operand.
+        a_ptr = b_ptr = sfa_ptr = sfb_ptr = next(iter(out.values()))
+        a_ld, b_ld, cols, sfk, sfa_ld, sfb_ld = 16, 16, 16, 1, -(-m // 4) * 4, -(-n // 4) * 4
+    s = GroupedShape(m=call.l * m, n=n, k=t, l=call.l, a_ld=a_ld, b_sn=b_ld, b_sl=0, discrete=False)
+    values = {"tma_a": tiled(a_ptr, "uint8", (cols, m), (a_ld,), (c.box_a_inner, c.box_a_outer), c.swizzle_a),
+              "tma_b": tiled(b_ptr, "uint8", (cols, n), (b_ld,), (c.box_b_inner, c.box_b_outer), c.swizzle_b),
+              "tma_sfa": tiled(sfa_ptr, "float32", (m, sfk), (4 * sfa_ld,), (c.box_a_outer, 1), 0),
+              "tma_sfb": tiled(sfb_ptr, "float32", (n, sfk), (4 * sfb_ld,), (c.box_b_outer, 1), 0),
+              "row_ends": call.row_ends.ptr if call.row_ends is not None else 0,
+              "m_rows": m, "n": n, "k": t, "num_experts": call.l, "cluster_m": 1, "cluster_n": 1, "b_ptrs": 0,
+              "sfb_ptrs": 0, "sfb": 0}
+    grid = persistent_grid(call.l * m, n, ln.tile, c.ctas_per_tile, ln.cluster, ln.sms)   # (L * M, N) tiles
+    return grid, s, values
+
+
+_PLANS = {"grouped": _plan_grouped, "kgrouped": _plan_kgrouped, "scaled": _plan_scaled, "batched": _plan_scaled,
+          "kscaled": _plan_kscaled}

@@ -73,14 +73,15 @@ def not_k_major(name: str, v: TensorView, strides: tuple[int, ...], mn_major: bo
     return ArgumentError(f"{name}.stride", tuple(strides), f"K-major ({what})", hint)
 
 
-def blockwise_sfa(x: Any, name: str, m: int, sfk: int, l: int, batched: bool) -> tuple[TensorView, int, int]:
+def blockwise_sfa(x: Any, name: str, m: int, sfk: int, l: int, batched: bool,
+                  rows_of: str = "A") -> tuple[TensorView, int, int]:
     """The blockwise recipe's A scales: float32 ``(M, ceil(K/128))`` (batched: ``(M, ceil(K/128), L)``)
     with unit stride along M and a pitch of a multiple of 4 floats; (view, pitch, batch stride) in
-    floats."""
+    floats. ``rows_of``: the operand whose rows they scale, for the message."""
     shape = (m, sfk, l) if batched else (m, sfk)
     v = args.tensor(x, name, ndims=(len(shape),), dtypes=("float32",))
     if tuple(v.shape) != shape:
-        raise ArgumentError(f"{name}.shape", tuple(v.shape), f"{shape}: one FP32 scale per row of A and 128 K"
+        raise ArgumentError(f"{name}.shape", tuple(v.shape), f"{shape}: one FP32 scale per row of {rows_of} and 128 K"
                             + (" per batch" if batched else ""))
     ld = v.strides[1] if sfk > 1 else -(-m // 4) * 4
     ls = v.strides[2] if batched and l > 1 else ld * sfk

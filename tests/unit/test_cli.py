@@ -21,7 +21,8 @@ def test_list_json():
                                                   "grouped_gemm_dsrelu_mx", "grouped_gemm_dswiglu",
                                                   "grouped_gemm_dswiglu_bf16",
                                                   "grouped_gemm_glu", "grouped_gemm_glu_mx", "grouped_gemm_quant",
-                                                  "grouped_gemm_srelu", "grouped_gemm_swiglu", "grouped_gemm_wgrad"]
+                                                  "grouped_gemm_srelu", "grouped_gemm_swiglu", "grouped_gemm_wgrad",
+                                                  "grouped_gemm_wgrad_fp8"]
     # declared and implemented side by side: sm_90a implements tile M 64/128 without clusters
     # (1 tile of 3, 1 cluster of 9 of the declared grouped_gemm surface)...
     g90, g100 = rows[("grouped_gemm", "sm_90a")], rows[("grouped_gemm", "sm_100a")]

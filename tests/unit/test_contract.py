@@ -115,7 +115,9 @@ def test_a_kernel_that_disagrees_with_its_variant_is_refused(session_cache):
                        discrete=False)
 
 
-@pytest.mark.parametrize("row", [registry.lookup(f, a) for f in registry.families() for a in ("sm_100a", "sm_90a")],
+# (a family without a kernel on an arch, the FP8 weight gradient on sm_100a, has no row there)
+@pytest.mark.parametrize("row", [r for f in registry.families() for a in ("sm_100a", "sm_90a")
+                                 if (r := registry.lookup(f, a)) is not None],
                          ids=lambda r: f"{r.family}.{r.arch}")
 def test_registry_never_offers_a_cluster_the_kernel_refuses(row, session_cache):
     """The registry's implemented surface (spec choices within the row's limits) fits the

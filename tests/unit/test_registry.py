@@ -21,7 +21,8 @@ from fusegemm.generator.variants import default_choice, make_variant
 
 SPECS = [p.stem for p in list_specs()]
 FAMILY_CLASS = {"grouped_gemm": "grouped", "grouped_gemm_wgrad": "kgrouped", "gemm_amax": "batched",
-                "grouped_gemm_srelu": "scaled", "grouped_gemm_quant": "scaled", "grouped_gemm_dswiglu": "scaled"}
+                "grouped_gemm_srelu": "scaled", "grouped_gemm_quant": "scaled", "grouped_gemm_dswiglu": "scaled",
+                "grouped_gemm_wgrad_fp8": "kscaled"}
 
 
 def _alternatives(axis: str, value):
@@ -106,7 +107,7 @@ def test_rows_are_validated():
     with pytest.raises(ValueError, match=r"arch: got 'sm_80'"):
         registry.Implementation("grouped", "sm_80", "t", "h", "k", None, ())
     with pytest.raises(ValueError, match=r"^Implementation.kernel_class: got 'x'; allowed: grouped, kgrouped, "
-                                         r"scaled, batched$"):
+                                         r"scaled, batched, kscaled$"):
         registry.Implementation("x", "sm_90a", "t", "h", "k", None, ())
     with pytest.raises(ValueError, match=r"source_axes: got \['cluster_m'\]"):
         registry.Implementation("grouped", "sm_90a", "t", "h", "k", None, ("cluster_m",))
@@ -118,10 +119,12 @@ def test_rows_are_validated():
 
 def test_one_row_per_kernel_class_and_arch():
     """The table holds a row per (kernel class, arch), unbound to any family; the families of a
-    class share it (their specs' epilogues are what differs)."""
-    assert len(registry.ROWS) == 8
+    class share it (their specs' epilogues are what differs). The FP8 weight gradient (kscaled)
+    has no sm_100a kernel."""
+    assert len(registry.ROWS) == 9
     assert {(r.kernel_class, r.arch) for r in registry.ROWS} == {
-        (k, a) for k in ("grouped", "kgrouped", "scaled", "batched") for a in ("sm_100a", "sm_90a")}
+        (k, a) for k in ("grouped", "kgrouped", "scaled", "batched") for a in ("sm_100a", "sm_90a")} | {
+        ("kscaled", "sm_90a")}
     assert all(r.family == "" for r in registry.ROWS)
 
 
@@ -132,7 +135,10 @@ def test_every_family_resolves_to_its_class_row(family):
     assert registry.kernel_class(family) == FAMILY_CLASS[family]
     for arch in ARCHS:
         row = registry.lookup(family, arch)
-        table = next(r for r in registry.ROWS if (r.kernel_class, r.arch) == (FAMILY_CLASS[family], arch))
+        table = next((r for r in registry.ROWS if (r.kernel_class, r.arch) == (FAMILY_CLASS[family], arch)), None)
+        if table is None:   # a class without a kernel on this arch (kscaled on sm_100a): status none
+            assert row is None and registry.status(family, arch) == registry.NONE
+            continue
         assert row == dataclasses.replace(table, family=family)
         choice = default_choice(find_spec(family), arch)
         assert registry.resolve(family, arch, choice) == row
@@ -259,7 +265,8 @@ def test_a_spec_names_its_kernel_class(tmp_path):
     loads as that family and renders the same source as one that names the family."""
     from fusegemm.generator.spec import load_spec
     assert registry.kernel_classes() == {"grouped": "grouped_gemm", "kgrouped": "grouped_gemm_wgrad",
-                                         "batched": "gemm_amax", "scaled": "grouped_gemm_srelu"}
+                                         "batched": "gemm_amax", "scaled": "grouped_gemm_srelu",
+                                         "kscaled": "grouped_gemm_wgrad_fp8"}
     spec = find_spec("grouped_gemm_dsrelu_mx")
     assert "kernel: scaled" in open(spec.path).read() and spec.kernel == "grouped_gemm_srelu"
     other = tmp_path / "grouped_gemm_dsrelu_mx.yaml"

@@ -75,8 +75,9 @@ CASES = [
     ("wrong type", lambda t: t.replace("schema: 2", "schema: one"),
      "demo.yaml:1: schema: expected an integer, got a string 'one'"),
     ("unknown kernel family", lambda t: t.replace("kernel: grouped_gemm", "kernel: grouped_gemm_relu"),
-     "demo.yaml:3: kernel: got 'grouped_gemm_relu'; allowed: grouped, kgrouped, batched, scaled, grouped_gemm, "
-     "grouped_gemm_wgrad, gemm_amax, grouped_gemm_srelu, grouped_gemm_quant, grouped_gemm_dswiglu"),
+     "demo.yaml:3: kernel: got 'grouped_gemm_relu'; allowed: grouped, kgrouped, batched, scaled, kscaled, "
+     "grouped_gemm, grouped_gemm_wgrad, gemm_amax, grouped_gemm_srelu, grouped_gemm_quant, grouped_gemm_dswiglu, "
+     "grouped_gemm_wgrad_fp8"),
     ("name/file mismatch", lambda t: t.replace("name: demo", "name: other"),
      "demo.yaml:2: name: 'other' must match the file name 'demo'"),
     ("unknown axis", lambda t: t.replace("  tile_n: [256]", "  tile_k: [64]"),
@@ -150,7 +151,7 @@ def test_seed_specs_load():
                      "grouped_gemm_dsrelu_mx",
                      "grouped_gemm_dswiglu", "grouped_gemm_dswiglu_bf16", "grouped_gemm_glu",
                      "grouped_gemm_glu_mx", "grouped_gemm_quant", "grouped_gemm_srelu",
-                     "grouped_gemm_swiglu", "grouped_gemm_wgrad"]
+                     "grouped_gemm_swiglu", "grouped_gemm_wgrad", "grouped_gemm_wgrad_fp8"]
 
 
 def test_public_load_spec():

@@ -82,7 +82,8 @@ def test_every_class_is_enumerated_with_cases_for_each_cta():
             assert rows // c.tile[0] >= c.cluster[0] // c.ctas and case["n"] > c.tile[1] * c.cluster[1] - 1
     sm90 = selftest.all_classes("sm_90a")
     assert {c.family for c in sm90} == {"grouped_gemm", "grouped_gemm_wgrad", "grouped_gemm_srelu",
-                                        "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax"}
+                                        "grouped_gemm_quant", "grouped_gemm_dswiglu", "gemm_amax",
+                                        "grouped_gemm_wgrad_fp8"}
     assert all(c.majors == ("k", "k") for c in sm90 if c.kind in ("scaled", "batched"))   # FP8 WGMMA: K-major
     assert any(c.recipe[2] == 128 for c in sm90) and any(c.scheduler == "dynamic" for c in sm90)
 
@@ -336,7 +337,7 @@ def test_each_class_case_builds_a_variant_of_its_class(arch):
     from fusegemm import selftest
     for cls in selftest.all_classes(arch):
         for label, case in selftest.class_cases(cls):
-            assert case["run"] in ("spec", "seed", "wgrad"), label
+            assert case["run"] in ("spec", "seed", "wgrad", "wgrad_fp8"), label
             if case["run"] == "seed":   # the seed wrapper resolves the class from the problem and options
                 assert cls.kind == "batched" or cls.recipe[0] == "float4_e2m1fn_x2", (cls, label)
                 assert config_class(_seed_variant(cls, case, arch)) == cls, (cls, label)

@@ -226,6 +226,7 @@ struct Config {
   using ElementD = float;
   static constexpr int kSfVec = 32;
   static constexpr bool kBatched = true;
+  static constexpr bool kKGrouped = false;
   static constexpr bool kCMajorM = false;
   static constexpr bool kAMajorMN = false;
   static constexpr bool kBMajorMN = false;
@@ -243,7 +244,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_be3830e8138b_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_db3b612040f1_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -269,6 +270,6 @@ extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_be3830
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_gemm_amax_sm100a_be3830e8138b(const __grid_constant__ fusegemm_gen::Params params) {
+fg_gemm_amax_sm100a_db3b612040f1(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -261,6 +261,7 @@ struct Config {
   using ElementD = fusegemm::float_e4m3_t;
   static constexpr int kSfVec = 32;
   static constexpr bool kBatched = false;
+  static constexpr bool kKGrouped = false;
   static constexpr bool kCMajorM = false;
   static constexpr bool kAMajorMN = false;
   static constexpr bool kBMajorMN = false;
@@ -278,7 +279,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_750164112fde_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_7585bfa7c5c1_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -304,6 +305,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_dswiglu_sm100a_750164112fde(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_dswiglu_sm100a_7585bfa7c5c1(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -233,6 +233,7 @@ struct Config {
   using ElementD = fusegemm::bfloat16_t;
   static constexpr int kSfVec = 32;
   static constexpr bool kBatched = false;
+  static constexpr bool kKGrouped = false;
   static constexpr bool kCMajorM = false;
   static constexpr bool kAMajorMN = false;
   static constexpr bool kBMajorMN = false;
@@ -250,7 +251,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_quant_sm100a_0d07475b7ed4_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_quant_sm100a_2e9f19ab2f59_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -276,6 +277,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_quant_sm10
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_quant_sm100a_0d07475b7ed4(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_quant_sm100a_2e9f19ab2f59(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -235,6 +235,7 @@ struct Config {
   using ElementD = fusegemm::bfloat16_t;
   static constexpr int kSfVec = 32;
   static constexpr bool kBatched = false;
+  static constexpr bool kKGrouped = false;
   static constexpr bool kCMajorM = false;
   static constexpr bool kAMajorMN = false;
   static constexpr bool kBMajorMN = false;
@@ -252,7 +253,7 @@ using Kernel = fusegemm::sm90::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90a_55a66442b74f_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90a_c1352c486084_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -278,6 +279,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_srelu_sm90
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_srelu_sm90a_55a66442b74f(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_srelu_sm90a_c1352c486084(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -39,6 +39,7 @@ struct ScaledConfigChecks {
   static_assert(!Config::kCMajorM || !Config::Rule::kHasD, "M-major output: C only (seed 004)");
   static_assert(Config::kTileM == 128, "sm_90a block-scaled kernel: TILE_M 128 (two consumer warpgroups)");
   static_assert(Config::kTileN == 128 || Config::kTileN == 256, "sm_90a block-scaled kernel: TILE_N 128 or 256");
+  static_assert(!Config::kKGrouped, "K-grouped block-scaled GEMMs: the blockwise recipe's kernel only");
 };
 
 // Host contract fields (fusegemm/base/contract.py) that do not depend on the mainloop: no

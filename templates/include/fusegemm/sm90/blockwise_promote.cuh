@@ -22,12 +22,23 @@
 // stage, is read by the consumers from global memory one stage ahead (a 16-byte TMA box of it
 // faulted on the H200 with an illegal instruction; a plain load needs no map).
 //
+// K-grouped (Config::kKGrouped: the weight gradient dW_e = dY_e^T X_e, DeepSeek-V3's wgrad recipe):
+// tiles are (expert, M block, N block) of the (L, M, N) output and a tile's K range is its
+// expert's token columns [offsets[e-1], offsets[e]) of A = dY^T (M, T) and B = X^T (N, T), both
+// K-major (token-contiguous) FP8 with 1x128 scales along the tokens: SFA (M, T/128) and SFB
+// (N, T/128), each M- (N-) contiguous. B's scales are per column, not per 128 x 128 block, so a
+// stage also loads its 128-token block of SFB (one float per column of the tile) and the
+// promotion is acc[r][c] += tmp[r][c] * (sfa[r] * sfb[c]): an FMUL and an FFMA per element per
+// 128 K. An expert without tokens stores alpha * 0.
+//
 // Host contract (fusegemm/ops/scaled_operands.py blockwise_maps encodes the maps):
 //   tma_a, tma_b  as the MXFP8 kernel's
 //   tma_sfa  float32 (M rows, ceil(K/128)) M-contiguous, row pitch a multiple of 4 floats
 //            (batched: (M, ceil(K/128), L)); box (kTileM, 1[, 1])
 //   sfb      float32 (L, ceil(N/128), ceil(K/128)) dense; discrete: sfb_ptrs[e] -> (ceil(N/128),
 //            ceil(K/128)) per expert
+//   K-grouped: tma_a / tma_b over dY^T (T, M) / X^T (T, N) bytes, tma_sfa (M, T/128) box (128, 1),
+//            tma_sfb (N, T/128) box (B box rows, 1); offsets, row_ends; m_rows = M, k = T
 #pragma once
 
 #include "fusegemm/common.cuh"
@@ -70,6 +81,9 @@ struct BlockwiseConfigChecks {
   static_assert(!Config::kCMajorM || !Config::Rule::kHasD, "M-major output: C only (seed 004)");
   static_assert(Config::kTileM == 128, "sm_90a blockwise kernel: TILE_M 128 (two consumer warpgroups)");
   static_assert(Config::kTileN == 128 || Config::kTileN == 256, "sm_90a blockwise kernel: TILE_N 128 or 256");
+  static_assert(!Config::kKGrouped || (!Config::kBatched && !Config::kDiscreteB && !Config::kDynamicSched &&
+                                       !Config::kCMajorM),
+                "K-grouped (weight gradients): dense token-major operands, static scheduling, row-major D");
 };
 
 template <class Config>
@@ -82,6 +96,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   using Rule = typename Config::Rule;  // generated from the spec's epilogue
 
   static constexpr bool kBatched = Config::kBatched, kDiscreteB = Config::kDiscreteB;
+  static constexpr bool kKGrouped = Config::kKGrouped;
   static constexpr int kTileM = Config::kTileM;
   static constexpr int kTileN = Config::kTileN;
   static constexpr int kMmaN = 128;                 // columns per WGMMA: one B scale per half and stage
@@ -120,7 +135,8 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kABytes = kTileM * kTileK;
   static constexpr int kBBytes = kHalves * kMmaN * kTileK;
   static constexpr int kSfaBytes = kTileM * 4;
-  static constexpr int kSfStageBytes = kSfaBytes;
+  static constexpr int kSfbBytes = kKGrouped ? kHalves * kMmaN * 4 : 0;   // K-grouped: a scale per B row
+  static constexpr int kSfStageBytes = kSfaBytes + kSfbBytes;
   static constexpr int kTileRing = 4;
   static constexpr int kSmemLimit = 232448 - 1024;
   static constexpr int kEpiBytes = Epi::kBytes;
@@ -159,9 +175,10 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kSwizzleA = 128, kSwizzleB = 128;
   // Scale maps: one 128-K block per SFA box (kBoxAOuter rows); no SFB map (sf_box_nb 0).
   static constexpr int kSfBoxK = 1, kSfBoxNB = 0;
-  static constexpr uint32_t kTxBytes = kABytes + kBBytes + kSfaBytes;
+  static constexpr uint32_t kTxBytes = kABytes + kBBytes + kSfStageBytes;
 
-  using Schedule = ScaledSchedule<kTileM, kTileN, kBatched>;
+  // K-grouped tiles walk the (L, M, N) output as batches of M rows (the batched tile order).
+  using Schedule = ScaledSchedule<kTileM, kTileN, kBatched || kKGrouped>;
   using Ring = TileRing<kTileRing>;
 
   struct Bars {
@@ -204,6 +221,18 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
 
   FUSEGEMM_DEVICE static int k_blocks(int k) { return (k + kTileK - 1) / kTileK; }
 
+  // A tile's first K element and k-blocks: the whole K, or (K-grouped) expert e's token columns
+  // (fusegemm/scheduler.cuh kgrouped_k_range; row_ends skip the k-blocks past its tokens).
+  template <class Params>
+  FUSEGEMM_DEVICE static int2 k_range(const Params& p, int e, int num_k_blocks) {
+    if constexpr (kKGrouped) {
+      return kgrouped_k_range<kTileK>(reinterpret_cast<const int*>(p.offsets), reinterpret_cast<const int*>(p.row_ends),
+                                      e, p.k);
+    } else {
+      return make_int2(0, num_k_blocks);
+    }
+  }
+
   // ------------------------------------------------------------------------------------
   // Producer: one thread.
   // ------------------------------------------------------------------------------------
@@ -214,6 +243,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
     prefetch_tmap(&p.tma_a);
     prefetch_tmap(&p.tma_b);
     prefetch_tmap(&p.tma_sfa);
+    if constexpr (kKGrouped) prefetch_tmap(&p.tma_sfb);
     const CUtensorMap* map_b = &p.tma_b;
     DeviceTmap<kTmapSlots> b_maps;
     if constexpr (kDiscreteB) {
@@ -234,10 +264,11 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
       const int m0 = t.m_block * kTileM;
       const int l = kBatched ? t.expert : 0;           // batch coordinate of A / SFA
       const int lb = kDiscreteB ? 0 : t.expert;        // expert / batch of B and SFB
+      const int2 kr = k_range(p, t.expert, num_k_blocks);
       for (int pass = 0; pass < kPasses; ++pass) {
         const int n0 = t.n_block * kTileN + pass * kHalves * kMmaN;
         if (n0 >= p.n) break;
-        for (int kb = 0; kb < num_k_blocks; ++kb) {
+        for (int kb = 0; kb < kr.y; ++kb) {
           mbar_wait(&b.empty[stage], phase ^ 1);
           if constexpr (kDiscreteB) {
             // After the empty wait: a DeviceTmap slot is rewritten kTmapSlots (= kStages) loads later.
@@ -249,18 +280,27 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
           uint64_t* bar = &b.full[stage];
           mbar_arrive_expect_tx(bar, kTxBytes);
           uint8_t* sf = smem + kOffSf + stage * kSfStageBytes;
-          const int kx = kb * kTileK;
-          if constexpr (kBatched) {
-            tma_load_3d(&p.tma_a, bar, smem + kOffA + stage * kABytes, kx, m0, l);
-            tma_load_3d(&p.tma_sfa, bar, sf, m0, kb, l);
-          } else {
+          const int kx = kr.x + kb * kTileK;
+          if constexpr (kKGrouped) {
+            // A = dY^T rows m0.. (shared by the experts; the expert picks the token columns), B =
+            // X^T rows n0.., and both scales' 128-token block (kr.x is a multiple of 256).
             tma_load_2d(&p.tma_a, bar, smem + kOffA + stage * kABytes, kx, m0);
-            tma_load_2d(&p.tma_sfa, bar, sf, m0, kb);
-          }
-          if constexpr (kDiscreteB) {
-            tma_load_2d(map_b, bar, smem + kOffB + stage * kBBytes, kx, n0);
+            tma_load_2d(&p.tma_sfa, bar, sf, m0, kx / kTileK);
+            tma_load_2d(&p.tma_b, bar, smem + kOffB + stage * kBBytes, kx, n0);
+            tma_load_2d(&p.tma_sfb, bar, sf + kSfaBytes, n0, kx / kTileK);
           } else {
-            tma_load_3d(map_b, bar, smem + kOffB + stage * kBBytes, kx, n0, lb);
+            if constexpr (kBatched) {
+              tma_load_3d(&p.tma_a, bar, smem + kOffA + stage * kABytes, kx, m0, l);
+              tma_load_3d(&p.tma_sfa, bar, sf, m0, kb, l);
+            } else {
+              tma_load_2d(&p.tma_a, bar, smem + kOffA + stage * kABytes, kx, m0);
+              tma_load_2d(&p.tma_sfa, bar, sf, m0, kb);
+            }
+            if constexpr (kDiscreteB) {
+              tma_load_2d(map_b, bar, smem + kOffB + stage * kBBytes, kx, n0);
+            } else {
+              tma_load_3d(map_b, bar, smem + kOffB + stage * kBBytes, kx, n0, lb);
+            }
           }
           if (++stage == kStages) { stage = 0; phase ^= 1; }
         }
@@ -289,13 +329,16 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
                                        float (&t)[kAccum], const OnBlock& on_block) {
     float sb_next[kHalves];
 #pragma unroll
-    for (int h = 0; h < kHalves; ++h) sb_next[h] = num_k_blocks > 0 && h < halves ? __ldg(sfb[h]) : 0.0f;
+    for (int h = 0; h < kHalves; ++h) {
+      sb_next[h] = !kKGrouped && num_k_blocks > 0 && h < halves ? __ldg(sfb[h]) : 0.0f;
+    }
+    const int lane = threadIdx.x % 32;
     for (int kb = 0; kb < num_k_blocks; ++kb) {
       float sb[kHalves];
 #pragma unroll
       for (int h = 0; h < kHalves; ++h) {
         sb[h] = sb_next[h];
-        if (kb + 1 < num_k_blocks && h < halves) sb_next[h] = __ldg(sfb[h] + kb + 1);
+        if (!kKGrouped && kb + 1 < num_k_blocks && h < halves) sb_next[h] = __ldg(sfb[h] + kb + 1);
       }
       on_block(kb);
       mbar_wait(&b.full[stage], phase);
@@ -319,14 +362,30 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
         const float s0 = a0 * sb[h], s1 = a1 * sb[h];
         cute::warpgroup_wait<0>();
         fence_acc(t);
-        if (h == kHalves - 1) mbar_arrive(&b.empty[stage]);  // the stage's WGMMAs are done, its scales read
+        if constexpr (kKGrouped) {
+          // One B scale per column: the thread's columns 8 i + 2 (lane % 4) + {0, 1} of half h, read
+          // from the stage before it is released.
+          const float* sfbs = reinterpret_cast<const float*>(smem + kOffSf + stage * kSfStageBytes + kSfaBytes) +
+                              h * kMmaN + 2 * (lane % 4);
 #pragma unroll
-        for (int j = 0; j < kAccum; j += 4) {
-          // Fragment: elements j, j + 1 are row row0; j + 2, j + 3 are row row0 + 8.
-          acc[h][j + 0] = fmaf(t[j + 0], s0, acc[h][j + 0]);
-          acc[h][j + 1] = fmaf(t[j + 1], s0, acc[h][j + 1]);
-          acc[h][j + 2] = fmaf(t[j + 2], s1, acc[h][j + 2]);
-          acc[h][j + 3] = fmaf(t[j + 3], s1, acc[h][j + 3]);
+          for (int j = 0; j < kAccum; j += 4) {
+            const float2 c = *reinterpret_cast<const float2*>(sfbs + 2 * j);
+            acc[h][j + 0] = fmaf(t[j + 0], a0 * c.x, acc[h][j + 0]);
+            acc[h][j + 1] = fmaf(t[j + 1], a0 * c.y, acc[h][j + 1]);
+            acc[h][j + 2] = fmaf(t[j + 2], a1 * c.x, acc[h][j + 2]);
+            acc[h][j + 3] = fmaf(t[j + 3], a1 * c.y, acc[h][j + 3]);
+          }
+          if (h == kHalves - 1) mbar_arrive(&b.empty[stage]);  // WGMMAs done, every scale read
+        } else {
+          if (h == kHalves - 1) mbar_arrive(&b.empty[stage]);  // the stage's WGMMAs are done, its scales read
+#pragma unroll
+          for (int j = 0; j < kAccum; j += 4) {
+            // Fragment: elements j, j + 1 are row row0; j + 2, j + 3 are row row0 + 8.
+            acc[h][j + 0] = fmaf(t[j + 0], s0, acc[h][j + 0]);
+            acc[h][j + 1] = fmaf(t[j + 1], s0, acc[h][j + 1]);
+            acc[h][j + 2] = fmaf(t[j + 2], s1, acc[h][j + 2]);
+            acc[h][j + 3] = fmaf(t[j + 3], s1, acc[h][j + 3]);
+          }
         }
       }
       if (++stage == kStages) { stage = 0; phase ^= 1; }
@@ -361,10 +420,11 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
     typename Epi::Partials part;
     part.reset();
 
-    const int prefetch_kb =
-        FUSEGEMM_SM90_BW_EPI_PREFETCH > 0 ? max(num_k_blocks - FUSEGEMM_SM90_BW_EPI_PREFETCH, 0) : -1;
     int4 tile;
     while (ring.next(b.ring, lane, tile)) {
+      const int tile_k_blocks = k_range(p, tile.x, num_k_blocks).y;
+      const int prefetch_kb =
+          FUSEGEMM_SM90_BW_EPI_PREFETCH > 0 ? max(tile_k_blocks - FUSEGEMM_SM90_BW_EPI_PREFETCH, 0) : -1;
       for (int pass = 0; pass < kPasses; ++pass) {
         const int n0 = tile.z * kTileN + pass * kHalves * kMmaN;
         if (n0 >= p.n) break;
@@ -373,11 +433,12 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
         const float* sfb[kHalves];
 #pragma unroll
         for (int h = 0; h < kHalves; ++h) {
-          sfb[h] = sfb_row(p, tile.x, n0 + h * kMmaN, num_k_blocks);
+          sfb[h] = kKGrouped ? nullptr : sfb_row(p, tile.x, n0 + h * kMmaN, num_k_blocks);
 #pragma unroll
           for (int i = 0; i < kAccum; ++i) acc[h][i] = 0.0f;
         }
-        const int m0 = tile.y * kTileM;
+        // The tile's first output row: K-grouped, expert e's (M, N) block is rows e M.. of (L M, N).
+        const int m0 = (kKGrouped ? tile.x * p.m_rows : 0) + tile.y * kTileM;
         auto on_block = [&](int kb) {
           if (kb == prefetch_kb) {
             if constexpr (kOneEpi) {
@@ -390,7 +451,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
             }
           }
         };
-        mainloop(b, smem, da0, db0, num_k_blocks, row0, sfb, halves, stage, phase, acc, t, on_block);
+        mainloop(b, smem, da0, db0, tile_k_blocks, row0, sfb, halves, stage, phase, acc, t, on_block);
         if (FUSEGEMM_SM90_BENCH_NO_EPILOGUE && acc[0][0] != -1.0f) continue;
         if constexpr (kOneEpi) {
           // Both halves as one fragment (register renames, no copies after allocation).

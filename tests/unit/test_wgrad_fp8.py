@@ -1,0 +1,168 @@
+"""FP8 weight gradients with the blockwise recipe on the CPU (specs/grouped_gemm_wgrad_fp8.yaml, the
+kscaled kernel class: the blockwise kernel's K-grouped mode): its kernels compile clean for sm_90a
+and sm_100a refuses the family with its reason; the operands' checks name what is wrong; the launch
+struct's maps; quantize_wgrad against quantize_1x128 of the transpose; the reference against an
+independent formula. tests/gpu/test_wgrad_fp8_gpu.py runs it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fusegemm  # noqa: E402
+from fusegemm.base.errors import ArgumentError, UnsupportedError  # noqa: E402
+from fusegemm.formats import blockwise as nb  # noqa: E402
+from fusegemm.formats import torch_blockwise as tb  # noqa: E402
+from fusegemm.generator import registry  # noqa: E402
+from fusegemm.generator.render import render  # noqa: E402
+from fusegemm.generator.variants import make_variant  # noqa: E402
+from fusegemm.runtime import disasm  # noqa: E402
+from fusegemm.runtime.compile import compile_source  # noqa: E402
+from fusegemm.runtime.cubin_info import Cubin  # noqa: E402
+
+SPEC = "grouped_gemm_wgrad_fp8"
+
+
+def _operands(t=768, m=256, n=200, seed=0, dtype=torch.float8_e4m3fn):
+    g = torch.Generator().manual_seed(seed)
+    dy = torch.randn(t, m, generator=g).to(torch.bfloat16)
+    x = torch.randn(t, n, generator=g).to(torch.bfloat16)
+    a, sfa = tb.quantize_wgrad(dy, dtype)
+    b, sfb = tb.quantize_wgrad(x, dtype)
+    return dy, x, a, sfa, b, sfb
+
+
+@pytest.mark.parametrize("axes", [{}, {"tile_n": 128, "ab_dtype": "float8_e5m2", "d_dtype": "float32"}],
+                         ids=["default", "n128.e5m2.f32"])
+def test_the_kernels_compile_clean(axes):
+    v = make_variant(SPEC, arch="sm_90a", **axes)
+    src = render(v)
+    assert src.impl.kernel == "fusegemm::sm90::BlockScaledGemmKernel"
+    assert "static constexpr bool kKGrouped = true;" in src.text
+    cub = compile_source(src.text, arch="sm_90a", kernel=src.symbol)
+    res = Cubin(cub.data).resources(src.symbol)
+    assert res.local_bytes == 0, res
+    hist = disasm.sass_histogram(cub.data)
+    assert disasm.count_prefix(hist, "QGMMA") > 0 and disasm.count_prefix(hist, "HGMMA") == 0
+    # Per-column B scales: an FMUL (sfa * sfb) and an FFMA per accumulator element and half.
+    halves = v.tile_n // 128
+    assert disasm.count_prefix(hist, "FMUL") >= 64 * halves and disasm.count_prefix(hist, "FFMA") >= 64 * halves
+
+
+def test_sm100a_has_no_kernel_for_the_family():
+    assert registry.lookup(SPEC, "sm_100a") is None
+    with pytest.raises(UnsupportedError, match="sm_100a"):
+        fusegemm.Op(SPEC, arch="sm_100a")
+
+
+def test_quantize_wgrad_is_quantize_1x128_of_the_transpose():
+    dy, _, a, sfa, _, _ = _operands(t=640, m=136)   # T not a multiple of 128 along the way: 640 = 5 blocks
+    a2, s2 = tb.quantize_1x128(dy.t().contiguous())
+    assert a.shape == (136, 640) and a.stride() == (640, 1)
+    assert sfa.shape == (136, 5) and sfa.stride()[0] == 1 and sfa.stride()[1] % 4 == 0
+    assert torch.equal(a.view(torch.uint8), a2.view(torch.uint8)) and torch.equal(sfa, s2)
+    # numpy's helper rounds x / s once from float64: the same scales, the bytes within one step on ties
+    qa, sa = nb.quantize_1x128(dy.t())
+    np.testing.assert_array_equal(sfa.numpy(), sa)
+    diff = np.abs(a.view(torch.uint8).numpy().astype(int) - qa.view(np.uint8).astype(int))
+    assert diff.max() <= 1 and (diff > 0).mean() < 0.01
+
+
+def test_the_reference_is_the_per_expert_product_of_the_dequantized_operands():
+    _, _, a, sfa, b, sfb = _operands()
+    off = torch.tensor([256, 256, 768], dtype=torch.int32)
+    alpha = torch.tensor([1.0, 2.0, 0.5])
+    op = fusegemm.Op(SPEC, arch="sm_90a", d_dtype="float32")
+    d = np.asarray(op.reference(a, sfa, b, sfb, off, inputs={"alpha": alpha})["d"], np.float64)
+    assert d.shape == (3 * 256, 200)
+    # Independent: dequantize element by element (scale of column t // 128), then multiply.
+    av = a.float().double().numpy() * sfa.double().numpy()[:, np.arange(768) // 128]
+    bv = b.float().double().numpy() * sfb.double().numpy()[:, np.arange(768) // 128]
+    want = [av[:, :256] @ bv[:, :256].T, np.zeros((256, 200)), 0.5 * av[:, 256:] @ bv[:, 256:].T]
+    np.testing.assert_allclose(d, np.concatenate(want), rtol=2 ** -23, atol=1e-6 * np.abs(want[0]).max())
+
+
+def test_the_launch_struct_maps_token_columns():
+    _, _, a, sfa, b, sfb = _operands(t=512, m=128, n=256)
+    op = fusegemm.Op(SPEC, arch="sm_90a")
+    call = op._parse((a, sfa, b, sfb, torch.tensor([512], dtype=torch.int32)), {})
+    assert (call.t, call.m_out, call.n, call.l, call.sfk) == (512, 128, 256, 1, 4)
+    assert op._dims(call) == (256, 128, 1)
+    assert op.dims_of({"a_tensor": (128, 512), "b_tensor": (256, 512), "padded_offsets": (1,)}) == (256, 128, 1)
+
+
+BAD = [
+    # (what is changed, the argument named, a phrase of the message)
+    ("a_tensor token-major (T, M), not transposed", "a_tensor", "token-contiguous"),
+    ("b_tensor of another FP8 format", "b_tensor.dtype", "float8_e4m3fn"),
+    ("T not a multiple of 256", "a_tensor.shape[1]", "multiple of 256"),
+    ("M not a multiple of 128", "a_tensor.shape[0]", "multiple of 128"),
+    ("sfb_tensor of A's shape", "sfb_tensor.shape", "B = X^T"),
+    ("sfa_tensor row-major", "sfa_tensor.stride", "unit stride along M"),
+    ("a_tensor bfloat16", "a_tensor.dtype", "float8"),
+    ("an e5m2 A for an e4m3 op", "a_tensor.dtype", "this op was built for"),
+]
+
+
+@pytest.mark.parametrize("what,name,phrase", BAD, ids=[b[0] for b in BAD])
+def test_bad_operands_name_the_argument(what, name, phrase):
+    dy, x, a, sfa, b, sfb = _operands(t=512, m=256, n=128)
+    off = torch.tensor([256, 512], dtype=torch.int32)
+    ops = [a, sfa, b, sfb, off]
+    if what.startswith("a_tensor token-major"):
+        ops[0] = a.t()   # (T, M) data given as its (M, T) view: M contiguous
+    elif what.startswith("b_tensor of another"):
+        ops[2] = b.view(torch.uint8).view(torch.float8_e5m2)
+    elif what.startswith("T not"):
+        ops[0], ops[2] = a[:, :384].contiguous(), b[:, :384].contiguous()
+    elif what.startswith("M not"):
+        ops[0], ops[1] = a[:200].contiguous(), nb.blockwise_sfa_layout(sfa[:200].contiguous())
+    elif what.startswith("sfb_tensor"):
+        ops[3] = sfa
+    elif what.startswith("sfa_tensor row-major"):
+        ops[1] = sfa.contiguous()
+    elif what.startswith("a_tensor bfloat16"):
+        ops[0] = dy.t().contiguous()
+    else:
+        e5 = tb.quantize_wgrad(dy, torch.float8_e5m2)[0]
+        ops[0], ops[2] = e5, tb.quantize_wgrad(x, torch.float8_e5m2)[0]
+    op = fusegemm.Op(SPEC, arch="sm_90a")
+    with pytest.raises(ArgumentError) as info:
+        op._parse(tuple(ops), {})
+    assert info.value.name.startswith(name) and phrase in str(info.value), str(info.value)
+
+
+def test_every_configuration_class_has_exact_verification_cases():
+    """The row is executed=False: the first launch of each class runs its cases (fusegemm/verify.py).
+    Every class sm_90a implements (tile N 128 / 256, e4m3 / e5m2) has them, pinned to the class."""
+    from fusegemm.selftest import all_classes, class_cases
+    classes = all_classes("sm_90a", ("grouped_gemm_wgrad_fp8",))
+    assert sorted((c.tile[1], c.recipe[0]) for c in classes) == [
+        (128, "float8_e4m3fn"), (128, "float8_e5m2"), (256, "float8_e4m3fn"), (256, "float8_e5m2")]
+    assert not registry.executed(SPEC, "sm_90a")
+    for cls in classes:
+        cases = class_cases(cls)
+        assert len(cases) == 2 and all(case["run"] == "wgrad_fp8" for _, case in cases)
+        for _, case in cases:
+            assert case["axes"]["tile_n"] == cls.tile[1] and case["axes"]["ab_dtype"] == cls.recipe[0]
+            fusegemm.Op(SPEC, arch="sm_90a", **case["axes"]).check_support()
+
+
+def test_the_verification_problem_is_exact():
+    """selftest's problem (integers in [-2, 2], power-of-two scales): the reference is the exact
+    integer arithmetic, so the kernel's D must equal it bit for bit in any summation order."""
+    from fusegemm.selftest import wgrad_fp8_problem
+    a, sfa, b, sfb, off, alpha = wgrad_fp8_problem([256, 0, 700, 100], 256, 192, 3)
+    op = fusegemm.Op(SPEC, arch="sm_90a", d_dtype="float32")
+    d = np.asarray(op.reference(a, sfa, b, sfb, off, inputs={"alpha": alpha})["d"])
+    cols = np.arange(a.shape[1]) // 128
+    av = a.float().double().numpy() * sfa.double().numpy()[:, cols]
+    bv = b.float().double().numpy() * sfb.double().numpy()[:, cols]
+    want, start = [], 0
+    for e, end in enumerate(off.tolist()):
+        want.append(float(alpha[e]) * (av[:, start:end] @ bv[:, start:end].T))
+        start = end
+    want = np.concatenate(want)
+    assert np.array_equal(d.astype(np.float64), want) and np.array_equal(want.astype(np.float32), want)
+    assert np.abs(av).max() <= 8 and set(np.unique(np.abs(a.float().numpy()))) <= {0.0, 1.0, 2.0}
