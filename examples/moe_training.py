@@ -1,5 +1,6 @@
-"""Train a small MoE model with the BF16 and the MXFP8 recipe of fusegemm.moe from the same start
-on the same data, and compare their loss curves; prints JSON.
+"""Train a small MoE model with the BF16 recipe of fusegemm.moe and a low-precision one (``--recipe``:
+MXFP8, the default, or the blockwise FP8 recipe ``fp8_block``) from the same start on the same
+data, and compare their loss curves; prints JSON.
 
 Model: a router (``Linear(H, E)``, softmax, top-k) and ``E`` SwiGLU experts
 (:class:`fusegemm.expert_parallel.ExpertParallelMLP` in one process: tokens grouped by expert,
@@ -13,10 +14,11 @@ clean target. Adam on the BF16 weights, a fresh seeded batch every step.
     python examples/moe_training.py                     # GPU: fusegemm kernels, 8 experts, H 1024, 200 steps
     python examples/moe_training.py --cpu               # CPU: the torch backend, a tiny model (~30 s)
     python examples/moe_training.py --cpu --steps 40 --lr 3e-3    # the CI test's shorter run
+    python examples/moe_training.py --cpu --recipe fp8_block --hidden 128   # the blockwise recipe
 
-The check: no NaN/Inf in either run, and the MXFP8 loss tracks the BF16 loss: ``track`` (the
-largest relative gap over steps, ``|mx - bf16| / bf16``) at most ``--tolerance``; the loss of both
-falls below ``--max-final`` of the first step's.
+The check: no NaN/Inf in either run, and the low-precision loss tracks the BF16 loss: ``track``
+(the largest relative gap over steps, ``|lp - bf16| / bf16``) at most ``--tolerance``; the loss of
+both falls below ``--max-final`` of the first step's. The JSON names the curves by recipe.
 """
 from __future__ import annotations
 
@@ -75,33 +77,35 @@ def train(torch, *, recipe, backend, dtype, device, steps, tokens, experts, hidd
     return losses, first
 
 
-def compare(bf16: list[float], mx: list[float]) -> dict:
-    """Tracking figures of the MXFP8 curve against the BF16 one."""
+def compare(bf16: list[float], mx: list[float], recipe: str = "mxfp8") -> dict:
+    """Tracking figures of the low-precision (``recipe``) curve against the BF16 one."""
     finite = all(math.isfinite(v) for v in bf16 + mx)
     gaps = [abs(a - b) / b for a, b in zip(mx, bf16)] if finite else [math.inf]
     tail = gaps[-max(1, len(gaps) // 4):]
     return {"finite": finite, "track": max(gaps), "track_last_quarter_mean": sum(tail) / len(tail),
-            "final_over_first": {"bf16": bf16[-1] / bf16[0], "mxfp8": mx[-1] / mx[0]} if finite else None}
+            "final_over_first": {"bf16": bf16[-1] / bf16[0], recipe: mx[-1] / mx[0]} if finite else None}
 
 
 def run(torch, *, cpu: bool, steps: int, tokens: int, experts: int, hidden: int, inter: int, topk: int,
-        lr: float, perturb: float = 0.5, label_noise: float = 0.3) -> dict:
+        lr: float, perturb: float = 0.5, label_noise: float = 0.3, recipe: str = "mxfp8") -> dict:
     device = "cpu" if cpu else "cuda"
     backend, dtype = ("torch", torch.float32) if cpu else ("fusegemm", torch.bfloat16)
     kw = dict(backend=backend, dtype=dtype, device=device, steps=steps, tokens=tokens, experts=experts,
               hidden=hidden, inter=inter, topk=topk, lr=lr, perturb=perturb, label_noise=label_noise)
-    runs = {recipe: train(torch, recipe=recipe, **kw) for recipe in ("bf16", "mxfp8")}
-    (bf16, y_bf16), (mx, y_mx) = runs["bf16"], runs["mxfp8"]
-    # How far apart the recipes' outputs start: evidence that MXFP8 rounding is in the loop.
+    runs = {r: train(torch, recipe=r, **kw) for r in ("bf16", recipe)}
+    (bf16, y_bf16), (mx, y_mx) = runs["bf16"], runs[recipe]
+    # How far apart the recipes' outputs start: evidence that the FP8 rounding is in the loop.
     y_gap = float((y_mx - y_bf16).norm() / y_bf16.norm())
-    return {"config": {k: v for k, v in kw.items() if k != "dtype"} | {"dtype": str(dtype)},
-            **compare(bf16, mx), "y_rel_diff_first_step": y_gap, "loss": {"bf16": bf16, "mxfp8": mx}}
+    return {"config": {k: v for k, v in kw.items() if k != "dtype"} | {"dtype": str(dtype), "recipe": recipe},
+            **compare(bf16, mx, recipe), "y_rel_diff_first_step": y_gap, "loss": {"bf16": bf16, recipe: mx}}
 
 
 def main(argv: list[str] | None = None) -> int:
     import torch
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--cpu", action="store_true", help="torch backend on the CPU (float32 weights)")
+    ap.add_argument("--recipe", choices=("mxfp8", "fp8_block"), default="mxfp8",
+                    help="the low-precision recipe compared with BF16 (fp8_block: hidden a multiple of 128)")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--tokens", type=int, default=None, help="tokens per step (default 4096; 512 with --cpu)")
     ap.add_argument("--experts", type=int, default=8)
@@ -122,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(torch, cpu=args.cpu, steps=args.steps, tokens=args.tokens or (512 if small else 4096),
                  experts=args.experts, hidden=args.hidden or (64 if small else 1024),
                  inter=args.intermediate or (64 if small else 512), topk=args.topk, lr=args.lr,
-                 perturb=args.perturb, label_noise=args.label_noise)
+                 perturb=args.perturb, label_noise=args.label_noise, recipe=args.recipe)
     ok = (result["finite"] and result["track"] <= args.tolerance
           and max(result["final_over_first"].values()) < args.max_final)
     result |= {"tolerance": args.tolerance, "max_final": args.max_final, "ok": ok}

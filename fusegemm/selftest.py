@@ -414,15 +414,18 @@ def _run_wgrad(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, boo
     return err, ok, f"L={len(sizes)}, T={t}"
 
 
-def wgrad_fp8_problem(tokens: list[int], m: int, n: int, seed: int, ab: str = "float8_e4m3fn") -> tuple[Any, ...]:
+def wgrad_fp8_problem(tokens: list[int], m: int, n: int, seed: int, ab: str = "float8_e4m3fn",
+                      vec: int = 128) -> tuple[Any, ...]:
     """An exact FP8 weight-gradient problem (the kscaled class): A = dY^T (M, T) and B = X^T (N, T)
     with integers in [-2, 2] in each expert's token columns (padded to 256 with zeros) and
-    power-of-two scales per row and 128 tokens, so every product and sum is exact in any order;
-    host torch tensors (a, sfa, b, sfb, padded_offsets, alpha)."""
+    power-of-two scales per row and ``vec`` tokens (128: FP32 in the blockwise layout; 32: E8M0
+    bytes in MX atoms), so every product and sum is exact in any order; host torch tensors (a,
+    sfa, b, sfb, padded_offsets, alpha)."""
     import ml_dtypes
     import torch
 
     from .formats.blockwise import blockwise_sfa_layout
+    from .formats.torch_mx import pack_sf
     rng = np.random.default_rng(seed)
     sizes = _padded(tokens)
     t = sum(sizes)
@@ -433,22 +436,29 @@ def wgrad_fp8_problem(tokens: list[int], m: int, n: int, seed: int, ab: str = "f
         a[:, start:start + tok] = rng.integers(-2, 3, (m, tok))
         b[:, start:start + tok] = rng.integers(-2, 3, (n, tok))
         start += size
-    sa = torch.from_numpy(np.exp2(rng.integers(-2, 3, (m, t // 128))).astype(np.float32))
-    sb = torch.from_numpy(np.exp2(rng.integers(-2, 3, (n, t // 128))).astype(np.float32))
+    ea, eb = rng.integers(-2, 3, (m, t // vec)), rng.integers(-2, 3, (n, t // vec))
+
+    def scales(e: np.ndarray) -> Any:
+        if vec == 128:
+            return blockwise_sfa_layout(torch.from_numpy(np.exp2(e).astype(np.float32)))
+        return pack_sf(torch.from_numpy((e + 127).astype(np.uint8)).view(torch.float8_e8m0fnu))
 
     def fp8(x: np.ndarray) -> Any:
         return torch.from_numpy(x.astype(getattr(ml_dtypes, ab)).view(np.uint8)).view(getattr(torch, ab))
     alpha = torch.from_numpy(np.exp2(rng.integers(-1, 2, len(sizes))).astype(np.float32))
-    return (fp8(a), blockwise_sfa_layout(sa), fp8(b), blockwise_sfa_layout(sb),
-            torch.tensor(np.cumsum(sizes), dtype=torch.int32), alpha)
+    return (fp8(a), scales(ea), fp8(b), scales(eb), torch.tensor(np.cumsum(sizes), dtype=torch.int32), alpha)
 
 
 def _wgrad_fp8_cases() -> list[tuple[str, dict[str, Any]]]:
+    mx = {"sf_dtype": "float8_e8m0fnu", "sf_vec_size": 32}
     return [
         ("ragged + empty experts, an N tail", dict(tokens=[256, 0, 700, 100], m=256, n=192)),
         ("e5m2, fp32 D, tile 128x128", dict(tokens=[512, 300], m=128, n=200,
                                             axes={"ab_dtype": "float8_e5m2", "d_dtype": "float32", "tile_n": 128})),
         ("no tokens in the last experts", dict(tokens=[1024, 0, 0], m=384, n=256)),
+        ("MXFP8, ragged + empty experts", dict(tokens=[256, 0, 700, 100], m=256, n=192, axes=mx)),
+        ("MXFP8, e5m2, tile 128x128", dict(tokens=[512, 300], m=128, n=200,
+                                           axes={**mx, "ab_dtype": "float8_e5m2", "tile_n": 128})),
     ]
 
 
@@ -461,15 +471,17 @@ def _run_wgrad_fp8(case: dict[str, Any], device: str = "cuda:0") -> tuple[float,
     from .formats.blockwise import blockwise_sfa_layout
     from .ops.engine import Op
     axes = dict(case.get("axes", {}))
+    vec = axes.get("sf_vec_size", 128)
     a, sfa, b, sfb, off, alpha = wgrad_fp8_problem(case["tokens"], case["m"], case["n"], 11,
-                                                   axes.get("ab_dtype", "float8_e4m3fn"))
+                                                   axes.get("ab_dtype", "float8_e4m3fn"), vec)
     op = Op("grouped_gemm_wgrad_fp8", device=_ordinal(device), **axes)
     try:
         op.check_support()
     except UnsupportedError as exc:
         raise CaseNotAvailable(str(exc)) from None
-    out = op(a.to(device), blockwise_sfa_layout(sfa.to(device)), b.to(device), blockwise_sfa_layout(sfb.to(device)),
-             off.to(device), inputs={"alpha": alpha.to(device)})
+    def on(sf: Any) -> Any:   # (the blockwise layout's pitch made again on the device)
+        return blockwise_sfa_layout(sf.to(device)) if vec == 128 else sf.to(device)
+    out = op(a.to(device), on(sfa), b.to(device), on(sfb), off.to(device), inputs={"alpha": alpha.to(device)})
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
     ref = op.reference(a, sfa, b, sfb, off, inputs={"alpha": alpha})

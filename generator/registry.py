@@ -128,7 +128,9 @@ _KGROUPED_LIMITS = (
 # ---- sm_100a: tcgen05 / UMMA / TMEM kernels, compiled and statically checked only ----
 SM100_POLICY = _policy(
     "sm_100a",
-    defaults={"kgrouped": _BF16_DEFAULTS},
+    # (the FP8 weight gradient's kernel here reads MXFP8 scales: its default recipe on this arch)
+    defaults={"kgrouped": _BF16_DEFAULTS,
+              "kscaled": {**_BF16_DEFAULTS, "sf_dtype": "float8_e8m0fnu", "sf_vec_size": 32}},
     # No Blackwell GPU is available to time configurations: the roofline model chooses them.
     heuristic=True,
     pair_tile_m=256,        # 256-row tiles are CTA pairs (cta_group::2)
@@ -182,6 +184,16 @@ _SM100_ROWS = (
          limits=(Limit("tile_m", (128,), "1-CTA tiles of 128 rows (two 64-row M-major A atoms)"),
                  *_KGROUPED_LIMITS, _NO_GATHER, _NO_GATHER_B, _SFD_MX_ONLY),
          executed=False),
+    # MXFP8 weight gradients (Config::kKGrouped of the block-scaled kernel): dY^T and X^T
+    # token-contiguous with E8M0 scales per 32 tokens; the blockwise recipe's FP32 scales are sm_90a's.
+    _row("kscaled", "sm_100a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
+         "BlockScaledGemmKernel", ("ab_dtype", "sf_dtype", "sf_vec_size", "a_major", "b_major", "cd_major",
+                                   "discrete_col_sfd", "tile_n") + _VECTOR_F32, rule=SPEC_RULE,
+         limits=(*_SM100_MX_SCALES, Limit("tile_m", (128,), "1-CTA tiles of 128 rows"), *_KGROUPED_LIMITS,
+                 Limit("a_major", ("k",), "dY^T is token-contiguous (K-major)"),
+                 Limit("b_major", ("k",), "X^T is token-contiguous (K-major)"), _NO_GATHER, _NO_GATHER_B,
+                 _SFD_MX_ONLY),
+         runs_as=_SM100_BLOCKWISE_E8M0, executed=False),
     *(_row(kind, "sm_100a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _BLOCKSCALED + _VECTOR_F32, rule=SPEC_RULE,
            limits=(*_SM100_MX_SCALES, _NO_GATHER, _NO_GATHER_B, _SFD_MX_ONLY),
@@ -254,17 +266,19 @@ _SM90_ROWS = (
          "GroupedGemmKernel", _KGROUPED_SM90, rule=SPEC_RULE,
          limits=(_SM90_TILE_M, *_KGROUPED_LIMITS, _SFD_MX_ONLY), runs_as=_SM90_SCALAR_F32),
     # FP8 weight gradients with the blockwise recipe (Config::kKGrouped of the blockwise kernel):
-    # dY^T and X^T token-contiguous, both scaled 1x128 along the tokens. sm_100a has no row: its
-    # block-scaled kernel has no K ranges and no promoting mainloop. Written on 2026-12-03 with
+    # dY^T and X^T token-contiguous, both scaled 1x128 along the tokens (sm_100a's row takes MXFP8
+    # scales per 32 tokens: its MMA reads MX scale atoms). Written on 2026-12-03 with
     # the session's device time spent: no GPU has run it yet (executed=False: its first launch
     # runs the family's verification cases on the device first, fusegemm/verify.py;
     # tests/gpu/test_wgrad_fp8_gpu.py is written for the next H200 run).
     _row("kscaled", "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
          "BlockScaledGemmKernel", ("ab_dtype", "cd_major", "discrete_col_sfd", "tile_n"), rule=SPEC_RULE,
          limits=(*_SM90_BLOCKSCALED_LIMITS, *_KGROUPED_LIMITS, _NO_GATHER, _NO_GATHER_B, _SFD_MX_ONLY,
-                 Limit("sf_vec_size", (128,), "the blockwise recipe (FP32 scales per 128 tokens)"),
-                 Limit("sf_dtype", ("float32",), "FP32 scales (the blockwise recipe)")),
-         executed=False),
+                 Limit("sf_vec_size", (128,), "the blockwise recipe (FP32 scales per 128 tokens): Hopper has no "
+                                              "block-scaled MMA; MXFP8 weight gradients run on sm_100a"),
+                 Limit("sf_dtype", ("float32",), "FP32 scales (the blockwise recipe); MXFP8's E8M0 scales per 32 "
+                                                 "tokens run on sm_100a")),
+         runs_as=_SM90_BLOCKWISE_E8M0, executed=False),
     *(_row(kind, "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _SM90_BLOCKSCALED, rule=SPEC_RULE,
            limits=(*_SM90_BLOCKSCALED_LIMITS, _NO_GATHER, _NO_GATHER_B,

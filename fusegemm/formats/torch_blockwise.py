@@ -26,7 +26,8 @@ from torch import Tensor
 
 from .torch_mx import pack_sf
 
-__all__ = ["quantize_1x128", "quantize_128x128", "quantize_wgrad", "mx_scales_of_blockwise"]
+__all__ = ["quantize_1x128", "quantize_128x128", "quantize_wgrad", "dequantize_1x128", "dequantize_128x128",
+           "transposed_128x128", "mx_scales_of_blockwise", "mx_scales_of_1x128"]
 
 BLOCK = 128
 _ELEMENTS = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
@@ -119,6 +120,46 @@ def quantize_wgrad(y: Tensor, dtype: torch.dtype = torch.float8_e4m3fn, scales: 
     return q.t().contiguous(), blockwise_sfa_layout(s.t())
 
 
+def dequantize_1x128(q: Tensor, scales: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """``q[..., k] * scales[..., k // 128]`` in ``dtype``, on ``q``'s device (what the recipe's GEMMs
+    multiply: FP8 values times FP32 scales are exact in float32).
+
+    Parameters
+    ----------
+    q : FP8 tensor (..., K)
+        Values from :func:`quantize_1x128` (or :func:`quantize_wgrad`).
+    scales : float32 (..., ceil(K/128))
+        Their scales (any strides).
+    dtype : torch.dtype
+        The result's (float32, or float64 for references).
+    """
+    s = scales.to(dtype).repeat_interleave(BLOCK, dim=-1)[..., : q.shape[-1]]
+    return q.to(dtype) * s
+
+
+def dequantize_128x128(q: Tensor, scales: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """``q[..., n, k] * scales[..., n // 128, k // 128]`` in ``dtype``, on ``q``'s device.
+
+    Parameters
+    ----------
+    q : FP8 tensor (..., N, K)
+        Values from :func:`quantize_128x128`.
+    scales : float32 (..., ceil(N/128), ceil(K/128))
+        Their scales.
+    dtype : torch.dtype
+        The result's.
+    """
+    s = scales.to(dtype).repeat_interleave(BLOCK, dim=-2).repeat_interleave(BLOCK, dim=-1)
+    return q.to(dtype) * s[..., : q.shape[-2], : q.shape[-1]]
+
+
+def transposed_128x128(q: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
+    """The 128x128 quantization of ``w^T`` (its last two dimensions swapped) from ``w``'s own
+    ``(q, scales)``: the same blocks, so exactly ``quantize_128x128(w.transpose(-1, -2))`` without
+    quantizing again (a layer's weights quantized once serve its data gradient too)."""
+    return q.transpose(-1, -2).contiguous(), scales.transpose(-1, -2).contiguous()
+
+
 def quantize_128x128(w: Tensor, dtype: torch.dtype = torch.float8_e4m3fn, scales: str = "amax"
                      ) -> tuple[Tensor, Tensor]:
     """Quantize weights ``(..., N, K)`` with one FP32 scale per 128 x 128 block, on ``w``'s device.
@@ -171,6 +212,13 @@ def mx_scales_of_blockwise(sfa: Tensor, sfb: Tensor, *, n: int, k: int) -> tuple
         MX scales, in the inputs' dtype.
     """
     sfk = -(-k // 32)
-    a = sfa.view(torch.uint8).repeat_interleave(4, dim=-1)[..., :sfk]
     b = sfb.view(torch.uint8).repeat_interleave(128, dim=-2)[..., :n, :].repeat_interleave(4, dim=-1)[..., :sfk]
-    return pack_sf(a).view(sfa.dtype), pack_sf(b).view(sfb.dtype)
+    return mx_scales_of_1x128(sfa, k), pack_sf(b).view(sfb.dtype)
+
+
+def mx_scales_of_1x128(sf: Tensor, k: int) -> Tensor:
+    """1x128 E8M0 (power-of-two) scales ``(rows, ceil(K/128))`` as MXFP8's, exactly: each repeated
+    over its four 32-K blocks, packed into the physical atom buffer of ``(rows, ceil(K/32))``
+    (:func:`pack_sf`), in ``sf``'s dtype. Both operands of the FP8 weight gradient take this on
+    sm_100a (their K is the tokens)."""
+    return pack_sf(sf.view(torch.uint8).repeat_interleave(4, dim=-1)[..., :-(-k // 32)]).view(sf.dtype)

@@ -118,11 +118,11 @@ class Op(PreparedLaunch):
             self.kernel_variant = make_variant(self.spec, arch=self.arch, **kc)
         # The blockwise recipe's FP32-scale kernel also takes E8M0 scale tensors (converted per
         # call, exactly: scaled_layouts.py; the registry runs sf_dtype e8m0 at 128 as float32).
-        self.e8m0_scales = (self.kind == "scaled" and self.variant.sf_vec_size == 128
+        self.e8m0_scales = (self.kind in ("scaled", "kscaled") and self.variant.sf_vec_size == 128
                             and self.variant.sf_dtype == "float32")
         # The recipe's E8M0 scales on a kernel that runs them as MX scales (sm_100a's registry
         # runs sf_vec_size 128 as 32): each call expands them into MX scale atoms first.
-        self.blockwise_mx = (self.kind == "scaled" and self.variant.sf_vec_size == 32 and
+        self.blockwise_mx = (self.kind in ("scaled", "kscaled") and self.variant.sf_vec_size == 32 and
                              self._requested("sf_vec_size", axes) == 128)
         # Whether a call's operands pass through scaled_layouts.host_operands first (any of the three).
         self._host_prep = bool(self.host_copies or self.e8m0_scales or self.blockwise_mx)
@@ -572,13 +572,24 @@ def _acc_batched(op: Op, o: dict[str, Any]) -> tuple[Any, Any, int]:
 
 def _acc_kscaled(op: Op, o: dict[str, Any]) -> tuple[Any, Any, int]:
     """Each expert's dequant(A)[:, T_e] @ dequant(B)[:, T_e]^T (A = dY^T, B = X^T, scaled per row
-    and 128 tokens) stacked as (L * M, N)."""
+    and 128 tokens, or per 32 in MX atoms) stacked as (L * M, N)."""
     import numpy as np
 
-    from ..formats.blockwise import dequantize_1x128
-    from ..formats.numpy_dtypes import to_numpy
-    a = dequantize_1x128(o["a_tensor"], o["sfa_tensor"]).astype(np.float64)
-    b = dequantize_1x128(o["b_tensor"], o["sfb_tensor"]).astype(np.float64)
+    from ..formats.blockwise import dequantize_1x128, e8m0_to_float32
+    from ..formats.elements import to_float32
+    from ..formats.numpy_dtypes import array_dtype_name, to_numpy
+    from ..formats.scales import unpack_sf
+
+    def dequant(x: Any, sf: Any) -> Any:
+        if op.variant.sf_vec_size == 128 or op.blockwise_mx:   # (E8M0 blockwise scales: their values)
+            sf = to_numpy(sf)
+            return dequantize_1x128(x, e8m0_to_float32(sf) if array_dtype_name(sf) in E8M0_NAMES else sf
+                                    ).astype(np.float64)
+        v = to_float32(to_numpy(x)).astype(np.float64)
+        s = e8m0_to_float32(unpack_sf(sf, v.shape[0], -(-v.shape[1] // 32))[..., 0].view(np.uint8))
+        return v * np.repeat(s.astype(np.float64), 32, axis=1)[:, :v.shape[1]]
+    a = dequant(o["a_tensor"], o["sfa_tensor"])
+    b = dequant(o["b_tensor"], o["sfb_tensor"])
     off = to_numpy(o["padded_offsets"]).astype(np.int64)
     args.offsets_values([int(v) for v in off], a.shape[1], "a_tensor (token columns)")
     l, m, n = off.size, a.shape[0], b.shape[0]
@@ -674,9 +685,12 @@ def _parse_batched(op: Op, a_tensor: Any, b_tensor: Any, sfa_tensor: Any, sfb_te
 
 def _parse_kscaled(op: Op, a_tensor: Any, sfa_tensor: Any, b_tensor: Any, sfb_tensor: Any, padded_offsets: Any,
                    *, row_ends: Any = None) -> KSCall:
-    call = parse_kscaled(op.variant.tile_m, a_tensor, sfa_tensor, b_tensor, sfb_tensor, padded_offsets)
-    if call.ab != op.variant.ab_dtype:
-        raise ArgumentError("a_tensor.dtype", call.ab, f"{op.variant.ab_dtype} (the A/B format this op was built for)")
+    v = op.variant
+    call = parse_kscaled(v.tile_m, a_tensor, sfa_tensor, b_tensor, sfb_tensor, padded_offsets, v.sf_vec_size)
+    if call.ab != v.ab_dtype:
+        raise ArgumentError("a_tensor.dtype", call.ab, f"{v.ab_dtype} (the A/B format this op was built for)")
+    if call.sf != v.sf_dtype:
+        raise ArgumentError("sfa_tensor.dtype", call.sfa.dtype, f"{v.sf_dtype} scales (this op's sf_dtype)")
     call.row_ends = checks.row_ends(row_ends, call.l)
     return call
 

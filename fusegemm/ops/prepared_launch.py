@@ -332,9 +332,10 @@ def _plan_scaled(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) -
 
 
 def _plan_kscaled(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) -> Any:
-    """FP8 weight gradients (fusegemm/sm90/blockwise_promote.cuh, K-grouped): A = dY^T (M, T) and B =
-    X^T (N, T) bytes, their 1x128 scales (M, T/128) and (N, T/128) as maps with boxes of the
-    operand box's rows by one 128-token block."""
+    """FP8 weight gradients (K-grouped: sm90/blockwise_promote.cuh, sm100/blockscaled_gemm.cuh): A =
+    dY^T (M, T) and B = X^T (N, T) bytes; blockwise 1x128 scales (M, T/128) and (N, T/128) as maps
+    with boxes of the operand box's rows by one 128-token block, or MXFP8 scale atoms as the
+    M-grouped class maps them."""
     from .loaded_kernel import GroupedShape
     from .prepared import persistent_grid
     c, tiled = ln.contract, ln.tmaps.tiled
@@ -348,10 +349,17 @@ def _plan_kscaled(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) 
         a_ptr = b_ptr = sfa_ptr = sfb_ptr = next(iter(out.values()))
         a_ld, b_ld, cols, sfk, sfa_ld, sfb_ld = 16, 16, 16, 1, -(-m // 4) * 4, -(-n // 4) * 4
     s = GroupedShape(m=call.l * m, n=n, k=t, l=call.l, a_ld=a_ld, b_sn=b_ld, b_sl=0, discrete=False)
+    if call.blockwise:
+        sf_maps = {"tma_sfa": tiled(sfa_ptr, "float32", (m, sfk), (4 * sfa_ld,), (c.box_a_outer, 1), 0),
+                   "tma_sfb": tiled(sfb_ptr, "float32", (n, sfk), (4 * sfb_ld,), (c.box_b_outer, 1), 0)}
+    else:   # MXFP8 atoms (fusegemm/formats/scales.py): 4-D {128, K atoms, MN atoms, 1}, as scaled_maps'
+        atom, kt = 512, -(-sfk // 4)
+        sf_maps = {name: tiled(ptr, "uint32", (128, kt, -(-rows // 128), 1),
+                               (atom, kt * atom, -(-rows // 128) * kt * atom), (128, c.sf_box_k, nb, 1), 0)
+                   for name, ptr, rows, nb in (("tma_sfa", sfa_ptr, m, 1), ("tma_sfb", sfb_ptr, n, c.sf_box_nb))}
     values = {"tma_a": tiled(a_ptr, "uint8", (cols, m), (a_ld,), (c.box_a_inner, c.box_a_outer), c.swizzle_a),
               "tma_b": tiled(b_ptr, "uint8", (cols, n), (b_ld,), (c.box_b_inner, c.box_b_outer), c.swizzle_b),
-              "tma_sfa": tiled(sfa_ptr, "float32", (m, sfk), (4 * sfa_ld,), (c.box_a_outer, 1), 0),
-              "tma_sfb": tiled(sfb_ptr, "float32", (n, sfk), (4 * sfb_ld,), (c.box_b_outer, 1), 0),
+              **sf_maps,
               "row_ends": call.row_ends.ptr if call.row_ends is not None else 0,
               "m_rows": m, "n": n, "k": t, "num_experts": call.l, "cluster_m": 1, "cluster_n": 1, "b_ptrs": 0,
               "sfb_ptrs": 0, "sfb": 0}

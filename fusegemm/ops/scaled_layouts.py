@@ -220,7 +220,9 @@ def e8m0_scale_operands(op: Any, operands: tuple, kw: dict[str, Any], current_st
         torch, t = _as_torch(x, arg, "pass float32 scales")
         with _on_launch_stream(torch, t, resolve_stream(current_stream, op.device) if t.is_cuda else None):
             f = e8m0_to_float32(t)
-            done[arg] = blockwise_sfa_layout(f) if arg == "sfa_tensor" and f.dim() == 2 else f.contiguous()
+            # (the K-grouped class's SFB is per row too: the layout of SFA)
+            rows = f.dim() == 2 and (arg == "sfa_tensor" or op.kind == "kscaled")
+            done[arg] = blockwise_sfa_layout(f) if rows else f.contiguous()
     return _replaced(op, operands, kw, done)
 
 
@@ -229,8 +231,10 @@ def mx_scale_operands(op: Any, operands: tuple, kw: dict[str, Any], current_stre
     scales (``op.blockwise_mx``: sm_100a), the scale tensors expanded into MX scale atoms on the
     launch stream (``fusegemm.formats.torch_blockwise.mx_scales_of_blockwise``, exact). Each scale tensor
     is checked first: E8M0 bytes of the recipe's shapes, dense weights."""
-    from ..formats.torch_blockwise import mx_scales_of_blockwise
+    from ..formats.torch_blockwise import mx_scales_of_1x128, mx_scales_of_blockwise
     vals = _operand_values(op, operands, kw)
+    if op.kind == "kscaled":
+        return _replaced(op, operands, kw, _mx_wgrad_scales(op, vals, current_stream, mx_scales_of_1x128))
     if vals.get("sfb_tensor") is None or vals.get("b_tensor") is None:
         raise ArgumentError("sfb_tensor", None, "dense weights' E8M0 scales (L, ceil(N/128), ceil(K/128)): the "
                             f"{op.arch} kernel runs the recipe's E8M0 scales as MX scales, expanded per call, "
@@ -255,6 +259,27 @@ def mx_scale_operands(op: Any, operands: tuple, kw: dict[str, Any], current_stre
     with _on_launch_stream(torch, sfa, resolve_stream(current_stream, op.device) if sfa.is_cuda else None):
         done = dict(zip(("sfa_tensor", "sfb_tensor"), mx_scales_of_blockwise(sfa, sfb, n=n, k=k)))
     return _replaced(op, operands, kw, done)
+
+
+def _mx_wgrad_scales(op: Any, vals: Mapping[str, Any], current_stream: Any, expand: Any) -> dict[str, Any]:
+    """The FP8 weight gradient's E8M0 1x128 scales (sfa (M, T/128) of A = dY^T (M, T), sfb (N, T/128)
+    of B = X^T (N, T)) expanded into MX atoms over (M, T/32) and (N, T/32) on the launch stream."""
+    done: dict[str, Any] = {}
+    for arg, of in (("sfa_tensor", "a_tensor"), ("sfb_tensor", "b_tensor")):
+        x, s = view(vals[of], of), view(vals[arg], arg)
+        if x.ndim != 2:
+            raise ArgumentError(f"{of}.shape", tuple(x.shape), "2-D (rows, T), tokens contiguous")
+        want = (x.shape[0], -(-x.shape[1] // 128))
+        if s.dtype not in E8M0_NAMES:
+            raise ArgumentError(f"{arg}.dtype", s.dtype, f"E8M0 bytes ({' or '.join(E8M0_NAMES)}): the op was built "
+                                "with sf_dtype float8_e8m0fnu (fusegemm.formats.e8m0_bytes converts power-of-two "
+                                "float32 scales)")
+        if tuple(s.shape) != want:
+            raise ArgumentError(f"{arg}.shape", tuple(s.shape), f"{want}: one scale per row of {of} and 128 tokens")
+        torch, t = _as_torch(vals[arg], arg, f"{op.arch} has no other path for the recipe's E8M0 scales")
+        with _on_launch_stream(torch, t, resolve_stream(current_stream, op.device) if t.is_cuda else None):
+            done[arg] = expand(t, x.shape[1])
+    return done
 
 
 def host_operands(op: Any, operands: tuple, kw: dict[str, Any], current_stream: Any) -> tuple[tuple, dict, list]:

@@ -108,6 +108,38 @@ def test_user_epilogue_bit_exact(sizes, n, k, tile_n, d_dtype, nc, pow2):
         assert (np.frexp(s_got[:m])[0] == 0.5).all()
 
 
+@pytest.mark.parametrize("tile_n", [128, 256])
+def test_a_quotient_on_an_fp8_midpoint_rounds_to_even(tile_n):
+    """The kernel's quotient t / s must be div.rn's (Group1x128::div, three operations): here row 5
+    holds D = 336 p and 186 p (p = 1.0162736, float32), so s = fl(fl(336 p) / 448) and
+    fl(fl(186 p) / s) = 248.0, exactly halfway between e4m3 240 and 256: it rounds to even (256,
+    byte 0x78). A product with the reciprocal, fl(t * fl(1 / s)) = 247.99998, gives 240 (0x77).
+    The interpreter divides correctly (tests/unit: the same midpoint), so the bytes must match."""
+    import ml_dtypes
+    m, n, k, row, p = 256, 256, 256, 5, np.float32(1.0162736)
+    a = np.zeros((m, k), np.float32)
+    a[row] = 2.0
+    b = np.zeros((1, n, k), np.float32)
+    b[0, 7, :168] = 1.0     # acc[row, 7] = 336: the group's maximum
+    b[0, 40, :93] = 1.0     # acc[row, 40] = 186
+    cast = ml_dtypes.float8_e4m3fn
+    host = {"a_tensor": _fp8(a.astype(cast), "float8_e4m3fn"),
+            "sfa_tensor": blockwise_sfa_layout(torch.ones(m, k // 128)),
+            "padded_offsets": torch.tensor([m], dtype=torch.int32), "b_tensor": _fp8(b.astype(cast), "float8_e4m3fn"),
+            "sfb_tensor": torch.ones(1, n // 128, k // 128)}
+    prob = torch.ones(m)
+    prob[row] = float(p)
+    ins = {"alpha": torch.ones(1), "prob": prob, "norm_const": torch.ones(1)}
+    op = fusegemm.Op(USER, tile_n=tile_n)
+    out = op(**_device(host), inputs={k2: v.cuda() for k2, v in ins.items()})
+    torch.cuda.synchronize()
+    ref = op.reference(*host.values(), inputs=ins)
+    d_ref = np.asarray(ref["d"]).view(np.uint8)
+    assert d_ref[row, 40] == 0x78 and d_ref[row, 7] == 0x7E     # 256 (even), and 448 for the maximum
+    np.testing.assert_array_equal(out["sfd_row"].cpu().numpy(), np.asarray(ref["sfd_row"]))
+    np.testing.assert_array_equal(out["d"].cpu().numpy(), d_ref)
+
+
 def _dequant(d_bytes, s, dtype):
     import ml_dtypes
     q = np.ascontiguousarray(d_bytes).view(getattr(ml_dtypes, dtype)).astype(np.float64)

@@ -111,6 +111,22 @@ def test_realistic_values_quantized_on_the_device(tile_n):
     assert np.abs(out - bf16.numpy()).max() <= 4e-2 * np.abs(bf16.numpy()).max()
 
 
+def test_power_of_two_e8m0_scales():
+    """The recipe's UE8M0 scales (sf_dtype float8_e8m0fnu at 128): converted to FP32 on the device
+    per call, exactly: D bit for bit the FP32-scale op's and the reference's."""
+    from fusegemm.formats import e8m0_bytes
+    a, sfa, b, sfb, off, alpha = _exact([256, 0, 700, 100], 256, 192, 12, "float8_e4m3fn")
+    ea, eb = e8m0_bytes(sfa.contiguous()).cuda(), e8m0_bytes(sfb.contiguous()).cuda()
+    op = fusegemm.Op("grouped_gemm_wgrad_fp8", sf_dtype="float8_e8m0fnu", sf_vec_size=128)
+    out = op(a.cuda(), ea, b.cuda(), eb, off.cuda(), inputs={"alpha": alpha.cuda()})
+    fp32 = fusegemm.Op("grouped_gemm_wgrad_fp8")(*_dev(a, sfa, b, sfb, off), inputs={"alpha": alpha.cuda()})
+    torch.cuda.synchronize()
+    assert torch.equal(out["d"], fp32["d"])
+    ref = op.reference(a, ea.cpu(), b, eb.cpu(), off, inputs={"alpha": alpha})
+    err, problem = compare_outputs({"d": np.asarray(ref["d"])}, {"d": out["d"].reshape(4 * 256, 192)}, exact=True)
+    assert problem is None, (problem, err)
+
+
 def test_execute_into_a_caller_buffer():
     a, sfa, b, sfb, off, _ = _exact([256, 512], 128, 256, 4, "float8_e4m3fn")
     dev = _dev(a, sfa, b, sfb, off)

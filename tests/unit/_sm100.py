@@ -71,6 +71,7 @@ _AXIS_SF = {"ue8m0": "float8_e8m0fnu", "ue4m3": "float8_e4m3fn"}
 # How a V reaches a real template (``V.route``):
 ROUTE_BF16 = "grouped_gemm"                # make_variant("grouped_gemm"): the op's kernel
 ROUTE_KGROUPED = "grouped_gemm_wgrad"      # make_variant("grouped_gemm_wgrad"): the K-grouped kernel
+ROUTE_KSCALED = "grouped_gemm_wgrad_fp8"   # make_variant("grouped_gemm_wgrad_fp8"): K-grouped MXFP8
 ROUTE_BATCHED = "gemm_amax"                # make_variant("gemm_amax"): the op's kernel
 ROUTE_BATCHED_DIRECT = "gemm_amax:direct"  # Variant(...) of the gemm_amax spec: the spec's
 #   choices/constraints exclude the point (scheduler dynamic, which gemm_amax does not offer;
@@ -113,7 +114,7 @@ class V:
     c_major_m: bool = False
     a_mn: bool = False  # block-scaled FP8: M-major A
     b_mn: bool = False  # N-major B (block-scaled FP8, BF16)
-    kgrouped: bool = False  # BF16 K-grouped (weight gradients): M-major A, N-major B, per-tile K
+    kgrouped: bool = False  # K-grouped (weight gradients), per-tile K: BF16 M-major A and N-major B, MXFP8 K-major
     fault: int = 0  # fusegemm::sm100 kFault* (tests only)
 
     @property
@@ -131,7 +132,7 @@ class V:
             parts += [self.sf, f"v{self.vec}", "batched" if self.batched else "grouped", f"c{self.c}"]
             if self.c_major_m:
                 parts.append("cmajm")
-            parts += [x for x, on in (("amn", self.a_mn), ("bnn", self.b_mn)) if on]
+            parts += [x for x, on in (("amn", self.a_mn), ("bnn", self.b_mn), ("kgrouped", self.kgrouped)) if on]
         elif self.kgrouped:
             parts.append("kgrouped")
         elif self.b_mn:
@@ -157,8 +158,9 @@ class V:
                   "weight_mode": "discrete" if self.discrete else "dense",
                   "tile_m": self.tile_m, "tile_n": self.tile_n, "cluster_m": self.cta_group, "cluster_n": 1}
         if self.kgrouped:   # the wgrad spec's axes: both majors and the C dtype follow from the problem
+            sf = {"sf_dtype": _AXIS_SF[self.sf], "sf_vec_size": self.vec} if self.family == "bs" else {}
             return {"ab_dtype": _AXIS_DTYPE[self.ab], "d_dtype": _AXIS_DTYPE[self.d], "tile_m": self.tile_m,
-                    "tile_n": self.tile_n, "cluster_m": 1, "cluster_n": 1}
+                    "tile_n": self.tile_n, "cluster_m": 1, "cluster_n": 1, **sf}
         if self.family == "bf16":
             return {**common, "d_dtype": _AXIS_DTYPE[self.d], "bias_dtype": _AXIS_DTYPE[self.bias],
                     "generate_c": self.generate_c, "b_major": "n" if self.b_mn else "k"}
@@ -193,7 +195,8 @@ class V:
                       f"static constexpr bool kBatched = {_b(self.batched)};",
                       f"static constexpr bool kCMajorM = {_b(self.c_major_m)};",
                       f"static constexpr bool kAMajorMN = {_b(self.a_mn)};",
-                      f"static constexpr bool kBMajorMN = {_b(self.b_mn)};"]
+                      f"static constexpr bool kBMajorMN = {_b(self.b_mn)};",
+                      f"static constexpr bool kKGrouped = {_b(self.kgrouped)};"]
         lines += [f"static constexpr bool kDynamicSched = {_b(self.dynamic)};",
                   f"static constexpr bool kDiscreteB = {_b(self.discrete)};",
                   f"static constexpr int kTileM = {self.tile_m};", f"static constexpr int kTileN = {self.tile_n};"]
@@ -228,6 +231,8 @@ class V:
 def _variant_of(v: V) -> tuple[str, Variant]:
     """(route, Variant) of ``v`` (fault 0); the routes are described at ROUTE_*."""
     axes = v.axes()
+    if v.kgrouped and v.family == "bs":
+        return ROUTE_KSCALED, make_variant("grouped_gemm_wgrad_fp8", arch="sm_100a", **axes)
     if v.kgrouped:
         return ROUTE_KGROUPED, make_variant("grouped_gemm_wgrad", arch="sm_100a", **axes)
     if v.family == "bf16":

@@ -36,7 +36,8 @@ from fusegemm.generator.variants import make_variant
 from fusegemm.runtime.compile import BASE_OPTIONS, headers
 
 from _sm100 import (CLUSTERS, MC_FIELDS, ROUTE_BATCHED, ROUTE_BATCHED_DIRECT, ROUTE_BF16, ROUTE_KGROUPED,
-                    ROUTE_SRELU, ROUTE_GROUPED_DIRECT, V, _simulate, _skip_without_toolchain, build, mc_problems,
+                    ROUTE_KSCALED, ROUTE_SRELU, ROUTE_GROUPED_DIRECT, V, _simulate, _skip_without_toolchain, build,
+                    mc_problems,
                     mc_rows, config_problems, plant_fault, static_problems,
                     translation_unit)
 
@@ -59,6 +60,7 @@ CORE = [
     V("bs", 64, 128, ab="e2m1", sf="ue8m0", vec=32, c="bf16"),             # MXFP4, M=64 over padded M=128; grouped
     V("bf16", 256, 256, b_mn=True),                                        # N-major B: 2 atoms per CTA of the pair
     V("bf16", 128, 256, b_mn=True, kgrouped=True, c="f32"),               # K-grouped: M-major A, per-tile K
+    V("bs", 128, 256, ab="e4m3", c="f32", kgrouped=True),                 # K-grouped MXFP8 (wgrad; no C): 2-D B
 ]
 EXTENDED = [
     V("bs", 128, 128, ab="e2m1", sf="ue4m3", vec=16, c="e4m3", batched=True),  # FP8 C from NVFP4
@@ -102,7 +104,7 @@ def test_variants_render_through_the_registry():
     assert set(direct) <= {v.label for v in CORE + EXTENDED + FAULTY}
     for v in CORE + EXTENDED + FAULTY:
         if v.kgrouped:
-            want = ROUTE_KGROUPED
+            want = ROUTE_KSCALED if v.family == "bs" else ROUTE_KGROUPED
         elif v.family == "bf16":
             want = ROUTE_BF16
         elif v.batched:
@@ -115,7 +117,8 @@ def test_variants_render_through_the_registry():
         assert text.count("kFaultInjection") == (1 if v.fault else 0), v.label
         impl = v.variant().spec.kernel
         assert impl == {ROUTE_BF16: "grouped_gemm", ROUTE_SRELU: "grouped_gemm_srelu",
-                        ROUTE_KGROUPED: "grouped_gemm_wgrad"}.get(v.route, "gemm_amax")
+                        ROUTE_KGROUPED: "grouped_gemm_wgrad",
+                        ROUTE_KSCALED: "grouped_gemm_wgrad_fp8"}.get(v.route, "gemm_amax")
     # The Config comparison and the fault planting can fail: another V's unit, a unit with no or
     # two Config anchors.
     text = translation_unit(CORE[5])[1]
@@ -198,6 +201,8 @@ FUSED_CORE = [
     ("grouped_gemm_dswiglu", {}, V("bs", 256, 256, **_MX8)),
     ("grouped_gemm_dswiglu", dict(prob_dtype="bfloat16"), V("bs", 256, 256, **_MX8)),
     ("grouped_gemm_dswiglu", dict(d_dtype="bfloat16", **_NVFP4_AXES), V("bs", 256, 256, **_NVFP4)),
+    # MXFP8 weight gradients: the K-grouped mode (per-tile token range, batched tile walk)
+    ("grouped_gemm_wgrad_fp8", {}, V("bs", 128, 256, kgrouped=True, c="f32", **_MX8)),   # sm_100a's default: MXFP8
 ]
 FUSED_EXTENDED = [
     ("grouped_gemm_quant", dict(d_dtype="float4_e2m1fn_x2", tile_m=128, cluster_m=1), V("bs", 128, 256, **_MX8)),
@@ -208,6 +213,8 @@ FUSED_EXTENDED = [
     ("grouped_gemm_srelu", dict(c_dtype="float4_e2m1fn_x2", d_dtype="float4_e2m1fn_x2"), V("bs", 256, 256, **_MX8)),
     ("grouped_gemm_dswiglu", dict(ab_dtype="float8_e5m2", c_dtype="float8_e5m2", d_dtype="float8_e5m2",
                                   discrete_col_sfd=True, tile_n=128), V("bs", 256, 128, ab="e5m2")),
+    ("grouped_gemm_wgrad_fp8", dict(sf_dtype="float8_e8m0fnu", sf_vec_size=32, ab_dtype="float8_e5m2", tile_n=128,
+                                    d_dtype="float32"), V("bs", 128, 128, ab="e5m2", c="f32", kgrouped=True)),
 ]
 
 

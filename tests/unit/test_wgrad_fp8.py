@@ -1,8 +1,10 @@
-"""FP8 weight gradients with the blockwise recipe on the CPU (specs/grouped_gemm_wgrad_fp8.yaml, the
-kscaled kernel class: the blockwise kernel's K-grouped mode): its kernels compile clean for sm_90a
-and sm_100a refuses the family with its reason; the operands' checks name what is wrong; the launch
-struct's maps; quantize_wgrad against quantize_1x128 of the transpose; the reference against an
-independent formula. tests/gpu/test_wgrad_fp8_gpu.py runs it."""
+"""FP8 weight gradients on the CPU (specs/grouped_gemm_wgrad_fp8.yaml, the kscaled kernel class: the
+sm_90a blockwise kernel's K-grouped mode with 1x128 FP32 scales, the sm_100a block-scaled kernel's
+with MXFP8 scales): the sm_90a kernels compile clean (sm_100a's static checks are in
+test_sm100_static.py), each arch runs its recipe by default and refuses the other's with the
+reason; the operands' checks name what is wrong; the launch struct's maps; quantize_wgrad against
+quantize_1x128 of the transpose; the references against independent formulas.
+tests/gpu/test_wgrad_fp8_gpu.py runs the sm_90a kernel."""
 from __future__ import annotations
 
 import numpy as np
@@ -50,10 +52,18 @@ def test_the_kernels_compile_clean(axes):
     assert disasm.count_prefix(hist, "FMUL") >= 64 * halves and disasm.count_prefix(hist, "FFMA") >= 64 * halves
 
 
-def test_sm100a_has_no_kernel_for_the_family():
-    assert registry.lookup(SPEC, "sm_100a") is None
-    with pytest.raises(UnsupportedError, match="sm_100a"):
-        fusegemm.Op(SPEC, arch="sm_100a")
+def test_each_arch_runs_its_recipe_and_refuses_the_other():
+    """sm_90a: the blockwise recipe (FP32 scales per 128 tokens, promoted); sm_100a: MXFP8 (E8M0 per
+    32 tokens, its MMA's scale atoms), its policy's default. Each refuses the other with the reason."""
+    assert (fusegemm.Op(SPEC, arch="sm_90a").variant.sf_vec_size, fusegemm.Op(SPEC, arch="sm_100a").variant.sf_vec_size
+            ) == (128, 32)
+    for arch in ("sm_90a", "sm_100a"):
+        assert fusegemm.Op(SPEC, arch=arch).check_support()
+    with pytest.raises(UnsupportedError, match="MXFP8 weight gradients run on sm_100a"):
+        fusegemm.Op(SPEC, arch="sm_90a", sf_dtype="float8_e8m0fnu", sf_vec_size=32).check_support()
+    with pytest.raises(UnsupportedError, match="blockwise recipe .* runs on sm_90a"):
+        fusegemm.Op(SPEC, arch="sm_100a", sf_dtype="float32", sf_vec_size=128).check_support()
+    assert not registry.executed(SPEC, "sm_100a")
 
 
 def test_quantize_wgrad_is_quantize_1x128_of_the_transpose():
@@ -81,6 +91,29 @@ def test_the_reference_is_the_per_expert_product_of_the_dequantized_operands():
     bv = b.float().double().numpy() * sfb.double().numpy()[:, np.arange(768) // 128]
     want = [av[:, :256] @ bv[:, :256].T, np.zeros((256, 200)), 0.5 * av[:, 256:] @ bv[:, 256:].T]
     np.testing.assert_allclose(d, np.concatenate(want), rtol=2 ** -23, atol=1e-6 * np.abs(want[0]).max())
+
+
+def test_the_mxfp8_reference_and_operands():
+    """sm_100a's recipe: E8M0 scales per 32 tokens in MX atoms over (M, T/32) and (N, T/32); the
+    reference dequantizes them (decoded here from the logical bytes) and multiplies per expert."""
+    from fusegemm.formats.torch_mx import pack_sf, quantize_mx
+    g = torch.Generator().manual_seed(2)
+    dy, x = torch.randn(512, 128, generator=g), torch.randn(512, 136, generator=g)
+    (a, sa), (b, sb) = quantize_mx(dy.t().contiguous()), quantize_mx(x.t().contiguous())   # (M, T), (M, T/32)
+    off = torch.tensor([256, 512], dtype=torch.int32)
+    op = fusegemm.Op(SPEC, arch="sm_100a", d_dtype="float32")
+    call = op._parse((a, pack_sf(sa), b, pack_sf(sb), off), {})
+    assert (call.vec, call.sfk, call.blockwise, call.sf) == (32, 16, False, "float8_e8m0fnu")
+    d = np.asarray(op.reference(a, pack_sf(sa), b, pack_sf(sb), off, inputs={"alpha": torch.tensor([1.0, 0.5])})["d"])
+    cols = np.arange(512) // 32
+    av = a.float().double().numpy() * sa.float().double().numpy()[:, cols]
+    bv = b.float().double().numpy() * sb.float().double().numpy()[:, cols]
+    want = np.concatenate([av[:, :256] @ bv[:, :256].T, 0.5 * av[:, 256:] @ bv[:, 256:].T])
+    np.testing.assert_allclose(d, want, rtol=2 ** -23, atol=1e-6 * np.abs(want).max())
+    # FP32 blockwise scales handed to the MXFP8 op: named, with the layout it takes
+    _, _, a8, sfa8, b8, sfb8 = _operands(t=512, m=128, n=136)
+    with pytest.raises(ArgumentError, match="sfa_tensor"):
+        op._parse((a8, sfa8, b8, sfb8, off), {})
 
 
 def test_the_launch_struct_maps_token_columns():
@@ -133,20 +166,27 @@ def test_bad_operands_name_the_argument(what, name, phrase):
     assert info.value.name.startswith(name) and phrase in str(info.value), str(info.value)
 
 
-def test_every_configuration_class_has_exact_verification_cases():
-    """The row is executed=False: the first launch of each class runs its cases (fusegemm/verify.py).
-    Every class sm_90a implements (tile N 128 / 256, e4m3 / e5m2) has them, pinned to the class."""
-    from fusegemm.selftest import all_classes, class_cases
-    classes = all_classes("sm_90a", ("grouped_gemm_wgrad_fp8",))
+@pytest.mark.parametrize("arch,vec", [("sm_90a", 128), ("sm_100a", 32)])
+def test_every_configuration_class_has_exact_verification_cases(arch, vec):
+    """Both rows are executed=False: the first launch of each class runs its cases
+    (fusegemm/verify.py). Every class an arch implements (tile N 128 / 256, e4m3 / e5m2, its
+    recipe) has them, pinned to the class, and their problems are built in the recipe's layout."""
+    from fusegemm.selftest import all_classes, class_cases, wgrad_fp8_problem
+    classes = all_classes(arch, ("grouped_gemm_wgrad_fp8",))
     assert sorted((c.tile[1], c.recipe[0]) for c in classes) == [
         (128, "float8_e4m3fn"), (128, "float8_e5m2"), (256, "float8_e4m3fn"), (256, "float8_e5m2")]
-    assert not registry.executed(SPEC, "sm_90a")
+    assert {c.recipe[2] for c in classes} == {vec}
+    assert not registry.executed(SPEC, arch)
     for cls in classes:
         cases = class_cases(cls)
         assert len(cases) == 2 and all(case["run"] == "wgrad_fp8" for _, case in cases)
         for _, case in cases:
             assert case["axes"]["tile_n"] == cls.tile[1] and case["axes"]["ab_dtype"] == cls.recipe[0]
-            fusegemm.Op(SPEC, arch="sm_90a", **case["axes"]).check_support()
+            op = fusegemm.Op(SPEC, arch=arch, **case["axes"])
+            op.check_support()
+            a, sfa, b, sfb, off, _ = wgrad_fp8_problem(case["tokens"], case["m"], case["n"], 1,
+                                                       case["axes"]["ab_dtype"], vec)
+            op._parse((a, sfa, b, sfb, off), {})   # the case's operands are the op's
 
 
 def test_the_verification_problem_is_exact():
@@ -166,3 +206,56 @@ def test_the_verification_problem_is_exact():
     want = np.concatenate(want)
     assert np.array_equal(d.astype(np.float64), want) and np.array_equal(want.astype(np.float32), want)
     assert np.abs(av).max() <= 8 and set(np.unique(np.abs(a.float().numpy()))) <= {0.0, 1.0, 2.0}
+
+
+def test_the_torch_op_traces_on_fake_tensors(monkeypatch):
+    """Its torch op (fusegemm.torch_library.register) has the class's schema and traces on fake
+    tensors to D (L, M, N); jax_ffi.spec_op plans the same output."""
+    import fusegemm.torch_library as fg
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fusegemm.ops.engine import Op, positional_operands
+    monkeypatch.setattr("fusegemm.ops.device.device_arch", lambda d: "sm_90a")
+    face = fg.register(SPEC, name="t_wgrad_fp8", d_dtype="float32")
+    assert str(face.op.default._schema).startswith(
+        "fusegemm::t_wgrad_fp8(Tensor a_tensor, Tensor sfa_tensor, Tensor b_tensor, Tensor sfb_tensor, "
+        "Tensor padded_offsets, Tensor? row_ends=None, Tensor? alpha=None)")
+    with FakeTensorMode():
+        cuda = dict(device="cuda")
+        a = torch.empty((256, 512), dtype=torch.float8_e4m3fn, **cuda)
+        b = torch.empty((384, 512), dtype=torch.float8_e4m3fn, **cuda)
+        sfa = torch.empty((4, 256), **cuda).t()
+        sfb = torch.empty((4, 384), **cuda).t()
+        out = face(a, sfa, b, sfb, torch.empty((2,), dtype=torch.int32, **cuda))
+        assert {k: (tuple(v.shape), v.dtype) for k, v in out.items()} == {"d": ((2, 256, 384), torch.float32)}
+    plan = Op.planned(SPEC)
+    assert positional_operands("kscaled") == ("a_tensor", "sfa_tensor", "b_tensor", "sfb_tensor", "padded_offsets")
+    assert plan.dims_of({"a_tensor": (256, 512), "b_tensor": (384, 512), "padded_offsets": (2,)}) == (384, 512, 2)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_power_of_two_e8m0_scales_at_128_run_on_both_archs(arch):
+    """The recipe's UE8M0 scales (sf_dtype float8_e8m0fnu, sf_vec_size 128): sm_90a converts them to
+    the FP32 values they encode, sm_100a expands them into MX atoms (each over its four 32-token
+    blocks); both exactly, so the operands the kernel parses and the reference are the FP32
+    recipe's."""
+    from fusegemm.formats import e8m0_bytes
+    from fusegemm.ops.scaled_layouts import host_operands
+    from fusegemm.selftest import wgrad_fp8_problem
+    a, sfa, b, sfb, off, alpha = wgrad_fp8_problem([256, 0, 700, 100], 256, 192, 3, vec=128)
+    ea, eb = e8m0_bytes(sfa.contiguous()), e8m0_bytes(sfb.contiguous())
+    want = fusegemm.Op(SPEC, arch="sm_90a", d_dtype="float32").reference(a, sfa, b, sfb, off, inputs={"alpha": alpha})
+    op = fusegemm.Op(SPEC, arch=arch, sf_dtype="float8_e8m0fnu", sf_vec_size=128, d_dtype="float32")
+    assert op.check_support() and (op.e8m0_scales, op.blockwise_mx) == ((True, False) if arch == "sm_90a" else
+                                                                         (False, True))
+    ops, kw, _ = host_operands(op, (a, ea, b, eb, off), {}, None)
+    call = op._parse(ops, kw)
+    assert (call.vec, call.sf) == ((128, "float32") if arch == "sm_90a" else (32, "float8_e8m0fnu"))
+    got = op.reference(a, ea, b, eb, off, inputs={"alpha": alpha})
+    assert np.array_equal(np.asarray(got["d"]), np.asarray(want["d"]))
+    if arch == "sm_100a":   # the expanded atoms decode to the same products through the MX path
+        mx = fusegemm.Op(SPEC, arch=arch, d_dtype="float32").reference(a, ops[1], b, ops[3], off,
+                                                                      inputs={"alpha": alpha})
+        assert np.array_equal(np.asarray(mx["d"]), np.asarray(want["d"]))
+    with pytest.raises(ArgumentError, match=r"^sfa_tensor.shape: got \(256, 4\)"):   # too few K blocks
+        op._parse(*host_operands(op, (a, ea[:, :4], b, eb, off), {}, None)[:2])

@@ -24,6 +24,14 @@
 // TILE_M 64 loads the whole 128-row M atom that holds its rows (tx = 16 KB for A), so the
 // accumulator rows sit in the same half as the K-major path puts them.
 //
+// K-grouped (Config::kKGrouped: the weight gradient dW_e = dY_e^T X_e, MXFP8): tiles are (expert,
+// M block, N block) of the (L, M, N) output (the batched tile walk over L experts of M rows), and
+// a tile's k-blocks are its expert's token columns [offsets[e-1], offsets[e]) of A = dY^T (M, T)
+// and B = X^T (N, T), both K-major (token-contiguous) with E8M0 scales per 32 tokens in the usual
+// atoms (SFA over (M, T/32), SFB over (N, T/32)): the k-block's token offset moves the A / B
+// boxes and the SF atoms' K coordinate (offsets are multiples of 256: whole atoms). 1-CTA tiles of
+// 128 rows, clusters 1x1; an expert without tokens stores the rule of a zero accumulator.
+//
 // Cluster multicast (fusegemm/cluster.cuh): A and SFA k-blocks are multicast along cluster
 // N, B and SFB along cluster M; the tile walk hands a cluster pm x cn neighbouring tiles.
 //
@@ -105,6 +113,11 @@ struct BlockScaledGemmKernel {
   // SF boxes (host contract): kSfKAtoms atoms along K; SFB kSfbMnAtoms along N, SFA one.
   static constexpr int kSfBoxK = kSfKAtoms, kSfBoxNB = kSfbMnAtoms;
   static constexpr bool kCMajorM = Config::kCMajorM;
+  static constexpr bool kKGrouped = Config::kKGrouped;
+  static_assert(!kKGrouped || (kFp8 && kTileM == 128 && !Config::kBatched && !Config::kDiscreteB &&
+                               !Config::kDynamicSched && !kAMn && !kBMn && !kCMajorM),
+                "K-grouped (weight gradients): MXFP8, K-major dY^T and X^T, 1-CTA 128-row tiles, static "
+                "scheduling, row-major D");
   static_assert(kFp8 || (!kAMn && !kBMn),
                 "packed FP4 A/B must be K-major (kind::mxf4/mxf4nvf4, sm1xx_common.inl:660)");
   static_assert(!kAMn || kRowsA == 128, "M-major A: one 128-element swizzle atom per CTA");
@@ -217,22 +230,38 @@ struct BlockScaledGemmKernel {
                     kSfbCols == sfb_col_of(kMmasPerBlock - 1) + 4 * kSfbMnAtoms,
                 "SF columns per operand = (MN/32) * tileK / (4 vec)");
 
+  // A K-grouped tile's first token column and k-blocks (fusegemm/scheduler.cuh kgrouped_k_range).
+  template <class Params>
+  static __device__ int2 k_range(const Params& p, const ClusterTile& t) {
+    return kgrouped_k_range<kBlockK>(static_cast<const int*>(p.offsets), static_cast<const int*>(p.row_ends),
+                                     t.expert, p.k);
+  }
+
   template <class Params>
   static __device__ void run(const Params& p) {
     Frame f;
     f.setup(p);
+    if constexpr (kKGrouped) {
+      // One K range per expert: the frame's loops take each tile's k-blocks from its expert.
+      run_with(p, f, BatchedClusterScheduler<kTileM, kTileN, kCtaGroup>(p.m_rows, p.n, p.num_experts, f.geom),
+               [&p](const ClusterTile& t) { return k_range(p, t).y; });
+      return;
+    }
+    const int k_bytes = (p.k + kElemsPerByte - 1) / kElemsPerByte;
+    const int k_blocks = (k_bytes + kBlockKBytes - 1) / kBlockKBytes;
     if constexpr (Config::kBatched) {
-      run_with(p, f, BatchedClusterScheduler<kTileM, kTileN, kCtaGroup>(p.m_rows, p.n, p.num_experts, f.geom));
+      run_with(p, f, BatchedClusterScheduler<kTileM, kTileN, kCtaGroup>(p.m_rows, p.n, p.num_experts, f.geom),
+               k_blocks);
     } else {
       run_with(p, f, GroupedClusterScheduler<kTileM, kTileN, kCtaGroup>(static_cast<const int*>(p.offsets),
-                                                                        p.num_experts, p.n, p.m_rows, f.geom));
+                                                                        p.num_experts, p.n, p.m_rows, f.geom),
+               k_blocks);
     }
   }
 
-  template <class Params, class Sched>
-  static __device__ void run_with(const Params& p, Frame& f, const Sched& sched) {
-    const int k_bytes = (p.k + kElemsPerByte - 1) / kElemsPerByte;
-    const int k_blocks = (k_bytes + kBlockKBytes - 1) / kBlockKBytes;
+  // k_blocks: every tile's k-blocks, or (K-grouped) a callable giving a tile's (tile_k_blocks).
+  template <class Params, class Sched, class KBlocks>
+  static __device__ void run_with(const Params& p, Frame& f, const Sched& sched, const KBlocks& k_blocks) {
     if (f.warp == kWarpTma) {
       producer(p, f, sched, k_blocks);
     } else if (f.warp == kWarpMma) {
@@ -247,8 +276,8 @@ struct BlockScaledGemmKernel {
     f.teardown();
   }
 
-  template <class Params, class Sched>
-  static __device__ void producer(const Params& p, Frame& f, const Sched& sched, int k_blocks) {
+  template <class Params, class Sched, class KBlocks>
+  static __device__ void producer(const Params& p, Frame& f, const Sched& sched, const KBlocks& k_blocks) {
     DeviceTmap<Frame::kTmapSlots> dtm_b, dtm_sfb;  // discrete weights: B and SFB per expert
     const CUtensorMap* tmap_b = &p.tma_b;
     const CUtensorMap* tmap_sfb = &p.tma_sfb;
@@ -267,14 +296,17 @@ struct BlockScaledGemmKernel {
         }
       }
       const int l = Config::kBatched ? t.expert : 0;            // batch coordinate of A / SFA
-      const int lb = Config::kDiscreteB ? 0 : t.expert;          // expert / batch coordinate of B / SFB
+      // expert / batch coordinate of B / SFB (K-grouped: X^T is every expert's, 2-D)
+      const int lb = Config::kDiscreteB || kKGrouped ? 0 : t.expert;
       const int m_row = t.m_block * kTileM + f.cta_half * kRowsD;  // first A row this CTA loads
       const int n_row = t.n_block * kTileN + f.cta_half * kRowsB;
-      const int kx = kb * kBlockKBytes;  // K offset in bytes (= elements for FP8)
+      // K-grouped: the expert's first token column (a multiple of 256, so of a k-block and an atom).
+      const int kb0 = kKGrouped ? k_range(p, t).x / kBlockK : 0;
+      const int kx = (kb0 + kb) * kBlockKBytes;  // K offset in bytes (= elements for FP8)
       // A (and SFA) shared along cluster N, B (and SFB) along cluster M (cluster.cuh); A and B
       // slice by slice, the scale-factor boxes whole.
       const Share sh_a = f.share_a(), sh_b = f.share_b(t.share_b);
-      constexpr int kDimsA = Config::kBatched ? 3 : 2, kDimsB = Config::kDiscreteB ? 2 : 3;
+      constexpr int kDimsA = Config::kBatched ? 3 : 2, kDimsB = Config::kDiscreteB || kKGrouped ? 2 : 3;
 #pragma unroll 1
       for (int i = 0; i < kMcSlices; ++i) {
         if constexpr (kAMn) {
@@ -304,8 +336,9 @@ struct BlockScaledGemmKernel {
         }
       }
       uint8_t* sf = f.smem_sf(s);
-      f.template load_whole<4>(sh_a, kb, &p.tma_sfa, bar, sf, 0, kb * kSfKAtoms, m_row / 128, l);
-      f.template load_whole<4>(sh_b, kb, tmap_sfb, bar, sf + kSfaBytes, 0, kb * kSfKAtoms, t.n_block * kSfbMnAtoms, lb);
+      f.template load_whole<4>(sh_a, kb, &p.tma_sfa, bar, sf, 0, (kb0 + kb) * kSfKAtoms, m_row / 128, l);
+      f.template load_whole<4>(sh_b, kb, tmap_sfb, bar, sf + kSfaBytes, 0, (kb0 + kb) * kSfKAtoms,
+                               t.n_block * kSfbMnAtoms, lb);
     });
   }
 
@@ -335,8 +368,8 @@ struct BlockScaledGemmKernel {
     }
   }
 
-  template <class Params, class Sched>
-  static __device__ void epilogue(const Params& p, Frame& f, const Sched& sched, int k_blocks) {
+  template <class Params, class Sched, class KBlocks>
+  static __device__ void epilogue(const Params& p, Frame& f, const Sched& sched, const KBlocks& k_blocks) {
     const int ew = f.warp - kFirstEpiWarp;  // TMEM lanes 32*ew..
     const uint32_t buf = smem_u32(f.staging) + ew * kStagingBytes;
     Rule rule;
@@ -345,7 +378,9 @@ struct BlockScaledGemmKernel {
     // Element columns: the accumulator's, or half of them when the rule pairs gate/up blocks.
     const int width = Rule::kPairedAcc ? p.n / 2 : p.n;
     f.epilogue_loop(sched, [&](const ClusterTile& t, uint32_t acc_col) {
-      const int m0 = t.m_block * kTileM + f.cta_half * kRowsD;  // first row this CTA stores
+      // first row this CTA stores (K-grouped: expert e's (M, N) block is rows e M.. of (L M, N))
+      const int m0 = (kKGrouped ? t.expert * p.m_rows : 0) + t.m_block * kTileM + f.cta_half * kRowsD;
+      const bool no_k = tile_k_blocks(k_blocks, t) == 0;   // an expert without tokens: a zero accumulator
       const int half = kTileM == 64 ? (m0 % 128) / 64 : 0;
       const int local = ew * 32 - half * 64;                      // first tile row of this warp
       int rows_valid = (local >= 0 && local < kRowsD) ? 32 : 0;
@@ -354,10 +389,10 @@ struct BlockScaledGemmKernel {
 #pragma unroll 1
       for (int c = 0; c < kTileN / kAccPerBlock; ++c) {
         float acc[Engine::kAccVals];
-        tmem_load_chunk(tmem_addr(f.tmem_base, 32 * ew, acc_col + c * kAccPerBlock), k_blocks == 0, acc);
+        tmem_load_chunk(tmem_addr(f.tmem_base, 32 * ew, acc_col + c * kAccPerBlock), no_k, acc);
         if constexpr (Rule::kPairedAcc) {  // the up block, 32 columns after the gate block
           tmem_load_chunk(tmem_addr(f.tmem_base, 32 * ew, acc_col + c * kAccPerBlock + kEpiChunkCols),
-                          k_blocks == 0, acc + 32);
+                          no_k, acc + 32);
         }
         if (c == kTileN / kAccPerBlock - 1) f.release_accumulator();  // after the last wait::ld
         const int j0 = (t.n_block * kTileN + c * kAccPerBlock) / (Rule::kPairedAcc ? 2 : 1);
