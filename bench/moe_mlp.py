@@ -1,4 +1,5 @@
-"""Forward + backward step of the MoE expert MLP (``fusegemm.moe.ExpertMLP``, BF16 and MXFP8 recipes) against
+"""Forward + backward step of the MoE expert MLP (``fusegemm.moe.ExpertMLP``, BF16, MXFP8 and blockwise FP8
+recipes) against
 the same layer in torch with ``torch._grouped_mm`` (fc1 -> SwiGLU -> fc2, autograd backward), in
 the same run; prints JSON.
 
@@ -9,8 +10,9 @@ targets: BF16 step >= 1.1x, MXFP8 >= 1.5x. H200, dsv3-8 / dsv3-32 / mixtral: BF1
 1.39x (bench/results/moe_mlp_h200_bf16.json, 2026-12-01); MXFP8 0.21x / 0.12x / 0.34x
 (bench/results/moe_mlp_h200.json). The MXFP8 recipe is for B200: on Hopper (no block-scaled MMA)
 its kernels dequantize in shared memory and run far below BF16 (issue 10), so its H200 figure
-measures the recipe's cost there, not its purpose. --wgrad-ab also times the BF16 layer with each
-weight-gradient kernel (ExpertMLP(wgrad=...)).
+measures the recipe's cost there, not its purpose. ``--recipes bf16,fp8_block`` times the blockwise
+FP8 recipe (sm_90a; issue 31's target: >= 1.3x torch's BF16 layer on dsv3 and mixtral).
+--wgrad-ab also times the BF16 layer with each weight-gradient kernel (ExpertMLP(wgrad=...)).
 --dswiglu-ab also times it with the dSwiGLU GEMM at its spec's default tile instead of the
 layer's choice (fusegemm.moe._DSWIGLU_TILE: ping-pong 64-row tiles on sm_90a); --fill-ab with
 every output of the spec ops zero-filled whole before its GEMM, as before fusegemm/ops/tail.py.
@@ -98,16 +100,18 @@ def bench_layer(name: str, args) -> dict:
         methods["fusegemm_bf16_dswiglu_default_tile"] = _dswiglu_default_tile(step(ours, (ours.w1, ours.w2)))
     if args.fill_ab:
         methods["fusegemm_bf16_whole_fill"] = whole_fill(step(ours, (ours.w1, ours.w2)))
-    if "mxfp8" in args.recipes:
-        mx = ExpertMLP(experts, hidden, inter, device="cuda", recipe="mxfp8", generator=torch.Generator().manual_seed(1))
-        methods["fusegemm_mxfp8"] = step(mx, (mx.w1, mx.w2))
+    low = {}   # the low-precision recipes asked for: recipe -> layer
+    for recipe in (r for r in ("mxfp8", "fp8_block") if r in args.recipes.split(",")):
+        low[recipe] = ExpertMLP(experts, hidden, inter, device="cuda", recipe=recipe,
+                                generator=torch.Generator().manual_seed(1))
+        methods[f"fusegemm_{recipe}"] = step(low[recipe], (low[recipe].w1, low[recipe].w2))
     try:
         with torch.no_grad():
             yo, yt = ours(x, ends, prob).float(), peer(x, ends, prob).float()
         row["rel_diff_y_vs_torch"] = float((yo - yt).norm() / yt.norm())
-        if "mxfp8" in args.recipes:
+        for recipe, layer in low.items():
             with torch.no_grad():
-                row["rel_diff_y_mxfp8_vs_torch"] = float((mx(x, ends, prob).float() - yt).norm() / yt.norm())
+                row[f"rel_diff_y_{recipe}_vs_torch"] = float((layer(x, ends, prob).float() - yt).norm() / yt.norm())
         methods["torch_grouped_mm"] = step(peer, (w1, w2))
     except (RuntimeError, AttributeError) as exc:       # a torch without _grouped_mm (or its backward)
         row["torch_error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -115,8 +119,8 @@ def bench_layer(name: str, args) -> dict:
         row[f"{key}_ms"], row[f"{key}_tflops"] = ms, flops / ms / 1e9
     if "torch_grouped_mm_ms" in row:
         row["speedup_bf16_vs_torch"] = row["torch_grouped_mm_ms"] / row["fusegemm_bf16_ms"]
-        if "fusegemm_mxfp8_ms" in row:
-            row["speedup_mxfp8_vs_torch_bf16"] = row["torch_grouped_mm_ms"] / row["fusegemm_mxfp8_ms"]
+        for recipe in low:
+            row[f"speedup_{recipe}_vs_torch_bf16"] = row["torch_grouped_mm_ms"] / row[f"fusegemm_{recipe}_ms"]
     torch.cuda.empty_cache()
     return row
 
@@ -124,7 +128,8 @@ def bench_layer(name: str, args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--layers", default=",".join(LAYERS))
-    ap.add_argument("--recipes", default="bf16,mxfp8", help="bf16 always runs; add mxfp8 to time that recipe too")
+    ap.add_argument("--recipes", default="bf16,mxfp8",
+                    help="bf16 always runs; add mxfp8 and/or fp8_block to time those recipes too")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
@@ -141,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
                       lambda r: (f"fusegemm {r['fusegemm_bf16_ms']:.2f} ms  "
                                  f"torch {r.get('torch_grouped_mm_ms', nan):.2f} ms  "
                                  f"x{r.get('speedup_bf16_vs_torch', nan):.2f}  "
-                                 f"mxfp8 {r.get('fusegemm_mxfp8_ms', nan):.2f} ms"),
-                      "MoE expert MLP forward + backward step (BF16 and MXFP8 recipes vs torch BF16)")
+                                 f"mxfp8 {r.get('fusegemm_mxfp8_ms', nan):.2f} ms  "
+                                 f"fp8_block {r.get('fusegemm_fp8_block_ms', nan):.2f} ms"),
+                      "MoE expert MLP forward + backward step (BF16, MXFP8 and blockwise FP8 recipes vs torch BF16)")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,22 @@ def _scale(amax: Tensor, dtype: torch.dtype, scales: str) -> Tensor:
     return s
 
 
+def _float32_blocks(x: Tensor, dim: int, blocks: int) -> Tensor:
+    """``x`` in float32 zero-padded along ``dim`` to ``blocks`` blocks of 128: always a new tensor
+    (the quantizers divide it in place: one float32 copy of the operand per call)."""
+    pad = blocks * BLOCK - x.shape[dim]
+    if pad == 0:
+        return x.to(torch.float32, copy=True)
+    widths = [0, 0] * (x.dim() - 1 - dim % x.dim()) + [0, pad]
+    return torch.nn.functional.pad(x.float(), widths)
+
+
+def _amax(v: Tensor, dim: int) -> Tensor:
+    """max |v| along ``dim`` without an |v| copy (max(max, -min): the same value, NaN kept)."""
+    lo, hi = v.aminmax(dim=dim)
+    return torch.maximum(hi, -lo)
+
+
 def _check(x: Tensor, dtype: torch.dtype, scales: str, name: str, dims: str, ndim: int) -> None:
     if not isinstance(x, Tensor) or x.dim() < ndim:
         raise ValueError(f"{name}: got {getattr(x, 'shape', type(x).__name__)}; allowed: a torch tensor {dims}")
@@ -82,9 +98,9 @@ def quantize_1x128(x: Tensor, dtype: torch.dtype = torch.float8_e4m3fn, scales: 
     _check(x, dtype, scales, "x", "(M, K)", 2)
     m, k = x.shape
     kb = -(-k // BLOCK)
-    v = torch.nn.functional.pad(x.float(), (0, kb * BLOCK - k)).view(m, kb, BLOCK)
-    s = _scale(v.abs().amax(-1), dtype, scales)
-    q = (v / s[:, :, None]).to(dtype).view(m, kb * BLOCK)[:, :k]
+    v = _float32_blocks(x, 1, kb).view(m, kb, BLOCK)
+    s = _scale(_amax(v, -1), dtype, scales)
+    q = v.div_(s[:, :, None]).to(dtype).view(m, kb * BLOCK)[:, :k]
     return q.contiguous(), blockwise_sfa_layout(s)
 
 
@@ -114,9 +130,9 @@ def quantize_wgrad(y: Tensor, dtype: torch.dtype = torch.float8_e4m3fn, scales: 
     _check(y, dtype, scales, "y", "(T, C)", 2)
     t, c = y.shape
     tb = -(-t // BLOCK)
-    v = torch.nn.functional.pad(y.float(), (0, 0, 0, tb * BLOCK - t)).view(tb, BLOCK, c)
-    s = _scale(v.abs().amax(1), dtype, scales)                  # (T/128, C)
-    q = (v / s[:, None, :]).to(dtype).view(tb * BLOCK, c)[:t]
+    v = _float32_blocks(y, 0, tb).view(tb, BLOCK, c)
+    s = _scale(_amax(v, 1), dtype, scales)                      # (T/128, C)
+    q = v.div_(s[:, None, :]).to(dtype).view(tb * BLOCK, c)[:t]
     return q.t().contiguous(), blockwise_sfa_layout(s.t())
 
 

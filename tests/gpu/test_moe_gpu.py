@@ -37,6 +37,42 @@ def _problem(tokens, hidden, seed):
     return x, prob, ends
 
 
+def _both_backends(x, prob, ends, hidden, inter, **layer_kw):
+    """One forward + backward of the same layer (seeded weights and dy) on each backend: the
+    output and every gradient, by backend name, and the layers."""
+    layers = {name: moe.ExpertMLP(4, hidden, inter, backend=name, device="cuda",
+                                  generator=torch.Generator().manual_seed(6), **layer_kw)
+              for name in ("fusegemm", "torch")}
+    out = {}
+    for name, layer in layers.items():
+        xi, pi = x.clone().requires_grad_(), prob.clone().requires_grad_()
+        y = layer(xi, ends, pi)
+        dy = torch.randn(y.shape, generator=torch.Generator(device="cuda").manual_seed(7), device="cuda")
+        y.backward(dy.bfloat16())
+        out[name] = dict(y=y, dx=xi.grad, dprob=pi.grad, dw1=layer.w1.grad, dw2=layer.w2.grad)
+    return out, layers
+
+
+def _within(out, ends, tol):
+    """fusegemm's output and gradients finite and within relative Frobenius error ``tol`` of the
+    torch backend's; rows past the last expert zero."""
+    for key in ("y", "dx", "dprob", "dw1", "dw2"):
+        got, want = out["fusegemm"][key], out["torch"][key]
+        assert torch.isfinite(got.float()).all(), key
+        assert _rel(got, want) <= tol, (key, _rel(got, want))
+    valid = int(ends[-1])
+    assert not out["fusegemm"]["y"][valid:].any() and not out["fusegemm"]["dx"][valid:].any()
+
+
+def _fc1_both(step, x, prob, ends):
+    """fc1 alone (backend method ``step``: the fused epilogue's quantized h and its scales) on the
+    fusegemm backend and in the torch emulation: ((hq, scales), (hq, scales)), valid rows only."""
+    w1 = moe.ExpertMLP(4, 256, 256, device="cuda", generator=torch.Generator().manual_seed(6)).w1.detach()
+    rows, valid = moe._expert_rows(ends), int(ends[-1])
+    return [tuple(t[:valid] for t in getattr(moe._BACKENDS[name], step)(x, ends, rows, w1, prob)[1:])
+            for name in ("fusegemm", "torch")]
+
+
 @pytest.mark.parametrize("wgrad,hidden", [("torch", 256), ("fusegemm", 256), ("auto", 256), ("auto", 160)])
 def test_expert_mlp_matches_the_torch_layer_forward_and_backward(wgrad, hidden):
     """Every weight-gradient choice (torch._grouped_mm, fusegemm's K-grouped family, auto: the
@@ -52,21 +88,8 @@ def test_expert_mlp_matches_the_torch_layer_forward_and_backward(wgrad, hidden):
         has = registry.lookup("grouped_gemm_wgrad", arch) is not None and registry.executed("grouped_gemm_wgrad", arch)
         assert fits == (hidden % 128 == 0 and has)
     x, prob, ends = _problem(tokens, hidden, 5)
-    layers = {name: moe.ExpertMLP(4, hidden, inter, backend=name, device="cuda", wgrad=wgrad,
-                                  generator=torch.Generator().manual_seed(6)) for name in ("fusegemm", "torch")}
-    out = {}
-    for name, layer in layers.items():
-        xi, pi = x.clone().requires_grad_(), prob.clone().requires_grad_()
-        y = layer(xi, ends, pi)
-        dy = torch.randn(y.shape, generator=torch.Generator(device="cuda").manual_seed(7), device="cuda")
-        y.backward(dy.bfloat16())
-        out[name] = dict(y=y, dx=xi.grad, dprob=pi.grad, dw1=layer.w1.grad, dw2=layer.w2.grad)
-    for key in ("y", "dx", "dprob", "dw1", "dw2"):
-        got, want = out["fusegemm"][key], out["torch"][key]
-        assert torch.isfinite(got.float()).all(), key
-        assert _rel(got, want) <= 1e-2, (key, _rel(got, want))
-    valid = int(ends[-1])
-    assert not out["fusegemm"]["y"][valid:].any() and not out["fusegemm"]["dx"][valid:].any()
+    out, _ = _both_backends(x, prob, ends, hidden, inter, wgrad=wgrad)
+    _within(out, ends, 1e-2)
 
 
 @pytest.mark.parametrize("wgrad", ["torch", "fusegemm"])
@@ -80,34 +103,33 @@ def test_mxfp8_recipe_matches_its_torch_emulation(wgrad):
     rounding boundary can land one E4M3 step (2**-3 relative) apart; the rest of the gap is BF16
     rounding as in the BF16 recipe's test."""
     x, prob, ends = _problem([300, 0, 512, 17], 256, 8)
-    out, amax = {}, {}
-    for name in ("fusegemm", "torch"):
-        layer = moe.ExpertMLP(4, 256, 256, backend=name, recipe="mxfp8", device="cuda", wgrad=wgrad,
-                              generator=torch.Generator().manual_seed(6))
-        xi, pi = x.clone().requires_grad_(), prob.clone().requires_grad_()
-        y = layer(xi, ends, pi)
-        y.backward(torch.randn(y.shape, generator=torch.Generator(device="cuda").manual_seed(7), device="cuda").bfloat16())
-        out[name] = dict(y=y, dx=xi.grad, dprob=pi.grad, dw1=layer.w1.grad, dw2=layer.w2.grad)
-        amax[name] = layer.amax
-    for key in ("y", "dx", "dprob", "dw1", "dw2"):
-        got, want = out["fusegemm"][key], out["torch"][key]
-        assert torch.isfinite(got.float()).all(), key
-        assert _rel(got, want) <= 2e-2, (key, _rel(got, want))
+    out, layers = _both_backends(x, prob, ends, 256, 256, recipe="mxfp8", wgrad=wgrad)
+    amax = {name: layer.amax for name, layer in layers.items()}
+    _within(out, ends, 2e-2)
     for key in ("y", "dx"):
         got, want = amax["fusegemm"][key], amax["torch"][key]
         assert got.shape == (4, 1) and float(got[1, 0]) == float("-inf"), (key, got)   # the empty expert
         finite = torch.isfinite(want)
         torch.testing.assert_close(got[finite], want[finite], rtol=2e-2, atol=0)
-    valid = int(ends[-1])
-    assert not out["fusegemm"]["y"][valid:].any() and not out["fusegemm"]["dx"][valid:].any()
     # fc1 alone: the fused epilogue's MXFP8 h against the emulation's, byte by byte.
-    w1 = moe.ExpertMLP(4, 256, 256, device="cuda", generator=torch.Generator().manual_seed(6)).w1.detach()
-    rows = moe._expert_rows(ends)
-    _, hq, sfh = moe._BACKENDS["fusegemm"].fc1_mx(x, ends, rows, w1, prob)
-    _, hq_t, sfh_t = moe._BACKENDS["torch"].fc1_mx(x, ends, rows, w1, prob)
-    same = (hq[:valid].view(torch.uint8) == hq_t[:valid].view(torch.uint8)).float().mean()
-    assert same >= 0.97, float(same)
-    assert (sfh[:valid].view(torch.uint8) == sfh_t[:valid].view(torch.uint8)).float().mean() >= 0.97
+    (hq, sfh), (hq_t, sfh_t) = _fc1_both("fc1_mx", x, prob, ends)
+    assert (hq.view(torch.uint8) == hq_t.view(torch.uint8)).float().mean() >= 0.97
+    assert (sfh.view(torch.uint8) == sfh_t.view(torch.uint8)).float().mean() >= 0.97
+
+
+def test_fp8_block_recipe_matches_its_torch_emulation():
+    """recipe="fp8_block" (sm_90a): the fusegemm backend (blockwise SwiGLU with an FP8 h and 1x128
+    scales, the blockwise quant GEMM and dSwiGLU, the FP8 weight gradients) against the torch
+    backend, which takes the same quantization points with the recipe's own quantizers and FP32
+    matmuls. Tolerance as the MXFP8 recipe's: relative Frobenius error <= 2e-2 per tensor (a
+    value near an e4m3 rounding boundary can land one step apart when the sums' orders differ),
+    and fc1's FP8 h equal in >= 97% of its bytes, its 1x128 scales within 1e-5 relative."""
+    x, prob, ends = _problem([300, 0, 512, 17], 256, 8)
+    out, _ = _both_backends(x, prob, ends, 256, 256, recipe="fp8_block")
+    _within(out, ends, 2e-2)
+    (hq, sh), (hq_t, sh_t) = _fc1_both("fc1_bw", x, prob, ends)
+    assert (hq.view(torch.uint8) == hq_t.view(torch.uint8)).float().mean() >= 0.97
+    torch.testing.assert_close(sh, sh_t, rtol=1e-5, atol=0)
 
 
 def test_mxfp8_training_tracks_bf16():

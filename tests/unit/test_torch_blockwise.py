@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from fusegemm.formats import quantize_1x128, quantize_128x128  # noqa: E402
 from fusegemm.formats.torch_blockwise import quantize_1x128 as tq_1x128  # noqa: E402
 from fusegemm.formats.torch_blockwise import quantize_128x128 as tq_128x128  # noqa: E402
+from fusegemm.formats import torch_blockwise as tb  # noqa: E402
 from fusegemm.interpret import _store, quantize_1x128_rows  # noqa: E402
 
 DTYPES = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
@@ -82,3 +83,37 @@ def test_nan_gives_its_block_a_nan_scale():
 def test_bad_arguments_are_named(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def _plain_1x128(x, dtype, scales):
+    """The quantizer written plainly (pad, |x|, amax, divide, cast): what the optimized one (one
+    float32 copy divided in place, max |x| from aminmax) must equal."""
+    from fusegemm.formats.blockwise import blockwise_sfa_layout
+    from fusegemm.formats.torch_blockwise import BLOCK, _scale
+    m, k = x.shape
+    kb = -(-k // BLOCK)
+    v = torch.nn.functional.pad(x.float(), (0, kb * BLOCK - k)).view(m, kb, BLOCK)
+    s = _scale(v.abs().amax(-1), dtype, scales)
+    return (v / s[:, :, None]).to(dtype).view(m, kb * BLOCK)[:, :k].contiguous(), blockwise_sfa_layout(s)
+
+
+@pytest.mark.parametrize("src", [torch.bfloat16, torch.float32])
+def test_the_in_place_quantizers_equal_the_plain_formula(src):
+    """quantize_1x128 and quantize_wgrad (= quantize_1x128 of the transpose) against the plain
+    formula: the same values and scales (a NaN block's bytes may differ in the NaN's sign), for
+    both formats and scale rules, K a multiple of 128 or not, zeros, NaN and -inf; the input is
+    not modified (a float32 input is copied before the in-place division)."""
+    g = torch.Generator().manual_seed(0)
+    for shape in ((300, 200), (256, 384)):
+        x = (torch.randn(*shape, generator=g) * 10).to(src)
+        x[0, 3], x[2, 5] = float("nan"), float("-inf")
+        x[1] = 0
+        before = x.clone()
+        for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            for scales in ("amax", "pow2"):
+                pairs = ((tb.quantize_1x128(x, dtype, scales), _plain_1x128(x, dtype, scales)),
+                         (tb.quantize_wgrad(x, dtype, scales), _plain_1x128(x.t().contiguous(), dtype, scales)))
+                for got, want in pairs:
+                    assert torch.equal(got[0].float().nan_to_num(1e9), want[0].float().nan_to_num(1e9))
+                    assert torch.equal(got[1].nan_to_num(-1.0), want[1].nan_to_num(-1.0))
+        assert torch.equal(x.nan_to_num(7.0), before.nan_to_num(7.0))

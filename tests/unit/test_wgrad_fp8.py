@@ -259,3 +259,60 @@ def test_power_of_two_e8m0_scales_at_128_run_on_both_archs(arch):
         assert np.array_equal(np.asarray(mx["d"]), np.asarray(want["d"]))
     with pytest.raises(ArgumentError, match=r"^sfa_tensor.shape: got \(256, 4\)"):   # too few K blocks
         op._parse(*host_operands(op, (a, ea[:, :4], b, eb, off), {}, None)[:2])
+
+
+class _Maps:
+    """Records a launcher's tensor-map encodings."""
+
+    def __init__(self):
+        self.calls = {}
+
+    def tiled(self, address, dtype, shape, strides, box, swizzle=128, *rest):
+        self.calls[len(self.calls)] = dict(address=address, dtype=dtype, shape=shape, strides=strides, box=box,
+                                           swizzle=swizzle)
+        return b"\0" * 128
+
+
+class _Launcher:
+    """The loaded kernel's host side without a GPU: the compiled cubin's own contract."""
+
+    def __init__(self, variant):
+        src = render(variant)
+        cub = compile_source(src.text, arch=variant.arch, kernel=src.symbol)
+        self.contract = Cubin(cub.data).contract(src.symbol)
+        self.tmaps, self.sms, self.cluster = _Maps(), 132, (1, 1)
+        self.tile = (self.contract.tile_m, self.contract.tile_n)
+
+
+@pytest.mark.parametrize("arch,vec,tokens", [("sm_90a", 128, [256, 0, 700, 100]), ("sm_100a", 32, [256, 0, 700, 100]),
+                                             ("sm_90a", 128, [0, 0])])
+def test_the_maps_cover_the_token_columns_with_the_kernels_boxes(arch, vec, tokens):
+    """The launch values against the compiled kernel's contract: A / B maps over (T, rows) bytes with
+    the contract's boxes and SW128, the scales' maps (blockwise: float32 (rows, T/128), boxes of the
+    operand box's rows by one block; MXFP8: the atom layout), m_rows = M, k = T; no tokens at all:
+    every map stands on an output buffer with a real extent (nothing is loaded)."""
+    from fusegemm.selftest import wgrad_fp8_problem
+    m, n = 256, 192
+    a, sfa, b, sfb, off, _ = wgrad_fp8_problem(tokens, m, n, 3, vec=vec)
+    op = fusegemm.Op(SPEC, arch=arch)
+    op._launcher = ln = _Launcher(op.kernel_variant)
+    c, t = ln.contract, a.shape[1]
+    call = op._parse((a, sfa, b, sfb, off), {})
+    v = op._launch_values(call, {"d": 4096})
+    assert (v["m_rows"], v["n"], v["k"], v["num_experts"]) == (m, n, t, len(tokens))
+    maps = list(ln.tmaps.calls.values())
+    assert len(maps) == 4
+    if t == 0:
+        assert {x["address"] for x in maps} == {4096} and all(d > 0 for x in maps for d in x["shape"])
+        return
+    ma, mb, msa, msb = ({x["address"]: x for x in maps}[p.data_ptr()] for p in (a, b, sfa, sfb))
+    assert (ma["shape"], ma["strides"], ma["box"], ma["swizzle"]) == ((t, m), (t,), (c.box_a_inner, c.box_a_outer), 128)
+    assert (mb["shape"], mb["strides"], mb["box"]) == ((t, n), (t,), (c.box_b_inner, c.box_b_outer))
+    if vec == 128:
+        assert (msa["dtype"], msa["shape"], msa["strides"], msa["box"]) == ("float32", (m, t // 128),
+                                                                            (4 * m,), (c.box_a_outer, 1))
+        assert (msb["shape"], msb["strides"], msb["box"]) == ((n, t // 128), (4 * 192,), (c.box_b_outer, 1))
+    else:
+        kt = -(-(t // 32) // 4)
+        assert (msa["dtype"], msa["shape"], msa["box"]) == ("uint32", (128, kt, 2, 1), (128, c.sf_box_k, 1, 1))
+        assert (msb["shape"], msb["box"]) == ((128, kt, 2, 1), (128, c.sf_box_k, c.sf_box_nb, 1))
