@@ -193,7 +193,10 @@ _SM100_ROWS = (
                  Limit("a_major", ("k",), "dY^T is token-contiguous (K-major)"),
                  Limit("b_major", ("k",), "X^T is token-contiguous (K-major)"), _NO_GATHER, _NO_GATHER_B,
                  _SFD_MX_ONLY),
-         runs_as=_SM100_BLOCKWISE_E8M0, executed=False),
+         runs_as=(RunsAs("sf_vec_size", 128, 32, "power-of-two 1x128 scales repeated over their four 32-token MX "
+                         "blocks are exactly the recipe's: the MXFP8 kernel, both scale tensors expanded on the "
+                         "device per call", when=(("sf_dtype", "float8_e8m0fnu"),)),),
+         executed=False),
     *(_row(kind, "sm_100a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _BLOCKSCALED + _VECTOR_F32, rule=SPEC_RULE,
            limits=(*_SM100_MX_SCALES, _NO_GATHER, _NO_GATHER_B, _SFD_MX_ONLY),
