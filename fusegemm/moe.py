@@ -251,10 +251,11 @@ class _Torch:
 
     # Blockwise FP8 recipe: the same quantization points, with the recipe's own quantizers
     # (fusegemm.formats.torch_blockwise: the kernels' rounding) and exact dequantization.
-    def fc1_bw(self, x: Tensor, off: Tensor, rows: list, w1: Tensor, prob: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def fc1_bw(self, x: Tensor, off: Tensor, rows: list, w1q: Tensor, sw1: Tensor, prob: Tensor
+               ) -> tuple[Tensor, Tensor, Tensor]:
         """(g in x's dtype, h as FP8 (M, F) with its 1x128 scales (M, F/128)): the SwiGLU on the FP32
-        accumulator of the 1x128 / 128x128-quantized x and w1, quantized as the kernel's epilogue does."""
-        w1q, sw1 = bw.quantize_128x128(w1)
+        accumulator of the 1x128-quantized x and the 128x128-quantized w1 (``w1q``, ``sw1``),
+        quantized as the kernel's epilogue does."""
         g32 = self.gemm_bw(*bw.quantize_1x128(x), off, rows, w1q, sw1, torch.float32)
         hq, sh = bw.quantize_1x128(_swiglu(g32, prob).float())
         return g32.to(x.dtype), hq, sh
@@ -366,12 +367,14 @@ class _Fusegemm:
                 dprob.view(-1))
 
     # Blockwise FP8 recipe (sm_90a): each GEMM a spec's torch op (fusegemm.torch_library.register).
-    def fc1_bw(self, x: Tensor, off: Tensor, rows: list, w1: Tensor, prob: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """One kernel on the 1x128 / 128x128-quantized x and w1: the SwiGLU with an FP8 D quantized
-        per row and 128 columns (fc2's A as it is) and the BF16 pre-activations g (generate_c)."""
+    def fc1_bw(self, x: Tensor, off: Tensor, rows: list, w1q: Tensor, sw1: Tensor, prob: Tensor
+               ) -> tuple[Tensor, Tensor, Tensor]:
+        """One kernel on the 1x128-quantized x and the 128x128-quantized w1 (``w1q``, ``sw1``): the
+        SwiGLU with an FP8 D quantized per row and 128 columns (fc2's A as it is) and the BF16
+        pre-activations g (generate_c)."""
         xq, sx = bw.quantize_1x128(x)
-        out = _recipe_op("fc1")(xq, sx, off, *bw.quantize_128x128(w1),
-                                inputs={"alpha": self._ones(w1), "prob": prob.float(), "norm_const": _one(x)})
+        out = _recipe_op("fc1")(xq, sx, off, w1q, sw1,
+                                inputs={"alpha": self._ones(w1q), "prob": prob.float(), "norm_const": _one(x)})
         return out["c"], out["d"].view(torch.float8_e4m3fn), out["sfd_row"]
 
     def gemm_bw(self, aq: Tensor, sa: Tensor, off: Tensor, rows: list, wq: Tensor, sw: Tensor,
@@ -520,9 +523,12 @@ class ExpertMLPFunction(torch.autograd.Function):
             ctx.save_for_backward(x, padded_offsets, prob, w1, w2, g, h, row_ends)
             return y
         if recipe == "fp8_block":
-            g, hq, sh = be.fc1_bw(x, padded_offsets, rows, w1, prob)
-            y = be.gemm_bw(hq, sh, padded_offsets, rows, *bw.quantize_128x128(w2), x.dtype)
-            ctx.save_for_backward(x, padded_offsets, prob, w1, w2, g, hq, sh)
+            # The weights are quantized once per step: their FP8 copies (1 byte per weight) serve
+            # the backward's data gradients too, transposed.
+            w1q, w2q = bw.quantize_128x128(w1), bw.quantize_128x128(w2)
+            g, hq, sh = be.fc1_bw(x, padded_offsets, rows, *w1q, prob)
+            y = be.gemm_bw(hq, sh, padded_offsets, rows, *w2q, x.dtype)
+            ctx.save_for_backward(x, padded_offsets, prob, w1, w2, g, hq, sh, *w1q, *w2q)
             return y
         g, hq, sfh = be.fc1_mx(x, padded_offsets, rows, w1, prob)
         y, amax = be.gemm_mx(hq, sfh, padded_offsets, rows, *quantize_mx(w2), x.dtype)
@@ -533,7 +539,8 @@ class ExpertMLPFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy: Tensor):
-        x, off, prob, w1, w2, g, *rest = ctx.saved_tensors   # bf16: (h, row_ends); mxfp8: (hq, sfh)
+        # rest: bf16 (h, row_ends); mxfp8 (hq, sfh); fp8_block (hq, sh, w1q, sw1, w2q, sw2)
+        x, off, prob, w1, w2, g, *rest = ctx.saved_tensors
         be = _BACKENDS[ctx.backend]
         rows = _expert_rows(off, x.shape[0]) if ctx.backend == "torch" else None
         dy = dy.to(x.dtype)     # rows past the last expert are read by no kernel
@@ -548,11 +555,10 @@ class ExpertMLPFunction(torch.autograd.Function):
             # Data gradients on the recipe's kernels (dy and dG 1x128, the weights' 128x128
             # quantization transposed, exactly); weight gradients on the FP8 K-grouped kernel with
             # both operands quantized along the rows (h requantized from its FP8 forward copy).
-            w2t = bw.transposed_128x128(*bw.quantize_128x128(w2))
-            dg, dprob = be.dswiglu_bw(*bw.quantize_1x128(dy), off, rows, *w2t, g, prob)
-            w1t = bw.transposed_128x128(*bw.quantize_128x128(w1))
-            dx = be.gemm_bw(*bw.quantize_1x128(dg), off, rows, *w1t, x.dtype)
-            h = bw.dequantize_1x128(*rest).to(x.dtype)
+            hq, sh, w1q, sw1, w2q, sw2 = rest
+            dg, dprob = be.dswiglu_bw(*bw.quantize_1x128(dy), off, rows, *bw.transposed_128x128(w2q, sw2), g, prob)
+            dx = be.gemm_bw(*bw.quantize_1x128(dg), off, rows, *bw.transposed_128x128(w1q, sw1), x.dtype)
+            h = bw.dequantize_1x128(hq, sh).to(x.dtype)
             dw1 = be.wgrad_bw(dg, x, off, rows, w1)
             dw2 = be.wgrad_bw(dy, h, off, rows, w2)
         else:

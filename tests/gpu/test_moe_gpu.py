@@ -67,9 +67,11 @@ def _within(out, ends, tol):
 def _fc1_both(step, x, prob, ends):
     """fc1 alone (backend method ``step``: the fused epilogue's quantized h and its scales) on the
     fusegemm backend and in the torch emulation: ((hq, scales), (hq, scales)), valid rows only."""
+    from fusegemm.formats.torch_blockwise import quantize_128x128
     w1 = moe.ExpertMLP(4, 256, 256, device="cuda", generator=torch.Generator().manual_seed(6)).w1.detach()
+    w = quantize_128x128(w1) if step == "fc1_bw" else (w1,)   # (the blockwise recipe's quantized weights)
     rows, valid = moe._expert_rows(ends), int(ends[-1])
-    return [tuple(t[:valid] for t in getattr(moe._BACKENDS[name], step)(x, ends, rows, w1, prob)[1:])
+    return [tuple(t[:valid] for t in getattr(moe._BACKENDS[name], step)(x, ends, rows, *w, prob)[1:])
             for name in ("fusegemm", "torch")]
 
 
