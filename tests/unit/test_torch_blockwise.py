@@ -117,3 +117,32 @@ def test_the_in_place_quantizers_equal_the_plain_formula(src):
                     assert torch.equal(got[0].float().nan_to_num(1e9), want[0].float().nan_to_num(1e9))
                     assert torch.equal(got[1].nan_to_num(-1.0), want[1].nan_to_num(-1.0))
         assert torch.equal(x.nan_to_num(7.0), before.nan_to_num(7.0))
+
+
+def _plain_128x128(w, dtype, scales):
+    """quantize_128x128 written plainly (pad, |w|, amax, divide, cast)."""
+    from fusegemm.formats.torch_blockwise import BLOCK, _scale
+    *lead, n, k = w.shape
+    nb, kb = -(-n // BLOCK), -(-k // BLOCK)
+    v = torch.nn.functional.pad(w.float(), (0, kb * BLOCK - k, 0, nb * BLOCK - n)).reshape(-1, nb, BLOCK, kb, BLOCK)
+    s = _scale(v.abs().amax(dim=(2, 4)), dtype, scales)
+    q = (v / s[:, :, None, :, None]).to(dtype).reshape(-1, nb * BLOCK, kb * BLOCK)[:, :n, :k]
+    return q.reshape(*lead, n, k).contiguous(), s.reshape(*lead, nb, kb).contiguous()
+
+
+@pytest.mark.parametrize("shape", [(2, 256, 384), (3, 200, 136), (128, 128)])
+def test_the_in_place_128x128_quantizer_equals_the_plain_formula(shape):
+    """quantize_128x128 (one float32 copy divided in place, max |w| from amax and amin) against
+    the plain formula, both formats and scale rules, with zeros, NaN and -inf; w untouched."""
+    g = torch.Generator().manual_seed(1)
+    for src in (torch.bfloat16, torch.float32):
+        w = (torch.randn(*shape, generator=g) * 3).to(src)
+        w.view(-1)[7], w.view(-1)[300] = float("nan"), float("-inf")
+        w.view(-1)[1000:1200] = 0
+        before = w.clone()
+        for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            for scales in ("amax", "pow2"):
+                (q, s), (q0, s0) = tb.quantize_128x128(w, dtype, scales), _plain_128x128(w, dtype, scales)
+                assert torch.equal(q.float().nan_to_num(1e9), q0.float().nan_to_num(1e9))
+                assert torch.equal(s.nan_to_num(-1.0), s0.nan_to_num(-1.0))
+        assert torch.equal(w.nan_to_num(7.0), before.nan_to_num(7.0))
