@@ -275,13 +275,9 @@ class _Torch:
     def wgrad_bw(self, dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor) -> Tensor:
         """dW[e] = dequant(dy^T)[:, rows_e] @ dequant(x^T)[:, rows_e]^T, both quantized along the
         rows (the FP8 weight gradient's operands, torch_blockwise.quantize_wgrad)."""
-        a = bw.dequantize_1x128(*bw.quantize_wgrad(dy))
+        a = bw.dequantize_1x128(*bw.quantize_wgrad(dy))       # (M, T): dequant(dY^T)
         b = bw.dequantize_1x128(*bw.quantize_wgrad(x))
-        dw = torch.zeros_like(like)
-        for e, (s, t) in enumerate(rows):
-            if t > s:
-                dw[e] = (_acc(a[:, s:t]) @ _acc(b[:, s:t]).T).to(like.dtype)
-        return dw
+        return self.wgrad(a.t(), b.t(), off, rows, like)
 
     @staticmethod
     def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor, kernel: str = "auto",

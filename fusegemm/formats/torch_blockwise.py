@@ -65,6 +65,16 @@ def _amax(v: Tensor, dim: int) -> Tensor:
     return torch.maximum(hi, -lo)
 
 
+def _quantize_along(x: Tensor, dim: int, dtype: torch.dtype, scales: str) -> tuple[Tensor, Tensor]:
+    """2-D ``x`` quantized with one scale per 128 elements along ``dim`` (and per index of the
+    other dimension): FP8 values shaped as ``x`` and the float32 scales, ``dim`` in blocks."""
+    size = x.shape[dim]
+    nb = -(-size // BLOCK)
+    v = _float32_blocks(x, dim, nb).unflatten(dim, (nb, BLOCK))
+    s = _scale(_amax(v, dim + 1), dtype, scales)
+    return v.div_(s.unsqueeze(dim + 1)).to(dtype).flatten(dim, dim + 1).narrow(dim, 0, size), s
+
+
 def _check(x: Tensor, dtype: torch.dtype, scales: str, name: str, dims: str, ndim: int) -> None:
     if not isinstance(x, Tensor) or x.dim() < ndim:
         raise ValueError(f"{name}: got {getattr(x, 'shape', type(x).__name__)}; allowed: a torch tensor {dims}")
@@ -96,11 +106,7 @@ def quantize_1x128(x: Tensor, dtype: torch.dtype = torch.float8_e4m3fn, scales: 
     """
     from .blockwise import blockwise_sfa_layout
     _check(x, dtype, scales, "x", "(M, K)", 2)
-    m, k = x.shape
-    kb = -(-k // BLOCK)
-    v = _float32_blocks(x, 1, kb).view(m, kb, BLOCK)
-    s = _scale(_amax(v, -1), dtype, scales)
-    q = v.div_(s[:, :, None]).to(dtype).view(m, kb * BLOCK)[:, :k]
+    q, s = _quantize_along(x, 1, dtype, scales)
     return q.contiguous(), blockwise_sfa_layout(s)
 
 
@@ -128,11 +134,7 @@ def quantize_wgrad(y: Tensor, dtype: torch.dtype = torch.float8_e4m3fn, scales: 
     """
     from .blockwise import blockwise_sfa_layout
     _check(y, dtype, scales, "y", "(T, C)", 2)
-    t, c = y.shape
-    tb = -(-t // BLOCK)
-    v = _float32_blocks(y, 0, tb).view(tb, BLOCK, c)
-    s = _scale(_amax(v, 1), dtype, scales)                      # (T/128, C)
-    q = v.div_(s[:, None, :]).to(dtype).view(tb * BLOCK, c)[:t]
+    q, s = _quantize_along(y, 0, dtype, scales)                 # s: (T/128, C)
     return q.t().contiguous(), blockwise_sfa_layout(s.t())
 
 

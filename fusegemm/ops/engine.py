@@ -552,11 +552,19 @@ def _acc_kgrouped(op: Op, o: dict[str, Any]) -> tuple[Any, Any, int]:
     import numpy as np
 
     from ..formats.numpy_dtypes import to_numpy
-    dy_tensor, x_tensor, padded_offsets = o["dy_tensor"], o["x_tensor"], o["padded_offsets"]
-    dy = to_numpy(dy_tensor).astype(np.float64)
-    x = to_numpy(x_tensor).astype(np.float64)
+    dy, x = (to_numpy(o[k]).astype(np.float64) for k in ("dy_tensor", "x_tensor"))
+    return _per_expert_products(dy, x, o["padded_offsets"], "dy_tensor")
+
+
+def _per_expert_products(dy: Any, x: Any, padded_offsets: Any, rows_of: str) -> tuple[Any, Any, int]:
+    """The K-grouped classes' accumulator: token-major float64 ``dy`` (T, M) and ``x`` (T, N), each
+    expert's dY_e^T X_e over its token rows rounded once to float32, stacked as (L * M, N) (expert e
+    owning rows [e M, (e + 1) M)); with the interpreter's offsets and rows."""
+    import numpy as np
+
+    from ..formats.numpy_dtypes import to_numpy
     off = to_numpy(padded_offsets).astype(np.int64)
-    args.offsets_values([int(v) for v in off], dy.shape[0], "dy_tensor")
+    args.offsets_values([int(v) for v in off], dy.shape[0], rows_of)
     l, m, n = off.size, dy.shape[1], x.shape[1]
     acc = np.zeros((l * m, n), dtype=np.float32)
     start = 0
@@ -588,17 +596,9 @@ def _acc_kscaled(op: Op, o: dict[str, Any]) -> tuple[Any, Any, int]:
         v = to_float32(to_numpy(x)).astype(np.float64)
         s = e8m0_to_float32(unpack_sf(sf, v.shape[0], -(-v.shape[1] // 32))[..., 0].view(np.uint8))
         return v * np.repeat(s.astype(np.float64), 32, axis=1)[:, :v.shape[1]]
-    a = dequant(o["a_tensor"], o["sfa_tensor"])
-    b = dequant(o["b_tensor"], o["sfb_tensor"])
-    off = to_numpy(o["padded_offsets"]).astype(np.int64)
-    args.offsets_values([int(v) for v in off], a.shape[1], "a_tensor (token columns)")
-    l, m, n = off.size, a.shape[0], b.shape[0]
-    acc = np.zeros((l * m, n), dtype=np.float32)
-    start = 0
-    for e, end in enumerate(off):
-        acc[e * m:(e + 1) * m] = (a[:, start:end] @ b[:, start:end].T).astype(np.float32)
-        start = int(end)
-    return acc, np.arange(1, l + 1, dtype=np.int64) * m, l * m
+    a = dequant(o["a_tensor"], o["sfa_tensor"])     # dY^T (M, T)
+    b = dequant(o["b_tensor"], o["sfb_tensor"])     # X^T (N, T)
+    return _per_expert_products(a.T, b.T, o["padded_offsets"], "a_tensor (token columns)")
 
 
 _ACCUMULATE = {"grouped": _acc_grouped, "scaled": _acc_grouped, "kgrouped": _acc_kgrouped,

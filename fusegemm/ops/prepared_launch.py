@@ -280,9 +280,19 @@ def _plan_grouped(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) 
                            **_gather_source("a", call.a if call.a_index is not None else None)}
 
 
-def _plan_kgrouped(op: Any, call: KCall, ln: LoadedKernel, out: Mapping[str, int]) -> Any:
+def _kgrouped_launch(call: Any, ln: LoadedKernel, a_ld: int, b_ld: int) -> tuple[Any, Any, dict[str, Any]]:
+    """What both K-grouped classes' launches share: the grid over the (L * M, N) output's tiles,
+    the problem's shape and its scalar fields (k: the token rows, T)."""
     from .loaded_kernel import GroupedShape
     from .prepared import persistent_grid
+    m, n, t, c = call.m_out, call.n, call.t, ln.contract
+    s = GroupedShape(m=call.l * m, n=n, k=t, l=call.l, a_ld=a_ld, b_sn=b_ld, b_sl=0, discrete=False)
+    grid = persistent_grid(call.l * m, n, ln.tile, c.ctas_per_tile, ln.cluster, ln.sms)
+    return grid, s, {"row_ends": call.row_ends.ptr if call.row_ends is not None else 0, "m_rows": m, "n": n, "k": t,
+                     "num_experts": call.l, "cluster_m": 1, "cluster_n": 1, "b_ptrs": 0}
+
+
+def _plan_kgrouped(op: Any, call: KCall, ln: LoadedKernel, out: Mapping[str, int]) -> Any:
     c, tiled, item = ln.contract, ln.tmaps.tiled, DTYPES["bfloat16"].itemsize
     m, n, t = call.m_out, call.n, call.t
     # No tokens at all (an expert-parallel rank that received none): every tile has an empty K
@@ -293,18 +303,15 @@ def _plan_kgrouped(op: Any, call: KCall, ln: LoadedKernel, out: Mapping[str, int
     if t == 0:
         a_ptr = b_ptr = next(iter(out.values()))
         a_ld, b_ld, a_rows, b_rows = m, n, 1, 1
-    s = GroupedShape(m=call.l * m, n=n, k=t, l=call.l, a_ld=a_ld, b_sn=b_ld, b_sl=0, discrete=False)
+    grid, s, scalars = _kgrouped_launch(call, ln, a_ld, b_ld)
     values = {"tma_a": tiled(a_ptr, ln.tma_dtype, (m, a_rows), (a_ld * item,), (c.box_a_inner, c.box_a_outer),
                              c.swizzle_a),
               "tma_b": tiled(b_ptr, ln.tma_dtype, (n, b_rows), (b_ld * item,), (c.box_b_inner, c.box_b_outer),
                              c.swizzle_b),
               "a_index": call.a_index.ptr if call.a_index is not None else 0,
-              "b_index": call.b_index.ptr if call.b_index is not None else 0,
-              "row_ends": call.row_ends.ptr if call.row_ends is not None else 0,
-              "m_rows": m, "n": n, "k": t, "num_experts": call.l, "cluster_m": 1, "cluster_n": 1, "b_ptrs": 0,
+              "b_index": call.b_index.ptr if call.b_index is not None else 0, **scalars,
               **_gather_source("a", call.a if call.a_index is not None and t else None),
               **_gather_source("b", call.b if call.b_index is not None and t else None)}
-    grid = persistent_grid(call.l * m, n, ln.tile, c.ctas_per_tile, ln.cluster, ln.sms)   # (L * M, N) tiles
     return grid, s, values
 
 
@@ -336,8 +343,7 @@ def _plan_kscaled(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) 
     dY^T (M, T) and B = X^T (N, T) bytes; blockwise 1x128 scales (M, T/128) and (N, T/128) as maps
     with boxes of the operand box's rows by one 128-token block, or MXFP8 scale atoms as the
     M-grouped class maps them."""
-    from .loaded_kernel import GroupedShape
-    from .prepared import persistent_grid
+    from .scaled_operands import blockwise_rows_map, sf_atom_map
     c, tiled = ln.contract, ln.tmaps.tiled
     m, n, t = call.m_out, call.n, call.t
     a_ptr, b_ptr, sfa_ptr, sfb_ptr = call.a.ptr, call.b.ptr, call.sfa.ptr, call.sfb.ptr
@@ -348,22 +354,16 @@ def _plan_kscaled(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) 
         # least M x N elements) stands in for every operand.
         a_ptr = b_ptr = sfa_ptr = sfb_ptr = next(iter(out.values()))
         a_ld, b_ld, cols, sfk, sfa_ld, sfb_ld = 16, 16, 16, 1, -(-m // 4) * 4, -(-n // 4) * 4
-    s = GroupedShape(m=call.l * m, n=n, k=t, l=call.l, a_ld=a_ld, b_sn=b_ld, b_sl=0, discrete=False)
+    grid, s, scalars = _kgrouped_launch(call, ln, a_ld, b_ld)
     if call.blockwise:
-        sf_maps = {"tma_sfa": tiled(sfa_ptr, "float32", (m, sfk), (4 * sfa_ld,), (c.box_a_outer, 1), 0),
-                   "tma_sfb": tiled(sfb_ptr, "float32", (n, sfk), (4 * sfb_ld,), (c.box_b_outer, 1), 0)}
-    else:   # MXFP8 atoms (fusegemm/formats/scales.py): 4-D {128, K atoms, MN atoms, 1}, as scaled_maps'
-        atom, kt = 512, -(-sfk // 4)
-        sf_maps = {name: tiled(ptr, "uint32", (128, kt, -(-rows // 128), 1),
-                               (atom, kt * atom, -(-rows // 128) * kt * atom), (128, c.sf_box_k, nb, 1), 0)
-                   for name, ptr, rows, nb in (("tma_sfa", sfa_ptr, m, 1), ("tma_sfb", sfb_ptr, n, c.sf_box_nb))}
+        sf_maps = {"tma_sfa": blockwise_rows_map(tiled, sfa_ptr, m, sfk, sfa_ld, c.box_a_outer),
+                   "tma_sfb": blockwise_rows_map(tiled, sfb_ptr, n, sfk, sfb_ld, c.box_b_outer)}
+    else:   # MXFP8 atoms, as the M-grouped class maps them
+        sf_maps = {"tma_sfa": sf_atom_map(tiled, sfa_ptr, m, sfk, 1, (128, c.sf_box_k, 1, 1)),
+                   "tma_sfb": sf_atom_map(tiled, sfb_ptr, n, sfk, 1, (128, c.sf_box_k, c.sf_box_nb, 1))}
     values = {"tma_a": tiled(a_ptr, "uint8", (cols, m), (a_ld,), (c.box_a_inner, c.box_a_outer), c.swizzle_a),
               "tma_b": tiled(b_ptr, "uint8", (cols, n), (b_ld,), (c.box_b_inner, c.box_b_outer), c.swizzle_b),
-              **sf_maps,
-              "row_ends": call.row_ends.ptr if call.row_ends is not None else 0,
-              "m_rows": m, "n": n, "k": t, "num_experts": call.l, "cluster_m": 1, "cluster_n": 1, "b_ptrs": 0,
-              "sfb_ptrs": 0, "sfb": 0}
-    grid = persistent_grid(call.l * m, n, ln.tile, c.ctas_per_tile, ln.cluster, ln.sms)   # (L * M, N) tiles
+              **sf_maps, **scalars, "sfb_ptrs": 0, "sfb": 0}
     return grid, s, values
 
 

@@ -231,10 +231,10 @@ def mx_scale_operands(op: Any, operands: tuple, kw: dict[str, Any], current_stre
     scales (``op.blockwise_mx``: sm_100a), the scale tensors expanded into MX scale atoms on the
     launch stream (``fusegemm.formats.torch_blockwise.mx_scales_of_blockwise``, exact). Each scale tensor
     is checked first: E8M0 bytes of the recipe's shapes, dense weights."""
-    from ..formats.torch_blockwise import mx_scales_of_1x128, mx_scales_of_blockwise
+    from ..formats.torch_blockwise import mx_scales_of_blockwise
     vals = _operand_values(op, operands, kw)
     if op.kind == "kscaled":
-        return _replaced(op, operands, kw, _mx_wgrad_scales(op, vals, current_stream, mx_scales_of_1x128))
+        return _replaced(op, operands, kw, _mx_wgrad_scales(op, vals, current_stream))
     if vals.get("sfb_tensor") is None or vals.get("b_tensor") is None:
         raise ArgumentError("sfb_tensor", None, "dense weights' E8M0 scales (L, ceil(N/128), ceil(K/128)): the "
                             f"{op.arch} kernel runs the recipe's E8M0 scales as MX scales, expanded per call, "
@@ -245,14 +245,8 @@ def mx_scale_operands(op: Any, operands: tuple, kw: dict[str, Any], current_stre
     (m, k), (l, n) = a.shape, b.shape[:2]
     kb = -(-k // 128)
     for arg, want in (("sfa_tensor", (m, kb)), ("sfb_tensor", (l, -(-n // 128), kb))):
-        v = view(vals[arg], arg)
-        if v.dtype not in E8M0_NAMES:
-            raise ArgumentError(f"{arg}.dtype", v.dtype, f"E8M0 bytes ({' or '.join(E8M0_NAMES)}): the op was built "
-                                "with sf_dtype float8_e8m0fnu (fusegemm.formats.e8m0_bytes converts power-of-two "
-                                "float32 scales)")
-        if tuple(v.shape) != want:
-            raise ArgumentError(f"{arg}.shape", tuple(v.shape), f"{want} (the blockwise recipe's scales for "
-                                f"A {tuple(a.shape)} and B {tuple(b.shape)})")
+        _e8m0_scales(vals, arg, want, f"{want} (the blockwise recipe's scales for A {tuple(a.shape)} and B "
+                                      f"{tuple(b.shape)})")
     why = f"{op.arch} has no other path for the recipe's E8M0 scales"
     torch, sfa = _as_torch(vals["sfa_tensor"], "sfa_tensor", why)
     _, sfb = _as_torch(vals["sfb_tensor"], "sfb_tensor", why)
@@ -261,24 +255,32 @@ def mx_scale_operands(op: Any, operands: tuple, kw: dict[str, Any], current_stre
     return _replaced(op, operands, kw, done)
 
 
-def _mx_wgrad_scales(op: Any, vals: Mapping[str, Any], current_stream: Any, expand: Any) -> dict[str, Any]:
+def _e8m0_scales(vals: Mapping[str, Any], arg: str, want: tuple[int, ...], what: str) -> None:
+    """Scale operand ``arg`` is E8M0 bytes of shape ``want`` (``what``: that shape, explained)."""
+    v = view(vals[arg], arg)
+    if v.dtype not in E8M0_NAMES:
+        raise ArgumentError(f"{arg}.dtype", v.dtype, f"E8M0 bytes ({' or '.join(E8M0_NAMES)}): the op was built "
+                            "with sf_dtype float8_e8m0fnu (fusegemm.formats.e8m0_bytes converts power-of-two "
+                            "float32 scales)")
+    if tuple(v.shape) != want:
+        raise ArgumentError(f"{arg}.shape", tuple(v.shape), what)
+
+
+def _mx_wgrad_scales(op: Any, vals: Mapping[str, Any], current_stream: Any) -> dict[str, Any]:
     """The FP8 weight gradient's E8M0 1x128 scales (sfa (M, T/128) of A = dY^T (M, T), sfb (N, T/128)
-    of B = X^T (N, T)) expanded into MX atoms over (M, T/32) and (N, T/32) on the launch stream."""
+    of B = X^T (N, T)) expanded into MX atoms over (M, T/32) and (N, T/32) on the launch stream
+    (``torch_blockwise.mx_scales_of_1x128``, exact)."""
+    from ..formats.torch_blockwise import mx_scales_of_1x128
     done: dict[str, Any] = {}
     for arg, of in (("sfa_tensor", "a_tensor"), ("sfb_tensor", "b_tensor")):
-        x, s = view(vals[of], of), view(vals[arg], arg)
+        x = view(vals[of], of)
         if x.ndim != 2:
             raise ArgumentError(f"{of}.shape", tuple(x.shape), "2-D (rows, T), tokens contiguous")
         want = (x.shape[0], -(-x.shape[1] // 128))
-        if s.dtype not in E8M0_NAMES:
-            raise ArgumentError(f"{arg}.dtype", s.dtype, f"E8M0 bytes ({' or '.join(E8M0_NAMES)}): the op was built "
-                                "with sf_dtype float8_e8m0fnu (fusegemm.formats.e8m0_bytes converts power-of-two "
-                                "float32 scales)")
-        if tuple(s.shape) != want:
-            raise ArgumentError(f"{arg}.shape", tuple(s.shape), f"{want}: one scale per row of {of} and 128 tokens")
+        _e8m0_scales(vals, arg, want, f"{want}: one scale per row of {of} and 128 tokens")
         torch, t = _as_torch(vals[arg], arg, f"{op.arch} has no other path for the recipe's E8M0 scales")
         with _on_launch_stream(torch, t, resolve_stream(current_stream, op.device) if t.is_cuda else None):
-            done[arg] = expand(t, x.shape[1])
+            done[arg] = mx_scales_of_1x128(t, x.shape[1])
     return done
 
 

@@ -298,7 +298,6 @@ def scaled_maps(ln: Any, call: ScaledCall) -> dict[str, bytes]:
     """A, B, SFA and SFB tensor maps of block-scaled operands, boxes and swizzles from the contract
     of ``ln`` (the loaded kernel, fusegemm/ops/loaded_kernel.py; scale atoms of ATOM_BYTES,
     :mod:`fusegemm.formats.scales`)."""
-    atom = ATOM_BYTES
     c, tiled = ln.contract, ln.tmaps.tiled
     kb, m, n, l = call.k_bytes, call.m, call.n, call.l
     box_a, box_b = (c.box_a_inner, c.box_a_outer), (c.box_b_inner, c.box_b_outer)
@@ -314,13 +313,23 @@ def scaled_maps(ln: Any, call: ScaledCall) -> dict[str, bytes]:
         b = tiled(call.b.ptr, "uint8", (kb, n, l), call.b_strides, box_b + (1,), c.swizzle_b)
     if call.blockwise:
         return {"tma_a": a, "tma_b": b, **_blockwise_scale_maps(ln, call)}
-    kt, mt, nt = -(-call.sfk // 4), -(-m // 128), -(-n // 128)
-    box_sfa, box_sfb = (128, c.sf_box_k, 1, 1), (128, c.sf_box_k, c.sf_box_nb, 1)
-    sfa = tiled(call.sfa.ptr, "uint32", (128, kt, mt, l if call.batched else 1),
-                (atom, kt * atom, mt * kt * atom), box_sfa, 0)
+    sfa = sf_atom_map(tiled, call.sfa.ptr, m, call.sfk, l if call.batched else 1, (128, c.sf_box_k, 1, 1))
     sfb_base, sfb_l = (call.sfa.ptr, 1) if call.discrete else (call.sfb.ptr, l)
-    sfb = tiled(sfb_base, "uint32", (128, kt, nt, sfb_l), (atom, kt * atom, nt * kt * atom), box_sfb, 0)
+    sfb = sf_atom_map(tiled, sfb_base, n, call.sfk, sfb_l, (128, c.sf_box_k, c.sf_box_nb, 1))
     return {"tma_a": a, "tma_b": b, "tma_sfa": sfa, "tma_sfb": sfb}
+
+
+def sf_atom_map(tiled: Any, ptr: int, mn: int, sfk: int, l: int, box: tuple[int, ...]) -> Any:
+    """The tensor map of a scale-atom buffer for ``(l, mn, sfk)`` scales: uint32 words, 4-D
+    {128, K atoms, MN atoms, L} with dense atom strides (:mod:`fusegemm.formats.scales`)."""
+    kt, mt = -(-sfk // 4), -(-mn // 128)
+    return tiled(ptr, "uint32", (128, kt, mt, l), (ATOM_BYTES, kt * ATOM_BYTES, mt * kt * ATOM_BYTES), box, 0)
+
+
+def blockwise_rows_map(tiled: Any, ptr: int, rows: int, sfk: int, ld: int, box_rows: int) -> Any:
+    """The tensor map of blockwise 1x128 scales, float32 ``(rows, sfk)`` with unit stride along the
+    rows and a K-block pitch of ``ld`` floats: boxes of ``box_rows`` rows by one 128-K block."""
+    return tiled(ptr, "float32", (rows, sfk), (4 * ld,), (box_rows, 1), 0)
 
 
 def _blockwise_scale_maps(ln: Any, call: ScaledCall) -> dict[str, Any]:
@@ -332,5 +341,5 @@ def _blockwise_scale_maps(ln: Any, call: ScaledCall) -> dict[str, Any]:
         sfa = tiled(call.sfa.ptr, "float32", (m, sfk, l), (4 * call.sfa_ld, 4 * call.sfa_lstride),
                     (c.box_a_outer, 1, 1), 0)
     else:
-        sfa = tiled(call.sfa.ptr, "float32", (m, sfk), (4 * call.sfa_ld,), (c.box_a_outer, 1), 0)
+        sfa = blockwise_rows_map(tiled, call.sfa.ptr, m, sfk, call.sfa_ld, c.box_a_outer)
     return {"tma_sfa": sfa, "sfb": call.sfb.ptr if call.sfb is not None else 0}

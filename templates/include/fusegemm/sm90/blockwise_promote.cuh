@@ -362,31 +362,28 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
         const float s0 = a0 * sb[h], s1 = a1 * sb[h];
         cute::warpgroup_wait<0>();
         fence_acc(t);
-        if constexpr (kKGrouped) {
-          // One B scale per column: the thread's columns 8 i + 2 (lane % 4) + {0, 1} of half h, read
-          // from the stage before it is released.
-          const float* sfbs = reinterpret_cast<const float*>(smem + kOffSf + stage * kSfStageBytes + kSfaBytes) +
-                              h * kMmaN + 2 * (lane % 4);
+        // The stage is released once its WGMMAs are done and its scales read: K-grouped reads its
+        // B scales (one per column) from the stage during the promotion, so only after it.
+        if (!kKGrouped && h == kHalves - 1) mbar_arrive(&b.empty[stage]);
+        // K-grouped: the thread's columns 8 i + 2 (lane % 4) + {0, 1} of half h.
+        const float* sfbs = reinterpret_cast<const float*>(smem + kOffSf + stage * kSfStageBytes + kSfaBytes) +
+                            h * kMmaN + 2 * (lane % 4);
 #pragma unroll
-          for (int j = 0; j < kAccum; j += 4) {
-            const float2 c = *reinterpret_cast<const float2*>(sfbs + 2 * j);
-            acc[h][j + 0] = fmaf(t[j + 0], a0 * c.x, acc[h][j + 0]);
-            acc[h][j + 1] = fmaf(t[j + 1], a0 * c.y, acc[h][j + 1]);
-            acc[h][j + 2] = fmaf(t[j + 2], a1 * c.x, acc[h][j + 2]);
-            acc[h][j + 3] = fmaf(t[j + 3], a1 * c.y, acc[h][j + 3]);
+        for (int j = 0; j < kAccum; j += 4) {
+          // Fragment: elements j, j + 1 are row row0; j + 2, j + 3 are row row0 + 8 (columns
+          // 2 j + 2 (lane % 4) + {0, 1}).
+          float2 c0 = make_float2(s0, s0), c1 = make_float2(s1, s1);
+          if constexpr (kKGrouped) {
+            const float2 sb_col = *reinterpret_cast<const float2*>(sfbs + 2 * j);
+            c0 = make_float2(a0 * sb_col.x, a0 * sb_col.y);
+            c1 = make_float2(a1 * sb_col.x, a1 * sb_col.y);
           }
-          if (h == kHalves - 1) mbar_arrive(&b.empty[stage]);  // WGMMAs done, every scale read
-        } else {
-          if (h == kHalves - 1) mbar_arrive(&b.empty[stage]);  // the stage's WGMMAs are done, its scales read
-#pragma unroll
-          for (int j = 0; j < kAccum; j += 4) {
-            // Fragment: elements j, j + 1 are row row0; j + 2, j + 3 are row row0 + 8.
-            acc[h][j + 0] = fmaf(t[j + 0], s0, acc[h][j + 0]);
-            acc[h][j + 1] = fmaf(t[j + 1], s0, acc[h][j + 1]);
-            acc[h][j + 2] = fmaf(t[j + 2], s1, acc[h][j + 2]);
-            acc[h][j + 3] = fmaf(t[j + 3], s1, acc[h][j + 3]);
-          }
+          acc[h][j + 0] = fmaf(t[j + 0], c0.x, acc[h][j + 0]);
+          acc[h][j + 1] = fmaf(t[j + 1], c0.y, acc[h][j + 1]);
+          acc[h][j + 2] = fmaf(t[j + 2], c1.x, acc[h][j + 2]);
+          acc[h][j + 3] = fmaf(t[j + 3], c1.y, acc[h][j + 3]);
         }
+        if (kKGrouped && h == kHalves - 1) mbar_arrive(&b.empty[stage]);
       }
       if (++stage == kStages) { stage = 0; phase ^= 1; }
     }
