@@ -378,6 +378,9 @@ def static_problems(b: Built) -> list[str]:
             out.append(f"SASS: no multicast UTMALDG.{dims} (operand loads are not shared in the cluster)")
     if not any(op.startswith("UTCBAR") and "MULTICAST" in op.split(".") for op in h):
         out.append("SASS: no UTCBAR.MULTICAST (stage releases cannot reach the cluster)")
+    # K-grouped: A and B are 2-D token maps (no expert coordinate): a 3-D load reads a map wrongly.
+    if v.kgrouped and any(op.startswith("UTMALDG.3D") for op in h):
+        out.append("SASS: a 3-D UTMALDG in a K-grouped kernel (its A and B maps are 2-D)")
     if (count("UTCCP") > 0) != (v.family == "bs"):
         out.append(f"SASS: UTCCP x{count('UTCCP')} (scale factors reach TMEM by UTCCP in block-scaled kernels only)")
     if not any(op.startswith("UTCATOMSWS") and "FIND_AND_SET" in op for op in h):

@@ -297,9 +297,10 @@ def test_the_maps_cover_the_token_columns_with_the_kernels_boxes(arch, vec, toke
     op = fusegemm.Op(SPEC, arch=arch)
     op._launcher = ln = _Launcher(op.kernel_variant)
     c, t = ln.contract, a.shape[1]
-    call = op._parse((a, sfa, b, sfb, off), {})
+    ends = torch.zeros(len(tokens), dtype=torch.int32)          # row_ends reach the launch
+    call = op._parse((a, sfa, b, sfb, off), {"row_ends": ends})
     v = op._launch_values(call, {"d": 4096})
-    assert (v["m_rows"], v["n"], v["k"], v["num_experts"]) == (m, n, t, len(tokens))
+    assert (v["m_rows"], v["n"], v["k"], v["num_experts"], v["row_ends"]) == (m, n, t, len(tokens), ends.data_ptr())
     maps = list(ln.tmaps.calls.values())
     assert len(maps) == 4
     if t == 0:
