@@ -48,6 +48,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import quantize as qz
 from .base.errors import ArgumentError
 from .formats import torch_blockwise as bw
 from .formats.torch_mx import dequantize_mx, kernel_view, pack_sf, quantize_mx, unpack_sf
@@ -251,14 +252,14 @@ class _Torch:
 
     # Blockwise FP8 recipe: the same quantization points, with the recipe's own quantizers
     # (fusegemm.formats.torch_blockwise: the kernels' rounding) and exact dequantization.
-    def fc1_bw(self, x: Tensor, off: Tensor, rows: list, w1q: Tensor, sw1: Tensor, prob: Tensor
-               ) -> tuple[Tensor, Tensor, Tensor]:
-        """(g in x's dtype, h as FP8 (M, F) with its 1x128 scales (M, F/128)): the SwiGLU on the FP32
-        accumulator of the 1x128-quantized x and the 128x128-quantized w1 (``w1q``, ``sw1``),
-        quantized as the kernel's epilogue does."""
-        g32 = self.gemm_bw(*bw.quantize_1x128(x), off, rows, w1q, sw1, torch.float32)
+    def fc1_bw(self, xq: Tensor, sx: Tensor, off: Tensor, rows: list, w1q: Tensor, sw1: Tensor, prob: Tensor,
+               dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """(g in ``dtype``, h as FP8 (M, F) with its 1x128 scales (M, F/128)): the SwiGLU on the FP32
+        accumulator of the 1x128-quantized x (``xq``, ``sx``) and the 128x128-quantized w1
+        (``w1q``, ``sw1``), quantized as the kernel's epilogue does."""
+        g32 = self.gemm_bw(xq, sx, off, rows, w1q, sw1, torch.float32)
         hq, sh = bw.quantize_1x128(_swiglu(g32, prob).float())
-        return g32.to(x.dtype), hq, sh
+        return g32.to(dtype), hq, sh
 
     def gemm_bw(self, aq: Tensor, sa: Tensor, off: Tensor, rows: list, wq: Tensor, sw: Tensor,
                 dtype: torch.dtype) -> Tensor:
@@ -272,12 +273,11 @@ class _Torch:
         dg, dprob = swiglu_backward(g, dh, prob)
         return dg.to(g.dtype), dprob
 
-    def wgrad_bw(self, dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor) -> Tensor:
-        """dW[e] = dequant(dy^T)[:, rows_e] @ dequant(x^T)[:, rows_e]^T, both quantized along the
-        rows (the FP8 weight gradient's operands, torch_blockwise.quantize_wgrad)."""
-        a = bw.dequantize_1x128(*bw.quantize_wgrad(dy))       # (M, T): dequant(dY^T)
-        b = bw.dequantize_1x128(*bw.quantize_wgrad(x))
-        return self.wgrad(a.t(), b.t(), off, rows, like)
+    def wgrad_bw(self, a: Tensor, sa: Tensor, b: Tensor, sb: Tensor, off: Tensor, rows: list, like: Tensor
+                 ) -> Tensor:
+        """dW[e] = dequant(a)[:, rows_e] @ dequant(b)[:, rows_e]^T: the FP8 weight gradient's
+        operands (dY^T and X^T quantized along the tokens, :func:`fusegemm.quantize.quantize_wgrad`)."""
+        return self.wgrad(bw.dequantize_1x128(a, sa).t(), bw.dequantize_1x128(b, sb).t(), off, rows, like)
 
     @staticmethod
     def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor, kernel: str = "auto",
@@ -363,14 +363,13 @@ class _Fusegemm:
                 dprob.view(-1))
 
     # Blockwise FP8 recipe (sm_90a): each GEMM a spec's torch op (fusegemm.torch_library.register).
-    def fc1_bw(self, x: Tensor, off: Tensor, rows: list, w1q: Tensor, sw1: Tensor, prob: Tensor
-               ) -> tuple[Tensor, Tensor, Tensor]:
-        """One kernel on the 1x128-quantized x and the 128x128-quantized w1 (``w1q``, ``sw1``): the
-        SwiGLU with an FP8 D quantized per row and 128 columns (fc2's A as it is) and the BF16
-        pre-activations g (generate_c)."""
-        xq, sx = bw.quantize_1x128(x)
+    def fc1_bw(self, xq: Tensor, sx: Tensor, off: Tensor, rows: list, w1q: Tensor, sw1: Tensor, prob: Tensor,
+               dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """One kernel on the 1x128-quantized x (``xq``, ``sx``) and the 128x128-quantized w1
+        (``w1q``, ``sw1``): the SwiGLU with an FP8 D quantized per row and 128 columns (fc2's A as
+        it is) and the BF16 pre-activations g (generate_c; ``dtype`` bfloat16)."""
         out = _recipe_op("fc1")(xq, sx, off, w1q, sw1,
-                                inputs={"alpha": self._ones(w1q), "prob": prob.float(), "norm_const": _one(x)})
+                                inputs={"alpha": self._ones(w1q), "prob": prob.float(), "norm_const": _one(sx)})
         return out["c"], out["d"].view(torch.float8_e4m3fn), out["sfd_row"]
 
     def gemm_bw(self, aq: Tensor, sa: Tensor, off: Tensor, rows: list, wq: Tensor, sw: Tensor,
@@ -387,10 +386,11 @@ class _Fusegemm:
                                     inputs={"alpha": ones, "beta": ones, "prob": prob.float(), "c": g})
         return out["d"], out["dprob"].view(-1)
 
-    def wgrad_bw(self, dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor) -> Tensor:
-        """The FP8 weight gradient (specs/grouped_gemm_wgrad_fp8.yaml) on both operands quantized
-        along the rows."""
-        return _recipe_op("wgrad")(*bw.quantize_wgrad(dy), *bw.quantize_wgrad(x), off)["d"].to(like.dtype)
+    def wgrad_bw(self, a: Tensor, sa: Tensor, b: Tensor, sb: Tensor, off: Tensor, rows: list, like: Tensor
+                 ) -> Tensor:
+        """The FP8 weight gradient (specs/grouped_gemm_wgrad_fp8.yaml) on operands quantized along
+        the tokens."""
+        return _recipe_op("wgrad")(a, sa, b, sb, off)["d"].to(like.dtype)
 
     @staticmethod
     def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor, kernel: str = "auto",
@@ -519,12 +519,15 @@ class ExpertMLPFunction(torch.autograd.Function):
             ctx.save_for_backward(x, padded_offsets, prob, w1, w2, g, h, row_ends)
             return y
         if recipe == "fp8_block":
-            # The weights are quantized once per step: their FP8 copies (1 byte per weight) serve
-            # the backward's data gradients too, transposed.
-            w1q, w2q = bw.quantize_128x128(w1), bw.quantize_128x128(w2)
-            g, hq, sh = be.fc1_bw(x, padded_offsets, rows, *w1q, prob)
+            # One quantization of each weight per step: the FP8 copy and its transpose (the data
+            # gradients' B, the same blocks) from one read. x's weight-gradient operand (along the
+            # tokens) is made with its 1x128 copy and kept instead of x.
+            w1q, w1t = qz.quantize_128x128(w1, transposed=True)
+            w2q, w2t = qz.quantize_128x128(w2, transposed=True)
+            (xq, sx), xt = qz.quantize_both(x)
+            g, hq, sh = be.fc1_bw(xq, sx, padded_offsets, rows, *w1q, prob, x.dtype)
             y = be.gemm_bw(hq, sh, padded_offsets, rows, *w2q, x.dtype)
-            ctx.save_for_backward(x, padded_offsets, prob, w1, w2, g, hq, sh, *w1q, *w2q)
+            ctx.save_for_backward(x, padded_offsets, prob, w1, w2, g, hq, sh, *w1t, *w2t, *xt)
             return y
         g, hq, sfh = be.fc1_mx(x, padded_offsets, rows, w1, prob)
         y, amax = be.gemm_mx(hq, sfh, padded_offsets, rows, *quantize_mx(w2), x.dtype)
@@ -548,15 +551,17 @@ class ExpertMLPFunction(torch.autograd.Function):
             dw1 = be.wgrad(dg, x, off, rows, w1, ctx.wgrad, ends=ends)
             dw2 = be.wgrad(dy, h, off, rows, w2, ctx.wgrad, ends=ends)
         elif ctx.recipe == "fp8_block":
-            # Data gradients on the recipe's kernels (dy and dG 1x128, the weights' 128x128
-            # quantization transposed, exactly); weight gradients on the FP8 K-grouped kernel with
-            # both operands quantized along the rows (h requantized from its FP8 forward copy).
-            hq, sh, w1q, sw1, w2q, sw2 = rest
-            dg, dprob = be.dswiglu_bw(*bw.quantize_1x128(dy), off, rows, *bw.transposed_128x128(w2q, sw2), g, prob)
-            dx = be.gemm_bw(*bw.quantize_1x128(dg), off, rows, *bw.transposed_128x128(w1q, sw1), x.dtype)
-            h = bw.dequantize_1x128(hq, sh).to(x.dtype)
-            dw1 = be.wgrad_bw(dg, x, off, rows, w1)
-            dw2 = be.wgrad_bw(dy, h, off, rows, w2)
+            # Data gradients on the recipe's kernels (dy and dG 1x128, the weights' transposed
+            # 128x128 copies); weight gradients on the FP8 K-grouped kernel with both operands
+            # quantized along the tokens (dy and dG in the same pass as their 1x128 copies, h
+            # requantized from its FP8 forward copy through bfloat16).
+            hq, sh, w1t, sw1t, w2t, sw2t, xt, sxt = rest
+            (dyq, sdy), (dyt, sdyt) = qz.quantize_both(dy)
+            dg, dprob = be.dswiglu_bw(dyq, sdy, off, rows, w2t, sw2t, g, prob)
+            (dgq, sdg), (dgt, sdgt) = qz.quantize_both(dg)
+            dx = be.gemm_bw(dgq, sdg, off, rows, w1t, sw1t, x.dtype)
+            dw1 = be.wgrad_bw(dgt, sdgt, xt, sxt, off, rows, w1)
+            dw2 = be.wgrad_bw(dyt, sdyt, *qz.requantize_wgrad(hq, sh, via=x.dtype), off, rows, w2)
         else:
             # Data gradients on MXFP8 kernels (operands quantized along their K); the weight
             # gradients with every operand quantized along M, as a K-grouped MXFP8 GEMM reads them.

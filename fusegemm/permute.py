@@ -39,22 +39,12 @@ def _rows_ok(t: Any) -> bool:
             and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0)
 
 
-def _run(lead: Any, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], raw: bytes) -> bool:
-    """Kernel ``name`` on ``lead``'s device and torch's current stream there; False where it is
-    unavailable."""
-    from .runtime.load import thread_context
-    from .runtime.tensors import resolve_stream
-    device = lead.device.index if lead.device.index is not None else 0
-    thread_context(device)   # (autograd's backward thread and compiled graphs' may have none current)
-    return _KERNELS.launch(device, name, grid, block, raw, resolve_stream(None, device))
-
-
 def _launch(name: str, src: Any, dst: Any, index: Any, k: int) -> bool:
     rows = dst.shape[0]
     if rows == 0:
         return True
     es = src.element_size()
-    return _run(src, name, (min(rows, _MAX_BLOCKS), 1, 1), (_THREADS, 1, 1),
+    return _KERNELS.run_on(src, name, (min(rows, _MAX_BLOCKS), 1, 1), (_THREADS, 1, 1),
                 _PARAMS.pack(src.data_ptr(), dst.data_ptr(), index.data_ptr(), rows, src.shape[0],
                              src.stride(0) * es, dst.stride(0) * es, src.shape[1] * es // 16, k))
 
@@ -124,5 +114,5 @@ def route_rows(experts: Any, num_experts: int, rows: int) -> Any:
     token_of_row = torch.empty(rows, dtype=torch.int64, device=experts.device)
     raw = _ROUTE.pack(choices.data_ptr(), offsets.data_ptr(), row_of.data_ptr(), token_of_row.data_ptr(),
                       choices.numel(), rows, num_experts, choices.shape[1], row_ends.data_ptr())
-    ok = _run(choices, "fusegemm_route_rows", (1, 1, 1), (_ROUTE_THREADS, 1, 1), raw)
+    ok = _KERNELS.run_on(choices, "fusegemm_route_rows", (1, 1, 1), (_ROUTE_THREADS, 1, 1), raw)
     return (offsets, row_of, token_of_row, row_ends) if ok else None

@@ -40,7 +40,11 @@ def _scale(amax: Tensor, dtype: torch.dtype, scales: str) -> Tensor:
     not replace, gives numpy's quotient of 1e-4 for both element maxima), NaN kept, optionally
     rounded up to a power of two (exact bit arithmetic)."""
     from .blockwise import AMAX_FLOOR
-    s = amax.clamp_min(AMAX_FLOOR) / _ELEMENTS[dtype]
+    # Divided by a tensor on amax's device, not by a Python number: on CUDA torch turns a division
+    # by a CPU scalar into a product with its float32 reciprocal, one rounding off the quotient
+    # for about half of all amax values (the H200's kernel test found it), and the kernels and
+    # numpy divide.
+    s = amax.clamp_min(AMAX_FLOOR) / torch.full((), _ELEMENTS[dtype], dtype=torch.float32, device=amax.device)
     if scales == "pow2":
         b = s.view(torch.int32)
         up = (b & 0x7F800000) + 0x00800000

@@ -63,6 +63,15 @@ class SmallKernels:
             return None
         return default_modules().get(cub.data, name, key=f"{self.header}:{name}.{arch}", smem_bytes=0, device=device)
 
+    def run_on(self, lead: Any, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], raw: bytes
+               ) -> bool:
+        """:meth:`launch` on torch tensor ``lead``'s device and torch's current stream there."""
+        from ..runtime.load import thread_context
+        from ..runtime.tensors import resolve_stream
+        device = lead.device.index if lead.device.index is not None else 0
+        thread_context(device)   # (autograd's backward thread and compiled graphs' may have none current)
+        return self.launch(device, name, grid, block, raw, resolve_stream(None, device))
+
     def launch(self, device: int, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], raw: bytes,
                stream: int) -> bool:
         """Launch kernel ``name`` on ``device`` with parameter bytes ``raw`` on ``stream``; False

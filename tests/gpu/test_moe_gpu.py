@@ -67,12 +67,13 @@ def _within(out, ends, tol):
 def _fc1_both(step, x, prob, ends):
     """fc1 alone (backend method ``step``: the fused epilogue's quantized h and its scales) on the
     fusegemm backend and in the torch emulation: ((hq, scales), (hq, scales)), valid rows only."""
-    from fusegemm.formats.torch_blockwise import quantize_128x128
+    from fusegemm.formats.torch_blockwise import quantize_128x128, quantize_1x128
     w1 = moe.ExpertMLP(4, 256, 256, device="cuda", generator=torch.Generator().manual_seed(6)).w1.detach()
-    w = quantize_128x128(w1) if step == "fc1_bw" else (w1,)   # (the blockwise recipe's quantized weights)
     rows, valid = moe._expert_rows(ends), int(ends[-1])
-    return [tuple(t[:valid] for t in getattr(moe._BACKENDS[name], step)(x, ends, rows, *w, prob)[1:])
-            for name in ("fusegemm", "torch")]
+    # (the blockwise recipe's quantized x and weights)
+    args = (*quantize_1x128(x), ends, rows, *quantize_128x128(w1), prob, x.dtype) if step == "fc1_bw" else (
+        x, ends, rows, w1, prob)
+    return [tuple(t[:valid] for t in getattr(moe._BACKENDS[name], step)(*args)[1:]) for name in ("fusegemm", "torch")]
 
 
 @pytest.mark.parametrize("wgrad,hidden", [("torch", 256), ("fusegemm", 256), ("auto", 256), ("auto", 160)])
@@ -125,13 +126,16 @@ def test_fp8_block_recipe_matches_its_torch_emulation():
     backend, which takes the same quantization points with the recipe's own quantizers and FP32
     matmuls. Tolerance as the MXFP8 recipe's: relative Frobenius error <= 2e-2 per tensor (a
     value near an e4m3 rounding boundary can land one step apart when the sums' orders differ),
-    and fc1's FP8 h equal in >= 97% of its bytes, its 1x128 scales within 1e-5 relative."""
+    and fc1's FP8 h equal in >= 97% of its bytes, its 1x128 scales within 2e-3 relative: a
+    scale is a block's max |h| / 448, and Hopper's FP8 WGMMA adds its products inside each
+    128-K block at less than FP32's precision (the emulation's matmul is exact FP32), which
+    moved the largest |h| of 62% of the blocks by up to 6.5e-4 relative on the H200."""
     x, prob, ends = _problem([300, 0, 512, 17], 256, 8)
     out, _ = _both_backends(x, prob, ends, 256, 256, recipe="fp8_block")
     _within(out, ends, 2e-2)
     (hq, sh), (hq_t, sh_t) = _fc1_both("fc1_bw", x, prob, ends)
     assert (hq.view(torch.uint8) == hq_t.view(torch.uint8)).float().mean() >= 0.97
-    torch.testing.assert_close(sh, sh_t, rtol=1e-5, atol=0)
+    torch.testing.assert_close(sh, sh_t, rtol=2e-3, atol=0)
 
 
 def test_mxfp8_training_tracks_bf16():

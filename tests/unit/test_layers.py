@@ -51,9 +51,9 @@ LAYERS: list[dict[str, tuple[str, ...]]] = [
     # inside.
     {"ops": ("fusegemm.ops",)},
     # The faces and what is built on them: the MoE layer and its routing (torch operations and
-    # the permutation kernels beside them).
+    # the permutation and quantization kernels beside them).
     {"faces": ("fusegemm.presets", "fusegemm.compat", "fusegemm.torch_library", "fusegemm.jax_ffi", "fusegemm.moe",
-               "fusegemm.routing", "fusegemm.permute", "fusegemm.expert_parallel")},
+               "fusegemm.routing", "fusegemm.permute", "fusegemm.quantize", "fusegemm.expert_parallel")},
     # The note's tools, plus verify (it runs selftest's cases: the first-run verification is a
     # tool the ops reach through base.hooks) and harness (the epilogue harness on a GPU, which
     # tests and benchmarks drive; it uses the ops' device facts). The cubin reader the note

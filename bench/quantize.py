@@ -1,0 +1,112 @@
+"""Benchmark the blockwise FP8 recipe's quantizations: fusegemm.quantize's kernels against
+fusegemm.formats.torch_blockwise (torch's operations: what the fp8_block MoE step ran before) in
+the same run, on the operands of a dsv3-like layer (8 experts, H 7168, F 2048, 16384 token rows);
+prints JSON.
+
+Each row: both results compared bit for bit before timing, the times, the bytes the kernel must
+move (source read once, FP8 values and float32 scales written) over its time as GB/s, and the
+speed-up over torch's route.
+
+    python bench/quantize.py [--out bench/results/quantize_h200.json]
+"""
+from __future__ import annotations
+
+import argparse
+
+from _common import emit_json, interleaved_ms
+
+TOKENS, HIDDEN, INTER, EXPERTS = 16384, 7168, 2048, 8
+
+# name: (what it is, source shape, source dtype)
+CASES = {
+    "x_both": ("fc1's input x: 1x128 rows and tokens-along-columns for the weight gradient", (TOKENS, HIDDEN), "bf16"),
+    "dg_both": ("dSwiGLU's dG, both quantizations", (TOKENS, 2 * INTER), "bf16"),
+    "dy_both": ("the output gradient dy, both quantizations", (TOKENS, HIDDEN), "bf16"),
+    "x_1x128": ("x, 1x128 rows only", (TOKENS, HIDDEN), "bf16"),
+    "h_requant": ("fc1's FP8 h requantized along the tokens (via bfloat16)", (TOKENS, INTER), "fp8"),
+    "w1_128x128_t": ("w1 (L, 2F, H) 128x128 with its transposed copy", (EXPERTS, 2 * INTER, HIDDEN), "bf16"),
+    "w2_128x128_t": ("w2 (L, H, F) 128x128 with its transposed copy", (EXPERTS, HIDDEN, INTER), "bf16"),
+}
+
+
+def _methods(name, torch):
+    from fusegemm import quantize as qz
+    from fusegemm.formats import torch_blockwise as bw
+    _, shape, kind = CASES[name]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    src = torch.randn(shape, device="cuda", generator=g).bfloat16()
+    if kind == "fp8":
+        hq, sh = bw.quantize_1x128(src)
+        return ({"fusegemm": lambda: qz.requantize_wgrad(hq, sh),
+                 "torch": lambda: bw.quantize_wgrad(bw.dequantize_1x128(hq, sh).to(torch.bfloat16))},
+                hq.numel() + sh.numel() * 4, 1)
+    if name.endswith("_both"):
+        return ({"fusegemm": lambda: qz.quantize_both(src),
+                 "torch": lambda: (bw.quantize_1x128(src), bw.quantize_wgrad(src))}, src.numel() * 2, 2)
+    if name.endswith("_1x128"):
+        return {"fusegemm": lambda: qz.quantize_1x128(src), "torch": lambda: bw.quantize_1x128(src)}, src.numel() * 2, 1
+    return ({"fusegemm": lambda: qz.quantize_128x128(src, transposed=True),
+             "torch": lambda: (lambda q, s: ((q, s), bw.transposed_128x128(q, s)))(*bw.quantize_128x128(src))},
+            src.numel() * 2, 2)
+
+
+def _flat(result):
+    if isinstance(result, tuple):
+        return [t for r in result for t in _flat(r)]
+    return [result]
+
+
+def _equal(a, b, torch):
+    return a.shape == b.shape and bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.element_size() == 1
+                                       else torch.equal(a.view(torch.int32), b.view(torch.int32)))
+
+
+def bench_case(name: str, args) -> dict:
+    import torch
+    methods, read_bytes, copies = _methods(name, torch)
+    got, want = _flat(methods["fusegemm"]()), _flat(methods["torch"]())
+    same = len(got) == len(want) and all(_equal(a, b, torch) for a, b in zip(got, want))
+    written = sum(t.numel() * t.element_size() for t in got)
+    ms = interleaved_ms(methods, args)
+    moved = read_bytes + written
+    return {"case": name, "what": CASES[name][0], "shape": list(CASES[name][1]), "outputs": copies,
+            "bit_exact": same, "ms": ms, "bytes_moved": moved,
+            "fusegemm_gb_s": round(moved / ms["fusegemm"] / 1e6, 1),
+            "speedup_vs_torch": round(ms["torch"] / ms["fusegemm"], 2)}
+
+
+def main(argv=None) -> int:
+    import json
+    import platform
+    import sys
+    import time
+
+    import torch
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(json.dumps({"error": "no CUDA GPU"}))
+        return 1
+    rows = []
+    for name in args.cases.split(","):
+        if name not in CASES:
+            raise SystemExit(f"--cases: unknown {name!r}; allowed: {', '.join(CASES)}")
+        rows.append(bench_case(name, args))
+        r = rows[-1]
+        print(f"{name:14s} exact={r['bit_exact']} {r['ms']['fusegemm']:.3f} ms {r['fusegemm_gb_s']} GB/s "
+              f"x{r['speedup_vs_torch']} vs torch", file=sys.stderr)
+    emit_json({"benchmark": "quantize", "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
+               "method": f"CUDA events; {args.rounds} interleaved rounds, each the median of {args.iters} calls "
+                         f"after {args.warmup} warm-ups; median over rounds; GB/s = (source bytes + output bytes) "
+                         "/ time", "rows": rows}, args.out)
+    return 0 if all(r["bit_exact"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

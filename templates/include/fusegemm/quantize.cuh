@@ -1,0 +1,227 @@
+// The blockwise FP8 recipe's quantizations on the device (fusegemm/quantize.py), one memory pass
+// each: torch's operations (fusegemm/formats/torch_blockwise.py) took a float32 copy, a min/max
+// pass, a division pass and a cast pass per operand, and on the H200 made the recipe's training
+// step slower than BF16's (bench/results/moe_mlp_h200_fp8_block.json).
+//
+// One CTA quantizes a 128 x 128 tile of a (rows, cols) source (batch: blockIdx.z), staged once
+// in shared memory, into any of:
+//   q  (rows, cols) FP8, with either one scale per row and 128 columns (the recipe's 1x128, A's
+//      format) or one per whole tile (`blocks`: the weights' 128x128);
+//   qt (cols, rows) FP8, the transpose, rows contiguous, with one scale per column and 128 rows
+//      (the FP8 weight gradient's operands: tokens contiguous, scaled along the tokens) or the
+//      tile's scale (`blocks`: the weights' transposed copy for the data gradients).
+// Each value is torch_blockwise's bit for bit: s = max(amax, 1e-4) / elem_max in FP32 (NaN kept;
+// `pow2` rounds it up to a power of two by its bits), q = cvt.rn.satfinite(fl32(x / s)) (|x / s|
+// <= elem_max up to one rounding, so saturation never bites; torch's cast agrees). The source is
+// bfloat16 or float16, or FP8 e4m3 with 1x128 row scales, dequantized and rounded to bfloat16
+// (the recipe's h, requantized along the tokens for the weight gradient as torch's route did).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "fusegemm/common.cuh"
+
+namespace fusegemm {
+
+struct QuantizeParams {
+  const unsigned char* src;      // element (b, r, c) at src + (b * src_batch + r * src_ld + c) elements
+  const float* src_scales;       // FP8 source: (r, c) scaled by src_scales[r + (c / 128) * src_scales_ld]
+  unsigned char* q;              // optional: (b, r, c) at q[b * q_batch + r * q_ld + c]
+  float* s;                      // q's scales: [b * s_batch + r + (c / 128) * s_ld] (blocks: + (r / 128) * s_ld + c / 128)
+  unsigned char* qt;             // optional: (b, c, r) at qt[b * qt_batch + c * qt_ld + r]
+  float* st;                     // qt's scales: [b * st_batch + c + (r / 128) * st_ld] (blocks: + (c / 128) * st_ld + r / 128)
+  long long src_ld, src_batch, src_scales_ld;
+  long long q_ld, q_batch, s_ld, s_batch;
+  long long qt_ld, qt_batch, st_ld, st_batch;
+  int rows, cols;                // rows and cols multiples of 16 (the 16-byte stores of qt, 4-byte ones of q)
+  int blocks;                    // 1: one scale per 128 x 128 tile; 0: per row (q) and per column (qt)
+  int flags;                     // kQuantizePow2 | kQuantizeE5M2
+};
+static_assert(sizeof(QuantizeParams) == 152, "fusegemm/quantize.py packs these 152 bytes");
+
+constexpr int kQuantizeTile = 128;
+constexpr int kQuantizeThreads = 256;   // 8 warps: 16 rows each in the row passes
+constexpr int kQuantizePow2 = 1, kQuantizeE5M2 = 2;
+
+// The tile stays in its 2-byte source type (FP8 sources: bfloat16, as the recipe rounded h).
+// Element (r, c) sits at column c ^ 8 (r / 16 % 8) of row r: the column pass's 8 lanes of a
+// column read rows 16 j + i, j = 0..7, which the XOR spreads over 8 bank pairs (conflict-free
+// with 4 columns per instruction); the row passes' 8-byte chunks only move within their row.
+FUSEGEMM_DEVICE int quantize_swizzle(int r, int c) { return r * kQuantizeTile + (c ^ (((r >> 4) & 7) << 3)); }
+
+// max |x| over values as their FP32 bits without the sign: unsigned order is float order there,
+// and a NaN (above +Inf) wins, as torch's aminmax keeps NaN.
+FUSEGEMM_DEVICE uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
+
+FUSEGEMM_DEVICE float quantize_scale(uint32_t amax_bits, int flags) {
+  const float amax = __uint_as_float(amax_bits);
+  if (amax_bits > 0x7F800000u) return amax;   // NaN: every value of the block becomes NaN
+  const float elem_max = (flags & kQuantizeE5M2) ? 57344.0f : 448.0f;
+  float s = __fdiv_rn(fmaxf(amax, 1e-4f), elem_max);
+  if (flags & kQuantizePow2) {
+    const uint32_t b = __float_as_uint(s);
+    if ((b & 0x7F800000u) != 0x7F800000u && (b & 0x007FFFFFu) != 0) s = __uint_as_float((b & 0x7F800000u) + 0x00800000u);
+  }
+  return s;
+}
+
+// Two values divided by s -> two FP8 bytes (a in the low byte).
+FUSEGEMM_DEVICE uint32_t quantize_pair(float a, float b, float s, int flags) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(a, s), __fdiv_rn(b, s)), __NV_SATFINITE,
+                                  (flags & kQuantizeE5M2) ? __NV_E5M2 : __NV_E4M3);
+}
+
+template <class T> struct QuantizeSource;
+template <> struct QuantizeSource<__nv_bfloat16> {
+  using Stage = __nv_bfloat16;
+  // Four values (c .. c + 3) of row r: one 8-byte load.
+  static FUSEGEMM_DEVICE void load4(const QuantizeParams& p, const unsigned char* src, int r, int c, Stage (&v)[4]) {
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(src) + (r * p.src_ld + c) / 4);
+    *reinterpret_cast<uint2*>(v) = u;
+  }
+};
+template <> struct QuantizeSource<__half> {
+  using Stage = __half;
+  static FUSEGEMM_DEVICE void load4(const QuantizeParams& p, const unsigned char* src, int r, int c, Stage (&v)[4]) {
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(src) + (r * p.src_ld + c) / 4);
+    *reinterpret_cast<uint2*>(v) = u;
+  }
+};
+template <> struct QuantizeSource<__nv_fp8_e4m3> {
+  using Stage = __nv_bfloat16;
+  static FUSEGEMM_DEVICE void load4(const QuantizeParams& p, const unsigned char* src, int r, int c, Stage (&v)[4]) {
+    const uint32_t u = __ldg(reinterpret_cast<const uint32_t*>(src + r * p.src_ld + c));
+    const float s = __ldg(p.src_scales + r + (c / kQuantizeTile) * p.src_scales_ld);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      __nv_fp8_e4m3 e;
+      e.__x = static_cast<__nv_fp8_storage_t>((u >> (8 * i)) & 0xFFu);
+      v[i] = __float2bfloat16_rn(__fmul_rn(static_cast<float>(e), s));   // exact product, rounded once
+    }
+  }
+};
+
+template <class T>
+FUSEGEMM_DEVICE void quantize_tile(const QuantizeParams& p) {
+  using Src = QuantizeSource<T>;
+  using Stage = typename Src::Stage;
+  __shared__ __align__(16) Stage tile[kQuantizeTile * kQuantizeTile];
+  __shared__ uint32_t warp_max[kQuantizeThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r0 = blockIdx.y * kQuantizeTile, c0 = blockIdx.x * kQuantizeTile, b = blockIdx.z;
+  const unsigned char* src = p.src + (b * p.src_batch) * static_cast<long long>(sizeof(T) == 1 ? 1 : 2);
+  const bool rows_q = p.q != nullptr && !p.blocks;
+  const int c = c0 + 4 * lane;   // this lane's 4 columns in the row passes (cols % 16 == 0: all in or all out)
+  uint32_t tile_max = 0;
+
+  // Row pass: stage the tile; 1x128 rows quantize here from registers.
+#pragma unroll 4
+  for (int i = 0; i < 16; ++i) {
+    const int rl = warp * 16 + i, r = r0 + rl;
+    Stage v[4];
+    const bool in = r < p.rows && c < p.cols;
+    if (in) {
+      Src::load4(p, src, r, c, v);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = Stage(0.0f);
+    }
+    *reinterpret_cast<uint2*>(tile + quantize_swizzle(rl, 4 * lane)) = *reinterpret_cast<const uint2*>(v);
+    float f[4];
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      f[k] = static_cast<float>(v[k]);
+      m = max(m, abs_bits(f[k]));
+    }
+    tile_max = max(tile_max, m);
+    if (rows_q) {
+      m = __reduce_max_sync(0xFFFFFFFFu, m);
+      const float s = quantize_scale(m, p.flags);
+      if (in) {
+        const uint32_t lo = quantize_pair(f[0], f[1], s, p.flags), hi = quantize_pair(f[2], f[3], s, p.flags);
+        *reinterpret_cast<uint32_t*>(p.q + b * p.q_batch + r * p.q_ld + c) = (lo & 0xFFFFu) | (hi << 16);
+        if (lane == 0) p.s[b * p.s_batch + r + (c0 / kQuantizeTile) * p.s_ld] = s;
+      }
+    }
+  }
+  float block_s = 0.0f;
+  if (p.blocks) {
+    tile_max = __reduce_max_sync(0xFFFFFFFFu, tile_max);
+    if (lane == 0) warp_max[warp] = tile_max;
+  }
+  __syncthreads();
+  if (p.blocks) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int w = 0; w < kQuantizeThreads / 32; ++w) m = max(m, warp_max[w]);
+    block_s = quantize_scale(m, p.flags);
+    if (threadIdx.x == 0) {
+      if (p.q != nullptr) p.s[b * p.s_batch + (r0 / kQuantizeTile) * p.s_ld + c0 / kQuantizeTile] = block_s;
+      if (p.qt != nullptr) p.st[b * p.st_batch + (c0 / kQuantizeTile) * p.st_ld + r0 / kQuantizeTile] = block_s;
+    }
+    // 128x128 q: the rows again, from shared memory, with the tile's scale.
+    if (p.q != nullptr) {
+#pragma unroll 4
+      for (int i = 0; i < 16; ++i) {
+        const int rl = warp * 16 + i, r = r0 + rl;
+        if (r >= p.rows || c >= p.cols) continue;
+        Stage v[4];
+        *reinterpret_cast<uint2*>(v) = *reinterpret_cast<const uint2*>(tile + quantize_swizzle(rl, 4 * lane));
+        const uint32_t lo = quantize_pair(static_cast<float>(v[0]), static_cast<float>(v[1]), block_s, p.flags);
+        const uint32_t hi = quantize_pair(static_cast<float>(v[2]), static_cast<float>(v[3]), block_s, p.flags);
+        *reinterpret_cast<uint32_t*>(p.q + b * p.q_batch + r * p.q_ld + c) = (lo & 0xFFFFu) | (hi << 16);
+      }
+    }
+  }
+  if (p.qt == nullptr) return;
+  // Column pass: 8 lanes per column (lane j: rows 16 j .. 16 j + 15, one 16-byte store of qt),
+  // 4 columns per warp and instruction, 32 per CTA and round.
+  const int j = lane % 8, rl0 = 16 * j, r = r0 + rl0;
+#pragma unroll 1
+  for (int round = 0; round < kQuantizeTile / 32; ++round) {
+    const int cl = round * 32 + warp * 4 + lane / 8, col = c0 + cl;
+    float f[16];
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      f[i] = static_cast<float>(tile[quantize_swizzle(rl0 + i, cl)]);
+      m = max(m, abs_bits(f[i]));
+    }
+    float s = block_s;
+    if (!p.blocks) {
+      m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+      m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+      m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 4));
+      s = quantize_scale(m, p.flags);
+    }
+    if (col >= p.cols) continue;
+    if (!p.blocks && j == 0) p.st[b * p.st_batch + col + (r0 / kQuantizeTile) * p.st_ld] = s;
+    if (r >= p.rows) continue;
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t lo = quantize_pair(f[4 * k], f[4 * k + 1], s, p.flags);
+      const uint32_t hi = quantize_pair(f[4 * k + 2], f[4 * k + 3], s, p.flags);
+      w[k] = (lo & 0xFFFFu) | (hi << 16);
+    }
+    *reinterpret_cast<uint4*>(p.qt + b * p.qt_batch + col * p.qt_ld + r) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+}  // namespace fusegemm
+
+extern "C" __global__ void __launch_bounds__(fusegemm::kQuantizeThreads)
+    fusegemm_quantize_bfloat16(const __grid_constant__ fusegemm::QuantizeParams p) {
+  fusegemm::quantize_tile<__nv_bfloat16>(p);
+}
+extern "C" __global__ void __launch_bounds__(fusegemm::kQuantizeThreads)
+    fusegemm_quantize_float16(const __grid_constant__ fusegemm::QuantizeParams p) {
+  fusegemm::quantize_tile<__half>(p);
+}
+extern "C" __global__ void __launch_bounds__(fusegemm::kQuantizeThreads)
+    fusegemm_quantize_float8_e4m3fn(const __grid_constant__ fusegemm::QuantizeParams p) {
+  fusegemm::quantize_tile<__nv_fp8_e4m3>(p);
+}

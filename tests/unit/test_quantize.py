@@ -1,0 +1,106 @@
+"""The blockwise recipe's quantization kernels (fusegemm/quantize.py): both archs compile clean
+(no local memory, 256 threads, static shared memory under 48 KB, the 152-byte parameter struct
+the host packs), what each function packs for the driver, and the torch route (CPU tensors,
+tensors the kernel does not serve) giving torch_blockwise's values. On the GPU, bit for bit
+against torch_blockwise: tests/gpu/test_quantize_gpu.py."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fusegemm import quantize as qz  # noqa: E402
+from fusegemm.formats import torch_blockwise as bw  # noqa: E402
+
+KERNELS = ("fusegemm_quantize_bfloat16", "fusegemm_quantize_float16", "fusegemm_quantize_float8_e4m3fn")
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_quantization_kernels_compile_clean(arch):
+    from fusegemm.runtime.compile import compile_source
+    from fusegemm.runtime.cubin_info import Cubin
+    cub = compile_source('#include "fusegemm/quantize.cuh"\n', arch=arch, kernel=KERNELS[0])
+    for name in KERNELS:
+        res = Cubin(cub.data).resources(name)
+        assert res.local_bytes == 0 and res.max_threads == qz._THREADS and res.registers <= 64, res
+        assert 128 * 128 * 2 <= res.static_shared_bytes <= 48 * 1024, res
+    assert set(qz._SOURCES.values()) == set(KERNELS) and qz._PARAMS.size == 152
+
+
+def _same(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and torch.equal(
+        a.view(torch.uint8) if a.element_size() == 1 else a, b.view(torch.uint8) if b.element_size() == 1 else b)
+
+
+def test_cpu_tensors_take_torch_blockwise_route():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(272, 384, generator=g).bfloat16()
+    for got, want in [(qz.quantize_1x128(x), bw.quantize_1x128(x)),
+                      (qz.quantize_wgrad(x), bw.quantize_wgrad(x)),
+                      (qz.quantize_1x128(x, torch.float8_e5m2, "pow2"),
+                       bw.quantize_1x128(x, torch.float8_e5m2, "pow2"))]:
+        assert all(_same(a, b) for a, b in zip(got, want))
+    (q, s), (qt, st) = qz.quantize_both(x)
+    assert all(_same(a, b) for a, b in zip((q, s, qt, st), (*bw.quantize_1x128(x), *bw.quantize_wgrad(x))))
+    w = torch.randn(3, 200, 256, generator=g)
+    (wq, sw), (wt, swt) = qz.quantize_128x128(w, transposed=True)
+    want = bw.quantize_128x128(w)
+    assert _same(wq, want[0]) and _same(sw, want[1])
+    assert all(_same(a, b) for a, b in zip((wt, swt), bw.transposed_128x128(*want)))
+    hq, sh = bw.quantize_1x128(x)
+    for via in (torch.bfloat16, torch.float32):
+        got = qz.requantize_wgrad(hq, sh, via=via)
+        assert all(_same(a, b) for a, b in zip(got, bw.quantize_wgrad(bw.dequantize_1x128(hq, sh).to(via))))
+    with pytest.raises(ValueError, match="scales: got 'e8m0'"):   # torch_blockwise's checks name the argument
+        qz.quantize_1x128(x, scales="e8m0")
+
+
+def test_what_the_kernel_does_not_serve(monkeypatch):
+    """Sizes that are not multiples of 16, unaligned pitches, other dtypes and devices: torch's
+    route (_served is False)."""
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    ok = torch.zeros(32, 256, dtype=torch.bfloat16)
+    assert qz._served(ok) and qz._served(torch.zeros(2, 128, 64, dtype=torch.bfloat16), batched=True)
+    assert qz._served(torch.zeros(32, 64, dtype=torch.float8_e4m3fn))
+    for bad in (torch.zeros(24, 256, dtype=torch.bfloat16), torch.zeros(32, 40, dtype=torch.bfloat16),
+                torch.zeros(32, 264, dtype=torch.bfloat16)[:, 4:260],                         # 8-byte start
+                torch.zeros(32, 260, dtype=torch.bfloat16)[:, :256],                          # 520-byte pitch
+                torch.zeros(32, 256), torch.zeros(32, 256, dtype=torch.bfloat16).t(), torch.zeros(0, 256).bfloat16(),
+                torch.zeros(32, 256, dtype=torch.float8_e5m2)):
+        assert not qz._served(bad), (bad.shape, bad.stride(), bad.dtype)
+    assert not qz._served(torch.zeros(32, 256, dtype=torch.bfloat16), batched=True)   # a batch is 3-D
+
+
+def test_launches_pack_the_parameter_struct(monkeypatch):
+    """What each function hands the driver (its kernel stands in here; on the GPU:
+    tests/gpu/test_quantize_gpu.py): QuantizeParams' pointers, pitches and batch strides, sizes,
+    mode and flags; a grid of 128 x 128 tiles (column tiles, row tiles, batches), 256 threads."""
+    calls = []
+    monkeypatch.setattr(qz, "_served", lambda t, batched=False: True)   # CPU tensors stand in for CUDA ones
+    monkeypatch.setattr(qz._KERNELS, "run_on", lambda lead, name, grid, block, raw: calls.append(
+        (name, grid, block, qz._PARAMS.unpack(raw))) or True)
+    y = torch.zeros(272, 384, dtype=torch.bfloat16)
+    (q, s), (qt, st) = qz.quantize_both(y, scales="pow2")
+    name, grid, block, p = calls[-1]
+    assert name == "fusegemm_quantize_bfloat16" and grid == (3, 3, 1) and block == (256, 1, 1)
+    assert q.shape == (272, 384) and s.shape == (272, 3) and s.stride() == (1, 272)
+    assert qt.shape == (384, 272) and st.shape == (384, 3) and st.stride() == (1, 384)
+    assert p == (y.data_ptr(), 0, q.data_ptr(), s.data_ptr(), qt.data_ptr(), st.data_ptr(),
+                 384, 0, 0, 384, 272 * 384, 272, 0, 272, 272 * 384, 384, 0, 272, 384, 0, qz._POW2)
+    qz.quantize_wgrad(torch.zeros(16, 16, dtype=torch.float16), torch.float8_e5m2)
+    name, grid, _, p = calls[-1]
+    assert name == "fusegemm_quantize_float16" and grid == (1, 1, 1) and p[2] == p[3] == 0 and p[-1] == qz._E5M2
+    w = torch.zeros(5, 200, 400, dtype=torch.bfloat16)
+    (wq, sw), (wt, swt) = qz.quantize_128x128(w, transposed=True)
+    name, grid, _, p = calls[-1]
+    assert grid == (4, 2, 5) and wt.shape == (5, 400, 200) and swt.shape == (5, 4, 2) and sw.shape == (5, 2, 4)
+    assert p == (w.data_ptr(), 0, wq.data_ptr(), sw.data_ptr(), wt.data_ptr(), swt.data_ptr(),
+                 400, 200 * 400, 0, 400, 200 * 400, 4, 8, 200, 200 * 400, 2, 8, 200, 400, 1, 0)
+    hq = torch.zeros(256, 128, dtype=torch.float8_e4m3fn)
+    from fusegemm.formats import blockwise_sfa_layout
+    sh = blockwise_sfa_layout(torch.ones(256, 1))
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    qt, st = qz.requantize_wgrad(hq, sh)
+    name, grid, _, p = calls[-1]
+    assert name == "fusegemm_quantize_float8_e4m3fn" and p[1] == sh.data_ptr() and p[8] == sh.stride(1) == 256
+    assert qt.shape == (128, 256) and p[2] == 0 and p[4] == qt.data_ptr()
