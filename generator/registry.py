@@ -270,10 +270,10 @@ _SM90_ROWS = (
          limits=(_SM90_TILE_M, *_KGROUPED_LIMITS, _SFD_MX_ONLY), runs_as=_SM90_SCALAR_F32),
     # FP8 weight gradients with the blockwise recipe (Config::kKGrouped of the blockwise kernel):
     # dY^T and X^T token-contiguous, both scaled 1x128 along the tokens (sm_100a's row takes MXFP8
-    # scales per 32 tokens: its MMA reads MX scale atoms). Written on 2026-12-03 with
-    # the session's device time spent: no GPU has run it yet (executed=False: its first launch
-    # runs the family's verification cases on the device first, fusegemm/verify.py;
-    # tests/gpu/test_wgrad_fp8_gpu.py is written for the next H200 run).
+    # scales per 32 tokens: its MMA reads MX scale atoms). Run on the H200 (2026-12-03):
+    # tests/gpu/test_wgrad_fp8_gpu.py (exact problems bit for bit, realistic ones within their
+    # bounds; its first-run verification passed before), bench/wgrad.py, and the fp8_block MoE
+    # step's weight gradients.
     _row("kscaled", "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
          "BlockScaledGemmKernel", ("ab_dtype", "cd_major", "discrete_col_sfd", "tile_n"), rule=SPEC_RULE,
          limits=(*_SM90_BLOCKSCALED_LIMITS, *_KGROUPED_LIMITS, _NO_GATHER, _NO_GATHER_B, _SFD_MX_ONLY,
@@ -281,7 +281,7 @@ _SM90_ROWS = (
                                               "block-scaled MMA; MXFP8 weight gradients run on sm_100a"),
                  Limit("sf_dtype", ("float32",), "FP32 scales (the blockwise recipe); MXFP8's E8M0 scales per 32 "
                                                  "tokens run on sm_100a")),
-         runs_as=_SM90_BLOCKWISE_E8M0, executed=False),
+         runs_as=_SM90_BLOCKWISE_E8M0),
     *(_row(kind, "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _SM90_BLOCKSCALED, rule=SPEC_RULE,
            limits=(*_SM90_BLOCKSCALED_LIMITS, _NO_GATHER, _NO_GATHER_B,

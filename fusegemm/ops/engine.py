@@ -128,6 +128,12 @@ class Op(PreparedLaunch):
         self._host_prep = bool(self.host_copies or self.e8m0_scales or self.blockwise_mx)
         self.epilogue = self.spec.epilogue.resolve(self.variant.choices)
         self._rows = self.epilogue.row_buffers()
+        # Row-tiled classes (grouped BF16 and block-scaled grouped share the scheduler and the
+        # epilogue's stores): their row outputs are allocated uninitialised, the kernel stores
+        # every row below the last offset and the tail kernel zeroes the rest (ops/tail.py).
+        # Filling the block-scaled outputs whole first cost the fp8_block MoE step 0.22 ms (3%)
+        # on the H200.
+        self.tail_zeroed = self.kind in ("grouped", "scaled")
         # The output quantized with 1x128 FP32 scales (quantize.vec 128), if any: its rows size
         # the sfd_row view (_shaped).
         self._sfd_1x128 = next((o.name for o in self.epilogue.outputs
@@ -195,7 +201,7 @@ class Op(PreparedLaunch):
         if self._launcher is None and not is_dry():
             self.check_support()
             self._launcher = LoadedKernel.build(self.kernel_variant, self.device)
-            if self.kind == "grouped" and tail:
+            if self.tail_zeroed and tail:
                 _tail.prepare(self.device)
         return self
 
@@ -277,7 +283,7 @@ class Op(PreparedLaunch):
         deferred: list = []
         values, keep = self._inputs(given, call, deferred, input_names, align)
         device = self._check_devices(call, deferred)
-        rows_written = (self.kind == "grouped" or self.k_grouped) and not is_dry()
+        rows_written = (self.tail_zeroed or self.k_grouped) and not is_dry()
         out = alloc_outputs(self.epilogue, *self._dims(call), device_str(call.a, device),
                             rows_written=rows_written)
         if not is_dry():   # a fake implementation's trace: outputs allocated, nothing launched
@@ -287,7 +293,7 @@ class Op(PreparedLaunch):
             # The grouped class stores rows below the last offset only: zero the rest first. The
             # K-grouped kernel stores every row of every expert's block.
             self._run(e, ptrs, call.offsets.obj if call.offsets is not None else None, current_stream,
-                      zero=out if self.kind == "grouped" and tail else None, validate_offsets=validate_offsets)
+                      zero=out if self.tail_zeroed and tail else None, validate_offsets=validate_offsets)
         return self._shaped(call, out)
 
     def _call_memo(self, e: Any, flat: tuple, current_stream: Any, validate_offsets: bool | None = None,
@@ -304,7 +310,7 @@ class Op(PreparedLaunch):
         if ready is None and not e.aligned(ptrs):
             return None
         self._run(e, ptrs, flat[e.offsets] if e.offsets is not None else None, current_stream,
-                  zero=out if self.kind == "grouped" and tail else None, validate_offsets=validate_offsets,
+                  zero=out if self.tail_zeroed and tail else None, validate_offsets=validate_offsets,
                   ready=ready)
         return self._shaped(e.call, out) if shaped else out
 

@@ -152,3 +152,63 @@ def test_mxfp8_training_tracks_bf16():
     assert r["finite"], r
     assert r["track"] <= 0.05, r["track"]
     assert max(r["final_over_first"].values()) < 0.9, r["final_over_first"]
+
+
+def _outputs_on(fill, call):
+    """``call()``'s tensors on memory full of ``fill`` bytes: a call's outputs are filled with
+    them and freed, and the next call, asking torch's caching allocator for the same sizes in the
+    same order, gets the same blocks back (asserted for each output of 1 MiB or more). A first
+    call compiles and settles the op's path. Returns the last call's tensors."""
+    call()
+    first = [t for t in call() if isinstance(t, torch.Tensor)]
+    ptrs = set()
+    for t in first:
+        whole = torch.empty(0, dtype=torch.uint8, device="cuda").set_(t.untyped_storage())
+        whole.fill_(fill)
+        ptrs.add(whole.data_ptr())
+    torch.cuda.synchronize()
+    del first, whole, t
+    out = [t for t in call() if isinstance(t, torch.Tensor)]
+    torch.cuda.synchronize()
+    for t in out:
+        if t.untyped_storage().nbytes() >= 1 << 20:
+            assert t.untyped_storage().data_ptr() in ptrs, "an output did not reuse a filled block"
+    return out
+
+
+@pytest.mark.parametrize("step", ["fc1_bw", "gemm_bw", "dswiglu_bw", "gemm_mx", "dswiglu_mx"])
+def test_block_scaled_row_outputs_are_whole_on_reused_memory(step):
+    """The block-scaled class's row outputs (C, D, D_col) are allocated uninitialised and its tail
+    rows zeroed by the tail kernel (fusegemm/ops/tail.py), as the BF16 class's: each of the MoE
+    recipes' block-scaled kernels run on memory full of zero bytes and again on memory full of
+    0xFF bytes (NaN in every float format) gives the same bytes, so the kernel stored every row
+    below the last offset, and the 256 rows past it are zeros. dprob (an atomic sum) within 1e-6."""
+    from fusegemm.formats.torch_blockwise import quantize_128x128, quantize_1x128
+    from fusegemm.formats.torch_mx import quantize_mx
+    hidden, inter = 512, 512
+    x, prob, ends = _problem([700, 0, 1024, 17], hidden, 11)          # 2048 rows + a 256-row tail
+    layer = moe.ExpertMLP(4, hidden, inter, device="cuda", generator=torch.Generator().manual_seed(6))
+    w1, w2 = layer.w1.detach(), layer.w2.detach()
+    be, rows, valid = moe._BACKENDS["fusegemm"], None, int(ends[-1])
+    g = torch.randn(x.shape[0], 2 * inter, generator=torch.Generator(device="cuda").manual_seed(3),
+                    device="cuda").bfloat16()
+    # operands made once: the calls below allocate their outputs and little else
+    xb, w1b, w2tb = quantize_1x128(x), quantize_128x128(w1), quantize_128x128(w2.transpose(1, 2).contiguous())
+    xm, w1m, w2tm = quantize_mx(x), quantize_mx(w1), quantize_mx(w2.transpose(1, 2))
+    calls = {
+        "fc1_bw": lambda: be.fc1_bw(*xb, ends, rows, *w1b, prob, x.dtype),
+        "gemm_bw": lambda: (be.gemm_bw(*xb, ends, rows, *w1b, x.dtype),),
+        "dswiglu_bw": lambda: be.dswiglu_bw(*xb, ends, rows, *w2tb, g, prob),
+        "gemm_mx": lambda: be.gemm_mx(*xm, ends, rows, *w1m, x.dtype),
+        "dswiglu_mx": lambda: be.dswiglu_mx(*xm, ends, rows, *w2tm, g, prob),
+    }
+    zeros, nans = _outputs_on(0, calls[step]), _outputs_on(255, calls[step])
+    for a, b in zip(zeros, nans):
+        if a.shape == prob.shape and a.dtype == torch.float32:            # dprob
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+            continue
+        assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a,
+                           b.view(torch.uint8) if b.element_size() == 1 else b), (step, a.shape, a.dtype)
+        if a.dim() == 2 and a.shape[0] == x.shape[0]:                       # a row output (or its scales)
+            tail = b[valid:].view(torch.uint8) if b.element_size() == 1 else b[valid:]
+            assert not (tail != 0).any(), (step, "rows past the last offset are not zero")   # NaN != 0

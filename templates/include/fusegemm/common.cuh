@@ -29,4 +29,21 @@ constexpr int kMAligned = 256;
 // cumulative ends, on the device).
 FUSEGEMM_DEVICE int expert_first_row(const int* offsets, int e) { return e == 0 ? 0 : __ldg(offsets + e - 1); }
 
+// fl(t / s), correctly rounded, for a quantization scale s (finite, normal: at least
+// 1e-4 / 57344) and t / s within an element format's range, with r = scale_reciprocal(s) computed
+// once per scale: the quotient and one FMA correction (Markstein's theorem), as div.rn.f32's fast
+// path does, without its range check and slow-path call, which made every division a branch
+// region the compiler would not schedule across. A subnormal t gives a quotient below 1e-30,
+// which every FP8 format rounds to zero either way. The sign is t's (the correction turns
+// -0 / s into +0; div.rn, numpy and torch give -0). Callers send an Inf or NaN scale to div.rn.
+FUSEGEMM_DEVICE float scale_reciprocal(float s) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
+  return __fmaf_rn(__fmaf_rn(-s, r, 1.0f), r, r);
+}
+FUSEGEMM_DEVICE float div_by_scale(float t, float s, float r) {
+  const float q = __fmul_rn(t, r);
+  return copysignf(__fmaf_rn(__fmaf_rn(-s, q, t), r, q), t);
+}
+
 }  // namespace fusegemm

@@ -67,9 +67,19 @@ FUSEGEMM_DEVICE float quantize_scale(uint32_t amax_bits, int flags) {
   return s;
 }
 
+// A scale and its reciprocal: fl(x / s) by div_by_scale (common.cuh) when s is finite, by div.rn
+// when an Inf or NaN made it Inf or NaN (div.rn's range check and slow-path call, per value, had
+// made the kernel compute-bound: bench/quantize.py).
+struct QuantizeScale {
+  float s, r;
+  bool fast;
+  FUSEGEMM_DEVICE explicit QuantizeScale(float scale) : s(scale), r(scale_reciprocal(scale)), fast(isfinite(scale)) {}
+  FUSEGEMM_DEVICE float div(float x) const { return fast ? div_by_scale(x, s, r) : __fdiv_rn(x, s); }
+};
+
 // Two values divided by s -> two FP8 bytes (a in the low byte).
-FUSEGEMM_DEVICE uint32_t quantize_pair(float a, float b, float s, int flags) {
-  return __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(a, s), __fdiv_rn(b, s)), __NV_SATFINITE,
+FUSEGEMM_DEVICE uint32_t quantize_pair(float a, float b, const QuantizeScale& q, int flags) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(q.div(a), q.div(b)), __NV_SATFINITE,
                                   (flags & kQuantizeE5M2) ? __NV_E5M2 : __NV_E4M3);
 }
 
@@ -116,7 +126,9 @@ FUSEGEMM_DEVICE void quantize_tile(const QuantizeParams& p) {
   const int c = c0 + 4 * lane;   // this lane's 4 columns in the row passes (cols % 16 == 0: all in or all out)
   uint32_t tile_max = 0;
 
-  // Row pass: stage the tile; 1x128 rows quantize here from registers.
+  // Row pass: stage the tile; 1x128 rows quantize here from registers. (A version that loaded
+  // all 16 rows first, 90-110 registers and two CTAs per SM, ran 1.4x slower on the H200 than
+  // this loop at six CTAs per SM: bench/quantize.py.)
 #pragma unroll 4
   for (int i = 0; i < 16; ++i) {
     const int rl = warp * 16 + i, r = r0 + rl;
@@ -139,11 +151,11 @@ FUSEGEMM_DEVICE void quantize_tile(const QuantizeParams& p) {
     tile_max = max(tile_max, m);
     if (rows_q) {
       m = __reduce_max_sync(0xFFFFFFFFu, m);
-      const float s = quantize_scale(m, p.flags);
+      const QuantizeScale s(quantize_scale(m, p.flags));
       if (in) {
         const uint32_t lo = quantize_pair(f[0], f[1], s, p.flags), hi = quantize_pair(f[2], f[3], s, p.flags);
         *reinterpret_cast<uint32_t*>(p.q + b * p.q_batch + r * p.q_ld + c) = (lo & 0xFFFFu) | (hi << 16);
-        if (lane == 0) p.s[b * p.s_batch + r + (c0 / kQuantizeTile) * p.s_ld] = s;
+        if (lane == 0) p.s[b * p.s_batch + r + (c0 / kQuantizeTile) * p.s_ld] = s.s;
       }
     }
   }
@@ -164,14 +176,15 @@ FUSEGEMM_DEVICE void quantize_tile(const QuantizeParams& p) {
     }
     // 128x128 q: the rows again, from shared memory, with the tile's scale.
     if (p.q != nullptr) {
+      const QuantizeScale bs(block_s);
 #pragma unroll 4
       for (int i = 0; i < 16; ++i) {
         const int rl = warp * 16 + i, r = r0 + rl;
         if (r >= p.rows || c >= p.cols) continue;
         Stage v[4];
         *reinterpret_cast<uint2*>(v) = *reinterpret_cast<const uint2*>(tile + quantize_swizzle(rl, 4 * lane));
-        const uint32_t lo = quantize_pair(static_cast<float>(v[0]), static_cast<float>(v[1]), block_s, p.flags);
-        const uint32_t hi = quantize_pair(static_cast<float>(v[2]), static_cast<float>(v[3]), block_s, p.flags);
+        const uint32_t lo = quantize_pair(static_cast<float>(v[0]), static_cast<float>(v[1]), bs, p.flags);
+        const uint32_t hi = quantize_pair(static_cast<float>(v[2]), static_cast<float>(v[3]), bs, p.flags);
         *reinterpret_cast<uint32_t*>(p.q + b * p.q_batch + r * p.q_ld + c) = (lo & 0xFFFFu) | (hi << 16);
       }
     }
@@ -190,15 +203,16 @@ FUSEGEMM_DEVICE void quantize_tile(const QuantizeParams& p) {
       f[i] = static_cast<float>(tile[quantize_swizzle(rl0 + i, cl)]);
       m = max(m, abs_bits(f[i]));
     }
-    float s = block_s;
+    float scale = block_s;
     if (!p.blocks) {
       m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
       m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
       m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 4));
-      s = quantize_scale(m, p.flags);
+      scale = quantize_scale(m, p.flags);
     }
     if (col >= p.cols) continue;
-    if (!p.blocks && j == 0) p.st[b * p.st_batch + col + (r0 / kQuantizeTile) * p.st_ld] = s;
+    if (!p.blocks && j == 0) p.st[b * p.st_batch + col + (r0 / kQuantizeTile) * p.st_ld] = scale;
+    const QuantizeScale s(scale);
     if (r >= p.rows) continue;
     uint32_t w[4];
 #pragma unroll

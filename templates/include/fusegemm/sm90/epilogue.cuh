@@ -471,32 +471,23 @@ struct WgmmaEpilogue {
   }
 
   // k1x128: a group's scales s0, s1 (rows r0, r0 + 8 of a warp) and what divides by them. div0 /
-  // div1 give fl(t / s), correctly rounded, as div.rn.f32's fast path does (a refined reciprocal,
-  // the quotient, one FMA correction: Markstein's theorem) with the reciprocal computed once per
-  // group: three operations per value instead of div.rn's range check and refinement each time.
-  // The fast path needs no overflow or underflow: s is normal (>= 1e-4 / 57344) and t / s <= the
-  // element maximum; a subnormal t gives a quotient below 1e-30, which every FP8 format rounds
-  // to zero either way. A group whose scale is Inf or NaN (an Inf or NaN in it) takes div.rn.
+  // div1 give fl(t / s), correctly rounded (common.cuh's div_by_scale: div.rn.f32's fast path)
+  // with the reciprocal computed once per group: a few operations per value instead of div.rn's
+  // range check and refinement each time. A group whose scale is Inf or NaN (an Inf or NaN in
+  // it) takes div.rn.
   struct Group1x128 {
     float s0 = 1.0f, s1 = 1.0f, r0 = 1.0f, r1 = 1.0f;
     bool fast = true;
 
-    FUSEGEMM_DEVICE static float refined_rcp(float s) {
-      float r;
-      asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
-      return __fmaf_rn(__fmaf_rn(-s, r, 1.0f), r, r);
-    }
     FUSEGEMM_DEVICE void set(float a, float b) {
       s0 = a;
       s1 = b;
       fast = isfinite(a) && isfinite(b);
-      r0 = refined_rcp(a);
-      r1 = refined_rcp(b);
+      r0 = scale_reciprocal(a);
+      r1 = scale_reciprocal(b);
     }
     FUSEGEMM_DEVICE static float div(float t, float s, float r, bool fast) {
-      if (!fast) return __fdiv_rn(t, s);
-      const float q = __fmul_rn(t, r);
-      return __fmaf_rn(__fmaf_rn(-s, q, t), r, q);
+      return fast ? div_by_scale(t, s, r) : __fdiv_rn(t, s);
     }
     FUSEGEMM_DEVICE float div0(float t) const { return div(t, s0, r0, fast); }
     FUSEGEMM_DEVICE float div1(float t) const { return div(t, s1, r1, fast); }
