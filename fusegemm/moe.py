@@ -471,9 +471,9 @@ class ExpertMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w2: Tensor,
                 backend: str = "fusegemm", recipe: str = "bf16", stats: dict | None = None,
-                wgrad: str = "auto", row_ends: Tensor | None = None) -> Tensor:
+                wgrad: str = "auto", row_ends: Tensor | None = None, weights_q: tuple | None = None) -> Tensor:
         """The layer's forward (``ExpertMLPFunction.apply(x, padded_offsets, prob, w1, w2, backend, recipe,
-        stats, wgrad, row_ends)``).
+        stats, wgrad, row_ends, weights_q)``).
 
         Parameters
         ----------
@@ -503,6 +503,11 @@ class ExpertMLPFunction(torch.autograd.Function):
             Where each expert's tokens end inside its padded range (the routing's,
             :attr:`fusegemm.routing.Routing.row_ends`; the rows after it zero in ``x``): the BF16
             recipe's kernels skip the padding's row tiles and k-blocks (the same values).
+        weights_q : tuple, optional
+            fp8_block: w1's and w2's quantizations made beforehand, ``((w1q, sw1), (w1q^T,
+            sw1^T), (w2q, sw2), (w2q^T, sw2^T))`` as :func:`fusegemm.quantize.quantize_128x128`
+            with ``transposed=True`` gives them (:class:`ExpertMLP`'s ``weight_cache``); None:
+            quantized here.
         """
         be = _BACKENDS[backend]
         from .torch_library import WGRAD_KERNELS
@@ -525,8 +530,9 @@ class ExpertMLPFunction(torch.autograd.Function):
             # One quantization of each weight per step: the FP8 copy and its transpose (the data
             # gradients' B, the same blocks) from one read. x's weight-gradient operand (along the
             # tokens) is made with its 1x128 copy and kept instead of x.
-            w1q, w1t = qz.quantize_128x128(w1, transposed=True)
-            w2q, w2t = qz.quantize_128x128(w2, transposed=True)
+            if weights_q is None:
+                weights_q = (*qz.quantize_128x128(w1, transposed=True), *qz.quantize_128x128(w2, transposed=True))
+            w1q, w1t, w2q, w2t = weights_q
             (xq, sx), xt = qz.quantize_both(x)
             g, hq, sh = be.fc1_bw(xq, sx, padded_offsets, rows, *w1q, prob, x.dtype)
             y = be.gemm_bw(hq, sh, padded_offsets, rows, *w2q, x.dtype)
@@ -577,7 +583,7 @@ class ExpertMLPFunction(torch.autograd.Function):
             h = dequantize_mx(*rest).to(x.dtype)
             dw1 = be.wgrad(dg, _dequant_col(x, x.dtype), off, rows, w1, ctx.wgrad)
             dw2 = be.wgrad(_dequant_col(dy, x.dtype), _dequant_col(h, x.dtype), off, rows, w2, ctx.wgrad)
-        return dx, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None, None, None, None, None
+        return dx, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None, None, None, None, None, None
 
 
 class ExpertMLP(torch.nn.Module):
@@ -598,17 +604,24 @@ class ExpertMLP(torch.nn.Module):
 
     ``"fp8_block"`` is the blockwise FP8 recipe (DeepSeek-V3's; sm_90a kernels): activations and
     gradients quantized per row and 128 along K with FP32 scales, weights per 128 x 128 block
-    (:mod:`fusegemm.formats.torch_blockwise`, each step). fc1 runs the blockwise SwiGLU kernel
+    (:mod:`fusegemm.quantize`'s kernels, each step). fc1 runs the blockwise SwiGLU kernel
     (``grouped_gemm_glu_mx``), whose epilogue writes ``h`` in FP8 with 1x128 scales, fc2's A as it
     is, and the BF16 pre-activations; fc2 and fc1's data gradient the blockwise GEMM (seed 003's
     kernel, BF16 D) with the weights' 128 x 128 quantization transposed (the same blocks: exact);
     fc2's data gradient the blockwise dSwiGLU (``grouped_gemm_dglu_mx``, BF16 dG and dprob); both
     weight gradients the FP8 K-grouped kernel (``grouped_gemm_wgrad_fp8``) on operands quantized
     along the tokens (``quantize_wgrad``; ``h`` requantized from its FP8 copy). Needs H a
-    multiple of 128 and F of 64. On the CPU (torch backend: the same quantization points) a
-    training run tracks the BF16 one within 1.6% over 40 steps (examples/moe_training.py); the
-    fusegemm backend's kernels and their operands are checked by tracing it on meta tensors, and
-    it has not run on a GPU yet (its weight-gradient kernel verifies itself on first launch).
+    multiple of 128 and F of 64. On the H200: within 2% of its torch emulation, 1.17x / 0.93x /
+    1.59x torch's BF16 step on dsv3-8 / dsv3-32 / mixtral (bench/moe_mlp.py; 1.37x / 1.36x /
+    1.74x with ``weight_cache``), a 200-step training run tracking BF16 within 6.8%
+    (examples/moe_training.py).
+
+    ``weight_cache=True`` (fp8_block, fusegemm backend) keeps each step's quantized weights (and
+    their transposed copies) and reuses them while ``w1`` and ``w2`` are unchanged, as their
+    autograd version counters and addresses tell: micro-batches of gradient accumulation and
+    evaluation pay the weights' quantization once per optimizer step (0.75 ms of the dsv3-8
+    step). Off by default: a write through ``w.data`` (``p.data.copy_(...)``) does not advance
+    the version counter, and would leave the cache stale; torch.optim's updates do advance it.
 
     Parameters
     ----------
@@ -627,14 +640,16 @@ class ExpertMLP(torch.nn.Module):
         multiple of 128 and F of 64).
     wgrad : {"auto", "torch", "fusegemm"}
         The weight gradients' kernel with the fusegemm backend (see :class:`ExpertMLPFunction`).
+    weight_cache : bool
+        Reuse the fp8_block recipe's quantized weights while the weights are unchanged (above).
     device : torch.device or str, optional
     generator : torch.Generator, optional
         Seeds the weights' initialisation (normal, scaled by fan-in ** -0.5).
     """
 
     def __init__(self, experts: int, hidden: int, intermediate: int, *, dtype: torch.dtype = torch.bfloat16,
-                 backend: str = "fusegemm", recipe: str = "bf16", wgrad: str = "auto", device=None,
-                 generator: torch.Generator | None = None) -> None:
+                 backend: str = "fusegemm", recipe: str = "bf16", wgrad: str = "auto", weight_cache: bool = False,
+                 device=None, generator: torch.Generator | None = None) -> None:
         super().__init__()
         for name, value in (("experts", experts), ("hidden", hidden), ("intermediate", intermediate)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -653,7 +668,11 @@ class ExpertMLP(torch.nn.Module):
                                 "with recipe 'fp8_block' (the weight gradients' 128-row tiles: H and 2F rows)")
         if recipe == "mxfp8" and hidden % BLOCK:
             raise ArgumentError("hidden", hidden, f"a multiple of {BLOCK} with recipe 'mxfp8'")
+        if not isinstance(weight_cache, bool):
+            raise ArgumentError("weight_cache", repr(weight_cache), "True or False")
         self.backend, self.recipe, self.wgrad, self.amax = backend, recipe, wgrad, {}
+        self.weight_cache = weight_cache
+        self._cached: tuple | None = None     # (key, quantized weights) of weight_cache
         w = lambda *s, fan: torch.randn(*s, generator=generator) * fan ** -0.5  # noqa: E731
         self.w1 = torch.nn.Parameter(w(experts, 2 * intermediate, hidden, fan=hidden).to(dtype=dtype, device=device))
         self.w2 = torch.nn.Parameter(w(experts, hidden, intermediate, fan=intermediate).to(dtype=dtype, device=device))
@@ -687,7 +706,21 @@ class ExpertMLP(torch.nn.Module):
         if self.backend == "torch":
             _check_aligned(padded_offsets)
         return ExpertMLPFunction.apply(x, padded_offsets, prob, self.w1, self.w2, self.backend, self.recipe,
-                                       self.amax, self.wgrad, row_ends)
+                                       self.amax, self.wgrad, row_ends, self._weights_q())
+
+    def _weights_q(self) -> tuple | None:
+        """weight_cache: the fp8_block quantizations of w1 and w2 (each with its transposed copy),
+        made again when either weight's address, version or layout changed; None otherwise (the
+        function quantizes them itself)."""
+        if not (self.weight_cache and self.recipe == "fp8_block" and self.backend == "fusegemm"
+                and self.w1.is_cuda) or torch.compiler.is_compiling():
+            return None
+        key = tuple((w.data_ptr(), w._version, tuple(w.shape), w.stride(), w.dtype) for w in (self.w1, self.w2))
+        if self._cached is None or self._cached[0] != key:
+            with torch.no_grad():
+                self._cached = (key, (*qz.quantize_128x128(self.w1, transposed=True),
+                                      *qz.quantize_128x128(self.w2, transposed=True)))
+        return self._cached[1]
 
 
 # ---------------------------------------------------------------- the whole layer: routing in, tokens out

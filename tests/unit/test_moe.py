@@ -230,3 +230,30 @@ def test_layer_inputs_are_checked_by_name():
     # unaligned offsets: alignment is the layer's contract)
     with pytest.raises(ArgumentError, match=r"^padded_offsets.shape: got \(1,\); allowed: \(2,\)"):
         moe.ExpertMLPFunction.apply(x, off[:1], prob, m.w1, m.w2, "torch")
+
+
+def test_weight_cache_quantizes_once_per_weight_version(monkeypatch):
+    """ExpertMLP(weight_cache=True), fp8_block: the weights' quantizations are made on the first
+    call and reused while both weights keep their address, version and layout; an in-place
+    update (an optimizer's step) or a new Parameter makes them again. Off (the default), another
+    recipe or the torch backend: None (the function quantizes each step). (CPU tensors stand in
+    for CUDA ones; on the GPU: tests/gpu/test_moe_gpu.py.)"""
+    from fusegemm.base.errors import ArgumentError
+    made = []
+    monkeypatch.setattr(moe.qz, "quantize_128x128", lambda w, transposed=False: made.append(w) or (
+        ("q", w._version), ("qt", w._version)))
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    m = moe.ExpertMLP(2, 128, 64, recipe="fp8_block", weight_cache=True, dtype=torch.float32)
+    first = m._weights_q()
+    assert len(made) == 2 and m._weights_q() is first and len(made) == 2
+    with torch.no_grad():
+        m.w2.mul_(0.5)                                  # what torch.optim's in-place updates do
+    again = m._weights_q()
+    assert len(made) == 4 and again is not first and again[2] == ("q", m.w2._version)
+    m.w1 = torch.nn.Parameter(m.w1.detach().clone())   # a new tensor: a new address
+    assert m._weights_q() is not again and len(made) == 6
+    for kw in ({"weight_cache": False}, {"recipe": "bf16", "weight_cache": True},
+               {"backend": "torch", "weight_cache": True}):
+        assert moe.ExpertMLP(2, 128, 64, **{"recipe": "fp8_block", **kw})._weights_q() is None
+    with pytest.raises(ArgumentError, match="weight_cache"):
+        moe.ExpertMLP(2, 128, 64, recipe="fp8_block", weight_cache=1)
