@@ -64,6 +64,17 @@ def add_run_arguments(ap: argparse.ArgumentParser, shapes: str) -> None:
     ap.add_argument("--out", default=None, help="write the JSON here as well")
 
 
+def add_layer_arguments(ap: argparse.ArgumentParser, names, *, warmup: int, iters: int, rounds: int,
+                        flag: str = "--layers") -> None:
+    """The options of a benchmark over named rows (:func:`run_layers`): ``flag`` (the names, all by
+    default; read back as ``args.layers``), --warmup, --iters, --rounds, --out."""
+    ap.add_argument(flag, dest="layers", metavar="NAMES", default=",".join(names))
+    ap.add_argument("--warmup", type=int, default=warmup)
+    ap.add_argument("--iters", type=int, default=iters)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--out", default=None, help="write the JSON here as well")
+
+
 def run(args, bench_shape, summary, header: dict, method_note: str = "", shapes: dict | None = None) -> int:
     """``bench_shape(name, dist, args)`` for every --shapes x --dists row (``summary(row)`` goes
     to stderr as each finishes); prints the JSON (``header``, the run's facts and method with

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 
-from _common import interleaved_ms, run_layers
+from _common import add_layer_arguments, interleaved_ms, run_layers
 
 # name: (experts, tokens, K (hidden), N (2 x intermediate), top_k)
 LAYERS = {
@@ -74,11 +74,7 @@ def bench_layer(name: str, args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", default=",".join(LAYERS))
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", default=None)
+    add_layer_arguments(ap, LAYERS, warmup=3, iters=10, rounds=5)
     args = ap.parse_args(argv)
     return run_layers(args, LAYERS, bench_layer,
                       lambda r: (f"gathered {r['gathered_ms']:.3f} ms  pre-permuted {r['pre_permuted_ms']:.3f} ms  "
