@@ -12,8 +12,9 @@
   bfloat16 and quantized along the tokens for the weight gradient.
 
 torch's operations took a float32 copy, a min/max pass, a division and a cast per operand: on
-the H200 the fp8_block MoE step ran at 0.22-0.61x torch's BF16 step with them
-(bench/results/moe_mlp_h200_fp8_block.json). Each function runs torch_blockwise's operations
+the H200 the fp8_block MoE step ran at 0.22-0.61x torch's BF16 step with them, and at 0.93-1.59x
+with these kernels (bench/results/moe_mlp_h200_fp8_block.json; each kernel 6-9.6x torch's
+operations, bench/results/quantize_h200.json). Each function runs torch_blockwise's operations
 instead where the kernel does not serve the tensor (the CPU, other dtypes, sizes not multiples of
 16, unaligned strides, no NVRTC): the same values either way.
 
