@@ -187,3 +187,28 @@ def whole_fill(run):
         finally:
             eg.alloc_outputs, eg.zero_tail, kg.alloc_outputs = saved
     return wrapped
+
+
+def kernel_table(run, steps: int = 3, top: int = 12) -> dict:
+    """torch.profiler over ``steps`` steps of ``run``: the kernels' total time per step and the
+    ``top`` kernels by time (ms per step, launches per step, name); the step's wall time minus the
+    kernels' is the GPU's idle time in it."""
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) * 1e3 / steps
+    events = sorted((e for e in prof.key_averages() if e.self_device_time_total > 0),
+                    key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in events) / steps / 1e3
+    # GEMM kernels: fusegemm's (fg_*) and torch's grouped GEMMs (CUTLASS); the rest is everything around them.
+    gemm = sum(e.self_device_time_total for e in events if e.key.startswith("fg_") or "cutlass" in e.key) / steps / 1e3
+    return {"wall_ms_per_step": wall, "kernel_ms_per_step": total, "gemm_ms_per_step": gemm,
+            "top": [(e.self_device_time_total / steps / 1e3, e.count // steps, e.key[:120]) for e in events[:top]]}

@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from _common import interleaved_ms, run_layers
+from _common import interleaved_ms, kernel_table, run_layers
 
 # name: (experts, tokens, hidden, intermediate, top_k)
 LAYERS = {
@@ -165,37 +165,12 @@ def bench_layer(name: str, args) -> dict:
             row[f"{key}_host"] = _host_table(run)
     if args.profile:    # after the timing: the profiler's hooks outlive it and slow the host
         for key, run in eager.items():
-            row[f"{key}_kernels"] = _kernel_table(run)
+            row[f"{key}_kernels"] = kernel_table(run)
     row["speedup_vs_torch"] = row["torch_ms"] / row["fusegemm_ms"]
     for v in args.also:
         row[f"{v}_vs_torch"] = row["torch_ms"] / row[f"{v}_ms"]
     torch.cuda.empty_cache()
     return row
-
-
-def _kernel_table(run, steps: int = 3, top: int = 12) -> dict:
-    """torch.profiler over ``steps`` steps of ``run``: the kernels' total time per step and the
-    ``top`` kernels by time (ms per step, launches per step, name); the step's wall time minus the
-    kernels' is the GPU's idle time in it."""
-    import time
-
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        start = time.perf_counter()
-        for _ in range(steps):
-            run()
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - start) * 1e3 / steps
-    events = sorted((e for e in prof.key_averages() if e.self_device_time_total > 0),
-                    key=lambda e: -e.self_device_time_total)
-    total = sum(e.self_device_time_total for e in events) / steps / 1e3
-    # GEMM kernels: fusegemm's (fg_*) and torch's grouped GEMMs (CUTLASS); the rest is everything around them.
-    gemm = sum(e.self_device_time_total for e in events if e.key.startswith("fg_") or "cutlass" in e.key) / steps / 1e3
-    return {"wall_ms_per_step": wall, "kernel_ms_per_step": total, "gemm_ms_per_step": gemm,
-            "top": [(e.self_device_time_total / steps / 1e3, e.count // steps, e.key[:120]) for e in events[:top]]}
 
 
 def _host_table(run, steps: int = 3, top: int = 25) -> dict:

@@ -18,6 +18,8 @@ quantization reused: ``fusegemm_fp8_block_weight_cache``).
 --dswiglu-ab also times it with the dSwiGLU GEMM at its spec's default tile instead of the
 layer's choice (fusegemm.moe._DSWIGLU_TILE: ping-pong 64-row tiles on sm_90a); --fill-ab with
 every output of the spec ops zero-filled whole before its GEMM, as before fusegemm/ops/tail.py.
+--profile adds each method's kernel times per step (torch.profiler; wall minus kernels is the
+GPU's idle time), as bench/moe_layer.py's.
 
     python bench/moe_mlp.py [--layers dsv3-8,dsv3-32,mixtral] [--out bench/results/moe_mlp_h200.json]
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 
-from _common import interleaved_ms, run_layers, whole_fill
+from _common import interleaved_ms, kernel_table, run_layers, whole_fill
 
 # name: (local experts, tokens, hidden, intermediate)
 LAYERS = {
@@ -126,6 +128,9 @@ def bench_layer(name: str, args) -> dict:
         row["torch_error"] = f"{type(exc).__name__}: {exc}"[:300]
     for key, ms in interleaved_ms(methods, args).items():
         row[f"{key}_ms"], row[f"{key}_tflops"] = ms, flops / ms / 1e9
+    if args.profile:    # after the timing: the profiler's hooks outlive it and slow the host
+        for key, run in methods.items():
+            row[f"{key}_kernels"] = kernel_table(run)
     if "torch_grouped_mm_ms" in row:
         row["speedup_bf16_vs_torch"] = row["torch_grouped_mm_ms"] / row["fusegemm_bf16_ms"]
         for recipe in low:
@@ -151,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time the BF16 layer with the dSwiGLU GEMM at the spec's default tile")
     ap.add_argument("--fill-ab", action="store_true",
                     help="also time the BF16 layer with the spec ops' outputs zero-filled whole (the old allocation)")
+    ap.add_argument("--profile", action="store_true",
+                    help="add each method's kernel-time table (torch.profiler, eager steps) to the JSON")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     nan = float("nan")

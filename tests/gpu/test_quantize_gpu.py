@@ -5,7 +5,7 @@ kernel ran (a launch recorded for it), since a fallback to torch's route would m
 
 Inputs are seeded: normal values at several magnitudes, rows and columns not multiples of 128
 (tails of 16), a strided source, batched weights, and blocks holding zeros only (the 1e-4 amax
-floor), a NaN, an Inf and bfloat16's largest finite values."""
+floor), a NaN, an Inf, bfloat16's largest finite values and negative zeros."""
 from __future__ import annotations
 
 import pytest
@@ -60,6 +60,8 @@ def _activations(rows, cols, dtype, seed, special=False):
             x[20, 130] = float("nan")                           # a NaN block (row 20, cols 128..255)
             x[40, 300] = float("inf")
             x[60, 260:264] = torch.finfo(dtype).max             # largest finite values
+        if rows > 70:
+            x[70, :8] = -0.0                                    # -0 / s is -0: byte 0x80 (the fast division's sign)
     return x
 
 
