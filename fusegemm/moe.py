@@ -622,6 +622,8 @@ class ExpertMLP(torch.nn.Module):
     evaluation pay the weights' quantization once per optimizer step (0.75 ms of the dsv3-8
     step). Off by default: a write through ``w.data`` (``p.data.copy_(...)``) does not advance
     the version counter, and would leave the cache stale; torch.optim's updates do advance it.
+    Under torch.compile and inside a CUDA-graph capture the cache is not used (a replay runs no
+    Python to look at the versions): the weights are quantized in the step, as without it.
 
     Parameters
     ----------
@@ -714,6 +716,10 @@ class ExpertMLP(torch.nn.Module):
         function quantizes them itself)."""
         if not (self.weight_cache and self.recipe == "fp8_block" and self.backend == "fusegemm"
                 and self.w1.is_cuda) or torch.compiler.is_compiling():
+            return None
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            # A graph's replays run no Python: the quantization kernels go into the graph, so
+            # each replay quantizes the weights as they are then.
             return None
         key = tuple((w.data_ptr(), w._version, tuple(w.shape), w.stride(), w.dtype) for w in (self.w1, self.w2))
         if self._cached is None or self._cached[0] != key:

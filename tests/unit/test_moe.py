@@ -236,7 +236,7 @@ def test_weight_cache_quantizes_once_per_weight_version(monkeypatch):
     """ExpertMLP(weight_cache=True), fp8_block: the weights' quantizations are made on the first
     call and reused while both weights keep their address, version and layout; an in-place
     update (an optimizer's step) or a new Parameter makes them again. Off (the default), another
-    recipe or the torch backend: None (the function quantizes each step). (CPU tensors stand in
+    recipe, the torch backend or a CUDA-graph capture: None (the function quantizes each step). (CPU tensors stand in
     for CUDA ones; on the GPU: tests/gpu/test_moe_gpu.py.)"""
     from fusegemm.base.errors import ArgumentError
     made = []
@@ -252,6 +252,9 @@ def test_weight_cache_quantizes_once_per_weight_version(monkeypatch):
     assert len(made) == 4 and again is not first and again[2] == ("q", m.w2._version)
     m.w1 = torch.nn.Parameter(m.w1.detach().clone())   # a new tensor: a new address
     assert m._weights_q() is not again and len(made) == 6
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert m._weights_q() is None                       # a graph capture quantizes in the graph
     for kw in ({"weight_cache": False}, {"recipe": "bf16", "weight_cache": True},
                {"backend": "torch", "weight_cache": True}):
         assert moe.ExpertMLP(2, 128, 64, **{"recipe": "fp8_block", **kw})._weights_q() is None
