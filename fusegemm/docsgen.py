@@ -289,7 +289,7 @@ GUIDE = {
     "epilogues.md": ("Epilogues in YAML", ["Specs", "Epilogues in YAML (no C++)"]),
     "frameworks.md": ("PyTorch, JAX and training", ["In PyTorch: torch.compile and CUDA graphs",
                                                     "JAX, CuPy and other DLPack producers",
-                                                    "MoE expert MLP (training, BF16 and MXFP8) and expert parallelism"]),
+                                                    "MoE expert MLP (training, BF16, MXFP8 and blockwise FP8) and expert parallelism"]),
     "deployment.md": ("Caches, bundles and CUDA stacks", ["Kernel cache", "Kernel bundles: a cluster that never compiles",
                                                           "Install: CUDA 12.9 or CUDA 13 pip stacks", "Toolchain"]),
     "reliability.md": ("Reliability", ["Reliability: hostile input"]),
