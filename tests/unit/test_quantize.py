@@ -29,6 +29,30 @@ def test_quantization_kernels_compile_clean(arch):
     assert set(qz._SOURCES.values()) == set(KERNELS) and qz._PARAMS.size == 152
 
 
+@pytest.mark.parametrize("batch", [4, 8])
+def test_row_batch_switch_compiles_clean(batch):
+    """FUSEGEMM_QUANTIZE_ROW_BATCH (the row pass's loads in flight, an A/B switch for the H200):
+    each batch the header allows compiles without local memory on both archs, and the warp's
+    loads of a batch are issued together (sm_90a SASS: at most 40 instructions apart, where the
+    default of one row a time has each load wait for the previous row's divisions)."""
+    import re
+
+    from fusegemm.runtime import disasm
+    from fusegemm.runtime.compile import compile_source
+    from fusegemm.runtime.cubin_info import Cubin
+    for arch in ("sm_90a", "sm_100a"):
+        cub = compile_source('#include "fusegemm/quantize.cuh"\n', arch=arch, kernel=KERNELS[0],
+                             extra=(f"-DFUSEGEMM_QUANTIZE_ROW_BATCH={batch}",))
+        for name in KERNELS:
+            res = Cubin(cub.data).resources(name)
+            assert res.local_bytes == 0 and res.registers <= 64, (arch, res)
+        if arch == "sm_90a" and disasm.available():
+            text = next(f for f in re.split(r"\n\s*\.text\.", disasm.sass(cub.data)) if f.startswith(KERNELS[0]))
+            ops = disasm.opcodes(text)
+            loads = [i for i, op in enumerate(ops) if op.startswith("LDG")]
+            assert len(loads) >= batch and max(b - a for a, b in zip(loads, loads[1:batch])) <= 40, loads[:batch]
+
+
 def _same(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and torch.equal(
         a.view(torch.uint8) if a.element_size() == 1 else a, b.view(torch.uint8) if b.element_size() == 1 else b)

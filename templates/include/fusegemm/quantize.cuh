@@ -44,6 +44,16 @@ static_assert(sizeof(QuantizeParams) == 152, "fusegemm/quantize.py packs these 1
 
 constexpr int kQuantizeTile = 128;
 constexpr int kQuantizeThreads = 256;   // 8 warps: 16 rows each in the row passes
+// Rows each warp loads before it processes them in the row pass (1, 2, 4, 8 or 16). Each
+// value's division is a branch region the compiler does not move loads across, so one row at
+// a time is one DRAM round trip per row; 1 is what ran on the H200 (1.4-2.0 TB/s), larger
+// batches are an A/B switch to measure there (FUSEGEMM_NVRTC_EXTRA=-DFUSEGEMM_QUANTIZE_ROW_BATCH=4
+// with bench/quantize.py and tests/gpu/test_quantize_gpu.py, a process per value).
+#ifndef FUSEGEMM_QUANTIZE_ROW_BATCH
+#define FUSEGEMM_QUANTIZE_ROW_BATCH 1
+#endif
+constexpr int kQuantizeRowBatch = FUSEGEMM_QUANTIZE_ROW_BATCH;
+static_assert(kQuantizeRowBatch >= 1 && 16 % kQuantizeRowBatch == 0, "a warp's 16 rows in whole batches");
 constexpr int kQuantizePow2 = 1, kQuantizeE5M2 = 2;
 
 // The tile stays in its 2-byte source type (FP8 sources: bfloat16, as the recipe rounded h).
@@ -127,36 +137,44 @@ FUSEGEMM_DEVICE void quantize_tile(const QuantizeParams& p) {
   const int c = c0 + 4 * lane;   // this lane's 4 columns in the row passes (cols % 16 == 0: all in or all out)
   uint32_t tile_max = 0;
 
-  // Row pass: stage the tile; 1x128 rows quantize here from registers. (A version that loaded
-  // all 16 rows first, 90-110 registers and two CTAs per SM, ran 1.4x slower on the H200 than
-  // this loop at six CTAs per SM: bench/quantize.py.)
-#pragma unroll 4
-  for (int i = 0; i < 16; ++i) {
-    const int rl = warp * 16 + i, r = r0 + rl;
-    Stage v[4];
-    const bool in = r < p.rows && c < p.cols;
-    if (in) {
-      Src::load4(p, src, r, c, v);
-    } else {
+  // Row pass: stage the tile; 1x128 rows quantize here from registers, kQuantizeRowBatch rows
+  // loaded before any is processed. (A version that loaded all 16 rows first, 90-110 registers
+  // and two CTAs per SM, ran 1.4x slower on the H200 than this loop did one row at a time at six
+  // CTAs per SM: bench/quantize.py.)
+#pragma unroll(kQuantizeRowBatch == 1 ? 4 : 1)
+  for (int i0 = 0; i0 < 16; i0 += kQuantizeRowBatch) {
+    Stage v[kQuantizeRowBatch][4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) v[k] = Stage(0.0f);
-    }
-    *reinterpret_cast<uint2*>(tile + quantize_swizzle(rl, 4 * lane)) = *reinterpret_cast<const uint2*>(v);
-    float f[4];
-    uint32_t m = 0;
+    for (int j = 0; j < kQuantizeRowBatch; ++j) {
+      const int r = r0 + warp * 16 + i0 + j;
+      if (r < p.rows && c < p.cols) {
+        Src::load4(p, src, r, c, v[j]);
+      } else {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      f[k] = static_cast<float>(v[k]);
-      m = max(m, abs_bits(f[k]));
+        for (int k = 0; k < 4; ++k) v[j][k] = Stage(0.0f);
+      }
     }
-    tile_max = max(tile_max, m);
-    if (rows_q) {
-      m = __reduce_max_sync(0xFFFFFFFFu, m);
-      const QuantizeScale s(quantize_scale(m, p.flags));
-      if (in) {
-        const uint32_t lo = quantize_pair(f[0], f[1], s, p.flags), hi = quantize_pair(f[2], f[3], s, p.flags);
-        *reinterpret_cast<uint32_t*>(p.q + b * p.q_batch + r * p.q_ld + c) = (lo & 0xFFFFu) | (hi << 16);
-        if (lane == 0) p.s[b * p.s_batch + r + (c0 / kQuantizeTile) * p.s_ld] = s.s;
+#pragma unroll
+    for (int j = 0; j < kQuantizeRowBatch; ++j) {
+      const int rl = warp * 16 + i0 + j, r = r0 + rl;
+      const bool in = r < p.rows && c < p.cols;
+      *reinterpret_cast<uint2*>(tile + quantize_swizzle(rl, 4 * lane)) = *reinterpret_cast<const uint2*>(v[j]);
+      float f[4];
+      uint32_t m = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        f[k] = static_cast<float>(v[j][k]);
+        m = max(m, abs_bits(f[k]));
+      }
+      tile_max = max(tile_max, m);
+      if (rows_q) {
+        m = __reduce_max_sync(0xFFFFFFFFu, m);
+        const QuantizeScale s(quantize_scale(m, p.flags));
+        if (in) {
+          const uint32_t lo = quantize_pair(f[0], f[1], s, p.flags), hi = quantize_pair(f[2], f[3], s, p.flags);
+          *reinterpret_cast<uint32_t*>(p.q + b * p.q_batch + r * p.q_ld + c) = (lo & 0xFFFFu) | (hi << 16);
+          if (lane == 0) p.s[b * p.s_batch + r + (c0 / kQuantizeTile) * p.s_ld] = s.s;
+        }
       }
     }
   }
