@@ -138,9 +138,15 @@ def requantize_wgrad(q: Any, s: Any, dtype: Any = None, scales: str = "amax", *,
     import torch
     dtype = torch.float8_e4m3fn if dtype is None else dtype
     via = torch.bfloat16 if via is None else via
+    if not isinstance(q, torch.Tensor) or q.dim() != 2 or q.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        got = f"{q.dtype} {tuple(q.shape)}" if isinstance(q, torch.Tensor) else type(q).__name__
+        raise ValueError(f"q: got {got}; allowed: an FP8 (e4m3 or e5m2) tensor (T, C)")
+    want = (q.shape[0], -(-q.shape[1] // _TILE))
+    if not isinstance(s, torch.Tensor) or tuple(s.shape) != want or not s.is_floating_point():
+        got = f"{s.dtype} {tuple(s.shape)}" if isinstance(s, torch.Tensor) else type(s).__name__
+        raise ValueError(f"s: got {got}; allowed: q's float scales of shape {want} (one per row and 128 columns)")
     if (_served(q) and q.dtype == torch.float8_e4m3fn and via == torch.bfloat16 and _valid(dtype, scales)
-            and s.is_cuda and s.dtype == torch.float32 and s.dim() == 2 and s.stride(0) == 1
-            and s.shape == (q.shape[0], -(-q.shape[1] // _TILE))):
+            and s.is_cuda and s.dtype == torch.float32 and s.stride(0) == 1):
         qt, st = _wgrad_outputs(torch, q, dtype)
         if _launch(q, qt=qt, st=st[0], st_ld=st[0].shape[1], flags=_flags(dtype, scales), src_scales=s,
                    src_scales_ld=s.stride(1)):

@@ -79,6 +79,11 @@ def test_cpu_tensors_take_torch_blockwise_route():
         assert all(_same(a, b) for a, b in zip(got, bw.quantize_wgrad(bw.dequantize_1x128(hq, sh).to(via))))
     with pytest.raises(ValueError, match="scales: got 'e8m0'"):   # torch_blockwise's checks name the argument
         qz.quantize_1x128(x, scales="e8m0")
+    with pytest.raises(ValueError, match=r"^q: got torch.bfloat16 \(272, 384\); allowed: an FP8"):
+        qz.requantize_wgrad(x, sh)
+    with pytest.raises(ValueError, match=r"^s: got torch.float32 \(272, 2\); allowed: q's float scales of shape "
+                                         r"\(272, 3\)"):
+        qz.requantize_wgrad(hq, sh[:, :2])
 
 
 def test_what_the_kernel_does_not_serve(monkeypatch):
