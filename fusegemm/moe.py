@@ -457,6 +457,12 @@ _BACKENDS = {"torch": _Torch(), "fusegemm": _Fusegemm()}
 RECIPES = ("bf16", "mxfp8", "fp8_block")
 
 
+def _quantized_weights(w1: Tensor, w2: Tensor) -> tuple:
+    """The fp8_block recipe's weights: ``((w1q, sw1), (w1q^T, sw1^T), (w2q, sw2), (w2q^T, sw2^T))``,
+    each weight's 128x128 quantization and its transposed copy (the data gradients' B) from one read."""
+    return (*qz.quantize_128x128(w1, transposed=True), *qz.quantize_128x128(w2, transposed=True))
+
+
 def _dequant_col(t: Tensor, dtype: torch.dtype) -> Tensor:
     """``t`` (M, N) as a K-grouped MXFP8 weight gradient reads it: quantized along M (32-row
     blocks; experts start at multiples of 256, so no block spans two), dequantized to ``dtype``."""
@@ -531,7 +537,7 @@ class ExpertMLPFunction(torch.autograd.Function):
             # gradients' B, the same blocks) from one read. x's weight-gradient operand (along the
             # tokens) is made with its 1x128 copy and kept instead of x.
             if weights_q is None:
-                weights_q = (*qz.quantize_128x128(w1, transposed=True), *qz.quantize_128x128(w2, transposed=True))
+                weights_q = _quantized_weights(w1, w2)
             w1q, w1t, w2q, w2t = weights_q
             (xq, sx), xt = qz.quantize_both(x)
             g, hq, sh = be.fc1_bw(xq, sx, padded_offsets, rows, *w1q, prob, x.dtype)
@@ -724,8 +730,7 @@ class ExpertMLP(torch.nn.Module):
         key = tuple((w.data_ptr(), w._version, tuple(w.shape), w.stride(), w.dtype) for w in (self.w1, self.w2))
         if self._cached is None or self._cached[0] != key:
             with torch.no_grad():
-                self._cached = (key, (*qz.quantize_128x128(self.w1, transposed=True),
-                                      *qz.quantize_128x128(self.w2, transposed=True)))
+                self._cached = (key, _quantized_weights(self.w1, self.w2))
         return self._cached[1]
 
 

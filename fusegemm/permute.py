@@ -45,8 +45,8 @@ def _launch(name: str, src: Any, dst: Any, index: Any, k: int) -> bool:
         return True
     es = src.element_size()
     return _KERNELS.run_on(src, name, (min(rows, _MAX_BLOCKS), 1, 1), (_THREADS, 1, 1),
-                _PARAMS.pack(src.data_ptr(), dst.data_ptr(), index.data_ptr(), rows, src.shape[0],
-                             src.stride(0) * es, dst.stride(0) * es, src.shape[1] * es // 16, k))
+                           _PARAMS.pack(src.data_ptr(), dst.data_ptr(), index.data_ptr(), rows, src.shape[0],
+                                        src.stride(0) * es, dst.stride(0) * es, src.shape[1] * es // 16, k))
 
 
 def gather_rows(x: Any, index: Any) -> Any:

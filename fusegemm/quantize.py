@@ -27,6 +27,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+import torch   # (torch_blockwise imports it too: the kernels serve torch tensors)
+
 from .formats import torch_blockwise as bw
 from .ops.small_kernels import SmallKernels
 
@@ -45,7 +47,6 @@ _SOURCES = {"torch.bfloat16": "fusegemm_quantize_bfloat16", "torch.float16": "fu
 
 
 def _flags(dtype: Any, scales: str) -> int:
-    import torch
     return (_POW2 if scales == "pow2" else 0) | (_E5M2 if dtype == torch.float8_e5m2 else 0)
 
 
@@ -62,7 +63,7 @@ def _served(x: Any, batched: bool = False) -> bool:
             and x.data_ptr() % 16 == 0)
 
 
-def _scale_buffer(torch: Any, lead: int, blocks: int, device: Any) -> tuple[Any, Any]:
+def _scale_buffer(lead: int, blocks: int, device: Any) -> tuple[Any, Any]:
     """(buffer (blocks, pitch) zeroed, the (lead, blocks) view with unit stride along ``lead``):
     the SFA layout of :func:`fusegemm.formats.blockwise_sfa_layout`."""
     buf = torch.zeros((blocks, -(-lead // 4) * 4), dtype=torch.float32, device=device)
@@ -87,57 +88,49 @@ def _launch(x: Any, *, q: Any = None, s: Any = None, s_ld: int = 0, s_batch: int
     return _KERNELS.run_on(x, _SOURCES[str(x.dtype)], grid, (_THREADS, 1, 1), raw)
 
 
-def quantize_1x128(x: Any, dtype: Any = None, scales: str = "amax") -> tuple[Any, Any]:
+def quantize_1x128(x: Any, dtype: Any = torch.float8_e4m3fn, scales: str = "amax") -> tuple[Any, Any]:
     """:func:`fusegemm.formats.torch_blockwise.quantize_1x128` in one pass on the GPU: FP8 ``(M, K)``
     and float32 ``(M, ceil(K/128))`` scales in the SFA layout."""
-    import torch
-    dtype = torch.float8_e4m3fn if dtype is None else dtype
-    if _served(x) and x.dtype != torch.float8_e4m3fn and _valid(dtype, scales):
+    if _kernel_quantizes(x, dtype, scales):
         m, k = x.shape
         q = torch.empty((m, k), dtype=dtype, device=x.device)
-        buf, s = _scale_buffer(torch, m, -(-k // _TILE), x.device)
+        buf, s = _scale_buffer(m, -(-k // _TILE), x.device)
         if _launch(x, q=q, s=buf, s_ld=buf.shape[1], flags=_flags(dtype, scales)):
             return q, s
     return bw.quantize_1x128(x, dtype, scales)
 
 
-def quantize_wgrad(y: Any, dtype: Any = None, scales: str = "amax") -> tuple[Any, Any]:
+def quantize_wgrad(y: Any, dtype: Any = torch.float8_e4m3fn, scales: str = "amax") -> tuple[Any, Any]:
     """:func:`fusegemm.formats.torch_blockwise.quantize_wgrad` in one pass on the GPU: FP8 ``y^T``
     (C, T), tokens contiguous, and float32 ``(C, ceil(T/128))`` scales in the SFA layout."""
-    import torch
-    dtype = torch.float8_e4m3fn if dtype is None else dtype
-    if _served(y) and y.dtype != torch.float8_e4m3fn and _valid(dtype, scales):
-        qt, st = _wgrad_outputs(torch, y, dtype)
+    if _kernel_quantizes(y, dtype, scales):
+        qt, st = _wgrad_outputs(y, dtype)
         if _launch(y, qt=qt, st=st[0], st_ld=st[0].shape[1], flags=_flags(dtype, scales)):
             return qt, st[1]
     return bw.quantize_wgrad(y, dtype, scales)
 
 
-def quantize_both(y: Any, dtype: Any = None, scales: str = "amax") -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+def quantize_both(y: Any, dtype: Any = torch.float8_e4m3fn, scales: str = "amax"
+                  ) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
     """``(quantize_1x128(y), quantize_wgrad(y))`` from one read of ``y`` (T, C) on the GPU: the
     recipe's backward needs both of each gradient (its data gradient's A and its weight
     gradient's operand)."""
-    import torch
-    dtype = torch.float8_e4m3fn if dtype is None else dtype
-    if _served(y) and y.dtype != torch.float8_e4m3fn and _valid(dtype, scales):
+    if _kernel_quantizes(y, dtype, scales):
         t, c = y.shape
         q = torch.empty((t, c), dtype=dtype, device=y.device)
-        buf, s = _scale_buffer(torch, t, -(-c // _TILE), y.device)
-        qt, st = _wgrad_outputs(torch, y, dtype)
+        buf, s = _scale_buffer(t, -(-c // _TILE), y.device)
+        qt, st = _wgrad_outputs(y, dtype)
         if _launch(y, q=q, s=buf, s_ld=buf.shape[1], qt=qt, st=st[0], st_ld=st[0].shape[1],
                    flags=_flags(dtype, scales)):
             return (q, s), (qt, st[1])
     return bw.quantize_1x128(y, dtype, scales), bw.quantize_wgrad(y, dtype, scales)
 
 
-def requantize_wgrad(q: Any, s: Any, dtype: Any = None, scales: str = "amax", *, via: Any = None
-                     ) -> tuple[Any, Any]:
+def requantize_wgrad(q: Any, s: Any, dtype: Any = torch.float8_e4m3fn, scales: str = "amax", *,
+                     via: Any = torch.bfloat16) -> tuple[Any, Any]:
     """``quantize_wgrad(dequantize_1x128(q, s).to(via))``: a 1x128-quantized e4m3 matrix (T, C)
     (fc1's FP8 ``h`` and its scales) as the FP8 weight gradient's operand, in one pass on the GPU
     (``via`` bfloat16, the default; any other rounding type takes torch's operations)."""
-    import torch
-    dtype = torch.float8_e4m3fn if dtype is None else dtype
-    via = torch.bfloat16 if via is None else via
     if not isinstance(q, torch.Tensor) or q.dim() != 2 or q.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
         got = f"{q.dtype} {tuple(q.shape)}" if isinstance(q, torch.Tensor) else type(q).__name__
         raise ValueError(f"q: got {got}; allowed: an FP8 (e4m3 or e5m2) tensor (T, C)")
@@ -147,22 +140,21 @@ def requantize_wgrad(q: Any, s: Any, dtype: Any = None, scales: str = "amax", *,
         raise ValueError(f"s: got {got}; allowed: q's float scales of shape {want} (one per row and 128 columns)")
     if (_served(q) and q.dtype == torch.float8_e4m3fn and via == torch.bfloat16 and _valid(dtype, scales)
             and s.is_cuda and s.dtype == torch.float32 and s.stride(0) == 1):
-        qt, st = _wgrad_outputs(torch, q, dtype)
+        qt, st = _wgrad_outputs(q, dtype)
         if _launch(q, qt=qt, st=st[0], st_ld=st[0].shape[1], flags=_flags(dtype, scales), src_scales=s,
                    src_scales_ld=s.stride(1)):
             return qt, st[1]
     return bw.quantize_wgrad(bw.dequantize_1x128(q, s).to(via), dtype, scales)
 
 
-def quantize_128x128(w: Any, dtype: Any = None, scales: str = "amax", *, transposed: bool = False) -> Any:
+def quantize_128x128(w: Any, dtype: Any = torch.float8_e4m3fn, scales: str = "amax", *,
+                     transposed: bool = False) -> Any:
     """:func:`fusegemm.formats.torch_blockwise.quantize_128x128` in one pass on the GPU: FP8
     ``(..., N, K)`` and float32 ``(..., ceil(N/128), ceil(K/128))`` scales; with ``transposed``,
     ``((q, scales), (q^T, scales^T))``, the second ``transposed_128x128``'s values (what the data
     gradients read), from the same read of ``w``."""
-    import torch
-    dtype = torch.float8_e4m3fn if dtype is None else dtype
     w3 = w if w.dim() == 3 else (w.reshape(-1, *w.shape[-2:]) if w.dim() >= 2 and w.is_contiguous() else None)
-    if w3 is not None and _served(w3, batched=True) and w.dtype != torch.float8_e4m3fn and _valid(dtype, scales):
+    if w3 is not None and _kernel_quantizes(w3, dtype, scales, batched=True):
         *lead, n, k = w.shape
         nb, kb = -(-n // _TILE), -(-k // _TILE)
         q = torch.empty(w.shape, dtype=dtype, device=w.device)
@@ -179,11 +171,15 @@ def quantize_128x128(w: Any, dtype: Any = None, scales: str = "amax", *, transpo
 def _valid(dtype: Any, scales: str) -> bool:
     """The element type and scale rule are ones the kernel has (others reach torch_blockwise's
     checks, which name them)."""
-    import torch
     return dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and scales in bw.SCALES
 
 
-def _wgrad_outputs(torch: Any, y: Any, dtype: Any) -> tuple[Any, tuple[Any, Any]]:
+def _kernel_quantizes(x: Any, dtype: Any, scales: str, batched: bool = False) -> bool:
+    """The kernel quantizes ``x`` (a 2-byte source it serves) to ``dtype`` with ``scales``."""
+    return _served(x, batched) and x.dtype != torch.float8_e4m3fn and _valid(dtype, scales)
+
+
+def _wgrad_outputs(y: Any, dtype: Any) -> tuple[Any, tuple[Any, Any]]:
     """FP8 (C, T) and the (buffer, view) of its (C, ceil(T/128)) scales."""
     t, c = y.shape
-    return torch.empty((c, t), dtype=dtype, device=y.device), _scale_buffer(torch, c, -(-t // _TILE), y.device)
+    return torch.empty((c, t), dtype=dtype, device=y.device), _scale_buffer(c, -(-t // _TILE), y.device)

@@ -290,8 +290,8 @@ class Op(PreparedLaunch):
             self.compile(tail=tail)
             e, ptrs = self._prepare(key, flat, operands, operand_kw, given, call, values, keep, deferred,
                                     {k: view(t, k) for k, t in out.items()}, rows_written, align=align)
-            # The grouped class stores rows below the last offset only: zero the rest first. The
-            # K-grouped kernel stores every row of every expert's block.
+            # The row-tiled classes (tail_zeroed) store rows below the last offset only: zero the
+            # rest first. The K-grouped kernels store every row of every expert's block.
             self._run(e, ptrs, call.offsets.obj if call.offsets is not None else None, current_stream,
                       zero=out if self.tail_zeroed and tail else None, validate_offsets=validate_offsets)
         return self._shaped(call, out)

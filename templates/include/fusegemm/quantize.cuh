@@ -94,17 +94,10 @@ FUSEGEMM_DEVICE uint32_t quantize_pair(float a, float b, const QuantizeScale& q,
                                   (flags & kQuantizeE5M2) ? __NV_E5M2 : __NV_E4M3);
 }
 
-template <class T> struct QuantizeSource;
-template <> struct QuantizeSource<__nv_bfloat16> {
-  using Stage = __nv_bfloat16;
+// A 2-byte source (bfloat16, float16) is staged as it is.
+template <class T> struct QuantizeSource {
+  using Stage = T;
   // Four values (c .. c + 3) of row r: one 8-byte load.
-  static FUSEGEMM_DEVICE void load4(const QuantizeParams& p, const unsigned char* src, int r, int c, Stage (&v)[4]) {
-    const uint2 u = __ldg(reinterpret_cast<const uint2*>(src) + (r * p.src_ld + c) / 4);
-    *reinterpret_cast<uint2*>(v) = u;
-  }
-};
-template <> struct QuantizeSource<__half> {
-  using Stage = __half;
   static FUSEGEMM_DEVICE void load4(const QuantizeParams& p, const unsigned char* src, int r, int c, Stage (&v)[4]) {
     const uint2 u = __ldg(reinterpret_cast<const uint2*>(src) + (r * p.src_ld + c) / 4);
     *reinterpret_cast<uint2*>(v) = u;
