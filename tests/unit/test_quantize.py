@@ -22,19 +22,19 @@ def test_quantization_kernels_compile_clean(arch):
     cub = compile_source('#include "fusegemm/quantize.cuh"\n', arch=arch, kernel=KERNELS[0])
     for name in KERNELS:
         res = Cubin(cub.data).resources(name)
-        # at most 64 registers: four or more CTAs of 256 threads per SM (sm_90a: 40, six, the
-        # shared-memory limit; the kernel lives on the loads each CTA has in flight)
+        # at most 64 registers: four or more CTAs of 256 threads per SM (the kernel lives on the
+        # loads each CTA has in flight)
         assert res.local_bytes == 0 and res.max_threads == qz._THREADS and res.registers <= 64, res
         assert 128 * 128 * 2 <= res.static_shared_bytes <= 48 * 1024, res
     assert set(qz._SOURCES.values()) == set(KERNELS) and qz._PARAMS.size == 152
 
 
-@pytest.mark.parametrize("batch", [4, 8])
+@pytest.mark.parametrize("batch", [1, 4, 8])
 def test_row_batch_switch_compiles_clean(batch):
     """FUSEGEMM_QUANTIZE_ROW_BATCH (the row pass's loads in flight, an A/B switch for the H200):
-    each batch the header allows compiles without local memory on both archs, and the warp's
-    loads of a batch are issued together (sm_90a SASS: at most 40 instructions apart, where the
-    default of one row a time has each load wait for the previous row's divisions)."""
+    the default (4) and the batches beside it compile without local memory on both archs, and the warp's
+    loads of a batch are issued together (sm_90a SASS: at most 40 instructions apart, where one
+    row a time has each load wait for the previous row's divisions)."""
     import re
 
     from fusegemm.runtime import disasm
@@ -42,11 +42,11 @@ def test_row_batch_switch_compiles_clean(batch):
     from fusegemm.runtime.cubin_info import Cubin
     for arch in ("sm_90a", "sm_100a"):
         cub = compile_source('#include "fusegemm/quantize.cuh"\n', arch=arch, kernel=KERNELS[0],
-                             extra=(f"-DFUSEGEMM_QUANTIZE_ROW_BATCH={batch}",))
+                             extra=() if batch == 4 else (f"-DFUSEGEMM_QUANTIZE_ROW_BATCH={batch}",))
         for name in KERNELS:
             res = Cubin(cub.data).resources(name)
             assert res.local_bytes == 0 and res.registers <= 64, (arch, res)
-        if arch == "sm_90a" and disasm.available():
+        if arch == "sm_90a" and batch > 1 and disasm.available():
             text = next(f for f in re.split(r"\n\s*\.text\.", disasm.sass(cub.data)) if f.startswith(KERNELS[0]))
             ops = disasm.opcodes(text)
             loads = [i for i, op in enumerate(ops) if op.startswith("LDG")]

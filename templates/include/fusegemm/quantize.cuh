@@ -46,11 +46,12 @@ constexpr int kQuantizeTile = 128;
 constexpr int kQuantizeThreads = 256;   // 8 warps: 16 rows each in the row passes
 // Rows each warp loads before it processes them in the row pass (1, 2, 4, 8 or 16). Each
 // value's division is a branch region the compiler does not move loads across, so one row at
-// a time is one DRAM round trip per row; 1 is what ran on the H200 (1.4-2.0 TB/s), larger
-// batches are an A/B switch to measure there (FUSEGEMM_NVRTC_EXTRA=-DFUSEGEMM_QUANTIZE_ROW_BATCH=4
-// with bench/quantize.py and tests/gpu/test_quantize_gpu.py, a process per value).
+// a time is one DRAM round trip per row. Measured on the H200 (bench/quantize.py, a process per
+// value, 2026-12-04): 4 is 2-15% faster than 1 on every case (w2 with its transpose 0.291 ->
+// 0.247 ms, 1.61 -> 1.91 TB/s) and 8 the same as 4; the switch stays for the next A/B
+// (FUSEGEMM_NVRTC_EXTRA=-DFUSEGEMM_QUANTIZE_ROW_BATCH=N).
 #ifndef FUSEGEMM_QUANTIZE_ROW_BATCH
-#define FUSEGEMM_QUANTIZE_ROW_BATCH 1
+#define FUSEGEMM_QUANTIZE_ROW_BATCH 4
 #endif
 constexpr int kQuantizeRowBatch = FUSEGEMM_QUANTIZE_ROW_BATCH;
 static_assert(kQuantizeRowBatch >= 1 && 16 % kQuantizeRowBatch == 0, "a warp's 16 rows in whole batches");
