@@ -8,12 +8,16 @@ times, the bytes the kernel must move (source read once, FP8 values and float32 
 over its time as GB/s, and the speed-up over torch's route.
 
     python bench/quantize.py [--out bench/results/quantize_h200.json]
+    python bench/quantize.py --also sync=-DFUSEGEMM_QUANTIZE_STAGE_ASYNC=0
+
+``--also NAME=DEFINES`` (repeatable): the kernels built again with those NVRTC defines (a
+header's A/B switch), checked bit for bit and timed in the same interleaved rounds as method NAME.
 """
 from __future__ import annotations
 
 import argparse
 
-from _common import add_layer_arguments, interleaved_ms, run_layers
+from _common import add_also_argument, add_layer_arguments, also_builds, interleaved_ms, nvrtc_defines, run_layers
 
 TOKENS, HIDDEN, INTER, EXPERTS = 16384, 7168, 2048, 8
 
@@ -61,28 +65,72 @@ def _equal(a, b, torch):
                                        else torch.equal(a.view(torch.int32), b.view(torch.int32)))
 
 
+_BUILDS: dict = {}   # --also name -> SmallKernels of the quantize header built with its defines
+
+
+def _also_kernels(args):
+    """Each --also build's kernels, compiled once under its defines (SmallKernels keys its
+    modules by the cubin's digest, so the builds coexist)."""
+    import torch
+
+    from fusegemm import quantize as qz
+    from fusegemm.ops.small_kernels import SmallKernels
+    for name, defines in also_builds(args):
+        if name not in _BUILDS:
+            k = SmallKernels(qz._KERNELS.header, qz._KERNELS.what, qz._KERNELS.fallback)
+            with nvrtc_defines(defines):
+                for kernel in qz._SOURCES.values():
+                    if k.function(torch.cuda.current_device(), kernel) is None:
+                        raise SystemExit(f"--also {name}: the quantize header does not build with {defines}")
+            _BUILDS[name] = k
+    return _BUILDS
+
+
+def _with_kernels(kernels, run):
+    from fusegemm import quantize as qz
+
+    def go():
+        saved, qz._KERNELS = qz._KERNELS, kernels
+        try:
+            return run()
+        finally:
+            qz._KERNELS = saved
+    return go
+
+
 def bench_case(name: str, args) -> dict:
     import torch
     methods, read_bytes, copies = _methods(name, torch)
-    got, want = _flat(methods["fusegemm"]()), _flat(methods["torch"]())
-    if not (len(got) == len(want) and all(_equal(a, b, torch) for a, b in zip(got, want))):
-        raise SystemExit(f"{name}: the kernel's result is not torch_blockwise's bit for bit")
-    written = sum(t.numel() * t.element_size() for t in got)
+    for also, kernels in _also_kernels(args).items():
+        methods[also] = _with_kernels(kernels, methods["fusegemm"])
+    want = _flat(methods["torch"]())
+    for method, run in methods.items():
+        got = _flat(run())
+        if not (len(got) == len(want) and all(_equal(a, b, torch) for a, b in zip(got, want))):
+            raise SystemExit(f"{name}: {method}'s result is not torch_blockwise's bit for bit")
+    written = sum(t.numel() * t.element_size() for t in _flat(methods["fusegemm"]()))
     ms = interleaved_ms(methods, args)
     moved = read_bytes + written
-    return {"case": name, "what": CASES[name][0], "shape": list(CASES[name][1]), "outputs": copies,
-            "bit_exact": True, "ms": ms, "bytes_moved": moved,
-            "fusegemm_gb_s": round(moved / ms["fusegemm"] / 1e6, 1),
-            "speedup_vs_torch": round(ms["torch"] / ms["fusegemm"], 2)}
+    row = {"case": name, "what": CASES[name][0], "shape": list(CASES[name][1]), "outputs": copies,
+           "bit_exact": True, "ms": ms, "bytes_moved": moved,
+           "fusegemm_gb_s": round(moved / ms["fusegemm"] / 1e6, 1),
+           "speedup_vs_torch": round(ms["torch"] / ms["fusegemm"], 2)}
+    for also in _BUILDS:
+        row[f"{also}_gb_s"] = round(moved / ms[also] / 1e6, 1)
+        row[f"fusegemm_vs_{also}"] = round(ms[also] / ms["fusegemm"], 3)
+    return row
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_layer_arguments(ap, CASES, warmup=3, iters=10, rounds=3, flag="--cases")
+    add_also_argument(ap)
     args = ap.parse_args(argv)
+    also_builds(args)   # a malformed --also stops the run before any work
     return run_layers(args, CASES, bench_case,
                       lambda r: (f"{r['ms']['fusegemm']:.3f} ms {r['fusegemm_gb_s']} GB/s "
-                                 f"x{r['speedup_vs_torch']} vs torch"),
+                                 f"x{r['speedup_vs_torch']} vs torch"
+                                 + "".join(f"  {a} {r[a + '_gb_s']} GB/s (x{r['fusegemm_vs_' + a]})" for a in _BUILDS)),
                       "quantize", steps="calls", note="; GB/s = (source bytes + output bytes) / time")
 
 

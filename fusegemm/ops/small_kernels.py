@@ -6,6 +6,7 @@ their torch fallback.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from typing import Any, Callable
@@ -61,7 +62,11 @@ class SmallKernels:
         cub = self._cubins[arch]
         if isinstance(cub, Exception):
             return None
-        return default_modules().get(cub.data, name, key=f"{self.header}:{name}.{arch}", smem_bytes=0, device=device)
+        # the cubin's digest in the key: another instance built under other NVRTC defines (a
+        # benchmark's A/B build) loads its own module, not this header's first one
+        digest = hashlib.sha256(cub.data).hexdigest()[:16]
+        return default_modules().get(cub.data, name, key=f"{self.header}:{name}.{arch}.{digest}", smem_bytes=0,
+                                     device=device)
 
     def run_on(self, lead: Any, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], raw: bytes
                ) -> bool:

@@ -31,26 +31,48 @@ def test_quantization_kernels_compile_clean(arch):
 
 @pytest.mark.parametrize("batch", [1, 4, 8])
 def test_row_batch_switch_compiles_clean(batch):
-    """FUSEGEMM_QUANTIZE_ROW_BATCH (the row pass's loads in flight, an A/B switch for the H200):
-    the default (4) and the batches beside it compile without local memory on both archs, and the warp's
-    loads of a batch are issued together (sm_90a SASS: at most 40 instructions apart, where one
-    row a time has each load wait for the previous row's divisions)."""
+    """FUSEGEMM_QUANTIZE_ROW_BATCH (the row pass's loads in flight where the tile is not staged
+    by cp.async: the FP8 source, and 2-byte ones under FUSEGEMM_QUANTIZE_STAGE_ASYNC=0): the
+    default (4) and the batches beside it compile without local memory on both archs, and the
+    warp's loads of a batch are issued together (sm_90a SASS: at most 40 instructions apart, where
+    one row a time has each load wait for the previous row's divisions)."""
     import re
 
     from fusegemm.runtime import disasm
     from fusegemm.runtime.compile import compile_source
     from fusegemm.runtime.cubin_info import Cubin
+    extra = ("-DFUSEGEMM_QUANTIZE_STAGE_ASYNC=0",) + (() if batch == 4 else (f"-DFUSEGEMM_QUANTIZE_ROW_BATCH={batch}",))
     for arch in ("sm_90a", "sm_100a"):
-        cub = compile_source('#include "fusegemm/quantize.cuh"\n', arch=arch, kernel=KERNELS[0],
-                             extra=() if batch == 4 else (f"-DFUSEGEMM_QUANTIZE_ROW_BATCH={batch}",))
+        cub = compile_source('#include "fusegemm/quantize.cuh"\n', arch=arch, kernel=KERNELS[0], extra=extra)
         for name in KERNELS:
             res = Cubin(cub.data).resources(name)
             assert res.local_bytes == 0 and res.registers <= 64, (arch, res)
         if arch == "sm_90a" and batch > 1 and disasm.available():
-            text = next(f for f in re.split(r"\n\s*\.text\.", disasm.sass(cub.data)) if f.startswith(KERNELS[0]))
-            ops = disasm.opcodes(text)
+            ops = disasm.opcodes(_function(disasm.sass(cub.data), KERNELS[0]))
             loads = [i for i, op in enumerate(ops) if op.startswith("LDG")]
             assert len(loads) >= batch and max(b - a for a, b in zip(loads, loads[1:batch])) <= 40, loads[:batch]
+
+
+def _function(sass: str, name: str) -> str:
+    import re
+    return next(f for f in re.split(r"\n\s*\.text\.", sass) if f.startswith(name))
+
+
+def test_two_byte_sources_stage_the_tile_by_cp_async():
+    """By default the 2-byte sources' tiles arrive by cp.async, all 32 KB in flight before the
+    row pass: eight 16-byte LDGSTS per thread and no register load of the source (sm_90a SASS);
+    the FP8 source still loads through registers (it is dequantized on the way)."""
+    from fusegemm.runtime import disasm
+    from fusegemm.runtime.compile import compile_source
+    if not disasm.available():
+        pytest.skip("no disassembler (pip install nvidia-cuda-nvdisasm)")
+    sass = disasm.sass(compile_source('#include "fusegemm/quantize.cuh"\n', arch="sm_90a", kernel=KERNELS[0]).data)
+    for name in KERNELS[:2]:
+        ops = disasm.opcodes(_function(sass, name))
+        assert sum(op.startswith("LDGSTS.E.BYPASS") and op.endswith(".128") for op in ops) == 8, name
+        assert not [op for op in ops if op.startswith("LDG.")], name
+    ops = disasm.opcodes(_function(sass, KERNELS[2]))
+    assert not [op for op in ops if op.startswith("LDGSTS")] and [op for op in ops if op.startswith("LDG.")]
 
 
 def _same(a, b):

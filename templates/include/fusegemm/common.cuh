@@ -46,4 +46,17 @@ FUSEGEMM_DEVICE float div_by_scale(float t, float s, float r) {
   return copysignf(__fmaf_rn(__fmaf_rn(-s, q, t), r, q), t);
 }
 
+// 16 bytes global -> shared; zero-filled when !valid (src is then never read).
+FUSEGEMM_DEVICE void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// Commit this thread's cp.async operations issued since the last commit as one group; wait
+// until every group but the newest (or every group) has landed.
+FUSEGEMM_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+FUSEGEMM_DEVICE void cp_async_wait_all_but_newest() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+FUSEGEMM_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
 }  // namespace fusegemm
+

@@ -23,22 +23,12 @@
 
 namespace fusegemm {
 
-// 16 bytes global -> shared; zero-filled when !valid (src is then never read).
-FUSEGEMM_DEVICE void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-
 // One arrival on `bar` once every cp.async this thread issued before it has landed.
 FUSEGEMM_DEVICE void cp_async_arrive_noinc(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 
-// Commit this thread's cp.async operations issued since the last commit as one group; wait
-// until every group but the newest (or every group) has landed.
-FUSEGEMM_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-FUSEGEMM_DEVICE void cp_async_wait_all_but_newest() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-FUSEGEMM_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// cp_async_16_zfill, cp_async_commit and the waits: fusegemm/common.cuh.
 
 // A gathered operand: row r of the problem is row index(r) of a row-major (rows x width)
 // matrix of 2-byte elements with `ld` elements per row. Rows outside [0, rows) and columns at or

@@ -1,7 +1,7 @@
 // The blockwise FP8 recipe's quantizations on the device (fusegemm/quantize.py), one memory pass
 // each: torch's operations (fusegemm/formats/torch_blockwise.py) took a float32 copy, a min/max
 // pass, a division pass and a cast pass per operand, and on the H200 made the recipe's training
-// step 0.22-0.61x torch's BF16 step; with these kernels it runs at 0.93-1.59x
+// step 0.22-0.61x torch's BF16 step; with these kernels it runs at 0.94-1.66x
 // (bench/results/moe_mlp_h200_fp8_block.json, bench/quantize.py).
 //
 // One CTA quantizes a 128 x 128 tile of a (rows, cols) source (batch: blockIdx.z), staged once
@@ -79,14 +79,21 @@ FUSEGEMM_DEVICE float quantize_scale(uint32_t amax_bits, int flags) {
   return s;
 }
 
-// A scale and its reciprocal: fl(x / s) by div_by_scale (common.cuh) when s is finite, by div.rn
-// when an Inf or NaN made it Inf or NaN (div.rn's range check and slow-path call, per value, had
-// made the kernel compute-bound: bench/quantize.py).
+// A scale and its reciprocal: fl(x / s) by div_by_scale (common.cuh) when s is finite, and by
+// x * (1 / s) when an Inf or NaN made it Inf or NaN, where that product is the quotient exactly:
+// 1 / Inf = 0 gives x / Inf (+-0 for finite x, NaN for an infinite one) and 1 / NaN = NaN gives
+// NaN (both NaNs canonical, one FP8 NaN code). A select, not a branch: div.rn's range check and
+// slow-path call per value had made the kernel compute-bound (bench/quantize.py), and a branch
+// per value between the two paths still cost a branch region per value.
 struct QuantizeScale {
   float s, r;
   bool fast;
-  FUSEGEMM_DEVICE explicit QuantizeScale(float scale) : s(scale), r(scale_reciprocal(scale)), fast(isfinite(scale)) {}
-  FUSEGEMM_DEVICE float div(float x) const { return fast ? div_by_scale(x, s, r) : __fdiv_rn(x, s); }
+  FUSEGEMM_DEVICE explicit QuantizeScale(float scale)
+      : s(scale), r(isfinite(scale) ? scale_reciprocal(scale) : (isnan(scale) ? scale : 0.0f)), fast(isfinite(scale)) {}
+  FUSEGEMM_DEVICE float div(float x) const {
+    const float q = div_by_scale(x, s, r);
+    return fast ? q : __fmul_rn(x, r);
+  }
 };
 
 // Two values divided by s -> two FP8 bytes (a in the low byte).
@@ -95,9 +102,16 @@ FUSEGEMM_DEVICE uint32_t quantize_pair(float a, float b, const QuantizeScale& q,
                                   (flags & kQuantizeE5M2) ? __NV_E5M2 : __NV_E4M3);
 }
 
-// A 2-byte source (bfloat16, float16) is staged as it is.
+// A 2-byte source (bfloat16, float16) is staged as it is, by cp.async before the row pass
+// (FUSEGEMM_QUANTIZE_STAGE_ASYNC, default 1): the whole 32 KB tile in flight at once without
+// registers, where the row pass's own loads had kQuantizeRowBatch rows in flight per warp
+// between divisions (0: that path, the A/B baseline).
+#ifndef FUSEGEMM_QUANTIZE_STAGE_ASYNC
+#define FUSEGEMM_QUANTIZE_STAGE_ASYNC 1
+#endif
 template <class T> struct QuantizeSource {
   using Stage = T;
+  static constexpr bool kStaged = FUSEGEMM_QUANTIZE_STAGE_ASYNC != 0;
   // Four values (c .. c + 3) of row r: one 8-byte load.
   static FUSEGEMM_DEVICE void load4(const QuantizeParams& p, const unsigned char* src, int r, int c, Stage (&v)[4]) {
     const uint2 u = __ldg(reinterpret_cast<const uint2*>(src) + (r * p.src_ld + c) / 4);
@@ -106,6 +120,7 @@ template <class T> struct QuantizeSource {
 };
 template <> struct QuantizeSource<__nv_fp8_e4m3> {
   using Stage = __nv_bfloat16;
+  static constexpr bool kStaged = false;   // dequantized on the way: through registers
   static FUSEGEMM_DEVICE void load4(const QuantizeParams& p, const unsigned char* src, int r, int c, Stage (&v)[4]) {
     const uint32_t u = __ldg(reinterpret_cast<const uint32_t*>(src + r * p.src_ld + c));
     const float s = __ldg(p.src_scales + r + (c / kQuantizeTile) * p.src_scales_ld);
@@ -135,13 +150,30 @@ FUSEGEMM_DEVICE void quantize_tile(const QuantizeParams& p) {
   // loaded before any is processed. (A version that loaded all 16 rows first, 90-110 registers
   // and two CTAs per SM, ran 1.4x slower on the H200 than this loop did one row at a time at six
   // CTAs per SM: bench/quantize.py.)
-#pragma unroll(kQuantizeRowBatch == 1 ? 4 : 1)
+  if constexpr (Src::kStaged) {
+    // 2048 chunks of 16 bytes (8 elements: cols % 16 == 0 puts a chunk all in or all out, and
+    // the swizzle moves whole chunks); 16 consecutive threads copy a row's 256 bytes.
+#pragma unroll
+    for (int i = 0; i < kQuantizeTile * kQuantizeTile / 8 / kQuantizeThreads; ++i) {
+      const int id = threadIdx.x + i * kQuantizeThreads, rl = id / 16, cl = 8 * (id % 16);
+      const int rr = r0 + rl, cc = c0 + cl;
+      const bool in = rr < p.rows && cc < p.cols;
+      cp_async_16_zfill(static_cast<uint32_t>(__cvta_generic_to_shared(tile + quantize_swizzle(rl, cl))),
+                        in ? src + (rr * p.src_ld + cc) * 2 : src, in);
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+  }
+#pragma unroll(kQuantizeRowBatch == 1 || Src::kStaged ? 4 : 1)
   for (int i0 = 0; i0 < 16; i0 += kQuantizeRowBatch) {
     Stage v[kQuantizeRowBatch][4];
 #pragma unroll
     for (int j = 0; j < kQuantizeRowBatch; ++j) {
       const int r = r0 + warp * 16 + i0 + j;
-      if (r < p.rows && c < p.cols) {
+      if constexpr (Src::kStaged) {
+        *reinterpret_cast<uint2*>(v[j]) = *reinterpret_cast<const uint2*>(tile + quantize_swizzle(warp * 16 + i0 + j, 4 * lane));
+      } else if (r < p.rows && c < p.cols) {
         Src::load4(p, src, r, c, v[j]);
       } else {
 #pragma unroll
@@ -152,7 +184,9 @@ FUSEGEMM_DEVICE void quantize_tile(const QuantizeParams& p) {
     for (int j = 0; j < kQuantizeRowBatch; ++j) {
       const int rl = warp * 16 + i0 + j, r = r0 + rl;
       const bool in = r < p.rows && c < p.cols;
-      *reinterpret_cast<uint2*>(tile + quantize_swizzle(rl, 4 * lane)) = *reinterpret_cast<const uint2*>(v[j]);
+      if constexpr (!Src::kStaged) {
+        *reinterpret_cast<uint2*>(tile + quantize_swizzle(rl, 4 * lane)) = *reinterpret_cast<const uint2*>(v[j]);
+      }
       float f[4];
       uint32_t m = 0;
 #pragma unroll
