@@ -1,7 +1,7 @@
 // The blockwise FP8 recipe's quantizations on the device (fusegemm/quantize.py), one memory pass
 // each: torch's operations (fusegemm/formats/torch_blockwise.py) took a float32 copy, a min/max
 // pass, a division pass and a cast pass per operand, and on the H200 made the recipe's training
-// step 0.22-0.61x torch's BF16 step; with these kernels it runs at 0.94-1.66x
+// step 0.22-0.61x torch's BF16 step; with these kernels it runs at 1.04-1.65x
 // (bench/results/moe_mlp_h200_fp8_block.json, bench/quantize.py).
 //
 // One CTA quantizes a 128 x 128 tile of a (rows, cols) source (batch: blockIdx.z), staged once
@@ -44,12 +44,10 @@ static_assert(sizeof(QuantizeParams) == 152, "fusegemm/quantize.py packs these 1
 
 constexpr int kQuantizeTile = 128;
 constexpr int kQuantizeThreads = 256;   // 8 warps: 16 rows each in the row passes
-// Rows each warp loads before it processes them in the row pass (1, 2, 4, 8 or 16). Each
-// value's division is a branch region the compiler does not move loads across, so one row at
-// a time is one DRAM round trip per row. Measured on the H200 (bench/quantize.py, a process per
-// value, 2026-12-04): 4 is 2-15% faster than 1 on every case (w2 with its transpose 0.291 ->
-// 0.247 ms, 1.61 -> 1.91 TB/s) and 8 the same as 4; the switch stays for the next A/B
-// (FUSEGEMM_NVRTC_EXTRA=-DFUSEGEMM_QUANTIZE_ROW_BATCH=N).
+// Rows each warp loads before it stages them where the tile is staged through registers (the
+// FP8 source, and 2-byte ones under FUSEGEMM_QUANTIZE_STAGE_ASYNC=0): 1, 2, 4, 8 or 16. Each
+// row's load waits for the previous one's work otherwise; 4 measured 2-15% faster than 1 on the
+// H200 (bench/quantize.py, 2026-12-04), 8 the same as 4.
 #ifndef FUSEGEMM_QUANTIZE_ROW_BATCH
 #define FUSEGEMM_QUANTIZE_ROW_BATCH 4
 #endif
@@ -67,11 +65,14 @@ FUSEGEMM_DEVICE int quantize_swizzle(int r, int c) { return r * kQuantizeTile + 
 // and a NaN (above +Inf) wins, as torch's aminmax keeps NaN.
 FUSEGEMM_DEVICE uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
 
+// s = fl(max(amax, 1e-4) / elem_max), correctly rounded by div_by_scale (common.cuh: the
+// divisor 448 or 57344 is normal and the quotient in range) with the divisor's correctly rounded
+// reciprocal as a constant; an Inf amax gives Inf, a NaN one NaN.
 FUSEGEMM_DEVICE float quantize_scale(uint32_t amax_bits, int flags) {
   const float amax = __uint_as_float(amax_bits);
-  if (amax_bits > 0x7F800000u) return amax;   // NaN: every value of the block becomes NaN
-  const float elem_max = (flags & kQuantizeE5M2) ? 57344.0f : 448.0f;
-  float s = __fdiv_rn(fmaxf(amax, 1e-4f), elem_max);
+  if (amax_bits >= 0x7F800000u) return amax;   // Inf: x / Inf below; NaN: every value of the block NaN
+  const bool e5m2 = (flags & kQuantizeE5M2) != 0;
+  float s = div_by_scale(fmaxf(amax, 1e-4f), e5m2 ? 57344.0f : 448.0f, e5m2 ? 1.0f / 57344.0f : 1.0f / 448.0f);
   if (flags & kQuantizePow2) {
     const uint32_t b = __float_as_uint(s);
     if ((b & 0x7F800000u) != 0x7F800000u && (b & 0x007FFFFFu) != 0) s = __uint_as_float((b & 0x7F800000u) + 0x00800000u);
@@ -79,20 +80,25 @@ FUSEGEMM_DEVICE float quantize_scale(uint32_t amax_bits, int flags) {
   return s;
 }
 
-// A scale and its reciprocal: fl(x / s) by div_by_scale (common.cuh) when s is finite, and by
-// x * (1 / s) when an Inf or NaN made it Inf or NaN, where that product is the quotient exactly:
-// 1 / Inf = 0 gives x / Inf (+-0 for finite x, NaN for an infinite one) and 1 / NaN = NaN gives
-// NaN (both NaNs canonical, one FP8 NaN code). A select, not a branch: div.rn's range check and
-// slow-path call per value had made the kernel compute-bound (bench/quantize.py), and a branch
-// per value between the two paths still cost a branch region per value.
+// A scale s and what fl(x / s) divides by: div_by_scale(x, d, r) with d = s, r = 1 / s when s is
+// finite; when an Inf made s Inf, d = r = 0, which makes it x * 0 + x * 0 (+-0 for finite x, NaN
+// for an infinite one: x / Inf exactly); a NaN s gives r = NaN, so NaN (one FP8 NaN code). No
+// branch per value: div.rn's range check and slow-path call per value had made the kernel
+// compute-bound, and a select per value between two paths cost two instructions more.
 struct QuantizeScale {
-  float s, r;
-  bool fast;
+  float s, d, r;
+  FUSEGEMM_DEVICE QuantizeScale() = default;
   FUSEGEMM_DEVICE explicit QuantizeScale(float scale)
-      : s(scale), r(isfinite(scale) ? scale_reciprocal(scale) : (isnan(scale) ? scale : 0.0f)), fast(isfinite(scale)) {}
-  FUSEGEMM_DEVICE float div(float x) const {
-    const float q = div_by_scale(x, s, r);
-    return fast ? q : __fmul_rn(x, r);
+      : s(scale), d(isfinite(scale) ? scale : 0.0f),
+        r(isfinite(scale) ? scale_reciprocal(scale) : (isnan(scale) ? scale : 0.0f)) {}
+  FUSEGEMM_DEVICE float div(float x) const { return div_by_scale(x, d, r); }
+  // Lane `from`'s divisor and reciprocal (the stored scale stays the owner's).
+  FUSEGEMM_DEVICE QuantizeScale from_lane(int from) const {
+    QuantizeScale q;
+    q.s = s;
+    q.d = __shfl_sync(0xFFFFFFFFu, d, from);
+    q.r = __shfl_sync(0xFFFFFFFFu, r, from);
+    return q;
   }
 };
 
@@ -102,16 +108,20 @@ FUSEGEMM_DEVICE uint32_t quantize_pair(float a, float b, const QuantizeScale& q,
                                   (flags & kQuantizeE5M2) ? __NV_E5M2 : __NV_E4M3);
 }
 
-// A 2-byte source (bfloat16, float16) is staged as it is, by cp.async before the row pass
-// (FUSEGEMM_QUANTIZE_STAGE_ASYNC, default 1): the whole 32 KB tile in flight at once without
-// registers, where the row pass's own loads had kQuantizeRowBatch rows in flight per warp
-// between divisions (0: that path, the A/B baseline).
+// Four values -> four FP8 bytes (v[0] in the low byte).
+FUSEGEMM_DEVICE uint32_t quantize_quad(const float (&v)[4], const QuantizeScale& q, int flags) {
+  return (quantize_pair(v[0], v[1], q, flags) & 0xFFFFu) | (quantize_pair(v[2], v[3], q, flags) << 16);
+}
+
+// A 2-byte source (bfloat16, float16) is staged as it is, by cp.async (FUSEGEMM_QUANTIZE_STAGE_ASYNC,
+// default 1): the whole 32 KB tile in flight at once without registers (the weights 1.09-1.10x
+// the register loads on the H200, the activations equal). 0: through registers, the A/B baseline.
 #ifndef FUSEGEMM_QUANTIZE_STAGE_ASYNC
 #define FUSEGEMM_QUANTIZE_STAGE_ASYNC 1
 #endif
 template <class T> struct QuantizeSource {
   using Stage = T;
-  static constexpr bool kStaged = FUSEGEMM_QUANTIZE_STAGE_ASYNC != 0;
+  static constexpr bool kAsync = FUSEGEMM_QUANTIZE_STAGE_ASYNC != 0;
   // Four values (c .. c + 3) of row r: one 8-byte load.
   static FUSEGEMM_DEVICE void load4(const QuantizeParams& p, const unsigned char* src, int r, int c, Stage (&v)[4]) {
     const uint2 u = __ldg(reinterpret_cast<const uint2*>(src) + (r * p.src_ld + c) / 4);
@@ -120,7 +130,7 @@ template <class T> struct QuantizeSource {
 };
 template <> struct QuantizeSource<__nv_fp8_e4m3> {
   using Stage = __nv_bfloat16;
-  static constexpr bool kStaged = false;   // dequantized on the way: through registers
+  static constexpr bool kAsync = false;   // dequantized on the way: through registers
   static FUSEGEMM_DEVICE void load4(const QuantizeParams& p, const unsigned char* src, int r, int c, Stage (&v)[4]) {
     const uint32_t u = __ldg(reinterpret_cast<const uint32_t*>(src + r * p.src_ld + c));
     const float s = __ldg(p.src_scales + r + (c / kQuantizeTile) * p.src_scales_ld);
@@ -133,87 +143,114 @@ template <> struct QuantizeSource<__nv_fp8_e4m3> {
   }
 };
 
+// The tile (rows and columns past the source's zero-filled) into shared memory; every thread
+// returns after the block's barrier.
 template <class T>
-FUSEGEMM_DEVICE void quantize_tile(const QuantizeParams& p) {
+FUSEGEMM_DEVICE void stage_tile(const QuantizeParams& p, const unsigned char* src, int r0, int c0,
+                                typename QuantizeSource<T>::Stage* tile) {
   using Src = QuantizeSource<T>;
   using Stage = typename Src::Stage;
-  __shared__ __align__(16) Stage tile[kQuantizeTile * kQuantizeTile];
-  __shared__ uint32_t warp_max[kQuantizeThreads / 32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int r0 = blockIdx.y * kQuantizeTile, c0 = blockIdx.x * kQuantizeTile, b = blockIdx.z;
-  const unsigned char* src = p.src + (b * p.src_batch) * static_cast<long long>(sizeof(T) == 1 ? 1 : 2);
-  const bool rows_q = p.q != nullptr && !p.blocks;
-  const int c = c0 + 4 * lane;   // this lane's 4 columns in the row passes (cols % 16 == 0: all in or all out)
-  uint32_t tile_max = 0;
-
-  // Row pass: stage the tile; 1x128 rows quantize here from registers, kQuantizeRowBatch rows
-  // loaded before any is processed. (A version that loaded all 16 rows first, 90-110 registers
-  // and two CTAs per SM, ran 1.4x slower on the H200 than this loop did one row at a time at six
-  // CTAs per SM: bench/quantize.py.)
-  if constexpr (Src::kStaged) {
+  if constexpr (Src::kAsync) {
     // 2048 chunks of 16 bytes (8 elements: cols % 16 == 0 puts a chunk all in or all out, and
     // the swizzle moves whole chunks); 16 consecutive threads copy a row's 256 bytes.
 #pragma unroll
     for (int i = 0; i < kQuantizeTile * kQuantizeTile / 8 / kQuantizeThreads; ++i) {
       const int id = threadIdx.x + i * kQuantizeThreads, rl = id / 16, cl = 8 * (id % 16);
-      const int rr = r0 + rl, cc = c0 + cl;
-      const bool in = rr < p.rows && cc < p.cols;
+      const int r = r0 + rl, c = c0 + cl;
+      const bool in = r < p.rows && c < p.cols;
       cp_async_16_zfill(static_cast<uint32_t>(__cvta_generic_to_shared(tile + quantize_swizzle(rl, cl))),
-                        in ? src + (rr * p.src_ld + cc) * 2 : src, in);
+                        in ? src + (r * p.src_ld + c) * static_cast<long long>(sizeof(T)) : src, in);
     }
     cp_async_commit();
     cp_async_wait_all();
-    __syncthreads();
-  }
-#pragma unroll(kQuantizeRowBatch == 1 || Src::kStaged ? 4 : 1)
-  for (int i0 = 0; i0 < 16; i0 += kQuantizeRowBatch) {
-    Stage v[kQuantizeRowBatch][4];
+  } else {
+    // Each warp its 16 rows, 4 columns a lane, kQuantizeRowBatch rows' loads before their stores.
+    // (Loading all 16 rows first, 90-110 registers and two CTAs per SM, ran 1.4x slower on the
+    // H200 than one row at a time at six CTAs per SM: bench/quantize.py.)
+    const int warp = threadIdx.x / 32, c = c0 + 4 * (threadIdx.x % 32);
+#pragma unroll(kQuantizeRowBatch == 1 ? 4 : 1)
+    for (int i0 = 0; i0 < 16; i0 += kQuantizeRowBatch) {
+      Stage v[kQuantizeRowBatch][4];
 #pragma unroll
-    for (int j = 0; j < kQuantizeRowBatch; ++j) {
-      const int r = r0 + warp * 16 + i0 + j;
-      if constexpr (Src::kStaged) {
-        *reinterpret_cast<uint2*>(v[j]) = *reinterpret_cast<const uint2*>(tile + quantize_swizzle(warp * 16 + i0 + j, 4 * lane));
-      } else if (r < p.rows && c < p.cols) {
-        Src::load4(p, src, r, c, v[j]);
-      } else {
+      for (int j = 0; j < kQuantizeRowBatch; ++j) {
+        const int r = r0 + warp * 16 + i0 + j;
+        if (r < p.rows && c < p.cols) {
+          Src::load4(p, src, r, c, v[j]);
+        } else {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) v[j][k] = Stage(0.0f);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kQuantizeRowBatch; ++j) {
-      const int rl = warp * 16 + i0 + j, r = r0 + rl;
-      const bool in = r < p.rows && c < p.cols;
-      if constexpr (!Src::kStaged) {
-        *reinterpret_cast<uint2*>(tile + quantize_swizzle(rl, 4 * lane)) = *reinterpret_cast<const uint2*>(v[j]);
-      }
-      float f[4];
-      uint32_t m = 0;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        f[k] = static_cast<float>(v[j][k]);
-        m = max(m, abs_bits(f[k]));
-      }
-      tile_max = max(tile_max, m);
-      if (rows_q) {
-        m = __reduce_max_sync(0xFFFFFFFFu, m);
-        const QuantizeScale s(quantize_scale(m, p.flags));
-        if (in) {
-          const uint32_t lo = quantize_pair(f[0], f[1], s, p.flags), hi = quantize_pair(f[2], f[3], s, p.flags);
-          *reinterpret_cast<uint32_t*>(p.q + b * p.q_batch + r * p.q_ld + c) = (lo & 0xFFFFu) | (hi << 16);
-          if (lane == 0) p.s[b * p.s_batch + r + (c0 / kQuantizeTile) * p.s_ld] = s.s;
+          for (int k = 0; k < 4; ++k) v[j][k] = Stage(0.0f);
         }
       }
+#pragma unroll
+      for (int j = 0; j < kQuantizeRowBatch; ++j) {
+        *reinterpret_cast<uint2*>(tile + quantize_swizzle(warp * 16 + i0 + j, c - c0)) = *reinterpret_cast<const uint2*>(v[j]);
+      }
     }
   }
-  float block_s = 0.0f;
-  if (p.blocks) {
-    tile_max = __reduce_max_sync(0xFFFFFFFFu, tile_max);
-    if (lane == 0) warp_max[warp] = tile_max;
-  }
   __syncthreads();
-  if (p.blocks) {
+}
+
+// Four values of tile row rl from column cl as floats; their max |x| as bits.
+template <class Stage>
+FUSEGEMM_DEVICE uint32_t tile_quad(const Stage* tile, int rl, int cl, float (&f)[4]) {
+  Stage v[4];
+  *reinterpret_cast<uint2*>(v) = *reinterpret_cast<const uint2*>(tile + quantize_swizzle(rl, cl));
+  uint32_t m = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    f[k] = static_cast<float>(v[k]);
+    m = max(m, abs_bits(f[k]));
+  }
+  return m;
+}
+
+template <class T>
+FUSEGEMM_DEVICE void quantize_tile(const QuantizeParams& p) {
+  using Stage = typename QuantizeSource<T>::Stage;
+  __shared__ __align__(16) Stage tile[kQuantizeTile * kQuantizeTile];
+  __shared__ uint32_t warp_max[kQuantizeThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r0 = blockIdx.y * kQuantizeTile, c0 = blockIdx.x * kQuantizeTile, b = blockIdx.z;
+  stage_tile<T>(p, p.src + (b * p.src_batch) * static_cast<long long>(sizeof(T) == 1 ? 1 : 2), r0, c0, tile);
+
+  // Row passes: each warp its 16 rows, lane l columns 4 l .. 4 l + 3 (cols % 16 == 0: all in or
+  // all out), q's stores walking down from the warp's first row.
+  const int wr = warp * 16, cl = 4 * lane, rows_here = min(16, p.rows - r0 - wr);
+  const bool col_in = c0 + cl < p.cols;
+  unsigned char* q = p.q == nullptr ? nullptr : p.q + b * p.q_batch + (r0 + wr) * p.q_ld + c0 + cl;
+  float block_s = 0.0f;
+  if (p.q != nullptr && !p.blocks) {
+    // 1x128 rows: every row's max first, then lane i < 16 computes row i's scale (one division
+    // per row for the warp, not one per lane) and stores it, then the rows are quantized with
+    // their scales from lanes 0..15.
+    uint32_t mine = 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      float f[4];
+      const uint32_t m = __reduce_max_sync(0xFFFFFFFFu, tile_quad(tile, wr + i, cl, f));
+      if (lane == i) mine = m;
+    }
+    const QuantizeScale own(quantize_scale(mine, p.flags));
+    if (lane < rows_here) p.s[b * p.s_batch + r0 + wr + lane + (c0 / kQuantizeTile) * p.s_ld] = own.s;
+#pragma unroll 4
+    for (int i = 0; i < 16; ++i) {
+      const QuantizeScale s = own.from_lane(i);
+      float f[4];
+      tile_quad(tile, wr + i, cl, f);
+      if (i < rows_here && col_in) *reinterpret_cast<uint32_t*>(q + i * p.q_ld) = quantize_quad(f, s, p.flags);
+    }
+  } else if (p.blocks) {
+    // 128x128: the tile's max, one scale, then q with it.
     uint32_t m = 0;
+#pragma unroll 4
+    for (int i = 0; i < 16; ++i) {
+      float f[4];
+      m = max(m, tile_quad(tile, wr + i, cl, f));
+    }
+    m = __reduce_max_sync(0xFFFFFFFFu, m);
+    if (lane == 0) warp_max[warp] = m;
+    __syncthreads();
+    m = 0;
 #pragma unroll
     for (int w = 0; w < kQuantizeThreads / 32; ++w) m = max(m, warp_max[w]);
     block_s = quantize_scale(m, p.flags);
@@ -221,18 +258,13 @@ FUSEGEMM_DEVICE void quantize_tile(const QuantizeParams& p) {
       if (p.q != nullptr) p.s[b * p.s_batch + (r0 / kQuantizeTile) * p.s_ld + c0 / kQuantizeTile] = block_s;
       if (p.qt != nullptr) p.st[b * p.st_batch + (c0 / kQuantizeTile) * p.st_ld + r0 / kQuantizeTile] = block_s;
     }
-    // 128x128 q: the rows again, from shared memory, with the tile's scale.
     if (p.q != nullptr) {
       const QuantizeScale bs(block_s);
 #pragma unroll 4
       for (int i = 0; i < 16; ++i) {
-        const int rl = warp * 16 + i, r = r0 + rl;
-        if (r >= p.rows || c >= p.cols) continue;
-        Stage v[4];
-        *reinterpret_cast<uint2*>(v) = *reinterpret_cast<const uint2*>(tile + quantize_swizzle(rl, 4 * lane));
-        const uint32_t lo = quantize_pair(static_cast<float>(v[0]), static_cast<float>(v[1]), bs, p.flags);
-        const uint32_t hi = quantize_pair(static_cast<float>(v[2]), static_cast<float>(v[3]), bs, p.flags);
-        *reinterpret_cast<uint32_t*>(p.q + b * p.q_batch + r * p.q_ld + c) = (lo & 0xFFFFu) | (hi << 16);
+        float f[4];
+        tile_quad(tile, wr + i, cl, f);
+        if (i < rows_here && col_in) *reinterpret_cast<uint32_t*>(q + i * p.q_ld) = quantize_quad(f, bs, p.flags);
       }
     }
   }
@@ -240,6 +272,7 @@ FUSEGEMM_DEVICE void quantize_tile(const QuantizeParams& p) {
   // Column pass: 8 lanes per column (lane j: rows 16 j .. 16 j + 15, one 16-byte store of qt),
   // 4 columns per warp and instruction, 32 per CTA and round.
   const int j = lane % 8, rl0 = 16 * j, r = r0 + rl0;
+  unsigned char* qt = p.qt + b * p.qt_batch + static_cast<long long>(c0 + warp * 4 + lane / 8) * p.qt_ld + r;
 #pragma unroll 1
   for (int round = 0; round < kQuantizeTile / 32; ++round) {
     const int cl = round * 32 + warp * 4 + lane / 8, col = c0 + cl;
@@ -263,12 +296,8 @@ FUSEGEMM_DEVICE void quantize_tile(const QuantizeParams& p) {
     if (r >= p.rows) continue;
     uint32_t w[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint32_t lo = quantize_pair(f[4 * k], f[4 * k + 1], s, p.flags);
-      const uint32_t hi = quantize_pair(f[4 * k + 2], f[4 * k + 3], s, p.flags);
-      w[k] = (lo & 0xFFFFu) | (hi << 16);
-    }
-    *reinterpret_cast<uint4*>(p.qt + b * p.qt_batch + col * p.qt_ld + r) = make_uint4(w[0], w[1], w[2], w[3]);
+    for (int k = 0; k < 4; ++k) w[k] = quantize_quad(reinterpret_cast<const float(&)[4]>(f[4 * k]), s, p.flags);
+    *reinterpret_cast<uint4*>(qt + round * 32 * p.qt_ld) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
