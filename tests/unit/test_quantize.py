@@ -36,7 +36,6 @@ def test_row_batch_switch_compiles_clean(batch):
     default (4) and the batches beside it compile without local memory on both archs, and the
     warp's loads of a batch are issued together (sm_90a SASS: at most 40 instructions apart, where
     one row a time has each load wait for the previous row's divisions)."""
-    import re
 
     from fusegemm.runtime import disasm
     from fusegemm.runtime.compile import compile_source
