@@ -46,6 +46,27 @@ FUSEGEMM_DEVICE float div_by_scale(float t, float s, float r) {
   return copysignf(__fmaf_rn(__fmaf_rn(-s, q, t), r, q), t);
 }
 
+// What fl(t / s) divides by for a quantization scale s that an Inf or NaN in its group made Inf
+// or NaN: div(t) = div_by_scale(t, d, r) is t / s exactly in every case, with no branch per value
+// (div.rn's range check and slow-path call per value, or a select between two paths, cost the
+// quantization kernels and the 1x128 epilogue issue slots). s finite: d = s, r = 1 / s. s = Inf:
+// d = r = 0, so the steps give t * 0 + t * 0 (+-0 for finite t, NaN for an infinite one: t / Inf).
+// s = NaN: r = NaN, so NaN (every FP8 format has one NaN code per sign; cvt gives it either way).
+struct ScaleDivisor {
+  float d = 1.0f, r = 1.0f;
+  ScaleDivisor() = default;
+  FUSEGEMM_DEVICE explicit ScaleDivisor(float s)
+      : d(isfinite(s) ? s : 0.0f), r(isfinite(s) ? scale_reciprocal(s) : (isnan(s) ? s : 0.0f)) {}
+  FUSEGEMM_DEVICE float div(float t) const { return div_by_scale(t, d, r); }
+};
+
+// fl(x / m) for an FP8 element maximum m (448 or 57344) with its correctly rounded reciprocal rm
+// (a constant), and x >= 1e-4 (a clamped amax), +Inf or NaN: a scale's division, correctly
+// rounded by div_by_scale; +Inf gives +Inf, NaN gives NaN.
+FUSEGEMM_DEVICE float div_by_elem_max(float x, float m, float rm) {
+  return x == __int_as_float(0x7F800000) ? x : div_by_scale(x, m, rm);
+}
+
 // 16 bytes global -> shared; zero-filled when !valid (src is then never read).
 FUSEGEMM_DEVICE void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)

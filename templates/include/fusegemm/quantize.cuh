@@ -65,14 +65,13 @@ FUSEGEMM_DEVICE int quantize_swizzle(int r, int c) { return r * kQuantizeTile + 
 // and a NaN (above +Inf) wins, as torch's aminmax keeps NaN.
 FUSEGEMM_DEVICE uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
 
-// s = fl(max(amax, 1e-4) / elem_max), correctly rounded by div_by_scale (common.cuh: the
-// divisor 448 or 57344 is normal and the quotient in range) with the divisor's correctly rounded
-// reciprocal as a constant; an Inf amax gives Inf, a NaN one NaN.
+// s = fl(max(amax, 1e-4) / elem_max), correctly rounded (div_by_elem_max); an Inf amax gives Inf,
+// a NaN one NaN.
 FUSEGEMM_DEVICE float quantize_scale(uint32_t amax_bits, int flags) {
   const float amax = __uint_as_float(amax_bits);
-  if (amax_bits >= 0x7F800000u) return amax;   // Inf: x / Inf below; NaN: every value of the block NaN
+  if (amax_bits > 0x7F800000u) return amax;   // NaN: every value of the block becomes NaN
   const bool e5m2 = (flags & kQuantizeE5M2) != 0;
-  float s = div_by_scale(fmaxf(amax, 1e-4f), e5m2 ? 57344.0f : 448.0f, e5m2 ? 1.0f / 57344.0f : 1.0f / 448.0f);
+  float s = div_by_elem_max(fmaxf(amax, 1e-4f), e5m2 ? 57344.0f : 448.0f, e5m2 ? 1.0f / 57344.0f : 1.0f / 448.0f);
   if (flags & kQuantizePow2) {
     const uint32_t b = __float_as_uint(s);
     if ((b & 0x7F800000u) != 0x7F800000u && (b & 0x007FFFFFu) != 0) s = __uint_as_float((b & 0x7F800000u) + 0x00800000u);
@@ -80,25 +79,20 @@ FUSEGEMM_DEVICE float quantize_scale(uint32_t amax_bits, int flags) {
   return s;
 }
 
-// A scale s and what fl(x / s) divides by: div_by_scale(x, d, r) with d = s, r = 1 / s when s is
-// finite; when an Inf made s Inf, d = r = 0, which makes it x * 0 + x * 0 (+-0 for finite x, NaN
-// for an infinite one: x / Inf exactly); a NaN s gives r = NaN, so NaN (one FP8 NaN code). No
-// branch per value: div.rn's range check and slow-path call per value had made the kernel
-// compute-bound, and a select per value between two paths cost two instructions more.
+// A scale (stored as it is) and what divides by it (common.cuh's ScaleDivisor: no branch per value).
 struct QuantizeScale {
-  float s, d, r;
+  float s;
+  ScaleDivisor q;
   FUSEGEMM_DEVICE QuantizeScale() = default;
-  FUSEGEMM_DEVICE explicit QuantizeScale(float scale)
-      : s(scale), d(isfinite(scale) ? scale : 0.0f),
-        r(isfinite(scale) ? scale_reciprocal(scale) : (isnan(scale) ? scale : 0.0f)) {}
-  FUSEGEMM_DEVICE float div(float x) const { return div_by_scale(x, d, r); }
-  // Lane `from`'s divisor and reciprocal (the stored scale stays the owner's).
+  FUSEGEMM_DEVICE explicit QuantizeScale(float scale) : s(scale), q(scale) {}
+  FUSEGEMM_DEVICE float div(float x) const { return q.div(x); }
+  // Lane `from`'s divisor (the stored scale stays the owner's).
   FUSEGEMM_DEVICE QuantizeScale from_lane(int from) const {
-    QuantizeScale q;
-    q.s = s;
-    q.d = __shfl_sync(0xFFFFFFFFu, d, from);
-    q.r = __shfl_sync(0xFFFFFFFFu, r, from);
-    return q;
+    QuantizeScale o;
+    o.s = s;
+    o.q.d = __shfl_sync(0xFFFFFFFFu, q.d, from);
+    o.q.r = __shfl_sync(0xFFFFFFFFu, q.r, from);
+    return o;
   }
 };
 

@@ -28,6 +28,12 @@
 
 // 0 sends paired and reducing rules back to the engine path: an A/B switch for same-run
 // comparisons through FUSEGEMM_NVRTC_EXTRA (bench/epilogue_swiglu.py --engine-baseline).
+// The 1x128 output quantization's divisions by the old route (div.rn per value where a group's
+// scale is not finite, div.rn for each group's scale): 1 is the A/B baseline for bench/blockscaled.py.
+#ifndef FUSEGEMM_SM90_1X128_DIV_RN
+#define FUSEGEMM_SM90_1X128_DIV_RN 0
+#endif
+
 #ifndef FUSEGEMM_SM90_FRAG_BLOCKS
 #define FUSEGEMM_SM90_FRAG_BLOCKS 1
 #endif
@@ -470,27 +476,33 @@ struct WgmmaEpilogue {
     }
   }
 
-  // k1x128: a group's scales s0, s1 (rows r0, r0 + 8 of a warp) and what divides by them. div0 /
-  // div1 give fl(t / s), correctly rounded (common.cuh's div_by_scale: div.rn.f32's fast path)
-  // with the reciprocal computed once per group: a few operations per value instead of div.rn's
-  // range check and refinement each time. A group whose scale is Inf or NaN (an Inf or NaN in
-  // it) takes div.rn.
+  // k1x128: what divides by a group's scales (rows r0, r0 + 8 of a warp). div0 / div1 give
+  // fl(t / s), correctly rounded, with the reciprocal computed once per group and no branch per
+  // value (common.cuh's ScaleDivisor: a group whose scale an Inf or NaN made Inf or NaN
+  // included). FUSEGEMM_SM90_1X128_DIV_RN=1: the A/B baseline, div.rn for such groups, chosen
+  // per value.
   struct Group1x128 {
-    float s0 = 1.0f, s1 = 1.0f, r0 = 1.0f, r1 = 1.0f;
+    ScaleDivisor q0, q1;
+#if FUSEGEMM_SM90_1X128_DIV_RN
+    float s0 = 1.0f, s1 = 1.0f;
     bool fast = true;
-
     FUSEGEMM_DEVICE void set(float a, float b) {
       s0 = a;
       s1 = b;
       fast = isfinite(a) && isfinite(b);
-      r0 = scale_reciprocal(a);
-      r1 = scale_reciprocal(b);
+      q0.r = scale_reciprocal(a);
+      q1.r = scale_reciprocal(b);
     }
-    FUSEGEMM_DEVICE static float div(float t, float s, float r, bool fast) {
-      return fast ? div_by_scale(t, s, r) : __fdiv_rn(t, s);
+    FUSEGEMM_DEVICE float div0(float t) const { return fast ? div_by_scale(t, s0, q0.r) : __fdiv_rn(t, s0); }
+    FUSEGEMM_DEVICE float div1(float t) const { return fast ? div_by_scale(t, s1, q1.r) : __fdiv_rn(t, s1); }
+#else
+    FUSEGEMM_DEVICE void set(float a, float b) {
+      q0 = ScaleDivisor(a);
+      q1 = ScaleDivisor(b);
     }
-    FUSEGEMM_DEVICE float div0(float t) const { return div(t, s0, r0, fast); }
-    FUSEGEMM_DEVICE float div1(float t) const { return div(t, s1, r1, fast); }
+    FUSEGEMM_DEVICE float div0(float t) const { return q0.div(t); }
+    FUSEGEMM_DEVICE float div1(float t) const { return q1.div(t); }
+#endif
   };
 
   // kFragQuant: each role's 16 x 32 D block of the warp quantized along its rows into the role's
@@ -659,8 +671,13 @@ struct WgmmaEpilogue {
       m1 = epi::fmax_nan(m1, __shfl_xor_sync(0xFFFFFFFFu, m1, d));
     }
     const float anc = fabsf(rule.sfd_norm_const());
+#if FUSEGEMM_SM90_1X128_DIV_RN
     float gs0 = __fdiv_rn(epi::fmax_nan(__fmul_rn(anc, m0), 1e-4f), kQMax);
     float gs1 = __fdiv_rn(epi::fmax_nan(__fmul_rn(anc, m1), 1e-4f), kQMax);
+#else
+    float gs0 = div_by_elem_max(epi::fmax_nan(__fmul_rn(anc, m0), 1e-4f), kQMax, 1.0f / kQMax);
+    float gs1 = div_by_elem_max(epi::fmax_nan(__fmul_rn(anc, m1), 1e-4f), kQMax, 1.0f / kQMax);
+#endif
     if constexpr (Rule::kSfdPow2) {
       gs0 = pow2_up(gs0);
       gs1 = pow2_up(gs1);
