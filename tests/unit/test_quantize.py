@@ -74,6 +74,20 @@ def test_two_byte_sources_stage_the_tile_by_cp_async():
     assert not [op for op in ops if op.startswith("LDGSTS")] and [op for op in ops if op.startswith("LDG.")]
 
 
+def test_no_division_slow_path():
+    """Every division is div_by_scale (common.cuh: the values by ScaleDivisor, with no branch per
+    value for non-finite scales; the scales by div_by_elem_max): no div.rn range check (FCHK) or
+    slow-path call in any of the kernels on either arch."""
+    from fusegemm.runtime import disasm
+    from fusegemm.runtime.compile import compile_source
+    if not disasm.available():
+        pytest.skip("no disassembler (pip install nvidia-cuda-nvdisasm)")
+    for arch in ("sm_90a", "sm_100a"):
+        ops = disasm.opcodes(disasm.sass(compile_source('#include "fusegemm/quantize.cuh"\n', arch=arch,
+                                                        kernel=KERNELS[0]).data))
+        assert not [op for op in ops if op.startswith(("FCHK", "CALL"))], arch
+
+
 def _same(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and torch.equal(
         a.view(torch.uint8) if a.element_size() == 1 else a, b.view(torch.uint8) if b.element_size() == 1 else b)

@@ -205,6 +205,12 @@ def test_sm90_kernels_build_without_spills(generate_c, pow2, session_cache):
     built = get_kernel(make_variant(GLU, arch="sm_90a", generate_c=generate_c, sfd_pow2=pow2, **BW_1X128),
                        session_cache)
     assert built.resources.local_bytes == 0, built.resources      # no register spills
+    # no division's slow path: every 1x128 division is div_by_scale with no branch per value
+    # (common.cuh ScaleDivisor), the group scales' too (div_by_elem_max); FCHK / CALL are div.rn's
+    from fusegemm.runtime import disasm
+    if disasm.available():
+        ops = disasm.opcodes(disasm.sass(built.cubin))
+        assert not [op for op in ops if op.startswith(("FCHK", "CALL"))]
 
 
 @pytest.mark.parametrize("tile_m,generate_c", [(128, False), (64, True)])
