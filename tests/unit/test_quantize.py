@@ -170,3 +170,26 @@ def test_launches_pack_the_parameter_struct(monkeypatch):
     name, grid, _, p = calls[-1]
     assert name == "fusegemm_quantize_float8_e4m3fn" and p[1] == sh.data_ptr() and p[8] == sh.stride(1) == 256
     assert qt.shape == (128, 256) and p[2] == 0 and p[4] == qt.data_ptr()
+
+
+def test_small_kernels_built_under_other_defines_load_their_own_module(monkeypatch):
+    """Two SmallKernels of one header, the second compiled under other NVRTC defines (what
+    bench/quantize.py --also builds): each loads its own cubin, because the module key carries the
+    cubin's digest; with the header's path alone the second would get the first one's kernels."""
+    from fusegemm.ops import device
+    from fusegemm.ops.small_kernels import SmallKernels
+    from fusegemm.runtime import config, load
+    loaded = {}
+
+    class Modules:
+        def get(self, cubin, name, *, key, smem_bytes, device):
+            return loaded.setdefault(key, (cubin, name))
+    monkeypatch.setattr(load, "default_modules", lambda: Modules())
+    monkeypatch.setattr(device, "device_arch", lambda d: "sm_90a")
+    base = SmallKernels(qz._KERNELS.header, "quantize", "torch")
+    other = SmallKernels(qz._KERNELS.header, "quantize", "torch")
+    first = base.function(0, KERNELS[0])
+    with config.override(FUSEGEMM_NVRTC_EXTRA="-DFUSEGEMM_QUANTIZE_STAGE_ASYNC=0"):
+        second = other.function(0, KERNELS[0])
+    assert first[0] != second[0] and len(loaded) == 2
+    assert base.function(0, KERNELS[0]) is first                 # each instance keeps its own
