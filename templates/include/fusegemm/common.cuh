@@ -80,4 +80,3 @@ FUSEGEMM_DEVICE void cp_async_wait_all_but_newest() { asm volatile("cp.async.wai
 FUSEGEMM_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 }  // namespace fusegemm
-

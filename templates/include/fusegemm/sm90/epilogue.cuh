@@ -26,14 +26,14 @@
 #include "fusegemm/epilogue_block.cuh"
 #include "fusegemm/tma.cuh"
 
-// 0 sends paired and reducing rules back to the engine path: an A/B switch for same-run
-// comparisons through FUSEGEMM_NVRTC_EXTRA (bench/epilogue_swiglu.py --engine-baseline).
 // The 1x128 output quantization's divisions by the old route (div.rn per value where a group's
 // scale is not finite, div.rn for each group's scale): 1 is the A/B baseline for bench/blockscaled.py.
 #ifndef FUSEGEMM_SM90_1X128_DIV_RN
 #define FUSEGEMM_SM90_1X128_DIV_RN 0
 #endif
 
+// 0 sends paired and reducing rules back to the engine path: an A/B switch for same-run
+// comparisons through FUSEGEMM_NVRTC_EXTRA (bench/epilogue_swiglu.py --engine-baseline).
 #ifndef FUSEGEMM_SM90_FRAG_BLOCKS
 #define FUSEGEMM_SM90_FRAG_BLOCKS 1
 #endif
