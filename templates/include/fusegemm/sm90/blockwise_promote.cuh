@@ -31,6 +31,19 @@
 // promotion is acc[r][c] += tmp[r][c] * (sfa[r] * sfb[c]): an FMUL and an FFMA per element per
 // 128 K. An expert without tokens stores alpha * 0.
 //
+// What bounds the K-grouped promotion (H200, 2026-12-04, timing builds on the dsv3 and mixtral
+// weight-gradient shapes, same run): not the FFMAs but the column scales' trip from shared memory
+// to registers. A thread's fragment holds 32 columns of a 128-column half, so each warp loads
+// 32 x 128 B of scales per half and stage (every lane its own 32 floats): 512 shared-memory
+// wavefronts a stage beside the WGMMAs' operand reads. Loading half of them (wrong values, timing
+// only) ran 1.09-1.13x, a quarter 1.20-1.24x, a row-only promotion 1.30-1.34x. Not kept, all
+// bit-identical to this kernel: the same scales thread-major in a second area, written by a
+// producer warp, read with LDS.128 (0.94-0.97x: the bytes per lane are the same); tile N 128
+// with two temporary sets, a k-block's promotion under the next one's WGMMAs (0.91-0.96x of
+// tile N 256: 1.01-1.05x of tile N 128 without them). Fewer scale loads need fewer distinct
+// columns per thread, which the WGMMA fragment fixes, or a coarser scale for one operand
+// (a recipe change). bench/results/wgrad_fp8_promotion_h200_ab.json has the figures.
+//
 // Host contract (fusegemm/ops/scaled_operands.py blockwise_maps encodes the maps):
 //   tma_a, tma_b  as the MXFP8 kernel's
 //   tma_sfa  float32 (M rows, ceil(K/128)) M-contiguous, row pitch a multiple of 4 floats
