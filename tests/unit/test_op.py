@@ -231,6 +231,28 @@ def test_register_any_spec_gives_a_functional_schema_per_kernel_class(tmp_path):
         assert fg.register(spec, name=name, **axes) is face          # the same registration again
 
 
+def test_register_again_reads_no_spec(tmp_path, monkeypatch):
+    """A repeated call returns its face without loading the YAML (fusegemm.moe registers its
+    recipe steps on every use); the same relative path from another directory is another file."""
+    import fusegemm.generator.spec as spec_mod
+    import fusegemm.torch_library as fg
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "user_gelu_bias.yaml").write_text(USER_BF16)
+    monkeypatch.chdir(tmp_path / "a")
+    face = fg.register("user_gelu_bias.yaml", name="t_again_a")
+    loads = []
+    real = spec_mod.find_spec
+    monkeypatch.setattr(spec_mod, "find_spec", lambda x: loads.append(x) or real(x))
+    assert fg.register("user_gelu_bias.yaml", name="t_again_a") is face
+    assert fg.register("grouped_gemm_wgrad", name="t_again_w") is fg.register("grouped_gemm_wgrad", name="t_again_w")
+    assert loads == ["grouped_gemm_wgrad"]                      # the second wgrad call read nothing
+    monkeypatch.chdir(tmp_path / "b")
+    with pytest.raises(ArgumentError, match=r"^name: got 't_again_a'; allowed: a name not yet registered"):
+        fg.register("user_gelu_bias.yaml", name="t_again_a")               # b/user_gelu_bias.yaml: read, and refused
+    assert loads[-1] == "user_gelu_bias.yaml"
+
+
 def test_register_refuses_taken_names():
     import fusegemm.torch_library as fg
     with pytest.raises(ArgumentError, match=r"^name: got 'grouped_gemm'; allowed: a name no fusegemm op has"):
