@@ -44,6 +44,22 @@ def time_ms(fn, warmup: int, iters: int) -> float:
     return statistics.median(times)
 
 
+def host_ms(fn, iters: int = 5) -> float:
+    """The host's time to issue one call of ``fn`` (the median of ``iters``, each after the GPU
+    went idle): above the GPU's time per call, an eager loop waits on Python, not kernels."""
+    import time
+
+    import torch
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def interleaved_ms(methods: dict, args) -> dict[str, float]:
     """Every method timed in each of ``args.rounds`` interleaved rounds; the median over all
     samples. Clocks and neighbours drift during a run, and interleaving keeps that drift out of

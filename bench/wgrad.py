@@ -18,7 +18,8 @@ largest magnitude (the recipe's quantization error, not a kernel error).
 
 Every fusegemm result is checked against torch._grouped_mm before it is timed. ``--also
 NAME=DEFINES`` (repeatable) times the op built with a header's A/B switch as well (e.g.
-``--also staged=-DFUSEGEMM_SM90_DEFER_STORE=0``).
+``--also staged=-DFUSEGEMM_SM90_DEFER_STORE=0``), the FP8 one too (``NAME_fp8``, with whether its
+D is bit-equal to ``fusegemm_fp8``'s).
 
     python bench/wgrad.py [--out bench/results/wgrad_h200.json]
 """
@@ -77,6 +78,11 @@ def bench_shape(name: str, dist: str, args) -> dict:
         del ref, got
         methods["fusegemm_fp8"] = lambda: op8(*q, off)
         methods["fusegemm_fp8_quant"] = lambda: op8(*quantize_wgrad(dy), *quantize_wgrad(x), off)
+        for key, defines in also_builds(args):   # the FP8 kernel's A/B switches (sm90/blockwise_promote.cuh)
+            with nvrtc_defines(defines):
+                other8 = Op("grouped_gemm_wgrad_fp8").compile()
+            row[f"{key}_fp8_equal_to_fusegemm_fp8"] = bool(torch.equal(other8(*q, off)["d"], op8(*q, off)["d"]))
+            methods[f"{key}_fp8"] = (lambda other8=other8: other8(*q, off))
     if dist == "balanced":
         dyb, xb = dy.view(experts, t // experts, m), x.view(experts, t // experts, n)
         methods["cublas_bmm"] = lambda: torch.bmm(dyb.transpose(1, 2), xb)
@@ -88,6 +94,9 @@ def bench_shape(name: str, dist: str, args) -> dict:
             row[f"{key}_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row[f"{key}_ms"]
     for key, _ in also_builds(args):
         row[f"{key}_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row[f"{key}_ms"]
+        if f"{key}_fp8_ms" in row:
+            row[f"{key}_fp8_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row[f"{key}_fp8_ms"]
+            row[f"{key}_fp8_speed_vs_fusegemm_fp8"] = row["fusegemm_fp8_ms"] / row[f"{key}_fp8_ms"]
     if "fusegemm_whole_fill_ms" in row:
         row["whole_fill_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row["fusegemm_whole_fill_ms"]
     if "cublas_bmm_ms" in row:
