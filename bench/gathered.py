@@ -1,4 +1,4 @@
-"""Gathered A against the same kernel on pre-permuted rows, in the same run; prints JSON.
+"""Gathered A and scattered D against the same kernel on pre-permuted rows, in the same run; prints JSON.
 
 An MoE layer's fc1 (and its data gradient's dY) reads token-major rows through the routing's
 permutation. Three ways to run the grouped GEMM of one routed batch (``fusegemm.routing.route``
@@ -15,15 +15,20 @@ and the same for the layer's fc1 weight gradient (``specs/grouped_gemm_wgrad.yam
 dG_e^T X_e): ``wgrad_gathered`` reads X's token rows through the index (``b_gather=True``),
 ``wgrad_pre_permuted`` the rows gathered beforehand.
 
-Outputs of each gathered kernel and its pre-permuted run are checked bit-equal before timing.
+Scattered outputs, on the layer's fc2 (K = intermediate, N = hidden): ``scattered`` writes row r of
+the problem to slot ``token * top_k + j`` of a (tokens * top_k, hidden) output (``d_scatter=True``,
+``d_index=``: the combine then sums contiguous rows), ``fc2`` the same kernel writing rows in
+problem order (the >= 0.95x baseline).
 
-    python bench/gathered.py [--layers dsv3-8,mixtral,qwen3] [--out FILE]
+Outputs of each gathered or scattered kernel and its plain run are checked bit-equal before timing.
+
+    python bench/gathered.py [--layers dsv3-8,mixtral,qwen3] [--also NAME=DEFINES] [--out FILE]
 """
 from __future__ import annotations
 
 import argparse
 
-from _common import add_layer_arguments, interleaved_ms, run_layers
+from _common import add_also_argument, add_layer_arguments, also_builds, interleaved_ms, nvrtc_defines, run_layers
 
 # name: (experts, tokens, K (hidden), N (2 x intermediate), top_k)
 LAYERS = {
@@ -53,15 +58,35 @@ def bench_layer(name: str, args) -> dict:
     dg = torch.randn(r.rows, n, generator=g, device="cuda").bfloat16()      # fc1's output gradient rows
     wg, wp = Op("grouped_gemm_wgrad", b_gather=True, **axes), Op("grouped_gemm_wgrad", **axes)
     wequal = torch.equal(wg(dg, x, r.padded_offsets, x_index=idx)["d"], wp(dg, rows, r.padded_offsets)["d"])
+    # fc2 (rows, F) @ w2 (E, H, F) with its rows scattered to their (token, j) slots.
+    h = torch.randn(r.rows, n // 2, generator=g, device="cuda").bfloat16()
+    w2 = (torch.randn(experts, k, n // 2, generator=g, device="cuda") * (n // 2) ** -0.5).bfloat16()
+    slots = tokens * top_k
+    d_index = torch.full((r.rows,), -1, dtype=torch.int32, device="cuda")
+    d_index[r.row_of.reshape(-1)] = torch.arange(slots, dtype=torch.int32, device="cuda")
+    scattered = Op("grouped_gemm", d_scatter=True, **axes)
+    y = plain(h, r.padded_offsets, w2, inputs=ins)["d"]
+    sequal = torch.equal(scattered(h, r.padded_offsets, w2, d_index=d_index, d_rows=slots, inputs=ins)["d"],
+                         y[r.row_of.reshape(-1)])
     methods = {
         "gathered": lambda: gathered(x, r.padded_offsets, w, a_index=idx, inputs=ins),
         "pre_permuted": lambda: plain(rows, r.padded_offsets, w, inputs=ins),
         "gather_then_gemm": lambda: plain(permute.gather_rows(x, r.token_of_row), r.padded_offsets, w, inputs=ins),
         "wgrad_gathered": lambda: wg(dg, x, r.padded_offsets, x_index=idx),
         "wgrad_pre_permuted": lambda: wp(dg, rows, r.padded_offsets),
+        "scattered": lambda: scattered(h, r.padded_offsets, w2, d_index=d_index, d_rows=slots, inputs=ins),
+        "fc2": lambda: plain(h, r.padded_offsets, w2, inputs=ins),
     }
+    for tag, defines in args.also_pairs:   # the gathered and scattered ops built again (A/B switches)
+        with nvrtc_defines(defines):
+            g_also = Op("grouped_gemm", a_gather=True, **axes).compile()
+            s_also = Op("grouped_gemm", d_scatter=True, **axes).compile()
+        methods[f"gathered_{tag}"] = lambda g_also=g_also: g_also(x, r.padded_offsets, w, a_index=idx, inputs=ins)
+        methods[f"scattered_{tag}"] = lambda s_also=s_also: s_also(h, r.padded_offsets, w2, d_index=d_index,
+                                                                     d_rows=slots, inputs=ins)
     row = {"layer": name, "experts": experts, "tokens": tokens, "k": k, "n": n, "top_k": top_k, "rows": r.rows,
-           "gathered_equals_pre_permuted": equal, "wgrad_gathered_equals_pre_permuted": wequal}
+           "gathered_equals_pre_permuted": equal, "wgrad_gathered_equals_pre_permuted": wequal,
+           "scattered_equals_fc2_placed": sequal}
     for key, ms in interleaved_ms(methods, args).items():
         row[f"{key}_ms"] = ms
     flops = 2.0 * tokens * top_k * k * n
@@ -69,21 +94,28 @@ def bench_layer(name: str, args) -> dict:
     row["gathered_vs_pre_permuted"] = row["pre_permuted_ms"] / row["gathered_ms"]
     row["gathered_vs_gather_then_gemm"] = row["gather_then_gemm_ms"] / row["gathered_ms"]
     row["wgrad_gathered_vs_pre_permuted"] = row["wgrad_pre_permuted_ms"] / row["wgrad_gathered_ms"]
+    row["scattered_vs_fc2"] = row["fc2_ms"] / row["scattered_ms"]
+    for tag, _ in args.also_pairs:
+        row[f"gathered_{tag}_vs_pre_permuted"] = row["pre_permuted_ms"] / row[f"gathered_{tag}_ms"]
+        row[f"scattered_{tag}_vs_fc2"] = row["fc2_ms"] / row[f"scattered_{tag}_ms"]
     return row
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_layer_arguments(ap, LAYERS, warmup=3, iters=10, rounds=5)
+    add_also_argument(ap)
     args = ap.parse_args(argv)
+    args.also_pairs = also_builds(args)
     return run_layers(args, LAYERS, bench_layer,
                       lambda r: (f"gathered {r['gathered_ms']:.3f} ms  pre-permuted {r['pre_permuted_ms']:.3f} ms  "
                                  f"gather+gemm {r['gather_then_gemm_ms']:.3f} ms  "
                                  f"x{r['gathered_vs_pre_permuted']:.3f} of pre-permuted  "
                                  f"equal {r['gathered_equals_pre_permuted']}  wgrad "
                                  f"x{r['wgrad_gathered_vs_pre_permuted']:.3f} of pre-permuted  "
-                                 f"equal {r['wgrad_gathered_equals_pre_permuted']}"),
-                      "gathered A vs the same grouped GEMM on pre-permuted rows", steps="calls")
+                                 f"equal {r['wgrad_gathered_equals_pre_permuted']}  scattered fc2 "
+                                 f"x{r['scattered_vs_fc2']:.3f} of plain  equal {r['scattered_equals_fc2_placed']}"),
+                      "gathered A and scattered D vs the same grouped GEMM on pre-permuted rows", steps="calls")
 
 
 if __name__ == "__main__":

@@ -394,9 +394,10 @@ def spec_op(spec: Any, *, e5m2_rcp_max: str = "page", **axes: Any) -> Any:
 
     from .ops.engine import Op, positional_operands
     plan = Op.planned(spec, e5m2_rcp_max=e5m2_rcp_max, **axes)
-    if plan.variant.a_gather or plan.variant.b_gather:
-        raise UnsupportedError("a_gather / b_gather: gathered operands (their index operands) run through "
-                               "fusegemm.Op and the torch ops; the JAX target passes the positional operands only")
+    if plan.variant.a_gather or plan.variant.b_gather or plan.variant.d_scatter:
+        raise UnsupportedError("a_gather / b_gather / d_scatter: gathered operands and scattered outputs (their "
+                               "index operands) run through fusegemm.Op and the torch ops; the JAX target passes "
+                               "the positional operands only")
     import jax
     import jax.numpy as jnp
 

@@ -197,11 +197,11 @@ def _define(name: str, params: list[tuple[str, str, object]], n_out: int, body) 
 
 def _operand_schema(kind: str) -> tuple[tuple[str, str], ...]:
     """(name, schema type) of kernel class ``kind``'s operands (fusegemm/ops/engine.py): a tensor,
-    an optional one where the operand defaults to None, and ``n`` an optional int."""
+    an optional one where the operand defaults to None, and ``n`` / ``d_rows`` optional ints."""
     import inspect
 
     from .ops.engine import class_operands
-    return tuple((p.name, "int?" if p.name == "n" else "Tensor" if p.default is inspect.Parameter.empty
+    return tuple((p.name, "int?" if p.name in ("n", "d_rows") else "Tensor" if p.default is inspect.Parameter.empty
                   else "Tensor?") for p in class_operands(kind))
 
 

@@ -148,10 +148,7 @@ def rule_model(r: Resolved, packed: bool = False) -> RuleModel:
         ("kRowSum", _b(bool(rowsum))),
         ("kColSum", _b(bool(colsum))),
         ("kPairedColSum", _b(bool(colsum) and colsum[0].paired is not None)),
-        ("kElementwise", _b(not r.paired_acc and (d is None or (d.paired is None and q is None))
-                            and (c is None or c.paired is None)
-                            and not amax and not rowsum and not colsum
-                            and all(dtype_entry(o.dtype).bits >= 16 for o in r.outputs))),
+        ("kElementwise", _b(r.elementwise)),
     ]
     for k, red in enumerate(amax):
         traits.append((f"kAmaxSlot{k}", str(red.slot)))

@@ -279,6 +279,16 @@ class Resolved:
         return (self.paired_acc or any(i.per == "element" and i.paired for i in self.inputs)
                 or any(o.paired is not None for o in self.outputs))
 
+    @property
+    def elementwise(self) -> bool:
+        """Whether every output value is a function of its own accumulator value and inputs: no
+        gate/up pairing, quantization or reduction, and outputs of 16 bits or more (the sm_90a
+        kernels' fragment path, ``Rule::kElementwise``)."""
+        from ..base.dtypes import dtype as dtype_entry
+        return (not self.paired_acc and not self.reductions
+                and all(o.paired is None and o.quantize is None and dtype_entry(o.dtype).bits >= 16
+                        for o in self.outputs))
+
     def width(self, n_acc: int) -> int:
         """Element columns of a GEMM with ``n_acc`` accumulator columns."""
         return n_acc // 2 if self.paired_acc else n_acc
@@ -308,13 +318,16 @@ class Resolved:
         names += [o.quantize.col for o in self.outputs if o.quantize is not None and o.quantize.col]
         return tuple(names)
 
-    def buffers(self, n_acc: int, m_rows: int, experts: int) -> dict[str, tuple[tuple[int, ...], str, float]]:
+    def buffers(self, n_acc: int, m_rows: int, experts: int, out_rows: int | None = None
+                ) -> dict[str, tuple[tuple[int, ...], str, float]]:
         """(shape, storage dtype, initial value) of every buffer the epilogue writes, by name:
         the outputs by their spec names (c, d, ...), d_col, sfd_row, sfd_col, amax, dprob, dbias
         ((L, W) float32, (L, 2W) for a paired output's column sums). FP8/FP4 outputs are raw bytes
         (uint8; packed FP4: two per byte); SF buffers are the physical atom layout of
         formats/scales.py (1, ceil(mn/128), ceil(k/4), 32, 4, 4), or for 1x128 scales (quantize.vec
-        128) float32 (ceil(cols/128), pitch), pitch the rows rounded up to 4; amax starts at -inf."""
+        128) float32 (ceil(cols/128), pitch), pitch the rows rounded up to 4; amax starts at -inf.
+        ``out_rows``: rows of the outputs where they are not the problem's (scattered outputs,
+        ``d_scatter``: ``d_rows``)."""
         from ..base.dtypes import dtype as dtype_entry
 
         def ceil(a: int, b: int) -> int:
@@ -324,7 +337,8 @@ class Resolved:
         for o in self.outputs:
             cols = self.columns(n_acc)[o.name]
             bits = dtype_entry(o.dtype).bits
-            shape, store = ((m_rows, cols * bits // 8), "uint8") if bits < 16 else ((m_rows, cols), o.dtype)
+            rows = m_rows if out_rows is None else out_rows
+            shape, store = ((rows, cols * bits // 8), "uint8") if bits < 16 else ((rows, cols), o.dtype)
             out[o.name] = (shape, store, 0.0)
             if o.quantize is not None:
                 if o.quantize.row and o.quantize.vec == 128:

@@ -22,6 +22,8 @@ GROUPED_PARAMS = ParamStruct("Params", (
     Field("offsets", "cptr", "padded_offsets int32 (L,): cumulative expert row ends"),
     Field("a_index", "cptr", "gathered A: int32 (m_rows,) the row of A each problem row reads (outside A: zeros)"),
     Field("b_index", "cptr", "K-grouped, gathered X: int32 (k,) the row of X each token row reads (outside X: zeros)"),
+    Field("d_index", "cptr", "scattered outputs: int32 (m_rows,) the C/D row each problem row writes (outside "
+          "[0, d_rows): none)"),
     Field("a_gather_ptr", "cptr", "gathered A (dY): the token-major matrix a_index reads, bfloat16"),
     Field("b_gather_ptr", "cptr", "K-grouped, gathered X: the token-major matrix b_index reads, bfloat16"),
     Field("row_ends", "cptr", "optional int32 (L,): where each expert's tokens end in its padded range (tiles past it skipped)"),
@@ -64,6 +66,7 @@ GROUPED_PARAMS = ParamStruct("Params", (
     Field("b_gather_ld", "i64", "gathered X: row stride of b_gather_ptr's matrix in elements"),
     Field("a_gather_rows", "i32", "gathered A: rows of a_gather_ptr's matrix (an index outside them reads zeros)"),
     Field("b_gather_rows", "i32", "gathered X: rows of b_gather_ptr's matrix"),
+    Field("d_rows", "i32", "scattered outputs: rows of the C/D buffers d_index writes"),
     Field("rcp_max", "f32", "SFD: 1 / the FP8/FP4 output's largest value (e5m2: 1/57344 or 1/128)"),
     # Launch cluster shape (a launch attribute, not compiled in): rank r of the 1-D launch
     # cluster is CTA (r % cluster_m, r / cluster_m); 2-CTA pairs are ranks (2i, 2i+1) along M.

@@ -97,8 +97,8 @@ _SM90_BLOCKWISE_E8M0 = (RunsAs("sf_dtype", "float8_e8m0fnu", "float32", "every E
 # changed and checks that exactly these, and those its epilogue reads, change the source). The
 # BF16 template stores C and D as the variant's c_dtype / d_dtype where the rule has no such
 # output; bias_dtype and generate_c reach it through the rules that read them (grouped_gemm's).
-_GROUPED_BF16 = ("ab_dtype", "c_dtype", "d_dtype", "weight_mode", "b_major", "a_gather", "scheduler", "tile_m",
-                 "tile_n")
+_GROUPED_BF16 = ("ab_dtype", "c_dtype", "d_dtype", "weight_mode", "b_major", "a_gather", "d_scatter", "scheduler",
+                 "tile_m", "tile_n")
 _KGROUPED = ("ab_dtype", "c_dtype", "d_dtype", "tile_m", "tile_n")
 _KGROUPED_SM90 = _KGROUPED + ("a_gather", "b_gather")   # token rows read through an index (sm_90a)
 # The block-scaled template takes its C and D types from the rule: c_dtype and d_dtype reach it
@@ -115,6 +115,10 @@ _NO_GATHER = Limit("a_gather", (False,), "gathered A (a_index) is the BF16 group
                                          "operand mode on sm_90a")
 _NO_GATHER_B = Limit("b_gather", (False,), "gathered B (b_index) is the K-grouped family's operand mode on "
                                            "sm_90a (token rows of X)")
+# Scattered outputs (d_scatter: problem row r's C and D rows stored at row d_index[r]) are the
+# sm_90a BF16 M-grouped kernel's output mode (its fragment path's per-warp row stores).
+_NO_SCATTER = Limit("d_scatter", (False,), "scattered outputs (d_index) are the sm_90a BF16 grouped family's "
+                                           "output mode")
 
 # What both archs' K-grouped kernels (weight gradients, Config::kKGrouped) leave out.
 _KGROUPED_LIMITS = (
@@ -172,9 +176,12 @@ _SM100_BLOCKWISE_E8M0 = (RunsAs("sf_vec_size", 128, 32, "power-of-two scales rep
 
 _SM100_ROWS = (
     _row("grouped", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
-         "GroupedGemmKernel", tuple(a for a in _GROUPED_BF16 if a != "a_gather") + _VECTOR_F32, rule=SPEC_RULE,
+         "GroupedGemmKernel", tuple(a for a in _GROUPED_BF16 if a not in ("a_gather", "d_scatter")) + _VECTOR_F32,
+         rule=SPEC_RULE,
          limits=(Limit("a_gather", (False,), "gathered A is the sm_90a kernel's (cp.async row copies); the "
                                              "sm_100a kernel's gathered loads (TMA gather4) are not written"),
+                 Limit("d_scatter", (False,), "scattered outputs are the sm_90a kernel's (row stores from its "
+                                              "fragment path); the sm_100a kernel's TMEM epilogue has none"),
                  _NO_GATHER_B, _SFD_MX_ONLY)),
     # The tcgen05 kernel with per-tile K ranges (Config::kKGrouped): no Blackwell GPU has run it
     # (executed=False: its first launch runs the family's selftest cases on the device,
@@ -182,7 +189,7 @@ _SM100_ROWS = (
     _row("kgrouped", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", tuple(a for a in _KGROUPED if a != "tile_m") + _VECTOR_F32, rule=SPEC_RULE,
          limits=(Limit("tile_m", (128,), "1-CTA tiles of 128 rows (two 64-row M-major A atoms)"),
-                 *_KGROUPED_LIMITS, _NO_GATHER, _NO_GATHER_B, _SFD_MX_ONLY),
+                 *_KGROUPED_LIMITS, _NO_GATHER, _NO_GATHER_B, _NO_SCATTER, _SFD_MX_ONLY),
          executed=False),
     # MXFP8 weight gradients (Config::kKGrouped of the block-scaled kernel): dY^T and X^T
     # token-contiguous with E8M0 scales per 32 tokens; the blockwise recipe's FP32 scales are sm_90a's.
@@ -192,14 +199,14 @@ _SM100_ROWS = (
          limits=(*_SM100_MX_SCALES, Limit("tile_m", (128,), "1-CTA tiles of 128 rows"), *_KGROUPED_LIMITS,
                  Limit("a_major", ("k",), "dY^T is token-contiguous (K-major)"),
                  Limit("b_major", ("k",), "X^T is token-contiguous (K-major)"), _NO_GATHER, _NO_GATHER_B,
-                 _SFD_MX_ONLY),
+                 _NO_SCATTER, _SFD_MX_ONLY),
          runs_as=(RunsAs("sf_vec_size", 128, 32, "power-of-two 1x128 scales repeated over their four 32-token MX "
                          "blocks are exactly the recipe's: the MXFP8 kernel, both scale tensors expanded on the "
                          "device per call", when=(("sf_dtype", "float8_e8m0fnu"),)),),
          executed=False),
     *(_row(kind, "sm_100a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _BLOCKSCALED + _VECTOR_F32, rule=SPEC_RULE,
-           limits=(*_SM100_MX_SCALES, _NO_GATHER, _NO_GATHER_B, _SFD_MX_ONLY),
+           limits=(*_SM100_MX_SCALES, _NO_GATHER, _NO_GATHER_B, _NO_SCATTER, _SFD_MX_ONLY),
            runs_as=_SM100_BLOCKWISE_E8M0 if kind == "scaled" else ())
       for kind in ("scaled", "batched")),
 )
@@ -267,7 +274,7 @@ _SM90_ROWS = (
     # one K range per expert.
     _row("kgrouped", "sm_90a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _KGROUPED_SM90, rule=SPEC_RULE,
-         limits=(_SM90_TILE_M, *_KGROUPED_LIMITS, _SFD_MX_ONLY), runs_as=_SM90_SCALAR_F32),
+         limits=(_SM90_TILE_M, *_KGROUPED_LIMITS, _NO_SCATTER, _SFD_MX_ONLY), runs_as=_SM90_SCALAR_F32),
     # FP8 weight gradients with the blockwise recipe (Config::kKGrouped of the blockwise kernel):
     # dY^T and X^T token-contiguous, both scaled 1x128 along the tokens (sm_100a's row takes MXFP8
     # scales per 32 tokens: its MMA reads MX scale atoms). Run on the H200 (2026-12-03):
@@ -276,7 +283,7 @@ _SM90_ROWS = (
     # step's weight gradients.
     _row("kscaled", "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
          "BlockScaledGemmKernel", ("ab_dtype", "cd_major", "discrete_col_sfd", "tile_n"), rule=SPEC_RULE,
-         limits=(*_SM90_BLOCKSCALED_LIMITS, *_KGROUPED_LIMITS, _NO_GATHER, _NO_GATHER_B, _SFD_MX_ONLY,
+         limits=(*_SM90_BLOCKSCALED_LIMITS, *_KGROUPED_LIMITS, _NO_GATHER, _NO_GATHER_B, _NO_SCATTER, _SFD_MX_ONLY,
                  Limit("sf_vec_size", (128,), "the blockwise recipe (FP32 scales per 128 tokens): Hopper has no "
                                               "block-scaled MMA; MXFP8 weight gradients run on sm_100a"),
                  Limit("sf_dtype", ("float32",), "FP32 scales (the blockwise recipe); MXFP8's E8M0 scales per 32 "
@@ -284,7 +291,7 @@ _SM90_ROWS = (
          runs_as=_SM90_BLOCKWISE_E8M0),
     *(_row(kind, "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _SM90_BLOCKSCALED, rule=SPEC_RULE,
-           limits=(*_SM90_BLOCKSCALED_LIMITS, _NO_GATHER, _NO_GATHER_B,
+           limits=(*_SM90_BLOCKSCALED_LIMITS, _NO_GATHER, _NO_GATHER_B, _NO_SCATTER,
                    Limit("sf_vec_size", (128,), "1x128 output scales are the blockwise recipe's (A and B scaled "
                                                 "per 128 K); MXFP8 inputs give MX output scales (sfd_vec_size 32)",
                          when=(("sfd_vec_size", 128),))),
@@ -367,6 +374,17 @@ def unexecuted_mode(family: str, arch: str, choice: dict[str, Any]) -> str | Non
         if choice.get(axis, NEUTRAL.get(axis)) == value:
             return f"{axis}={value!r} on {arch}: {why}"
     return None
+
+
+def check_rule(choice: dict[str, Any], elementwise: bool) -> None:
+    """What a variant's axes ask of its epilogue rule (``elementwise``: ``Resolved.elementwise``);
+    UnsupportedError naming the axis otherwise. Scattered outputs are stored row by row from the
+    fragment path, which runs element-wise rules only (a paired, quantizing or reducing rule's
+    stores go through blocks and scale factors laid out by problem row)."""
+    if choice.get("d_scatter") and not elementwise:
+        raise UnsupportedError("d_scatter: got True; allowed for element-wise epilogues only (no gate/up pairing, "
+                               "quantization or reduction; 16/32-bit outputs): their rows are stored whole from the "
+                               "fragment, where the kernel can redirect each one", axis="d_scatter")
 
 
 def status(family: str, arch: str) -> str:

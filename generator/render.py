@@ -19,7 +19,7 @@ from ..base.contract import FIELDS as CONTRACT_FIELDS
 from ..base.dtypes import dtype
 from .emit import rule_model
 from .params import params_for
-from .registry import SPEC_RULE, Implementation, resolve
+from .registry import SPEC_RULE, Implementation, check_rule, resolve
 from .variants import Variant
 
 _HASH_PLACEHOLDER = "FUSEGEMM_KERNEL_SYMBOL"
@@ -83,7 +83,9 @@ def rule_of(v: Variant, impl: Implementation):
     (the row lists the axis)."""
     if impl.rule == SPEC_RULE:
         packed = v.vector_f32 and "vector_f32" in impl.source_axes
-        return rule_model(v.spec.epilogue.resolve(v.choices), packed=packed)
+        resolved = v.spec.epilogue.resolve(v.choices)
+        check_rule(v.choices, resolved.elementwise)
+        return rule_model(resolved, packed=packed)
     return None
 
 

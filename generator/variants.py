@@ -35,6 +35,7 @@ class Variant:
     b_major: str
     a_gather: bool
     b_gather: bool
+    d_scatter: bool
     cd_major: str
     scheduler: str
     generate_c: bool
@@ -108,6 +109,9 @@ _NAME_PARTS = (
     ("weight_mode", lambda v: v),
     ("a_major", lambda v: f"a{v}"),
     ("b_major", lambda v: f"b{v}"),
+    ("a_gather", lambda v: "gather" if v else ""),
+    ("b_gather", lambda v: "bgather" if v else ""),
+    ("d_scatter", lambda v: "scatter" if v else ""),
     ("cd_major", lambda v: f"cd{v}"),
     ("scheduler", lambda v: "dyn" if v == "dynamic" else "static"),
     ("generate_c", lambda v: "genc" if v else "noc"),

@@ -48,17 +48,18 @@ def alloc(shape: tuple[int, ...], dtype: str, device: int) -> Any:
 
 
 def alloc_outputs(resolved: Any, n_acc: int, m_rows: int, experts: int, device: Any, *,
-                  rows_written: bool = False) -> dict[str, Any]:
+                  rows_written: bool = False, out_rows: int | None = None) -> dict[str, Any]:
     """The buffers a resolved epilogue writes (``Resolved.buffers``), as torch tensors on
     ``device`` filled with their initial values (amax -inf, the rest 0). ``rows_written``: the
     row buffers (``Resolved.row_buffers``: C, D, D_col) are left uninitialised, for a kernel
     that stores every one of their rows (K-grouped) or a caller that zeroes the rest
-    (fusegemm/ops/tail.py): filling them first cost up to 22% of a GEMM's time on the H200."""
+    (fusegemm/ops/tail.py): filling them first cost up to 22% of a GEMM's time on the H200.
+    ``out_rows``: the row buffers' rows where they are not the problem's (scattered outputs)."""
     torch = _torch()
     rows = resolved.row_buffers() if rows_written else ()
     return {name: (torch.empty(shape, dtype=getattr(torch, store), device=device) if name in rows
                    else torch.full(shape, fill, dtype=getattr(torch, store), device=device))
-            for name, (shape, store, fill) in resolved.buffers(n_acc, m_rows, experts).items()}
+            for name, (shape, store, fill) in resolved.buffers(n_acc, m_rows, experts, out_rows).items()}
 
 
 def record_stream(t: Any, stream: int) -> None:

@@ -185,6 +185,7 @@ class Op(PreparedLaunch):
         """True when the arch's kernel implements this variant; UnsupportedError says why not."""
         from ..generator import registry
         registry.resolve(self.spec.kernel, self.arch, self.kernel_variant.choices)
+        registry.check_rule(self.kernel_variant.choices, self.epilogue.elementwise)
         return True
 
     def compile(self, tail: bool = True) -> "Op":
@@ -250,7 +251,13 @@ class Op(PreparedLaunch):
             (M,), problem row r reads row ``a_index[r]`` of a token-major ``a_tensor`` (T, K);
             an index outside [0, T) reads zeros; sm_90a), ``dy_index`` / ``x_index`` for a
             K-grouped op built with ``a_gather`` / ``b_gather`` (int32 (T,): token row t of dY / X
-            is that row of ``dy_tensor`` / ``x_tensor``). BF16 grouped and K-grouped ops also take
+            is that row of ``dy_tensor`` / ``x_tensor``), ``d_index`` and ``d_rows`` for a BF16
+            grouped op built with ``d_scatter=True`` (scattered outputs: int32 (M,), problem row r's
+            C and D rows are written to row ``d_index[r]`` of (``d_rows``, N) outputs; an index
+            outside [0, d_rows), the routing's -1 padding included, writes nothing; each output row
+            named once at most, else which of its rows lands is unspecified; the rows no index
+            names come back zero, or unwritten with ``tail=False``; sm_90a, element-wise
+            epilogues). BF16 grouped and K-grouped ops also take
             ``row_ends`` (int32 (L,), optional): where each expert's tokens end inside its padded
             range (the rest is padding, zero rows). The sm_90a kernels with dense weights and no
             cluster skip the M tiles that start at or past it (their output rows come back zero;
@@ -267,7 +274,8 @@ class Op(PreparedLaunch):
             As :meth:`execute`.
         tail : bool
             Zero the grouped class's rows at or past the last offset (False: leave them unwritten,
-            as seed 001's wrapper does; one launch less).
+            as seed 001's wrapper does; one launch less); scattered outputs: the rows no index
+            names.
         """
         given = inputs or {}
         _copied: list = []     # (alive until the launch is issued)
@@ -285,7 +293,7 @@ class Op(PreparedLaunch):
         device = self._check_devices(call, deferred)
         rows_written = (self.tail_zeroed or self.k_grouped) and not is_dry()
         out = alloc_outputs(self.epilogue, *self._dims(call), device_str(call.a, device),
-                            rows_written=rows_written)
+                            rows_written=rows_written, out_rows=self._out_rows(call))
         if not is_dry():   # a fake implementation's trace: outputs allocated, nothing launched
             self.compile(tail=tail)
             e, ptrs = self._prepare(key, flat, operands, operand_kw, given, call, values, keep, deferred,
@@ -333,7 +341,8 @@ class Op(PreparedLaunch):
         """Run once into the caller's ``outputs`` (by spec name; every buffer the epilogue writes
         is required). Each is checked against the layout the kernel writes (shape, dtype, dense
         strides, device, no overlap with another output or an input); amax is reset to -inf and
-        dprob to 0 on the launch stream. Rows at or past the last offset are left as they are.
+        dprob to 0 on the launch stream. Rows at or past the last offset are left as they are
+        (scattered outputs: the rows no index names).
 
         Parameters
         ----------
@@ -392,7 +401,7 @@ class Op(PreparedLaunch):
         writes (shape, dtype, strides; ``required`` False: only those given), by spec name."""
         out: dict[str, Any] = {}
         rows = self._rows if self.kind == "grouped" else ()
-        for name, (shape, store, _) in self.epilogue.buffers(*self._dims(call)).items():
+        for name, (shape, store, _) in self._buffers(call).items():
             x, nm = outputs.get(name), names.get(name, f"outputs[{name!r}]")
             if x is not None or required:
                 out[name] = (name in rows and pitched(x, nm, shape, store)) or native_output(
@@ -426,6 +435,14 @@ class Op(PreparedLaunch):
         if self.kind == "batched":
             return call.n, call.l * call.m, 1
         return call.n, call.m, call.l
+
+    def _out_rows(self, call: Any) -> int | None:
+        """Rows of the row outputs where they are not the problem's: scattered outputs' ``d_rows``."""
+        return call.d_rows if self.variant.d_scatter else None
+
+    def _buffers(self, call: Any) -> dict[str, tuple[tuple[int, ...], str, float]]:
+        """(shape, storage dtype, initial value) of every buffer the epilogue writes for ``call``."""
+        return self.epilogue.buffers(*self._dims(call), self._out_rows(call))
 
     def _inputs(self, given: Mapping[str, Any], call: Any, deferred: list, names: Mapping[str, str] | None = None,
                 align: Mapping[str, int] | None = None) -> tuple[dict[str, int], list[Any]]:
@@ -641,15 +658,27 @@ def _index_matches(op: Op, name: str, index: Any, axis: str, what: str) -> None:
 
 
 def _parse_grouped(op: Op, a_tensor: Any, padded_offsets: Any, b_tensor: Any = None, *, b_ptrs: Any = None,
-                   n: int | None = None, a_index: Any = None, row_ends: Any = None) -> Any:
+                   n: int | None = None, a_index: Any = None, d_index: Any = None, d_rows: int | None = None,
+                   row_ends: Any = None) -> Any:
     b_major = op.variant.b_major
     _index_matches(op, "a_index", a_index, "a_gather", "an int32 (M,) row index")
+    _index_matches(op, "d_index", d_index, "d_scatter", "an int32 (M,) output row index")
     call = parse_call(a_tensor, padded_offsets, None, b_tensor, b_ptrs, None, None,
                       ab_dtypes=("bfloat16",), bias_dtypes=(), n=n, alpha_required=False,
                       b_major=b_major, b_majors=(b_major,), devices=False, a_index=a_index)
     if (call.b_ptrs is not None) != (op.variant.weight_mode == "discrete"):
         raise ArgumentError("b_tensor/b_ptrs", "b_ptrs" if call.b_ptrs is not None else "b_tensor",
                             f"the {op.variant.weight_mode} weights this op was built for")
+    if d_index is not None:
+        call.d_index = checks.row_index(d_index, "d_index", "the problem's padded rows",
+                                        equal=(call.m, "one output row per problem row: M"))
+        if isinstance(d_rows, bool) or not isinstance(d_rows, int) or not 0 <= d_rows < 2 ** 31:
+            raise ArgumentError("d_rows", repr(d_rows), "an int in [0, 2^31): rows of the scattered C and D "
+                                                        "(d_index's entries outside [0, d_rows) store nothing)")
+        call.d_rows = d_rows
+    elif d_rows is not None:
+        raise ArgumentError("d_rows", d_rows, "None (the outputs have the problem's M rows) for an op built "
+                                              "without d_scatter=True")
     call.row_ends = checks.row_ends(row_ends, call.offsets.shape[0])
     return call
 

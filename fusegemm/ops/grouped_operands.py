@@ -41,6 +41,8 @@ class Call:
     a_index: TensorView | None = None   # gathered A: the row of A each of the M problem rows reads
     a_rows: int = -1              # rows of A (gathered A: its tokens; else M)
     row_ends: TensorView | None = None  # where each expert's tokens end (tiles past it skipped)
+    d_index: TensorView | None = None   # scattered outputs: the C/D row each of the M problem rows writes
+    d_rows: int = -1              # scattered outputs: rows of C and D (else M)
 
 
 def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: Any,
@@ -156,7 +158,7 @@ def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: 
 # and write C/D; the offsets and the vectors are read as 4-byte words, the pointer table as
 # 8-byte words.
 ALIGNMENT = {"a_tensor": 16, "b_tensor": 16, "bias_tensor": 16, "c_tensor": 16, "d_tensor": 16,
-             "padded_offsets": 4, "alpha_tensor": 4, "prob_tensor": 4, "b_ptrs": 8, "a_index": 4}
+             "padded_offsets": 4, "alpha_tensor": 4, "prob_tensor": 4, "b_ptrs": 8, "a_index": 4, "d_index": 4}
 
 
 def shape_of(call: Call) -> GroupedShape:

@@ -32,7 +32,7 @@ from .scaled_operands import scaled_maps
 
 class PreparedLaunch:
     """The launch half of :class:`fusegemm.Op` (it provides ``kind``, ``epilogue``, ``variant``,
-    ``device``, ``rcp_max``, ``_launcher``, ``_memo``, ``_rows``, ``_dims()`` and
+    ``device``, ``rcp_max``, ``_launcher``, ``_memo``, ``_rows``, ``_dims()``, ``_buffers()`` and
     ``_operand_names()``)."""
 
     def _execute_memo(self, e: Prepared, flat: tuple, current_stream: Any, validate_offsets: bool | None) -> bool:
@@ -126,7 +126,7 @@ class PreparedLaunch:
             dev = torch.device(device_str(call.a, self.device))   # (parsed once, not per call)
             alloc = [(name, shape, getattr(torch, store), dev,
                       None if rows_written and name in self._rows else fill)
-                     for name, (shape, store, fill) in self.epilogue.buffers(*self._dims(call)).items()]
+                     for name, (shape, store, fill) in self._buffers(call).items()]
         e = Prepared(call=template, rebase=tuple(rebase), slots=tuple(slots), consts=consts, outs=tuple(outs),
                      alloc=alloc, masks=tuple(masks), resets=tuple(resets),
                      offsets=pos["padded_offsets"] if call.offsets is not None else None,
@@ -187,6 +187,14 @@ class PreparedLaunch:
         if reset:
             for bits, i, words in e.resets:
                 _load.check(_load.driver().cuMemsetD32Async(ptrs[i], bits, words, stream), "cuMemsetD32Async")
+        if zero and self.variant.d_scatter:
+            # Scattered outputs: the rows no index names are zero (the whole buffers, first).
+            for k in self._rows:
+                if k in zero and zero[k].numel():
+                    t = zero[k]
+                    _load.check(_load.driver().cuMemsetD32Async(t.data_ptr(), 0, t.numel() * t.element_size() // 4,
+                                                                stream), "cuMemsetD32Async")
+            zero = None
         if e.empty:
             return   # no row tile (an empty A): nothing to map or launch; outputs hold their fills
         if zero:
@@ -257,7 +265,7 @@ LEAD = {"grouped": ("a_tensor", 16), "kgrouped": ("dy_tensor", 16), "scaled": ("
 _OFFSET_ROWS = {"kgrouped": "dy_tensor", "kscaled": "a_tensor (token columns)"}
 DEVICE_OPERANDS = {
     "grouped": (("padded_offsets", "offsets", 4), ("b_tensor", "b", 16), ("b_ptrs", "b_ptrs", 8),
-                ("a_index", "a_index", 4), ("row_ends", "row_ends", 4)),
+                ("a_index", "a_index", 4), ("d_index", "d_index", 4), ("row_ends", "row_ends", 4)),
     "kgrouped": (("x_tensor", "b", 16), ("padded_offsets", "offsets", 4), ("dy_index", "a_index", 4),
                  ("x_index", "b_index", 4), ("row_ends", "row_ends", 4)),
     "scaled": (("padded_offsets", "offsets", 4), ("b_tensor", "b", 16), ("b_ptrs", "b_ptrs", 8),
@@ -276,6 +284,8 @@ def _plan_grouped(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) 
     return ln.grid(s), s, {**ln.maps(s, call.a.ptr, call.b.ptr if call.b is not None else 0), **ln.scalars(s),
                            "b_ptrs": call.b_ptrs.ptr if call.b_ptrs is not None else 0,
                            "a_index": call.a_index.ptr if call.a_index is not None else 0,
+                           "d_index": call.d_index.ptr if call.d_index is not None else 0,
+                           "d_rows": max(call.d_rows, 0),
                            "row_ends": call.row_ends.ptr if call.row_ends is not None else 0,
                            **_gather_source("a", call.a if call.a_index is not None else None)}
 

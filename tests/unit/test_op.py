@@ -209,7 +209,8 @@ def test_register_any_spec_gives_a_functional_schema_per_kernel_class(tmp_path):
     path.write_text(USER_BF16)
     cases = {
         "t_user_bf16": (str(path), {}, "a_tensor, Tensor padded_offsets, Tensor? b_tensor=None, Tensor? b_ptrs=None, "
-                                       "int? n=None, Tensor? a_index=None, Tensor? row_ends=None, Tensor? row_scale=None, "
+                                       "int? n=None, Tensor? a_index=None, Tensor? d_index=None, int? d_rows=None, "
+                                       "Tensor? row_ends=None, Tensor? row_scale=None, "
                                        "Tensor? bias=None, Tensor? alpha=None"),
         "t_wgrad": ("grouped_gemm_wgrad", {"d_dtype": "float32"},
                     "dy_tensor, Tensor x_tensor, Tensor padded_offsets, Tensor? dy_index=None, Tensor? x_index=None, "

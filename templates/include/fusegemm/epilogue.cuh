@@ -260,6 +260,16 @@ FUSEGEMM_DEVICE void st_global_v4(const void* addr, const uint4& v) {
                : "memory");
 }
 
+// One 16-byte shared-memory load (addr 16-byte aligned): WarpStagedStore's flushes read their
+// vectors with it (the same SASS as the asm written out in place; FragBlockStore's flush keeps its
+// own, whose rewrite reordered the sm_90a SwiGLU kernel's instructions).
+FUSEGEMM_DEVICE uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
+               : "memory");
+  return v;
+}
+
 // Store two adjacent converted values into shared memory at byte address `addr`.
 template <class T>
 FUSEGEMM_DEVICE void st_shared2(uint32_t addr, float a, float b) {
@@ -326,13 +336,24 @@ struct WarpStagedStore {
     const int64_t step = kRowStep * ld;
 #pragma unroll
     for (int i = 0; i < kVecPerLane; ++i) {
-      uint4 val;
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
-                   : "r"(src + i * kRowStep * kPitch)
-                   : "memory");
-      st_global_v4(dst, val);
+      st_global_v4(dst, ld_shared_v4(src + i * kRowStep * kPitch));
       dst += step;
+    }
+  }
+
+  // Scattered rows: as flush(), staged row lane / kVecPerRow + kRowStep i to row rows[i] of
+  // gbase (element (0, 0) of the chunk's column range; rows[i] < 0: not stored).
+  FUSEGEMM_DEVICE static void flush_rows(uint32_t buf, T* gbase, int64_t ld, const int (&rows)[kVecPerLane],
+                                         int cols_valid, int lane) {
+    constexpr int kRowStep = 32 / kVecPerRow;
+    const int row = lane / kVecPerRow, seg = lane % kVecPerRow;
+    const int col = seg * (16 / kElem);
+    if (col >= cols_valid) return;
+    const uint32_t src = buf + row * kPitch + seg * 16;
+#pragma unroll
+    for (int i = 0; i < kVecPerLane; ++i) {
+      const uint4 val = ld_shared_v4(src + i * kRowStep * kPitch);
+      if (rows[i] >= 0) st_global_v4(gbase + static_cast<int64_t>(rows[i]) * ld + col, val);
     }
   }
 };

@@ -121,14 +121,20 @@ struct QuantRowStore {
 // kDefer: the kernel defers D's stores into its next tile's mainloop where it can (kDeferD below).
 // kOverlapped: the epilogue runs while the other warpgroup's mainloop does (ping-pong).
 // kEngineWarps: warps per warpgroup that run the engine path (FUSEGEMM_SM90_ENGINE_WARPS below).
+// kScatter: scattered outputs (d_scatter): problem row r's C and D rows are stored at row
+// p.d_index[r] of the outputs (an index outside [0, p.d_rows) stores nothing), element-wise rules
+// only (the fragment path: a row's staged 16-byte vectors go to one global row, so redirecting a
+// row costs one index load per lane and tile).
 template <int kTileM, int kTileN, class Rule, class ElementC, class ElementD, class Engine,
           bool kBatched = false, bool kForceEngine = false, bool kDefer = false, bool kOverlapped = false,
-          int kEngineWarps = FUSEGEMM_SM90_ENGINE_WARPS>
+          int kEngineWarps = FUSEGEMM_SM90_ENGINE_WARPS, bool kScatter = false>
 struct WgmmaEpilogue {
   static constexpr int kConsumerWGs = kTileM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
   static constexpr int kAccum = kTileN / 2;  // FP32 accumulators per consumer thread
   static constexpr bool kFragment = Rule::kElementwise && !kForceEngine && !kBatched;
+  static_assert(!kScatter || kFragment, "scattered outputs: element-wise rules on the fragment path (the "
+                                       "registry's check_rule)");
   // An 8-bit D quantized along rows only (FUSEGEMM_SM90_FRAG_QUANT): the fragment path below
   // quantizes it.
   static constexpr bool kFragQuantOk = FUSEGEMM_SM90_FRAG_QUANT && Rule::kHasD && Rule::kQuantRowD &&
@@ -212,9 +218,18 @@ struct WgmmaEpilogue {
       fusegemm::conditional_t<kFragment, ElementD, float>>::kBytes == 2 && __is_empty(typename Rule::ElemIn);
   static constexpr int kChunks = kTileN / StoreD::kCols;    // chunks of a warp's 16 rows
   static constexpr int kPairsPerChunk = 2 * (StoreD::kCols / 8);
+  // kScatter: the output rows of the staged rows a lane stores (WarpStagedStore::flush_rows: rows
+  // lane / 8 + 4 i of the warp's 16), -1 where nothing is stored.
+  struct Dst {
+    int row[kScatter ? StoreD::kVecPerLane : 1];
+  };
+  static_assert(!kScatter || (StoreD::kVecPerLane == 4 && StoreC::kVecPerLane == 4 &&
+                              StoreD::kVecPerRow == 8 && StoreC::kVecPerRow == 8),
+                "scattered rows: a lane stores the same four rows of C and D");
   struct Deferred {
     uint32_t v[kTileN / 4];  // chunk c: v[c * kPairsPerChunk ...], rows lane/4 and lane/4 + 8
     int row0 = -1, n0 = 0;   // row0 < 0: nothing pending
+    Dst dst;                 // kScatter
   };
 
   // The tile's expert and row inputs (alpha, prob, ...) of warp `warp`'s rows: the fragment path
@@ -223,6 +238,7 @@ struct WgmmaEpilogue {
   struct Pre {
     Rule rule;
     typename Rule::RowIn r0in, r1in;
+    Dst dst;   // kScatter
   };
   template <class Params>
   static __device__ Pre preload(const Params& p, int expert, int m0, int warp, int lane) {
@@ -231,7 +247,23 @@ struct WgmmaEpilogue {
     const int row0 = m0 + 16 * warp;
     pre.r0in = pre.rule.row(p, row0 + lane / 4);
     pre.r1in = pre.rule.row(p, row0 + lane / 4 + 8);
+    if constexpr (kScatter) pre.dst = scatter_rows(p, row0, lane);
     return pre;
+  }
+
+  // The output rows of the four staged rows lane stores (rows row0 + lane / 8 + 4 i of the
+  // problem); an index outside [0, d_rows) (the routing's -1 padding) becomes -1: not stored.
+  template <class Params>
+  static __device__ Dst scatter_rows(const Params& p, int row0, int lane) {
+    Dst dst;
+    const int* index = reinterpret_cast<const int*>(p.d_index);
+#pragma unroll
+    for (int i = 0; i < StoreD::kVecPerLane; ++i) {
+      const int r = row0 + lane / 8 + 4 * i;
+      const int to = r < p.m_rows ? __ldg(index + r) : -1;
+      dst.row[i] = static_cast<unsigned>(to) < static_cast<unsigned>(p.d_rows) ? to : -1;
+    }
+    return dst;
   }
 
   template <class Params>
@@ -252,6 +284,7 @@ struct WgmmaEpilogue {
     }
     d.row0 = row0;
     d.n0 = n0;
+    if constexpr (kScatter) d.dst = pre.dst;
   }
 
   // Chunk c of the pending D (buf: the warp's staging buffer).
@@ -267,8 +300,13 @@ struct WgmmaEpilogue {
       StoreD::put_packed(at + 8 * StoreD::kPitch + jj * 8 * StoreD::kElem, d.v[c * kPairsPerChunk + 2 * jj + 1]);
     }
     __syncwarp();
-    StoreD::flush(buf, reinterpret_cast<ElementD*>(p.d_out) + static_cast<int64_t>(d.row0) * p.ldd + chunk_col,
-                  p.ldd, p.n - chunk_col, lane);
+    if constexpr (kScatter) {
+      StoreD::flush_rows(buf, reinterpret_cast<ElementD*>(p.d_out) + chunk_col, p.ldd, d.dst.row, p.n - chunk_col,
+                         lane);
+    } else {
+      StoreD::flush(buf, reinterpret_cast<ElementD*>(p.d_out) + static_cast<int64_t>(d.row0) * p.ldd + chunk_col,
+                    p.ldd, p.n - chunk_col, lane);
+    }
   }
 
   // store_chunk<i>() for a run-time i (folded where the caller's loop is unrolled).
@@ -295,7 +333,7 @@ struct WgmmaEpilogue {
   static __device__ void store_output(const Params& p, const Rule& rule, uint32_t buf,
                                       Out* out, int64_t ld, int row0, int n0,
                                       const typename Rule::RowIn& r0in, const typename Rule::RowIn& r1in,
-                                      int lane, const float (&acc)[kAccum]) {
+                                      int lane, const float (&acc)[kAccum], const Dst& dst) {
     constexpr int kCols = Store::kCols;
     const int r0 = lane / 4;
     const int cq = (lane % 4) * 2;
@@ -319,8 +357,11 @@ struct WgmmaEpilogue {
         }
       }
       __syncwarp();
-      Store::flush(buf, out + static_cast<int64_t>(row0) * ld + chunk_col, ld,
-                   p.n - chunk_col, lane);
+      if constexpr (kScatter) {
+        Store::flush_rows(buf, out + chunk_col, ld, dst.row, p.n - chunk_col, lane);
+      } else {
+        Store::flush(buf, out + static_cast<int64_t>(row0) * ld + chunk_col, ld, p.n - chunk_col, lane);
+      }
     }
   }
 
@@ -337,12 +378,12 @@ struct WgmmaEpilogue {
       if constexpr (Rule::kHasC) {
         if (p.c_out != nullptr) {
           store_output<ElementC, StoreC, true>(p, pre.rule, buf, reinterpret_cast<ElementC*>(p.c_out),
-                                               p.ldc, row0, n0, pre.r0in, pre.r1in, lane, acc);
+                                               p.ldc, row0, n0, pre.r0in, pre.r1in, lane, acc, pre.dst);
         }
       }
       if constexpr (Rule::kHasD) {
         store_output<ElementD, StoreD, false>(p, pre.rule, buf, reinterpret_cast<ElementD*>(p.d_out),
-                                              p.ldd, row0, n0, pre.r0in, pre.r1in, lane, acc);
+                                              p.ldd, row0, n0, pre.r0in, pre.r1in, lane, acc, pre.dst);
       }
     } else {
       Rule rule;

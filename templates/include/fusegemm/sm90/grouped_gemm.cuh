@@ -141,6 +141,11 @@ template <class C>
 constexpr auto gather_b_of(int) -> decltype(C::kGatherB, bool()) { return C::kGatherB; }
 template <class C>
 constexpr bool gather_b_of(long) { return false; }
+// Config::kScatterD, false where the generated Config does not declare it.
+template <class C>
+constexpr auto scatter_of(int) -> decltype(C::kScatterD, bool()) { return C::kScatterD; }
+template <class C>
+constexpr bool scatter_of(long) { return false; }
 
 template <class Config>
 struct GroupedGemmKernel {
@@ -216,7 +221,11 @@ struct GroupedGemmKernel {
   // Deferred D stores (FUSEGEMM_SM90_DEFER_STORE): cooperative tiles, whose epilogue otherwise
   // idles the tensor cores (ping-pong's overlaps the other warpgroup's mainloop already).
   static constexpr bool kDefer = FUSEGEMM_SM90_DEFER_STORE && !kPingPong;
-  using Epi = WgmmaEpilogue<64 * kConsumerWGs, kTileN, Rule, ElementC, ElementD, Engine, false, false, kDefer, kPingPong>;
+  // Scattered outputs (Config::kScatterD, M-grouped): C and D rows stored at d_index.
+  static constexpr bool kScatterD = scatter_of<Config>(0);
+  static_assert(!kScatterD || !kKGrouped, "scattered outputs: M-grouped problems (the registry's limits)");
+  using Epi = WgmmaEpilogue<64 * kConsumerWGs, kTileN, Rule, ElementC, ElementD, Engine, false, false, kDefer, kPingPong,
+                            FUSEGEMM_SM90_ENGINE_WARPS, kScatterD>;
   static constexpr int kEpiBytes = Epi::kBytes;
   static constexpr int kTileRing = 4;
   static constexpr int kMiscBytes = 128 /*tensor-map staging*/ + 16 * kTileRing;
