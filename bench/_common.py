@@ -104,12 +104,6 @@ def run(args, bench_shape, summary, header: dict, method_note: str = "", shapes:
         return 1
     rows = []
     known = SHAPES if shapes is None else shapes
-    for name in args.shapes.split(","):
-        if name not in known:
-            raise SystemExit(f"--shapes: unknown {name!r}; allowed: {', '.join(known)}")
-        for dist in args.dists.split(","):
-            rows.append(bench_shape(name, dist, args))
-            print(f"{name:12s} {dist:8s} {summary(rows[-1])}", file=sys.stderr)
     result = {
         **header,
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -118,8 +112,27 @@ def run(args, bench_shape, summary, header: dict, method_note: str = "", shapes:
         f"method, each the median of {args.iters} launches after {args.warmup} warm-ups; median "
         f"over rounds{method_note}", "rows": rows,
     }
+    names = args.shapes.split(",")
+    for name in names:
+        if name not in known:
+            raise SystemExit(f"--shapes: unknown {name!r}; allowed: {', '.join(known)}")
+    dists = args.dists.split(",")
+    for name in names:
+        for dist in dists:
+            rows.append(bench_shape(name, dist, args))
+            print(f"{name:12s} {dist:8s} {summary(rows[-1])}", file=sys.stderr)
+            write_partial(result, args.out, len(names) * len(dists))
     emit_json(result, args.out)
     return 0
+
+
+def write_partial(result: dict, out: str | None, total: int) -> None:
+    """Write ``result`` as it stands to ``out`` after each row (marked ``partial`` until the last):
+    a run stopped by a time limit keeps the rows it finished."""
+    if out and len(result["rows"]) < total:
+        with open(out, "w") as fh:
+            fh.write(json.dumps({**result, "partial": f"{len(result['rows'])} of {total} rows: the run "
+                                 "stopped before the rest"}, indent=1) + "\n")
 
 
 def emit_json(result: dict, out: str | None) -> None:
@@ -143,16 +156,20 @@ def run_layers(args, layers: dict, bench_layer, summary, benchmark: str, steps: 
     if not torch.cuda.is_available():
         print(json.dumps({"error": "no CUDA GPU"}))
         return 1
-    rows = []
-    for name in args.layers.split(","):
+    rows: list = []
+    result = {"benchmark": benchmark, "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
+              "method": f"CUDA events; {args.rounds} interleaved rounds, each the median of {args.iters} {steps} "
+                        f"after {args.warmup} warm-ups; median over rounds" + note, **fields, "rows": rows}
+    names = args.layers.split(",")
+    for name in names:
         if name not in layers:
             raise SystemExit(f"--layers: unknown {name!r}; allowed: {', '.join(layers)}")
+    for name in names:
         rows.append(bench_layer(name, args))
         print(f"{name:8s} {summary(rows[-1])}", file=sys.stderr)
-    emit_json({"benchmark": benchmark, "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
-               "method": f"CUDA events; {args.rounds} interleaved rounds, each the median of {args.iters} {steps} "
-                         f"after {args.warmup} warm-ups; median over rounds" + note, **fields, "rows": rows}, args.out)
+        write_partial(result, args.out, len(names))
+    emit_json(result, args.out)
     return 0
 
 
