@@ -334,10 +334,10 @@ class Resolved:
             return -(-a // b)
 
         out: dict[str, tuple[tuple[int, ...], str, float]] = {}
+        rows = m_rows if out_rows is None else out_rows
         for o in self.outputs:
             cols = self.columns(n_acc)[o.name]
             bits = dtype_entry(o.dtype).bits
-            rows = m_rows if out_rows is None else out_rows
             shape, store = ((rows, cols * bits // 8), "uint8") if bits < 16 else ((rows, cols), o.dtype)
             out[o.name] = (shape, store, 0.0)
             if o.quantize is not None:

@@ -186,14 +186,11 @@ class PreparedLaunch:
                 args.offsets_values(host, c.t if self.k_grouped else c.m, _OFFSET_ROWS.get(self.kind, "a_tensor"))
         if reset:
             for bits, i, words in e.resets:
-                _load.check(_load.driver().cuMemsetD32Async(ptrs[i], bits, words, stream), "cuMemsetD32Async")
+                _memset32(ptrs[i], bits, words, stream)
         if zero and self.variant.d_scatter:
             # Scattered outputs: the rows no index names are zero (the whole buffers, first).
-            for k in self._rows:
-                if k in zero and zero[k].numel():
-                    t = zero[k]
-                    _load.check(_load.driver().cuMemsetD32Async(t.data_ptr(), 0, t.numel() * t.element_size() // 4,
-                                                                stream), "cuMemsetD32Async")
+            for t in (zero[k] for k in self._rows if k in zero and zero[k].numel()):
+                _memset32(t.data_ptr(), 0, t.numel() * t.element_size() // 4, stream)
             zero = None
         if e.empty:
             return   # no row tile (an empty A): nothing to map or launch; outputs hold their fills
@@ -216,6 +213,11 @@ class PreparedLaunch:
             ln.launch({**ready, **ln.workspace(e.grid, e.discrete, stream, current_stream is not None)}, e.grid, stream)
         else:
             e.go(ready, stream)
+
+
+def _memset32(ptr: int, bits: int, words: int, stream: int) -> None:
+    """``words`` 32-bit words at device address ``ptr`` set to ``bits``, on ``stream``."""
+    _load.check(_load.driver().cuMemsetD32Async(ptr, bits, words, stream), "cuMemsetD32Async")
 
 
 def pitched(x: Any, name: str, shape: tuple[int, ...], store: str) -> Any:
