@@ -5,9 +5,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import statistics
+import sys
+import threading
 import time
+
+# A method that has not returned after this many seconds is taken for a hung kernel (--hang-s).
+HANG_S = 180.0
 
 SHAPES = {
     "dsv3-fc1": (8, 16384, 4096, 7168),
@@ -60,15 +66,46 @@ def host_ms(fn, iters: int = 5) -> float:
     return statistics.median(times)
 
 
+@contextlib.contextmanager
+def watchdog(what: str, seconds: float, stop=os._exit):
+    """Stop the process (``stop(124)``) when the block has not finished after ``seconds``, naming
+    ``what`` on stderr: a kernel that never finishes blocks the next synchronize for good, and a run
+    stopped from outside (the device tool's limit) would not say which method hung. The rows already
+    finished are on disk (write_partial). ``seconds`` <= 0: no watchdog."""
+    if seconds <= 0:
+        yield
+        return
+
+    def fire() -> None:
+        print(f"bench: {what} did not finish within {seconds:g} s (a hung kernel?); stopping the run",
+              file=sys.stderr, flush=True)
+        stop(124)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 def interleaved_ms(methods: dict, args) -> dict[str, float]:
     """Every method timed in each of ``args.rounds`` interleaved rounds; the median over all
     samples. Clocks and neighbours drift during a run, and interleaving keeps that drift out of
-    the ratios."""
+    the ratios. Each method's round runs under :func:`watchdog` (``args.hang_s``)."""
     samples: dict[str, list[float]] = {key: [] for key in methods}
-    for _ in range(args.rounds):
+    hang_s = getattr(args, "hang_s", HANG_S)
+    for r in range(args.rounds):
         for key, fn in methods.items():
-            samples[key].append(time_ms(fn, args.warmup, args.iters))
+            with watchdog(f"method {key!r} (round {r + 1})", hang_s):
+                samples[key].append(time_ms(fn, args.warmup, args.iters))
     return {key: statistics.median(v) for key, v in samples.items()}
+
+
+def _add_hang_argument(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--hang-s", type=float, default=HANG_S,
+                    help="stop the run, naming the method, when one round of it takes longer (0: never)")
 
 
 def add_run_arguments(ap: argparse.ArgumentParser, shapes: str) -> None:
@@ -78,17 +115,19 @@ def add_run_arguments(ap: argparse.ArgumentParser, shapes: str) -> None:
     ap.add_argument("--iters", type=int, default=10, help="timed launches per round (median)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per method")
     ap.add_argument("--out", default=None, help="write the JSON here as well")
+    _add_hang_argument(ap)
 
 
 def add_layer_arguments(ap: argparse.ArgumentParser, names, *, warmup: int, iters: int, rounds: int,
                         flag: str = "--layers") -> None:
     """The options of a benchmark over named rows (:func:`run_layers`): ``flag`` (the names, all by
-    default; read back as ``args.layers``), --warmup, --iters, --rounds, --out."""
+    default; read back as ``args.layers``), --warmup, --iters, --rounds, --out, --hang-s."""
     ap.add_argument(flag, dest="layers", metavar="NAMES", default=",".join(names))
     ap.add_argument("--warmup", type=int, default=warmup)
     ap.add_argument("--iters", type=int, default=iters)
     ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--out", default=None, help="write the JSON here as well")
+    _add_hang_argument(ap)
 
 
 def run(args, bench_shape, summary, header: dict, method_note: str = "", shapes: dict | None = None) -> int:
@@ -96,8 +135,6 @@ def run(args, bench_shape, summary, header: dict, method_note: str = "", shapes:
     to stderr as each finishes); prints the JSON (``header``, the run's facts and method with
     ``method_note`` appended, the rows) and writes it to --out. 1 without a CUDA GPU.
     ``shapes``: the names --shapes may take (default: SHAPES, the grouped GEMMs')."""
-    import sys
-
     import torch
     if not torch.cuda.is_available():
         print(json.dumps({"error": "no CUDA GPU"}))
@@ -150,8 +187,6 @@ def run_layers(args, layers: dict, bench_layer, summary, benchmark: str, steps: 
     ``summary(row)`` to stderr as each finishes; prints the JSON (``benchmark``, the run's facts,
     the timing method with ``note`` appended, ``fields`` and the rows) and writes it to --out. 1
     without a CUDA GPU."""
-    import sys
-
     import torch
     if not torch.cuda.is_available():
         print(json.dumps({"error": "no CUDA GPU"}))

@@ -85,6 +85,13 @@ def _positive_seconds(s: str) -> float:
     return value
 
 
+def _seconds_or_off(s: str) -> float:
+    value = float(s)
+    if not (0 <= value < float("inf")):
+        raise ValueError(s)
+    return value
+
+
 def _archs(s: str) -> tuple[str, ...]:
     items = tuple(a.strip() for a in s.split(",") if a.strip())
     if not items or any(a not in ARCH_NAMES for a in items):
@@ -109,6 +116,12 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "newest whose cubins the driver loads (the newest installed without a driver)."),
     Var("FUSEGEMM_NVRTC_EXTRA", "", lambda s: tuple(s.split()), "space-separated NVRTC options",
         "Extra NVRTC options appended to every compile (part of the cache key)."),
+    Var("FUSEGEMM_WAIT_TIMEOUT", "0", _seconds_or_off, "seconds, a number >= 0 (0: off)",
+        "Diagnosis of a hung kernel: kernels compiled while this is set stop a barrier wait that has "
+        "not completed after this many seconds, print the block, thread, barrier (its shared-memory "
+        "offset) and phase parity from the device, and trap, so the launch fails with an error instead "
+        "of hanging its stream. Part of the cache key; the waits poll a clock, so such kernels run a "
+        "little slower."),
     Var("FUSEGEMM_BUNDLE", "", lambda s: tuple(Path(p).expanduser() for p in s.split(os.pathsep) if p),
         "bundle paths separated by " + repr(os.pathsep),
         "Kernel bundles (`fusegemm build --bundle PATH`) the runtime loads kernels from before the "
@@ -203,7 +216,10 @@ def nvrtc_major() -> int | None:
 
 
 def nvrtc_extra_options() -> tuple[str, ...]:
-    return get("FUSEGEMM_NVRTC_EXTRA")  # type: ignore[return-value]
+    """FUSEGEMM_NVRTC_EXTRA's options, after the define FUSEGEMM_WAIT_TIMEOUT asks for."""
+    wait_s: float = get("FUSEGEMM_WAIT_TIMEOUT")  # type: ignore[assignment]
+    wait = (f"-DFUSEGEMM_WAIT_TIMEOUT_NS={max(int(wait_s * 1e9), 1)}ull",) if wait_s > 0 else ()
+    return wait + get("FUSEGEMM_NVRTC_EXTRA")  # type: ignore[operator]
 
 
 def check() -> None:

@@ -61,3 +61,39 @@ def test_an_unknown_layer_is_refused_before_any_row(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="--layers: unknown 'zz'"):
         common.run_layers(_args(tmp_path / "r.json", "a,zz"), {"a": 0}, lambda n, a: ran.append(n), lambda r: "", "t")
     assert ran == []
+
+
+def test_a_method_that_does_not_return_stops_the_run_naming_it(capsys):
+    """A hung kernel blocks the next synchronize for good: the watchdog names the method on stderr
+    and stops the process (exit 124) instead of leaving the run to an outside time limit."""
+    import threading
+    import time
+    common = _common()
+    stopped = threading.Event()
+    codes = []
+
+    def stop(code):
+        codes.append(code)
+        stopped.set()
+
+    with common.watchdog("method 'gathered' (round 1)", 0.05, stop=stop):
+        assert stopped.wait(5.0)
+    assert codes == [124]
+    assert "method 'gathered' (round 1) did not finish within 0.05 s" in capsys.readouterr().err
+    # A block that finishes in time, or a watchdog turned off, stops nothing.
+    with common.watchdog("quick", 5.0, stop=stop):
+        pass
+    with common.watchdog("off", 0, stop=stop):
+        time.sleep(0.05)
+    time.sleep(0.1)
+    assert codes == [124]
+
+
+def test_every_runner_offers_the_hang_limit():
+    common = _common()
+    for add in (lambda ap: common.add_run_arguments(ap, "dsv3-fc1"),
+                lambda ap: common.add_layer_arguments(ap, ["a"], warmup=1, iters=1, rounds=1)):
+        ap = argparse.ArgumentParser()
+        add(ap)
+        assert ap.parse_args([]).hang_s == common.HANG_S
+        assert ap.parse_args(["--hang-s", "0"]).hang_s == 0

@@ -205,3 +205,19 @@ def test_row_ends_reach_the_tail_kernel_on_every_call(monkeypatch, no_device):  
     for ends in (ends1, ends2, None):
         op(a, off, b, row_ends=ends, inputs={"alpha": torch.ones(2)})
     assert len(op._memo) == 2 and tails == [ends1.data_ptr(), ends2.data_ptr(), 0]
+
+
+def test_an_unlagged_build_with_several_copying_warps_is_refused(tmp_path):
+    """FUSEGEMM_SM90_GATHER_LAG=0 (each copy arrives by itself) with four copying warps can deadlock
+    on the tile ring's parity waits (a slow warp finds the slot two phases on): the header refuses the
+    combination at compile time, naming the switches; one copying warp, or the lag, compiles."""
+    from fusegemm.base.errors import CompileError
+    from fusegemm.runtime import config
+    from fusegemm.runtime.cache import KernelCache
+    variant = make_variant("grouped_gemm", arch="sm_90a", a_gather=True, **BF16)
+    with config.override(FUSEGEMM_NVRTC_EXTRA="-DFUSEGEMM_SM90_GATHER_LAG=0"):
+        with pytest.raises(CompileError, match="FUSEGEMM_SM90_GATHER_LAG=0 needs FUSEGEMM_SM90_GATHER_WARPS=1"):
+            pipeline.get_kernel(variant, KernelCache(tmp_path / "a"))
+    with config.override(FUSEGEMM_NVRTC_EXTRA="-DFUSEGEMM_SM90_GATHER_LAG=0 -DFUSEGEMM_SM90_GATHER_WARPS=1"):
+        built = pipeline.get_kernel(variant, KernelCache(tmp_path / "b"))
+    assert Cubin(built.cubin).resources(built.kernel_name).registers > 0

@@ -121,8 +121,33 @@ FUSEGEMM_DEVICE bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   return done != 0;
 }
 
+// Diagnosis of a hung kernel (FUSEGEMM_WAIT_TIMEOUT_NS, off unless defined; the host's
+// FUSEGEMM_WAIT_TIMEOUT seconds define it): a wait that has not completed after this many
+// nanoseconds prints the block, thread, barrier (its shared-memory offset) and parity, then traps,
+// so the launch fails instead of hanging the stream.
+#ifdef FUSEGEMM_WAIT_TIMEOUT_NS
+FUSEGEMM_DEVICE uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Between the probes of a wait that began at t0 (global_ns()).
+FUSEGEMM_DEVICE void wait_watchdog(uint64_t t0, uint64_t* bar, uint32_t parity) {
+  if (global_ns() - t0 > uint64_t(FUSEGEMM_WAIT_TIMEOUT_NS)) {
+    printf("fusegemm: mbarrier wait timed out: block %d thread %d barrier smem+%u parity %u\n", int(blockIdx.x),
+           int(threadIdx.x), smem_u32(bar), parity);
+    __trap();
+  }
+}
+#endif
+
 // try_wait suspends in hardware for a bounded time, so this loop does not hammer smem.
 FUSEGEMM_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity) {
+#ifdef FUSEGEMM_WAIT_TIMEOUT_NS
+  const uint64_t t0 = global_ns();
+  while (!mbar_try_wait(bar, parity)) wait_watchdog(t0, bar, parity);
+#else
   uint32_t addr = smem_u32(bar);
   asm volatile(
       "{\n .reg .pred p;\n"
@@ -130,6 +155,7 @@ FUSEGEMM_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity) {
       " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
       " @!p bra WAIT_%=;\n}\n"
       ::"r"(addr), "r"(parity) : "memory");
+#endif
 }
 
 // ---------------------------------------------------------------------------------------

@@ -120,13 +120,28 @@ FUSEGEMM_DEVICE void tma_load_mc_nd(const CUtensorMap* desc, uint64_t* bar, void
 
 // ---- cluster-scope barrier pieces ---------------------------------------------------------------
 // Wait with cluster-scope acquire: the data guarded by the phase was written by another CTA.
+// (FUSEGEMM_WAIT_TIMEOUT_NS: probes under fusegemm/tma.cuh's wait_watchdog.)
 FUSEGEMM_DEVICE void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
+#ifdef FUSEGEMM_WAIT_TIMEOUT_NS
+  const uint64_t t0 = global_ns();
+  while (true) {
+    uint32_t done;
+    asm volatile(
+        "{\n .reg .pred p;\n"
+        " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        " selp.b32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+    if (done) return;
+    wait_watchdog(t0, bar, parity);
+  }
+#else
   asm volatile(
       "{\n .reg .pred p;\n"
       "WAIT_%=:\n"
       " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
       " @!p bra WAIT_%=;\n}\n"
       ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+#endif
 }
 
 // 32-bit store into CTA `cta`'s shared memory at the same offset as `local`.

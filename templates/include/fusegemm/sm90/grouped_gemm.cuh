@@ -92,7 +92,8 @@
 // async proxy. 1: the producer lanes, one stage late (wait for the previous stage's copies,
 // fence.proxy.async, arrive on its full barrier), so the consumers' k-loop is the ungathered one.
 // 0: each copy arrives by cp.async.mbarrier.arrive.noinc and the consumers fence after every
-// full wait (a fence between WGMMA batches). A/B switch for bench/gathered.py.
+// full wait (a fence between WGMMA batches), with one copying warp only (kGatherLag's assert).
+// A/B switch for bench/gathered.py.
 #ifndef FUSEGEMM_SM90_GATHER_LAG
 #define FUSEGEMM_SM90_GATHER_LAG 1
 #endif
@@ -238,6 +239,14 @@ struct GroupedGemmKernel {
   // (Three stages, and two ring slots, are also what a lagging gathered stage needs: produce().)
   static_assert(kStages >= 3, "not enough shared memory for a 3-stage pipeline");
   static_assert(!kGatherLag || kTileRing >= 2, "a lagging gathered stage needs a second ring slot");
+  // Without the lag, copying warps other than the leading one can deadlock: each waits on the ring
+  // slot's tile_empty barrier by parity before its next tile, and nothing keeps the consumers from
+  // finishing the tile before and reading the next one first (this warp's copies of the tile before
+  // arrive by themselves), so a slow warp can find the slot two phases on and wait for a phase that
+  // needs its own copies. The lag publishes a tile's last stage only after the warp has passed that
+  // wait. (FUSEGEMM_SM90_GATHER_LAG=0 builds hung on the H200, 2026-12-04.)
+  static_assert(kGatherLag || kGatherWarps == 1,
+                "FUSEGEMM_SM90_GATHER_LAG=0 needs FUSEGEMM_SM90_GATHER_WARPS=1 (the ring's parity waits)");
 
   static constexpr int kOffA = 0;
   static constexpr int kOffB = kOffA + kStages * kABytes;
