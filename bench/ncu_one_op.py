@@ -1,9 +1,13 @@
-"""One blockwise op of bench/blockscaled.py launched three times on one of its shapes (balanced
-experts), for a profiler; prints nothing but a line at the end:
+"""One op launched three times on one of its shapes, for a profiler; prints nothing but a line at
+the end. The blockwise ops of bench/blockscaled.py (balanced experts), or the routed layer's fc1 as
+bench/gathered.py runs it (BF16, tile 128 x 256: ``gathered`` reads x through the routing's index,
+``pre_permuted`` the rows gathered beforehand; SHAPE a layer of bench/gathered.py):
 
     ncu --clock-control none -k regex:fg_grouped --launch-skip 2 --launch-count 1 --set full \\
         -o OUT python bench/ncu_one_op.py {quant_bw,gemm_bw,dswiglu_bw,srelu_bw} [SHAPE]
+    ncu ... python bench/ncu_one_op.py {gathered,pre_permuted} [dsv3-8|mixtral|qwen3]
 
+FUSEGEMM_NVRTC_EXTRA builds the header's A/B switches (e.g. -DFUSEGEMM_SM90_COMPACT_ROW_ENDS=0).
 (bench/results/ncu_h200_blockwise_fc2.json summarises such reports of dSwiGLU and the GEMM.)
 """
 from __future__ import annotations
@@ -14,7 +18,35 @@ from _common import SHAPES, expert_sizes
 from blockscaled import quantize_1x128, quantize_128x128
 
 
-def main(which: str, shape: str = "dsv3-fc2") -> None:
+def routed_fc1(which: str, layer: str) -> None:
+    """The layer's fc1 of bench/gathered.py, gathered or on pre-permuted rows, three launches."""
+    import torch
+
+    from fusegemm import permute, routing
+    from fusegemm.ops.engine import Op
+    from gathered import LAYERS
+    experts, tokens, k, n, top_k = LAYERS[layer]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(tokens, k, generator=g, device="cuda").bfloat16()
+    w = (torch.randn(experts, n, k, generator=g, device="cuda") * k ** -0.5).bfloat16()
+    r = routing.route(torch.randn(tokens, experts, generator=g, device="cuda"), top_k)
+    ins = {"alpha": torch.ones(experts, device="cuda")}
+    if which == "gathered":
+        op, idx = Op("grouped_gemm", a_gather=True, tile_m=128, tile_n=256).compile(), r.token_of_row.int()
+        call = lambda: op(x, r.padded_offsets, w, a_index=idx, inputs=ins)   # noqa: E731
+    else:
+        op, rows = Op("grouped_gemm", tile_m=128, tile_n=256).compile(), permute.gather_rows(x, r.token_of_row)
+        call = lambda: op(rows, r.padded_offsets, w, inputs=ins)   # noqa: E731
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    print("done", which, layer)
+
+
+def main(which: str, shape: str | None = None) -> None:
+    if which in ("gathered", "pre_permuted"):
+        return routed_fc1(which, shape or "dsv3-8")
+    shape = shape or "dsv3-fc2"
     import torch
 
     import fusegemm
