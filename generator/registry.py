@@ -174,12 +174,20 @@ _SM100_BLOCKWISE_E8M0 = (RunsAs("sf_vec_size", 128, 32, "power-of-two scales rep
                                 "(and B's 128 rows) are exactly the recipe's: the MXFP8 kernel, the scales "
                                 "expanded on the device per call", when=(("sf_dtype", "float8_e8m0fnu"),)),)
 
+# Gathered A on sm_100a (fusegemm/sm100/grouped_gemm.cuh): TMA gather4, four rows per producer
+# lane into the CTA's own stage: 1-CTA tiles, no clusters.
+_SM100_GATHER = (
+    Limit("tile_m", (64, 128), "gathered A loads each CTA's rows with TMA gather4: 1-CTA tiles (64 or 128 rows)",
+          when=(("a_gather", True),)),
+    Limit("cluster_m", (1,), "gathered A loads rows per CTA: no clusters", when=(("a_gather", True),)),
+    Limit("cluster_n", (1,), "gathered A loads rows per CTA: no clusters", when=(("a_gather", True),)),
+)
+
 _SM100_ROWS = (
     _row("grouped", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
-         "GroupedGemmKernel", tuple(a for a in _GROUPED_BF16 if a not in ("a_gather", "d_scatter")) + _VECTOR_F32,
+         "GroupedGemmKernel", tuple(a for a in _GROUPED_BF16 if a != "d_scatter") + _VECTOR_F32,
          rule=SPEC_RULE,
-         limits=(Limit("a_gather", (False,), "gathered A is the sm_90a kernel's (cp.async row copies); the "
-                                             "sm_100a kernel's gathered loads (TMA gather4) are not written"),
+         limits=(*_SM100_GATHER,
                  Limit("d_scatter", (False,), "scattered outputs are the sm_90a kernel's (row stores from its "
                                               "fragment path); the sm_100a kernel's TMEM epilogue has none"),
                  _NO_GATHER_B, _SFD_MX_ONLY)),
@@ -364,6 +372,8 @@ def executed(family: str, arch: str) -> bool:
 UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {
     # (gathered operands, a_gather / b_gather on sm_90a, stood here from their writing until
     # tests/gpu/test_gather_gpu.py passed on the H200 on 2026-12-03.)
+    ("grouped", "sm_100a"): (("a_gather", True, "gathered A's TMA gather4 loads have not run on a Blackwell GPU "
+                                               "(compiled and checked statically only)"),),
 }
 
 
@@ -407,6 +417,8 @@ def resolve(family: str, arch: str, choice: dict[str, Any]) -> Implementation:
     if row is None:
         raise UnsupportedError(f"{family} has no kernel for {arch} (status: none)")
     for lim in row.limits:
+        if lim.axis not in choice and lim.axis not in NEUTRAL:
+            continue   # (as Implementation.problem: an axis not chosen, without a neutral value)
         if choice.get(lim.axis, NEUTRAL.get(lim.axis)) not in lim.values and lim.applies(choice):
             raise UnsupportedError(row.problem(choice), axis=lim.axis)
     return row

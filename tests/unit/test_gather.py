@@ -1,6 +1,8 @@
 """Gathered A (``a_gather``: problem row r reads row ``a_index[r]`` of a token-major A) on the CPU:
 the axis reaches the sm_90a kernel's source and is refused, with the reason, where no kernel reads
-it (sm_100a, the K-grouped and block-scaled families, clusters); the gathered kernels compile
+it (the K-grouped family on sm_100a, the block-scaled families, clusters); the sm_100a kernel's
+gather4 loads (1-CTA tiles) compile and are refused at launch until a Blackwell GPU has run them;
+the gathered kernels compile
 clean (0 local memory) with the one-row A box their contract exports; ``fusegemm.Op`` parses
 ``a_index`` (M rows from it, A's own rows for its map) and refuses it where it does not belong.
 On the GPU (tests/gpu/test_gather_gpu.py): bit-equal to the same kernel on pre-permuted rows."""
@@ -28,8 +30,13 @@ def test_the_axis_reaches_the_sm90_source_and_is_refused_elsewhere():
     src = render(make_variant("grouped_gemm", arch="sm_90a", a_gather=True, **BF16))
     assert "kGatherA = true" in src.text
     assert "kGatherA = false" in render(make_variant("grouped_gemm", arch="sm_90a", **BF16)).text
-    with pytest.raises(UnsupportedError, match="gather4"):
-        registry.resolve("grouped_gemm", "sm_100a", {"a_gather": True})
+    # sm_100a: TMA gather4 into each CTA's own stage, so 1-CTA tiles without clusters.
+    with pytest.raises(UnsupportedError, match=r"tile_m=256 .* with a_gather=True; implemented: 64, 128 .*gather4"):
+        registry.resolve("grouped_gemm", "sm_100a", {"a_gather": True, "tile_m": 256})
+    with pytest.raises(UnsupportedError, match=r"cluster_m=2 .* with a_gather=True; implemented: 1"):
+        registry.resolve("grouped_gemm", "sm_100a", {"a_gather": True, "tile_m": 128, "cluster_m": 2})
+    registry.resolve("grouped_gemm", "sm_100a", {"a_gather": True, "tile_m": 128, "cluster_m": 1, "cluster_n": 1})
+    assert "kGatherA = true" in render(make_variant("grouped_gemm", arch="sm_100a", a_gather=True, **BF16)).text
     with pytest.raises(UnsupportedError, match="no clusters"):
         registry.resolve("grouped_gemm", "sm_90a", {"a_gather": True, "cluster_m": 2})
     with pytest.raises(UnsupportedError, match=r"gathered B \(b_index\) is the K-grouped family's"):
@@ -221,3 +228,41 @@ def test_an_unlagged_build_with_several_copying_warps_is_refused(tmp_path):
     with config.override(FUSEGEMM_NVRTC_EXTRA="-DFUSEGEMM_SM90_GATHER_LAG=0 -DFUSEGEMM_SM90_GATHER_WARPS=1"):
         built = pipeline.get_kernel(variant, KernelCache(tmp_path / "b"))
     assert Cubin(built.cubin).resources(built.kernel_name).registers > 0
+
+
+SM100_GATHER_CASES = [dict(tile_m=128, tile_n=256), dict(tile_m=64, tile_n=256),
+                      dict(tile_m=128, tile_n=128, weight_mode="discrete"),
+                      dict(tile_m=128, tile_n=256, scheduler="dynamic", b_major="n")]
+
+
+@pytest.mark.parametrize("axes", SM100_GATHER_CASES, ids=lambda a: "-".join(f"{k}{v}" for k, v in a.items()))
+def test_sm100_gathered_kernels_load_a_by_gather4(session_cache, axes):
+    """sm_100a gathered A (not run on a Blackwell GPU): each producer lane's TMA gather4 of four
+    rows replaces A's boxes, B and everything else as the plain kernel's; no local memory, A's map
+    one row per box (the stage's expected bytes stay the plain kernel's, a static_assert in the
+    header: gather4 moves a box's bytes in four rows)."""
+    from fusegemm.runtime import disasm
+    base = dict(cluster_m=1, cluster_n=1, **axes)
+    gathered = pipeline.get_kernel(make_variant("grouped_gemm", arch="sm_100a", a_gather=True, **base), session_cache)
+    plain = pipeline.get_kernel(make_variant("grouped_gemm", arch="sm_100a", **base), session_cache)
+    assert Cubin(gathered.cubin).resources(gathered.kernel_name).local_bytes == 0
+    c, pc = gathered.contract, plain.contract
+    assert (c.box_a_inner, c.box_a_outer) == (64, 1)
+    assert (c.box_b_inner, c.box_b_outer, c.smem_bytes, c.threads, c.tmem_cols) == (
+        pc.box_b_inner, pc.box_b_outer, pc.smem_bytes, pc.threads, pc.tmem_cols)
+    hist, plain_hist = disasm.sass_histogram(gathered.cubin), disasm.sass_histogram(plain.cubin)
+    assert hist.get("UTMALDG.2D.GATHER4", 0) >= 1 and "UTMALDG.2D.GATHER4" not in plain_hist
+    # Dense B loads 3-D boxes: the plain kernel's only 2-D unicast loads are A's, gone here.
+    if axes.get("weight_mode") != "discrete":
+        assert plain_hist.get("UTMALDG.2D", 0) >= 1 and hist.get("UTMALDG.2D", 0) == 0
+    assert disasm.count_prefix(hist, "UTCHMMA") == disasm.count_prefix(plain_hist, "UTCHMMA")
+
+
+def test_sm100_gathered_a_is_refused_at_launch_until_a_blackwell_gpu_runs_it(monkeypatch):
+    from fusegemm.base.errors import UnverifiedError
+    from fusegemm.verify import ensure_verified
+    monkeypatch.delenv("FUSEGEMM_TRUST_UNVERIFIED", raising=False)
+    v = make_variant("grouped_gemm", arch="sm_100a", a_gather=True, tile_m=128, tile_n=256, cluster_m=1, cluster_n=1)
+    with pytest.raises(UnverifiedError, match=r"a_gather=True on sm_100a: gathered A's TMA gather4 loads have not "
+                                              r"run on a Blackwell GPU"):
+        ensure_verified(v, 0)

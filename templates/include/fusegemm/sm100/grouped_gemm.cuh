@@ -27,12 +27,23 @@
 // 64-element M atoms like the N-major B above, with the instruction's a_major bit; their maps
 // are 2-D (M or N, tokens). 1-CTA tiles of 128 rows, clusters 1x1 (the registry's limits). An
 // expert without tokens gets no MMA and its tiles store alpha * 0 (the frame's k == 0 path).
+// Gathered A (Config::kGatherA, a_gather: problem row r reads row a_index[r] of a token-major A;
+// the sm_90a kernel's mode): 1-CTA tiles, A's map one row per box; each producer lane loads four of
+// the CTA's rows per k-block with one TMA gather4 (lane l rows 4l..4l+3, their indices read once
+// per tile), which lands them swizzled as a box would, so descriptors and byte counts are the
+// plain kernel's. Not yet run on a Blackwell GPU (registry.UNEXECUTED_MODES refuses it at launch).
 // Barrier and fence protocol: fusegemm/sm100/pipeline.cuh header, sm100-protocol.md §1/§4.
 #pragma once
 
 #include "fusegemm/sm100/kernel_frame.cuh"
 
 namespace fusegemm::sm100 {
+
+// Config::kGatherA, false where the Config does not declare it.
+template <class C>
+constexpr auto gather_a_of(int) -> decltype(C::kGatherA, bool()) { return C::kGatherA; }
+template <class C>
+constexpr bool gather_a_of(long) { return false; }
 
 template <class Config>
 struct GroupedGemmKernel {
@@ -57,6 +68,9 @@ struct GroupedGemmKernel {
   static constexpr bool kKGrouped = Config::kKGrouped;
   static constexpr bool kAMn = kKGrouped;                  // dY: tokens x M, M contiguous
   static constexpr bool kBMn = Config::kBMajorMN;
+  static constexpr bool kGatherA = gather_a_of<Config>(0);
+  static_assert(!kGatherA || (kCtaGroup == 1 && !kKGrouped), "gathered A: 1-CTA M-grouped tiles (the registry's limits)");
+  static constexpr int kGatherLanes = kRowsA / 4;          // gathered A: lanes with a gather4 each
   static_assert(!kKGrouped || (kBMn && kTileM == 128 && !Config::kDiscreteB && !Config::kDynamicSched),
                 "K-grouped: token-major B (b_major n), 1-CTA tiles of 128 rows, dense, static scheduling");
   static constexpr int kBSwizzle = 128;                    // N-major atom: 64 bf16 columns
@@ -102,7 +116,9 @@ struct GroupedGemmKernel {
   static constexpr int kMaxClusterCtas = fusegemm::kMaxClusterCtas;
   static constexpr int kMAligned = fusegemm::kMAligned;
   // N-major B (and K-grouped A): boxes of (64 N (M), kSliceK K), per atom and slice.
-  static constexpr int kBoxAInner = kAMn ? kBMnAtomCols : kBoxK, kBoxAOuter = kAMn ? kSliceK : kBoxRowsA;
+  // Gathered A: one row per box (the map's rows are A's tokens; gather4 takes four at a time).
+  static constexpr int kBoxAInner = kAMn ? kBMnAtomCols : kBoxK,
+                       kBoxAOuter = kGatherA ? 1 : kAMn ? kSliceK : kBoxRowsA;
   static constexpr int kBoxBInner = kBMn ? kBMnAtomCols : kBoxK, kBoxBOuter = kBMn ? kSliceK : kBoxRowsB;
   static constexpr int kSwizzleA = 128, kSwizzleB = 128;
   static constexpr int kTmaDtypeA = TmaDtype<ElementA>::value, kTmaDtypeB = TmaDtype<ElementB>::value;
@@ -187,7 +203,24 @@ struct GroupedGemmKernel {
         dtm.init(&p.tma_b, static_cast<CUtensorMap*>(p.tmap_workspace) + cta_linear_id() * Frame::kTmapSlotStride,
                  f.tmap_staging);
       }
-      f.producer(p, sched, k_blocks, [&](const ClusterTile& t, int kb, uint64_t* bar, int s) {
+      // Gathered A: this lane's four rows of the tile (rows of A; -1 past the problem's rows,
+      // which the map reads as zeros, as any row outside A).
+      int g0 = -1, g1 = -1, g2 = -1, g3 = -1;
+      f.template producer<kGatherA>(p, sched, k_blocks, [&](const ClusterTile& t, int kb, uint64_t* bar, int s) {
+        if constexpr (kGatherA) {   // (every lane: the frame's warp loads)
+          if (f.lane < kGatherLanes) {
+            if (kb == 0) {
+              const int* index = static_cast<const int*>(p.a_index);
+              const int r = t.m_block * kTileM + 4 * f.lane;
+              g0 = r < p.m_rows ? __ldg(index + r) : -1;
+              g1 = r + 1 < p.m_rows ? __ldg(index + r + 1) : -1;
+              g2 = r + 2 < p.m_rows ? __ldg(index + r + 2) : -1;
+              g3 = r + 3 < p.m_rows ? __ldg(index + r + 3) : -1;
+            }
+            tma_gather4(&p.tma_a, bar, f.smem_a(s) + f.lane * 4 * kBlockK * 2, kb * kBlockK, g0, g1, g2, g3);
+          }
+          if (f.lane != 0) return;   // B (and a discrete map's rewrite): lane 0's
+        }
         if constexpr (Config::kDiscreteB) {
           if (t.expert != map_expert) {
             tmap_b = dtm.update(reinterpret_cast<const void*>(
@@ -204,7 +237,7 @@ struct GroupedGemmKernel {
         // unrolled: the producer's hoisted slice addresses would raise the kernel's registers).
         const Share sa = f.share_a(), sb = f.share_b(t.share_b);
 #pragma unroll 1
-        for (int i = 0; i < kMcSlices; ++i) {
+        for (int i = 0; i < (kGatherA ? 0 : kMcSlices); ++i) {
           if constexpr (kAMn) {   // per 64-row atom of the CTA's M rows, K slice i (as N-major B)
 #pragma unroll
             for (int j = 0; j < kAMnAtoms; ++j) {

@@ -218,7 +218,9 @@ struct KernelFrame {
   // the stage's `empty` wait (tma.cuh DeviceTmap reuse rule; and every CTA a multicast reaches
   // has released the stage: its MMA unit is one of the empty barrier's arrivals).
   // k_blocks: every tile's count, or a callable giving a tile's (tile_k_blocks).
-  template <class Params, class Sched, class KBlocks, class Load>
+  // kWarpLoads: load runs on every lane (after lane 0's expect_tx), for loads the lanes share
+  // (gathered rows: each lane's TMA gather4 of four rows); it decides itself what lane 0 alone does.
+  template <bool kWarpLoads = false, class Params, class Sched, class KBlocks, class Load>
   FUSEGEMM_DEVICE void producer(const Params& p, const Sched& sched, const KBlocks& k_blocks, Load&& load) {
     auto ts = tile_stream();
     PipeState<kStages> ps;
@@ -228,7 +230,11 @@ struct KernelFrame {
       const int nk = tile_k_blocks(k_blocks, tile);
       for (int kb = 0; kb < nk; ++kb) {
         mbar_wait(&aux->empty[ps.index], ps.phase ^ 1u);
-        if (lane == 0) {
+        if constexpr (kWarpLoads) {
+          if (lane == 0 && is_leader) mbar_arrive_expect_tx(&aux->full[ps.index], kTxBytes);
+          __syncwarp();   // (the stage's bytes are expected before any lane's load can complete)
+          load(tile, kb, &aux->full[ps.index], ps.index);
+        } else if (lane == 0) {
           if (is_leader) mbar_arrive_expect_tx(&aux->full[ps.index], kTxBytes);
           load(tile, kb, &aux->full[ps.index], ps.index);
         }

@@ -86,6 +86,20 @@ FUSEGEMM_DEVICE void tma_load_nd(const CUtensorMap* desc, uint64_t* bar, void* s
   }
 }
 
+// Four rows r0..r3 of a 2-D map whose box is one row of `c0`.. (gathered operands): the rows land
+// one after another at `smem`, 4 x the box's bytes, swizzled as a 4-row box would be (the pattern
+// follows the smem address), and complete as that many bytes on `bar`. A row outside the map
+// (a negative index included) is filled with zeros and still counts, as any out-of-bounds box.
+FUSEGEMM_DEVICE void tma_gather4(const CUtensorMap* desc, uint64_t* bar, void* smem, int c0, int r0, int r1, int r2,
+                                 int r3, CacheHint hint = CacheHint::kNormal) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile::gather4.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5, %6, %7}], [%2], %8;"
+      ::"r"(smem_u32(smem)), "l"(desc), "r"(smem_u32(bar)), "r"(c0), "r"(r0), "r"(r1), "r"(r2), "r"(r3),
+        "l"(static_cast<uint64_t>(hint))
+      : "memory");
+}
+
 // ---- multicast TMA loads (copy_sm90_tma.hpp SM90_TMA_LOAD_MULTICAST_*, copy_sm100_tma.hpp
 // SM100_TMA_2SM_LOAD_MULTICAST_*) -----------------------------------------------------------------
 // One box from global memory lands at the same smem offset in every CTA of `mask`, and the
