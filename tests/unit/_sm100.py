@@ -115,6 +115,7 @@ class V:
     a_mn: bool = False  # block-scaled FP8: M-major A
     b_mn: bool = False  # N-major B (block-scaled FP8, BF16)
     kgrouped: bool = False  # K-grouped (weight gradients), per-tile K: BF16 M-major A and N-major B, MXFP8 K-major
+    gather: bool = False  # BF16 gathered A (a_gather): TMA gather4 rows, 1-CTA tiles
     fault: int = 0  # fusegemm::sm100 kFault* (tests only)
 
     @property
@@ -137,6 +138,8 @@ class V:
             parts.append("kgrouped")
         elif self.b_mn:
             parts.append("bnn")
+        if self.gather:
+            parts.append("gather")
         parts.append(f"t{self.tile_m}x{self.tile_n}")
         parts += [x for x, on in (("dyn", self.dynamic), ("disc", self.discrete), ("genc", self.generate_c)) if on]
         if self.bias != "none":
@@ -163,7 +166,7 @@ class V:
                     "tile_n": self.tile_n, "cluster_m": 1, "cluster_n": 1, **sf}
         if self.family == "bf16":
             return {**common, "d_dtype": _AXIS_DTYPE[self.d], "bias_dtype": _AXIS_DTYPE[self.bias],
-                    "generate_c": self.generate_c, "b_major": "n" if self.b_mn else "k"}
+                    "generate_c": self.generate_c, "b_major": "n" if self.b_mn else "k", "a_gather": self.gather}
         return {**common, "sf_dtype": _AXIS_SF[self.sf], "sf_vec_size": self.vec,
                 "a_major": "m" if self.a_mn else "k", "b_major": "n" if self.b_mn else "k",
                 "cd_major": "m" if self.c_major_m else "n"}
@@ -186,7 +189,8 @@ class V:
             lines += [f"using ElementC = {OUT[self.c]};", f"using ElementD = {OUT[self.d]};",
                       f"static constexpr bool kHasC = {_b(self.generate_c)};",
                       f"static constexpr bool kBMajorMN = {_b(self.b_mn)};",
-                      f"static constexpr bool kKGrouped = {_b(self.kgrouped)};"]
+                      f"static constexpr bool kKGrouped = {_b(self.kgrouped)};",
+                      f"static constexpr bool kGatherA = {_b(self.gather)};"]
             if self.bias != "none":
                 lines.append(f"e.bias = fusegemm::epi::ldf<{OUT[self.bias]}>(col_base_bias, col);")
         else:
@@ -219,7 +223,8 @@ class V:
         """TMA dimensionalities that must appear in multicast form: A, B (and the 4-D SF maps)."""
         a = "3D" if self.family == "bs" and self.batched else "2D"
         b = "2D" if self.discrete or self.kgrouped else "3D"   # K-grouped: X (N, tokens), 2-D
-        return {a, b} | ({"4D"} if self.family == "bs" else set())
+        # Gathered A: gather4 rows into the CTA's own stage, no multicast form (B keeps its).
+        return ({b} if self.gather else {a, b}) | ({"4D"} if self.family == "bs" else set())
 
     def expected_mma(self) -> str:
         if self.family == "bf16":
@@ -272,7 +277,7 @@ def config_problems(v: V, text: str) -> list[str]:
         m = re.findall(rf"^struct {struct} \{{\n(.*?)^\}};", text, re.M | re.S)
         if len(m) != 1:
             return [f"{len(m)} struct {struct} definitions in the generated unit, expected 1"]
-        have |= {line.strip() for line in m[0].splitlines()}
+        have |= {line.split("//")[0].strip() for line in m[0].splitlines()}   # (without trailing comments)
     return [f"{v.label}: generated Config lacks {line!r}" for line in v.expected_config() if line not in have]
 
 
