@@ -38,21 +38,30 @@ LAYERS = {
 }
 
 
-def bench_layer(name: str, args) -> dict:
+def routed_fc1(name: str):
+    """Layer ``name``'s routed fc1, seeded: (generator, x, w, routing, a_index, rows gathered
+    beforehand, the epilogue's inputs); the generator goes on for the rest of a row's tensors."""
     import torch
 
     from fusegemm import permute, routing
-    from fusegemm.ops.engine import Op
     experts, tokens, k, n, top_k = LAYERS[name]
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(tokens, k, generator=g, device="cuda").bfloat16()
     w = (torch.randn(experts, n, k, generator=g, device="cuda") * k ** -0.5).bfloat16()
     r = routing.route(torch.randn(tokens, experts, generator=g, device="cuda"), top_k)
-    idx = r.token_of_row.int()
     ins = {"alpha": torch.ones(experts, device="cuda")}
+    return g, x, w, r, r.token_of_row.int(), permute.gather_rows(x, r.token_of_row), ins
+
+
+def bench_layer(name: str, args) -> dict:
+    import torch
+
+    from fusegemm import permute
+    from fusegemm.ops.engine import Op
+    experts, tokens, k, n, top_k = LAYERS[name]
+    g, x, w, r, idx, rows, ins = routed_fc1(name)
     axes = dict(tile_m=128, tile_n=256)
     gathered, plain = Op("grouped_gemm", a_gather=True, **axes), Op("grouped_gemm", **axes)
-    rows = permute.gather_rows(x, r.token_of_row)
     equal = torch.equal(gathered(x, r.padded_offsets, w, a_index=idx, inputs=ins)["d"],
                         plain(rows, r.padded_offsets, w, inputs=ins)["d"])
     dg = torch.randn(r.rows, n, generator=g, device="cuda").bfloat16()      # fc1's output gradient rows

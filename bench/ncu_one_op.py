@@ -18,24 +18,18 @@ from _common import SHAPES, expert_sizes
 from blockscaled import quantize_1x128, quantize_128x128
 
 
-def routed_fc1(which: str, layer: str) -> None:
+def routed_fc1_calls(which: str, layer: str) -> None:
     """The layer's fc1 of bench/gathered.py, gathered or on pre-permuted rows, three launches."""
     import torch
 
-    from fusegemm import permute, routing
     from fusegemm.ops.engine import Op
-    from gathered import LAYERS
-    experts, tokens, k, n, top_k = LAYERS[layer]
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(tokens, k, generator=g, device="cuda").bfloat16()
-    w = (torch.randn(experts, n, k, generator=g, device="cuda") * k ** -0.5).bfloat16()
-    r = routing.route(torch.randn(tokens, experts, generator=g, device="cuda"), top_k)
-    ins = {"alpha": torch.ones(experts, device="cuda")}
+    from gathered import routed_fc1
+    _, x, w, r, idx, rows, ins = routed_fc1(layer)
     if which == "gathered":
-        op, idx = Op("grouped_gemm", a_gather=True, tile_m=128, tile_n=256).compile(), r.token_of_row.int()
+        op = Op("grouped_gemm", a_gather=True, tile_m=128, tile_n=256).compile()
         call = lambda: op(x, r.padded_offsets, w, a_index=idx, inputs=ins)   # noqa: E731
     else:
-        op, rows = Op("grouped_gemm", tile_m=128, tile_n=256).compile(), permute.gather_rows(x, r.token_of_row)
+        op = Op("grouped_gemm", tile_m=128, tile_n=256).compile()
         call = lambda: op(rows, r.padded_offsets, w, inputs=ins)   # noqa: E731
     for _ in range(3):
         call()
@@ -45,7 +39,7 @@ def routed_fc1(which: str, layer: str) -> None:
 
 def main(which: str, shape: str | None = None) -> None:
     if which in ("gathered", "pre_permuted"):
-        return routed_fc1(which, shape or "dsv3-8")
+        return routed_fc1_calls(which, shape or "dsv3-8")
     shape = shape or "dsv3-fc2"
     import torch
 

@@ -36,6 +36,9 @@ def test_the_axis_reaches_the_sm90_source_and_is_refused_elsewhere():
     with pytest.raises(UnsupportedError, match=r"cluster_m=2 .* with a_gather=True; implemented: 1"):
         registry.resolve("grouped_gemm", "sm_100a", {"a_gather": True, "tile_m": 128, "cluster_m": 2})
     registry.resolve("grouped_gemm", "sm_100a", {"a_gather": True, "tile_m": 128, "cluster_m": 1, "cluster_n": 1})
+    # A partial choice (tile M not chosen yet) is not judged by the tile's conditional limit, as
+    # Implementation.problem does not judge it (it raised UnsupportedError(None)).
+    registry.resolve("grouped_gemm", "sm_100a", {"a_gather": True})
     assert "kGatherA = true" in render(make_variant("grouped_gemm", arch="sm_100a", a_gather=True, **BF16)).text
     with pytest.raises(UnsupportedError, match="no clusters"):
         registry.resolve("grouped_gemm", "sm_90a", {"a_gather": True, "cluster_m": 2})

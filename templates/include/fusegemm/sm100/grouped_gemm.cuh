@@ -39,12 +39,6 @@
 
 namespace fusegemm::sm100 {
 
-// Config::kGatherA, false where the Config does not declare it.
-template <class C>
-constexpr auto gather_a_of(int) -> decltype(C::kGatherA, bool()) { return C::kGatherA; }
-template <class C>
-constexpr bool gather_a_of(long) { return false; }
-
 template <class Config>
 struct GroupedGemmKernel {
   using ElementA = typename Config::ElementA;
@@ -68,7 +62,7 @@ struct GroupedGemmKernel {
   static constexpr bool kKGrouped = Config::kKGrouped;
   static constexpr bool kAMn = kKGrouped;                  // dY: tokens x M, M contiguous
   static constexpr bool kBMn = Config::kBMajorMN;
-  static constexpr bool kGatherA = gather_a_of<Config>(0);
+  static constexpr bool kGatherA = Config::kGatherA;
   static_assert(!kGatherA || (kCtaGroup == 1 && !kKGrouped), "gathered A: 1-CTA M-grouped tiles (the registry's limits)");
   static constexpr int kGatherLanes = kRowsA / 4;          // gathered A: lanes with a gather4 each
   static_assert(!kKGrouped || (kBMn && kTileM == 128 && !Config::kDiscreteB && !Config::kDynamicSched),
