@@ -1,10 +1,11 @@
 """Back-to-back launches of the routed layer's grouped GEMMs (gathered and pre-permuted fc1 and
-K-grouped weight gradients, bursts of 1, 3 and 10 without a synchronize, interleaved): bench runs
-of this pattern hung on the H200 on 2026-12-04 (a kernel that never finished, in five processes of
-ten; not reproduced by one op alone or with synchronised calls; cause not found). Each case runs in
-a child process under a wall-clock limit with FUSEGEMM_WAIT_TIMEOUT set, so a hang fails this test
-with the burst that hung and the device's report of the barrier wait that timed out (block, thread,
-barrier, parity) instead of hanging the suite."""
+K-grouped weight gradients, bursts of 1, 3 and 10 without a synchronize, interleaved). Bench runs of
+this pattern hung on the H200 on 2026-12-04: a start-up race of the gathered kernels (copying warps
+waiting on the tile ring by a parity that the consumers could already have moved past; README, "A hang
+of the gathered kernels"), which this test caught on the default build before the fix (the dsv3-8
+case). Each case runs in a child process under a wall-clock limit, with and without FUSEGEMM_WAIT_TIMEOUT,
+so a hang fails this test with the burst that hung and the device's report of the barrier wait that timed
+out (block, thread, barrier, parity) instead of hanging the suite."""
 from __future__ import annotations
 
 import os

@@ -217,20 +217,18 @@ def test_row_ends_reach_the_tail_kernel_on_every_call(monkeypatch, no_device):  
     assert len(op._memo) == 2 and tails == [ends1.data_ptr(), ends2.data_ptr(), 0]
 
 
-def test_an_unlagged_build_with_several_copying_warps_is_refused(tmp_path):
-    """FUSEGEMM_SM90_GATHER_LAG=0 (each copy arrives by itself) with four copying warps can deadlock
-    on the tile ring's parity waits (a slow warp finds the slot two phases on): the header refuses the
-    combination at compile time, naming the switches; one copying warp, or the lag, compiles."""
-    from fusegemm.base.errors import CompileError
+def test_the_unlagged_build_compiles_with_every_copying_warp(tmp_path):
+    """FUSEGEMM_SM90_GATHER_LAG=0 (each copy arrives by itself) was refused with more than one
+    copying warp, for a deadlock on the tile ring's parity waits. The deadlock was the copying
+    warps' own ring wait (only the lead writes the ring; the others no longer wait on it, see
+    tests/gpu/test_launch_stress_gpu.py), so the A/B switch builds with four warps again."""
     from fusegemm.runtime import config
     from fusegemm.runtime.cache import KernelCache
     variant = make_variant("grouped_gemm", arch="sm_90a", a_gather=True, **BF16)
     with config.override(FUSEGEMM_NVRTC_EXTRA="-DFUSEGEMM_SM90_GATHER_LAG=0"):
-        with pytest.raises(CompileError, match="FUSEGEMM_SM90_GATHER_LAG=0 needs FUSEGEMM_SM90_GATHER_WARPS=1"):
-            pipeline.get_kernel(variant, KernelCache(tmp_path / "a"))
-    with config.override(FUSEGEMM_NVRTC_EXTRA="-DFUSEGEMM_SM90_GATHER_LAG=0 -DFUSEGEMM_SM90_GATHER_WARPS=1"):
-        built = pipeline.get_kernel(variant, KernelCache(tmp_path / "b"))
-    assert Cubin(built.cubin).resources(built.kernel_name).registers > 0
+        built = pipeline.get_kernel(variant, KernelCache(tmp_path / "a"))
+    res = Cubin(built.cubin).resources(built.kernel_name)
+    assert res.registers > 0 and res.local_bytes == 0
 
 
 SM100_GATHER_CASES = [dict(tile_m=128, tile_n=256), dict(tile_m=64, tile_n=256),

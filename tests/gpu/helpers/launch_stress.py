@@ -1,7 +1,8 @@
 """Child process of tests/gpu/test_launch_stress_gpu.py: the routed layer's grouped GEMMs (gathered
 and pre-permuted fc1, gathered and pre-permuted K-grouped weight gradients) launched in interleaved
 bursts without a synchronize between launches, the pattern under which bench runs hung on the H200
-(2026-12-04). Prints one line per burst before it runs ("run NAME BURST"), and "DONE" at the end.
+(2026-12-04: the gathered kernels' start-up race, fixed). Prints one line per burst before it runs
+("run NAME BURST"), and "DONE" at the end.
 
     python launch_stress.py EXPERTS TOKENS K N TOP_K ROUNDS
 """

@@ -92,7 +92,7 @@
 // async proxy. 1: the producer lanes, one stage late (wait for the previous stage's copies,
 // fence.proxy.async, arrive on its full barrier), so the consumers' k-loop is the ungathered one.
 // 0: each copy arrives by cp.async.mbarrier.arrive.noinc and the consumers fence after every
-// full wait (a fence between WGMMA batches), with one copying warp only (kGatherLag's assert).
+// full wait (a fence between WGMMA batches).
 // A/B switch for bench/gathered.py.
 #ifndef FUSEGEMM_SM90_GATHER_LAG
 #define FUSEGEMM_SM90_GATHER_LAG 1
@@ -239,14 +239,6 @@ struct GroupedGemmKernel {
   // (Three stages, and two ring slots, are also what a lagging gathered stage needs: produce().)
   static_assert(kStages >= 3, "not enough shared memory for a 3-stage pipeline");
   static_assert(!kGatherLag || kTileRing >= 2, "a lagging gathered stage needs a second ring slot");
-  // Without the lag, copying warps other than the leading one can deadlock: each waits on the ring
-  // slot's tile_empty barrier by parity before its next tile, and nothing keeps the consumers from
-  // finishing the tile before and reading the next one first (this warp's copies of the tile before
-  // arrive by themselves), so a slow warp can find the slot two phases on and wait for a phase that
-  // needs its own copies. The lag publishes a tile's last stage only after the warp has passed that
-  // wait. (FUSEGEMM_SM90_GATHER_LAG=0 builds hung on the H200, 2026-12-04.)
-  static_assert(kGatherLag || kGatherWarps == 1,
-                "FUSEGEMM_SM90_GATHER_LAG=0 needs FUSEGEMM_SM90_GATHER_WARPS=1 (the ring's parity waits)");
 
   static constexpr int kOffA = 0;
   static constexpr int kOffB = kOffA + kStages * kABytes;
@@ -520,7 +512,13 @@ struct GroupedGemmKernel {
       }
       const auto t = sched.tile(linear);
 
-      mbar_wait(&tile_empty[slot], ring_phase ^ 1);
+      // Only the lead writes ring entries, so only it waits for a free slot. (The copying warps
+      // used to wait as well, by parity: a warp that reached its first wait after the consumers
+      // had read the first tile found the slot a phase on, and waited for a phase that needs its
+      // own copies. H200, 2026-12-04: the K-grouped gathered weight gradient hung in every process
+      // that launched it in bursts; cuda-gdb showed two copying warps at their first ring wait and
+      // the consumers at the first tile's first stage, 65 of its 129 arrivals in.)
+      if (lead) mbar_wait(&tile_empty[slot], ring_phase ^ 1);
       // A tile the epilogue does not store (a phantom of a cluster block) travels as expert -1.
       if (lead) {
         ring[slot] = make_int4(stores(t) ? t.expert : -1, t.m_block, t.n_block, t.linear);
