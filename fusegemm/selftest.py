@@ -81,6 +81,29 @@ def _padded(tokens: list[int]) -> list[int]:
     return [int(-(-t // 256) * 256) for t in tokens]
 
 
+def _valid_rows(tokens: list[int], sizes: list[int]) -> np.ndarray:
+    """(rows,) bool: each expert's first ``tokens`` rows of its ``sizes`` (the rest is padding)."""
+    mask = np.zeros(sum(sizes), bool)
+    start = 0
+    for tok, size in zip(tokens, sizes):
+        mask[start:start + tok] = True
+        start += size
+    return mask
+
+
+def _gathered(rng: np.random.Generator, source: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A gathered operand's index and the rows it reads: each valid row reads a random row of the
+    token-major ``source`` (rows read twice, as top-k routing does), the first valid row an index
+    past the source and the padding rows -1 (both read zeros). Returns (int32 index, gathered rows)."""
+    index = np.where(valid, rng.integers(0, source.shape[0], valid.shape[0]), -1).astype(np.int32)
+    if valid.any():
+        index[np.argmax(valid)] = source.shape[0] + 3
+    rows = np.zeros((valid.shape[0],) + source.shape[1:], source.dtype)
+    inside = (index >= 0) & (index < source.shape[0])
+    rows[inside] = source[index[inside]]
+    return index, rows
+
+
 def _compare(got: Any, ref: np.ndarray, scale: np.ndarray, dtype: str) -> tuple[float, bool]:
     g = got.float().cpu().numpy().reshape(ref.shape).astype(np.float64)
     r = ref.astype(np.float64)
@@ -129,7 +152,7 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
     element format) with power-of-two scales, MX (E8M0 per 32) or the blockwise recipe (FP32 per
     128), so that every FP32 sum is exact and the kernel and the interpreter differ only by the
     functions' ulp bounds and the outputs' rounding. Dense or discrete weights, K- or N-major B,
-    as the variant says."""
+    gathered A (a_index into a token-major source, _gathered), as the variant says."""
     import ml_dtypes
     import torch
 
@@ -161,16 +184,23 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
             sfa = pack_sf(np.exp2(rng.integers(-1, 2, (m, k // 32))).astype(np.float32).astype(e8m0))
             sfb = pack_sf(np.exp2(rng.integers(-1, 2, (l, n, k // 32))).astype(np.float32).astype(e8m0),
                           batch_first=True)
+    kw: dict[str, Any] = {}
+    source = None
+    if v.a_gather:   # (BF16 kernels) A's rows read through a_index; the reference gets them gathered
+        source = rng.integers(-2, 3, (m // 2 + 5, k)).astype(ab)
+        a_index, a = _gathered(rng, source, _valid_rows(case["tokens"], sizes))
+        kw["a_index"] = output_compare.to_device(a_index, device)
     host_ops = [a, sfa, off, b, sfb] if op.kind == "scaled" else [a, off, b]
     dev_ops: list[Any] = [output_compare.to_device(x, device) for x in host_ops]
+    if source is not None:
+        dev_ops[0] = output_compare.to_device(source, device)
     keep: list[Any] = []
-    kw: dict[str, Any] = {}
     if v.weight_mode == "discrete":   # per-expert buffers behind device pointer tables: (N, K), or (K, N) N-major
         lists = {"b_list": [np.ascontiguousarray(b[e].T if v.b_major == "n" else b[e]) for e in range(l)]}
         if op.kind == "scaled":
             lists["sfb_list"] = [np.ascontiguousarray(sfb[e]) for e in range(l)]
-        kw, keep = output_compare.device_args(lists, device)
-        kw["n"] = n
+        lists_dev, keep = output_compare.device_args(lists, device)
+        kw.update(lists_dev, n=n)
         dev_ops = dev_ops[:3 if op.kind == "scaled" else 2]
     elif v.b_major == "n":            # (L, K, N) storage read as its (L, N, K) view
         at = 3 if op.kind == "scaled" else 2
@@ -372,7 +402,8 @@ def _wgrad_cases() -> list[tuple[str, dict[str, Any]]]:
 def _run_wgrad(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool, str]:
     """dW_e = alpha_e dY_e^T X_e with seeded BF16 operands (token rows padded to 256 with zeros,
     as the MoE layer's are), against the op's float64 reference; the bound is the FP32
-    accumulation's, as for the grouped GEMM."""
+    accumulation's, as for the grouped GEMM. Gathered operands (the axes' a_gather / b_gather):
+    dY's or X's token rows read through dy_index / x_index from a token-major source (_gathered)."""
     import torch
 
     from .ops.kgrouped import KGroupedGemm
@@ -387,19 +418,34 @@ def _run_wgrad(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, boo
         dy[start:start + tok] = rng.standard_normal((tok, m))
         x[start:start + tok] = rng.standard_normal((tok, n))
         start += size
+    axes = case.get("axes", {})
+    valid = _valid_rows(case["tokens"], sizes)
+    sources: dict[str, np.ndarray] = {}
+    indices: dict[str, Any] = {}
+    if axes.get("a_gather"):
+        sources["dy"] = rng.standard_normal((t // 2 + 5, m)).astype(np.float32)
+        idx, dy = _gathered(rng, sources["dy"], valid)
+        indices["dy_index"] = torch.from_numpy(idx)
+    if axes.get("b_gather"):
+        sources["x"] = rng.standard_normal((t // 2 + 5, n)).astype(np.float32)
+        idx, x = _gathered(rng, sources["x"], valid)
+        indices["x_index"] = torch.from_numpy(idx)
     dy_t = torch.from_numpy(dy).to(torch.bfloat16)
     x_t = torch.from_numpy(x).to(torch.bfloat16)
+    # What the op reads: the token-major sources of gathered operands, else the rows themselves.
+    dy_in = torch.from_numpy(sources["dy"]).to(torch.bfloat16) if "dy" in sources else dy_t
+    x_in = torch.from_numpy(sources["x"]).to(torch.bfloat16) if "x" in sources else x_t
     off = torch.tensor(np.cumsum(sizes), dtype=torch.int32)
     inputs = {"alpha": torch.from_numpy(rng.uniform(0.5, 1.5, len(sizes)).astype(np.float32))} if case.get("alpha") else {}
     index = _ordinal(device)
-    op = KGroupedGemm("grouped_gemm_wgrad", device=index, d_dtype=case.get("d_dtype", "bfloat16"),
-                      **case.get("axes", {}))
+    op = KGroupedGemm("grouped_gemm_wgrad", device=index, d_dtype=case.get("d_dtype", "bfloat16"), **axes)
     try:
         op.check_support()
     except UnsupportedError as exc:   # a tile this arch's kernel does not implement
         raise CaseNotAvailable(str(exc)) from None
     dev = {k: v.to(device) for k, v in inputs.items()}
-    out = op(dy_t.to(device), x_t.to(device), off.to(device), inputs=dev)
+    out = op(dy_in.to(device), x_in.to(device), off.to(device), inputs=dev,
+             **{k: v.to(device) for k, v in indices.items()})
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
     ref = np.asarray(op.reference(dy_t, x_t, off, inputs=inputs).out_values["d"], dtype=np.float64)
@@ -639,7 +685,7 @@ def all_classes(arch: str, families: tuple[str, ...] | None = None) -> list[Any]
     from .generator.variants import make_variant
     from .ops.scaled_layouts import check_layouts
     dims = ("tile_m", "tile_n", "cluster_m", "cluster_n", "scheduler", "a_major", "b_major", "ab_dtype",
-            "sf_dtype", "sf_vec_size", "weight_mode")
+            "sf_dtype", "sf_vec_size", "weight_mode", "a_gather", "b_gather")
     out: list[Any] = []
     for fam in families or registry.families():
         row = registry.lookup(fam, arch)

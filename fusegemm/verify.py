@@ -7,7 +7,7 @@ generator/registry.py). One family's kernel takes different paths for different 
 CTA pairs, schedulers, operand layouts, scaling recipes and weight modes, so a pass on one
 configuration says little about another. The gate therefore works per **configuration class**
 (:class:`ConfigClass`: family, kernel class, tile, cluster, CTAs per tile, scheduler, operand
-majors, recipe, weights): the first time a kernel of a class not yet verified is about to launch
+majors, recipe, weights, gathered operands): the first time a kernel of a class not yet verified is about to launch
 on such an arch, :func:`ensure_verified` runs that class's cases (fusegemm/selftest.py
 ``class_cases``: the class pinned, every CTA of the cluster given tiles, N and K tails, ragged and
 empty experts; every output compared with the numpy reference) and:

@@ -12,6 +12,10 @@ from ..base.dtypes import short
 from . import registry
 
 
+# The operand modes a class records (ConfigClass.operands), in slug order, and their words.
+_OPERAND_WORDS = {"a_gather": "gathered A", "b_gather": "gathered B"}
+
+
 @dataclass(frozen=True)
 class ConfigClass:
     """What decides which paths a kernel's launch takes, apart from the epilogue's math: the
@@ -38,6 +42,9 @@ class ConfigClass:
         unscaled operands; ``sf_vec_size`` 128 with float32 scales is the blockwise recipe).
     weights : str
         ``dense`` or ``discrete`` (per-expert pointers).
+    operands : tuple of str
+        The operand modes that change the loads: ``a_gather`` (A's rows through an index) and
+        ``b_gather`` (the K-grouped X's token rows through an index); empty for whole rows.
     """
 
     family: str
@@ -50,6 +57,7 @@ class ConfigClass:
     majors: tuple[str, str]
     recipe: tuple[str, str, int]
     weights: str
+    operands: tuple[str, ...] = ()
 
     @property
     def slug(self) -> str:
@@ -58,7 +66,8 @@ class ConfigClass:
         ab, sf, vec = self.recipe
         fmt = short(ab) if sf == "none" else f"{short(ab)}-{short(sf)}x{vec}"
         return (f"t{self.tile[0]}x{self.tile[1]}.c{self.cluster[0]}x{self.cluster[1]}.cta{self.ctas}."
-                f"{self.scheduler}.{''.join(self.majors)}.{fmt}.{self.weights}")
+                f"{self.scheduler}.{''.join(self.majors)}.{fmt}.{self.weights}"
+                + "".join(f".{o.replace('_', '-')}" for o in self.operands))
 
     def describe(self) -> str:
         """For people: ``tile 256x256, cluster 2x1, 2 CTAs per tile, static scheduler, ...``."""
@@ -66,7 +75,8 @@ class ConfigClass:
         fmt = ab if sf == "none" else f"{ab} with {sf} scales per {vec}"
         return (f"tile {self.tile[0]}x{self.tile[1]}, cluster {self.cluster[0]}x{self.cluster[1]}, "
                 f"{self.ctas} CTA{'s' if self.ctas > 1 else ''} per tile, {self.scheduler} scheduler, "
-                f"{self.majors[0]}-major A, {self.majors[1]}-major B, {fmt}, {self.weights} weights")
+                f"{self.majors[0]}-major A, {self.majors[1]}-major B, {fmt}, {self.weights} weights"
+                + "".join(f", {_OPERAND_WORDS[o]}" for o in self.operands))
 
     def axes(self) -> dict[str, Any]:
         """The variant axes that pin this class (``fusegemm.Op(spec, **cls.axes())``)."""
@@ -77,6 +87,7 @@ class ConfigClass:
                                "weight_mode": self.weights}
         if sf != "none":
             out.update(sf_dtype=sf, sf_vec_size=vec)
+        out.update({o: True for o in self.operands})
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -85,7 +96,8 @@ class ConfigClass:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ConfigClass":
         return cls(**{**d, "tile": tuple(d["tile"]), "cluster": tuple(d["cluster"]),
-                      "majors": tuple(d["majors"]), "recipe": tuple(d["recipe"])})
+                      "majors": tuple(d["majors"]), "recipe": tuple(d["recipe"]),
+                      "operands": tuple(d.get("operands", ()))})
 
 
 def config_class(variant: Any, ctas: int | None = None) -> ConfigClass:
@@ -96,4 +108,5 @@ def config_class(variant: Any, ctas: int | None = None) -> ConfigClass:
         tile=(variant.tile_m, variant.tile_n), cluster=(variant.cluster_m, variant.cluster_n),
         ctas=ctas or registry.policy(variant.arch).ctas_per_tile(variant.tile_m),
         scheduler=variant.scheduler, majors=(variant.a_major, variant.b_major),
-        recipe=(variant.ab_dtype, variant.sf_dtype, variant.sf_vec_size), weights=variant.weight_mode)
+        recipe=(variant.ab_dtype, variant.sf_dtype, variant.sf_vec_size), weights=variant.weight_mode,
+        operands=tuple(o for o in _OPERAND_WORDS if getattr(variant, o, False)))

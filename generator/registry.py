@@ -100,7 +100,7 @@ _SM90_BLOCKWISE_E8M0 = (RunsAs("sf_dtype", "float8_e8m0fnu", "float32", "every E
 _GROUPED_BF16 = ("ab_dtype", "c_dtype", "d_dtype", "weight_mode", "b_major", "a_gather", "d_scatter", "scheduler",
                  "tile_m", "tile_n")
 _KGROUPED = ("ab_dtype", "c_dtype", "d_dtype", "tile_m", "tile_n")
-_KGROUPED_SM90 = _KGROUPED + ("a_gather", "b_gather")   # token rows read through an index (sm_90a)
+_KGROUPED_BF16 = _KGROUPED + ("a_gather", "b_gather")   # token rows read through an index (both archs)
 # The block-scaled template takes its C and D types from the rule: c_dtype and d_dtype reach it
 # where the family's epilogue reads them (gemm_amax's C, sReLU's and dSwiGLU's; quant has no C).
 _BLOCKSCALED = ("ab_dtype", "sf_dtype", "sf_vec_size", "a_major", "b_major", "cd_major",
@@ -109,12 +109,13 @@ _BLOCKSCALED = ("ab_dtype", "sf_dtype", "sf_vec_size", "a_major", "b_major", "cd
 # The tile and cluster the BF16 kernels prefer where a policy lists them: tile 128x256, no cluster.
 _BF16_DEFAULTS = {"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}
 
-# Gathered operands are the BF16 kernels' modes on sm_90a: gathered A (a_gather) of the M-grouped
-# and K-grouped classes, gathered X (b_gather) of the K-grouped class; the others read whole rows.
+# Gathered operands are the BF16 kernels' modes: gathered A (a_index) of the M-grouped and K-grouped
+# classes, gathered X (b_gather) of the K-grouped class (sm_100a: through TMA gather4, not yet run);
+# the others read whole rows.
 _NO_GATHER = Limit("a_gather", (False,), "gathered A (a_index) is the BF16 grouped and K-grouped families' "
-                                         "operand mode on sm_90a")
-_NO_GATHER_B = Limit("b_gather", (False,), "gathered B (b_index) is the K-grouped family's operand mode on "
-                                           "sm_90a (token rows of X)")
+                                         "operand mode")
+_NO_GATHER_B = Limit("b_gather", (False,), "gathered B (b_index) is the BF16 K-grouped family's operand mode "
+                                           "(token rows of X)")
 # Scattered outputs (d_scatter: problem row r's C and D rows stored at row d_index[r]) are the
 # sm_90a BF16 M-grouped kernel's output mode (its fragment path's per-warp row stores).
 _NO_SCATTER = Limit("d_scatter", (False,), "scattered outputs (d_index) are the sm_90a BF16 grouped family's "
@@ -195,9 +196,9 @@ _SM100_ROWS = (
     # (executed=False: its first launch runs the family's selftest cases on the device,
     # fusegemm/verify.py).
     _row("kgrouped", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
-         "GroupedGemmKernel", tuple(a for a in _KGROUPED if a != "tile_m") + _VECTOR_F32, rule=SPEC_RULE,
+         "GroupedGemmKernel", tuple(a for a in _KGROUPED_BF16 if a != "tile_m") + _VECTOR_F32, rule=SPEC_RULE,
          limits=(Limit("tile_m", (128,), "1-CTA tiles of 128 rows (two 64-row M-major A atoms)"),
-                 *_KGROUPED_LIMITS, _NO_GATHER, _NO_GATHER_B, _NO_SCATTER, _SFD_MX_ONLY),
+                 *_KGROUPED_LIMITS, _NO_SCATTER, _SFD_MX_ONLY),
          executed=False),
     # MXFP8 weight gradients (Config::kKGrouped of the block-scaled kernel): dY^T and X^T
     # token-contiguous with E8M0 scales per 32 tokens; the blockwise recipe's FP32 scales are sm_90a's.
@@ -281,7 +282,7 @@ _SM90_ROWS = (
     # K-grouped weight gradients on the BF16 kernel (Config::kKGrouped): token-major operands,
     # one K range per expert.
     _row("kgrouped", "sm_90a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
-         "GroupedGemmKernel", _KGROUPED_SM90, rule=SPEC_RULE,
+         "GroupedGemmKernel", _KGROUPED_BF16, rule=SPEC_RULE,
          limits=(_SM90_TILE_M, *_KGROUPED_LIMITS, _NO_SCATTER, _SFD_MX_ONLY), runs_as=_SM90_SCALAR_F32),
     # FP8 weight gradients with the blockwise recipe (Config::kKGrouped of the blockwise kernel):
     # dY^T and X^T token-contiguous, both scaled 1x128 along the tokens (sm_100a's row takes MXFP8
@@ -368,13 +369,11 @@ def executed(family: str, arch: str) -> bool:
 
 # Operand modes an executed row's kernel has but no GPU has run yet: each refused at launch, with
 # its reason, unless FUSEGEMM_TRUST_UNVERIFIED=1 (fusegemm/verify.py), until tests/gpu has run it
-# and the entry goes. (The first-run gate's verification cases cannot stand in: none passes a_index.)
-UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {
-    # (gathered operands, a_gather / b_gather on sm_90a, stood here from their writing until
-    # tests/gpu/test_gather_gpu.py passed on the H200 on 2026-12-03.)
-    ("grouped", "sm_100a"): (("a_gather", True, "gathered A's TMA gather4 loads have not run on a Blackwell GPU "
-                                               "(compiled and checked statically only)"),),
-}
+# and the entry goes. (Gathered operands on sm_90a stood here from their writing until
+# tests/gpu/test_gather_gpu.py passed on the H200 on 2026-12-03; on sm_100a, whose rows are not
+# executed, the first-run gate verifies them: a gathered variant is a configuration class of its
+# own, whose cases read A, dY or X through an index, fusegemm/selftest.py.)
+UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {}
 
 
 def unexecuted_mode(family: str, arch: str, choice: dict[str, Any]) -> str | None:

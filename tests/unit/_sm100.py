@@ -115,7 +115,8 @@ class V:
     a_mn: bool = False  # block-scaled FP8: M-major A
     b_mn: bool = False  # N-major B (block-scaled FP8, BF16)
     kgrouped: bool = False  # K-grouped (weight gradients), per-tile K: BF16 M-major A and N-major B, MXFP8 K-major
-    gather: bool = False  # BF16 gathered A (a_gather): TMA gather4 rows, 1-CTA tiles
+    gather: bool = False  # BF16 gathered A (a_gather): TMA gather4 rows, 1-CTA tiles (K-grouped: dY's token rows)
+    gather_b: bool = False  # BF16 K-grouped gathered X (b_gather): TMA gather4 token rows
     fault: int = 0  # fusegemm::sm100 kFault* (tests only)
 
     @property
@@ -140,6 +141,8 @@ class V:
             parts.append("bnn")
         if self.gather:
             parts.append("gather")
+        if self.gather_b:
+            parts.append("gatherb")
         parts.append(f"t{self.tile_m}x{self.tile_n}")
         parts += [x for x, on in (("dyn", self.dynamic), ("disc", self.discrete), ("genc", self.generate_c)) if on]
         if self.bias != "none":
@@ -162,8 +165,9 @@ class V:
                   "tile_m": self.tile_m, "tile_n": self.tile_n, "cluster_m": self.cta_group, "cluster_n": 1}
         if self.kgrouped:   # the wgrad spec's axes: both majors and the C dtype follow from the problem
             sf = {"sf_dtype": _AXIS_SF[self.sf], "sf_vec_size": self.vec} if self.family == "bs" else {}
+            gather = {"a_gather": self.gather, "b_gather": self.gather_b} if self.family == "bf16" else {}
             return {"ab_dtype": _AXIS_DTYPE[self.ab], "d_dtype": _AXIS_DTYPE[self.d], "tile_m": self.tile_m,
-                    "tile_n": self.tile_n, "cluster_m": 1, "cluster_n": 1, **sf}
+                    "tile_n": self.tile_n, "cluster_m": 1, "cluster_n": 1, **sf, **gather}
         if self.family == "bf16":
             return {**common, "d_dtype": _AXIS_DTYPE[self.d], "bias_dtype": _AXIS_DTYPE[self.bias],
                     "generate_c": self.generate_c, "b_major": "n" if self.b_mn else "k", "a_gather": self.gather}
@@ -190,7 +194,8 @@ class V:
                       f"static constexpr bool kHasC = {_b(self.generate_c)};",
                       f"static constexpr bool kBMajorMN = {_b(self.b_mn)};",
                       f"static constexpr bool kKGrouped = {_b(self.kgrouped)};",
-                      f"static constexpr bool kGatherA = {_b(self.gather)};"]
+                      f"static constexpr bool kGatherA = {_b(self.gather)};",
+                      f"static constexpr bool kGatherB = {_b(self.gather_b)};"]
             if self.bias != "none":
                 lines.append(f"e.bias = fusegemm::epi::ldf<{OUT[self.bias]}>(col_base_bias, col);")
         else:
@@ -223,8 +228,10 @@ class V:
         """TMA dimensionalities that must appear in multicast form: A, B (and the 4-D SF maps)."""
         a = "3D" if self.family == "bs" and self.batched else "2D"
         b = "2D" if self.discrete or self.kgrouped else "3D"   # K-grouped: X (N, tokens), 2-D
-        # Gathered A: gather4 rows into the CTA's own stage, no multicast form (B keeps its).
-        return ({b} if self.gather else {a, b}) | ({"4D"} if self.family == "bs" else set())
+        # A gathered operand: gather4 rows into the CTA's own stage, no multicast form (the other
+        # operand keeps its; K-grouped A and B are both 2-D).
+        return ({a} if not self.gather else set()) | ({b} if not self.gather_b else set()) | (
+            {"4D"} if self.family == "bs" else set())
 
     def expected_mma(self) -> str:
         if self.family == "bf16":
@@ -386,6 +393,13 @@ def static_problems(b: Built) -> list[str]:
     # K-grouped: A and B are 2-D token maps (no expert coordinate): a 3-D load reads a map wrongly.
     if v.kgrouped and any(op.startswith("UTMALDG.3D") for op in h):
         out.append("SASS: a 3-D UTMALDG in a K-grouped kernel (its A and B maps are 2-D)")
+    # Gathered operands: their rows come by TMA gather4, which no other kernel issues; with every
+    # operand gathered no box load is left.
+    if (v.gather or v.gather_b) != ("UTMALDG.2D.GATHER4" in h):
+        out.append(f"SASS: UTMALDG.2D.GATHER4 {'missing' if v.gather or v.gather_b else 'present'} "
+                   f"(gathered A {v.gather}, gathered X {v.gather_b})")
+    if v.gather and v.gather_b and any(op.startswith("UTMALDG") and "GATHER4" not in op.split(".") for op in h):
+        out.append("SASS: a box UTMALDG in a kernel whose operands are both gathered")
     if (count("UTCCP") > 0) != (v.family == "bs"):
         out.append(f"SASS: UTCCP x{count('UTCCP')} (scale factors reach TMEM by UTCCP in block-scaled kernels only)")
     if not any(op.startswith("UTCATOMSWS") and "FIND_AND_SET" in op for op in h):
@@ -418,6 +432,11 @@ def contract_problems(v: V, k: KernelContract) -> list[str]:
         got = getattr(k, field)
         if got != exp:
             out.append(f"contract: {field} = {got}, expected {exp}")
+    # A gathered operand's map reads one token row per box (gather4 takes four at a time).
+    for field, gathered in (("box_a_outer", v.gather), ("box_b_outer", v.gather_b)):
+        if gathered and getattr(k, field) != 1:
+            out.append(f"contract: {field} = {getattr(k, field)}, expected 1 "
+                       "(a gathered operand's map: one row per box)")
     if (k.tmap_slot_stride != 0) != v.discrete:
         out.append(f"contract: tmap_slot_stride = {k.tmap_slot_stride} with weight_mode "
                    f"{'discrete' if v.discrete else 'dense'} (a tensor-map workspace is for discrete B only)")

@@ -26,7 +26,7 @@ from test_op import _launch, no_device  # noqa: E402,F401
 BF16 = dict(tile_m=128, tile_n=256, cluster_m=1, cluster_n=1)
 
 
-def test_the_axis_reaches_the_sm90_source_and_is_refused_elsewhere():
+def test_the_axes_reach_the_source_and_are_refused_elsewhere():
     src = render(make_variant("grouped_gemm", arch="sm_90a", a_gather=True, **BF16))
     assert "kGatherA = true" in src.text
     assert "kGatherA = false" in render(make_variant("grouped_gemm", arch="sm_90a", **BF16)).text
@@ -42,12 +42,13 @@ def test_the_axis_reaches_the_sm90_source_and_is_refused_elsewhere():
     assert "kGatherA = true" in render(make_variant("grouped_gemm", arch="sm_100a", a_gather=True, **BF16)).text
     with pytest.raises(UnsupportedError, match="no clusters"):
         registry.resolve("grouped_gemm", "sm_90a", {"a_gather": True, "cluster_m": 2})
-    with pytest.raises(UnsupportedError, match=r"gathered B \(b_index\) is the K-grouped family's"):
+    with pytest.raises(UnsupportedError, match=r"gathered B \(b_index\) is the BF16 K-grouped family's"):
         registry.resolve("grouped_gemm", "sm_90a", {"b_gather": True})
-    registry.resolve("grouped_gemm_wgrad", "sm_90a", {"a_gather": True, "b_gather": True, "tile_m": 128,
+    for arch in ("sm_90a", "sm_100a"):   # (sm_100a: TMA gather4 of token rows, not yet run)
+        registry.resolve("grouped_gemm_wgrad", arch, {"a_gather": True, "b_gather": True, "tile_m": 128,
                                                        "cluster_m": 1, "cluster_n": 1})
-    for family, arch, ab in (("grouped_gemm_wgrad", "sm_100a", "bfloat16"),
-                             ("grouped_gemm_srelu", "sm_90a", "float8_e4m3fn"),
+        assert "kGatherB = true" in render(make_variant("grouped_gemm_wgrad", arch=arch, b_gather=True, **BF16)).text
+    for family, arch, ab in (("grouped_gemm_srelu", "sm_90a", "float8_e4m3fn"),
                              ("grouped_gemm_srelu", "sm_100a", "float8_e4m3fn")):
         with pytest.raises(UnsupportedError, match=r"gathered A \(a_index\) is the BF16 grouped and K-grouped"):
             registry.resolve(family, arch, {"a_gather": True, "ab_dtype": ab, "sf_vec_size": 32,
@@ -259,11 +260,98 @@ def test_sm100_gathered_kernels_load_a_by_gather4(session_cache, axes):
     assert disasm.count_prefix(hist, "UTCHMMA") == disasm.count_prefix(plain_hist, "UTCHMMA")
 
 
-def test_sm100_gathered_a_is_refused_at_launch_until_a_blackwell_gpu_runs_it(monkeypatch):
-    from fusegemm.base.errors import UnverifiedError
-    from fusegemm.verify import ensure_verified
-    monkeypatch.delenv("FUSEGEMM_TRUST_UNVERIFIED", raising=False)
-    v = make_variant("grouped_gemm", arch="sm_100a", a_gather=True, tile_m=128, tile_n=256, cluster_m=1, cluster_n=1)
-    with pytest.raises(UnverifiedError, match=r"a_gather=True on sm_100a: gathered A's TMA gather4 loads have not "
-                                              r"run on a Blackwell GPU"):
-        ensure_verified(v, 0)
+@pytest.mark.parametrize("gather", [dict(b_gather=True), dict(a_gather=True), dict(a_gather=True, b_gather=True)],
+                         ids=lambda g: "-".join(g))
+def test_sm100_kgrouped_gathered_operands_load_token_rows_by_gather4(session_cache, gather):
+    """sm_100a K-grouped gathered dY and/or X (not run on a Blackwell GPU): the operand's 64 token
+    rows of a k-block arrive by TMA gather4 where its boxes would put them; the map one token row per
+    box, the other operand, shared memory and TMEM as the plain kernel's, no local memory."""
+    from fusegemm.runtime import disasm
+    axes = dict(tile_m=128, tile_n=256, cluster_m=1, cluster_n=1)
+    gathered = pipeline.get_kernel(make_variant("grouped_gemm_wgrad", arch="sm_100a", **gather, **axes), session_cache)
+    plain = pipeline.get_kernel(make_variant("grouped_gemm_wgrad", arch="sm_100a", **axes), session_cache)
+    assert Cubin(gathered.cubin).resources(gathered.kernel_name).local_bytes == 0
+    c, pc = gathered.contract, plain.contract
+    for operand in ("a", "b"):
+        box = (getattr(c, f"box_{operand}_inner"), getattr(c, f"box_{operand}_outer"))
+        plain_box = (getattr(pc, f"box_{operand}_inner"), getattr(pc, f"box_{operand}_outer"))
+        assert box == ((64, 1) if gather.get(f"{operand}_gather") else plain_box), operand
+    assert (c.smem_bytes, c.threads, c.tmem_cols) == (pc.smem_bytes, pc.threads, pc.tmem_cols)
+    hist, plain_hist = disasm.sass_histogram(gathered.cubin), disasm.sass_histogram(plain.cubin)
+    assert hist.get("UTMALDG.2D.GATHER4", 0) >= 1 and "UTMALDG.2D.GATHER4" not in plain_hist
+    assert disasm.count_prefix(hist, "UTCHMMA") == disasm.count_prefix(plain_hist, "UTCHMMA")
+
+
+@pytest.mark.parametrize("spec,axes,modes", [
+    ("grouped_gemm", dict(a_gather=True, tile_m=128, tile_n=256, cluster_m=1, cluster_n=1), ("a_gather",)),
+    ("grouped_gemm_wgrad", dict(b_gather=True), ("b_gather",)),
+    ("grouped_gemm_wgrad", dict(a_gather=True, b_gather=True), ("a_gather", "b_gather"))])
+def test_sm100_gathered_variants_are_first_run_gated_by_cases_that_pass_an_index(spec, axes, modes):
+    """sm_100a gathered operands (TMA gather4, not run on a Blackwell GPU) are configuration classes
+    of their own: the first-run gate (fusegemm/verify.py) runs that class's cases, which read the
+    operands through an index (fusegemm/selftest.py _gathered: repeated tokens, an index past the
+    source and the padding's -1), before the first launch; no blanket refusal stands in."""
+    from fusegemm import selftest
+    from fusegemm.generator.config_class import ConfigClass, config_class
+    v = make_variant(spec, arch="sm_100a", **axes)
+    assert registry.unexecuted_mode(spec, "sm_100a", vars(v)) is None and not registry.executed(spec, "sm_100a")
+    cls = config_class(v)
+    assert cls.operands == modes and cls.slug.endswith("".join(f".{m.replace('_', '-')}" for m in modes))
+    assert cls != config_class(make_variant(spec, arch="sm_100a", **{k: x for k, x in axes.items() if k not in modes}))
+    assert ConfigClass.from_json(cls.to_json()) == cls and "gathered" in cls.describe()
+    cases = selftest.class_cases(cls)
+    assert cases and all(all(c["axes"].get(m) for m in modes) for _, c in cases)
+    assert cls in selftest.all_classes("sm_100a", (spec,))
+
+
+def test_gathered_case_operands_read_zeros_outside_the_source():
+    """The gate's gathered operands (selftest._gathered): valid rows read source rows (some twice),
+    the first valid row an index past the source, padding rows -1; both of those read zeros."""
+    import numpy as np
+
+    from fusegemm import selftest
+    rng = np.random.default_rng(0)
+    valid = selftest._valid_rows([3, 0, 200], [256, 0, 256])
+    assert valid.sum() == 203 and valid[:3].all() and not valid[3:256].any()
+    source = rng.standard_normal((40, 8)).astype(np.float32) + 5.0   # no zero rows
+    index, rows = selftest._gathered(rng, source, valid)
+    assert index.dtype == np.int32 and index[0] == 43 and (index[~valid] == -1).all()
+    assert not rows[0].any() and not rows[~valid].any()
+    inside = valid.copy()
+    inside[0] = False
+    np.testing.assert_array_equal(rows[inside], source[index[inside]])
+    assert len(set(index[inside].tolist())) < inside.sum()   # tokens read twice, as top-k routing does
+
+
+@pytest.mark.parametrize("axes", [dict(a_gather=True, b_gather=True), dict(b_gather=True), dict(a_gather=True)])
+def test_the_gathered_weight_gradient_case_passes_sources_and_indices(monkeypatch, axes):
+    """selftest._run_wgrad's gathered case (the first-run gate's) against a stand-in for the kernel
+    that gathers what it is given: the case passes the token-major sources with their indices, and
+    its reference is the gathered problem (a case that passed the gathered rows with the index, or
+    the sources to the reference, would fail here)."""
+    import numpy as np
+
+    from fusegemm import selftest
+    from fusegemm.ops import device, kgrouped
+
+    def gather(src, idx):
+        src = src.float().numpy()
+        if idx is None:
+            return src
+        idx = idx.numpy()
+        out = np.zeros((len(idx), src.shape[1]), np.float32)
+        inside = (idx >= 0) & (idx < len(src))
+        out[inside] = src[idx[inside]]
+        return out
+
+    def kernel(self, dy, x, off, inputs=None, dy_index=None, x_index=None):
+        dyg, xg = gather(dy, dy_index), gather(x, x_index)
+        ends = off.numpy().tolist()
+        blocks = [dyg[s:e].T @ xg[s:e] for s, e in zip([0] + ends[:-1], ends)]
+        return {"d": torch.from_numpy(np.concatenate(blocks)).to(torch.bfloat16)}
+
+    monkeypatch.setattr(kgrouped.KGroupedGemm, "__call__", kernel)
+    monkeypatch.setattr(kgrouped.KGroupedGemm, "check_support", lambda self: None)
+    monkeypatch.setattr(device, "device_arch", lambda d: "sm_90a")
+    err, ok, _ = selftest._run_wgrad(dict(tokens=[256, 0, 300], m=128, n=128, axes=axes), "cpu")
+    assert ok, err

@@ -62,6 +62,7 @@ CORE = [
     V("bf16", 128, 256, b_mn=True, kgrouped=True, c="f32"),               # K-grouped: M-major A, per-tile K
     V("bs", 128, 256, ab="e4m3", c="f32", kgrouped=True),                 # K-grouped MXFP8 (wgrad; no C): 2-D B
     V("bf16", 128, 256, gather=True),                                      # gathered A: TMA gather4 rows
+    V("bf16", 128, 256, b_mn=True, kgrouped=True, c="f32", gather_b=True),  # K-grouped gathered X: gather4 token rows
 ]
 EXTENDED = [
     V("bs", 128, 128, ab="e2m1", sf="ue4m3", vec=16, c="e4m3", batched=True),  # FP8 C from NVFP4
@@ -87,6 +88,7 @@ EXTENDED = [
     V("bs", 64, 256, ab="e4m3", c="f16", a_mn=True),                       # M-major A: a whole 128-row atom; grouped
     V("bs", 128, 128, ab="e4m3", c="f32", batched=True, a_mn=True, dynamic=True, c_major_m=True),  # direct (dynamic)
     V("bf16", 128, 128, b_mn=True, kgrouped=True, c="f32", d="f32"),      # K-grouped, N-major B: 2 atoms
+    V("bf16", 128, 128, b_mn=True, kgrouped=True, c="f32", gather=True, gather_b=True),  # K-grouped, both gathered
 ]
 # The fault tests' variants (below): the real template plus one planted kFaultInjection line.
 FAULTY = [V("bf16", 128, 256, fault=1), V("bs", 128, 256, ab="e4m3", c="f32", batched=True, fault=1),

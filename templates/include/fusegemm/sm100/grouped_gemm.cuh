@@ -31,7 +31,12 @@
 // the sm_90a kernel's mode): 1-CTA tiles, A's map one row per box; each producer lane loads four of
 // the CTA's rows per k-block with one TMA gather4 (lane l rows 4l..4l+3, their indices read once
 // per tile), which lands them swizzled as a box would, so descriptors and byte counts are the
-// plain kernel's. Not yet run on a Blackwell GPU (registry.UNEXECUTED_MODES refuses it at launch).
+// plain kernel's. K-grouped gathered operands (a_gather: dY's token rows through a_index,
+// b_gather: X's through b_index; the sm_90a kernel's modes): a k-block's 64 token rows are the K
+// rows of the operand's MN-major atoms, so lane l loads rows 4 (l % 16) .. + 3 of atoms l / 16,
+// l / 16 + 2, .. with one gather4 each (the map's boxes one token row of 64 columns), where the
+// plain kernel's boxes would put them. Not yet run on a Blackwell GPU: the first-run gate runs a
+// gathered configuration class's cases, operands through an index, before its first launch.
 // Barrier and fence protocol: fusegemm/sm100/pipeline.cuh header, sm100-protocol.md §1/§4.
 #pragma once
 
@@ -63,8 +68,11 @@ struct GroupedGemmKernel {
   static constexpr bool kAMn = kKGrouped;                  // dY: tokens x M, M contiguous
   static constexpr bool kBMn = Config::kBMajorMN;
   static constexpr bool kGatherA = Config::kGatherA;
-  static_assert(!kGatherA || (kCtaGroup == 1 && !kKGrouped), "gathered A: 1-CTA M-grouped tiles (the registry's limits)");
-  static constexpr int kGatherLanes = kRowsA / 4;          // gathered A: lanes with a gather4 each
+  static constexpr bool kGatherB = Config::kGatherB;       // (K-grouped) X's token rows through b_index
+  static constexpr bool kGathers = kGatherA || kGatherB;
+  static_assert(!kGatherA || kCtaGroup == 1, "gathered A: 1-CTA tiles (the registry's limits)");
+  static_assert(!kGatherB || kKGrouped, "gathered B: K-grouped problems (B is token rows only there)");
+  static constexpr int kGatherLanes = kRowsA / 4;          // gathered M-grouped A: lanes with a gather4 each
   static_assert(!kKGrouped || (kBMn && kTileM == 128 && !Config::kDiscreteB && !Config::kDynamicSched),
                 "K-grouped: token-major B (b_major n), 1-CTA tiles of 128 rows, dense, static scheduling");
   static constexpr int kBSwizzle = 128;                    // N-major atom: 64 bf16 columns
@@ -113,7 +121,8 @@ struct GroupedGemmKernel {
   // Gathered A: one row per box (the map's rows are A's tokens; gather4 takes four at a time).
   static constexpr int kBoxAInner = kAMn ? kBMnAtomCols : kBoxK,
                        kBoxAOuter = kGatherA ? 1 : kAMn ? kSliceK : kBoxRowsA;
-  static constexpr int kBoxBInner = kBMn ? kBMnAtomCols : kBoxK, kBoxBOuter = kBMn ? kSliceK : kBoxRowsB;
+  static constexpr int kBoxBInner = kBMn ? kBMnAtomCols : kBoxK,
+                       kBoxBOuter = kGatherB ? 1 : kBMn ? kSliceK : kBoxRowsB;
   static constexpr int kSwizzleA = 128, kSwizzleB = 128;
   static constexpr int kTmaDtypeA = TmaDtype<ElementA>::value, kTmaDtypeB = TmaDtype<ElementB>::value;
   static constexpr int kTmapSlotStride = Config::kDiscreteB ? Frame::kTmapSlotStride : 0;
@@ -200,8 +209,22 @@ struct GroupedGemmKernel {
       // Gathered A: this lane's four rows of the tile (rows of A; -1 past the problem's rows,
       // which the map reads as zeros, as any row outside A).
       int g0 = -1, g1 = -1, g2 = -1, g3 = -1;
-      f.template producer<kGatherA>(p, sched, k_blocks, [&](const ClusterTile& t, int kb, uint64_t* bar, int s) {
-        if constexpr (kGatherA) {   // (every lane: the frame's warp loads)
+      f.template producer<kGathers>(p, sched, k_blocks, [&](const ClusterTile& t, int kb, uint64_t* bar, int s) {
+        // K-grouped: the k-block's token rows start at the expert's first (both maps 2-D).
+        const int k0 = (kKGrouped ? kgrouped_k_range<kBlockK>(static_cast<const int*>(p.offsets), static_cast<const int*>(p.row_ends), t.expert, p.k).x : 0)
+                       + kb * kBlockK;
+        if constexpr (kKGrouped && kGathers) {   // (every lane: the frame's warp loads)
+          // (the plain loads' cache hints: A's boxes evict first, B's last)
+          if constexpr (kGatherA) {
+            gather_mn<kAMnAtoms>(&p.tma_a, p.a_index, bar, f.smem_a(s), t.m_block * kTileM, k0, f.lane,
+                                 CacheHint::kEvictFirst);
+          }
+          if constexpr (kGatherB) {
+            gather_mn<kBMnAtoms>(&p.tma_b, p.b_index, bar, f.smem_b(s), t.n_block * kTileN, k0, f.lane,
+                                 CacheHint::kEvictLast);
+          }
+          if (f.lane != 0) return;   // the operand that is not gathered: lane 0's
+        } else if constexpr (kGatherA) {   // (every lane: the frame's warp loads)
           if (f.lane < kGatherLanes) {
             if (kb == 0) {
               const int* index = static_cast<const int*>(p.a_index);
@@ -224,9 +247,6 @@ struct GroupedGemmKernel {
         }
         const int m_row = t.m_block * kTileM + f.cta_half * kRowsA;
         const int n_row = t.n_block * kTileN + f.cta_half * kRowsB;
-        // K-grouped: the k-block's token rows start at the expert's first (both maps 2-D).
-        const int k0 = (kKGrouped ? kgrouped_k_range<kBlockK>(static_cast<const int*>(p.offsets), static_cast<const int*>(p.row_ends), t.expert, p.k).x : 0)
-                       + kb * kBlockK;
         // A is shared along cluster N, B along cluster M (cluster.cuh), slice by slice (not
         // unrolled: the producer's hoisted slice addresses would raise the kernel's registers).
         const Share sa = f.share_a(), sb = f.share_b(t.share_b);
@@ -245,7 +265,7 @@ struct GroupedGemmKernel {
         }
         constexpr int kDimsB = (Config::kDiscreteB || kKGrouped) ? 2 : 3;
 #pragma unroll 1
-        for (int i = 0; i < kMcSlices; ++i) {
+        for (int i = 0; i < (kGatherB ? 0 : kMcSlices); ++i) {
           if constexpr (kBMn) {
             // Dense B: 3-D map (N, K, L); discrete: the expert's 2-D (N, K) map. Per 64-column
             // atom of the CTA's columns, K slice i.
@@ -281,6 +301,23 @@ struct GroupedGemmKernel {
       epilogue(p, f, sched, k_blocks);
     }
     f.teardown();
+  }
+
+  // A gathered MN-major operand's k-block (K-grouped): the 64 token rows from k0 are the K rows of
+  // kAtoms atoms of 64 columns (from c0); row t of each reads token row index[k0 + t] (a row outside
+  // the map, the routing's -1 padding included, reads zeros). Lane l: rows 4 (l % 16) .. + 3 of
+  // atoms l / 16, l / 16 + 2, .., one gather4 each, at the rows a box would fill.
+  template <int kAtoms>
+  static __device__ void gather_mn(const CUtensorMap* map, const void* index_ptr, uint64_t* bar, uint8_t* stage,
+                                   int c0, int k0, int lane, CacheHint hint) {
+    static_assert(kAtoms % 2 == 0, "two atoms per gather4 row group (16 groups of 4 rows, 32 lanes)");
+    const int g = lane % 16;
+    const int* index = static_cast<const int*>(index_ptr) + k0 + 4 * g;
+    const int r0 = __ldg(index), r1 = __ldg(index + 1), r2 = __ldg(index + 2), r3 = __ldg(index + 3);
+#pragma unroll
+    for (int j = lane / 16; j < kAtoms; j += 2) {
+      tma_gather4(map, bar, stage + mn_offset(j, 0) + 4 * g * kBSwizzle, c0 + j * kBMnAtomCols, r0, r1, r2, r3, hint);
+    }
   }
 
   template <class Params, class Sched, class KBlocks>
