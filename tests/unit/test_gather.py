@@ -355,3 +355,31 @@ def test_the_gathered_weight_gradient_case_passes_sources_and_indices(monkeypatc
     monkeypatch.setattr(device, "device_arch", lambda d: "sm_90a")
     err, ok, _ = selftest._run_wgrad(dict(tokens=[256, 0, 300], m=128, n=128, axes=axes), "cpu")
     assert ok, err
+
+
+@pytest.mark.parametrize("spec", ["grouped_gemm", "grouped_gemm_swiglu", "grouped_gemm_dswiglu_bf16"])
+def test_the_gathered_spec_case_passes_the_source_and_its_index(monkeypatch, spec):
+    """selftest._run_spec's gathered case (the first-run gate's, for every spec offering a_gather)
+    against a stand-in for the kernel that gathers A's rows from what it is given and then takes the
+    interpreter's outputs: the case passes the token-major source with a_index and gives its
+    reference the gathered rows."""
+    import numpy as np
+
+    from fusegemm import selftest
+    from fusegemm.ops import device
+
+    def kernel(self, a, off, *rest, inputs=None, a_index=None, **kw):
+        if a_index is not None:
+            idx = a_index.long()
+            inside = (idx >= 0) & (idx < a.shape[0])
+            rows = torch.zeros((len(idx), a.shape[1]), dtype=a.dtype)
+            rows[inside] = a[idx[inside]]
+            a = rows
+        return {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in self.reference(a, off, *rest,
+                                                                                         inputs=inputs).items()}
+
+    monkeypatch.setattr(Op, "__call__", kernel)
+    monkeypatch.setattr(device, "device_arch", lambda d: "sm_90a")
+    err, ok, detail = selftest._run_spec(dict(spec=spec, tokens=[256, 0, 300], n=256, k=64, axes={"a_gather": True}),
+                                         "cpu")
+    assert ok, (err, detail)
