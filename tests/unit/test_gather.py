@@ -323,6 +323,18 @@ def test_gathered_case_operands_read_zeros_outside_the_source():
     assert len(set(index[inside].tolist())) < inside.sum()   # tokens read twice, as top-k routing does
 
 
+def _rows_through(source, index):
+    """The stand-in kernels' gathered load: row r is ``source[index[r]]``, zeros for an index
+    outside the source (the kernels' contract; routing's torch gather serves -1 only)."""
+    if index is None:
+        return source
+    idx = index.long()
+    inside = (idx >= 0) & (idx < source.shape[0])
+    rows = torch.zeros((len(idx), source.shape[1]), dtype=source.dtype)
+    rows[inside] = source[idx[inside]]
+    return rows
+
+
 @pytest.mark.parametrize("axes", [dict(a_gather=True, b_gather=True), dict(b_gather=True), dict(a_gather=True)])
 def test_the_gathered_weight_gradient_case_passes_sources_and_indices(monkeypatch, axes):
     """selftest._run_wgrad's gathered case (the first-run gate's) against a stand-in for the kernel
@@ -334,18 +346,8 @@ def test_the_gathered_weight_gradient_case_passes_sources_and_indices(monkeypatc
     from fusegemm import selftest
     from fusegemm.ops import device, kgrouped
 
-    def gather(src, idx):
-        src = src.float().numpy()
-        if idx is None:
-            return src
-        idx = idx.numpy()
-        out = np.zeros((len(idx), src.shape[1]), np.float32)
-        inside = (idx >= 0) & (idx < len(src))
-        out[inside] = src[idx[inside]]
-        return out
-
     def kernel(self, dy, x, off, inputs=None, dy_index=None, x_index=None):
-        dyg, xg = gather(dy, dy_index), gather(x, x_index)
+        dyg, xg = (_rows_through(src, idx).float().numpy() for src, idx in ((dy, dy_index), (x, x_index)))
         ends = off.numpy().tolist()
         blocks = [dyg[s:e].T @ xg[s:e] for s, e in zip([0] + ends[:-1], ends)]
         return {"d": torch.from_numpy(np.concatenate(blocks)).to(torch.bfloat16)}
@@ -369,14 +371,8 @@ def test_the_gathered_spec_case_passes_the_source_and_its_index(monkeypatch, spe
     from fusegemm.ops import device
 
     def kernel(self, a, off, *rest, inputs=None, a_index=None, **kw):
-        if a_index is not None:
-            idx = a_index.long()
-            inside = (idx >= 0) & (idx < a.shape[0])
-            rows = torch.zeros((len(idx), a.shape[1]), dtype=a.dtype)
-            rows[inside] = a[idx[inside]]
-            a = rows
-        return {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in self.reference(a, off, *rest,
-                                                                                         inputs=inputs).items()}
+        ref = self.reference(_rows_through(a, a_index), off, *rest, inputs=inputs)
+        return {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in ref.items()}
 
     monkeypatch.setattr(Op, "__call__", kernel)
     monkeypatch.setattr(device, "device_arch", lambda d: "sm_90a")

@@ -211,30 +211,31 @@ struct GroupedGemmKernel {
       int g0 = -1, g1 = -1, g2 = -1, g3 = -1;
       f.template producer<kGathers>(p, sched, k_blocks, [&](const ClusterTile& t, int kb, uint64_t* bar, int s) {
         // K-grouped: the k-block's token rows start at the expert's first (both maps 2-D).
-        const int k0 = (kKGrouped ? kgrouped_k_range<kBlockK>(static_cast<const int*>(p.offsets), static_cast<const int*>(p.row_ends), t.expert, p.k).x : 0)
-                       + kb * kBlockK;
+        const int k0 = (kKGrouped ? kgrouped_k_range<kBlockK>(static_cast<const int*>(p.offsets),
+                                                               static_cast<const int*>(p.row_ends), t.expert, p.k).x
+                                  : 0) + kb * kBlockK;
+        const int m_row = t.m_block * kTileM + f.cta_half * kRowsA;
+        const int n_row = t.n_block * kTileN + f.cta_half * kRowsB;
         if constexpr (kKGrouped && kGathers) {   // (every lane: the frame's warp loads)
           // (the plain loads' cache hints: A's boxes evict first, B's last)
           if constexpr (kGatherA) {
-            gather_mn<kAMnAtoms>(&p.tma_a, p.a_index, bar, f.smem_a(s), t.m_block * kTileM, k0, f.lane,
-                                 CacheHint::kEvictFirst);
+            gather_mn<kAMnAtoms>(&p.tma_a, p.a_index, bar, f.smem_a(s), m_row, k0, f.lane, CacheHint::kEvictFirst);
           }
           if constexpr (kGatherB) {
-            gather_mn<kBMnAtoms>(&p.tma_b, p.b_index, bar, f.smem_b(s), t.n_block * kTileN, k0, f.lane,
-                                 CacheHint::kEvictLast);
+            gather_mn<kBMnAtoms>(&p.tma_b, p.b_index, bar, f.smem_b(s), n_row, k0, f.lane, CacheHint::kEvictLast);
           }
           if (f.lane != 0) return;   // the operand that is not gathered: lane 0's
         } else if constexpr (kGatherA) {   // (every lane: the frame's warp loads)
           if (f.lane < kGatherLanes) {
             if (kb == 0) {
               const int* index = static_cast<const int*>(p.a_index);
-              const int r = t.m_block * kTileM + 4 * f.lane;
+              const int r = m_row + 4 * f.lane;   // (1-CTA tiles: cta_half 0)
               g0 = r < p.m_rows ? __ldg(index + r) : -1;
               g1 = r + 1 < p.m_rows ? __ldg(index + r + 1) : -1;
               g2 = r + 2 < p.m_rows ? __ldg(index + r + 2) : -1;
               g3 = r + 3 < p.m_rows ? __ldg(index + r + 3) : -1;
             }
-            tma_gather4(&p.tma_a, bar, f.smem_a(s) + f.lane * 4 * kBlockK * 2, kb * kBlockK, g0, g1, g2, g3);
+            tma_gather4(&p.tma_a, bar, f.smem_a(s) + f.lane * 4 * kBlockK * 2, k0, g0, g1, g2, g3);
           }
           if (f.lane != 0) return;   // B (and a discrete map's rewrite): lane 0's
         }
@@ -245,8 +246,6 @@ struct GroupedGemmKernel {
             map_expert = t.expert;
           }
         }
-        const int m_row = t.m_block * kTileM + f.cta_half * kRowsA;
-        const int n_row = t.n_block * kTileN + f.cta_half * kRowsB;
         // A is shared along cluster N, B along cluster M (cluster.cuh), slice by slice (not
         // unrolled: the producer's hoisted slice addresses would raise the kernel's registers).
         const Share sa = f.share_a(), sb = f.share_b(t.share_b);

@@ -92,8 +92,7 @@
 // async proxy. 1: the producer lanes, one stage late (wait for the previous stage's copies,
 // fence.proxy.async, arrive on its full barrier), so the consumers' k-loop is the ungathered one.
 // 0: each copy arrives by cp.async.mbarrier.arrive.noinc and the consumers fence after every
-// full wait (a fence between WGMMA batches).
-// A/B switch for bench/gathered.py.
+// full wait (a fence between WGMMA batches). A/B switch for bench/gathered.py.
 #ifndef FUSEGEMM_SM90_GATHER_LAG
 #define FUSEGEMM_SM90_GATHER_LAG 1
 #endif
@@ -515,12 +514,12 @@ struct GroupedGemmKernel {
       // Only the lead writes ring entries, so only it waits for a free slot. (The copying warps
       // used to wait as well, by parity: a warp that reached its first wait after the consumers
       // had read the first tile found the slot a phase on, and waited for a phase that needs its
-      // own copies. H200, 2026-12-04: the K-grouped gathered weight gradient hung in every process
-      // that launched it in bursts; cuda-gdb showed two copying warps at their first ring wait and
-      // the consumers at the first tile's first stage, 65 of its 129 arrivals in.)
-      if (lead) mbar_wait(&tile_empty[slot], ring_phase ^ 1);
+      // own copies. H200, 2026-12-04: the K-grouped gathered weight gradient hung in 13 of the 14
+      // processes that launched it in bursts; cuda-gdb showed two copying warps at their first
+      // ring wait and the consumers at the first tile's first stage, 65 of its 129 arrivals in.)
       // A tile the epilogue does not store (a phantom of a cluster block) travels as expert -1.
       if (lead) {
+        mbar_wait(&tile_empty[slot], ring_phase ^ 1);
         ring[slot] = make_int4(stores(t) ? t.expert : -1, t.m_block, t.n_block, t.linear);
         mbar_arrive(&tile_full[slot]);
       }
