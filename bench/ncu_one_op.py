@@ -6,6 +6,7 @@ bench/gathered.py runs it (BF16, tile 128 x 256: ``gathered`` reads x through th
     ncu --clock-control none -k regex:fg_grouped --launch-skip 2 --launch-count 1 --set full \\
         -o OUT python bench/ncu_one_op.py {quant_bw,gemm_bw,dswiglu_bw,srelu_bw} [SHAPE]
     ncu ... python bench/ncu_one_op.py {gathered,pre_permuted} [dsv3-8|mixtral|qwen3]
+    ncu ... python bench/ncu_one_op.py {wgrad_gathered,wgrad_pre_permuted} [dsv3-8|mixtral|qwen3]
 
 FUSEGEMM_NVRTC_EXTRA builds the header's A/B switches (e.g. -DFUSEGEMM_SM90_COMPACT_ROW_ENDS=0).
 (bench/results/ncu_h200_blockwise_fc2.json summarises such reports of dSwiGLU and the GEMM.)
@@ -19,17 +20,27 @@ from blockscaled import quantize_1x128, quantize_128x128
 
 
 def routed_fc1_calls(which: str, layer: str) -> None:
-    """The layer's fc1 of bench/gathered.py, gathered or on pre-permuted rows, three launches."""
+    """The layer's fc1 of bench/gathered.py, gathered or on pre-permuted rows, or its weight
+    gradient (``wgrad_gathered``: X's token rows through the index), three launches."""
     import torch
 
     from fusegemm.ops.engine import Op
     from gathered import routed_fc1
-    _, x, w, r, idx, rows, ins = routed_fc1(layer)
-    if which == "gathered":
-        op = Op("grouped_gemm", a_gather=True, tile_m=128, tile_n=256).compile()
+    g, x, w, r, idx, rows, ins = routed_fc1(layer)
+    axes = dict(tile_m=128, tile_n=256)
+    if which.startswith("wgrad"):
+        dg = torch.randn(r.rows, w.shape[1], generator=g, device="cuda").bfloat16()
+        if which == "wgrad_gathered":
+            op = Op("grouped_gemm_wgrad", b_gather=True, **axes).compile()
+            call = lambda: op(dg, x, r.padded_offsets, x_index=idx)   # noqa: E731
+        else:
+            op = Op("grouped_gemm_wgrad", **axes).compile()
+            call = lambda: op(dg, rows, r.padded_offsets)   # noqa: E731
+    elif which == "gathered":
+        op = Op("grouped_gemm", a_gather=True, **axes).compile()
         call = lambda: op(x, r.padded_offsets, w, a_index=idx, inputs=ins)   # noqa: E731
     else:
-        op = Op("grouped_gemm", tile_m=128, tile_n=256).compile()
+        op = Op("grouped_gemm", **axes).compile()
         call = lambda: op(rows, r.padded_offsets, w, inputs=ins)   # noqa: E731
     for _ in range(3):
         call()
@@ -38,7 +49,7 @@ def routed_fc1_calls(which: str, layer: str) -> None:
 
 
 def main(which: str, shape: str | None = None) -> None:
-    if which in ("gathered", "pre_permuted"):
+    if which in ("gathered", "pre_permuted", "wgrad_gathered", "wgrad_pre_permuted"):
         return routed_fc1_calls(which, shape or "dsv3-8")
     shape = shape or "dsv3-fc2"
     import torch

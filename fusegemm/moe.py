@@ -749,11 +749,12 @@ def _gather_op(spec: str, device: int, **axes) -> "Op":  # noqa: F821
 
 
 # Whether RoutedMLPFunction reads x's and dy's token rows through the index inside the GEMMs
-# (gathered operands) or permutes them first with the one-pass gather kernel. H200, 2026-12-03
-# (bench/gathered.py, same run): the gathered fc1 ran at 0.94x (dsv3) and 0.90x (qwen3) of the
-# kernel on pre-permuted rows, about as fast as gather + GEMM, but the gathered K-grouped weight
-# gradient at 0.51-0.57x: the permuted path is the faster one today. (Both bit-equal on the
-# H200: tests/gpu/test_moe_layer_gpu.py.)
+# (gathered operands) or permutes them first with the one-pass gather kernel. H200, 2026-12-04
+# (bench/results/gathered_h200_offsets.json): the gathered fc1 ran at 0.91-0.94x of the kernel on
+# pre-permuted rows (0.96-1.06x of gather + GEMM) and the gathered K-grouped weight gradient at
+# 0.85-0.95x, but the layer's step with every GEMM gathered (bench/moe_layer.py --also, same run)
+# was still 4-10% slower than the permuted path at dsv3 and mixtral (about equal at qwen3): the
+# permuted path stays. (Both bit-equal on the H200: tests/gpu/test_moe_layer_gpu.py.)
 GATHERED_LOADS = False
 
 
@@ -776,8 +777,8 @@ class RoutedMLPFunction(torch.autograd.Function):
     row ends), 15.89 against 15.54 ms at mixtral. The row ends skip the padding's tiles through a
     compacted tile walk (fusegemm/scheduler.cuh); skipping them inside the full walk had made the
     step slower (16.39 against 15.44 ms), most likely because the CTAs that skipped ran ahead
-    into later raster bands. The gathered loads (``GATHERED_LOADS``) are slower still (their
-    K-grouped weight gradient).
+    into later raster bands. The gathered loads (``GATHERED_LOADS``) are slower still (each
+    gathered GEMM runs a few percent under the same kernel on permuted rows).
     """
 
     @staticmethod

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from .. import arguments as args
 from ..base.dtypes import DTYPES
+from ..base.errors import UnsupportedError
 from ..generator.params import GROUPED_PARAMS
 from ..runtime import config as _config
 from ..runtime import load as _load
@@ -289,7 +290,8 @@ def _plan_grouped(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) 
                            "d_index": call.d_index.ptr if call.d_index is not None else 0,
                            "d_rows": max(call.d_rows, 0),
                            "row_ends": call.row_ends.ptr if call.row_ends is not None else 0,
-                           **_gather_source("a", call.a if call.a_index is not None else None)}
+                           **_gather_source("a", call.a if call.a_index is not None else None, "a_tensor",
+                                            op.variant.arch)}
 
 
 def _kgrouped_launch(call: Any, ln: LoadedKernel, a_ld: int, b_ld: int) -> tuple[Any, Any, dict[str, Any]]:
@@ -322,17 +324,24 @@ def _plan_kgrouped(op: Any, call: KCall, ln: LoadedKernel, out: Mapping[str, int
                              c.swizzle_b),
               "a_index": call.a_index.ptr if call.a_index is not None else 0,
               "b_index": call.b_index.ptr if call.b_index is not None else 0, **scalars,
-              **_gather_source("a", call.a if call.a_index is not None and t else None),
-              **_gather_source("b", call.b if call.b_index is not None and t else None)}
+              **_gather_source("a", call.a if call.a_index is not None and t else None, "dy_tensor",
+                               op.variant.arch),
+              **_gather_source("b", call.b if call.b_index is not None and t else None, "x_tensor",
+                               op.variant.arch)}
     return grid, s, values
 
 
-def _gather_source(operand: str, v: TensorView | None) -> dict[str, int]:
+def _gather_source(operand: str, v: TensorView | None, name: str = "", arch: str = "") -> dict[str, int]:
     """The fields a gathered operand's cp.async loads read (fusegemm/gather.cuh): the token-major
-    matrix's address, row stride and rows; zeros where ``v`` is None (not gathered)."""
+    matrix's address, row stride and rows; zeros where ``v`` is None (not gathered). The sm_90a
+    loads hold each row's offset in 16-byte units in 32 bits: a larger operand is refused."""
     if v is None:
         return {f"{operand}_gather_ptr": 0, f"{operand}_gather_ld": 0, f"{operand}_gather_rows": 0}
-    return {f"{operand}_gather_ptr": v.ptr, f"{operand}_gather_ld": v.strides[0], f"{operand}_gather_rows": v.shape[0]}
+    rows, pitch = v.shape[0], v.strides[0] * DTYPES[v.dtype].itemsize
+    if arch == "sm_90a" and (rows - 1) * (pitch // 16) + 7 >= 1 << 32:
+        raise UnsupportedError(f"{name}: {rows} rows of {pitch} bytes; sm_90a gathered loads address at most "
+                               f"2**32 16-byte chunks (64 GiB) of the gathered operand: split its rows over calls")
+    return {f"{operand}_gather_ptr": v.ptr, f"{operand}_gather_ld": v.strides[0], f"{operand}_gather_rows": rows}
 
 
 def _plan_scaled(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) -> Any:

@@ -74,9 +74,10 @@ FUSEGEMM_DEVICE void cp_async_16_zfill(uint32_t dst, const void* src, bool valid
 }
 
 // Commit this thread's cp.async operations issued since the last commit as one group; wait
-// until every group but the newest (or every group) has landed.
+// until every group but the kNewest newest (or every group) has landed.
 FUSEGEMM_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-FUSEGEMM_DEVICE void cp_async_wait_all_but_newest() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+template <int kNewest>
+FUSEGEMM_DEVICE void cp_async_wait_all_but() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kNewest) : "memory"); }
 FUSEGEMM_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 }  // namespace fusegemm

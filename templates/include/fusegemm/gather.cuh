@@ -10,13 +10,14 @@
 //
 // Layout: every destination is a 128-byte-swizzled (SW128) stage whose 1024-byte atoms hold 8
 // rows of 128 bytes; TMA places 16-byte chunk c of row r at chunk c ^ (r % 8) of the row, and so
-// does gather_rows_sw128, so the WGMMA descriptors read the stage as they read a TMA-loaded one.
+// does gather_copy_sw128, so the WGMMA descriptors read the stage as they read a TMA-loaded one.
 //
 // Completion (fusegemm/sm90/grouped_gemm.cuh, FUSEGEMM_SM90_GATHER_LAG): each lane commits a
 // stage's copies as one group and publishes the stage one stage later (waits for the group,
 // fence.proxy.async so that WGMMA's async proxy sees the generic-proxy writes, arrives on the
 // stage's full barrier: 32 arrivals per copying warp besides TMA's one); or arrives at once through
-// cp.async.mbarrier.arrive.noinc and the consumers fence after their full wait.
+// cp.async.mbarrier.arrive.noinc and the consumers fence after their full wait. (One arrival per
+// warp after __syncwarp instead ran within the noise of this, H200, 2026-12-04: kept simple.)
 #pragma once
 
 #include "fusegemm/tma.cuh"
@@ -31,8 +32,9 @@ FUSEGEMM_DEVICE void cp_async_arrive_noinc(uint64_t* bar) {
 // cp_async_16_zfill, cp_async_commit and the waits: fusegemm/common.cuh.
 
 // A gathered operand: row r of the problem is row index(r) of a row-major (rows x width)
-// matrix of 2-byte elements with `ld` elements per row. Rows outside [0, rows) and columns at or
-// past `width` read zeros, so no index value can fault.
+// matrix of 2-byte elements with `ld` elements per row (a multiple of 8: 16-byte rows). Rows
+// outside [0, rows) and columns at or past `width` read zeros, so no index value can fault. The
+// host keeps rows * ld * 2 / 16 below 2^32 (GatherRows' 32-bit offsets).
 struct GatherSource {
   const unsigned char* base;
   long long ld_bytes;
@@ -40,30 +42,88 @@ struct GatherSource {
   int width;   // elements per row that exist
 };
 
-// kRows rows of 128 bytes (64 elements from column col0) into the SW128 stage `dst`, by the
-// whole warp. Lane l holds the source rows of stage rows l + 32 j in src_row[j] (kRows / 32 of
-// them); warp instruction i covers stage rows 4 i .. 4 i + 3, lane l taking 16-byte chunk l % 8
-// of row 4 i + l / 8 (the row's source index travels by shuffle from the lane that holds it).
-template <int kRows>
-FUSEGEMM_DEVICE void gather_rows_sw128(uint8_t* dst, const GatherSource& s, const int (&src_row)[kRows / 32],
-                                       int col0, int lane) {
-  static_assert(kRows % 32 == 0, "whole warps of rows");
-  const int chunk = lane & 7;
-  const int col = col0 + chunk * 8;
-  const bool col_ok = col < s.width;   // widths are multiples of 8 (16-byte rows): all or nothing
-  const uint32_t base = smem_u32(dst);
+// A warp's share of gathered rows, 4 * kCopies rows of 128 bytes (64 elements) per 64-column
+// chunk: warp instruction i covers share rows 4 i .. 4 i + 3, lane l copying 16-byte piece l % 8 of
+// row 4 i + l / 8 (eight lanes per row: each instruction reads four whole cache lines). The lane
+// holds, per copy, its piece's source offset in 16-byte units, computed once from the index: a
+// copy is then a multiply-add (its address) and the cp.async, and the further 64-column chunks of
+// the same rows take immediate offsets. (Shuffling each row's index to its lanes and forming a
+// 64-bit address per copy took about 12 instructions per cp.async: H200, 2026-12-04, Nsight
+// Compute on the routed dsv3 layer's fc1, the four copying warps issued without pause while the
+// consumers waited on the stages' full barriers for most of their time, 0.69x the speed of the
+// same kernel on pre-permuted rows; with the offsets 0.91-0.94x, bench/results/gathered_h200_offsets.json.)
+template <int kCopies>
+struct GatherRows {
+  uint32_t off[kCopies];   // the piece's offset from the source's base, 16-byte units
+  uint32_t valid;          // bit i: copy i's row exists (else zeros); one register for the tile
+  int next[kCopies];       // fetched indices that resolve() turns into offsets
+
+  // Fetch rows index[row0 + 4 i + l / 8]; share rows at or past `rows_left` read zeros. (A fetch
+  // ahead of the copies that need it hides the index load's latency: the K-grouped kernels fetch
+  // the next k-block's rows while this one's copies issue.)
+  FUSEGEMM_DEVICE void fetch(const int* index, int row0, int rows_left, int lane) {
 #pragma unroll
-  for (int j = 0; j < kRows / 32; ++j) {   // rows 32 j .. 32 j + 31: their indices are in src_row[j]
-    const int mine = src_row[j];
-    // Partly unrolled: a whole unroll lets the scheduler hoist every row's 64-bit address ahead
-    // of the copies, more registers than the producer's setmaxnreg budget (local memory).
-#pragma unroll 2
-    for (int i = 0; i < 8; ++i) {
-      const int r = 32 * j + 4 * i + (lane >> 3);
-      const int src = __shfl_sync(0xffffffffu, mine, r & 31);
-      const bool ok = col_ok && static_cast<unsigned>(src) < static_cast<unsigned>(s.rows);
-      const unsigned char* g = s.base + (ok ? src * s.ld_bytes + col * 2ll : 0ll);
-      cp_async_16_zfill(base + r * 128 + ((chunk ^ (r & 7)) << 4), g, ok);
+    for (int i = 0; i < kCopies; ++i) {
+      const int r = 4 * i + (lane >> 3);
+      next[i] = r < rows_left ? __ldg(index + row0 + r) : -1;
+    }
+  }
+  // The fetched rows' offsets into `s` (an index outside its rows: zeros).
+  FUSEGEMM_DEVICE void resolve(const GatherSource& s, int lane) {
+    const uint32_t ld16 = static_cast<uint32_t>(s.ld_bytes >> 4);
+    uint32_t mask = 0;
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const bool ok = static_cast<unsigned>(next[i]) < static_cast<unsigned>(s.rows);
+      off[i] = (ok ? static_cast<uint32_t>(next[i]) * ld16 : 0u) + static_cast<uint32_t>(lane & 7);
+      mask |= ok ? 1u << i : 0u;
+    }
+    // (Opaque to the optimizer: it would otherwise test each copy's row against s.rows again and
+    // keep every fetched index live beside its offset, past the producer's registers.)
+    asm("mov.b32 %0, %1;" : "=r"(valid) : "r"(mask));
+  }
+  FUSEGEMM_DEVICE bool ok(int i) const { return (valid & (1u << i)) != 0; }
+  FUSEGEMM_DEVICE void load(const GatherSource& s, const int* index, int row0, int rows_left, int lane) {
+    fetch(index, row0, rows_left, lane);
+    resolve(s, lane);
+  }
+};
+
+// The share's kChunks chunks of 64 columns from col0 (chunk c from column col0 + 64 c, kChunkBytes
+// apart in the stage) into the SW128 stage rows at `dst` (the share's first row, a whole 8-row
+// atom): TMA places 16-byte piece p of row r at piece p ^ (r % 8), and row 4 i + q has r % 8 =
+// 4 (i % 2) + q, so a lane's destinations are two offsets plus immediates.
+template <int kChunks, int kChunkBytes, int kCopies>
+FUSEGEMM_DEVICE void gather_copy_sw128(uint8_t* dst, const GatherSource& s, const GatherRows<kCopies>& rows, int col0,
+                                       int lane) {
+  const int q = lane >> 3, piece = lane & 7;
+  const uint4* base = reinterpret_cast<const uint4*>(s.base + col0 * 2ll);
+  const uint32_t row = smem_u32(dst) + q * 128;
+  const uint32_t even = row + ((piece ^ q) << 4), odd = row + ((piece ^ (q + 4)) << 4);
+  // Row by row (one 64-bit address live at a time), its chunks at immediate offsets. Several
+  // chunks inside the rows take the rows' validity alone (one chunk: one path, fewer registers).
+  if (kChunks > 1 && col0 + 64 * kChunks <= s.width) {
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const uint4* src = base + rows.off[i];
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        cp_async_16_zfill((i % 2 ? odd : even) + 512 * i + kChunkBytes * c, src + 8 * c, rows.ok(i));
+      }
+    }
+  } else {
+    // Widths are multiples of 8 (16-byte rows): a piece is all there or all past the end.
+    uint32_t cols = 0;   // bit c: chunk c's piece exists
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) cols |= col0 + 64 * c + piece * 8 < s.width ? 1u << c : 0u;
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const uint4* src = base + rows.off[i];
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        cp_async_16_zfill((i % 2 ? odd : even) + 512 * i + kChunkBytes * c, src + 8 * c,
+                          rows.ok(i) && (cols & (1u << c)) != 0);
+      }
     }
   }
 }

@@ -89,8 +89,9 @@
 #endif
 
 // Gathered operands (cp.async, fusegemm/gather.cuh): who makes the copies visible to WGMMA's
-// async proxy. 1: the producer lanes, one stage late (wait for the previous stage's copies,
-// fence.proxy.async, arrive on its full barrier), so the consumers' k-loop is the ungathered one.
+// async proxy. L >= 1: the producer lanes, L stages late (wait for the copies of the stage L
+// before the newest, fence.proxy.async, arrive on its full barrier), so the consumers' k-loop is
+// the ungathered one and L + 1 stages of copies are in flight per lane (at most kStages - 2).
 // 0: each copy arrives by cp.async.mbarrier.arrive.noinc and the consumers fence after every
 // full wait (a fence between WGMMA batches). A/B switch for bench/gathered.py.
 #ifndef FUSEGEMM_SM90_GATHER_LAG
@@ -180,8 +181,7 @@ struct GroupedGemmKernel {
                 "clusters: M-grouped problems, static scheduling (the registry's limits)");
   static constexpr int kSlices = kClusters ? 2 : 1;
   static_assert(kMcSlices % kSlices == 0, "slices of a box");
-  // Gathered A (above): kGatherRows rows of each tile per producer lane. K-grouped: gathered
-  // token rows of dY (kGatherA) and/or X (kGatherB), two of each k-block's 64 per lane and chunk.
+  // Gathered A (above); K-grouped: gathered token rows of dY (kGatherA) and/or X (kGatherB).
   static constexpr bool kGatherA = gather_of<Config>(0);
   static constexpr bool kGatherB = gather_b_of<Config>(0);
   static_assert(!kGatherA || !kClusters, "gathered A: no clusters (the registry's limits)");
@@ -194,8 +194,17 @@ struct GroupedGemmKernel {
       : kKGrouped ? FUSEGEMM_SM90_GATHER_WARPS
       : (FUSEGEMM_SM90_GATHER_WARPS < Config::kTileM / 32 ? FUSEGEMM_SM90_GATHER_WARPS : Config::kTileM / 32);
   static_assert(kGatherWarps >= 1 && kGatherWarps <= 4, "the producer warpgroup's warps");
-  static constexpr int kGatherRows = Config::kTileM / 32 / kGatherWarps;   // M-grouped: indices per lane
-  static_assert(kKGrouped || Config::kTileM % (32 * kGatherWarps) == 0, "whole 32-row shares");
+  // M-grouped: each copying warp's share of a tile's rows, whose source offsets a lane holds for
+  // the whole tile when the share is 32 rows (fusegemm/gather.cuh GatherRows); K-grouped: each
+  // warp's share of a k-block's 64 token rows (of every chunk).
+  static constexpr int kShareRows = Config::kTileM / kGatherWarps;
+  static constexpr bool kHoldsRows = kShareRows == 32;
+  static_assert(kKGrouped || kShareRows % 32 == 0, "whole 32-row shares");
+  static constexpr int kKShare = 64 / kGatherWarps;
+  static_assert(!kKGrouped || kKShare * kGatherWarps == 64, "K-grouped: equal shares of a k-block's 64 rows");
+  // K-grouped: a gathered operand's rows are fetched a k-block ahead, except with both operands
+  // gathered (two operands' fetched rows outgrow the producer's registers: local memory).
+  static constexpr bool kPrefetchRows = !(kGatherA && kGatherB);
 
   // Ping-pong (TILE_M 64, above; FUSEGEMM_SM90_PINGPONG 0 builds the measured baseline instead:
   // one consumer warpgroup).
@@ -214,7 +223,7 @@ struct GroupedGemmKernel {
   // the full barrier's arrivals: the leading producer lane, plus every lane's cp.async arrival.
   static constexpr int kTxBytes = kStageBytes - (kGatherA ? kABytes : 0) - (kGatherB ? kBBytes : 0);
   static constexpr int kFullArrivals = kGathers ? 1 + 32 * kGatherWarps : 1;
-  static constexpr bool kGatherLag = kGathers && FUSEGEMM_SM90_GATHER_LAG;
+  static_assert(FUSEGEMM_SM90_GATHER_LAG >= 0, "a lag of stages");
   // The epilogue (fusegemm/sm90/epilogue.cuh): fragment path for element-wise rules, else the
   // arch-neutral engine.
   using Engine = epi::BlockEngine<Rule, ElementC, ElementD>;
@@ -237,7 +246,15 @@ struct GroupedGemmKernel {
   static constexpr int kStages = kMaxStages > 8 ? 8 : kMaxStages;
   // (Three stages, and two ring slots, are also what a lagging gathered stage needs: produce().)
   static_assert(kStages >= 3, "not enough shared memory for a 3-stage pipeline");
-  static_assert(!kGatherLag || kTileRing >= 2, "a lagging gathered stage needs a second ring slot");
+  // The lag (FUSEGEMM_SM90_GATHER_LAG): stage j is published once stage j + kLag is issued. The
+  // consumers free stage i after waiting on i + 1's, so the producer's empty wait for stage j
+  // needs j - kStages + 1 published: kLag <= kStages - 2. The lagging stages may be the last of
+  // up to kLag tiles (tiles of one k-block), whose ring entries the consumers must have read
+  // before the lead's ring wait for the next tile passes: kLag <= kTileRing - 1.
+  static constexpr int kLag = !kGathers ? 0
+                              : FUSEGEMM_SM90_GATHER_LAG < kStages - 2 ? FUSEGEMM_SM90_GATHER_LAG : kStages - 2;
+  static constexpr bool kGatherLag = kLag > 0;
+  static_assert(kLag < kTileRing, "lagging stages of more tiles than ring slots");
 
   static constexpr int kOffA = 0;
   static constexpr int kOffB = kOffA + kStages * kABytes;
@@ -488,17 +505,28 @@ struct GroupedGemmKernel {
     StaticWalk walk = make_walk(geom);
     int stage = 0, slot = 0;
     uint32_t phase = 0, ring_phase = 0;
-    int lag_stage = -1;   // kGatherLag: the stage whose copies this lane has not yet published
-    // Publish lag_stage: its copies landed (the group before the newest), fenced for WGMMA's
-    // async proxy, then this lane's arrival. Waiting on one stage late keeps a stage of copies in
-    // flight; it needs a third stage (the consumers free stage s after waiting on s + 1's).
-    auto publish = [&](bool last) {
+    // kGatherLag: this lane's committed stages not yet published, the oldest first.
+    int pending = 0, oldest = 0;
+    // Publish the oldest pending stages (their copies landed, fenced for WGMMA's async proxy,
+    // then this lane's arrival on each): all of them, or in the k-loop the one past the kLag
+    // newest.
+    auto publish = [&](bool all) {
       if constexpr (kGatherLag) {
-        if (lag_stage < 0) return;
-        if (last) cp_async_wait_all(); else cp_async_wait_all_but_newest();
-        fence_async_shared();
-        mbar_arrive(&full[lag_stage]);
-        lag_stage = -1;
+        if (all) {
+          if (pending == 0) return;
+          cp_async_wait_all();
+          fence_async_shared();
+          for (; pending > 0; --pending) {
+            mbar_arrive(&full[oldest]);
+            if (++oldest == kStages) oldest = 0;
+          }
+        } else if (pending > kLag) {
+          cp_async_wait_all_but<kLag>();
+          fence_async_shared();
+          mbar_arrive(&full[oldest]);
+          if (++oldest == kStages) oldest = 0;
+          --pending;
+        }
       }
     };
     while (true) {
@@ -531,21 +559,26 @@ struct GroupedGemmKernel {
 
       const int m0 = t.m_block * kTileM;
       const int n0 = t.n_block * kTileN;
-      // Gathered A: this lane's rows of the tile (lane + 32 j), as rows of A; -1 past m_rows.
-      int a_row[kGatherA && !kKGrouped ? kGatherRows : 1];
-      if constexpr (kGatherA && !kKGrouped) {
-        const int* index = reinterpret_cast<const int*>(p.a_index);
-#pragma unroll
-        for (int j = 0; j < kGatherRows; ++j) {
-          const int r = m0 + (gwarp * kGatherRows + j) * 32 + lane;
-          a_row[j] = r < p.m_rows ? __ldg(index + r) : -1;
-        }
+      // Gathered A: this warp's 32 rows of the tile, as offsets into A held for the whole tile
+      // (rows past m_rows read zeros); a larger share (one copying warp: dynamic scheduling) is
+      // read per k-block.
+      GatherRows<8> a_rows;
+      if constexpr (kGatherA && !kKGrouped && kHoldsRows) {
+        const int row0 = m0 + gwarp * 32;
+        a_rows.load(src_a, reinterpret_cast<const int*>(p.a_index), row0, p.m_rows - row0, lane);
       }
       int k0 = 0, num_k_blocks = k_blocks_all;
+      // K-grouped gathered operands: this warp's token rows of the next k-block, fetched a k-block
+      // ahead (load_kgrouped_operand, kPrefetchRows).
+      GatherRows<kKShare / 4> ka_rows, kb_rows;
       if constexpr (kKGrouped) {
         const int2 kr = k_range(p, t.expert);
         k0 = kr.x;
         num_k_blocks = kr.y;
+        if (kPrefetchRows && num_k_blocks > 0) {
+          if constexpr (kGatherA) ka_rows.fetch(reinterpret_cast<const int*>(p.a_index), k0 + gwarp * kKShare, kKShare, lane);
+          if constexpr (kGatherB) kb_rows.fetch(reinterpret_cast<const int*>(p.b_index), k0 + gwarp * kKShare, kKShare, lane);
+        }
       }
       // Not unrolled (as CUTLASS's producers): each k-block waits on a barrier anyway, and the
       // compacted walk's cursor (row ends) leaves no registers for an unrolled copy (it spilled).
@@ -569,18 +602,27 @@ struct GroupedGemmKernel {
           uint8_t* sa = smem + kOffA + stage * kABytes;
           uint8_t* sb = smem + kOffB + stage * kBBytes;
           const int t0 = k0 + kb * kTileK;   // the k-block's first token row
-          // Gathered chunks go to the copying warps in turn, A's first (chunk c to warp c % W).
-          load_kgrouped_operand<kGatherA, kAChunks>(&p.tma_a, &full[stage], sa, m0, t0, p.a_index, src_a, lane, lead,
-                                                    gwarp);
-          load_kgrouped_operand<kGatherB, kBChunks>(&p.tma_b, &full[stage], sb, n0, t0, p.b_index, src_b, lane, lead,
-                                                    (gwarp - (kGatherA ? kAChunks : 0) % kGatherWarps + kGatherWarps)
-                                                        % kGatherWarps);
+          const bool more = kb + 1 < num_k_blocks;
+          load_kgrouped_operand<kGatherA, kAChunks>(&p.tma_a, &full[stage], sa, m0, t0, p.a_index, src_a, ka_rows, more,
+                                                    lane, lead, gwarp);
+          load_kgrouped_operand<kGatherB, kBChunks>(&p.tma_b, &full[stage], sb, n0, t0, p.b_index, src_b, kb_rows, more,
+                                                    lane, lead, gwarp);
         } else if constexpr (kClusters) {
           load_stage_sliced(p, smem, geom, stage, &full[stage], tmap_b, t, kb, share_a);
         } else {
           if constexpr (kGatherA) {
-            gather_rows_sw128<kTileM / kGatherWarps>(smem + kOffA + stage * kABytes + gwarp * (kTileM / kGatherWarps) * 128,
-                                                     src_a, a_row, kb * kTileK, lane);
+            uint8_t* sa = smem + kOffA + stage * kABytes + gwarp * kShareRows * 128;
+            if constexpr (kHoldsRows) {
+              gather_copy_sw128<1, 0>(sa, src_a, a_rows, kb * kTileK, lane);
+            } else {
+#pragma unroll 1
+              for (int g = 0; g < kShareRows / 16; ++g) {   // (16 rows at a time: fewer registers)
+                const int row0 = m0 + gwarp * kShareRows + 16 * g;
+                GatherRows<4> rows;
+                rows.load(src_a, reinterpret_cast<const int*>(p.a_index), row0, p.m_rows - row0, lane);
+                gather_copy_sw128<1, 0>(sa + g * 16 * 128, src_a, rows, kb * kTileK, lane);
+              }
+            }
           } else {
             tma_load_2d(&p.tma_a, &full[stage], smem + kOffA + stage * kABytes, kb * kTileK, m0);
           }
@@ -588,36 +630,38 @@ struct GroupedGemmKernel {
         }
         if constexpr (kGatherLag) {
           cp_async_commit();
+          if (pending++ == 0) oldest = stage;
           publish(false);
-          lag_stage = stage;
         } else if constexpr (kGathers) {
           cp_async_arrive_noinc(&full[stage]);   // every lane: its copies landed
         }
         if (++stage == kStages) { stage = 0; phase ^= 1; }
       }
       // A tile without k-blocks (a K-grouped expert without tokens) publishes now: the next
-      // tile's ring wait may need the tile that the lagging stage belongs to.
+      // tile's ring wait may need the tiles that the lagging stages belong to.
       if (num_k_blocks == 0) publish(true);
     }
   }
 
   // One K-grouped operand's k-block (token rows t0 .. t0 + 63) in chunks of 64 M (N) columns:
   // whole 64-row boxes (the leading lane), or gathered (kGather: row t of the k-block reads token
-  // row index[t], lanes holding the indices of rows lane and lane + 32, the warp's cp.async copies
-  // at each row's SW128 place; an index outside the operand's rows reads zeros).
+  // row index[t]; copying warp w takes token rows kKShare w .. + kKShare - 1 of every chunk, from
+  // `rows` as fetched a k-block before, and fetches the next k-block's when there is one (`more`);
+  // an index outside the operand's rows reads zeros).
   template <bool kGather, int kChunks>
   static __device__ void load_kgrouped_operand(const CUtensorMap* tmap, uint64_t* bar, uint8_t* dst, int c0, int t0,
-                                               const void* index_ptr, const GatherSource& src, int lane, bool lead,
-                                               int first_chunk) {
+                                               const void* index_ptr, const GatherSource& src,
+                                               GatherRows<kKShare / 4>& rows, bool more, int lane, bool lead,
+                                               int gwarp) {
     if constexpr (kGather) {
-      // This warp's chunks: first_chunk, first_chunk + W, ... (W = kGatherWarps copying warps).
-      if (first_chunk >= kChunks) return;
       const int* index = reinterpret_cast<const int*>(index_ptr);
-      const int rows[2] = {__ldg(index + t0 + lane), __ldg(index + t0 + lane + 32)};
-#pragma unroll 1   // (unrolled, both operands' copies outgrow the producer's registers: local memory)
-      for (int c = first_chunk; c < kChunks; c += kGatherWarps) {
-        gather_rows_sw128<64>(dst + c * kMnChunkBytes, src, rows, c0 + 64 * c, lane);
+      if constexpr (kPrefetchRows) {
+        rows.resolve(src, lane);
+        if (more) rows.fetch(index, t0 + kTileK + gwarp * kKShare, kKShare, lane);
+      } else {
+        rows.load(src, index, t0 + gwarp * kKShare, kKShare, lane);
       }
+      gather_copy_sw128<kChunks, kMnChunkBytes>(dst + gwarp * kKShare * 128, src, rows, c0, lane);
     } else if (lead) {
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) tma_load_2d(tmap, bar, dst + c * kMnChunkBytes, c0 + 64 * c, t0);
