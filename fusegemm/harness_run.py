@@ -31,7 +31,8 @@ def plan_harness(v: Variant, mode: str) -> Any:
 
 
 def run_harness(v: Variant, mode: str, acc: Any, offsets: Any, inputs: Mapping[str, Any], *,
-                m_rows: int, rcp_max: float = 0.0, device: int | None = None) -> dict[str, Any]:
+                m_rows: int, rcp_max: float = 0.0, device: int | None = None, d_index: Any = None,
+                d_rows: int | None = None) -> dict[str, Any]:
     """Run ``v``'s epilogue rule on ``acc`` (float32 (valid_m, N_acc) CUDA tensor).
 
     Parameters
@@ -50,6 +51,9 @@ def run_harness(v: Variant, mode: str, acc: Any, offsets: Any, inputs: Mapping[s
         Rows of every output (>= valid_m, a multiple of 256).
     rcp_max : float
         SFD: 1 / the FP8/FP4 output's largest value.
+    d_index, d_rows : torch.Tensor, int
+        A ``d_scatter`` variant's (block mode): int32 (m_rows,) the output row of each problem
+        row (outside [0, d_rows): none), and the rows of the C and D buffers.
 
     Returns
     -------
@@ -75,14 +79,19 @@ def run_harness(v: Variant, mode: str, acc: Any, offsets: Any, inputs: Mapping[s
         raise ArgumentError("acc", f"{tuple(acc.shape)} {acc.dtype}", f"float32 ({valid_m}, N) row-major")
     if n_acc % 8:   # the kernels' 16-byte row stores, as the ops require of N
         raise ArgumentError("acc.shape[1]", n_acc, "a multiple of 8 (16-byte output rows)")
+    if v.d_scatter != (d_index is not None) or (d_index is None) != (d_rows is None):
+        raise ArgumentError("d_index/d_rows", "given" if d_index is not None else "None",
+                            "both for a d_scatter variant, neither otherwise")
     planned = plan_harness(v, mode)
     built = lookup(planned) or compile_planned(planned)
     kernel = default_modules().get(built.cubin, built.kernel_name, key=built.key,
                                    smem_bytes=built.contract.smem_bytes, device=device)
 
-    bufs = alloc_outputs(r, n_acc, m_rows, l, dev)
+    bufs = alloc_outputs(r, n_acc, m_rows, l, dev, out_rows=d_rows)
     values: dict[str, Any] = {"offsets": offsets, "num_experts": l, "n": n_acc, "m_rows": m_rows,
                               "k": 0, "acc": acc, "ld_acc": acc.stride(0), "rcp_max": rcp_max}
+    if d_index is not None:
+        values.update(d_index=d_index.data_ptr(), d_rows=d_rows)
     keep = []
     for inp in r.inputs:
         x = inputs.get(inp.name)

@@ -750,10 +750,10 @@ def _gather_op(spec: str, device: int, **axes) -> "Op":  # noqa: F821
 
 # Whether RoutedMLPFunction reads x's and dy's token rows through the index inside the GEMMs
 # (gathered operands) or permutes them first with the one-pass gather kernel. H200, 2026-12-04
-# (bench/results/gathered_h200_offsets.json): the gathered fc1 ran at 0.91-0.94x of the kernel on
-# pre-permuted rows (0.96-1.06x of gather + GEMM) and the gathered K-grouped weight gradient at
-# 0.85-0.95x, but the layer's step with every GEMM gathered (bench/moe_layer.py --also, same run)
-# was still 4-10% slower than the permuted path at dsv3 and mixtral (about equal at qwen3): the
+# (bench/results/gathered_h200_early.json): the gathered fc1 ran at 0.96-1.00x of the kernel on
+# pre-permuted rows (1.00-1.10x of gather + GEMM) and the gathered K-grouped weight gradient at
+# 0.84-0.93x, and the layer's step with every GEMM gathered (bench/moe_layer.py --also, same run)
+# was 5-6% slower than the permuted path (bench/results/moe_layer_h200_gathered_loads.json): the
 # permuted path stays. (Both bit-equal on the H200: tests/gpu/test_moe_layer_gpu.py.)
 GATHERED_LOADS = False
 

@@ -104,6 +104,27 @@ def _gathered(rng: np.random.Generator, source: np.ndarray, valid: np.ndarray) -
     return index, rows
 
 
+def _scatter_index(rng: np.random.Generator, valid: np.ndarray) -> tuple[np.ndarray, int]:
+    """A scattered output's index and rows: the valid rows sent to distinct rows of (d_rows, N)
+    outputs in random order (d_rows: the valid rows plus 24 rows no index names), the padding -1
+    and the first valid row past d_rows (both store nothing). Returns (int32 index, d_rows)."""
+    tokens = int(valid.sum())
+    d_rows = tokens + 24
+    index = np.full(valid.shape[0], -1, np.int32)
+    index[valid] = rng.permutation(d_rows)[:tokens]
+    if valid.any():
+        index[np.argmax(valid)] = d_rows + 5
+    return index, d_rows
+
+
+def _placed(rows: np.ndarray, index: np.ndarray, d_rows: int) -> np.ndarray:
+    """``rows`` at their ``index`` rows of zero (d_rows, ...) outputs (entries outside: dropped)."""
+    out = np.zeros((d_rows,) + rows.shape[1:], rows.dtype)
+    ok = (index >= 0) & (index < d_rows)
+    out[index[ok]] = rows[ok]
+    return out
+
+
 def _compare(got: Any, ref: np.ndarray, scale: np.ndarray, dtype: str) -> tuple[float, bool]:
     g = got.float().cpu().numpy().reshape(ref.shape).astype(np.float64)
     r = ref.astype(np.float64)
@@ -152,7 +173,8 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
     element format) with power-of-two scales, MX (E8M0 per 32) or the blockwise recipe (FP32 per
     128), so that every FP32 sum is exact and the kernel and the interpreter differ only by the
     functions' ulp bounds and the outputs' rounding. Dense or discrete weights, K- or N-major B,
-    gathered A (a_index into a token-major source, _gathered), as the variant says."""
+    gathered A (a_index into a token-major source, _gathered), scattered outputs (d_index,
+    _scatter_index: the reference's rows placed by it), as the variant says."""
     import ml_dtypes
     import torch
 
@@ -190,6 +212,10 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
         source = rng.integers(-2, 3, (m // 2 + 5, k)).astype(ab)
         a_index, a = _gathered(rng, source, _valid_rows(case["tokens"], sizes))
         kw["a_index"] = output_compare.to_device(a_index, device)
+    d_index = None
+    if v.d_scatter:   # C and D rows stored through d_index into (d_rows, N) outputs
+        d_index, d_rows = _scatter_index(rng, _valid_rows(case["tokens"], sizes))
+        kw.update(d_index=output_compare.to_device(d_index, device), d_rows=d_rows)
     host_ops = [a, sfa, off, b, sfb] if op.kind == "scaled" else [a, off, b]
     dev_ops: list[Any] = [output_compare.to_device(x, device) for x in host_ops]
     if source is not None:
@@ -234,7 +260,10 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
     for name, t in out.items():
         g = t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
         g, r = g.cpu().numpy(), np.asarray(ref[name])
-        got[name], want[name] = (g[:valid], r[:valid]) if name in rows else (g, r)
+        if d_index is not None and name in rows:   # every row output of an element-wise rule is placed
+            got[name], want[name] = g, _placed(r[:d_index.shape[0]], d_index, kw["d_rows"])
+        else:
+            got[name], want[name] = (g[:valid], r[:valid]) if name in rows else (g, r)
     # Functions are within their ulp bounds of the interpreter's: an FP8 output may round to the
     # neighbouring code (compare_outputs' fp8_steps).
     err, problem = output_compare.compare_outputs(want, got, exact=False, rtol=2.0**-6, fp8_steps=1)
@@ -685,7 +714,7 @@ def all_classes(arch: str, families: tuple[str, ...] | None = None) -> list[Any]
     from .generator.variants import make_variant
     from .ops.scaled_layouts import check_layouts
     dims = ("tile_m", "tile_n", "cluster_m", "cluster_n", "scheduler", "a_major", "b_major", "ab_dtype",
-            "sf_dtype", "sf_vec_size", "weight_mode", "a_gather", "b_gather")
+            "sf_dtype", "sf_vec_size", "weight_mode", "a_gather", "b_gather", "d_scatter")
     out: list[Any] = []
     for fam in families or registry.families():
         row = registry.lookup(fam, arch)

@@ -13,7 +13,7 @@ from . import registry
 
 
 # The operand modes a class records (ConfigClass.operands), in slug order, and their words.
-_OPERAND_WORDS = {"a_gather": "gathered A", "b_gather": "gathered B"}
+_OPERAND_WORDS = {"a_gather": "gathered A", "b_gather": "gathered B", "d_scatter": "scattered outputs"}
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,9 @@ class ConfigClass:
     weights : str
         ``dense`` or ``discrete`` (per-expert pointers).
     operands : tuple of str
-        The operand modes that change the loads: ``a_gather`` (A's rows through an index) and
-        ``b_gather`` (the K-grouped X's token rows through an index); empty for whole rows.
+        The operand modes that change the loads or the stores: ``a_gather`` (A's rows through an
+        index), ``b_gather`` (the K-grouped X's token rows through an index) and ``d_scatter``
+        (C and D rows stored through an index); empty for whole rows.
     """
 
     family: str

@@ -117,8 +117,9 @@ _NO_GATHER = Limit("a_gather", (False,), "gathered A (a_index) is the BF16 group
 _NO_GATHER_B = Limit("b_gather", (False,), "gathered B (b_index) is the BF16 K-grouped family's operand mode "
                                            "(token rows of X)")
 # Scattered outputs (d_scatter: problem row r's C and D rows stored at row d_index[r]) are the
-# sm_90a BF16 M-grouped kernel's output mode (its fragment path's per-warp row stores).
-_NO_SCATTER = Limit("d_scatter", (False,), "scattered outputs (d_index) are the sm_90a BF16 grouped family's "
+# BF16 M-grouped kernels' output mode (sm_90a: the fragment path's per-warp row stores; sm_100a:
+# the epilogue engine's row stores).
+_NO_SCATTER = Limit("d_scatter", (False,), "scattered outputs (d_index) are the BF16 grouped family's "
                                            "output mode")
 
 # What both archs' K-grouped kernels (weight gradients, Config::kKGrouped) leave out.
@@ -186,12 +187,9 @@ _SM100_GATHER = (
 
 _SM100_ROWS = (
     _row("grouped", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
-         "GroupedGemmKernel", tuple(a for a in _GROUPED_BF16 if a != "d_scatter") + _VECTOR_F32,
+         "GroupedGemmKernel", _GROUPED_BF16 + _VECTOR_F32,
          rule=SPEC_RULE,
-         limits=(*_SM100_GATHER,
-                 Limit("d_scatter", (False,), "scattered outputs are the sm_90a kernel's (row stores from its "
-                                              "fragment path); the sm_100a kernel's TMEM epilogue has none"),
-                 _NO_GATHER_B, _SFD_MX_ONLY)),
+         limits=(*_SM100_GATHER, _NO_GATHER_B, _SFD_MX_ONLY)),
     # The tcgen05 kernel with per-tile K ranges (Config::kKGrouped): no Blackwell GPU has run it
     # (executed=False: its first launch runs the family's selftest cases on the device,
     # fusegemm/verify.py).
@@ -387,13 +385,14 @@ def unexecuted_mode(family: str, arch: str, choice: dict[str, Any]) -> str | Non
 
 def check_rule(choice: dict[str, Any], elementwise: bool) -> None:
     """What a variant's axes ask of its epilogue rule (``elementwise``: ``Resolved.elementwise``);
-    UnsupportedError naming the axis otherwise. Scattered outputs are stored row by row from the
-    fragment path, which runs element-wise rules only (a paired, quantizing or reducing rule's
-    stores go through blocks and scale factors laid out by problem row)."""
+    UnsupportedError naming the axis otherwise. Scattered outputs are stored row by row (sm_90a:
+    from the fragment path; sm_100a: the engine's staged rows), for element-wise rules only (a
+    paired, quantizing or reducing rule's stores go through blocks and scale factors laid out by
+    problem row)."""
     if choice.get("d_scatter") and not elementwise:
         raise UnsupportedError("d_scatter: got True; allowed for element-wise epilogues only (no gate/up pairing, "
-                               "quantization or reduction; 16/32-bit outputs): their rows are stored whole from the "
-                               "fragment, where the kernel can redirect each one", axis="d_scatter")
+                               "quantization or reduction; 16/32-bit outputs): their rows are stored whole, where "
+                               "the kernel can redirect each one", axis="d_scatter")
 
 
 def status(family: str, arch: str) -> str:

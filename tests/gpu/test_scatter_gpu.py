@@ -146,3 +146,29 @@ def test_the_torch_op_scatters_under_torch_compile():
     want = _placed(Op("grouped_gemm", **TILE)(a, off, w, inputs=inputs)["d"], idx, d_rows)
     torch.cuda.synchronize()
     assert got.shape == (d_rows, w.shape[1]) and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("axes", [dict(), dict(bias_dtype="bfloat16", generate_c=True, c_dtype="float32"),
+                                  dict(d_dtype="float32")], ids=["d-bf16", "c-f32-bias", "d-f32"])
+def test_the_sm100_engines_scattered_stores_run_on_the_h200(axes):
+    """The sm_100a kernels store scattered rows from their epilogue engine
+    (fusegemm/epilogue_block.cuh store_vals_rows); its block harness runs that code on the H200:
+    every output equal to the unscattered harness's rows placed by the index (unnamed rows zero,
+    indices outside [0, d_rows) and the padding's -1 write nothing), on ragged and empty experts."""
+    from fusegemm.generator.variants import make_variant
+    from fusegemm.harness_run import run_harness
+    a, idx, off, w, d_rows = _problem(9)
+    m, l, n = a.shape[0], off.shape[0], 384
+    g = torch.Generator(device="cuda").manual_seed(10)
+    valid = int(off[-1])
+    acc = torch.randn(valid, n, generator=g, device="cuda")
+    inputs = _inputs(axes, l, m, n, g)
+    plain = run_harness(make_variant("grouped_gemm", arch="sm_100a", **axes), "block", acc, off, inputs, m_rows=m)
+    got = run_harness(make_variant("grouped_gemm", arch="sm_100a", d_scatter=True, **axes), "block", acc, off,
+                      inputs, m_rows=m, d_index=idx, d_rows=d_rows)
+    assert sorted(got) == sorted(plain)
+    for name in plain:
+        assert got[name].shape == (d_rows, n), name
+        rows = plain[name].clone()
+        rows[valid:] = 0          # (the harness writes the problem's rows only)
+        assert torch.equal(got[name], _placed(rows, idx, d_rows)), name

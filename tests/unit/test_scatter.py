@@ -1,11 +1,13 @@
 """Scattered outputs (``d_scatter``: problem row r's C and D rows are written to row ``d_index[r]`` of
-(``d_rows``, N) outputs) on the CPU: the axis reaches the sm_90a BF16 kernel's source and is refused,
-with the reason, where no kernel writes it (sm_100a, the K-grouped and block-scaled families) or where
-the epilogue's stores are not per row (a paired, quantizing or reducing rule); the scattered kernels
-compile clean on the paths that store rows (deferred, staged with C, ping-pong) with one index load
-per lane and tile and the plain kernel's stores; ``fusegemm.Op`` parses ``d_index`` / ``d_rows``, sizes
-the outputs by ``d_rows``, zeroes them whole (not the tail) and refuses what does not belong.
-On the GPU (tests/gpu/test_scatter_gpu.py): bit-equal to the same kernel's rows permuted."""
+(``d_rows``, N) outputs) on the CPU: the axis reaches the BF16 grouped kernels' source on both archs
+and is refused, with the reason, where no kernel writes it (the K-grouped and block-scaled families)
+or where the epilogue's stores are not per row (a paired, quantizing or reducing rule); the scattered
+sm_90a kernels compile clean on the paths that store rows (deferred, staged with C, ping-pong) with
+one index load per lane and tile and the plain kernel's stores, and the sm_100a kernels with their
+engine's row stores; the first-run gate verifies a scattered variant as a class of its own;
+``fusegemm.Op`` parses ``d_index`` / ``d_rows``, sizes the outputs by ``d_rows``, zeroes them whole
+(not the tail) and refuses what does not belong. On the GPU (tests/gpu/test_scatter_gpu.py):
+bit-equal to the same kernel's rows permuted, and the sm_100a engine's stores through its harness."""
 from __future__ import annotations
 
 import re
@@ -29,16 +31,16 @@ from test_op import _launch, no_device  # noqa: E402,F401
 BF16 = dict(tile_m=128, tile_n=256, cluster_m=1, cluster_n=1)
 
 
-def test_the_axis_reaches_the_sm90_source_and_is_refused_elsewhere():
-    assert "kScatterD = true" in render(make_variant("grouped_gemm", arch="sm_90a", d_scatter=True, **BF16)).text
-    assert "kScatterD = false" in render(make_variant("grouped_gemm", arch="sm_90a", **BF16)).text
-    assert "scatter" in make_variant("grouped_gemm", arch="sm_90a", d_scatter=True, **BF16).readable
-    with pytest.raises(UnsupportedError, match="sm_100a kernel's TMEM epilogue has none"):
-        registry.resolve("grouped_gemm", "sm_100a", {"d_scatter": True})
+def test_the_axis_reaches_the_grouped_sources_and_is_refused_elsewhere():
+    for arch in ("sm_90a", "sm_100a"):
+        assert "kScatterD = true" in render(make_variant("grouped_gemm", arch=arch, d_scatter=True, **BF16)).text
+        assert "kScatterD = false" in render(make_variant("grouped_gemm", arch=arch, **BF16)).text
+        assert "scatter" in make_variant("grouped_gemm", arch=arch, d_scatter=True, **BF16).readable
+        registry.resolve("grouped_gemm", arch, {"d_scatter": True})
     for family, arch, extra in (("grouped_gemm_wgrad", "sm_90a", {}), ("grouped_gemm_wgrad", "sm_100a", {}),
                                 ("grouped_gemm_srelu", "sm_90a", {"ab_dtype": "float8_e4m3fn"}),
                                 ("grouped_gemm_srelu", "sm_100a", {"ab_dtype": "float8_e4m3fn"})):
-        with pytest.raises(UnsupportedError, match=r"scattered outputs \(d_index\) are the sm_90a BF16 grouped"):
+        with pytest.raises(UnsupportedError, match=r"scattered outputs \(d_index\) are the BF16 grouped"):
             registry.resolve(family, arch, {"d_scatter": True, "tile_m": 128, "cluster_m": 1, "cluster_n": 1,
                                             "sf_vec_size": 32, "sf_dtype": "float8_e8m0fnu", **extra})
     # A spec without the axis does not offer it.
@@ -101,6 +103,59 @@ def test_scattered_kernels_compile_clean_with_the_plain_stores(session_cache, ax
     plain = counts(make_variant("grouped_gemm", arch="sm_90a", **{**BF16, **axes}))
     assert scattered["STG.E.128"] == plain["STG.E.128"] > 0 and scattered["HGMMA"] == plain["HGMMA"] > 0, axes
     assert scattered["LDG.E.CONSTANT"] == plain["LDG.E.CONSTANT"] + 4, (axes, scattered, plain)
+
+
+@pytest.mark.parametrize("axes", [
+    dict(BF16),                                                         # 1-CTA tile
+    dict(),                                                             # the default 2-CTA 256-row tile
+    dict(bias_dtype="bfloat16", generate_c=True, c_dtype="float32"),   # C and D, a column input
+    dict(BF16, a_gather=True),                                          # gathered in (gather4), scattered out
+])
+def test_sm100_scattered_kernels_store_rows_through_the_engine(session_cache, axes):
+    """sm_100a (not run on a Blackwell GPU; its epilogue engine's scattered stores run on the H200
+    in the block harness, tests/gpu/test_scatter_gpu.py): 0 local memory, the plain kernel's
+    shared memory, TMEM, MMAs and 16-byte global stores; one more index load (each lane's d_index
+    entry per block) and eight row-index shuffles per stored 32 x 32 block of each output."""
+    from fusegemm.runtime import disasm
+
+    def built(**extra):
+        b = pipeline.get_kernel(make_variant("grouped_gemm", arch="sm_100a", **axes, **extra), session_cache)
+        assert Cubin(b.cubin).resources(b.kernel_name).local_bytes == 0, (axes, extra, "spills / local memory")
+        return b, disasm.sass_histogram(b.cubin)
+
+    (s, sh), (p, ph) = built(d_scatter=True), built()
+    assert (s.contract.smem_bytes, s.contract.tmem_cols) == (p.contract.smem_bytes, p.contract.tmem_cols)
+    assert disasm.count_prefix(sh, "UTCHMMA") == disasm.count_prefix(ph, "UTCHMMA") > 0
+    assert sh["STG.E.128"] == ph["STG.E.128"] > 0
+    assert sh["LDG.E.CONSTANT"] == ph["LDG.E.CONSTANT"] + 1
+    outputs = 2 if axes.get("generate_c") else 1
+    assert sh.get("SHFL.IDX", 0) == ph.get("SHFL.IDX", 0) + 8 * outputs, (sh.get("SHFL.IDX"), ph.get("SHFL.IDX"))
+
+
+def test_the_gate_verifies_a_scattered_variant_as_its_own_class():
+    """A scattered variant is a configuration class of its own (slug ``.d-scatter``), which
+    all_classes enumerates on both archs, so its first launch on a GPU that never ran it runs the
+    gate's cases with an index (selftest._scatter_index) instead of passing as the plain class."""
+    from fusegemm import selftest
+    from fusegemm.generator.config_class import config_class
+    plain = config_class(make_variant("grouped_gemm", arch="sm_100a", **BF16))
+    scattered = config_class(make_variant("grouped_gemm", arch="sm_100a", d_scatter=True, **BF16))
+    assert scattered != plain and scattered.operands == ("d_scatter",)
+    assert scattered.slug == plain.slug + ".d-scatter" and scattered.describe().endswith(", scattered outputs")
+    assert scattered.axes()["d_scatter"] is True
+    for arch in ("sm_90a", "sm_100a"):
+        classes = selftest.all_classes(arch, ("grouped_gemm",))
+        assert any(c.operands == ("d_scatter",) for c in classes), arch
+    import numpy as np
+    valid = np.array([True] * 5 + [False] * 3 + [True] * 2)
+    index, d_rows = selftest._scatter_index(np.random.default_rng(0), valid)
+    assert d_rows == 7 + 24 and index.dtype == np.int32
+    assert (index[~valid] == -1).all() and index[0] == d_rows + 5          # padding, and past the outputs
+    inside = index[valid][1:]
+    assert len(set(inside.tolist())) == inside.size and ((inside >= 0) & (inside < d_rows)).all()
+    rows = np.arange(10.0)[:, None]
+    placed = selftest._placed(rows, index, d_rows)
+    assert placed.shape == (d_rows, 1) and placed[index[1], 0] == 1.0 and placed.sum() == rows[valid][1:].sum()
 
 
 def _operands(t=300, m=512, n=256, k=64, l=2):
@@ -190,3 +245,35 @@ def test_scattered_outputs_are_zeroed_whole_not_their_tail(monkeypatch, no_devic
     entry = type("E", (), {"empty": True, "resets": ()})()
     prepared_launch.PreparedLaunch._run(op, entry, (), None, 0, zero={"d": d})
     assert memsets == [(d.data_ptr(), 0, 300 * 256 * 2 // 4)] and tails == []
+
+
+@pytest.mark.parametrize("axes", [dict(), dict(bias_dtype="bfloat16", generate_c=True, c_dtype="float32")])
+def test_the_scattered_spec_case_passes_an_index_and_places_its_reference(monkeypatch, axes):
+    """selftest._run_spec's scattered case (the first-run gate's) against a stand-in for the kernel
+    that takes the interpreter's outputs and stores their rows through what it is given: the case
+    passes d_index and d_rows and compares the reference's rows placed by the index (a stand-in
+    that ignored the index, or a case that compared unplaced rows, fails here)."""
+    import numpy as np
+
+    from fusegemm import selftest
+    from fusegemm.ops import device
+
+    def kernel(self, a, off, *rest, inputs=None, d_index=None, d_rows=None, **kw):
+        ref = self.reference(a, off, *rest, inputs=inputs)
+        return {k: torch.from_numpy(selftest._placed(np.asarray(v, np.float32)[:len(d_index)],
+                                                     d_index.numpy(), d_rows))
+                for k, v in ref.items() if np.ndim(v) == 2}
+
+    monkeypatch.setattr(Op, "__call__", kernel)
+    monkeypatch.setattr(device, "device_arch", lambda d: "sm_100a")
+    case = dict(spec="grouped_gemm", tokens=[256, 0, 300], n=256, k=64,
+                axes={"d_scatter": True, "tile_m": 128, "cluster_m": 1, "cluster_n": 1, **axes})
+    err, ok, detail = selftest._run_spec(case, "cpu")
+    assert ok, (err, detail)
+
+    def unplaced(self, a, off, *rest, inputs=None, d_index=None, d_rows=None, **kw):
+        ref = self.reference(a, off, *rest, inputs=inputs)
+        return {k: torch.from_numpy(np.asarray(v, np.float32)[:d_rows]) for k, v in ref.items() if np.ndim(v) == 2}
+
+    monkeypatch.setattr(Op, "__call__", unplaced)
+    assert not selftest._run_spec(case, "cpu")[1]

@@ -264,6 +264,28 @@ FUSEGEMM_DEVICE void store_vals(uint32_t stage, void* base, int64_t ld, int64_t 
   }
 }
 
+// One block of a 16/32-bit N-major output, scattered (d_scatter): lane l's row goes to output row
+// out_row of lane l (< 0: not stored). Staged as store_vals; each 16-byte vector then goes to its
+// row's place (WarpStagedStore::flush_rows, the rows' indices by shuffle from their lanes).
+template <class T, bool kPack>
+FUSEGEMM_DEVICE void store_vals_rows(uint32_t stage, void* base, int64_t ld, int out_row, int col0, int cols_valid,
+                                     int lane, const RowVals<T, kPack>& x) {
+  static_assert(!is_narrow<T>(), "scattered outputs are 16/32-bit (element-wise rules)");
+  using S = WarpStagedStore<T, 32>;
+  constexpr int kRowStep = 32 / S::kVecPerRow;
+  if constexpr (kPack) {
+    stage_words16<T>(stage, lane, 0, x.w);
+  } else {
+    stage_row32<T>(stage, lane, 0, x.v);
+  }
+  int rows[S::kVecPerLane];
+#pragma unroll
+  for (int i = 0; i < S::kVecPerLane; ++i) rows[i] = __shfl_sync(0xFFFFFFFFu, out_row, lane / S::kVecPerRow + kRowStep * i);
+  __syncwarp();
+  S::flush_rows(stage, static_cast<T*>(base) + col0, ld, rows, cols_valid < kBlockCols ? cols_valid : kBlockCols, lane);
+  __syncwarp();   // the buffer is reused by the next block
+}
+
 // ---- the engine -------------------------------------------------------------------------
 // Whether a rule has apply2(): a vector_f32 rule (rule.cu.j2 renders kPackedF32 and apply2 only
 // for the kernels whose registry row lists vector_f32, i.e. sm_100a).
@@ -280,10 +302,14 @@ FUSEGEMM_DEVICE constexpr bool packed_f32() { return PackedF32<R>::value; }
 
 // Rule: the generated rule. ElementC/ElementD: output types (unused ones are ignored).
 // kBatched: rows are per batch (gemm_amax): output row = batch * m_rows + row. kCMajorM: C is
-// M-major. kDiscreteColSfd: SFD_col grouped by expert tile (formats/scales.py).
+// M-major. kDiscreteColSfd: SFD_col grouped by expert tile (formats/scales.py). kScatter:
+// scattered outputs (d_scatter, element-wise rules): problem row r's C and D rows are stored at
+// row p.d_index[r] of the outputs (an index outside [0, p.d_rows) stores nothing).
 template <class Rule, class ElementC, class ElementD, bool kBatched = false, bool kCMajorM = false,
-          bool kDiscreteColSfd = false>
+          bool kDiscreteColSfd = false, bool kScatter = false>
 struct BlockEngine {
+  static_assert(!kScatter || (Rule::kElementwise && !kBatched && !kCMajorM),
+                "scattered outputs: element-wise rules, grouped N-major outputs (registry.check_rule)");
   static constexpr bool kPaired = Rule::kPairedAcc;
   static constexpr bool kCMajor = kCMajorM;
   static constexpr int kAccVals = kPaired ? 64 : 32;
@@ -412,9 +438,19 @@ struct BlockEngine {
       }
     }
     const int64_t orow0 = kBatched ? int64_t(expert) * p.m_rows + row0 : row0;
+    // kScatter: the output row of this lane's row (the index read once per block; L1 serves the
+    // tile's other blocks).
+    int out_row = -1;
+    if constexpr (kScatter) {
+      const int to = row_ok && row < p.m_rows ? __ldg(static_cast<const int*>(p.d_index) + row) : -1;
+      out_row = static_cast<unsigned>(to) < static_cast<unsigned>(p.d_rows) ? to : -1;
+    }
+    (void)out_row;
     if constexpr (Rule::kHasC) {
       if (p.c_out != nullptr) {
-        if constexpr (Rule::kPairedC) {
+        if constexpr (kScatter) {
+          store_vals_rows(stage, p.c_out, p.ldc, out_row, j0, width - j0, lane, vc0);
+        } else if constexpr (Rule::kPairedC) {
           // Interleaved like a paired D: the first role's block at 2*j0, the second's 32 after it.
           static_assert(!kCMajorM && !kBatched, "a paired C is an N-major grouped output");
           const int cw = 2 * width;
@@ -434,7 +470,9 @@ struct BlockEngine {
     }
     if constexpr (Rule::kHasD) {
       const int dw = d_width(width);
-      if constexpr (Rule::kPairedD) {
+      if constexpr (kScatter) {
+        if (dw - j0 > 0) store_vals_rows(stage, p.d_out, p.ldd, out_row, j0, dw - j0, lane, vd0);
+      } else if constexpr (Rule::kPairedD) {
         d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0, dw, vd0, stage, lane);
         d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0 + 32, dw, vd1, stage, lane);
       } else {

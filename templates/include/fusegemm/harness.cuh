@@ -33,9 +33,10 @@ FUSEGEMM_DEVICE int expert_of_row(const int* offsets, int num_experts, int row) 
   return lo;
 }
 
-template <class Rule, class ElementC, class ElementD, bool kDiscreteColSfd>
+// kScatter: C and D rows stored at d_index (the sm_100a kernels' scattered outputs).
+template <class Rule, class ElementC, class ElementD, bool kDiscreteColSfd, bool kScatter = false>
 struct BlockHarness {
-  using Engine = epi::BlockEngine<Rule, ElementC, ElementD, false, false, kDiscreteColSfd>;
+  using Engine = epi::BlockEngine<Rule, ElementC, ElementD, false, false, kDiscreteColSfd, kScatter>;
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kStageBytes = Engine::kStageBytes > 16 ? Engine::kStageBytes : 16;

@@ -111,6 +111,18 @@ FUSEGEMM_DEVICE void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
                ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
 
+// Whether the phase of `parity` has completed, without suspending (test_wait: try_wait may wait a
+// while before it answers no).
+FUSEGEMM_DEVICE bool mbar_test_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      " mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      " selp.b32 %0, 1, 0, p;\n}\n"
+      : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+  return done != 0;
+}
+
 FUSEGEMM_DEVICE bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done;
   asm volatile(

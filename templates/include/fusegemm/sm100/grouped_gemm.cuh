@@ -88,7 +88,11 @@ struct GroupedGemmKernel {
   static constexpr int kTmemCols = tmem_alloc_columns(kAccCols);
   static constexpr int kSfBoxK = 0, kSfBoxNB = 0;  // no scale factors
   using Rule = typename Config::Rule;  // the epilogue rule generated from the spec
-  using Engine = epi::BlockEngine<Rule, ElementC, ElementD>;
+  // Scattered outputs (Config::kScatterD, M-grouped element-wise rules): C and D rows stored at
+  // d_index (the engine's row stores, fusegemm/epilogue_block.cuh store_vals_rows).
+  static constexpr bool kScatterD = Config::kScatterD;
+  static_assert(!kScatterD || !Config::kKGrouped, "scattered outputs: M-grouped problems (the registry's limits)");
+  using Engine = epi::BlockEngine<Rule, ElementC, ElementD, false, false, false, kScatterD>;
   // Accumulator columns per engine block: 32, or a gate block and an up block when paired.
   static constexpr int kAccPerBlock = Rule::kPairedAcc ? 64 : 32;
   static_assert(kTileN % kAccPerBlock == 0, "tile N holds whole gate/up block pairs");

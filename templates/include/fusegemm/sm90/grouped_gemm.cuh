@@ -103,6 +103,16 @@
 // 64-row chunks in turn). A stage of a 128 x 256 K-grouped tile is 384 rows of copies: one warp
 // issues them more slowly than the tensor cores consume a stage. Static scheduling only (the
 // dynamic claim is broadcast within the first warp). A/B switch for bench/gathered.py.
+// Gathered operands with the lag: a producer lane that finds the next stage still in use
+// publishes its lagging stages before it waits (1: M-grouped kernels), or only after (0). H200,
+// 2026-12-04 (.scratch A/B, five interleaved rounds, dsv3-8 / qwen3 / mixtral): gathered fc1 0.987x /
+// 0.948x / 1.001x of pre-permuted rows against 0.918x / 0.920x / 0.937x without; the K-grouped
+// weight gradient ran 3-8% slower with it (0.871x / 0.814x / 0.773x against 0.931x / 0.838x /
+// 0.842x), so it publishes after the wait.
+#ifndef FUSEGEMM_SM90_GATHER_EARLY
+#define FUSEGEMM_SM90_GATHER_EARLY 1
+#endif
+
 #ifndef FUSEGEMM_SM90_GATHER_WARPS
 #define FUSEGEMM_SM90_GATHER_WARPS 4
 #endif
@@ -254,6 +264,7 @@ struct GroupedGemmKernel {
   static constexpr int kLag = !kGathers ? 0
                               : FUSEGEMM_SM90_GATHER_LAG < kStages - 2 ? FUSEGEMM_SM90_GATHER_LAG : kStages - 2;
   static constexpr bool kGatherLag = kLag > 0;
+  static constexpr bool kEarly = kGatherLag && !kKGrouped && FUSEGEMM_SM90_GATHER_EARLY;
   static_assert(kLag < kTileRing, "lagging stages of more tiles than ring slots");
 
   static constexpr int kOffA = 0;
@@ -586,6 +597,11 @@ struct GroupedGemmKernel {
 #pragma unroll 1
 #endif
       for (int kb = 0; kb < num_k_blocks; ++kb) {
+        // A full pipeline (the stage not yet free): publish the lagging stages now rather than
+        // after the wait, so that the consumers do not wait for copies that have landed (kEarly).
+        if constexpr (kEarly) {
+          if (pending > 0 && !mbar_test_wait(&empty[stage], phase ^ 1)) publish(true);
+        }
         mbar_wait(&empty[stage], phase ^ 1);
         if constexpr (Config::kDiscreteB) {
           // Rewrite only here, after the empty wait (see kTmapSlots).
