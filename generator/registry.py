@@ -179,10 +179,13 @@ _SM100_BLOCKWISE_E8M0 = (RunsAs("sf_vec_size", 128, 32, "power-of-two scales rep
 # Gathered A on sm_100a (fusegemm/sm100/grouped_gemm.cuh): TMA gather4, four rows per producer
 # lane into the CTA's own stage: 1-CTA tiles, no clusters.
 _SM100_GATHER = (
-    Limit("tile_m", (64, 128), "gathered A loads each CTA's rows with TMA gather4: 1-CTA tiles (64 or 128 rows)",
-          when=(("a_gather", True),)),
-    Limit("cluster_m", (1,), "gathered A loads rows per CTA: no clusters", when=(("a_gather", True),)),
-    Limit("cluster_n", (1,), "gathered A loads rows per CTA: no clusters", when=(("a_gather", True),)),
+    Limit("cluster_m", (1,), "gathered A loads rows per CTA, not multicast: no clusters (a 2-CTA tile's pair "
+                             "only)", when=(("a_gather", True), ("tile_m", 64))),
+    Limit("cluster_m", (1,), "gathered A loads rows per CTA, not multicast: no clusters (a 2-CTA tile's pair "
+                             "only)", when=(("a_gather", True), ("tile_m", 128))),
+    Limit("cluster_m", (2,), "gathered A loads rows per CTA, not multicast: a 2-CTA tile's pair, no larger "
+                             "cluster", when=(("a_gather", True), ("tile_m", 256))),
+    Limit("cluster_n", (1,), "gathered A loads rows per CTA, not multicast: no clusters", when=(("a_gather", True),)),
 )
 
 _SM100_ROWS = (

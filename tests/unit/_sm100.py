@@ -115,7 +115,7 @@ class V:
     a_mn: bool = False  # block-scaled FP8: M-major A
     b_mn: bool = False  # N-major B (block-scaled FP8, BF16)
     kgrouped: bool = False  # K-grouped (weight gradients), per-tile K: BF16 M-major A and N-major B, MXFP8 K-major
-    gather: bool = False  # BF16 gathered A (a_gather): TMA gather4 rows, 1-CTA tiles (K-grouped: dY's token rows)
+    gather: bool = False  # BF16 gathered A (a_gather): TMA gather4 rows (2-CTA tiles: the pair form; K-grouped: dY's token rows)
     gather_b: bool = False  # BF16 K-grouped gathered X (b_gather): TMA gather4 token rows
     fault: int = 0  # fusegemm::sm100 kFault* (tests only)
 
@@ -395,8 +395,11 @@ def static_problems(b: Built) -> list[str]:
         out.append("SASS: a 3-D UTMALDG in a K-grouped kernel (its A and B maps are 2-D)")
     # Gathered operands: their rows come by TMA gather4, which no other kernel issues; with every
     # operand gathered no box load is left.
-    if (v.gather or v.gather_b) != ("UTMALDG.2D.GATHER4" in h):
-        out.append(f"SASS: UTMALDG.2D.GATHER4 {'missing' if v.gather or v.gather_b else 'present'} "
+    # (A 2-CTA tile's pair gathers in the pair form, UTMALDG.2D.GATHER4.2CTA, as its boxes are .2CTA.)
+    gather4 = "UTMALDG.2D.GATHER4" + (".2CTA" if v.cta_group == 2 else "")
+    if (v.gather or v.gather_b) != (gather4 in h) or any(op.startswith("UTMALDG.2D.GATHER4") and op != gather4
+                                                         for op in h):
+        out.append(f"SASS: {gather4} {'missing' if v.gather or v.gather_b else 'present'} or another gather4 form "
                    f"(gathered A {v.gather}, gathered X {v.gather_b})")
     if v.gather and v.gather_b and any(op.startswith("UTMALDG") and "GATHER4" not in op.split(".") for op in h):
         out.append("SASS: a box UTMALDG in a kernel whose operands are both gathered")

@@ -1,6 +1,7 @@
 """Gathered A (``a_gather``: problem row r reads row ``a_index[r]`` of a token-major A) on the CPU:
 the axis reaches the sm_90a kernel's source and is refused, with the reason, where no kernel reads
-it (the block-scaled families, clusters); the sm_100a kernels' gather4 loads (1-CTA tiles) compile
+it (the block-scaled families, clusters); the sm_100a kernels' gather4 loads (1-CTA tiles and 2-CTA
+pairs) compile
 and are first-run gated by cases that pass an index; the sm_90a copies are a few instructions each;
 the gathered kernels compile
 clean (0 local memory) with the one-row A box their contract exports; ``fusegemm.Op`` parses
@@ -30,12 +31,16 @@ def test_the_axes_reach_the_source_and_are_refused_elsewhere():
     src = render(make_variant("grouped_gemm", arch="sm_90a", a_gather=True, **BF16))
     assert "kGatherA = true" in src.text
     assert "kGatherA = false" in render(make_variant("grouped_gemm", arch="sm_90a", **BF16)).text
-    # sm_100a: TMA gather4 into each CTA's own stage, so 1-CTA tiles without clusters.
-    with pytest.raises(UnsupportedError, match=r"tile_m=256 .* with a_gather=True; implemented: 64, 128 .*gather4"):
-        registry.resolve("grouped_gemm", "sm_100a", {"a_gather": True, "tile_m": 256})
-    with pytest.raises(UnsupportedError, match=r"cluster_m=2 .* with a_gather=True; implemented: 1"):
+    # sm_100a: TMA gather4 into each CTA's own stage (a 2-CTA tile's pair: the pair form), so no
+    # cluster beyond the tile's own CTAs (rows are not multicast).
+    with pytest.raises(UnsupportedError, match=r"cluster_m=4 .* with a_gather=True with tile_m=256; implemented: 2"):
+        registry.resolve("grouped_gemm", "sm_100a", {"a_gather": True, "tile_m": 256, "cluster_m": 4})
+    with pytest.raises(UnsupportedError, match=r"cluster_m=2 .* with a_gather=True with tile_m=128; implemented: 1"):
         registry.resolve("grouped_gemm", "sm_100a", {"a_gather": True, "tile_m": 128, "cluster_m": 2})
+    with pytest.raises(UnsupportedError, match=r"cluster_n=2 .* with a_gather=True; implemented: 1"):
+        registry.resolve("grouped_gemm", "sm_100a", {"a_gather": True, "tile_m": 256, "cluster_m": 2, "cluster_n": 2})
     registry.resolve("grouped_gemm", "sm_100a", {"a_gather": True, "tile_m": 128, "cluster_m": 1, "cluster_n": 1})
+    registry.resolve("grouped_gemm", "sm_100a", {"a_gather": True, "tile_m": 256, "cluster_m": 2, "cluster_n": 1})
     # A partial choice (tile M not chosen yet) is not judged by the tile's conditional limit, as
     # Implementation.problem does not judge it (it raised UnsupportedError(None)).
     registry.resolve("grouped_gemm", "sm_100a", {"a_gather": True})
@@ -291,17 +296,20 @@ def test_the_unlagged_build_compiles_with_every_copying_warp(tmp_path):
 
 SM100_GATHER_CASES = [dict(tile_m=128, tile_n=256), dict(tile_m=64, tile_n=256),
                       dict(tile_m=128, tile_n=128, weight_mode="discrete"),
-                      dict(tile_m=128, tile_n=256, scheduler="dynamic", b_major="n")]
+                      dict(tile_m=128, tile_n=256, scheduler="dynamic", b_major="n"),
+                      dict(tile_m=256, tile_n=256, cluster_m=2),                    # the default: a 2-CTA pair
+                      dict(tile_m=256, tile_n=128, cluster_m=2, weight_mode="discrete")]
 
 
 @pytest.mark.parametrize("axes", SM100_GATHER_CASES, ids=lambda a: "-".join(f"{k}{v}" for k, v in a.items()))
 def test_sm100_gathered_kernels_load_a_by_gather4(session_cache, axes):
     """sm_100a gathered A (not run on a Blackwell GPU): each producer lane's TMA gather4 of four
-    rows replaces A's boxes, B and everything else as the plain kernel's; no local memory, A's map
-    one row per box (the stage's expected bytes stay the plain kernel's, a static_assert in the
-    header: gather4 moves a box's bytes in four rows)."""
+    rows replaces A's boxes (a 2-CTA pair's in the pair form, as its boxes), B and everything else
+    as the plain kernel's; no local memory, A's map one row per box (the stage's expected bytes stay
+    the plain kernel's, a static_assert in the header: gather4 moves a box's bytes in four rows)."""
     from fusegemm.runtime import disasm
-    base = dict(cluster_m=1, cluster_n=1, **axes)
+    base = dict(dict(cluster_m=1, cluster_n=1), **axes)
+    pair = ".2CTA" if axes["tile_m"] == 256 else ""
     gathered = pipeline.get_kernel(make_variant("grouped_gemm", arch="sm_100a", a_gather=True, **base), session_cache)
     plain = pipeline.get_kernel(make_variant("grouped_gemm", arch="sm_100a", **base), session_cache)
     assert Cubin(gathered.cubin).resources(gathered.kernel_name).local_bytes == 0
@@ -310,10 +318,11 @@ def test_sm100_gathered_kernels_load_a_by_gather4(session_cache, axes):
     assert (c.box_b_inner, c.box_b_outer, c.smem_bytes, c.threads, c.tmem_cols) == (
         pc.box_b_inner, pc.box_b_outer, pc.smem_bytes, pc.threads, pc.tmem_cols)
     hist, plain_hist = disasm.sass_histogram(gathered.cubin), disasm.sass_histogram(plain.cubin)
-    assert hist.get("UTMALDG.2D.GATHER4", 0) >= 1 and "UTMALDG.2D.GATHER4" not in plain_hist
+    gather4 = [op for op in hist if op.startswith("UTMALDG.2D.GATHER4")]
+    assert gather4 == ["UTMALDG.2D.GATHER4" + pair] and not any("GATHER4" in op for op in plain_hist)
     # Dense B loads 3-D boxes: the plain kernel's only 2-D unicast loads are A's, gone here.
     if axes.get("weight_mode") != "discrete":
-        assert plain_hist.get("UTMALDG.2D", 0) >= 1 and hist.get("UTMALDG.2D", 0) == 0
+        assert plain_hist.get("UTMALDG.2D" + pair, 0) >= 1 and hist.get("UTMALDG.2D" + pair, 0) == 0
     assert disasm.count_prefix(hist, "UTCHMMA") == disasm.count_prefix(plain_hist, "UTCHMMA")
 
 

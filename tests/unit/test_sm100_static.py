@@ -62,6 +62,7 @@ CORE = [
     V("bf16", 128, 256, b_mn=True, kgrouped=True, c="f32"),               # K-grouped: M-major A, per-tile K
     V("bs", 128, 256, ab="e4m3", c="f32", kgrouped=True),                 # K-grouped MXFP8 (wgrad; no C): 2-D B
     V("bf16", 128, 256, gather=True),                                      # gathered A: TMA gather4 rows
+    V("bf16", 256, 256, gather=True),                                      # gathered A, 2-CTA: the pair form
     V("bf16", 128, 256, b_mn=True, kgrouped=True, c="f32", gather_b=True),  # K-grouped gathered X: gather4 token rows
 ]
 EXTENDED = [
@@ -74,6 +75,7 @@ EXTENDED = [
     V("bf16", 256, 128, b_mn=True, discrete=True),                        # N-major B: 1 atom (LBO 0), 2-D maps
     V("bf16", 64, 128, b_mn=True, generate_c=True, c="f32"),              # N-major B, M=64 instruction
     V("bf16", 64, 256, gather=True, discrete=True, dynamic=True),          # gathered A, M=64: 16 gathering lanes
+    V("bf16", 256, 128, gather=True, b_mn=True, dynamic=True),             # gathered A, 2-CTA, N-major B
     V("bs", 128, 128, ab="e5m2", c="bf16", batched=True),
     V("bs", 128, 256, ab="e2m1", sf="ue4m3", vec=16, c="f16", batched=True),  # direct (N 256 + vec 16 + 16-bit C)
     V("bs", 128, 256, ab="e2m1", sf="ue8m0", vec=16, c="f32"),             # MXFP4 vec16 -> mxf4nvf4; srelu

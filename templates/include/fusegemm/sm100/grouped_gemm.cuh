@@ -28,10 +28,11 @@
 // are 2-D (M or N, tokens). 1-CTA tiles of 128 rows, clusters 1x1 (the registry's limits). An
 // expert without tokens gets no MMA and its tiles store alpha * 0 (the frame's k == 0 path).
 // Gathered A (Config::kGatherA, a_gather: problem row r reads row a_index[r] of a token-major A;
-// the sm_90a kernel's mode): 1-CTA tiles, A's map one row per box; each producer lane loads four of
-// the CTA's rows per k-block with one TMA gather4 (lane l rows 4l..4l+3, their indices read once
-// per tile), which lands them swizzled as a box would, so descriptors and byte counts are the
-// plain kernel's. K-grouped gathered operands (a_gather: dY's token rows through a_index,
+// the sm_90a kernel's mode): 1-CTA tiles or a 2-CTA tile's pair (no larger clusters), A's map one
+// row per box; each producer lane loads four of the CTA's rows per k-block with one TMA gather4
+// (lane l rows 4l..4l+3, their indices read once per tile; a pair's in the 2-CTA form, completing
+// on the leader's barrier), which lands them swizzled as a box would, so descriptors and byte
+// counts are the plain kernel's. K-grouped gathered operands (a_gather: dY's token rows through a_index,
 // b_gather: X's through b_index; the sm_90a kernel's modes): a k-block's 64 token rows are the K
 // rows of the operand's MN-major atoms, so lane l loads rows 4 (l % 16) .. + 3 of atoms l / 16,
 // l / 16 + 2, .. with one gather4 each (the map's boxes one token row of 64 columns), where the
@@ -70,7 +71,9 @@ struct GroupedGemmKernel {
   static constexpr bool kGatherA = Config::kGatherA;
   static constexpr bool kGatherB = Config::kGatherB;       // (K-grouped) X's token rows through b_index
   static constexpr bool kGathers = kGatherA || kGatherB;
-  static_assert(!kGatherA || kCtaGroup == 1, "gathered A: 1-CTA tiles (the registry's limits)");
+  // (2-CTA tiles: each CTA of the pair gathers its own 128 rows, their bytes completing on the
+  // leader's barrier as the pair's box loads do; a cluster of more than the pair is refused: the
+  // registry's limits, gathered rows are not multicast.)
   static_assert(!kGatherB || kKGrouped, "gathered B: K-grouped problems (B is token rows only there)");
   static constexpr int kGatherLanes = kRowsA / 4;          // gathered M-grouped A: lanes with a gather4 each
   static_assert(!kKGrouped || (kBMn && kTileM == 128 && !Config::kDiscreteB && !Config::kDynamicSched),
@@ -233,13 +236,13 @@ struct GroupedGemmKernel {
           if (f.lane < kGatherLanes) {
             if (kb == 0) {
               const int* index = static_cast<const int*>(p.a_index);
-              const int r = m_row + 4 * f.lane;   // (1-CTA tiles: cta_half 0)
+              const int r = m_row + 4 * f.lane;   // (this CTA's rows: m_row includes the pair half)
               g0 = r < p.m_rows ? __ldg(index + r) : -1;
               g1 = r + 1 < p.m_rows ? __ldg(index + r + 1) : -1;
               g2 = r + 2 < p.m_rows ? __ldg(index + r + 2) : -1;
               g3 = r + 3 < p.m_rows ? __ldg(index + r + 3) : -1;
             }
-            tma_gather4(&p.tma_a, bar, f.smem_a(s) + f.lane * 4 * kBlockK * 2, k0, g0, g1, g2, g3);
+            tma_gather4_nd<kCtaGroup>(&p.tma_a, bar, f.smem_a(s) + f.lane * 4 * kBlockK * 2, k0, g0, g1, g2, g3);
           }
           if (f.lane != 0) return;   // B (and a discrete map's rewrite): lane 0's
         }

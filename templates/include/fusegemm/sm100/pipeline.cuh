@@ -100,6 +100,30 @@ FUSEGEMM_DEVICE void tma_gather4(const CUtensorMap* desc, uint64_t* bar, void* s
       : "memory");
 }
 
+// tma_gather4 in a CTA pair's 2-CTA form (cta_group::2): the rows land in this CTA's stage and
+// their bytes complete on the barrier of the pair's leader (the peer bit of `bar` cleared), as the
+// pair's other loads (tma_load_2sm_2d).
+FUSEGEMM_DEVICE void tma_gather4_2sm(const CUtensorMap* desc, uint64_t* bar, void* smem, int c0, int r0, int r1,
+                                     int r2, int r3, CacheHint hint = CacheHint::kNormal) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.cta_group::2.shared::cluster.global.tile::gather4.mbarrier::complete_tx::bytes"
+      ".L2::cache_hint [%0], [%1, {%3, %4, %5, %6, %7}], [%2], %8;"
+      ::"r"(smem_u32(smem)), "l"(desc), "r"(smem_u32(bar) & kPeerBitMask), "r"(c0), "r"(r0), "r"(r1), "r"(r2),
+        "r"(r3), "l"(static_cast<uint64_t>(hint))
+      : "memory");
+}
+
+// One gather4, 1-CTA or 2-CTA form, chosen at compile time.
+template <int kCtaGroup>
+FUSEGEMM_DEVICE void tma_gather4_nd(const CUtensorMap* desc, uint64_t* bar, void* smem, int c0, int r0, int r1,
+                                    int r2, int r3, CacheHint hint = CacheHint::kNormal) {
+  if constexpr (kCtaGroup == 1) {
+    tma_gather4(desc, bar, smem, c0, r0, r1, r2, r3, hint);
+  } else {
+    tma_gather4_2sm(desc, bar, smem, c0, r0, r1, r2, r3, hint);
+  }
+}
+
 // ---- multicast TMA loads (copy_sm90_tma.hpp SM90_TMA_LOAD_MULTICAST_*, copy_sm100_tma.hpp
 // SM100_TMA_2SM_LOAD_MULTICAST_*) -----------------------------------------------------------------
 // One box from global memory lands at the same smem offset in every CTA of `mask`, and the
