@@ -111,27 +111,17 @@ FUSEGEMM_DEVICE void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
                ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
 
-// Whether the phase of `parity` has completed, without suspending (test_wait: try_wait may wait a
-// while before it answers no).
-FUSEGEMM_DEVICE bool mbar_test_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n .reg .pred p;\n"
-      " mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      " selp.b32 %0, 1, 0, p;\n}\n"
-      : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+// Whether the phase of `parity` has completed: try_wait may first suspend the thread a while
+// (until the phase completes or a system time limit), test_wait answers at once.
+#define FUSEGEMM_MBAR_POLL(OP)                                                                 \
+  uint32_t done;                                                                               \
+  asm volatile("{\n .reg .pred p;\n mbarrier." OP ".parity.shared::cta.b64 p, [%1], %2;\n"      \
+               " selp.b32 %0, 1, 0, p;\n}\n"                                                     \
+               : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");                       \
   return done != 0;
-}
-
-FUSEGEMM_DEVICE bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n .reg .pred p;\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      " selp.b32 %0, 1, 0, p;\n}\n"
-      : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
-  return done != 0;
-}
+FUSEGEMM_DEVICE bool mbar_try_wait(uint64_t* bar, uint32_t parity) { FUSEGEMM_MBAR_POLL("try_wait") }
+FUSEGEMM_DEVICE bool mbar_test_wait(uint64_t* bar, uint32_t parity) { FUSEGEMM_MBAR_POLL("test_wait") }
+#undef FUSEGEMM_MBAR_POLL
 
 // Diagnosis of a hung kernel (FUSEGEMM_WAIT_TIMEOUT_NS, off unless defined; the host's
 // FUSEGEMM_WAIT_TIMEOUT seconds define it): a wait that has not completed after this many
