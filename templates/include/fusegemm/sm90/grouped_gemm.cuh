@@ -98,21 +98,21 @@
 #define FUSEGEMM_SM90_GATHER_LAG 1
 #endif
 
-// Gathered operands: how many of the producer warpgroup's warps copy rows (1: the first warp
-// alone; 4: every warp takes a share of each stage, M-grouped 32 rows each, K-grouped whole
-// 64-row chunks in turn). A stage of a 128 x 256 K-grouped tile is 384 rows of copies: one warp
-// issues them more slowly than the tensor cores consume a stage. Static scheduling only (the
-// dynamic claim is broadcast within the first warp). A/B switch for bench/gathered.py.
 // Gathered operands with the lag: a producer lane that finds the next stage still in use
 // publishes its lagging stages before it waits (1: M-grouped kernels), or only after (0). H200,
-// 2026-12-04 (.scratch A/B, five interleaved rounds, dsv3-8 / qwen3 / mixtral): gathered fc1 0.987x /
-// 0.948x / 1.001x of pre-permuted rows against 0.918x / 0.920x / 0.937x without; the K-grouped
-// weight gradient ran 3-8% slower with it (0.871x / 0.814x / 0.773x against 0.931x / 0.838x /
-// 0.842x), so it publishes after the wait.
+// 2026-12-04 (both builds in one run, five interleaved rounds, dsv3-8 / qwen3 / mixtral):
+// gathered fc1 0.987x / 0.948x / 1.001x of pre-permuted rows against 0.918x / 0.920x / 0.937x
+// without; the K-grouped weight gradient ran 3-8% slower with it (0.871x / 0.814x / 0.773x
+// against 0.931x / 0.838x / 0.842x), so it publishes after the wait.
 #ifndef FUSEGEMM_SM90_GATHER_EARLY
 #define FUSEGEMM_SM90_GATHER_EARLY 1
 #endif
 
+// Gathered operands: how many of the producer warpgroup's warps copy rows (1: the first warp
+// alone; 4: every warp takes a share of each stage, M-grouped 32 rows each, K-grouped 16 token
+// rows of every 64-column chunk). A stage of a 128 x 256 K-grouped tile is 384 rows of copies: one warp
+// issues them more slowly than the tensor cores consume a stage. Static scheduling only (the
+// dynamic claim is broadcast within the first warp). A/B switch for bench/gathered.py.
 #ifndef FUSEGEMM_SM90_GATHER_WARPS
 #define FUSEGEMM_SM90_GATHER_WARPS 4
 #endif
