@@ -79,9 +79,12 @@ def run_harness(v: Variant, mode: str, acc: Any, offsets: Any, inputs: Mapping[s
         raise ArgumentError("acc", f"{tuple(acc.shape)} {acc.dtype}", f"float32 ({valid_m}, N) row-major")
     if n_acc % 8:   # the kernels' 16-byte row stores, as the ops require of N
         raise ArgumentError("acc.shape[1]", n_acc, "a multiple of 8 (16-byte output rows)")
-    if v.d_scatter != (d_index is not None) or (d_index is None) != (d_rows is None):
-        raise ArgumentError("d_index/d_rows", "given" if d_index is not None else "None",
-                            "both for a d_scatter variant, neither otherwise")
+    if v.d_scatter and (d_index is None or d_rows is None):
+        raise ArgumentError("d_index/d_rows", f"{type(d_index).__name__}/{d_rows!r}",
+                            "an int32 (m_rows,) tensor and an int for a d_scatter variant")
+    if not v.d_scatter and (d_index is not None or d_rows is not None):
+        raise ArgumentError("d_index/d_rows", f"{type(d_index).__name__}/{d_rows!r}",
+                            "None/None for a variant without d_scatter")
     planned = plan_harness(v, mode)
     built = lookup(planned) or compile_planned(planned)
     kernel = default_modules().get(built.cubin, built.kernel_name, key=built.key,

@@ -57,3 +57,13 @@ def test_run_harness_checks_the_accumulator_before_compiling():
     # The kernels store 16-byte row segments: an N that is not a multiple of 8 is refused.
     with pytest.raises(ArgumentError, match=r"acc.shape\[1\]: got 100; allowed: a multiple of 8"):
         run_harness(v, "block", torch.zeros(512, 100), offsets, {}, m_rows=512)
+    # A scattered variant's harness takes the index and the output rows; another variant neither.
+    scattered = make_variant("grouped_gemm", arch="sm_100a", d_scatter=True)
+    with pytest.raises(ArgumentError, match=r"d_index/d_rows: got NoneType/None; allowed: an int32 \(m_rows,\)"):
+        run_harness(scattered, "block", torch.zeros(512, 64), offsets, {}, m_rows=512)
+    with pytest.raises(ArgumentError, match=r"d_index/d_rows: got Tensor/600; allowed: None/None"):
+        run_harness(v, "block", torch.zeros(512, 64), offsets, {}, m_rows=512,
+                    d_index=torch.zeros(512, dtype=torch.int32), d_rows=600)
+    with pytest.raises(UnsupportedError, match=r"d_scatter: the fragment harness stores rows in place"):
+        run_harness(scattered, "fragment", torch.zeros(512, 64), offsets, {}, m_rows=512,
+                    d_index=torch.zeros(512, dtype=torch.int32), d_rows=600)
