@@ -296,6 +296,9 @@ def _exit_with_parent(sentinel: int) -> None:
 
 def _stop(pool: ProcessPoolExecutor) -> None:
     procs = list((getattr(pool, "_processes", None) or {}).values())
+    # (Taken before shutdown(), which forgets it: the wakeup entry below was never dropped while
+    # this was read after it, and the exit hook's race still showed in CI.)
+    manager = getattr(pool, "_executor_manager_thread", None)
     for proc in procs:
         try:
             proc.terminate()
@@ -310,7 +313,6 @@ def _stop(pool: ProcessPoolExecutor) -> None:
                 proc.join(5)
         except (OSError, ValueError, AssertionError):
             pass
-    manager = getattr(pool, "_executor_manager_thread", None)
     if manager is not None:   # it closes the pool's queues (their semaphores) once it sees the pool broken
         manager.join(5)
         # The interpreter's exit hook (concurrent.futures.process._python_exit) writes to every

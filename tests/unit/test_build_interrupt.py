@@ -220,3 +220,20 @@ def test_every_command_latches_ctrl_c():
                          preexec_fn=_foreground_job)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split()[-1] == "True", res.stdout[-500:]
+
+
+def test_a_stopped_pool_leaves_no_wakeup_for_the_exit_hook():
+    """build._stop (Ctrl-C during a parallel build) drops the stopped pool's manager from the
+    interpreter's exit-hook table: the hook's wakeup write could race the manager closing its pipe
+    ("Exception ignored ... Bad file descriptor" after the build's report, seen in CI). _stop read
+    the manager after shutdown(), which forgets it, so the entry was never dropped."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import process as futures_process
+
+    from fusegemm import build
+    pool = ProcessPoolExecutor(max_workers=1)
+    assert pool.submit(abs, -3).result(timeout=60) == 3
+    manager = pool._executor_manager_thread
+    assert manager is not None and manager in futures_process._threads_wakeups
+    build._stop(pool)
+    assert manager not in futures_process._threads_wakeups
