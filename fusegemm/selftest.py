@@ -208,13 +208,14 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
                           batch_first=True)
     kw: dict[str, Any] = {}
     source = None
+    valid_rows = _valid_rows(case["tokens"], sizes)
     if v.a_gather:   # (BF16 kernels) A's rows read through a_index; the reference gets them gathered
         source = rng.integers(-2, 3, (m // 2 + 5, k)).astype(ab)
-        a_index, a = _gathered(rng, source, _valid_rows(case["tokens"], sizes))
+        a_index, a = _gathered(rng, source, valid_rows)
         kw["a_index"] = output_compare.to_device(a_index, device)
     d_index = None
     if v.d_scatter:   # C and D rows stored through d_index into (d_rows, N) outputs
-        d_index, d_rows = _scatter_index(rng, _valid_rows(case["tokens"], sizes))
+        d_index, d_rows = _scatter_index(rng, valid_rows)
         kw.update(d_index=output_compare.to_device(d_index, device), d_rows=d_rows)
     host_ops = [a, sfa, off, b, sfb] if op.kind == "scaled" else [a, off, b]
     dev_ops: list[Any] = [output_compare.to_device(x, device) for x in host_ops]

@@ -177,14 +177,12 @@ _SM100_BLOCKWISE_E8M0 = (RunsAs("sf_vec_size", 128, 32, "power-of-two scales rep
                                 "expanded on the device per call", when=(("sf_dtype", "float8_e8m0fnu"),)),)
 
 # Gathered A on sm_100a (fusegemm/sm100/grouped_gemm.cuh): TMA gather4, four rows per producer
-# lane into the CTA's own stage: 1-CTA tiles, no clusters.
+# lane into the CTA's own stage (each CTA of a 2-CTA tile its own rows): no cluster beyond the
+# tile's CTAs, as the rows are not multicast.
 _SM100_GATHER = (
-    Limit("cluster_m", (1,), "gathered A loads rows per CTA, not multicast: no clusters (a 2-CTA tile's pair "
-                             "only)", when=(("a_gather", True), ("tile_m", 64))),
-    Limit("cluster_m", (1,), "gathered A loads rows per CTA, not multicast: no clusters (a 2-CTA tile's pair "
-                             "only)", when=(("a_gather", True), ("tile_m", 128))),
-    Limit("cluster_m", (2,), "gathered A loads rows per CTA, not multicast: a 2-CTA tile's pair, no larger "
-                             "cluster", when=(("a_gather", True), ("tile_m", 256))),
+    *(Limit("cluster_m", (ctas,), "gathered A loads rows per CTA, not multicast: no cluster beyond the tile's "
+                                  f"CTAs ({ctas})", when=(("a_gather", True), ("tile_m", tile_m)))
+      for tile_m, ctas in ((64, 1), (128, 1), (256, 2))),
     Limit("cluster_n", (1,), "gathered A loads rows per CTA, not multicast: no clusters", when=(("a_gather", True),)),
 )
 

@@ -331,7 +331,7 @@ def _plan_kgrouped(op: Any, call: KCall, ln: LoadedKernel, out: Mapping[str, int
     return grid, s, values
 
 
-def _gather_source(operand: str, v: TensorView | None, name: str = "", arch: str = "") -> dict[str, int]:
+def _gather_source(operand: str, v: TensorView | None, name: str, arch: str) -> dict[str, int]:
     """The fields a gathered operand's cp.async loads read (fusegemm/gather.cuh): the token-major
     matrix's address, row stride and rows; zeros where ``v`` is None (not gathered). The sm_90a
     loads hold each row's offset in 16-byte units in 32 bits: a larger operand is refused."""

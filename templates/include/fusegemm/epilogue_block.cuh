@@ -280,7 +280,9 @@ FUSEGEMM_DEVICE void store_vals_rows(uint32_t stage, void* base, int64_t ld, int
   }
   int rows[S::kVecPerLane];
 #pragma unroll
-  for (int i = 0; i < S::kVecPerLane; ++i) rows[i] = __shfl_sync(0xFFFFFFFFu, out_row, lane / S::kVecPerRow + kRowStep * i);
+  for (int i = 0; i < S::kVecPerLane; ++i) {
+    rows[i] = __shfl_sync(0xFFFFFFFFu, out_row, lane / S::kVecPerRow + kRowStep * i);
+  }
   __syncwarp();
   S::flush_rows(stage, static_cast<T*>(base) + col0, ld, rows, cols_valid < kBlockCols ? cols_valid : kBlockCols, lane);
   __syncwarp();   // the buffer is reused by the next block

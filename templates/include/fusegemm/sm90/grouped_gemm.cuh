@@ -587,8 +587,9 @@ struct GroupedGemmKernel {
         k0 = kr.x;
         num_k_blocks = kr.y;
         if (kPrefetchRows && num_k_blocks > 0) {
-          if constexpr (kGatherA) ka_rows.fetch(reinterpret_cast<const int*>(p.a_index), k0 + gwarp * kKShare, kKShare, lane);
-          if constexpr (kGatherB) kb_rows.fetch(reinterpret_cast<const int*>(p.b_index), k0 + gwarp * kKShare, kKShare, lane);
+          const int row0 = k0 + gwarp * kKShare;
+          if constexpr (kGatherA) ka_rows.fetch(reinterpret_cast<const int*>(p.a_index), row0, kKShare, lane);
+          if constexpr (kGatherB) kb_rows.fetch(reinterpret_cast<const int*>(p.b_index), row0, kKShare, lane);
         }
       }
       // Not unrolled (as CUTLASS's producers): each k-block waits on a barrier anyway, and the
