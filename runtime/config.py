@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -78,16 +79,10 @@ def _nvrtc_major(s: str) -> int | None:
     raise ValueError(s)
 
 
-def _positive_seconds(s: str) -> float:
+def _seconds(s: str, *, zero: bool) -> float:
+    """A finite number of seconds, above 0 (or 0 as well where ``zero`` means off); NaN fails both."""
     value = float(s)
-    if not (0 < value < float("inf")):
-        raise ValueError(s)
-    return value
-
-
-def _seconds_or_off(s: str) -> float:
-    value = float(s)
-    if not (0 <= value < float("inf")):
+    if not ((0 <= value if zero else 0 < value) and value < float("inf")):
         raise ValueError(s)
     return value
 
@@ -116,7 +111,7 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "newest whose cubins the driver loads (the newest installed without a driver)."),
     Var("FUSEGEMM_NVRTC_EXTRA", "", lambda s: tuple(s.split()), "space-separated NVRTC options",
         "Extra NVRTC options appended to every compile (part of the cache key)."),
-    Var("FUSEGEMM_WAIT_TIMEOUT", "0", _seconds_or_off, "seconds, a number >= 0 (0: off)",
+    Var("FUSEGEMM_WAIT_TIMEOUT", "0", partial(_seconds, zero=True), "seconds, a number >= 0 (0: off)",
         "Diagnosis of a hung kernel: kernels compiled while this is set stop a barrier wait that has "
         "not completed after this many seconds, print the block, thread, barrier (its shared-memory "
         "offset) and phase parity from the device, and trap, so the launch fails with an error instead "
@@ -139,7 +134,7 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("FUSEGEMM_TRUST_UNVERIFIED", "0", _bool, "0/1, true/false",
         "Skip the first-run verification of kernel families on an arch fusegemm has not executed "
         "on (sm_100a today): launch without running their selftest cases first."),
-    Var("FUSEGEMM_VERIFY_TIMEOUT", "30", _positive_seconds, "seconds, a positive number",
+    Var("FUSEGEMM_VERIFY_TIMEOUT", "30", partial(_seconds, zero=False), "seconds, a positive number",
         "How long the first-run verification cases of a configuration may run on the device (after "
         "their kernels are built) before the check is stopped and the configuration refused as "
         "hanging. The cases run in a child process, so a hang or a fault there leaves this process "

@@ -89,6 +89,23 @@ struct GatherRows {
   }
 };
 
+// The copies of gather_copy_sw128 (below): copy i's row, chunk c from its piece's source at
+// `base` + offset into its destination, with the row's validity and (kWhole false) chunk c's bit
+// of `cols`. (A template flag, not a run-time one: the whole-chunk loop keeps one predicate.)
+template <bool kWhole, int kChunks, int kChunkBytes, int kCopies>
+FUSEGEMM_DEVICE void gather_copies(uint32_t even, uint32_t odd, const uint4* base, const GatherRows<kCopies>& rows,
+                                   uint32_t cols) {
+#pragma unroll
+  for (int i = 0; i < kCopies; ++i) {
+    const uint4* src = base + rows.off[i];
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      cp_async_16_zfill((i % 2 ? odd : even) + 512 * i + kChunkBytes * c, src + 8 * c,
+                        rows.ok(i) && (kWhole || (cols & (1u << c)) != 0));
+    }
+  }
+}
+
 // The share's kChunks chunks of 64 columns from col0 (chunk c from column col0 + 64 c, kChunkBytes
 // apart in the stage) into the SW128 stage rows at `dst` (the share's first row, a whole 8-row
 // atom): TMA places 16-byte piece p of row r at piece p ^ (r % 8), and row 4 i + q has r % 8 =
@@ -103,28 +120,13 @@ FUSEGEMM_DEVICE void gather_copy_sw128(uint8_t* dst, const GatherSource& s, cons
   // Row by row (one 64-bit address live at a time), its chunks at immediate offsets. Several
   // chunks inside the rows take the rows' validity alone (one chunk: one path, fewer registers).
   if (kChunks > 1 && col0 + 64 * kChunks <= s.width) {
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const uint4* src = base + rows.off[i];
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        cp_async_16_zfill((i % 2 ? odd : even) + 512 * i + kChunkBytes * c, src + 8 * c, rows.ok(i));
-      }
-    }
+    gather_copies<true, kChunks, kChunkBytes>(even, odd, base, rows, 0u);
   } else {
     // Widths are multiples of 8 (16-byte rows): a piece is all there or all past the end.
     uint32_t cols = 0;   // bit c: chunk c's piece exists
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) cols |= col0 + 64 * c + piece * 8 < s.width ? 1u << c : 0u;
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const uint4* src = base + rows.off[i];
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        cp_async_16_zfill((i % 2 ? odd : even) + 512 * i + kChunkBytes * c, src + 8 * c,
-                          rows.ok(i) && (cols & (1u << c)) != 0);
-      }
-    }
+    gather_copies<false, kChunks, kChunkBytes>(even, odd, base, rows, cols);
   }
 }
 

@@ -104,6 +104,12 @@
 // gathered fc1 0.987x / 0.948x / 1.001x of pre-permuted rows against 0.918x / 0.920x / 0.937x
 // without; the K-grouped weight gradient ran 3-8% slower with it (0.871x / 0.814x / 0.773x
 // against 0.931x / 0.838x / 0.842x), so it publishes after the wait.
+// (Also measured on 2026-12-04, the weight gradient with gathered X: publishing a tile's lagging
+// stages when its k-loop ends instead of after the next tile's K range and index loads, 0.83x /
+// 0.82x / 0.93x of pre-permuted rows against 0.84x / 0.85x / 0.93x (qwen3 / mixtral / dsv3-8, five
+// rounds), and again lags 0 and 2 (0.86x / 0.85x / 0.92x and 0.78x / 0.79x / 0.90x): not kept.
+// Nsight Compute, qwen3 and mixtral: the copying warps wait on their own copies' completion more
+// than on free stages; L2 hit rates 87% / 92% (pre-permuted rows: 83% / 92%).)
 #ifndef FUSEGEMM_SM90_GATHER_EARLY
 #define FUSEGEMM_SM90_GATHER_EARLY 1
 #endif
