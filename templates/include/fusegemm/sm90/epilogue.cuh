@@ -759,6 +759,10 @@ struct WgmmaEpilogue {
       if constexpr (k1x128) {
         if (b % 4 == 0) group_scales(p, rule, acc, b, e_base, width, row0, r0, cq, lane, pairs, ri0, ri1, grp, kept);
       }
+      // (Loaded as the block starts. Nsight Compute on the BF16 dSwiGLU at the mixtral layer shape
+      // finds about a tenth of the samples waiting on these loads, but loading a block ahead did not
+      // pay, H200, 2026-12-04, bench/pingpong.py dSwiGLU on four layer shapes, same run: before the
+      // previous block's stores 0.95-1.02x, into a second register set 0.83-0.99x (spills at TILE_M 64).)
       typename Rule::ElemIn x[4][4];
       if constexpr (!kKeepD) load_inputs(p, rule, pairs, row0, r0, cq, e0, width, x);
       // kFragQuant: the block's D values (role, group, i: as o00, o01, o10, o11) until their
