@@ -15,6 +15,11 @@ and the same for the layer's fc1 weight gradient (``specs/grouped_gemm_wgrad.yam
 dG_e^T X_e): ``wgrad_gathered`` reads X's token rows through the index (``b_gather=True``),
 ``wgrad_pre_permuted`` the rows gathered beforehand.
 
+The blockwise FP8 recipe's fc1 (``specs/grouped_gemm_glu_mx.yaml`` as ``fusegemm.moe``'s
+``fp8_block`` recipe builds it: FP8 D with 1x128 scales and the BF16 pre-activations): ``fp8_gathered``
+reads x's quantized token rows and their 1x128 scales through the index (``a_gather=True``, the
+blockwise kernel's copying warps), ``fp8_pre_permuted`` the rows and scales gathered beforehand.
+
 Scattered outputs, on the layer's fc2 (K = intermediate, N = hidden): ``scattered`` writes row r of
 the problem to slot ``token * top_k + j`` of a (tokens * top_k, hidden) output (``d_scatter=True``,
 ``d_index=``: the combine then sums contiguous rows), ``fc2`` the same kernel writing rows in
@@ -86,6 +91,26 @@ def bench_layer(name: str, args) -> dict:
         "scattered": lambda: scattered(h, r.padded_offsets, w2, d_index=d_index, d_rows=slots, inputs=ins),
         "fc2": lambda: plain(h, r.padded_offsets, w2, inputs=ins),
     }
+    # The blockwise FP8 fc1: x quantized 1x128 per token, its rows and scales gathered beforehand
+    # for the plain kernel (padding rows: zero bytes and zero scales, as the gathered loads read).
+    from fusegemm.formats import blockwise_sfa_layout
+    from fusegemm.moe import _RECIPE_OPS
+    from fusegemm.quantize import quantize_128x128, quantize_1x128
+    spec8, axes8 = _RECIPE_OPS["fc1"]
+    xq, sx = quantize_1x128(x)
+    wq, sw = quantize_128x128(w)
+    pad = (idx < 0)[:, None]
+    rows8 = torch.where(pad, 0, xq.view(torch.uint8)[idx.long().clamp(0)]).view(xq.dtype)
+    srows8 = blockwise_sfa_layout(torch.where(pad, 0.0, sx[idx.long().clamp(0)]))
+    ins8 = {"alpha": torch.ones(experts, device="cuda"), "prob": torch.ones(r.rows, device="cuda"),
+            "norm_const": torch.ones(1, device="cuda")}
+    g8, p8 = Op(spec8, a_gather=True, **axes8), Op(spec8, **axes8)
+    o8g, o8p = g8(xq, sx, r.padded_offsets, wq, sw, a_index=idx, inputs=ins8), p8(rows8, srows8, r.padded_offsets, wq,
+                                                                                  sw, inputs=ins8)
+    raw = lambda t: t.view(torch.uint8) if t.element_size() == 1 else t   # noqa: E731 (FP8: compare bytes)
+    equal8 = all(torch.equal(raw(o8g[key]), raw(o8p[key])) for key in o8p.keys() if o8p[key] is not None)
+    methods["fp8_gathered"] = lambda: g8(xq, sx, r.padded_offsets, wq, sw, a_index=idx, inputs=ins8)
+    methods["fp8_pre_permuted"] = lambda: p8(rows8, srows8, r.padded_offsets, wq, sw, inputs=ins8)
     for tag, defines in args.also_pairs:   # the gathered and scattered ops built again (A/B switches)
         with nvrtc_defines(defines):
             g_also = Op("grouped_gemm", a_gather=True, **axes).compile()
@@ -95,7 +120,7 @@ def bench_layer(name: str, args) -> dict:
                                                                      d_rows=slots, inputs=ins)
     row = {"layer": name, "experts": experts, "tokens": tokens, "k": k, "n": n, "top_k": top_k, "rows": r.rows,
            "gathered_equals_pre_permuted": equal, "wgrad_gathered_equals_pre_permuted": wequal,
-           "scattered_equals_fc2_placed": sequal}
+           "scattered_equals_fc2_placed": sequal, "fp8_gathered_equals_pre_permuted": equal8}
     for key, ms in interleaved_ms(methods, args).items():
         row[f"{key}_ms"] = ms
     flops = 2.0 * tokens * top_k * k * n
@@ -104,6 +129,7 @@ def bench_layer(name: str, args) -> dict:
     row["gathered_vs_gather_then_gemm"] = row["gather_then_gemm_ms"] / row["gathered_ms"]
     row["wgrad_gathered_vs_pre_permuted"] = row["wgrad_pre_permuted_ms"] / row["wgrad_gathered_ms"]
     row["scattered_vs_fc2"] = row["fc2_ms"] / row["scattered_ms"]
+    row["fp8_gathered_vs_pre_permuted"] = row["fp8_pre_permuted_ms"] / row["fp8_gathered_ms"]
     for tag, _ in args.also_pairs:
         row[f"gathered_{tag}_vs_pre_permuted"] = row["pre_permuted_ms"] / row[f"gathered_{tag}_ms"]
         row[f"scattered_{tag}_vs_fc2"] = row["fc2_ms"] / row[f"scattered_{tag}_ms"]

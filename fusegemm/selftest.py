@@ -209,10 +209,18 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
     kw: dict[str, Any] = {}
     source = None
     valid_rows = _valid_rows(case["tokens"], sizes)
-    if v.a_gather:   # (BF16 kernels) A's rows read through a_index; the reference gets them gathered
+    sfa_source = None
+    if v.a_gather:   # A's rows read through a_index; the reference gets them gathered
         source = rng.integers(-2, 3, (m // 2 + 5, k)).astype(ab)
         a_index, a = _gathered(rng, source, valid_rows)
         kw["a_index"] = output_compare.to_device(a_index, device)
+        if op.kind == "scaled":   # (the blockwise kernel) and the 1x128 scales of those rows
+            from .formats import blockwise_sfa_layout
+            raw = np.exp2(rng.integers(-1, 2, (source.shape[0], -(-k // 128)))).astype(np.float32)
+            inside = (a_index >= 0) & (a_index < source.shape[0])
+            sfa = blockwise_sfa_layout(np.where(inside[:, None], raw[np.clip(a_index, 0, source.shape[0] - 1)],
+                                                np.float32(1)))
+            sfa_source = blockwise_sfa_layout(raw)
     d_index = None
     if v.d_scatter:   # C and D rows stored through d_index into (d_rows, N) outputs
         d_index, d_rows = _scatter_index(rng, valid_rows)
@@ -221,6 +229,8 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
     dev_ops: list[Any] = [output_compare.to_device(x, device) for x in host_ops]
     if source is not None:
         dev_ops[0] = output_compare.to_device(source, device)
+    if sfa_source is not None:
+        dev_ops[1] = output_compare.to_device(sfa_source, device)
     keep: list[Any] = []
     if v.weight_mode == "discrete":   # per-expert buffers behind device pointer tables: (N, K), or (K, N) N-major
         lists = {"b_list": [np.ascontiguousarray(b[e].T if v.b_major == "n" else b[e]) for e in range(l)]}

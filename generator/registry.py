@@ -104,7 +104,7 @@ _KGROUPED_BF16 = _KGROUPED + ("a_gather", "b_gather")   # token rows read throug
 # The block-scaled template takes its C and D types from the rule: c_dtype and d_dtype reach it
 # where the family's epilogue reads them (gemm_amax's C, sReLU's and dSwiGLU's; quant has no C).
 _BLOCKSCALED = ("ab_dtype", "sf_dtype", "sf_vec_size", "a_major", "b_major", "cd_major",
-                "scheduler", "weight_mode", "tile_m", "tile_n", "discrete_col_sfd")
+                "scheduler", "weight_mode", "tile_m", "tile_n", "discrete_col_sfd", "a_gather")
 
 # The tile and cluster the BF16 kernels prefer where a policy lists them: tile 128x256, no cluster.
 _BF16_DEFAULTS = {"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}
@@ -113,7 +113,7 @@ _BF16_DEFAULTS = {"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}
 # classes, gathered X (b_gather) of the K-grouped class (sm_100a: through TMA gather4, not yet run);
 # the others read whole rows.
 _NO_GATHER = Limit("a_gather", (False,), "gathered A (a_index) is the BF16 grouped and K-grouped families' "
-                                         "operand mode")
+                                         "operand mode, and the sm_90a blockwise recipe's")
 _NO_GATHER_B = Limit("b_gather", (False,), "gathered B (b_index) is the BF16 K-grouped family's operand mode "
                                            "(token rows of X)")
 # Scattered outputs (d_scatter: problem row r's C and D rows stored at row d_index[r]) are the
@@ -272,6 +272,15 @@ _SM90_BLOCKSCALED_LIMITS = (
     Limit("cluster_n", (1,), "the block-scaled sm_90a kernel has no TMA multicast: clusters are 1x1"),
 )
 _SM90_BLOCKSCALED = tuple(a for a in _BLOCKSCALED if a not in ("a_major", "b_major", "tile_m"))
+# Gathered A on the blockwise kernel (fusegemm/sm90/blockwise_promote.cuh): the producer
+# warpgroup's four warps copy A's token rows and their 1x128 scales with cp.async, as the BF16
+# kernel's do; the MXFP8 kernel loads A by TMA only.
+_SM90_BLOCKWISE_GATHER = (
+    Limit("a_gather", (False,), "gathered A is the blockwise recipe's (sf_vec_size 128) on sm_90a: the MXFP8 "
+                                "kernel loads A by TMA only", when=(("sf_vec_size", 32),)),
+    Limit("scheduler", ("static",), "gathered A: the copying warps walk the static tile order",
+          when=(("a_gather", True),)),
+)
 
 _SM90_ROWS = (
     _row("grouped", "sm_90a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
@@ -299,7 +308,8 @@ _SM90_ROWS = (
          runs_as=_SM90_BLOCKWISE_E8M0),
     *(_row(kind, "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _SM90_BLOCKSCALED, rule=SPEC_RULE,
-           limits=(*_SM90_BLOCKSCALED_LIMITS, _NO_GATHER, _NO_GATHER_B, _NO_SCATTER,
+           limits=(*_SM90_BLOCKSCALED_LIMITS, *(_SM90_BLOCKWISE_GATHER if kind == "scaled" else (_NO_GATHER,)),
+                   _NO_GATHER_B, _NO_SCATTER,
                    Limit("sf_vec_size", (128,), "1x128 output scales are the blockwise recipe's (A and B scaled "
                                                 "per 128 K); MXFP8 inputs give MX output scales (sfd_vec_size 32)",
                          when=(("sfd_vec_size", 128),))),

@@ -100,3 +100,21 @@ def row_index(index: Any, name: str, rows_are: str, equal: tuple[int, str] | Non
         raise ArgumentError(f"{name}.shape[0]", n, f"a multiple of {args.M_ALIGNED} ({rows_are})")
     unit_stride(idx, name)
     return idx
+
+
+
+def a_operand(a_tensor: Any, a_index: Any, dtypes: tuple[str, ...]) -> tuple[Any, int, int, int, bool, Any]:
+    """A of an M-grouped op: ``(M, K)`` (or ``(M, K, 1)``) rows, or (gathered A, ``a_index`` given) a
+    token-major ``(T, K)`` matrix and its int32 (M,) index (:func:`row_index`); (A, M, K as stored, A's
+    rows, canonical, index or None)."""
+    from .. import arguments as args
+    if a_index is None:
+        r = args.rows(a_tensor, dtypes)
+        return r.a, r.m, r.k_stored, r.m, r.canonical, None
+    a = args.tensor(a_tensor, "a_tensor", ndims=(2,), dtypes=dtypes)
+    a_rows, k = a.shape
+    idx = row_index(a_index, "a_index", "the problem's padded rows")
+    if a_rows == 0:
+        raise ArgumentError("a_tensor.shape[0]", 0, "at least 1 (the rows a_index reads; an index outside them "
+                                                     "reads zeros)")
+    return a, idx.shape[0], k, a_rows, True, idx

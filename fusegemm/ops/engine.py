@@ -249,7 +249,10 @@ class Op(PreparedLaunch):
             position or keyword, with ``b_ptrs`` / ``sfb_ptrs`` / ``n`` for discrete weights, and
             ``a_index`` for a BF16 grouped op built with ``a_gather=True`` (gathered A: int32
             (M,), problem row r reads row ``a_index[r]`` of a token-major ``a_tensor`` (T, K);
-            an index outside [0, T) reads zeros; sm_90a), ``dy_index`` / ``x_index`` for a
+            an index outside [0, T) reads zeros; sm_90a) or a block-scaled grouped op built with
+            ``a_gather=True`` and the blockwise recipe (the same, and row r's 1x128 scales are row
+            ``a_index[r]`` of ``sfa_tensor`` (T, ceil(K/128)), T-contiguous; sm_90a),
+            ``dy_index`` / ``x_index`` for a
             K-grouped op built with ``a_gather`` / ``b_gather`` (int32 (T,): token row t of dY / X
             is that row of ``dy_tensor`` / ``x_tensor``), ``d_index`` and ``d_rows`` for a BF16
             grouped op built with ``d_scatter=True`` (scattered outputs: int32 (M,), problem row r's
@@ -705,9 +708,11 @@ def _check_format(op: Op, call: Any) -> None:
 
 
 def _parse_scaled(op: Op, a_tensor: Any, sfa_tensor: Any, padded_offsets: Any, b_tensor: Any = None,
-                  sfb_tensor: Any = None, *, b_ptrs: Any = None, sfb_ptrs: Any = None, n: int | None = None) -> Any:
+                  sfb_tensor: Any = None, *, b_ptrs: Any = None, sfb_ptrs: Any = None, n: int | None = None,
+                  a_index: Any = None) -> Any:
+    _index_matches(op, "a_index", a_index, "a_gather", "an int32 (M,) row index")
     call = parse_scaled(a_tensor, sfa_tensor, padded_offsets, b_tensor, sfb_tensor, b_ptrs, sfb_ptrs, n,
-                        op.variant.sf_vec_size)
+                        op.variant.sf_vec_size, a_index)
     _check_format(op, call)
     return call
 

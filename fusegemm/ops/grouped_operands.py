@@ -60,19 +60,7 @@ def parse_call(a_tensor: Any, padded_offsets: Any, alpha_tensor: Any, b_tensor: 
     checks devices and addresses itself, after its own shape checks (``fusegemm.Op``).
     ``a_index`` (gathered A): int32 (M,), the row of A (T, K) each problem row reads; M from it.
     """
-    idx = None
-    if a_index is None:
-        r = args.rows(a_tensor, ab_dtypes)
-        a, m, k, canonical = r.a, r.m, r.k_stored, r.canonical
-        a_rows = m
-    else:
-        a = args.tensor(a_tensor, "a_tensor", ndims=(2,), dtypes=ab_dtypes)
-        (a_rows, k), canonical = a.shape, True
-        idx = checks.row_index(a_index, "a_index", "the problem's padded rows")
-        m = idx.shape[0]
-        if a_rows == 0:
-            raise ArgumentError("a_tensor.shape[0]", 0, "at least 1 (the rows a_index reads; an index outside "
-                                                         "them reads zeros)")
+    a, m, k, a_rows, canonical, idx = checks.a_operand(a_tensor, a_index, ab_dtypes)
     item = DTYPES[a.dtype].itemsize
     # Strides of an empty A (an expert-parallel rank that received no tokens) are arbitrary
     # (numpy gives (0, 0)) and never used: nothing is launched for it.

@@ -272,7 +272,8 @@ DEVICE_OPERANDS = {
     "kgrouped": (("x_tensor", "b", 16), ("padded_offsets", "offsets", 4), ("dy_index", "a_index", 4),
                  ("x_index", "b_index", 4), ("row_ends", "row_ends", 4)),
     "scaled": (("padded_offsets", "offsets", 4), ("b_tensor", "b", 16), ("b_ptrs", "b_ptrs", 8),
-               ("sfb_ptrs", "sfb_ptrs", 8), ("sfa_tensor", "sfa", 16), ("sfb_tensor", "sfb", 16)),
+               ("sfb_ptrs", "sfb_ptrs", 8), ("sfa_tensor", "sfa", 16), ("sfb_tensor", "sfb", 16),
+               ("a_index", "a_index", 4)),
     "batched": (("b_tensor", "b", 16), ("sfa_tensor", "sfa", 16), ("sfb_tensor", "sfb", 16)),
     "kscaled": (("b_tensor", "b", 16), ("sfa_tensor", "sfa", 16), ("sfb_tensor", "sfb", 16),
                 ("padded_offsets", "offsets", 4), ("row_ends", "row_ends", 4)),
@@ -353,9 +354,14 @@ def _plan_scaled(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) -
                      b_sl=call.b_strides[1], discrete=call.discrete)
     if rows < tile_m:
         return None
+    gathered = call.a_index is not None
     values = {**scaled_maps(ln, call), **ln.scalars(s), "m_rows": call.m,
               "b_ptrs": call.b_ptrs.ptr if call.b_ptrs is not None else 0,
-              "sfb_ptrs": call.sfb_ptrs.ptr if call.sfb_ptrs is not None else 0}
+              "sfb_ptrs": call.sfb_ptrs.ptr if call.sfb_ptrs is not None else 0,
+              # Gathered A (the blockwise kernel's copying warps): A's token rows and their scales.
+              "a_index": call.a_index.ptr if gathered else 0,
+              **_gather_source("a", call.a if gathered else None, "a_tensor", op.variant.arch),
+              "sfa_gather_ptr": call.sfa.ptr if gathered else 0, "sfa_gather_ld": call.sfa_ld if gathered else 0}
     return ln.grid(s), s, values
 
 

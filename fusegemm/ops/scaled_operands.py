@@ -160,6 +160,13 @@ class ScaledCall:
     a_lstride: int = 0      # batched: A's batch stride in bytes
     sfa_ld: int = 0         # blockwise: SFA's K-block pitch and batch stride, in floats (0: MX atoms)
     sfa_lstride: int = 0
+    a_index: TensorView | None = None   # gathered A: the row of A (and of SFA) each of the M problem rows reads
+    a_rows: int = -1        # gathered A: A's (token) rows; -1: m
+
+    @property
+    def a_map_rows(self) -> int:
+        """Rows of A and SFA as stored: their tokens for gathered A, else the problem's M."""
+        return self.m if self.a_index is None else self.a_rows
 
     @property
     def blockwise(self) -> bool:
@@ -180,17 +187,17 @@ def _pointer_table(x: Any, name: str, l: int) -> TensorView:
 
 
 def parse_scaled(a_tensor: Any, sfa_tensor: Any, padded_offsets: Any, b_tensor: Any, sfb_tensor: Any,
-                 b_ptrs: Any, sfb_ptrs: Any, n: Any, sf_vec_size: int) -> ScaledCall:
+                 b_ptrs: Any, sfb_ptrs: Any, n: Any, sf_vec_size: int, a_index: Any = None) -> ScaledCall:
     """Validate block-scaled grouped operands: shapes, dtypes and strides (devices and addresses:
-    ``Op`` checks them after every other argument)."""
-    r = args.rows(a_tensor, AB_DTYPES)
-    a, m, kb = r.a, r.m, r.k_stored
+    ``Op`` checks them after every other argument). ``a_index`` (gathered A): int32 (M,), the row
+    of A (T, K) and of its scales (T, ceil(K/128)) each problem row reads; M from it."""
+    a, m, kb, a_rows, canonical, idx = checks.a_operand(a_tensor, a_index, AB_DTYPES)
     ab = a.dtype
-    if a.strides[1] != 1 and kb > 1 and m:   # an empty A's strides are arbitrary and unused
+    if a.strides[1] != 1 and kb > 1 and a_rows:   # an empty A's strides are arbitrary and unused
         raise ArgumentError("a_tensor.stride", a.strides, "K-major (stride 1 along K)", "pass a_tensor.contiguous()")
     if kb < 16 or kb % 16:
         raise ArgumentError("a_tensor.shape[1] (K bytes)", kb, "a multiple of 16 bytes, at least 16 (TMA rows)")
-    if m:
+    if a_rows:
         checks.row_pitch_aligned(a.strides[0], 1, "a_tensor.stride[0]")
     k = 2 * kb if ab in FP4_DTYPES else kb
     off, l = args.offsets(padded_offsets)
@@ -233,10 +240,10 @@ def parse_scaled(a_tensor: Any, sfa_tensor: Any, padded_offsets: Any, b_tensor: 
         raise ArgumentError("n (N)", n, "a multiple of 8, at least 8 (16-byte output rows)")
 
     sfk = _ceil(k, sf_vec_size)
-    sfa, sfb, ld, _ = _scales(sfa_tensor, sfb_tensor, sf_vec_size, m, n, sfk, l, batched=False)
+    sfa, sfb, ld, _ = _scales(sfa_tensor, sfb_tensor, sf_vec_size, a_rows, n, sfk, l, batched=False)
     call = ScaledCall(m=m, n=n, k=k, k_bytes=kb, sfk=sfk, l=l, ab=ab, sf=sfa.dtype, a=a, offsets=off, b=b,
-                      b_strides=b_strides, b_ptrs=bp, sfb_ptrs=sbp, sfa=sfa, sfb=sfb, canonical=r.canonical,
-                      sfa_ld=ld)
+                      b_strides=b_strides, b_ptrs=bp, sfb_ptrs=sbp, sfa=sfa, sfb=sfb, canonical=canonical,
+                      sfa_ld=ld, a_index=idx, a_rows=a_rows)
     return call
 
 
@@ -304,7 +311,7 @@ def scaled_maps(ln: Any, call: ScaledCall) -> dict[str, bytes]:
     if call.batched:
         a = tiled(call.a.ptr, "uint8", (kb, m, l), (call.a.strides[0], call.a_lstride), box_a + (1,), c.swizzle_a)
     else:
-        a = tiled(call.a.ptr, "uint8", (kb, m), (call.a.strides[0],), box_a, c.swizzle_a)
+        a = tiled(call.a.ptr, "uint8", (kb, call.a_map_rows), (call.a.strides[0],), box_a, c.swizzle_a)
     if call.discrete:
         # Templates of the per-expert maps the kernel rewrites on the device: any aligned address
         # will do (A's is one).
@@ -336,7 +343,7 @@ def _blockwise_scale_maps(ln: Any, call: ScaledCall) -> dict[str, Any]:
     """The blockwise recipe's scales: SFA (M, sfk[, L]) float32 as a map with boxes of the A box's
     rows by one K block; SFB by address (the kernel reads one float per 128-K stage)."""
     c, tiled = ln.contract, ln.tmaps.tiled
-    m, sfk, l = call.m, call.sfk, call.l
+    m, sfk, l = call.a_map_rows, call.sfk, call.l
     if call.batched:
         sfa = tiled(call.sfa.ptr, "float32", (m, sfk, l), (4 * call.sfa_ld, 4 * call.sfa_lstride),
                     (c.box_a_outer, 1, 1), 0)

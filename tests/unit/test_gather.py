@@ -53,11 +53,17 @@ def test_the_axes_reach_the_source_and_are_refused_elsewhere():
         registry.resolve("grouped_gemm_wgrad", arch, {"a_gather": True, "b_gather": True, "tile_m": 128,
                                                        "cluster_m": 1, "cluster_n": 1})
         assert "kGatherB = true" in render(make_variant("grouped_gemm_wgrad", arch=arch, b_gather=True, **BF16)).text
-    for family, arch, ab in (("grouped_gemm_srelu", "sm_90a", "float8_e4m3fn"),
-                             ("grouped_gemm_srelu", "sm_100a", "float8_e4m3fn")):
-        with pytest.raises(UnsupportedError, match=r"gathered A \(a_index\) is the BF16 grouped and K-grouped"):
-            registry.resolve(family, arch, {"a_gather": True, "ab_dtype": ab, "sf_vec_size": 32,
-                                              "sf_dtype": "float8_e8m0fnu"})
+    # Block-scaled: the sm_90a blockwise kernel gathers A (and its 1x128 scales); MXFP8 and sm_100a refuse.
+    mx = {"a_gather": True, "ab_dtype": "float8_e4m3fn", "sf_vec_size": 32, "sf_dtype": "float8_e8m0fnu"}
+    with pytest.raises(UnsupportedError, match=r"gathered A is the blockwise recipe's \(sf_vec_size 128\) on sm_90a"):
+        registry.resolve("grouped_gemm_srelu", "sm_90a", mx)
+    with pytest.raises(UnsupportedError, match=r"gathered A \(a_index\) is the BF16 grouped and K-grouped families' "
+                                               r"operand mode, and the sm_90a blockwise recipe's"):
+        registry.resolve("grouped_gemm_srelu", "sm_100a", mx)
+    bw = {"ab_dtype": "float8_e4m3fn", "sf_vec_size": 128, "sf_dtype": "float32"}
+    registry.resolve("grouped_gemm_srelu", "sm_90a", {"a_gather": True, **bw})
+    assert "kGatherA = true" in render(make_variant("grouped_gemm_srelu", arch="sm_90a", a_gather=True, **bw)).text
+    assert "kGatherA = false" in render(make_variant("grouped_gemm_srelu", arch="sm_90a", **bw)).text
 
 
 @pytest.mark.parametrize("spec,axes", [
@@ -445,3 +451,73 @@ def test_the_gathered_spec_case_passes_the_source_and_its_index(monkeypatch, spe
     err, ok, detail = selftest._run_spec(dict(spec=spec, tokens=[256, 0, 300], n=256, k=64, axes={"a_gather": True}),
                                          "cpu")
     assert ok, (err, detail)
+
+
+BW = dict(sf_vec_size=128, sf_dtype="float32")
+
+
+@pytest.mark.parametrize("spec,axes", [("grouped_gemm_quant", {}), ("grouped_gemm_dswiglu", {}),
+                                       ("grouped_gemm_srelu", {"weight_mode": "discrete", "tile_n": 128})])
+def test_sm90_blockwise_gathered_a_copies_rows_and_scales(session_cache, spec, axes):
+    """The blockwise kernel with gathered A (fusegemm/sm90/blockwise_promote.cuh produce_gathered):
+    no local memory; a stage's A rows as 16-byte cp.async copies (8 per lane per pass: dSwiGLU's
+    256-column tile runs two passes over K) and its 1x128 scales as one 4-byte copy per lane; B the
+    only TMA load. The plain kernel copies nothing."""
+    from fusegemm.runtime import disasm
+    if not disasm.available():
+        pytest.fail("nvdisasm (the nvidia-cuda-nvdisasm wheel, a test dependency) is missing")
+
+    def hist(**extra):
+        built = pipeline.get_kernel(make_variant(spec, arch="sm_90a", **BW, **axes, **extra), session_cache)
+        assert built.resources.local_bytes == 0, built.resources
+        return disasm.sass_histogram(built.cubin)
+
+    passes = 2 if spec == "grouped_gemm_dswiglu" else 1
+    h = hist(a_gather=True)
+    assert h.get("LDGSTS.E.BYPASS.128", 0) == 8 * passes and h.get("LDGSTS.E", 0) == passes, h
+    assert sum(v for op, v in h.items() if op.startswith("UTMALDG")) == passes, h
+    plain = hist()
+    assert not any(op.startswith("LDGSTS") for op in plain), plain
+
+
+def test_blockwise_op_parses_a_index_and_reads_a_and_its_scales_by_their_own_rows(no_device):  # noqa: F811
+    op = Op("grouped_gemm_quant", arch="sm_90a", a_gather=True, **BW)
+    t, m, n, k, l = 300, 512, 256, 256, 2
+    a = torch.zeros((t, k), dtype=torch.float8_e4m3fn)
+    sa = torch.zeros((2, 304), dtype=torch.float32).t()   # (T, K/128), T-contiguous, pitch 304
+    b = torch.zeros((l, n, k), dtype=torch.float8_e4m3fn)
+    sb = torch.zeros((l, n // 128, k // 128), dtype=torch.float32)
+    off = torch.tensor([256, 512], dtype=torch.int32)
+    idx = torch.full((m,), -1, dtype=torch.int32)
+    call = op._parse((a, sa[:t], off, b, sb), {"a_index": idx})
+    assert (call.m, call.a_rows, call.a_map_rows, call.sfa_ld) == (m, t, t, 304)
+    values, _ = _launch(op, call, {"alpha": 0}, {"d": 1000})
+    assert values["a_index"] == idx.data_ptr() and values["m_rows"] == m
+    # What the copying warps read: A's address, pitch and rows (T, not M), and its scales' own.
+    assert (values["a_gather_ptr"], values["a_gather_ld"], values["a_gather_rows"]) == (a.data_ptr(), k, t)
+    assert (values["sfa_gather_ptr"], values["sfa_gather_ld"]) == (sa.data_ptr(), 304)
+    plain = Op("grouped_gemm_quant", arch="sm_90a", **BW)
+    call = plain._parse((torch.zeros((m, k), dtype=torch.float8_e4m3fn), torch.zeros((2, m)).t(), off, b, sb), {})
+    values, _ = _launch(plain, call, {"alpha": 0}, {"d": 1000})
+    assert values["a_index"] == values["a_gather_ptr"] == values["sfa_gather_ptr"] == values["sfa_gather_ld"] == 0
+
+
+def test_blockwise_a_index_is_refused_where_it_does_not_belong():
+    a = torch.zeros((300, 256), dtype=torch.float8_e4m3fn)
+    b = torch.zeros((1, 128, 256), dtype=torch.float8_e4m3fn)
+    sb = torch.zeros((1, 1, 2), dtype=torch.float32)
+    off = torch.tensor([256], dtype=torch.int32)
+    gathered, plain = Op("grouped_gemm_quant", arch="sm_90a", a_gather=True, **BW), Op("grouped_gemm_quant",
+                                                                                       arch="sm_90a", **BW)
+    sa = torch.zeros((2, 300)).t()
+    with pytest.raises(ArgumentError, match=r"^a_index: got None; allowed: an int32 \(M,\) row index"):
+        gathered._parse((a, sa, off, b, sb), {})
+    with pytest.raises(ArgumentError, match=r"^a_index: got given; allowed: .*a_gather=True, else None"):
+        plain._parse((a[:256], sa[:256], off, b, sb), {"a_index": torch.zeros(256, dtype=torch.int32)})
+    with pytest.raises(ArgumentError, match=r"^a_index.shape\[0\]: got 300; allowed: a multiple of 256"):
+        gathered._parse((a, sa, off, b, sb), {"a_index": torch.zeros(300, dtype=torch.int32)})
+    # The scales are A's (T rows), not the problem's M.
+    with pytest.raises(ArgumentError, match=r"^sfa_tensor.shape: got \(512, 2\); allowed: \(300, 2\)"):
+        gathered._parse((a, torch.zeros((2, 512)).t(), off, b, sb), {"a_index": torch.zeros(512, dtype=torch.int32)})
+    with pytest.raises(UnsupportedError, match=r"gathered A is the blockwise recipe's"):
+        Op("grouped_gemm_quant", arch="sm_90a", a_gather=True).check_support()

@@ -217,8 +217,9 @@ def test_register_any_spec_gives_a_functional_schema_per_kernel_class(tmp_path):
                     "Tensor? row_ends=None, Tensor? alpha=None"),
         "t_quant": ("grouped_gemm_quant", {"d_dtype": "float8_e4m3fn"},
                     "a_tensor, Tensor sfa_tensor, Tensor padded_offsets, Tensor? b_tensor=None, Tensor? sfb_tensor=None, "
-                    "Tensor? b_ptrs=None, Tensor? sfb_ptrs=None, int? n=None, Tensor? alpha=None, Tensor? prob=None, "
-                    "Tensor? row_scale=None, Tensor? bias=None, Tensor? norm_const=None"),
+                    "Tensor? b_ptrs=None, Tensor? sfb_ptrs=None, int? n=None, Tensor? a_index=None, "
+                    "Tensor? alpha=None, Tensor? prob=None, Tensor? row_scale=None, Tensor? bias=None, "
+                    "Tensor? norm_const=None"),
         "t_amax": ("gemm_amax", {}, "a_tensor, Tensor b_tensor, Tensor sfa_tensor, Tensor sfb_tensor"),
     }
     outs = {"t_user_bf16": ("d",), "t_wgrad": ("d",), "t_quant": ("d", "sfd_row", "d_col", "sfd_col"),

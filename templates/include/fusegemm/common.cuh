@@ -73,6 +73,12 @@ FUSEGEMM_DEVICE void cp_async_16_zfill(uint32_t dst, const void* src, bool valid
                : "memory");
 }
 
+// 4 bytes global -> shared (through L1: cp.async takes .cg for 16 bytes only); zero-filled when !valid.
+FUSEGEMM_DEVICE void cp_async_4_zfill(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0)
+               : "memory");
+}
+
 // Commit this thread's cp.async operations issued since the last commit as one group; wait
 // until every group but the kNewest newest (or every group) has landed.
 FUSEGEMM_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

@@ -89,6 +89,38 @@ struct GatherRows {
   }
 };
 
+// A copying lane's stages not yet published, the oldest first (fusegemm/sm90/blockwise_promote.cuh;
+// the BF16 kernel's publish() is the same protocol): issued() commits a stage's cp.async copies as
+// one group and publishes the stage kLag stages later (its copies landed, fence.proxy.async so
+// that WGMMA's async proxy sees them, this lane's arrival on its full barrier); flush() publishes
+// the rest at the end.
+template <int kStages, int kLag>
+struct GatherPublisher {
+  static_assert(kLag >= 1, "a lag of at least one stage (kLag 0: cp_async_arrive_noinc per copy instead)");
+  int pending = 0, oldest = 0;
+
+  FUSEGEMM_DEVICE void issued(int stage, uint64_t* full) {
+    cp_async_commit();
+    if (pending++ == 0) oldest = stage;
+    if (pending > kLag) {
+      cp_async_wait_all_but<kLag>();
+      fence_async_shared();
+      mbar_arrive(&full[oldest]);
+      if (++oldest == kStages) oldest = 0;
+      --pending;
+    }
+  }
+  FUSEGEMM_DEVICE void flush(uint64_t* full) {
+    if (pending == 0) return;
+    cp_async_wait_all();
+    fence_async_shared();
+    for (; pending > 0; --pending) {
+      mbar_arrive(&full[oldest]);
+      if (++oldest == kStages) oldest = 0;
+    }
+  }
+};
+
 // The copies of gather_copy_sw128 (below): copy i's row, chunk c from its piece's source at
 // `base` + offset into its destination, with the row's validity and (kWhole false) chunk c's bit
 // of `cols`. (A template flag, not a run-time one: the whole-chunk loop keeps one predicate.)

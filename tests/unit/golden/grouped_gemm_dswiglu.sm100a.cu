@@ -17,6 +17,7 @@ struct alignas(128) Params {
   const void* d_index;  // scattered outputs: int32 (m_rows,) the C/D row each problem row writes (outside [0, d_rows): none)
   const void* a_gather_ptr;  // gathered A (dY): the token-major matrix a_index reads, bfloat16
   const void* b_gather_ptr;  // K-grouped, gathered X: the token-major matrix b_index reads, bfloat16
+  const void* sfa_gather_ptr;  // gathered A, blockwise recipe: float (T, ceil(K/128)) scales of a_gather_ptr's rows, T-contiguous
   const void* row_ends;  // optional int32 (L,): where each expert's tokens end in its padded range (tiles past it skipped)
   const void* b_ptrs;  // discrete weights: uint64 (L,) per-expert (N, K) pointers
   const void* sfb_ptrs;  // discrete weights: uint64 (L,) per-expert SFB pointers
@@ -51,6 +52,7 @@ struct alignas(128) Params {
   int64_t ldd;  // D row stride in elements (D_col: the same)
   int64_t ld_c_in;  // element input row stride in elements
   int64_t a_gather_ld;  // gathered A: row stride of a_gather_ptr's matrix in elements
+  int64_t sfa_gather_ld;  // gathered A, blockwise recipe: sfa_gather_ptr's pitch between 128-K blocks, in floats
   int64_t b_gather_ld;  // gathered X: row stride of b_gather_ptr's matrix in elements
   int32_t a_gather_rows;  // gathered A: rows of a_gather_ptr's matrix (an index outside them reads zeros)
   int32_t b_gather_rows;  // gathered X: rows of b_gather_ptr's matrix
@@ -71,47 +73,49 @@ static_assert(sizeof(Params::b_index) == 8 && alignof(decltype(Params::b_index))
 static_assert(sizeof(Params::d_index) == 8 && alignof(decltype(Params::d_index)) == 8, "ABI: Params.d_index (const void*) at byte 792");
 static_assert(sizeof(Params::a_gather_ptr) == 8 && alignof(decltype(Params::a_gather_ptr)) == 8, "ABI: Params.a_gather_ptr (const void*) at byte 800");
 static_assert(sizeof(Params::b_gather_ptr) == 8 && alignof(decltype(Params::b_gather_ptr)) == 8, "ABI: Params.b_gather_ptr (const void*) at byte 808");
-static_assert(sizeof(Params::row_ends) == 8 && alignof(decltype(Params::row_ends)) == 8, "ABI: Params.row_ends (const void*) at byte 816");
-static_assert(sizeof(Params::b_ptrs) == 8 && alignof(decltype(Params::b_ptrs)) == 8, "ABI: Params.b_ptrs (const void*) at byte 824");
-static_assert(sizeof(Params::sfb_ptrs) == 8 && alignof(decltype(Params::sfb_ptrs)) == 8, "ABI: Params.sfb_ptrs (const void*) at byte 832");
-static_assert(sizeof(Params::sfb) == 8 && alignof(decltype(Params::sfb)) == 8, "ABI: Params.sfb (const void*) at byte 840");
-static_assert(sizeof(Params::alpha) == 8 && alignof(decltype(Params::alpha)) == 8, "ABI: Params.alpha (const void*) at byte 848");
-static_assert(sizeof(Params::beta) == 8 && alignof(decltype(Params::beta)) == 8, "ABI: Params.beta (const void*) at byte 856");
-static_assert(sizeof(Params::expert_in2) == 8 && alignof(decltype(Params::expert_in2)) == 8, "ABI: Params.expert_in2 (const void*) at byte 864");
-static_assert(sizeof(Params::prob) == 8 && alignof(decltype(Params::prob)) == 8, "ABI: Params.prob (const void*) at byte 872");
-static_assert(sizeof(Params::row_scale) == 8 && alignof(decltype(Params::row_scale)) == 8, "ABI: Params.row_scale (const void*) at byte 880");
-static_assert(sizeof(Params::row_in2) == 8 && alignof(decltype(Params::row_in2)) == 8, "ABI: Params.row_in2 (const void*) at byte 888");
-static_assert(sizeof(Params::row_in3) == 8 && alignof(decltype(Params::row_in3)) == 8, "ABI: Params.row_in3 (const void*) at byte 896");
-static_assert(sizeof(Params::bias) == 8 && alignof(decltype(Params::bias)) == 8, "ABI: Params.bias (const void*) at byte 904");
-static_assert(sizeof(Params::col_in1) == 8 && alignof(decltype(Params::col_in1)) == 8, "ABI: Params.col_in1 (const void*) at byte 912");
-static_assert(sizeof(Params::c_in) == 8 && alignof(decltype(Params::c_in)) == 8, "ABI: Params.c_in (const void*) at byte 920");
-static_assert(sizeof(Params::norm_const) == 8 && alignof(decltype(Params::norm_const)) == 8, "ABI: Params.norm_const (const void*) at byte 928");
-static_assert(sizeof(Params::scalar_in1) == 8 && alignof(decltype(Params::scalar_in1)) == 8, "ABI: Params.scalar_in1 (const void*) at byte 936");
-static_assert(sizeof(Params::c_out) == 8 && alignof(decltype(Params::c_out)) == 8, "ABI: Params.c_out (void*) at byte 944");
-static_assert(sizeof(Params::d_out) == 8 && alignof(decltype(Params::d_out)) == 8, "ABI: Params.d_out (void*) at byte 952");
-static_assert(sizeof(Params::d_col_out) == 8 && alignof(decltype(Params::d_col_out)) == 8, "ABI: Params.d_col_out (void*) at byte 960");
-static_assert(sizeof(Params::sfd_row) == 8 && alignof(decltype(Params::sfd_row)) == 8, "ABI: Params.sfd_row (void*) at byte 968");
-static_assert(sizeof(Params::sfd_col) == 8 && alignof(decltype(Params::sfd_col)) == 8, "ABI: Params.sfd_col (void*) at byte 976");
-static_assert(sizeof(Params::amax) == 8 && alignof(decltype(Params::amax)) == 8, "ABI: Params.amax (void*) at byte 984");
-static_assert(sizeof(Params::dprob) == 8 && alignof(decltype(Params::dprob)) == 8, "ABI: Params.dprob (void*) at byte 992");
-static_assert(sizeof(Params::dbias) == 8 && alignof(decltype(Params::dbias)) == 8, "ABI: Params.dbias (void*) at byte 1000");
-static_assert(sizeof(Params::sched_counter) == 8 && alignof(decltype(Params::sched_counter)) == 8, "ABI: Params.sched_counter (void*) at byte 1008");
-static_assert(sizeof(Params::tmap_workspace) == 8 && alignof(decltype(Params::tmap_workspace)) == 8, "ABI: Params.tmap_workspace (void*) at byte 1016");
-static_assert(sizeof(Params::m_rows) == 4 && alignof(decltype(Params::m_rows)) == 4, "ABI: Params.m_rows (int32_t) at byte 1024");
-static_assert(sizeof(Params::n) == 4 && alignof(decltype(Params::n)) == 4, "ABI: Params.n (int32_t) at byte 1028");
-static_assert(sizeof(Params::k) == 4 && alignof(decltype(Params::k)) == 4, "ABI: Params.k (int32_t) at byte 1032");
-static_assert(sizeof(Params::num_experts) == 4 && alignof(decltype(Params::num_experts)) == 4, "ABI: Params.num_experts (int32_t) at byte 1036");
-static_assert(sizeof(Params::ldc) == 8 && alignof(decltype(Params::ldc)) == 8, "ABI: Params.ldc (int64_t) at byte 1040");
-static_assert(sizeof(Params::ldd) == 8 && alignof(decltype(Params::ldd)) == 8, "ABI: Params.ldd (int64_t) at byte 1048");
-static_assert(sizeof(Params::ld_c_in) == 8 && alignof(decltype(Params::ld_c_in)) == 8, "ABI: Params.ld_c_in (int64_t) at byte 1056");
-static_assert(sizeof(Params::a_gather_ld) == 8 && alignof(decltype(Params::a_gather_ld)) == 8, "ABI: Params.a_gather_ld (int64_t) at byte 1064");
-static_assert(sizeof(Params::b_gather_ld) == 8 && alignof(decltype(Params::b_gather_ld)) == 8, "ABI: Params.b_gather_ld (int64_t) at byte 1072");
-static_assert(sizeof(Params::a_gather_rows) == 4 && alignof(decltype(Params::a_gather_rows)) == 4, "ABI: Params.a_gather_rows (int32_t) at byte 1080");
-static_assert(sizeof(Params::b_gather_rows) == 4 && alignof(decltype(Params::b_gather_rows)) == 4, "ABI: Params.b_gather_rows (int32_t) at byte 1084");
-static_assert(sizeof(Params::d_rows) == 4 && alignof(decltype(Params::d_rows)) == 4, "ABI: Params.d_rows (int32_t) at byte 1088");
-static_assert(sizeof(Params::rcp_max) == 4 && alignof(decltype(Params::rcp_max)) == 4, "ABI: Params.rcp_max (float) at byte 1092");
-static_assert(sizeof(Params::cluster_m) == 4 && alignof(decltype(Params::cluster_m)) == 4, "ABI: Params.cluster_m (int32_t) at byte 1096");
-static_assert(sizeof(Params::cluster_n) == 4 && alignof(decltype(Params::cluster_n)) == 4, "ABI: Params.cluster_n (int32_t) at byte 1100");
+static_assert(sizeof(Params::sfa_gather_ptr) == 8 && alignof(decltype(Params::sfa_gather_ptr)) == 8, "ABI: Params.sfa_gather_ptr (const void*) at byte 816");
+static_assert(sizeof(Params::row_ends) == 8 && alignof(decltype(Params::row_ends)) == 8, "ABI: Params.row_ends (const void*) at byte 824");
+static_assert(sizeof(Params::b_ptrs) == 8 && alignof(decltype(Params::b_ptrs)) == 8, "ABI: Params.b_ptrs (const void*) at byte 832");
+static_assert(sizeof(Params::sfb_ptrs) == 8 && alignof(decltype(Params::sfb_ptrs)) == 8, "ABI: Params.sfb_ptrs (const void*) at byte 840");
+static_assert(sizeof(Params::sfb) == 8 && alignof(decltype(Params::sfb)) == 8, "ABI: Params.sfb (const void*) at byte 848");
+static_assert(sizeof(Params::alpha) == 8 && alignof(decltype(Params::alpha)) == 8, "ABI: Params.alpha (const void*) at byte 856");
+static_assert(sizeof(Params::beta) == 8 && alignof(decltype(Params::beta)) == 8, "ABI: Params.beta (const void*) at byte 864");
+static_assert(sizeof(Params::expert_in2) == 8 && alignof(decltype(Params::expert_in2)) == 8, "ABI: Params.expert_in2 (const void*) at byte 872");
+static_assert(sizeof(Params::prob) == 8 && alignof(decltype(Params::prob)) == 8, "ABI: Params.prob (const void*) at byte 880");
+static_assert(sizeof(Params::row_scale) == 8 && alignof(decltype(Params::row_scale)) == 8, "ABI: Params.row_scale (const void*) at byte 888");
+static_assert(sizeof(Params::row_in2) == 8 && alignof(decltype(Params::row_in2)) == 8, "ABI: Params.row_in2 (const void*) at byte 896");
+static_assert(sizeof(Params::row_in3) == 8 && alignof(decltype(Params::row_in3)) == 8, "ABI: Params.row_in3 (const void*) at byte 904");
+static_assert(sizeof(Params::bias) == 8 && alignof(decltype(Params::bias)) == 8, "ABI: Params.bias (const void*) at byte 912");
+static_assert(sizeof(Params::col_in1) == 8 && alignof(decltype(Params::col_in1)) == 8, "ABI: Params.col_in1 (const void*) at byte 920");
+static_assert(sizeof(Params::c_in) == 8 && alignof(decltype(Params::c_in)) == 8, "ABI: Params.c_in (const void*) at byte 928");
+static_assert(sizeof(Params::norm_const) == 8 && alignof(decltype(Params::norm_const)) == 8, "ABI: Params.norm_const (const void*) at byte 936");
+static_assert(sizeof(Params::scalar_in1) == 8 && alignof(decltype(Params::scalar_in1)) == 8, "ABI: Params.scalar_in1 (const void*) at byte 944");
+static_assert(sizeof(Params::c_out) == 8 && alignof(decltype(Params::c_out)) == 8, "ABI: Params.c_out (void*) at byte 952");
+static_assert(sizeof(Params::d_out) == 8 && alignof(decltype(Params::d_out)) == 8, "ABI: Params.d_out (void*) at byte 960");
+static_assert(sizeof(Params::d_col_out) == 8 && alignof(decltype(Params::d_col_out)) == 8, "ABI: Params.d_col_out (void*) at byte 968");
+static_assert(sizeof(Params::sfd_row) == 8 && alignof(decltype(Params::sfd_row)) == 8, "ABI: Params.sfd_row (void*) at byte 976");
+static_assert(sizeof(Params::sfd_col) == 8 && alignof(decltype(Params::sfd_col)) == 8, "ABI: Params.sfd_col (void*) at byte 984");
+static_assert(sizeof(Params::amax) == 8 && alignof(decltype(Params::amax)) == 8, "ABI: Params.amax (void*) at byte 992");
+static_assert(sizeof(Params::dprob) == 8 && alignof(decltype(Params::dprob)) == 8, "ABI: Params.dprob (void*) at byte 1000");
+static_assert(sizeof(Params::dbias) == 8 && alignof(decltype(Params::dbias)) == 8, "ABI: Params.dbias (void*) at byte 1008");
+static_assert(sizeof(Params::sched_counter) == 8 && alignof(decltype(Params::sched_counter)) == 8, "ABI: Params.sched_counter (void*) at byte 1016");
+static_assert(sizeof(Params::tmap_workspace) == 8 && alignof(decltype(Params::tmap_workspace)) == 8, "ABI: Params.tmap_workspace (void*) at byte 1024");
+static_assert(sizeof(Params::m_rows) == 4 && alignof(decltype(Params::m_rows)) == 4, "ABI: Params.m_rows (int32_t) at byte 1032");
+static_assert(sizeof(Params::n) == 4 && alignof(decltype(Params::n)) == 4, "ABI: Params.n (int32_t) at byte 1036");
+static_assert(sizeof(Params::k) == 4 && alignof(decltype(Params::k)) == 4, "ABI: Params.k (int32_t) at byte 1040");
+static_assert(sizeof(Params::num_experts) == 4 && alignof(decltype(Params::num_experts)) == 4, "ABI: Params.num_experts (int32_t) at byte 1044");
+static_assert(sizeof(Params::ldc) == 8 && alignof(decltype(Params::ldc)) == 8, "ABI: Params.ldc (int64_t) at byte 1048");
+static_assert(sizeof(Params::ldd) == 8 && alignof(decltype(Params::ldd)) == 8, "ABI: Params.ldd (int64_t) at byte 1056");
+static_assert(sizeof(Params::ld_c_in) == 8 && alignof(decltype(Params::ld_c_in)) == 8, "ABI: Params.ld_c_in (int64_t) at byte 1064");
+static_assert(sizeof(Params::a_gather_ld) == 8 && alignof(decltype(Params::a_gather_ld)) == 8, "ABI: Params.a_gather_ld (int64_t) at byte 1072");
+static_assert(sizeof(Params::sfa_gather_ld) == 8 && alignof(decltype(Params::sfa_gather_ld)) == 8, "ABI: Params.sfa_gather_ld (int64_t) at byte 1080");
+static_assert(sizeof(Params::b_gather_ld) == 8 && alignof(decltype(Params::b_gather_ld)) == 8, "ABI: Params.b_gather_ld (int64_t) at byte 1088");
+static_assert(sizeof(Params::a_gather_rows) == 4 && alignof(decltype(Params::a_gather_rows)) == 4, "ABI: Params.a_gather_rows (int32_t) at byte 1096");
+static_assert(sizeof(Params::b_gather_rows) == 4 && alignof(decltype(Params::b_gather_rows)) == 4, "ABI: Params.b_gather_rows (int32_t) at byte 1100");
+static_assert(sizeof(Params::d_rows) == 4 && alignof(decltype(Params::d_rows)) == 4, "ABI: Params.d_rows (int32_t) at byte 1104");
+static_assert(sizeof(Params::rcp_max) == 4 && alignof(decltype(Params::rcp_max)) == 4, "ABI: Params.rcp_max (float) at byte 1108");
+static_assert(sizeof(Params::cluster_m) == 4 && alignof(decltype(Params::cluster_m)) == 4, "ABI: Params.cluster_m (int32_t) at byte 1112");
+static_assert(sizeof(Params::cluster_n) == 4 && alignof(decltype(Params::cluster_n)) == 4, "ABI: Params.cluster_n (int32_t) at byte 1116");
 static_assert(sizeof(Params) == 1152 && alignof(Params) == 128, "ABI: sizeof(Params) must be 1152");
 
 // The epilogue rule generated from the epilogue of specs/grouped_gemm_dswiglu.yaml (generator/emit.py).
@@ -272,6 +276,7 @@ struct Config {
   static constexpr bool kDiscreteColSfd = true;
   static constexpr bool kDynamicSched = false;
   static constexpr bool kDiscreteB = false;
+  static constexpr bool kGatherA = false;
   static constexpr int kTileM = 256;
   static constexpr int kTileN = 256;
   using Rule = fusegemm_gen::Rule;  // generated from the spec's epilogue (above)
@@ -283,7 +288,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_abb129d73e47_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_4d5f513de890_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -309,6 +314,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_dswiglu_sm100a_abb129d73e47(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_dswiglu_sm100a_4d5f513de890(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -69,6 +69,7 @@ struct BlockScaledGemmKernel {
   using ElementSF = typename Config::ElementSF;
   using ElementC = typename Config::ElementC;
   static_assert(fusegemm::is_same_v<ElementAB, typename Config::ElementB>, "A and B share one format");
+  static_assert(!Config::kGatherA, "gathered A: the sm_90a blockwise kernel's (the registry's limits)");
   static constexpr bool kFp4 = fusegemm::is_same_v<ElementAB, fusegemm::float_e2m1_t>;
   static constexpr bool kFp8 = fusegemm::is_same_v<ElementAB, fusegemm::float_e4m3_t> ||
                                fusegemm::is_same_v<ElementAB, fusegemm::float_e5m2_t>;

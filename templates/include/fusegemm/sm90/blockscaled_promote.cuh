@@ -55,6 +55,7 @@ struct BlockScaledPromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   using Checks = ScaledConfigChecks<Config>;
   // Naming the struct does not instantiate it: sizeof does, so its static_asserts hold here too.
   static_assert(sizeof(Checks) > 0, "sm_90a block-scaled configuration checks");
+  static_assert(!Config::kGatherA, "gathered A: the blockwise kernel's (the registry's limits)");
   using ElementAB = typename Config::ElementA;
   using ElementC = typename Config::ElementC;
   using ElementD = typename Config::ElementD;

@@ -16,6 +16,12 @@
 //   warpgroups 0-1 : consumers, 64 rows each of the 128-row tile: WGMMA, promotion, epilogue
 //   warpgroup 2    : warp 0, one elected thread: tile schedule and TMA loads (A, B, SFA);
 //                    warps 1-3 exit (the scales need no conversion: they are FP32 already)
+//                    Gathered A (Config::kGatherA, M-grouped): all four warps copy A's rows
+//                    a_index[r] of a token-major (T, K) FP8 matrix and their 1x128 scales (T-
+//                    contiguous, (T, ceil(K/128))) with cp.async, 32 rows each, as the BF16
+//                    kernel's copying warps do (fusegemm/gather.cuh); lane 0 of warp 0 also
+//                    loads B and walks the tile ring. Each lane publishes a stage one stage late
+//                    (GatherPublisher), so the consumers' k-loop is the ungathered one.
 // Pipeline: kStages stages of A (128 x 128 B), B (kHalves x 128 rows x 128 B) and SFA (128 rows' FP32 scales of
 // the stage's 128-K block). full[s]: TMA bytes; empty[s]: one arrival per consumer thread once
 // the stage's WGMMAs have completed and its scales are read. The B scale, one float per pass and
@@ -56,6 +62,7 @@
 
 #include "fusegemm/common.cuh"
 #include "fusegemm/epilogue_block.cuh"
+#include "fusegemm/gather.cuh"
 #include "fusegemm/scheduler.cuh"
 #include "fusegemm/tma.cuh"
 #include "fusegemm/sm90/blockscaled_common.cuh"
@@ -93,6 +100,8 @@ struct BlockwiseConfigChecks {
   static_assert(!Config::kAMajorMN && !Config::kBMajorMN, "K-major A and B (the registry's sm_90a limits)");
   static_assert(!Config::kCMajorM || !Config::Rule::kHasD, "M-major output: C only (seed 004)");
   static_assert(Config::kTileM == 128, "sm_90a blockwise kernel: TILE_M 128 (two consumer warpgroups)");
+  static_assert(!Config::kGatherA || (!Config::kBatched && !Config::kKGrouped && !Config::kDynamicSched),
+                "gathered A: M-grouped problems, static scheduling (the registry's limits)");
   static_assert(Config::kTileN == 128 || Config::kTileN == 256, "sm_90a blockwise kernel: TILE_N 128 or 256");
   static_assert(!Config::kKGrouped || (!Config::kBatched && !Config::kDiscreteB && !Config::kDynamicSched &&
                                        !Config::kCMajorM),
@@ -110,6 +119,8 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
 
   static constexpr bool kBatched = Config::kBatched, kDiscreteB = Config::kDiscreteB;
   static constexpr bool kKGrouped = Config::kKGrouped;
+  static constexpr bool kGatherA = Config::kGatherA;
+  static constexpr int kGatherWarps = 4;   // gathered A: every producer warp copies 32 of the 128 rows
   static constexpr int kTileM = Config::kTileM;
   static constexpr int kTileN = Config::kTileN;
   static constexpr int kMmaN = 128;                 // columns per WGMMA: one B scale per half and stage
@@ -173,8 +184,8 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
 
   // Consumers hold two accumulator halves and one temporary set (192 floats) while the first
   // half's epilogue runs; the producer (tile walk, per-expert B maps) fits in 40.
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  static constexpr int kProducerRegs = kGatherA ? 56 : 40;   // (a copying lane holds its rows' offsets)
+  static constexpr int kConsumerRegs = kGatherA ? 224 : 232;   // (gathered A: the producer's 56 come from here)
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= 65536,
                 "register split exceeds the register file");
 
@@ -188,7 +199,11 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kSwizzleA = 128, kSwizzleB = 128;
   // Scale maps: one 128-K block per SFA box (kBoxAOuter rows); no SFB map (sf_box_nb 0).
   static constexpr int kSfBoxK = 1, kSfBoxNB = 0;
-  static constexpr uint32_t kTxBytes = kABytes + kBBytes + kSfStageBytes;
+  // What a stage's TMA loads bring (gathered A and its scales arrive through cp.async), and the
+  // full barrier's arrivals: the loading lane, plus every copying lane's publication.
+  static constexpr uint32_t kTxBytes = kGatherA ? kBBytes : kABytes + kBBytes + kSfStageBytes;
+  static constexpr int kFullArrivals = kGatherA ? 1 + 32 * kGatherWarps : 1;
+  using Publisher = GatherPublisher<kStages, 1>;
 
   // K-grouped tiles walk the (L, M, N) output as batches of M rows (the batched tile order).
   using Schedule = ScaledSchedule<kTileM, kTileN, kBatched || kKGrouped>;
@@ -211,7 +226,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
     if (tid == 0) {
       if (smem_u32(smem) % 1024 != 0) __trap();  // SW128 descriptors assume a 1 KB aligned base
       for (int s = 0; s < kStages; ++s) {
-        mbar_init(&b.full[s], 1);
+        mbar_init(&b.full[s], kFullArrivals);
         // Every consumer lane arrives: each lane's release covers its own scale loads.
         mbar_init(&b.empty[s], 32 * kConsumerWarps);
       }
@@ -225,7 +240,11 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
 
     if (wg == kConsumerWGs) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-      if ((tid % 128) / 32 == 0 && elect_one()) produce(p, smem, b);
+      if constexpr (kGatherA) {
+        produce_gathered(p, smem, b, (tid % 128) / 32, tid % 32);
+      } else if ((tid % 128) / 32 == 0 && elect_one()) {
+        produce(p, smem, b);
+      }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
       consume(p, smem, b, wg);
@@ -319,6 +338,84 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
         }
       }
     }
+  }
+
+  // Gathered A (kGatherA): every producer lane. Warp w copies rows 32 w .. 32 w + 31 of each
+  // stage's A (their source offsets held for the tile, fusegemm/gather.cuh GatherRows) and lane l
+  // the 1x128 scale of row 32 w + l; lane 0 of warp 0 (the lead) walks the tile ring and loads
+  // B. Every lane walks the same static tile order.
+  template <class Params>
+  static __device__ void produce_gathered(const Params& p, uint8_t* smem, const Bars& b, int gwarp, int lane) {
+    const bool lead = gwarp == 0 && lane == 0;
+    const auto sched = Schedule::make(p);
+    const int num_k_blocks = k_blocks(p.k);
+    if (lead) prefetch_tmap(&p.tma_b);
+    const CUtensorMap* map_b = &p.tma_b;
+    DeviceTmap<kTmapSlots> b_maps;
+    if constexpr (kDiscreteB) {
+      if (lead) {
+        CUtensorMap* ws = reinterpret_cast<CUtensorMap*>(p.tmap_workspace) + blockIdx.x * kTmapSlotStride;
+        b_maps.init(&p.tma_b, ws, reinterpret_cast<CUtensorMap*>(smem + kOffTmap));
+      }
+    }
+    int expert = -1;
+    // FP8 rows as 2-byte units (gather_copy_sw128 copies 16-byte pieces of 2-byte elements): a
+    // 128-byte K block is 64 units.
+    const GatherSource src{static_cast<const unsigned char*>(p.a_gather_ptr), p.a_gather_ld, p.a_gather_rows,
+                           p.k / 2};
+    const int* index = reinterpret_cast<const int*>(p.a_index);
+    const float* sfa_src = reinterpret_cast<const float*>(p.sfa_gather_ptr);
+
+    StaticWalk walk(blockIdx.x, gridDim.x);
+    typename Ring::Writer ring;
+    Publisher pub;
+    int stage = 0;
+    uint32_t phase = 0;
+    while (true) {
+      const GroupedTile t = claim_tile<false>(p, walk, sched);
+      if (lead) ring.publish(b.ring, t);
+      if (!t.valid()) break;
+
+      const int row0 = t.m_block * kTileM + gwarp * 32;
+      GatherRows<8> rows;
+      rows.load(src, index, row0, p.m_rows - row0, lane);
+      // This lane's scale row: the token of problem row row0 + lane (outside the source: zeros).
+      const int token = row0 + lane < p.m_rows ? __ldg(index + row0 + lane) : -1;
+      const bool token_ok = static_cast<unsigned>(token) < static_cast<unsigned>(p.a_gather_rows);
+      const int lb = kDiscreteB ? 0 : t.expert;
+      // The consumers' passes (kPasses: a tile's column halves over K in turn), stage for stage.
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int n0 = t.n_block * kTileN + pass * kHalves * kMmaN;
+        if (n0 >= p.n) break;
+        for (int kb = 0; kb < num_k_blocks; ++kb) {
+          mbar_wait(&b.empty[stage], phase ^ 1);
+          uint64_t* bar = &b.full[stage];
+          if (lead) {
+            if constexpr (kDiscreteB) {
+              // After the empty wait: a DeviceTmap slot is rewritten kTmapSlots (= kStages) loads later.
+              if (t.expert != expert) {
+                expert = t.expert;
+                const uint64_t* ptrs = reinterpret_cast<const uint64_t*>(p.b_ptrs);
+                map_b = b_maps.update(reinterpret_cast<const void*>(ptrs[expert]));
+              }
+            }
+            mbar_arrive_expect_tx(bar, kTxBytes);
+            if constexpr (kDiscreteB) {
+              tma_load_2d(map_b, bar, smem + kOffB + stage * kBBytes, kb * kTileK, n0);
+            } else {
+              tma_load_3d(map_b, bar, smem + kOffB + stage * kBBytes, kb * kTileK, n0, lb);
+            }
+          }
+          uint8_t* sa = smem + kOffA + stage * kABytes + gwarp * 32 * 128;
+          gather_copy_sw128<1, 0>(sa, src, rows, kb * (kTileK / 2), lane);
+          cp_async_4_zfill(smem_u32(smem + kOffSf + stage * kSfStageBytes) + 4 * (gwarp * 32 + lane),
+                           sfa_src + static_cast<int64_t>(kb) * p.sfa_gather_ld + (token_ok ? token : 0), token_ok);
+          pub.issued(stage, b.full);
+          if (++stage == kStages) { stage = 0; phase ^= 1; }
+        }
+      }
+    }
+    pub.flush(b.full);
   }
 
   // ------------------------------------------------------------------------------------

@@ -526,7 +526,9 @@ struct GroupedGemmKernel {
     int pending = 0, oldest = 0;
     // Publish the oldest pending stages (their copies landed, fenced for WGMMA's async proxy,
     // then this lane's arrival on each): all of them, or in the k-loop the one past the kLag
-    // newest.
+    // newest. (fusegemm/gather.cuh GatherPublisher, which the blockwise kernel uses, is this
+    // protocol; built on it, this kernel's SASS changed, so the move waits for an H200 run of
+    // tests/gpu/test_gather_gpu.py and bench/gathered.py.)
     auto publish = [&](bool all) {
       if constexpr (kGatherLag) {
         if (all) {
