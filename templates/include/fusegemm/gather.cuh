@@ -89,8 +89,8 @@ struct GatherRows {
   }
 };
 
-// A copying lane's stages not yet published, the oldest first (fusegemm/sm90/blockwise_promote.cuh;
-// the BF16 kernel's publish() is the same protocol): issued() commits a stage's cp.async copies as
+// A copying lane's stages not yet published, the oldest first (the sm_90a BF16 and blockwise
+// kernels' gathered producers): issued() commits a stage's cp.async copies as
 // one group and publishes the stage kLag stages later (its copies landed, fence.proxy.async so
 // that WGMMA's async proxy sees them, this lane's arrival on its full barrier); flush() publishes
 // the rest at the end.

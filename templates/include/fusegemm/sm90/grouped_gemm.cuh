@@ -522,30 +522,13 @@ struct GroupedGemmKernel {
     StaticWalk walk = make_walk(geom);
     int stage = 0, slot = 0;
     uint32_t phase = 0, ring_phase = 0;
-    // kGatherLag: this lane's committed stages not yet published, the oldest first.
-    int pending = 0, oldest = 0;
-    // Publish the oldest pending stages (their copies landed, fenced for WGMMA's async proxy,
-    // then this lane's arrival on each): all of them, or in the k-loop the one past the kLag
-    // newest. (fusegemm/gather.cuh GatherPublisher, which the blockwise kernel uses, is this
-    // protocol; built on it, this kernel's SASS changed, so the move waits for an H200 run of
-    // tests/gpu/test_gather_gpu.py and bench/gathered.py.)
+    // kGatherLag: this lane's committed stages not yet published, the oldest first, each published
+    // kLag stages after it is issued (fusegemm/gather.cuh GatherPublisher, the blockwise kernel's
+    // too); publish() publishes them all now.
+    GatherPublisher<kStages, (kLag > 0 ? kLag : 1)> pub;
     auto publish = [&](bool all) {
       if constexpr (kGatherLag) {
-        if (all) {
-          if (pending == 0) return;
-          cp_async_wait_all();
-          fence_async_shared();
-          for (; pending > 0; --pending) {
-            mbar_arrive(&full[oldest]);
-            if (++oldest == kStages) oldest = 0;
-          }
-        } else if (pending > kLag) {
-          cp_async_wait_all_but<kLag>();
-          fence_async_shared();
-          mbar_arrive(&full[oldest]);
-          if (++oldest == kStages) oldest = 0;
-          --pending;
-        }
+        if (all) pub.flush(full);
       }
     };
     while (true) {
@@ -609,7 +592,7 @@ struct GroupedGemmKernel {
         // A full pipeline (the stage not yet free): publish the lagging stages now rather than
         // after the wait, so that the consumers do not wait for copies that have landed (kEarly).
         if constexpr (kEarly) {
-          if (pending > 0 && !mbar_test_wait(&empty[stage], phase ^ 1)) publish(true);
+          if (pub.pending > 0 && !mbar_test_wait(&empty[stage], phase ^ 1)) publish(true);
         }
         mbar_wait(&empty[stage], phase ^ 1);
         if constexpr (Config::kDiscreteB) {
@@ -654,9 +637,7 @@ struct GroupedGemmKernel {
           if (lead) load_b(&full[stage], smem + kOffB + stage * kBBytes, tmap_b, n0, kb, t.expert);
         }
         if constexpr (kGatherLag) {
-          cp_async_commit();
-          if (pending++ == 0) oldest = stage;
-          publish(false);
+          pub.issued(stage, full);
         } else if constexpr (kGathers) {
           cp_async_arrive_noinc(&full[stage]);   // every lane: its copies landed
         }
