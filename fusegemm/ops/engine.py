@@ -538,7 +538,9 @@ class Op(PreparedLaunch):
         ----------
         *operands
             As :meth:`__call__` (numpy or torch, on any device; dense weights), by position or
-            keyword.
+            keyword; ``a_index`` for an op built with ``a_gather=True`` (A's rows, and the
+            blockwise recipe's scales, read through it as the kernel reads them; without it,
+            ``a_tensor`` holds the problem's rows already gathered).
         inputs : dict, optional
             The epilogue's inputs by spec name (arrays, tensors or Python numbers).
         """
@@ -547,9 +549,38 @@ class Op(PreparedLaunch):
         self._known_inputs(inputs or {}, {})
         host = {k: (v if isinstance(v, (int, float)) else to_numpy(v)) for k, v in (inputs or {}).items()}
         names = positional_operands(self.kind)
-        acc, offsets, m_rows = _ACCUMULATE[self.kind](self, dict(zip(names, _bind(names, operands, operand_kw))))
+        kw = dict(operand_kw)
+        index = kw.pop("a_index", None) if self.kind in ("grouped", "scaled") else None
+        if index is not None and not self.variant.a_gather:
+            _index_matches(self, "a_index", index, "a_gather", "an int32 (M,) row index")
+        bound = dict(zip(names, _bind(names, operands, kw)))
+        if index is not None:
+            bound = _gathered_rows(bound, index)
+        acc, offsets, m_rows = _ACCUMULATE[self.kind](self, bound)
         return interpret(self.epilogue, acc, offsets=offsets, m_rows=m_rows, inputs=host,
                          rcp_max=self.rcp_max or None, discrete_col_sfd=self.variant.discrete_col_sfd)
+
+
+def _gathered_rows(o: dict[str, Any], index: Any) -> dict[str, Any]:
+    """``o`` with A (and a block-scaled op's SFA) replaced by the rows ``index`` reads: row r is row
+    ``index[r]`` of the token-major operand, zeros (a zero scale) where the index is outside it."""
+    import numpy as np
+
+    from ..formats.blockwise import e8m0_to_float32
+    from ..formats.numpy_dtypes import array_dtype_name, to_numpy
+    idx = to_numpy(index).astype(np.int64)
+    out = dict(o)
+    for name in ("a_tensor", "sfa_tensor"):
+        if o.get(name) is None:
+            continue
+        x = to_numpy(o[name])
+        if name == "sfa_tensor" and array_dtype_name(x) in E8M0_NAMES:
+            x = e8m0_to_float32(x)
+        inside = (idx >= 0) & (idx < x.shape[0])
+        rows = np.zeros((idx.shape[0],) + x.shape[1:], dtype=x.dtype)
+        rows[inside] = x[idx[inside]]
+        out[name] = rows
+    return out
 
 
 def _acc_grouped(op: Op, o: dict[str, Any]) -> tuple[Any, Any, int]:

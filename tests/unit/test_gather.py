@@ -521,3 +521,45 @@ def test_blockwise_a_index_is_refused_where_it_does_not_belong():
         gathered._parse((a, torch.zeros((2, 512)).t(), off, b, sb), {"a_index": torch.zeros(512, dtype=torch.int32)})
     with pytest.raises(UnsupportedError, match=r"gathered A is the blockwise recipe's"):
         Op("grouped_gemm_quant", arch="sm_90a", a_gather=True).check_support()
+
+
+def test_the_reference_reads_a_through_the_index_as_the_kernels_do():
+    """Op.reference of a gathered op takes a_index and reads A's rows (and the blockwise recipe's
+    scales) through it: the same outputs as the plain op's reference on the rows gathered
+    beforehand (zeros, and zero scales, where the index is outside A)."""
+    import numpy as np
+
+    from fusegemm.formats import quantize_128x128
+    from fusegemm.formats.blockwise import quantize_1x128
+    rng = np.random.default_rng(5)
+    t, k, n, l = 40, 256, 128, 2
+    off = np.array([256, 512], dtype=np.int32)
+    idx = np.full(512, -1, dtype=np.int32)
+    idx[:200] = rng.integers(0, t, 200)
+    idx[300:350] = rng.integers(0, t, 50)
+    idx[3], idx[4] = t + 2, -5
+    inside = (idx >= 0) & (idx < t)
+    ins = {"alpha": np.ones(l, np.float32)}
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    w = rng.standard_normal((l, n, k)).astype(np.float32) * 0.1
+    import ml_dtypes
+    xb, wb = x.astype(ml_dtypes.bfloat16), w.astype(ml_dtypes.bfloat16)
+    rows = np.where(inside[:, None], xb[np.clip(idx, 0, t - 1)], ml_dtypes.bfloat16(0))
+    got = Op("grouped_gemm", arch="sm_90a", a_gather=True).reference(xb, off, wb, a_index=idx, inputs=ins)
+    want = Op("grouped_gemm", arch="sm_90a").reference(rows, off, wb, inputs=ins)
+    np.testing.assert_array_equal(np.asarray(got["d"]), np.asarray(want["d"]))
+    # Without the index, A holds the problem's rows already gathered; an index for a plain op is refused.
+    again = Op("grouped_gemm", arch="sm_90a", a_gather=True).reference(rows, off, wb, inputs=ins)
+    np.testing.assert_array_equal(np.asarray(again["d"]), np.asarray(want["d"]))
+    with pytest.raises(ArgumentError, match="^a_index: got given"):
+        Op("grouped_gemm", arch="sm_90a").reference(rows, off, wb, a_index=idx, inputs=ins)
+
+    xq, sx = quantize_1x128(x * 3, "float8_e4m3fn")
+    wq, sw = quantize_128x128(w, "float8_e4m3fn")
+    rq = np.where(inside[:, None], xq[np.clip(idx, 0, t - 1)], xq.dtype.type(0))
+    rs = np.where(inside[:, None], sx[np.clip(idx, 0, t - 1)], np.float32(0))
+    ins = {"alpha": np.ones(l, np.float32), "prob": np.ones(512, np.float32)}
+    got = Op("grouped_gemm_quant", arch="sm_90a", a_gather=True, d_dtype="bfloat16", **BW).reference(
+        xq, sx, off, wq, sw, a_index=idx, inputs=ins)
+    want = Op("grouped_gemm_quant", arch="sm_90a", d_dtype="bfloat16", **BW).reference(rq, rs, off, wq, sw, inputs=ins)
+    np.testing.assert_array_equal(np.asarray(got["d"]), np.asarray(want["d"]))
