@@ -95,13 +95,11 @@ def _gathered(rng: np.random.Generator, source: np.ndarray, valid: np.ndarray) -
     """A gathered operand's index and the rows it reads: each valid row reads a random row of the
     token-major ``source`` (rows read twice, as top-k routing does), the first valid row an index
     past the source and the padding rows -1 (both read zeros). Returns (int32 index, gathered rows)."""
+    from .reference._operands import rows_through
     index = np.where(valid, rng.integers(0, source.shape[0], valid.shape[0]), -1).astype(np.int32)
     if valid.any():
         index[np.argmax(valid)] = source.shape[0] + 3
-    rows = np.zeros((valid.shape[0],) + source.shape[1:], source.dtype)
-    inside = (index >= 0) & (index < source.shape[0])
-    rows[inside] = source[index[inside]]
-    return index, rows
+    return index, rows_through(source, index)
 
 
 def _scatter_index(rng: np.random.Generator, valid: np.ndarray) -> tuple[np.ndarray, int]:
@@ -216,11 +214,9 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
         kw["a_index"] = output_compare.to_device(a_index, device)
         if op.kind == "scaled":   # (the blockwise kernel) and the 1x128 scales of those rows
             from .formats import blockwise_sfa_layout
+            from .reference._operands import rows_through
             raw = np.exp2(rng.integers(-1, 2, (source.shape[0], -(-k // 128)))).astype(np.float32)
-            inside = (a_index >= 0) & (a_index < source.shape[0])
-            sfa = blockwise_sfa_layout(np.where(inside[:, None], raw[np.clip(a_index, 0, source.shape[0] - 1)],
-                                                np.float32(1)))
-            sfa_source = blockwise_sfa_layout(raw)
+            sfa, sfa_source = blockwise_sfa_layout(rows_through(raw, a_index)), blockwise_sfa_layout(raw)
     d_index = None
     if v.d_scatter:   # C and D rows stored through d_index into (d_rows, N) outputs
         d_index, d_rows = _scatter_index(rng, valid_rows)

@@ -24,7 +24,8 @@ GROUPED_PARAMS = ParamStruct("Params", (
     Field("b_index", "cptr", "K-grouped, gathered X: int32 (k,) the row of X each token row reads (outside X: zeros)"),
     Field("d_index", "cptr", "scattered outputs: int32 (m_rows,) the C/D row each problem row writes (outside "
           "[0, d_rows): none)"),
-    Field("a_gather_ptr", "cptr", "gathered A (dY): the token-major matrix a_index reads, bfloat16"),
+    Field("a_gather_ptr", "cptr", "gathered A (dY): the token-major matrix a_index reads, bfloat16 (the blockwise "
+          "kernel: FP8)"),
     Field("b_gather_ptr", "cptr", "K-grouped, gathered X: the token-major matrix b_index reads, bfloat16"),
     Field("sfa_gather_ptr", "cptr", "gathered A, blockwise recipe: float (T, ceil(K/128)) scales of a_gather_ptr's "
           "rows, T-contiguous"),

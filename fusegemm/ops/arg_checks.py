@@ -102,7 +102,6 @@ def row_index(index: Any, name: str, rows_are: str, equal: tuple[int, str] | Non
     return idx
 
 
-
 def a_operand(a_tensor: Any, a_index: Any, dtypes: tuple[str, ...]) -> tuple[Any, int, int, int, bool, Any]:
     """A of an M-grouped op: ``(M, K)`` (or ``(M, K, 1)``) rows, or (gathered A, ``a_index`` given) a
     token-major ``(T, K)`` matrix and its int32 (M,) index (:func:`row_index`); (A, M, K as stored, A's

@@ -564,11 +564,10 @@ class Op(PreparedLaunch):
 def _gathered_rows(o: dict[str, Any], index: Any) -> dict[str, Any]:
     """``o`` with A (and a block-scaled op's SFA) replaced by the rows ``index`` reads: row r is row
     ``index[r]`` of the token-major operand, zeros (a zero scale) where the index is outside it."""
-    import numpy as np
-
     from ..formats.blockwise import e8m0_to_float32
     from ..formats.numpy_dtypes import array_dtype_name, to_numpy
-    idx = to_numpy(index).astype(np.int64)
+    from ..reference._operands import rows_through
+    idx = to_numpy(index)
     out = dict(o)
     for name in ("a_tensor", "sfa_tensor"):
         if o.get(name) is None:
@@ -576,10 +575,7 @@ def _gathered_rows(o: dict[str, Any], index: Any) -> dict[str, Any]:
         x = to_numpy(o[name])
         if name == "sfa_tensor" and array_dtype_name(x) in E8M0_NAMES:
             x = e8m0_to_float32(x)
-        inside = (idx >= 0) & (idx < x.shape[0])
-        rows = np.zeros((idx.shape[0],) + x.shape[1:], dtype=x.dtype)
-        rows[inside] = x[idx[inside]]
-        out[name] = rows
+        out[name] = rows_through(x, idx)
     return out
 
 

@@ -31,6 +31,16 @@ SF_DTYPES = ("float8_e8m0fnu", "float8_e4m3fn", "uint8", "int8")
 SF_NDIMS = (1, 6)
 
 
+def rows_through(source: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Gathered rows as the kernels read them: row r is ``source[index[r]]``, zeros where the index
+    is outside the source (the routing's -1 padding included)."""
+    index = np.asarray(index).astype(np.int64)
+    inside = (index >= 0) & (index < source.shape[0])
+    rows = np.zeros((index.shape[0],) + source.shape[1:], source.dtype)
+    rows[inside] = source[index[inside]]
+    return rows
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

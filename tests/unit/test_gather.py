@@ -460,9 +460,11 @@ BW = dict(sf_vec_size=128, sf_dtype="float32")
                                        ("grouped_gemm_srelu", {"weight_mode": "discrete", "tile_n": 128})])
 def test_sm90_blockwise_gathered_a_copies_rows_and_scales(session_cache, spec, axes):
     """The blockwise kernel with gathered A (fusegemm/sm90/blockwise_promote.cuh produce_gathered):
-    no local memory; a stage's A rows as 16-byte cp.async copies (8 per lane per pass: dSwiGLU's
-    256-column tile runs two passes over K) and its 1x128 scales as one 4-byte copy per lane; B the
-    only TMA load. The plain kernel copies nothing."""
+    no local memory; at every copy site of the producer's stage loop (one, or two where NVVM
+    unrolls it, as for dSwiGLU's kernel), a lane's 8 rows of A as 16-byte cp.async copies and its
+    row's 1x128 scale as one 4-byte copy, and B as the only TMA load (A's and SFA's boxes gone).
+    The plain kernel copies nothing. (Whether the stage loop follows the consumers' passes cannot
+    be seen here: dSwiGLU's case in tests/gpu/test_gather_blockwise_gpu.py hangs when it does not.)"""
     from fusegemm.runtime import disasm
     if not disasm.available():
         pytest.fail("nvdisasm (the nvidia-cuda-nvdisasm wheel, a test dependency) is missing")
@@ -472,10 +474,10 @@ def test_sm90_blockwise_gathered_a_copies_rows_and_scales(session_cache, spec, a
         assert built.resources.local_bytes == 0, built.resources
         return disasm.sass_histogram(built.cubin)
 
-    passes = 2 if spec == "grouped_gemm_dswiglu" else 1
     h = hist(a_gather=True)
-    assert h.get("LDGSTS.E.BYPASS.128", 0) == 8 * passes and h.get("LDGSTS.E", 0) == passes, h
-    assert sum(v for op, v in h.items() if op.startswith("UTMALDG")) == passes, h
+    sites = h.get("LDGSTS.E", 0)   # the 4-byte scale copies
+    assert sites >= 1 and h.get("LDGSTS.E.BYPASS.128", 0) == 8 * sites, h
+    assert sum(v for op, v in h.items() if op.startswith("UTMALDG")) == sites, h
     plain = hist()
     assert not any(op.startswith("LDGSTS") for op in plain), plain
 

@@ -15,7 +15,7 @@ struct alignas(128) Params {
   const void* a_index;  // gathered A: int32 (m_rows,) the row of A each problem row reads (outside A: zeros)
   const void* b_index;  // K-grouped, gathered X: int32 (k,) the row of X each token row reads (outside X: zeros)
   const void* d_index;  // scattered outputs: int32 (m_rows,) the C/D row each problem row writes (outside [0, d_rows): none)
-  const void* a_gather_ptr;  // gathered A (dY): the token-major matrix a_index reads, bfloat16
+  const void* a_gather_ptr;  // gathered A (dY): the token-major matrix a_index reads, bfloat16 (the blockwise kernel: FP8)
   const void* b_gather_ptr;  // K-grouped, gathered X: the token-major matrix b_index reads, bfloat16
   const void* sfa_gather_ptr;  // gathered A, blockwise recipe: float (T, ceil(K/128)) scales of a_gather_ptr's rows, T-contiguous
   const void* row_ends;  // optional int32 (L,): where each expert's tokens end in its padded range (tiles past it skipped)
@@ -253,7 +253,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_6040efe77644_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_fb052499bbd4_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -279,6 +279,6 @@ extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_6040ef
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_gemm_amax_sm100a_6040efe77644(const __grid_constant__ fusegemm_gen::Params params) {
+fg_gemm_amax_sm100a_fb052499bbd4(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }
