@@ -212,11 +212,18 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
         source = rng.integers(-2, 3, (m // 2 + 5, k)).astype(ab)
         a_index, a = _gathered(rng, source, valid_rows)
         kw["a_index"] = output_compare.to_device(a_index, device)
-        if op.kind == "scaled":   # (the blockwise kernel) and the 1x128 scales of those rows
-            from .formats import blockwise_sfa_layout
+        if op.kind == "scaled":   # and the scales of those rows: 1x128 (blockwise), or MX atoms of the source's
             from .reference._operands import rows_through
-            raw = np.exp2(rng.integers(-1, 2, (source.shape[0], -(-k // 128)))).astype(np.float32)
-            sfa, sfa_source = blockwise_sfa_layout(rows_through(raw, a_index)), blockwise_sfa_layout(raw)
+            if v.sf_vec_size == 128:
+                from .formats import blockwise_sfa_layout
+                raw = np.exp2(rng.integers(-1, 2, (source.shape[0], -(-k // 128)))).astype(np.float32)
+                sfa, sfa_source = blockwise_sfa_layout(rows_through(raw, a_index)), blockwise_sfa_layout(raw)
+            else:   # (rows outside the source: zero bytes, as the kernel's zero-filled copies)
+                from .formats import pack_sf
+                raw = np.exp2(rng.integers(-1, 2, (source.shape[0], k // 32))).astype(np.float32).astype(
+                    ml_dtypes.float8_e8m0fnu)
+                sfa = pack_sf(rows_through(raw.view(np.uint8), a_index).view(ml_dtypes.float8_e8m0fnu))
+                sfa_source = pack_sf(raw)
     d_index = None
     if v.d_scatter:   # C and D rows stored through d_index into (d_rows, N) outputs
         d_index, d_rows = _scatter_index(rng, valid_rows)

@@ -27,8 +27,8 @@ GROUPED_PARAMS = ParamStruct("Params", (
     Field("a_gather_ptr", "cptr", "gathered A (dY): the token-major matrix a_index reads, bfloat16 (the blockwise "
           "kernel: FP8)"),
     Field("b_gather_ptr", "cptr", "K-grouped, gathered X: the token-major matrix b_index reads, bfloat16"),
-    Field("sfa_gather_ptr", "cptr", "gathered A, blockwise recipe: float (T, ceil(K/128)) scales of a_gather_ptr's "
-          "rows, T-contiguous"),
+    Field("sfa_gather_ptr", "cptr", "gathered A's scales: blockwise recipe float (T, ceil(K/128)) of a_gather_ptr's "
+          "rows, T-contiguous; MX: the scale atoms of its T rows"),
     Field("row_ends", "cptr", "optional int32 (L,): where each expert's tokens end in its padded range (tiles past it skipped)"),
     Field("b_ptrs", "cptr", "discrete weights: uint64 (L,) per-expert (N, K) pointers"),
     Field("sfb_ptrs", "cptr", "discrete weights: uint64 (L,) per-expert SFB pointers"),
@@ -66,8 +66,8 @@ GROUPED_PARAMS = ParamStruct("Params", (
     Field("ldd", "i64", "D row stride in elements (D_col: the same)"),
     Field("ld_c_in", "i64", "element input row stride in elements"),
     Field("a_gather_ld", "i64", "gathered A: row stride of a_gather_ptr's matrix in elements"),
-    Field("sfa_gather_ld", "i64", "gathered A, blockwise recipe: sfa_gather_ptr's pitch between 128-K blocks, "
-          "in floats"),
+    Field("sfa_gather_ld", "i64", "gathered A: sfa_gather_ptr's pitch between 128-K blocks in floats (blockwise), "
+          "between 128-row atom groups in 4-byte words (MX)"),
     Field("b_gather_ld", "i64", "gathered X: row stride of b_gather_ptr's matrix in elements"),
     Field("a_gather_rows", "i32", "gathered A: rows of a_gather_ptr's matrix (an index outside them reads zeros)"),
     Field("b_gather_rows", "i32", "gathered X: rows of b_gather_ptr's matrix"),

@@ -113,7 +113,7 @@ _BF16_DEFAULTS = {"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}
 # classes, gathered X (b_gather) of the K-grouped class (sm_100a: through TMA gather4, not yet run);
 # the others read whole rows.
 _NO_GATHER = Limit("a_gather", (False,), "gathered A (a_index) is the BF16 grouped and K-grouped families' "
-                                         "operand mode, and the sm_90a blockwise recipe's")
+                                         "operand mode, and the block-scaled grouped family's (FP8)")
 _NO_GATHER_B = Limit("b_gather", (False,), "gathered B (b_index) is the BF16 K-grouped family's operand mode "
                                            "(token rows of X)")
 # Scattered outputs (d_scatter: problem row r's C and D rows stored at row d_index[r]) are the
@@ -186,6 +186,20 @@ _SM100_GATHER = (
     Limit("cluster_n", (1,), "gathered A loads rows per CTA, not multicast: no clusters", when=(("a_gather", True),)),
 )
 
+# Gathered A of the block-scaled grouped kernel (fusegemm/sm100/blockscaled_gemm.cuh): each
+# producer lane's gather4 of four FP8 token rows and a 4-byte cp.async of each row's scale word,
+# published on the CTA's own full barrier.
+_SM100_SCALED_GATHER = (
+    Limit("ab_dtype", ("float8_e4m3fn", "float8_e5m2"), "gathered A on sm_100a: FP8 token rows (a row's scales of "
+          "a 128-K block are one word); packed FP4 rows are loaded whole", when=(("a_gather", True),)),
+    Limit("tile_m", (64, 128), "gathered A: each CTA's producer lanes copy their rows' scales and publish them on "
+          "its own full barrier; a 2-CTA tile's peer would publish on its leader's (a cluster-scope arrival, not "
+          "written)", when=(("a_gather", True),)),
+    Limit("cluster_m", (1,), "gathered A loads rows per CTA, not multicast: no clusters", when=(("a_gather", True),)),
+    Limit("cluster_n", (1,), "gathered A loads rows per CTA, not multicast: no clusters", when=(("a_gather", True),)),
+    Limit("a_major", ("k",), "gathered A reads K-major token rows", when=(("a_gather", True),)),
+)
+
 _SM100_ROWS = (
     _row("grouped", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _GROUPED_BF16 + _VECTOR_F32,
@@ -214,7 +228,8 @@ _SM100_ROWS = (
          executed=False),
     *(_row(kind, "sm_100a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _BLOCKSCALED + _VECTOR_F32, rule=SPEC_RULE,
-           limits=(*_SM100_MX_SCALES, _NO_GATHER, _NO_GATHER_B, _NO_SCATTER, _SFD_MX_ONLY),
+           limits=(*_SM100_MX_SCALES, *(_SM100_SCALED_GATHER if kind == "scaled" else (_NO_GATHER,)), _NO_GATHER_B,
+                   _NO_SCATTER, _SFD_MX_ONLY),
            runs_as=_SM100_BLOCKWISE_E8M0 if kind == "scaled" else ())
       for kind in ("scaled", "batched")),
 )
@@ -277,7 +292,7 @@ _SM90_BLOCKSCALED = tuple(a for a in _BLOCKSCALED if a not in ("a_major", "b_maj
 # kernel's do; the MXFP8 kernel loads A by TMA only.
 _SM90_BLOCKWISE_GATHER = (
     Limit("a_gather", (False,), "gathered A is the blockwise recipe's (sf_vec_size 128) on sm_90a: the MXFP8 "
-                                "kernel loads A by TMA only", when=(("sf_vec_size", 32),)),
+                                "kernel loads A by TMA only (sm_100a gathers MXFP8)", when=(("sf_vec_size", 32),)),
     Limit("scheduler", ("static",), "gathered A: the copying warps walk the static tile order",
           when=(("a_gather", True),)),
 )

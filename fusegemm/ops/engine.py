@@ -250,8 +250,10 @@ class Op(PreparedLaunch):
             ``a_index`` for a BF16 grouped op built with ``a_gather=True`` (gathered A: int32
             (M,), problem row r reads row ``a_index[r]`` of a token-major ``a_tensor`` (T, K);
             an index outside [0, T) reads zeros; sm_90a) or a block-scaled grouped op built with
-            ``a_gather=True`` and the blockwise recipe (the same, and row r's 1x128 scales are row
-            ``a_index[r]`` of ``sfa_tensor`` (T, ceil(K/128)), T-contiguous; sm_90a),
+            ``a_gather=True`` (the same for FP8 A, and row r's scales are those of A's row
+            ``a_index[r]``: the blockwise recipe's ``sfa_tensor`` (T, ceil(K/128)), T-contiguous,
+            on sm_90a; MXFP8 scale atoms of A's T rows, or the recipe's E8M0 (T, ceil(K/128)), on
+            sm_100a),
             ``dy_index`` / ``x_index`` for a
             K-grouped op built with ``a_gather`` / ``b_gather`` (int32 (T,): token row t of dY / X
             is that row of ``dy_tensor`` / ``x_tensor``), ``d_index`` and ``d_rows`` for a BF16
@@ -555,17 +557,21 @@ class Op(PreparedLaunch):
             _index_matches(self, "a_index", index, "a_gather", "an int32 (M,) row index")
         bound = dict(zip(names, _bind(names, operands, kw)))
         if index is not None:
-            bound = _gathered_rows(bound, index)
+            mx = self.kind == "scaled" and self.variant.sf_vec_size in (16, 32) and not self.blockwise_mx
+            bound = _gathered_rows(bound, index, self.variant.sf_vec_size if mx else None)
         acc, offsets, m_rows = _ACCUMULATE[self.kind](self, bound)
         return interpret(self.epilogue, acc, offsets=offsets, m_rows=m_rows, inputs=host,
                          rcp_max=self.rcp_max or None, discrete_col_sfd=self.variant.discrete_col_sfd)
 
 
-def _gathered_rows(o: dict[str, Any], index: Any) -> dict[str, Any]:
+def _gathered_rows(o: dict[str, Any], index: Any, mx_vec: int | None = None) -> dict[str, Any]:
     """``o`` with A (and a block-scaled op's SFA) replaced by the rows ``index`` reads: row r is row
-    ``index[r]`` of the token-major operand, zeros (a zero scale) where the index is outside it."""
+    ``index[r]`` of the token-major operand, zeros (a zero scale byte) where the index is outside it.
+    ``mx_vec``: SFA is MX scale atoms (per ``mx_vec`` K) of A's rows, gathered row by row and packed
+    again for the problem's rows; else a row per token (the blockwise recipe's)."""
     from ..formats.blockwise import e8m0_to_float32
     from ..formats.numpy_dtypes import array_dtype_name, to_numpy
+    from ..formats.scales import pack_sf, unpack_sf
     from ..reference._operands import rows_through
     idx = to_numpy(index)
     out = dict(o)
@@ -573,6 +579,11 @@ def _gathered_rows(o: dict[str, Any], index: Any) -> dict[str, Any]:
         if o.get(name) is None:
             continue
         x = to_numpy(o[name])
+        if name == "sfa_tensor" and mx_vec:
+            t, k = to_numpy(o["a_tensor"]).shape   # (FP8: K bytes = K)
+            logical = unpack_sf(x, t, -(-k // mx_vec))[:, :, 0]
+            out[name] = pack_sf(rows_through(logical, idx))
+            continue
         if name == "sfa_tensor" and array_dtype_name(x) in E8M0_NAMES:
             x = e8m0_to_float32(x)
         out[name] = rows_through(x, idx)

@@ -358,10 +358,13 @@ def _plan_scaled(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) -
     values = {**scaled_maps(ln, call), **ln.scalars(s), "m_rows": call.m,
               "b_ptrs": call.b_ptrs.ptr if call.b_ptrs is not None else 0,
               "sfb_ptrs": call.sfb_ptrs.ptr if call.sfb_ptrs is not None else 0,
-              # Gathered A (the blockwise kernel's copying warps): A's token rows and their scales.
+              # Gathered A: A's token rows and their scales (the sm_90a blockwise kernel's copying
+              # warps: 1x128 scales K-block by K-block, sfa_ld floats apart; the sm_100a kernel's
+              # lanes: MX atoms of A's rows, a 128-row atom group every ceil(sfk / 4) * 128 words).
               "a_index": call.a_index.ptr if gathered else 0,
               **_gather_source("a", call.a if gathered else None, "a_tensor", op.variant.arch),
-              "sfa_gather_ptr": call.sfa.ptr if gathered else 0, "sfa_gather_ld": call.sfa_ld if gathered else 0}
+              "sfa_gather_ptr": call.sfa.ptr if gathered else 0,
+              "sfa_gather_ld": (call.sfa_ld if call.blockwise else -(-call.sfk // 4) * 128) if gathered else 0}
     return ln.grid(s), s, values
 
 

@@ -320,7 +320,10 @@ def scaled_maps(ln: Any, call: ScaledCall) -> dict[str, bytes]:
         b = tiled(call.b.ptr, "uint8", (kb, n, l), call.b_strides, box_b + (1,), c.swizzle_b)
     if call.blockwise:
         return {"tma_a": a, "tma_b": b, **_blockwise_scale_maps(ln, call)}
-    sfa = sf_atom_map(tiled, call.sfa.ptr, m, call.sfk, l if call.batched else 1, (128, c.sf_box_k, 1, 1))
+    # (gathered A: SFA's atoms cover A's token rows; the kernel's lanes copy their words, the map
+    # stays unread)
+    sfa = sf_atom_map(tiled, call.sfa.ptr, call.a_map_rows, call.sfk, l if call.batched else 1,
+                      (128, c.sf_box_k, 1, 1))
     sfb_base, sfb_l = (call.sfa.ptr, 1) if call.discrete else (call.sfb.ptr, l)
     sfb = sf_atom_map(tiled, sfb_base, n, call.sfk, sfb_l, (128, c.sf_box_k, c.sf_box_nb, 1))
     return {"tma_a": a, "tma_b": b, "tma_sfa": sfa, "tma_sfb": sfb}

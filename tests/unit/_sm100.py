@@ -115,7 +115,8 @@ class V:
     a_mn: bool = False  # block-scaled FP8: M-major A
     b_mn: bool = False  # N-major B (block-scaled FP8, BF16)
     kgrouped: bool = False  # K-grouped (weight gradients), per-tile K: BF16 M-major A and N-major B, MXFP8 K-major
-    gather: bool = False  # BF16 gathered A (a_gather): TMA gather4 rows (2-CTA tiles: the pair form; K-grouped: dY's token rows)
+    gather: bool = False  # gathered A (a_gather): TMA gather4 rows (BF16 2-CTA tiles: the pair form; K-grouped: dY's
+    #                       token rows; block-scaled FP8: 1-CTA tiles, each row's scale word by a 4-byte cp.async)
     gather_b: bool = False  # BF16 K-grouped gathered X (b_gather): TMA gather4 token rows
     fault: int = 0  # fusegemm::sm100 kFault* (tests only)
 
@@ -173,7 +174,7 @@ class V:
                     "generate_c": self.generate_c, "b_major": "n" if self.b_mn else "k", "a_gather": self.gather}
         return {**common, "sf_dtype": _AXIS_SF[self.sf], "sf_vec_size": self.vec,
                 "a_major": "m" if self.a_mn else "k", "b_major": "n" if self.b_mn else "k",
-                "cd_major": "m" if self.c_major_m else "n"}
+                "cd_major": "m" if self.c_major_m else "n", "a_gather": self.gather}
 
     @property
     def route(self) -> str:
@@ -205,7 +206,8 @@ class V:
                       f"static constexpr bool kCMajorM = {_b(self.c_major_m)};",
                       f"static constexpr bool kAMajorMN = {_b(self.a_mn)};",
                       f"static constexpr bool kBMajorMN = {_b(self.b_mn)};",
-                      f"static constexpr bool kKGrouped = {_b(self.kgrouped)};"]
+                      f"static constexpr bool kKGrouped = {_b(self.kgrouped)};",
+                      f"static constexpr bool kGatherA = {_b(self.gather)};"]
         lines += [f"static constexpr bool kDynamicSched = {_b(self.dynamic)};",
                   f"static constexpr bool kDiscreteB = {_b(self.discrete)};",
                   f"static constexpr int kTileM = {self.tile_m};", f"static constexpr int kTileN = {self.tile_n};"]
@@ -222,7 +224,14 @@ class V:
         # M-major A loads whole 128-row M atoms (TILE_M 64 included); K-major A only its rows.
         a = max(self.tile_m // cg, 128 if self.a_mn else 0) * 128
         b = self.tile_n // cg * 128
-        return (a + b + sf_katoms * 512 + self.tile_n // 128 * sf_katoms * 512) * cg
+        # Gathered A: its scale words arrive by the producer lanes' cp.async, not by TMA.
+        sfa = 0 if self.gather else sf_katoms * 512
+        return (a + b + sfa + self.tile_n // 128 * sf_katoms * 512) * cg
+
+    def expected_full_arrivals(self) -> int:
+        """Arrivals on a stage's full barrier: the expect_tx, and (block-scaled gathered A) one per
+        producer lane that copies scale words (four rows each, of the CTA's tile_m rows)."""
+        return 1 + (self.tile_m // 4 if self.family == "bs" and self.gather else 0)
 
     def expected_multicast_dims(self) -> set[str]:
         """TMA dimensionalities that must appear in multicast form: A, B (and the 4-D SF maps)."""
@@ -365,7 +374,7 @@ def static_problems(b: Built) -> list[str]:
     out += contract_problems(v, k)
     stages, acc_stages, full, tfull, tempty, tx = b.protocol
     cg = v.cta_group
-    want = {"full": (full, 1), "tmem_full": (tfull, 1), "tmem_empty": (tempty, 128 * cg),
+    want = {"full": (full, v.expected_full_arrivals()), "tmem_full": (tfull, 1), "tmem_empty": (tempty, 128 * cg),
             "expect_tx": (tx, v.expected_tx_bytes())}
     for what, (got, exp) in want.items():
         if got != exp:
@@ -403,6 +412,16 @@ def static_problems(b: Built) -> list[str]:
                    f"(gathered A {v.gather}, gathered X {v.gather_b})")
     if v.gather and v.gather_b and any(op.startswith("UTMALDG") and "GATHER4" not in op.split(".") for op in h):
         out.append("SASS: a box UTMALDG in a kernel whose operands are both gathered")
+    # Block-scaled gathered A: each copying lane's four rows' scale words, 4-byte cp.async copies
+    # (LDGSTS.E, no .128), published after fence.proxy.async (FENCE.VIEW.ASYNC.S); no other
+    # sm_100a kernel copies through cp.async.
+    # (ptxas may give a copy its .ZFILL form: a 4-byte copy either way.)
+    wide = [op for op in h if op.startswith("LDGSTS") and {"64", "128"} & set(op.split("."))]
+    words = count("LDGSTS") - sum(h[op] for op in wide)
+    if (words > 0) != (v.family == "bs" and v.gather) or words % 4:
+        out.append(f"SASS: LDGSTS x{words} (block-scaled gathered A copies 4 scale words per lane)")
+    if wide:
+        out.append(f"SASS: cp.async wider than a scale word {wide}")
     if (count("UTCCP") > 0) != (v.family == "bs"):
         out.append(f"SASS: UTCCP x{count('UTCCP')} (scale factors reach TMEM by UTCCP in block-scaled kernels only)")
     if not any(op.startswith("UTCATOMSWS") and "FIND_AND_SET" in op for op in h):

@@ -53,13 +53,24 @@ def test_the_axes_reach_the_source_and_are_refused_elsewhere():
         registry.resolve("grouped_gemm_wgrad", arch, {"a_gather": True, "b_gather": True, "tile_m": 128,
                                                        "cluster_m": 1, "cluster_n": 1})
         assert "kGatherB = true" in render(make_variant("grouped_gemm_wgrad", arch=arch, b_gather=True, **BF16)).text
-    # Block-scaled: the sm_90a blockwise kernel gathers A (and its 1x128 scales); MXFP8 and sm_100a refuse.
+    # Block-scaled: the sm_90a blockwise kernel gathers A (and its 1x128 scales), sm_100a MXFP8 (and
+    # the recipe's E8M0 scales run as MX) on 1-CTA tiles; sm_90a MXFP8 and packed FP4 refuse.
     mx = {"a_gather": True, "ab_dtype": "float8_e4m3fn", "sf_vec_size": 32, "sf_dtype": "float8_e8m0fnu"}
-    with pytest.raises(UnsupportedError, match=r"gathered A is the blockwise recipe's \(sf_vec_size 128\) on sm_90a"):
+    with pytest.raises(UnsupportedError, match=r"gathered A is the blockwise recipe's \(sf_vec_size 128\) on sm_90a"
+                                               r".*\(sm_100a gathers MXFP8\)"):
         registry.resolve("grouped_gemm_srelu", "sm_90a", mx)
+    one_cta = {"tile_m": 128, "cluster_m": 1, "cluster_n": 1}
+    registry.resolve("grouped_gemm_srelu", "sm_100a", {**mx, **one_cta})
+    with pytest.raises(UnsupportedError, match=r"tile_m=256 .* with a_gather=True; implemented: 64, 128 .*a 2-CTA "
+                                               r"tile's peer would publish on its leader's"):
+        registry.resolve("grouped_gemm_srelu", "sm_100a", {**mx, **one_cta, "tile_m": 256, "cluster_m": 2})
+    with pytest.raises(UnsupportedError, match=r"cluster_n=2 .* no clusters"):
+        registry.resolve("grouped_gemm_srelu", "sm_100a", {**mx, **one_cta, "cluster_n": 2})
+    with pytest.raises(UnsupportedError, match=r"ab_dtype='float4_e2m1fn_x2' .* FP8 token rows"):
+        registry.resolve("grouped_gemm_srelu", "sm_100a", {**mx, **one_cta, "ab_dtype": "float4_e2m1fn_x2"})
     with pytest.raises(UnsupportedError, match=r"gathered A \(a_index\) is the BF16 grouped and K-grouped families' "
-                                               r"operand mode, and the sm_90a blockwise recipe's"):
-        registry.resolve("grouped_gemm_srelu", "sm_100a", mx)
+                                               r"operand mode, and the block-scaled grouped family's \(FP8\)"):
+        registry.resolve("gemm_amax", "sm_100a", mx)
     bw = {"ab_dtype": "float8_e4m3fn", "sf_vec_size": 128, "sf_dtype": "float32"}
     registry.resolve("grouped_gemm_srelu", "sm_90a", {"a_gather": True, **bw})
     assert "kGatherA = true" in render(make_variant("grouped_gemm_srelu", arch="sm_90a", a_gather=True, **bw)).text
@@ -565,3 +576,156 @@ def test_the_reference_reads_a_through_the_index_as_the_kernels_do():
         xq, sx, off, wq, sw, a_index=idx, inputs=ins)
     want = Op("grouped_gemm_quant", arch="sm_90a", d_dtype="bfloat16", **BW).reference(rq, rs, off, wq, sw, inputs=ins)
     np.testing.assert_array_equal(np.asarray(got["d"]), np.asarray(want["d"]))
+
+
+MX = dict(ab_dtype="float8_e4m3fn", sf_dtype="float8_e8m0fnu", sf_vec_size=32, cluster_m=1, cluster_n=1)
+
+
+@pytest.mark.parametrize("spec,axes", [
+    ("grouped_gemm_quant", dict(tile_m=128, tile_n=256)),
+    ("grouped_gemm_dswiglu", dict(tile_m=64, tile_n=256)),                     # 16 lanes, the stage's half
+    ("grouped_gemm_glu_mx", dict(tile_m=128, tile_n=256, ab_dtype="float8_e5m2")),
+    ("grouped_gemm_srelu", dict(tile_m=128, tile_n=128, weight_mode="discrete")),
+    ("grouped_gemm_quant", dict(tile_m=128, tile_n=256, sf_vec_size=128)),    # the recipe's E8M0, run as MX
+], ids=lambda x: x if isinstance(x, str) else "-".join(f"{k}{v}" for k, v in x.items()))
+def test_sm100_block_scaled_gathered_a_loads_rows_by_gather4_and_scale_words(session_cache, spec, axes):
+    """sm_100a block-scaled gathered A (not run on a Blackwell GPU; its configuration class's
+    first-run cases read A and its scales through an index): each producer lane's TMA gather4 of
+    four token rows replaces A's boxes, and its four 4-byte cp.async copies of those rows' scale
+    words (one copy site) replace SFA's 4-D box; B, SFB, shared memory, threads and TMEM as the
+    plain kernel's, no local memory, A's map one row per box. (The full barrier's count, 1 + the
+    copying lanes, and the expected bytes without SFA's: tests/unit/test_sm100_static.py.)"""
+    from fusegemm.runtime import disasm
+    if not disasm.available():
+        pytest.fail("nvdisasm (the nvidia-cuda-nvdisasm wheel, a test dependency) is missing")
+    base = {**MX, **axes}
+    gathered = pipeline.get_kernel(make_variant(spec, arch="sm_100a", a_gather=True, **base), session_cache)
+    plain = pipeline.get_kernel(make_variant(spec, arch="sm_100a", **base), session_cache)
+    assert gathered.resources.local_bytes == 0, gathered.resources
+    c, pc = gathered.contract, plain.contract
+    assert (c.box_a_inner, c.box_a_outer) == (128, 1)
+    assert (c.box_b_inner, c.box_b_outer, c.smem_bytes, c.threads, c.tmem_cols) == (
+        pc.box_b_inner, pc.box_b_outer, pc.smem_bytes, pc.threads, pc.tmem_cols)
+    h, ph = disasm.sass_histogram(gathered.cubin), disasm.sass_histogram(plain.cubin)
+    # (4-byte copies: LDGSTS.E, or its .ZFILL form where ptxas chooses it)
+    assert h.get("UTMALDG.2D.GATHER4", 0) == 1 and h.get("LDGSTS.E", 0) + h.get("LDGSTS.E.ZFILL", 0) == 4, h
+    assert not any(op.startswith(("LDGSTS", "UTMALDG.2D.GATHER4")) for op in ph)
+    # SFA's box (unicast and multicast forms) gone, SFB's kept; A's 2-D boxes gone (dense B is 3-D).
+    for form in ("UTMALDG.4D", "UTMALDG.4D.MULTICAST"):
+        assert (h.get(form, 0), ph.get(form, 0)) == (1, 2), form
+    if axes.get("weight_mode") != "discrete":
+        assert h.get("UTMALDG.2D", 0) == 0 and ph.get("UTMALDG.2D", 0) >= 1
+    assert disasm.count_prefix(h, "UTCQMMA") == disasm.count_prefix(ph, "UTCQMMA") > 0
+
+
+def test_sm100_scale_word_addresses_are_the_atom_layout():
+    """fusegemm/gather.cuh sf_atom_word, as compiled: token row r's scales of k-atom ka are the
+    4-byte word it names in the atom buffer pack_sf lays out (fusegemm/formats/scales.py), for rows
+    across three 128-row atom groups and three k-atoms; and row r of a stage's atom is word
+    sf_atom_word(r) of it."""
+    import numpy as np
+
+    from fusegemm.formats import pack_sf
+    from fusegemm.runtime.compile import compile_source
+    from fusegemm.runtime.cubin_info import Cubin as CubinInfo
+    rows, katoms = 300, 3
+    pairs = [(r, ka) for r in range(rows) for ka in range(katoms)]
+    calls = ", ".join(f"int(fusegemm::sf_atom_word({r}, {ka}, {katoms * 128}u))" for r, ka in pairs)
+    local = ", ".join(f"int(fusegemm::sf_atom_word({r}))" for r in range(128))
+    src = ('#include "fusegemm/gather.cuh"\n'
+           f'extern "C" __device__ __attribute__((used)) const int fg_words[{len(pairs)}] = {{{calls}}};\n'
+           f'extern "C" __device__ __attribute__((used)) const int fg_local[128] = {{{local}}};\n'
+           'extern "C" __global__ void fg_probe() {}\n')
+    cub = compile_source(src, arch="sm_100a", kernel="fg_probe")
+    words = CubinInfo(cub.data).global_ints("fg_words", len(pairs))
+    local_words = CubinInfo(cub.data).global_ints("fg_local", 128)
+    rng = np.random.default_rng(3)
+    logical = rng.integers(0, 256, (rows, 4 * katoms), dtype=np.uint8)
+    packed = pack_sf(logical).reshape(-1, 4)
+    for (r, ka), w in zip(pairs, words):
+        np.testing.assert_array_equal(packed[w], logical[r, 4 * ka:4 * ka + 4], err_msg=str((r, ka, w)))
+    one = pack_sf(logical[:128, :4]).reshape(-1, 4)
+    for r, w in enumerate(local_words):
+        np.testing.assert_array_equal(one[w], logical[r, :4], err_msg=str((r, w)))
+
+
+def test_sm100_block_scaled_op_parses_a_index_and_maps_a_and_its_scales_by_their_own_rows(monkeypatch,
+                                                                                         no_device):  # noqa: F811
+    """The sm_100a MXFP8 op with gathered A: M from the index, A's map and SFA's atom map over A's T
+    rows, and the kernel's copying lanes told where SFA's atoms are and how far apart 128 rows'
+    atom groups lie (ceil(ceil(K/32) / 4) * 128 words)."""
+    from fusegemm.formats import pack_sf
+    from fusegemm.ops import scaled_operands
+    op = Op("grouped_gemm_quant", arch="sm_100a", a_gather=True, tile_m=128, **MX)
+    t, m, n, k, l = 300, 512, 256, 640, 2      # ceil(K/32) = 20 scales per row: 5 k-atoms
+    a = torch.zeros((t, k), dtype=torch.float8_e4m3fn)
+    sfa = torch.from_numpy(pack_sf(torch.zeros((t, k // 32), dtype=torch.uint8).numpy()))
+    b = torch.zeros((l, n, k), dtype=torch.float8_e4m3fn)
+    sfb = torch.from_numpy(pack_sf(torch.zeros((l, n, k // 32), dtype=torch.uint8).numpy(), batch_first=True))
+    off = torch.tensor([256, 512], dtype=torch.int32)
+    idx = torch.full((m,), -1, dtype=torch.int32)
+    call = op._parse((a, sfa, off, b, sfb), {"a_index": idx})
+    assert (call.m, call.a_rows, call.a_map_rows) == (m, t, t)
+    mapped = []
+    atom_map = scaled_operands.sf_atom_map
+    monkeypatch.setattr(scaled_operands, "sf_atom_map", lambda tiled, ptr, mn, *rest: (
+        mapped.append((ptr, mn)), atom_map(tiled, ptr, mn, *rest))[1])
+    values, _ = _launch(op, call, {"alpha": 0}, {"d": 1000})
+    assert mapped[0] == (sfa.data_ptr(), t)
+    assert values["a_index"] == idx.data_ptr() and values["m_rows"] == m
+    assert (values["sfa_gather_ptr"], values["sfa_gather_ld"]) == (sfa.data_ptr(), 5 * 128)
+    assert (values["a_gather_ptr"], values["a_gather_rows"]) == (a.data_ptr(), t)
+    # The scales are A's (T rows), not the problem's M.
+    with pytest.raises(ArgumentError, match=r"^sfa_tensor"):
+        op._parse((a, torch.from_numpy(pack_sf(torch.zeros((m, k // 32), dtype=torch.uint8).numpy())), off, b, sfb),
+                  {"a_index": idx})
+
+
+def _mx_rows_by_words(source_atoms, index, t, k):
+    """The sm_100a kernel's scale copies, word by word (sf_atom_word's formula, written here): problem
+    row r's word of k-atom ka is token index[r]'s, zeros outside [0, t)."""
+    import numpy as np
+    katoms = -(-(k // 32) // 4)
+    src = np.asarray(source_atoms).view(np.uint8).reshape(-1, 4)
+    m = len(index)
+    out = np.zeros((-(-m // 128) * katoms * 128, 4), np.uint8)
+
+    def word(r, ka):
+        return (r // 128 * katoms + ka) * 128 + (r % 32) * 4 + (r % 128) // 32
+
+    for r, tok in enumerate(np.asarray(index).tolist()):
+        if 0 <= tok < t:
+            for ka in range(katoms):
+                out[word(r, ka)] = src[word(tok, ka)]
+    return out.reshape(-1)
+
+
+def test_the_mx_gathered_case_and_the_reference_read_scales_as_the_kernel_copies_them(monkeypatch):
+    """selftest._run_spec's gathered MXFP8 case (the sm_100a first-run gate's) against a stand-in
+    kernel that gathers A's rows and copies the scale words with the kernel's own addressing
+    (_mx_rows_by_words), then takes the interpreter's outputs on them: the case passes the
+    token-major sources and the index, its reference reads the same scales. Op.reference with the
+    index gives the same outputs as on the rows and scales gathered beforehand."""
+    import ml_dtypes
+    import numpy as np
+
+    from fusegemm import selftest
+    from fusegemm.formats.numpy_dtypes import to_numpy
+    from fusegemm.ops import device
+
+    def kernel(self, a, sfa, off, b, sfb, inputs=None, a_index=None, **kw):
+        t, k = a.shape
+        rows = _rows_through(a.view(torch.uint8), a_index).view(a.dtype)
+        words = _mx_rows_by_words(to_numpy(sfa), a_index.numpy(), t, k)
+        ref = self.reference(rows, words.view(ml_dtypes.float8_e8m0fnu), off, b, sfb, inputs=inputs)
+        via_index = self.reference(a, sfa, off, b, sfb, a_index=a_index, inputs=inputs)
+        for name in ref.keys():
+            np.testing.assert_array_equal(np.asarray(ref[name]), np.asarray(via_index[name]), err_msg=name)
+        return {n: torch.from_numpy(np.asarray(v, np.float32)) for n, v in ref.items()}
+
+    monkeypatch.setattr(Op, "__call__", kernel)
+    monkeypatch.setattr(device, "device_arch", lambda d: "sm_100a")
+    axes = {"a_gather": True, **MX, "tile_m": 128, "d_dtype": "bfloat16"}
+    err, ok, detail = selftest._run_spec(dict(spec="grouped_gemm_quant", tokens=[300, 0, 700, 17], n=256, k=320,
+                                              axes=axes), "cpu")
+    assert ok, (err, detail)

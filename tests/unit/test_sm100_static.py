@@ -64,6 +64,7 @@ CORE = [
     V("bf16", 128, 256, gather=True),                                      # gathered A: TMA gather4 rows
     V("bf16", 256, 256, gather=True),                                      # gathered A, 2-CTA: the pair form
     V("bf16", 128, 256, b_mn=True, kgrouped=True, c="f32", gather_b=True),  # K-grouped gathered X: gather4 token rows
+    V("bs", 128, 256, ab="e4m3", c="f32", gather=True),                    # MXFP8 gathered A: gather4 + scale words
 ]
 EXTENDED = [
     V("bs", 128, 128, ab="e2m1", sf="ue4m3", vec=16, c="e4m3", batched=True),  # FP8 C from NVFP4
@@ -76,6 +77,7 @@ EXTENDED = [
     V("bf16", 64, 128, b_mn=True, generate_c=True, c="f32"),              # N-major B, M=64 instruction
     V("bf16", 64, 256, gather=True, discrete=True, dynamic=True),          # gathered A, M=64: 16 gathering lanes
     V("bf16", 256, 128, gather=True, b_mn=True, dynamic=True),             # gathered A, 2-CTA, N-major B
+    V("bs", 128, 128, ab="e5m2", c="f32", gather=True, discrete=True),     # MXFP8 gathered A, discrete B
     V("bs", 128, 128, ab="e5m2", c="bf16", batched=True),
     V("bs", 128, 256, ab="e2m1", sf="ue4m3", vec=16, c="f16", batched=True),  # direct (N 256 + vec 16 + 16-bit C)
     V("bs", 128, 256, ab="e2m1", sf="ue8m0", vec=16, c="f32"),             # MXFP4 vec16 -> mxf4nvf4; srelu
@@ -106,7 +108,9 @@ def test_variants_render_through_the_registry():
               "bs.e4m3.ue8m0.v32.batched.cf32.cmajm.amn.t128x128.dyn": ROUTE_BATCHED_DIRECT,
               "bs.e2m1.ue8m0.v16.grouped.cf32.t128x256": ROUTE_SRELU,
               "bs.e4m3.ue8m0.v32.grouped.cf32.t256x128": ROUTE_SRELU,
-              "bs.e4m3.ue8m0.v32.grouped.cf32.t128x256.fault3": ROUTE_SRELU}
+              "bs.e4m3.ue8m0.v32.grouped.cf32.t128x256.fault3": ROUTE_SRELU,
+              "bs.e4m3.ue8m0.v32.grouped.cf32.gather.t128x256": ROUTE_SRELU,
+              "bs.e5m2.ue8m0.v32.grouped.cf32.gather.t128x128.disc": ROUTE_SRELU}
     assert set(direct) <= {v.label for v in CORE + EXTENDED + FAULTY}
     for v in CORE + EXTENDED + FAULTY:
         if v.kgrouped:

@@ -121,6 +121,45 @@ struct GatherPublisher {
   }
 };
 
+// MX scale atoms (fusegemm/formats/scales.py pack_sf: 32x4x4 bytes, 128 rows x 4 scales of 32 K
+// each): row r's four scales of k-atom ka are one 4-byte word, word (r / 128 * k_atoms + ka) * 128 +
+// (r % 32) * 4 + (r % 128) / 32 of the buffer, where k_atoms = ceil(ceil(K / 32) / 4);
+// `atom_pitch` is k_atoms * 128 words (Params::sfa_gather_ld). A row's word inside its atom:
+constexpr uint32_t sf_atom_word(int r) { return uint32_t((r % 32) * 4 + (r % 128) / 32); }
+constexpr uint32_t sf_atom_word(int r, int k_atom, uint32_t atom_pitch) {
+  return uint32_t(r / 128) * atom_pitch + uint32_t(k_atom) * 128u + sf_atom_word(r);
+}
+
+// A copying lane's four gathered rows' MX scales (the sm_100a block-scaled kernel's gathered A:
+// the rows its TMA gather4 loads): each k-atom's four scales of a row are one 4-byte cp.async
+// from the token's word in a token-major atom buffer into the row's word of the stage's atom (a
+// row outside the source: zeros, whose E8M0 2^-127 meets the zero row the map reads there).
+struct GatherSfRows {
+  uint32_t word[4];   // the rows' k-atom 0 words in the source
+  uint32_t valid;     // bit j: row j exists
+
+  // Rows `tokens` (an index outside [0, rows): zeros) of a buffer with `atom_pitch` words per
+  // 128 rows.
+  FUSEGEMM_DEVICE void resolve(const int (&tokens)[4], int rows, uint32_t atom_pitch) {
+    uint32_t mask = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const bool ok = static_cast<unsigned>(tokens[j]) < static_cast<unsigned>(rows);
+      word[j] = ok ? sf_atom_word(tokens[j], 0, atom_pitch) : 0u;
+      mask |= ok ? 1u << j : 0u;
+    }
+    valid = mask;
+  }
+  // k-atom `ka` of the four rows into the atom at `atom` (shared memory), as rows r0 .. r0 + 3 of
+  // it (r0 a multiple of 4: the rows share r / 32 and take consecutive r % 32).
+  FUSEGEMM_DEVICE void copy(uint32_t atom, const uint32_t* src, int ka, int r0) const {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      cp_async_4_zfill(atom + 4 * sf_atom_word(r0 + j), src + word[j] + uint32_t(ka) * 128u, (valid >> j) & 1u);
+    }
+  }
+};
+
 // The copies of gather_copy_sw128 (below): copy i's row, chunk c from its piece's source at
 // `base` + offset into its destination, with the row's validity and (kWhole false) chunk c's bit
 // of `cols`. (A template flag, not a run-time one: the whole-chunk loop keeps one predicate.)

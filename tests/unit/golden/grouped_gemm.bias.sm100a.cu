@@ -17,7 +17,7 @@ struct alignas(128) Params {
   const void* d_index;  // scattered outputs: int32 (m_rows,) the C/D row each problem row writes (outside [0, d_rows): none)
   const void* a_gather_ptr;  // gathered A (dY): the token-major matrix a_index reads, bfloat16 (the blockwise kernel: FP8)
   const void* b_gather_ptr;  // K-grouped, gathered X: the token-major matrix b_index reads, bfloat16
-  const void* sfa_gather_ptr;  // gathered A, blockwise recipe: float (T, ceil(K/128)) scales of a_gather_ptr's rows, T-contiguous
+  const void* sfa_gather_ptr;  // gathered A's scales: blockwise recipe float (T, ceil(K/128)) of a_gather_ptr's rows, T-contiguous; MX: the scale atoms of its T rows
   const void* row_ends;  // optional int32 (L,): where each expert's tokens end in its padded range (tiles past it skipped)
   const void* b_ptrs;  // discrete weights: uint64 (L,) per-expert (N, K) pointers
   const void* sfb_ptrs;  // discrete weights: uint64 (L,) per-expert SFB pointers
@@ -52,7 +52,7 @@ struct alignas(128) Params {
   int64_t ldd;  // D row stride in elements (D_col: the same)
   int64_t ld_c_in;  // element input row stride in elements
   int64_t a_gather_ld;  // gathered A: row stride of a_gather_ptr's matrix in elements
-  int64_t sfa_gather_ld;  // gathered A, blockwise recipe: sfa_gather_ptr's pitch between 128-K blocks, in floats
+  int64_t sfa_gather_ld;  // gathered A: sfa_gather_ptr's pitch between 128-K blocks in floats (blockwise), between 128-row atom groups in 4-byte words (MX)
   int64_t b_gather_ld;  // gathered X: row stride of b_gather_ptr's matrix in elements
   int32_t a_gather_rows;  // gathered A: rows of a_gather_ptr's matrix (an index outside them reads zeros)
   int32_t b_gather_rows;  // gathered X: rows of b_gather_ptr's matrix
@@ -261,7 +261,7 @@ using Kernel = fusegemm::sm100::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_7e3456288cd8_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_515560daadba_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -287,6 +287,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_7e3
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm100a_7e3456288cd8(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm100a_515560daadba(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -32,6 +32,19 @@
 // boxes and the SF atoms' K coordinate (offsets are multiples of 256: whole atoms). 1-CTA tiles of
 // 128 rows, clusters 1x1; an expert without tokens stores the rule of a zero accumulator.
 //
+// Gathered A (Config::kGatherA, a_gather: problem row r reads token row a_index[r] of a token-major
+// FP8 A and its MX scales; MXFP8, and the blockwise recipe's E8M0 scales run as MX): 1-CTA tiles
+// without clusters. Each producer lane loads four of the tile's rows per k-block with one TMA
+// gather4 (the BF16 kernel's loads: they land swizzled as A's boxes would, their bytes counted as
+// the boxes') and copies those rows' scale words, one 4-byte cp.async per row (a token's four
+// scales of a 128-K block are one word of its atom: fusegemm/gather.cuh GatherSfRows), into the
+// stage's SFA atom; it publishes the stage one stage later (GatherPublisher: its copies landed,
+// fence.proxy.async for UTCCP's async-proxy reads, an arrival on the stage's full barrier, whose
+// count the copying lanes raise). A 2-CTA tile's peer would have to publish on its leader's
+// barrier (a cluster-scope arrival and wait): not written, so the registry keeps gathered tiles
+// at 64 and 128 rows (CUTLASS's block-scaled TMA + cp.async mainloop,
+// sm100_blockscaled_mma_mixed_tma_cpasync_warpspecialized.hpp, is 1-SM without clusters too). Not yet run on a Blackwell GPU: the first-run gate runs the gathered
+// configuration class's cases (rows and scales through an index) before its first launch.
 // Cluster multicast (fusegemm/cluster.cuh): A and SFA k-blocks are multicast along cluster
 // N, B and SFB along cluster M; the tile walk hands a cluster pm x cn neighbouring tiles.
 //
@@ -53,6 +66,7 @@
 //           (grouped A: L = 1), box {128, kSfKAtoms, 1 | kTileN/128, 1}, no swizzle.
 #pragma once
 
+#include "fusegemm/gather.cuh"
 #include "fusegemm/sm100/kernel_frame.cuh"
 
 namespace fusegemm::sm100 {
@@ -69,7 +83,6 @@ struct BlockScaledGemmKernel {
   using ElementSF = typename Config::ElementSF;
   using ElementC = typename Config::ElementC;
   static_assert(fusegemm::is_same_v<ElementAB, typename Config::ElementB>, "A and B share one format");
-  static_assert(!Config::kGatherA, "gathered A: the sm_90a blockwise kernel's (the registry's limits)");
   static constexpr bool kFp4 = fusegemm::is_same_v<ElementAB, fusegemm::float_e2m1_t>;
   static constexpr bool kFp8 = fusegemm::is_same_v<ElementAB, fusegemm::float_e4m3_t> ||
                                fusegemm::is_same_v<ElementAB, fusegemm::float_e5m2_t>;
@@ -106,7 +119,10 @@ struct BlockScaledGemmKernel {
   static constexpr int kBMnAtoms = kRowsB / kBSwizzle;
   // A bytes TMA delivers per CTA: K-major TILE_M 64 loads its 64 rows, M-major the whole M atom.
   static constexpr int kTxBytesA = kAMn ? kStageBytesA : kRowsD * kBlockKBytes;
-  static constexpr int kTxPerCta = kTxBytesA + kStageBytesB + kSfaBytes + kSfbBytes;
+  // Gathered A (header): SFA arrives by the producer lanes' cp.async, not by TMA.
+  static constexpr bool kGatherA = Config::kGatherA;
+  static constexpr int kGatherLanes = kGatherA ? kRowsD / 4 : 0;   // four rows per lane and gather4
+  static constexpr int kTxPerCta = kTxBytesA + kStageBytesB + (kGatherA ? 0 : kSfaBytes) + kSfbBytes;
   static constexpr int kSfaCols = kSfKAtoms * 4, kSfbCols = kSfbMnAtoms * kSfKAtoms * 4;
   static constexpr int kAccStages = 2 * kTileN + kSfaCols + kSfbCols <= kTmemColumns ? 2 : 1;
   static constexpr int kSfaCol = kAccStages * kTileN, kSfbCol = kSfaCol + kSfaCols;
@@ -119,6 +135,8 @@ struct BlockScaledGemmKernel {
                                !Config::kDynamicSched && !kAMn && !kBMn && !kCMajorM),
                 "K-grouped (weight gradients): MXFP8, K-major dY^T and X^T, 1-CTA 128-row tiles, static "
                 "scheduling, row-major D");
+  static_assert(!kGatherA || (kFp8 && kCtaGroup == 1 && kSfKAtoms == 1 && !kAMn && !Config::kBatched && !kKGrouped),
+                "gathered A: FP8 token rows (one scale word per row and k-block), K-major, M-grouped, 1-CTA tiles");
   static_assert(kFp8 || (!kAMn && !kBMn),
                 "packed FP4 A/B must be K-major (kind::mxf4/mxf4nvf4, sm1xx_common.inl:660)");
   static_assert(!kAMn || kRowsA == 128, "M-major A: one 128-element swizzle atom per CTA");
@@ -140,7 +158,8 @@ struct BlockScaledGemmKernel {
 
   using Frame = KernelFrame<kCtaGroup, Config::kDynamicSched, kStageBytesA, kStageBytesB,
                             kSfaBytes + kSfbBytes, kAccStages, kTileN, kTmemCols,
-                            kStagingBytes * kNumEpiWarps, Config::kDiscreteB ? 2 : 0, kTxPerCta, kFault>;
+                            kStagingBytes * kNumEpiWarps, Config::kDiscreteB ? 2 : 0, kTxPerCta, kFault,
+                            kGatherLanes>;
   static constexpr int kStages = Frame::kStages, kThreads = Frame::kThreads;
   static constexpr int kSmemBytes = Frame::kSmemBytes, kTmapSlots = Frame::kTmapSlots;
   // Boxes (see the host contract above). Every operand box of a stage is loaded as kMcSlices
@@ -160,7 +179,9 @@ struct BlockScaledGemmKernel {
   static constexpr int kMinClusterM = kCtaGroup, kMinClusterN = 1, kCtasPerTile = kCtaGroup;
   static constexpr int kMaxClusterCtas = fusegemm::kMaxClusterCtas;
   static constexpr int kMAligned = fusegemm::kMAligned;
-  static constexpr int kBoxAInner = kAMn ? kBoxRowsA : kBoxKBytes, kBoxAOuter = kAMn ? kBoxKA : kBoxRowsA;
+  // (gathered A: one token row per box, gather4 taking four)
+  static constexpr int kBoxAInner = kAMn ? kBoxRowsA : kBoxKBytes,
+                       kBoxAOuter = kGatherA ? 1 : kAMn ? kBoxKA : kBoxRowsA;
   static constexpr int kBoxBInner = kBMn ? kBoxRowsB : kBoxKBytes, kBoxBOuter = kBMn ? kBoxKB : kBoxRowsB;
   static constexpr int kSwizzleA = kAMn ? kASwizzle : 128, kSwizzleB = kBMn ? kBSwizzle : 128;
   static constexpr int kTmaDtypeA = TmaDtype<uint8_t>::value, kTmaDtypeB = TmaDtype<uint8_t>::value;
@@ -288,7 +309,17 @@ struct BlockScaledGemmKernel {
       dtm_b.init(&p.tma_b, ws, f.tmap_staging);
       dtm_sfb.init(&p.tma_sfb, ws + Frame::kTmapSlotsPerMap, f.tmap_staging + 1);
     }
-    f.producer(p, sched, k_blocks, [&](const ClusterTile& t, int kb, uint64_t* bar, int s) {
+    // Gathered A: this lane's four rows of the tile (tokens; -1 past the problem's rows, read as
+    // zeros as any row outside A), their scale words, and the stages not yet published.
+    int g[4] = {-1, -1, -1, -1};
+    GatherSfRows sf_rows{};
+    GatherPublisher<kStages, 1> pub;
+    const auto publish_rest = [&] {
+      if constexpr (kGatherA) {
+        if (f.lane < kGatherLanes) pub.flush(f.aux->full);
+      }
+    };
+    f.template producer<kGatherA>(p, sched, k_blocks, [&](const ClusterTile& t, int kb, uint64_t* bar, int s) {
       if constexpr (Config::kDiscreteB) {
         if (t.expert != map_expert) {
           tmap_b = dtm_b.update(reinterpret_cast<const void*>(__ldg(static_cast<const unsigned long long*>(p.b_ptrs) + t.expert)));
@@ -308,8 +339,26 @@ struct BlockScaledGemmKernel {
       // slice by slice, the scale-factor boxes whole.
       const Share sh_a = f.share_a(), sh_b = f.share_b(t.share_b);
       constexpr int kDimsA = Config::kBatched ? 3 : 2, kDimsB = Config::kDiscreteB || kKGrouped ? 2 : 3;
+      if constexpr (kGatherA) {   // (every lane: the frame's warp loads)
+        if (f.lane < kGatherLanes) {
+          if (kb == 0) {
+            const int* index = static_cast<const int*>(p.a_index);
+            const int r = m_row + 4 * f.lane;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) g[j] = r + j < p.m_rows ? __ldg(index + r + j) : -1;
+            sf_rows.resolve(g, p.a_gather_rows, static_cast<uint32_t>(p.sfa_gather_ld));
+          }
+          // Rows 4 lane .. of the tile, in the stage half (TILE_M 64) and SF atom rows they own.
+          const int r0 = (kTileM == 64 ? (m_row % 128) / 64 * 64 : 0) + 4 * f.lane;
+          tma_gather4(&p.tma_a, bar, f.smem_a(s) + r0 * kBlockKBytes, kx, g[0], g[1], g[2], g[3],
+                      CacheHint::kEvictFirst);
+          sf_rows.copy(smem_u32(f.smem_sf(s)), static_cast<const uint32_t*>(p.sfa_gather_ptr), kb, r0);
+          pub.issued(s, bar - s);
+        }
+        if (f.lane != 0) return;   // B, SFB (and a discrete map's rewrite): lane 0's
+      }
 #pragma unroll 1
-      for (int i = 0; i < kMcSlices; ++i) {
+      for (int i = 0; i < (kGatherA ? 0 : kMcSlices); ++i) {
         if constexpr (kAMn) {
           // M-major: the 128-row M atom holding this CTA's rows (TILE_M 64: its aligned 128
           // rows), sliced along K.
@@ -337,10 +386,12 @@ struct BlockScaledGemmKernel {
         }
       }
       uint8_t* sf = f.smem_sf(s);
-      f.template load_whole<4>(sh_a, kb, &p.tma_sfa, bar, sf, 0, (kb0 + kb) * kSfKAtoms, m_row / 128, l);
+      if constexpr (!kGatherA) {
+        f.template load_whole<4>(sh_a, kb, &p.tma_sfa, bar, sf, 0, (kb0 + kb) * kSfKAtoms, m_row / 128, l);
+      }
       f.template load_whole<4>(sh_b, kb, tmap_sfb, bar, sf + kSfaBytes, 0, (kb0 + kb) * kSfKAtoms,
                                t.n_block * kSfbMnAtoms, lb);
-    });
+    }, publish_rest);
   }
 
   // One k-block on the elected MMA lane: UTCCP the scale atoms, then the 4 MMAs.

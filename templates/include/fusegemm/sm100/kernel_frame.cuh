@@ -60,7 +60,9 @@ constexpr uint32_t kIdescShapeMask = (0x3Fu << 17) | (0x1Fu << 24);
 // kStageA/B/SF: bytes one CTA receives per k-block; kAccStride: TMEM columns per accumulator
 // stage; kEpiSmem: epilogue staging bytes; kTmapsPerCta: device-rewritten tensor maps
 // (discrete weights: B, plus SFB for block-scaled), each with kStages slots per CTA;
-// kTxPerCta: bytes TMA delivers per CTA and stage (< stage bytes when A is half-loaded).
+// kTxPerCta: bytes TMA delivers per CTA and stage (< stage bytes when A is half-loaded);
+// kCopyArrivals: arrivals on a stage's full barrier besides the expect_tx (producer lanes that
+// publish their own cp.async copies of the stage, fusegemm/gather.cuh GatherPublisher).
 // A tile's k-blocks: every tile's (an int), or a tile's own (a callable on the tile: K-grouped
 // problems, one K range per expert).
 template <class Tile>
@@ -70,9 +72,13 @@ FUSEGEMM_DEVICE auto tile_k_blocks(const F& k_blocks_of, const Tile& t) -> declt
   return k_blocks_of(t);
 }
 
+struct NoDone {
+  FUSEGEMM_DEVICE void operator()() const {}
+};
+
 template <int kCtaGroup_, bool kDynamic, int kStageA, int kStageB, int kStageSF, int kAccStages_,
           int kAccStride, int kTmemCols_, int kEpiSmem, int kTmapsPerCta,
-          int kTxPerCta = kStageA + kStageB + kStageSF, int kFault = kFaultNone>
+          int kTxPerCta = kStageA + kStageB + kStageSF, int kFault = kFaultNone, int kCopyArrivals = 0>
 struct KernelFrame {
   static constexpr int kCtaGroup = kCtaGroup_;
   static constexpr int kAccStages = kAccStages_;
@@ -122,7 +128,9 @@ struct KernelFrame {
 
   // ---- protocol (sm100-protocol.md §1 table, §4; fusegemm/cluster.cuh) ----
   using Geom = ClusterGeom<kCtaGroup>;
-  static constexpr uint32_t kFullCount = 1, kTmemFullCount = 1;
+  static constexpr uint32_t kFullCount = 1 + kCopyArrivals, kTmemFullCount = 1;
+  static_assert(kCopyArrivals == 0 || kCtaGroup == 1,
+                "copies published by the producer's lanes arrive on their own CTA's barrier: 1-CTA tiles");
   static constexpr uint32_t kTmemEmptyCount = 32 * kNumEpiWarps * kCtaGroup;
   static constexpr bool kMulticast = kFault != kFaultNoMulticast;
   // Arrivals per phase on a stage's empty barrier, and the CTAs a stage release reaches.
@@ -220,8 +228,11 @@ struct KernelFrame {
   // k_blocks: every tile's count, or a callable giving a tile's (tile_k_blocks).
   // kWarpLoads: load runs on every lane (after lane 0's expect_tx), for loads the lanes share
   // (gathered rows: each lane's TMA gather4 of four rows); it decides itself what lane 0 alone does.
-  template <bool kWarpLoads = false, class Params, class Sched, class KBlocks, class Load>
-  FUSEGEMM_DEVICE void producer(const Params& p, const Sched& sched, const KBlocks& k_blocks, Load&& load) {
+  // done() runs on every lane after the last stage's load and before the tail's waits (lanes that
+  // publish their copies late publish the rest there: the tail waits on the MMA, which waits on them).
+  template <bool kWarpLoads = false, class Params, class Sched, class KBlocks, class Load, class Done = NoDone>
+  FUSEGEMM_DEVICE void producer(const Params& p, const Sched& sched, const KBlocks& k_blocks, Load&& load,
+                                Done&& done = Done{}) {
     auto ts = tile_stream();
     PipeState<kStages> ps;
     for (;;) {
@@ -242,6 +253,7 @@ struct KernelFrame {
         ps.advance();
       }
     }
+    done();
     // Producer tail (P90 producer_tail): every commit arrival on our empty barriers (from every
     // MMA unit of our cluster row and column) has landed before the CTA may exit.
     for (int s = 0; s < kStages; ++s) { mbar_wait(&aux->empty[ps.index], ps.phase ^ 1u); ps.advance(); }
