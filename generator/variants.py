@@ -179,10 +179,46 @@ def make_variant(spec: Spec | str, *, arch: str, **choices: Any) -> Variant:
             allowed = why or ", ".join(map(str, offered[axis]))
             raise UnsupportedError(f"{axis}: got {value!r}; spec {spec.name} allows: {allowed}", axis=axis)
         choice[axis] = value
+    _launch_defaults_within_limits(spec, choice, set(choices))
     why = check_choice(choice, spec.constraints)
     if why:
         raise UnsupportedError(f"spec {spec.name} ({arch}): {why}")
     return _build(spec, choice)
+
+
+# The launch axes whose default yields to a mode the caller chose (below).
+_LAUNCH_AXES = ("tile_m", "tile_n", "cluster_m", "cluster_n", "scheduler")
+
+
+def _launch_defaults_within_limits(spec: Spec, choice: dict[str, Any], chosen: set[str]) -> None:
+    """Move a launch axis the caller left at its default to the nearest value the arch's kernel
+    implements with the caller's other choices, where one of its limits refuses the default there
+    (sm_100a's default 2-CTA tile of 256 rows in a cluster of 2, with gathered block-scaled A:
+    tile M 128, cluster 1x1). An axis the caller chose stays, and is refused with the limit's
+    reason (as every choice, when no such move gives a point the kernel and the spec accept)."""
+    row = lookup(spec.kernel, choice["arch"])
+    if row is None:
+        return
+    offered = spec.choice_map
+
+    def refused(c: dict[str, Any]) -> Any:   # the first launch-axis limit that refuses c
+        full = {**NEUTRAL, **c}
+        return next((lim for lim in row.limits if lim.axis in _LAUNCH_AXES and lim.axis in offered and
+                     full[lim.axis] not in lim.values and lim.applies(full)), None)
+
+    trial = dict(choice)
+    for _ in range(len(_LAUNCH_AXES)):
+        bad = refused(trial)
+        if bad is None:
+            break
+        options = [v for v in offered[bad.axis] if v in bad.values]
+        if bad.axis in chosen or not options:
+            return
+        now = trial[bad.axis]
+        # (the nearest number, the smaller of two; a scheduler: the first the kernel implements)
+        trial[bad.axis] = min(options, key=lambda v: abs(v - now) if isinstance(now, int) else 0)
+    if trial != choice and refused(trial) is None and not check_choice(trial, spec.constraints):
+        choice.update(trial)
 
 
 def surface(spec: Spec, arch: str, *, as_variants: bool = False) -> Iterator[Any]:

@@ -729,3 +729,21 @@ def test_the_mx_gathered_case_and_the_reference_read_scales_as_the_kernel_copies
     err, ok, detail = selftest._run_spec(dict(spec="grouped_gemm_quant", tokens=[300, 0, 700, 17], n=256, k=320,
                                               axes=axes), "cpu")
     assert ok, (err, detail)
+
+
+def test_default_launch_axes_yield_to_the_gathered_modes_limits():
+    """A launch axis left at its default moves to the nearest value the kernel implements with the
+    chosen mode (sm_100a block-scaled gathered A: the default 2-CTA tile of 256 rows in a cluster
+    of 2 becomes 128 rows without a cluster); a chosen one is refused with the limit's reason, and
+    other variants keep their defaults."""
+    mx = dict(ab_dtype="float8_e4m3fn", sf_dtype="float8_e8m0fnu", sf_vec_size=32)
+    plain = make_variant("grouped_gemm_srelu", arch="sm_100a", **mx)
+    assert (plain.tile_m, plain.cluster_m, plain.cluster_n) == (256, 2, 1)
+    for vec in (32, 128):   # (128: the recipe's E8M0 scales, run as MX)
+        v = make_variant("grouped_gemm_srelu", arch="sm_100a", a_gather=True, **{**mx, "sf_vec_size": vec})
+        assert (v.tile_m, v.tile_n, v.cluster_m, v.cluster_n) == (128, plain.tile_n, 1, 1)
+        registry.resolve("grouped_gemm_srelu", "sm_100a", vars(v))
+    bf16 = make_variant("grouped_gemm", arch="sm_100a", a_gather=True)   # (gathers on its 2-CTA pair)
+    assert (bf16.tile_m, bf16.cluster_m) == (256, 2)
+    with pytest.raises(UnsupportedError, match=r"^tile_m=256 .* with a_gather=True; implemented: 64, 128"):
+        Op("grouped_gemm_srelu", arch="sm_100a", a_gather=True, tile_m=256, **mx).check_support()
