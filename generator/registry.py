@@ -111,7 +111,8 @@ _BF16_DEFAULTS = {"tile_m": 128, "tile_n": 256, "cluster_m": 1, "cluster_n": 1}
 
 # Gathered operands are the BF16 kernels' modes: gathered A (a_index) of the M-grouped and K-grouped
 # classes, gathered X (b_gather) of the K-grouped class (sm_100a: through TMA gather4, not yet run);
-# the others read whole rows.
+# and gathered FP8 A of the block-scaled grouped class (sm_90a: the blockwise recipe's kernel; sm_100a:
+# MXFP8, below). The others read whole rows.
 _NO_GATHER = Limit("a_gather", (False,), "gathered A (a_index) is the BF16 grouped and K-grouped families' "
                                          "operand mode, and the block-scaled grouped family's (FP8)")
 _NO_GATHER_B = Limit("b_gather", (False,), "gathered B (b_index) is the BF16 K-grouped family's operand mode "

@@ -368,7 +368,9 @@ def test_sm100_kgrouped_gathered_operands_load_token_rows_by_gather4(session_cac
 @pytest.mark.parametrize("spec,axes,modes", [
     ("grouped_gemm", dict(a_gather=True, tile_m=128, tile_n=256, cluster_m=1, cluster_n=1), ("a_gather",)),
     ("grouped_gemm_wgrad", dict(b_gather=True), ("b_gather",)),
-    ("grouped_gemm_wgrad", dict(a_gather=True, b_gather=True), ("a_gather", "b_gather"))])
+    ("grouped_gemm_wgrad", dict(a_gather=True, b_gather=True), ("a_gather", "b_gather")),
+    ("grouped_gemm_quant", dict(a_gather=True, ab_dtype="float8_e4m3fn", sf_dtype="float8_e8m0fnu", sf_vec_size=32),
+     ("a_gather",))])
 def test_sm100_gathered_variants_are_first_run_gated_by_cases_that_pass_an_index(spec, axes, modes):
     """sm_100a gathered operands (TMA gather4, not run on a Blackwell GPU) are configuration classes
     of their own: the first-run gate (fusegemm/verify.py) runs that class's cases, which read the
