@@ -196,9 +196,8 @@ _SM100_SCALED_GATHER = (
     Limit("tile_m", (64, 128), "gathered A: each CTA's producer lanes copy their rows' scales and publish them on "
           "its own full barrier; a 2-CTA tile's peer would publish on its leader's (a cluster-scope arrival, not "
           "written)", when=(("a_gather", True),)),
-    Limit("cluster_m", (1,), "gathered A loads rows per CTA, not multicast: no clusters", when=(("a_gather", True),)),
-    Limit("cluster_n", (1,), "gathered A loads rows per CTA, not multicast: no clusters", when=(("a_gather", True),)),
     Limit("a_major", ("k",), "gathered A reads K-major token rows", when=(("a_gather", True),)),
+    *_SM100_GATHER,   # (its clusters: none for the 1-CTA tiles above)
 )
 
 _SM100_ROWS = (
@@ -441,9 +440,17 @@ def resolve(family: str, arch: str, choice: dict[str, Any]) -> Implementation:
     row = lookup(family, arch)
     if row is None:
         raise UnsupportedError(f"{family} has no kernel for {arch} (status: none)")
+    lim = refusal(row, choice)
+    if lim is not None:
+        raise UnsupportedError(row.problem(choice), axis=lim.axis)
+    return row
+
+
+def refusal(row: Implementation, choice: dict[str, Any], axes: tuple[str, ...] | None = None) -> Limit | None:
+    """The first of ``row``'s limits (on ``axes``, default every axis) that refuses ``choice``, or None."""
     for lim in row.limits:
-        if lim.axis not in choice and lim.axis not in NEUTRAL:
+        if (axes is not None and lim.axis not in axes) or (lim.axis not in choice and lim.axis not in NEUTRAL):
             continue   # (as Implementation.problem: an axis not chosen, without a neutral value)
         if choice.get(lim.axis, NEUTRAL.get(lim.axis)) not in lim.values and lim.applies(choice):
-            raise UnsupportedError(row.problem(choice), axis=lim.axis)
-    return row
+            return lim
+    return None

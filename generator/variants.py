@@ -12,7 +12,7 @@ from typing import Any, Iterator
 from ..base.dtypes import short
 from ..base.errors import UnsupportedError
 from .axes import AXES, NEUTRAL
-from .registry import lookup, policy
+from .registry import lookup, policy, refusal
 from .spec import Spec, check_choice, find_spec
 
 
@@ -186,8 +186,9 @@ def make_variant(spec: Spec | str, *, arch: str, **choices: Any) -> Variant:
     return _build(spec, choice)
 
 
-# The launch axes whose default yields to a mode the caller chose (below).
-_LAUNCH_AXES = ("tile_m", "tile_n", "cluster_m", "cluster_n", "scheduler")
+# The launch configuration's axes (tile, cluster, scheduler) whose defaults yield to a mode the
+# caller chose (below).
+_YIELDING_AXES = ("tile_m", "tile_n", "cluster_m", "cluster_n", "scheduler")
 
 
 def _launch_defaults_within_limits(spec: Spec, choice: dict[str, Any], chosen: set[str]) -> None:
@@ -199,25 +200,19 @@ def _launch_defaults_within_limits(spec: Spec, choice: dict[str, Any], chosen: s
     row = lookup(spec.kernel, choice["arch"])
     if row is None:
         return
-    offered = spec.choice_map
-
-    def refused(c: dict[str, Any]) -> Any:   # the first launch-axis limit that refuses c
-        full = {**NEUTRAL, **c}
-        return next((lim for lim in row.limits if lim.axis in _LAUNCH_AXES and lim.axis in offered and
-                     full[lim.axis] not in lim.values and lim.applies(full)), None)
-
+    axes = tuple(a for a in _YIELDING_AXES if a in spec.choice_map)
     trial = dict(choice)
-    for _ in range(len(_LAUNCH_AXES)):
-        bad = refused(trial)
+    for _ in axes:
+        bad = refusal(row, trial, axes)
         if bad is None:
             break
-        options = [v for v in offered[bad.axis] if v in bad.values]
+        options = [v for v in spec.choice_map[bad.axis] if v in bad.values]
         if bad.axis in chosen or not options:
             return
         now = trial[bad.axis]
         # (the nearest number, the smaller of two; a scheduler: the first the kernel implements)
         trial[bad.axis] = min(options, key=lambda v: abs(v - now) if isinstance(now, int) else 0)
-    if trial != choice and refused(trial) is None and not check_choice(trial, spec.constraints):
+    if trial != choice and refusal(row, trial, axes) is None and not check_choice(trial, spec.constraints):
         choice.update(trial)
 
 

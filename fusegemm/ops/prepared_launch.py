@@ -28,7 +28,7 @@ from .kgrouped_operands import KCall
 from .loaded_kernel import LoadedKernel
 from .outputs import RESET_BITS, extent
 from .prepared import Prepared, addresses
-from .scaled_operands import scaled_maps
+from .scaled_operands import scaled_maps, sf_atom_group_words
 
 
 class PreparedLaunch:
@@ -364,7 +364,7 @@ def _plan_scaled(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) -
               "a_index": call.a_index.ptr if gathered else 0,
               **_gather_source("a", call.a if gathered else None, "a_tensor", op.variant.arch),
               "sfa_gather_ptr": call.sfa.ptr if gathered else 0,
-              "sfa_gather_ld": (call.sfa_ld if call.blockwise else -(-call.sfk // 4) * 128) if gathered else 0}
+              "sfa_gather_ld": (call.sfa_ld if call.blockwise else sf_atom_group_words(call.sfk)) if gathered else 0}
     return ln.grid(s), s, values
 
 

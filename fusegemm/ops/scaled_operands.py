@@ -336,6 +336,12 @@ def sf_atom_map(tiled: Any, ptr: int, mn: int, sfk: int, l: int, box: tuple[int,
     return tiled(ptr, "uint32", (128, kt, mt, l), (ATOM_BYTES, kt * ATOM_BYTES, mt * kt * ATOM_BYTES), box, 0)
 
 
+def sf_atom_group_words(sfk: int) -> int:
+    """4-byte words from one 128-row atom group of a scale-atom buffer to the next (``sfk`` scales
+    per row): its K atoms, :func:`sf_atom_map`'s MN stride."""
+    return -(-sfk // 4) * ATOM_BYTES // 4
+
+
 def blockwise_rows_map(tiled: Any, ptr: int, rows: int, sfk: int, ld: int, box_rows: int) -> Any:
     """The tensor map of blockwise 1x128 scales, float32 ``(rows, sfk)`` with unit stride along the
     rows and a K-block pitch of ``ld`` floats: boxes of ``box_rows`` rows by one 128-K block."""

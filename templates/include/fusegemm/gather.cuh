@@ -90,10 +90,10 @@ struct GatherRows {
 };
 
 // A copying lane's stages not yet published, the oldest first (the sm_90a BF16 and blockwise
-// kernels' gathered producers): issued() commits a stage's cp.async copies as
-// one group and publishes the stage kLag stages later (its copies landed, fence.proxy.async so
-// that WGMMA's async proxy sees them, this lane's arrival on its full barrier); flush() publishes
-// the rest at the end.
+// kernels' gathered producers, the sm_100a block-scaled kernel's scale copies): issued() commits a
+// stage's cp.async copies as one group and publishes the stage kLag stages later (its copies
+// landed, fence.proxy.async so that the async proxy's readers, WGMMA or UTCCP, see them, this
+// lane's arrival on its full barrier); flush() publishes the rest at the end.
 template <int kStages, int kLag>
 struct GatherPublisher {
   static_assert(kLag >= 1, "a lag of at least one stage (kLag 0: cp_async_arrive_noinc per copy instead)");

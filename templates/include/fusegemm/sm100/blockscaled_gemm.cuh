@@ -43,8 +43,9 @@
 // count the copying lanes raise). A 2-CTA tile's peer would have to publish on its leader's
 // barrier (a cluster-scope arrival and wait): not written, so the registry keeps gathered tiles
 // at 64 and 128 rows (CUTLASS's block-scaled TMA + cp.async mainloop,
-// sm100_blockscaled_mma_mixed_tma_cpasync_warpspecialized.hpp, is 1-SM without clusters too). Not yet run on a Blackwell GPU: the first-run gate runs the gathered
-// configuration class's cases (rows and scales through an index) before its first launch.
+// sm100_blockscaled_mma_mixed_tma_cpasync_warpspecialized.hpp, is 1-SM without clusters too).
+// Not yet run on a Blackwell GPU: the first-run gate runs the gathered configuration class's
+// cases (rows and scales through an index) before its first launch.
 // Cluster multicast (fusegemm/cluster.cuh): A and SFA k-blocks are multicast along cluster
 // N, B and SFB along cluster M; the tile walk hands a cluster pm x cn neighbouring tiles.
 //
@@ -342,10 +343,7 @@ struct BlockScaledGemmKernel {
       if constexpr (kGatherA) {   // (every lane: the frame's warp loads)
         if (f.lane < kGatherLanes) {
           if (kb == 0) {
-            const int* index = static_cast<const int*>(p.a_index);
-            const int r = m_row + 4 * f.lane;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) g[j] = r + j < p.m_rows ? __ldg(index + r + j) : -1;
+            gather4_tokens(static_cast<const int*>(p.a_index), m_row + 4 * f.lane, p.m_rows, g);
             sf_rows.resolve(g, p.a_gather_rows, static_cast<uint32_t>(p.sfa_gather_ld));
           }
           // Rows 4 lane .. of the tile, in the stage half (TILE_M 64) and SF atom rows they own.

@@ -215,7 +215,7 @@ struct GroupedGemmKernel {
       }
       // Gathered A: this lane's four rows of the tile (rows of A; -1 past the problem's rows,
       // which the map reads as zeros, as any row outside A).
-      int g0 = -1, g1 = -1, g2 = -1, g3 = -1;
+      int g[4] = {-1, -1, -1, -1};
       f.template producer<kGathers>(p, sched, k_blocks, [&](const ClusterTile& t, int kb, uint64_t* bar, int s) {
         // K-grouped: the k-block's token rows start at the expert's first (both maps 2-D).
         const int k0 = (kKGrouped ? kgrouped_k_range<kBlockK>(static_cast<const int*>(p.offsets),
@@ -234,15 +234,10 @@ struct GroupedGemmKernel {
           if (f.lane != 0) return;   // the operand that is not gathered: lane 0's
         } else if constexpr (kGatherA) {   // (every lane: the frame's warp loads)
           if (f.lane < kGatherLanes) {
-            if (kb == 0) {
-              const int* index = static_cast<const int*>(p.a_index);
-              const int r = m_row + 4 * f.lane;   // (this CTA's rows: m_row includes the pair half)
-              g0 = r < p.m_rows ? __ldg(index + r) : -1;
-              g1 = r + 1 < p.m_rows ? __ldg(index + r + 1) : -1;
-              g2 = r + 2 < p.m_rows ? __ldg(index + r + 2) : -1;
-              g3 = r + 3 < p.m_rows ? __ldg(index + r + 3) : -1;
-            }
-            tma_gather4_nd<kCtaGroup>(&p.tma_a, bar, f.smem_a(s) + f.lane * 4 * kBlockK * 2, k0, g0, g1, g2, g3);
+            // (this CTA's rows: m_row includes the pair half)
+            if (kb == 0) gather4_tokens(static_cast<const int*>(p.a_index), m_row + 4 * f.lane, p.m_rows, g);
+            tma_gather4_nd<kCtaGroup>(&p.tma_a, bar, f.smem_a(s) + f.lane * 4 * kBlockK * 2, k0, g[0], g[1], g[2],
+                                      g[3]);
           }
           if (f.lane != 0) return;   // B (and a discrete map's rewrite): lane 0's
         }

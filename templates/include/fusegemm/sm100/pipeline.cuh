@@ -113,6 +113,13 @@ FUSEGEMM_DEVICE void tma_gather4_2sm(const CUtensorMap* desc, uint64_t* bar, voi
       : "memory");
 }
 
+// The tokens of problem rows r .. r + 3 from a gathered operand's index: -1 at or past `rows` (a
+// row gather4 reads as zeros, as any row outside the map).
+FUSEGEMM_DEVICE void gather4_tokens(const int* index, int r, int rows, int (&tokens)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) tokens[j] = r + j < rows ? __ldg(index + r + j) : -1;
+}
+
 // One gather4, 1-CTA or 2-CTA form, chosen at compile time.
 template <int kCtaGroup>
 FUSEGEMM_DEVICE void tma_gather4_nd(const CUtensorMap* desc, uint64_t* bar, void* smem, int c0, int r0, int r1,
