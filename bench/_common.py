@@ -22,6 +22,14 @@ SHAPES = {
     "qwen3-fc1": (32, 16384, 1536, 2048),
 }
 
+# Problems of few tiles, where the last wave's share of the SMs decides (bench/grouped_gemm.py
+# --shapes; the stream-K remainder's case): dsv3-fc1 at 2,048 tokens (256 tiles of 128 x 256, 1.9
+# waves on 132 SMs, K 7,168), and one expert's 512 rows with a long K (32 tiles, K 8,192).
+FEW_TILE_SHAPES = {
+    "dsv3-fc1-2k": (8, 2048, 4096, 7168),
+    "small-m-long-k": (1, 512, 2048, 8192),
+}
+
 
 def expert_sizes(experts: int, tokens: int, dist: str, seed: int = 0) -> list[int]:
     import numpy as np

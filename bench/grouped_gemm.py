@@ -13,18 +13,27 @@ and reports TFLOP/s (2 * rows * N * K / time) and the ratios to both peers.
     python bench/grouped_gemm.py [--out bench/results/grouped_gemm_h200.json] [--shapes dsv3-fc1,...]
     python bench/grouped_gemm.py --tune --configs auto,128x256:static     # the tuned choice vs the default
     python bench/grouped_gemm.py --configs 128x256:static,128x256:static:c2x1,128x256:static:c2x2  # clusters
+    python bench/grouped_gemm.py --configs 128x256:static,128x256:streamk --shapes qwen3-fc1      # stream-K
+    python bench/grouped_gemm.py --configs 128x256:static,128x256:streamk --shapes dsv3-fc1-2k,small-m-long-k
+
+A ``streamk`` config (the last wave's tiles split along K, fusegemm/stream_k.cuh; not a seed
+argument) runs the spec-driven ``fusegemm.Op`` on the same operands and epilogue inputs; its first
+launch passes the first-run gate (its configuration class's cases, in a child process) until a GPU
+run has cleared the mode. FUSEGEMM_STREAMK_MIN_K_BLOCKS sets the split's smallest share.
 """
 from __future__ import annotations
 
 import argparse
 
-from _common import SHAPES, add_run_arguments, expert_sizes, interleaved_ms, nvrtc_defines, run
+from _common import FEW_TILE_SHAPES, SHAPES, add_run_arguments, expert_sizes, interleaved_ms, nvrtc_defines, run
+
+ALL_SHAPES = {**SHAPES, **FEW_TILE_SHAPES}   # (the few-tile rows by --shapes only)
 
 
 def bench_shape(name: str, dist: str, args) -> dict:
     import torch
     from fusegemm.presets import GroupedGemm
-    experts, tokens, n, k = SHAPES[name]
+    experts, tokens, n, k = ALL_SHAPES[name]
     sizes = expert_sizes(experts, tokens, dist)
     m = sum(sizes)
     dev = "cuda"
@@ -68,6 +77,12 @@ def bench_shape(name: str, dist: str, args) -> dict:
             cfg_s = cfg
         tile_s, sched, *tune = cfg_s.split(":")
         tile = tuple(int(x) for x in tile_s.split("x"))
+        if sched == "streamk":
+            from fusegemm.ops.engine import Op
+            sk = Op("grouped_gemm", scheduler="streamk", tile_m=tile[0], tile_n=tile[1], d_dtype="bfloat16")
+            ins = {"alpha": alpha, "prob": prob.reshape(-1)}
+            methods[cfg] = (lambda sk=sk, ins=ins: sk(a, offsets, b, inputs=ins))
+            continue
         # Optional suffix "cMxN": the launch cluster (sm_90a: the cluster kernel, TMA multicast of
         # B along M and A along N).
         cluster = next((tuple(int(x) for x in t[1:].split("x")) for t in tune if t.startswith("c")), None)
@@ -113,14 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_run_arguments(ap, ",".join(SHAPES))
     ap.add_argument("--configs", default="128x256:static",
-                    help="comma list of TILE_MxTILE_N:static|dynamic[:gN], or auto (fusegemm.grouped_gemm "
+                    help="comma list of TILE_MxTILE_N:static|dynamic|streamk[:gN], or auto (fusegemm.grouped_gemm "
                          "choosing: a tuned record, else the default); the first is the headline")
     ap.add_argument("--tune", action="store_true",
                     help="run fusegemm.tune on each shape first (records land in the kernel cache)")
     args = ap.parse_args(argv)
     header = {"benchmark": "grouped_gemm (seed 001), BF16 A/B/D, alpha and prob applied",
               "headline_config": args.configs.split(",")[0]}
-    return run(args, bench_shape, _summary, header, method_note="; TFLOP/s = 2*rows*N*K/time")
+    return run(args, bench_shape, _summary, header, method_note="; TFLOP/s = 2*rows*N*K/time", shapes=ALL_SHAPES)
 
 
 if __name__ == "__main__":

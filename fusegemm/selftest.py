@@ -172,7 +172,9 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
     128), so that every FP32 sum is exact and the kernel and the interpreter differ only by the
     functions' ulp bounds and the outputs' rounding. Dense or discrete weights, K- or N-major B,
     gathered A (a_index into a token-major source, _gathered), scattered outputs (d_index,
-    _scatter_index: the reference's rows placed by it), as the variant says."""
+    _scatter_index: the reference's rows placed by it), as the variant says; ``case["row_ends"]``:
+    the tokens' row ends passed (A's padding rows zero, as an MoE layer's; the token rows
+    compared)."""
     import ml_dtypes
     import torch
 
@@ -224,6 +226,10 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
                     ml_dtypes.float8_e8m0fnu)
                 sfa = pack_sf(rows_through(raw.view(np.uint8), a_index).view(ml_dtypes.float8_e8m0fnu))
                 sfa_source = pack_sf(raw)
+    if case.get("row_ends"):   # the padding's tiles may be skipped: their rows are not compared
+        a[~valid_rows] = 0
+        ends = np.cumsum(sizes) - np.asarray(sizes) + np.asarray(case["tokens"])
+        kw["row_ends"] = output_compare.to_device(ends.astype(np.int32), device)
     d_index = None
     if v.d_scatter:   # C and D rows stored through d_index into (d_rows, N) outputs
         d_index, d_rows = _scatter_index(rng, valid_rows)
@@ -276,6 +282,8 @@ def _run_spec(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool
         g, r = g.cpu().numpy(), np.asarray(ref[name])
         if d_index is not None and name in rows:   # every row output of an element-wise rule is placed
             got[name], want[name] = g, _placed(r[:d_index.shape[0]], d_index, kw["d_rows"])
+        elif case.get("row_ends") and name in rows:
+            got[name], want[name] = g[:valid][valid_rows[:valid]], r[:valid][valid_rows[:valid]]
         else:
             got[name], want[name] = (g[:valid], r[:valid]) if name in rows else (g, r)
     # Functions are within their ulp bounds of the interpreter's: an FP8 output may round to the
@@ -667,8 +675,18 @@ def class_cases(cls: Any) -> list[tuple[str, dict[str, Any]]]:
         fmt = dict(ab_dtype=ab, sf_dtype=sf, sf_vec_size=vec, discrete=cls.weights == "discrete")
         return [(f"{what}, {ab}", dict(run="seed", **shape, **fmt, call=call))
                 for what, shape in (("ragged + empty experts, tails", {**tail, "k": 256}), ("every CTA busy", busy))]
-    return [("ragged + empty experts, N and K tails", dict(run="spec", spec=cls.family, axes=pin, **tail)),
-            ("every CTA of the cluster busy", dict(run="spec", spec=cls.family, axes=pin, **busy))]
+    cases = [("ragged + empty experts, N and K tails", dict(run="spec", spec=cls.family, axes=pin, **tail)),
+             ("every CTA of the cluster busy", dict(run="spec", spec=cls.family, axes=pin, **busy))]
+    if cls.scheduler == "streamk":
+        # The split engaged (fusegemm/stream_k.cuh, FUSEGEMM_STREAMK_MIN_K_BLOCKS 4): tiles fewer than
+        # the SMs, each split over several CTAs (heads adding two or more partials); and whole waves
+        # before a split last wave (on up to 160 SMs), the compacted walk with row ends included.
+        cases += [("stream-K: few tiles, each split over CTAs", dict(run="spec", spec=cls.family, axes=pin,
+                                                                    tokens=[300, 0, 700, 17], n=tn + 64, k=1000)),
+                  ("stream-K: whole waves, then a split last wave",
+                   dict(run="spec", spec=cls.family, axes=pin, tokens=[12800, 0, 7685], n=2 * tn, k=520,
+                        row_ends=True))]
+    return cases
 
 
 def run_class_case(cls: Any, case: dict[str, Any], device: str = "cuda:0") -> tuple[float, bool, str]:

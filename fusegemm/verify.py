@@ -3,7 +3,8 @@
 fusegemm's sm_100a kernels are compiled and statically checked, but no Blackwell GPU has run
 them in the project's own tests (``fusegemm/base/archs.py``: ``executed=False``); a family just
 added may likewise not have run on an executed arch yet (its registry row: ``executed=False``,
-generator/registry.py). One family's kernel takes different paths for different tiles, clusters,
+generator/registry.py), and a mode of an executed kernel may not have run yet (``registry.UNEXECUTED_MODES``:
+the sm_90a stream-K scheduler). One family's kernel takes different paths for different tiles, clusters,
 CTA pairs, schedulers, operand layouts, scaling recipes and weight modes, so a pass on one
 configuration says little about another. The gate therefore works per **configuration class**
 (:class:`ConfigClass`: family, kernel class, tile, cluster, CTAs per tile, scheduler, operand
@@ -78,11 +79,10 @@ def ensure_verified(variant: Any, device: int, ctas: int | None = None) -> None:
     from .generator import registry
     if config.trust_unverified() or running():
         return
+    # A mode no GPU has run (registry.UNEXECUTED_MODES) on an executed arch is a configuration
+    # class of its own (its scheduler or operand modes), gated as an unexecuted arch's classes are.
     mode = registry.unexecuted_mode(variant.kernel, variant.arch, vars(variant))
-    if mode is not None:
-        raise UnverifiedError(f"{variant.kernel}: {mode}. FUSEGEMM_TRUST_UNVERIFIED=1 launches it anyway, at your "
-                              f"own risk.")
-    if registry.executed(variant.kernel, variant.arch):
+    if mode is None and registry.executed(variant.kernel, variant.arch):
         return
     cls = config_class(variant, ctas)
     key = (cls, device)
@@ -103,15 +103,15 @@ def ensure_verified(variant: Any, device: int, ctas: int | None = None) -> None:
         t0 = time.perf_counter()
         rows, problem = check_class(cls, device)
         if not _passed(rows, problem):
+            why = mode or f"fusegemm has not executed its {cls.family} kernel on {cls.arch} hardware before"
             failed = [r for r in rows if r.status not in ("pass", "not available")]
             lines = "\n".join(f"  {r.case}: {r.status} {r.detail}" for r in (failed or rows)) or "  (no cases)"
             what = problem or f"{len(failed)} of {len(rows)} verification cases failed"
             raise UnverifiedError(
                 f"{cls.family} failed its first-run verification on {cls.arch} (device {device}, "
                 f"{ident['device']}), configuration {cls.describe()}: {what}\n{lines}\n"
-                f"fusegemm has not executed its {cls.family} kernel on {cls.arch} hardware before; please report "
-                f"this with the output of `fusegemm selftest --all-configs --json`. FUSEGEMM_TRUST_UNVERIFIED=1 "
-                f"launches anyway, at your own risk.")
+                f"{why}; please report this with the output of `fusegemm selftest --all-configs --json`. "
+                f"FUSEGEMM_TRUST_UNVERIFIED=1 launches anyway, at your own risk.")
         _record(path, ident, rows, t0)
         _verified.add(key)
 

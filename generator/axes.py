@@ -69,7 +69,8 @@ AXES: dict[str, Axis] = {a.name: a for a in (
     Axis("d_scatter", None, "scattered outputs: problem row r's C and D rows are written to row d_index[r] of "
          "(d_rows, N) outputs", "bool"),
     Axis("cd_major", ("n", "m"), "C/D contiguous dimension"),
-    Axis("scheduler", ("static", "dynamic"), "persistent tile scheduling"),
+    Axis("scheduler", ("static", "dynamic", "streamk"), "persistent tile scheduling (streamk: the last wave's "
+         "tiles split along K over every CTA)"),
     Axis("generate_c", None, "materialise C", "bool"),
     Axis("generate_dbias", None, "the bias gradient (a per-expert column sum)", "bool"),
     Axis("discrete_col_sfd", None, "column scale factors grouped by expert tile", "bool"),

@@ -57,6 +57,8 @@ GROUPED_PARAMS = ParamStruct("Params", (
     # Per-call scratch (owned by the call or the compiled op, never global: graph-safe).
     Field("sched_counter", "ptr", "uint32 tile counter for dynamic scheduling, zeroed per call"),
     Field("tmap_workspace", "ptr", "per-CTA tensor-map slots (discrete weights), 128 B each"),
+    Field("sk_partials", "ptr", "stream-K: float per-CTA partial tiles (grid x TILE_M x TILE_N), written before read"),
+    Field("sk_flags", "ptr", "stream-K: int32 (grid,) per-CTA partial-written flags, zeroed per call"),
     # Sizes.
     Field("m_rows", "i32", "rows of A's allocation (>= valid_m = offsets[L-1])"),
     Field("n", "i32", "N (output columns)"),
@@ -78,6 +80,7 @@ GROUPED_PARAMS = ParamStruct("Params", (
     # Zero (a host that predates these fields) means no multicast: pairs only.
     Field("cluster_m", "i32", "cluster M in CTAs (sm_100a TMA multicast of B along M); 0 = pairs only"),
     Field("cluster_n", "i32", "cluster N in CTAs (sm_100a TMA multicast of A along N); 0 = pairs only"),
+    Field("sk_min_k_blocks", "i32", "stream-K: fewest k-blocks per CTA of the last wave's split (0: no split)"),
 ))
 
 

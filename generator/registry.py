@@ -123,6 +123,11 @@ _NO_GATHER_B = Limit("b_gather", (False,), "gathered B (b_index) is the BF16 K-g
 _NO_SCATTER = Limit("d_scatter", (False,), "scattered outputs (d_index) are the BF16 grouped family's "
                                            "output mode")
 
+# The stream-K remainder (scheduler "streamk": the last wave's tiles split along K over every CTA,
+# fusegemm/stream_k.cuh) is the sm_90a BF16 M-grouped kernel's; the other kernels walk whole tiles.
+_NO_STREAM_K = Limit("scheduler", ("static", "dynamic"), "the stream-K remainder (scheduler streamk) is the sm_90a "
+                                                         "BF16 grouped kernel's")
+
 # What both archs' K-grouped kernels (weight gradients, Config::kKGrouped) leave out.
 _KGROUPED_LIMITS = (
     Limit("weight_mode", ("dense",), "both operands are activations (dense, token-major)"),
@@ -204,7 +209,7 @@ _SM100_ROWS = (
     _row("grouped", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _GROUPED_BF16 + _VECTOR_F32,
          rule=SPEC_RULE,
-         limits=(*_SM100_GATHER, _NO_GATHER_B, _SFD_MX_ONLY)),
+         limits=(*_SM100_GATHER, _NO_GATHER_B, _SFD_MX_ONLY, _NO_STREAM_K)),
     # The tcgen05 kernel with per-tile K ranges (Config::kKGrouped): no Blackwell GPU has run it
     # (executed=False: its first launch runs the family's selftest cases on the device,
     # fusegemm/verify.py).
@@ -229,7 +234,7 @@ _SM100_ROWS = (
     *(_row(kind, "sm_100a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _BLOCKSCALED + _VECTOR_F32, rule=SPEC_RULE,
            limits=(*_SM100_MX_SCALES, *(_SM100_SCALED_GATHER if kind == "scaled" else (_NO_GATHER,)), _NO_GATHER_B,
-                   _NO_SCATTER, _SFD_MX_ONLY),
+                   _NO_SCATTER, _SFD_MX_ONLY, _NO_STREAM_K),
            runs_as=_SM100_BLOCKWISE_E8M0 if kind == "scaled" else ())
       for kind in ("scaled", "batched")),
 )
@@ -258,6 +263,15 @@ _SM90_CLUSTERS = (
           when=(("scheduler", "dynamic"),)),
     Limit("cluster_n", (1,), "the dynamic scheduler claims tiles per CTA; clusters walk statically",
           when=(("scheduler", "dynamic"),)),
+)
+
+# Stream-K (fusegemm/stream_k.cuh): each CTA walks its own pieces of the last wave; a cluster's
+# CTAs walk blocks of tiles in lockstep.
+_SM90_STREAM_K = (
+    Limit("cluster_m", (1,), "stream-K splits a tile's k-blocks between CTAs: no clusters",
+          when=(("scheduler", "streamk"),)),
+    Limit("cluster_n", (1,), "stream-K splits a tile's k-blocks between CTAs: no clusters",
+          when=(("scheduler", "streamk"),)),
 )
 
 # Gathered A (fusegemm/sm90/grouped_gemm.cuh): the producer warp loads A row by row; the cluster
@@ -300,7 +314,7 @@ _SM90_BLOCKWISE_GATHER = (
 _SM90_ROWS = (
     _row("grouped", "sm_90a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _GROUPED_BF16 + LAUNCH_AXES, rule=SPEC_RULE,
-         limits=(_SM90_TILE_M, *_SM90_CLUSTERS, *_SM90_GATHER, _NO_GATHER_B, _SM90_SFD_1X128_TILE),
+         limits=(_SM90_TILE_M, *_SM90_CLUSTERS, *_SM90_STREAM_K, *_SM90_GATHER, _NO_GATHER_B, _SM90_SFD_1X128_TILE),
          runs_as=_SM90_SCALAR_F32),
     # K-grouped weight gradients on the BF16 kernel (Config::kKGrouped): token-major operands,
     # one K range per expert.
@@ -324,7 +338,7 @@ _SM90_ROWS = (
     *(_row(kind, "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _SM90_BLOCKSCALED, rule=SPEC_RULE,
            limits=(*_SM90_BLOCKSCALED_LIMITS, *(_SM90_BLOCKWISE_GATHER if kind == "scaled" else (_NO_GATHER,)),
-                   _NO_GATHER_B, _NO_SCATTER,
+                   _NO_GATHER_B, _NO_SCATTER, _NO_STREAM_K,
                    Limit("sf_vec_size", (128,), "1x128 output scales are the blockwise recipe's (A and B scaled "
                                                 "per 128 K); MXFP8 inputs give MX output scales (sfd_vec_size 32)",
                          when=(("sfd_vec_size", 128),))),
@@ -397,7 +411,10 @@ def executed(family: str, arch: str) -> bool:
 # tests/gpu/test_gather_gpu.py passed on the H200 on 2026-12-03; on sm_100a, whose rows are not
 # executed, the first-run gate verifies them: a gathered variant is a configuration class of its
 # own, whose cases read A, dY or X through an index, fusegemm/selftest.py.)
-UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {}
+UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {
+    ("grouped", "sm_90a"): (("scheduler", "streamk", "the stream-K remainder has not run on a GPU yet "
+                                                     "(tests/gpu/test_stream_k_gpu.py)"),),
+}
 
 
 def unexecuted_mode(family: str, arch: str, choice: dict[str, Any]) -> str | None:

@@ -113,7 +113,7 @@ _NAME_PARTS = (
     ("b_gather", lambda v: "bgather" if v else ""),
     ("d_scatter", lambda v: "scatter" if v else ""),
     ("cd_major", lambda v: f"cd{v}"),
-    ("scheduler", lambda v: "dyn" if v == "dynamic" else "static"),
+    ("scheduler", lambda v: {"dynamic": "dyn", "streamk": "sk"}.get(v, "static")),
     ("generate_c", lambda v: "genc" if v else "noc"),
     ("generate_dbias", lambda v: "dbias" if v else ""),
     ("discrete_col_sfd", lambda v: "dcolsfd" if v else ""),

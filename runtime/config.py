@@ -133,7 +133,12 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "gets the default."),
     Var("FUSEGEMM_TRUST_UNVERIFIED", "0", _bool, "0/1, true/false",
         "Skip the first-run verification of kernel families on an arch fusegemm has not executed "
-        "on (sm_100a today): launch without running their selftest cases first."),
+        "on (sm_100a today), and of modes no GPU has run yet (the sm_90a stream-K scheduler): launch "
+        "without running their selftest cases first."),
+    Var("FUSEGEMM_STREAMK_MIN_K_BLOCKS", "4", _positive_int, "a positive integer",
+        "Stream-K (scheduler streamk): the fewest k-blocks (64 K each) a CTA takes of the last wave's "
+        "split; a smaller remainder is shared by fewer CTAs, and none is split when that would not "
+        "shorten it. Read at each launch (not part of the cubin)."),
     Var("FUSEGEMM_VERIFY_TIMEOUT", "30", partial(_seconds, zero=False), "seconds, a positive number",
         "How long the first-run verification cases of a configuration may run on the device (after "
         "their kernels are built) before the check is stopped and the configuration refused as "
@@ -200,6 +205,10 @@ def autotune() -> bool:
 
 def trust_unverified() -> bool:
     return bool(get("FUSEGEMM_TRUST_UNVERIFIED"))
+
+
+def stream_k_min_k_blocks() -> int:
+    return get("FUSEGEMM_STREAMK_MIN_K_BLOCKS")  # type: ignore[return-value]
 
 
 def verify_timeout() -> float:

@@ -15,9 +15,15 @@ from typing import Any
 
 from ..base.dtypes import DTYPES
 from ..generator.params import GROUPED_PARAMS
+from ..runtime import config
 from ..runtime.tensormap import TensorMapCache
 from .device import alloc, num_sms, record_stream
 from .prepared import check_contract, persistent_grid, tma_dtype_name
+
+
+# K elements per k-block of the sm_90a grouped kernel (one SWIZZLE_128B row of BF16), the unit of
+# the stream-K split.
+K_BLOCK = 64
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,9 @@ class LoadedKernel:
         self.tile = (variant.tile_m, variant.tile_n)
         self.cluster = (variant.cluster_m, variant.cluster_n)
         self.dynamic = variant.scheduler == "dynamic"
+        # Stream-K (fusegemm/stream_k.cuh): a grid of every SM the split can feed, per-CTA
+        # partial tiles and zeroed flags per call.
+        self.stream_k = variant.scheduler == "streamk"
         self.sms = num_sms(device)
         ctas = self.cluster[0] * self.cluster[1]
         if ctas > 1:
@@ -77,7 +86,13 @@ class LoadedKernel:
         return cls(variant, built, kernel, device)
 
     def grid(self, s: GroupedShape) -> int:
-        return persistent_grid(s.m, s.n, self.tile, self.contract.ctas_per_tile, self.cluster, self.sms)
+        grid = persistent_grid(s.m, s.n, self.tile, self.contract.ctas_per_tile, self.cluster, self.sms)
+        if self.stream_k:
+            # Up to one CTA per min_k_blocks of the allocation's k-blocks (a problem of few tiles
+            # splits each over several CTAs); the kernel plans the split from the device's offsets.
+            k_blocks = -(-s.k // K_BLOCK) * (s.m // self.tile[0]) * -(-s.n // self.tile[1])
+            grid = min(self.sms, max(grid, k_blocks // config.stream_k_min_k_blocks()))
+        return grid
 
     def maps(self, s: GroupedShape, a_ptr: int, b_ptr: int) -> dict[str, bytes]:
         """The A and B tensor maps (boxes, swizzles and element type from the contract)."""
@@ -95,26 +110,39 @@ class LoadedKernel:
 
     def scalars(self, s: GroupedShape) -> dict[str, int]:
         return {"m_rows": s.m, "n": s.n, "k": s.k, "num_experts": s.l,
-                "cluster_m": self.cluster[0], "cluster_n": self.cluster[1]}
+                "cluster_m": self.cluster[0], "cluster_n": self.cluster[1],
+                "sk_min_k_blocks": config.stream_k_min_k_blocks() if self.stream_k else 0}
+
+    def needs_scratch(self, discrete: bool) -> bool:
+        """Whether a launch takes per-call scratch (:meth:`workspace`)."""
+        return self.dynamic or self.stream_k or discrete
 
     def workspace(self, grid: int, discrete: bool, stream: int, foreign_stream: bool) -> dict[str, int]:
-        """Per-call scratch: a zeroed tile counter (dynamic scheduling) and the per-CTA
-        tensor-map slots the contract asks for (discrete weights). Allocated from torch's
-        stream-ordered allocator for this call, so graph replays and concurrent calls never
-        share it."""
-        if not (self.dynamic or discrete):
+        """Per-call scratch: a zeroed tile counter (dynamic scheduling), the per-CTA tensor-map
+        slots the contract asks for (discrete weights), and stream-K's zeroed per-CTA flags and
+        per-CTA FP32 partial tiles (a tile's accumulators: TILE_M x TILE_N floats, each written
+        before it is read). Allocated from torch's stream-ordered allocator for this call, so
+        graph replays and concurrent calls never share it."""
+        if not self.needs_scratch(discrete):
             return {}
         from ..runtime.load import check, driver
         slots = grid * self.contract.tmap_slot_stride if discrete else 0
-        ws = alloc((128 + 128 * slots,), "uint8", self.device)
+        flags = -(-4 * grid // 128) * 128 if self.stream_k else 0
+        partials = grid * self.tile[0] * self.tile[1] * 4 if self.stream_k else 0
+        ws = alloc((128 + 128 * slots + flags + partials,), "uint8", self.device)
         if foreign_stream:
             record_stream(ws, stream)
+        base = ws.data_ptr()
         out: dict[str, int] = {}
         if self.dynamic:
-            check(driver().cuMemsetD32Async(ws.data_ptr(), 0, 1, stream), "cuMemsetD32Async")
-            out["sched_counter"] = ws.data_ptr()
+            check(driver().cuMemsetD32Async(base, 0, 1, stream), "cuMemsetD32Async")
+            out["sched_counter"] = base
         if slots:
-            out["tmap_workspace"] = ws.data_ptr() + 128
+            out["tmap_workspace"] = base + 128
+        if self.stream_k:
+            out["sk_flags"] = base + 128 + 128 * slots
+            out["sk_partials"] = out["sk_flags"] + flags
+            check(driver().cuMemsetD32Async(out["sk_flags"], 0, grid, stream), "cuMemsetD32Async")
         self._local.ws = ws   # alive until the next call of this thread (the allocator is stream-ordered)
         return out
 

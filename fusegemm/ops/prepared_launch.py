@@ -120,7 +120,7 @@ class PreparedLaunch:
         ln = self._launcher
         planned = _PLANS[self.kind](self, _rebased(template, rebase, ptrs), ln, {name: ptrs[i] for name, i in outs})
         grid = planned[0] if planned is not None else 0
-        scratch = planned is not None and (ln.dynamic or planned[1].discrete)
+        scratch = planned is not None and ln.needs_scratch(planned[1].discrete)
         alloc = None
         if outputs is None:
             import torch
@@ -210,7 +210,7 @@ class PreparedLaunch:
                 ready = buf
             e.remember(ptrs, ready)
         ln = self._launcher
-        if e.scratch:   # per-call scratch (tile counter, tensor-map slots): packed per call
+        if e.scratch:   # per-call scratch (tile counter, tensor-map slots, stream-K): packed per call
             ln.launch({**ready, **ln.workspace(e.grid, e.discrete, stream, current_stream is not None)}, e.grid, stream)
         else:
             e.go(ready, stream)

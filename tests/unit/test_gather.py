@@ -191,22 +191,34 @@ def test_a_index_is_refused_where_it_does_not_belong():
         gathered._parse((a[:0], off, b), {"a_index": torch.zeros(256, dtype=torch.int32)})
 
 
-def test_an_unexecuted_mode_is_refused_at_launch_with_its_reason(monkeypatch):
-    """registry.UNEXECUTED_MODES: the first-run gate refuses a variant that selects a mode listed
-    there, with its reason (FUSEGEMM_TRUST_UNVERIFIED=1 launches it); other variants of the row
+def test_an_unexecuted_mode_is_gated_at_launch_with_its_reason(monkeypatch):
+    """registry.UNEXECUTED_MODES: a variant that selects a mode listed there passes the first-run
+    gate (its configuration class's cases, in the watchdog child) before it launches, and a failure
+    names the mode's reason (FUSEGEMM_TRUST_UNVERIFIED=1 launches it); other variants of the row
     are not affected. The gathered modes have run on the H200 and are no longer listed."""
+    from fusegemm import verify
     from fusegemm.base.errors import UnverifiedError
-    from fusegemm.verify import ensure_verified
+    from fusegemm.selftest import Row
     monkeypatch.delenv("FUSEGEMM_TRUST_UNVERIFIED", raising=False)
+    monkeypatch.setattr(verify, "_verified", set())
+    monkeypatch.setattr(verify, "record_path", lambda cls: None)
+    monkeypatch.setattr(verify, "identity", lambda cls, device: {"device": "Fake H200"})
+    runs = []
+    monkeypatch.setattr(verify, "check_class", lambda cls, device: (runs.append(cls) or
+                                                                    [Row(cls.family, "case", "FAIL", 1.0)], None))
     v = make_variant("grouped_gemm", arch="sm_90a", a_gather=True, **BF16)
-    ensure_verified(v, 0)                                                           # run on the H200: launches
+    verify.ensure_verified(v, 0)                                                    # run on the H200: launches
+    assert runs == []
     monkeypatch.setitem(registry.UNEXECUTED_MODES, ("grouped", "sm_90a"), (("a_gather", True, "written today"),))
-    with pytest.raises(UnverifiedError, match=r"a_gather=True on sm_90a: written today\. "
-                                              r"FUSEGEMM_TRUST_UNVERIFIED=1 launches it anyway"):
-        ensure_verified(v, 0)
-    ensure_verified(make_variant("grouped_gemm", arch="sm_90a", **BF16), 0)      # the row's other variants
+    with pytest.raises(UnverifiedError, match=r"(?s)failed its first-run verification on sm_90a .*\n  case: FAIL.*"
+                                              r"a_gather=True on sm_90a: written today; please report"):
+        verify.ensure_verified(v, 0)
+    assert len(runs) == 1 and runs[0].operands == ("a_gather",)
+    verify.ensure_verified(make_variant("grouped_gemm", arch="sm_90a", **BF16), 0)   # the row's other variants
+    assert len(runs) == 1
     monkeypatch.setenv("FUSEGEMM_TRUST_UNVERIFIED", "1")
-    ensure_verified(v, 0)
+    verify.ensure_verified(v, 0)
+    assert len(runs) == 1
 
 
 @pytest.mark.parametrize("axes", [dict(a_gather=True), dict(b_gather=True), dict(a_gather=True, b_gather=True),

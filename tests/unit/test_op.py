@@ -367,13 +367,17 @@ class _AddressMaps:
 class _Packed(_Launcher):
     """A loaded kernel whose prepared launch records the packed parameter bytes."""
 
-    dynamic = False
+    dynamic = stream_k = False
     kernel = None
     itemsize = 2
 
     def __init__(self):
         super().__init__()
         self.tmaps = _AddressMaps()
+
+    def needs_scratch(self, discrete):
+        from fusegemm.ops.loaded_kernel import LoadedKernel
+        return LoadedKernel.needs_scratch(self, discrete)
 
     def config(self, grid):
         return None

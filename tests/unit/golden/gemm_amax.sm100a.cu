@@ -44,6 +44,8 @@ struct alignas(128) Params {
   void* dbias;  // float (L, W) per-expert column sums (a bias gradient), accumulated atomically
   void* sched_counter;  // uint32 tile counter for dynamic scheduling, zeroed per call
   void* tmap_workspace;  // per-CTA tensor-map slots (discrete weights), 128 B each
+  void* sk_partials;  // stream-K: float per-CTA partial tiles (grid x TILE_M x TILE_N), written before read
+  void* sk_flags;  // stream-K: int32 (grid,) per-CTA partial-written flags, zeroed per call
   int32_t m_rows;  // rows of A's allocation (>= valid_m = offsets[L-1])
   int32_t n;  // N (output columns)
   int32_t k;  // K (reduction length, in elements)
@@ -60,6 +62,7 @@ struct alignas(128) Params {
   float rcp_max;  // SFD: 1 / the FP8/FP4 output's largest value (e5m2: 1/57344 or 1/128)
   int32_t cluster_m;  // cluster M in CTAs (sm_100a TMA multicast of B along M); 0 = pairs only
   int32_t cluster_n;  // cluster N in CTAs (sm_100a TMA multicast of A along N); 0 = pairs only
+  int32_t sk_min_k_blocks;  // stream-K: fewest k-blocks per CTA of the last wave's split (0: no split)
 };
 static_assert(sizeof(Params::tma_a) == 128 && alignof(decltype(Params::tma_a)) == 128, "ABI: Params.tma_a (CUtensorMap) at byte 0");
 static_assert(sizeof(Params::tma_b) == 128 && alignof(decltype(Params::tma_b)) == 128, "ABI: Params.tma_b (CUtensorMap) at byte 128");
@@ -100,22 +103,25 @@ static_assert(sizeof(Params::dprob) == 8 && alignof(decltype(Params::dprob)) == 
 static_assert(sizeof(Params::dbias) == 8 && alignof(decltype(Params::dbias)) == 8, "ABI: Params.dbias (void*) at byte 1008");
 static_assert(sizeof(Params::sched_counter) == 8 && alignof(decltype(Params::sched_counter)) == 8, "ABI: Params.sched_counter (void*) at byte 1016");
 static_assert(sizeof(Params::tmap_workspace) == 8 && alignof(decltype(Params::tmap_workspace)) == 8, "ABI: Params.tmap_workspace (void*) at byte 1024");
-static_assert(sizeof(Params::m_rows) == 4 && alignof(decltype(Params::m_rows)) == 4, "ABI: Params.m_rows (int32_t) at byte 1032");
-static_assert(sizeof(Params::n) == 4 && alignof(decltype(Params::n)) == 4, "ABI: Params.n (int32_t) at byte 1036");
-static_assert(sizeof(Params::k) == 4 && alignof(decltype(Params::k)) == 4, "ABI: Params.k (int32_t) at byte 1040");
-static_assert(sizeof(Params::num_experts) == 4 && alignof(decltype(Params::num_experts)) == 4, "ABI: Params.num_experts (int32_t) at byte 1044");
-static_assert(sizeof(Params::ldc) == 8 && alignof(decltype(Params::ldc)) == 8, "ABI: Params.ldc (int64_t) at byte 1048");
-static_assert(sizeof(Params::ldd) == 8 && alignof(decltype(Params::ldd)) == 8, "ABI: Params.ldd (int64_t) at byte 1056");
-static_assert(sizeof(Params::ld_c_in) == 8 && alignof(decltype(Params::ld_c_in)) == 8, "ABI: Params.ld_c_in (int64_t) at byte 1064");
-static_assert(sizeof(Params::a_gather_ld) == 8 && alignof(decltype(Params::a_gather_ld)) == 8, "ABI: Params.a_gather_ld (int64_t) at byte 1072");
-static_assert(sizeof(Params::sfa_gather_ld) == 8 && alignof(decltype(Params::sfa_gather_ld)) == 8, "ABI: Params.sfa_gather_ld (int64_t) at byte 1080");
-static_assert(sizeof(Params::b_gather_ld) == 8 && alignof(decltype(Params::b_gather_ld)) == 8, "ABI: Params.b_gather_ld (int64_t) at byte 1088");
-static_assert(sizeof(Params::a_gather_rows) == 4 && alignof(decltype(Params::a_gather_rows)) == 4, "ABI: Params.a_gather_rows (int32_t) at byte 1096");
-static_assert(sizeof(Params::b_gather_rows) == 4 && alignof(decltype(Params::b_gather_rows)) == 4, "ABI: Params.b_gather_rows (int32_t) at byte 1100");
-static_assert(sizeof(Params::d_rows) == 4 && alignof(decltype(Params::d_rows)) == 4, "ABI: Params.d_rows (int32_t) at byte 1104");
-static_assert(sizeof(Params::rcp_max) == 4 && alignof(decltype(Params::rcp_max)) == 4, "ABI: Params.rcp_max (float) at byte 1108");
-static_assert(sizeof(Params::cluster_m) == 4 && alignof(decltype(Params::cluster_m)) == 4, "ABI: Params.cluster_m (int32_t) at byte 1112");
-static_assert(sizeof(Params::cluster_n) == 4 && alignof(decltype(Params::cluster_n)) == 4, "ABI: Params.cluster_n (int32_t) at byte 1116");
+static_assert(sizeof(Params::sk_partials) == 8 && alignof(decltype(Params::sk_partials)) == 8, "ABI: Params.sk_partials (void*) at byte 1032");
+static_assert(sizeof(Params::sk_flags) == 8 && alignof(decltype(Params::sk_flags)) == 8, "ABI: Params.sk_flags (void*) at byte 1040");
+static_assert(sizeof(Params::m_rows) == 4 && alignof(decltype(Params::m_rows)) == 4, "ABI: Params.m_rows (int32_t) at byte 1048");
+static_assert(sizeof(Params::n) == 4 && alignof(decltype(Params::n)) == 4, "ABI: Params.n (int32_t) at byte 1052");
+static_assert(sizeof(Params::k) == 4 && alignof(decltype(Params::k)) == 4, "ABI: Params.k (int32_t) at byte 1056");
+static_assert(sizeof(Params::num_experts) == 4 && alignof(decltype(Params::num_experts)) == 4, "ABI: Params.num_experts (int32_t) at byte 1060");
+static_assert(sizeof(Params::ldc) == 8 && alignof(decltype(Params::ldc)) == 8, "ABI: Params.ldc (int64_t) at byte 1064");
+static_assert(sizeof(Params::ldd) == 8 && alignof(decltype(Params::ldd)) == 8, "ABI: Params.ldd (int64_t) at byte 1072");
+static_assert(sizeof(Params::ld_c_in) == 8 && alignof(decltype(Params::ld_c_in)) == 8, "ABI: Params.ld_c_in (int64_t) at byte 1080");
+static_assert(sizeof(Params::a_gather_ld) == 8 && alignof(decltype(Params::a_gather_ld)) == 8, "ABI: Params.a_gather_ld (int64_t) at byte 1088");
+static_assert(sizeof(Params::sfa_gather_ld) == 8 && alignof(decltype(Params::sfa_gather_ld)) == 8, "ABI: Params.sfa_gather_ld (int64_t) at byte 1096");
+static_assert(sizeof(Params::b_gather_ld) == 8 && alignof(decltype(Params::b_gather_ld)) == 8, "ABI: Params.b_gather_ld (int64_t) at byte 1104");
+static_assert(sizeof(Params::a_gather_rows) == 4 && alignof(decltype(Params::a_gather_rows)) == 4, "ABI: Params.a_gather_rows (int32_t) at byte 1112");
+static_assert(sizeof(Params::b_gather_rows) == 4 && alignof(decltype(Params::b_gather_rows)) == 4, "ABI: Params.b_gather_rows (int32_t) at byte 1116");
+static_assert(sizeof(Params::d_rows) == 4 && alignof(decltype(Params::d_rows)) == 4, "ABI: Params.d_rows (int32_t) at byte 1120");
+static_assert(sizeof(Params::rcp_max) == 4 && alignof(decltype(Params::rcp_max)) == 4, "ABI: Params.rcp_max (float) at byte 1124");
+static_assert(sizeof(Params::cluster_m) == 4 && alignof(decltype(Params::cluster_m)) == 4, "ABI: Params.cluster_m (int32_t) at byte 1128");
+static_assert(sizeof(Params::cluster_n) == 4 && alignof(decltype(Params::cluster_n)) == 4, "ABI: Params.cluster_n (int32_t) at byte 1132");
+static_assert(sizeof(Params::sk_min_k_blocks) == 4 && alignof(decltype(Params::sk_min_k_blocks)) == 4, "ABI: Params.sk_min_k_blocks (int32_t) at byte 1136");
 static_assert(sizeof(Params) == 1152 && alignof(Params) == 128, "ABI: sizeof(Params) must be 1152");
 
 // The epilogue rule generated from the epilogue of specs/gemm_amax.yaml (generator/emit.py).
@@ -253,7 +259,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_282b177441ea_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_72408e4f499c_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -279,6 +285,6 @@ extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_282b17
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_gemm_amax_sm100a_282b177441ea(const __grid_constant__ fusegemm_gen::Params params) {
+fg_gemm_amax_sm100a_72408e4f499c(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

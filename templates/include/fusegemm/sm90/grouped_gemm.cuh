@@ -44,6 +44,12 @@
 // the stage (two cooperative, one ping-pong) in every CTA of this CTA's cluster row and column
 // (the CTAs its multicasts reach), each of which releases the stage on all of them.
 //
+// Stream-K remainder (Config::kStreamK, the "streamk" scheduler; M-grouped, no clusters): the
+// producer walks whole tiles for the whole waves and then this CTA's pieces of the last wave's
+// tiles (fusegemm/stream_k.cuh), each a ring entry with its k-block range; a consumer that ran a
+// tile's later k-blocks stores its accumulators for the tile's head piece, which adds them before
+// its epilogue. Not run on a GPU yet (generator/registry.py UNEXECUTED_MODES).
+//
 // Epilogue (fusegemm/sm90/epilogue.cuh): each consumer warp owns 16 complete rows of the tile in
 // its WGMMA fragment, so element-wise rules stage 128-byte column chunks in the warp's own padded
 // smem buffer and write full cache lines (epi::WarpStagedStore), synchronising with __syncwarp
@@ -57,6 +63,7 @@
 #include "fusegemm/gather.cuh"
 #include "fusegemm/sm90/epilogue.cuh"
 #include "fusegemm/scheduler.cuh"
+#include "fusegemm/stream_k.cuh"
 #include "fusegemm/tma.cuh"
 #include "fusegemm/sm90/wgmma.cuh"
 
@@ -163,6 +170,11 @@ template <class C>
 constexpr auto scatter_of(int) -> decltype(C::kScatterD, bool()) { return C::kScatterD; }
 template <class C>
 constexpr bool scatter_of(long) { return false; }
+// Config::kStreamK, false where the generated Config does not declare it.
+template <class C>
+constexpr auto stream_k_of(int) -> decltype(C::kStreamK, bool()) { return C::kStreamK; }
+template <class C>
+constexpr bool stream_k_of(long) { return false; }
 
 template <class Config>
 struct GroupedGemmKernel {
@@ -252,8 +264,19 @@ struct GroupedGemmKernel {
   using Epi = WgmmaEpilogue<64 * kConsumerWGs, kTileN, Rule, ElementC, ElementD, Engine, false, false, kDefer, kPingPong,
                             FUSEGEMM_SM90_ENGINE_WARPS, kScatterD>;
   static constexpr int kEpiBytes = Epi::kBytes;
+  // Stream-K (above): a ring entry also carries its piece's k-block range and the CTAs whose
+  // partials a head piece adds (a second int4 per slot). The one producer thread keeps its walk
+  // in shared memory after the ring: in its 40 registers, the walk's state spilled (24 bytes of
+  // local memory), and 56 (the gathering producers', which walk in registers, a copy per lane)
+  // leave the consumers 224, with which the SwiGLU and dSwiGLU epilogues spilled.
+  static constexpr bool kStreamK = stream_k_of<Config>(0);
+  static_assert(!kStreamK || (!kKGrouped && !kClusters && !Config::kDynamicSched),
+                "stream-K: M-grouped problems, no clusters, its own static walk (the registry's limits)");
+  static constexpr bool kSmemWalk = kStreamK && !kGathers;
+  static_assert(sizeof(StreamKWalk) <= 48, "the walk's shared-memory slot");
   static constexpr int kTileRing = 4;
-  static constexpr int kMiscBytes = 128 /*tensor-map staging*/ + 16 * kTileRing;
+  static constexpr int kRingBytes = kStreamK ? 32 * kTileRing + 48 : 16 * kTileRing;
+  static constexpr int kMiscBytes = 128 /*tensor-map staging*/ + kRingBytes;
   // sm_90 opt-in maximum per block (227 KB), less 1 KB that ptxas reports as static smem
   // for the 1 KB-aligned extern declaration.
   static constexpr int kSmemLimit = 232448 - 1024;
@@ -278,7 +301,7 @@ struct GroupedGemmKernel {
   static constexpr int kOffEpi = kOffB + kStages * kBBytes;
   static constexpr int kOffTmap = kOffEpi + kEpiBytes;            // 128-aligned (below)
   static constexpr int kOffRing = kOffTmap + 128;
-  static constexpr int kOffBars = kOffRing + 16 * kTileRing;
+  static constexpr int kOffBars = kOffRing + kRingBytes;
   static constexpr int kNumBars = 2 * kStages + 2 * kTileRing;
   static constexpr int kSmemBytes = kOffBars + 8 * kNumBars;
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "SW128 stages need 1 KB alignment");
@@ -422,6 +445,11 @@ struct GroupedGemmKernel {
   // the other's tile without waiting on its stages, so without the order it could wait on a
   // stage two phases ahead of the barrier and take the phase before for its own.
   static constexpr uint32_t kOrderBarrier = 4;  // ids 4 and 5 (1 + wg: the engine epilogue)
+  // Stream-K fix-up: the threads of a tile (both warpgroups cooperative, one ping-pong) meet on
+  // named barrier kStreamKBarrier (ping-pong: + wg) around a partial's release and acquire.
+  static constexpr uint32_t kStreamKBarrier = 6;   // ids 6 and 7
+  static constexpr int kTileThreads = kPingPong ? 128 : 128 * kConsumerWGs;
+  using Fixup = StreamKFixup<kTileThreads, kAccum>;
 
   template <class Params>
   static __device__ void run(const Params& p) {
@@ -520,6 +548,15 @@ struct GroupedGemmKernel {
     }
 
     StaticWalk walk = make_walk(geom);
+    // Stream-K: this CTA's units over the tile space the scheduler walks (the compacted one with
+    // row ends), every lane the same sequence; one producer thread's walk lives in shared memory
+    // (kSmemWalk), read and written back per unit.
+    StreamKWalk sk_walk(StreamKPlan::make(kStreamK ? sched.num_tiles() : 0, gridDim.x, k_blocks_all,
+                                          kStreamK ? p.sk_min_k_blocks : 0),
+                        blockIdx.x);
+    int4* sk_ring = ring + kTileRing;
+    StreamKWalk* sk_walk_smem = reinterpret_cast<StreamKWalk*>(sk_ring + kTileRing);
+    if constexpr (kSmemWalk) *sk_walk_smem = sk_walk;
     int stage = 0, slot = 0;
     uint32_t phase = 0, ring_phase = 0;
     // kGatherLag: this lane's committed stages not yet published, the oldest first, each published
@@ -533,13 +570,29 @@ struct GroupedGemmKernel {
     };
     while (true) {
       int linear;
-      if constexpr (Config::kDynamicSched) {
+      StreamKUnit unit{0, 0, k_blocks_all, 0, -1};
+      const int ring_slot = slot;
+      if constexpr (kSmemWalk) {
+        // (the one producer thread, so the lead: the piece goes to its ring slot now and is read
+        // back below, so that its fields are not live in registers through the tile lookup)
+        mbar_wait(&tile_empty[slot], ring_phase ^ 1);
+        StreamKWalk w = *sk_walk_smem;
+        unit = w.next();
+        *sk_walk_smem = w;
+        sk_ring[slot] = make_int4(unit.kb_begin, unit.kb_end, unit.wait_first, unit.wait_last);
+        linear = unit.linear;
+      } else if constexpr (kStreamK) {
+        unit = sk_walk.next();
+        linear = unit.linear;
+      } else if constexpr (Config::kDynamicSched) {
         linear = lead ? dynamic_claim(reinterpret_cast<unsigned int*>(p.sched_counter)) : 0;
         if constexpr (kGathers) linear = __shfl_sync(0xffffffffu, linear, 0);   // one claim per warp
       } else {
         linear = walk.claim();   // (every lane walks the same sequence)
       }
-      const auto t = sched.tile(linear);
+      const auto t = [&] {   // (the stream-K walk yields tiles of the space or -1)
+        if constexpr (kStreamK) return sched.template tile<false>(linear); else return sched.tile(linear);
+      }();
 
       // Only the lead writes ring entries, so only it waits for a free slot. (The copying warps
       // used to wait as well, by parity: a warp that reached its first wait after the consumers
@@ -549,8 +602,11 @@ struct GroupedGemmKernel {
       // ring wait and the consumers at the first tile's first stage, 65 of its 129 arrivals in.)
       // A tile the epilogue does not store (a phantom of a cluster block) travels as expert -1.
       if (lead) {
-        mbar_wait(&tile_empty[slot], ring_phase ^ 1);
+        if constexpr (!kSmemWalk) mbar_wait(&tile_empty[slot], ring_phase ^ 1);
         ring[slot] = make_int4(stores(t) ? t.expert : -1, t.m_block, t.n_block, t.linear);
+        if constexpr (kStreamK && !kSmemWalk) {
+          sk_ring[slot] = make_int4(unit.kb_begin, unit.kb_end, unit.wait_first, unit.wait_last);
+        }
         mbar_arrive(&tile_full[slot]);
       }
       if (++slot == kTileRing) { slot = 0; ring_phase ^= 1; }
@@ -570,6 +626,14 @@ struct GroupedGemmKernel {
         a_rows.load(src_a, reinterpret_cast<const int*>(p.a_index), row0, p.m_rows - row0, lane);
       }
       int k0 = 0, num_k_blocks = k_blocks_all;
+      // This unit's k-blocks [kb_first, kb_last): the tile's, or (stream-K) its piece's.
+      int kb_first = 0;
+      if constexpr (kStreamK) {
+        const int2 kr = kSmemWalk ? make_int2(sk_ring[ring_slot].x, sk_ring[ring_slot].y)
+                                  : make_int2(unit.kb_begin, unit.kb_end);
+        kb_first = kr.x;
+        num_k_blocks = kr.y - kr.x;
+      }
       // K-grouped gathered operands: this warp's token rows of the next k-block, fetched a k-block
       // ahead (load_kgrouped_operand, kPrefetchRows).
       GatherRows<kKShare / 4> ka_rows, kb_rows;
@@ -588,7 +652,7 @@ struct GroupedGemmKernel {
 #if FUSEGEMM_SM90_COMPACT_ROW_ENDS
 #pragma unroll 1
 #endif
-      for (int kb = 0; kb < num_k_blocks; ++kb) {
+      for (int kb = kb_first; kb < kb_first + num_k_blocks; ++kb) {
         // A full pipeline (the stage not yet free): publish the lagging stages now rather than
         // after the wait, so that the consumers do not wait for copies that have landed (kEarly).
         if constexpr (kEarly) {
@@ -597,7 +661,7 @@ struct GroupedGemmKernel {
         mbar_wait(&empty[stage], phase ^ 1);
         if constexpr (Config::kDiscreteB) {
           // Rewrite only here, after the empty wait (see kTmapSlots).
-          if (lead && kb == 0 && t.expert != tmap_expert) {
+          if (lead && kb == kb_first && t.expert != tmap_expert) {
             const uint64_t* ptrs = reinterpret_cast<const uint64_t*>(p.b_ptrs);
             tmap_b = dtm.update(reinterpret_cast<const void*>(ptrs[t.expert]));
             tmap_expert = t.expert;
@@ -809,13 +873,24 @@ struct GroupedGemmKernel {
     while (true) {
       mbar_wait(&tile_full[slot], ring_phase);
       const int4 t = ring[slot];
+      // Stream-K: (first k-block, end, CTAs whose partials a head piece adds: first, last), kept
+      // through the mainloop as one word (the cooperative consumers' registers are full there):
+      // -1 a partial, 0 a whole tile, else 1 + first + (last << 16) (CTAs below 2^15).
+      int num_k_blocks, sk_fix = 0;
+      if constexpr (kStreamK) {
+        const int4 sk = ring[kTileRing + slot];
+        num_k_blocks = sk.y - sk.x;
+        sk_fix = sk.x > 0 ? -1 : sk.z <= sk.w ? 1 + sk.z + (sk.w << 16) : 0;
+      }
       __syncwarp();
       if (lane == 0) mbar_arrive(&tile_empty[slot]);
       if (++slot == kTileRing) { slot = 0; ring_phase ^= 1; }
       if (t.w < 0) break;
 
-      const int num_k_blocks = kKGrouped ? k_range(p, t.x).y : k_blocks_all;
-      const bool stores_tile = !kClusters || t.x >= 0;   // (a cluster block's phantoms: expert -1)
+      if constexpr (!kStreamK) num_k_blocks = kKGrouped ? k_range(p, t.x).y : k_blocks_all;
+      // A stream-K piece after the tile's head stores its partial instead of the tile.
+      const bool partial = kStreamK && sk_fix < 0;
+      const bool stores_tile = (!kClusters || t.x >= 0) && !partial;   // (a cluster block's phantoms: expert -1)
       if constexpr (kPingPong) {
         const bool own = turn;
         turn = !turn;
@@ -892,6 +967,10 @@ struct GroupedGemmKernel {
       cute::warpgroup_wait<0>();
       fence_acc(acc);
       if (num_k_blocks > 0 && lane == 0) release_stage(&empty[prev_stage], commit_mask, me, warp % 4);
+      if constexpr (kStreamK) {
+        if (sk_fix != 0) stream_k_fixup(p, partial, (sk_fix - 1) & 0xffff, (sk_fix - 1) >> 16, wg, acc);
+        if (partial) continue;
+      }
       if constexpr (kKGrouped) {   // (M-grouped tiles always have k-blocks: K >= 8)
         if (num_k_blocks == 0) {   // an expert without tokens: its gradient is zero
 #pragma unroll
@@ -910,6 +989,26 @@ struct GroupedGemmKernel {
     stagger_release();
     if constexpr (Epi::kDeferD) Epi::drain(p, epi_buf, pending, lane);
     Epi::finish(part, p, warp, lane);
+  }
+
+  // Stream-K fix-up (fusegemm/stream_k.cuh) of a piece's accumulators: a partial goes to this
+  // CTA's slot and raises its flag; a head piece waits for CTAs first .. last and adds theirs.
+  template <class Params>
+  static __device__ void stream_k_fixup(const Params& p, bool partial, int first, int last, int wg,
+                                        float (&acc)[kAccum]) {
+    const uint32_t bar = kStreamKBarrier + (kPingPong ? uint32_t(wg) : 0u);
+    const int t = kPingPong ? int(threadIdx.x % 128) : int(threadIdx.x);
+    float* partials = static_cast<float*>(p.sk_partials);
+    int* flags = static_cast<int*>(p.sk_flags);
+    if (partial) {
+      Fixup::store(partials, blockIdx.x, t, acc);
+      named_barrier_sync(bar, kTileThreads);
+      if (t == 0) flag_release(flags + blockIdx.x);
+    } else {
+      if (t == 0) Fixup::wait(flags, first, last);
+      named_barrier_sync(bar, kTileThreads);
+      Fixup::add(partials, first, last, t, acc);
+    }
   }
 
 };
