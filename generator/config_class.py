@@ -34,7 +34,7 @@ class ConfigClass:
         CTAs per MMA tile: 2 for the sm_100a kernels' 256-row tiles (``cta_group::2``; the
         arch's registry policy).
     scheduler : str
-        ``static`` or ``dynamic``.
+        ``static``, ``dynamic`` or ``streamk`` (sm_90a BF16 grouped: the last wave split along K).
     majors : (str, str)
         A's and B's memory order (``k``, ``m`` / ``n``).
     recipe : (str, str, int)
