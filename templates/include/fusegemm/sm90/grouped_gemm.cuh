@@ -626,7 +626,7 @@ struct GroupedGemmKernel {
         a_rows.load(src_a, reinterpret_cast<const int*>(p.a_index), row0, p.m_rows - row0, lane);
       }
       int k0 = 0, num_k_blocks = k_blocks_all;
-      // This unit's k-blocks [kb_first, kb_last): the tile's, or (stream-K) its piece's.
+      // This unit's k-blocks, kb_first .. kb_first + num_k_blocks - 1: the tile's, or (stream-K) its piece's.
       int kb_first = 0;
       if constexpr (kStreamK) {
         const int2 kr = kSmemWalk ? make_int2(sk_ring[ring_slot].x, sk_ring[ring_slot].y)
