@@ -70,8 +70,8 @@ def bench_shape(name: str, dist: str, args) -> dict:
             from fusegemm.ops.grouped_operands import parse_call
             call = parse_call(a3, offsets, alpha, b_view, None, None, prob, ab_dtypes=("bfloat16",),
                               bias_dtypes=("bfloat16",))
-            tile, dyn, _ = _tuned(call, torch.cuda.current_device(), None, "bfloat16", "k")
-            row["auto_config"] = f"{tile[0]}x{tile[1]}:{'dynamic' if dyn else 'static'}" if tile else "default"
+            tile, sched, _ = _tuned(call, torch.cuda.current_device(), None, "bfloat16", "k")
+            row["auto_config"] = f"{tile[0]}x{tile[1]}:{sched}" if tile else "default"
             cfg_s = row["auto_config"] if tile else "128x256:static"
         else:
             cfg_s = cfg

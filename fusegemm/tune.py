@@ -1,7 +1,8 @@
 """Autotuning of the grouped GEMM's launch configuration: measure once, record, reuse.
 
 ``fusegemm tune grouped_gemm --shape experts=8,tokens=16384,n=4096,k=7168`` (or :func:`tune`)
-times every tile and scheduler the device's arch implements on a seeded problem of that shape
+times every tile and scheduler the device's arch implements (static, dynamic and, on sm_90a, the
+stream-K remainder) on a seeded problem of that shape
 and records the fastest in the kernel cache, ``<cache>/tuned/<spec>.<arch>.<device>.json``,
 under the problem's **bucket**: experts, rows per expert (rounded to a power of two), N, K and
 the output/weight options. ``fusegemm.grouped_gemm`` called without ``mma_tiler_mn`` and
@@ -19,6 +20,7 @@ record never changes numerics: every candidate computes the same FP32-accumulate
 """
 from __future__ import annotations
 
+import functools
 import logging
 import statistics
 import threading
@@ -207,20 +209,26 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
     alpha = torch.ones(experts, device=dev)
     d_t = torch.empty(m, n, dtype=getattr(torch, d_dtype), device=dev)
     defaults = default_choice(spec_, arch)
-    default = Candidate((defaults["tile_m"], defaults["tile_n"]), defaults.get("scheduler") == "dynamic")
+    default = Candidate.of((defaults["tile_m"], defaults["tile_n"]), defaults.get("scheduler", "static"))
     fns: dict[str, Callable[[], Any]] = {}
     cands: dict[str, Candidate] = {}
     spec_choices = spec_.choice_map
     for tm in spec_choices["tile_m"]:
         for tn in spec_choices["tile_n"]:
-            for dyn in (False, True):
-                c = Candidate((tm, tn), dyn)
-                op = GroupedGemm(a, None, d_t, off, alpha, b, d_dtype=d_dtype, use_dynamic_sched=dyn,
-                                 mma_tiler_mn=c.tile, arch=arch)
-                if op.support_problem() is not None:
-                    continue          # outside what this arch's kernel implements
-                op.compile()
-                fns[c.label] = (lambda op=op: op.execute(a, None, d_t, off, alpha, b))
+            for sched in spec_choices.get("scheduler", ("static",)):
+                c = Candidate.of((tm, tn), sched)
+                if c.stream_k:
+                    fn = _stream_k_candidate(spec, c, device, d_dtype, (a, off, b), alpha, progress)
+                    if fn is None:
+                        continue
+                else:
+                    op = GroupedGemm(a, None, d_t, off, alpha, b, d_dtype=d_dtype, use_dynamic_sched=c.dynamic,
+                                     mma_tiler_mn=c.tile, arch=arch)
+                    if op.support_problem() is not None:
+                        continue          # outside what this arch's kernel implements
+                    op.compile()
+                    fn = functools.partial(op.execute, a, None, d_t, off, alpha, b)
+                fns[c.label] = fn
                 cands[c.label] = c
                 if progress:
                     progress(f"compiled {c.label}")
@@ -235,7 +243,8 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
     # lost to the default by 1-5% in the next benchmark): a winner within `margin` of the default
     # is noise, not a reason to leave the configuration every test exercises.
     best = fastest if ms[default.label] > ms[fastest.label] * (1 + margin) else default
-    record = {"tile": list(best.tile), "dynamic": best.dynamic, "ms": round(ms[best.label], 5),
+    record = {"tile": list(best.tile), "dynamic": best.dynamic, "scheduler": best.scheduler,
+              "ms": round(ms[best.label], 5),
               "fastest": fastest.label, "margin": margin,
               "default_ms": round(ms[default.label], 5), "measured": {k_: round(v, 5) for k_, v in ms.items()},
               "shape": {"experts": experts, "tokens": tokens, "n": n, "k": k, "dist": dist},
@@ -245,6 +254,25 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
     tuning_records.remember(file, bucket.key, record)
     path = tuning_records.write(file, bucket.key, record) if write else None
     return TuneResult(bucket, best, default, ms, path, fastest)
+
+
+def _stream_k_candidate(spec: str, c: Candidate, device: int, d_dtype: str, operands: tuple, alpha: Any,
+                        progress: Callable[[str], None] | None) -> Callable[[], Any] | None:
+    """The stream-K scheduler's launch of ``c`` (not a seed argument: the spec-driven op on the
+    same operands and alpha), or None where this arch's kernel does not implement it or its
+    first launch fails (the first-run gate of a mode no GPU has run: its cases, in the watchdog
+    child); the reason goes to ``progress``."""
+    from .base.errors import FusegemmError
+    from .ops.engine import Op
+    try:
+        op = Op(spec, device=device, scheduler="streamk", tile_m=c.tile[0], tile_n=c.tile[1], d_dtype=d_dtype)
+        op.check_support()
+        op(*operands, inputs={"alpha": alpha})
+    except FusegemmError as exc:
+        if progress:
+            progress(f"skipped {c.label}: {str(exc).splitlines()[0]}")
+        return None
+    return lambda: op(*operands, inputs={"alpha": alpha})
 
 
 _log = logging.getLogger("fusegemm")

@@ -73,14 +73,34 @@ class Candidate:
         The CTA tile (M, N).
     dynamic : bool
         Dynamic (atomic-counter) tile scheduling instead of the static persistent walk.
+    stream_k : bool
+        The stream-K remainder (the static walk, its last wave split along K over every CTA;
+        the sm_90a BF16 grouped kernel's ``streamk`` scheduler). Not with ``dynamic``.
     """
 
     tile: tuple[int, int]
     dynamic: bool
+    stream_k: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dynamic and self.stream_k:
+            raise ValueError("Candidate: dynamic and stream_k are two schedulers; choose one")
+
+    @property
+    def scheduler(self) -> str:
+        """The variant's ``scheduler`` axis: ``static``, ``dynamic`` or ``streamk``."""
+        return "dynamic" if self.dynamic else "streamk" if self.stream_k else "static"
+
+    @classmethod
+    def of(cls, tile: tuple[int, int], scheduler: str) -> "Candidate":
+        """The candidate of a tile and a ``scheduler`` axis value."""
+        if scheduler not in ("static", "dynamic", "streamk"):
+            raise ValueError(f"scheduler: got {scheduler!r}; allowed: static, dynamic, streamk")
+        return cls(tile, scheduler == "dynamic", scheduler == "streamk")
 
     @property
     def label(self) -> str:
-        return f"{self.tile[0]}x{self.tile[1]}:{'dynamic' if self.dynamic else 'static'}"
+        return f"{self.tile[0]}x{self.tile[1]}:{self.scheduler}"
 
 
 
@@ -129,11 +149,13 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _candidate(record: Any) -> Candidate | None:
-    """A record's configuration, or None when it is malformed."""
+    """A record's configuration, or None when it is malformed. A record names its ``scheduler``
+    (records written before stream-K name ``dynamic`` only: static or dynamic)."""
     try:
         tm, tn = (int(v) for v in record["tile"])
-        return Candidate((tm, tn), bool(record["dynamic"]))
-    except (KeyError, TypeError, ValueError):
+        scheduler = record.get("scheduler") or ("dynamic" if record["dynamic"] else "static")
+        return Candidate.of((tm, tn), scheduler)
+    except (AttributeError, KeyError, TypeError, ValueError):
         return None
 
 

@@ -26,20 +26,20 @@ def tuned_axes(spec: str, bound: dict[str, Any], axes: dict[str, Any]) -> dict[s
     call = parse_call(bound["a_tensor"], bound["padded_offsets"], bound["alpha_tensor"], bound["b_tensor"],
                       bound["b_ptrs"], bound["bias_tensor"], bound["prob_tensor"], ab_dtypes=("bfloat16",),
                       bias_dtypes=(axes["bias_dtype"],), n=bound["n"], b_major=bound["b_major"])
-    tile, dynamic, cluster = _tuned(call, call.a.device[1], axes["c_dtype"] if axes["generate_c"] else None,
-                                    axes["d_dtype"], bound["b_major"], bound["current_stream"], spec)
+    tile, scheduler, cluster = _tuned(call, call.a.device[1], axes["c_dtype"] if axes["generate_c"] else None,
+                                      axes["d_dtype"], bound["b_major"], bound["current_stream"], spec)
     out: dict[str, Any] = {}
     if tile is not None:
-        out.update(tile_m=tile[0], tile_n=tile[1], scheduler="dynamic" if dynamic else "static")
+        out.update(tile_m=tile[0], tile_n=tile[1], scheduler=scheduler)
     if cluster is not None:
         out.update(cluster_m=cluster[0], cluster_n=cluster[1])
     return out
 
 
 def _tuned(call: Any, device: int, c_name: str | None, d_name: str, b_major: str, stream: Any = None,
-           spec: str = "grouped_gemm") -> tuple[Any, bool, Any]:
-    """(tile, dynamic, cluster) for a parsed call: the recorded, first-call tuned or modelled
-    configuration; (None, False, None) for the spec's default."""
+           spec: str = "grouped_gemm") -> tuple[Any, str, Any]:
+    """(tile, scheduler, cluster) for a parsed call: the recorded, first-call tuned or modelled
+    configuration; (None, "static", None) for the spec's default."""
     from .. import tuning_records
     from ..base.hooks import FIRST_CALL_TUNE
     from ..generator import registry
@@ -53,15 +53,15 @@ def _tuned(call: Any, device: int, c_name: str | None, d_name: str, b_major: str
         hit = FIRST_CALL_TUNE(spec, arch, device, name, bucket, experts=call.l, m_rows=call.m, n=call.n,
                               k=call.k, d_dtype=d_name, stream=resolve_stream(stream, device))
     if hit is not None:
-        return hit.tile, hit.dynamic, None
+        return hit.tile, hit.scheduler, None
     if registry.policy(arch).heuristic and call.bias is None:     # (bias needs tile N 256: the default's)
         from .. import heuristic
         # Every expert's rows are a multiple of 256 and every tile M divides 256, so the tile
         # count depends on the rows' sum only: the allocation's rows, with no device read.
         c = heuristic.choose([call.m] + [0] * (call.l - 1), call.n, call.k)
         if c != heuristic.DEFAULT:
-            return c.tile, False, c.cluster
-    return None, False, None
+            return c.tile, "static", c.cluster
+    return None, "static", None
 
 
 @functools.lru_cache(maxsize=16)

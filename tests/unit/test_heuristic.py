@@ -62,14 +62,14 @@ def test_the_wrapper_uses_the_model_on_sm100a_only(tmp_path, monkeypatch):
     want = h.choose([small.m], small.n, small.k)
     assert want != h.DEFAULT
     monkeypatch.setattr(gg, "_device_identity", lambda device: ("sm_100a", "NVIDIA B200"))
-    assert gg._tuned(small, 0, None, "bfloat16", "k") == (want.tile, False, want.cluster)
+    assert gg._tuned(small, 0, None, "bfloat16", "k") == (want.tile, "static", want.cluster)
     assert gg._tuned(SimpleNamespace(**{**vars(small), "bias": SimpleNamespace(dtype="bfloat16")}), 0, None,
                      "bfloat16", "k") == \
-        (None, False, None)                                             # bias: tile N 256, the default
+        (None, "static", None)                                          # bias: tile N 256, the default
     bucket = tuning_records.Bucket.of(experts=8, m_rows=small.m, n=small.n, k=small.k)
     tuning_records.write(tuning_records.record_file("grouped_gemm", "sm_100a", "NVIDIA B200"), bucket.key,
                          {"tile": [256, 256], "dynamic": True})
-    assert gg._tuned(small, 0, None, "bfloat16", "k") == ((256, 256), True, None)   # a measurement wins
+    assert gg._tuned(small, 0, None, "bfloat16", "k") == ((256, 256), "dynamic", None)   # a measurement wins
     monkeypatch.setattr(gg, "_device_identity", lambda device: ("sm_90a", "NVIDIA H200"))
-    assert gg._tuned(small, 0, None, "bfloat16", "k") == (None, False, None)        # sm_90a: the default
+    assert gg._tuned(small, 0, None, "bfloat16", "k") == (None, "static", None)        # sm_90a: the default
     tuning_records.forget()

@@ -66,6 +66,46 @@ def test_corrupted_or_malformed_records_read_as_none(cache):
     assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) == tuning_records.Candidate((128, 256), False)
 
 
+def test_a_record_names_its_scheduler_stream_k_included(cache, monkeypatch):
+    """A record names its scheduler (static, dynamic or streamk, the tuner's stream-K candidates);
+    a record written before stream-K (``dynamic`` alone) still reads; an unknown scheduler is a
+    malformed record; the wrapper's configuration takes the recorded scheduler as its axis."""
+    from fusegemm.ops import tuned as gg
+    C = tuning_records.Candidate
+    assert C.of((128, 256), "streamk") == C((128, 256), False, True)
+    assert [C.of((64, 256), s).label for s in ("static", "dynamic", "streamk")] == \
+        ["64x256:static", "64x256:dynamic", "64x256:streamk"]
+    assert C((64, 256), True).scheduler == "dynamic" and C((64, 256), False).scheduler == "static"
+    with pytest.raises(ValueError, match="two schedulers"):
+        C((64, 256), True, True)
+    with pytest.raises(ValueError, match="allowed: static, dynamic, streamk"):
+        C.of((64, 256), "clever")
+    path = tuning_records.record_file("grouped_gemm", "sm_90a", "NVIDIA H200")
+    b = tuning_records.Bucket.of(experts=1, m_rows=512, n=2048, k=8192)
+    tuning_records.write(path, b.key, {"tile": [128, 256], "dynamic": False, "scheduler": "streamk"})
+    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) == C((128, 256), False, True)
+    monkeypatch.setattr(gg, "_device_identity", lambda device: ("sm_90a", "NVIDIA H200"))
+    call = SimpleNamespace(l=1, m=512, n=2048, k=8192, bias=None, b_ptrs=None)
+    assert gg._tuned(call, 0, None, "bfloat16", "k") == ((128, 256), "streamk", None)
+    tuning_records.write(path, b.key, {"tile": [128, 256], "dynamic": True})              # an older record
+    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) == C((128, 256), True)
+    tuning_records.write(path, b.key, {"tile": [128, 256], "dynamic": False, "scheduler": "clever"})
+    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) is None
+    tuning_records.forget()
+
+
+def test_the_tuner_skips_stream_k_where_the_kernel_does_not_implement_it(monkeypatch):
+    """tune's stream-K candidate (the spec-driven op: not a seed argument) is skipped, with the
+    registry's reason, on an arch whose kernel has no stream-K (sm_100a), before any launch."""
+    monkeypatch.setattr("fusegemm.ops.device.device_arch", lambda device: "sm_100a")
+    said = []
+    got = tune._stream_k_candidate("grouped_gemm", tuning_records.Candidate.of((128, 256), "streamk"), 0,
+                                   "bfloat16", (None, None, None), None, said.append)
+    assert got is None and said == ["skipped 128x256:streamk: scheduler='streamk' is not implemented for "
+                                    "grouped_gemm on sm_100a; implemented: static, dynamic (the stream-K "
+                                    "remainder (scheduler streamk) is the sm_90a BF16 grouped kernel's)"]
+
+
 def test_a_read_only_cache_keeps_the_record_in_the_process(cache, monkeypatch):
     monkeypatch.setenv("FUSEGEMM_CACHE_READONLY", "1")
     b = tuning_records.Bucket.of(experts=2, m_rows=512, n=256, k=256)
@@ -79,15 +119,15 @@ def test_the_wrapper_uses_the_record_of_its_bucket(cache, monkeypatch):
     from fusegemm.ops import tuned as gg
     monkeypatch.setattr(gg, "_device_identity", lambda device: ("sm_90a", "NVIDIA H200"))
     call = SimpleNamespace(l=8, m=16384, n=4096, k=7168, bias=None, b_ptrs=None)
-    assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, False, None)            # no record: the default
+    assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, "static", None)            # no record: the default
     b = tuning_records.Bucket.of(experts=8, m_rows=16384, n=4096, k=7168)
     from fusegemm.ops import faces
     faces._RESOLVED["memoised call"] = "its configuration"
     tuning_records.write(tuning_records.record_file("grouped_gemm", "sm_90a", "NVIDIA H200"), b.key,
                          {"tile": [64, 256], "dynamic": True})
     assert "memoised call" not in faces._RESOLVED     # the store told the wrapper: calls re-resolve
-    assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), True, None)
-    assert gg._tuned(call, 0, "bfloat16", "bfloat16", "k") == (None, False, None)     # with C: another bucket
+    assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), "dynamic", None)
+    assert gg._tuned(call, 0, "bfloat16", "bfloat16", "k") == (None, "static", None)     # with C: another bucket
 
 
 def test_cli_without_a_gpu_exits_3(monkeypatch):
@@ -132,11 +172,11 @@ def first(cache, monkeypatch):
 def test_first_call_tuning_tunes_the_calls_bucket_once(first):
     gg, calls = first
     call = SimpleNamespace(l=8, m=8 * 2304, n=4096, k=7168, bias=None, b_ptrs=None)
-    assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), True, None)
+    assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), "dynamic", None)
     bucket = tuning_records.Bucket.of(experts=8, m_rows=8 * 2304, n=4096, k=7168)
     assert calls == [dict(spec="grouped_gemm", experts=8, tokens=8 * 2304, n=4096, k=7168, d_dtype="bfloat16",
                           device=0, bucket=bucket.key)]
-    assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), True, None)      # the record now
+    assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), "dynamic", None)      # the record now
     assert len(calls) == 1
 
 
@@ -145,15 +185,15 @@ def test_first_call_tuning_is_opt_in_and_skips_what_it_cannot_measure(first, mon
     call = SimpleNamespace(l=8, m=4096, n=512, k=512, bias=None, b_ptrs=None)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FUSEGEMM_AUTOTUNE", "0")
-        assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, False, None)
-    assert gg._tuned(call, 0, "bfloat16", "bfloat16", "k") == (None, False, None)    # with C
-    assert gg._tuned(call, 0, None, "bfloat16", "n") == (None, False, None)          # N-major weights
+        assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, "static", None)
+    assert gg._tuned(call, 0, "bfloat16", "bfloat16", "k") == (None, "static", None)    # with C
+    assert gg._tuned(call, 0, None, "bfloat16", "n") == (None, "static", None)          # N-major weights
     assert gg._tuned(SimpleNamespace(**{**vars(call), "b_ptrs": object()}), 0, None, "bfloat16", "k") == \
-        (None, False, None)                                                           # discrete weights
-    assert gg._tuned(call, 0, None, "bfloat16", "k", 99) == (None, False, None)      # capturing a graph
+        (None, "static", None)                                                         # discrete weights
+    assert gg._tuned(call, 0, None, "bfloat16", "k", 99) == (None, "static", None)      # capturing a graph
     from fusegemm.ops.prepared import dry_run
     with dry_run():
-        assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, False, None)      # fake tensors
+        assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, "static", None)      # fake tensors
     assert calls == []
 
 
@@ -161,8 +201,8 @@ def test_a_failed_tuning_gives_the_default_and_is_not_retried(first, caplog):
     gg, calls = first
     call = SimpleNamespace(l=4, m=1024, n=999, k=512, bias=None, b_ptrs=None)
     with caplog.at_level("WARNING", logger="fusegemm"):
-        assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, False, None)
-        assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, False, None)
+        assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, "static", None)
+        assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, "static", None)
     assert len(calls) == 1
     assert "failed (RuntimeError: out of memory); launching the default" in caplog.text
 
@@ -186,8 +226,8 @@ def test_calls_made_while_tuning_are_not_tuned(first, monkeypatch):
     t = threading.Thread(target=lambda: got.append(gg._tuned(outer, 0, None, "bfloat16", "k")), daemon=True)
     t.start()
     t.join(timeout=20)
-    assert got == [((64, 256), True, None)], "the nested call deadlocked or tuned"
-    assert seen == [(None, False, None)] and [c["n"] for c in calls] == [512]
+    assert got == [((64, 256), "dynamic", None)], "the nested call deadlocked or tuned"
+    assert seen == [(None, "static", None)] and [c["n"] for c in calls] == [512]
 
 
 def test_tune_refuses_a_bucket_of_other_options():
@@ -207,9 +247,9 @@ def test_calls_made_by_a_first_run_verification_are_not_tuned(first, monkeypatch
     gg, calls = first
     call = SimpleNamespace(l=6, m=3072, n=256, k=200, bias=None, b_ptrs=None)
     monkeypatch.setattr(verify._local, "active", True, raising=False)
-    assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, False, None)
+    assert gg._tuned(call, 0, None, "bfloat16", "k") == (None, "static", None)
     monkeypatch.setattr(verify._local, "active", False)
-    assert gg._tuned(SimpleNamespace(**{**vars(call), "m": 0}), 0, None, "bfloat16", "k") == (None, False, None)
+    assert gg._tuned(SimpleNamespace(**{**vars(call), "m": 0}), 0, None, "bfloat16", "k") == (None, "static", None)
     assert calls == []
-    assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), True, None)     # outside: tuned
+    assert gg._tuned(call, 0, None, "bfloat16", "k") == ((64, 256), "dynamic", None)     # outside: tuned
     assert len(calls) == 1
