@@ -175,6 +175,9 @@ def show(spec: str, as_json: bool) -> None:
             if r["axis"] in s.choice_map:
                 click.echo(f"    {r['axis']}={r['value']} runs as {r['axis']}={r['runs_as']}{r['condition']} "
                            f"({r['because']})")
+        for u in impl["unexecuted"]:
+            if u["axis"] in s.choice_map:
+                click.echo(f"    {u['axis']}={u['value']} not yet run on a GPU: first-run gated ({u['because']})")
         if impl["defaults"]:
             click.echo(f"    defaults: {', '.join(f'{k}={v}' for k, v in impl['defaults'].items())}")
     # Kernel names (what build prints and inspect takes), with the variant's where it differs.

@@ -54,7 +54,10 @@ def spec_info(s: Any, prebuild: list[str] | None = None) -> dict[str, Any]:
                         "condition": l.condition()} for l in row.limits],
             "defaults": dict(registry.policy(arch).defaults_for(row.kernel_class)),
             "runs_as": [{"axis": r.axis, "value": r.value, "runs_as": r.runs_as, "because": r.because,
-                         "when": dict(r.when), "condition": r.condition()} for r in row.runs_as]}
+                         "when": dict(r.when), "condition": r.condition()} for r in row.runs_as],
+            # Modes this kernel has that no GPU has run (each first-run gated: fusegemm/verify.py).
+            "unexecuted": [{"axis": axis, "value": value, "because": why}
+                           for axis, value, why in registry.UNEXECUTED_MODES.get((row.kernel_class, arch), ())]}
     return {
         "name": s.name, "path": s.path, "kernel": s.kernel, "problem": s.problem, "seed": s.seed,
         "summary": s.summary,

@@ -45,6 +45,9 @@ def surface_rows(info: dict[str, Any]) -> list[tuple[str, str, dict[str, str]]]:
                 per_arch[arch] = "; ".join(
                     f"{code_list([v for v in declared if v in lim['values']]) or 'none'}{lim['condition']} "
                     f"({lim['because']})" for lim in lims)
+            for u in impl.get("unexecuted", ()):   # a mode no GPU has run: first-run gated
+                if u["axis"] == axis:
+                    per_arch[arch] += f"; `{u['value']}` not yet run on a GPU, first-run gated ({u['because']})"
         rows.append((axis, declared_values(axis, declared), per_arch))
     return rows
 

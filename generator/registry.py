@@ -405,12 +405,14 @@ def executed(family: str, arch: str) -> bool:
     return arch_entry(arch).executed and (row is None or row.executed)
 
 
-# Operand modes an executed row's kernel has but no GPU has run yet: each refused at launch, with
-# its reason, unless FUSEGEMM_TRUST_UNVERIFIED=1 (fusegemm/verify.py), until tests/gpu has run it
-# and the entry goes. (Gathered operands on sm_90a stood here from their writing until
-# tests/gpu/test_gather_gpu.py passed on the H200 on 2026-12-03; on sm_100a, whose rows are not
-# executed, the first-run gate verifies them: a gathered variant is a configuration class of its
-# own, whose cases read A, dY or X through an index, fusegemm/selftest.py.)
+# Modes (operand modes, schedulers) an executed row's kernel has but no GPU has run yet: a variant
+# that selects one passes the first-run gate before its first launch, as an unexecuted arch's
+# kernels do (its configuration class's cases in the watchdog child, fusegemm/verify.py; a failure
+# names the reason below; FUSEGEMM_TRUST_UNVERIFIED=1 skips it), until tests/gpu has run it and the
+# entry goes. (Gathered operands on sm_90a stood here, then refused outright, from their writing
+# until tests/gpu/test_gather_gpu.py passed on the H200 on 2026-12-03; on sm_100a, whose rows are
+# not executed, the gate verifies them: a gathered variant is a configuration class of its own,
+# whose cases read A, dY or X through an index, fusegemm/selftest.py.)
 UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {
     ("grouped", "sm_90a"): (("scheduler", "streamk", "the stream-K remainder has not run on a GPU yet "
                                                      "(tests/gpu/test_stream_k_gpu.py)"),),

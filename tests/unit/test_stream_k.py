@@ -315,3 +315,26 @@ def test_the_gate_runs_the_split_on_its_first_launch():
     assert waves["row_ends"] and sum(-(-t // 256) * 256 for t in waves["tokens"]) // 64 * 2 > 2 * 160
     static = make_variant(find_spec("grouped_gemm"), arch="sm_90a", scheduler="static")
     assert not any("stream-K" in label for label, _ in class_cases(config_class(static)))
+
+
+def test_show_and_the_docs_say_the_mode_has_not_run():
+    """`fusegemm show` and the generated op page name the unexecuted mode beside the sm_90a limits
+    (and its JSON lists it); sm_100a, which refuses it, says so as a limit instead."""
+    import json
+
+    from click.testing import CliRunner
+
+    from fusegemm.cli import main
+    from fusegemm.describe import spec_info
+    from fusegemm.docsgen import surface_rows
+    text = CliRunner().invoke(main, ["show", "grouped_gemm"]).output
+    sm90 = text[text.index("  sm_90a:"):]
+    assert ("    scheduler=streamk not yet run on a GPU: first-run gated (the stream-K remainder has not run on a "
+            "GPU yet (tests/gpu/test_stream_k_gpu.py))") in sm90
+    info = json.loads(CliRunner().invoke(main, ["show", "grouped_gemm", "--json"]).output)
+    assert info["implementations"]["sm_90a"]["unexecuted"] == [
+        {"axis": "scheduler", "value": "streamk", "because": registry.UNEXECUTED_MODES[("grouped", "sm_90a")][0][2]}]
+    assert info["implementations"]["sm_100a"]["unexecuted"] == []
+    rows = {axis: per for axis, _, per in surface_rows(spec_info(find_spec("grouped_gemm")))}
+    assert "`streamk` not yet run on a GPU, first-run gated" in rows["scheduler"]["sm_90a"]
+    assert "static" in rows["scheduler"]["sm_100a"] and "not yet run" not in rows["scheduler"]["sm_100a"]
