@@ -218,14 +218,19 @@ def test_stream_k_builds_fix_up_through_release_and_acquire(session_cache, famil
     assert Cubin(b.cubin).resources(b.kernel_name).local_bytes == 0
 
 
-@pytest.mark.parametrize("axes,extra", [(dict(), 4 * 16 + 48), (dict(a_gather=True), 4 * 16 + 48)])
-def test_the_ring_carries_each_piece_and_the_walk_has_its_slot(session_cache, axes, extra):
+@pytest.mark.parametrize("family,axes", [("grouped_gemm", dict()), ("grouped_gemm", dict(a_gather=True)),
+                                         ("grouped_gemm_glu", dict()), ("grouped_gemm_dglu", dict()),
+                                         ("grouped_gemm_dsrelu", dict())], ids=lambda x: str(x))
+def test_the_ring_carries_each_piece_and_the_walk_has_its_slot(session_cache, family, axes):
     """The streamk kernel's shared-memory plan: a second int4 per ring slot (4 slots) and the one
-    producer thread's walk (48 bytes; the gathering lanes walk in registers, the slot unused); the
-    pipeline keeps its stages."""
-    _, b, _ = _build(session_cache, "grouped_gemm", dict(scheduler="streamk", **axes))
-    _, s, _ = _build(session_cache, "grouped_gemm", dict(scheduler="static", **axes))
-    assert b.contract.smem_bytes - s.contract.smem_bytes == extra
+    producer thread's walk (48 bytes; the gathering lanes walk in registers, the slot unused): the
+    pipeline keeps its stages, and no build spills (the six specs of the class at their defaults:
+    these three, and SwiGLU and dSwiGLU above)."""
+    from fusegemm.runtime.cubin_info import Cubin
+    _, b, _ = _build(session_cache, family, dict(scheduler="streamk", **axes))
+    _, s, _ = _build(session_cache, family, dict(scheduler="static", **axes))
+    assert b.contract.smem_bytes - s.contract.smem_bytes == 4 * 16 + 48
+    assert Cubin(b.cubin).resources(b.kernel_name).local_bytes == 0
 
 
 # ---------------------------------------------------------------------------------------------
