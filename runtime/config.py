@@ -138,7 +138,8 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("FUSEGEMM_STREAMK_MIN_K_BLOCKS", "4", _positive_int, "a positive integer",
         "Stream-K (scheduler streamk): the fewest k-blocks (64 K each) a CTA takes of the last wave's "
         "split; a smaller remainder is shared by fewer CTAs, and none is split when that would not "
-        "shorten it. Read at each launch (not part of the cubin)."),
+        "shorten it. Read when an op plans a call pattern's launch (its first call), not part of the "
+        "cubin."),
     Var("FUSEGEMM_VERIFY_TIMEOUT", "30", partial(_seconds, zero=False), "seconds, a positive number",
         "How long the first-run verification cases of a configuration may run on the device (after "
         "their kernels are built) before the check is stopped and the configuration refused as "
