@@ -128,7 +128,7 @@ def _sizes(experts: int, tokens: int, dist: str, seed: int) -> list[int]:
 def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: int, dist: str = "balanced",
          d_dtype: str = "bfloat16", device: int = 0, warmup: int = 2, iters: int = 10, rounds: int = 5,
          margin: float = 0.05, write: bool = True, progress: Callable[[str], None] | None = None,
-         bucket: Bucket | None = None) -> TuneResult:
+         bucket: Bucket | None = None, gated_modes: bool = True) -> TuneResult:
     """Measure every configuration the device's arch implements for this shape; record the best.
 
     Parameters
@@ -168,6 +168,11 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
         Record under this bucket instead of the measured shape's own (the first-call tuner
         records under its call's bucket, whose rows per expert the seeded problem may round
         differently). Its options must be those of the measured problem.
+    gated_modes : bool
+        Also time configurations of a mode no GPU has run yet (``registry.UNEXECUTED_MODES``: the
+        sm_90a stream-K scheduler), each of which passes the first-run gate before its first
+        launch (tens of seconds per configuration class, once per cache); first-call tuning leaves
+        them out.
 
     Returns
     -------
@@ -193,6 +198,7 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
         raise ArgumentError("bucket", bucket.key, f"options {measured.options} (those of the measured problem)")
     import torch
 
+    from .generator import registry
     from .generator.spec import find_spec
     from .generator.variants import default_choice
     from .ops.device import device_arch
@@ -218,6 +224,8 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
             for sched in spec_choices.get("scheduler", ("static",)):
                 c = Candidate.of((tm, tn), sched)
                 if c.stream_k:
+                    if not gated_modes and registry.unexecuted_mode(spec_.kernel, arch, {"scheduler": c.scheduler}):
+                        continue
                     fn = _stream_k_candidate(spec, c, device, d_dtype, (a, off, b), alpha, progress)
                     if fn is None:
                         continue
@@ -345,7 +353,7 @@ def first_call(spec: str, arch: str, device: int, device_name: str, bucket: Buck
         _tuning.on = True
         try:
             res = tune(spec, experts=experts, tokens=m_rows, n=n, k=k, d_dtype=d_dtype, device=device,
-                       bucket=bucket)
+                       bucket=bucket, gated_modes=False)   # (no first-run gates inside a user's call)
             best: Candidate | None = res.best
             _log.warning("fusegemm: %s bucket %s: %s recorded (%s)", spec, bucket.key, best.label,
                          ", ".join(f"{lab} {t:.4f} ms" for lab, t in sorted(res.ms.items(), key=lambda kv: kv[1])))

@@ -156,6 +156,7 @@ def first(cache, monkeypatch):
     calls = []
 
     def fake_tune(spec, *, experts, tokens, n, k, d_dtype, device, bucket, **kw):
+        assert kw.get("gated_modes") is False     # a user's call never waits on first-run gates
         calls.append(dict(spec=spec, experts=experts, tokens=tokens, n=n, k=k, d_dtype=d_dtype, device=device,
                           bucket=bucket.key))
         if n == 999:
