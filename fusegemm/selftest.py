@@ -680,11 +680,12 @@ def class_cases(cls: Any) -> list[tuple[str, dict[str, Any]]]:
     if cls.scheduler == "streamk":
         # The split engaged (fusegemm/stream_k.cuh, FUSEGEMM_STREAMK_MIN_K_BLOCKS 4): tiles fewer than
         # the SMs, each split over several CTAs (heads adding two or more partials); and whole waves
-        # before a split last wave (on up to 160 SMs), the compacted walk with row ends included.
+        # before a split last wave (76 M blocks of 128 rows: 152 or 304 tiles, a part wave on 114 to
+        # 150 SMs; K 1040: 17 k-blocks), the compacted walk with row ends included.
         cases += [("stream-K: few tiles, each split over CTAs", dict(run="spec", spec=cls.family, axes=pin,
                                                                     tokens=[300, 0, 700, 17], n=tn + 64, k=1000)),
                   ("stream-K: whole waves, then a split last wave",
-                   dict(run="spec", spec=cls.family, axes=pin, tokens=[12800, 0, 7685], n=2 * tn, k=520,
+                   dict(run="spec", spec=cls.family, axes=pin, tokens=[6400, 0, 3100], n=2 * tn, k=1040,
                         row_ends=True))]
     return cases
 

@@ -53,11 +53,12 @@ def _close_bf16(got, want):
 
 
 # (rows per expert, N, K): few tiles, each split (K 4096: 64 k-blocks); few tiles with a K tail;
-# whole waves and a remainder (128 x 256: 2 waves + 60 on 132 SMs); qwen3-fc1 (768 tiles).
+# whole waves and a split remainder (152 tiles of 128 x 256, 304 of the other two; K 1040: 17
+# k-blocks); qwen3-fc1 (768 tiles of 128 x 256).
 SHAPES = [
     ([300, 0, 700, 17], 320, 4096),
     ([128, 513], 256, 1000),
-    ([12800, 0, 7685], 512, 520),
+    ([6400, 0, 3100], 512, 1040),
     ([512] * 32, 1536, 2048),
 ]
 

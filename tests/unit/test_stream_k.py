@@ -306,18 +306,31 @@ def test_the_params_carry_the_split():
     assert (kinds["sk_partials"], kinds["sk_flags"], kinds["sk_min_k_blocks"]) == ("ptr", "ptr", "i32")
 
 
-def test_the_gate_runs_the_split_on_its_first_launch():
+@pytest.mark.parametrize("tile_m", [64, 128])
+def test_the_gate_runs_the_split_on_its_first_launch(tile_m):
     """A streamk class's first-run cases include a problem of few tiles split over CTAs (K 1000:
     16 k-blocks, a K tail) and whole waves before a split last wave with row ends (the compacted
-    walk), besides the classes' usual tails."""
+    walk), besides the classes' usual tails: on an H100 PCIe (114 SMs), H100 SXM and H200 (132)
+    and a larger part (150), the host's grid and the model say both split."""
     from fusegemm.generator.config_class import config_class
+    from fusegemm.ops.loaded_kernel import GroupedShape
     from fusegemm.selftest import class_cases
-    v = make_variant(find_spec("grouped_gemm"), arch="sm_90a", scheduler="streamk", tile_m=64)
+    v = make_variant(find_spec("grouped_gemm"), arch="sm_90a", scheduler="streamk", tile_m=tile_m)
     cases = dict(class_cases(config_class(v)))
     few = cases["stream-K: few tiles, each split over CTAs"]
     waves = cases["stream-K: whole waves, then a split last wave"]
-    assert few["k"] == 1000 and few["axes"]["scheduler"] == "streamk" and few["axes"]["tile_m"] == 64
-    assert waves["row_ends"] and sum(-(-t // 256) * 256 for t in waves["tokens"]) // 64 * 2 > 2 * 160
+    assert few["axes"]["scheduler"] == "streamk" and few["axes"]["tile_m"] == tile_m and waves["row_ends"]
+    for case, want_waves in ((few, 0), (waves, 1)):
+        rows = sum(-(-t // 256) * 256 for t in case["tokens"])
+        kb = -(-case["k"] // 64)
+        tiles = rows // tile_m * -(-case["n"] // v.tile_n)
+        for sms in (114, 132, 150):
+            ln = _loaded("streamk", (tile_m, v.tile_n), sms)
+            grid = ln.grid(GroupedShape(m=rows, n=case["n"], k=case["k"], l=len(case["tokens"]), a_ld=case["k"],
+                                        b_sn=case["k"], b_sl=0, discrete=False))
+            units = model(tiles, grid, kb, 4)
+            assert any(u[1] > 0 for us in units for u in us), (case["tokens"], sms)          # split
+            assert (tiles >= grid) == bool(want_waves), (case["tokens"], sms)                # waves first
     static = make_variant(find_spec("grouped_gemm"), arch="sm_90a", scheduler="static")
     assert not any("stream-K" in label for label, _ in class_cases(config_class(static)))
 
