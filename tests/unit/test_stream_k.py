@@ -141,8 +141,12 @@ constexpr Ints<N> walks(int tiles, int grid, int kb, int min_kb) {
     fusegemm::StreamKWalk w(plan, c);
     for (int u = 0; u < %(units)d; ++u) {
       const fusegemm::StreamKUnit x = w.next();
-      const int row[5] = {x.linear, x.kb_begin, x.kb_end, x.wait_first, x.wait_last};
-      for (int k = 0; k < 5; ++k) out.v[i++] = row[k];
+      // the consumers' one-word form, decoded as they decode it (-1: a partial; 0: a whole tile)
+      const int word = fusegemm::fixup_word(x.kb_begin, x.wait_first, x.wait_last);
+      const int fix[3] = {word < 0 ? 1 : 0, word > 0 ? fusegemm::fixup_first(word) : 0,
+                          word > 0 ? fusegemm::fixup_last(word) : -1};
+      const int row[8] = {x.linear, x.kb_begin, x.kb_end, x.wait_first, x.wait_last, fix[0], fix[1], fix[2]};
+      for (int k = 0; k < 8; ++k) out.v[i++] = row[k];
     }
   }
   return out;
@@ -153,26 +157,31 @@ constexpr Ints<N> walks(int tiles, int grid, int kb, int min_kb) {
 
 def test_the_compiled_plan_and_walk_are_the_model():
     """fusegemm/stream_k.cuh as NVRTC evaluates it (constexpr tables in a cubin): every CTA's
-    units, in order, are the model's, then the end (-1)."""
+    units, in order, are the model's, then the end (-1); and each unit's one-word fix-up, as the
+    consumers keep and decode it, says a partial where the piece starts past k-block 0, and
+    names a head's CTAs."""
     from fusegemm.runtime.compile import compile_source
     from fusegemm.runtime.cubin_info import Cubin
     src = _TABLE_FN % {"units": MAX_UNITS}
     for i, (tiles, grid, kb, mk) in enumerate(SHAPES):
-        n = grid * MAX_UNITS * 5
+        n = grid * MAX_UNITS * 8
         src += (f'extern "C" __device__ __attribute__((used)) const fg_test::Ints<{n}> fg_sk{i} = '
                 f"fg_test::walks<{n}>({tiles}, {grid}, {kb}, {mk});\n")
     src += 'extern "C" __global__ void fg_probe() {}\n'
     cub = Cubin(compile_source(src, arch="sm_90a", kernel="fg_probe").data)
     for i, shape in enumerate(SHAPES):
         grid = shape[1]
-        flat = cub.global_ints(f"fg_sk{i}", grid * MAX_UNITS * 5)
+        flat = cub.global_ints(f"fg_sk{i}", grid * MAX_UNITS * 8)
         want = model(*shape)
         assert max(map(len, want)) < MAX_UNITS
         for c in range(grid):
-            rows = [tuple(flat[(c * MAX_UNITS + u) * 5:(c * MAX_UNITS + u + 1) * 5]) for u in range(MAX_UNITS)]
+            rows = [tuple(flat[(c * MAX_UNITS + u) * 8:(c * MAX_UNITS + u + 1) * 8]) for u in range(MAX_UNITS)]
             ends = [r[0] for r in rows].index(-1)
-            assert rows[:ends] == want[c], (shape, c)
+            assert [r[:5] for r in rows[:ends]] == want[c], (shape, c)
             assert all(r[0] == -1 for r in rows[ends:]), (shape, c)
+            # the word: a partial iff the piece starts past k-block 0; a head's CTAs as the unit's
+            for r in rows[:ends]:
+                assert r[5:] == ((1, 0, -1) if r[1] > 0 else (0, r[3], r[4])), (shape, c, r)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -117,6 +117,15 @@ struct StreamKWalk {
   }
 };
 
+// A unit's fix-up as one word, what the consumers keep through the mainloop (their registers are
+// full there): -1 a partial, 0 a whole tile, else a head's 1 + first + (last << 16) (CTAs below
+// 2^15: StreamKPlan::make splits no grid of 2^15 CTAs or more).
+constexpr int fixup_word(int kb_begin, int wait_first, int wait_last) {
+  return kb_begin > 0 ? -1 : wait_first <= wait_last ? 1 + wait_first + (wait_last << 16) : 0;
+}
+constexpr int fixup_first(int word) { return (word - 1) & 0xffff; }
+constexpr int fixup_last(int word) { return (word - 1) >> 16; }
+
 // ---------------------------------------------------------------------------------------------
 // Fix-up through global memory. A slot holds a tile's accumulators as the consumer threads hold
 // them: float4 j of thread t at (j * kThreads + t), so a warp's stores and loads are 512

@@ -874,13 +874,12 @@ struct GroupedGemmKernel {
       mbar_wait(&tile_full[slot], ring_phase);
       const int4 t = ring[slot];
       // Stream-K: (first k-block, end, CTAs whose partials a head piece adds: first, last), kept
-      // through the mainloop as one word (the cooperative consumers' registers are full there):
-      // -1 a partial, 0 a whole tile, else 1 + first + (last << 16) (CTAs below 2^15).
+      // through the mainloop as one word (fusegemm/stream_k.cuh fixup_word).
       int num_k_blocks, sk_fix = 0;
       if constexpr (kStreamK) {
         const int4 sk = ring[kTileRing + slot];
         num_k_blocks = sk.y - sk.x;
-        sk_fix = sk.x > 0 ? -1 : sk.z <= sk.w ? 1 + sk.z + (sk.w << 16) : 0;
+        sk_fix = fixup_word(sk.x, sk.z, sk.w);
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(&tile_empty[slot]);
@@ -968,7 +967,7 @@ struct GroupedGemmKernel {
       fence_acc(acc);
       if (num_k_blocks > 0 && lane == 0) release_stage(&empty[prev_stage], commit_mask, me, warp % 4);
       if constexpr (kStreamK) {
-        if (sk_fix != 0) stream_k_fixup(p, partial, (sk_fix - 1) & 0xffff, (sk_fix - 1) >> 16, wg, acc);
+        if (sk_fix != 0) stream_k_fixup(p, partial, fixup_first(sk_fix), fixup_last(sk_fix), wg, acc);
         if (partial) continue;
       }
       if constexpr (kKGrouped) {   // (M-grouped tiles always have k-blocks: K >= 8)
