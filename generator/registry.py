@@ -128,12 +128,17 @@ _NO_SCATTER = Limit("d_scatter", (False,), "scattered outputs (d_index) are the 
 _NO_STREAM_K = Limit("scheduler", ("static", "dynamic"), "the stream-K remainder (scheduler streamk) is the sm_90a "
                                                          "BF16 grouped kernel's")
 
+
+def _no_clusters(because: str, when: tuple = ()) -> tuple[Limit, Limit]:
+    """cluster_m and cluster_n 1 (where ``when`` holds), both for ``because``."""
+    return (Limit("cluster_m", (1,), because, when=when), Limit("cluster_n", (1,), because, when=when))
+
+
 # What both archs' K-grouped kernels (weight gradients, Config::kKGrouped) leave out.
 _KGROUPED_LIMITS = (
     Limit("weight_mode", ("dense",), "both operands are activations (dense, token-major)"),
     Limit("scheduler", ("static",), "static persistent scheduling only"),
-    Limit("cluster_m", (1,), "K-grouped tiles have one K range per expert: clusters are 1x1"),
-    Limit("cluster_n", (1,), "K-grouped tiles have one K range per expert: clusters are 1x1"),
+    *_no_clusters("K-grouped tiles have one K range per expert: clusters are 1x1"),
 )
 
 
@@ -259,27 +264,18 @@ SM90_POLICY = _policy(
 _SM90_CLUSTERS = (
     Limit("cluster_m", (1, 2), "clusters up to 2x2 on sm_90a"),
     Limit("cluster_n", (1, 2), "clusters up to 2x2 on sm_90a"),
-    Limit("cluster_m", (1,), "the dynamic scheduler claims tiles per CTA; clusters walk statically",
-          when=(("scheduler", "dynamic"),)),
-    Limit("cluster_n", (1,), "the dynamic scheduler claims tiles per CTA; clusters walk statically",
-          when=(("scheduler", "dynamic"),)),
+    *_no_clusters("the dynamic scheduler claims tiles per CTA; clusters walk statically",
+                  when=(("scheduler", "dynamic"),)),
 )
 
 # Stream-K (fusegemm/stream_k.cuh): each CTA walks its own pieces of the last wave; a cluster's
 # CTAs walk blocks of tiles in lockstep.
-_SM90_STREAM_K = (
-    Limit("cluster_m", (1,), "stream-K splits a tile's k-blocks between CTAs: no clusters",
-          when=(("scheduler", "streamk"),)),
-    Limit("cluster_n", (1,), "stream-K splits a tile's k-blocks between CTAs: no clusters",
-          when=(("scheduler", "streamk"),)),
-)
+_SM90_STREAM_K = _no_clusters("stream-K splits a tile's k-blocks between CTAs: no clusters",
+                              when=(("scheduler", "streamk"),))
 
 # Gathered A (fusegemm/sm90/grouped_gemm.cuh): the producer warp loads A row by row; the cluster
 # kernel's sliced multicast loads have no such path.
-_SM90_GATHER = (
-    Limit("cluster_m", (1,), "gathered A loads rows per CTA: no clusters", when=(("a_gather", True),)),
-    Limit("cluster_n", (1,), "gathered A loads rows per CTA: no clusters", when=(("a_gather", True),)),
-)
+_SM90_GATHER = _no_clusters("gathered A loads rows per CTA: no clusters", when=(("a_gather", True),))
 
 # The BF16 kernel's two consumer warpgroups (fusegemm/sm90/grouped_gemm.cuh): both on one
 # 128-row tile (cooperative), or each on 64-row tiles of its own, in turn (ping-pong: one's
@@ -297,8 +293,7 @@ _SM90_BLOCKSCALED_LIMITS = (
     Limit("a_major", ("k",), "FP8 WGMMA reads K-major A only"),
     Limit("b_major", ("k",), "FP8 WGMMA reads K-major B only"),
     Limit("tile_m", (128,), "two 64-row WGMMA consumer warpgroups"),
-    Limit("cluster_m", (1,), "the block-scaled sm_90a kernel has no TMA multicast: clusters are 1x1"),
-    Limit("cluster_n", (1,), "the block-scaled sm_90a kernel has no TMA multicast: clusters are 1x1"),
+    *_no_clusters("the block-scaled sm_90a kernel has no TMA multicast: clusters are 1x1"),
 )
 _SM90_BLOCKSCALED = tuple(a for a in _BLOCKSCALED if a not in ("a_major", "b_major", "tile_m"))
 # Gathered A on the blockwise kernel (fusegemm/sm90/blockwise_promote.cuh): the producer
