@@ -21,11 +21,6 @@ from .device import alloc, num_sms, record_stream
 from .prepared import check_contract, persistent_grid, tma_dtype_name
 
 
-# K elements per k-block of the sm_90a grouped kernel (one SWIZZLE_128B row of BF16), the unit of
-# the stream-K split.
-K_BLOCK = 64
-
-
 @dataclass(frozen=True)
 class GroupedShape:
     """Everything the maps, grid and scalars need from validated arguments but addresses."""
@@ -88,9 +83,10 @@ class LoadedKernel:
     def grid(self, s: GroupedShape) -> int:
         grid = persistent_grid(s.m, s.n, self.tile, self.contract.ctas_per_tile, self.cluster, self.sms)
         if self.stream_k:
-            # Up to one CTA per min_k_blocks of the allocation's k-blocks (a problem of few tiles
-            # splits each over several CTAs); the kernel plans the split from the device's offsets.
-            k_blocks = -(-s.k // K_BLOCK) * (s.m // self.tile[0]) * -(-s.n // self.tile[1])
+            # Up to one CTA per min_k_blocks of the allocation's k-blocks (the contract's tile_k
+            # each; a problem of few tiles splits each over several CTAs); the kernel plans the
+            # split from the device's offsets.
+            k_blocks = -(-s.k // self.contract.tile_k) * (s.m // self.tile[0]) * -(-s.n // self.tile[1])
             grid = min(self.sms, max(grid, k_blocks // config.stream_k_min_k_blocks()))
         return grid
 

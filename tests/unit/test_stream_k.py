@@ -274,7 +274,7 @@ def _loaded(scheduler: str, tile=(128, 256), sms=132):
     from fusegemm.ops.loaded_kernel import LoadedKernel
 
     class _Contract:
-        ctas_per_tile, tmap_slot_stride = 1, 8
+        ctas_per_tile, tmap_slot_stride, tile_k = 1, 8, 64
     ln = LoadedKernel.__new__(LoadedKernel)
     ln.tile, ln.cluster, ln.sms, ln.contract = tile, (1, 1), sms, _Contract()
     ln.dynamic, ln.stream_k = scheduler == "dynamic", scheduler == "streamk"
