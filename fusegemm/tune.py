@@ -215,14 +215,14 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
     alpha = torch.ones(experts, device=dev)
     d_t = torch.empty(m, n, dtype=getattr(torch, d_dtype), device=dev)
     defaults = default_choice(spec_, arch)
-    default = Candidate.of((defaults["tile_m"], defaults["tile_n"]), defaults.get("scheduler", "static"))
+    default = Candidate((defaults["tile_m"], defaults["tile_n"]), defaults.get("scheduler", "static"))
     fns: dict[str, Callable[[], Any]] = {}
     cands: dict[str, Candidate] = {}
     spec_choices = spec_.choice_map
     for tm in spec_choices["tile_m"]:
         for tn in spec_choices["tile_n"]:
             for sched in spec_choices.get("scheduler", ("static",)):
-                c = Candidate.of((tm, tn), sched)
+                c = Candidate((tm, tn), sched)
                 if c.stream_k:
                     if not gated_modes and registry.unexecuted_mode(spec_.kernel, arch, {"scheduler": c.scheduler}):
                         continue

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .generator.axes import AXES
 from .runtime import config
 
 __all__ = ["Bucket", "Candidate", "lookup", "records", "record_file", "write", "remember", "forget",
@@ -71,32 +72,27 @@ class Candidate:
     ----------
     tile : (int, int)
         The CTA tile (M, N).
-    dynamic : bool
-        Dynamic (atomic-counter) tile scheduling instead of the static persistent walk.
-    stream_k : bool
-        The stream-K remainder (the static walk, its last wave split along K over every CTA;
-        the sm_90a BF16 grouped kernel's ``streamk`` scheduler). Not with ``dynamic``.
+    scheduler : str
+        The variant's ``scheduler`` axis: ``static`` (the persistent walk), ``dynamic`` (tiles
+        claimed from an atomic counter) or ``streamk`` (the static walk, its last wave split along K
+        over every CTA: the sm_90a BF16 grouped kernel's).
     """
 
     tile: tuple[int, int]
-    dynamic: bool
-    stream_k: bool = False
+    scheduler: str = "static"
 
     def __post_init__(self) -> None:
-        if self.dynamic and self.stream_k:
-            raise ValueError("Candidate: dynamic and stream_k are two schedulers; choose one")
+        allowed = AXES["scheduler"].allowed
+        if self.scheduler not in allowed:
+            raise ValueError(f"scheduler: got {self.scheduler!r}; allowed: {', '.join(allowed)}")
 
     @property
-    def scheduler(self) -> str:
-        """The variant's ``scheduler`` axis: ``static``, ``dynamic`` or ``streamk``."""
-        return "dynamic" if self.dynamic else "streamk" if self.stream_k else "static"
+    def dynamic(self) -> bool:
+        return self.scheduler == "dynamic"
 
-    @classmethod
-    def of(cls, tile: tuple[int, int], scheduler: str) -> "Candidate":
-        """The candidate of a tile and a ``scheduler`` axis value."""
-        if scheduler not in ("static", "dynamic", "streamk"):
-            raise ValueError(f"scheduler: got {scheduler!r}; allowed: static, dynamic, streamk")
-        return cls(tile, scheduler == "dynamic", scheduler == "streamk")
+    @property
+    def stream_k(self) -> bool:
+        return self.scheduler == "streamk"
 
     @property
     def label(self) -> str:
@@ -154,7 +150,7 @@ def _candidate(record: Any) -> Candidate | None:
     try:
         tm, tn = (int(v) for v in record["tile"])
         scheduler = record.get("scheduler") or ("dynamic" if record["dynamic"] else "static")
-        return Candidate.of((tm, tn), scheduler)
+        return Candidate((tm, tn), scheduler)
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
 

@@ -47,8 +47,8 @@ def test_records_round_trip_per_device_model(cache):
     assert tuning_records.write(path, b.key, {"tile": [64, 256], "dynamic": True}) == path
     other = tuning_records.Bucket.of(experts=8, m_rows=16384, n=2048, k=7168)
     tuning_records.write(path, other.key, {"tile": [128, 128], "dynamic": False})       # a second record keeps the first
-    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) == tuning_records.Candidate((64, 256), True)
-    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", other) == tuning_records.Candidate((128, 128), False)
+    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) == tuning_records.Candidate((64, 256), "dynamic")
+    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", other) == tuning_records.Candidate((128, 128), "static")
     assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H100 80GB HBM3", b) is None
     assert set(json.loads(path.read_text())["records"]) == {b.key, other.key}
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]           # no temp files left
@@ -63,7 +63,7 @@ def test_corrupted_or_malformed_records_read_as_none(cache):
     path.write_text(json.dumps({"records": {b.key: {"tile": "big", "dynamic": 1}}}))
     assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) is None
     tuning_records.write(path, b.key, {"tile": [128, 256], "dynamic": False})                 # rewrites a bad file
-    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) == tuning_records.Candidate((128, 256), False)
+    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) == tuning_records.Candidate((128, 256), "static")
 
 
 def test_a_record_names_its_scheduler_stream_k_included(cache, monkeypatch):
@@ -72,23 +72,21 @@ def test_a_record_names_its_scheduler_stream_k_included(cache, monkeypatch):
     malformed record; the wrapper's configuration takes the recorded scheduler as its axis."""
     from fusegemm.ops import tuned as gg
     C = tuning_records.Candidate
-    assert C.of((128, 256), "streamk") == C((128, 256), False, True)
-    assert [C.of((64, 256), s).label for s in ("static", "dynamic", "streamk")] == \
+    assert [C((64, 256), s).label for s in ("static", "dynamic", "streamk")] == \
         ["64x256:static", "64x256:dynamic", "64x256:streamk"]
-    assert C((64, 256), True).scheduler == "dynamic" and C((64, 256), False).scheduler == "static"
-    with pytest.raises(ValueError, match="two schedulers"):
-        C((64, 256), True, True)
+    assert [(c.dynamic, c.stream_k) for c in (C((64, 256)), C((64, 256), "dynamic"), C((64, 256), "streamk"))] == \
+        [(False, False), (True, False), (False, True)]
     with pytest.raises(ValueError, match="allowed: static, dynamic, streamk"):
-        C.of((64, 256), "clever")
+        C((64, 256), "clever")
     path = tuning_records.record_file("grouped_gemm", "sm_90a", "NVIDIA H200")
     b = tuning_records.Bucket.of(experts=1, m_rows=512, n=2048, k=8192)
     tuning_records.write(path, b.key, {"tile": [128, 256], "dynamic": False, "scheduler": "streamk"})
-    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) == C((128, 256), False, True)
+    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) == C((128, 256), "streamk")
     monkeypatch.setattr(gg, "_device_identity", lambda device: ("sm_90a", "NVIDIA H200"))
     call = SimpleNamespace(l=1, m=512, n=2048, k=8192, bias=None, b_ptrs=None)
     assert gg._tuned(call, 0, None, "bfloat16", "k") == ((128, 256), "streamk", None)
     tuning_records.write(path, b.key, {"tile": [128, 256], "dynamic": True})              # an older record
-    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) == C((128, 256), True)
+    assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) == C((128, 256), "dynamic")
     tuning_records.write(path, b.key, {"tile": [128, 256], "dynamic": False, "scheduler": "clever"})
     assert tuning_records.lookup("grouped_gemm", "sm_90a", "NVIDIA H200", b) is None
     tuning_records.forget()
@@ -99,7 +97,7 @@ def test_the_tuner_skips_stream_k_where_the_kernel_does_not_implement_it(monkeyp
     registry's reason, on an arch whose kernel has no stream-K (sm_100a), before any launch."""
     monkeypatch.setattr("fusegemm.ops.device.device_arch", lambda device: "sm_100a")
     said = []
-    got = tune._stream_k_candidate("grouped_gemm", tuning_records.Candidate.of((128, 256), "streamk"), 0,
+    got = tune._stream_k_candidate("grouped_gemm", tuning_records.Candidate((128, 256), "streamk"), 0,
                                    "bfloat16", (None, None, None), None, said.append)
     assert got is None and said == ["skipped 128x256:streamk: scheduler='streamk' is not implemented for "
                                     "grouped_gemm on sm_100a; implemented: static, dynamic (the stream-K "
@@ -112,7 +110,7 @@ def test_a_read_only_cache_keeps_the_record_in_the_process(cache, monkeypatch):
     path = tuning_records.record_file("grouped_gemm", "sm_90a", "X")
     tuning_records.remember(path, b.key, {"tile": [64, 128], "dynamic": False})
     assert tuning_records.write(path, b.key, {"tile": [64, 128], "dynamic": False}) is None and not path.exists()
-    assert tuning_records.lookup("grouped_gemm", "sm_90a", "X", b) == tuning_records.Candidate((64, 128), False)
+    assert tuning_records.lookup("grouped_gemm", "sm_90a", "X", b) == tuning_records.Candidate((64, 128), "static")
 
 
 def test_the_wrapper_uses_the_record_of_its_bucket(cache, monkeypatch):
@@ -161,7 +159,7 @@ def first(cache, monkeypatch):
                           bucket=bucket.key))
         if n == 999:
             raise RuntimeError("out of memory")
-        best = tuning_records.Candidate((64, 256), True)
+        best = tuning_records.Candidate((64, 256), "dynamic")
         tuning_records.remember(tuning_records.record_file(spec, "sm_90a", "NVIDIA H200"), bucket.key,
                                 {"tile": [64, 256], "dynamic": True})
         return SimpleNamespace(best=best, ms={best.label: 1.0, "128x256:static": 1.2})
