@@ -173,7 +173,10 @@ def check_class(cls: ConfigClass, device: int, *, timeout: float | None = None, 
     messages: queue.Queue = queue.Queue()
     tail: list[str] = []
     threading.Thread(target=_read_messages, args=(proc.stdout, messages), daemon=True).start()
-    threading.Thread(target=_read_tail, args=(proc.stderr, tail), daemon=True).start()
+    # The stderr reader is joined before the report: the child's stdout closing (the loop below ends)
+    # says nothing about whether its last stderr lines, e.g. the device fault's message, were read.
+    stderr_reader = threading.Thread(target=_read_tail, args=(proc.stderr, tail), daemon=True)
+    stderr_reader.start()
     try:
         proc.stdin.write(json.dumps(request))
         proc.stdin.close()
@@ -205,6 +208,7 @@ def check_class(cls: ConfigClass, device: int, *, timeout: float | None = None, 
     except subprocess.TimeoutExpired:
         _kill(proc)
         code = proc.wait()
+    stderr_reader.join(timeout=10)   # bounded: a grandchild may hold the pipe open
     if rows is not None and code == 0:
         return rows, None
     how = f"exit status {code}" if code is None or code >= 0 else f"signal {signal.Signals(-code).name}"

@@ -225,6 +225,19 @@ def test_watchdog_reports_a_dead_child_with_what_it_printed():
     assert "while building" in problem and "RuntimeError: the kernel could not be loaded" in problem
 
 
+def test_watchdog_waits_for_the_childs_last_words(monkeypatch):
+    """The child's stdout closing does not mean its stderr was read: a slow stderr reader (CI's
+    loaded machine once lost the device fault's message this way) still gets the message reported."""
+    read_tail = verify._read_tail
+
+    def slow_reader(stream, tail):
+        time.sleep(1.0)
+        read_tail(stream, tail)
+    monkeypatch.setattr(verify, "_read_tail", slow_reader)
+    rows, problem = verify.check_class(CLS, 0, runner="verify_runners:dying", path=(HELPERS,))
+    assert "an illegal memory access" in problem
+
+
 def test_the_gate_refuses_what_the_watchdog_reports(monkeypatch, cache_dir):
     """End to end through a real child: failing cases refuse the launch with the child's rows."""
     monkeypatch.setattr(verify, "_verified", set())
