@@ -22,10 +22,10 @@ def slow_build(cls, device, built):
 
 def hanging(cls, device, built):
     import subprocess
-    built()
     helper = subprocess.Popen(["sleep", "600"])   # something the check started (its process group)
     with open(os.environ["VERIFY_TEST_PIDFILE"], "w") as f:
         f.write(f"{os.getpid()} {helper.pid}")
+    built()                  # after the pid file: the run limit cannot stop it unwritten on a loaded machine
     time.sleep(600)          # a kernel that never finishes
     return []
 
