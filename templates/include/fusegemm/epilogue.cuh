@@ -15,6 +15,16 @@
 
 #include "fusegemm/common.cuh"
 
+// 1: the block engine (epilogue_block.cuh) applies the rule to every column of a block and masks
+// what lies past the row end or the warp's rows, as the sm_90a fragment path does (rules whose
+// element inputs it holds in registers: 16-bit ones, or none); 0: a branch
+// region per column (`if (in) apply`), which keeps the scheduler from interleaving the columns'
+// dependency chains. Same bits either way; an A/B switch through FUSEGEMM_NVRTC_EXTRA until the
+// H200 has timed it (bench/blockscaled.py --also bl=-DFUSEGEMM_ENGINE_BRANCHLESS=1).
+#ifndef FUSEGEMM_ENGINE_BRANCHLESS
+#define FUSEGEMM_ENGINE_BRANCHLESS 0
+#endif
+
 namespace fusegemm {
 namespace epi {
 
@@ -186,6 +196,7 @@ FUSEGEMM_DEVICE bool pairs_aligned(const void* base, int64_t ld) {
 // loads (8 or 32 more live registers spill the 128-register sm_90a block-scaled kernels).
 template <class T, bool kVector = Cvt<T>::kBytes == 2>
 struct Row32 {
+  static constexpr bool kInRegisters = false;
   const T* src_;
   FUSEGEMM_DEVICE void load(const T* src, int) { src_ = src; }
   FUSEGEMM_DEVICE float get(int i) const { return Cvt<T>::load(src_, i); }
@@ -193,6 +204,7 @@ struct Row32 {
 
 template <class T>
 struct Row32<T, true> {
+  static constexpr bool kInRegisters = true;
   uint32_t w[16];
 
   // src: the block's first element; n_valid: elements of the block inside the row (the rest

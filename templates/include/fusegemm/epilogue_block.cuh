@@ -409,6 +409,20 @@ struct BlockEngine {
         take(i, in0, o0);
         take(i + 1, in1, o1);
       }
+    } else if constexpr (FUSEGEMM_ENGINE_BRANCHLESS && Rule::ElemBlock::kInRegisters) {
+      // Every column applied, what lies outside masked by take(): no branch region per column.
+      // Past the row end a column input reads the last column (jc) and an element input its
+      // register, zero (Row32); the warp's rows past rows_valid read the staged values and row0's
+      // inputs. apply() is pure, so the masked results cost time only on edge blocks. Rules
+      // with 8- or 32-bit element inputs keep the branches: their per-column loads, hoisted out
+      // of the unguarded loop, spilled (dSwiGLU with FP8 or FP32 C, sm_90a: 8 and 16 bytes).
+      const int last = width - 1;   // >= j0: callers run blocks that start inside the row
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int j = j0 + i;
+        const int jc = j < width ? j : last;
+        take(i, row_ok && j < width, rule.apply(acc_at(i), kPaired ? acc_at(32 + i) : 0.0f, ri, rule.elem_at(p, eb, i, jc)));
+      }
     } else {
 #pragma unroll
       for (int i = 0; i < 32; ++i) {

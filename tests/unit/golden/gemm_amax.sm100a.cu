@@ -206,6 +206,8 @@ struct Rule {
   // The engine's per-row form of elem(): the element inputs of the 32 element columns j0.. of
   // one row, loaded at once (fusegemm::epi::Row32), then elem_at(i) per column j0 + i.
   struct ElemBlock {
+    // Every element input held in registers (16-bit ones; 8- and 32-bit ones read memory per column).
+    static constexpr bool kInRegisters = true;
   };
 
   template <class Params>
@@ -259,7 +261,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_72408e4f499c_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_7f81b54f8ee4_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -285,6 +287,6 @@ extern "C" __device__ __attribute__((used)) const int fg_gemm_amax_sm100a_72408e
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_gemm_amax_sm100a_72408e4f499c(const __grid_constant__ fusegemm_gen::Params params) {
+fg_gemm_amax_sm100a_7f81b54f8ee4(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

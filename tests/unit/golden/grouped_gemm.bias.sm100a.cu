@@ -216,6 +216,8 @@ struct Rule {
   // The engine's per-row form of elem(): the element inputs of the 32 element columns j0.. of
   // one row, loaded at once (fusegemm::epi::Row32), then elem_at(i) per column j0 + i.
   struct ElemBlock {
+    // Every element input held in registers (16-bit ones; 8- and 32-bit ones read memory per column).
+    static constexpr bool kInRegisters = true;
   };
 
   template <class Params>
@@ -267,7 +269,7 @@ using Kernel = fusegemm::sm100::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_e7eb17c434c8_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_b7f2705f218e_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -293,6 +295,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_e7e
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm100a_e7eb17c434c8(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm100a_b7f2705f218e(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -226,6 +226,8 @@ struct Rule {
   struct ElemBlock {
     fusegemm::epi::Row32<fusegemm::bfloat16_t> c_gate;
     fusegemm::epi::Row32<fusegemm::bfloat16_t> c_up;
+    // Every element input held in registers (16-bit ones; 8- and 32-bit ones read memory per column).
+    static constexpr bool kInRegisters = true && fusegemm::epi::Row32<fusegemm::bfloat16_t>::kInRegisters && fusegemm::epi::Row32<fusegemm::bfloat16_t>::kInRegisters;
   };
 
   template <class Params>
@@ -294,7 +296,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_66e059130dc6_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_b349ef20ac0f_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -320,6 +322,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_dswiglu_sm100a_66e059130dc6(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_dswiglu_sm100a_b349ef20ac0f(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }
