@@ -74,6 +74,39 @@ FUSEGEMM_DEVICE float warp_amax(float x) {
   return __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(fabsf(x))));
 }
 
+// max|v[i]| of a lane's 32 values, NaN if one is NaN (the SFD block scale's argument).
+// FUSEGEMM_ENGINE_AMAX_TREE=1: a tree of max.NaN (FMNMX.NAN, |x| folded into the operands),
+// depth 5 and 31 instructions, where the chain of fmax_nan is 32 deep at three instructions
+// each. The maximum of non-negative values does not depend on the order; a NaN comes out as
+// the canonical NaN instead of the first NaN's payload, and every use of the result (E8M0 byte
+// 0xFF, scale NaN, values NaN) is the same for any NaN. An A/B switch through
+// FUSEGEMM_NVRTC_EXTRA until the H200 has timed it.
+#ifndef FUSEGEMM_ENGINE_AMAX_TREE
+#define FUSEGEMM_ENGINE_AMAX_TREE 0
+#endif
+FUSEGEMM_DEVICE float max_nan_abs(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(fabsf(a)), "f"(fabsf(b)));
+  return r;
+}
+FUSEGEMM_DEVICE float row_amax32(const float (&v)[32]) {
+#if FUSEGEMM_ENGINE_AMAX_TREE
+  float m[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) m[i] = max_nan_abs(v[i], v[i + 16]);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m[i] = max_nan_abs(m[i], m[i + 8]);   // (strides written out: a
+#pragma unroll                                                        // halving loop stayed rolled
+  for (int i = 0; i < 4; ++i) m[i] = max_nan_abs(m[i], m[i + 4]);   // and put m[] in local memory)
+  return max_nan_abs(max_nan_abs(m[0], m[2]), max_nan_abs(m[1], m[3]));
+#else
+  float a = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) a = fmax_nan(a, fabsf(v[i]));
+  return a;
+#endif
+}
+
 // Sum of x over a warp's lanes, every lane getting it (a butterfly of correctly rounded adds).
 FUSEGEMM_DEVICE float warp_sum(float x) {
 #pragma unroll
@@ -552,10 +585,7 @@ struct BlockEngine {
       const float nc = rule.sfd_norm_const();
       const float rl = p.rcp_max;
       if constexpr (Rule::kQuantRowD) {
-        float a = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 32; ++i) a = fmax_nan(a, fabsf(v[i]));
-        const Sfd sf = sfd_block<kConv, false>(a, nc, rl);
+        const Sfd sf = sfd_block<kConv, false>(row_amax32(v), nc, rl);
         float y[32];
 #pragma unroll
         for (int i = 0; i < 32; ++i) y[i] = __fmul_rn(v[i], sf.scale);

@@ -1,9 +1,16 @@
-"""``FUSEGEMM_ENGINE_BRANCHLESS=1`` on the GPU: the block engine (fusegemm/epilogue_block.cuh)
-applies the rule to every column of a block and masks what lies past the row end, instead of a
-branch region per column (rules whose element inputs it holds in registers). Its outputs must be
-the default build's, byte for byte (dprob: the atomics' order), and the interpreter's: through the
-block harness at full and partial widths (the masked columns, the clamped column inputs), and
-through the sm_90a kernels whose rules run on the engine (SFD_col quantization, FP8 C out)."""
+"""The block engine's A/B switches (fusegemm/epilogue.cuh, epilogue_block.cuh) on the GPU, each
+against the default build and the interpreter:
+
+* ``FUSEGEMM_ENGINE_BRANCHLESS=1``: the rule applied to every column of a block, what lies past the
+  row end masked, instead of a branch region per column (rules whose element inputs sit in
+  registers);
+* ``FUSEGEMM_ENGINE_AMAX_TREE=1``: an SFD_row block's max|x| as a tree of max.NaN instead of a
+  chain of 32.
+
+Outputs must be the default build's byte for byte (dprob: the atomics' order), through the block
+harness at full and partial widths with NaN, Inf, -0, subnormal and overflowing accumulators (the
+masked columns, the clamped column inputs, NaN blocks), and through the sm_90a kernels whose rules
+run on the engine (SFD_col quantization, FP8 C out)."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,12 +27,13 @@ from epilogue_inputs import epilogue_inputs  # noqa: E402  (tests/epilogue_input
 from op_helpers import same_outputs  # noqa: E402  (tests/gpu/op_helpers.py)
 from fusegemm.runtime import config  # noqa: E402
 
-ON = "-DFUSEGEMM_ENGINE_BRANCHLESS=1"
+SWITCHES = {"branchless": "-DFUSEGEMM_ENGINE_BRANCHLESS=1", "amax_tree": "-DFUSEGEMM_ENGINE_AMAX_TREE=1"}
 
 HARNESS_CASES = [  # (spec, axes, accumulator columns): every input kind the engine reads
     ("grouped_gemm_srelu", dict(c_dtype="bfloat16", d_dtype="float8_e4m3fn", bias_dtype="bfloat16"), 256),
     ("grouped_gemm_srelu", dict(c_dtype="bfloat16", d_dtype="float8_e4m3fn", bias_dtype="bfloat16"), 200),
     ("grouped_gemm_quant", dict(d_dtype="float8_e5m2", discrete_col_sfd=True), 256),
+    ("grouped_gemm_quant", dict(d_dtype="float4_e2m1fn_x2"), 256),
     ("grouped_gemm_dswiglu", dict(c_dtype="bfloat16", d_dtype="float8_e4m3fn"), 256),
     ("grouped_gemm_dswiglu", dict(c_dtype="bfloat16", d_dtype="float8_e5m2", discrete_col_sfd=True), 200),
     ("grouped_gemm", dict(c_dtype="bfloat16", d_dtype="float16", bias_dtype="float32", generate_c=True), 200),
@@ -34,11 +42,16 @@ HARNESS_CASES = [  # (spec, axes, accumulator columns): every input kind the eng
 ]
 
 
-@pytest.mark.parametrize("case", HARNESS_CASES, ids=lambda c: f"{c[0]}-{'-'.join(map(str, c[1].values()))}-n{c[2]}")
-def test_harness_matches_the_interpreter_and_the_default_build(case):
+def _case_id(c) -> str:
+    return f"{c[0]}-{'-'.join(map(str, c[1].values()))}-n{c[2]}"
+
+
+@pytest.mark.parametrize("switch", SWITCHES)
+@pytest.mark.parametrize("case", HARNESS_CASES, ids=_case_id)
+def test_harness_matches_the_interpreter_and_the_default_build(case, switch):
     spec, axes, n_acc = case
     offsets = (0, 256, 256, 512, 768)     # an empty expert first and one in the middle
-    with config.override(FUSEGEMM_NVRTC_EXTRA=ON):
+    with config.override(FUSEGEMM_NVRTC_EXTRA=SWITCHES[switch]):
         got, want, r, exact = harness.run_case(torch, spec, offsets=offsets, n_acc=n_acc, m_rows=1024, **axes)
     harness.compare(got, want, r, exact)
     base, _, _, _ = harness.run_case(torch, spec, offsets=offsets, n_acc=n_acc, m_rows=1024, **axes)
@@ -50,8 +63,8 @@ def test_harness_matches_the_interpreter_and_the_default_build(case):
 
 
 RECIPES = {"mx": {}, "blockwise": {"sf_dtype": "float32", "sf_vec_size": 128}}
-# (spec, recipe, axes, n): sm_90a builds whose rule runs on the engine (tests/unit/test_engine_branchless.py
-# checks that the switch changes each one's code)
+# (spec, recipe, axes, n): sm_90a builds whose rule runs on the engine (tests/unit/test_engine_switches.py
+# checks that each switch changes each one's code)
 KERNEL_CASES = [
     ("grouped_gemm_dswiglu", "blockwise", {}, 384),
     ("grouped_gemm_dswiglu", "blockwise", {"tile_n": 128}, 384),
@@ -69,13 +82,13 @@ def test_kernels_match_the_default_build(spec, recipe, axes, n):
     rng = np.random.default_rng(13)
     host, per_sfb, _, _ = scaled_problems.operands(sizes, n, k, recipe, rng)
     dev, keep = scaled_problems.on_device(host, per_sfb, n, discrete=False)
-    outs = []
-    for extra in ("", ON):
+    outs = {}
+    for name, extra in {"default": "", **SWITCHES, "both": " ".join(SWITCHES.values())}.items():
         with config.override(FUSEGEMM_NVRTC_EXTRA=extra):
             op = fusegemm.Op(spec, **RECIPES[recipe], **axes).compile()
-        g = torch.Generator(device="cuda").manual_seed(17)   # the same inputs for both builds
+        g = torch.Generator(device="cuda").manual_seed(17)   # the same inputs for every build
         ins = epilogue_inputs(op, sum(sizes), n, len(sizes), g, width=op.widths(n)[0])
-        outs.append(op(**dev, inputs=ins))
+        outs[name] = op(**dev, inputs=ins)
     torch.cuda.synchronize()
-    base, branchless = outs
-    same_outputs(branchless, base, f"{spec} {recipe} {axes}: the branch-free engine against the default")
+    for name in (n for n in outs if n != "default"):
+        same_outputs(outs[name], outs["default"], f"{spec} {recipe} {axes}: {name} against the default build")

@@ -1,0 +1,80 @@
+"""The block engine's A/B switches on the CPU (tests/gpu/test_engine_switches_gpu.py checks their
+outputs): each reaches the engine of every build the GPU test runs and spills nothing;
+``FUSEGEMM_ENGINE_BRANCHLESS`` removes the per-column branch regions of rules whose apply() the
+compiler does not if-convert (dSwiGLU: one per column) and leaves rules with 8- or 32-bit element
+inputs as they are; ``FUSEGEMM_ENGINE_AMAX_TREE`` turns each SFD_row block's chain of 32
+NaN-propagating maxima (three instructions each) into 31 FMNMX.NAN."""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from fusegemm import pipeline
+from fusegemm.generator.spec import find_spec
+from fusegemm.generator.variants import make_variant
+from fusegemm.runtime import config, disasm
+from fusegemm.runtime.cubin_info import Cubin
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+from test_engine_switches_gpu import KERNEL_CASES, RECIPES, SWITCHES  # noqa: E402  (the GPU test's builds)
+
+pytestmark = pytest.mark.skipif(not disasm.available(), reason="needs nvdisasm (the nvidia-cuda-nvdisasm wheel)")
+
+SM100_CASES = [("grouped_gemm_dswiglu", {}),
+               ("grouped_gemm_srelu", {"d_dtype": "float8_e4m3fn", "c_dtype": "float8_e4m3fn"})]
+CASES = [(s, "sm_90a", {**RECIPES[r], **a}) for s, r, a, _ in KERNEL_CASES]
+CASES += [(s, "sm_100a", a) for s, a in SM100_CASES]
+BOTH = " ".join(SWITCHES.values())
+
+
+def _build(spec: str, arch: str, axes: dict, extra: str, cache):
+    with config.override(FUSEGEMM_NVRTC_EXTRA=extra):
+        b = pipeline.get_kernel(make_variant(find_spec(spec), arch=arch, **axes), cache)
+    text = disasm.sass(b.cubin)
+    return disasm.histogram(text), Cubin(b.cubin).resources(b.kernel_name), text
+
+
+def _normalized(text: str) -> str:
+    return re.sub(r"/\*[0-9a-f]{4,}\*/|fg_\w+", "", text)
+
+
+def _ids(x) -> str:
+    return x if isinstance(x, str) else ".".join(f"{k}={v}" for k, v in x.items()) or "default"
+
+
+def _nan_tests(h: dict) -> int:
+    return h.get("FSETP.NAN.OR", 0) + h.get("FSETP.NAN.AND", 0)
+
+
+@pytest.mark.parametrize("spec,arch,axes", CASES, ids=_ids)
+def test_each_switch_reaches_the_engine_and_spills_nothing(spec, arch, axes, session_cache):
+    h0, r0, t0 = _build(spec, arch, axes, "", session_cache)
+    assert r0.local_bytes == 0
+    built = {}
+    for name, extra in {**SWITCHES, "both": BOTH}.items():
+        h1, r1, t1 = built[name] = _build(spec, arch, axes, extra, session_cache)
+        assert _normalized(t0) != _normalized(t1), f"{name} did not change the build: not an engine rule"
+        assert r1.local_bytes == 0, (name, r1.local_bytes)
+        assert h1.get("BSSY", 0) <= h0.get("BSSY", 0), name
+    hb, ht = built["branchless"][0], built["amax_tree"][0]
+    if spec == "grouped_gemm_dswiglu" and arch == "sm_90a":
+        # apply() holds a sigmoid: the default build keeps a branch region per column of a block
+        assert h0["BSSY"] - hb["BSSY"] >= 31, (h0["BSSY"], hb["BSSY"])
+        assert sum(hb.values()) < sum(h0.values())
+    # each row-quantized D block: 31 FMNMX.NAN for a chain of 32 NaN tests and selects (paired D: two)
+    blocks = 2 if spec == "grouped_gemm_dswiglu" else 1
+    assert ht.get("FMNMX.NAN", 0) - h0.get("FMNMX.NAN", 0) >= 31 * blocks
+    assert _nan_tests(h0) - _nan_tests(ht) >= 31 * blocks
+    assert sum(ht.values()) < sum(h0.values())
+
+
+@pytest.mark.parametrize("c_dtype", ["float32", "float8_e4m3fn"])
+def test_rules_with_8_or_32_bit_element_inputs_keep_the_branching_engine(c_dtype, session_cache):
+    """Their per-column loads, hoisted out of the unguarded loop, spilled: the switch leaves them."""
+    axes = {**RECIPES["blockwise"], "c_dtype": c_dtype}
+    _, r0, t0 = _build("grouped_gemm_dswiglu", "sm_90a", axes, "", session_cache)
+    _, r1, t1 = _build("grouped_gemm_dswiglu", "sm_90a", axes, SWITCHES["branchless"], session_cache)
+    assert _normalized(t0) == _normalized(t1) and r1.local_bytes == 0
