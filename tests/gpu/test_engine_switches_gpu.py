@@ -5,7 +5,9 @@ against the default build and the interpreter:
   row end masked, instead of a branch region per column (rules whose element inputs sit in
   registers);
 * ``FUSEGEMM_ENGINE_AMAX_TREE=1``: an SFD_row block's max|x| as a tree of max.NaN instead of a
-  chain of 32.
+  chain of 32;
+* ``FUSEGEMM_SM90_ENGINE_VEC_STAGE=1`` (sm_90a kernels): the accumulators staged for the engine by
+  8-byte stores and read back by 16-byte loads.
 
 Outputs must be the default build's byte for byte (dprob: the atomics' order), through the block
 harness at full and partial widths with NaN, Inf, -0, subnormal and overflowing accumulators (the
@@ -28,6 +30,7 @@ from op_helpers import same_outputs  # noqa: E402  (tests/gpu/op_helpers.py)
 from fusegemm.runtime import config  # noqa: E402
 
 SWITCHES = {"branchless": "-DFUSEGEMM_ENGINE_BRANCHLESS=1", "amax_tree": "-DFUSEGEMM_ENGINE_AMAX_TREE=1"}
+SM90_SWITCHES = {"vec_stage": "-DFUSEGEMM_SM90_ENGINE_VEC_STAGE=1"}   # the sm_90a kernels' staging only
 
 HARNESS_CASES = [  # (spec, axes, accumulator columns): every input kind the engine reads
     ("grouped_gemm_srelu", dict(c_dtype="bfloat16", d_dtype="float8_e4m3fn", bias_dtype="bfloat16"), 256),
@@ -83,7 +86,8 @@ def test_kernels_match_the_default_build(spec, recipe, axes, n):
     host, per_sfb, _, _ = scaled_problems.operands(sizes, n, k, recipe, rng)
     dev, keep = scaled_problems.on_device(host, per_sfb, n, discrete=False)
     outs = {}
-    for name, extra in {"default": "", **SWITCHES, "both": " ".join(SWITCHES.values())}.items():
+    every = {**SWITCHES, **SM90_SWITCHES}
+    for name, extra in {"default": "", **every, "all": " ".join(every.values())}.items():
         with config.override(FUSEGEMM_NVRTC_EXTRA=extra):
             op = fusegemm.Op(spec, **RECIPES[recipe], **axes).compile()
         g = torch.Generator(device="cuda").manual_seed(17)   # the same inputs for every build

@@ -3,7 +3,9 @@ outputs): each reaches the engine of every build the GPU test runs and spills no
 ``FUSEGEMM_ENGINE_BRANCHLESS`` removes the per-column branch regions of rules whose apply() the
 compiler does not if-convert (dSwiGLU: one per column) and leaves rules with 8- or 32-bit element
 inputs as they are; ``FUSEGEMM_ENGINE_AMAX_TREE`` turns each SFD_row block's chain of 32
-NaN-propagating maxima (three instructions each) into 31 FMNMX.NAN."""
+NaN-propagating maxima (three instructions each) into 31 FMNMX.NAN;
+``FUSEGEMM_SM90_ENGINE_VEC_STAGE`` stages the sm_90a fragment by 8-byte stores and, with the
+branch-free engine, reads it back by 16-byte loads."""
 from __future__ import annotations
 
 import re
@@ -19,7 +21,7 @@ from fusegemm.runtime import config, disasm
 from fusegemm.runtime.cubin_info import Cubin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
-from test_engine_switches_gpu import KERNEL_CASES, RECIPES, SWITCHES  # noqa: E402  (the GPU test's builds)
+from test_engine_switches_gpu import KERNEL_CASES, RECIPES, SM90_SWITCHES, SWITCHES  # noqa: E402  (its builds)
 
 pytestmark = pytest.mark.skipif(not disasm.available(), reason="needs nvdisasm (the nvidia-cuda-nvdisasm wheel)")
 
@@ -27,7 +29,6 @@ SM100_CASES = [("grouped_gemm_dswiglu", {}),
                ("grouped_gemm_srelu", {"d_dtype": "float8_e4m3fn", "c_dtype": "float8_e4m3fn"})]
 CASES = [(s, "sm_90a", {**RECIPES[r], **a}) for s, r, a, _ in KERNEL_CASES]
 CASES += [(s, "sm_100a", a) for s, a in SM100_CASES]
-BOTH = " ".join(SWITCHES.values())
 
 
 def _build(spec: str, arch: str, axes: dict, extra: str, cache):
@@ -54,7 +55,8 @@ def test_each_switch_reaches_the_engine_and_spills_nothing(spec, arch, axes, ses
     h0, r0, t0 = _build(spec, arch, axes, "", session_cache)
     assert r0.local_bytes == 0
     built = {}
-    for name, extra in {**SWITCHES, "both": BOTH}.items():
+    every = {**SWITCHES, **(SM90_SWITCHES if arch == "sm_90a" else {})}
+    for name, extra in {**every, "all": " ".join(every.values())}.items():
         h1, r1, t1 = built[name] = _build(spec, arch, axes, extra, session_cache)
         assert _normalized(t0) != _normalized(t1), f"{name} did not change the build: not an engine rule"
         assert r1.local_bytes == 0, (name, r1.local_bytes)
@@ -69,6 +71,12 @@ def test_each_switch_reaches_the_engine_and_spills_nothing(spec, arch, axes, ses
     assert ht.get("FMNMX.NAN", 0) - h0.get("FMNMX.NAN", 0) >= 31 * blocks
     assert _nan_tests(h0) - _nan_tests(ht) >= 31 * blocks
     assert sum(ht.values()) < sum(h0.values())
+    if arch == "sm_90a":
+        # each fragment pair staged by one 8-byte store; with the branch-free engine (whose reads
+        # of a row's four values are not split across branch regions) 16-byte reads
+        hv, hall = built["vec_stage"][0], built["all"][0]
+        assert hv.get("STS.64", 0) >= 32 and h0["STS"] - hv.get("STS", 0) >= 64, (h0["STS"], hv.get("STS"))
+        assert hall.get("LDS.128", 0) >= h0.get("LDS.128", 0) + 8, (h0.get("LDS.128"), hall.get("LDS.128"))
 
 
 @pytest.mark.parametrize("c_dtype", ["float32", "float8_e4m3fn"])

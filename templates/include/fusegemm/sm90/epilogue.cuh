@@ -74,6 +74,14 @@
 #ifndef FUSEGEMM_SM90_ENGINE_WARPS
 #define FUSEGEMM_SM90_ENGINE_WARPS 4
 #endif
+// How the engine path stages accumulators: 1 writes each fragment pair as one 8-byte store and
+// the engine reads its row four values at a time (16-byte loads; rows padded to a multiple of
+// four floats, 36 per 32-column block: 3 KB more shared memory per 128-row tile); 0 stores and
+// reads single floats (rows of 33: the lane-per-row reads hit distinct banks). An A/B switch
+// through FUSEGEMM_NVRTC_EXTRA until the H200 has timed it.
+#ifndef FUSEGEMM_SM90_ENGINE_VEC_STAGE
+#define FUSEGEMM_SM90_ENGINE_VEC_STAGE 0
+#endif
 
 namespace fusegemm {
 namespace sm90 {
@@ -174,7 +182,11 @@ struct WgmmaEpilogue {
   // The engine path stages [64 rows][kAccPitch] FP32 accumulators per warpgroup plus the engine's
   // buffers for its two active warps.
   static constexpr int kAccPerBlock = Rule::kPairedAcc ? 64 : 32;
-  static constexpr int kAccPitch = kAccPerBlock + 1;  // floats: lane-per-row reads hit distinct banks
+  // Floats per staged row: +1 makes the lane-per-row reads hit distinct banks; +4 keeps rows
+  // 16-byte aligned for FUSEGEMM_SM90_ENGINE_VEC_STAGE (a quarter warp's 16-byte reads, rows 144
+  // bytes apart, then cover the 32 banks once).
+  static constexpr bool kVecStage = FUSEGEMM_SM90_ENGINE_VEC_STAGE != 0;
+  static constexpr int kAccPitch = kAccPerBlock + (kVecStage ? 4 : 1);
   // Blocks staged and run at once per warpgroup (kEngineWarps): warps 2 and 3 take the second.
   static constexpr int kEngineBlocks =
       kEngineWarps == 4 && !Rule::kPairedAcc && (kTileN / kAccPerBlock) % 2 == 0 ? 2 : 1;
@@ -870,10 +882,15 @@ struct WgmmaEpilogue {
             const int j = cc * (kAccPerBlock / 8) + g;
             float* r0 = blk + fr * kAccPitch + 8 * g + cq;
             float* r1 = r0 + 8 * kAccPitch;
-            r0[0] = acc[4 * j];
-            r0[1] = acc[4 * j + 1];
-            r1[0] = acc[4 * j + 2];
-            r1[1] = acc[4 * j + 3];
+            if constexpr (kVecStage) {   // cq even, the pitch a multiple of 4: 8-byte aligned
+              *reinterpret_cast<float2*>(r0) = make_float2(acc[4 * j], acc[4 * j + 1]);
+              *reinterpret_cast<float2*>(r1) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+            } else {
+              r0[0] = acc[4 * j];
+              r0[1] = acc[4 * j + 1];
+              r1[0] = acc[4 * j + 2];
+              r1[1] = acc[4 * j + 3];
+            }
           }
         }
       }
@@ -881,8 +898,17 @@ struct WgmmaEpilogue {
       const int jw = j0 + sub * kAccPerBlock;   // this warp's block's first element column
       if (runs && rows_valid > 0 && jw < width) {
         const float* src = stage + sub * kBlockFloats + (32 * (wl & 1) + lane) * kAccPitch;  // this lane's row
-        Engine::run_with(rule, p, expert, row_w, rows_valid, jw, width, [&](int i) { return src[i]; },
-                         engine_buf, lane, part);
+        if constexpr (kVecStage) {
+          // Value i of the row from its 16-byte group (i is a constant in the unrolled engine).
+          const float4* src4 = reinterpret_cast<const float4*>(src);
+          Engine::run_with(rule, p, expert, row_w, rows_valid, jw, width, [&](int i) {
+            const float4 q = src4[i >> 2];
+            return (i & 3) == 0 ? q.x : (i & 3) == 1 ? q.y : (i & 3) == 2 ? q.z : q.w;
+          }, engine_buf, lane, part);
+        } else {
+          Engine::run_with(rule, p, expert, row_w, rows_valid, jw, width, [&](int i) { return src[i]; },
+                           engine_buf, lane, part);
+        }
       }
       named_barrier_sync(1 + wg, 128);
     }
