@@ -17,10 +17,10 @@
 
 // 1: the block engine (epilogue_block.cuh) applies the rule to every column of a block and masks
 // what lies past the row end or the warp's rows, as the sm_90a fragment path does (rules whose
-// element inputs it holds in registers: 16-bit ones, or none); 0: a branch
-// region per column (`if (in) apply`), which keeps the scheduler from interleaving the columns'
-// dependency chains. Same bits either way; an A/B switch through FUSEGEMM_NVRTC_EXTRA until the
-// H200 has timed it (bench/blockscaled.py --also bl=-DFUSEGEMM_ENGINE_BRANCHLESS=1).
+// element inputs it holds in registers: 16-bit ones, or none); 0: a branch region per column
+// (`if (in) apply`), which keeps the scheduler from interleaving the columns' dependency chains.
+// Same bits either way; an A/B switch through FUSEGEMM_NVRTC_EXTRA until the H200 has timed it
+// (bench/blockscaled.py --also bl=-DFUSEGEMM_ENGINE_BRANCHLESS=1).
 #ifndef FUSEGEMM_ENGINE_BRANCHLESS
 #define FUSEGEMM_ENGINE_BRANCHLESS 0
 #endif

@@ -454,7 +454,8 @@ struct BlockEngine {
       for (int i = 0; i < 32; ++i) {
         const int j = j0 + i;
         const int jc = j < width ? j : last;
-        take(i, row_ok && j < width, rule.apply(acc_at(i), kPaired ? acc_at(32 + i) : 0.0f, ri, rule.elem_at(p, eb, i, jc)));
+        take(i, row_ok && j < width,
+             rule.apply(acc_at(i), kPaired ? acc_at(32 + i) : 0.0f, ri, rule.elem_at(p, eb, i, jc)));
       }
     } else {
 #pragma unroll
