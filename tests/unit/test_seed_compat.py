@@ -342,7 +342,11 @@ template <class T> float ldf(const void*, int64_t) { return 0.0f; }
 template <class T, bool A> void ldf2(const void*, int64_t, float&, float&) {}
 template <class T> void prefetch_l2(const void*, int64_t) {}
 template <class T> bool pairs_aligned(const void*, int64_t) { return true; }
-template <class T> struct Row32 { static constexpr bool kInRegisters = true; void load(const T*, int) {} float get(int) const { return 0.0f; } };
+template <class T> struct Row32 {
+  static constexpr bool kInRegisters = true;
+  void load(const T*, int) {}
+  float get(int) const { return 0.0f; }
+};
 inline int paired_col(int j, int) { return j; }
 inline float relu(float x) { return x > 0.0f || x != x ? x : 0.0f; }
 inline float fmin_nan(float a, float b) { return a != a || b != b ? a + b : (a < b ? a : b); }
