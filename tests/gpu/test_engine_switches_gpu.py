@@ -7,7 +7,9 @@ against the default build and the interpreter:
 * ``FUSEGEMM_ENGINE_AMAX_TREE=1``: an SFD_row block's max|x| as a tree of max.NaN instead of a
   chain of 32;
 * ``FUSEGEMM_SM90_ENGINE_VEC_STAGE=1`` (sm_90a kernels): the accumulators staged for the engine by
-  8-byte stores and read back by 16-byte loads.
+  8-byte stores and read back by 16-byte loads;
+* ``FUSEGEMM_SM90_ENGINE_COL_SMEM=1`` (sm_90a kernels): SFD_col's column maxima and scales through
+  the warp's staged rows instead of warp reductions and shuffles.
 
 Outputs must be the default build's byte for byte (dprob: the atomics' order), through the block
 harness at full and partial widths with NaN, Inf, -0, subnormal and overflowing accumulators (the
@@ -30,7 +32,8 @@ from op_helpers import same_outputs  # noqa: E402  (tests/gpu/op_helpers.py)
 from fusegemm.runtime import config  # noqa: E402
 
 SWITCHES = {"branchless": "-DFUSEGEMM_ENGINE_BRANCHLESS=1", "amax_tree": "-DFUSEGEMM_ENGINE_AMAX_TREE=1"}
-SM90_SWITCHES = {"vec_stage": "-DFUSEGEMM_SM90_ENGINE_VEC_STAGE=1"}   # the sm_90a kernels' staging only
+SM90_SWITCHES = {"vec_stage": "-DFUSEGEMM_SM90_ENGINE_VEC_STAGE=1",   # the sm_90a kernels' engine path only
+                 "col_smem": "-DFUSEGEMM_SM90_ENGINE_COL_SMEM=1"}
 
 HARNESS_CASES = [  # (spec, axes, accumulator columns): every input kind the engine reads
     ("grouped_gemm_srelu", dict(c_dtype="bfloat16", d_dtype="float8_e4m3fn", bias_dtype="bfloat16"), 256),

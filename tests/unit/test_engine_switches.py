@@ -5,7 +5,9 @@ compiler does not if-convert (dSwiGLU: one per column) and leaves rules with 8- 
 inputs as they are; ``FUSEGEMM_ENGINE_AMAX_TREE`` turns each SFD_row block's chain of 32
 NaN-propagating maxima (three instructions each) into 31 FMNMX.NAN;
 ``FUSEGEMM_SM90_ENGINE_VEC_STAGE`` stages the sm_90a fragment by 8-byte stores and, with the
-branch-free engine, reads it back by 16-byte loads."""
+branch-free engine, reads it back by 16-byte loads; ``FUSEGEMM_SM90_ENGINE_COL_SMEM`` takes SFD_col's
+column maxima and scales through shared memory instead of REDUX and SHFL. The default build is
+the same as before the switches (SASS compared in review)."""
 from __future__ import annotations
 
 import re
@@ -77,6 +79,12 @@ def test_each_switch_reaches_the_engine_and_spills_nothing(spec, arch, axes, ses
         hv, hall = built["vec_stage"][0], built["all"][0]
         assert hv.get("STS.64", 0) >= 32 and h0["STS"] - hv.get("STS", 0) >= 64, (h0["STS"], hv.get("STS"))
         assert hall.get("LDS.128", 0) >= h0.get("LDS.128", 0) + 8, (h0.get("LDS.128"), hall.get("LDS.128"))
+        # each column-quantized D block: 32 REDUX and 32 SHFL fewer (column maxima and scales
+        # through shared memory)
+        hc = built["col_smem"][0]
+        assert h0.get("REDUX.MAX", 0) - hc.get("REDUX.MAX", 0) >= 32 * blocks, (h0["REDUX.MAX"], hc.get("REDUX.MAX"))
+        assert h0.get("SHFL.IDX", 0) - hc.get("SHFL.IDX", 0) >= 32 * blocks
+        assert sum(hc.values()) < sum(h0.values()) and sum(hall.values()) < sum(hc.values())
 
 
 @pytest.mark.parametrize("c_dtype", ["float32", "float8_e4m3fn"])

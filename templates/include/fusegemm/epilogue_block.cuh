@@ -107,6 +107,48 @@ FUSEGEMM_DEVICE float row_amax32(const float (&v)[32]) {
 #endif
 }
 
+// SFD_col through shared memory (BlockEngine::run_with<kColSmem>, the sm_90a engine path, whose
+// warp's 32 staged accumulator rows are free once the rule has read them): `buf` holds 32 rows
+// of kColPitch floats. col_amax_smem: max|x| of column `lane` over the warp's 32 rows (lane =
+// row): each lane writes its row, then reads its column (33-float rows: both directions
+// conflict-free), four maxima chains of max.NaN. 64 shared-memory accesses and 32 FMNMX where the
+// warp reductions take 32 REDUX, 32 |x| and 64 moves and selects; the maximum of non-negative
+// values does not depend on the order, and a NaN gives the SFD byte and scale any NaN gives.
+constexpr int kColPitch = 33;
+FUSEGEMM_DEVICE float col_amax_smem(const float (&v)[32], uint32_t buf, int lane) {
+  __syncwarp();   // earlier readers of the buffer are done
+  const uint32_t row = buf + 4u * kColPitch * lane;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) asm volatile("st.shared.f32 [%0], %1;" ::"r"(row + 4 * i), "f"(v[i]) : "memory");
+  __syncwarp();
+  float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int r = 0; r < 32; ++r) {
+    float x;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(x) : "r"(buf + 4u * (kColPitch * r + lane)) : "memory");
+    m[r & 3] = max_nan_abs(m[r & 3], x);
+  }
+  return max_nan_abs(max_nan_abs(m[0], m[1]), max_nan_abs(m[2], m[3]));
+}
+// y[i] = v[i] * the scale of column i, each lane holding its column's `scale`: the 32 scales go
+// through `buf` (one store each, read back by every lane as eight broadcast 16-byte loads) where
+// the warp would shuffle each one to every lane.
+FUSEGEMM_DEVICE void scale_cols_smem(const float (&v)[32], float scale, uint32_t buf, int lane, float (&y)[32]) {
+  __syncwarp();   // the column reads are done
+  asm volatile("st.shared.f32 [%0], %1;" ::"r"(buf + 4u * lane), "f"(scale) : "memory");
+  __syncwarp();
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    float s0, s1, s2, s3;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(s0), "=f"(s1), "=f"(s2), "=f"(s3) : "r"(buf + 16u * q) : "memory");
+    y[4 * q] = __fmul_rn(v[4 * q], s0);
+    y[4 * q + 1] = __fmul_rn(v[4 * q + 1], s1);
+    y[4 * q + 2] = __fmul_rn(v[4 * q + 2], s2);
+    y[4 * q + 3] = __fmul_rn(v[4 * q + 3], s3);
+  }
+}
+
 // Sum of x over a warp's lanes, every lane getting it (a butterfly of correctly rounded adds).
 FUSEGEMM_DEVICE float warp_sum(float x) {
 #pragma unroll
@@ -389,11 +431,13 @@ struct BlockEngine {
 
   // The same, reading accumulator value i (0 .. kAccVals-1) through acc_at(i): the sm_90a engine
   // path reads its shared-memory stage directly instead of holding a register copy next to the
-  // WGMMA fragment.
-  template <class P, class AccAt>
+  // WGMMA fragment. kColSmem: SFD_col runs through `col_buf` (32 rows of kColPitch floats that
+  // acc_at no longer reads once the rule has run: col_amax_smem, scale_cols_smem) instead of
+  // warp reductions and shuffles.
+  template <bool kColSmem = false, class P, class AccAt>
   FUSEGEMM_DEVICE static void run_with(const Rule& rule, const P& p, int expert, int row0, int rows_valid,
                                        int j0, int width, const AccAt& acc_at, uint32_t stage, int lane,
-                                       Partials& part) {
+                                       Partials& part, uint32_t col_buf = 0) {
     const int row = row0 + lane;
     const bool row_ok = lane < rows_valid;
     const typename Rule::RowIn ri = rule.row(p, row_ok ? row : row0);
@@ -523,10 +567,11 @@ struct BlockEngine {
       if constexpr (kScatter) {
         if (dw - j0 > 0) store_vals_rows(stage, p.d_out, p.ldd, out_row, j0, dw - j0, lane, vd0);
       } else if constexpr (Rule::kPairedD) {
-        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0, dw, vd0, stage, lane);
-        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0 + 32, dw, vd1, stage, lane);
+        d_block<kColSmem>(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0, dw, vd0, stage, lane, col_buf);
+        d_block<kColSmem>(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0 + 32, dw, vd1, stage, lane,
+                          col_buf);
       } else {
-        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, j0, dw, vd0, stage, lane);
+        d_block<kColSmem>(rule, p, expert, row0, orow0, row_ok, rows_valid, j0, dw, vd0, stage, lane, col_buf);
       }
     }
   }
@@ -569,10 +614,10 @@ struct BlockEngine {
   }
 
   // One 32-column block of D at D column dc0 (of dw): plain, or SFD-quantized by row and/or column.
-  template <class P>
+  template <bool kColSmem, class P>
   FUSEGEMM_DEVICE static void d_block(const Rule& rule, const P& p, int expert, int row0, int64_t orow0, bool row_ok,
                                       int rows_valid, int dc0, int dw, const RowVals<ElementD, kPackD>& x, uint32_t stage,
-                                      int lane) {
+                                      int lane, uint32_t col_buf) {
     const int row = row0 + lane;
     const int cols_valid = dw - dc0;
     if (cols_valid <= 0) return;
@@ -599,10 +644,14 @@ struct BlockEngine {
       if constexpr (Rule::kQuantColD) {
         // Column c of the block: max over the warp's 32 rows (one 32-row SFD_col block).
         float mine = 0.0f;
+        if constexpr (kColSmem) {
+          mine = col_amax_smem(v, col_buf, lane);
+        } else {
 #pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          const float a = warp_amax(v[i]);
-          if (lane == i) mine = a;
+          for (int i = 0; i < 32; ++i) {
+            const float a = warp_amax(v[i]);
+            if (lane == i) mine = a;
+          }
         }
         const Sfd sf = sfd_block<kConv, true>(mine, nc, rl);
         const int n = dc0 + lane;
@@ -610,8 +659,12 @@ struct BlockEngine {
           static_cast<uint8_t*>(p.sfd_col)[col_sfd_offset(p, expert, n, row0, dw)] = uint8_t(sf.stored);
         }
         float y[32];
+        if constexpr (kColSmem) {
+          scale_cols_smem(v, sf.scale, col_buf, lane, y);
+        } else {
 #pragma unroll
-        for (int i = 0; i < 32; ++i) y[i] = __fmul_rn(v[i], __shfl_sync(0xFFFFFFFFu, sf.scale, i));
+          for (int i = 0; i < 32; ++i) y[i] = __fmul_rn(v[i], __shfl_sync(0xFFFFFFFFu, sf.scale, i));
+        }
         if (p.d_col_out != nullptr) {
           store_nmajor<ElementD>(stage, p.d_col_out, p.ldd, orow0, row, row_ok, dc0, cols_valid, rows_valid,
                                  lane, y);
