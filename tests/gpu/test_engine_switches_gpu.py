@@ -6,10 +6,11 @@ against the default build and the interpreter:
   registers);
 * ``FUSEGEMM_ENGINE_AMAX_TREE=1``: an SFD_row block's max|x| as a tree of max.NaN instead of a
   chain of 32;
+* ``FUSEGEMM_ENGINE_COL_SMEM=1``: SFD_col's column maxima and scales through a warp's shared-memory
+  buffer (the sm_90a kernels' staged rows, the harness's and sm_100a's staging) instead of warp
+  reductions and shuffles;
 * ``FUSEGEMM_SM90_ENGINE_VEC_STAGE=1`` (sm_90a kernels): the accumulators staged for the engine by
-  8-byte stores and read back by 16-byte loads;
-* ``FUSEGEMM_SM90_ENGINE_COL_SMEM=1`` (sm_90a kernels): SFD_col's column maxima and scales through
-  the warp's staged rows instead of warp reductions and shuffles.
+  8-byte stores and read back by 16-byte loads.
 
 Outputs must be the default build's byte for byte (dprob: the atomics' order), through the block
 harness at full and partial widths with NaN, Inf, -0, subnormal and overflowing accumulators (the
@@ -31,9 +32,9 @@ from epilogue_inputs import epilogue_inputs  # noqa: E402  (tests/epilogue_input
 from op_helpers import same_outputs  # noqa: E402  (tests/gpu/op_helpers.py)
 from fusegemm.runtime import config  # noqa: E402
 
-SWITCHES = {"branchless": "-DFUSEGEMM_ENGINE_BRANCHLESS=1", "amax_tree": "-DFUSEGEMM_ENGINE_AMAX_TREE=1"}
-SM90_SWITCHES = {"vec_stage": "-DFUSEGEMM_SM90_ENGINE_VEC_STAGE=1",   # the sm_90a kernels' engine path only
-                 "col_smem": "-DFUSEGEMM_SM90_ENGINE_COL_SMEM=1"}
+SWITCHES = {"branchless": "-DFUSEGEMM_ENGINE_BRANCHLESS=1", "amax_tree": "-DFUSEGEMM_ENGINE_AMAX_TREE=1",
+            "col_smem": "-DFUSEGEMM_ENGINE_COL_SMEM=1"}
+SM90_SWITCHES = {"vec_stage": "-DFUSEGEMM_SM90_ENGINE_VEC_STAGE=1"}   # the sm_90a kernels' engine path only
 
 HARNESS_CASES = [  # (spec, axes, accumulator columns): every input kind the engine reads
     ("grouped_gemm_srelu", dict(c_dtype="bfloat16", d_dtype="float8_e4m3fn", bias_dtype="bfloat16"), 256),

@@ -107,13 +107,21 @@ FUSEGEMM_DEVICE float row_amax32(const float (&v)[32]) {
 #endif
 }
 
-// SFD_col through shared memory (BlockEngine::run_with<kColSmem>, the sm_90a engine path, whose
-// warp's 32 staged accumulator rows are free once the rule has read them): `buf` holds 32 rows
-// of kColPitch floats. col_amax_smem: max|x| of column `lane` over the warp's 32 rows (lane =
-// row): each lane writes its row, then reads its column (33-float rows: both directions
-// conflict-free), four maxima chains of max.NaN. 64 shared-memory accesses and 32 FMNMX where the
-// warp reductions take 32 REDUX, 32 |x| and 64 moves and selects; the maximum of non-negative
-// values does not depend on the order, and a NaN gives the SFD byte and scale any NaN gives.
+// 1: SFD_col (quant, dSwiGLU, sReLU with FP8 D) reduces each column's max and hands out the
+// column scales through a warp's shared-memory buffer (col_amax_smem, scale_cols_smem) instead of
+// 32 warp reductions (REDUX) and 32 shuffles per block. The buffer: the sm_90a engine path's
+// staged rows of the warp, free once the rule has read them; elsewhere (sm_100a, the harness) the
+// caller's staging buffer, BlockEngine::kScratchBytes. 0: the reductions and shuffles. Same
+// bytes; an A/B switch through FUSEGEMM_NVRTC_EXTRA until the H200 has timed it.
+#ifndef FUSEGEMM_ENGINE_COL_SMEM
+#define FUSEGEMM_ENGINE_COL_SMEM 0
+#endif
+// `buf` holds 32 rows of kColPitch floats. col_amax_smem: max|x| of column `lane` over the warp's
+// 32 rows (lane = row): each lane writes its row, then reads its column (33-float rows: both
+// directions conflict-free), four maxima chains of max.NaN. 64 shared-memory accesses and 32
+// FMNMX where the warp reductions take 32 REDUX, 32 |x| and 64 moves and selects; the maximum of
+// non-negative values does not depend on the order, and a NaN gives the SFD byte and scale any
+// NaN gives.
 constexpr int kColPitch = 33;
 FUSEGEMM_DEVICE float col_amax_smem(const float (&v)[32], uint32_t buf, int lane) {
   __syncwarp();   // earlier readers of the buffer are done
@@ -395,6 +403,12 @@ struct BlockEngine {
   // Staging bytes one warp needs (0 when every output is narrow or M-major).
   static constexpr int kStageBytes = kStageC > kStageD ? kStageC : kStageD;
   static constexpr bool kQuant = Rule::kQuantRowD || Rule::kQuantColD;
+  // FUSEGEMM_ENGINE_COL_SMEM: SFD_col through a warp's buffer (run_with's col_buf; run() passes
+  // `stage`, which C's stores are done with before D's blocks, so a caller sizes its per-warp
+  // staging by kScratchBytes).
+  static constexpr bool kColSmem = FUSEGEMM_ENGINE_COL_SMEM != 0 && Rule::kQuantColD;
+  static constexpr int kColBytes = kColSmem ? 32 * kColPitch * 4 : 0;
+  static constexpr int kScratchBytes = kStageBytes > kColBytes ? kStageBytes : kColBytes;
   // 16-bit outputs stored as computed collect packed pairs (RowVals); M-major C stays FP32.
   static constexpr bool kPackC = Rule::kHasC && !kCMajorM && packable<ElementC>();
   static constexpr bool kPackD = Rule::kHasD && !kQuant && packable<ElementD>();
@@ -426,18 +440,18 @@ struct BlockEngine {
   FUSEGEMM_DEVICE static void run(const Rule& rule, const P& p, int expert, int row0, int rows_valid,
                                   int j0, int width, const float (&acc)[kAccVals], uint32_t stage, int lane,
                                   Partials& part) {
-    run_with(rule, p, expert, row0, rows_valid, j0, width, [&](int i) { return acc[i]; }, stage, lane, part);
+    run_with(rule, p, expert, row0, rows_valid, j0, width, [&](int i) { return acc[i]; }, stage, lane, part,
+             stage);
   }
 
   // The same, reading accumulator value i (0 .. kAccVals-1) through acc_at(i): the sm_90a engine
   // path reads its shared-memory stage directly instead of holding a register copy next to the
-  // WGMMA fragment. kColSmem: SFD_col runs through `col_buf` (32 rows of kColPitch floats that
-  // acc_at no longer reads once the rule has run: col_amax_smem, scale_cols_smem) instead of
-  // warp reductions and shuffles.
-  template <bool kColSmem = false, class P, class AccAt>
+  // WGMMA fragment. col_buf (kColSmem): the warp's kColBytes for SFD_col, which acc_at no longer
+  // reads once the rule has run.
+  template <class P, class AccAt>
   FUSEGEMM_DEVICE static void run_with(const Rule& rule, const P& p, int expert, int row0, int rows_valid,
                                        int j0, int width, const AccAt& acc_at, uint32_t stage, int lane,
-                                       Partials& part, uint32_t col_buf = 0) {
+                                       Partials& part, uint32_t col_buf) {
     const int row = row0 + lane;
     const bool row_ok = lane < rows_valid;
     const typename Rule::RowIn ri = rule.row(p, row_ok ? row : row0);
@@ -567,11 +581,11 @@ struct BlockEngine {
       if constexpr (kScatter) {
         if (dw - j0 > 0) store_vals_rows(stage, p.d_out, p.ldd, out_row, j0, dw - j0, lane, vd0);
       } else if constexpr (Rule::kPairedD) {
-        d_block<kColSmem>(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0, dw, vd0, stage, lane, col_buf);
-        d_block<kColSmem>(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0 + 32, dw, vd1, stage, lane,
+        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0, dw, vd0, stage, lane, col_buf);
+        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0 + 32, dw, vd1, stage, lane,
                           col_buf);
       } else {
-        d_block<kColSmem>(rule, p, expert, row0, orow0, row_ok, rows_valid, j0, dw, vd0, stage, lane, col_buf);
+        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, j0, dw, vd0, stage, lane, col_buf);
       }
     }
   }
@@ -614,7 +628,7 @@ struct BlockEngine {
   }
 
   // One 32-column block of D at D column dc0 (of dw): plain, or SFD-quantized by row and/or column.
-  template <bool kColSmem, class P>
+  template <class P>
   FUSEGEMM_DEVICE static void d_block(const Rule& rule, const P& p, int expert, int row0, int64_t orow0, bool row_ok,
                                       int rows_valid, int dc0, int dw, const RowVals<ElementD, kPackD>& x, uint32_t stage,
                                       int lane, uint32_t col_buf) {

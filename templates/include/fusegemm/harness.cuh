@@ -39,7 +39,7 @@ struct BlockHarness {
   using Engine = epi::BlockEngine<Rule, ElementC, ElementD, false, false, kDiscreteColSfd, kScatter>;
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kStageBytes = Engine::kStageBytes > 16 ? Engine::kStageBytes : 16;
+  static constexpr int kStageBytes = Engine::kScratchBytes > 16 ? Engine::kScratchBytes : 16;
   static constexpr int kSmemBytes = kWarps * kStageBytes;
   // Contract (fusegemm/base/contract.py): a 32-row x (32 * kWarps)-column grid, no TMA.
   static constexpr int kTileM = 32, kTileN = 32 * kWarps;

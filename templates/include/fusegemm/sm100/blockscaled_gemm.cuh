@@ -155,7 +155,7 @@ struct BlockScaledGemmKernel {
   // the accumulator (GLU forward), else one block.
   static constexpr int kAccPerBlock = Rule::kPairedAcc ? 2 * kEpiChunkCols : kEpiChunkCols;
   static_assert(!kCMajorM || !Rule::kHasD, "M-major output: C only (seed 004)");
-  static constexpr int kStagingBytes = Engine::kStageBytes > 128 ? Engine::kStageBytes : 128;
+  static constexpr int kStagingBytes = Engine::kScratchBytes > 128 ? Engine::kScratchBytes : 128;
 
   using Frame = KernelFrame<kCtaGroup, Config::kDynamicSched, kStageBytesA, kStageBytesB,
                             kSfaBytes + kSfbBytes, kAccStages, kTileN, kTmemCols,

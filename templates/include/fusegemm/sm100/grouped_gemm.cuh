@@ -100,7 +100,7 @@ struct GroupedGemmKernel {
   static constexpr int kAccPerBlock = Rule::kPairedAcc ? 64 : 32;
   static_assert(kTileN % kAccPerBlock == 0, "tile N holds whole gate/up block pairs");
   static_assert(!Rule::kQuantColD || kTileM != 64, "column SFD needs 32 rows per epilogue warp (tile M >= 128)");
-  static constexpr int kStagingBytes = Engine::kStageBytes > 128 ? Engine::kStageBytes : 128;
+  static constexpr int kStagingBytes = Engine::kScratchBytes > 128 ? Engine::kScratchBytes : 128;
 
   using Frame = KernelFrame<kCtaGroup, Config::kDynamicSched, kStageBytesA, kStageBytesB, 0,
                             kAccStages, kTileN, kTmemCols, kStagingBytes * kNumEpiWarps,

@@ -82,14 +82,6 @@
 #ifndef FUSEGEMM_SM90_ENGINE_VEC_STAGE
 #define FUSEGEMM_SM90_ENGINE_VEC_STAGE 0
 #endif
-// 1: the engine path's column SFD (quant, dSwiGLU, sReLU with FP8 D) reduces each column's max
-// and hands out the column scales through the warp's own 32 staged rows, free once the rule has
-// read them (epi::col_amax_smem, scale_cols_smem), instead of 32 warp reductions and 32 shuffles
-// per block; 0: the reductions and shuffles. Same bytes; an A/B switch through
-// FUSEGEMM_NVRTC_EXTRA until the H200 has timed it.
-#ifndef FUSEGEMM_SM90_ENGINE_COL_SMEM
-#define FUSEGEMM_SM90_ENGINE_COL_SMEM 0
-#endif
 
 namespace fusegemm {
 namespace sm90 {
@@ -906,19 +898,20 @@ struct WgmmaEpilogue {
       const int jw = j0 + sub * kAccPerBlock;   // this warp's block's first element column
       if (runs && rows_valid > 0 && jw < width) {
         const float* src = stage + sub * kBlockFloats + (32 * (wl & 1) + lane) * kAccPitch;  // this lane's row
-        constexpr bool kColSmem = FUSEGEMM_SM90_ENGINE_COL_SMEM != 0;
-        static_assert(!kColSmem || kAccPitch >= epi::kColPitch, "the column buffer fits the warp's 32 rows");
-        const uint32_t col_buf = kColSmem ? smem_u32(src - lane * kAccPitch) : 0u;   // the warp's rows
+        // FUSEGEMM_ENGINE_COL_SMEM: SFD_col goes through the warp's own 32 staged rows, free once
+        // the rule has read them (the engine's staging buffer here holds 16-bit outputs only).
+        static_assert(!Engine::kColSmem || kAccPitch >= epi::kColPitch, "the column buffer fits the warp's rows");
+        const uint32_t col_buf = Engine::kColSmem ? smem_u32(src - lane * kAccPitch) : 0u;
         if constexpr (kVecStage) {
           // Value i of the row from its 16-byte group (i is a constant in the unrolled engine).
           const float4* src4 = reinterpret_cast<const float4*>(src);
-          Engine::template run_with<kColSmem>(rule, p, expert, row_w, rows_valid, jw, width, [&](int i) {
+          Engine::run_with(rule, p, expert, row_w, rows_valid, jw, width, [&](int i) {
             const float4 q = src4[i >> 2];
             return (i & 3) == 0 ? q.x : (i & 3) == 1 ? q.y : (i & 3) == 2 ? q.z : q.w;
           }, engine_buf, lane, part, col_buf);
         } else {
-          Engine::template run_with<kColSmem>(rule, p, expert, row_w, rows_valid, jw, width,
-                                              [&](int i) { return src[i]; }, engine_buf, lane, part, col_buf);
+          Engine::run_with(rule, p, expert, row_w, rows_valid, jw, width, [&](int i) { return src[i]; },
+                           engine_buf, lane, part, col_buf);
         }
       }
       named_barrier_sync(1 + wg, 128);
