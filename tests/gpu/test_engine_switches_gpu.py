@@ -9,8 +9,8 @@ against the default build and the interpreter:
 * ``FUSEGEMM_ENGINE_COL_SMEM=1``: SFD_col's column maxima and scales through a warp's shared-memory
   buffer (the sm_90a kernels' staged rows, the harness's and sm_100a's staging) instead of warp
   reductions and shuffles;
-* ``FUSEGEMM_SM90_ENGINE_VEC_STAGE=1`` (sm_90a kernels): the accumulators staged for the engine by
-  8-byte stores and read back by 16-byte loads.
+* ``FUSEGEMM_SM90_ENGINE_VEC_STAGE=1`` (sm_90a kernels, with the branch-free engine): the
+  accumulators staged for the engine by 8-byte stores and read back by 16-byte loads.
 
 Outputs must be the default build's byte for byte (dprob: the atomics' order), through the block
 harness at full and partial widths with NaN, Inf, -0, subnormal and overflowing accumulators (the
@@ -34,7 +34,8 @@ from fusegemm.runtime import config  # noqa: E402
 
 SWITCHES = {"branchless": "-DFUSEGEMM_ENGINE_BRANCHLESS=1", "amax_tree": "-DFUSEGEMM_ENGINE_AMAX_TREE=1",
             "col_smem": "-DFUSEGEMM_ENGINE_COL_SMEM=1"}
-SM90_SWITCHES = {"vec_stage": "-DFUSEGEMM_SM90_ENGINE_VEC_STAGE=1"}   # the sm_90a kernels' engine path only
+# the sm_90a kernels' engine path only, where it is branch-free
+SM90_SWITCHES = {"vec_stage": "-DFUSEGEMM_ENGINE_BRANCHLESS=1 -DFUSEGEMM_SM90_ENGINE_VEC_STAGE=1"}
 
 HARNESS_CASES = [  # (spec, axes, accumulator columns): every input kind the engine reads
     ("grouped_gemm_srelu", dict(c_dtype="bfloat16", d_dtype="float8_e4m3fn", bias_dtype="bfloat16"), 256),
@@ -78,6 +79,7 @@ KERNEL_CASES = [
     ("grouped_gemm_dswiglu", "mx", {}, 320),
     ("grouped_gemm_quant", "blockwise", {"d_dtype": "float8_e4m3fn", "bias_dtype": "bfloat16"}, 384),
     ("grouped_gemm_srelu", "blockwise", {"d_dtype": "float8_e4m3fn", "tile_n": 128}, 384),
+    ("grouped_gemm_srelu", "blockwise", {"d_dtype": "float8_e4m3fn"}, 384),
     ("grouped_gemm_srelu", "mx", {"d_dtype": "float8_e5m2", "c_dtype": "float8_e4m3fn"}, 320),
 ]
 

@@ -4,8 +4,8 @@ outputs): each reaches the engine of every build the GPU test runs and spills no
 compiler does not if-convert (dSwiGLU: one per column) and leaves rules with 8- or 32-bit element
 inputs as they are; ``FUSEGEMM_ENGINE_AMAX_TREE`` turns each SFD_row block's chain of 32
 NaN-propagating maxima (three instructions each) into 31 FMNMX.NAN;
-``FUSEGEMM_SM90_ENGINE_VEC_STAGE`` stages the sm_90a fragment by 8-byte stores and, with the
-branch-free engine, reads it back by 16-byte loads; ``FUSEGEMM_ENGINE_COL_SMEM`` takes SFD_col's
+``FUSEGEMM_SM90_ENGINE_VEC_STAGE``, with the branch-free engine, stages the sm_90a fragment by 8-byte
+stores and reads it back by 16-byte loads; ``FUSEGEMM_ENGINE_COL_SMEM`` takes SFD_col's
 column maxima and scales through shared memory instead of REDUX and SHFL, without costing an sm_100a
 kernel a pipeline stage. The default build is
 the same as before the switches (SASS compared in review)."""
@@ -87,11 +87,14 @@ def test_each_switch_reaches_the_engine_and_spills_nothing(spec, arch, axes, ses
     assert _nan_tests(h0) - _nan_tests(ht) >= 31 * blocks
     assert sum(ht.values()) < sum(h0.values())
     if arch == "sm_90a":
-        # each fragment pair staged by one 8-byte store; with the branch-free engine (whose reads
-        # of a row's four values are not split across branch regions) 16-byte reads
-        hv, hall = built["vec_stage"][0], built["all"][0]
+        # with the branch-free engine: each fragment pair staged by one 8-byte store, each row read
+        # back by 16-byte loads
+        hv = built["vec_stage"][0]
         assert hv.get("STS.64", 0) >= 32 and h0["STS"] - hv.get("STS", 0) >= 64, (h0["STS"], hv.get("STS"))
-        assert hall.get("LDS.128", 0) >= h0.get("LDS.128", 0) + 8, (h0.get("LDS.128"), hall.get("LDS.128"))
+        assert hv.get("LDS.128", 0) >= h0.get("LDS.128", 0) + 8, (h0.get("LDS.128"), hv.get("LDS.128"))
+        # the switch alone (a branching engine) changes nothing: its 8-byte stores alone spilled
+        assert _normalized(_build(spec, arch, axes, "-DFUSEGEMM_SM90_ENGINE_VEC_STAGE=1", session_cache)[2]) == \
+            _normalized(t0)
     # each column-quantized D block: 32 REDUX and 32 SHFL fewer (column maxima and scales through
     # shared memory)
     hc, hall = built["col_smem"][0], built["all"][0]

@@ -409,6 +409,9 @@ struct BlockEngine {
   static constexpr bool kColSmem = FUSEGEMM_ENGINE_COL_SMEM != 0 && Rule::kQuantColD;
   static constexpr int kColBytes = kColSmem ? 32 * kColPitch * 4 : 0;
   static constexpr int kScratchBytes = kStageBytes > kColBytes ? kStageBytes : kColBytes;
+  // FUSEGEMM_ENGINE_BRANCHLESS, for rules whose element inputs sit in registers (run_with).
+  static constexpr bool kBranchless = FUSEGEMM_ENGINE_BRANCHLESS != 0 && Rule::ElemBlock::kInRegisters &&
+                                      !packed_f32<Rule>();
   // 16-bit outputs stored as computed collect packed pairs (RowVals); M-major C stays FP32.
   static constexpr bool kPackC = Rule::kHasC && !kCMajorM && packable<ElementC>();
   static constexpr bool kPackD = Rule::kHasD && !kQuant && packable<ElementD>();
@@ -500,7 +503,7 @@ struct BlockEngine {
         take(i, in0, o0);
         take(i + 1, in1, o1);
       }
-    } else if constexpr (FUSEGEMM_ENGINE_BRANCHLESS && Rule::ElemBlock::kInRegisters) {
+    } else if constexpr (kBranchless) {
       // Every column applied, what lies outside masked by take(): no branch region per column.
       // Past the row end a column input reads the last column (jc) and an element input its
       // register, zero (Row32); the warp's rows past rows_valid read the staged values and row0's

@@ -74,11 +74,14 @@
 #ifndef FUSEGEMM_SM90_ENGINE_WARPS
 #define FUSEGEMM_SM90_ENGINE_WARPS 4
 #endif
-// How the engine path stages accumulators: 1 writes each fragment pair as one 8-byte store and
-// the engine reads its row four values at a time (16-byte loads; rows padded to a multiple of
-// four floats, 36 per 32-column block: 3 KB more shared memory per 128-row tile); 0 stores and
-// reads single floats (rows of 33: the lane-per-row reads hit distinct banks). An A/B switch
-// through FUSEGEMM_NVRTC_EXTRA until the H200 has timed it.
+// How the engine path stages accumulators where the engine is branch-free
+// (FUSEGEMM_ENGINE_BRANCHLESS and a rule it applies to): 1 writes each fragment pair as one 8-byte
+// store and the engine reads its row four values at a time (16-byte loads; rows padded to a
+// multiple of four floats, 36 per 32-column block: 3 KB more shared memory per 128-row tile); 0
+// stores and reads single floats (rows of 33: the lane-per-row reads hit distinct banks). With
+// the branching engine its reads would be split up again, and the 8-byte stores alone spilled
+// the blockwise sReLU with FP8 D (8 bytes): there it changes nothing. An A/B switch through
+// FUSEGEMM_NVRTC_EXTRA until the H200 has timed it.
 #ifndef FUSEGEMM_SM90_ENGINE_VEC_STAGE
 #define FUSEGEMM_SM90_ENGINE_VEC_STAGE 0
 #endif
@@ -185,7 +188,7 @@ struct WgmmaEpilogue {
   // Floats per staged row: +1 makes the lane-per-row reads hit distinct banks; +4 keeps rows
   // 16-byte aligned for FUSEGEMM_SM90_ENGINE_VEC_STAGE (a quarter warp's 16-byte reads, rows 144
   // bytes apart, then cover the 32 banks once).
-  static constexpr bool kVecStage = FUSEGEMM_SM90_ENGINE_VEC_STAGE != 0;
+  static constexpr bool kVecStage = FUSEGEMM_SM90_ENGINE_VEC_STAGE != 0 && Engine::kBranchless;
   static constexpr int kAccPitch = kAccPerBlock + (kVecStage ? 4 : 1);
   // Blocks staged and run at once per warpgroup (kEngineWarps): warps 2 and 3 take the second.
   static constexpr int kEngineBlocks =
