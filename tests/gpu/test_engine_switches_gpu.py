@@ -67,7 +67,7 @@ def test_harness_matches_the_interpreter_and_the_default_build(case, switch):
         if key == "dprob":
             np.testing.assert_allclose(got[key], v, rtol=1e-5, atol=1e-5, err_msg=key)
         else:
-            assert np.array_equal(np.asarray(got[key]).view(np.uint8), np.asarray(v).view(np.uint8)), key
+            harness._assert_same_bytes(got[key], v, f"{spec} {switch}: {key} against the default build")
 
 
 RECIPES = {"mx": {}, "blockwise": {"sf_dtype": "float32", "sf_vec_size": 128}}

@@ -35,17 +35,12 @@ CASES += [(s, "sm_100a", a) for s, a in SM100_CASES]
 
 
 def _build(spec: str, arch: str, axes: dict, extra: str, cache):
+    """(SASS histogram, resources, SASS text, dynamic shared memory of the host contract)."""
     with config.override(FUSEGEMM_NVRTC_EXTRA=extra):
         b = pipeline.get_kernel(make_variant(find_spec(spec), arch=arch, **axes), cache)
-    text = disasm.sass(b.cubin)
-    return disasm.histogram(text), Cubin(b.cubin).resources(b.kernel_name), text
-
-
-def _smem_bytes(spec: str, arch: str, axes: dict, extra: str, cache) -> int:
-    """The build's dynamic shared memory (its host contract)."""
-    with config.override(FUSEGEMM_NVRTC_EXTRA=extra):
-        b = pipeline.get_kernel(make_variant(find_spec(spec), arch=arch, **axes), cache)
-    return Cubin(b.cubin).contract(b.kernel_name).smem_bytes
+    text, cubin = disasm.sass(b.cubin), Cubin(b.cubin)
+    return (disasm.histogram(text), cubin.resources(b.kernel_name), text,
+            cubin.contract(b.kernel_name).smem_bytes)
 
 
 def _normalized(text: str) -> str:
@@ -67,12 +62,12 @@ def _nan_tests(h: dict) -> int:
 
 @pytest.mark.parametrize("spec,arch,axes", CASES, ids=_ids)
 def test_each_switch_reaches_the_engine_and_spills_nothing(spec, arch, axes, session_cache):
-    h0, r0, t0 = _build(spec, arch, axes, "", session_cache)
+    h0, r0, t0, smem0 = _build(spec, arch, axes, "", session_cache)
     assert r0.local_bytes == 0
     built = {}
     every = {**SWITCHES, **(SM90_SWITCHES if arch == "sm_90a" else {})}
     for name, extra in {**every, "all": " ".join(every.values())}.items():
-        h1, r1, t1 = built[name] = _build(spec, arch, axes, extra, session_cache)
+        h1, r1, t1, _ = built[name] = _build(spec, arch, axes, extra, session_cache)
         assert _normalized(t0) != _normalized(t1), f"{name} did not change the build: not an engine rule"
         assert r1.local_bytes == 0, (name, r1.local_bytes)
         assert h1.get("BSSY", 0) <= h0.get("BSSY", 0), name
@@ -104,8 +99,7 @@ def test_each_switch_reaches_the_engine_and_spills_nothing(spec, arch, axes, ses
         assert sum(hc.values()) < sum(h0.values()) and sum(hall.values()) < sum(hc.values())
     # the column buffer costs no pipeline stage: shared memory grows by at most the buffers
     # (sm_100a: four epilogue warps' 4224 B; sm_90a: nothing, the staged rows are reused)
-    grown = _smem_bytes(spec, arch, axes, SWITCHES["col_smem"], session_cache) - _smem_bytes(
-        spec, arch, axes, "", session_cache)
+    grown = built["col_smem"][3] - smem0
     assert 0 <= grown <= (4 * 32 * 33 * 4 if arch == "sm_100a" else 0), grown
 
 
@@ -113,6 +107,6 @@ def test_each_switch_reaches_the_engine_and_spills_nothing(spec, arch, axes, ses
 def test_rules_with_8_or_32_bit_element_inputs_keep_the_branching_engine(c_dtype, session_cache):
     """Their per-column loads, hoisted out of the unguarded loop, spilled: the switch leaves them."""
     axes = {**RECIPES["blockwise"], "c_dtype": c_dtype}
-    _, r0, t0 = _build("grouped_gemm_dswiglu", "sm_90a", axes, "", session_cache)
-    _, r1, t1 = _build("grouped_gemm_dswiglu", "sm_90a", axes, SWITCHES["branchless"], session_cache)
+    _, r0, t0, _ = _build("grouped_gemm_dswiglu", "sm_90a", axes, "", session_cache)
+    _, r1, t1, _ = _build("grouped_gemm_dswiglu", "sm_90a", axes, SWITCHES["branchless"], session_cache)
     assert _normalized(t0) == _normalized(t1) and r1.local_bytes == 0

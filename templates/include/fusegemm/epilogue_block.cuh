@@ -585,8 +585,7 @@ struct BlockEngine {
         if (dw - j0 > 0) store_vals_rows(stage, p.d_out, p.ldd, out_row, j0, dw - j0, lane, vd0);
       } else if constexpr (Rule::kPairedD) {
         d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0, dw, vd0, stage, lane, col_buf);
-        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0 + 32, dw, vd1, stage, lane,
-                          col_buf);
+        d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0 + 32, dw, vd1, stage, lane, col_buf);
       } else {
         d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, j0, dw, vd0, stage, lane, col_buf);
       }

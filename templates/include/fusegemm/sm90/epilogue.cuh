@@ -905,17 +905,16 @@ struct WgmmaEpilogue {
         // the rule has read them (the engine's staging buffer here holds 16-bit outputs only).
         static_assert(!Engine::kColSmem || kAccPitch >= epi::kColPitch, "the column buffer fits the warp's rows");
         const uint32_t col_buf = Engine::kColSmem ? smem_u32(src - lane * kAccPitch) : 0u;
-        if constexpr (kVecStage) {
-          // Value i of the row from its 16-byte group (i is a constant in the unrolled engine).
-          const float4* src4 = reinterpret_cast<const float4*>(src);
-          Engine::run_with(rule, p, expert, row_w, rows_valid, jw, width, [&](int i) {
-            const float4 q = src4[i >> 2];
+        const auto acc_at = [&](int i) {
+          if constexpr (kVecStage) {
+            // Value i of the row from its 16-byte group (i is a constant in the unrolled engine).
+            const float4 q = reinterpret_cast<const float4*>(src)[i >> 2];
             return (i & 3) == 0 ? q.x : (i & 3) == 1 ? q.y : (i & 3) == 2 ? q.z : q.w;
-          }, engine_buf, lane, part, col_buf);
-        } else {
-          Engine::run_with(rule, p, expert, row_w, rows_valid, jw, width, [&](int i) { return src[i]; },
-                           engine_buf, lane, part, col_buf);
-        }
+          } else {
+            return src[i];
+          }
+        };
+        Engine::run_with(rule, p, expert, row_w, rows_valid, jw, width, acc_at, engine_buf, lane, part, col_buf);
       }
       named_barrier_sync(1 + wg, 128);
     }
