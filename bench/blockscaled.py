@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.also_pairs = also_builds(args)
     return run(args, bench_shape, _summary,
-               {"benchmark": "block-scaled fused grouped GEMMs (MXFP8 A/B) vs torch"})
+               {"benchmark": "block-scaled fused grouped GEMMs (MXFP8 A/B) vs torch", "also": dict(args.also_pairs)})
 
 
 if __name__ == "__main__":

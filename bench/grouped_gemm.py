@@ -19,7 +19,9 @@ and reports TFLOP/s (2 * rows * N * K / time) and the ratios to both peers.
 A ``streamk`` config (the last wave's tiles split along K, fusegemm/stream_k.cuh; not a seed
 argument) runs the spec-driven ``fusegemm.Op`` on the same operands and epilogue inputs; its first
 launch passes the first-run gate (its configuration class's cases, in a child process) until a GPU
-run has cleared the mode. FUSEGEMM_STREAMK_MIN_K_BLOCKS sets the split's smallest share.
+run has cleared the mode. FUSEGEMM_STREAMK_MIN_K_BLOCKS sets the split's smallest share. An
+``opstatic`` config runs the static walk through that same ``fusegemm.Op`` call, so that the two
+differ only in the schedule (``GroupedGemm.execute`` is the lighter host path).
 """
 from __future__ import annotations
 
@@ -77,9 +79,10 @@ def bench_shape(name: str, dist: str, args) -> dict:
             cfg_s = cfg
         tile_s, sched, *tune = cfg_s.split(":")
         tile = tuple(int(x) for x in tile_s.split("x"))
-        if sched == "streamk":
+        if sched in ("streamk", "opstatic"):   # (opstatic: the static walk through the same Op call)
             from fusegemm.ops.engine import Op
-            sk = Op("grouped_gemm", scheduler="streamk", tile_m=tile[0], tile_n=tile[1], d_dtype="bfloat16")
+            sk = Op("grouped_gemm", scheduler="streamk" if sched == "streamk" else "static", tile_m=tile[0],
+                    tile_n=tile[1], d_dtype="bfloat16")
             ins = {"alpha": alpha, "prob": prob.reshape(-1)}
             methods[cfg] = (lambda sk=sk, ins=ins: sk(a, offsets, b, inputs=ins))
             continue

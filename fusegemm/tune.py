@@ -169,8 +169,8 @@ def tune(spec: str = "grouped_gemm", *, experts: int, tokens: int, n: int, k: in
         records under its call's bucket, whose rows per expert the seeded problem may round
         differently). Its options must be those of the measured problem.
     gated_modes : bool
-        Also time configurations of a mode no GPU has run yet (``registry.UNEXECUTED_MODES``: the
-        sm_90a stream-K scheduler), each of which passes the first-run gate before its first
+        Also time configurations of a mode no GPU has run yet (``registry.UNEXECUTED_MODES``;
+        none at present), each of which passes the first-run gate before its first
         launch (tens of seconds per configuration class, once per cache); first-call tuning leaves
         them out.
 

@@ -3,8 +3,9 @@
 fusegemm's sm_100a kernels are compiled and statically checked, but no Blackwell GPU has run
 them in the project's own tests (``fusegemm/base/archs.py``: ``executed=False``); a family just
 added may likewise not have run on an executed arch yet (its registry row: ``executed=False``,
-generator/registry.py), and a mode of an executed kernel may not have run yet (``registry.UNEXECUTED_MODES``:
-the sm_90a stream-K scheduler). One family's kernel takes different paths for different tiles, clusters,
+generator/registry.py), and a mode of an executed kernel may not have run yet
+(``registry.UNEXECUTED_MODES``; none at present: the sm_90a stream-K scheduler stood there until
+the H200 ran it). One family's kernel takes different paths for different tiles, clusters,
 CTA pairs, schedulers, operand layouts, scaling recipes and weight modes, so a pass on one
 configuration says little about another. The gate therefore works per **configuration class**
 (:class:`ConfigClass`: family, kernel class, tile, cluster, CTAs per tile, scheduler, operand

@@ -407,11 +407,10 @@ def executed(family: str, arch: str) -> bool:
 # entry goes. (Gathered operands on sm_90a stood here, then refused outright, from their writing
 # until tests/gpu/test_gather_gpu.py passed on the H200 on 2026-12-03; on sm_100a, whose rows are
 # not executed, the gate verifies them: a gathered variant is a configuration class of its own,
-# whose cases read A, dY or X through an index, fusegemm/selftest.py.)
-UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {
-    ("grouped", "sm_90a"): (("scheduler", "streamk", "the stream-K remainder has not run on a GPU yet "
-                                                     "(tests/gpu/test_stream_k_gpu.py)"),),
-}
+# whose cases read A, dY or X through an index, fusegemm/selftest.py. The sm_90a stream-K scheduler
+# stood here from its writing until tests/gpu/test_stream_k_gpu.py passed on the H200 on
+# 2026-12-05.) None at present.
+UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {}
 
 
 def unexecuted_mode(family: str, arch: str, choice: dict[str, Any]) -> str | None:

@@ -7,8 +7,11 @@ NaN-propagating maxima (three instructions each) into 31 FMNMX.NAN;
 ``FUSEGEMM_SM90_ENGINE_VEC_STAGE``, with the branch-free engine, stages the sm_90a fragment by 8-byte
 stores and reads it back by 16-byte loads; ``FUSEGEMM_ENGINE_COL_SMEM`` takes SFD_col's
 column maxima and scales through shared memory instead of REDUX and SHFL, without costing an sm_100a
-kernel a pipeline stage. The default build is
-the same as before the switches (SASS compared in review)."""
+kernel a pipeline stage; ``FUSEGEMM_SM90_BW_EPI_WG`` gives the blockwise kernel's engine-path rules
+an epilogue warpgroup (512 threads, registers split 160 / 152 / 40, or 152 / 152 / 56 with gathered
+A) and leaves every other rule's build as it is. The default build is the same as before the
+switches (SASS compared in review); since the H200 timed them, the branch-free engine, the max tree
+and the vector staging are the default build (the baseline here is every switch off)."""
 from __future__ import annotations
 
 import re
@@ -24,7 +27,8 @@ from fusegemm.runtime import config, disasm
 from fusegemm.runtime.cubin_info import Cubin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
-from test_engine_switches_gpu import KERNEL_CASES, RECIPES, SM90_SWITCHES, SWITCHES  # noqa: E402  (its builds)
+from test_engine_switches_gpu import (  # noqa: E402  (its builds)
+    BASELINE, DEFAULT_ON, KERNEL_CASES, RECIPES, SM90_SWITCHES, SWITCHES, defines)
 
 pytestmark = pytest.mark.skipif(not disasm.available(), reason="needs nvdisasm (the nvidia-cuda-nvdisasm wheel)")
 
@@ -62,11 +66,11 @@ def _nan_tests(h: dict) -> int:
 
 @pytest.mark.parametrize("spec,arch,axes", CASES, ids=_ids)
 def test_each_switch_reaches_the_engine_and_spills_nothing(spec, arch, axes, session_cache):
-    h0, r0, t0, smem0 = _build(spec, arch, axes, "", session_cache)
+    h0, r0, t0, smem0 = _build(spec, arch, axes, BASELINE, session_cache)
     assert r0.local_bytes == 0
     built = {}
     every = {**SWITCHES, **(SM90_SWITCHES if arch == "sm_90a" else {})}
-    for name, extra in {**every, "all": " ".join(every.values())}.items():
+    for name, extra in {**every, "all": defines(*every)}.items():
         h1, r1, t1, _ = built[name] = _build(spec, arch, axes, extra, session_cache)
         assert _normalized(t0) != _normalized(t1), f"{name} did not change the build: not an engine rule"
         assert r1.local_bytes == 0, (name, r1.local_bytes)
@@ -88,8 +92,8 @@ def test_each_switch_reaches_the_engine_and_spills_nothing(spec, arch, axes, ses
         assert hv.get("STS.64", 0) >= 32 and h0["STS"] - hv.get("STS", 0) >= 64, (h0["STS"], hv.get("STS"))
         assert hv.get("LDS.128", 0) >= h0.get("LDS.128", 0) + 8, (h0.get("LDS.128"), hv.get("LDS.128"))
         # the switch alone (a branching engine) changes nothing: its 8-byte stores alone spilled
-        assert _normalized(_build(spec, arch, axes, "-DFUSEGEMM_SM90_ENGINE_VEC_STAGE=1", session_cache)[2]) == \
-            _normalized(t0)
+        vec_alone = BASELINE.replace("VEC_STAGE=0", "VEC_STAGE=1")
+        assert _normalized(_build(spec, arch, axes, vec_alone, session_cache)[2]) == _normalized(t0)
     # each column-quantized D block: 32 REDUX and 32 SHFL fewer (column maxima and scales through
     # shared memory)
     hc, hall = built["col_smem"][0], built["all"][0]
@@ -107,6 +111,49 @@ def test_each_switch_reaches_the_engine_and_spills_nothing(spec, arch, axes, ses
 def test_rules_with_8_or_32_bit_element_inputs_keep_the_branching_engine(c_dtype, session_cache):
     """Their per-column loads, hoisted out of the unguarded loop, spilled: the switch leaves them."""
     axes = {**RECIPES["blockwise"], "c_dtype": c_dtype}
-    _, r0, t0, _ = _build("grouped_gemm_dswiglu", "sm_90a", axes, "", session_cache)
+    _, r0, t0, _ = _build("grouped_gemm_dswiglu", "sm_90a", axes, BASELINE, session_cache)
     _, r1, t1, _ = _build("grouped_gemm_dswiglu", "sm_90a", axes, SWITCHES["branchless"], session_cache)
     assert _normalized(t0) == _normalized(t1) and r1.local_bytes == 0
+
+
+@pytest.mark.parametrize("spec,arch,axes", CASES, ids=_ids)
+def test_the_default_build_is_the_timed_switches(spec, arch, axes, session_cache):
+    """The headers' defaults are the switches the H200 runs kept (DEFAULT_ON), and no other."""
+    _, r, t, _ = _build(spec, arch, axes, "", session_cache)
+    assert _normalized(t) == _normalized(_build(spec, arch, axes, defines(*DEFAULT_ON), session_cache)[2])
+    assert r.local_bytes == 0
+
+
+BLOCKWISE_ENGINE = [(s, {**RECIPES[r], **a}) for s, r, a, _ in KERNEL_CASES if r == "blockwise"]
+BLOCKWISE_ENGINE += [("grouped_gemm_dswiglu", {**RECIPES["blockwise"], "a_gather": True})]
+
+
+@pytest.mark.parametrize("spec,axes", BLOCKWISE_ENGINE, ids=_ids)
+def test_epilogue_warpgroup_takes_the_engine_rules(spec, axes, session_cache):
+    extra = "-DFUSEGEMM_SM90_BW_EPI_WG=1"   # (over the default build)
+    with config.override(FUSEGEMM_NVRTC_EXTRA=extra):
+        b = pipeline.get_kernel(make_variant(find_spec(spec), arch="sm_90a", **axes), session_cache)
+    cubin = Cubin(b.cubin)
+    assert cubin.contract(b.kernel_name).threads == 512
+    assert cubin.resources(b.kernel_name).local_bytes == 0
+    text = disasm.sass(b.cubin)
+    regs = sorted(int(m, 16) for m in re.findall(r"USETMAXREG\.\S+(?: UP0,)? (0x[0-9a-f]+)", text))
+    # producer, consumers (two warpgroups), epilogue warpgroup: the whole register file (512 x 128)
+    producer, consumers, epilogue = (56, 152, 152) if axes.get("a_gather") else (40, 160, 152)
+    assert regs == sorted([producer, consumers, epilogue]), regs
+    assert producer + 2 * consumers + epilogue == 512
+    # the consumers hand each pass over and wait for its release: acc_full and acc_empty
+    h0 = disasm.histogram(disasm.sass(pipeline.get_kernel(
+        make_variant(find_spec(spec), arch="sm_90a", **axes), session_cache).cubin))
+    h1 = disasm.histogram(text)
+    assert h1["SYNCS.PHASECHK.TRANS64.TRYWAIT"] > h0["SYNCS.PHASECHK.TRANS64.TRYWAIT"]
+
+
+@pytest.mark.parametrize("spec,axes", [("grouped_gemm_srelu", {**RECIPES["blockwise"], "d_dtype": "bfloat16"}),
+                                       ("grouped_gemm_glu_mx", {**RECIPES["blockwise"], "d_dtype": "float8_e4m3fn"}),
+                                       ("grouped_gemm_dswiglu", {})], ids=_ids)
+def test_epilogue_warpgroup_leaves_other_rules_and_kernels(spec, axes, session_cache):
+    """Fragment-path rules and the MXFP8 kernel build as before."""
+    _, _, t0, _ = _build(spec, "sm_90a", axes, "", session_cache)
+    _, _, t1, _ = _build(spec, "sm_90a", axes, "-DFUSEGEMM_SM90_BW_EPI_WG=1", session_cache)
+    assert _normalized(t0) == _normalized(t1)

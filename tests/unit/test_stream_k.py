@@ -263,7 +263,19 @@ def test_streamk_is_the_sm90_grouped_kernels_and_refused_elsewhere_with_the_reas
             (family, arch)
 
 
-def test_streamk_on_sm90_is_gated_until_a_gpu_has_run_it():
+# How the registry listed stream-K until the H200 ran it (2026-12-05): the gate's machinery, tested
+# with it put back.
+_GATED = {("grouped", "sm_90a"): (("scheduler", "streamk", "the stream-K remainder has not run on a GPU yet "
+                                                          "(tests/gpu/test_stream_k_gpu.py)"),)}
+
+
+def test_streamk_on_sm90_has_run_and_is_not_gated():
+    v = make_variant(find_spec("grouped_gemm"), arch="sm_90a", scheduler="streamk")
+    assert registry.unexecuted_mode(v.kernel, v.arch, vars(v)) is None
+
+
+def test_a_listed_mode_is_gated(monkeypatch):
+    monkeypatch.setattr(registry, "UNEXECUTED_MODES", _GATED)
     v = make_variant(find_spec("grouped_gemm"), arch="sm_90a", scheduler="streamk")
     why = registry.unexecuted_mode(v.kernel, v.arch, vars(v))
     assert why is not None and why.startswith("scheduler='streamk' on sm_90a: the stream-K remainder has not run")
@@ -344,9 +356,10 @@ def test_the_gate_runs_the_split_on_its_first_launch(tile_m):
     assert not any("stream-K" in label for label, _ in class_cases(config_class(static)))
 
 
-def test_show_and_the_docs_say_the_mode_has_not_run():
-    """`fusegemm show` and the generated op page name the unexecuted mode beside the sm_90a limits
-    (and its JSON lists it); sm_100a, which refuses it, says so as a limit instead."""
+def test_show_and_the_docs_say_a_listed_mode_has_not_run(monkeypatch):
+    """`fusegemm show` and the generated op page name an unexecuted mode beside the sm_90a limits
+    (and its JSON lists it); sm_100a, which refuses it, says so as a limit instead; with nothing
+    listed (stream-K since the H200 ran it), nothing is said."""
     import json
 
     from click.testing import CliRunner
@@ -354,13 +367,17 @@ def test_show_and_the_docs_say_the_mode_has_not_run():
     from fusegemm.cli import main
     from fusegemm.describe import spec_info
     from fusegemm.docsgen import surface_rows
+    plain = json.loads(CliRunner().invoke(main, ["show", "grouped_gemm", "--json"]).output)
+    assert plain["implementations"]["sm_90a"]["unexecuted"] == []
+    assert "not yet run" not in CliRunner().invoke(main, ["show", "grouped_gemm"]).output
+    monkeypatch.setattr(registry, "UNEXECUTED_MODES", _GATED)
     text = CliRunner().invoke(main, ["show", "grouped_gemm"]).output
     sm90 = text[text.index("  sm_90a:"):]
     assert ("    scheduler=streamk not yet run on a GPU: first-run gated (the stream-K remainder has not run on a "
             "GPU yet (tests/gpu/test_stream_k_gpu.py))") in sm90
     info = json.loads(CliRunner().invoke(main, ["show", "grouped_gemm", "--json"]).output)
     assert info["implementations"]["sm_90a"]["unexecuted"] == [
-        {"axis": "scheduler", "value": "streamk", "because": registry.UNEXECUTED_MODES[("grouped", "sm_90a")][0][2]}]
+        {"axis": "scheduler", "value": "streamk", "because": _GATED[("grouped", "sm_90a")][0][2]}]
     assert info["implementations"]["sm_100a"]["unexecuted"] == []
     rows = {axis: per for axis, _, per in surface_rows(spec_info(find_spec("grouped_gemm")))}
     assert "`streamk` not yet run on a GPU, first-run gated" in rows["scheduler"]["sm_90a"]

@@ -19,10 +19,13 @@
 // what lies past the row end or the warp's rows, as the sm_90a fragment path does (rules whose
 // element inputs it holds in registers: 16-bit ones, or none); 0: a branch region per column
 // (`if (in) apply`), which keeps the scheduler from interleaving the columns' dependency chains.
-// Same bits either way; an A/B switch through FUSEGEMM_NVRTC_EXTRA until the H200 has timed it
-// (bench/blockscaled.py --also bl=-DFUSEGEMM_ENGINE_BRANCHLESS=1).
+// Same bits either way. H200, blockwise recipe, same run (bench/results/
+// blockscaled_h200_engine_switches_2.json, 5 rounds, with FUSEGEMM_ENGINE_AMAX_TREE): dSwiGLU
+// 1.00-1.10x the speed of the branching engine at dsv3-fc2, dsv3-fc1 and mixtral-fc1, quant
+// 1.00-1.03x, sReLU with FP8 D 0.98-1.03x (alone, the first run: dSwiGLU 1.01-1.08x); 0 is the
+// baseline, an A/B switch through FUSEGEMM_NVRTC_EXTRA.
 #ifndef FUSEGEMM_ENGINE_BRANCHLESS
-#define FUSEGEMM_ENGINE_BRANCHLESS 0
+#define FUSEGEMM_ENGINE_BRANCHLESS 1
 #endif
 
 namespace fusegemm {

@@ -79,10 +79,12 @@ FUSEGEMM_DEVICE float warp_amax(float x) {
 // depth 5 and 31 instructions, where the chain of fmax_nan is 32 deep at three instructions
 // each. The maximum of non-negative values does not depend on the order; a NaN comes out as
 // the canonical NaN instead of the first NaN's payload, and every use of the result (E8M0 byte
-// 0xFF, scale NaN, values NaN) is the same for any NaN. An A/B switch through
-// FUSEGEMM_NVRTC_EXTRA until the H200 has timed it.
+// 0xFF, scale NaN, values NaN) is the same for any NaN. H200, alone (bench/results/
+// blockscaled_h200_engine_switches.json: dsv3-fc2, dsv3-fc1): quant 1.02-1.09x the chain's speed,
+// sReLU with FP8 D 1.00-1.08x, dSwiGLU 0.98-1.01x; with the branch-free engine as
+// FUSEGEMM_ENGINE_BRANCHLESS records. 0 is the baseline, an A/B switch through FUSEGEMM_NVRTC_EXTRA.
 #ifndef FUSEGEMM_ENGINE_AMAX_TREE
-#define FUSEGEMM_ENGINE_AMAX_TREE 0
+#define FUSEGEMM_ENGINE_AMAX_TREE 1
 #endif
 FUSEGEMM_DEVICE float max_nan_abs(float a, float b) {
   float r;
@@ -112,7 +114,9 @@ FUSEGEMM_DEVICE float row_amax32(const float (&v)[32]) {
 // 32 warp reductions (REDUX) and 32 shuffles per block. The buffer: the sm_90a engine path's
 // staged rows of the warp, free once the rule has read them; elsewhere (sm_100a, the harness) the
 // caller's staging buffer, BlockEngine::kScratchBytes. 0: the reductions and shuffles. Same
-// bytes; an A/B switch through FUSEGEMM_NVRTC_EXTRA until the H200 has timed it.
+// bytes. Not the default: on the H200 (bench/results/blockscaled_h200_engine_switches*.json) it
+// ran quant 1.03-1.11x faster alone and 0.99-1.05x over the branch-free engine, but dSwiGLU
+// 0.84-0.91x alone and 0.97-1.03x over it. An A/B switch through FUSEGEMM_NVRTC_EXTRA.
 #ifndef FUSEGEMM_ENGINE_COL_SMEM
 #define FUSEGEMM_ENGINE_COL_SMEM 0
 #endif
@@ -409,9 +413,10 @@ struct BlockEngine {
   static constexpr bool kColSmem = FUSEGEMM_ENGINE_COL_SMEM != 0 && Rule::kQuantColD;
   static constexpr int kColBytes = kColSmem ? 32 * kColPitch * 4 : 0;
   static constexpr int kScratchBytes = kStageBytes > kColBytes ? kStageBytes : kColBytes;
-  // FUSEGEMM_ENGINE_BRANCHLESS, for rules whose element inputs sit in registers (run_with).
+  // FUSEGEMM_ENGINE_BRANCHLESS, for rules whose element inputs sit in registers (run_with), and
+  // without column sums (the BF16 dGLU with its bias gradient spilled 8 bytes branch-free).
   static constexpr bool kBranchless = FUSEGEMM_ENGINE_BRANCHLESS != 0 && Rule::ElemBlock::kInRegisters &&
-                                      !packed_f32<Rule>();
+                                      !packed_f32<Rule>() && !Rule::kColSum;
   // 16-bit outputs stored as computed collect packed pairs (RowVals); M-major C stays FP32.
   static constexpr bool kPackC = Rule::kHasC && !kCMajorM && packable<ElementC>();
   static constexpr bool kPackD = Rule::kHasD && !kQuant && packable<ElementD>();

@@ -67,6 +67,7 @@
 #include "fusegemm/tma.cuh"
 #include "fusegemm/sm90/blockscaled_common.cuh"
 #include "fusegemm/sm90/epilogue.cuh"
+#include "fusegemm/sm90/epilogue_wg.cuh"
 #include "fusegemm/sm90/wgmma.cuh"
 
 // Epilogue input prefetch: each consumer warp asks L2 for the element inputs its epilogue will
@@ -124,13 +125,19 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kTileM = Config::kTileM;
   static constexpr int kTileN = Config::kTileN;
   static constexpr int kMmaN = 128;                 // columns per WGMMA: one B scale per half and stage
+  using Engine = epi::BlockEngine<Rule, ElementC, ElementD, kBatched, Config::kCMajorM, Config::kDiscreteColSfd>;
+  // FUSEGEMM_SM90_BW_EPI_WG: rules on the engine path run on an epilogue warpgroup
+  // (fusegemm/sm90/epilogue_wg.cuh), 128-column passes (the consumers hold one pass's fragment).
+  static constexpr bool kEpiWG =
+      FUSEGEMM_SM90_BW_EPI_WG != 0 && !kKGrouped &&
+      EpiPath<Rule, ElementC, ElementD, Config::kCMajorM, kBatched, kScaledForceEngine<Config>>::kEngine;
   // A 256-column tile runs its two 128-column halves on each stage's one A (48 KB of loads per 4M
   // FMAs, not 64 KB as two passes), holding both halves' accumulators: 192 floats per thread. Rules
   // whose epilogue needs more registers than the second half leaves (gate/up-paired outputs, row
   // sums: dSwiGLU spills 136 bytes) run the halves as two passes over K instead.
   // 1x128 output scales (Rule::kSfdVec 128) need the whole tile in one epilogue (kOneEpi below),
   // so their rules share A with a paired C too (SwiGLU forward with C: no spill).
-  static constexpr bool kShareA = kTileN == 256 && !Rule::kPairedD && !Rule::kRowSum &&
+  static constexpr bool kShareA = !kEpiWG && kTileN == 256 && !Rule::kPairedD && !Rule::kRowSum &&
                                   (!Rule::kPairedC || (Rule::kSfdVec == 128 && Rule::kQuantRowD));
   static constexpr int kHalves = kShareA ? kTileN / kMmaN : 1;   // halves per stage
   static constexpr int kPasses = kTileN / (kHalves * kMmaN);
@@ -141,10 +148,10 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
 
   static constexpr int kConsumerWGs = kTileM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
-  static constexpr int kThreads = 128 * (kConsumerWGs + 1);
+  static constexpr int kEpiWGs = kEpiWG ? 1 : 0;
+  static constexpr int kThreads = 128 * (kConsumerWGs + 1 + kEpiWGs);
   static constexpr int kAccum = kMmaN / 2;
 
-  using Engine = epi::BlockEngine<Rule, ElementC, ElementD, kBatched, Config::kCMajorM, Config::kDiscreteColSfd>;
   // Two engine warps per warpgroup for rules with C and D where the tile's second half stays live
   // through the first half's epilogue (kShareA): the four-warp engine spilled 8 bytes there
   // (sReLU with FP8 D; quant's D alone did not).
@@ -154,6 +161,8 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr bool kOneEpi = kShareA && Rule::kSfdVec == 128 && Rule::kQuantRowD;
   using Epi = WgmmaEpilogue<kTileM, kOneEpi ? kHalves * kMmaN : kMmaN, Rule, ElementC, ElementD, Engine, kBatched,
                             kScaledForceEngine<Config>, false, false, kEngineWarps>;
+  using EpiWG = EpilogueWarpgroup<kMmaN, Rule, Engine, kBatched>;
+  static_assert(!kEpiWG || (kTileM == 128 && kHalves == 1), "the epilogue warpgroup takes 128 x 128 passes");
 
   // Shared memory plan (offsets from the 1024-aligned dynamic smem base).
   static constexpr int kABytes = kTileM * kTileK;
@@ -163,8 +172,9 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kSfStageBytes = kSfaBytes + kSfbBytes;
   static constexpr int kTileRing = 4;
   static constexpr int kSmemLimit = 232448 - 1024;
-  static constexpr int kEpiBytes = Epi::kBytes;
-  static constexpr int kFixedBytes = kEpiBytes + 127 + 2 * 128 + 16 * kTileRing + 8 * (2 * 8 + 2 * kTileRing);
+  static constexpr int kEpiBytes = kEpiWG ? EpiWG::kBytes : Epi::kBytes;
+  static constexpr int kFixedBytes =
+      kEpiBytes + 127 + 2 * 128 + 16 * kTileRing + 8 * (2 * 8 + 2 * kTileRing + 2 * kEpiWGs);
   static constexpr int kMaxStages = (kSmemLimit - kFixedBytes) / (kABytes + kBBytes + kSfStageBytes);
   static constexpr int kStages = kMaxStages > 8 ? 8 : kMaxStages;
   static_assert(kStages >= 3, "not enough shared memory for a 3-stage pipeline");
@@ -176,18 +186,23 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kOffTmap = (kOffEpi + kEpiBytes + 127) / 128 * 128;  // B map staging (one of two slots)
   static constexpr int kOffRing = kOffTmap + 2 * 128;
   static constexpr int kOffBars = kOffRing + 16 * kTileRing;
-  static constexpr int kNumBars = 2 * kStages + 2 * kTileRing;
+  static constexpr int kNumBars = 2 * kStages + 2 * kTileRing + 2 * kEpiWGs;   // + acc_full, acc_empty
   static constexpr int kSmemBytes = kOffBars + 8 * kNumBars;
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "SW128 stages need 1 KB alignment");
   static_assert(kOffSf % 128 == 0 && kSfStageBytes % 128 == 0 && kOffEpi % 16 == 0, "TMA / vector alignment");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan exceeds 227 KB");
 
   // Consumers hold two accumulator halves and one temporary set (192 floats) while the first
-  // half's epilogue runs; the producer (tile walk, per-expert B maps) fits in 40.
+  // half's epilogue runs; the producer (tile walk, per-expert B maps) fits in 40. With an
+  // epilogue warpgroup the consumers hold one pass (128 floats) and hand it over: the engine gets
+  // what they leave.
   static constexpr int kProducerRegs = kGatherA ? 56 : 40;   // (a copying lane holds its rows' offsets)
-  static constexpr int kConsumerRegs = kGatherA ? 224 : 232;   // (gathered A: the producer's 56 come from here)
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= 65536,
+  static constexpr int kConsumerRegs = kEpiWG ? (kGatherA ? 152 : 160)
+                                              : kGatherA ? 224 : 232;   // (gathered A: the producer's 56 come from here)
+  static constexpr int kEpiRegs = kEpiWG ? 65536 / 128 - kProducerRegs - kConsumerWGs * kConsumerRegs : 0;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs + kEpiRegs * 128 * kEpiWGs <= 65536,
                 "register split exceeds the register file");
+  static_assert(!kEpiWG || (kEpiRegs >= 128 && kEpiRegs % 8 == 0), "the epilogue warpgroup's registers");
 
   // Host contract (the rest: ScaledHostContract, a dependent base: named here).
   using Contract = ScaledHostContract<Config::kDiscreteB>;
@@ -213,6 +228,8 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
     uint64_t* full;
     uint64_t* empty;
     Ring ring;
+    uint64_t* acc_full;    // kEpiWG: a pass's accumulators staged (one arrival per consumer thread)
+    uint64_t* acc_empty;   // kEpiWG: ... and read (one arrival per epilogue thread)
   };
 
   template <class Params>
@@ -222,7 +239,8 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
     const int wg = tid / 128;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kOffBars);
     const Bars b{bars, bars + kStages,
-                 Ring{bars + 2 * kStages, bars + 2 * kStages + kTileRing, reinterpret_cast<int4*>(smem + kOffRing)}};
+                 Ring{bars + 2 * kStages, bars + 2 * kStages + kTileRing, reinterpret_cast<int4*>(smem + kOffRing)},
+                 bars + 2 * kStages + 2 * kTileRing, bars + 2 * kStages + 2 * kTileRing + 1};
     if (tid == 0) {
       if (smem_u32(smem) % 1024 != 0) __trap();  // SW128 descriptors assume a 1 KB aligned base
       for (int s = 0; s < kStages; ++s) {
@@ -232,7 +250,11 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
       }
       for (int s = 0; s < kTileRing; ++s) {
         mbar_init(&b.ring.full[s], 1);
-        mbar_init(&b.ring.empty[s], kConsumerWarps);
+        mbar_init(&b.ring.empty[s], kConsumerWarps + 4 * kEpiWGs);
+      }
+      if constexpr (kEpiWG) {
+        mbar_init(b.acc_full, 32 * kConsumerWarps);
+        mbar_init(b.acc_empty, 128);
       }
       mbar_fence_init();
     }
@@ -244,6 +266,11 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
         produce_gathered(p, smem, b, (tid % 128) / 32, tid % 32);
       } else if ((tid % 128) / 32 == 0 && elect_one()) {
         produce(p, smem, b);
+      }
+    } else if (kEpiWG && wg > kConsumerWGs) {
+      if constexpr (kEpiWG) {
+        cutlass::arch::warpgroup_reg_alloc<kEpiRegs>();
+        epilogue(p, smem, b, (tid % 128) / 32, tid % 32);
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
@@ -526,6 +553,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
     float acc[kHalves][kAccum], t[kAccum];
     typename Epi::Partials part;
     part.reset();
+    uint32_t acc_phase = 0;   // kEpiWG: passes handed over, mod 2
 
     int4 tile;
     while (ring.next(b.ring, lane, tile)) {
@@ -559,6 +587,14 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
           }
         };
         mainloop(b, smem, da0, db0, tile_k_blocks, row0, sfb, halves, stage, phase, acc, t, on_block);
+        if constexpr (kEpiWG) {
+          // Hand the pass to the epilogue warpgroup once it has read the previous one.
+          mbar_wait(b.acc_empty, acc_phase ^ 1);
+          EpiWG::put(smem + kOffEpi, row0, lane, acc[0]);
+          mbar_arrive(b.acc_full);
+          acc_phase ^= 1;
+          continue;
+        }
         if (FUSEGEMM_SM90_BENCH_NO_EPILOGUE && acc[0][0] != -1.0f) continue;
         if constexpr (kOneEpi) {
           // Both halves as one fragment (register renames, no copies after allocation).
@@ -580,7 +616,37 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
         }
       }
     }
-    Epi::finish(part, p, warp, lane);
+    if constexpr (!kEpiWG) Epi::finish(part, p, warp, lane);
+  }
+
+  // ------------------------------------------------------------------------------------
+  // Epilogue warpgroup (kEpiWG): warp ew runs the engine on rows 32 ew.. of each pass the
+  // consumers hand over, in the tile ring's order (the consumers' own).
+  // ------------------------------------------------------------------------------------
+  template <class Params>
+  static __device__ void epilogue(const Params& p, uint8_t* smem, const Bars& b, int ew, int lane) {
+    typename Ring::Reader ring;
+    typename EpiWG::Partials part;
+    part.reset();
+    uint32_t acc_phase = 0;
+    int4 tile;
+    while (ring.next(b.ring, lane, tile)) {
+      Rule rule;
+      rule.begin_tile(p, tile.x);
+      const int m0 = (kKGrouped ? tile.x * p.m_rows : 0) + tile.y * kTileM;
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int n0 = tile.z * kTileN + pass * kMmaN;
+        if (n0 >= p.n) break;
+        mbar_wait(b.acc_full, acc_phase);
+        if (!FUSEGEMM_SM90_BENCH_NO_EPILOGUE || EpiWG::first(smem + kOffEpi) == -1.0f) {
+          EpiWG::run(p, smem + kOffEpi, rule, tile.x, m0, n0, ew, lane, part);
+        }
+        mbar_arrive(b.acc_empty);
+        acc_phase ^= 1;
+        EpiWG::flush(part, p, tile.x, m0, ew, lane);
+      }
+    }
+    Engine::flush_end(part, p, lane);
   }
 };
 

@@ -80,10 +80,12 @@
 // multiple of four floats, 36 per 32-column block: 3 KB more shared memory per 128-row tile); 0
 // stores and reads single floats (rows of 33: the lane-per-row reads hit distinct banks). With
 // the branching engine its reads would be split up again, and the 8-byte stores alone spilled
-// the blockwise sReLU with FP8 D (8 bytes): there it changes nothing. An A/B switch through
-// FUSEGEMM_NVRTC_EXTRA until the H200 has timed it.
+// the blockwise sReLU with FP8 D (8 bytes): there it changes nothing. H200, over the branch-free
+// engine with the max tree (bench/results/blockscaled_h200_engine_switches_2.json, 5 rounds):
+// quant 1.01-1.06x, dSwiGLU 0.98-1.04x, sReLU with FP8 D 0.99-1.02x; 0 is the baseline, an A/B
+// switch through FUSEGEMM_NVRTC_EXTRA.
 #ifndef FUSEGEMM_SM90_ENGINE_VEC_STAGE
-#define FUSEGEMM_SM90_ENGINE_VEC_STAGE 0
+#define FUSEGEMM_SM90_ENGINE_VEC_STAGE 1
 #endif
 
 namespace fusegemm {
@@ -124,6 +126,59 @@ struct QuantRowStore {
   }
 };
 
+// Which of the three paths below a rule's epilogue takes (a kernel that hands the engine path's
+// accumulators to an epilogue warpgroup asks before it lays out its shared memory).
+template <class Rule, class ElementC, class ElementD, bool kCMajor, bool kBatched, bool kForceEngine>
+struct EpiPath {
+  static constexpr bool kFragment = Rule::kElementwise && !kForceEngine && !kBatched;
+  // An 8-bit D quantized along rows only (FUSEGEMM_SM90_FRAG_QUANT): the fragment path below
+  // quantizes it.
+  static constexpr bool kFragQuantOk = FUSEGEMM_SM90_FRAG_QUANT && Rule::kHasD && Rule::kQuantRowD &&
+                                       !Rule::kQuantColD && epi::out_bits<ElementD>() == 8;
+  // Paired or reducing rules without SFD quantization (or with kFragQuantOk's), 16/32-bit outputs
+  // otherwise, N-major C.
+  static constexpr bool kFragBlocks =
+      FUSEGEMM_SM90_FRAG_BLOCKS && !kFragment && !kForceEngine && !kBatched && !kCMajor &&
+      (kFragQuantOk || (!Rule::kQuantRowD && !Rule::kQuantColD && !(Rule::kHasD && epi::is_narrow<ElementD>()))) &&
+      !Rule::kColSum &&   // column sums: the engine's lane = row layout sums a column across the warp
+      !(Rule::kHasC && epi::is_narrow<ElementC>());
+  static constexpr bool kEngine = !kFragment && !kFragBlocks;
+};
+
+// How the engine path stages a 32- or 64-column accumulator block, lane = row: floats per staged
+// row (+1 makes the lane-per-row reads hit distinct banks; +4 keeps rows 16-byte aligned for
+// FUSEGEMM_SM90_ENGINE_VEC_STAGE: a quarter warp's 16-byte reads, rows 144 bytes apart, then cover
+// the 32 banks once), the fragment's pair stores and the engine's reads of one row.
+template <class Engine>
+struct EngineStage {
+  static constexpr bool kVec = FUSEGEMM_SM90_ENGINE_VEC_STAGE != 0 && Engine::kBranchless;
+  static constexpr int kAccPerBlock = Engine::kAccVals;
+  static constexpr int kPitch = kAccPerBlock + (kVec ? 4 : 1);
+
+  // Fragment values (a, b) of one row at columns col, col + 1 (col even).
+  FUSEGEMM_DEVICE static void put2(float* at, float a, float b) {
+    if constexpr (kVec) {   // col even, the pitch a multiple of 4: 8-byte aligned
+      *reinterpret_cast<float2*>(at) = make_float2(a, b);
+    } else {
+      at[0] = a;
+      at[1] = b;
+    }
+  }
+
+  // The engine's reader of a staged row (src: its first value): value i, a constant in the
+  // unrolled engine.
+  FUSEGEMM_DEVICE static auto reader(const float* src) {
+    return [src](int i) {
+      if constexpr (kVec) {
+        const float4 q = reinterpret_cast<const float4*>(src)[i >> 2];   // i's 16-byte group
+        return (i & 3) == 0 ? q.x : (i & 3) == 1 ? q.y : (i & 3) == 2 ? q.z : q.w;
+      } else {
+        return src[i];
+      }
+    };
+  }
+};
+
 // kTileM / kTileN: rows and columns of the fragment the consumers hold (64 rows per warpgroup).
 // Engine: the epi::BlockEngine instantiation (its batching, C layout and SFD_col layout).
 // kBatched: rows are per batch (p.m_rows each); a warp's rows past the batch end are not stored.
@@ -143,20 +198,12 @@ struct WgmmaEpilogue {
   static constexpr int kConsumerWGs = kTileM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
   static constexpr int kAccum = kTileN / 2;  // FP32 accumulators per consumer thread
-  static constexpr bool kFragment = Rule::kElementwise && !kForceEngine && !kBatched;
+  using Path = EpiPath<Rule, ElementC, ElementD, Engine::kCMajor, kBatched, kForceEngine>;
+  static constexpr bool kFragment = Path::kFragment;
   static_assert(!kScatter || kFragment, "scattered outputs: element-wise rules on the fragment path (the "
                                        "registry's check_rule)");
-  // An 8-bit D quantized along rows only (FUSEGEMM_SM90_FRAG_QUANT): the fragment path below
-  // quantizes it.
-  static constexpr bool kFragQuantOk = FUSEGEMM_SM90_FRAG_QUANT && Rule::kHasD && Rule::kQuantRowD &&
-                                       !Rule::kQuantColD && epi::out_bits<ElementD>() == 8;
-  // Paired or reducing rules without SFD quantization (or with kFragQuantOk's), 16/32-bit outputs
-  // otherwise, N-major C.
-  static constexpr bool kFragBlocks =
-      FUSEGEMM_SM90_FRAG_BLOCKS && !kFragment && !kForceEngine && !kBatched && !Engine::kCMajor &&
-      (kFragQuantOk || (!Rule::kQuantRowD && !Rule::kQuantColD && !(Rule::kHasD && epi::is_narrow<ElementD>()))) &&
-      !Rule::kColSum &&   // column sums: the engine's lane = row layout sums a column across the warp
-      !(Rule::kHasC && epi::is_narrow<ElementC>());
+  static constexpr bool kFragQuantOk = Path::kFragQuantOk;
+  static constexpr bool kFragBlocks = Path::kFragBlocks;
   static constexpr bool kFragQuant = kFragBlocks && kFragQuantOk;
   // 1x128 output scales (quantize.vec 128, the blockwise recipe's): a row's scale covers 128
   // columns, four blocks, so the fragment path finds each group's max first (group_scales) and
@@ -185,11 +232,8 @@ struct WgmmaEpilogue {
   // The engine path stages [64 rows][kAccPitch] FP32 accumulators per warpgroup plus the engine's
   // buffers for its two active warps.
   static constexpr int kAccPerBlock = Rule::kPairedAcc ? 64 : 32;
-  // Floats per staged row: +1 makes the lane-per-row reads hit distinct banks; +4 keeps rows
-  // 16-byte aligned for FUSEGEMM_SM90_ENGINE_VEC_STAGE (a quarter warp's 16-byte reads, rows 144
-  // bytes apart, then cover the 32 banks once).
-  static constexpr bool kVecStage = FUSEGEMM_SM90_ENGINE_VEC_STAGE != 0 && Engine::kBranchless;
-  static constexpr int kAccPitch = kAccPerBlock + (kVecStage ? 4 : 1);
+  using Stage = EngineStage<Engine>;
+  static constexpr int kAccPitch = Stage::kPitch;
   // Blocks staged and run at once per warpgroup (kEngineWarps): warps 2 and 3 take the second.
   static constexpr int kEngineBlocks =
       kEngineWarps == 4 && !Rule::kPairedAcc && (kTileN / kAccPerBlock) % 2 == 0 ? 2 : 1;
@@ -884,16 +928,8 @@ struct WgmmaEpilogue {
           for (int g = 0; g < kAccPerBlock / 8; ++g) {
             const int j = cc * (kAccPerBlock / 8) + g;
             float* r0 = blk + fr * kAccPitch + 8 * g + cq;
-            float* r1 = r0 + 8 * kAccPitch;
-            if constexpr (kVecStage) {   // cq even, the pitch a multiple of 4: 8-byte aligned
-              *reinterpret_cast<float2*>(r0) = make_float2(acc[4 * j], acc[4 * j + 1]);
-              *reinterpret_cast<float2*>(r1) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
-            } else {
-              r0[0] = acc[4 * j];
-              r0[1] = acc[4 * j + 1];
-              r1[0] = acc[4 * j + 2];
-              r1[1] = acc[4 * j + 3];
-            }
+            Stage::put2(r0, acc[4 * j], acc[4 * j + 1]);
+            Stage::put2(r0 + 8 * kAccPitch, acc[4 * j + 2], acc[4 * j + 3]);
           }
         }
       }
@@ -905,16 +941,8 @@ struct WgmmaEpilogue {
         // the rule has read them (the engine's staging buffer here holds 16-bit outputs only).
         static_assert(!Engine::kColSmem || kAccPitch >= epi::kColPitch, "the column buffer fits the warp's rows");
         const uint32_t col_buf = Engine::kColSmem ? smem_u32(src - lane * kAccPitch) : 0u;
-        const auto acc_at = [&](int i) {
-          if constexpr (kVecStage) {
-            // Value i of the row from its 16-byte group (i is a constant in the unrolled engine).
-            const float4 q = reinterpret_cast<const float4*>(src)[i >> 2];
-            return (i & 3) == 0 ? q.x : (i & 3) == 1 ? q.y : (i & 3) == 2 ? q.z : q.w;
-          } else {
-            return src[i];
-          }
-        };
-        Engine::run_with(rule, p, expert, row_w, rows_valid, jw, width, acc_at, engine_buf, lane, part, col_buf);
+        Engine::run_with(rule, p, expert, row_w, rows_valid, jw, width, Stage::reader(src), engine_buf, lane, part,
+                         col_buf);
       }
       named_barrier_sync(1 + wg, 128);
     }
