@@ -680,13 +680,14 @@ def class_cases(cls: Any) -> list[tuple[str, dict[str, Any]]]:
     if cls.scheduler == "streamk":
         # The split engaged (fusegemm/stream_k.cuh, FUSEGEMM_STREAMK_MIN_K_BLOCKS 4): tiles fewer than
         # the SMs, each split over several CTAs (heads adding two or more partials); and whole waves
-        # before a split last wave (76 M blocks of 128 rows: 152 or 304 tiles, a part wave on 114 to
-        # 150 SMs; K 1040: 17 k-blocks), the compacted walk with row ends included.
+        # before a split last wave (80 or 76 M blocks: 160 or 152 tiles, a last wave at most half
+        # full on 114 to 150 SMs, the split's condition; K 1040: 17 k-blocks), the compacted walk with
+        # row ends included.
+        waves = [6400, 0, 3100] if tm == 128 else [3200, 0, 1600]
         cases += [("stream-K: few tiles, each split over CTAs", dict(run="spec", spec=cls.family, axes=pin,
                                                                     tokens=[300, 0, 700, 17], n=tn + 64, k=1000)),
                   ("stream-K: whole waves, then a split last wave",
-                   dict(run="spec", spec=cls.family, axes=pin, tokens=[6400, 0, 3100], n=2 * tn, k=1040,
-                        row_ends=True))]
+                   dict(run="spec", spec=cls.family, axes=pin, tokens=waves, n=2 * tn, k=1040, row_ends=True))]
     return cases
 
 

@@ -24,8 +24,11 @@
 // G' = min(G, I / min_k_blocks) (the launch's sk_min_k_blocks): a piece shorter than a few
 // k-blocks costs more in its partial's round trip through L2 than it saves. Stream-K runs only
 // when every share, ceil(I / G') k-blocks, is shorter than a tile (else the split remainder would
-// take no less time than the data-parallel one), so T < G (a problem of few tiles: pure stream-K)
-// splits every tile over the CTAs when K allows.
+// take no less time than the data-parallel one) and the last wave is at most half full (R <= G / 2:
+// H200, kernel time, 128 x 256 tiles: qwen3-fc1's last wave of 108 tiles on 132 SMs split ran
+// 0.91x the static walk, dsv3-fc1-2k's 124 0.82x, one expert of 512 rows at K 8192, 8 tiles,
+// 1.86x), so T < G / 2 (a problem of few tiles: pure stream-K) splits every tile over the CTAs
+// when K allows.
 //
 // The plan and the walk are constexpr: tests/unit/test_stream_k.py tabulates them at compile
 // time and checks them against an independent model.
@@ -63,7 +66,8 @@ struct StreamKPlan {
     p.k_blocks = k_blocks;
     p.dp_tiles = tiles;
     const int rem = grid > 0 ? tiles % grid : 0;
-    if (min_k_blocks <= 0 || rem == 0 || k_blocks <= 1 || grid >= 32768) return p;
+    // (a last wave at least half full: splitting it saved less than its partials cost, below)
+    if (min_k_blocks <= 0 || rem == 0 || 2 * rem > grid || k_blocks <= 1 || grid >= 32768) return p;
     const long long iters = static_cast<long long>(rem) * k_blocks;
     if (iters > 0x7fffffffll) return p;   // (a remainder of more than 2^31 k-blocks runs whole tiles)
     const long long by_size = iters / min_k_blocks;
