@@ -11,6 +11,10 @@ from fusegemm.formats import blockwise_sfa_layout, pack_sf
 from fusegemm.output_compare import to_device
 
 
+# fusegemm.Op's axes for the recipe names operands() takes.
+RECIPES = {"mx": {}, "blockwise": {"sf_dtype": "float32", "sf_vec_size": 128}}
+
+
 def operands(sizes: list[int], n: int, k: int, recipe: str, rng: np.random.Generator) -> tuple:
     """(host operands by the wrapper's names, each expert's SFB for discrete weights, A and B
     dequantized in float64) on the CPU; ``recipe`` "mx" (E8M0 per 32 K) or "blockwise" (FP32, A
@@ -54,3 +58,25 @@ def on_device(host: dict, per_expert_sfb: list, n: int, discrete: bool) -> tuple
         dev.update(b_ptrs=torch.tensor([t.data_ptr() for t in bs], dtype=torch.int64, device="cuda"),
                    sfb_ptrs=torch.tensor([t.data_ptr() for t in sbs], dtype=torch.int64, device="cuda"), n=n)
     return dev, keep
+
+
+def outputs_per_build(spec: str, recipe: str, axes: dict, builds: dict[str, str], sizes: list[int], n: int, k: int,
+                      seed: int, input_seed: int) -> dict:
+    """Each build's outputs by name: ``fusegemm.Op(spec, **RECIPES[recipe], **axes)`` compiled with
+    the NVRTC defines ``builds[name]`` (FUSEGEMM_NVRTC_EXTRA), run on one problem of operands()
+    (``seed``) with the same epilogue inputs for every build (tests/epilogue_inputs.py,
+    ``input_seed``). The A/B tests of a header switch compare them."""
+    import fusegemm
+    from epilogue_inputs import epilogue_inputs
+    from fusegemm.runtime import config
+    host, per_sfb, _, _ = operands(sizes, n, k, recipe, np.random.default_rng(seed))
+    dev, keep = on_device(host, per_sfb, n, discrete=False)
+    outs = {}
+    for name, extra in builds.items():
+        with config.override(FUSEGEMM_NVRTC_EXTRA=extra):
+            op = fusegemm.Op(spec, **RECIPES[recipe], **axes).compile()
+        g = torch.Generator(device="cuda").manual_seed(input_seed)
+        ins = epilogue_inputs(op, sum(sizes), n, len(sizes), g, width=op.widths(n)[0])
+        outs[name] = op(**dev, inputs=ins)
+    torch.cuda.synchronize()
+    return outs

@@ -5,20 +5,15 @@ own tests check against the interpreter. Every byte of every output must be equa
 along columns too stays on the engine: its fragment path measured slower and was removed.)"""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 pytestmark = pytest.mark.gpu
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
-import fusegemm  # noqa: E402
 import scaled_problems  # noqa: E402  (tests/gpu/scaled_problems.py)
-from epilogue_inputs import epilogue_inputs  # noqa: E402  (tests/epilogue_inputs.py)
 from op_helpers import same_outputs  # noqa: E402  (tests/gpu/op_helpers.py)
-from fusegemm.runtime import config  # noqa: E402
 
-RECIPES = {"mx": {}, "blockwise": {"sf_dtype": "float32", "sf_vec_size": 128}}
 CASES = [
     ("grouped_gemm_glu_mx", "blockwise", {"d_dtype": "float8_e4m3fn"}, 384),
     ("grouped_gemm_glu_mx", "blockwise", {"d_dtype": "float8_e4m3fn"}, 320),     # a partial N tile
@@ -32,19 +27,10 @@ CASES = [
 @pytest.mark.parametrize("spec,recipe,axes,n", CASES, ids=lambda x: x if isinstance(x, (str, int)) else
                          ".".join(f"{k}={v}" for k, v in x.items()) or "default")
 def test_row_quantization_on_the_fragment_matches_the_engine(spec, recipe, axes, n):
-    sizes, k = [256, 0, 512, 256], 512
-    rng = np.random.default_rng(7)
-    host, per_sfb, _, _ = scaled_problems.operands(sizes, n, k, recipe, rng)
-    dev, keep = scaled_problems.on_device(host, per_sfb, n, discrete=False)
-    outs = []
-    for level in ("0", "1"):
-        with config.override(FUSEGEMM_NVRTC_EXTRA=f"-DFUSEGEMM_SM90_FRAG_QUANT={level}"):
-            op = fusegemm.Op(spec, **RECIPES[recipe], **axes).compile()
-        g = torch.Generator(device="cuda").manual_seed(11)   # the same inputs for both builds
-        ins = epilogue_inputs(op, sum(sizes), n, len(sizes), g, width=op.widths(n)[0])
-        outs.append(op(**dev, inputs=ins))
-    torch.cuda.synchronize()
-    engine, frag = outs
+    builds = {"engine": "-DFUSEGEMM_SM90_FRAG_QUANT=0", "frag": "-DFUSEGEMM_SM90_FRAG_QUANT=1"}
+    outs = scaled_problems.outputs_per_build(spec, recipe, axes, builds, [256, 0, 512, 256], n, 512, seed=7,
+                                             input_seed=11)
+    engine, frag = outs["engine"], outs["frag"]
     assert "sfd_row" in engine.keys() and "d_col" not in engine.keys(), "the case is not row quantization"
     assert set(frag.keys()) == set(engine.keys())
     same_outputs(frag, engine, f"{spec} {recipe} {axes}: the fragment's row quantization against the engine")

@@ -15,13 +15,12 @@ torch = pytest.importorskip("torch")
 
 import fusegemm  # noqa: E402
 import scaled_problems  # noqa: E402  (tests/gpu/scaled_problems.py)
+from scaled_problems import RECIPES  # noqa: E402
 from fusegemm import reference  # noqa: E402
 from fusegemm.output_compare import compare_outputs, device_args  # noqa: E402
 from fusegemm.problems import make_batched_problem  # noqa: E402
 from epilogue_inputs import epilogue_inputs  # noqa: E402  (tests/epilogue_inputs.py)
 from op_helpers import same_outputs  # noqa: E402  (tests/gpu/op_helpers.py)
-
-RECIPES = {"mx": {}, "blockwise": {"sf_dtype": "float32", "sf_vec_size": 128}}
 
 
 @pytest.mark.parametrize("batch", [1, 3])

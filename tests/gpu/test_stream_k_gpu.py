@@ -46,16 +46,19 @@ def _reference(a, off, w, alpha):
     return ref
 
 
+def _sum_order_bound(want, k) -> float:
+    """How far FP32 sums of the same products in another order may be apart: 2^-18 x max|want|
+    per 64 of K."""
+    return 2.0 ** -18 * float(want.double().abs().max()) * (k / 64)
+
+
 def _close_bf16(got, want, k):
     """Within one BF16 rounding of each other: both round near-equal FP32 values, the same
-    products summed in another order, which may differ by 2^-18 x max|want| x K/64 (the FP32
-    test's bound below). Without that floor, outputs near zero failed on the H200 (a relative
-    2^-7 of a value near zero is below the FP32 sums' difference; the largest error was one
-    BF16 ulp of a value near 8)."""
+    products summed in another order (_sum_order_bound). Without that floor, outputs near zero
+    failed on the H200 (a relative 2^-7 of a value near zero is below the FP32 sums' difference;
+    the largest error was one BF16 ulp of a value near 8)."""
     err = (got.double() - want.double()).abs()
-    w = want.double().abs()
-    floor = 2.0 ** -18 * float(w.max()) * (k / 64)
-    return bool((err <= 2.0 ** -7 * w + floor + 1e-6).all()), float(err.max())
+    return bool((err <= 2.0 ** -7 * want.double().abs() + _sum_order_bound(want, k) + 1e-6).all()), float(err.max())
 
 
 # (rows per expert, N, K): few tiles, each split (K 4096: 64 k-blocks); few tiles with a K tail;
@@ -82,8 +85,7 @@ def test_stream_k_is_the_static_walk_up_to_summation_order(tile, shape):
     valid = int(off[-1])
     # FP32 D: the same products summed in another order.
     err = (got[:valid].double() - want[:valid].double()).abs()
-    scale = want[:valid].double().abs().max().item() + 1e-30
-    assert float(err.max()) <= 2.0 ** -18 * scale * (k / 64), float(err.max())
+    assert float(err.max()) <= _sum_order_bound(want[:valid], k), float(err.max())
     ref = _reference(a[:valid], off, w, alpha)
     assert float((got[:valid].double() - ref).abs().max()) <= 2.0 ** -16 * ref.abs().max().item() * (k / 64)
 

@@ -27,8 +27,9 @@ from fusegemm.runtime import config, disasm
 from fusegemm.runtime.cubin_info import Cubin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+from scaled_problems import RECIPES  # noqa: E402  (tests/gpu/scaled_problems.py)
 from test_engine_switches_gpu import (  # noqa: E402  (its builds)
-    BASELINE, DEFAULT_ON, KERNEL_CASES, RECIPES, SM90_SWITCHES, SWITCHES, defines)
+    BASELINE, DEFAULT_ON, KERNEL_CASES, SM90_SWITCHES, SWITCHES, defines)
 
 pytestmark = pytest.mark.skipif(not disasm.available(), reason="needs nvdisasm (the nvidia-cuda-nvdisasm wheel)")
 
@@ -39,12 +40,11 @@ CASES += [(s, "sm_100a", a) for s, a in SM100_CASES]
 
 
 def _build(spec: str, arch: str, axes: dict, extra: str, cache):
-    """(SASS histogram, resources, SASS text, dynamic shared memory of the host contract)."""
+    """(SASS histogram, resources, SASS text, host contract)."""
     with config.override(FUSEGEMM_NVRTC_EXTRA=extra):
         b = pipeline.get_kernel(make_variant(find_spec(spec), arch=arch, **axes), cache)
     text, cubin = disasm.sass(b.cubin), Cubin(b.cubin)
-    return (disasm.histogram(text), cubin.resources(b.kernel_name), text,
-            cubin.contract(b.kernel_name).smem_bytes)
+    return disasm.histogram(text), cubin.resources(b.kernel_name), text, cubin.contract(b.kernel_name)
 
 
 def _normalized(text: str) -> str:
@@ -66,7 +66,7 @@ def _nan_tests(h: dict) -> int:
 
 @pytest.mark.parametrize("spec,arch,axes", CASES, ids=_ids)
 def test_each_switch_reaches_the_engine_and_spills_nothing(spec, arch, axes, session_cache):
-    h0, r0, t0, smem0 = _build(spec, arch, axes, BASELINE, session_cache)
+    h0, r0, t0, k0 = _build(spec, arch, axes, BASELINE, session_cache)
     assert r0.local_bytes == 0
     built = {}
     every = {**SWITCHES, **(SM90_SWITCHES if arch == "sm_90a" else {})}
@@ -103,7 +103,7 @@ def test_each_switch_reaches_the_engine_and_spills_nothing(spec, arch, axes, ses
         assert sum(hc.values()) < sum(h0.values()) and sum(hall.values()) < sum(hc.values())
     # the column buffer costs no pipeline stage: shared memory grows by at most the buffers
     # (sm_100a: four epilogue warps' 4224 B; sm_90a: nothing, the staged rows are reused)
-    grown = built["col_smem"][3] - smem0
+    grown = built["col_smem"][3].smem_bytes - k0.smem_bytes
     assert 0 <= grown <= (4 * 32 * 33 * 4 if arch == "sm_100a" else 0), grown
 
 
@@ -130,22 +130,16 @@ BLOCKWISE_ENGINE += [("grouped_gemm_dswiglu", {**RECIPES["blockwise"], "a_gather
 
 @pytest.mark.parametrize("spec,axes", BLOCKWISE_ENGINE, ids=_ids)
 def test_epilogue_warpgroup_takes_the_engine_rules(spec, axes, session_cache):
-    extra = "-DFUSEGEMM_SM90_BW_EPI_WG=1"   # (over the default build)
-    with config.override(FUSEGEMM_NVRTC_EXTRA=extra):
-        b = pipeline.get_kernel(make_variant(find_spec(spec), arch="sm_90a", **axes), session_cache)
-    cubin = Cubin(b.cubin)
-    assert cubin.contract(b.kernel_name).threads == 512
-    assert cubin.resources(b.kernel_name).local_bytes == 0
-    text = disasm.sass(b.cubin)
+    h1, r1, text, k1 = _build(spec, "sm_90a", axes, "-DFUSEGEMM_SM90_BW_EPI_WG=1", session_cache)   # (over the default)
+    assert k1.threads == 512
+    assert r1.local_bytes == 0
     regs = sorted(int(m, 16) for m in re.findall(r"USETMAXREG\.\S+(?: UP0,)? (0x[0-9a-f]+)", text))
     # producer, consumers (two warpgroups), epilogue warpgroup: the whole register file (512 x 128)
     producer, consumers, epilogue = (56, 152, 152) if axes.get("a_gather") else (40, 160, 152)
     assert regs == sorted([producer, consumers, epilogue]), regs
     assert producer + 2 * consumers + epilogue == 512
     # the consumers hand each pass over and wait for its release: acc_full and acc_empty
-    h0 = disasm.histogram(disasm.sass(pipeline.get_kernel(
-        make_variant(find_spec(spec), arch="sm_90a", **axes), session_cache).cubin))
-    h1 = disasm.histogram(text)
+    h0 = _build(spec, "sm_90a", axes, "", session_cache)[0]
     assert h1["SYNCS.PHASECHK.TRANS64.TRYWAIT"] > h0["SYNCS.PHASECHK.TRANS64.TRYWAIT"]
 
 
