@@ -13,7 +13,8 @@ from the same BF16 tensors:
 * fusegemm, the blockwise FP8 recipe (``sf_vec_size=128``, FP32 scales: A 1x128, B 128x128, the
   same BF16 tensors quantized with DeepSeek's amax / 448 scales), through ``fusegemm.Op``:
   ``quant_bw`` (e4m3 D + SFD), ``srelu_bw`` (C and D bf16 + amax; ``srelu_bw_n128``: tile_n 128),
-  ``dswiglu_bw`` (e4m3 D + SFD + dprob; ``dswiglu_bw_n128``: tile_n 128), ``gemm_bw`` (quant's
+  ``dswiglu_bw`` (e4m3 D + SFD + dprob; ``dswiglu_bw_n128``: tile_n 128; ``dswiglu_bw_pp``: ping-pong
+  tiles, tile_m 64 x tile_n 128), ``gemm_bw`` (quant's
   spec with bf16 D: the GEMM and alpha),
   ``glu_bw`` (SwiGLU, bf16 D), ``glu_bw_fp8`` (e4m3 D + SFD_row), ``glu_bw_fp8_1x128`` (e4m3 D with
   the recipe's own 1x128 FP32 row scales, fc2's A as it is) and ``*_c`` (with C, the training
@@ -156,6 +157,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
             "srelu_bw_n128": ("grouped_gemm_srelu", dict(tile_n=128)),
             "dswiglu_bw": ("grouped_gemm_dswiglu", {}),
             "dswiglu_bw_n128": ("grouped_gemm_dswiglu", dict(tile_n=128)),
+            "dswiglu_bw_pp": ("grouped_gemm_dswiglu", dict(tile_m=64, tile_n=128)),   # ping-pong tiles
             "glu_bw": ("grouped_gemm_glu_mx", {}),
             "glu_bw_fp8": ("grouped_gemm_glu_mx", dict(d_dtype="float8_e4m3fn")),
             # 1x128 output scales (the blockwise recipe's A format for fc2), without and with C
@@ -176,6 +178,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
                  "glu_bw_fp8": {"alpha": alpha, "prob": prob, "norm_const": norm_const}}
     for key in ("srelu_bw", "dswiglu_bw"):      # the tile N 128 builds take the same inputs
         bw_inputs[key + "_n128"] = bw_inputs[key]
+    bw_inputs["dswiglu_bw_pp"] = bw_inputs["dswiglu_bw"]
     for key in ("glu_bw_fp8_1x128", "glu_bw_fp8_c", "glu_bw_fp8_1x128_c"):
         bw_inputs[key] = bw_inputs["glu_bw_fp8"]
     for key, (base, op) in ops.items():
@@ -254,13 +257,13 @@ def bench_shape(name: str, dist: str, args) -> dict:
     got = dequant_1x128(q["d"].view(fmt)[:, : h.shape[1]], q["sfd_row"]).float()
     row["glu_bw_fp8_1x128_max_rel_diff_vs_bf16"] = float((got - h).abs().max() / (h.abs().max() + 1e-6))
 
-    for key in ops:         # every --also build computes what the default build does
-        if key not in made:
-            base = ops[key][0]
-            ours, theirs = methods[key](), methods[base]()
-            row[f"{key}_max_abs_diff_vs_{base}"] = max(
-                float((ours[o].float() - theirs[o].float()).abs().max()) if ours[o].is_floating_point()
-                else float((ours[o] != theirs[o]).sum()) for o in theirs.keys() if theirs[o] is not None)
+    # every --also build computes what the default build does, and the ping-pong tiles what the
+    # cooperative ones do
+    for key, base in [(key, ops[key][0]) for key in ops if key not in made] + [("dswiglu_bw_pp", "dswiglu_bw")]:
+        ours, theirs = methods[key](), methods[base]()
+        row[f"{key}_max_abs_diff_vs_{base}"] = max(
+            float((ours[o].float() - theirs[o].float()).abs().max()) if ours[o].is_floating_point()
+            else float((ours[o] != theirs[o]).sum()) for o in theirs.keys() if theirs[o] is not None)
 
     if not args.blockwise_only:
         # correctness guard: the fused sReLU agrees with its unfused pipeline (same MXFP8 inputs)

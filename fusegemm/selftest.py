@@ -677,6 +677,13 @@ def class_cases(cls: Any) -> list[tuple[str, dict[str, Any]]]:
                 for what, shape in (("ragged + empty experts, tails", {**tail, "k": 256}), ("every CTA busy", busy))]
     cases = [("ragged + empty experts, N and K tails", dict(run="spec", spec=cls.family, axes=pin, **tail)),
              ("every CTA of the cluster busy", dict(run="spec", spec=cls.family, axes=pin, **busy))]
+    if cls.kind == "scaled" and tm == 64:
+        # Ping-pong (the sm_90a blockwise kernel's tile_m 64): several tiles per CTA, so that both
+        # consumer warpgroups run tiles in turn (each skipping the other's stages), an odd number of
+        # k-blocks (the two temporary sets' last promotion).
+        cases.append(("ping-pong: several tiles per warpgroup", dict(run="spec", spec=cls.family, axes=pin,
+                                                                      tokens=[4096, 0, 3000, 1024], n=4 * tn,
+                                                                      k=640)))
     if cls.scheduler == "streamk":
         # The split engaged (fusegemm/stream_k.cuh, FUSEGEMM_STREAMK_MIN_K_BLOCKS 4): tiles fewer than
         # the SMs, each split over several CTAs (heads adding two or more partials); and whole waves

@@ -284,18 +284,32 @@ _SM90_TILE_M = Limit("tile_m", (64, 128), "two WGMMA consumer warpgroups: 128 co
                                           "64 ping-pong (a 64-row tile each, in turn)")
 
 # The block-scaled kernel (FP8 WGMMA with FP32 promotion per 32 K for MXFP8, per 128 K for the
-# blockwise recipe) implements one value of a_major, b_major and tile_m, so they cannot change
-# its source.
+# blockwise recipe) implements one value of a_major and b_major, so they cannot change its source;
+# tile_m 128 everywhere but the blockwise recipe's M-grouped kernel (_SM90_BLOCKWISE_PINGPONG).
 _SM90_BLOCKSCALED_LIMITS = (
     Limit("ab_dtype", ("float8_e4m3fn", "float8_e5m2"),
           "MXFP8 only: FP4 A/B need sm_100a (Hopper has no FP4 tensor cores, and MXFP8 itself, "
           "promoted into FP32 per 32 K, runs at a third to a half of BF16 speed on the H200)"),
     Limit("a_major", ("k",), "FP8 WGMMA reads K-major A only"),
     Limit("b_major", ("k",), "FP8 WGMMA reads K-major B only"),
-    Limit("tile_m", (128,), "two 64-row WGMMA consumer warpgroups"),
     *_no_clusters("the block-scaled sm_90a kernel has no TMA multicast: clusters are 1x1"),
 )
-_SM90_BLOCKSCALED = tuple(a for a in _BLOCKSCALED if a not in ("a_major", "b_major", "tile_m"))
+_SM90_TILE_M_128 = Limit("tile_m", (128,), "two 64-row WGMMA consumer warpgroups")
+_SM90_BLOCKSCALED = tuple(a for a in _BLOCKSCALED if a not in ("a_major", "b_major"))
+# Ping-pong on the blockwise kernel (fusegemm/sm90/blockwise_promote.cuh, tile_m 64): each consumer
+# warpgroup runs whole 64 x 128 tiles of its own, the two in turn, so that one's epilogue overlaps
+# the other's mainloop; its mainloop's two temporary accumulator sets leave no registers for a
+# 256-column tile, and the gathering producers copy 128-row tiles.
+_SM90_BLOCKWISE_PINGPONG = (
+    Limit("tile_m", (64, 128), "two WGMMA consumer warpgroups: 128 cooperative (64 rows each), 64 ping-pong "
+                               "(a 64 x 128 tile each, in turn)"),
+    Limit("tile_m", (128,), "MXFP8 (promoted per 32 K): two 64-row WGMMA consumer warpgroups on one tile; "
+                            "ping-pong tiles (tile_m 64) are the blockwise recipe's", when=(("sf_vec_size", 32),)),
+    Limit("tile_n", (128,), "ping-pong (tile_m 64): a warpgroup's two temporary accumulator sets leave no "
+                            "registers for 256 columns", when=(("tile_m", 64),)),
+    Limit("a_gather", (False,), "ping-pong (tile_m 64): the gathering producer warps copy 128-row tiles",
+          when=(("tile_m", 64),)),
+)
 # Gathered A on the blockwise kernel (fusegemm/sm90/blockwise_promote.cuh): the producer
 # warpgroup's four warps copy A's token rows and their 1x128 scales with cp.async, as the BF16
 # kernel's do; the MXFP8 kernel loads A by TMA only.
@@ -324,7 +338,8 @@ _SM90_ROWS = (
     # step's weight gradients.
     _row("kscaled", "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
          "BlockScaledGemmKernel", ("ab_dtype", "cd_major", "discrete_col_sfd", "tile_n"), rule=SPEC_RULE,
-         limits=(*_SM90_BLOCKSCALED_LIMITS, *_KGROUPED_LIMITS, _NO_GATHER, _NO_GATHER_B, _NO_SCATTER, _SFD_MX_ONLY,
+         limits=(*_SM90_BLOCKSCALED_LIMITS, _SM90_TILE_M_128, *_KGROUPED_LIMITS, _NO_GATHER, _NO_GATHER_B, _NO_SCATTER,
+                 _SFD_MX_ONLY,
                  Limit("sf_vec_size", (128,), "the blockwise recipe (FP32 scales per 128 tokens): Hopper has no "
                                               "block-scaled MMA; MXFP8 weight gradients run on sm_100a"),
                  Limit("sf_dtype", ("float32",), "FP32 scales (the blockwise recipe); MXFP8's E8M0 scales per 32 "
@@ -332,7 +347,9 @@ _SM90_ROWS = (
          runs_as=_SM90_BLOCKWISE_E8M0),
     *(_row(kind, "sm_90a", "blockscaled_gemm.cu.j2", "blockscaled_gemm.cuh",
            "BlockScaledGemmKernel", _SM90_BLOCKSCALED, rule=SPEC_RULE,
-           limits=(*_SM90_BLOCKSCALED_LIMITS, *(_SM90_BLOCKWISE_GATHER if kind == "scaled" else (_NO_GATHER,)),
+           limits=(*_SM90_BLOCKSCALED_LIMITS,
+                   *(_SM90_BLOCKWISE_GATHER + _SM90_BLOCKWISE_PINGPONG if kind == "scaled"
+                     else (_NO_GATHER, _SM90_TILE_M_128)),
                    _NO_GATHER_B, _NO_SCATTER, _NO_STREAM_K,
                    Limit("sf_vec_size", (128,), "1x128 output scales are the blockwise recipe's (A and B scaled "
                                                 "per 128 K); MXFP8 inputs give MX output scales (sfd_vec_size 32)",
@@ -409,8 +426,12 @@ def executed(family: str, arch: str) -> bool:
 # not executed, the gate verifies them: a gathered variant is a configuration class of its own,
 # whose cases read A, dY or X through an index, fusegemm/selftest.py. The sm_90a stream-K scheduler
 # stood here from its writing until tests/gpu/test_stream_k_gpu.py passed on the H200 on
-# 2026-12-05.) None at present.
-UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {}
+# 2026-12-05.) The blockwise kernel's ping-pong tiles (tile_m 64, written 2026-12-05 in a session
+# without a GPU): until tests/gpu/test_blockwise_pingpong_gpu.py has run.
+UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {
+    ("scaled", "sm_90a"): (("tile_m", 64, "the blockwise kernel's ping-pong tiles have not run on a GPU yet "
+                                          "(tests/gpu/test_blockwise_pingpong_gpu.py)"),),
+}
 
 
 def unexecuted_mode(family: str, arch: str, choice: dict[str, Any]) -> str | None:

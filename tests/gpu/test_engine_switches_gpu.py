@@ -87,7 +87,7 @@ def test_harness_matches_the_interpreter_and_the_default_build(case, switch):
         base, _, _, _ = harness.run_case(torch, spec, offsets=offsets, n_acc=n_acc, m_rows=1024, **axes)
     for key, v in base.items():
         if key == "dprob":   # (one atomic per row and 32-column block, in any order; NaN and Inf rows)
-            np.testing.assert_allclose(got[key], v, rtol=1e-5, atol=_dprob_atol(base), err_msg=key)
+            np.testing.assert_allclose(got[key], v, rtol=1e-5, atol=scaled_problems.dprob_atol(base), err_msg=key)
         else:
             harness._assert_same_bytes(got[key], v, f"{spec} {switch}: {key} against the baseline build")
 
@@ -114,21 +114,7 @@ def test_kernels_match_the_default_build(spec, recipe, axes, n):
                                              input_seed=17)
     for name in (n for n in outs if n != "baseline"):
         same_outputs(outs[name], outs["baseline"], f"{spec} {recipe} {axes}: {name} against the baseline build",
-                     dprob_atol=_dprob_atol(outs["baseline"]))
-
-
-def _dprob_atol(outs) -> float:
-    """dprob sums a row's partial sums (one per 128-column pass, or per 32-column block in the
-    harness) by atomics in whatever order they finish, so a build that runs them at other times
-    differs by ulps of the partials (the epilogue warpgroup did on the H200): a floor of
-    2^-16 x max|dprob| over its finite rows (the harness feeds NaN and Inf rows). outs: a call's
-    outputs (tensors or arrays by name)."""
-    if "dprob" not in outs:
-        return 1e-5
-    dprob = outs["dprob"]
-    v = np.asarray(dprob.cpu() if hasattr(dprob, "cpu") else dprob, dtype=np.float64)
-    finite = np.abs(v[np.isfinite(v)])
-    return max(1e-5, 2.0 ** -16 * float(finite.max())) if finite.size else 1e-5
+                     dprob_atol=scaled_problems.dprob_atol(outs["baseline"]))
 
 
 @pytest.mark.parametrize("spec,axes", [("grouped_gemm_dswiglu", {}),
@@ -141,4 +127,4 @@ def test_epilogue_warpgroup_over_many_tiles_per_cta(spec, axes):
     outs = scaled_problems.outputs_per_build(spec, "blockwise", axes, builds, [2048, 0, 1280, 768], 2048, 256,
                                              seed=29, input_seed=31)
     same_outputs(outs["epi_wg"], outs["default"], f"{spec}: the epilogue warpgroup against the default build",
-                 dprob_atol=_dprob_atol(outs["default"]))
+                 dprob_atol=scaled_problems.dprob_atol(outs["default"]))

@@ -100,7 +100,11 @@ struct BlockwiseConfigChecks {
                 "blockwise recipe: FP32 scales per 128 K");
   static_assert(!Config::kAMajorMN && !Config::kBMajorMN, "K-major A and B (the registry's sm_90a limits)");
   static_assert(!Config::kCMajorM || !Config::Rule::kHasD, "M-major output: C only (seed 004)");
-  static_assert(Config::kTileM == 128, "sm_90a blockwise kernel: TILE_M 128 (two consumer warpgroups)");
+  static_assert(Config::kTileM == 128 || Config::kTileM == 64,
+                "sm_90a blockwise kernel: TILE_M 128 (cooperative) or 64 (ping-pong)");
+  static_assert(Config::kTileM == 128 || (Config::kTileN == 128 && !Config::kGatherA && !Config::kBatched &&
+                                          !Config::kKGrouped),
+                "ping-pong (TILE_M 64): M-grouped tiles of 128 columns, A by TMA (the registry's limits)");
   static_assert(!Config::kGatherA || (!Config::kBatched && !Config::kKGrouped && !Config::kDynamicSched),
                 "gathered A: M-grouped problems, static scheduling (the registry's limits)");
   static_assert(Config::kTileN == 128 || Config::kTileN == 256, "sm_90a blockwise kernel: TILE_N 128 or 256");
@@ -128,8 +132,14 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   using Engine = epi::BlockEngine<Rule, ElementC, ElementD, kBatched, Config::kCMajorM, Config::kDiscreteColSfd>;
   // FUSEGEMM_SM90_BW_EPI_WG: rules on the engine path run on an epilogue warpgroup
   // (fusegemm/sm90/epilogue_wg.cuh), 128-column passes (the consumers hold one pass's fragment).
+  // Ping-pong (TILE_M 64): each consumer warpgroup runs whole 64 x 128 tiles of its own, the
+  // two in turn (mainloops ordered by named barriers, as the BF16 kernel's ping-pong), so that
+  // one's epilogue runs while the other's WGMMAs keep the tensor cores busy. Its mainloop holds
+  // two temporary sets: a k-block's promotion runs while the next one's WGMMAs do (the tensor
+  // cores would otherwise wait for every promotion, the other warpgroup being in its epilogue).
+  static constexpr bool kPingPong = Config::kTileM == 64;
   static constexpr bool kEpiWG =
-      FUSEGEMM_SM90_BW_EPI_WG != 0 && !kKGrouped &&
+      FUSEGEMM_SM90_BW_EPI_WG != 0 && !kKGrouped && !kPingPong &&
       EpiPath<Rule, ElementC, ElementD, Config::kCMajorM, kBatched, kScaledForceEngine<Config>>::kEngine;
   // A 256-column tile runs its two 128-column halves on each stage's one A (48 KB of loads per 4M
   // FMAs, not 64 KB as two passes), holding both halves' accumulators: 192 floats per thread. Rules
@@ -146,8 +156,13 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kSubBlocks = kTileK / kSubK;
   static constexpr int kScaleBlock = 128;           // N rows per B scale, K per A and B scale
 
-  static constexpr int kConsumerWGs = kTileM / 64;
+  static constexpr int kConsumerWGs = kPingPong ? 2 : kTileM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
+  static constexpr int kStageWGs = kPingPong ? 1 : kConsumerWGs;   // warpgroups reading a stage
+  static constexpr int kTemps = kPingPong ? 2 : 1;                 // temporary accumulator sets
+  // Ping-pong order: warpgroup wg starts a mainloop once the other has issued its previous
+  // tile's last WGMMAs (named barrier kOrderBarrier + wg; ids 1 and 2 are the engine's).
+  static constexpr uint32_t kOrderBarrier = 4;
   static constexpr int kEpiWGs = kEpiWG ? 1 : 0;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1 + kEpiWGs);
   static constexpr int kAccum = kMmaN / 2;
@@ -159,8 +174,10 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   // 1x128 output scales (the rule's kSfdVec 128): a 128-column group of a paired accumulator's
   // D spans both halves, so a tile that holds both runs one epilogue over its 256 columns.
   static constexpr bool kOneEpi = kShareA && Rule::kSfdVec == 128 && Rule::kQuantRowD;
-  using Epi = WgmmaEpilogue<kTileM, kOneEpi ? kHalves * kMmaN : kMmaN, Rule, ElementC, ElementD, Engine, kBatched,
-                            kScaledForceEngine<Config>, false, false, kEngineWarps>;
+  // Ping-pong: the epilogue sees a 128-row tile whose rows 64 wg.. are warpgroup wg's (each
+  // passes its own tile's first row less 64 wg), as in the BF16 kernel.
+  using Epi = WgmmaEpilogue<64 * kConsumerWGs, kOneEpi ? kHalves * kMmaN : kMmaN, Rule, ElementC, ElementD, Engine,
+                            kBatched, kScaledForceEngine<Config>, false, kPingPong, kEngineWarps>;
   using EpiWG = EpilogueWarpgroup<kMmaN, Rule, Engine, kBatched>;
   static_assert(!kEpiWG || (kTileM == 128 && kHalves == 1), "the epilogue warpgroup takes 128 x 128 passes");
 
@@ -245,8 +262,9 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
       if (smem_u32(smem) % 1024 != 0) __trap();  // SW128 descriptors assume a 1 KB aligned base
       for (int s = 0; s < kStages; ++s) {
         mbar_init(&b.full[s], kFullArrivals);
-        // Every consumer lane arrives: each lane's release covers its own scale loads.
-        mbar_init(&b.empty[s], 32 * kConsumerWarps);
+        // Every lane of the warpgroups reading the stage arrives: each lane's release covers its
+        // own scale loads.
+        mbar_init(&b.empty[s], 128 * kStageWGs);
       }
       for (int s = 0; s < kTileRing; ++s) {
         mbar_init(&b.ring.full[s], 1);
@@ -526,6 +544,77 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
     }
   }
 
+  // Ping-pong's K loop (one 128-column half, kTemps 2): k-block kb's WGMMAs write t[kb % 2]; while
+  // they run, k-block kb - 1's set is promoted, acc += t * (sfa[row] * sfb[kb - 1]), and its stage
+  // released. A k-block's scales are read when its WGMMAs are issued (SFA from its stage, B's from
+  // global memory a block ahead). on_issued(): after the last k-block's WGMMAs are issued (the
+  // other warpgroup may start its mainloop then). on_block(kb): before k-block kb's full wait.
+  struct Issued {
+    float s0, s1;   // the block's combined scales of fragment rows row0 and row0 + 8
+    int stage;
+  };
+  template <class OnBlock, class OnIssued>
+  FUSEGEMM_DEVICE static void mainloop_pp(const Bars& b, const uint8_t* smem, uint64_t da0, uint64_t db0,
+                                          int num_k_blocks, int row0, const float* sfb, int& stage,
+                                          uint32_t& phase, float (&acc)[kAccum], float (&t0)[kAccum],
+                                          float (&t1)[kAccum], const OnBlock& on_block, const OnIssued& on_issued) {
+    if (num_k_blocks == 0) {
+      on_issued();
+      return;
+    }
+    float sb_next = __ldg(sfb);
+    auto issue = [&](int kb, float (&t)[kAccum]) {
+      const float sb = sb_next;
+      if (kb + 1 < num_k_blocks) sb_next = __ldg(sfb + kb + 1);
+      on_block(kb);
+      mbar_wait(&b.full[stage], phase);
+      const uint64_t da = stage_desc(da0, stage, kABytes), db = stage_desc(db0, stage, kBBytes);
+      fence_acc(t);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int kk = 0; kk < kSubBlocks; ++kk) {
+        Fp8Gmma<ElementAB>::fma(da + 2 * kk, db + 2 * kk, t, kk > 0 ? 1 : 0,
+                                fusegemm::make_integer_sequence<int, kAccum>{});
+      }
+      cute::warpgroup_commit_batch();
+      const float* sfa = reinterpret_cast<const float*>(smem + kOffSf + stage * kSfStageBytes);
+      const Issued is{sfa[row0] * sb, sfa[row0 + 8] * sb, stage};
+      if (++stage == kStages) { stage = 0; phase ^= 1; }
+      return is;
+    };
+    // After the WGMMAs that wrote t have completed.
+    auto retire = [&](float (&t)[kAccum], const Issued& is) {
+      fence_acc(t);
+      mbar_arrive(&b.empty[is.stage]);
+#pragma unroll
+      for (int j = 0; j < kAccum; j += 4) {
+        acc[j + 0] = fmaf(t[j + 0], is.s0, acc[j + 0]);
+        acc[j + 1] = fmaf(t[j + 1], is.s0, acc[j + 1]);
+        acc[j + 2] = fmaf(t[j + 2], is.s1, acc[j + 2]);
+        acc[j + 3] = fmaf(t[j + 3], is.s1, acc[j + 3]);
+      }
+    };
+    // One step: past the last block, retire the one in flight (false); else issue the next block
+    // into `into` and retire `from`, the block before it, while its WGMMAs run. The sets alternate.
+    int kb = 1;
+    auto step = [&](float (&into)[kAccum], Issued& next, float (&from)[kAccum], const Issued& prev) {
+      if (kb == num_k_blocks) {
+        on_issued();
+        cute::warpgroup_wait<0>();
+        retire(from, prev);
+        return false;
+      }
+      next = issue(kb++, into);
+      cute::warpgroup_wait<1>();
+      retire(from, prev);
+      return true;
+    };
+    Issued even = issue(0, t0), odd;
+#pragma unroll 1
+    while (step(t1, odd, t0, even) && step(t0, even, t1, odd)) {
+    }
+  }
+
   // The B scales of expert (or batch) e's 128 rows from n0: dense p.sfb, or discrete sfb_ptrs[e].
   template <class Params>
   FUSEGEMM_DEVICE static const float* sfb_row(const Params& p, int e, int n0, int num_k_blocks) {
@@ -543,21 +632,43 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;  // 0 .. kConsumerWarps-1
     const int num_k_blocks = k_blocks(p.k);
-    const uint64_t da0 = sw128_kmajor_desc(smem_u32(smem + kOffA) + wg * 64 * kTileK);
+    // Cooperative: this warpgroup's 64 rows of the stage's A; ping-pong: the stage's whole A.
+    const int wg_row = kPingPong ? 0 : 64 * wg;
+    const uint64_t da0 = sw128_kmajor_desc(smem_u32(smem + kOffA) + wg_row * kTileK);
     const uint64_t db0 = sw128_kmajor_desc(smem_u32(smem + kOffB));
-    const int row0 = 64 * wg + 16 * (warp % 4) + lane / 4;  // fragment rows row0, row0 + 8 of the tile
+    const int row0 = wg_row + 16 * (warp % 4) + lane / 4;  // fragment rows row0, row0 + 8 of the stage's A
+    // Ping-pong: the epilogue places warpgroup wg's fragment at rows 64 wg.. of a 128-row tile,
+    // so each warpgroup's tile is passed as starting 64 wg rows earlier.
+    const int row_shift = kPingPong ? 64 * wg : 0;
 
     typename Ring::Reader ring;
     int stage = 0;
     uint32_t phase = 0;
-    float acc[kHalves][kAccum], t[kAccum];
+    float acc[kHalves][kAccum], t[kTemps][kAccum];
     typename Epi::Partials part;
     part.reset();
     uint32_t acc_phase = 0;   // kEpiWG: passes handed over, mod 2
+    bool turn = wg == 0;        // ping-pong: the next ring tile is this warpgroup's
+    bool first_turn = wg == 0;  // ... and warpgroup 0's first mainloop waits for nobody
 
     int4 tile;
     while (ring.next(b.ring, lane, tile)) {
       const int tile_k_blocks = k_range(p, tile.x, num_k_blocks).y;
+      if constexpr (kPingPong) {
+        const bool own = turn;
+        turn = !turn;
+        if (!own) {   // the other warpgroup's tile (one pass: kTileN is the pass): skip its stages
+          const int s = stage + tile_k_blocks;
+          phase ^= uint32_t(s / kStages) & 1u;
+          stage = s % kStages;
+          continue;
+        }
+        // Its mainloop came first. The order keeps the stage barriers' parity right: a
+        // warpgroup skips the other's stages without waiting on them, so unordered it could wait
+        // on a stage two phases ahead and take the phase before for its own.
+        if (!first_turn) named_barrier_sync(kOrderBarrier + wg, 256);
+        first_turn = false;
+      }
       const int prefetch_kb =
           FUSEGEMM_SM90_BW_EPI_PREFETCH > 0 ? max(tile_k_blocks - FUSEGEMM_SM90_BW_EPI_PREFETCH, 0) : -1;
       for (int pass = 0; pass < kPasses; ++pass) {
@@ -573,7 +684,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
           for (int i = 0; i < kAccum; ++i) acc[h][i] = 0.0f;
         }
         // The tile's first output row: K-grouped, expert e's (M, N) block is rows e M.. of (L M, N).
-        const int m0 = (kKGrouped ? tile.x * p.m_rows : 0) + tile.y * kTileM;
+        const int m0 = (kKGrouped ? tile.x * p.m_rows : 0) + tile.y * kTileM - row_shift;
         auto on_block = [&](int kb) {
           if (kb == prefetch_kb) {
             if constexpr (kOneEpi) {
@@ -586,7 +697,13 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
             }
           }
         };
-        mainloop(b, smem, da0, db0, tile_k_blocks, row0, sfb, halves, stage, phase, acc, t, on_block);
+        if constexpr (kPingPong) {
+          auto on_issued = [&]() { named_barrier_arrive(kOrderBarrier + (wg ^ 1), 256); };
+          mainloop_pp(b, smem, da0, db0, tile_k_blocks, row0, sfb[0], stage, phase, acc[0], t[0], t[1], on_block,
+                      on_issued);
+        } else {
+          mainloop(b, smem, da0, db0, tile_k_blocks, row0, sfb, halves, stage, phase, acc, t[0], on_block);
+        }
         if constexpr (kEpiWG) {
           // Hand the pass to the epilogue warpgroup once it has read the previous one.
           mbar_wait(b.acc_empty, acc_phase ^ 1);
