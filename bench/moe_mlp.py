@@ -18,6 +18,8 @@ quantization reused: ``fusegemm_fp8_block_weight_cache``).
 --dswiglu-ab also times it with the dSwiGLU GEMM at its spec's default tile instead of the
 layer's choice (fusegemm.moe._DSWIGLU_TILE: ping-pong 64-row tiles on sm_90a); --fill-ab with
 every output of the spec ops zero-filled whole before its GEMM, as before fusegemm/ops/tail.py.
+--fp8-dswiglu-ab also times the fp8_block layer with its dSwiGLU GEMM on the blockwise kernel's
+ping-pong tiles (64 x 128; fusegemm.moe._DSWIGLU_BW_TILE), not yet run on a GPU.
 --profile adds each method's kernel times per step (torch.profiler; wall minus kernels is the
 GPU's idle time), as bench/moe_layer.py's. ``*_host_ms`` is the host's time to issue a step (H200,
 dsv3-8: the fp8_block step 3.77 ms before register() kept its faces, 2.46 after; BF16 1.7).
@@ -68,6 +70,20 @@ def _dswiglu_default_tile(run):
     return wrapped
 
 
+def _fp8_dswiglu_pingpong(run):
+    """``run`` with the fp8_block layer's dSwiGLU GEMM on the blockwise kernel's ping-pong tiles
+    (64 x 128; fusegemm.moe._DSWIGLU_BW_TILE, read by its backward while ``run`` waits for it)."""
+    import fusegemm.moe as moe
+
+    def wrapped():
+        saved, moe._DSWIGLU_BW_TILE = moe._DSWIGLU_BW_TILE, {"sm_90a": {"tile_m": 64, "tile_n": 128}}
+        try:
+            run()
+        finally:
+            moe._DSWIGLU_BW_TILE = saved
+    return wrapped
+
+
 def bench_layer(name: str, args) -> dict:
     import torch
 
@@ -110,6 +126,9 @@ def bench_layer(name: str, args) -> dict:
         low[recipe] = ExpertMLP(experts, hidden, inter, device="cuda", recipe=recipe,
                                 generator=torch.Generator().manual_seed(1))
         methods[f"fusegemm_{recipe}"] = step(low[recipe], (low[recipe].w1, low[recipe].w2))
+        if recipe == "fp8_block" and args.fp8_dswiglu_ab:
+            methods["fusegemm_fp8_block_dswiglu_pingpong"] = _fp8_dswiglu_pingpong(
+                step(low[recipe], (low[recipe].w1, low[recipe].w2)))
     if "fp8_block" in low:
         # A micro-batch of gradient accumulation: the weights unchanged since the last call, so
         # weight_cache reuses their quantization (a training step with one micro-batch per
@@ -155,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--wgrad-ab", action="store_true",
                     help="also time the BF16 layer with each weight-gradient kernel (wgrad='torch' and 'fusegemm')")
+    ap.add_argument("--fp8-dswiglu-ab", action="store_true",
+                    help="also time the fp8_block layer with its dSwiGLU GEMM on ping-pong tiles (64 x 128)")
     ap.add_argument("--dswiglu-ab", action="store_true",
                     help="also time the BF16 layer with the dSwiGLU GEMM at the spec's default tile")
     ap.add_argument("--fill-ab", action="store_true",

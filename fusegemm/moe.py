@@ -381,9 +381,11 @@ class _Fusegemm:
                    g: Tensor, prob: Tensor) -> tuple[Tensor, Tensor]:
         """One kernel: fc2's data gradient with the dSwiGLU epilogue (specs/grouped_gemm_dglu_mx.yaml)
         on blockwise operands: dG (BF16, interleaved) and dprob."""
+        from .torch_library import device_ordinal
         ones = self._ones(w2tq)
-        out = _recipe_op("dswiglu")(dyq, sdy, off, w2tq, sw2t,
-                                    inputs={"alpha": ones, "beta": ones, "prob": prob.float(), "c": g})
+        tile = _dswiglu_bw_tile(device_ordinal(dyq.device)) if dyq.is_cuda else ()   # (meta: traced)
+        out = _recipe_op("dswiglu", tile)(
+            dyq, sdy, off, w2tq, sw2t, inputs={"alpha": ones, "beta": ones, "prob": prob.float(), "c": g})
         return out["d"], out["dprob"].view(-1)
 
     def wgrad_bw(self, a: Tensor, sa: Tensor, b: Tensor, sb: Tensor, off: Tensor, rows: list, like: Tensor
@@ -420,12 +422,29 @@ _RECIPE_OPS = {
 }
 
 
-def _recipe_op(step: str):
+def _recipe_op(step: str, over: tuple = ()):
     """The torch op of the blockwise recipe's ``step`` (fusegemm.torch_library.register; the same
-    registration on every later call)."""
+    registration on every later call), with ``over`` ((axis, value) pairs) over its axes: an op of
+    its own name."""
     from .torch_library import register
     spec, axes = _RECIPE_OPS[step]
-    return register(spec, name=f"moe_fp8_block_{step}", **axes)
+    name = "_".join([f"moe_fp8_block_{step}", *(f"{a}{v}" for a, v in over)])
+    return register(spec, name=name, **{**axes, **dict(over)})
+
+
+# The blockwise dSwiGLU GEMM's tile per arch (none: the spec's default, cooperative 128 x 256 on
+# sm_90a). The blockwise kernel's ping-pong tiles (tile_m 64 x tile_n 128, the two consumer
+# warpgroups in turn) are written but not yet run on a GPU: bench/moe_mlp.py --fp8-dswiglu-ab
+# times the step with {"sm_90a": {"tile_m": 64, "tile_n": 128}} here.
+_DSWIGLU_BW_TILE: dict[str, dict] = {}
+
+
+@torch.compiler.assume_constant_result
+def _dswiglu_bw_tile(index: int) -> tuple:
+    """The blockwise dSwiGLU GEMM's tile choices on device ``index``'s arch, as (axis, value)
+    pairs (none: the spec's default); a constant for torch.compile."""
+    from .ops.device import device_arch
+    return tuple(sorted(_DSWIGLU_BW_TILE.get(device_arch(index), {}).items()))
 
 
 # The dSwiGLU GEMM's tile on sm_90a: ping-pong 64-row tiles (two consumer warpgroups in turn,

@@ -1,10 +1,11 @@
 """Ping-pong tiles of the sm_90a blockwise kernel (tile_m 64, fusegemm/sm90/blockwise_promote.cuh):
 each consumer warpgroup runs whole 64 x 128 tiles of its own, the two in turn, with two temporary
 accumulator sets. Integer problems with power-of-two scales against the numpy interpreter (bit for
-bit but dprob); realistic values against the cooperative tiles (128 x 256 and 128 x 128), which
-promote each element's k-blocks in the same order: every output byte for byte (dprob: FP32 atomics
-across tiles, in any order, within scaled_problems.dprob_atol); and the first-run gate's cases of
-the class. Not yet run on a GPU (written in a session without one): the registry gates tile_m 64
+bit but dprob); realistic values against the cooperative tiles (128 x 256 and 128 x 128, each also
+with the two-set mainloop, FUSEGEMM_SM90_BW_TWO_TEMPS=1), which promote each element's k-blocks in
+the same order: every output byte for byte (dprob and dbias: FP32 atomics across tiles, in any
+order, within 2^-16 of their largest); and the first-run gate's cases of the class. Not yet run
+on a GPU (written in a session without one): the registry gates tile_m 64
 (registry.UNEXECUTED_MODES) until these pass."""
 from __future__ import annotations
 
@@ -57,7 +58,11 @@ def test_the_first_run_gate_passes_the_pingpong_class(monkeypatch):
                                                                                 for r in rows]
 
 TILES = {"coop_256": {"tile_m": 128, "tile_n": 256}, "coop_128": {"tile_m": 128, "tile_n": 128},
-         "pingpong": PINGPONG}
+         "pingpong": PINGPONG, "coop_256_two_sets": {"tile_m": 128, "tile_n": 256},
+         "coop_128_two_sets": {"tile_m": 128, "tile_n": 128}}
+# The cooperative tiles' two-set mainloop (FUSEGEMM_SM90_BW_TWO_TEMPS, off by default): the same order
+TWO_SETS = "-DFUSEGEMM_SM90_BW_TWO_TEMPS=1"
+BUILDS = {name: TWO_SETS if name.endswith("_two_sets") else "" for name in TILES}
 
 
 @pytest.mark.parametrize("sizes,n,k", [
@@ -65,12 +70,23 @@ TILES = {"coop_256": {"tile_m": 128, "tile_n": 256}, "coop_128": {"tile_m": 128,
     ([256] * 48, 1024, 1000),                   # 48 experts, K tail (8 k-blocks, the last partial)
     ([256], 384, 256),                          # L = 1, 12 tiles: fewer than the CTAs, N 384
 ], ids=["ragged", "many_experts", "one_expert"])
-@pytest.mark.parametrize("spec,axes", [("grouped_gemm_dswiglu", {}),
-                                       ("grouped_gemm_dswiglu", {"d_dtype": "float8_e5m2", "prob_dtype": "bfloat16"})],
-                         ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("spec,axes", [
+    ("grouped_gemm_dswiglu", {}),
+    ("grouped_gemm_dswiglu", {"d_dtype": "float8_e5m2", "prob_dtype": "bfloat16"}),
+    ("grouped_gemm_dglu_mx", {"d_dtype": "bfloat16", "generate_dbias": True}),   # the fp8_block layer's dSwiGLU
+    ("grouped_gemm_dglu_mx", {"d_dtype": "float8_e4m3fn"}),
+], ids=["e4m3", "e5m2", "dglu_bf16_dbias", "dglu_fp8"])
 def test_pingpong_gives_the_cooperative_bytes(spec, axes, sizes, n, k):
-    outs = scaled_problems.outputs_per_build(spec, "blockwise", axes, dict.fromkeys(TILES, ""), sizes, n, k,
+    outs = scaled_problems.outputs_per_build(spec, "blockwise", axes, BUILDS, sizes, n, k,
                                              seed=sum(sizes) + n + k, input_seed=7, build_axes=TILES)
-    for name in ("coop_128", "pingpong"):
-        same_outputs(outs[name], outs["coop_256"], f"{spec} {axes} {name} against 128 x 256 tiles",
+    base = dict(outs["coop_256"])
+    # dbias: column sums by atomics (one per warp and column), in any order: within 2^-16 of the
+    # largest, as dprob
+    dbias = base.pop("dbias", None)
+    for name in (name for name in TILES if name != "coop_256"):
+        got = dict(outs[name])
+        if dbias is not None:
+            tol = 2.0 ** -16 * float(dbias.abs().max()) + 1e-6
+            torch.testing.assert_close(got.pop("dbias"), dbias, rtol=1e-5, atol=tol, msg=f"{spec} {name}: dbias")
+        same_outputs(got, base, f"{spec} {axes} {name} against 128 x 256 tiles",
                      dprob_atol=scaled_problems.dprob_atol(outs["coop_256"]))

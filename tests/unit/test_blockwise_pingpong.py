@@ -17,8 +17,9 @@ BW = {"sf_dtype": "float32", "sf_vec_size": 128}
 PINGPONG = {"tile_m": 64, "tile_n": 128}
 
 
-def test_blockwise_dswiglu_offers_pingpong_tiles_on_sm90():
-    fusegemm.Op("grouped_gemm_dswiglu", arch="sm_90a", **BW, **PINGPONG).check_support()
+@pytest.mark.parametrize("spec", ["grouped_gemm_dswiglu", "grouped_gemm_dglu_mx"])
+def test_blockwise_dswiglu_offers_pingpong_tiles_on_sm90(spec):
+    fusegemm.Op(spec, arch="sm_90a", **BW, **PINGPONG).check_support()
 
 
 @pytest.mark.parametrize("axes,match", [
@@ -53,18 +54,23 @@ def test_the_gate_runs_several_tiles_per_warpgroup():
     assert case["axes"]["tile_m"] == 64 and case["axes"]["tile_n"] == 128
 
 
-@pytest.mark.parametrize("axes", [
-    {},
-    {"ab_dtype": "float8_e5m2", "d_dtype": "float8_e5m2", "prob_dtype": "bfloat16"},
-    {"c_dtype": "float32"},                 # 32-bit C: the branching engine
-    {"discrete_col_sfd": True},
-], ids=["default", "e5m2_bf16_prob", "fp32_c", "discrete_col_sfd"])
-def test_pingpong_kernels_compile_clean(axes, session_cache):
+@pytest.mark.parametrize("spec,axes", [
+    ("grouped_gemm_dswiglu", {}),
+    ("grouped_gemm_dswiglu", {"ab_dtype": "float8_e5m2", "d_dtype": "float8_e5m2", "prob_dtype": "bfloat16"}),
+    ("grouped_gemm_dswiglu", {"c_dtype": "float32"}),                 # 32-bit C: the branching engine
+    ("grouped_gemm_dswiglu", {"discrete_col_sfd": True}),
+    # the fp8_block layer's dSwiGLU: BF16 dG on the fragment path, with its bias gradient, discrete
+    # weights; FP8 dG on the engine
+    ("grouped_gemm_dglu_mx", {"d_dtype": "bfloat16"}),
+    ("grouped_gemm_dglu_mx", {"d_dtype": "bfloat16", "generate_dbias": True, "weight_mode": "discrete"}),
+    ("grouped_gemm_dglu_mx", {"d_dtype": "float8_e4m3fn"}),
+], ids=["default", "e5m2_bf16_prob", "fp32_c", "discrete_col_sfd", "dglu_bf16", "dglu_dbias_discrete", "dglu_fp8"])
+def test_pingpong_kernels_compile_clean(spec, axes, session_cache):
     from fusegemm.pipeline import get_kernel
     from fusegemm.runtime import disasm
     from fusegemm.runtime.cubin_info import Cubin
-    built = get_kernel(make_variant(find_spec("grouped_gemm_dswiglu"), arch="sm_90a", cluster_m=1, **BW, **PINGPONG,
-                                    **axes), session_cache)
+    built = get_kernel(make_variant(find_spec(spec), arch="sm_90a", cluster_m=1, **BW, **PINGPONG, **axes),
+                       session_cache)
     assert Cubin(built.cubin).resources(built.kernel_name).local_bytes == 0      # no register spills
     assert built.advisories == ()                                                # no serialized WGMMAs
     c = built.contract
@@ -77,3 +83,47 @@ def test_pingpong_kernels_compile_clean(axes, session_cache):
     # The warpgroups' order: an arrival after a mainloop's last issue (three: the one-block exit and
     # the two ends of the loop) and a 256-thread wait before one.
     assert text.count("BAR.ARV") == 3 and "BAR.SYNC.DEFER_BLOCKING R" in text
+
+
+def test_the_fp8_block_layer_takes_its_dswiglu_tile_from_one_table(monkeypatch):
+    """fusegemm.moe._DSWIGLU_BW_TILE (empty: the spec's default tile) picks the fp8_block layer's
+    dSwiGLU tile per arch; another tile is an op of its own name (bench/moe_mlp.py
+    --fp8-dswiglu-ab times the ping-pong tiles through it)."""
+    import fusegemm.moe as moe
+    import fusegemm.ops.device as device
+    monkeypatch.setattr(device, "device_arch", lambda index: "sm_90a")
+    assert moe._dswiglu_bw_tile(0) == ()
+    default = moe._recipe_op("dswiglu")
+    assert default.name == "moe_fp8_block_dswiglu" and "tile_m" not in default._axes
+    monkeypatch.setattr(moe, "_DSWIGLU_BW_TILE", {"sm_90a": PINGPONG})
+    over = moe._dswiglu_bw_tile(0)
+    assert over == (("tile_m", 64), ("tile_n", 128))
+    pp = moe._recipe_op("dswiglu", over)
+    assert pp.name == "moe_fp8_block_dswiglu_tile_m64_tile_n128" and pp is not default
+    assert pp._axes == {**moe._RECIPE_OPS["dswiglu"][1], **PINGPONG}
+    assert moe._recipe_op("dswiglu", over) is pp
+
+
+@pytest.mark.parametrize("spec,axes,two_sets", [
+    ("grouped_gemm_dswiglu", {}, True),                                  # 128-column passes
+    ("grouped_gemm_dswiglu", {"tile_n": 128, "a_gather": True}, True),
+    ("grouped_gemm_srelu", {"tile_n": 128, "d_dtype": "float8_e4m3fn"}, True),
+    ("grouped_gemm_quant", {"d_dtype": "float8_e4m3fn"}, False),        # halves sharing A: no registers
+    ("grouped_gemm_dglu_mx", {"d_dtype": "bfloat16", "generate_dbias": True}, False),   # column sums
+], ids=["dswiglu", "dswiglu_gathered", "srelu_n128", "quant_shared_a", "dglu_dbias"])
+def test_two_set_mainloop_switch_reaches_the_cooperative_passes(spec, axes, two_sets, session_cache):
+    """FUSEGEMM_SM90_BW_TWO_TEMPS=1 gives cooperative 128-column passes the ping-pong mainloop's two
+    temporary sets (each k-block waited for with the next one in flight), without spills; tiles
+    whose halves share A, and rules with column sums, keep one set (the same SASS)."""
+    from fusegemm.pipeline import get_kernel
+    from fusegemm.runtime import config, disasm
+    from fusegemm.runtime.cubin_info import Cubin
+    texts = []
+    for extra in ("", "-DFUSEGEMM_SM90_BW_TWO_TEMPS=1"):
+        with config.override(FUSEGEMM_NVRTC_EXTRA=extra):
+            built = get_kernel(make_variant(find_spec(spec), arch="sm_90a", cluster_m=1, **BW, **axes), session_cache)
+        assert Cubin(built.cubin).resources(built.kernel_name).local_bytes == 0 and built.advisories == ()
+        texts.append(disasm.sass(built.cubin))
+    assert texts[0].count("WARPGROUP.DEPBAR.LE gsb0, 0x1") == 0
+    assert texts[1].count("WARPGROUP.DEPBAR.LE gsb0, 0x1") == (2 if two_sets else 0)
+    assert (texts[0] != texts[1]) == two_sets

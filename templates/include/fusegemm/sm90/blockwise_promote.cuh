@@ -85,6 +85,16 @@
 #define FUSEGEMM_SM90_BW_EPI_PREFETCH 8
 #endif
 
+// 1: cooperative tiles that run 128-column passes (rules that do not share A between halves:
+// dSwiGLU, tile N 128) hold two temporary sets, as the ping-pong mainloop does: k-block kb's
+// WGMMAs run while kb - 1 is promoted, so a warpgroup no longer relies on the other's WGMMAs to
+// cover its promotions (64 more registers beside the pass's 128). 0: one set, each k-block's
+// promotion after its WGMMAs (the measured baseline). An A/B switch through FUSEGEMM_NVRTC_EXTRA,
+// written 2026-12-05 without a GPU: not yet timed.
+#ifndef FUSEGEMM_SM90_BW_TWO_TEMPS
+#define FUSEGEMM_SM90_BW_TWO_TEMPS 0
+#endif
+
 namespace fusegemm {
 namespace sm90 {
 
@@ -159,7 +169,12 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kConsumerWGs = kPingPong ? 2 : kTileM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
   static constexpr int kStageWGs = kPingPong ? 1 : kConsumerWGs;   // warpgroups reading a stage
-  static constexpr int kTemps = kPingPong ? 2 : 1;                 // temporary accumulator sets
+  // Temporary accumulator sets: two for ping-pong, and (FUSEGEMM_SM90_BW_TWO_TEMPS) for cooperative
+  // 128-column passes; not for the K-grouped promotion (it reads its stage's column scales,
+  // released after), the epilogue warpgroup's consumers (160 registers) or column sums (the BF16
+  // dGLU's bias gradient spilled 32 bytes).
+  static constexpr int kTemps =
+      kPingPong || (FUSEGEMM_SM90_BW_TWO_TEMPS && kHalves == 1 && !kKGrouped && !kEpiWG && !Rule::kColSum) ? 2 : 1;
   // Ping-pong order: warpgroup wg starts a mainloop once the other has issued its previous
   // tile's last WGMMAs (named barrier kOrderBarrier + wg; ids 1 and 2 are the engine's).
   static constexpr uint32_t kOrderBarrier = 4;
@@ -544,9 +559,9 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
     }
   }
 
-  // Ping-pong's K loop (one 128-column half, kTemps 2): k-block kb's WGMMAs write t[kb % 2]; while
-  // they run, k-block kb - 1's set is promoted, acc += t * (sfa[row] * sfb[kb - 1]), and its stage
-  // released. A k-block's scales are read when its WGMMAs are issued (SFA from its stage, B's from
+  // The K loop with two temporary sets (kTemps 2: ping-pong, FUSEGEMM_SM90_BW_TWO_TEMPS; one
+  // 128-column half): k-block kb's WGMMAs write t[kb % 2]; while they run, k-block kb - 1's set is
+  // promoted, acc += t * (sfa[row] * sfb[kb - 1]), and its stage released. A k-block's scales are read when its WGMMAs are issued (SFA from its stage, B's from
   // global memory a block ahead). on_issued(): after the last k-block's WGMMAs are issued (the
   // other warpgroup may start its mainloop then). on_block(kb): before k-block kb's full wait.
   struct Issued {
@@ -554,7 +569,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
     int stage;
   };
   template <class OnBlock, class OnIssued>
-  FUSEGEMM_DEVICE static void mainloop_pp(const Bars& b, const uint8_t* smem, uint64_t da0, uint64_t db0,
+  FUSEGEMM_DEVICE static void mainloop2(const Bars& b, const uint8_t* smem, uint64_t da0, uint64_t db0,
                                           int num_k_blocks, int row0, const float* sfb, int& stage,
                                           uint32_t& phase, float (&acc)[kAccum], float (&t0)[kAccum],
                                           float (&t1)[kAccum], const OnBlock& on_block, const OnIssued& on_issued) {
@@ -697,9 +712,11 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
             }
           }
         };
-        if constexpr (kPingPong) {
-          auto on_issued = [&]() { named_barrier_arrive(kOrderBarrier + (wg ^ 1), 256); };
-          mainloop_pp(b, smem, da0, db0, tile_k_blocks, row0, sfb[0], stage, phase, acc[0], t[0], t[1], on_block,
+        if constexpr (kTemps == 2) {
+          auto on_issued = [&]() {
+            if constexpr (kPingPong) named_barrier_arrive(kOrderBarrier + (wg ^ 1), 256);
+          };
+          mainloop2(b, smem, da0, db0, tile_k_blocks, row0, sfb[0], stage, phase, acc[0], t[0], t[1], on_block,
                       on_issued);
         } else {
           mainloop(b, smem, da0, db0, tile_k_blocks, row0, sfb, halves, stage, phase, acc, t[0], on_block);
