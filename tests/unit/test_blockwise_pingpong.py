@@ -80,9 +80,9 @@ def test_pingpong_kernels_compile_clean(spec, axes, session_cache):
     # in the rolled loop), each later one waited for with one batch still in flight.
     assert text.count("QGMMA.64x128x32") == 12
     assert text.count("WARPGROUP.DEPBAR.LE gsb0, 0x1") == 2
-    # The warpgroups' order: an arrival after a mainloop's last issue (three: the one-block exit and
-    # the two ends of the loop) and a 256-thread wait before one.
-    assert text.count("BAR.ARV") == 3 and "BAR.SYNC.DEFER_BLOCKING R" in text
+    # The warpgroups' order: an arrival right after a mainloop's last issue (four sites: no k-block,
+    # one k-block, and each of the loop's two steps) and a 256-thread wait before one.
+    assert text.count("BAR.ARV") == 4 and "BAR.SYNC.DEFER_BLOCKING R" in text
 
 
 def test_the_fp8_block_layer_takes_its_dswiglu_tile_from_one_table(monkeypatch):

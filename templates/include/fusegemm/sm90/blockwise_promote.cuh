@@ -10,10 +10,12 @@
 // one FFMA per accumulator element per 128 K (MXFP8: an FMUL and an FFMA per 32 K), since a
 // stage's B scale is one number for the whole 128-column pass. The temporary set never
 // accumulates more than 128 products in the FP8 WGMMA's limited-precision accumulator. While one
-// consumer warpgroup promotes, the other's WGMMAs keep the tensor cores busy.
+// consumer warpgroup promotes, the other's WGMMAs keep the tensor cores busy. Ping-pong tiles
+// (TILE_M 64, below) and FUSEGEMM_SM90_BW_TWO_TEMPS keep two temporary sets instead (mainloop2).
 //
 // Roles (384 threads):
-//   warpgroups 0-1 : consumers, 64 rows each of the 128-row tile: WGMMA, promotion, epilogue
+//   warpgroups 0-1 : consumers, 64 rows each of the 128-row tile (ping-pong: each its own 64-row
+//                    tiles, in turn): WGMMA, promotion, epilogue
 //   warpgroup 2    : warp 0, one elected thread: tile schedule and TMA loads (A, B, SFA);
 //                    warps 1-3 exit (the scales need no conversion: they are FP32 already)
 //                    Gathered A (Config::kGatherA, M-grouped): all four warps copy A's rows
@@ -22,8 +24,8 @@
 //                    kernel's copying warps do (fusegemm/gather.cuh); lane 0 of warp 0 also
 //                    loads B and walks the tile ring. Each lane publishes a stage one stage late
 //                    (GatherPublisher), so the consumers' k-loop is the ungathered one.
-// Pipeline: kStages stages of A (128 x 128 B), B (kHalves x 128 rows x 128 B) and SFA (128 rows' FP32 scales of
-// the stage's 128-K block). full[s]: TMA bytes; empty[s]: one arrival per consumer thread once
+// Pipeline: kStages stages of A (kTileM x 128 B), B (kHalves x 128 rows x 128 B) and SFA (kTileM rows' FP32
+// scales of the stage's 128-K block). full[s]: TMA bytes; empty[s]: one arrival per consumer thread once
 // the stage's WGMMAs have completed and its scales are read. The B scale, one float per pass and
 // stage, is read by the consumers from global memory one stage ahead (a 16-byte TMA box of it
 // faulted on the H200 with an illegal instruction; a plain load needs no map).
@@ -611,20 +613,23 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
     };
     // One step: past the last block, retire the one in flight (false); else issue the next block
     // into `into` and retire `from`, the block before it, while its WGMMAs run. The sets alternate.
+    // on_issued() right after the last block's issue (its full wait done): the other warpgroup's
+    // mainloop then starts under this one's last two blocks of tensor work.
     int kb = 1;
     auto step = [&](float (&into)[kAccum], Issued& next, float (&from)[kAccum], const Issued& prev) {
       if (kb == num_k_blocks) {
-        on_issued();
         cute::warpgroup_wait<0>();
         retire(from, prev);
         return false;
       }
       next = issue(kb++, into);
+      if (kb == num_k_blocks) on_issued();
       cute::warpgroup_wait<1>();
       retire(from, prev);
       return true;
     };
-    Issued even = issue(0, t0), odd;
+    Issued even = issue(0, t0), odd{};
+    if (num_k_blocks == 1) on_issued();
 #pragma unroll 1
     while (step(t1, odd, t0, even) && step(t0, even, t1, odd)) {
     }
@@ -672,6 +677,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
       if constexpr (kPingPong) {
         const bool own = turn;
         turn = !turn;
+        static_assert(!kPingPong || kPasses == 1, "ping-pong skips a tile's stages as one pass's k-blocks");
         if (!own) {   // the other warpgroup's tile (one pass: kTileN is the pass): skip its stages
           const int s = stage + tile_k_blocks;
           phase ^= uint32_t(s / kStages) & 1u;
