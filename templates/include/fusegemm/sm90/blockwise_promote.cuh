@@ -25,8 +25,8 @@
 //                    loads B and walks the tile ring. Each lane publishes a stage one stage late
 //                    (GatherPublisher), so the consumers' k-loop is the ungathered one.
 // Pipeline: kStages stages of A (kTileM x 128 B), B (kHalves x 128 rows x 128 B) and SFA (kTileM rows' FP32
-// scales of the stage's 128-K block). full[s]: TMA bytes; empty[s]: one arrival per consumer thread once
-// the stage's WGMMAs have completed and its scales are read. The B scale, one float per pass and
+// scales of the stage's 128-K block). full[s]: TMA bytes; empty[s]: one arrival per thread of the
+// warpgroups reading the stage (ping-pong: one) once its WGMMAs have completed and its scales are read. The B scale, one float per pass and
 // stage, is read by the consumers from global memory one stage ahead (a 16-byte TMA box of it
 // faulted on the H200 with an illegal instruction; a plain load needs no map).
 //
