@@ -12,7 +12,8 @@ from the same BF16 tensors:
   the gate/up accumulator width, D N/2 wide), e4m3 D + SFD_row for the next GEMM.
 * fusegemm, the blockwise FP8 recipe (``sf_vec_size=128``, FP32 scales: A 1x128, B 128x128, the
   same BF16 tensors quantized with DeepSeek's amax / 448 scales), through ``fusegemm.Op``:
-  ``quant_bw`` (e4m3 D + SFD), ``srelu_bw`` (C and D bf16 + amax; ``srelu_bw_n128``: tile_n 128),
+  ``quant_bw`` (e4m3 D + SFD), ``srelu_bw`` (C and D bf16 + amax; ``srelu_bw_n128``: tile_n 128;
+  ``srelu_bw_pp``: ping-pong tiles),
   ``dswiglu_bw`` (e4m3 D + SFD + dprob; ``dswiglu_bw_n128``: tile_n 128; ``dswiglu_bw_pp``: ping-pong
   tiles, tile_m 64 x tile_n 128), ``gemm_bw`` (quant's
   spec with bf16 D: the GEMM and alpha),
@@ -155,6 +156,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
             "gemm_bw": ("grouped_gemm_quant", dict(d_dtype="bfloat16")),
             "srelu_bw": ("grouped_gemm_srelu", {}),
             "srelu_bw_n128": ("grouped_gemm_srelu", dict(tile_n=128)),
+            "srelu_bw_pp": ("grouped_gemm_srelu", dict(tile_m=64, tile_n=128)),       # ping-pong tiles
             "dswiglu_bw": ("grouped_gemm_dswiglu", {}),
             "dswiglu_bw_n128": ("grouped_gemm_dswiglu", dict(tile_n=128)),
             "dswiglu_bw_pp": ("grouped_gemm_dswiglu", dict(tile_m=64, tile_n=128)),   # ping-pong tiles
@@ -178,7 +180,8 @@ def bench_shape(name: str, dist: str, args) -> dict:
                  "glu_bw_fp8": {"alpha": alpha, "prob": prob, "norm_const": norm_const}}
     for key in ("srelu_bw", "dswiglu_bw"):      # the tile N 128 builds take the same inputs
         bw_inputs[key + "_n128"] = bw_inputs[key]
-    bw_inputs["dswiglu_bw_pp"] = bw_inputs["dswiglu_bw"]
+    for key in ("srelu_bw", "dswiglu_bw"):      # and the ping-pong tiles
+        bw_inputs[key + "_pp"] = bw_inputs[key]
     for key in ("glu_bw_fp8_1x128", "glu_bw_fp8_c", "glu_bw_fp8_1x128_c"):
         bw_inputs[key] = bw_inputs["glu_bw_fp8"]
     for key, (base, op) in ops.items():
@@ -259,7 +262,8 @@ def bench_shape(name: str, dist: str, args) -> dict:
 
     # every --also build computes what the default build does, and the ping-pong tiles what the
     # cooperative ones do
-    for key, base in [(key, ops[key][0]) for key in ops if key not in made] + [("dswiglu_bw_pp", "dswiglu_bw")]:
+    pingpong = [("srelu_bw_pp", "srelu_bw"), ("dswiglu_bw_pp", "dswiglu_bw")]
+    for key, base in [(key, ops[key][0]) for key in ops if key not in made] + pingpong:
         ours, theirs = methods[key](), methods[base]()
         row[f"{key}_max_abs_diff_vs_{base}"] = max(
             float((ours[o].float() - theirs[o].float()).abs().max()) if ours[o].is_floating_point()

@@ -75,7 +75,9 @@ BUILDS = {name: TWO_SETS if name.endswith("_two_sets") else "" for name in TILES
     ("grouped_gemm_dswiglu", {"d_dtype": "float8_e5m2", "prob_dtype": "bfloat16"}),
     ("grouped_gemm_dglu_mx", {"d_dtype": "bfloat16", "generate_dbias": True}),   # the fp8_block layer's dSwiGLU
     ("grouped_gemm_dglu_mx", {"d_dtype": "float8_e4m3fn"}),
-], ids=["e4m3", "e5m2", "dglu_bf16_dbias", "dglu_fp8"])
+    ("grouped_gemm_srelu", {}),                                  # C and D bf16, per-expert amax
+    ("grouped_gemm_srelu", {"d_dtype": "float8_e4m3fn"}),        # FP8 D, SFD by rows and columns
+], ids=["e4m3", "e5m2", "dglu_bf16_dbias", "dglu_fp8", "srelu_bf16", "srelu_fp8"])
 def test_pingpong_gives_the_cooperative_bytes(spec, axes, sizes, n, k):
     outs = scaled_problems.outputs_per_build(spec, "blockwise", axes, BUILDS, sizes, n, k,
                                              seed=sum(sizes) + n + k, input_seed=7, build_axes=TILES)

@@ -17,7 +17,7 @@ BW = {"sf_dtype": "float32", "sf_vec_size": 128}
 PINGPONG = {"tile_m": 64, "tile_n": 128}
 
 
-@pytest.mark.parametrize("spec", ["grouped_gemm_dswiglu", "grouped_gemm_dglu_mx"])
+@pytest.mark.parametrize("spec", ["grouped_gemm_dswiglu", "grouped_gemm_dglu_mx", "grouped_gemm_srelu"])
 def test_blockwise_dswiglu_offers_pingpong_tiles_on_sm90(spec):
     fusegemm.Op(spec, arch="sm_90a", **BW, **PINGPONG).check_support()
 
@@ -64,7 +64,11 @@ def test_the_gate_runs_several_tiles_per_warpgroup():
     ("grouped_gemm_dglu_mx", {"d_dtype": "bfloat16"}),
     ("grouped_gemm_dglu_mx", {"d_dtype": "bfloat16", "generate_dbias": True, "weight_mode": "discrete"}),
     ("grouped_gemm_dglu_mx", {"d_dtype": "float8_e4m3fn"}),
-], ids=["default", "e5m2_bf16_prob", "fp32_c", "discrete_col_sfd", "dglu_bf16", "dglu_dbias_discrete", "dglu_fp8"])
+    # sReLU: C and D bf16 on the fragment path; FP8 D on the engine, discrete weights and SFD_col
+    ("grouped_gemm_srelu", {}),
+    ("grouped_gemm_srelu", {"d_dtype": "float8_e4m3fn", "weight_mode": "discrete", "discrete_col_sfd": True}),
+], ids=["default", "e5m2_bf16_prob", "fp32_c", "discrete_col_sfd", "dglu_bf16", "dglu_dbias_discrete", "dglu_fp8",
+        "srelu_bf16", "srelu_fp8_discrete"])
 def test_pingpong_kernels_compile_clean(spec, axes, session_cache):
     from fusegemm.pipeline import get_kernel
     from fusegemm.runtime import disasm
