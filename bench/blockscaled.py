@@ -178,10 +178,10 @@ def bench_shape(name: str, dist: str, args) -> dict:
                  "dswiglu_bw": {"alpha": alpha, "beta": beta, "prob": prob, "c": c_fwd, "norm_const": norm_const},
                  "glu_bw": {"alpha": alpha, "prob": prob},
                  "glu_bw_fp8": {"alpha": alpha, "prob": prob, "norm_const": norm_const}}
-    for key in ("srelu_bw", "dswiglu_bw"):      # the tile N 128 builds take the same inputs
-        bw_inputs[key + "_n128"] = bw_inputs[key]
-    for key in ("srelu_bw", "dswiglu_bw"):      # and the ping-pong tiles
-        bw_inputs[key + "_pp"] = bw_inputs[key]
+    # other tiles of an op (tile N 128, ping-pong) take its default build's inputs
+    retiled = {key: key.rsplit("_", 1)[0] for key in made if key.endswith(("_n128", "_pp"))}
+    for key, base in retiled.items():
+        bw_inputs[key] = bw_inputs[base]
     for key in ("glu_bw_fp8_1x128", "glu_bw_fp8_c", "glu_bw_fp8_1x128_c"):
         bw_inputs[key] = bw_inputs["glu_bw_fp8"]
     for key, (base, op) in ops.items():
@@ -262,7 +262,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
 
     # every --also build computes what the default build does, and the ping-pong tiles what the
     # cooperative ones do
-    pingpong = [("srelu_bw_pp", "srelu_bw"), ("dswiglu_bw_pp", "dswiglu_bw")]
+    pingpong = [(key, base) for key, base in retiled.items() if key.endswith("_pp")]
     for key, base in [(key, ops[key][0]) for key in ops if key not in made] + pingpong:
         ours, theirs = methods[key](), methods[base]()
         row[f"{key}_max_abs_diff_vs_{base}"] = max(

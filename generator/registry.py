@@ -277,9 +277,10 @@ _SM90_STREAM_K = _no_clusters("stream-K splits a tile's k-blocks between CTAs: n
 # kernel's sliced multicast loads have no such path.
 _SM90_GATHER = _no_clusters("gathered A loads rows per CTA: no clusters", when=(("a_gather", True),))
 
-# The BF16 kernel's two consumer warpgroups (fusegemm/sm90/grouped_gemm.cuh): both on one
-# 128-row tile (cooperative), or each on 64-row tiles of its own, in turn (ping-pong: one's
-# epilogue overlaps the other's mainloop). 256 would need 2-CTA instructions (sm_100a).
+# The two consumer warpgroups of the BF16 kernel (fusegemm/sm90/grouped_gemm.cuh) and of the
+# blockwise kernel (sm90/blockwise_promote.cuh): both on one 128-row tile (cooperative), or each on
+# 64-row tiles of its own, in turn (ping-pong: one's epilogue overlaps the other's mainloop). 256
+# would need 2-CTA instructions (sm_100a).
 _SM90_TILE_M = Limit("tile_m", (64, 128), "two WGMMA consumer warpgroups: 128 cooperative (64 rows each), "
                                           "64 ping-pong (a 64-row tile each, in turn)")
 
@@ -301,8 +302,7 @@ _SM90_BLOCKSCALED = tuple(a for a in _BLOCKSCALED if a not in ("a_major", "b_maj
 # the other's mainloop; its mainloop's two temporary accumulator sets leave no registers for a
 # 256-column tile, and the gathering producers copy 128-row tiles.
 _SM90_BLOCKWISE_PINGPONG = (
-    Limit("tile_m", (64, 128), "two WGMMA consumer warpgroups: 128 cooperative (64 rows each), 64 ping-pong "
-                               "(a 64 x 128 tile each, in turn)"),
+    _SM90_TILE_M,
     Limit("tile_m", (128,), "MXFP8 (promoted per 32 K): two 64-row WGMMA consumer warpgroups on one tile; "
                             "ping-pong tiles (tile_m 64) are the blockwise recipe's", when=(("sf_vec_size", 32),)),
     Limit("tile_n", (128,), "ping-pong (tile_m 64): a warpgroup's two temporary accumulator sets leave no "

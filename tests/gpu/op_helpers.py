@@ -6,11 +6,13 @@ from __future__ import annotations
 import torch
 
 
-def same_outputs(got, want, what: str, dprob_atol: float = 1e-5) -> None:
+def same_outputs(got, want, what: str, dprob_atol: float = 1e-5, dbias_atol: float | None = None) -> None:
     """Every output of ``want`` equal in ``got`` byte for byte; dprob, a sum of atomic float adds
-    whose order varies, within rtol 1e-5 and ``dprob_atol``."""
+    whose order varies, within rtol 1e-5 and ``dprob_atol``, and dbias (column sums by atomics)
+    likewise within ``dbias_atol`` where given (None: byte for byte)."""
     for k, v in want.items():
-        if k == "dprob":
-            torch.testing.assert_close(got[k], v, rtol=1e-5, atol=dprob_atol, msg=f"{what}: {k}")
+        if k == "dprob" or (k == "dbias" and dbias_atol is not None):
+            atol = dprob_atol if k == "dprob" else dbias_atol
+            torch.testing.assert_close(got[k], v, rtol=1e-5, atol=atol, msg=f"{what}: {k}")
         else:
             assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), f"{what}: {k} differs"

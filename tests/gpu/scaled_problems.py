@@ -83,15 +83,16 @@ def outputs_per_build(spec: str, recipe: str, axes: dict, builds: dict[str, str]
     return outs
 
 
-def dprob_atol(outs) -> float:
+def dprob_atol(outs, name: str = "dprob") -> float:
     """dprob sums a row's partial sums (one per 128-column pass, or per 32-column block in the
     harness) by atomics in whatever order they finish, so a build that runs them at other times
     differs by ulps of the partials (the epilogue warpgroup did on the H200): a floor of
     2^-16 x max|dprob| over its finite rows (the harness feeds NaN and Inf rows). outs: a call's
-    outputs (tensors or arrays by name)."""
-    if "dprob" not in outs:
+    outputs (tensors or arrays by name); name: another output summed by atomics the same way
+    (dbias: a column's sums per warp and tile)."""
+    if name not in outs:
         return 1e-5
-    dprob = outs["dprob"]
+    dprob = outs[name]
     v = np.asarray(dprob.cpu() if hasattr(dprob, "cpu") else dprob, dtype=np.float64)
     finite = np.abs(v[np.isfinite(v)])
     return max(1e-5, 2.0 ** -16 * float(finite.max())) if finite.size else 1e-5

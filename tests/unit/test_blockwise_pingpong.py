@@ -54,6 +54,20 @@ def test_the_gate_runs_several_tiles_per_warpgroup():
     assert case["axes"]["tile_m"] == 64 and case["axes"]["tile_n"] == 128
 
 
+def _clean_build(spec: str, axes: dict, cache, extra: str = "", arch: str = "sm_90a", recipe: dict = BW):
+    """The kernel of ``spec`` with ``recipe`` and ``axes`` on ``arch`` (NVRTC defines ``extra``; by
+    default the sm_90a blockwise kernel) and its SASS, checked free of register spills and of
+    ptxas advisories (serialized WGMMAs)."""
+    from fusegemm.pipeline import get_kernel
+    from fusegemm.runtime import config, disasm
+    from fusegemm.runtime.cubin_info import Cubin
+    with config.override(FUSEGEMM_NVRTC_EXTRA=extra):
+        built = get_kernel(make_variant(find_spec(spec), arch=arch, cluster_m=1, **recipe, **axes), cache)
+    assert Cubin(built.cubin).resources(built.kernel_name).local_bytes == 0, (spec, axes, extra)
+    assert built.advisories == (), (spec, axes, extra, built.advisories)
+    return built, disasm.sass(built.cubin)
+
+
 @pytest.mark.parametrize("spec,axes", [
     ("grouped_gemm_dswiglu", {}),
     ("grouped_gemm_dswiglu", {"ab_dtype": "float8_e5m2", "d_dtype": "float8_e5m2", "prob_dtype": "bfloat16"}),
@@ -70,16 +84,9 @@ def test_the_gate_runs_several_tiles_per_warpgroup():
 ], ids=["default", "e5m2_bf16_prob", "fp32_c", "discrete_col_sfd", "dglu_bf16", "dglu_dbias_discrete", "dglu_fp8",
         "srelu_bf16", "srelu_fp8_discrete"])
 def test_pingpong_kernels_compile_clean(spec, axes, session_cache):
-    from fusegemm.pipeline import get_kernel
-    from fusegemm.runtime import disasm
-    from fusegemm.runtime.cubin_info import Cubin
-    built = get_kernel(make_variant(find_spec(spec), arch="sm_90a", cluster_m=1, **BW, **PINGPONG, **axes),
-                       session_cache)
-    assert Cubin(built.cubin).resources(built.kernel_name).local_bytes == 0      # no register spills
-    assert built.advisories == ()                                                # no serialized WGMMAs
+    built, text = _clean_build(spec, {**PINGPONG, **axes}, session_cache)
     c = built.contract
     assert (c.threads, c.tile_m, c.tile_n, c.box_a_outer, c.box_b_outer) == (384, 64, 128, 64, 128)
-    text = disasm.sass(built.cubin)
     # Three issue sites of a k-block's four 64 x 128 x 32 WGMMAs (the first block, then t1 and t0
     # in the rolled loop), each later one waited for with one batch still in flight.
     assert text.count("QGMMA.64x128x32") == 12
@@ -119,15 +126,21 @@ def test_two_set_mainloop_switch_reaches_the_cooperative_passes(spec, axes, two_
     """FUSEGEMM_SM90_BW_TWO_TEMPS=1 gives cooperative 128-column passes the ping-pong mainloop's two
     temporary sets (each k-block waited for with the next one in flight), without spills; tiles
     whose halves share A, and rules with column sums, keep one set (the same SASS)."""
-    from fusegemm.pipeline import get_kernel
-    from fusegemm.runtime import config, disasm
-    from fusegemm.runtime.cubin_info import Cubin
-    texts = []
-    for extra in ("", "-DFUSEGEMM_SM90_BW_TWO_TEMPS=1"):
-        with config.override(FUSEGEMM_NVRTC_EXTRA=extra):
-            built = get_kernel(make_variant(find_spec(spec), arch="sm_90a", cluster_m=1, **BW, **axes), session_cache)
-        assert Cubin(built.cubin).resources(built.kernel_name).local_bytes == 0 and built.advisories == ()
-        texts.append(disasm.sass(built.cubin))
+    texts = [_clean_build(spec, axes, session_cache, extra)[1] for extra in ("", "-DFUSEGEMM_SM90_BW_TWO_TEMPS=1")]
     assert texts[0].count("WARPGROUP.DEPBAR.LE gsb0, 0x1") == 0
     assert texts[1].count("WARPGROUP.DEPBAR.LE gsb0, 0x1") == (2 if two_sets else 0)
     assert (texts[0] != texts[1]) == two_sets
+
+
+@pytest.mark.parametrize("spec,axes", [
+    ("grouped_gemm_dglu_mx", {"d_dtype": "bfloat16", "generate_dbias": True}),
+    ("grouped_gemm_dglu_mx", {"d_dtype": "float8_e4m3fn", "tile_n": 256}),
+    ("grouped_gemm_srelu", {"d_dtype": "float8_e4m3fn", "weight_mode": "discrete"}),
+    ("grouped_gemm_srelu", {"bias_dtype": "bfloat16", "tile_n": 256}),
+], ids=["dglu_bf16_dbias", "dglu_fp8_n256", "srelu_fp8_discrete", "srelu_bias_n256"])
+def test_sm100a_builds_the_specs_new_64_row_tiles(spec, axes, session_cache):
+    """The specs that gained tile_m 64 for the sm_90a ping-pong tiles (dGLU-MX, sReLU) offer it on
+    sm_100a too: 1-CTA 64-row MXFP8 tiles, compiled without spills or advisories (the arch's
+    first-run gate verifies them where a GPU runs them)."""
+    built, _ = _clean_build(spec, {"tile_m": 64, "tile_n": 128, **axes}, session_cache, arch="sm_100a", recipe={})
+    assert (built.contract.tile_m, built.contract.ctas_per_tile) == (64, 1)

@@ -24,11 +24,12 @@
 //                    kernel's copying warps do (fusegemm/gather.cuh); lane 0 of warp 0 also
 //                    loads B and walks the tile ring. Each lane publishes a stage one stage late
 //                    (GatherPublisher), so the consumers' k-loop is the ungathered one.
-// Pipeline: kStages stages of A (kTileM x 128 B), B (kHalves x 128 rows x 128 B) and SFA (kTileM rows' FP32
-// scales of the stage's 128-K block). full[s]: TMA bytes; empty[s]: one arrival per thread of the
-// warpgroups reading the stage (ping-pong: one) once its WGMMAs have completed and its scales are read. The B scale, one float per pass and
-// stage, is read by the consumers from global memory one stage ahead (a 16-byte TMA box of it
-// faulted on the H200 with an illegal instruction; a plain load needs no map).
+// Pipeline: kStages stages of A (kTileM x 128 B), B (kHalves x 128 rows x 128 B) and SFA (kTileM
+// rows' FP32 scales of the stage's 128-K block). full[s]: TMA bytes; empty[s]: one arrival per
+// thread of the warpgroups reading the stage (ping-pong: one) once its WGMMAs have completed and
+// its scales are read. The B scale, one float per pass and stage, is read by the consumers from
+// global memory one stage ahead (a 16-byte TMA box of it faulted on the H200 with an illegal
+// instruction; a plain load needs no map).
 //
 // K-grouped (Config::kKGrouped: the weight gradient dW_e = dY_e^T X_e, DeepSeek-V3's wgrad recipe):
 // tiles are (expert, M block, N block) of the (L, M, N) output and a tile's K range is its
@@ -171,6 +172,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kConsumerWGs = kPingPong ? 2 : kTileM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
   static constexpr int kStageWGs = kPingPong ? 1 : kConsumerWGs;   // warpgroups reading a stage
+  static_assert(!kPingPong || kPasses == 1, "ping-pong skips the other warpgroup's tile as one pass's k-blocks");
   // Temporary accumulator sets: two for ping-pong, and (FUSEGEMM_SM90_BW_TWO_TEMPS) for cooperative
   // 128-column passes; not for the K-grouped promotion (it reads its stage's column scales,
   // released after), the epilogue warpgroup's consumers (160 registers) or column sums (the BF16
@@ -231,8 +233,8 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   // epilogue warpgroup the consumers hold one pass (128 floats) and hand it over: the engine gets
   // what they leave.
   static constexpr int kProducerRegs = kGatherA ? 56 : 40;   // (a copying lane holds its rows' offsets)
-  static constexpr int kConsumerRegs = kEpiWG ? (kGatherA ? 152 : 160)
-                                              : kGatherA ? 224 : 232;   // (gathered A: the producer's 56 come from here)
+  // (gathered A: the producer's 56 come from the consumers')
+  static constexpr int kConsumerRegs = kEpiWG ? (kGatherA ? 152 : 160) : kGatherA ? 224 : 232;
   static constexpr int kEpiRegs = kEpiWG ? 65536 / 128 - kProducerRegs - kConsumerWGs * kConsumerRegs : 0;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs + kEpiRegs * 128 * kEpiWGs <= 65536,
                 "register split exceeds the register file");
@@ -563,18 +565,19 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
 
   // The K loop with two temporary sets (kTemps 2: ping-pong, FUSEGEMM_SM90_BW_TWO_TEMPS; one
   // 128-column half): k-block kb's WGMMAs write t[kb % 2]; while they run, k-block kb - 1's set is
-  // promoted, acc += t * (sfa[row] * sfb[kb - 1]), and its stage released. A k-block's scales are read when its WGMMAs are issued (SFA from its stage, B's from
-  // global memory a block ahead). on_issued(): after the last k-block's WGMMAs are issued (the
-  // other warpgroup may start its mainloop then). on_block(kb): before k-block kb's full wait.
+  // promoted, acc += t * (sfa[row] * sfb[kb - 1]), and its stage released. A k-block's scales are
+  // read when its WGMMAs are issued (SFA from its stage, B's from global memory a block ahead).
+  // on_issued(): after the last k-block's WGMMAs are issued (the other warpgroup may start its
+  // mainloop then). on_block(kb): before k-block kb's full wait.
   struct Issued {
     float s0, s1;   // the block's combined scales of fragment rows row0 and row0 + 8
     int stage;
   };
   template <class OnBlock, class OnIssued>
   FUSEGEMM_DEVICE static void mainloop2(const Bars& b, const uint8_t* smem, uint64_t da0, uint64_t db0,
-                                          int num_k_blocks, int row0, const float* sfb, int& stage,
-                                          uint32_t& phase, float (&acc)[kAccum], float (&t0)[kAccum],
-                                          float (&t1)[kAccum], const OnBlock& on_block, const OnIssued& on_issued) {
+                                        int num_k_blocks, int row0, const float* sfb, int& stage, uint32_t& phase,
+                                        float (&acc)[kAccum], float (&t0)[kAccum], float (&t1)[kAccum],
+                                        const OnBlock& on_block, const OnIssued& on_issued) {
     if (num_k_blocks == 0) {
       on_issued();
       return;
@@ -677,7 +680,6 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
       if constexpr (kPingPong) {
         const bool own = turn;
         turn = !turn;
-        static_assert(!kPingPong || kPasses == 1, "ping-pong skips a tile's stages as one pass's k-blocks");
         if (!own) {   // the other warpgroup's tile (one pass: kTileN is the pass): skip its stages
           const int s = stage + tile_k_blocks;
           phase ^= uint32_t(s / kStages) & 1u;
@@ -723,7 +725,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
             if constexpr (kPingPong) named_barrier_arrive(kOrderBarrier + (wg ^ 1), 256);
           };
           mainloop2(b, smem, da0, db0, tile_k_blocks, row0, sfb[0], stage, phase, acc[0], t[0], t[1], on_block,
-                      on_issued);
+                    on_issued);
         } else {
           mainloop(b, smem, da0, db0, tile_k_blocks, row0, sfb, halves, stage, phase, acc, t[0], on_block);
         }

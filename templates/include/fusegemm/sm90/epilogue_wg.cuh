@@ -15,8 +15,9 @@
 // 0.97x at mixtral-fc1, sReLU with FP8 D 0.92-1.02x, dSwiGLU 0.78-1.05x (0.78 and 0.88 at
 // dsv3-fc2's 256-column tiles). Likely why the overlap does not pay (not profiled): one warp per
 // scheduler runs the engine beside the consumers' WGMMAs and promotion, and the buffer (one pass,
-// 66 KB) costs a pipeline stage. (Those runs split the registers 168 / 136 / 40; with the vector staging, default since,
-// 136 spilled 16 bytes, so the split is 160 / 152 / 40, untimed.) Kept as an A/B switch.
+// 66 KB) costs a pipeline stage. (Those runs split the registers 168 / 136 / 40; with the vector
+// staging, default since, 136 spilled 16 bytes, so the split is 160 / 152 / 40, untimed.) Kept as
+// an A/B switch.
 //
 // Layout: the pass's kTileN accumulator columns as blocks of kAccPerBlock columns (64 when the
 // accumulator pairs gate and up blocks, else 32), each [128 rows][EngineStage::kPitch] floats,
