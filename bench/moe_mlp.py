@@ -16,10 +16,10 @@ with ``weight_cache=True`` as a micro-batch of gradient accumulation runs it (th
 quantization reused: ``fusegemm_fp8_block_weight_cache``).
 --wgrad-ab also times the BF16 layer with each weight-gradient kernel (ExpertMLP(wgrad=...)).
 --dswiglu-ab also times it with the dSwiGLU GEMM at its spec's default tile instead of the
-layer's choice (fusegemm.moe._DSWIGLU_TILE: ping-pong 64-row tiles on sm_90a); --fill-ab with
+layer's choice (fusegemm.moe._DSWIGLU_TILE["bf16"]: ping-pong 64-row tiles on sm_90a); --fill-ab with
 every output of the spec ops zero-filled whole before its GEMM, as before fusegemm/ops/tail.py.
 --fp8-dswiglu-ab also times the fp8_block layer with its dSwiGLU GEMM on the blockwise kernel's
-ping-pong tiles (64 x 128; fusegemm.moe._DSWIGLU_BW_TILE), not yet run on a GPU.
+ping-pong tiles (64 x 128; fusegemm.moe._DSWIGLU_TILE["fp8_block"]), not yet run on a GPU.
 --profile adds each method's kernel times per step (torch.profiler; wall minus kernels is the
 GPU's idle time), as bench/moe_layer.py's. ``*_host_ms`` is the host's time to issue a step (H200,
 dsv3-8: the fp8_block step 3.77 ms before register() kept its faces, 2.46 after; BF16 1.7).
@@ -56,31 +56,19 @@ class TorchMLP:
         return torch._grouped_mm(h, self.w2.transpose(1, 2), offs=ends)
 
 
-def _dswiglu_default_tile(run):
-    """``run`` with the layer's dSwiGLU GEMM at the spec's default tile (its backward reads
-    fusegemm.moe._DSWIGLU_TILE while ``run`` waits for it)."""
+def _with_dswiglu_tile(run, recipe: str, pick):
+    """``run`` with the layer's dSwiGLU GEMM under ``recipe`` on tile ``pick`` (a function of the
+    intermediate size; None: the spec's default) on sm_90a: fusegemm.moe._DSWIGLU_TILE, which the
+    backward reads while ``run`` waits for it."""
     import fusegemm.moe as moe
 
     def wrapped():
-        saved, moe._DSWIGLU_TILE = moe._DSWIGLU_TILE, {}
+        saved = moe._DSWIGLU_TILE
+        moe._DSWIGLU_TILE = {**saved, recipe: {} if pick is None else {"sm_90a": pick}}
         try:
             run()
         finally:
             moe._DSWIGLU_TILE = saved
-    return wrapped
-
-
-def _fp8_dswiglu_pingpong(run):
-    """``run`` with the fp8_block layer's dSwiGLU GEMM on the blockwise kernel's ping-pong tiles
-    (64 x 128; fusegemm.moe._DSWIGLU_BW_TILE, read by its backward while ``run`` waits for it)."""
-    import fusegemm.moe as moe
-
-    def wrapped():
-        saved, moe._DSWIGLU_BW_TILE = moe._DSWIGLU_BW_TILE, {"sm_90a": {"tile_m": 64, "tile_n": 128}}
-        try:
-            run()
-        finally:
-            moe._DSWIGLU_BW_TILE = saved
     return wrapped
 
 
@@ -118,7 +106,8 @@ def bench_layer(name: str, args) -> dict:
             methods[f"fusegemm_bf16_wgrad_{kernel}"] = step(ab, (ab.w1, ab.w2))
     row["wgrad_default"] = ours.wgrad
     if args.dswiglu_ab:
-        methods["fusegemm_bf16_dswiglu_default_tile"] = _dswiglu_default_tile(step(ours, (ours.w1, ours.w2)))
+        methods["fusegemm_bf16_dswiglu_default_tile"] = _with_dswiglu_tile(step(ours, (ours.w1, ours.w2)), "bf16",
+                                                                           None)
     if args.fill_ab:
         methods["fusegemm_bf16_whole_fill"] = whole_fill(step(ours, (ours.w1, ours.w2)))
     low = {}   # the low-precision recipes asked for: recipe -> layer
@@ -127,8 +116,9 @@ def bench_layer(name: str, args) -> dict:
                                 generator=torch.Generator().manual_seed(1))
         methods[f"fusegemm_{recipe}"] = step(low[recipe], (low[recipe].w1, low[recipe].w2))
         if recipe == "fp8_block" and args.fp8_dswiglu_ab:
-            methods["fusegemm_fp8_block_dswiglu_pingpong"] = _fp8_dswiglu_pingpong(
-                step(low[recipe], (low[recipe].w1, low[recipe].w2)))
+            methods["fusegemm_fp8_block_dswiglu_pingpong"] = _with_dswiglu_tile(
+                step(low[recipe], (low[recipe].w1, low[recipe].w2)), "fp8_block",
+                lambda f: {"tile_m": 64, "tile_n": 128})
     if "fp8_block" in low:
         # A micro-batch of gradient accumulation: the weights unchanged since the last call, so
         # weight_cache reuses their quantization (a training step with one micro-batch per

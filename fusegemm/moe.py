@@ -45,6 +45,8 @@ graphs 1.46x, 1.40x, 1.38x, 1.96x.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
@@ -323,9 +325,10 @@ class _Fusegemm:
         writes dG interleaved and accumulates dprob."""
         from .torch_library import device_ordinal, epilogue_gemm, weight_as_b
         b, major = weight_as_b(w2)
+        tile = _dswiglu_tile("bf16", device_ordinal(dy.device), g.shape[1] // 2)
         out = epilogue_gemm("grouped_gemm_dswiglu_bf16", dy, off, b,
                             inputs={"alpha": self._ones(w2), "prob": prob.float(), "c": g}, row_ends=ends,
-                            b_major=major, **dict(_dswiglu_tile(device_ordinal(dy.device), g.shape[1] // 2)))
+                            b_major=major, **dict(tile))
         return out["d"], out["dprob"]
 
     # MXFP8 recipe
@@ -383,7 +386,8 @@ class _Fusegemm:
         on blockwise operands: dG (BF16, interleaved) and dprob."""
         from .torch_library import device_ordinal
         ones = self._ones(w2tq)
-        tile = _dswiglu_bw_tile(device_ordinal(dyq.device)) if dyq.is_cuda else ()   # (meta: traced)
+        # (meta tensors when traced: no device, the spec's tile)
+        tile = _dswiglu_tile("fp8_block", device_ordinal(dyq.device), g.shape[1] // 2) if dyq.is_cuda else ()
         out = _recipe_op("dswiglu", tile)(
             dyq, sdy, off, w2tq, sw2t, inputs={"alpha": ones, "beta": ones, "prob": prob.float(), "c": g})
         return out["d"], out["dprob"].view(-1)
@@ -432,35 +436,28 @@ def _recipe_op(step: str, over: tuple = ()):
     return register(spec, name=name, **{**axes, **dict(over)})
 
 
-# The blockwise dSwiGLU GEMM's tile per arch (none: the spec's default, cooperative 128 x 256 on
-# sm_90a). The blockwise kernel's ping-pong tiles (tile_m 64 x tile_n 128, the two consumer
-# warpgroups in turn) are written but not yet run on a GPU: bench/moe_mlp.py --fp8-dswiglu-ab
-# times the step with {"sm_90a": {"tile_m": 64, "tile_n": 128}} here.
-_DSWIGLU_BW_TILE: dict[str, dict] = {}
+# The dSwiGLU GEMM's tile per recipe and arch, a function of the intermediate size f (an arch
+# not listed: the spec's default, cooperative 128 x 256 on sm_90a).
+# bf16: ping-pong 64-row tiles (two consumer warpgroups in turn, so the heavy epilogue of one
+# overlaps the other's mainloop), 128 columns for a narrow intermediate. H200, same run
+# (bench/results/pingpong_h200.json, balanced), ms against the default cooperative 128 x 256:
+# dsv3 (F 2048) 1.013 / 1.101 and mixtral (F 14336) 3.89 / 4.36 at 64 x 256; qwen3-like (F 768)
+# 0.356 / 0.384 at 64 x 128 (0.367 at 64 x 256).
+# fp8_block: the blockwise kernel's ping-pong tiles (64 x 128) are written but not yet run on a
+# GPU; bench/moe_mlp.py --fp8-dswiglu-ab times the step with them.
+_DSWIGLU_TILE: dict[str, dict[str, Callable[[int], dict]]] = {
+    "bf16": {"sm_90a": lambda f: {"tile_m": 64, "tile_n": 128 if f <= 1024 else 256}},
+    "fp8_block": {},
+}
 
 
 @torch.compiler.assume_constant_result
-def _dswiglu_bw_tile(index: int) -> tuple:
-    """The blockwise dSwiGLU GEMM's tile choices on device ``index``'s arch, as (axis, value)
-    pairs (none: the spec's default); a constant for torch.compile."""
+def _dswiglu_tile(recipe: str, index: int, f: int) -> tuple:
+    """The dSwiGLU GEMM's tile choices under ``recipe``, as (axis, value) pairs, for device
+    ``index``'s arch and intermediate size ``f`` (none: the spec's default); a constant for
+    torch.compile."""
     from .ops.device import device_arch
-    return tuple(sorted(_DSWIGLU_BW_TILE.get(device_arch(index), {}).items()))
-
-
-# The dSwiGLU GEMM's tile on sm_90a: ping-pong 64-row tiles (two consumer warpgroups in turn,
-# so the heavy epilogue of one overlaps the other's mainloop), 128 columns for a narrow
-# intermediate. H200, same run (bench/results/pingpong_h200.json, balanced), ms against the
-# default cooperative 128 x 256: dsv3 (F 2048) 1.013 / 1.101 and mixtral (F 14336) 3.89 / 4.36 at
-# 64 x 256; qwen3-like (F 768) 0.356 / 0.384 at 64 x 128 (0.367 at 64 x 256).
-_DSWIGLU_TILE = {"sm_90a": lambda f: {"tile_m": 64, "tile_n": 128 if f <= 1024 else 256}}
-
-
-@torch.compiler.assume_constant_result
-def _dswiglu_tile(index: int, f: int) -> tuple:
-    """The dSwiGLU GEMM's tile choices, as (axis, value) pairs, for device ``index``'s arch and
-    intermediate size ``f`` (none: the spec's default); a constant for torch.compile."""
-    from .ops.device import device_arch
-    pick = _DSWIGLU_TILE.get(device_arch(index))
+    pick = _DSWIGLU_TILE[recipe].get(device_arch(index))
     return tuple(sorted(pick(f).items())) if pick is not None else ()
 
 
@@ -848,7 +845,7 @@ class RoutedMLPFunction(torch.autograd.Function):
         through = {"a_index": idx} if GATHERED_LOADS else {}
         b2, major2 = weight_as_b(w2)
         dsw = _gather_op("grouped_gemm_dswiglu_bf16", dev, a_gather=GATHERED_LOADS, b_major=major2,
-                         **dict(_dswiglu_tile(dev, g.shape[1] // 2)))
+                         **dict(_dswiglu_tile("bf16", dev, g.shape[1] // 2)))
         out = dsw(dy, off, b2, row_ends=ends, inputs={"alpha": ones, "prob": prob, "c": g}, **through)
         dg, dprob = out["d"], out["dprob"]
         b1, major1 = weight_as_b(w1)

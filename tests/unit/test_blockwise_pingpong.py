@@ -96,23 +96,28 @@ def test_pingpong_kernels_compile_clean(spec, axes, session_cache):
     assert text.count("BAR.ARV") == 4 and "BAR.SYNC.DEFER_BLOCKING R" in text
 
 
-def test_the_fp8_block_layer_takes_its_dswiglu_tile_from_one_table(monkeypatch):
-    """fusegemm.moe._DSWIGLU_BW_TILE (empty: the spec's default tile) picks the fp8_block layer's
-    dSwiGLU tile per arch; another tile is an op of its own name (bench/moe_mlp.py
-    --fp8-dswiglu-ab times the ping-pong tiles through it)."""
+def test_the_layers_take_their_dswiglu_tiles_from_one_table(monkeypatch):
+    """fusegemm.moe._DSWIGLU_TILE picks each recipe's dSwiGLU tile per arch and intermediate size
+    (an arch not listed: the spec's default tile): the BF16 layer's ping-pong tiles on sm_90a, the
+    fp8_block layer's spec default until its ping-pong tiles are measured; another tile is an op
+    of its own name (bench/moe_mlp.py --fp8-dswiglu-ab times the ping-pong tiles through it)."""
     import fusegemm.moe as moe
     import fusegemm.ops.device as device
     monkeypatch.setattr(device, "device_arch", lambda index: "sm_90a")
-    assert moe._dswiglu_bw_tile(0) == ()
+    assert moe._dswiglu_tile("bf16", 0, 768) == (("tile_m", 64), ("tile_n", 128))
+    assert moe._dswiglu_tile("bf16", 0, 2048) == (("tile_m", 64), ("tile_n", 256))
+    assert moe._dswiglu_tile("fp8_block", 0, 2048) == ()
     default = moe._recipe_op("dswiglu")
     assert default.name == "moe_fp8_block_dswiglu" and "tile_m" not in default._axes
-    monkeypatch.setattr(moe, "_DSWIGLU_BW_TILE", {"sm_90a": PINGPONG})
-    over = moe._dswiglu_bw_tile(0)
+    monkeypatch.setattr(moe, "_DSWIGLU_TILE", {**moe._DSWIGLU_TILE, "fp8_block": {"sm_90a": lambda f: PINGPONG}})
+    over = moe._dswiglu_tile("fp8_block", 0, 2048)
     assert over == (("tile_m", 64), ("tile_n", 128))
     pp = moe._recipe_op("dswiglu", over)
     assert pp.name == "moe_fp8_block_dswiglu_tile_m64_tile_n128" and pp is not default
     assert pp._axes == {**moe._RECIPE_OPS["dswiglu"][1], **PINGPONG}
     assert moe._recipe_op("dswiglu", over) is pp
+    monkeypatch.setattr(device, "device_arch", lambda index: "sm_100a")
+    assert moe._dswiglu_tile("bf16", 0, 768) == () and moe._dswiglu_tile("fp8_block", 0, 768) == ()
 
 
 @pytest.mark.parametrize("spec,axes,two_sets", [
