@@ -245,6 +245,34 @@ def also_builds(args) -> list[tuple[str, str]]:
     return out
 
 
+def also_small_kernels(module, names, args, builds: dict) -> dict:
+    """Each --also build of ``module``'s small kernels (``module._KERNELS``, a SmallKernels:
+    fusegemm.quantize's, fusegemm.permute's) under its defines, kept in ``builds`` (name ->
+    SmallKernels) and compiled once: kernels ``names`` must load, else the run stops naming the
+    build."""
+    import torch
+    for name, defines in also_builds(args):
+        if name not in builds:
+            k = module._KERNELS.variant(defines)
+            for kernel in names:
+                if k.function(torch.cuda.current_device(), kernel) is None:
+                    raise SystemExit(f"--also {name}: {module._KERNELS.header} does not build with {defines}")
+            builds[name] = k
+    return builds
+
+
+def with_small_kernels(module, kernels, run):
+    """``run`` with ``module``'s small kernels swapped for ``kernels`` (an :func:`also_small_kernels`
+    build) while it runs."""
+    def go():
+        saved, module._KERNELS = module._KERNELS, kernels
+        try:
+            return run()
+        finally:
+            module._KERNELS = saved
+    return go
+
+
 def whole_fill(run):
     """``run`` with the spec ops' outputs zero-filled whole before each GEMM (their allocation
     before fusegemm/ops/tail.py) instead of uninitialised rows and a tail kernel."""

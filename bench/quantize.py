@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import argparse
 
-from _common import add_also_argument, add_layer_arguments, also_builds, interleaved_ms, nvrtc_defines, run_layers
+from _common import (add_also_argument, add_layer_arguments, also_builds, also_small_kernels, interleaved_ms,
+                     run_layers, with_small_kernels)
 
 TOKENS, HIDDEN, INTER, EXPERTS = 16384, 7168, 2048, 8
 
@@ -68,41 +69,13 @@ def _equal(a, b, torch):
 _BUILDS: dict = {}   # --also name -> SmallKernels of the quantize header built with its defines
 
 
-def _also_kernels(args):
-    """Each --also build's kernels, compiled once under its defines (SmallKernels keys its
-    modules by the cubin's digest, so the builds coexist)."""
-    import torch
-
-    from fusegemm import quantize as qz
-    from fusegemm.ops.small_kernels import SmallKernels
-    for name, defines in also_builds(args):
-        if name not in _BUILDS:
-            k = SmallKernels(qz._KERNELS.header, qz._KERNELS.what, qz._KERNELS.fallback)
-            with nvrtc_defines(defines):
-                for kernel in qz._SOURCES.values():
-                    if k.function(torch.cuda.current_device(), kernel) is None:
-                        raise SystemExit(f"--also {name}: the quantize header does not build with {defines}")
-            _BUILDS[name] = k
-    return _BUILDS
-
-
-def _with_kernels(kernels, run):
-    from fusegemm import quantize as qz
-
-    def go():
-        saved, qz._KERNELS = qz._KERNELS, kernels
-        try:
-            return run()
-        finally:
-            qz._KERNELS = saved
-    return go
-
-
 def bench_case(name: str, args) -> dict:
     import torch
+
+    from fusegemm import quantize as qz
     methods, read_bytes, copies = _methods(name, torch)
-    for also, kernels in _also_kernels(args).items():
-        methods[also] = _with_kernels(kernels, methods["fusegemm"])
+    for also, kernels in also_small_kernels(qz, qz._SOURCES.values(), args, _BUILDS).items():
+        methods[also] = with_small_kernels(qz, kernels, methods["fusegemm"])
     want = _flat(methods["torch"]())
     for method, run in methods.items():
         got = _flat(run())

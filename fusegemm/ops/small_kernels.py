@@ -27,15 +27,25 @@ class SmallKernels:
         How the log names the kernels when they cannot be compiled.
     fallback : str
         What the callers do then (the log's last words).
+    defines : tuple of str
+        NVRTC options the header is built with besides the run's own (``-DNAME=VALUE``: its A/B
+        switches; :meth:`variant`).
     """
 
-    def __init__(self, header: str, what: str, fallback: str) -> None:
+    def __init__(self, header: str, what: str, fallback: str, defines: tuple[str, ...] = ()) -> None:
         self.header, self.what, self.fallback = header, what, fallback
+        self.defines = tuple(defines)
         self._lock = threading.Lock()
         self._cubins: dict[str, Any] = {}     # arch -> Cubin, or the exception its compile raised
         self._functions: dict[tuple[int, str], Any] = {}   # (device, name) -> loaded kernel or None
         self._launches: dict[tuple, Callable[..., None]] = {}
         self._local = threading.local()
+
+    def variant(self, defines: str) -> "SmallKernels":
+        """The same header's kernels built again with ``defines`` (``"-DNAME=VALUE ..."``, after
+        this instance's own): a header's A/B switch, loaded beside this build's modules (they are
+        keyed by the cubin's digest)."""
+        return SmallKernels(self.header, self.what, self.fallback, (*self.defines, *defines.split()))
 
     def function(self, device: int, name: str) -> Any:
         """Kernel ``name`` loaded on ``device``, or None where NVRTC cannot build the header
@@ -54,7 +64,8 @@ class SmallKernels:
                 try:
                     from ..runtime.compile import compile_source
                     self._cubins[arch] = compile_source(f'#include "{self.header}"\n', arch=arch, kernel=name,
-                                                        name=self.header.rsplit("/", 1)[-1] + ".cu")
+                                                        name=self.header.rsplit("/", 1)[-1] + ".cu",
+                                                        extra=self.defines)
                 except Exception as exc:   # no NVRTC (bundle-only processes) or no headers
                     _LOG.info("fusegemm: %s is unavailable (%s: %s); %s", self.what, type(exc).__name__,
                               str(exc)[:200], self.fallback)

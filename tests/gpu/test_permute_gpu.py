@@ -17,9 +17,27 @@ from fusegemm import permute  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
+# permute.cuh's A/B switches of the gather (default off until timed: bench/permute.py --also):
+# every build must copy the same rows.
+BUILDS = {"default": "", "pipeline": "-DFUSEGEMM_PERMUTE_GATHER_PIPELINE=1",
+          "pipeline_stream": "-DFUSEGEMM_PERMUTE_GATHER_PIPELINE=1 -DFUSEGEMM_PERMUTE_STREAM_STORES=1",
+          "stream": "-DFUSEGEMM_PERMUTE_STREAM_STORES=1"}
+
+
+@pytest.fixture(params=list(BUILDS))
+def build(request, monkeypatch):
+    """permute.py's kernels built with one of BUILDS' defines for the test."""
+    if BUILDS[request.param]:
+        monkeypatch.setattr(permute, "_KERNELS", permute._KERNELS.variant(BUILDS[request.param]))
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.int8])
-@pytest.mark.parametrize("tokens,hidden,rows", [(700, 256, 1024), (1, 8 * 64, 256), (4096, 7168, 512), (5, 64, 0)])
-def test_gather_rows_copies_rows_and_reads_zeros_outside_the_source(dtype, tokens, hidden, rows):
+# Rows of 4 .. 1792 16-byte vectors (the pipelined build's whole groups of 4 x 256 and its last,
+# shorter group), and more rows than the grid's 4096 blocks (its next index read ahead).
+@pytest.mark.parametrize("tokens,hidden,rows", [(700, 256, 1024), (1, 8 * 64, 256), (4096, 7168, 512), (5, 64, 0),
+                                                (300, 64, 9000)])
+def test_gather_rows_copies_rows_and_reads_zeros_outside_the_source(dtype, tokens, hidden, rows, build):
     g = torch.Generator(device="cuda").manual_seed(1)
     x = (torch.randn(tokens, hidden, generator=g, device="cuda") * 20).to(dtype)
     index = torch.randint(-1, tokens, (rows,), generator=g, device="cuda")

@@ -28,6 +28,51 @@ def test_permutation_kernels_compile_clean(arch):
     assert permute._PARAMS.size == 64 and permute._ROUTE.size == 64
 
 
+def _gather_sass(arch, defines):
+    from fusegemm.runtime import disasm
+    from fusegemm.runtime.cubin_info import Cubin
+    k = permute._KERNELS.variant(defines)
+    cub = k._cubins.get(arch)
+    if cub is None:
+        from fusegemm.runtime.compile import compile_source
+        cub = compile_source('#include "fusegemm/permute.cuh"\n', arch=arch, kernel="fusegemm_gather_rows",
+                             extra=k.defines)
+    res = Cubin(cub.data).resources("fusegemm_gather_rows")
+    assert res.local_bytes == 0 and res.registers <= 64, res
+    text = disasm.sass(cub.data)
+    body = text[text.index(".text.fusegemm_gather_rows:"):]
+    body = body[:body.find(".text.", 1)] if ".text." in body[1:] else body   # this kernel's alone
+    return [line.split(";")[0].split("*/")[-1].strip() for line in body.splitlines() if "/*" in line and ";" in line]
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_gather_switches_keep_four_loads_in_flight_before_their_stores(arch):
+    """FUSEGEMM_PERMUTE_GATHER_PIPELINE: a thread's whole group of four 16-byte loads is issued
+    before its first store (the compiler had interleaved them two and two, and the default build
+    waits for each load before its store); FUSEGEMM_PERMUTE_STREAM_STORES: every row store
+    streaming (evict-first), and the loads still ahead of them."""
+    default = _gather_sass(arch, "")
+    assert sum("LDG.E.128" in i for i in default) == 1 and not any(".EF" in i for i in default if "STG" in i)
+    for defines, streaming in (("-DFUSEGEMM_PERMUTE_GATHER_PIPELINE=1", False),
+                               ("-DFUSEGEMM_PERMUTE_GATHER_PIPELINE=1 -DFUSEGEMM_PERMUTE_STREAM_STORES=1", True)):
+        sass = _gather_sass(arch, defines)
+        mem = [i for i in sass if "LDG.E.128" in i or "STG.E" in i]
+        runs, last, n = [], None, 0   # lengths of the runs of row loads and of stores, in order
+        for i in mem:
+            kind = "L" if "LDG.E.128" in i else "S"
+            if kind == last:
+                n += 1
+            else:
+                if last is not None:
+                    runs.append((last, n))
+                last, n = kind, 1
+        runs.append((last, n))
+        assert ("L", 4) in runs, (defines, runs)                  # a whole group's four loads together
+        assert all(n <= 4 for kind, n in runs if kind == "L"), runs
+        stores = [i for i in mem if "STG" in i]
+        assert stores and all((".EF" in i) == streaming for i in stores), stores
+
+
 def test_cpu_tensors_take_torchs_route():
     x = torch.randn(8, 16).bfloat16()
     assert permute.gather_rows(x, torch.arange(8)) is None

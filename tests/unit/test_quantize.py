@@ -193,3 +193,7 @@ def test_small_kernels_built_under_other_defines_load_their_own_module(monkeypat
         second = other.function(0, KERNELS[0])
     assert first[0] != second[0] and len(loaded) == 2
     assert base.function(0, KERNELS[0]) is first                 # each instance keeps its own
+    # variant(): the same build through the instance's own defines (bench --also, tests/gpu)
+    third = base.variant("-DFUSEGEMM_QUANTIZE_STAGE_ASYNC=0")
+    assert third.defines == ("-DFUSEGEMM_QUANTIZE_STAGE_ASYNC=0",) and base.defines == ()
+    assert third.function(0, KERNELS[0]) is second and len(loaded) == 2

@@ -41,13 +41,77 @@ FUSEGEMM_DEVICE uint4 load_row_vec(const PermuteParams& p, long long row, int v)
   return __ldg(reinterpret_cast<const uint4*>(p.src + row * p.src_ld) + v);
 }
 
+// FUSEGEMM_PERMUTE_GATHER_PIPELINE (A/B switch, default 0 until timed on a GPU): the gather keeps
+// more of its loads in flight. Its H200 time (0.24 ms for a dsv3 layer's 34K rows of 14 KB, about
+// half the combine's bandwidth over the same bytes) points at latency: each row waited for its
+// index, then for one 16-byte load per thread before the store, the row's loads issued one
+// thread-vector at a time. 1: the block's next index is read before this row's loads, and a
+// thread's kGatherVecs vectors of a row are all loaded before any is stored.
+#ifndef FUSEGEMM_PERMUTE_GATHER_PIPELINE
+#define FUSEGEMM_PERMUTE_GATHER_PIPELINE 0
+#endif
+// FUSEGEMM_PERMUTE_STREAM_STORES (A/B switch, default 0): the gather stores its rows as streaming
+// (st.global.cs, evict-first). The rows (k copies of every token: 470 MB at dsv3) pass through L2
+// once and are read back by the next GEMM long after; evicting them first leaves L2 to the source
+// rows, each read k times (x: 59 MB at dsv3, just above the H200's 50 MB L2).
+#ifndef FUSEGEMM_PERMUTE_STREAM_STORES
+#define FUSEGEMM_PERMUTE_STREAM_STORES 0
+#endif
+constexpr int kGatherVecs = 4;
+
+FUSEGEMM_DEVICE void store_row_vec(uint4* out, int v, const uint4& u) {
+#if FUSEGEMM_PERMUTE_STREAM_STORES
+  __stcs(out + v, u);   // (the compiler's own store: it keeps the loads before it, as the plain one)
+#else
+  out[v] = u;
+#endif
+}
+
 // Rows in a grid-stride loop over blocks, the row's vectors over the block's threads.
 FUSEGEMM_DEVICE void gather_rows(const PermuteParams& p) {
+#if FUSEGEMM_PERMUTE_GATHER_PIPELINE
+  const int step = int(blockDim.x);
+  long long r = blockIdx.x;
+  long long s = r < p.rows ? __ldg(p.index + r) : -1;
+  for (; r < p.rows; r += gridDim.x) {
+    const long long next = r + gridDim.x;
+    const long long s_next = next < p.rows ? __ldg(p.index + next) : -1;   // in flight with the row
+    uint4* out = reinterpret_cast<uint4*>(p.dst + r * p.dst_ld);
+    if (s < 0 || s >= p.src_rows) {   // a padding row (the block's one index: a uniform branch)
+      for (int v = threadIdx.x; v < p.vecs; v += step) store_row_vec(out, v, make_uint4(0u, 0u, 0u, 0u));
+    } else {
+      // Plain loads, not __ldg: ptxas moves a read-only load past a store, and placed each
+      // vector's store right after its load (two loads in flight, not four); a load that may
+      // alias the stores stays before them. Whole groups of kGatherVecs need no predicate; the
+      // row's last group (fewer) one per vector, shared by its load and its store.
+      const uint4* src = reinterpret_cast<const uint4*>(p.src + s * p.src_ld);
+      int v0 = threadIdx.x;
+      for (; v0 + (kGatherVecs - 1) * step < p.vecs; v0 += kGatherVecs * step) {
+        uint4 u[kGatherVecs];
+#pragma unroll
+        for (int q = 0; q < kGatherVecs; ++q) u[q] = src[v0 + q * step];
+#pragma unroll
+        for (int q = 0; q < kGatherVecs; ++q) store_row_vec(out, v0 + q * step, u[q]);
+      }
+      uint4 u[kGatherVecs - 1];
+#pragma unroll
+      for (int q = 0; q < kGatherVecs - 1; ++q) {
+        if (v0 + q * step < p.vecs) u[q] = src[v0 + q * step];
+      }
+#pragma unroll
+      for (int q = 0; q < kGatherVecs - 1; ++q) {
+        if (v0 + q * step < p.vecs) store_row_vec(out, v0 + q * step, u[q]);
+      }
+    }
+    s = s_next;
+  }
+#else
   for (long long r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const long long s = __ldg(p.index + r);
     uint4* out = reinterpret_cast<uint4*>(p.dst + r * p.dst_ld);
-    for (int v = threadIdx.x; v < p.vecs; v += blockDim.x) out[v] = load_row_vec(p, s, v);
+    for (int v = threadIdx.x; v < p.vecs; v += blockDim.x) store_row_vec(out, v, load_row_vec(p, s, v));
   }
+#endif
 }
 
 // FP32 lanes of a 16-byte vector of T, and back.
