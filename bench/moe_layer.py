@@ -15,8 +15,9 @@ rows: ``fusegemm.moe.RoutedMLPFunction``, the gathered-operand variant, measured
 
 ``--graph`` captures each step in a CUDA graph first (both layers) and times the replays: the
 GPU time without the host's launch gaps, what a framework that captures its step runs.
-``--profile`` adds, per layer and method, the kernels' time per eager step, the GEMM kernels'
-share of it and the top kernels (torch.profiler); wall minus kernel time is what the GPU idled.
+``--profile`` adds, per layer and method, the kernels' time per eager step (per replay with
+``--graph``), the GEMM kernels' share of it and the top kernels (torch.profiler); wall minus
+kernel time is what the GPU idled.
 ``--host`` adds each method's host time to issue one eager step (the GPU kept busy ahead of it)
 and cProfile's top functions by own time.
 ``--also block-no-ends,routed,routed-no-ends,routed-gathered`` times, in the same rounds, the
@@ -164,7 +165,9 @@ def bench_layer(name: str, args) -> dict:
         for key, run in eager.items():
             row[f"{key}_host"] = _host_table(run)
     if args.profile:    # after the timing: the profiler's hooks outlive it and slow the host
-        for key, run in eager.items():
+        # With --graph the replays are profiled (their wall minus kernels: the GPU idle inside
+        # the graph itself, and the kernels' times under the timing's sustained load).
+        for key, run in (methods if args.graph else eager).items():
             row[f"{key}_kernels"] = kernel_table(run)
     row["speedup_vs_torch"] = row["torch_ms"] / row["fusegemm_ms"]
     for v in args.also:
@@ -228,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--graph", action="store_true", help="time both steps as CUDA-graph replays (no host gaps)")
     ap.add_argument("--profile", action="store_true",
-                    help="add each layer's kernel-time table (torch.profiler, eager steps) to the JSON")
+                    help="add each layer's kernel-time table (torch.profiler; eager steps, or the replays "
+                         "with --graph) to the JSON")
     ap.add_argument("--host", action="store_true",
                     help="add each method's host time to issue an eager step and its cProfile top functions")
     ap.add_argument("--also", default="", help="variants timed beside the block in the same rounds: "
