@@ -38,6 +38,7 @@ LAYERS = {
 }
 
 _BUILDS: dict = {}   # --also name -> SmallKernels of permute.cuh built with its defines
+DEVICE = "cuda"      # (tests/unit/test_bench_common.py runs a row's checks on the CPU)
 
 
 def bench_layer(name: str, args) -> dict:
@@ -45,10 +46,10 @@ def bench_layer(name: str, args) -> dict:
 
     from fusegemm import permute, routing
     experts, tokens, hidden, top_k = LAYERS[name]
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
-    r = routing.route(torch.randn(tokens, experts, generator=g, device="cuda"), top_k)
-    rows = torch.randn(r.rows, hidden, generator=g, device="cuda").bfloat16()
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    x = torch.randn(tokens, hidden, generator=g, device=DEVICE).bfloat16()
+    r = routing.route(torch.randn(tokens, experts, generator=g, device=DEVICE), top_k)
+    rows = torch.randn(r.rows, hidden, generator=g, device=DEVICE).bfloat16()
     builds = also_small_kernels(permute, ("fusegemm_gather_rows", "fusegemm_sum_rows_bfloat16"), args, _BUILDS)
     gather = {"fusegemm": lambda: permute.gather_rows(x, r.token_of_row),
               "torch": lambda: routing._rows_of_tokens_torch(x, r.token_of_row)}

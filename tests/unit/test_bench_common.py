@@ -97,3 +97,59 @@ def test_every_runner_offers_the_hang_limit():
         add(ap)
         assert ap.parse_args([]).hang_s == common.HANG_S
         assert ap.parse_args(["--hang-s", "0"]).hang_s == 0
+
+
+def _bench_module(name):
+    """bench/NAME.py imported as a module (its ``from _common import ...`` resolved from bench/)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
+class _TorchKernels:
+    """Stands in for permute.py's SmallKernels on the CPU: its builds' results are torch's
+    permutations (``wrong``: a gather that drops the last row)."""
+    header = "fusegemm/permute.cuh"
+
+    def __init__(self, wrong=False):
+        self.wrong = wrong
+
+    def variant(self, defines):
+        return _TorchKernels(wrong="WRONG" in defines)
+
+    def function(self, device, name):
+        return name
+
+
+def test_the_permute_bench_checks_every_build_before_timing(monkeypatch):
+    """bench/permute.py on a small CPU layer: each --also build's gather must be torch's bit for
+    bit and its sum the default build's; a wrong build stops the row naming it."""
+    from fusegemm import permute, routing
+    bench = _bench_module("permute")
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "LAYERS", {"small": (8, 64, 256, 2)})
+    monkeypatch.setattr(bench, "_BUILDS", {})
+    monkeypatch.setattr(bench, "interleaved_ms", lambda methods, args: {m: 1.0 for m in methods})
+    monkeypatch.setattr(permute, "_KERNELS", _TorchKernels())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    def gather(x, index):
+        out = routing._rows_of_tokens_torch(x, index)
+        if permute._KERNELS.wrong:
+            out[-1] += 1
+        return out
+    monkeypatch.setattr(permute, "gather_rows", gather)
+    monkeypatch.setattr(permute, "sum_rows", routing._sum_rows_torch)
+    args = argparse.Namespace(also=["pipe=-DFUSEGEMM_PERMUTE_GATHER_PIPELINE=1"], rounds=1, iters=1, warmup=0)
+    row = bench.bench_layer("small", args)
+    assert row["bit_exact"] and row["gather_pipe_vs_fusegemm"] == 1.0 and row["sum_vs_torch_of_bound"] == 0.0
+    assert set(row["gather_ms"]) == {"fusegemm", "torch", "pipe"}
+    monkeypatch.setattr(bench, "_BUILDS", {})
+    args.also = ["bad=-DWRONG=1"]
+    with pytest.raises(SystemExit, match="small: bad's gather is not torch's bit for bit"):
+        bench.bench_layer("small", args)
