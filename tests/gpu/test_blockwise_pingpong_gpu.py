@@ -42,6 +42,20 @@ def test_pingpong_exact_against_the_interpreter(sizes, n, k):
     blockwise._check(out, ref, exact=False, valid=sum(sizes))
 
 
+@pytest.mark.parametrize("sizes,n,k,axes,discrete", [
+    ([1024, 0, 768, 256], 512, 640, {}, True),                                  # per-expert B and SFB pointers
+    ([512, 256], 384, 400, {"d_dtype": "float8_e4m3fn"}, True),                 # and FP8 D (both SFDs), K tail
+    ([256, 512], 256, 256, {"d_dtype": "float8_e4m3fn", "discrete_col_sfd": True}, False),
+], ids=["discrete", "discrete_fp8", "discrete_col_sfd"])
+def test_pingpong_srelu_exact_against_the_interpreter(sizes, n, k, axes, discrete):
+    """sReLU's ping-pong tiles where the byte comparison with the cooperative tiles does not reach:
+    discrete weights (each expert's B and its scales through pointer tables) and SFD_col in the
+    discrete (per-expert tile) order; every output bit for bit."""
+    _, out, ref, _, _ = blockwise._run("grouped_gemm_srelu", sizes, n, k, exact=True, seed=len(sizes) + n + k,
+                                       discrete=discrete, **PINGPONG, **axes)
+    blockwise._check(out, ref, exact=True, valid=sum(sizes))
+
+
 def test_the_first_run_gate_passes_the_pingpong_class(monkeypatch):
     """Without trust, the first launch of the ping-pong class runs its cases (ragged and empty
     experts with tails, every CTA busy, several tiles per warpgroup) in the watchdog child: they
