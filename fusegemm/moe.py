@@ -275,10 +275,11 @@ class _Torch:
         dg, dprob = swiglu_backward(g, dh, prob)
         return dg.to(g.dtype), dprob
 
-    def wgrad_bw(self, a: Tensor, sa: Tensor, b: Tensor, sb: Tensor, off: Tensor, rows: list, like: Tensor
-                 ) -> Tensor:
+    def wgrad_bw(self, a: Tensor, sa: Tensor, b: Tensor, sb: Tensor, off: Tensor, rows: list, like: Tensor,
+                 ends: Tensor | None = None) -> Tensor:
         """dW[e] = dequant(a)[:, rows_e] @ dequant(b)[:, rows_e]^T: the FP8 weight gradient's
-        operands (dY^T and X^T quantized along the tokens, :func:`fusegemm.quantize.quantize_wgrad`)."""
+        operands (dY^T and X^T quantized along the tokens, :func:`fusegemm.quantize.quantize_wgrad`);
+        ``ends`` changes nothing (the padding's tokens are zero)."""
         return self.wgrad(bw.dequantize_1x128(a, sa).t(), bw.dequantize_1x128(b, sb).t(), off, rows, like)
 
     @staticmethod
@@ -392,13 +393,14 @@ class _Fusegemm:
             dyq, sdy, off, w2tq, sw2t, inputs={"alpha": ones, "beta": ones, "prob": prob.float(), "c": g})
         return out["d"], out["dprob"].view(-1)
 
-    def wgrad_bw(self, a: Tensor, sa: Tensor, b: Tensor, sb: Tensor, off: Tensor, rows: list, like: Tensor
-                 ) -> Tensor:
+    def wgrad_bw(self, a: Tensor, sa: Tensor, b: Tensor, sb: Tensor, off: Tensor, rows: list, like: Tensor,
+                 ends: Tensor | None = None) -> Tensor:
         """The FP8 weight gradient (specs/grouped_gemm_wgrad_fp8.yaml) on operands quantized along
         the tokens, stored in the weights' dtype by the kernel (a float32 D and a cast after it
-        cost 0.49 ms of the dsv3-8 step on the H200)."""
+        cost 0.49 ms of the dsv3-8 step on the H200). ``ends`` (the routing's row ends): the
+        kernel skips each expert's 128-token blocks past its tokens (zeros there: the same sums)."""
         step = "wgrad_bf16" if like.dtype == torch.bfloat16 else "wgrad"
-        return _recipe_op(step)(a, sa, b, sb, off)["d"].to(like.dtype)
+        return _recipe_op(step)(a, sa, b, sb, off, row_ends=ends)["d"].to(like.dtype)
 
     @staticmethod
     def wgrad(dy: Tensor, x: Tensor, off: Tensor, rows: list, like: Tensor, kernel: str = "auto",
@@ -524,7 +526,8 @@ class ExpertMLPFunction(torch.autograd.Function):
         row_ends : (L,) int32 tensor, optional
             Where each expert's tokens end inside its padded range (the routing's,
             :attr:`fusegemm.routing.Routing.row_ends`; the rows after it zero in ``x``): the BF16
-            recipe's kernels skip the padding's row tiles and k-blocks (the same values).
+            recipe's kernels skip the padding's row tiles and k-blocks, the fp8_block recipe's
+            weight gradients its 128-token blocks (the same values).
         weights_q : tuple, optional
             fp8_block: w1's and w2's quantizations made beforehand, ``((w1q, sw1), (w1q^T,
             sw1^T), (w2q, sw2), (w2q^T, sw2^T))`` as :func:`fusegemm.quantize.quantize_128x128`
@@ -558,7 +561,7 @@ class ExpertMLPFunction(torch.autograd.Function):
             (xq, sx), xt = qz.quantize_both(x)
             g, hq, sh = be.fc1_bw(xq, sx, padded_offsets, rows, *w1q, prob, x.dtype)
             y = be.gemm_bw(hq, sh, padded_offsets, rows, *w2q, x.dtype)
-            ctx.save_for_backward(x, padded_offsets, prob, w1, w2, g, hq, sh, *w1t, *w2t, *xt)
+            ctx.save_for_backward(x, padded_offsets, prob, w1, w2, g, hq, sh, *w1t, *w2t, *xt, row_ends)
             return y
         g, hq, sfh = be.fc1_mx(x, padded_offsets, rows, w1, prob)
         y, amax = be.gemm_mx(hq, sfh, padded_offsets, rows, *quantize_mx(w2), x.dtype)
@@ -569,7 +572,8 @@ class ExpertMLPFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy: Tensor):
-        # rest: bf16 (h, row_ends); mxfp8 (hq, sfh); fp8_block (hq, sh, w1q, sw1, w2q, sw2)
+        # rest: bf16 (h, row_ends); mxfp8 (hq, sfh); fp8_block (hq, sh, w1q^T, sw1^T, w2q^T, sw2^T, xt, sxt,
+        # row_ends)
         x, off, prob, w1, w2, g, *rest = ctx.saved_tensors
         be = _BACKENDS[ctx.backend]
         rows = _expert_rows(off, x.shape[0]) if ctx.backend == "torch" else None
@@ -586,13 +590,15 @@ class ExpertMLPFunction(torch.autograd.Function):
             # 128x128 copies); weight gradients on the FP8 K-grouped kernel with both operands
             # quantized along the tokens (dy and dG in the same pass as their 1x128 copies, h
             # requantized from its FP8 forward copy through bfloat16).
-            hq, sh, w1t, sw1t, w2t, sw2t, xt, sxt = rest
+            hq, sh, w1t, sw1t, w2t, sw2t, xt, sxt, ends = rest
             (dyq, sdy), (dyt, sdyt) = qz.quantize_both(dy)
             dg, dprob = be.dswiglu_bw(dyq, sdy, off, rows, w2t, sw2t, g, prob)
             (dgq, sdg), (dgt, sdgt) = qz.quantize_both(dg)
             dx = be.gemm_bw(dgq, sdg, off, rows, w1t, sw1t, x.dtype)
-            dw1 = be.wgrad_bw(dgt, sdgt, xt, sxt, off, rows, w1)
-            dw2 = be.wgrad_bw(dyt, sdyt, *qz.requantize_wgrad(hq, sh, via=x.dtype), off, rows, w2)
+            # (the row ends reach the weight gradients only: the blockwise M-grouped kernel
+            # walks every row tile)
+            dw1 = be.wgrad_bw(dgt, sdgt, xt, sxt, off, rows, w1, ends=ends)
+            dw2 = be.wgrad_bw(dyt, sdyt, *qz.requantize_wgrad(hq, sh, via=x.dtype), off, rows, w2, ends=ends)
         else:
             # Data gradients on MXFP8 kernels (operands quantized along their K); the weight
             # gradients with every operand quantized along M, as a K-grouped MXFP8 GEMM reads them.
@@ -715,7 +721,8 @@ class ExpertMLP(torch.nn.Module):
             Routing weight of each row.
         row_ends : (L,) int32 tensor, optional
             Where each expert's tokens end inside its padded range (the routing's row ends; the
-            rows after it hold zeros): the BF16 recipe's kernels skip the padding (same values).
+            rows after it hold zeros): the BF16 recipe's kernels skip the padding, the fp8_block
+            recipe's weight gradients its 128-token blocks (same values).
 
         Raises
         ------

@@ -80,19 +80,20 @@ def test_routed_mlp_is_bit_equal_to_the_permuted_block(top_k, wgrad, gathered, m
             assert torch.equal(got, want), (name, _rel(got, want))
 
 
-@pytest.mark.parametrize("top_k,experts", [(2, 8), (8, 32)])
-def test_row_ends_change_no_value_of_the_block(top_k, experts):
+@pytest.mark.parametrize("top_k,experts,recipe", [(2, 8, "bf16"), (8, 32, "bf16"), (8, 32, "fp8_block")])
+def test_row_ends_change_no_value_of_the_block(top_k, experts, recipe):
     """MoEBlock passes the routing's row ends to its GEMMs (the compacted tile walk skips the
-    padding's tiles, the K-grouped weight gradients its k-blocks): output and every gradient
-    equal the same layer without them bit for bit (the logits' gradient within 1e-5: dprob's
-    atomic sums), with an empty expert."""
+    padding's tiles, the K-grouped weight gradients its k-blocks; fp8_block: the FP8 weight
+    gradients its 128-token blocks): output and every gradient equal the same layer without them
+    bit for bit (the logits' gradient within 1e-5: dprob's atomic sums), with an empty expert."""
     g = torch.Generator(device="cuda").manual_seed(8)
     tokens, hidden, inter = 1100, 256, 384
     x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
     logits = torch.randn(tokens, experts, generator=g, device="cuda")
     logits[:, 1] = -1e4
     dy = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
-    block = moe.MoEBlock(hidden, inter, experts, top_k, device="cuda", generator=torch.Generator().manual_seed(9))
+    block = moe.MoEBlock(hidden, inter, experts, top_k, device="cuda", recipe=recipe,
+                         generator=torch.Generator().manual_seed(9))
     out = {}
     for ends in (True, False):
         block.zero_grad(set_to_none=True)

@@ -135,23 +135,35 @@ def test_fp8_block_recipe_is_the_bf16_layer_within_fp8_rounding():
     assert not bw["dw1"][1].any() and not bw["dw2"][1].any()      # the empty expert
 
 
-def test_fp8_block_kernels_trace_on_meta_tensors(monkeypatch):
+@pytest.mark.parametrize("with_ends", [False, True])
+def test_fp8_block_kernels_trace_on_meta_tensors(monkeypatch, with_ends):
     """The fusegemm backend of the blockwise recipe, traced without a GPU (meta tensors, the ops'
     fake implementations, sm_90a): every kernel call's operands pass the ops' checks (layouts,
     dtypes, scale shapes) and the layer's output and gradients come back with the parameters'
-    shapes. (FakeTensorMode's CUDA tensors cannot run the quantizers in a CPU-only torch.)"""
+    shapes. (FakeTensorMode's CUDA tensors cannot run the quantizers in a CPU-only torch.) The
+    routing's row ends reach both FP8 weight gradients (which skip the padding's 128-token blocks)."""
     monkeypatch.setattr("fusegemm.ops.device.device_arch", lambda d: "sm_90a")
+    calls = []
+    recipe_op = moe._recipe_op
+
+    def recording(step, over=()):
+        face = recipe_op(step, over)
+        return lambda *a, **kw: (calls.append((step, kw.get("row_ends"))), face(*a, **kw))[1]
+    monkeypatch.setattr(moe, "_recipe_op", recording)
     meta = dict(device="meta")
     x = torch.empty((768, 256), dtype=torch.bfloat16, **meta).requires_grad_()
     prob = torch.empty((768,), **meta).requires_grad_()
     w1 = torch.empty((3, 256, 256), dtype=torch.bfloat16, **meta).requires_grad_()
     w2 = torch.empty((3, 256, 128), dtype=torch.bfloat16, **meta).requires_grad_()
     off = torch.empty((3,), dtype=torch.int32, **meta)
-    y = moe.ExpertMLPFunction.apply(x, off, prob, w1, w2, "fusegemm", "fp8_block")
+    ends = torch.empty((3,), dtype=torch.int32, **meta) if with_ends else None
+    y = moe.ExpertMLPFunction.apply(x, off, prob, w1, w2, "fusegemm", "fp8_block", None, "auto", ends)
     assert tuple(y.shape) == (768, 256) and y.dtype == torch.bfloat16
     y.backward(torch.empty_like(y))
     assert [tuple(t.grad.shape) for t in (x, prob, w1, w2)] == [(768, 256), (768,), (3, 256, 256), (3, 256, 128)]
     assert w1.grad.dtype == torch.bfloat16 and x.grad.dtype == torch.bfloat16
+    wgrads = [e for step, e in calls if step.startswith("wgrad")]
+    assert len(wgrads) == 2 and all((e is ends) if with_ends else (e is None) for e in wgrads), calls
 
 
 def test_training_example_on_the_cpu():
