@@ -4,7 +4,8 @@ bench/gathered.py runs it (BF16, tile 128 x 256: ``gathered`` reads x through th
 ``pre_permuted`` the rows gathered beforehand; SHAPE a layer of bench/gathered.py):
 
     ncu --clock-control none -k regex:fg_grouped --launch-skip 2 --launch-count 1 --set full \\
-        -o OUT python bench/ncu_one_op.py {quant_bw,gemm_bw,dswiglu_bw,srelu_bw} [SHAPE]
+        -o OUT python bench/ncu_one_op.py {quant_bw,gemm_bw,dswiglu_bw,srelu_bw,dswiglu_bw_pp,srelu_bw_pp} \\
+        [SHAPE]
     ncu ... python bench/ncu_one_op.py {gathered,pre_permuted} [dsv3-8|mixtral|qwen3]
     ncu ... python bench/ncu_one_op.py {wgrad_gathered,wgrad_pre_permuted} [dsv3-8|mixtral|qwen3]
 
@@ -73,6 +74,11 @@ def main(which: str, shape: str | None = None) -> None:
             "dswiglu_bw": ("grouped_gemm_dswiglu", {},
                            {"alpha": alpha, "beta": beta, "prob": prob, "c": c_fwd, "norm_const": norm_const}),
             "srelu_bw": ("grouped_gemm_srelu", {}, {"alpha": alpha, "prob": prob})}
+    # The blockwise kernel's ping-pong tiles of the same ops (64 x 128, each consumer warpgroup on
+    # tiles of its own): where their time goes beside the cooperative tiles'.
+    for name in ("dswiglu_bw", "srelu_bw"):
+        spec_, axes_, inputs_ = made[name]
+        made[name + "_pp"] = (spec_, {**axes_, "tile_m": 64, "tile_n": 128}, inputs_)
     spec, axes, inputs = made[which]
     op = fusegemm.Op(spec, sf_dtype="float32", sf_vec_size=128, **axes).compile()
     for _ in range(3):
