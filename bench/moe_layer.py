@@ -24,7 +24,8 @@ and cProfile's top functions by own time.
 block without the routing's row ends and the same layer through
 ``fusegemm.moe.RoutedMLPFunction`` (with the row ends, without them, and with gathered loads as
 well): ``<variant>_ms``, its speedup over torch and its largest difference from the block's
-output.
+output. ``--also fp8-block`` times the block with its expert MLP on the blockwise FP8 recipe
+(``recipe="fp8_block"``, the same weights; its difference is the recipe's rounding).
 """
 from __future__ import annotations
 
@@ -75,8 +76,31 @@ class RoutedLayer:
                                        r.row_ends if self.ends else None, row_probs(r), b.mlp.w1, b.mlp.w2)
 
 
+class Fp8BlockLayer:
+    """``block``'s layer with its expert MLP on the blockwise FP8 recipe (``recipe="fp8_block"``:
+    DeepSeek-V3's scaling, sm_90a kernels, the weights quantized every step): the same parameters,
+    routing, row ends and permutations; the expert GEMMs on FP8 operands. Its output differs from
+    the block's by the recipe's rounding (about 6%: issue 31's MoE layer recipe)."""
+
+    gathered = False
+
+    def __init__(self, block):
+        from fusegemm.moe import ExpertMLP
+        self.block = block
+        w1 = block.mlp.w1
+        self.mlp = ExpertMLP(w1.shape[0], w1.shape[2], w1.shape[1] // 2, dtype=w1.dtype, backend=block.mlp.backend,
+                             recipe="fp8_block", device=w1.device)
+        self.mlp.w1, self.mlp.w2 = block.mlp.w1, block.mlp.w2   # the block's own parameters
+
+    def __call__(self, x, logits):
+        from fusegemm.routing import combine, gather, route, row_probs
+        b = self.block
+        r = route(logits, b.top_k, normalize=b.normalize)
+        return combine(self.mlp(gather(x, r), r.padded_offsets, row_probs(r), r.row_ends), r)
+
+
 # --also: each variant's layer on the block
-VARIANTS = {"block-no-ends": BlockNoEnds,
+VARIANTS = {"block-no-ends": BlockNoEnds, "fp8-block": Fp8BlockLayer,
             "routed": lambda b: RoutedLayer(b, ends=True, gathered=False),
             "routed-no-ends": lambda b: RoutedLayer(b, ends=False, gathered=False),
             "routed-gathered": lambda b: RoutedLayer(b, ends=True, gathered=True)}

@@ -39,3 +39,26 @@ def test_the_torch_peer_is_moe_block(top_k):
     with torch.no_grad():
         want, got = ours(x, logits).float(), peer(x, logits).float()
     assert float((got - want).norm() / want.norm()) <= 2e-2
+
+
+def test_the_fp8_block_variant_is_the_block_on_fp8_operands():
+    """--also fp8-block: the block's routing and parameters (its gradients land on them) with the
+    expert MLP on the blockwise FP8 recipe (torch backend on the CPU: the recipe's quantization
+    points), within the recipe's rounding of the block's output and not equal to it."""
+    from fusegemm.moe import MoEBlock
+    bench = _bench()
+    g = torch.Generator().manual_seed(0)
+    tokens, hidden, inter, experts = 96, 128, 64, 4
+    x = (torch.randn(tokens, hidden, generator=g) * 0.5).requires_grad_()
+    logits = torch.randn(tokens, experts, generator=g)
+    block = MoEBlock(hidden, inter, experts, 2, backend="torch", dtype=torch.float32,
+                     generator=torch.Generator().manual_seed(1))
+    fp8 = bench.VARIANTS["fp8-block"](block)
+    assert fp8.mlp.recipe == "fp8_block" and fp8.mlp.w1 is block.mlp.w1 and fp8.mlp.w2 is block.mlp.w2
+    with torch.no_grad():
+        want = block(x, logits)
+    got = fp8(x, logits)
+    rel = float((got.detach() - want).norm() / want.norm())
+    assert 1e-3 < rel < 0.1, rel
+    got.sum().backward()
+    assert block.mlp.w1.grad is not None and block.mlp.w2.grad is not None and x.grad is not None
