@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+from _bench import bench_module  # noqa: E402  (tests/unit/_bench.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -99,18 +101,6 @@ def test_every_runner_offers_the_hang_limit():
         assert ap.parse_args(["--hang-s", "0"]).hang_s == 0
 
 
-def _bench_module(name):
-    """bench/NAME.py imported as a module (its ``from _common import ...`` resolved from bench/)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-
-
 class _TorchKernels:
     """Stands in for permute.py's SmallKernels on the CPU: its builds' results are torch's
     permutations (``wrong``: a gather that drops the last row)."""
@@ -130,7 +120,7 @@ def test_the_permute_bench_checks_every_build_before_timing(monkeypatch):
     """bench/permute.py on a small CPU layer: each --also build's gather must be torch's bit for
     bit and its sum the default build's; a wrong build stops the row naming it."""
     from fusegemm import permute, routing
-    bench = _bench_module("permute")
+    bench = bench_module("permute")
     monkeypatch.setattr(bench, "DEVICE", "cpu")
     monkeypatch.setattr(bench, "LAYERS", {"small": (8, 64, 256, 2)})
     monkeypatch.setattr(bench, "_BUILDS", {})

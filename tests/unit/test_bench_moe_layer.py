@@ -5,25 +5,14 @@ on the same weights and logits, so the benchmark's ratio compares like with like
 Tolerance: 2e-2 relative (both in bfloat16; they round at different places)."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
-ROOT = Path(__file__).resolve().parents[2]
+from _bench import bench_module  # noqa: E402  (tests/unit/_bench.py)
 
 
 def _bench():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location("moe_layer_bench", ROOT / "bench" / "moe_layer.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return mod
+    return bench_module("moe_layer")
 
 
 @pytest.mark.parametrize("top_k", [1, 2])
