@@ -314,5 +314,31 @@ def kernel_table(run, steps: int = 3, top: int = 12) -> dict:
     total = sum(e.self_device_time_total for e in events) / steps / 1e3
     # GEMM kernels: fusegemm's (fg_*) and torch's grouped GEMMs (CUTLASS); the rest is everything around them.
     gemm = sum(e.self_device_time_total for e in events if e.key.startswith("fg_") or "cutlass" in e.key) / steps / 1e3
+    spans = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+             if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.end > e.time_range.start]
     return {"wall_ms_per_step": wall, "kernel_ms_per_step": total, "gemm_ms_per_step": gemm,
-            "top": [(e.self_device_time_total / steps / 1e3, e.count // steps, e.key[:120]) for e in events[:top]]}
+            "top": [(e.self_device_time_total / steps / 1e3, e.count // steps, e.key[:120]) for e in events[:top]],
+            **device_gaps(spans, steps, top)}
+
+
+def device_gaps(spans, steps: int, top: int = 12, name_chars: int = 60) -> dict:
+    """Where the GPU idles between its own operations: ``spans`` are the device's (start, end,
+    name) in microseconds (kernels, copies, fills, from any number of streams). Returns the idle
+    time per step between the first start and the last end (time no span covers) and the
+    ``top`` transitions by idle time (ms per step, occurrences per step, "previous -> next",
+    each name cut to ``name_chars``): a wall time above the kernels' sum is located there."""
+    order = sorted(spans)
+    idle, by_pair = 0.0, {}
+    reach, last = None, None
+    for start, end, name in order:
+        if reach is not None and start > reach:
+            gap = start - reach
+            idle += gap
+            key = f"{last[:name_chars]} -> {name[:name_chars]}"
+            total, count = by_pair.get(key, (0.0, 0))
+            by_pair[key] = (total + gap, count + 1)
+        if reach is None or end >= reach:
+            reach, last = end, name
+    pairs = sorted(by_pair.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"idle_ms_per_step": idle / steps / 1e3,
+            "top_gaps": [(total / steps / 1e3, count / steps, key) for key, (total, count) in pairs]}

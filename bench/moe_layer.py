@@ -16,8 +16,9 @@ rows: ``fusegemm.moe.RoutedMLPFunction``, the gathered-operand variant, measured
 ``--graph`` captures each step in a CUDA graph first (both layers) and times the replays: the
 GPU time without the host's launch gaps, what a framework that captures its step runs.
 ``--profile`` adds, per layer and method, the kernels' time per eager step (per replay with
-``--graph``), the GEMM kernels' share of it and the top kernels (torch.profiler); wall minus
-kernel time is what the GPU idled.
+``--graph``), the GEMM kernels' share of it and the top kernels (torch.profiler), and the time
+no device operation covers (``idle_ms_per_step``) with the transitions it falls between
+(``top_gaps``: previous -> next operation).
 ``--host`` adds each method's host time to issue one eager step (the GPU kept busy ahead of it)
 and cProfile's top functions by own time.
 ``--also block-no-ends,routed,routed-no-ends,routed-gathered`` times, in the same rounds, the
@@ -273,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             ours, peer = r["fusegemm_kernels"], r["torch_kernels"]
             split = (f"  GEMMs {ours['gemm_ms_per_step']:.2f} / {peer['gemm_ms_per_step']:.2f} ms of kernels "
-                     f"{ours['kernel_ms_per_step']:.2f} / {peer['kernel_ms_per_step']:.2f} ms")
+                     f"{ours['kernel_ms_per_step']:.2f} / {peer['kernel_ms_per_step']:.2f} ms, GPU idle "
+                     f"{ours['idle_ms_per_step']:.2f} / {peer['idle_ms_per_step']:.2f} ms")
         also = "".join(f"  {v} {r[v + '_ms']:.2f} ms x{r[v + '_vs_torch']:.2f}" for v in args.also)
         return (f"fusegemm {r['fusegemm_ms']:.2f} ms  torch {r['torch_ms']:.2f} ms  x{r['speedup_vs_torch']:.2f}  "
                 f"peak {r['fusegemm_peak_gib']:.1f} / {r['torch_peak_gib']:.1f} GiB" + also + split)

@@ -143,3 +143,20 @@ def test_the_permute_bench_checks_every_build_before_timing(monkeypatch):
     args.also = ["bad=-DWRONG=1"]
     with pytest.raises(SystemExit, match="small: bad's gather is not torch's bit for bit"):
         bench.bench_layer("small", args)
+
+
+def test_device_gaps_locate_the_idle_time_between_operations():
+    """kernel_table's idle time: only time no device operation covers counts (overlapping
+    operations of two streams leave none), each gap is named by the operation that last reached
+    furthest and the next one, and everything is per step."""
+    common = _common()
+    spans = [(0.0, 100.0, "gemm_a"), (50.0, 120.0, "side"),      # overlap: no gap
+             (130.0, 200.0, "gather"),                            # 10 us after "side" ends
+             (260.0, 300.0, "gemm_b"),                            # 60 us after "gather"
+             (300.0, 310.0, "fill"), (330.0, 400.0, "gather"),    # 20 us after "fill"
+             (460.0, 500.0, "gemm_b")]                            # 60 us after "gather" again
+    got = common.device_gaps(spans, steps=2, top=2)
+    assert got["idle_ms_per_step"] == pytest.approx((10 + 60 + 20 + 60) / 2 / 1e3)
+    assert got["top_gaps"] == [(pytest.approx(0.06), 1.0, "gather -> gemm_b"),
+                               (pytest.approx(0.01), 0.5, "fill -> gather")]
+    assert common.device_gaps([], steps=1) == {"idle_ms_per_step": 0.0, "top_gaps": []}
