@@ -18,8 +18,9 @@ quantization reused: ``fusegemm_fp8_block_weight_cache``).
 --dswiglu-ab also times it with the dSwiGLU GEMM at its spec's default tile instead of the
 layer's choice (fusegemm.moe._DSWIGLU_TILE["bf16"]: ping-pong 64-row tiles on sm_90a); --fill-ab with
 every output of the spec ops zero-filled whole before its GEMM, as before fusegemm/ops/tail.py.
---fp8-dswiglu-ab also times the fp8_block layer with its dSwiGLU GEMM on the blockwise kernel's
-ping-pong tiles (64 x 128; fusegemm.moe._DSWIGLU_TILE["fp8_block"]), not yet run on a GPU.
+--fp8-dswiglu-ab also times the fp8_block layer with its dSwiGLU GEMM at the spec's default tile
+instead of the layer's choice (fusegemm.moe._DSWIGLU_TILE["fp8_block"]: the blockwise kernel's
+64 x 128 ping-pong tiles up to F 2048 on sm_90a).
 --profile adds each method's kernel times per step (torch.profiler; wall minus kernels is the
 GPU's idle time), as bench/moe_layer.py's. ``*_host_ms`` is the host's time to issue a step (H200,
 dsv3-8: the fp8_block step 3.77 ms before register() kept its faces, 2.46 after; BF16 1.7).
@@ -116,9 +117,8 @@ def bench_layer(name: str, args) -> dict:
                                 generator=torch.Generator().manual_seed(1))
         methods[f"fusegemm_{recipe}"] = step(low[recipe], (low[recipe].w1, low[recipe].w2))
         if recipe == "fp8_block" and args.fp8_dswiglu_ab:
-            methods["fusegemm_fp8_block_dswiglu_pingpong"] = _with_dswiglu_tile(
-                step(low[recipe], (low[recipe].w1, low[recipe].w2)), "fp8_block",
-                lambda f: {"tile_m": 64, "tile_n": 128})
+            methods["fusegemm_fp8_block_dswiglu_default_tile"] = _with_dswiglu_tile(
+                step(low[recipe], (low[recipe].w1, low[recipe].w2)), "fp8_block", None)
     if "fp8_block" in low:
         # A micro-batch of gradient accumulation: the weights unchanged since the last call, so
         # weight_cache reuses their quantization (a training step with one micro-batch per

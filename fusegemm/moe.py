@@ -445,11 +445,13 @@ def _recipe_op(step: str, over: tuple = ()):
 # (bench/results/pingpong_h200.json, balanced), ms against the default cooperative 128 x 256:
 # dsv3 (F 2048) 1.013 / 1.101 and mixtral (F 14336) 3.89 / 4.36 at 64 x 256; qwen3-like (F 768)
 # 0.356 / 0.384 at 64 x 128 (0.367 at 64 x 256).
-# fp8_block: the blockwise kernel's ping-pong tiles (64 x 128) are written but not yet run on a
-# GPU; bench/moe_mlp.py --fp8-dswiglu-ab times the step with them.
+# fp8_block: the blockwise kernel's ping-pong tiles (64 x 128) for a narrow intermediate. H200,
+# 2026-12-05, same run (bench/results/moe_mlp_h200_pingpong.json, bench/moe_mlp.py
+# --fp8-dswiglu-ab, two rounds), the whole fp8_block step against the default cooperative tile:
+# dsv3-8 6.14 / 6.46 ms, dsv3-32 8.24 / 8.54 ms (F 2048); mixtral 22.74 / 22.60 ms (F 14336: kept).
 _DSWIGLU_TILE: dict[str, dict[str, Callable[[int], dict]]] = {
     "bf16": {"sm_90a": lambda f: {"tile_m": 64, "tile_n": 128 if f <= 1024 else 256}},
-    "fp8_block": {},
+    "fp8_block": {"sm_90a": lambda f: {"tile_m": 64, "tile_n": 128} if f <= 2048 else {}},
 }
 
 

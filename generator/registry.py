@@ -426,12 +426,9 @@ def executed(family: str, arch: str) -> bool:
 # not executed, the gate verifies them: a gathered variant is a configuration class of its own,
 # whose cases read A, dY or X through an index, fusegemm/selftest.py. The sm_90a stream-K scheduler
 # stood here from its writing until tests/gpu/test_stream_k_gpu.py passed on the H200 on
-# 2026-12-05.) The blockwise kernel's ping-pong tiles (tile_m 64, written 2026-12-05 in a session
-# without a GPU): until tests/gpu/test_blockwise_pingpong_gpu.py has run.
-UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {
-    ("scaled", "sm_90a"): (("tile_m", 64, "the blockwise kernel's ping-pong tiles have not run on a GPU yet "
-                                          "(tests/gpu/test_blockwise_pingpong_gpu.py)"),),
-}
+# 2026-12-05. The blockwise kernel's ping-pong tiles, tile_m 64, stood here from their writing until
+# tests/gpu/test_blockwise_pingpong_gpu.py passed on the H200, 26 cases, on 2026-12-05.)
+UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {}
 
 
 def unexecuted_mode(family: str, arch: str, choice: dict[str, Any]) -> str | None:

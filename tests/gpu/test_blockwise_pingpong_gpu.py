@@ -30,9 +30,9 @@ def _trusted(monkeypatch):
 
 @pytest.mark.parametrize("sizes,n,k", [
     ([1024, 0, 2048, 768, 256], 1024, 640),   # 512 tiles: several per CTA and warpgroup; 5 k-blocks (odd)
-    ([2048, 256, 0, 1792], 1024, 200),        # 2 k-blocks (even), a K tail
+    ([2048, 256, 0, 1792], 1024, 208),        # 2 k-blocks (even), a K tail (K a multiple of 16: TMA rows)
     ([3840, 256], 1024, 96),                  # one k-block
-    ([256, 512], 200, 384),                   # an N tail
+    ([256, 512], 320, 384),                   # an N tail (N a multiple of 64: gate/up blocks)
 ], ids=["odd_k_blocks", "even_k_blocks", "one_k_block", "n_tail"])
 def test_pingpong_exact_against_the_interpreter(sizes, n, k):
     """Integer problems with power-of-two scales: D, D_col and both SFDs bit for bit; dprob (sums of
@@ -81,7 +81,7 @@ BUILDS = {name: TWO_SETS if name.endswith("_two_sets") else "" for name in TILES
 
 @pytest.mark.parametrize("sizes,n,k", [
     ([2048, 0, 4096, 1792, 256], 2048, 1536),   # ragged and empty experts, 12 k-blocks, many tiles per CTA
-    ([256] * 48, 1024, 1000),                   # 48 experts, K tail (8 k-blocks, the last partial)
+    ([256] * 48, 1024, 1008),                   # 48 experts, K tail (8 k-blocks, the last partial)
     ([256], 384, 256),                          # L = 1, 12 tiles: fewer than the CTAs, N 384
 ], ids=["ragged", "many_experts", "one_expert"])
 @pytest.mark.parametrize("spec,axes", [

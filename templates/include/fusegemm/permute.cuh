@@ -51,12 +51,15 @@ FUSEGEMM_DEVICE uint4 load_row_vec(const PermuteParams& p, long long row, int v)
 #ifndef FUSEGEMM_PERMUTE_GATHER_PIPELINE
 #define FUSEGEMM_PERMUTE_GATHER_PIPELINE 0
 #endif
-// FUSEGEMM_PERMUTE_STREAM_STORES (A/B switch, default 0): the gather stores its rows as streaming
+// FUSEGEMM_PERMUTE_STREAM_STORES (A/B switch, default 1): the gather stores its rows as streaming
 // (st.global.cs, evict-first). The rows (k copies of every token: 470 MB at dsv3) pass through L2
 // once and are read back by the next GEMM long after; evicting them first leaves L2 to the source
-// rows, each read k times (x: 59 MB at dsv3, just above the H200's 50 MB L2).
+// rows, each read k times (x: 59 MB at dsv3, just above the H200's 50 MB L2). H200, 2026-12-05,
+// same run, five rounds (bench/results/permute_h200_switches.json): the gather 1.18x / 1.02x /
+// 1.02x / 1.10x as fast as with plain stores on dsv3-8 / dsv3-32 / mixtral / qwen3 (the pipeline
+// switch above: 1.16x / 0.98x / 0.98x / 0.94x, so it stays off); the combine unchanged.
 #ifndef FUSEGEMM_PERMUTE_STREAM_STORES
-#define FUSEGEMM_PERMUTE_STREAM_STORES 0
+#define FUSEGEMM_PERMUTE_STREAM_STORES 1
 #endif
 constexpr int kGatherVecs = 4;
 

@@ -92,8 +92,9 @@
 // dSwiGLU, tile N 128) hold two temporary sets, as the ping-pong mainloop does: k-block kb's
 // WGMMAs run while kb - 1 is promoted, so a warpgroup no longer relies on the other's WGMMAs to
 // cover its promotions (64 more registers beside the pass's 128). 0: one set, each k-block's
-// promotion after its WGMMAs (the measured baseline). An A/B switch through FUSEGEMM_NVRTC_EXTRA,
-// written 2026-12-05 without a GPU: not yet timed.
+// promotion after its WGMMAs (the measured baseline). An A/B switch through FUSEGEMM_NVRTC_EXTRA;
+// H200, 2026-12-05, same run (bench/results/blockscaled_h200_pingpong.json, dsv3-fc2): the same
+// bytes, not faster (dSwiGLU 0.50x / 0.52x BF16 against 0.52x / 0.54x at tile N 256 / 128).
 #ifndef FUSEGEMM_SM90_BW_TWO_TEMPS
 #define FUSEGEMM_SM90_BW_TWO_TEMPS 0
 #endif
