@@ -77,31 +77,22 @@ class RoutedLayer:
                                        r.row_ends if self.ends else None, row_probs(r), b.mlp.w1, b.mlp.w2)
 
 
-class Fp8BlockLayer:
+def fp8_block_layer(block):
     """``block``'s layer with its expert MLP on the blockwise FP8 recipe (``recipe="fp8_block"``:
-    DeepSeek-V3's scaling, sm_90a kernels, the weights quantized every step): the same parameters,
-    routing, row ends and permutations; the expert GEMMs on FP8 operands. Its output differs from
-    the block's by the recipe's rounding (about 6%: issue 31's MoE layer recipe)."""
-
-    gathered = False
-
-    def __init__(self, block):
-        from fusegemm.moe import ExpertMLP
-        self.block = block
-        w1 = block.mlp.w1
-        self.mlp = ExpertMLP(w1.shape[0], w1.shape[2], w1.shape[1] // 2, dtype=w1.dtype, backend=block.mlp.backend,
-                             recipe="fp8_block", device=w1.device)
-        self.mlp.w1, self.mlp.w2 = block.mlp.w1, block.mlp.w2   # the block's own parameters
-
-    def __call__(self, x, logits):
-        from fusegemm.routing import combine, gather, route, row_probs
-        b = self.block
-        r = route(logits, b.top_k, normalize=b.normalize)
-        return combine(self.mlp(gather(x, r), r.padded_offsets, row_probs(r), r.row_ends), r)
+    DeepSeek-V3's scaling, sm_90a kernels, the weights quantized every step): a ``MoEBlock`` of the
+    same shape and routing holding ``block``'s own parameters, so the same routing, row ends and
+    permutations with the expert GEMMs on FP8 operands. Its output differs from the block's by the
+    recipe's rounding (about 6%: issue 31's MoE layer recipe)."""
+    from fusegemm.moe import MoEBlock
+    experts, inter2, hidden = block.mlp.w1.shape
+    layer = MoEBlock(hidden, inter2 // 2, experts, block.top_k, normalize=block.normalize, dtype=block.mlp.w1.dtype,
+                     backend=block.mlp.backend, recipe="fp8_block", device=block.mlp.w1.device)
+    layer.mlp.w1, layer.mlp.w2 = block.mlp.w1, block.mlp.w2   # the block's own parameters
+    return layer
 
 
 # --also: each variant's layer on the block
-VARIANTS = {"block-no-ends": BlockNoEnds, "fp8-block": Fp8BlockLayer,
+VARIANTS = {"block-no-ends": BlockNoEnds, "fp8-block": fp8_block_layer,
             "routed": lambda b: RoutedLayer(b, ends=True, gathered=False),
             "routed-no-ends": lambda b: RoutedLayer(b, ends=False, gathered=False),
             "routed-gathered": lambda b: RoutedLayer(b, ends=True, gathered=True)}
@@ -190,8 +181,8 @@ def bench_layer(name: str, args) -> dict:
         for key, run in eager.items():
             row[f"{key}_host"] = _host_table(run)
     if args.profile:    # after the timing: the profiler's hooks outlive it and slow the host
-        # With --graph the replays are profiled (their wall minus kernels: the GPU idle inside
-        # the graph itself, and the kernels' times under the timing's sustained load).
+        # With --graph the replays are profiled (the GPU idle inside the graph itself, and the
+        # kernels' times under the timing's sustained load).
         for key, run in (methods if args.graph else eager).items():
             row[f"{key}_kernels"] = kernel_table(run)
     row["speedup_vs_torch"] = row["torch_ms"] / row["fusegemm_ms"]

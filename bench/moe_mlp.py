@@ -21,8 +21,8 @@ every output of the spec ops zero-filled whole before its GEMM, as before fusege
 --fp8-dswiglu-ab also times the fp8_block layer with its dSwiGLU GEMM at the spec's default tile
 instead of the layer's choice (fusegemm.moe._DSWIGLU_TILE["fp8_block"]: the blockwise kernel's
 64 x 128 ping-pong tiles up to F 2048 on sm_90a).
---profile adds each method's kernel times per step (torch.profiler; wall minus kernels is the
-GPU's idle time), as bench/moe_layer.py's. ``*_host_ms`` is the host's time to issue a step (H200,
+--profile adds each method's kernel times per step and the GPU's idle time (torch.profiler), as
+bench/moe_layer.py's. ``*_host_ms`` is the host's time to issue a step (H200,
 dsv3-8: the fp8_block step 3.77 ms before register() kept its faces, 2.46 after; BF16 1.7).
 
     python bench/moe_mlp.py [--layers dsv3-8,dsv3-32,mixtral] [--out bench/results/moe_mlp_h200.json]

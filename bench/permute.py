@@ -16,8 +16,8 @@ kernel reads and writes (a gather reads and writes each of its R rows; a sum rea
 writes T), over its time.
 
     python bench/permute.py [--layers dsv3-8,dsv3-32,mixtral,qwen3] [--out FILE]
-    python bench/permute.py --also pipe=-DFUSEGEMM_PERMUTE_GATHER_PIPELINE=1 \\
-        --also pipe_cs="-DFUSEGEMM_PERMUTE_GATHER_PIPELINE=1 -DFUSEGEMM_PERMUTE_STREAM_STORES=1"
+    python bench/permute.py --also plain=-DFUSEGEMM_PERMUTE_STREAM_STORES=0 \\
+        --also pipe=-DFUSEGEMM_PERMUTE_GATHER_PIPELINE=1
 
 ``--also NAME=DEFINES`` (repeatable): the permutation kernels built again with those NVRTC defines
 (permute.cuh's A/B switches), checked and timed in the same interleaved rounds as method NAME.

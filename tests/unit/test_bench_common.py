@@ -146,11 +146,12 @@ def test_the_permute_bench_checks_every_build_before_timing(monkeypatch):
 
 
 def test_device_gaps_locate_the_idle_time_between_operations():
-    """kernel_table's idle time: only time no device operation covers counts (overlapping
-    operations of two streams leave none), each gap is named by the operation that last reached
+    """kernel_table's idle time: only time no device operation covers counts (overlapping or
+    nested operations of two streams leave none), each gap is named by the operation that last reached
     furthest and the next one, and everything is per step."""
     common = _common()
     spans = [(0.0, 100.0, "gemm_a"), (50.0, 120.0, "side"),      # overlap: no gap
+             (60.0, 80.0, "nested"),                              # inside both: no gap after it
              (130.0, 200.0, "gather"),                            # 10 us after "side" ends
              (260.0, 300.0, "gemm_b"),                            # 60 us after "gather"
              (300.0, 310.0, "fill"), (330.0, 400.0, "gather"),    # 20 us after "fill"

@@ -41,13 +41,12 @@ FUSEGEMM_DEVICE uint4 load_row_vec(const PermuteParams& p, long long row, int v)
   return __ldg(reinterpret_cast<const uint4*>(p.src + row * p.src_ld) + v);
 }
 
-// FUSEGEMM_PERMUTE_GATHER_PIPELINE (A/B switch, default 0 until timed on a GPU): the gather keeps
-// more of its loads in flight. On the H200 it wrote a dsv3 layer's 34K rows of 14 KB (0.5 GB) in
-// 0.24 ms, 2.1 TB/s, where the combine reads 0.47 GB of rows it cannot find in L2 and writes 59 MB
-// in 0.13 ms: unless x's rows (59 MB, each read k times) mostly miss L2, the gather is latency-
-// bound. Each row waited for its index, then for one 16-byte load per thread before the store.
-// 1: the block's next index is read before this row's loads, and a thread's kGatherVecs vectors
-// of a row are all loaded before any is stored.
+// FUSEGEMM_PERMUTE_GATHER_PIPELINE (A/B switch, default 0): the gather keeps more of its loads in
+// flight. Written when a layer profile gave the gather 2.1 TB/s at dsv3 (it looked latency-bound:
+// each row waits for its index, then for one 16-byte load per thread before the store). 1: the
+// block's next index is read before this row's loads, and a thread's kGatherVecs vectors of a row
+// are all loaded before any is stored. Timed alone on the H200 (2026-12-05, below) the default
+// gather already moves 4.0-5.1 TB/s at dsv3 and qwen3, and this switch is not faster there.
 #ifndef FUSEGEMM_PERMUTE_GATHER_PIPELINE
 #define FUSEGEMM_PERMUTE_GATHER_PIPELINE 0
 #endif
