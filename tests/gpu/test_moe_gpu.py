@@ -182,7 +182,9 @@ def test_block_scaled_row_outputs_are_whole_on_reused_memory(step):
     rows zeroed by the tail kernel (fusegemm/ops/tail.py), as the BF16 class's: each of the MoE
     recipes' block-scaled kernels run on memory full of zero bytes and again on memory full of
     0xFF bytes (NaN in every float format) gives the same bytes, so the kernel stored every row
-    below the last offset, and the 256 rows past it are zeros. dprob (an atomic sum) within 1e-6."""
+    below the last offset, and the 256 rows past it are zeros. dprob (an atomic sum of one
+    partial per row and N tile, in any order: four at the fp8_block dSwiGLU's 64 x 128 ping-pong
+    tiles) within 1e-5; an unwritten row would differ by NaN."""
     from fusegemm.formats.torch_blockwise import quantize_128x128, quantize_1x128
     from fusegemm.formats.torch_mx import quantize_mx
     hidden, inter = 512, 512
@@ -205,7 +207,7 @@ def test_block_scaled_row_outputs_are_whole_on_reused_memory(step):
     zeros, nans = _outputs_on(0, calls[step]), _outputs_on(255, calls[step])
     for a, b in zip(zeros, nans):
         if a.shape == prob.shape and a.dtype == torch.float32:            # dprob
-            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
             continue
         assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a,
                            b.view(torch.uint8) if b.element_size() == 1 else b), (step, a.shape, a.dtype)

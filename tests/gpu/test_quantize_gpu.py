@@ -92,7 +92,13 @@ def test_element_formats_and_power_of_two_scales(launches, dtype, scales):
     w = _activations(384, 640, torch.bfloat16, seed=8).reshape(3, 128, 640)
     for got, want in zip(qz.quantize_128x128(w, dtype, scales), bw.quantize_128x128(w, dtype, scales)):
         _same(got, want)
-    assert len(launches) == 2
+    # the transposed copy (FUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE: q's bytes permuted, not requantized)
+    both = qz.quantize_128x128(w, dtype, scales, transposed=True)
+    want = bw.quantize_128x128(w, dtype, scales)
+    for got, exp in zip((*both[0], *both[1]), (*want, *bw.transposed_128x128(*want))):
+        # (transposed_128x128's contiguous() keeps a size-1 dimension's stride: compared dense)
+        _same(got, torch.empty(exp.shape, dtype=exp.dtype, device=exp.device).copy_(exp))
+    assert len(launches) == 3
 
 
 def test_a_strided_source(launches):

@@ -52,6 +52,34 @@ def test_row_batch_switch_compiles_clean(batch):
             assert len(loads) >= batch and max(b - a for a, b in zip(loads, loads[1:batch])) <= 40, loads[:batch]
 
 
+@pytest.mark.parametrize("variant", [1, 2])
+def test_block_transpose_switch_compiles_clean(variant):
+    """FUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE (the weights' transposed copy made from q's bytes; 1
+    through shared memory, 2 stored directly): each compiles without local memory on both archs
+    within the register budget, also at 6 CTAs per SM (FUSEGEMM_QUANTIZE_MIN_CTAS), and carries the
+    transpose: 48 more byte permutes (3 per 4-byte word of a lane's four 16-byte columns) than the
+    column-pass build, the default (sm_90a SASS)."""
+    from fusegemm.runtime import disasm
+    from fusegemm.runtime.compile import compile_source
+    from fusegemm.runtime.cubin_info import Cubin
+    prmt = {}
+    on = (f"-DFUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE={variant}",)
+    for extra in (on, on + ("-DFUSEGEMM_QUANTIZE_MIN_CTAS=6",), ()):
+        for arch in ("sm_90a", "sm_100a"):
+            cub = compile_source('#include "fusegemm/quantize.cuh"\n', arch=arch, kernel=KERNELS[0], extra=extra)
+            for name in KERNELS:
+                res = Cubin(cub.data).resources(name)
+                assert res.local_bytes == 0 and res.registers <= 64, (arch, extra, res)
+                if "-DFUSEGEMM_QUANTIZE_MIN_CTAS=6" in extra:
+                    assert res.registers <= 40, (arch, res)   # 65536 / (6 x 256), in steps of 8
+            if arch == "sm_90a" and disasm.available():
+                sass = disasm.sass(cub.data)
+                prmt[extra] = [sum(op.startswith("PRMT") for op in disasm.opcodes(_function(sass, n))) for n in KERNELS]
+    if not prmt:
+        pytest.skip("no disassembler (pip install nvidia-cuda-nvdisasm): resources checked, SASS not")
+    assert all(a - b >= 48 for a, b in zip(prmt[on], prmt[()])), prmt
+
+
 def _function(sass: str, name: str) -> str:
     import re
     return next(f for f in re.split(r"\n\s*\.text\.", sass) if f.startswith(name))

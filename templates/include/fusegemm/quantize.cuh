@@ -54,6 +54,15 @@ constexpr int kQuantizeThreads = 256;   // 8 warps: 16 rows each in the row pass
 constexpr int kQuantizeRowBatch = FUSEGEMM_QUANTIZE_ROW_BATCH;
 static_assert(kQuantizeRowBatch >= 1 && 16 % kQuantizeRowBatch == 0, "a warp's 16 rows in whole batches");
 constexpr int kQuantizePow2 = 1, kQuantizeE5M2 = 2;
+// 128x128 blocks with the transposed copy (the weights' qt): the tile has one scale, so qt is q
+// transposed byte for byte. 1 makes qt's bytes from q's by byte permutes in registers and
+// writes them through shared memory as whole 128-byte rows; 2 stores each lane's 16-byte
+// pieces directly (32 rows of qt per instruction); 0 runs the column pass, which converts and
+// divides every value a second time (the A/B baseline). Same bytes; A/B through
+// FUSEGEMM_NVRTC_EXTRA.
+#ifndef FUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE
+#define FUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE 0
+#endif
 
 // The tile stays in its 2-byte source type (FP8 sources: bfloat16, as the recipe rounded h).
 // Element (r, c) sits at column c ^ 8 (r / 16 % 8) of row r: the column pass's 8 lanes of a
@@ -252,8 +261,64 @@ FUSEGEMM_DEVICE void quantize_tile(const QuantizeParams& p) {
       if (p.q != nullptr) p.s[b * p.s_batch + (r0 / kQuantizeTile) * p.s_ld + c0 / kQuantizeTile] = block_s;
       if (p.qt != nullptr) p.st[b * p.st_batch + (c0 / kQuantizeTile) * p.st_ld + r0 / kQuantizeTile] = block_s;
     }
+    const QuantizeScale bs(block_s);
+    if (FUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE != 0 && p.qt != nullptr) {
+      // One scale for the tile: qt's bytes are q's, transposed. The lane's 16 x 4 block of q
+      // (rows wr.., columns cl..) is kept and turned into its 4 columns' 16 bytes each by byte
+      // permutes, instead of the column pass converting and dividing every value again.
+      uint32_t w[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        float f[4];
+        tile_quad(tile, wr + i, cl, f);
+        w[i] = quantize_quad(f, bs, p.flags);
+        if (q != nullptr && i < rows_here && col_in) *reinterpret_cast<uint32_t*>(q + i * p.q_ld) = w[i];
+      }
+      uint4 col[4];   // column cl + k's bytes of rows wr .. wr + 15, the lowest row first
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        uint32_t v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t lo = __byte_perm(w[4 * j], w[4 * j + 1], k | ((k + 4) << 4));
+          const uint32_t hi = __byte_perm(w[4 * j + 2], w[4 * j + 3], k | ((k + 4) << 4));
+          v[j] = __byte_perm(lo, hi, 0x5410);
+        }
+        col[k] = make_uint4(v[0], v[1], v[2], v[3]);
+      }
+      if constexpr (FUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE == 2) {
+        // Each lane's four 16-byte pieces straight to qt: 32 rows of qt per store instruction.
+        // rows % 16 == 0 and cols % 16 == 0: the 16 rows and the 4 columns are all in or all out.
+        if (rows_here <= 0 || !col_in) return;
+        unsigned char* qt = p.qt + b * p.qt_batch + static_cast<long long>(c0 + cl) * p.qt_ld + r0 + wr;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) *reinterpret_cast<uint4*>(qt + k * p.qt_ld) = col[k];
+        return;
+      } else {
+        // Through the tile's memory, free once every warp has read it: qt's 128 x 128 bytes (row =
+        // source column), each row's 16-byte chunk ch at ch ^ (row / 4 % 8) so that a store's
+        // eight lanes (rows 4 l + k) hit eight distinct chunks; then 8 threads a row, 128
+        // contiguous bytes of qt per 8 lanes.
+        unsigned char* tb = reinterpret_cast<unsigned char*>(tile);
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int row = cl + k;
+          *reinterpret_cast<uint4*>(tb + row * kQuantizeTile + 16 * (warp ^ ((row >> 2) & 7))) = col[k];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < kQuantizeTile * kQuantizeTile / 16 / kQuantizeThreads; ++i) {
+          const int id = threadIdx.x + i * kQuantizeThreads, row = id / 8, ch = id % 8;
+          const uint4 v = *reinterpret_cast<const uint4*>(tb + row * kQuantizeTile + 16 * (ch ^ ((row >> 2) & 7)));
+          if (c0 + row < p.cols && r0 + 16 * ch < p.rows) {
+            *reinterpret_cast<uint4*>(p.qt + b * p.qt_batch + static_cast<long long>(c0 + row) * p.qt_ld + r0 + 16 * ch) = v;
+          }
+        }
+        return;
+      }
+    }
     if (p.q != nullptr) {
-      const QuantizeScale bs(block_s);
 #pragma unroll 4
       for (int i = 0; i < 16; ++i) {
         float f[4];
@@ -297,15 +362,26 @@ FUSEGEMM_DEVICE void quantize_tile(const QuantizeParams& p) {
 
 }  // namespace fusegemm
 
-extern "C" __global__ void __launch_bounds__(fusegemm::kQuantizeThreads)
+// CTAs per SM the quantization kernels are compiled for (__launch_bounds__' second argument; 0:
+// none, the compiler's register count). An A/B switch through FUSEGEMM_NVRTC_EXTRA.
+#ifndef FUSEGEMM_QUANTIZE_MIN_CTAS
+#define FUSEGEMM_QUANTIZE_MIN_CTAS 0
+#endif
+#if FUSEGEMM_QUANTIZE_MIN_CTAS > 0
+#define FUSEGEMM_QUANTIZE_BOUNDS __launch_bounds__(fusegemm::kQuantizeThreads, FUSEGEMM_QUANTIZE_MIN_CTAS)
+#else
+#define FUSEGEMM_QUANTIZE_BOUNDS __launch_bounds__(fusegemm::kQuantizeThreads)
+#endif
+
+extern "C" __global__ void FUSEGEMM_QUANTIZE_BOUNDS
     fusegemm_quantize_bfloat16(const __grid_constant__ fusegemm::QuantizeParams p) {
   fusegemm::quantize_tile<__nv_bfloat16>(p);
 }
-extern "C" __global__ void __launch_bounds__(fusegemm::kQuantizeThreads)
+extern "C" __global__ void FUSEGEMM_QUANTIZE_BOUNDS
     fusegemm_quantize_float16(const __grid_constant__ fusegemm::QuantizeParams p) {
   fusegemm::quantize_tile<__half>(p);
 }
-extern "C" __global__ void __launch_bounds__(fusegemm::kQuantizeThreads)
+extern "C" __global__ void FUSEGEMM_QUANTIZE_BOUNDS
     fusegemm_quantize_float8_e4m3fn(const __grid_constant__ fusegemm::QuantizeParams p) {
   fusegemm::quantize_tile<__nv_fp8_e4m3>(p);
 }

@@ -22,8 +22,40 @@
 #ifndef FUSEGEMM_RASTER_GROUP
 #define FUSEGEMM_RASTER_GROUP 16
 #endif
+// 1: the bands restart at each expert's first M block (expert-major order: a band never holds
+// two experts' rows, so the CTAs running at once read one expert's B, and each expert's B is
+// read once per band of its own); 0: bands over the concatenated blocks of all experts (a band
+// that straddles two experts streams both experts' B through L2 at once). Same tiles, same
+// bits, another order. The walks of GroupedScheduler and CompactedScheduler (kernels without
+// clusters); the cluster walks (cluster.cuh) keep theirs. Measured on an H100 (2026-12-05,
+// bench/pingpong.py --also, the MoE layers' routed shapes, 3 interleaved rounds, same run;
+// bench/results/pingpong_h100_raster_expert.json): the fused kernels gain at the cooperative
+// tile (SwiGLU with C 1.04-1.06x, dSwiGLU 1.02-1.04x) but the plain GEMMs of the same layers lose
+// (0.93-0.97x; 64-row ping-pong tiles 0.87-1.07x, the K-grouped weight gradient 0.99x); the
+// graphed layer in two processes, mixtral 14.55 -> 13.98 ms, dsv3 with 32 experts 14.85 -> 15.15.
+// So it stays off, an A/B switch through FUSEGEMM_NVRTC_EXTRA.
+#ifndef FUSEGEMM_RASTER_EXPERT
+#define FUSEGEMM_RASTER_EXPERT 0
+#endif
 
 namespace fusegemm {
+
+// Tile `local` of an m_blocks x n_blocks grid rasterised in bands of `band` M blocks (N blocks
+// iterate inside a band; the last band may be shorter): (M block, N block). The expert-major
+// walks (FUSEGEMM_RASTER_EXPERT) band each expert's own grid with it.
+struct BandCoord {
+  int m, n;
+};
+constexpr BandCoord band_coord(int local, int m_blocks, int n_blocks, int band) {
+  const int b = local / (band * n_blocks), first = b * band;
+  const int rows = m_blocks - first < band ? m_blocks - first : band;
+  const int rest = local - b * band * n_blocks;
+  return BandCoord{first + rest % rows, rest / rows};
+}
+static_assert(band_coord(0, 20, 3, 16).m == 0 && band_coord(1, 20, 3, 16).m == 1 && band_coord(16, 20, 3, 16).n == 1 &&
+                  band_coord(48, 20, 3, 16).m == 16 && band_coord(51, 20, 3, 16).m == 19 &&
+                  band_coord(52, 20, 3, 16).m == 16 && band_coord(52, 20, 3, 16).n == 1,
+              "20 x 3 blocks in bands of 16: a band of 16 rows, then one of 4");
 
 struct GroupedTile {
   int expert;     // owning expert
@@ -74,6 +106,23 @@ struct GroupedScheduler {
   FUSEGEMM_DEVICE GroupedTile tile(int linear) const {
     GroupedTile t{-1, 0, 0, -1};
     if (linear < 0 || (kBounded && linear >= num_tiles())) return t;
+    if constexpr (FUSEGEMM_RASTER_EXPERT) {
+      // Expert-major: every expert owns n_blocks tiles per M block, so linear / n_blocks is an
+      // M block of the tile's expert, and the expert's tiles are banded among themselves.
+      const int gb = linear / n_blocks;
+      const int e = expert_of_row(gb * TILE_M);
+      const int first = expert_first_row(offsets, e) / TILE_M;
+      const int last = min(__ldg(offsets + e) / TILE_M, m_blocks);
+      if (first <= gb && gb < last) {   // (else offsets out of order: the walk below)
+        // (local < (last - first) * n_blocks: every band band_coord reaches has a row)
+        const BandCoord c = band_coord(linear - first * n_blocks, last - first, n_blocks, kGroupM);
+        t.m_block = first + c.m;
+        t.n_block = c.n;
+        t.expert = e;
+        t.linear = linear;
+        return t;
+      }
+    }
     int band = linear / (kGroupM * n_blocks);
     int first_m = band * kGroupM;
     int band_rows = min(kGroupM, m_blocks - first_m);
@@ -177,6 +226,27 @@ struct CompactedScheduler {
     GroupedTile t{-1, 0, 0, -1};
     const int n_blocks = g.n_blocks;
     if (linear < 0 || (kBounded && linear >= m_blocks * n_blocks)) return t;
+    if constexpr (FUSEGEMM_RASTER_EXPERT) {
+      // Expert-major (GroupedScheduler::tile's): linear / n_blocks is a compacted block of the
+      // tile's expert; the cursor holds that expert and the compacted blocks before it.
+      const int cb = linear / n_blocks;
+      if (cb < band_p) {
+        band_e = 0;
+        band_p = 0;
+      }
+      int2 s = span(band_e);
+      while (band_e + 1 < g.num_experts && cb >= band_p + s.y) {
+        band_p += s.y;
+        s = span(++band_e);
+      }
+      if (cb >= band_p + s.y) return t;   // (past count()'s blocks: unreachable on a bounded walk)
+      const BandCoord c = band_coord(linear - band_p * n_blocks, s.y, n_blocks, kGroupM);
+      t.expert = band_e;
+      t.m_block = s.x + c.m;
+      t.n_block = c.n;
+      t.linear = linear;
+      return t;
+    }
     const int b = linear / (kGroupM * n_blocks);
     const int first_m = b * kGroupM;
     const int band_rows = min(kGroupM, m_blocks - first_m);
