@@ -220,6 +220,23 @@ struct CompactedScheduler {
 
   FUSEGEMM_DEVICE int num_tiles() const { return row_ends == nullptr ? g.num_tiles() : m_blocks * g.n_blocks; }
 
+  // The cursor moved forward to the expert holding compacted block `block` (the last expert if
+  // none does), from the first expert when `block` lies before it (a walk that went back starts
+  // over): band_e and band_p are then that expert and the compacted blocks before it; returns
+  // its span.
+  FUSEGEMM_DEVICE int2 seek(int block) {
+    if (block < band_p) {
+      band_e = 0;
+      band_p = 0;
+    }
+    int2 s = span(band_e);
+    while (band_e + 1 < g.num_experts && block >= band_p + s.y) {
+      band_p += s.y;
+      s = span(++band_e);
+    }
+    return s;
+  }
+
   template <bool kBounded = true>   // (GroupedScheduler::tile's)
   FUSEGEMM_DEVICE GroupedTile tile(int linear) {
     if (row_ends == nullptr) return g.template tile<kBounded>(linear);
@@ -230,15 +247,7 @@ struct CompactedScheduler {
       // Expert-major (GroupedScheduler::tile's): linear / n_blocks is a compacted block of the
       // tile's expert; the cursor holds that expert and the compacted blocks before it.
       const int cb = linear / n_blocks;
-      if (cb < band_p) {
-        band_e = 0;
-        band_p = 0;
-      }
-      int2 s = span(band_e);
-      while (band_e + 1 < g.num_experts && cb >= band_p + s.y) {
-        band_p += s.y;
-        s = span(++band_e);
-      }
+      const int2 s = seek(cb);
       if (cb >= band_p + s.y) return t;   // (past count()'s blocks: unreachable on a bounded walk)
       const BandCoord c = band_coord(linear - band_p * n_blocks, s.y, n_blocks, kGroupM);
       t.expert = band_e;
@@ -253,15 +262,7 @@ struct CompactedScheduler {
     const int local = linear - b * kGroupM * n_blocks;
     const int cm = first_m + local % band_rows;   // compacted block
     t.n_block = local / band_rows;
-    if (first_m < band_p) {   // (a walk that went back starts over)
-      band_e = 0;
-      band_p = 0;
-    }
-    int2 s = span(band_e);
-    while (band_e + 1 < g.num_experts && first_m >= band_p + s.y) {
-      band_p += s.y;
-      s = span(++band_e);
-    }
+    int2 s = seek(first_m);
     int e = band_e, before = band_p;
     while (e + 1 < g.num_experts && cm >= before + s.y) {
       before += s.y;
