@@ -58,8 +58,13 @@ constexpr int kQuantizePow2 = 1, kQuantizeE5M2 = 2;
 // transposed byte for byte. 1 makes qt's bytes from q's by byte permutes in registers and
 // writes them through shared memory as whole 128-byte rows; 2 stores each lane's 16-byte
 // pieces directly (32 rows of qt per instruction); 0 runs the column pass, which converts and
-// divides every value a second time (the A/B baseline). Same bytes; A/B through
-// FUSEGEMM_NVRTC_EXTRA.
+// divides every value a second time (the default). Same bytes; A/B through FUSEGEMM_NVRTC_EXTRA.
+// H100, 2026-12-05 (bench/quantize.py, five rounds, bench/results/
+// quantize_h100_block_transpose_direct.json): 2 ran w1 / w2 at 0.73x / 0.80x the column pass's
+// speed (its stores write 16 bytes to each of 32 rows of qt where the column pass's 8 lanes write
+// 128 contiguous bytes, and 44 registers leave 5 CTAs per SM instead of 6); 1, which keeps the
+// column pass's row stores, compiles to 40 registers with FUSEGEMM_QUANTIZE_MIN_CTAS=6 (48
+// without) and has not run on a GPU yet.
 #ifndef FUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE
 #define FUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE 0
 #endif
