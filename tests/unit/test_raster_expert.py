@@ -67,6 +67,11 @@ def expert_major_walk(blocks: list[int], n_blocks: int, band: int) -> list[tuple
 
 
 def test_the_expert_major_walk_covers_every_tile_once_and_keeps_bands_in_an_expert():
+    """The composition the kernels make (the model's: each expert's own grid banded by band_coord,
+    checked above against the compiled function) covers every tile once and never lets a band
+    cross an expert. The kernels' expert lookup itself reads offsets on the device: the GPU runs
+    check it (tests/gpu/test_row_ends_gpu.py under the switch, bench/pingpong.py's byte
+    comparison)."""
     rng = random.Random(5)
     for _ in range(60):
         blocks = [rng.choice([0, 0, 1, 2, 7, 8, 9, 16, 17, 33]) for _ in range(rng.randint(1, 9))]
