@@ -1,5 +1,5 @@
 """Expert-major bands (FUSEGEMM_RASTER_EXPERT, fusegemm/scheduler.cuh) on the CPU: the band
-raster as NVRTC evaluates it (band_coord, constexpr tables in a cubin) against an independent
+raster as NVRTC evaluates it (grouped_block_coord, constexpr tables in a cubin) against an independent
 model, the walk it gives an MoE problem (every tile once, bands inside one expert), and the
 kernels built with the switch on both archs (no local memory). tests/gpu/test_row_ends_gpu.py
 and bench/pingpong.py --also run it on the GPU."""
@@ -33,8 +33,8 @@ def _tables() -> Cubin:
     src = '#include "fusegemm/scheduler.cuh"\nnamespace fg_test {\ntemplate <int N> struct Ints { int v[N]; };\n'
     src += ("template <int N> constexpr Ints<N> coords(int m, int n, int band) {\n  Ints<N> out{};\n"
             "  for (int i = 0; i < m * n; ++i) {\n"
-            "    const fusegemm::BandCoord c = fusegemm::band_coord(i, m, n, band);\n"
-            "    out.v[2 * i] = c.m;\n    out.v[2 * i + 1] = c.n;\n  }\n  return out;\n}\n}  // namespace fg_test\n")
+            "    const fusegemm::BlockCoord c = fusegemm::grouped_block_coord(i, m, n, band);\n"
+            "    out.v[2 * i] = c.bm;\n    out.v[2 * i + 1] = c.bn;\n  }\n  return out;\n}\n}  // namespace fg_test\n")
     for i, (m, n, band) in enumerate(GRIDS):
         src += (f'extern "C" __device__ __attribute__((used)) const fg_test::Ints<{2 * m * n}> fg_band{i} = '
                 f"fg_test::coords<{2 * m * n}>({m}, {n}, {band});\n")
@@ -42,8 +42,8 @@ def _tables() -> Cubin:
     return Cubin(compile_source(src, arch="sm_90a", kernel="fg_probe").data)
 
 
-def test_band_coord_is_the_model():
-    """fusegemm::band_coord, as NVRTC evaluates it, walks each grid in the model's order: a
+def test_grouped_block_coord_is_the_model():
+    """fusegemm::grouped_block_coord, as NVRTC evaluates it, walks each grid in the model's order: a
     bijection onto the grid, M fastest inside a band, the last band shorter."""
     cub = _tables()
     for i, (m, n, band) in enumerate(GRIDS):
@@ -67,7 +67,7 @@ def expert_major_walk(blocks: list[int], n_blocks: int, band: int) -> list[tuple
 
 
 def test_the_expert_major_walk_covers_every_tile_once_and_keeps_bands_in_an_expert():
-    """The composition the kernels make (the model's: each expert's own grid banded by band_coord,
+    """The composition the kernels make (the model's: each expert's own grid banded by grouped_block_coord,
     checked above against the compiled function) covers every tile once and never lets a band
     cross an expert. The kernels' expert lookup itself reads offsets on the device: the GPU runs
     check it (tests/gpu/test_row_ends_gpu.py under the switch, bench/pingpong.py's byte

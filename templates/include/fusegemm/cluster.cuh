@@ -197,18 +197,8 @@ struct ClusterTile {
   FUSEGEMM_DEVICE bool valid() const { return linear >= 0; }
 };
 
-// Pure parts of the walk (constexpr, so the test suite can tabulate them).
-struct BlockCoord {
-  int bm, bn;  // block position in the (M blocks x N blocks) grid of cluster blocks
-};
-// Grouped raster: bands of `band` block rows, N blocks iterate inside a band (the per-tile
-// raster of GroupedScheduler::tile when a block is one tile).
-constexpr BlockCoord grouped_block_coord(int block, int bm_blocks, int bn_blocks, int band) {
-  const int b = block / (band * bn_blocks), first = b * band;
-  const int rows = bm_blocks - first < band ? bm_blocks - first : band;
-  const int local = block - b * band * bn_blocks;
-  return BlockCoord{first + local % rows, local / rows};
-}
+// Pure parts of the walk (constexpr, so the test suite can tabulate them); the grouped raster,
+// grouped_block_coord, is scheduler.cuh's (the expert-major walks band with it too).
 // Batched raster inside one batch: consecutive blocks share B columns.
 constexpr BlockCoord batched_block_coord(int local, int bm_blocks) {
   return BlockCoord{local % bm_blocks, local / bm_blocks};

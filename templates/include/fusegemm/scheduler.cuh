@@ -40,21 +40,23 @@
 
 namespace fusegemm {
 
-// Tile `local` of an m_blocks x n_blocks grid rasterised in bands of `band` M blocks (N blocks
-// iterate inside a band; the last band may be shorter): (M block, N block). The expert-major
-// walks (FUSEGEMM_RASTER_EXPERT) band each expert's own grid with it.
-struct BandCoord {
-  int m, n;
+// Block `block` of a bm_blocks x bn_blocks grid rasterised in bands of `band` block rows (N
+// blocks iterate inside a band; the last band may be shorter): (M block, N block). The per-tile
+// raster of GroupedScheduler::tile when a block is one tile; the cluster walks (cluster.cuh) band
+// their blocks with it, the expert-major walks (FUSEGEMM_RASTER_EXPERT) each expert's own grid.
+struct BlockCoord {
+  int bm, bn;  // block position in the (M blocks x N blocks) grid
 };
-constexpr BandCoord band_coord(int local, int m_blocks, int n_blocks, int band) {
-  const int b = local / (band * n_blocks), first = b * band;
-  const int rows = m_blocks - first < band ? m_blocks - first : band;
-  const int rest = local - b * band * n_blocks;
-  return BandCoord{first + rest % rows, rest / rows};
+constexpr BlockCoord grouped_block_coord(int block, int bm_blocks, int bn_blocks, int band) {
+  const int b = block / (band * bn_blocks), first = b * band;
+  const int rows = bm_blocks - first < band ? bm_blocks - first : band;
+  const int local = block - b * band * bn_blocks;
+  return BlockCoord{first + local % rows, local / rows};
 }
-static_assert(band_coord(0, 20, 3, 16).m == 0 && band_coord(1, 20, 3, 16).m == 1 && band_coord(16, 20, 3, 16).n == 1 &&
-                  band_coord(48, 20, 3, 16).m == 16 && band_coord(51, 20, 3, 16).m == 19 &&
-                  band_coord(52, 20, 3, 16).m == 16 && band_coord(52, 20, 3, 16).n == 1,
+static_assert(grouped_block_coord(0, 20, 3, 16).bm == 0 && grouped_block_coord(1, 20, 3, 16).bm == 1 &&
+                  grouped_block_coord(16, 20, 3, 16).bn == 1 && grouped_block_coord(48, 20, 3, 16).bm == 16 &&
+                  grouped_block_coord(51, 20, 3, 16).bm == 19 && grouped_block_coord(52, 20, 3, 16).bm == 16 &&
+                  grouped_block_coord(52, 20, 3, 16).bn == 1,
               "20 x 3 blocks in bands of 16: a band of 16 rows, then one of 4");
 
 struct GroupedTile {
@@ -114,10 +116,10 @@ struct GroupedScheduler {
       const int first = expert_first_row(offsets, e) / TILE_M;
       const int last = min(__ldg(offsets + e) / TILE_M, m_blocks);
       if (first <= gb && gb < last) {   // (else offsets out of order: the walk below)
-        // (local < (last - first) * n_blocks: every band band_coord reaches has a row)
-        const BandCoord c = band_coord(linear - first * n_blocks, last - first, n_blocks, kGroupM);
-        t.m_block = first + c.m;
-        t.n_block = c.n;
+        // (local < (last - first) * n_blocks: every band it reaches has a row)
+        const BlockCoord c = grouped_block_coord(linear - first * n_blocks, last - first, n_blocks, kGroupM);
+        t.m_block = first + c.bm;
+        t.n_block = c.bn;
         t.expert = e;
         t.linear = linear;
         return t;
@@ -249,10 +251,10 @@ struct CompactedScheduler {
       const int cb = linear / n_blocks;
       const int2 s = seek(cb);
       if (cb >= band_p + s.y) return t;   // (past count()'s blocks: unreachable on a bounded walk)
-      const BandCoord c = band_coord(linear - band_p * n_blocks, s.y, n_blocks, kGroupM);
+      const BlockCoord c = grouped_block_coord(linear - band_p * n_blocks, s.y, n_blocks, kGroupM);
       t.expert = band_e;
-      t.m_block = s.x + c.m;
-      t.n_block = c.n;
+      t.m_block = s.x + c.bm;
+      t.n_block = c.bn;
       t.linear = linear;
       return t;
     }
