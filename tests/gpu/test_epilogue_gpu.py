@@ -641,13 +641,26 @@ def test_dswiglu_bf16_gemm_partial_tiles(torch, n, tile_n):
     _dswiglu_bf16_case(torch, "bfloat16", 2 * n, n=n, tile_n=tile_n)
 
 
-def _dswiglu_bf16_case(torch, d_dtype, c_pitch, n, tile_n=None):
+@pytest.mark.parametrize("span", [1, 2, 4])
+@pytest.mark.parametrize("n, tile_n", [(256, 256), (224, 256), (160, 256), (96, 128)])
+def test_dswiglu_bf16_ping_pong_block_spans(torch, span, n, tile_n):
+    """FUSEGEMM_SM90_FRAG_ROLL_SPAN (fusegemm/sm90/epilogue.cuh): ping-pong's overlapped fragment
+    path run as a loop over spans of 1, 2 or 4 blocks, each span's accumulators selected at run
+    time, against the same reference as the unrolled default: whole tiles, and tiles that N ends
+    inside a span (224: block 7 of the fourth 2-block span; 160: the second 4-block span's blocks
+    1-3) or the span past the tile (span 4 at 4 blocks: the unrolled loop)."""
+    from fusegemm.runtime import config
+    with config.override(FUSEGEMM_NVRTC_EXTRA=f"-DFUSEGEMM_SM90_FRAG_ROLL_SPAN={span}"):
+        _dswiglu_bf16_case(torch, "bfloat16", 2 * n, n=n, tile_n=tile_n, tile_m=64)
+
+
+def _dswiglu_bf16_case(torch, d_dtype, c_pitch, n, tile_n=None, tile_m=128):
     from fusegemm import EpilogueGemm
     a, offsets, b, alpha, prob = _gemm_problem(torch, n=n, seed=3)
     wide = (torch.randn(a.shape[0], c_pitch, generator=torch.Generator().manual_seed(9)) * 2).to(torch.bfloat16)
     c = wide[:, :2 * n]
     beta = torch.rand(alpha.shape[0]) + 0.5
-    tiles = {} if tile_n is None else {"tile_m": 128, "tile_n": tile_n}
+    tiles = {} if tile_n is None else {"tile_m": tile_m, "tile_n": tile_n}
     op = EpilogueGemm("grouped_gemm_dswiglu_bf16", d_dtype=d_dtype, c_dtype="bfloat16", **tiles)
     inputs = {"alpha": alpha, "beta": beta, "prob": prob, "c": c}
     dev = {k: v.cuda() for k, v in inputs.items()}

@@ -81,6 +81,29 @@ def test_block_loop_rolled_where_measured_faster(spec, axes, copies):
         assert disasm.count_prefix(disasm.sass_histogram(unrolled.data), "MUFU.EX2") == 16 * axes["tile_n"] // 32
 
 
+# FUSEGEMM_SM90_FRAG_ROLL_SPAN: ping-pong's overlapped block loop in spans of n blocks, one copy of
+# the rule per block of a span; a span of the whole tile is the unrolled default, and cooperative
+# tiles (rolled) and paired accumulators (unrolled) do not change.
+SPAN_CASES = [
+    ("grouped_gemm_dswiglu_bf16", dict(tile_m=64, tile_n=256), 2, 2),
+    ("grouped_gemm_dswiglu_bf16", dict(tile_m=64, tile_n=256), 1, 1),
+    ("grouped_gemm_dswiglu_bf16", dict(tile_m=64, tile_n=128, b_major="n"), 2, 2),
+    ("grouped_gemm_dswiglu_bf16", dict(tile_m=64, tile_n=128, b_major="n"), 4, 4),
+    ("grouped_gemm_dswiglu_bf16", dict(tile_m=128, tile_n=256), 2, 1),
+    ("grouped_gemm_swiglu", dict(d_dtype="bfloat16", tile_m=64, tile_n=256), 2, 8),   # paired: two epilogue sites
+]
+
+
+@pytest.mark.parametrize("spec,axes,span,copies", SPAN_CASES, ids=lambda x: x if isinstance(x, str) else str(x))
+def test_ping_pong_block_spans(spec, axes, span, copies):
+    if not disasm.available():
+        pytest.skip("nvdisasm is not installed")
+    src, cub = _compile(spec, axes, (f"-DFUSEGEMM_SM90_FRAG_ROLL_SPAN={span}",))
+    assert Cubin(cub.data).resources(src.symbol).local_bytes == 0, "the span's run-time selection spilled acc[]"
+    exps = disasm.count_prefix(disasm.sass_histogram(cub.data), "MUFU.EX2")
+    assert exps == 16 * copies, (spec, axes, span, exps)
+
+
 def test_engine_path_stores_whole_vectors():
     """The block engine (the rules that quantize; FUSEGEMM_SM90_FRAG_BLOCKS=0 for the others)
     writes its staged 16-bit blocks with 16-byte stores too."""

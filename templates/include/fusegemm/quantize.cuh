@@ -62,9 +62,12 @@ constexpr int kQuantizePow2 = 1, kQuantizeE5M2 = 2;
 // H100, 2026-12-05 (bench/quantize.py, five rounds, bench/results/
 // quantize_h100_block_transpose_direct.json): 2 ran w1 / w2 at 0.73x / 0.80x the column pass's
 // speed (its stores write 16 bytes to each of 32 rows of qt where the column pass's 8 lanes write
-// 128 contiguous bytes, and 44 registers leave 5 CTAs per SM instead of 6); 1, which keeps the
-// column pass's row stores, compiles to 40 registers with FUSEGEMM_QUANTIZE_MIN_CTAS=6 (48
-// without) and has not run on a GPU yet.
+// 128 contiguous bytes, and 44 registers leave 5 CTAs per SM instead of 6). 1, which keeps the
+// column pass's row stores (40 registers with FUSEGEMM_QUANTIZE_MIN_CTAS=6, 48 without), gave the
+// same bytes (tests/gpu/test_quantize_gpu.py) at 0.93x / 1.02x on w1 / w2 and 1.00x on x (6 CTAs:
+// 0.94x / 1.02x / 1.04x; H100, same run, five rounds, bench/results/
+// quantize_h100_block_transpose_smem.json): the column pass is bandwidth-bound already, its
+// second conversion hidden under the stores, so no variant pays.
 #ifndef FUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE
 #define FUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE 0
 #endif

@@ -43,6 +43,21 @@
 #ifndef FUSEGEMM_SM90_FRAG_ROLL
 #define FUSEGEMM_SM90_FRAG_ROLL 1
 #endif
+// Blocks per iteration of the fragment path's block loop in ping-pong's overlapped epilogue
+// (unpaired accumulator, no 1x128 scales), which FUSEGEMM_SM90_FRAG_ROLL leaves unrolled: 0 keeps
+// it unrolled (one copy of the rule per block: 192 KB of SASS for dSwiGLU at 64 x 256, 18% of
+// Nsight Compute's samples waiting on instruction fetch); n (a divisor of the tile's blocks) runs
+// n blocks per iteration of a rolled loop, their accumulators selected per n-block span at run
+// time (at 8 blocks, n = 2: 3 x 32 selects per iteration, 384 per tile, against 896 rolled in full,
+// which measured 1.00-1.04x slower). An A/B switch through FUSEGEMM_NVRTC_EXTRA. Same bytes;
+// H100, 2026-12-05 (bench/pingpong.py dSwiGLU pp64x256, same run, bench/results/
+// pingpong_h100_frag_span*.json): 2-block spans (4,080 SASS lines against 12,386) 0.89-1.07x the
+// unrolled speed over eight shapes (faster at mixtral's routed layer shape alone, in both runs),
+// 4-block spans 0.93-1.02x, 1-block 0.89-0.98x (two shapes). The instruction fetch stalls are
+// not what the overlapped epilogue waits on: 0 stays.
+#ifndef FUSEGEMM_SM90_FRAG_ROLL_SPAN
+#define FUSEGEMM_SM90_FRAG_ROLL_SPAN 0
+#endif
 // Rules with an 8-bit D quantized along rows only (SFD_row: the SwiGLU forward feeding the next
 // GEMM): 1 quantizes it on the fragment (frag_blocks' quant_d: the four lanes that hold a row's 32
 // columns of a block reduce its max with two shuffles; the engine's bits); 0 runs it on the engine
@@ -551,18 +566,30 @@ struct WgmmaEpilogue {
   // ping-pong's overlapped epilogue 1.00-1.04x (the selects compete with the other warpgroup's
   // mainloop), and SwiGLU's paired accumulator (4 blocks) 0.95-1.03x: those stay unrolled.
   static constexpr bool kRollBlocks = FUSEGEMM_SM90_FRAG_ROLL && !kOverlapped && !Rule::kPairedAcc;
+  // Blocks per iteration of the block loop (FUSEGEMM_SM90_FRAG_ROLL_SPAN): 1 rolled, kElemBlocks
+  // unrolled, a divisor between them for the overlapped epilogue when the switch asks for it.
+  static constexpr int kSpanAsked = FUSEGEMM_SM90_FRAG_ROLL_SPAN;
+  static constexpr bool kSpanRolled = kOverlapped && !Rule::kPairedAcc && !k1x128 && kSpanAsked > 0 &&
+                                      kSpanAsked < kElemBlocks && kElemBlocks % (kSpanAsked > 0 ? kSpanAsked : 1) == 0;
+  static constexpr int kBlockSpan = kRollBlocks ? 1 : kSpanRolled ? kSpanAsked : kElemBlocks;
+  static constexpr int kSpans = kElemBlocks / kBlockSpan;
 
   // Block b's accumulators into a[]. acc[] is indexed only by constants (a run-time index would
   // put it in local memory): every block's values are selected on b, kBlockAcc selects per
   // block after the first. The rolled block loop pays these instead of one copy of the rule per
   // block: dSwiGLU at 8 blocks of 16 rule applications compiled to 208 KB of SASS unrolled.
-  FUSEGEMM_DEVICE static void block_acc(const float (&acc)[kAccum], int b, float (&a)[kBlockAcc]) {
+  // block_acc<n>: span j's n blocks at once (blocks n j .. n j + n - 1, contiguous as well), with
+  // kBlockAcc n selects per span after the first: the selects of a loop of n-block iterations.
+  template <int n = 1>
+  FUSEGEMM_DEVICE static void block_acc(const float (&acc)[kAccum], int j, float (&a)[n * kBlockAcc]) {
+    static_assert(kElemBlocks % n == 0, "whole spans of blocks");
+    constexpr int kW = n * kBlockAcc;
 #pragma unroll
-    for (int i = 0; i < kBlockAcc; ++i) a[i] = acc[i];
+    for (int i = 0; i < kW; ++i) a[i] = acc[i];
 #pragma unroll
-    for (int bb = 1; bb < kElemBlocks; ++bb) {
+    for (int jj = 1; jj < kElemBlocks / n; ++jj) {
 #pragma unroll
-      for (int i = 0; i < kBlockAcc; ++i) a[i] = b == bb ? acc[kBlockAcc * bb + i] : a[i];
+      for (int i = 0; i < kW; ++i) a[i] = j == jj ? acc[kW * jj + i] : a[i];
     }
   }
 
@@ -726,7 +753,7 @@ struct WgmmaEpilogue {
   // rules whose rule outputs are D alone (no C, no reductions), in unrolled block loops (the
   // index must be a constant). Others apply the rule twice.
   static constexpr bool kKeepD = k1x128 && !Rule::kHasC && Rule::kAmaxCount == 0 && !Rule::kRowSum &&
-                                 !kRollBlocks;
+                                 kBlockSpan == kElemBlocks;
   using Kept = float[kKeepD ? 4 : 1][4][4];
 
   // k1x128: the scales of the 128-column group starting at block b, for rows r0 and r0 + 8 of
@@ -810,72 +837,88 @@ struct WgmmaEpilogue {
     float rs0 = 0.0f, rs1 = 0.0f;
     Group1x128 grp;   // k1x128: the current group's scales of rows r0, r0 + 8
     Kept kept = {};   // kKeepD: its D values
-#pragma unroll(kRollBlocks ? 1 : kElemBlocks)
-    for (int b = 0; b < kElemBlocks; ++b) {
-      const int e0 = e_base + 32 * b;
-      if (e0 >= width) break;  // warp-uniform: the rest of the tile is past N
-      __syncwarp();            // the previous block's flush has read the buffers
-      if constexpr (k1x128) {
-        if (b % 4 == 0) group_scales(p, rule, acc, b, e_base, width, row0, r0, cq, lane, pairs, ri0, ri1, grp, kept);
-      }
-      // (Loaded as the block starts. Nsight Compute on the BF16 dSwiGLU at the mixtral layer shape
-      // finds about a tenth of the samples waiting on these loads, but loading a block ahead did not
-      // pay, H200, 2026-12-04, bench/pingpong.py dSwiGLU on four layer shapes, same run: before the
-      // previous block's stores 0.95-1.02x, into a second register set 0.83-0.99x (spills at TILE_M 64).)
-      typename Rule::ElemIn x[4][4];
-      if constexpr (!kKeepD) load_inputs(p, rule, pairs, row0, r0, cq, e0, width, x);
-      // kFragQuant: the block's D values (role, group, i: as o00, o01, o10, o11) until their
-      // scales are known.
-      float dq[kFragQuant ? kBlkDBufs : 1][4][4];
-      // The block's accumulators: a[4q + i] (gate values of group q), a[16 + 4q + i] (their up
-      // partners, 4 groups on, when the accumulator pairs).
-      float a[kBlockAcc];
-      block_acc(acc, b, a);
+    // Spans of kBlockSpan blocks (one block rolled, the whole tile unrolled): a loop over the
+    // spans, each span's blocks unrolled with constant indices into its selected accumulators.
+    // (Where a block starts past N, warp-uniformly, so does the rest of the tile.)
+    float span[kBlockSpan * kBlockAcc];
+    bool past = false;
+#pragma unroll 1
+    for (int j = 0; j < kSpans; ++j) {
+      if (kBlockSpan == 1 && e_base + 32 * j >= width) break;
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int e = e0 + 8 * q + cq;
-        const bool in0 = e < width, in1 = e + 1 < width;
-        typename Rule::Out o[4];
-        apply_quad(rule, a, q, e0, cq, width, ri0, ri1, x, o);
-        const typename Rule::Out &o00 = o[0], &o01 = o[1], &o10 = o[2], &o11 = o[3];
-        reduce(o00, in0, rs0, part);
-        reduce(o01, in1, rs0, part);
-        reduce(o10, in0, rs1, part);
-        reduce(o11, in1, rs1, part);
-        put_outputs(buf, r0, 8 * q + cq, o00, o01);
-        put_outputs(buf, r0 + 8, 8 * q + cq, o10, o11);
-        if constexpr (kKeepD) {
+      for (int s = 0; s < kBlockSpan; ++s) {
+        const int b = kBlockSpan * j + s;
+        const int e0 = e_base + 32 * b;
+        if (kBlockSpan > 1 && e0 >= width) {
+          past = true;
+          break;
+        }
+        __syncwarp();            // the previous block's flush has read the buffers
+        if constexpr (k1x128) {
+          if (b % 4 == 0) group_scales(p, rule, acc, b, e_base, width, row0, r0, cq, lane, pairs, ri0, ri1, grp, kept);
+        }
+        // (Loaded as the block starts. Nsight Compute on the BF16 dSwiGLU at the mixtral layer shape
+        // finds about a tenth of the samples waiting on these loads, but loading a block ahead did not
+        // pay, H200, 2026-12-04, bench/pingpong.py dSwiGLU on four layer shapes, same run: before the
+        // previous block's stores 0.95-1.02x, into a second register set 0.83-0.99x (spills at TILE_M 64).)
+        typename Rule::ElemIn x[4][4];
+        if constexpr (!kKeepD) load_inputs(p, rule, pairs, row0, r0, cq, e0, width, x);
+        // kFragQuant: the block's D values (role, group, i: as o00, o01, o10, o11) until their
+        // scales are known.
+        float dq[kFragQuant ? kBlkDBufs : 1][4][4];
+        // The block's accumulators: a[4q + i] (gate values of group q), a[16 + 4q + i] (their up
+        // partners, 4 groups on, when the accumulator pairs).
+        if (s == 0) block_acc<kBlockSpan>(acc, j, span);
+        float a[kBlockAcc];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) dq[0][q][i] = kept[b % 4][q][i];   // (the rule above is then dead code)
-        } else if constexpr (kFragQuant) {
-          // Masked values are 0, as the engine's (mask_out).
-          dq[0][q][0] = d_of<0>(o00); dq[0][q][1] = d_of<0>(o01); dq[0][q][2] = d_of<0>(o10); dq[0][q][3] = d_of<0>(o11);
-          if constexpr (Rule::kPairedD) {
-            dq[1][q][0] = d_of<1>(o00); dq[1][q][1] = d_of<1>(o01); dq[1][q][2] = d_of<1>(o10); dq[1][q][3] = d_of<1>(o11);
+        for (int i = 0; i < kBlockAcc; ++i) a[i] = span[kBlockAcc * s + i];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int e = e0 + 8 * q + cq;
+          const bool in0 = e < width, in1 = e + 1 < width;
+          typename Rule::Out o[4];
+          apply_quad(rule, a, q, e0, cq, width, ri0, ri1, x, o);
+          const typename Rule::Out &o00 = o[0], &o01 = o[1], &o10 = o[2], &o11 = o[3];
+          reduce(o00, in0, rs0, part);
+          reduce(o01, in1, rs0, part);
+          reduce(o10, in0, rs1, part);
+          reduce(o11, in1, rs1, part);
+          put_outputs(buf, r0, 8 * q + cq, o00, o01);
+          put_outputs(buf, r0 + 8, 8 * q + cq, o10, o11);
+          if constexpr (kKeepD) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) dq[0][q][i] = kept[b % 4][q][i];   // (the rule above is then dead code)
+          } else if constexpr (kFragQuant) {
+            // Masked values are 0, as the engine's (mask_out).
+            dq[0][q][0] = d_of<0>(o00); dq[0][q][1] = d_of<0>(o01); dq[0][q][2] = d_of<0>(o10); dq[0][q][3] = d_of<0>(o11);
+            if constexpr (Rule::kPairedD) {
+              dq[1][q][0] = d_of<1>(o00); dq[1][q][1] = d_of<1>(o01); dq[1][q][2] = d_of<1>(o10); dq[1][q][3] = d_of<1>(o11);
+            }
           }
         }
-      }
-      if constexpr (kFragQuant) quant_d(p, rule, buf, dq, row0, r0, cq, e0, width, lane, grp);
-      __syncwarp();
-      if constexpr (Rule::kHasC) {
-        if (p.c_out != nullptr) {
-          flush_output<BlkC, Rule::kPairedC>(buf, reinterpret_cast<ElementC*>(p.c_out), p.ldc, row0, e0, width, lane);
-        }
-      }
-      if constexpr (kFragQuant) {
-        const int dw = Rule::kPairedD ? 2 * width : width;
-#pragma unroll
-        for (int role = 0; role < kBlkDBufs; ++role) {
-          const int dc0 = Rule::kPairedD ? 2 * e0 + 32 * role : e0;
-          if (dc0 < dw) {
-            QuantRowStore::flush(buf + kDBufOff + role * QuantRowStore::kBytes,
-                                 static_cast<uint8_t*>(p.d_out) + int64_t(row0) * p.ldd + dc0, p.ldd, dw - dc0, lane);
+        if constexpr (kFragQuant) quant_d(p, rule, buf, dq, row0, r0, cq, e0, width, lane, grp);
+        __syncwarp();
+        if constexpr (Rule::kHasC) {
+          if (p.c_out != nullptr) {
+            flush_output<BlkC, Rule::kPairedC>(buf, reinterpret_cast<ElementC*>(p.c_out), p.ldc, row0, e0, width, lane);
           }
         }
-      } else if constexpr (Rule::kHasD) {
-        flush_output<BlkD, Rule::kPairedD>(buf + kDBufOff, reinterpret_cast<ElementD*>(p.d_out),
-                                           p.ldd, row0, e0, width, lane);
+        if constexpr (kFragQuant) {
+          const int dw = Rule::kPairedD ? 2 * width : width;
+#pragma unroll
+          for (int role = 0; role < kBlkDBufs; ++role) {
+            const int dc0 = Rule::kPairedD ? 2 * e0 + 32 * role : e0;
+            if (dc0 < dw) {
+              QuantRowStore::flush(buf + kDBufOff + role * QuantRowStore::kBytes,
+                                   static_cast<uint8_t*>(p.d_out) + int64_t(row0) * p.ldd + dc0, p.ldd, dw - dc0, lane);
+            }
+          }
+        } else if constexpr (Rule::kHasD) {
+          flush_output<BlkD, Rule::kPairedD>(buf + kDBufOff, reinterpret_cast<ElementD*>(p.d_out),
+                                             p.ldd, row0, e0, width, lane);
+        }
       }
+      if (past) break;
     }
     if constexpr (Rule::kRowSum) {
       rs0 += __shfl_xor_sync(0xFFFFFFFFu, rs0, 1);
