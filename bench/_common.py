@@ -58,6 +58,24 @@ def time_ms(fn, warmup: int, iters: int) -> float:
     return statistics.median(times)
 
 
+def queued_ms(fn, warmup: int, iters: int) -> float:
+    """The GPU's time per call over ``iters`` calls issued back to back between one pair of events:
+    the host's issue time is hidden wherever it is shorter than the GPU's, as in a training step
+    whose host runs ahead. (:func:`time_ms` waits for each call, so it charges every call the
+    host's time to reach its first kernel as well: the latency of one call, not the throughput.)"""
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
 def host_ms(fn, iters: int = 5) -> float:
     """The host's time to issue one call of ``fn`` (the median of ``iters``, each after the GPU
     went idle): above the GPU's time per call, an eager loop waits on Python, not kernels."""
@@ -98,16 +116,17 @@ def watchdog(what: str, seconds: float, stop=os._exit):
         timer.cancel()
 
 
-def interleaved_ms(methods: dict, args) -> dict[str, float]:
+def interleaved_ms(methods: dict, args, timer=time_ms) -> dict[str, float]:
     """Every method timed in each of ``args.rounds`` interleaved rounds; the median over all
     samples. Clocks and neighbours drift during a run, and interleaving keeps that drift out of
-    the ratios. Each method's round runs under :func:`watchdog` (``args.hang_s``)."""
+    the ratios. Each method's round runs under :func:`watchdog` (``args.hang_s``). ``timer``:
+    :func:`time_ms` (each call's latency) or :func:`queued_ms` (calls back to back)."""
     samples: dict[str, list[float]] = {key: [] for key in methods}
     hang_s = getattr(args, "hang_s", HANG_S)
     for r in range(args.rounds):
         for key, fn in methods.items():
             with watchdog(f"method {key!r} (round {r + 1})", hang_s):
-                samples[key].append(time_ms(fn, args.warmup, args.iters))
+                samples[key].append(timer(fn, args.warmup, args.iters))
     return {key: statistics.median(v) for key, v in samples.items()}
 
 

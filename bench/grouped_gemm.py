@@ -8,7 +8,17 @@ of 256, it times with CUDA events (median of --iters after --warmup):
 * ``torch._grouped_mm`` (BF16, no epilogue),
 * cuBLAS dense ``torch.mm`` over the same total rows (equal FLOPs),
 
-and reports TFLOP/s (2 * rows * N * K / time) and the ratios to both peers.
+and reports TFLOP/s (2 * rows * N * K / time) and the ratios to both peers. Each sample waits
+for its call, so a method's time includes its host's latency to the first kernel (fusegemm's
+class path issues a call in 11-17 us, torch.mm in fewer): on the small rows (qwen3-fc1, about
+0.15 ms) that latency is a tenth of the time. Two more measures, in the same run:
+
+* ``--queued``: the same methods, each round's calls issued back to back between one pair of
+  events (``queued``: ms and ratios): the GPU's time per call when the host runs ahead, as in a
+  training step;
+* ``--kernel-times``: the device time of each method's kernels per call under torch.profiler
+  (``kernel_us``: fusegemm's GEMM and its tail-zeroing kernel, cuBLAS's kernels), and the ratios
+  of those.
 
     python bench/grouped_gemm.py [--out bench/results/grouped_gemm_h200.json] [--shapes dsv3-fc1,...]
     python bench/grouped_gemm.py --tune --configs auto,128x256:static     # the tuned choice vs the default
@@ -27,7 +37,8 @@ from __future__ import annotations
 
 import argparse
 
-from _common import FEW_TILE_SHAPES, SHAPES, add_run_arguments, expert_sizes, interleaved_ms, nvrtc_defines, run
+from _common import (FEW_TILE_SHAPES, SHAPES, add_run_arguments, expert_sizes, interleaved_ms, kernel_table,
+                     nvrtc_defines, queued_ms, run)
 
 ALL_SHAPES = {**SHAPES, **FEW_TILE_SHAPES}   # (the few-tile rows by --shapes only)
 
@@ -104,6 +115,12 @@ def bench_shape(name: str, dist: str, args) -> dict:
     w = b[0].t()               # (K, N) K-major: the same operand layout as the grouped weights
     methods["cublas_dense"] = lambda: torch.mm(a, w)
     ms = interleaved_ms(methods, args)
+    extra = {}
+    if args.queued:
+        extra["queued"] = interleaved_ms(methods, args, timer=queued_ms)
+    if args.kernel_times:   # (after the timing: the profiler's hooks outlive it and slow the host)
+        extra["kernel_us"] = {key: kernel_table(fn, steps=args.iters)["kernel_ms_per_step"] * 1e3
+                              for key, fn in methods.items()}
 
     row["configs"] = {cfg: {"ms": ms[cfg], "tflops": flops / ms[cfg] / 1e9} for cfg in configs}
     row["fusegemm_config"], row["fusegemm_ms"] = configs[0], ms[configs[0]]
@@ -116,15 +133,21 @@ def bench_shape(name: str, dist: str, args) -> dict:
             row[f"{key}_tflops"] = flops / ms[key] / 1e9
             row[f"ratio_vs_{key}"] = row["fusegemm_tflops"] / row[f"{key}_tflops"]
             row[f"best_ratio_vs_{key}"] = row["fusegemm_best_tflops"] / row[f"{key}_tflops"]
+    for name, times in extra.items():   # the headline config's speed over each peer's, by this measure
+        row[name] = {"per_method": times, **{f"ratio_vs_{key}": times[key] / times[configs[0]]
+                                             for key in ("torch_grouped_mm", "cublas_dense") if key in times}}
     methods.clear()
     torch.cuda.empty_cache()
     return row
 
 
 def _summary(r: dict) -> str:
+    more = "".join(f"  {name} x{r[name].get('ratio_vs_torch_grouped_mm', float('nan')):.3f} / "
+                   f"x{r[name]['ratio_vs_cublas_dense']:.3f} dense" for name in ("queued", "kernel_us") if name in r)
     return (f"fusegemm {r['fusegemm_tflops']:6.1f}  grouped_mm {r.get('torch_grouped_mm_tflops', float('nan')):6.1f}  "
-            f"dense {r['cublas_dense_tflops']:6.1f}  x{r.get('ratio_vs_torch_grouped_mm', float('nan')):.3f}  best "
-            f"{r['fusegemm_best_config']} {r['fusegemm_best_tflops']:6.1f}")
+            f"dense {r['cublas_dense_tflops']:6.1f}  x{r.get('ratio_vs_torch_grouped_mm', float('nan')):.3f} / "
+            f"x{r.get('ratio_vs_cublas_dense', float('nan')):.3f} dense  best "
+            f"{r['fusegemm_best_config']} {r['fusegemm_best_tflops']:6.1f}{more}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                          "choosing: a tuned record, else the default); the first is the headline")
     ap.add_argument("--tune", action="store_true",
                     help="run fusegemm.tune on each shape first (records land in the kernel cache)")
+    ap.add_argument("--queued", action="store_true",
+                    help="time every method again with its calls back to back (the GPU's time per call)")
+    ap.add_argument("--kernel-times", action="store_true",
+                    help="add each method's kernels' device time per call (torch.profiler)")
     args = ap.parse_args(argv)
     header = {"benchmark": "grouped_gemm (seed 001), BF16 A/B/D, alpha and prob applied",
               "headline_config": args.configs.split(",")[0]}

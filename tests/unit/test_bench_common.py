@@ -161,3 +161,54 @@ def test_device_gaps_locate_the_idle_time_between_operations():
     assert got["top_gaps"] == [(pytest.approx(0.06), 1.0, "gather -> gemm_b"),
                                (pytest.approx(0.01), 0.5, "fill -> gather")]
     assert common.device_gaps([], steps=1) == {"idle_ms_per_step": 0.0, "top_gaps": []}
+
+
+class _FakeEvent:
+    """torch.cuda.Event on the CPU: record() stamps a counter of the calls made so far."""
+    made: list = []
+
+    def __init__(self, enable_timing=False):
+        _FakeEvent.made.append(self)
+        self.at = None
+
+    def record(self):
+        self.at = _FakeEvent.calls
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return float(end.at - self.at)   # "ms": the calls issued between the two records
+
+
+def test_queued_ms_times_the_calls_back_to_back(monkeypatch):
+    """queued_ms: one pair of events around the timed calls (not one per call, as time_ms), no
+    wait between them, and the time per call."""
+    common = _common()
+    _FakeEvent.made, _FakeEvent.calls = [], 0
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: syncs.append(_FakeEvent.calls))
+
+    def fn():
+        _FakeEvent.calls += 1
+
+    assert common.queued_ms(fn, warmup=3, iters=8) == 1.0
+    assert _FakeEvent.calls == 11 and len(_FakeEvent.made) == 2 and syncs == [3]
+    _FakeEvent.made = []
+    common.time_ms(fn, warmup=0, iters=4)
+    assert len(_FakeEvent.made) == 8   # the latency timer: a pair per call
+
+
+def test_grouped_gemm_summary_names_every_measure():
+    """bench/grouped_gemm.py's line: the waited-for ratios, and the queued and kernel-time ones
+    when the run measured them."""
+    gg = bench_module("grouped_gemm")
+    row = {"fusegemm_tflops": 700.0, "torch_grouped_mm_tflops": 650.0, "cublas_dense_tflops": 720.0,
+           "ratio_vs_torch_grouped_mm": 1.077, "ratio_vs_cublas_dense": 0.972, "fusegemm_best_config": "128x256:static",
+           "fusegemm_best_tflops": 700.0}
+    assert "queued" not in gg._summary(row) and "x0.972 dense" in gg._summary(row)
+    row["queued"] = {"per_method": {}, "ratio_vs_torch_grouped_mm": 1.1, "ratio_vs_cublas_dense": 1.01}
+    row["kernel_us"] = {"per_method": {}, "ratio_vs_torch_grouped_mm": 1.12, "ratio_vs_cublas_dense": 1.02}
+    line = gg._summary(row)
+    assert "queued x1.100 / x1.010 dense" in line and "kernel_us x1.120 / x1.020 dense" in line
