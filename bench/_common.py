@@ -64,16 +64,12 @@ def queued_ms(fn, warmup: int, iters: int) -> float:
     whose host runs ahead. (:func:`time_ms` waits for each call, so it charges every call the
     host's time to reach its first kernel as well: the latency of one call, not the throughput.)"""
     import torch
+
+    from fusegemm.tune import queued_ms as back_to_back
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
+    return back_to_back(fn, iters)
 
 
 def host_ms(fn, iters: int = 5) -> float:

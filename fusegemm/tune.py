@@ -92,22 +92,29 @@ def parse_shape(text: str) -> dict[str, int]:
     return out
 
 
+def queued_ms(fn: Callable[[], Any], iters: int) -> float:
+    """The device time per call, in ms, of ``iters`` calls of ``fn`` issued back to back between one
+    pair of CUDA events on the current stream (the host's issue time hidden where it is shorter);
+    bench/_common.py times with it too."""
+    import torch
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
 def _median_ms(fns: dict[str, Callable[[], Any]], warmup: int, iters: int, rounds: int) -> dict[str, float]:
     """CUDA-event median per function over interleaved rounds of ``iters`` calls each."""
-    import torch
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for key, fn in fns.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            end.synchronize()
-            times[key].append(start.elapsed_time(end) / iters)
+            times[key].append(queued_ms(fn, iters))
     return {k: statistics.median(v) for k, v in times.items()}
 
 
