@@ -8,6 +8,11 @@ bench/gathered.py runs it (BF16, tile 128 x 256: ``gathered`` reads x through th
         [SHAPE]
     ncu ... python bench/ncu_one_op.py {gathered,pre_permuted} [dsv3-8|mixtral|qwen3]
     ncu ... python bench/ncu_one_op.py {wgrad_gathered,wgrad_pre_permuted} [dsv3-8|mixtral|qwen3]
+    ncu -k regex:'fg_grouped|nvjet' ... python bench/ncu_one_op.py {bf16_grouped,cublas_dense} [qwen3-fc1]
+
+``bf16_grouped`` is bench/grouped_gemm.py's default row (seed 001's class, 128 x 256, static)
+and ``cublas_dense`` its dense peer at equal FLOPs (``torch.mm`` over the same rows, expert 0's
+weights): what one kernel does that the other does not, on the rows where they differ most.
 
 FUSEGEMM_NVRTC_EXTRA builds the header's A/B switches (e.g. -DFUSEGEMM_SM90_COMPACT_ROW_ENDS=0).
 (bench/results/ncu_h200_blockwise_fc2.json summarises such reports of dSwiGLU and the GEMM.)
@@ -49,9 +54,39 @@ def routed_fc1_calls(which: str, layer: str) -> None:
     print("done", which, layer)
 
 
+def bf16_calls(which: str, shape: str) -> None:
+    """bench/grouped_gemm.py's fusegemm row (``bf16_grouped``) or its cuBLAS dense peer, three launches."""
+    import torch
+
+    from fusegemm.presets import GroupedGemm
+    experts, tokens, n, k = SHAPES[shape]
+    sizes = expert_sizes(experts, tokens, "balanced")
+    m, dev = sum(sizes), "cuda"
+    torch.manual_seed(0)
+    a = (torch.randn((m, k), device=dev) * 0.5).to(torch.bfloat16)
+    b = (torch.randn((experts, n, k), device=dev) * 0.5).to(torch.bfloat16)
+    if which == "cublas_dense":
+        w = b[0].t()
+        call = lambda: torch.mm(a, w)   # noqa: E731
+    else:
+        offsets = torch.tensor([sum(sizes[: i + 1]) for i in range(experts)], dtype=torch.int32, device=dev)
+        alpha, prob = torch.rand((experts,), device=dev) + 0.5, torch.rand((m, 1, 1), device=dev)
+        d = torch.empty((m, n, 1), dtype=torch.bfloat16, device=dev)
+        a3, b_view = a.unsqueeze(-1), b.permute(1, 2, 0)
+        op = GroupedGemm(a3, None, d, offsets, alpha, b_view, None, prob, mma_tiler_mn=(128, 256))
+        op.compile()
+        call = lambda: op.execute(a3, None, d, offsets, alpha, b_view, None, prob)   # noqa: E731
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    print("done", which, shape)
+
+
 def main(which: str, shape: str | None = None) -> None:
     if which in ("gathered", "pre_permuted", "wgrad_gathered", "wgrad_pre_permuted"):
         return routed_fc1_calls(which, shape or "dsv3-8")
+    if which in ("bf16_grouped", "cublas_dense"):
+        return bf16_calls(which, shape or "qwen3-fc1")
     shape = shape or "dsv3-fc2"
     import torch
 
