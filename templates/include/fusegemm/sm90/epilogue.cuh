@@ -890,9 +890,11 @@ struct WgmmaEpilogue {
             for (int i = 0; i < 4; ++i) dq[0][q][i] = kept[b % 4][q][i];   // (the rule above is then dead code)
           } else if constexpr (kFragQuant) {
             // Masked values are 0, as the engine's (mask_out).
-            dq[0][q][0] = d_of<0>(o00); dq[0][q][1] = d_of<0>(o01); dq[0][q][2] = d_of<0>(o10); dq[0][q][3] = d_of<0>(o11);
+            dq[0][q][0] = d_of<0>(o00); dq[0][q][1] = d_of<0>(o01);
+            dq[0][q][2] = d_of<0>(o10); dq[0][q][3] = d_of<0>(o11);
             if constexpr (Rule::kPairedD) {
-              dq[1][q][0] = d_of<1>(o00); dq[1][q][1] = d_of<1>(o01); dq[1][q][2] = d_of<1>(o10); dq[1][q][3] = d_of<1>(o11);
+              dq[1][q][0] = d_of<1>(o00); dq[1][q][1] = d_of<1>(o01);
+              dq[1][q][2] = d_of<1>(o10); dq[1][q][3] = d_of<1>(o11);
             }
           }
         }
