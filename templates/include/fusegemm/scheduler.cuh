@@ -41,9 +41,9 @@
 namespace fusegemm {
 
 // Block `block` of a bm_blocks x bn_blocks grid rasterised in bands of `band` block rows (N
-// blocks iterate inside a band; the last band may be shorter): (M block, N block). The per-tile
-// raster of GroupedScheduler::tile when a block is one tile; the cluster walks (cluster.cuh) band
-// their blocks with it, the expert-major walks (FUSEGEMM_RASTER_EXPERT) each expert's own grid.
+// blocks iterate inside a band; the last band may be shorter): (M block, N block). GroupedScheduler
+// walks its tiles with it (a block is one tile), the cluster walks (cluster.cuh) their blocks, the
+// expert-major walks (FUSEGEMM_RASTER_EXPERT) each expert's own grid.
 struct BlockCoord {
   int bm, bn;  // block position in the (M blocks x N blocks) grid
 };
@@ -125,12 +125,9 @@ struct GroupedScheduler {
         return t;
       }
     }
-    int band = linear / (kGroupM * n_blocks);
-    int first_m = band * kGroupM;
-    int band_rows = min(kGroupM, m_blocks - first_m);
-    int local = linear - band * kGroupM * n_blocks;
-    t.m_block = first_m + local % band_rows;
-    t.n_block = local / band_rows;
+    const BlockCoord c = grouped_block_coord(linear, m_blocks, n_blocks, kGroupM);
+    t.m_block = c.bm;
+    t.n_block = c.bn;
     t.expert = expert_of_row(t.m_block * TILE_M);
     t.linear = linear;
     return t;
@@ -258,6 +255,8 @@ struct CompactedScheduler {
       t.linear = linear;
       return t;
     }
+    // (grouped_block_coord's raster, written out: the cursor starts from the band's first block,
+    // which the formula has at hand; deriving it from the coordinate changed the kernels' SASS.)
     const int b = linear / (kGroupM * n_blocks);
     const int first_m = b * kGroupM;
     const int band_rows = min(kGroupM, m_blocks - first_m);
