@@ -43,9 +43,10 @@ from _common import (FEW_TILE_SHAPES, SHAPES, add_run_arguments, expert_sizes, i
 ALL_SHAPES = {**SHAPES, **FEW_TILE_SHAPES}   # (the few-tile rows by --shapes only)
 
 
-def bench_shape(name: str, dist: str, args) -> dict:
+def problem(name: str, dist: str) -> tuple:
+    """One row's operands on the GPU (seeded): expert sizes, A (rows, K), B (L, N, K), the
+    offsets, alpha, prob (rows, 1, 1) and D (rows, N, 1); bench/ncu_one_op.py profiles the same."""
     import torch
-    from fusegemm.presets import GroupedGemm
     experts, tokens, n, k = ALL_SHAPES[name]
     sizes = expert_sizes(experts, tokens, dist)
     m = sum(sizes)
@@ -58,6 +59,15 @@ def bench_shape(name: str, dist: str, args) -> dict:
     alpha = torch.rand((experts,), device=dev) + 0.5
     prob = torch.rand((m, 1, 1), device=dev)
     d = torch.empty((m, n, 1), dtype=torch.bfloat16, device=dev)
+    return sizes, a, b, offsets, alpha, prob, d
+
+
+def bench_shape(name: str, dist: str, args) -> dict:
+    import torch
+    from fusegemm.presets import GroupedGemm
+    experts, tokens, n, k = ALL_SHAPES[name]
+    sizes, a, b, offsets, alpha, prob, d = problem(name, dist)
+    m = sum(sizes)
     flops = 2.0 * m * n * k
     row = {"shape": name, "dist": dist, "experts": experts, "tokens": tokens, "rows": m, "n": n,
            "k": k, "sizes": sizes}

@@ -59,19 +59,12 @@ def bf16_calls(which: str, shape: str) -> None:
     import torch
 
     from fusegemm.presets import GroupedGemm
-    experts, tokens, n, k = SHAPES[shape]
-    sizes = expert_sizes(experts, tokens, "balanced")
-    m, dev = sum(sizes), "cuda"
-    torch.manual_seed(0)
-    a = (torch.randn((m, k), device=dev) * 0.5).to(torch.bfloat16)
-    b = (torch.randn((experts, n, k), device=dev) * 0.5).to(torch.bfloat16)
+    from grouped_gemm import problem
+    _, a, b, offsets, alpha, prob, d = problem(shape, "balanced")
     if which == "cublas_dense":
         w = b[0].t()
         call = lambda: torch.mm(a, w)   # noqa: E731
     else:
-        offsets = torch.tensor([sum(sizes[: i + 1]) for i in range(experts)], dtype=torch.int32, device=dev)
-        alpha, prob = torch.rand((experts,), device=dev) + 0.5, torch.rand((m, 1, 1), device=dev)
-        d = torch.empty((m, n, 1), dtype=torch.bfloat16, device=dev)
         a3, b_view = a.unsqueeze(-1), b.permute(1, 2, 0)
         op = GroupedGemm(a3, None, d, offsets, alpha, b_view, None, prob, mma_tiler_mn=(128, 256))
         op.compile()
