@@ -9,10 +9,12 @@ bench/gathered.py runs it (BF16, tile 128 x 256: ``gathered`` reads x through th
     ncu ... python bench/ncu_one_op.py {gathered,pre_permuted} [dsv3-8|mixtral|qwen3]
     ncu ... python bench/ncu_one_op.py {wgrad_gathered,wgrad_pre_permuted} [dsv3-8|mixtral|qwen3]
     ncu -k regex:'fg_grouped|nvjet' ... python bench/ncu_one_op.py {bf16_grouped,cublas_dense} [qwen3-fc1]
+    ncu ... python bench/ncu_one_op.py bf16_grouped_c2x1 [qwen3-fc1]
 
 ``bf16_grouped`` is bench/grouped_gemm.py's default row (seed 001's class, 128 x 256, static)
 and ``cublas_dense`` its dense peer at equal FLOPs (``torch.mm`` over the same rows, expert 0's
 weights): what one kernel does that the other does not, on the rows where they differ most.
+``bf16_grouped_cMxN`` is the same row on an M x N cluster (TMA multicast: the cluster kernel).
 
 FUSEGEMM_NVRTC_EXTRA builds the header's A/B switches (e.g. -DFUSEGEMM_SM90_COMPACT_ROW_ENDS=0).
 (bench/results/ncu_h200_blockwise_fc2.json summarises such reports of dSwiGLU and the GEMM.)
@@ -61,12 +63,17 @@ def bf16_calls(which: str, shape: str) -> None:
     from fusegemm.presets import GroupedGemm
     from grouped_gemm import problem
     _, a, b, offsets, alpha, prob, d = problem(shape, "balanced")
+    cluster = None
+    if which.startswith("bf16_grouped_c"):   # bf16_grouped_c2x1: the same row on a 2 x 1 cluster
+        cm, cn = which[len("bf16_grouped_c"):].split("x")
+        cluster = (int(cm), int(cn))
     if which == "cublas_dense":
         w = b[0].t()
         call = lambda: torch.mm(a, w)   # noqa: E731
     else:
         a3, b_view = a.unsqueeze(-1), b.permute(1, 2, 0)
-        op = GroupedGemm(a3, None, d, offsets, alpha, b_view, None, prob, mma_tiler_mn=(128, 256))
+        op = GroupedGemm(a3, None, d, offsets, alpha, b_view, None, prob, mma_tiler_mn=(128, 256),
+                         cluster_shape_mn=cluster)
         op.compile()
         call = lambda: op.execute(a3, None, d, offsets, alpha, b_view, None, prob)   # noqa: E731
     for _ in range(3):
@@ -78,7 +85,7 @@ def bf16_calls(which: str, shape: str) -> None:
 def main(which: str, shape: str | None = None) -> None:
     if which in ("gathered", "pre_permuted", "wgrad_gathered", "wgrad_pre_permuted"):
         return routed_fc1_calls(which, shape or "dsv3-8")
-    if which in ("bf16_grouped", "cublas_dense"):
+    if which in ("bf16_grouped", "cublas_dense") or which.startswith("bf16_grouped_c"):
         return bf16_calls(which, shape or "qwen3-fc1")
     shape = shape or "dsv3-fc2"
     import torch

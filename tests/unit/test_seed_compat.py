@@ -341,6 +341,7 @@ namespace epi {
 template <class T> float ldf(const void*, int64_t) { return 0.0f; }
 template <class T, bool A> void ldf2(const void*, int64_t, float&, float&) {}
 template <class T> void prefetch_l2(const void*, int64_t) {}
+template <class T> const char* elem_ptr(const void* p, int64_t) { return static_cast<const char*>(p); }
 template <class T> bool pairs_aligned(const void*, int64_t) { return true; }
 template <class T> struct Row32 {
   static constexpr bool kInRegisters = true;

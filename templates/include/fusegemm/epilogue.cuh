@@ -173,6 +173,13 @@ FUSEGEMM_DEVICE void ldf2(const void* p, int64_t i, float& a, float& b) {
   b = Cvt<T>::load(p, i + 1);
 }
 
+// The address of element i of an input at `base` (the fragment path's per-row addresses, from
+// which ldf / ldf2 then read at constant element offsets).
+template <class T>
+FUSEGEMM_DEVICE const char* elem_ptr(const void* base, int64_t i) {
+  return static_cast<const char*>(base) + i * Cvt<T>::kBytes;
+}
+
 // L2 prefetch of the line holding element i of an input at `base` (no register, no wait).
 template <class T>
 FUSEGEMM_DEVICE void prefetch_l2(const void* base, int64_t i) {

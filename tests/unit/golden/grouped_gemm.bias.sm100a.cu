@@ -196,6 +196,34 @@ struct Rule {
     (void)p; (void)row; (void)col; (void)e0; (void)e1;
   }
 
+  // The fragment path's addressing (fusegemm/sm90/epilogue.cuh load_inputs): each column and
+  // element input's address at element column col0 of `row`, computed once per row and block;
+  // elem2_at(a, k, ...) then reads columns col0 + k and col0 + k + 1 at the constant offset k
+  // from it, where elem2 computed a 64-bit address per load. Requires (col0 % 32) + k + 1 < 32:
+  // the columns stay in col0's 32-column block, in which paired_col advances with the column.
+  struct ElemAt {
+    const char* bias;
+  };
+  template <class Params>
+  FUSEGEMM_DEVICE ElemAt elem_at_row(const Params& p, int row, int col0) const {
+    ElemAt a;
+    a.bias = fusegemm::epi::elem_ptr<float>(col_base_bias, col0);
+    (void)p; (void)row; (void)col0;
+    return a;
+  }
+  // One column, col0 + k (the same bound on k), element by element (no alignment needed).
+  FUSEGEMM_DEVICE ElemIn elem_at(const ElemAt& a, int k) const {
+    ElemIn e;
+    e.bias = fusegemm::epi::ldf<float>(a.bias, k);
+    (void)a; (void)k;
+    return e;
+  }
+  template <bool kAligned>
+  FUSEGEMM_DEVICE void elem2_at(const ElemAt& a, int k, ElemIn& e0, ElemIn& e1) const {
+    fusegemm::epi::ldf2<float, kAligned>(a.bias, k, e0.bias, e1.bias);
+    (void)a; (void)k; (void)e0; (void)e1;
+  }
+
   // Ask L2 for the element inputs of `row`, element columns j0 .. j0 + 31 (one address per
   // input and role: 32 elements of a row span at most two 128-byte lines, usually one).
   template <class Params>
@@ -269,7 +297,7 @@ using Kernel = fusegemm::sm100::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_b7f2705f218e_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_98d49740073b_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -295,6 +323,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_b7f
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm100a_b7f2705f218e(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm100a_98d49740073b(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -201,6 +201,38 @@ struct Rule {
     (void)p; (void)row; (void)col; (void)e0; (void)e1;
   }
 
+  // The fragment path's addressing (fusegemm/sm90/epilogue.cuh load_inputs): each column and
+  // element input's address at element column col0 of `row`, computed once per row and block;
+  // elem2_at(a, k, ...) then reads columns col0 + k and col0 + k + 1 at the constant offset k
+  // from it, where elem2 computed a 64-bit address per load. Requires (col0 % 32) + k + 1 < 32:
+  // the columns stay in col0's 32-column block, in which paired_col advances with the column.
+  struct ElemAt {
+    const char* c_gate;
+    const char* c_up;
+  };
+  template <class Params>
+  FUSEGEMM_DEVICE ElemAt elem_at_row(const Params& p, int row, int col0) const {
+    ElemAt a;
+    a.c_gate = fusegemm::epi::elem_ptr<fusegemm::bfloat16_t>(p.c_in, int64_t(row) * p.ld_c_in + fusegemm::epi::paired_col(col0, 0));
+    a.c_up = fusegemm::epi::elem_ptr<fusegemm::bfloat16_t>(p.c_in, int64_t(row) * p.ld_c_in + fusegemm::epi::paired_col(col0, 1));
+    (void)p; (void)row; (void)col0;
+    return a;
+  }
+  // One column, col0 + k (the same bound on k), element by element (no alignment needed).
+  FUSEGEMM_DEVICE ElemIn elem_at(const ElemAt& a, int k) const {
+    ElemIn e;
+    e.c_gate = fusegemm::epi::ldf<fusegemm::bfloat16_t>(a.c_gate, k);
+    e.c_up = fusegemm::epi::ldf<fusegemm::bfloat16_t>(a.c_up, k);
+    (void)a; (void)k;
+    return e;
+  }
+  template <bool kAligned>
+  FUSEGEMM_DEVICE void elem2_at(const ElemAt& a, int k, ElemIn& e0, ElemIn& e1) const {
+    fusegemm::epi::ldf2<fusegemm::bfloat16_t, kAligned>(a.c_gate, k, e0.c_gate, e1.c_gate);
+    fusegemm::epi::ldf2<fusegemm::bfloat16_t, kAligned>(a.c_up, k, e0.c_up, e1.c_up);
+    (void)a; (void)k; (void)e0; (void)e1;
+  }
+
   // Ask L2 for the element inputs of `row`, element columns j0 .. j0 + 31 (one address per
   // input and role: 32 elements of a row span at most two 128-byte lines, usually one).
   template <class Params>
@@ -296,7 +328,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_b349ef20ac0f_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm100a_0fb78735a611_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -322,6 +354,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_dswiglu_sm
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_dswiglu_sm100a_b349ef20ac0f(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_dswiglu_sm100a_0fb78735a611(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

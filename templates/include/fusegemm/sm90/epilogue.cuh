@@ -67,6 +67,20 @@
 // block; same bytes as the engine on the H200) ran slower in every case, blockwise recipe, same
 // run (bench/results/blockscaled_h200_frag_quant_col.json): quant 0.78-0.91x the engine's speed,
 // dSwiGLU 0.76-0.90x (ops it did not touch: 0.94-1.07x, the noise). It was removed.
+// 1: the fragment path's element inputs (dSwiGLU's C) of a whole in-range block are read at
+// constant offsets from one address per input and row (Rule::elem_at_row / elem2_at); 0: each
+// pair's 64-bit address computed by itself (Rule::elem2), about six instructions per load in the
+// unrolled epilogue. Same loads, same bits.
+#ifndef FUSEGEMM_SM90_FRAG_ELEM_AT
+#define FUSEGEMM_SM90_FRAG_ELEM_AT 1
+#endif
+
+// 1: the fragment path masks every rule output past N (the baseline); 0: only those the block's
+// quantization reads (apply_quad, kMaskOuts).
+#ifndef FUSEGEMM_SM90_FRAG_MASK_ALL
+#define FUSEGEMM_SM90_FRAG_MASK_ALL 0
+#endif
+
 #ifndef FUSEGEMM_SM90_FRAG_QUANT
 #define FUSEGEMM_SM90_FRAG_QUANT 1
 #endif
@@ -691,13 +705,51 @@ struct WgmmaEpilogue {
     }
   }
 
+  // Element inputs at constant offsets from one address per row and block (FUSEGEMM_SM90_FRAG_ELEM_AT),
+  // except in the overlapped epilogue rolled block by block (FRAG_ROLL_SPAN=1): with its run-time
+  // accumulator selection the two row addresses spilled (8 bytes of local memory).
+  static constexpr bool kElemAt = FUSEGEMM_SM90_FRAG_ELEM_AT && !(kSpanRolled && kBlockSpan == 1);
+
   // A block's element inputs into x: every load in flight at once (one latency per block; the
   // shared-memory stores after them are compiler barriers that would serialise them). A whole
   // block of aligned inputs (the usual case, a warp-uniform test) is loaded without a branch; a
-  // partial block or an unaligned input pair by pair, with its tests.
+  // partial block or an unaligned input element by element (kElemAt) or pair by pair, with its
+  // tests. kElemAt, H100, 2026-12-05: the ping-pong dSwiGLU at 64 x 256 from 12,386 to 8,258 SASS
+  // lines (the partial-block path had been 500 lines of address arithmetic after every hot block).
   template <class Params>
   FUSEGEMM_DEVICE static void load_inputs(const Params& p, const Rule& rule, bool pairs, int row0, int r0, int cq,
                                           int e0, int width, typename Rule::ElemIn (&x)[4][4]) {
+    if constexpr (kElemAt) {
+      // e0 is a multiple of 32 (a tile starts at a multiple of its width, at least 64 element
+      // columns, and blocks are 32 wide) and cq <= 6, so columns e0 + cq + 8q + 1 <= e0 + 31
+      // stay in e0's block, as elem_at and elem2_at require.
+      const auto at0 = rule.elem_at_row(p, row0 + r0, e0 + cq);
+      const auto at1 = rule.elem_at_row(p, row0 + r0 + 8, e0 + cq);
+      if (pairs && e0 + 32 <= width) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          rule.template elem2_at<true>(at0, 8 * q, x[q][0], x[q][1]);
+          rule.template elem2_at<true>(at1, 8 * q, x[q][2], x[q][3]);
+        }
+      } else {
+        // A partial block, or inputs that cannot be read by pairs: element by element, each
+        // load predicated on its column, from the same addresses (a few instructions per load:
+        // this path is emitted once per block of the unrolled loop, between the hot ones).
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int e = e0 + 8 * q + cq;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            x[q][i] = x[q][2 + i] = typename Rule::ElemIn{};
+            if (e + i < width) {
+              x[q][i] = rule.elem_at(at0, 8 * q + i);
+              x[q][2 + i] = rule.elem_at(at1, 8 * q + i);
+            }
+          }
+        }
+      }
+      return;
+    }
     if (pairs && e0 + 32 <= width) {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
@@ -742,11 +794,24 @@ struct WgmmaEpilogue {
     const bool in0 = e < width, in1 = e + 1 < width;
     const float u0 = kPA ? a[16 + 4 * q] : 0.0f, u1 = kPA ? a[16 + 4 * q + 1] : 0.0f;
     const float u2 = kPA ? a[16 + 4 * q + 2] : 0.0f, u3 = kPA ? a[16 + 4 * q + 3] : 0.0f;
-    o[0] = mask_out(rule.apply(a[4 * q], u0, ri0, x[q][0]), in0);
-    o[1] = mask_out(rule.apply(a[4 * q + 1], u1, ri0, x[q][1]), in1);
-    o[2] = mask_out(rule.apply(a[4 * q + 2], u2, ri1, x[q][2]), in0);
-    o[3] = mask_out(rule.apply(a[4 * q + 3], u3, ri1, x[q][3]), in1);
+    o[0] = rule.apply(a[4 * q], u0, ri0, x[q][0]);
+    o[1] = rule.apply(a[4 * q + 1], u1, ri0, x[q][1]);
+    o[2] = rule.apply(a[4 * q + 2], u2, ri1, x[q][2]);
+    o[3] = rule.apply(a[4 * q + 3], u3, ri1, x[q][3]);
+    if constexpr (kMaskOuts) {
+      o[0] = mask_out(o[0], in0);
+      o[1] = mask_out(o[1], in1);
+      o[2] = mask_out(o[2], in0);
+      o[3] = mask_out(o[3], in1);
+    }
+    (void)in0; (void)in1;
   }
+  // Which fragment-path outputs are masked past N: those the block's quantization reads (its row
+  // maxima, kFragQuant and k1x128's group scales). Stored values past N never leave the staging
+  // buffers (FragBlockStore::flush skips the vectors at or past N, N keeping 16-byte granularity)
+  // and reduce() masks the reductions' inputs itself, so masking them too cost two selects per
+  // element of dSwiGLU (FUSEGEMM_SM90_FRAG_MASK_ALL=1 masks every output, as before: same bits).
+  static constexpr bool kMaskOuts = FUSEGEMM_SM90_FRAG_MASK_ALL || kFragQuant || k1x128;
 
   // kKeepD: the group's D values stay in registers from group_scales to the block loop (kept[block
   // of the group][group q][value]), which then neither loads the inputs nor applies the rule again:
