@@ -342,6 +342,11 @@ template <class T> float ldf(const void*, int64_t) { return 0.0f; }
 template <class T, bool A> void ldf2(const void*, int64_t, float&, float&) {}
 template <class T> void prefetch_l2(const void*, int64_t) {}
 template <class T> const char* elem_ptr(const void* p, int64_t) { return static_cast<const char*>(p); }
+template <class T> struct Cvt { static constexpr int kBytes = 2; };
+template <class T> using Raw2T = unsigned;
+template <class T> unsigned raw2_load(const char*, int) { return 0u; }
+template <class T> unsigned raw2_load_elems(const char*, int, int) { return 0u; }
+template <class T> void raw2_unpack(unsigned, float&, float&) {}
 template <class T> bool pairs_aligned(const void*, int64_t) { return true; }
 template <class T> struct Row32 {
   static constexpr bool kInRegisters = true;

@@ -214,3 +214,36 @@ def test_fragment_outputs_masked_only_for_quantization(spec, axes):
         h = disasm.sass_histogram(c.data)
         return disasm.count_prefix(h, "FSEL") + disasm.count_prefix(h, "SEL")
     assert selects(cub) <= selects(masked) - 2 * 128, (selects(cub), selects(masked))
+
+
+def _marks(text):
+    """The SASS as a string of C loads (L), logistic exps (m) and 16-byte stores (S), in order."""
+    out = []
+    for line in text.splitlines():
+        if "LDG.E.CONSTANT" in line and ".64+0x" in line:
+            out.append("L")
+        elif "MUFU.EX2" in line:
+            out.append("m")
+        elif "STG.E.128" in line:
+            out.append("S")
+    return "".join(out)
+
+
+def test_fragment_inputs_loaded_a_block_ahead():
+    """FUSEGEMM_SM90_FRAG_LOAD_AHEAD=1 (an A/B switch, off: not yet run on a GPU): the ping-pong
+    dSwiGLU's last block finds its C loaded during the block before (no C load between the
+    previous block's stores and its exps); by default each block loads its own as it starts.
+    0 spills either way."""
+    if not disasm.available():
+        pytest.skip("nvdisasm is not installed")
+    axes = dict(tile_m=64, tile_n=256)
+    src, cub = _compile("grouped_gemm_dswiglu_bf16", axes, ("-DFUSEGEMM_SM90_FRAG_LOAD_AHEAD=1",))
+    _, base = _compile("grouped_gemm_dswiglu_bf16", axes)
+    assert Cubin(cub.data).resources(src.symbol).local_bytes == 0
+
+    def last_block(c):   # the marks from the last block's stores back to the stores before them
+        s = _marks(disasm.sass(c.data)).rstrip("L")   # (the tile's trailing loads: the next tile's)
+        blocks = [b for b in s.split("S") if "m" in b]
+        return blocks[-1]
+    assert "L" not in last_block(cub).split("m")[0], last_block(cub)
+    assert "L" in last_block(base).split("m")[0], last_block(base)

@@ -180,6 +180,46 @@ FUSEGEMM_DEVICE const char* elem_ptr(const void* base, int64_t i) {
   return static_cast<const char*>(base) + i * Cvt<T>::kBytes;
 }
 
+// A column pair's raw bits (the fragment path's loads a block ahead: one register per 16-bit
+// pair, two per FP32 pair, converted when the block's rule runs): raw2_load at element k of an
+// aligned pair's address, raw2_unpack as ldf2 converts it. 8-bit inputs have no aligned pairs.
+template <class T>
+struct Raw2 {
+  using type = fusegemm::conditional_t<Cvt<T>::kBytes == 4, float2, uint32_t>;
+};
+template <class T>
+using Raw2T = typename Raw2<T>::type;
+template <class T>
+FUSEGEMM_DEVICE Raw2T<T> raw2_load(const char* at, int k) {
+  static_assert(Cvt<T>::kBytes == 2 || Cvt<T>::kBytes == 4, "pairs of 16- or 32-bit inputs");
+  return __ldg(reinterpret_cast<const Raw2T<T>*>(at + k * Cvt<T>::kBytes));
+}
+// The same bits element by element, for a pair not known to be aligned or whole: element k
+// when valid > 0, k + 1 when valid > 1, zero bits for the others.
+template <class T>
+FUSEGEMM_DEVICE Raw2T<T> raw2_load_elems(const char* at, int k, int valid) {
+  static_assert(Cvt<T>::kBytes == 2 || Cvt<T>::kBytes == 4, "pairs of 16- or 32-bit inputs");
+  if constexpr (Cvt<T>::kBytes == 4) {
+    const float* f = reinterpret_cast<const float*>(at) + k;
+    return make_float2(valid > 0 ? __ldg(f) : 0.0f, valid > 1 ? __ldg(f + 1) : 0.0f);
+  } else {
+    const unsigned short* h = reinterpret_cast<const unsigned short*>(at) + k;
+    const uint32_t lo = valid > 0 ? uint32_t(__ldg(h)) : 0u, hi = valid > 1 ? uint32_t(__ldg(h + 1)) : 0u;
+    return lo | (hi << 16);
+  }
+}
+template <class T>
+FUSEGEMM_DEVICE void raw2_unpack(Raw2T<T> r, float& a, float& b) {
+  if constexpr (Cvt<T>::kBytes == 4) {
+    a = r.x;
+    b = r.y;
+  } else {
+    const float2 v = Cvt<T>::unpack2(r);
+    a = v.x;
+    b = v.y;
+  }
+}
+
 // L2 prefetch of the line holding element i of an input at `base` (no register, no wait).
 template <class T>
 FUSEGEMM_DEVICE void prefetch_l2(const void* base, int64_t i) {

@@ -224,6 +224,29 @@ struct Rule {
     (void)a; (void)k; (void)e0; (void)e1;
   }
 
+  // elem2_at in two steps, for loads issued a block before their rule runs
+  // (FUSEGEMM_SM90_FRAG_LOAD_AHEAD): the raw bits of the pair (one register per 16-bit pair),
+  // then their conversion. Only for aligned pairs of 16- or 32-bit inputs (kRawPairs).
+  static constexpr bool kRawPairs = true && fusegemm::epi::Cvt<float>::kBytes >= 2;
+  struct ElemRaw {
+    fusegemm::epi::Raw2T<float> bias;
+  };
+  template <bool kUsed = true>   // (instantiated only where used: kRawPairs)
+  FUSEGEMM_DEVICE void elem2_raw_at(const ElemAt& a, int k, ElemRaw& r) const {
+    r.bias = fusegemm::epi::raw2_load<float>(a.bias, k);
+    (void)a; (void)k; (void)r;
+  }
+  template <bool kUsed = true>   // (instantiated only where used: kRawPairs)
+  FUSEGEMM_DEVICE void elem2_raw_elems_at(const ElemAt& a, int k, int valid, ElemRaw& r) const {
+    r.bias = fusegemm::epi::raw2_load_elems<float>(a.bias, k, valid);
+    (void)a; (void)k; (void)valid; (void)r;
+  }
+  template <bool kUsed = true>   // (instantiated only where used: kRawPairs)
+  FUSEGEMM_DEVICE void elem2_unpack(const ElemRaw& r, ElemIn& e0, ElemIn& e1) const {
+    fusegemm::epi::raw2_unpack<float>(r.bias, e0.bias, e1.bias);
+    (void)r; (void)e0; (void)e1;
+  }
+
   // Ask L2 for the element inputs of `row`, element columns j0 .. j0 + 31 (one address per
   // input and role: 32 elements of a row span at most two 128-byte lines, usually one).
   template <class Params>
@@ -297,7 +320,7 @@ using Kernel = fusegemm::sm100::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_98d49740073b_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_971092284d03_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -323,6 +346,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_98d
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm100a_98d49740073b(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm100a_971092284d03(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -215,6 +215,25 @@ struct Rule {
     (void)a; (void)k; (void)e0; (void)e1;
   }
 
+  // elem2_at in two steps, for loads issued a block before their rule runs
+  // (FUSEGEMM_SM90_FRAG_LOAD_AHEAD): the raw bits of the pair (one register per 16-bit pair),
+  // then their conversion. Only for aligned pairs of 16- or 32-bit inputs (kRawPairs).
+  static constexpr bool kRawPairs = true;
+  struct ElemRaw {
+  };
+  template <bool kUsed = true>   // (instantiated only where used: kRawPairs)
+  FUSEGEMM_DEVICE void elem2_raw_at(const ElemAt& a, int k, ElemRaw& r) const {
+    (void)a; (void)k; (void)r;
+  }
+  template <bool kUsed = true>   // (instantiated only where used: kRawPairs)
+  FUSEGEMM_DEVICE void elem2_raw_elems_at(const ElemAt& a, int k, int valid, ElemRaw& r) const {
+    (void)a; (void)k; (void)valid; (void)r;
+  }
+  template <bool kUsed = true>   // (instantiated only where used: kRawPairs)
+  FUSEGEMM_DEVICE void elem2_unpack(const ElemRaw& r, ElemIn& e0, ElemIn& e1) const {
+    (void)r; (void)e0; (void)e1;
+  }
+
   // Ask L2 for the element inputs of `row`, element columns j0 .. j0 + 31 (one address per
   // input and role: 32 elements of a row span at most two 128-byte lines, usually one).
   template <class Params>
@@ -287,7 +306,7 @@ using Kernel = fusegemm::sm90::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_swiglu_sm90a_a1305275b9ee_contract[22] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_swiglu_sm90a_691d2b70dd49_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -313,6 +332,6 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_swiglu_sm9
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_swiglu_sm90a_a1305275b9ee(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_swiglu_sm90a_691d2b70dd49(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -81,6 +81,16 @@
 #define FUSEGEMM_SM90_FRAG_MASK_ALL 0
 #endif
 
+// 1: ping-pong's unrolled fragment blocks load the next block's element inputs during the block
+// before (kLoadAhead); 0: each block loads its own as it starts. Off: written 2026-12-05 after
+// Nsight Compute (H200) found the ping-pong dSwiGLU's epilogue waiting on its C loads for 35% of
+// its samples, compiled without spills, and not yet run on a GPU (the session's device time was
+// spent): tests/gpu/test_epilogue_gpu.py::test_dswiglu_bf16_ping_pong_inputs checks it, and
+// bench/pingpong.py --also ahead=-DFUSEGEMM_SM90_FRAG_LOAD_AHEAD=1 times it.
+#ifndef FUSEGEMM_SM90_FRAG_LOAD_AHEAD
+#define FUSEGEMM_SM90_FRAG_LOAD_AHEAD 0
+#endif
+
 #ifndef FUSEGEMM_SM90_FRAG_QUANT
 #define FUSEGEMM_SM90_FRAG_QUANT 1
 #endif
@@ -773,6 +783,37 @@ struct WgmmaEpilogue {
     }
   }
 
+  // FUSEGEMM_SM90_FRAG_LOAD_AHEAD: in the unrolled block loop (ping-pong's overlapped epilogue),
+  // a whole aligned block's element inputs are loaded while the block before it runs, as raw
+  // bits (one register per 16-bit pair: 16 for dSwiGLU's C), and converted group by group as the
+  // rule runs; the first block, partial blocks and unaligned inputs load as they start, into the
+  // same raw form (converted as floats at once, the two forms' join spilled 8 bytes at 64 x 256).
+  static constexpr bool kLoadAhead = FUSEGEMM_SM90_FRAG_LOAD_AHEAD && kElemAt && Rule::kRawPairs && !k1x128 &&
+                                     kBlockSpan == kElemBlocks && kElemBlocks > 1 &&
+                                     sizeof(typename Rule::ElemIn) > 1;
+  // A block's raw inputs now: aligned pairs of a whole block by one load each, else each pair's
+  // columns below N element by element (zero bits past N, which convert to 0, as load_inputs').
+  template <class Params>
+  FUSEGEMM_DEVICE static void load_raw(const Params& p, const Rule& rule, bool pairs, int row0, int r0, int cq,
+                                       int e0, int width, typename Rule::ElemRaw (&r)[4][2]) {
+    const auto at0 = rule.elem_at_row(p, row0 + r0, e0 + cq);
+    const auto at1 = rule.elem_at_row(p, row0 + r0 + 8, e0 + cq);
+    if (pairs && e0 + 32 <= width) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        rule.template elem2_raw_at<true>(at0, 8 * q, r[q][0]);
+        rule.template elem2_raw_at<true>(at1, 8 * q, r[q][1]);
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int valid = width - (e0 + 8 * q + cq);
+        rule.template elem2_raw_elems_at<true>(at0, 8 * q, valid, r[q][0]);
+        rule.template elem2_raw_elems_at<true>(at1, 8 * q, valid, r[q][1]);
+      }
+    }
+  }
+
   // kSfdPow2: the smallest power of two >= s (UE8M0 scales; s is normal, at least 1e-4 / 57344,
   // so the exponent only grows; Inf and NaN stay). Dividing by it is exact: one rounding, to FP8.
   FUSEGEMM_DEVICE static float pow2_up(float s) {
@@ -907,6 +948,9 @@ struct WgmmaEpilogue {
     // (Where a block starts past N, warp-uniformly, so does the rest of the tile.)
     float span[kBlockSpan * kBlockAcc];
     bool past = false;
+    typename Rule::ElemRaw ahead[4][2];   // kLoadAhead: the next block's raw inputs (group q, row r0 / r0 + 8)
+    bool ahead_ok = false;
+    (void)ahead; (void)ahead_ok;
 #pragma unroll 1
     for (int j = 0; j < kSpans; ++j) {
       if (kBlockSpan == 1 && e_base + 32 * j >= width) break;
@@ -922,12 +966,30 @@ struct WgmmaEpilogue {
         if constexpr (k1x128) {
           if (b % 4 == 0) group_scales(p, rule, acc, b, e_base, width, row0, r0, cq, lane, pairs, ri0, ri1, grp, kept);
         }
-        // (Loaded as the block starts. Nsight Compute on the BF16 dSwiGLU at the mixtral layer shape
-        // finds about a tenth of the samples waiting on these loads, but loading a block ahead did not
-        // pay, H200, 2026-12-04, bench/pingpong.py dSwiGLU on four layer shapes, same run: before the
-        // previous block's stores 0.95-1.02x, into a second register set 0.83-0.99x (spills at TILE_M 64).)
+        // (Loaded as the block starts, or with kLoadAhead during the block before. Nsight Compute
+        // on the BF16 dSwiGLU at the mixtral layer shape finds about a tenth of the samples waiting
+        // on these loads, but loading a block ahead did not pay, H200, 2026-12-04, bench/pingpong.py
+        // dSwiGLU on four layer shapes, same run: before the previous block's stores 0.95-1.02x, into
+        // a second register set 0.83-0.99x (spills at TILE_M 64). See kLoadAhead for the raw bits.)
         typename Rule::ElemIn x[4][4];
-        if constexpr (!kKeepD) load_inputs(p, rule, pairs, row0, r0, cq, e0, width, x);
+        // kLoadAhead: the block's inputs as raw bits (converted group by group below, so that a
+        // block holds 16 registers of them rather than 32 floats), fetched during the block before
+        // or now.
+        typename Rule::ElemRaw cur[4][2];
+        (void)cur;
+        if constexpr (kLoadAhead) {
+          if (s > 0 && ahead_ok) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) cur[q][0] = ahead[q][0], cur[q][1] = ahead[q][1];
+          } else {
+            load_raw(p, rule, pairs, row0, r0, cq, e0, width, cur);
+          }
+          // The next block's inputs, in flight through this block's rule and stores.
+          ahead_ok = s + 1 < kBlockSpan && pairs && e0 + 64 <= width;
+          if (ahead_ok) load_raw(p, rule, true, row0, r0, cq, e0 + 32, e0 + 64, ahead);   // (a whole block)
+        } else if constexpr (!kKeepD) {
+          load_inputs(p, rule, pairs, row0, r0, cq, e0, width, x);
+        }
         // kFragQuant: the block's D values (role, group, i: as o00, o01, o10, o11) until their
         // scales are known.
         float dq[kFragQuant ? kBlkDBufs : 1][4][4];
@@ -941,6 +1003,10 @@ struct WgmmaEpilogue {
         for (int q = 0; q < 4; ++q) {
           const int e = e0 + 8 * q + cq;
           const bool in0 = e < width, in1 = e + 1 < width;
+          if constexpr (kLoadAhead) {
+            rule.template elem2_unpack<true>(cur[q][0], x[q][0], x[q][1]);
+            rule.template elem2_unpack<true>(cur[q][1], x[q][2], x[q][3]);
+          }
           typename Rule::Out o[4];
           apply_quad(rule, a, q, e0, cq, width, ri0, ri1, x, o);
           const typename Rule::Out &o00 = o[0], &o01 = o[1], &o10 = o[2], &o11 = o[3];
