@@ -16,6 +16,15 @@ and ``cublas_dense`` its dense peer at equal FLOPs (``torch.mm`` over the same r
 weights): what one kernel does that the other does not, on the rows where they differ most.
 ``bf16_grouped_cMxN`` is the same row on an M x N cluster (TMA multicast: the cluster kernel).
 
+    ncu ... --section SourceCounters python bench/ncu_one_op.py {dswiglu_layer,gemm_layer} \\
+        [mixtral-l|dsv3-32-l] [TILE_M]
+
+``dswiglu_layer`` is the MoE layer's fc2 data gradient with dSwiGLU as bench/pingpong.py times it
+(routed rows, tile TILE_M x 256, default 64: ping-pong, the layer's; w2 read N-major), and
+``gemm_layer`` the plain BF16 GEMM of the same shape and tiles (w2 copied K-major): what the
+epilogue costs beside the mainloop (bench/results/ncu_h100_qwen3_clusters_dswiglu_source.json,
+ncu_h200_dswiglu_mixtral_frag_elem_at.json).
+
 FUSEGEMM_NVRTC_EXTRA builds the header's A/B switches (e.g. -DFUSEGEMM_SM90_COMPACT_ROW_ENDS=0).
 (bench/results/ncu_h200_blockwise_fc2.json summarises such reports of dSwiGLU and the GEMM.)
 """
@@ -82,7 +91,42 @@ def bf16_calls(which: str, shape: str) -> None:
     print("done", which, shape)
 
 
-def main(which: str, shape: str | None = None) -> None:
+def layer_dgrad_calls(which: str, layer: str, tile_m: int) -> None:
+    """The layer's fc2 data gradient (bench/pingpong.py's dswiglu rows, routed), with dSwiGLU or
+    as the plain grouped GEMM, three launches."""
+    import torch
+
+    from fusegemm import EpilogueGemm
+    from fusegemm.presets import GroupedGemm
+    from pingpong import LAYERS
+    experts, tokens, hidden, f = LAYERS[layer]
+    sizes = expert_sizes(experts, tokens, "routed")
+    m = sum(sizes)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    off = torch.tensor([sum(sizes[: i + 1]) for i in range(experts)], dtype=torch.int32, device="cuda")
+    prob = torch.rand(m, generator=gen, device="cuda")
+    one = torch.ones(experts, device="cuda")
+    a = (torch.randn(m, hidden, generator=gen, device="cuda") * 0.5).bfloat16()
+    b = (torch.randn(experts, hidden, f, generator=gen, device="cuda") * 0.05).bfloat16().transpose(1, 2)
+    if which == "dswiglu_layer":
+        c = torch.randn(m, 2 * f, generator=gen, device="cuda").bfloat16()
+        op = EpilogueGemm("grouped_gemm_dswiglu_bf16", tile_m=tile_m, tile_n=256, b_major="n").compile()
+        call = lambda: op(a, off, b, inputs={"alpha": one, "prob": prob, "c": c})   # noqa: E731
+    else:
+        d = torch.empty((m, f, 1), dtype=torch.bfloat16, device="cuda")
+        a3, bv, p3 = a.unsqueeze(-1), b.contiguous().permute(1, 2, 0), prob.view(m, 1, 1)
+        op = GroupedGemm(a3, None, d, off, one, bv, None, p3, mma_tiler_mn=(tile_m, 256))
+        op.compile()
+        call = lambda: op.execute(a3, None, d, off, one, bv, None, p3)   # noqa: E731
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    print("done", which, layer, tile_m, m)
+
+
+def main(which: str, shape: str | None = None, tile_m: str = "64") -> None:
+    if which in ("dswiglu_layer", "gemm_layer"):
+        return layer_dgrad_calls(which, shape or "mixtral-l", int(tile_m))
     if which in ("gathered", "pre_permuted", "wgrad_gathered", "wgrad_pre_permuted"):
         return routed_fc1_calls(which, shape or "dsv3-8")
     if which in ("bf16_grouped", "cublas_dense") or which.startswith("bf16_grouped_c"):
