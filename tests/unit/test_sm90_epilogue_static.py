@@ -247,3 +247,9 @@ def test_fragment_inputs_loaded_a_block_ahead():
         return blocks[-1]
     assert "L" not in last_block(cub).split("m")[0], last_block(cub)
     assert "L" in last_block(base).split("m")[0], last_block(base)
+    # An FP32 C would hold 32 registers a block ahead (it spilled): it loads as each block starts.
+    fp32 = dict(axes, c_dtype="float32", b_major="n")
+    src32, on = _compile("grouped_gemm_dswiglu_bf16", fp32, ("-DFUSEGEMM_SM90_FRAG_LOAD_AHEAD=1",))
+    _, off = _compile("grouped_gemm_dswiglu_bf16", fp32)
+    assert Cubin(on.data).resources(src32.symbol).local_bytes == 0
+    assert disasm.sass_histogram(on.data) == disasm.sass_histogram(off.data)

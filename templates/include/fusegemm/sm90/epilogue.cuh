@@ -788,9 +788,11 @@ struct WgmmaEpilogue {
   // bits (one register per 16-bit pair: 16 for dSwiGLU's C), and converted group by group as the
   // rule runs; the first block, partial blocks and unaligned inputs load as they start, into the
   // same raw form (converted as floats at once, the two forms' join spilled 8 bytes at 64 x 256).
+  // At most 16 registers of a block's raw bits (8 pairs x 2 rows): dSwiGLU's 16-bit C; an FP32 C
+  // (32 registers) spilled 32 bytes at 64 x 256 and keeps loading as each block starts.
   static constexpr bool kLoadAhead = FUSEGEMM_SM90_FRAG_LOAD_AHEAD && kElemAt && Rule::kRawPairs && !k1x128 &&
                                      kBlockSpan == kElemBlocks && kElemBlocks > 1 &&
-                                     sizeof(typename Rule::ElemIn) > 1;
+                                     sizeof(typename Rule::ElemIn) > 1 && sizeof(typename Rule::ElemRaw) * 8 <= 64;
   // A block's raw inputs now: aligned pairs of a whole block by one load each, else each pair's
   // columns below N element by element (zero bits past N, which convert to 0, as load_inputs').
   template <class Params>
