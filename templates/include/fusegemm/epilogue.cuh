@@ -146,43 +146,10 @@ struct Cvt<fusegemm::float_e5m2_t> {
 template <class T>
 FUSEGEMM_DEVICE float ldf(const void* p, int64_t i) { return Cvt<T>::load(p, i); }
 
-// Elements i and i + 1 of an input of type T as FP32 (the rules' elem2(): a fragment thread's two
-// adjacent columns). One 4- or 8-byte load where the pair is aligned (every even column of a
-// contiguous input), else two element loads (a strided input's odd pitch, 8-bit inputs).
-// kAligned: the caller checked pairs_aligned() (no per-load branch: a branch region around each
-// load and its conversion kept the compiler from issuing a block's loads together, one full
-// latency each; H200, dSwiGLU epilogue at the dsv3 shape: 0.42 ms of a 1.27 ms GEMM).
-template <class T, bool kAligned = false>
-FUSEGEMM_DEVICE void ldf2(const void* p, int64_t i, float& a, float& b) {
-  constexpr int kBytes = Cvt<T>::kBytes;
-  const char* at = static_cast<const char*>(p) + i * kBytes;
-  if constexpr (kBytes == 2 || kBytes == 4) {
-    if (kAligned || (reinterpret_cast<unsigned long long>(at) & (2 * kBytes - 1)) == 0) {
-      float2 v;
-      if constexpr (kBytes == 4) {
-        v = __ldg(reinterpret_cast<const float2*>(at));
-      } else {
-        v = Cvt<T>::unpack2(__ldg(reinterpret_cast<const unsigned int*>(at)));
-      }
-      a = v.x;
-      b = v.y;
-      return;
-    }
-  }
-  a = Cvt<T>::load(p, i);
-  b = Cvt<T>::load(p, i + 1);
-}
-
-// The address of element i of an input at `base` (the fragment path's per-row addresses, from
-// which ldf / ldf2 then read at constant element offsets).
-template <class T>
-FUSEGEMM_DEVICE const char* elem_ptr(const void* base, int64_t i) {
-  return static_cast<const char*>(base) + i * Cvt<T>::kBytes;
-}
-
-// A column pair's raw bits (the fragment path's loads a block ahead: one register per 16-bit
-// pair, two per FP32 pair, converted when the block's rule runs): raw2_load at element k of an
-// aligned pair's address, raw2_unpack as ldf2 converts it. 8-bit inputs have no aligned pairs.
+// A column pair's raw bits: raw2_load at element k of an aligned pair's address, raw2_unpack
+// converting them (ldf2's aligned load is the two together; the fragment path's loads a block
+// ahead hold the bits, one register per 16-bit pair, two per FP32 pair, until the block's rule
+// runs). 8-bit inputs have no aligned pairs.
 template <class T>
 struct Raw2 {
   using type = fusegemm::conditional_t<Cvt<T>::kBytes == 4, float2, uint32_t>;
@@ -218,6 +185,33 @@ FUSEGEMM_DEVICE void raw2_unpack(Raw2T<T> r, float& a, float& b) {
     a = v.x;
     b = v.y;
   }
+}
+
+// Elements i and i + 1 of an input of type T as FP32 (the rules' elem2(): a fragment thread's two
+// adjacent columns). One 4- or 8-byte load where the pair is aligned (every even column of a
+// contiguous input), else two element loads (a strided input's odd pitch, 8-bit inputs).
+// kAligned: the caller checked pairs_aligned() (no per-load branch: a branch region around each
+// load and its conversion kept the compiler from issuing a block's loads together, one full
+// latency each; H200, dSwiGLU epilogue at the dsv3 shape: 0.42 ms of a 1.27 ms GEMM).
+template <class T, bool kAligned = false>
+FUSEGEMM_DEVICE void ldf2(const void* p, int64_t i, float& a, float& b) {
+  constexpr int kBytes = Cvt<T>::kBytes;
+  const char* at = static_cast<const char*>(p) + i * kBytes;
+  if constexpr (kBytes == 2 || kBytes == 4) {
+    if (kAligned || (reinterpret_cast<unsigned long long>(at) & (2 * kBytes - 1)) == 0) {
+      raw2_unpack<T>(raw2_load<T>(at, 0), a, b);
+      return;
+    }
+  }
+  a = Cvt<T>::load(p, i);
+  b = Cvt<T>::load(p, i + 1);
+}
+
+// The address of element i of an input at `base` (the fragment path's per-row addresses, from
+// which ldf / ldf2 then read at constant element offsets).
+template <class T>
+FUSEGEMM_DEVICE const char* elem_ptr(const void* base, int64_t i) {
+  return static_cast<const char*>(base) + i * Cvt<T>::kBytes;
 }
 
 // L2 prefetch of the line holding element i of an input at `base` (no register, no wait).
@@ -284,16 +278,6 @@ struct Row32<T, true> {
 
   FUSEGEMM_DEVICE float get(int i) const { return Cvt<T>::from_bits((w[i >> 1] >> (16 * (i & 1))) & 0xffffu); }
 };
-
-// Two adjacent elements at `p` (p 2-element aligned) as floats, read-only path.
-template <class T>
-FUSEGEMM_DEVICE float2 load2(const T* p) {
-  if constexpr (Cvt<T>::kBytes == 4) {
-    return __ldg(reinterpret_cast<const float2*>(p));
-  } else {
-    return Cvt<T>::unpack2(__ldg(reinterpret_cast<const unsigned int*>(p)));
-  }
-}
 
 // ---- narrow outputs (FP8, packed FP4) ---------------------------------------------------
 template <class T> constexpr int out_bits() {
