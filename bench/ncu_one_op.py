@@ -92,29 +92,21 @@ def bf16_calls(which: str, shape: str) -> None:
 
 
 def layer_dgrad_calls(which: str, layer: str, tile_m: int) -> None:
-    """The layer's fc2 data gradient (bench/pingpong.py's dswiglu rows, routed), with dSwiGLU or
-    as the plain grouped GEMM, three launches."""
+    """The layer's fc2 data gradient (bench/pingpong.py's dswiglu rows, routed: its
+    fused_problem), with dSwiGLU or as the plain grouped GEMM, three launches."""
     import torch
 
     from fusegemm import EpilogueGemm
     from fusegemm.presets import GroupedGemm
-    from pingpong import LAYERS
-    experts, tokens, hidden, f = LAYERS[layer]
-    sizes = expert_sizes(experts, tokens, "routed")
-    m = sum(sizes)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    off = torch.tensor([sum(sizes[: i + 1]) for i in range(experts)], dtype=torch.int32, device="cuda")
-    prob = torch.rand(m, generator=gen, device="cuda")
-    one = torch.ones(experts, device="cuda")
-    a = (torch.randn(m, hidden, generator=gen, device="cuda") * 0.5).bfloat16()
-    b = (torch.randn(experts, hidden, f, generator=gen, device="cuda") * 0.05).bfloat16().transpose(1, 2)
+    from pingpong import fused_problem
+    spec, axes, a, off, b, inputs, m, f, _ = fused_problem(torch, "dswiglu", layer, "routed")
     if which == "dswiglu_layer":
-        c = torch.randn(m, 2 * f, generator=gen, device="cuda").bfloat16()
-        op = EpilogueGemm("grouped_gemm_dswiglu_bf16", tile_m=tile_m, tile_n=256, b_major="n").compile()
-        call = lambda: op(a, off, b, inputs={"alpha": one, "prob": prob, "c": c})   # noqa: E731
+        op = EpilogueGemm(spec, tile_m=tile_m, tile_n=256, **axes).compile()
+        call = lambda: op(a, off, b, inputs=inputs)   # noqa: E731
     else:
+        one, p3 = inputs["alpha"], inputs["prob"].view(m, 1, 1)
         d = torch.empty((m, f, 1), dtype=torch.bfloat16, device="cuda")
-        a3, bv, p3 = a.unsqueeze(-1), b.contiguous().permute(1, 2, 0), prob.view(m, 1, 1)
+        a3, bv = a.unsqueeze(-1), b.contiguous().permute(1, 2, 0)
         op = GroupedGemm(a3, None, d, off, one, bv, None, p3, mma_tiler_mn=(tile_m, 256))
         op.compile()
         call = lambda: op.execute(a3, None, d, off, one, bv, None, p3)   # noqa: E731

@@ -124,8 +124,10 @@ def _wgrad(torch, shape, dist, args):
     return methods, {}, 2.0 * t * mm * n, {"experts": experts, "tokens": t, "m": mm, "n": n}
 
 
-def _fused(torch, op_name, shape, dist, args):
-    from fusegemm import EpilogueGemm
+def fused_problem(torch, op_name, shape, dist):
+    """The layer's fused GEMM ``op_name`` ("dswiglu" or "swiglu") on LAYERS[shape]'s rows (seeded):
+    spec, axes, the operands a, offsets and b, its inputs, and rows / N / K. bench/ncu_one_op.py
+    profiles the same problem."""
     experts, tokens, hidden, f = LAYERS[shape]
     sizes = expert_sizes(experts, tokens, dist)
     m = sum(sizes)
@@ -145,12 +147,18 @@ def _fused(torch, op_name, shape, dist, args):
         spec, axes, inputs, n, k = ("grouped_gemm_swiglu", {"d_dtype": "bfloat16", "generate_c": True,
                                                             "c_dtype": "bfloat16"},
                                     {"alpha": one, "prob": prob}, 2 * f, hidden)
+    return spec, axes, a, off, b, inputs, m, n, k
+
+
+def _fused(torch, op_name, shape, dist, args):
+    from fusegemm import EpilogueGemm
+    spec, axes, a, off, b, inputs, m, n, k = fused_problem(torch, op_name, shape, dist)
 
     def config(tm, tn, extra):
         op = _build(lambda: EpilogueGemm(spec, tile_m=tm, tile_n=tn, **axes).compile(), extra)
         return lambda: op(a, off, b, inputs=inputs)["d"]
     methods = _methods(config, args)
-    return methods, {}, 2.0 * m * n * k, {"experts": experts, "rows": m, "n": n, "k": k}
+    return methods, {}, 2.0 * m * n * k, {"experts": LAYERS[shape][0], "rows": m, "n": n, "k": k}
 
 
 def bench_shape(name: str, dist: str, args) -> dict:

@@ -174,8 +174,22 @@ def _stores_between_wgmmas(text: str) -> int:
 # and its outputs masked past N only where its quantization reads them (FUSEGEMM_SM90_FRAG_MASK_ALL):
 # the default against the A/B baselines. H100, 2026-12-05 (bench/pingpong.py --also, five rounds,
 # same bits): the ping-pong dSwiGLU 1.03-1.12x at the MoE layers' shapes.
+def _marks(text):
+    """The SASS as a string of C loads at a constant offset (L), logistic exps (m) and 16-byte
+    stores (S), in order."""
+    out = []
+    for line in text.splitlines():
+        if "LDG.E.CONSTANT" in line and ".64+0x" in line:
+            out.append("L")
+        elif "MUFU.EX2" in line:
+            out.append("m")
+        elif "STG.E.128" in line:
+            out.append("S")
+    return "".join(out)
+
+
 def _ldg_with_offset(text):
-    return sum(1 for line in text.splitlines() if "LDG.E.CONSTANT" in line and ".64+0x" in line)
+    return _marks(text).count("L")
 
 
 def test_fragment_inputs_at_constant_offsets():
@@ -214,19 +228,6 @@ def test_fragment_outputs_masked_only_for_quantization(spec, axes):
         h = disasm.sass_histogram(c.data)
         return disasm.count_prefix(h, "FSEL") + disasm.count_prefix(h, "SEL")
     assert selects(cub) <= selects(masked) - 2 * 128, (selects(cub), selects(masked))
-
-
-def _marks(text):
-    """The SASS as a string of C loads (L), logistic exps (m) and 16-byte stores (S), in order."""
-    out = []
-    for line in text.splitlines():
-        if "LDG.E.CONSTANT" in line and ".64+0x" in line:
-            out.append("L")
-        elif "MUFU.EX2" in line:
-            out.append("m")
-        elif "STG.E.128" in line:
-            out.append("S")
-    return "".join(out)
 
 
 def test_fragment_inputs_loaded_a_block_ahead():
