@@ -231,15 +231,15 @@ def test_fragment_outputs_masked_only_for_quantization(spec, axes):
 
 
 def test_fragment_inputs_loaded_a_block_ahead():
-    """FUSEGEMM_SM90_FRAG_LOAD_AHEAD=1 (an A/B switch, off: not yet run on a GPU): the ping-pong
+    """FUSEGEMM_SM90_FRAG_LOAD_AHEAD (on by default; 0 is the A/B switch's baseline): the ping-pong
     dSwiGLU's last block finds its C loaded during the block before (no C load between the
-    previous block's stores and its exps); by default each block loads its own as it starts.
-    0 spills either way."""
+    previous block's stores and its exps); with the switch at 0 each block loads its own as it
+    starts. 0 spills either way."""
     if not disasm.available():
         pytest.skip("nvdisasm is not installed")
     axes = dict(tile_m=64, tile_n=256)
-    src, cub = _compile("grouped_gemm_dswiglu_bf16", axes, ("-DFUSEGEMM_SM90_FRAG_LOAD_AHEAD=1",))
-    _, base = _compile("grouped_gemm_dswiglu_bf16", axes)
+    src, cub = _compile("grouped_gemm_dswiglu_bf16", axes)
+    _, base = _compile("grouped_gemm_dswiglu_bf16", axes, ("-DFUSEGEMM_SM90_FRAG_LOAD_AHEAD=0",))
     assert Cubin(cub.data).resources(src.symbol).local_bytes == 0
 
     def last_block(c):   # the marks from the last block's stores back to the stores before them
@@ -250,7 +250,7 @@ def test_fragment_inputs_loaded_a_block_ahead():
     assert "L" in last_block(base).split("m")[0], last_block(base)
     # An FP32 C would hold 32 registers a block ahead (it spilled): it loads as each block starts.
     fp32 = dict(axes, c_dtype="float32", b_major="n")
-    src32, on = _compile("grouped_gemm_dswiglu_bf16", fp32, ("-DFUSEGEMM_SM90_FRAG_LOAD_AHEAD=1",))
-    _, off = _compile("grouped_gemm_dswiglu_bf16", fp32)
+    src32, on = _compile("grouped_gemm_dswiglu_bf16", fp32)
+    _, off = _compile("grouped_gemm_dswiglu_bf16", fp32, ("-DFUSEGEMM_SM90_FRAG_LOAD_AHEAD=0",))
     assert Cubin(on.data).resources(src32.symbol).local_bytes == 0
     assert disasm.sass_histogram(on.data) == disasm.sass_histogram(off.data)

@@ -82,13 +82,15 @@
 #endif
 
 // 1: ping-pong's unrolled fragment blocks load the next block's element inputs during the block
-// before (kLoadAhead); 0: each block loads its own as it starts. Off: written 2026-12-05 after
-// Nsight Compute (H200) found the ping-pong dSwiGLU's epilogue waiting on its C loads for 35% of
-// its samples, compiled without spills, and not yet run on a GPU (the session's device time was
-// spent): tests/gpu/test_epilogue_gpu.py::test_dswiglu_bf16_ping_pong_inputs checks it, and
-// bench/pingpong.py --also ahead=-DFUSEGEMM_SM90_FRAG_LOAD_AHEAD=1 times it.
+// before (kLoadAhead); 0: each block loads its own as it starts (the baseline, an A/B switch).
+// Written 2026-12-05 after Nsight Compute (H200) found the ping-pong dSwiGLU's epilogue waiting
+// on its C loads for 35% of its samples. H100, 2026-12-05, bench/pingpong.py --also (pp64x256,
+// routed, two runs of 5 and 7 rounds): mixtral layer 1.01x / 0.99x, dsv3-32 layer 1.04x /
+// 1.06x, qwen3 1.02x / 1.02x; the graphed layer (bench/moe_layer.py, processes in turn, two pairs)
+// mixtral 14.56 / 14.62 against 14.43 / 14.92 ms, dsv3-32 14.77 / 14.92 against 15.02 / 15.19 ms.
+// tests/gpu/test_epilogue_gpu.py::test_dswiglu_bf16_ping_pong_inputs checks both settings.
 #ifndef FUSEGEMM_SM90_FRAG_LOAD_AHEAD
-#define FUSEGEMM_SM90_FRAG_LOAD_AHEAD 0
+#define FUSEGEMM_SM90_FRAG_LOAD_AHEAD 1
 #endif
 
 #ifndef FUSEGEMM_SM90_FRAG_QUANT
