@@ -232,9 +232,11 @@ struct EngineStage {
 // p.d_index[r] of the outputs (an index outside [0, p.d_rows) stores nothing), element-wise rules
 // only (the fragment path: a row's staged 16-byte vectors go to one global row, so redirecting a
 // row costs one index load per lane and tile).
+// kAheadOk: the kernel leaves the registers for FUSEGEMM_SM90_FRAG_LOAD_AHEAD (kLoadAhead below;
+// the stream-K kernel's fix-up state does not: it spilled 8 bytes).
 template <int kTileM, int kTileN, class Rule, class ElementC, class ElementD, class Engine,
           bool kBatched = false, bool kForceEngine = false, bool kDefer = false, bool kOverlapped = false,
-          int kEngineWarps = FUSEGEMM_SM90_ENGINE_WARPS, bool kScatter = false>
+          int kEngineWarps = FUSEGEMM_SM90_ENGINE_WARPS, bool kScatter = false, bool kAheadOk = true>
 struct WgmmaEpilogue {
   static constexpr int kConsumerWGs = kTileM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
@@ -791,8 +793,11 @@ struct WgmmaEpilogue {
   // rule runs; the first block, partial blocks and unaligned inputs load as they start, into the
   // same raw form (converted as floats at once, the two forms' join spilled 8 bytes at 64 x 256).
   // At most 16 registers of a block's raw bits (8 pairs x 2 rows): dSwiGLU's 16-bit C; an FP32 C
-  // (32 registers) spilled 32 bytes at 64 x 256 and keeps loading as each block starts.
-  static constexpr bool kLoadAhead = FUSEGEMM_SM90_FRAG_LOAD_AHEAD && kElemAt && Rule::kRawPairs && !k1x128 &&
+  // (32 registers) spilled 32 bytes at 64 x 256 and keeps loading as each block starts, as do an
+  // 8-bit D quantized on the fragment (the block-scaled GLU's spilled 8-16 bytes) and the
+  // stream-K kernel (kAheadOk).
+  static constexpr bool kLoadAhead = FUSEGEMM_SM90_FRAG_LOAD_AHEAD && kAheadOk && !kFragQuant && kElemAt &&
+                                     Rule::kRawPairs && !k1x128 &&
                                      kBlockSpan == kElemBlocks && kElemBlocks > 1 &&
                                      sizeof(typename Rule::ElemIn) > 1 && sizeof(typename Rule::ElemRaw) * 8 <= 64;
   // A block's raw inputs now: aligned pairs of a whole block by one load each, else each pair's

@@ -262,7 +262,7 @@ struct GroupedGemmKernel {
   static constexpr bool kScatterD = scatter_of<Config>(0);
   static_assert(!kScatterD || !kKGrouped, "scattered outputs: M-grouped problems (the registry's limits)");
   using Epi = WgmmaEpilogue<64 * kConsumerWGs, kTileN, Rule, ElementC, ElementD, Engine, false, false, kDefer, kPingPong,
-                            FUSEGEMM_SM90_ENGINE_WARPS, kScatterD>;
+                            FUSEGEMM_SM90_ENGINE_WARPS, kScatterD, !stream_k_of<Config>(0)>;
   static constexpr int kEpiBytes = Epi::kBytes;
   // Stream-K (above): a ring entry also carries its piece's k-block range and the CTAs whose
   // partials a head piece adds (a second int4 per slot). The one producer thread keeps its walk
