@@ -52,32 +52,55 @@ def test_row_batch_switch_compiles_clean(batch):
             assert len(loads) >= batch and max(b - a for a, b in zip(loads, loads[1:batch])) <= 40, loads[:batch]
 
 
-@pytest.mark.parametrize("variant", [1, 2])
-def test_block_transpose_switch_compiles_clean(variant):
-    """FUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE (the weights' transposed copy made from q's bytes; 1
-    through shared memory, 2 stored directly): each compiles without local memory on both archs
-    within the register budget, also at 6 CTAs per SM (FUSEGEMM_QUANTIZE_MIN_CTAS), and carries the
-    transpose: 48 more byte permutes (3 per 4-byte word of a lane's four 16-byte columns) than the
-    column-pass build, the default (sm_90a SASS)."""
+def test_block_transpose_switch_compiles_clean():
+    """FUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE=1 (the weights' transposed copy made from q's bytes through
+    shared memory): compiles without local memory on both archs within the register budget, also
+    at 6 CTAs per SM (FUSEGEMM_QUANTIZE_MIN_CTAS, the default), and carries the transpose: at least
+    48 more byte permutes (3 per 4-byte word of a lane's four 16-byte columns) than the
+    column-pass build, the default (sm_90a SASS). Other values are refused at compile time."""
     from fusegemm.runtime import disasm
     from fusegemm.runtime.compile import compile_source
     from fusegemm.runtime.cubin_info import Cubin
     prmt = {}
-    on = (f"-DFUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE={variant}",)
-    for extra in (on, on + ("-DFUSEGEMM_QUANTIZE_MIN_CTAS=6",), ()):
+    on = ("-DFUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE=1",)
+    for extra in (on, on + ("-DFUSEGEMM_QUANTIZE_MIN_CTAS=0",), ()):
         for arch in ("sm_90a", "sm_100a"):
             cub = compile_source('#include "fusegemm/quantize.cuh"\n', arch=arch, kernel=KERNELS[0], extra=extra)
             for name in KERNELS:
                 res = Cubin(cub.data).resources(name)
                 assert res.local_bytes == 0 and res.registers <= 64, (arch, extra, res)
-                if "-DFUSEGEMM_QUANTIZE_MIN_CTAS=6" in extra:
+                if "-DFUSEGEMM_QUANTIZE_MIN_CTAS=0" not in extra:
                     assert res.registers <= 40, (arch, res)   # 65536 / (6 x 256), in steps of 8
             if arch == "sm_90a" and disasm.available():
                 sass = disasm.sass(cub.data)
                 prmt[extra] = [sum(op.startswith("PRMT") for op in disasm.opcodes(_function(sass, n))) for n in KERNELS]
+    with pytest.raises(Exception, match="BLOCK_TRANSPOSE"):
+        compile_source('#include "fusegemm/quantize.cuh"\n', arch="sm_90a", kernel=KERNELS[0],
+                       extra=("-DFUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE=2",))
     if not prmt:
         pytest.skip("no disassembler (pip install nvidia-cuda-nvdisasm): resources checked, SASS not")
     assert all(a - b >= 48 for a, b in zip(prmt[on], prmt[()])), prmt
+
+
+def test_passes_spend_few_instructions_per_value():
+    """The packed passes (quantize.cuh's header comment; sm_90a SASS of every kernel): maxima over
+    16-bit |x| pairs (max.u16x2: VIMNMX.U16x2), the element format chosen once per tile (no
+    predicated FP8 conversion: the runtime flag made every conversion a predicated pair), and the
+    three-instruction division (no sign copy, LOP3 0xb8 with 0x80000000, after the correction)."""
+    import re
+
+    from fusegemm.runtime import disasm
+    from fusegemm.runtime.compile import compile_source
+    if not disasm.available():
+        pytest.skip("no disassembler (pip install nvidia-cuda-nvdisasm)")
+    sass = disasm.sass(compile_source('#include "fusegemm/quantize.cuh"\n', arch="sm_90a", kernel=KERNELS[0]).data)
+    for name in KERNELS:
+        fn = _function(sass, name)
+        ops = disasm.opcodes(fn)
+        assert any(op.startswith(("VIMNMX.U16", "VIMNMX3.U16")) for op in ops), name   # (U16x2)
+        assert any(op.startswith("F2FP") for op in ops), name
+        assert not re.search(r"@!?P\d\s+F2FP", fn), name
+        assert not re.search(r"LOP3\.LUT R\d+, R\d+, 0x80000000, R\d+, 0xb8", fn), name
 
 
 def _function(sass: str, name: str) -> str:

@@ -34,8 +34,12 @@ FUSEGEMM_DEVICE int expert_first_row(const int* offsets, int e) { return e == 0 
 // once per scale: the quotient and one FMA correction (Markstein's theorem), as div.rn.f32's fast
 // path does, without its range check and slow-path call, which made every division a branch
 // region the compiler would not schedule across. A subnormal t gives a quotient below 1e-30,
-// which every FP8 format rounds to zero either way. The sign is t's (the correction turns
-// -0 / s into +0; div.rn, numpy and torch give -0). Callers send an Inf or NaN scale to div.rn.
+// which every FP8 format rounds to zero either way. The residual is formed negated, s q - t, and
+// subtracted (FFMA's operand negation, no instruction): round-to-nearest is symmetric, so that is
+// the textbook step t - s q bit for bit, except that an exact zero residual (+0 either way) now
+// keeps the sign of q, so -0 / s gives -0 as div.rn, numpy and torch do, with no copysign
+// (one instruction of four per value in the quantization kernels). Callers send an Inf or NaN
+// scale to div.rn or through ScaleDivisor.
 FUSEGEMM_DEVICE float scale_reciprocal(float s) {
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
@@ -43,7 +47,7 @@ FUSEGEMM_DEVICE float scale_reciprocal(float s) {
 }
 FUSEGEMM_DEVICE float div_by_scale(float t, float s, float r) {
   const float q = __fmul_rn(t, r);
-  return copysignf(__fmaf_rn(__fmaf_rn(-s, q, t), r, q), t);
+  return __fmaf_rn(-__fmaf_rn(s, q, -t), r, q);
 }
 
 // What fl(t / s) divides by for a quantization scale s that an Inf or NaN in its group made Inf
