@@ -26,7 +26,7 @@
 // constant offsets from one address per lane, and a three-instruction division (common.cuh
 // div_by_scale). About 14 instructions per value where there were 21 (both quantizations of an
 // activation) and 12 where there were 20 (the weights with their transposed copy). H100, same
-// run, against the previous kernels in a second process (bench/quantize.py, five rounds,
+// run, against the previous kernels in a second process (bench/quantize.py, three rounds,
 // bench/results/quantize_h100_packed.json): activations 1.06-1.08x, weights 1.07-1.08x, the same
 // bytes (tests/gpu/test_quantize_gpu.py).
 #pragma once
@@ -75,8 +75,8 @@ constexpr int kQuantizePow2 = 1, kQuantizeE5M2 = 2;
 // with the previous passes 1 ran w1 / w2 at 0.93x / 1.02x the column pass's speed (bench/results/
 // quantize_h100_block_transpose_smem.json; storing each lane's 16-byte pieces straight to qt, 32
 // rows of qt per instruction, ran 0.73x / 0.80x: quantize_h100_block_transpose_direct.json, and
-// was removed); with the packed passes 1.00x / 1.00x (quantize_h100_packed.json): the column
-// pass is bandwidth-bound on the H100, its second conversion hidden under the stores.
+// was removed); with the packed passes 1.00x / 1.00x (three rounds, quantize_h100_packed.json):
+// the column pass is bandwidth-bound on the H100, its second conversion hidden under the stores.
 #ifndef FUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE
 #define FUSEGEMM_QUANTIZE_BLOCK_TRANSPOSE 0
 #endif
@@ -128,7 +128,9 @@ FUSEGEMM_DEVICE float quantize_scale(uint32_t amax_bits, int flags) {
   float s = div_by_elem_max(fmaxf(amax, 1e-4f), kE5M2 ? 57344.0f : 448.0f, kE5M2 ? 1.0f / 57344.0f : 1.0f / 448.0f);
   if (flags & kQuantizePow2) {
     const uint32_t b = __float_as_uint(s);
-    if ((b & 0x7F800000u) != 0x7F800000u && (b & 0x007FFFFFu) != 0) s = __uint_as_float((b & 0x7F800000u) + 0x00800000u);
+    if ((b & 0x7F800000u) != 0x7F800000u && (b & 0x007FFFFFu) != 0) {
+      s = __uint_as_float((b & 0x7F800000u) + 0x00800000u);
+    }
   }
   return s;
 }
@@ -378,6 +380,13 @@ FUSEGEMM_DEVICE uint32_t column_quad(const uint32_t (&u)[16], int k, const Quant
   return (quantize_pair<kE5M2>(f[0], f[1], s) & 0xFFFFu) | (quantize_pair<kE5M2>(f[2], f[3], s) << 16);
 }
 
+// One column's 16 FP8 bytes (rows 0..15, the lowest first) from a lane's column pair.
+template <class S, bool kE5M2, bool kHi>
+FUSEGEMM_DEVICE uint4 column_bytes(const uint32_t (&u)[16], const QuantizeScale& s) {
+  return make_uint4(column_quad<S, kE5M2, kHi>(u, 0, s), column_quad<S, kE5M2, kHi>(u, 1, s),
+                    column_quad<S, kE5M2, kHi>(u, 2, s), column_quad<S, kE5M2, kHi>(u, 3, s));
+}
+
 // Column pass (qt): lane j = lane % 8 takes rows 16 j .. 16 j + 15 of a column pair (two adjacent
 // columns: one 4-byte load per row), 4 pairs per warp and instruction, 32 pairs per CTA and
 // round, two rounds. The lane's 16 rows share r / 16 = j: one XOR of swizzle, row 16 j + i's pair
@@ -416,10 +425,8 @@ FUSEGEMM_DEVICE void quantize_cols(const QuantizeParams& p, const S* tile, int b
     if (r >= p.rows) continue;     // (rows % 16 == 0: the lane's 16 rows all in or all out)
     const QuantizeScale q0(s0), q1(s1);
     unsigned char* qt = p.qt + b * p.qt_batch + static_cast<long long>(col) * p.qt_ld + r;
-    *reinterpret_cast<uint4*>(qt) = make_uint4(column_quad<S, kE5M2, false>(u, 0, q0), column_quad<S, kE5M2, false>(u, 1, q0),
-                                               column_quad<S, kE5M2, false>(u, 2, q0), column_quad<S, kE5M2, false>(u, 3, q0));
-    *reinterpret_cast<uint4*>(qt + p.qt_ld) = make_uint4(column_quad<S, kE5M2, true>(u, 0, q1), column_quad<S, kE5M2, true>(u, 1, q1),
-                                                         column_quad<S, kE5M2, true>(u, 2, q1), column_quad<S, kE5M2, true>(u, 3, q1));
+    *reinterpret_cast<uint4*>(qt) = column_bytes<S, kE5M2, false>(u, q0);
+    *reinterpret_cast<uint4*>(qt + p.qt_ld) = column_bytes<S, kE5M2, true>(u, q1);
   }
 }
 
