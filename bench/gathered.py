@@ -27,7 +27,10 @@ problem order (the >= 0.95x baseline).
 
 Outputs of each gathered or scattered kernel and its plain run are checked bit-equal before timing.
 
-    python bench/gathered.py [--layers dsv3-8,mixtral,qwen3] [--also NAME=DEFINES] [--out FILE]
+``--wgrad-swapped`` adds the weight gradient with the roles swapped (dW1^T = X^T dG: X gathered as A,
+``wgrad_swapped_gathered``, against ``wgrad_swapped_pre_permuted``).
+
+    python bench/gathered.py [--layers dsv3-8,mixtral,qwen3] [--also NAME=DEFINES] [--wgrad-swapped] [--out FILE]
 """
 from __future__ import annotations
 
@@ -111,6 +114,17 @@ def bench_layer(name: str, args) -> dict:
     equal8 = all(torch.equal(raw(o8g[key]), raw(o8p[key])) for key in o8p.keys() if o8p[key] is not None)
     methods["fp8_gathered"] = lambda: g8(xq, sx, r.padded_offsets, wq, sw, a_index=idx, inputs=ins8)
     methods["fp8_pre_permuted"] = lambda: p8(rows8, srows8, r.padded_offsets, wq, sw, inputs=ins8)
+    if args.wgrad_swapped:
+        # The same weight gradient with the operands' roles swapped, dW1^T = X^T dG: X on the M side,
+        # gathered as A (a_gather, dy_index=), half the gathered bytes of a 128 x 256 tile's stage
+        # (64 token rows x 128 columns where b_gather copies 64 x 256), against the swapped kernel
+        # on pre-permuted rows: whether the gathered loads' cost follows their bytes (the
+        # gathered / pre-permuted ratio held at 0.86-0.93 at every tile shape on the H100,
+        # 2026-12-05). The layer would then need D stored transposed.
+        sg, sp = Op("grouped_gemm_wgrad", a_gather=True, **axes), Op("grouped_gemm_wgrad", **axes)
+        swapped_equal = torch.equal(sg(x, dg, r.padded_offsets, dy_index=idx)["d"], sp(rows, dg, r.padded_offsets)["d"])
+        methods["wgrad_swapped_gathered"] = lambda: sg(x, dg, r.padded_offsets, dy_index=idx)
+        methods["wgrad_swapped_pre_permuted"] = lambda: sp(rows, dg, r.padded_offsets)
     for tag, defines in args.also_pairs:   # the gathered and scattered ops built again (A/B switches)
         with nvrtc_defines(defines):
             g_also = Op("grouped_gemm", a_gather=True, **axes).compile()
@@ -130,6 +144,11 @@ def bench_layer(name: str, args) -> dict:
     row["wgrad_gathered_vs_pre_permuted"] = row["wgrad_pre_permuted_ms"] / row["wgrad_gathered_ms"]
     row["scattered_vs_fc2"] = row["fc2_ms"] / row["scattered_ms"]
     row["fp8_gathered_vs_pre_permuted"] = row["fp8_pre_permuted_ms"] / row["fp8_gathered_ms"]
+    if args.wgrad_swapped:
+        row["wgrad_swapped_gathered_equals_pre_permuted"] = swapped_equal
+        swapped_ms = row["wgrad_swapped_gathered_ms"]
+        row["wgrad_swapped_gathered_vs_pre_permuted"] = row["wgrad_swapped_pre_permuted_ms"] / swapped_ms
+        row["wgrad_swapped_gathered_vs_wgrad_pre_permuted"] = row["wgrad_pre_permuted_ms"] / swapped_ms
     for tag, _ in args.also_pairs:
         row[f"gathered_{tag}_vs_pre_permuted"] = row["pre_permuted_ms"] / row[f"gathered_{tag}_ms"]
         row[f"scattered_{tag}_vs_fc2"] = row["fc2_ms"] / row[f"scattered_{tag}_ms"]
@@ -140,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_layer_arguments(ap, LAYERS, warmup=3, iters=10, rounds=5)
     add_also_argument(ap)
+    ap.add_argument("--wgrad-swapped", action="store_true",
+                    help="also time the weight gradient with X gathered on the M side (dW1^T = X^T dG)")
     args = ap.parse_args(argv)
     args.also_pairs = also_builds(args)
     return run_layers(args, LAYERS, bench_layer,
