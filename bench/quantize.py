@@ -9,6 +9,7 @@ over its time as GB/s, and the speed-up over torch's route.
 
     python bench/quantize.py [--out bench/results/quantize_h200.json]
     python bench/quantize.py --also sync=-DFUSEGEMM_QUANTIZE_STAGE_ASYNC=0
+    python bench/quantize.py --experts 32 --cases w1_128x128_t,w2_128x128_t    # dsv3-32's weights
 
 ``--also NAME=DEFINES`` (repeatable): the kernels built again with those NVRTC defines (a
 header's A/B switch), checked bit for bit and timed in the same interleaved rounds as method NAME.
@@ -22,7 +23,7 @@ from _common import (add_also_argument, add_layer_arguments, also_builds, also_s
 
 TOKENS, HIDDEN, INTER, EXPERTS = 16384, 7168, 2048, 8
 
-# name: (what it is, source shape, source dtype)
+# name: (what it is, source shape, source dtype); --experts rebuilds the weights' rows (_weights)
 CASES = {
     "x_both": ("fc1's input x: 1x128 rows and tokens-along-columns for the weight gradient", (TOKENS, HIDDEN), "bf16"),
     "dg_both": ("dSwiGLU's dG, both quantizations", (TOKENS, 2 * INTER), "bf16"),
@@ -32,6 +33,14 @@ CASES = {
     "w1_128x128_t": ("w1 (L, 2F, H) 128x128 with its transposed copy", (EXPERTS, 2 * INTER, HIDDEN), "bf16"),
     "w2_128x128_t": ("w2 (L, H, F) 128x128 with its transposed copy", (EXPERTS, HIDDEN, INTER), "bf16"),
 }
+
+
+def _weights(experts: int) -> None:
+    """The weight rows of CASES for a layer of ``experts`` experts (the step quantizes every
+    expert's weights: dsv3-32's are 4x dsv3-8's bytes)."""
+    for name, shape in (("w1_128x128_t", (experts, 2 * INTER, HIDDEN)), ("w2_128x128_t", (experts, HIDDEN, INTER))):
+        what, _, kind = CASES[name]
+        CASES[name] = (what, shape, kind)
 
 
 def _methods(name, torch):
@@ -98,7 +107,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_layer_arguments(ap, CASES, warmup=3, iters=10, rounds=3, flag="--cases")
     add_also_argument(ap)
+    ap.add_argument("--experts", type=int, default=EXPERTS,
+                    help="experts of the weights' rows (default %(default)s: dsv3-8; 32: dsv3-32)")
     args = ap.parse_args(argv)
+    if args.experts < 1:
+        ap.error(f"--experts: got {args.experts}; allowed: a positive number of experts")
+    _weights(args.experts)
     also_builds(args)   # a malformed --also stops the run before any work
     return run_layers(args, CASES, bench_case,
                       lambda r: (f"{r['ms']['fusegemm']:.3f} ms {r['fusegemm_gb_s']} GB/s "

@@ -212,3 +212,18 @@ def test_grouped_gemm_summary_names_every_measure():
     row["kernel_us"] = {"per_method": {}, "ratio_vs_torch_grouped_mm": 1.12, "ratio_vs_cublas_dense": 1.02}
     line = gg._summary(row)
     assert "queued x1.100 / x1.010 dense" in line and "kernel_us x1.120 / x1.020 dense" in line
+
+
+def test_the_quantize_bench_sizes_the_weights_by_experts(monkeypatch):
+    """bench/quantize.py --experts N: the weight rows quantize N experts' w1 (N, 2F, H) and w2
+    (N, H, F) (dsv3-32's step quantizes 4x dsv3-8's bytes), the activations' rows stay; 0 is
+    refused before any work."""
+    bench = bench_module("quantize")
+    seen = {}
+    monkeypatch.setattr(bench, "run_layers", lambda args, cases, *a, **k: seen.update(
+        {name: cases[name][1] for name in args.layers.split(",")}) or 0)
+    assert bench.main(["--experts", "32", "--cases", "w1_128x128_t,w2_128x128_t,x_both"]) == 0
+    assert seen == {"w1_128x128_t": (32, 2 * bench.INTER, bench.HIDDEN),
+                    "w2_128x128_t": (32, bench.HIDDEN, bench.INTER), "x_both": (bench.TOKENS, bench.HIDDEN)}
+    with pytest.raises(SystemExit):
+        bench.main(["--experts", "0"])
