@@ -658,9 +658,9 @@ def test_dswiglu_bf16_ping_pong_block_spans(torch, span, n, tile_n):
 @pytest.mark.parametrize("n, c_pitch", [(256, 515), (224, 515), (224, 448)])
 def test_dswiglu_bf16_ping_pong_inputs(torch, ahead, n, c_pitch):
     """Ping-pong's unrolled fragment blocks read C a block ahead as raw bits
-    (FUSEGEMM_SM90_FRAG_LOAD_AHEAD=1, an A/B switch) or as each block starts (the default): C rows off the pair
-    alignment (pitch 515: element by element), N ending inside the tile (224: block 7 of 8), and
-    both, against the same reference."""
+    (FUSEGEMM_SM90_FRAG_LOAD_AHEAD=1, the default) or as each block starts (0, the A/B baseline):
+    C rows off the pair alignment (pitch 515: element by element), N ending inside the tile (224:
+    block 7 of 8), and both, against the same reference."""
     from fusegemm.runtime import config
     with config.override(FUSEGEMM_NVRTC_EXTRA=f"-DFUSEGEMM_SM90_FRAG_LOAD_AHEAD={ahead}"):
         _dswiglu_bf16_case(torch, "bfloat16", c_pitch, n=n, tile_n=256, tile_m=64)

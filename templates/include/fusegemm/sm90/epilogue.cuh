@@ -975,11 +975,10 @@ struct WgmmaEpilogue {
         if constexpr (k1x128) {
           if (b % 4 == 0) group_scales(p, rule, acc, b, e_base, width, row0, r0, cq, lane, pairs, ri0, ri1, grp, kept);
         }
-        // (Loaded as the block starts, or with kLoadAhead during the block before. Nsight Compute
-        // on the BF16 dSwiGLU at the mixtral layer shape finds about a tenth of the samples waiting
-        // on these loads, but loading a block ahead did not pay, H200, 2026-12-04, bench/pingpong.py
-        // dSwiGLU on four layer shapes, same run: before the previous block's stores 0.95-1.02x, into
-        // a second register set 0.83-0.99x (spills at TILE_M 64). See kLoadAhead for the raw bits.)
+        // (Loaded with kLoadAhead during the block before, else as the block starts. Loading a
+        // block ahead as converted floats did not pay, H200, 2026-12-04, bench/pingpong.py dSwiGLU on
+        // four layer shapes, same run: before the previous block's stores 0.95-1.02x, into a second
+        // register set 0.83-0.99x (spills at TILE_M 64); kLoadAhead holds the raw bits instead.)
         typename Rule::ElemIn x[4][4];
         // kLoadAhead: the block's inputs as raw bits (converted group by group below, so that a
         // block holds 16 registers of them rather than 32 floats), fetched during the block before
