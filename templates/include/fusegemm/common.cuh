@@ -22,6 +22,17 @@ namespace fusegemm {
 template <class T>
 FUSEGEMM_DEVICE T ceil_div(T a, T b) { return (a + b - 1) / b; }
 
+// bfloat16 bits to FP32: a bfloat16 is the upper half of an FP32, so the conversion is a shift
+// (the low half of a 32-bit pair, or a lone value's 16 bits) or a mask (the high half), exact.
+// One definition for every kernel that reads bfloat16 pairs (the epilogues' inputs, the
+// quantization and permutation kernels): the intrinsic __bfloat1622float2 compiled its high
+// half to a PRMT and a shift, one instruction more per pair.
+FUSEGEMM_DEVICE float bf16_bits_to_f32(uint32_t h) { return __uint_as_float(h << 16); }
+FUSEGEMM_DEVICE void bf16x2_to_f32(uint32_t u, float& lo, float& hi) {
+  lo = __uint_as_float(u << 16);
+  hi = __uint_as_float(u & 0xFFFF0000u);
+}
+
 // Every padded_offsets value is a multiple of this (seed contract: m_aligned == 256).
 constexpr int kMAligned = 256;
 

@@ -92,13 +92,14 @@ struct Cvt<fusegemm::bfloat16_t> {
     return *reinterpret_cast<uint32_t*>(&v);
   }
   FUSEGEMM_DEVICE static float2 unpack2(uint32_t raw) {
-    __nv_bfloat162 v = *reinterpret_cast<__nv_bfloat162*>(&raw);
-    return __bfloat1622float2(v);
+    float2 v;
+    bf16x2_to_f32(raw, v.x, v.y);
+    return v;
   }
   FUSEGEMM_DEVICE static float load(const void* p, int64_t i) {
-    return __uint_as_float(uint32_t(__ldg(static_cast<const unsigned short*>(p) + i)) << 16);
+    return bf16_bits_to_f32(__ldg(static_cast<const unsigned short*>(p) + i));
   }
-  FUSEGEMM_DEVICE static float from_bits(uint32_t b) { return __uint_as_float(b << 16); }
+  FUSEGEMM_DEVICE static float from_bits(uint32_t b) { return bf16_bits_to_f32(b); }
 };
 
 template <>

@@ -132,10 +132,7 @@ template <> struct Lanes<float> {
 // Two 16-bit values of a 32-bit word to FP32 and back (round to nearest even).
 template <class T> struct Pair16;
 template <> struct Pair16<bfloat16_t> {
-  static FUSEGEMM_DEVICE void unpack(uint32_t w, float& lo, float& hi) {
-    lo = __uint_as_float(w << 16);             // bf16 -> f32 is a shift
-    hi = __uint_as_float(w & 0xffff0000u);
-  }
+  static FUSEGEMM_DEVICE void unpack(uint32_t w, float& lo, float& hi) { bf16x2_to_f32(w, lo, hi); }
   static FUSEGEMM_DEVICE uint32_t pack(float lo, float hi) {
     uint32_t r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));

@@ -102,11 +102,8 @@ FUSEGEMM_DEVICE uint32_t abs_bits2(uint32_t u) { return u & 0x7FFF7FFFu; }
 FUSEGEMM_DEVICE uint32_t max_halves(uint32_t m) { return max(m >> 16, m & 0xFFFFu); }
 template <class S> struct Packed;
 template <> struct Packed<__nv_bfloat16> {
-  static FUSEGEMM_DEVICE uint32_t f32_bits(uint32_t h) { return h << 16; }
-  static FUSEGEMM_DEVICE void unpack(uint32_t u, float& lo, float& hi) {
-    lo = __uint_as_float(u << 16);
-    hi = __uint_as_float(u & 0xFFFF0000u);
-  }
+  static FUSEGEMM_DEVICE uint32_t f32_bits(uint32_t h) { return __float_as_uint(bf16_bits_to_f32(h)); }
+  static FUSEGEMM_DEVICE void unpack(uint32_t u, float& lo, float& hi) { bf16x2_to_f32(u, lo, hi); }
 };
 template <> struct Packed<__half> {
   static FUSEGEMM_DEVICE uint32_t f32_bits(uint32_t h) {

@@ -54,7 +54,9 @@
 // pingpong_h100_frag_span*.json): 2-block spans (4,080 SASS lines against 12,386) 0.89-1.07x the
 // unrolled speed over eight shapes (faster at mixtral's routed layer shape alone, in both runs),
 // 4-block spans 0.93-1.02x, 1-block 0.89-0.98x (two shapes). The instruction fetch stalls are
-// not what the overlapped epilogue waits on: 0 stays.
+// not what the overlapped epilogue waits on: 0 stays. (1-block spans at 64 x 256 spill 8 bytes
+// since BF16 C pairs unpack by shift and mask, common.cuh bf16x2_to_f32: the default, unrolled,
+// does not.)
 #ifndef FUSEGEMM_SM90_FRAG_ROLL_SPAN
 #define FUSEGEMM_SM90_FRAG_ROLL_SPAN 0
 #endif
