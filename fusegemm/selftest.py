@@ -447,6 +447,8 @@ def _wgrad_cases() -> list[tuple[str, dict[str, Any]]]:
         ("no tokens in the last experts, alpha", dict(tokens=[1024, 0, 0], m=384, n=256, alpha=True)),
         ("tile 64x128 (sm_90a: ping-pong warpgroups)", dict(tokens=[300, 512], m=192, n=136, d_dtype="float32",
                                                             axes={"tile_m": 64, "tile_n": 128})),
+        ("M-major D (D_e^T), ragged + empty experts, an N tail", dict(tokens=[256, 0, 768, 300], m=256, n=328,
+                                                                      axes={"cd_major": "m"})),
     ]
 
 
@@ -507,6 +509,8 @@ def _run_wgrad(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, boo
         alpha = float(inputs["alpha"][e]) if inputs else 1.0
         scale[e * m:(e + 1) * m] = alpha * (a64[start:start + size].T @ b64[start:start + size])
         start += size
+    if op.d_major_m:   # (the reference's D is each expert's transpose already)
+        scale = scale.reshape(len(sizes), m, n).transpose(0, 2, 1).reshape(-1, m)
     err, ok = _compare(out["d"], ref, scale, case.get("d_dtype", "bfloat16"))
     return err, ok, f"L={len(sizes)}, T={t}"
 

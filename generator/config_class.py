@@ -13,7 +13,8 @@ from . import registry
 
 
 # The operand modes a class records (ConfigClass.operands), in slug order, and their words.
-_OPERAND_WORDS = {"a_gather": "gathered A", "b_gather": "gathered B", "d_scatter": "scattered outputs"}
+_OPERAND_WORDS = {"a_gather": "gathered A", "b_gather": "gathered B", "d_scatter": "scattered outputs",
+                  "d_m_major": "M-major D"}
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,8 @@ class ConfigClass:
     operands : tuple of str
         The operand modes that change the loads or the stores: ``a_gather`` (A's rows through an
         index), ``b_gather`` (the K-grouped X's token rows through an index) and ``d_scatter``
-        (C and D rows stored through an index); empty for whole rows.
+        (C and D rows stored through an index), ``d_m_major`` (the K-grouped kernel's D_e^T,
+        ``cd_major`` m: stored column by column); empty for whole rows.
     """
 
     family: str
@@ -88,7 +90,9 @@ class ConfigClass:
                                "weight_mode": self.weights}
         if sf != "none":
             out.update(sf_dtype=sf, sf_vec_size=vec)
-        out.update({o: True for o in self.operands})
+        out.update({o: True for o in self.operands if o != "d_m_major"})
+        if "d_m_major" in self.operands:
+            out["cd_major"] = "m"
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -110,4 +114,12 @@ def config_class(variant: Any, ctas: int | None = None) -> ConfigClass:
         ctas=ctas or registry.policy(variant.arch).ctas_per_tile(variant.tile_m),
         scheduler=variant.scheduler, majors=(variant.a_major, variant.b_major),
         recipe=(variant.ab_dtype, variant.sf_dtype, variant.sf_vec_size), weights=variant.weight_mode,
-        operands=tuple(o for o in _OPERAND_WORDS if getattr(variant, o, False)))
+        operands=tuple(o for o in _OPERAND_WORDS if _mode(variant, o)))
+
+
+def _mode(variant: Any, operand: str) -> bool:
+    """Whether ``variant`` has operand mode ``operand`` (``d_m_major``: a K-grouped M-major D; the
+    batched class's M-major C is its seed's layout, not a mode of its own)."""
+    if operand == "d_m_major":
+        return variant.cd_major == "m" and registry.kernel_class(variant.kernel) == "kgrouped"
+    return bool(getattr(variant, operand, False))

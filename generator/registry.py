@@ -221,7 +221,9 @@ _SM100_ROWS = (
     _row("kgrouped", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", tuple(a for a in _KGROUPED_BF16 if a != "tile_m") + _VECTOR_F32, rule=SPEC_RULE,
          limits=(Limit("tile_m", (128,), "1-CTA tiles of 128 rows (two 64-row M-major A atoms)"),
-                 *_KGROUPED_LIMITS, _NO_SCATTER, _SFD_MX_ONLY),
+                 *_KGROUPED_LIMITS, _NO_SCATTER, _SFD_MX_ONLY,
+                 Limit("cd_major", ("n",), "an M-major D (D_e^T) is stored by the sm_90a kernel's fragment "
+                                           "epilogue; the sm_100a K-grouped kernel stores N-major D")),
          executed=False),
     # MXFP8 weight gradients (Config::kKGrouped of the block-scaled kernel): dY^T and X^T
     # token-contiguous with E8M0 scales per 32 tokens; the blockwise recipe's FP32 scales are sm_90a's.
@@ -328,7 +330,7 @@ _SM90_ROWS = (
     # K-grouped weight gradients on the BF16 kernel (Config::kKGrouped): token-major operands,
     # one K range per expert.
     _row("kgrouped", "sm_90a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
-         "GroupedGemmKernel", _KGROUPED_BF16, rule=SPEC_RULE,
+         "GroupedGemmKernel", _KGROUPED_BF16 + ("cd_major",), rule=SPEC_RULE,
          limits=(_SM90_TILE_M, *_KGROUPED_LIMITS, _NO_SCATTER, _SFD_MX_ONLY), runs_as=_SM90_SCALAR_F32),
     # FP8 weight gradients with the blockwise recipe (Config::kKGrouped of the blockwise kernel):
     # dY^T and X^T token-contiguous, both scaled 1x128 along the tokens (sm_100a's row takes MXFP8
@@ -428,7 +430,13 @@ def executed(family: str, arch: str) -> bool:
 # stood here from its writing until tests/gpu/test_stream_k_gpu.py passed on the H200 on
 # 2026-12-05. The blockwise kernel's ping-pong tiles, tile_m 64, stood here from their writing until
 # tests/gpu/test_blockwise_pingpong_gpu.py passed on the H200, 26 cases, on 2026-12-05.)
-UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {}
+UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {
+    # Written 2026-12-05 on a CPU machine (compiled, 0 spills, stmatrix.trans staging checked in the
+    # SASS); tests/gpu/test_wgrad_gpu.py's M-major cases wait for a GPU.
+    ("kgrouped", "sm_90a"): (("cd_major", "m", "the K-grouped kernel's M-major D (D_e^T stored column by column, "
+                                               "fusegemm/epilogue.cuh WarpTransposedStore) has not run on a GPU "
+                                               "yet"),),
+}
 
 
 def unexecuted_mode(family: str, arch: str, choice: dict[str, Any]) -> str | None:
@@ -440,16 +448,28 @@ def unexecuted_mode(family: str, arch: str, choice: dict[str, Any]) -> str | Non
     return None
 
 
-def check_rule(choice: dict[str, Any], elementwise: bool) -> None:
-    """What a variant's axes ask of its epilogue rule (``elementwise``: ``Resolved.elementwise``);
-    UnsupportedError naming the axis otherwise. Scattered outputs are stored row by row (sm_90a:
-    from the fragment path; sm_100a: the engine's staged rows), for element-wise rules only (a
-    paired, quantizing or reducing rule's stores go through blocks and scale factors laid out by
-    problem row)."""
-    if choice.get("d_scatter") and not elementwise:
+def check_rule(choice: dict[str, Any], resolved: Any, family: str) -> None:
+    """What a variant of ``family`` asks of its epilogue rule (``choice``: its axes; ``resolved``:
+    the spec's epilogue resolved for it, ``generator.epilogue.Resolved``); UnsupportedError naming
+    the axis otherwise. Scattered outputs are stored row by row (sm_90a: from the fragment path;
+    sm_100a: the engine's staged rows), for element-wise rules only (a paired, quantizing or
+    reducing rule's stores go through blocks and scale factors laid out by problem row). A
+    K-grouped M-major D (``cd_major`` m) is the fragment path's D stored column by column: an
+    element-wise rule whose one output is D, with no column or element input."""
+    if choice.get("d_scatter") and not resolved.elementwise:
         raise UnsupportedError("d_scatter: got True; allowed for element-wise epilogues only (no gate/up pairing, "
                                "quantization or reduction; 16/32-bit outputs): their rows are stored whole, where "
                                "the kernel can redirect each one", axis="d_scatter")
+    if choice.get("cd_major") == "m" and problem_of(family) == "kgrouped":
+        outputs = [o.name for o in resolved.outputs]
+        laid_out = [i.name for i in resolved.inputs if i.per in ("column", "element")]
+        if not resolved.elementwise or outputs != ["d"] or laid_out:
+            raise UnsupportedError(f"cd_major: got 'm' for an epilogue with outputs {outputs}"
+                                   + (f" and column/element inputs {laid_out}" if laid_out else "")
+                                   + ("" if resolved.elementwise else ", not element-wise")
+                                   + "; allowed: an element-wise epilogue whose one output is d, with expert, row "
+                                     "or scalar inputs only (the K-grouped kernel stores an M-major D column by "
+                                     "column from its fragment; cd_major n stores any epilogue)", axis="cd_major")
 
 
 def status(family: str, arch: str) -> str:

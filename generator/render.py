@@ -84,7 +84,7 @@ def rule_of(v: Variant, impl: Implementation):
     if impl.rule == SPEC_RULE:
         packed = v.vector_f32 and "vector_f32" in impl.source_axes
         resolved = v.spec.epilogue.resolve(v.choices)
-        check_rule(v.choices, resolved.elementwise)
+        check_rule(v.choices, resolved, v.kernel)
         return rule_model(resolved, packed=packed)
     return None
 

@@ -34,6 +34,7 @@ launch the parameters prepared for those addresses (``ops/prepared.py`` ``Prepar
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 from pathlib import Path
@@ -108,6 +109,8 @@ class Op(PreparedLaunch):
         # K-grouped classes (weight gradients): the output is an (M, N) block per expert, (L, M, N).
         self.k_grouped = self.kind in ("kgrouped", "kscaled")
         self.variant = make_variant(self.spec, arch=self.arch, **axes)
+        # An M-major D (specs/grouped_gemm_wgrad.yaml's cd_major m): each expert's D_e^T, (L, N, M).
+        self.d_major_m = self.kind == "kgrouped" and self.variant.cd_major == "m"
         # MN-major operands the kernel reads through a K-major copy (scaled_layouts.py): the
         # kernel is built from the K-major variant, each call copies them first.
         self.host_copies = host_copies(self.kind, self.variant.choices)
@@ -185,7 +188,7 @@ class Op(PreparedLaunch):
         """True when the arch's kernel implements this variant; UnsupportedError says why not."""
         from ..generator import registry
         registry.resolve(self.spec.kernel, self.arch, self.kernel_variant.choices)
-        registry.check_rule(self.kernel_variant.choices, self.epilogue.elementwise)
+        registry.check_rule(self.kernel_variant.choices, self.epilogue, self.spec.kernel)
         return True
 
     def compile(self, tail: bool = True) -> "Op":
@@ -328,9 +331,10 @@ class Op(PreparedLaunch):
         return self._shaped(e.call, out) if shaped else out
 
     def _shaped(self, call: Any, out: dict[str, Any]) -> TupleDict:
-        if self.k_grouped:   # D_e blocks as (L, M, N)
+        if self.k_grouped:   # D_e blocks as (L, M, N); an M-major D's D_e^T as (L, N, M)
             outs = {o.name for o in self.epilogue.outputs}
-            out = {k: (v.view(call.l, call.m_out, call.n) if k in outs else v) for k, v in out.items()}
+            dims = (call.l, call.n, call.m_out) if self.d_major_m else (call.l, call.m_out, call.n)
+            out = {k: (v.view(*dims) if k in outs else v) for k, v in out.items()}
         if self._sfd_1x128 is not None:
             # 1x128 FP32 scales (ceil(N/128), pitch) as the (M, ceil(N/128)) M-contiguous view the
             # blockwise recipe's next GEMM takes as sfa_tensor (formats.blockwise_sfa_layout's).
@@ -435,6 +439,8 @@ class Op(PreparedLaunch):
 
     def _dims(self, call: Any) -> tuple[int, int, int]:
         """(accumulator columns, output rows, experts) of the buffers the epilogue writes."""
+        if self.d_major_m:   # D_e^T: (L * N, M)
+            return call.m_out, call.l * call.n, call.l
         if self.k_grouped:
             return call.n, call.l * call.m_out, call.l
         if self.kind == "batched":
@@ -534,7 +540,7 @@ class Op(PreparedLaunch):
         """The same call computed on the host by the numpy interpreter (fusegemm/interpret.py) from
         the correctly rounded FP32 accumulator (float64 products of the dequantized operands,
         rounded once). Returns the outputs by spec name as numpy arrays (K-grouped: (L * M, N)
-        rows).
+        rows; with ``cd_major`` m, D's and its FP32 values' blocks transposed, (L * N, M)).
 
         Parameters
         ----------
@@ -560,8 +566,20 @@ class Op(PreparedLaunch):
             mx = self.kind == "scaled" and self.variant.sf_vec_size in (16, 32) and not self.blockwise_mx
             bound = _gathered_rows(bound, index, self.variant.sf_vec_size if mx else None)
         acc, offsets, m_rows = _ACCUMULATE[self.kind](self, bound)
-        return interpret(self.epilogue, acc, offsets=offsets, m_rows=m_rows, inputs=host,
-                         rcp_max=self.rcp_max or None, discrete_col_sfd=self.variant.discrete_col_sfd)
+        out = interpret(self.epilogue, acc, offsets=offsets, m_rows=m_rows, inputs=host,
+                        rcp_max=self.rcp_max or None, discrete_col_sfd=self.variant.discrete_col_sfd)
+        if self.d_major_m:   # (check_rule: D is the one output)
+            out = dataclasses.replace(out, d=_blocks_transposed(out.d, offsets.size),
+                                      out_values={k: _blocks_transposed(v, offsets.size)
+                                                  for k, v in out.out_values.items()})
+        return out
+
+
+def _blocks_transposed(x: Any, l: int) -> Any:
+    """(L * M, N) rows, expert e's block at rows [e M, (e + 1) M), as each block's transpose
+    stacked: (L * N, M)."""
+    m = x.shape[0] // l
+    return x.reshape(l, m, -1).transpose(0, 2, 1).reshape(-1, m)
 
 
 def _gathered_rows(o: dict[str, Any], index: Any, mx_vec: int | None = None) -> dict[str, Any]:

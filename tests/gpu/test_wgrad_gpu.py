@@ -132,3 +132,63 @@ def test_output_is_whole_on_reused_memory(torch):
     _, got = _check(out, op, dy, x, off, {"alpha": alpha}, "float32")
     assert not got[512:1024].any()                # the expert without tokens
 
+
+
+M_MAJOR_CASES = [  # (tokens per expert, M, N, tile_m, tile_n, d_dtype)
+    ([256, 0, 700, 100], 256, 192, 128, 256, "bfloat16"),     # deferred stores (stmatrix.trans), an N tail
+    ([512, 300], 128, 200, 128, 128, "float32"),               # FP32 element stores, a tail inside a chunk
+    ([256, 256, 256], 192, 136, 64, 128, "bfloat16"),          # ping-pong tiles: BF16 element stores
+    ([512, 0, 1300, 256, 0, 768, 64, 2000], 1024, 1000, 128, 256, "bfloat16"),   # several tiles per CTA
+]
+
+
+@pytest.mark.parametrize("case", M_MAJOR_CASES, ids=lambda c: "-".join(map(str, [c[0], *c[1:]])).replace(" ", ""))
+def test_m_major_d_is_the_n_major_kernels_transpose(torch, case):
+    """cd_major m stores D_e^T, (L, N, M): bit for bit the N-major kernel's D transposed (the same
+    accumulation; only the stores differ: WarpTransposedStore), and within the reference's bound;
+    zeros for an expert without tokens, on an output allocated uninitialised."""
+    from fusegemm import KGroupedGemm
+    tokens, m, n, tm, tn, d_dtype = case
+    dy, x, off, alpha = _problem(torch, tokens, m, n, seed=6)
+    kw = dict(d_dtype=d_dtype, tile_m=tm, tile_n=tn)
+    n_major = KGroupedGemm("grouped_gemm_wgrad", **kw)
+    args, inputs = (dy.cuda(), x.cuda(), off.cuda()), {"alpha": alpha.cuda()}
+    got = KGroupedGemm("grouped_gemm_wgrad", cd_major="m", **kw)(*args, inputs=inputs)["d"]
+    want = n_major(*args, inputs=inputs)["d"]
+    torch.cuda.synchronize()
+    assert got.shape == (len(tokens), n, m) and got.is_contiguous()
+    assert torch.equal(got, want.transpose(1, 2))
+    _check({"d": got.transpose(1, 2)}, n_major, dy, x, off, {"alpha": alpha}, d_dtype)
+    for e, tok in enumerate(tokens):
+        if tok == 0:
+            assert not got[e].any()
+
+
+def test_swapped_gathered_weight_gradient(torch):
+    """The MoE layer's fc1 weight gradient with its roles swapped: dW1_e = (X_e^T dG_e)^T, X's
+    token rows gathered as A (dy_index) and D stored M-major, so that it lands as (L, 2F, H) like
+    dG^T X on pre-permuted rows (the layer's kernel today). The products are the same, summed in
+    WGMMAs with the operands' roles swapped: equal within the FP32 accumulation's bound (and the
+    padding rows, index -1, read zeros)."""
+    from fusegemm import KGroupedGemm
+    g = torch.Generator(device="cuda").manual_seed(9)
+    tokens, hidden, two_f = 700, 384, 256
+    padded = [512, 0, 256, 768]
+    t = sum(padded)
+    off = torch.tensor(padded, device="cuda").cumsum(0).to(torch.int32)
+    x_tok = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
+    idx = torch.randint(-1, tokens, (t,), generator=g, device="cuda", dtype=torch.int32)
+    rows = torch.where((idx >= 0)[:, None], x_tok[idx.long().clamp(min=0)], torch.zeros((), device="cuda",
+                                                                                          dtype=x_tok.dtype))
+    dg = torch.randn(t, two_f, generator=g, device="cuda").bfloat16()
+    dg[idx < 0] = 0                        # (the layer's padding rows hold zeros in both operands)
+    got = KGroupedGemm("grouped_gemm_wgrad", d_dtype="float32", a_gather=True, cd_major="m")(
+        x_tok, dg, off, dy_index=idx)["d"]
+    plain = KGroupedGemm("grouped_gemm_wgrad", d_dtype="float32")
+    want = plain(dg, rows, off)["d"]
+    swapped_plain = KGroupedGemm("grouped_gemm_wgrad", d_dtype="float32", cd_major="m")(rows, dg, off)["d"]
+    torch.cuda.synchronize()
+    assert got.shape == want.shape == (4, two_f, hidden)
+    assert torch.equal(got, swapped_plain)         # gathered: bit-equal to the same kernel on the rows
+    _check({"d": got}, plain, dg.cpu(), rows.cpu(), off.cpu(), {}, "float32")
+    assert not got[1].any()

@@ -172,3 +172,70 @@ def test_sm100_kernel_compiles_clean(tile_n, d_dtype):
         hist = disasm.sass_histogram(cub.data)
         assert disasm.count_prefix(hist, "UTCHMMA") > 0 and disasm.count_prefix(hist, "UTMALDG") > 0, hist
 
+
+
+def test_m_major_d_is_each_experts_transpose():
+    """cd_major m (sm_90a): D_e^T, (L, N, M), for a weight stored transposed to the problem (the
+    swapped weight gradient X^T dY with X gathered as A). The reference's D and FP32 values are
+    the N-major reference's blocks transposed and the op returns that shape; sm_100a and an
+    epilogue with a column input are refused naming the axis; the mode is a configuration class
+    of its own, gated at first launch until a GPU has run it."""
+    from fusegemm import KGroupedGemm
+    from fusegemm.generator import registry
+    from fusegemm.generator.config_class import config_class
+    from fusegemm.ops.prepared import dry_run
+    dy, x, off = _operands()
+    inputs = {"alpha": torch.tensor([0.5, 1.0, 2.0, -1.0])}
+    n_major = KGroupedGemm("grouped_gemm_wgrad", arch="sm_90a", d_dtype="float32")
+    m_major = KGroupedGemm("grouped_gemm_wgrad", arch="sm_90a", d_dtype="float32", cd_major="m")
+    rn, rm = n_major.reference(dy, x, off, inputs=inputs), m_major.reference(dy, x, off, inputs=inputs)
+    for got, want in ((rm.d, rn.d), (rm.out_values["d"], rn.out_values["d"])):
+        assert np.asarray(got).shape == (4 * 192, 256)
+        assert np.array_equal(np.asarray(got).reshape(4, 192, 256),
+                              np.asarray(want).reshape(4, 256, 192).transpose(0, 2, 1))
+    with dry_run():
+        assert m_major(dy, x, off, inputs=inputs)["d"].shape == (4, 192, 256)
+    with pytest.raises(UnsupportedError, match=r"cd_major='m' is not implemented for grouped_gemm_wgrad on sm_100a"):
+        KGroupedGemm("grouped_gemm_wgrad", arch="sm_100a", cd_major="m").check_support()
+    text = SPEC.format(epilogue="  inputs:\n    bias: {per: column}\n  compute:\n    - g = acc + bias\n  outputs:\n"
+                                "    d: {dtype: d_dtype, value: g}").replace("  tile_m: [128]", "  cd_major: [n, m]\n"
+                                                                                                 "  tile_m: [128]")
+    text = text.replace("defaults: {d_dtype: bfloat16}", "defaults: {d_dtype: bfloat16, cd_major: n}")
+    spec = parse_spec(text, "wg.yaml", expected_name="wg")
+    assert KGroupedGemm(spec, arch="sm_90a").check_support()
+    with pytest.raises(UnsupportedError, match=r"cd_major: got 'm' for an epilogue with outputs \['d'\] and "
+                                               r"column/element inputs \['bias'\]"):
+        KGroupedGemm(spec, arch="sm_90a", cd_major="m").check_support()
+    cls = config_class(m_major.variant)
+    assert cls.operands == ("d_m_major",) and cls.axes()["cd_major"] == "m" and "d-m-major" in cls.slug
+    assert config_class(n_major.variant).operands == ()
+    assert registry.unexecuted_mode("grouped_gemm_wgrad", "sm_90a", {"cd_major": "m"}) is not None
+    assert registry.unexecuted_mode("grouped_gemm_wgrad", "sm_90a", {"cd_major": "n"}) is None
+
+
+@pytest.mark.parametrize("axes", [{}, dict(d_dtype="float32"), dict(tile_m=64, tile_n=128), dict(a_gather=True),
+                                  dict(tile_n=128)],
+                         ids=lambda a: ".".join(f"{k}={v}" for k, v in a.items()) or "default")
+def test_m_major_kernel_compiles_clean(axes):
+    """The M-major D's stores (fusegemm/epilogue.cuh WarpTransposedStore): 0 spills, only 16-byte
+    global stores (each staged column a whole output row segment); the cooperative BF16 kernel's
+    deferred D staged by stmatrix.trans (STSM .MT88: four 8 x 8 matrices transposed per
+    instruction), the staged paths (FP32 D, ping-pong tiles) by element stores. The N-major
+    kernel's source does not see the mode."""
+    from fusegemm.generator.render import render
+    from fusegemm.generator.variants import make_variant
+    from fusegemm.runtime import disasm
+    from fusegemm.runtime.compile import compile_source
+    from fusegemm.runtime.cubin_info import Cubin
+    src = render(make_variant("grouped_gemm_wgrad", arch="sm_90a", cd_major="m", **axes))
+    assert "kDMajorM = true" in src.text
+    assert "kDMajorM" not in render(make_variant("grouped_gemm_wgrad", arch="sm_90a", **axes)).text
+    cub = compile_source(src.text, arch="sm_90a", kernel=src.symbol)
+    assert Cubin(cub.data).resources(src.symbol).local_bytes == 0
+    if not disasm.available():
+        pytest.skip("nvdisasm is not installed: resources checked, SASS not")
+    hist = disasm.sass_histogram(cub.data)
+    assert {op for op in hist if op.startswith("STG")} == {"STG.E.128"}, hist
+    stmatrix = disasm.count_prefix(hist, "STSM.16.MT88")
+    deferred = axes.get("d_dtype", "bfloat16") == "bfloat16" and axes.get("tile_m", 128) == 128
+    assert (stmatrix > 0) == deferred, (stmatrix, axes)

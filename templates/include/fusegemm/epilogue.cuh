@@ -406,6 +406,72 @@ struct WarpStagedStore {
 };
 
 // ---------------------------------------------------------------------------------------
+// Warp-staged transposed store (an M-major output: row n of the output holds column n of the
+// problem, its M values contiguous; the K-grouped weight gradient's cd_major m). One warp's 16
+// fragment rows x kCols columns (the row store's chunk above) are staged column by column (staged
+// column n: the 16 values of fragment column n, 16 * kElem bytes) and written as 16-byte vectors
+// along M: each column is one 32-byte (2-byte T) or 64-byte (4-byte T) segment of output row n,
+// whole sectors. A staged column's 16-byte vectors are XOR-swizzled by its index, so that the
+// fragment's writes (stmatrix.trans, 8 columns of 8 rows at a time, or 16/32-bit element stores)
+// and the flush's 16-byte reads (a quarter warp reads 128 contiguous bytes) spread over the 32
+// banks.
+// ---------------------------------------------------------------------------------------
+template <class T>
+struct WarpTransposedStore {
+  static constexpr int kElem = Cvt<T>::kBytes;
+  static constexpr int kCols = 128 / kElem;            // the row store's chunk columns
+  static constexpr int kColBytes = 16 * kElem;          // one staged column: the warp's 16 rows
+  static constexpr int kVecs = kColBytes / 16;          // 16-byte vectors per staged column
+  static constexpr int kPerVec = 16 / kElem;            // elements per vector
+  static constexpr int kBytes = kCols * kColBytes;
+  static constexpr int kColStep = 32 / kVecs;           // columns a warp pass of the flush covers
+  static constexpr int kVecPerLane = kCols / kColStep;
+  static_assert(kElem == 2 || kElem == 4, "16- and 32-bit outputs");
+
+  // The physical vector of vector v of staged column n (constant along n in steps of 8).
+  FUSEGEMM_DEVICE static int swizzle(int n, int v) { return v ^ ((n / (8 / kVecs)) % kVecs); }
+  // Shared address of fragment element (row m, column n).
+  FUSEGEMM_DEVICE static uint32_t at(uint32_t buf, int m, int n) {
+    return buf + n * kColBytes + swizzle(n, m / kPerVec) * 16 + (m % kPerVec) * kElem;
+  }
+  FUSEGEMM_DEVICE static void put1(uint32_t addr, float x) {
+    if constexpr (kElem == 4) {
+      asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(x) : "memory");
+    } else {
+      const unsigned short h = static_cast<unsigned short>(Cvt<T>::pack2(x, 0.0f) & 0xFFFFu);
+      asm volatile("st.shared.b16 [%0], %1;" ::"r"(addr), "h"(h) : "memory");
+    }
+  }
+  // A fragment pair: (row, col) and (row, col + 1), which are two staged columns.
+  FUSEGEMM_DEVICE static void put(uint32_t buf, int row, int col, float a, float b) {
+    put1(at(buf, row, col), a);
+    put1(at(buf, row, col + 1), b);
+  }
+  // Four 8 x 8 fragment matrices of packed 16-bit pairs, transposed into their staged columns:
+  // lane 8 i + j gives the address of column j of matrix i (stmatrix.trans).
+  FUSEGEMM_DEVICE static void put_trans4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    static_assert(kElem == 2, "stmatrix stores 16-bit elements");
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0),
+                 "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+  }
+
+  // gbase: output element (m 0, n 0) of the chunk, output row n at gbase + n * ld; staged columns
+  // >= cols_valid are not stored (each is a whole output row segment).
+  FUSEGEMM_DEVICE static void flush(uint32_t buf, T* gbase, int64_t ld, int cols_valid, int lane) {
+    const int n = lane / kVecs, v = lane % kVecs;
+    const uint32_t src = buf + n * kColBytes + swizzle(n, v) * 16;
+    T* dst = gbase + n * ld + v * kPerVec;
+    const int64_t step = kColStep * ld;
+#pragma unroll
+    for (int i = 0; i < kVecPerLane; ++i) {
+      if (n + i * kColStep < cols_valid) st_global_v4(dst, ld_shared_v4(src + i * kColStep * kColBytes));
+      dst += step;
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------
 // Fragment block store: one warp stages 16 rows x 32 columns of one output (a WGMMA fragment's
 // block of the sm_90a frag_blocks path) and writes them as 16-byte vectors, 64 (2-byte T) or 128
 // (4-byte T) contiguous bytes per row. The pitch keeps the fragment's pair stores conflict-free:

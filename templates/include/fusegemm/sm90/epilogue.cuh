@@ -236,9 +236,13 @@ struct EngineStage {
 // row costs one index load per lane and tile).
 // kAheadOk: the kernel leaves the registers for FUSEGEMM_SM90_FRAG_LOAD_AHEAD (kLoadAhead below;
 // the stream-K kernel's fix-up state does not: it spilled 8 bytes).
+// kDMajorM: D is M-major (the K-grouped weight gradient's cd_major m: expert e's D_e^T, row n of
+// the output at (e * N + n) * ldd holding the tile's M values; fusegemm/epilogue.cuh
+// WarpTransposedStore), for element-wise rules with D alone (no C, no column or element input).
 template <int kTileM, int kTileN, class Rule, class ElementC, class ElementD, class Engine,
           bool kBatched = false, bool kForceEngine = false, bool kDefer = false, bool kOverlapped = false,
-          int kEngineWarps = FUSEGEMM_SM90_ENGINE_WARPS, bool kScatter = false, bool kAheadOk = true>
+          int kEngineWarps = FUSEGEMM_SM90_ENGINE_WARPS, bool kScatter = false, bool kAheadOk = true,
+          bool kDMajorM = false>
 struct WgmmaEpilogue {
   static constexpr int kConsumerWGs = kTileM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
@@ -273,6 +277,12 @@ struct WgmmaEpilogue {
                 "accumulator needs the 256-column tile)");
   using StoreC = epi::WarpStagedStore<fusegemm::conditional_t<kFragment, ElementC, float>>;
   using StoreD = epi::WarpStagedStore<fusegemm::conditional_t<kFragment, ElementD, float>>;
+  using StoreT = epi::WarpTransposedStore<fusegemm::conditional_t<kFragment, ElementD, float>>;   // kDMajorM
+  static_assert(!kDMajorM || (kFragment && Rule::kHasD && !Rule::kHasC && !kScatter && !kBatched &&
+                              __is_empty(typename Rule::ElemIn) && StoreT::kCols == StoreD::kCols &&
+                              StoreT::kBytes <= StoreD::kBytes),
+                "an M-major D: element-wise rules storing D alone, no column or element input (the registry's "
+                "check_rule), in the row store's chunks and buffer");
   static constexpr int kEpiWarpBytes = StoreC::kBytes > StoreD::kBytes ? StoreC::kBytes : StoreD::kBytes;
   // The engine path stages [64 rows][kAccPitch] FP32 accumulators per warpgroup plus the engine's
   // buffers for its two active warps.
@@ -332,7 +342,8 @@ struct WgmmaEpilogue {
                 "scattered rows: a lane stores the same four rows of C and D");
   struct Deferred {
     uint32_t v[kTileN / 4];  // chunk c: v[c * kPairsPerChunk ...], rows lane/4 and lane/4 + 8
-    int row0 = -1, n0 = 0;   // row0 < 0: nothing pending
+    int row0 = -1, n0 = 0;   // row0 < 0: nothing pending (kDMajorM: the warp's first row in its expert)
+    int t_row = 0;           // kDMajorM: the output row of the expert's column 0 (expert * N)
     Dst dst;                 // kScatter
   };
 
@@ -343,11 +354,13 @@ struct WgmmaEpilogue {
     Rule rule;
     typename Rule::RowIn r0in, r1in;
     Dst dst;   // kScatter
+    int expert = 0;   // kDMajorM
   };
   template <class Params>
   static __device__ Pre preload(const Params& p, int expert, int m0, int warp, int lane) {
     Pre pre;
     pre.rule.begin_tile(p, expert);
+    if constexpr (kDMajorM) pre.expert = expert;
     const int row0 = m0 + 16 * warp;
     pre.r0in = pre.rule.row(p, row0 + lane / 4);
     pre.r1in = pre.rule.row(p, row0 + lane / 4 + 8);
@@ -386,7 +399,12 @@ struct WgmmaEpilogue {
       d.v[2 * j] = epi::Cvt<ElementD>::pack2(o[0].d, o[1].d);
       d.v[2 * j + 1] = epi::Cvt<ElementD>::pack2(o[2].d, o[3].d);
     }
-    d.row0 = row0;
+    if constexpr (kDMajorM) {
+      d.row0 = row0 - pre.expert * p.m_rows;
+      d.t_row = pre.expert * p.n;
+    } else {
+      d.row0 = row0;
+    }
     d.n0 = n0;
     if constexpr (kScatter) d.dst = pre.dst;
   }
@@ -396,6 +414,22 @@ struct WgmmaEpilogue {
   static __device__ void store_chunk(const Params& p, uint32_t buf, const Deferred& d, int lane) {
     const int chunk_col = d.n0 + c * StoreD::kCols;
     if (d.row0 < 0 || chunk_col >= p.n) return;   // warp-uniform
+    if constexpr (kDMajorM) {
+      // Lane 8 i + j addresses column j of fragment matrix i: rows 8 (i % 2).., columns
+      // 8 (jj + i / 2).. of the chunk, whose pairs are d.v[.. + 2 (jj + i / 2) + i % 2].
+      const int i = lane / 8;
+      const uint32_t at = StoreT::at(buf, 8 * (i % 2), 8 * (i / 2) + lane % 8);   // + constant offsets below
+      __syncwarp();   // the previous flush has finished reading the buffer
+#pragma unroll
+      for (int jj = 0; jj < StoreT::kCols / 8; jj += 2) {
+        const uint32_t* v = d.v + c * kPairsPerChunk + 2 * jj;
+        StoreT::put_trans4(at + jj * 8 * StoreT::kColBytes, v[0], v[1], v[2], v[3]);
+      }
+      __syncwarp();
+      StoreT::flush(buf, reinterpret_cast<ElementD*>(p.d_out) + static_cast<int64_t>(d.t_row + chunk_col) * p.ldd +
+                             d.row0, p.ldd, p.n - chunk_col, lane);
+      return;
+    }
     const uint32_t at = StoreD::at(buf, lane / 4, (lane % 4) * 2);   // + constant offsets below
     __syncwarp();   // the previous flush has finished reading the buffer
 #pragma unroll
@@ -469,6 +503,32 @@ struct WgmmaEpilogue {
     }
   }
 
+  // kDMajorM's staged D (store_output's, transposed): the warp's 16 rows (row0.., of expert
+  // `expert`'s M) chunk by chunk into output rows expert * N + n.
+  template <class Params>
+  static __device__ void store_transposed(const Params& p, const Rule& rule, uint32_t buf, int expert, int row0,
+                                          int n0, const typename Rule::RowIn& r0in,
+                                          const typename Rule::RowIn& r1in, int lane, const float (&acc)[kAccum]) {
+    const int r0 = lane / 4, cq = (lane % 4) * 2;
+    ElementD* out = reinterpret_cast<ElementD*>(p.d_out) + static_cast<int64_t>(expert) * p.n * p.ldd +
+                    (row0 - expert * p.m_rows);
+#pragma unroll
+    for (int c = 0; c < kTileN / StoreT::kCols; ++c) {
+      const int chunk_col = n0 + c * StoreT::kCols;
+      if (chunk_col >= p.n) break;  // warp-uniform: the rest of the tile is past N
+      __syncwarp();                 // previous flush has finished reading the buffer
+#pragma unroll
+      for (int jj = 0; jj < StoreT::kCols / 8; ++jj) {
+        typename Rule::Out o[4];
+        apply_group(p, rule, row0 + r0, chunk_col + jj * 8 + cq, r0in, r1in, acc, c * (StoreT::kCols / 8) + jj, o);
+        StoreT::put(buf, r0, jj * 8 + cq, o[0].d, o[1].d);
+        StoreT::put(buf, r0 + 8, jj * 8 + cq, o[2].d, o[3].d);
+      }
+      __syncwarp();
+      StoreT::flush(buf, out + static_cast<int64_t>(chunk_col) * p.ldd, p.ldd, p.n - chunk_col, lane);
+    }
+  }
+
   // The fragment of tile rows m0.. (of the problem, or of batch `expert` when kBatched) and
   // columns n0.. . part: the warp's running reductions (the engine path flushes per tile; the
   // kernel calls finish() once at its end).
@@ -485,7 +545,9 @@ struct WgmmaEpilogue {
                                                p.ldc, row0, n0, pre.r0in, pre.r1in, lane, acc, pre.dst);
         }
       }
-      if constexpr (Rule::kHasD) {
+      if constexpr (kDMajorM) {
+        store_transposed(p, pre.rule, buf, expert, row0, n0, pre.r0in, pre.r1in, lane, acc);
+      } else if constexpr (Rule::kHasD) {
         store_output<ElementD, StoreD, false>(p, pre.rule, buf, reinterpret_cast<ElementD*>(p.d_out),
                                               p.ldd, row0, n0, pre.r0in, pre.r1in, lane, acc, pre.dst);
       }

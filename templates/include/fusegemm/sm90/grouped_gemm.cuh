@@ -175,6 +175,12 @@ template <class C>
 constexpr auto stream_k_of(int) -> decltype(C::kStreamK, bool()) { return C::kStreamK; }
 template <class C>
 constexpr bool stream_k_of(long) { return false; }
+// Config::kDMajorM (an M-major D: the K-grouped weight gradient's cd_major m), false where the
+// generated Config does not declare it.
+template <class C>
+constexpr auto d_major_m_of(int) -> decltype(C::kDMajorM, bool()) { return C::kDMajorM; }
+template <class C>
+constexpr bool d_major_m_of(long) { return false; }
 
 template <class Config>
 struct GroupedGemmKernel {
@@ -261,8 +267,12 @@ struct GroupedGemmKernel {
   // Scattered outputs (Config::kScatterD, M-grouped): C and D rows stored at d_index.
   static constexpr bool kScatterD = scatter_of<Config>(0);
   static_assert(!kScatterD || !kKGrouped, "scattered outputs: M-grouped problems (the registry's limits)");
+  // M-major D (Config::kDMajorM, K-grouped): D_e^T, for a weight stored transposed to the
+  // problem's (M, N) (the gradient of X^T dY's swapped roles: X gathered as A, on the M side).
+  static constexpr bool kDMajorM = d_major_m_of<Config>(0);
+  static_assert(!kDMajorM || kKGrouped, "an M-major D: K-grouped problems (the registry's limits)");
   using Epi = WgmmaEpilogue<64 * kConsumerWGs, kTileN, Rule, ElementC, ElementD, Engine, false, false, kDefer, kPingPong,
-                            FUSEGEMM_SM90_ENGINE_WARPS, kScatterD, !stream_k_of<Config>(0)>;
+                            FUSEGEMM_SM90_ENGINE_WARPS, kScatterD, !stream_k_of<Config>(0), kDMajorM>;
   static constexpr int kEpiBytes = Epi::kBytes;
   // Stream-K (above): a ring entry also carries its piece's k-block range and the CTAs whose
   // partials a head piece adds (a second int4 per slot). The one producer thread keeps its walk
