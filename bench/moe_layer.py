@@ -21,11 +21,12 @@ no device operation covers (``idle_ms_per_step``) with the transitions it falls 
 (``top_gaps``: previous -> next operation).
 ``--host`` adds each method's host time to issue one eager step (the GPU kept busy ahead of it)
 and cProfile's top functions by own time.
-``--also block-no-ends,routed,routed-no-ends,routed-gathered`` times, in the same rounds, the
-block without the routing's row ends and the same layer through
-``fusegemm.moe.RoutedMLPFunction`` (with the row ends, without them, and with gathered loads as
-well): ``<variant>_ms``, its speedup over torch and its largest difference from the block's
-output. ``--also fp8-block`` times the block with its expert MLP on the blockwise FP8 recipe
+``--also block-no-ends,routed,routed-no-ends,routed-gathered,routed-gathered-swapped`` times, in the
+same rounds, the block without the routing's row ends and the same layer through
+``fusegemm.moe.RoutedMLPFunction`` (with the row ends, without them, with gathered loads as well,
+and with fc1's weight gradient swapped, ``moe.SWAPPED_WGRAD``: X gathered as A, D stored M-major):
+``<variant>_ms``, its speedup over torch and its largest difference from the block's output.
+``--also fp8-block`` times the block with its expert MLP on the blockwise FP8 recipe
 (``recipe="fp8_block"``, the same weights; its difference is the recipe's rounding).
 """
 from __future__ import annotations
@@ -63,10 +64,11 @@ class BlockNoEnds:
 class RoutedLayer:
     """``block``'s layer through ``RoutedMLPFunction`` (the permutation and padding inside the
     GEMMs); ``ends``: pass the routing's row ends; ``gathered``: ``moe.GATHERED_LOADS`` for the call
-    (set around forward and backward by :func:`bench_layer`'s step)."""
+    (set around forward and backward by :func:`bench_layer`'s step); ``swapped``:
+    ``moe.SWAPPED_WGRAD`` likewise."""
 
-    def __init__(self, block, ends: bool, gathered: bool):
-        self.block, self.ends, self.gathered = block, ends, gathered
+    def __init__(self, block, ends: bool, gathered: bool, swapped: bool = False):
+        self.block, self.ends, self.gathered, self.swapped = block, ends, gathered, swapped
 
     def __call__(self, x, logits):
         from fusegemm.moe import RoutedMLPFunction
@@ -95,18 +97,21 @@ def fp8_block_layer(block):
 VARIANTS = {"block-no-ends": BlockNoEnds, "fp8-block": fp8_block_layer,
             "routed": lambda b: RoutedLayer(b, ends=True, gathered=False),
             "routed-no-ends": lambda b: RoutedLayer(b, ends=False, gathered=False),
-            "routed-gathered": lambda b: RoutedLayer(b, ends=True, gathered=True)}
+            "routed-gathered": lambda b: RoutedLayer(b, ends=True, gathered=True),
+            "routed-gathered-swapped": lambda b: RoutedLayer(b, ends=True, gathered=True, swapped=True)}
 
 
 @contextlib.contextmanager
 def _loads(layer):
-    """``moe.GATHERED_LOADS`` as ``layer`` asks (a RoutedLayer's ``gathered``), reset after."""
+    """``moe.GATHERED_LOADS`` and ``moe.SWAPPED_WGRAD`` as ``layer`` asks (a RoutedLayer's
+    ``gathered`` and ``swapped``), reset after."""
     import fusegemm.moe as moe
     moe.GATHERED_LOADS = getattr(layer, "gathered", False)
+    moe.SWAPPED_WGRAD = getattr(layer, "swapped", False)
     try:
         yield
     finally:
-        moe.GATHERED_LOADS = False
+        moe.GATHERED_LOADS = moe.SWAPPED_WGRAD = False
 
 
 class TorchLayer:

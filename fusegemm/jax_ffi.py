@@ -422,7 +422,7 @@ def spec_op(spec: Any, *, e5m2_rcp_max: str = "page", **axes: Any) -> Any:
             *operands, *given.values(), spec=str(spec), axes=axes_json, e5m2_rcp_max=e5m2_rcp_max,
             operands=",".join(names), inputs=",".join(given), outputs=",".join(bufs))
         out = dict(zip(bufs, res))
-        if plan.k_grouped:   # (L * M, N) rows as (L, M, N)
+        if plan.k_grouped:   # (L * M, N) rows as (L, M, N); an M-major D's (L * N, M) as (L, N, M)
             n, rows_out, l = dims
             m = rows_out // l
             rows = {o.name for o in plan.epilogue.outputs}

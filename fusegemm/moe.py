@@ -781,6 +781,14 @@ def _gather_op(spec: str, device: int, **axes) -> "Op":  # noqa: F821
 # was 5-6% slower than the permuted path (bench/results/moe_layer_h200_gathered_loads.json): the
 # permuted path stays. (Both bit-equal on the H200: tests/gpu/test_moe_layer_gpu.py.)
 GATHERED_LOADS = False
+# With GATHERED_LOADS: fc1's weight gradient as the swapped product dW1_e = (X_e^T dG_e)^T, X's
+# token rows gathered as A (half the gathered bytes of b_gather's stage) and D stored M-major
+# (specs/grouped_gemm_wgrad.yaml cd_major m), where the K-grouped kernel fits. Written
+# 2026-12-05 without a GPU (the M-major D is first-run gated, registry.UNEXECUTED_MODES); the
+# H200 decides it: bench/gathered.py --wgrad-swapped, bench/moe_layer.py --also
+# routed-gathered-swapped. The products are b_gather's, summed with the WGMMA roles swapped: equal
+# within the FP32 accumulation's bound, not bit for bit.
+SWAPPED_WGRAD = False
 
 
 class RoutedMLPFunction(torch.autograd.Function):
@@ -870,7 +878,12 @@ class RoutedMLPFunction(torch.autograd.Function):
             a = _rows_of_tokens(a, token_of_row) if a_gathered else a
             b = _rows_of_tokens(b, token_of_row) if b_gathered else b
             return grouped_wgrad(a, b, off, ctx.wgrad).to(like.dtype)
-        dw1 = wgrad(dg, x, w1, False, GATHERED_LOADS)
+        if GATHERED_LOADS and SWAPPED_WGRAD and ctx.wgrad != "torch" and _kgrouped_fits(x.shape[1], dg.shape[1],
+                                                                                        g.shape[0], dev):
+            op = _gather_op("grouped_gemm_wgrad", dev, a_gather=True, cd_major="m")
+            dw1 = op(x, dg, off, row_ends=ends, dy_index=idx)["d"].to(w1.dtype)
+        else:
+            dw1 = wgrad(dg, x, w1, False, GATHERED_LOADS)
         dw2 = wgrad(dy, h, w2, GATHERED_LOADS, False)
         return dx, None, None, None, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None
 

@@ -219,11 +219,10 @@ _SM100_ROWS = (
     # (executed=False: its first launch runs the family's selftest cases on the device,
     # fusegemm/verify.py).
     _row("kgrouped", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
-         "GroupedGemmKernel", tuple(a for a in _KGROUPED_BF16 if a != "tile_m") + _VECTOR_F32, rule=SPEC_RULE,
+         "GroupedGemmKernel", tuple(a for a in _KGROUPED_BF16 if a != "tile_m") + ("cd_major",) + _VECTOR_F32,
+         rule=SPEC_RULE,
          limits=(Limit("tile_m", (128,), "1-CTA tiles of 128 rows (two 64-row M-major A atoms)"),
-                 *_KGROUPED_LIMITS, _NO_SCATTER, _SFD_MX_ONLY,
-                 Limit("cd_major", ("n",), "an M-major D (D_e^T) is stored by the sm_90a kernel's fragment "
-                                           "epilogue; the sm_100a K-grouped kernel stores N-major D")),
+                 *_KGROUPED_LIMITS, _NO_SCATTER, _SFD_MX_ONLY),
          executed=False),
     # MXFP8 weight gradients (Config::kKGrouped of the block-scaled kernel): dY^T and X^T
     # token-contiguous with E8M0 scales per 32 tokens; the blockwise recipe's FP32 scales are sm_90a's.

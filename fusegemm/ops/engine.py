@@ -174,8 +174,8 @@ class Op(PreparedLaunch):
         """(accumulator columns, output rows, experts) from the operands' shapes alone (row-major
         buffers: B (L, N, K), batched A (L, M, K) or (M, K))."""
         if self.kind == "kgrouped":
-            l = shapes["padded_offsets"][0]
-            return shapes["x_tensor"][1], l * shapes["dy_tensor"][1], l
+            l, m, n = shapes["padded_offsets"][0], shapes["dy_tensor"][1], shapes["x_tensor"][1]
+            return (m, l * n, l) if self.d_major_m else (n, l * m, l)   # (an M-major D: (L * N, M) rows)
         if self.kind == "kscaled":
             l = shapes["padded_offsets"][0]
             return shapes["b_tensor"][0], l * shapes["a_tensor"][0], l

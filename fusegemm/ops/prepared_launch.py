@@ -33,8 +33,8 @@ from .scaled_operands import scaled_maps, sf_atom_group_words
 
 class PreparedLaunch:
     """The launch half of :class:`fusegemm.Op` (it provides ``kind``, ``epilogue``, ``variant``,
-    ``device``, ``rcp_max``, ``_launcher``, ``_memo``, ``_rows``, ``_dims()``, ``_buffers()`` and
-    ``_operand_names()``)."""
+    ``d_major_m``, ``device``, ``rcp_max``, ``_launcher``, ``_memo``, ``_rows``, ``_dims()``,
+    ``_buffers()`` and ``_operand_names()``)."""
 
     def _execute_memo(self, e: Prepared, flat: tuple, current_stream: Any, validate_offsets: bool | None) -> bool:
         """``execute`` of a memoised pattern ``e`` on the arguments ``flat`` (``pattern``'s order):
@@ -154,6 +154,8 @@ class PreparedLaunch:
         values.update(self.epilogue.buffer_params(out, call.n))
         if self.kind == "batched" and self.variant.cd_major == "m":
             values["ldc"] = call.m   # C is (L, N, M): rows of M elements
+        if self.d_major_m:
+            values["ldd"] = call.m_out   # K-grouped D_e^T, (L * N, M): rows of M elements
         values.update(e.consts)
         for slot, i in e.slots:
             values[slot] = ptrs[i]

@@ -80,6 +80,46 @@ def test_routed_mlp_is_bit_equal_to_the_permuted_block(top_k, wgrad, gathered, m
             assert torch.equal(got, want), (name, _rel(got, want))
 
 
+@pytest.mark.parametrize("top_k", [2, 8])
+def test_routed_mlp_with_the_swapped_weight_gradient(top_k, monkeypatch):
+    """GATHERED_LOADS with SWAPPED_WGRAD: fc1's weight gradient as (X^T dG)^T, X's token rows
+    gathered as A and D stored M-major (cd_major m). Everything else is the permuted block's bit
+    for bit; dW1 sums the same products with the WGMMA roles swapped, within a BF16 rounding of
+    the block's (relative Frobenius 2**-8), with an empty expert and padding rows."""
+    from fusegemm.ops.device import device_arch
+    if device_arch(torch.cuda.current_device()) != "sm_90a":
+        pytest.skip("the gathered kernels and the M-major D are sm_90a's")
+    monkeypatch.setattr(moe, "GATHERED_LOADS", True)
+    monkeypatch.setattr(moe, "SWAPPED_WGRAD", True)
+    g = torch.Generator(device="cuda").manual_seed(8)
+    tokens, hidden, inter, experts = 900, 256, 384, 8
+    x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
+    logits = torch.randn(tokens, experts, generator=g, device="cuda")
+    logits[:, 3] = -1e4
+    dy = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
+    block = moe.MoEBlock(hidden, inter, experts, top_k, device="cuda", generator=torch.Generator().manual_seed(6))
+    out = {}
+    for path in ("routed", "permuted"):
+        block.zero_grad(set_to_none=True)
+        xi, zi = x.clone().requires_grad_(), logits.clone().requires_grad_()
+        r = routing.route(zi, top_k)
+        if path == "routed":
+            y = moe.RoutedMLPFunction.apply(xi, r.token_of_row, r.row_of, r.padded_offsets, r.row_ends,
+                                            routing.row_probs(r), block.mlp.w1, block.mlp.w2)
+        else:
+            y = block(xi, zi)
+        (y.float() * dy.float()).sum().backward()
+        out[path] = (y, xi.grad, zi.grad, block.mlp.w1.grad, block.mlp.w2.grad)
+    for name, got, want in zip(("y", "dx", "dlogits", "dw1", "dw2"), out["routed"], out["permuted"]):
+        if name == "dlogits":
+            assert _rel(got, want) <= 1e-5, (name, _rel(got, want))
+        elif name == "dw1":
+            assert 0 < _rel(got, want) <= 2.0 ** -8 or torch.equal(got, want), (name, _rel(got, want))
+            assert not got[3].any()            # the expert nobody picks
+        else:
+            assert torch.equal(got, want), (name, _rel(got, want))
+
+
 @pytest.mark.parametrize("top_k,experts,recipe", [(2, 8, "bf16"), (8, 32, "bf16"), (8, 32, "fp8_block")])
 def test_row_ends_change_no_value_of_the_block(top_k, experts, recipe):
     """MoEBlock passes the routing's row ends to its GEMMs (the compacted tile walk skips the

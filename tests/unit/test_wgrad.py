@@ -173,13 +173,33 @@ def test_sm100_kernel_compiles_clean(tile_n, d_dtype):
         assert disasm.count_prefix(hist, "UTCHMMA") > 0 and disasm.count_prefix(hist, "UTMALDG") > 0, hist
 
 
+@pytest.mark.parametrize("tile_n", [128, 256])
+@pytest.mark.parametrize("d_dtype", ["bfloat16", "float32"])
+def test_sm100_m_major_kernel_compiles_clean(tile_n, d_dtype):
+    """The sm_100a K-grouped kernel's M-major D (the block engine's kDMajorM: lane = row, each of a
+    block's 32 columns one store of the warp's 32 consecutive rows): 0 local memory, no staging
+    for D, and only element stores to global memory (the N-major kernel stages 16-byte rows)."""
+    from fusegemm.generator.render import render
+    from fusegemm.generator.variants import make_variant
+    from fusegemm.runtime import disasm
+    from fusegemm.runtime.compile import compile_source
+    from fusegemm.runtime.cubin_info import Cubin
+    src = render(make_variant("grouped_gemm_wgrad", arch="sm_100a", d_dtype=d_dtype, tile_n=tile_n, cd_major="m"))
+    assert "kDMajorM = true" in src.text
+    cub = compile_source(src.text, arch="sm_100a", kernel=src.symbol)
+    res = Cubin(cub.data).resources(src.symbol)
+    assert res.local_bytes == 0 and res.registers <= 232, res
+    if disasm.available():
+        stores = {op for op in disasm.sass_histogram(cub.data) if op.startswith("STG")}
+        assert stores == {"STG.E.U16" if d_dtype == "bfloat16" else "STG.E"}, stores
+
 
 def test_m_major_d_is_each_experts_transpose():
-    """cd_major m (sm_90a): D_e^T, (L, N, M), for a weight stored transposed to the problem (the
-    swapped weight gradient X^T dY with X gathered as A). The reference's D and FP32 values are
-    the N-major reference's blocks transposed and the op returns that shape; sm_100a and an
-    epilogue with a column input are refused naming the axis; the mode is a configuration class
-    of its own, gated at first launch until a GPU has run it."""
+    """cd_major m: D_e^T, (L, N, M), for a weight stored transposed to the problem (the swapped
+    weight gradient X^T dY with X gathered as A). The reference's D and FP32 values are the
+    N-major reference's blocks transposed and the op returns that shape; an epilogue with a column
+    input is refused naming the axis; the mode is a configuration class of its own, gated at
+    first launch until a GPU has run it (sm_90a; sm_100a's classes are all gated)."""
     from fusegemm import KGroupedGemm
     from fusegemm.generator import registry
     from fusegemm.generator.config_class import config_class
@@ -195,8 +215,9 @@ def test_m_major_d_is_each_experts_transpose():
                               np.asarray(want).reshape(4, 256, 192).transpose(0, 2, 1))
     with dry_run():
         assert m_major(dy, x, off, inputs=inputs)["d"].shape == (4, 192, 256)
-    with pytest.raises(UnsupportedError, match=r"cd_major='m' is not implemented for grouped_gemm_wgrad on sm_100a"):
-        KGroupedGemm("grouped_gemm_wgrad", arch="sm_100a", cd_major="m").check_support()
+    shapes = {"dy_tensor": (1280, 256), "x_tensor": (1280, 192), "padded_offsets": (4,)}
+    assert m_major.dims_of(shapes) == (256, 4 * 192, 4) and n_major.dims_of(shapes) == (192, 4 * 256, 4)
+    assert KGroupedGemm("grouped_gemm_wgrad", arch="sm_100a", cd_major="m").check_support()
     text = SPEC.format(epilogue="  inputs:\n    bias: {per: column}\n  compute:\n    - g = acc + bias\n  outputs:\n"
                                 "    d: {dtype: d_dtype, value: g}").replace("  tile_m: [128]", "  cd_major: [n, m]\n"
                                                                                                  "  tile_m: [128]")
@@ -239,3 +260,32 @@ def test_m_major_kernel_compiles_clean(axes):
     stmatrix = disasm.count_prefix(hist, "STSM.16.MT88")
     deferred = axes.get("d_dtype", "bfloat16") == "bfloat16" and axes.get("tile_m", 128) == 128
     assert (stmatrix > 0) == deferred, (stmatrix, axes)
+
+
+@pytest.mark.parametrize("cd_major", ["n", "m"])
+def test_launch_values_give_the_output_its_row_pitch(cd_major):
+    """The parameter struct the kernel gets: D's pitch ldd is N for (L * M, N) rows and M for an
+    M-major D's (L * N, M) rows (the kernel addresses output row e * N + n at that pitch), with
+    m_rows = M and n = N as the tile walk needs either way."""
+    from fusegemm import KGroupedGemm
+    from fusegemm.generator.render import render
+    from fusegemm.runtime.compile import compile_source
+    from fusegemm.runtime.cubin_info import Cubin
+
+    class Maps:
+        def tiled(self, *a, **k):
+            return b"\0" * 128
+
+    class Launcher:
+        def __init__(self, variant):
+            src = render(variant)
+            self.contract = Cubin(compile_source(src.text, arch="sm_90a", kernel=src.symbol).data).contract(src.symbol)
+            self.tmaps, self.sms, self.cluster = Maps(), 132, (1, 1)
+            self.tile, self.tma_dtype = (self.contract.tile_m, self.contract.tile_n), "bfloat16"
+
+    dy, x, off = _operands()
+    op = KGroupedGemm("grouped_gemm_wgrad", arch="sm_90a", cd_major=cd_major)
+    op._launcher = Launcher(op.kernel_variant)
+    v = op._launch_values(op._parse((dy, x, off), {}), {"d": 4096})
+    assert (v["m_rows"], v["n"], v["d_out"]) == (256, 192, 4096)
+    assert v["ldd"] == (256 if cd_major == "m" else 192)

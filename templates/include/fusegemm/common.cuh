@@ -33,6 +33,13 @@ FUSEGEMM_DEVICE void bf16x2_to_f32(uint32_t u, float& lo, float& hi) {
   hi = __uint_as_float(u & 0xFFFF0000u);
 }
 
+// Config::kDMajorM (an M-major D: the K-grouped weight gradient's cd_major m, both archs), false
+// where the generated Config does not declare it.
+template <class C>
+constexpr auto d_major_m_of(int) -> decltype(C::kDMajorM, bool()) { return C::kDMajorM; }
+template <class C>
+constexpr bool d_major_m_of(long) { return false; }
+
 // Every padded_offsets value is a multiple of this (seed contract: m_aligned == 256).
 constexpr int kMAligned = 256;
 

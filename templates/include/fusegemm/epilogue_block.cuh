@@ -393,17 +393,23 @@ FUSEGEMM_DEVICE constexpr bool packed_f32() { return PackedF32<R>::value; }
 // kBatched: rows are per batch (gemm_amax): output row = batch * m_rows + row. kCMajorM: C is
 // M-major. kDiscreteColSfd: SFD_col grouped by expert tile (formats/scales.py). kScatter:
 // scattered outputs (d_scatter, element-wise rules): problem row r's C and D rows are stored at
-// row p.d_index[r] of the outputs (an index outside [0, p.d_rows) stores nothing).
+// row p.d_index[r] of the outputs (an index outside [0, p.d_rows) stores nothing). kDMajorM: the
+// K-grouped D is M-major (cd_major m: expert e's D_e^T, output row e * N + n holding column n's
+// M values; element-wise rules storing D alone): lane = row, so each column's store is the warp's
+// 32 consecutive rows, contiguous.
 template <class Rule, class ElementC, class ElementD, bool kBatched = false, bool kCMajorM = false,
-          bool kDiscreteColSfd = false, bool kScatter = false>
+          bool kDiscreteColSfd = false, bool kScatter = false, bool kDMajorM = false>
 struct BlockEngine {
   static_assert(!kScatter || (Rule::kElementwise && !kBatched && !kCMajorM),
                 "scattered outputs: element-wise rules, grouped N-major outputs (registry.check_rule)");
+  static_assert(!kDMajorM || (Rule::kElementwise && Rule::kHasD && !Rule::kHasC && !kBatched && !kScatter &&
+                              !Rule::kPairedD),
+                "an M-major D: element-wise rules storing D alone, K-grouped (registry.check_rule)");
   static constexpr bool kPaired = Rule::kPairedAcc;
   static constexpr bool kCMajor = kCMajorM;
   static constexpr int kAccVals = kPaired ? 64 : 32;
   static constexpr int kStageC = Rule::kHasC && !kCMajorM ? staging_bytes<ElementC>() : 0;
-  static constexpr int kStageD = Rule::kHasD ? staging_bytes<ElementD>() : 0;
+  static constexpr int kStageD = Rule::kHasD && !kDMajorM ? staging_bytes<ElementD>() : 0;
   // Staging bytes one warp needs (0 when every output is narrow or M-major).
   static constexpr int kStageBytes = kStageC > kStageD ? kStageC : kStageD;
   static constexpr bool kQuant = Rule::kQuantRowD || Rule::kQuantColD;
@@ -419,7 +425,7 @@ struct BlockEngine {
                                       !packed_f32<Rule>() && !Rule::kColSum;
   // 16-bit outputs stored as computed collect packed pairs (RowVals); M-major C stays FP32.
   static constexpr bool kPackC = Rule::kHasC && !kCMajorM && packable<ElementC>();
-  static constexpr bool kPackD = Rule::kHasD && !kQuant && packable<ElementD>();
+  static constexpr bool kPackD = Rule::kHasD && !kQuant && !kDMajorM && packable<ElementD>();
   static_assert(!kQuant || is_narrow<ElementD>(), "SFD quantization needs an FP8/FP4 D");
   static_assert(!kQuant || !kBatched, "SFD outputs are grouped (seed 000-003) outputs");
   static_assert(!Rule::kHasD || !is_narrow<ElementD>() || kQuant || !Rule::kPairedD,
@@ -588,6 +594,10 @@ struct BlockEngine {
       const int dw = d_width(width);
       if constexpr (kScatter) {
         if (dw - j0 > 0) store_vals_rows(stage, p.d_out, p.ldd, out_row, j0, dw - j0, lane, vd0);
+      } else if constexpr (kDMajorM) {
+        ElementD* base = static_cast<ElementD*>(p.d_out) + int64_t(expert) * p.n * p.ldd +
+                         (row - expert * p.m_rows);
+        store_col32<ElementD>(base + int64_t(j0) * p.ldd, p.ldd, dw - j0, row_ok, vd0.v);
       } else if constexpr (Rule::kPairedD) {
         d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0, dw, vd0, stage, lane, col_buf);
         d_block(rule, p, expert, row0, orow0, row_ok, rows_valid, 2 * j0 + 32, dw, vd1, stage, lane, col_buf);

@@ -95,7 +95,10 @@ struct GroupedGemmKernel {
   // d_index (the engine's row stores, fusegemm/epilogue_block.cuh store_vals_rows).
   static constexpr bool kScatterD = Config::kScatterD;
   static_assert(!kScatterD || !Config::kKGrouped, "scattered outputs: M-grouped problems (the registry's limits)");
-  using Engine = epi::BlockEngine<Rule, ElementC, ElementD, false, false, false, kScatterD>;
+  // M-major D (Config::kDMajorM, K-grouped): D_e^T, stored column by column from the engine's rows.
+  static constexpr bool kDMajorM = d_major_m_of<Config>(0);
+  static_assert(!kDMajorM || kKGrouped, "an M-major D: K-grouped problems (the registry's limits)");
+  using Engine = epi::BlockEngine<Rule, ElementC, ElementD, false, false, false, kScatterD, kDMajorM>;
   // Accumulator columns per engine block: 32, or a gate block and an up block when paired.
   static constexpr int kAccPerBlock = Rule::kPairedAcc ? 64 : 32;
   static_assert(kTileN % kAccPerBlock == 0, "tile N holds whole gate/up block pairs");

@@ -175,12 +175,6 @@ template <class C>
 constexpr auto stream_k_of(int) -> decltype(C::kStreamK, bool()) { return C::kStreamK; }
 template <class C>
 constexpr bool stream_k_of(long) { return false; }
-// Config::kDMajorM (an M-major D: the K-grouped weight gradient's cd_major m), false where the
-// generated Config does not declare it.
-template <class C>
-constexpr auto d_major_m_of(int) -> decltype(C::kDMajorM, bool()) { return C::kDMajorM; }
-template <class C>
-constexpr bool d_major_m_of(long) { return false; }
 
 template <class Config>
 struct GroupedGemmKernel {
