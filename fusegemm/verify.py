@@ -5,9 +5,10 @@ them in the project's own tests (``fusegemm/base/archs.py``: ``executed=False``)
 added may likewise not have run on an executed arch yet (its registry row: ``executed=False``,
 generator/registry.py), and a mode of an executed kernel may not have run yet
 (``registry.UNEXECUTED_MODES``: the K-grouped kernel's M-major D, ``cd_major`` m, written without a
-GPU on 2026-12-05; the sm_90a stream-K scheduler stood there until the H200 ran it). One family's kernel takes different paths for different tiles, clusters,
-CTA pairs, schedulers, operand layouts, scaling recipes and weight modes, so a pass on one
-configuration says little about another. The gate therefore works per **configuration class**
+GPU on 2026-12-05; the sm_90a stream-K scheduler stood there until the H200 ran it). One family's
+kernel takes different paths for different tiles, clusters, CTA pairs, schedulers, operand
+layouts, scaling recipes and weight modes, so a pass on one configuration says little about
+another. The gate therefore works per **configuration class**
 (:class:`ConfigClass`: family, kernel class, tile, cluster, CTAs per tile, scheduler, operand
 majors, recipe, weights, gathered operands): the first time a kernel of a class not yet verified is about to launch
 on such an arch, :func:`ensure_verified` runs that class's cases (fusegemm/selftest.py

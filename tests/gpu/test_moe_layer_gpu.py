@@ -42,17 +42,10 @@ def test_moe_block_matches_the_torch_backend_forward_and_backward(top_k):
         assert _rel(got, want) <= 2e-2, (name, _rel(got, want))
 
 
-@pytest.mark.parametrize("top_k,wgrad", [(1, "auto"), (8, "auto"), (2, "torch")])
-@pytest.mark.parametrize("gathered", [False, True])
-def test_routed_mlp_is_bit_equal_to_the_permuted_block(top_k, wgrad, gathered, monkeypatch):
-    """RoutedMLPFunction (the routing's row ends skip the padding's tiles; with GATHERED_LOADS the
-    GEMMs read x's and dy's token rows through the index): output and every gradient equal the
-    block's permuted path bit for bit (the same kernels on the same values; the logits' gradient
-    within 1e-5, dprob's atomic sums), with an empty expert and padding rows."""
-    from fusegemm.ops.device import device_arch
-    if device_arch(torch.cuda.current_device()) != "sm_90a":
-        pytest.skip("the gathered kernels and the row ends' tile skipping are sm_90a's")
-    monkeypatch.setattr(moe, "GATHERED_LOADS", gathered)
+def _routed_and_permuted(top_k: int, wgrad: str = "auto") -> dict:
+    """Output and gradients (y, dx, dlogits, dw1, dw2) of RoutedMLPFunction ("routed", as the
+    module's switches stand) and of the block's permuted path ("permuted") on one seeded batch:
+    900 tokens, hidden 256, intermediate 384, 8 experts, expert 2 picked by nobody."""
     g = torch.Generator(device="cuda").manual_seed(5)
     tokens, hidden, inter, experts = 900, 256, 384, 8
     x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
@@ -73,6 +66,25 @@ def test_routed_mlp_is_bit_equal_to_the_permuted_block(top_k, wgrad, gathered, m
             y = block(xi, zi)
         (y.float() * dy.float()).sum().backward()
         out[path] = (y, xi.grad, zi.grad, block.mlp.w1.grad, block.mlp.w2.grad)
+    return out
+
+
+def _sm90a_only():
+    from fusegemm.ops.device import device_arch
+    if device_arch(torch.cuda.current_device()) != "sm_90a":
+        pytest.skip("the gathered kernels, the row ends' tile skipping and the M-major D are sm_90a's")
+
+
+@pytest.mark.parametrize("top_k,wgrad", [(1, "auto"), (8, "auto"), (2, "torch")])
+@pytest.mark.parametrize("gathered", [False, True])
+def test_routed_mlp_is_bit_equal_to_the_permuted_block(top_k, wgrad, gathered, monkeypatch):
+    """RoutedMLPFunction (the routing's row ends skip the padding's tiles; with GATHERED_LOADS the
+    GEMMs read x's and dy's token rows through the index): output and every gradient equal the
+    block's permuted path bit for bit (the same kernels on the same values; the logits' gradient
+    within 1e-5, dprob's atomic sums), with an empty expert and padding rows."""
+    _sm90a_only()
+    monkeypatch.setattr(moe, "GATHERED_LOADS", gathered)
+    out = _routed_and_permuted(top_k, wgrad)
     for name, got, want in zip(("y", "dx", "dlogits", "dw1", "dw2"), out["routed"], out["permuted"]):
         if name == "dlogits":   # dprob sums N tiles with atomics: their order varies run to run
             assert _rel(got, want) <= 1e-5, (name, _rel(got, want))
@@ -85,39 +97,37 @@ def test_routed_mlp_with_the_swapped_weight_gradient(top_k, monkeypatch):
     """GATHERED_LOADS with SWAPPED_WGRAD: fc1's weight gradient as (X^T dG)^T, X's token rows
     gathered as A and D stored M-major (cd_major m). Everything else is the permuted block's bit
     for bit; dW1 sums the same products with the WGMMA roles swapped, within a BF16 rounding of
-    the block's (relative Frobenius 2**-8), with an empty expert and padding rows."""
-    from fusegemm.ops.device import device_arch
-    if device_arch(torch.cuda.current_device()) != "sm_90a":
-        pytest.skip("the gathered kernels and the M-major D are sm_90a's")
+    the block's (relative Frobenius 2**-8), zero for the expert nobody picks."""
+    _sm90a_only()
     monkeypatch.setattr(moe, "GATHERED_LOADS", True)
     monkeypatch.setattr(moe, "SWAPPED_WGRAD", True)
-    g = torch.Generator(device="cuda").manual_seed(8)
-    tokens, hidden, inter, experts = 900, 256, 384, 8
-    x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
-    logits = torch.randn(tokens, experts, generator=g, device="cuda")
-    logits[:, 3] = -1e4
-    dy = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
-    block = moe.MoEBlock(hidden, inter, experts, top_k, device="cuda", generator=torch.Generator().manual_seed(6))
-    out = {}
-    for path in ("routed", "permuted"):
-        block.zero_grad(set_to_none=True)
-        xi, zi = x.clone().requires_grad_(), logits.clone().requires_grad_()
-        r = routing.route(zi, top_k)
-        if path == "routed":
-            y = moe.RoutedMLPFunction.apply(xi, r.token_of_row, r.row_of, r.padded_offsets, r.row_ends,
-                                            routing.row_probs(r), block.mlp.w1, block.mlp.w2)
-        else:
-            y = block(xi, zi)
-        (y.float() * dy.float()).sum().backward()
-        out[path] = (y, xi.grad, zi.grad, block.mlp.w1.grad, block.mlp.w2.grad)
+    out = _routed_and_permuted(top_k)
     for name, got, want in zip(("y", "dx", "dlogits", "dw1", "dw2"), out["routed"], out["permuted"]):
         if name == "dlogits":
             assert _rel(got, want) <= 1e-5, (name, _rel(got, want))
         elif name == "dw1":
-            assert 0 < _rel(got, want) <= 2.0 ** -8 or torch.equal(got, want), (name, _rel(got, want))
-            assert not got[3].any()            # the expert nobody picks
+            assert _rel(got, want) <= 2.0 ** -8, (name, _rel(got, want))
+            assert not got[2].any()
         else:
             assert torch.equal(got, want), (name, _rel(got, want))
+
+
+@pytest.mark.parametrize("top_k", [1, 8])
+def test_gathers_in_token_order_change_no_value_of_the_block(top_k, monkeypatch):
+    """routing.TOKEN_ORDER (x's and dy's gathers by fusegemm_spread_rows, each token's row read
+    once): the block's output and every gradient bit for bit those of the row-order gathers, and
+    so is RoutedMLPFunction's."""
+    _sm90a_only()
+    with_rows = {}
+    for order in (False, True):
+        monkeypatch.setattr(routing, "TOKEN_ORDER", order)
+        with_rows[order] = _routed_and_permuted(top_k)
+    for path in ("routed", "permuted"):
+        for name, got, want in zip(("y", "dx", "dlogits", "dw1", "dw2"), with_rows[True][path], with_rows[False][path]):
+            if name == "dlogits":
+                assert _rel(got, want) <= 1e-5, (path, name, _rel(got, want))
+            else:
+                assert torch.equal(got, want), (path, name, _rel(got, want))
 
 
 @pytest.mark.parametrize("top_k,experts,recipe", [(2, 8, "bf16"), (8, 32, "bf16"), (8, 32, "fp8_block")])
