@@ -26,6 +26,7 @@ same rounds, the block without the routing's row ends and the same layer through
 ``fusegemm.moe.RoutedMLPFunction`` (with the row ends, without them, with gathered loads as well,
 and with fc1's weight gradient swapped, ``moe.SWAPPED_WGRAD``: X gathered as A, D stored M-major):
 ``<variant>_ms``, its speedup over torch and its largest difference from the block's output.
+``--also token-order`` times the block with its gathers in token order (``routing.TOKEN_ORDER``).
 ``--also fp8-block`` times the block with its expert MLP on the blockwise FP8 recipe
 (``recipe="fp8_block"``, the same weights; its difference is the recipe's rounding).
 """
@@ -43,6 +44,19 @@ LAYERS = {
     "mixtral": (8, 4096, 4096, 14336, 2),
     "qwen3": (128, 4096, 2048, 768, 8),
 }
+
+
+class TokenOrder:
+    """``block`` itself with its gathers (x forward, dy backward) in token order
+    (``fusegemm.routing.TOKEN_ORDER``, set around the step by :func:`_loads`)."""
+
+    token_order = True
+
+    def __init__(self, block):
+        self.block = block
+
+    def __call__(self, x, logits):
+        return self.block(x, logits)
 
 
 class BlockNoEnds:
@@ -94,7 +108,7 @@ def fp8_block_layer(block):
 
 
 # --also: each variant's layer on the block
-VARIANTS = {"block-no-ends": BlockNoEnds, "fp8-block": fp8_block_layer,
+VARIANTS = {"block-no-ends": BlockNoEnds, "fp8-block": fp8_block_layer, "token-order": TokenOrder,
             "routed": lambda b: RoutedLayer(b, ends=True, gathered=False),
             "routed-no-ends": lambda b: RoutedLayer(b, ends=False, gathered=False),
             "routed-gathered": lambda b: RoutedLayer(b, ends=True, gathered=True),
@@ -103,15 +117,17 @@ VARIANTS = {"block-no-ends": BlockNoEnds, "fp8-block": fp8_block_layer,
 
 @contextlib.contextmanager
 def _loads(layer):
-    """``moe.GATHERED_LOADS`` and ``moe.SWAPPED_WGRAD`` as ``layer`` asks (a RoutedLayer's
-    ``gathered`` and ``swapped``), reset after."""
+    """``moe.GATHERED_LOADS``, ``moe.SWAPPED_WGRAD`` and ``routing.TOKEN_ORDER`` as ``layer`` asks
+    (a RoutedLayer's ``gathered`` and ``swapped``, a TokenOrder's ``token_order``), reset after."""
     import fusegemm.moe as moe
+    import fusegemm.routing as routing
     moe.GATHERED_LOADS = getattr(layer, "gathered", False)
     moe.SWAPPED_WGRAD = getattr(layer, "swapped", False)
+    routing.TOKEN_ORDER = getattr(layer, "token_order", False)
     try:
         yield
     finally:
-        moe.GATHERED_LOADS = moe.SWAPPED_WGRAD = False
+        moe.GATHERED_LOADS = moe.SWAPPED_WGRAD = routing.TOKEN_ORDER = False
 
 
 class TorchLayer:

@@ -2,7 +2,9 @@
 in the same run, on the routed rows of bench/moe_layer.py's layers; prints JSON.
 
 * ``gather``: expert-sorted rows from token-major x (T, H), zeros for padding (what the layer's
-  forward runs on x and its backward on dy): ``fusegemm.permute.gather_rows`` against
+  forward runs on x and its backward on dy): ``fusegemm.permute.gather_rows`` in token order (with
+  the routing's ``row_of``: each token's row read once, as the layer runs it; ``fusegemm``) and in
+  row order (``row_order``: a token's row read once per row, k times) against
   ``fusegemm.routing._rows_of_tokens_torch`` (a copy of x with a zero row appended, then
   ``index_select``);
 * ``sum``: each token's sum over its k rows (the combine, and the backward of the gather):
@@ -50,8 +52,10 @@ def bench_layer(name: str, args) -> dict:
     x = torch.randn(tokens, hidden, generator=g, device=DEVICE).bfloat16()
     r = routing.route(torch.randn(tokens, experts, generator=g, device=DEVICE), top_k)
     rows = torch.randn(r.rows, hidden, generator=g, device=DEVICE).bfloat16()
-    builds = also_small_kernels(permute, ("fusegemm_gather_rows", "fusegemm_sum_rows_bfloat16"), args, _BUILDS)
-    gather = {"fusegemm": lambda: permute.gather_rows(x, r.token_of_row),
+    builds = also_small_kernels(permute, ("fusegemm_spread_rows", "fusegemm_gather_rows", "fusegemm_sum_rows_bfloat16"),
+                                args, _BUILDS)
+    gather = {"fusegemm": lambda: permute.gather_rows(x, r.token_of_row, r.row_of),
+              "row_order": lambda: permute.gather_rows(x, r.token_of_row),
               "torch": lambda: routing._rows_of_tokens_torch(x, r.token_of_row)}
     combine = {"fusegemm": lambda: permute.sum_rows(rows, r.row_of),
                "torch": lambda: routing._sum_rows_torch(rows, r.row_of)}
@@ -62,7 +66,7 @@ def bench_layer(name: str, args) -> dict:
     for method in gather:
         if method != "torch" and not torch.equal(gather[method](), want_rows):
             raise SystemExit(f"{name}: {method}'s gather is not torch's bit for bit")
-        if method != "torch" and not torch.equal(combine[method](), want_sum):
+        if method in combine and method != "torch" and not torch.equal(combine[method](), want_sum):
             raise SystemExit(f"{name}: {method}'s sum is not the default build's bit for bit")
     # Both sum in FP32 and round once to bf16, in other orders: within a bf16 ulp of torch's plus
     # the FP32 sums' own rounding over k adds (the bound of tests/gpu/test_permute_gpu.py).
@@ -79,6 +83,8 @@ def bench_layer(name: str, args) -> dict:
         row[f"{what}_ms"] = ms
         row[f"{what}_gb_s"] = {m: round(moved[what] / t / 1e6, 1) for m, t in ms.items()}
         row[f"{what}_speedup_vs_torch"] = round(ms["torch"] / ms["fusegemm"], 2)
+        if what == "gather":   # the token order against the row order, same run
+            row["gather_token_order_vs_row_order"] = round(ms["row_order"] / ms["fusegemm"], 3)
         for also in builds:
             row[f"{what}_{also}_vs_fusegemm"] = round(ms["fusegemm"] / ms[also], 3)
     return row

@@ -833,7 +833,7 @@ class RoutedMLPFunction(torch.autograd.Function):
         wgrad : {"auto", "torch", "fusegemm"}
             The weight gradients' kernel (as :class:`ExpertMLPFunction`).
         """
-        from .routing import _rows_of_tokens, _sum_rows
+        from .routing import _sum_rows, _token_rows
         dev = x.device.index or 0
         idx = token_of_row.to(torch.int32)
         ones = torch.ones(w1.shape[0], device=x.device)
@@ -842,7 +842,7 @@ class RoutedMLPFunction(torch.autograd.Function):
         if GATHERED_LOADS:
             out = fc1(x, padded_offsets, w1, a_index=idx, row_ends=row_ends, inputs={"alpha": ones, "prob": prob})
         else:   # x's rows permuted first (kept for fc1's weight gradient in place of x)
-            x = _rows_of_tokens(x, token_of_row)
+            x = _token_rows(x, token_of_row, row_of)
             out = fc1(x, padded_offsets, w1, row_ends=row_ends, inputs={"alpha": ones, "prob": prob})
         g, h = out["c"], out["d"]
         y = _gather_op("grouped_gemm", dev)(h, padded_offsets, w2, row_ends=row_ends, inputs={"alpha": ones})["d"]
@@ -852,13 +852,13 @@ class RoutedMLPFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy: Tensor):
-        from .routing import _rows_of_tokens, _sum_rows
+        from .routing import _sum_rows, _token_rows
         from .torch_library import _kgrouped_fits, grouped_wgrad, weight_as_b
         x, idx, token_of_row, row_of, off, ends, prob, w1, w2, g, h = ctx.saved_tensors
         dev = x.device.index or 0
         ones = torch.ones(w1.shape[0], device=x.device)
         # dy (T, H): read through idx (padding rows: -1, zeros), or permuted first
-        dy = dy.to(x.dtype).contiguous() if GATHERED_LOADS else _rows_of_tokens(dy.to(x.dtype), token_of_row)
+        dy = dy.to(x.dtype).contiguous() if GATHERED_LOADS else _token_rows(dy.to(x.dtype), token_of_row, row_of)
         through = {"a_index": idx} if GATHERED_LOADS else {}
         b2, major2 = weight_as_b(w2)
         dsw = _gather_op("grouped_gemm_dswiglu_bf16", dev, a_gather=GATHERED_LOADS, b_major=major2,
@@ -875,8 +875,8 @@ class RoutedMLPFunction(torch.autograd.Function):
                 index = {**({"dy_index": idx} if a_gathered else {}), **({"x_index": idx} if b_gathered else {})}
                 return op(a, b, off, row_ends=ends, **index)["d"].to(like.dtype)
             # torch's kernel reads permuted rows
-            a = _rows_of_tokens(a, token_of_row) if a_gathered else a
-            b = _rows_of_tokens(b, token_of_row) if b_gathered else b
+            a = _token_rows(a, token_of_row, row_of) if a_gathered else a
+            b = _token_rows(b, token_of_row, row_of) if b_gathered else b
             return grouped_wgrad(a, b, off, ctx.wgrad).to(like.dtype)
         if GATHERED_LOADS and SWAPPED_WGRAD and ctx.wgrad != "torch" and _kgrouped_fits(x.shape[1], dg.shape[1],
                                                                                         g.shape[0], dev):

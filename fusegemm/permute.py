@@ -1,7 +1,8 @@
 """The MoE layer's token permutations on the device, one memory pass each
 (``templates/include/fusegemm/permute.cuh``): :func:`gather_rows` (expert-sorted rows from
-token-major X, zeros for padding) and :func:`sum_rows` (the combine: each token's sum over its
-k rows, in choice order, in FP32). fusegemm/routing.py calls them through its torch custom ops.
+token-major X, zeros for padding; given the routing's ``row_of`` as well, in token order: each
+token's row read once) and :func:`sum_rows` (the combine: each token's sum over its k rows, in
+choice order, in FP32). fusegemm/routing.py calls them through its torch custom ops.
 
 On the H200 torch's route wrote every intermediate: a copy of X with a zero row appended before
 ``index_select``, and for the combine ``index_select`` into (T, k, H) and a sum over k, twice the
@@ -24,6 +25,8 @@ _THREADS = 256              # kPermuteThreads
 _MAX_BLOCKS = 4096          # grid-stride over rows
 # PermuteParams: src, dst, index, rows, src_rows, src_ld, dst_ld, vecs, k (64 bytes).
 _PARAMS = struct.Struct("<QQQqqqqii")
+# SpreadParams: PermuteParams, then row_of (72 bytes).
+_SPREAD = struct.Struct("<QQQqqqqiiQ")
 # RouteParams: experts, offsets, row_of, token_of_row, n, rows, num_experts, k, row_ends (64 bytes).
 _ROUTE = struct.Struct("<QQQQqqiiQ")
 _ROUTE_MAX_EXPERTS = 256    # kRouteMaxExperts
@@ -39,19 +42,33 @@ def _rows_ok(t: Any) -> bool:
             and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0)
 
 
-def _launch(name: str, src: Any, dst: Any, index: Any, k: int) -> bool:
+def _launch(name: str, src: Any, dst: Any, index: Any, k: int, row_of: Any = None) -> bool:
     rows = dst.shape[0]
     if rows == 0:
         return True
     es = src.element_size()
-    return _KERNELS.run_on(src, name, (min(rows, _MAX_BLOCKS), 1, 1), (_THREADS, 1, 1),
-                           _PARAMS.pack(src.data_ptr(), dst.data_ptr(), index.data_ptr(), rows, src.shape[0],
-                                        src.stride(0) * es, dst.stride(0) * es, src.shape[1] * es // 16, k))
+    fields = (src.data_ptr(), dst.data_ptr(), index.data_ptr(), rows, src.shape[0], src.stride(0) * es,
+              dst.stride(0) * es, src.shape[1] * es // 16, k)
+    if row_of is None:
+        return _KERNELS.run_on(src, name, (min(rows, _MAX_BLOCKS), 1, 1), (_THREADS, 1, 1), _PARAMS.pack(*fields))
+    items = src.shape[0] + -(-rows // _SPREAD_SCAN)    # the tokens, then the padding scan's items
+    return _KERNELS.run_on(src, name, (min(items, _MAX_BLOCKS), 1, 1), (_THREADS, 1, 1),
+                           _SPREAD.pack(*fields, row_of.data_ptr()))
 
 
-def gather_rows(x: Any, index: Any) -> Any:
+_SPREAD_SCAN = 32           # kSpreadScan
+
+
+def gather_rows(x: Any, index: Any, row_of: Any = None) -> Any:
     """(R, H) rows: row r is ``x[index[r]]`` for x (T, H), zeros where ``index[r]`` is outside
     [0, T); None where the kernel does not serve these tensors.
+
+    Given ``row_of``, the rows are written in token order (``fusegemm_spread_rows``): each token's
+    row is read once and stored to its k rows, where the expert-ordered walk reads it k times
+    (at dsv3's top-k 8, with x larger than L2, each such read came from DRAM). The two must be
+    each other's inverse, as :func:`fusegemm.routing.route` makes them: ``index[row_of[t, j]] ==
+    t`` for every ``row_of[t, j]`` in [0, R), and every row whose index is in [0, T) named in
+    ``row_of``; a row named twice gets one of its writes. The same bytes as without it.
 
     Parameters
     ----------
@@ -59,12 +76,20 @@ def gather_rows(x: Any, index: Any) -> Any:
         Token-major rows (any dtype; H times its size a multiple of 16 bytes).
     index : (R,) int64 CUDA tensor
         The token of each row, -1 for padding.
+    row_of : (T, k) int64 CUDA tensor, optional
+        The rows of each token (an entry outside [0, R) names none).
     """
     import torch
     if not _rows_ok(x) or index.dtype != torch.int64 or index.device != x.device or index.dim() != 1:
         return None
+    if row_of is not None and (row_of.dtype != torch.int64 or row_of.device != x.device or row_of.dim() != 2
+                               or row_of.shape[0] != x.shape[0]):
+        return None
     out = torch.empty((index.shape[0], x.shape[1]), dtype=x.dtype, device=x.device)
-    return out if _launch("fusegemm_gather_rows", x, out, index.contiguous(), 0) else None
+    if row_of is None:
+        return out if _launch("fusegemm_gather_rows", x, out, index.contiguous(), 0) else None
+    return out if _launch("fusegemm_spread_rows", x, out, index.contiguous(), row_of.shape[1],
+                          row_of.contiguous()) else None
 
 
 def sum_rows(rows: Any, index: Any) -> Any:

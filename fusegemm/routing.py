@@ -192,7 +192,7 @@ def gather(x: Tensor, routing: Routing) -> Tensor:
     return _Gather.apply(x, routing.token_of_row, routing.row_of)
 
 
-def _rows_of_tokens_torch(x: Tensor, token_of_row: Tensor) -> Tensor:
+def _rows_of_tokens_torch(x: Tensor, token_of_row: Tensor, row_of: Tensor | None = None) -> Tensor:
     # Padding rows (-1) read an appended zero row: one copy of x (T rows) is cheaper than masking R rows.
     t = x.shape[0]
     source = torch.where(token_of_row < 0, t, token_of_row)
@@ -233,9 +233,22 @@ _route_rows = _OnDevice(
     permute.route_rows, _route_rows_torch,
     lambda experts, e, rows: (experts.new_empty((e,), dtype=torch.int32), experts.new_empty(experts.shape),
                               experts.new_empty((rows,)), experts.new_empty((e,), dtype=torch.int32)))
+# (given the inverse row_of, the kernel writes the rows in token order: permute.gather_rows)
 _rows_of_tokens = _OnDevice(
-    "gather_rows", "(Tensor x, Tensor token_of_row) -> Tensor", permute.gather_rows, _rows_of_tokens_torch,
-    lambda x, token_of_row: x.new_empty((token_of_row.shape[0], x.shape[1])))
+    "gather_rows", "(Tensor x, Tensor token_of_row, Tensor? row_of) -> Tensor", permute.gather_rows,
+    _rows_of_tokens_torch, lambda x, token_of_row, row_of: x.new_empty((token_of_row.shape[0], x.shape[1])))
+
+# Whether the layer's gathers (x in the forward, dy in the backward) run in token order
+# (permute.gather_rows with row_of: each token's row read once, stored to its k rows) rather than
+# row order (read once per row: k times, from DRAM at dsv3's x). Written 2026-12-05 without a GPU:
+# off until tests/gpu/test_permute_gpu.py has run it (bench/permute.py times both in one run).
+TOKEN_ORDER = False
+
+
+def _token_rows(x: Tensor, token_of_row: Tensor, row_of: Tensor) -> Tensor:
+    """(R, H): row i is ``x[token_of_row[i]]``, zeros for padding (the routing's gather, on its
+    kernel where it serves the tensors: in token order with ``TOKEN_ORDER``)."""
+    return _rows_of_tokens(x, token_of_row, row_of if TOKEN_ORDER else None)
 _sum_rows = _OnDevice(
     "sum_rows", "(Tensor rows, Tensor row_of) -> Tensor", permute.sum_rows, _sum_rows_torch,
     lambda rows, row_of: rows.new_empty((row_of.shape[0], rows.shape[1])))
@@ -246,7 +259,7 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, token_of_row: Tensor, row_of: Tensor) -> Tensor:
         ctx.save_for_backward(token_of_row, row_of)
-        return _rows_of_tokens(x, token_of_row)
+        return _token_rows(x, token_of_row, row_of)
 
     @staticmethod
     def backward(ctx, grad_rows: Tensor):

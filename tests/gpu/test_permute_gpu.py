@@ -51,6 +51,39 @@ def test_gather_rows_copies_rows_and_reads_zeros_outside_the_source(dtype, token
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int8])
+# dsv3's x (4096 x 7168, top-k 8 of 32 experts), a single token, rows past the grid's 4096 blocks,
+# and experts nobody picks; every build of the switches.
+@pytest.mark.parametrize("tokens,experts,top_k,hidden", [(4096, 32, 8, 7168), (1, 4, 2, 64), (5000, 8, 2, 64),
+                                                         (300, 160, 8, 256)])
+def test_gather_in_token_order_is_the_row_order_gather(dtype, tokens, experts, top_k, hidden, build):
+    """gather_rows with the routing's row_of (fusegemm_spread_rows: each token's row read once and
+    stored to its k rows, then the padding rows zeroed): the same bytes as the row-order gather
+    and as plain indexing, on memory full of NaN bytes beforehand; an entry of row_of outside
+    [0, R) (what route_rows writes for an expert outside [0, E)) stores nothing."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = (torch.randn(tokens, hidden, generator=g, device="cuda") * 20).to(dtype)
+    logits = torch.randn(tokens, experts, generator=g, device="cuda")
+    logits[:, 0] = -1e4                                  # an expert nobody picks
+    r = routing.route(logits, top_k)
+    junk = torch.full((r.rows * hidden * x.element_size(),), 255, dtype=torch.uint8, device="cuda")
+    del junk                                             # (the output may land on these bytes)
+    got = permute.gather_rows(x, r.token_of_row, r.row_of)
+    want = permute.gather_rows(x, r.token_of_row)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+    assert torch.equal(got, routing._rows_of_tokens_torch(x, r.token_of_row))
+    if tokens > 1:
+        row_of = r.row_of.clone()
+        dropped = row_of[1, 0].item()
+        row_of[1, 0] = r.rows                            # names no row: that row is left as it was
+        out = permute.gather_rows(x, r.token_of_row, row_of)
+        torch.cuda.synchronize()
+        keep = torch.ones(r.rows, dtype=torch.bool, device="cuda")
+        keep[dropped] = False
+        assert torch.equal(out[keep], want[keep])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("tokens,k,hidden", [(700, 8, 256), (33, 1, 64), (64, 2, 7168), (9, 5, 16), (0, 2, 64)])
 def test_sum_rows_is_the_fp32_sum_in_choice_order_rounded_once(dtype, tokens, k, hidden):

@@ -128,7 +128,7 @@ def test_the_permute_bench_checks_every_build_before_timing(monkeypatch):
     monkeypatch.setattr(permute, "_KERNELS", _TorchKernels())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
-    def gather(x, index):
+    def gather(x, index, row_of=None):
         out = routing._rows_of_tokens_torch(x, index)
         if permute._KERNELS.wrong:
             out[-1] += 1
@@ -138,7 +138,8 @@ def test_the_permute_bench_checks_every_build_before_timing(monkeypatch):
     args = argparse.Namespace(also=["pipe=-DFUSEGEMM_PERMUTE_GATHER_PIPELINE=1"], rounds=1, iters=1, warmup=0)
     row = bench.bench_layer("small", args)
     assert row["bit_exact"] and row["gather_pipe_vs_fusegemm"] == 1.0 and row["sum_vs_torch_of_bound"] == 0.0
-    assert set(row["gather_ms"]) == {"fusegemm", "torch", "pipe"}
+    assert set(row["gather_ms"]) == {"fusegemm", "row_order", "torch", "pipe"}
+    assert row["gather_token_order_vs_row_order"] == 1.0
     monkeypatch.setattr(bench, "_BUILDS", {})
     args.also = ["bad=-DWRONG=1"]
     with pytest.raises(SystemExit, match="small: bad's gather is not torch's bit for bit"):

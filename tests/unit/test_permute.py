@@ -1,5 +1,5 @@
 """The MoE layer's permutation kernels (fusegemm/permute.py): both archs compile clean (no
-local memory, the 64-byte parameter struct the host packs), CPU tensors take torch's route, and
+local memory, the 64- and 72-byte parameter structs the host packs), CPU tensors take torch's route, and
 the custom ops' fake implementations give the shapes torch.compile traces (opcheck on the CPU).
 On the GPU: tests/gpu/test_permute_gpu.py."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from fusegemm import routing  # noqa: E402
 from fusegemm import permute  # noqa: E402
 
 KERNELS = ("fusegemm_route_rows", "fusegemm_gather_rows", "fusegemm_sum_rows_float32", "fusegemm_sum_rows_bfloat16",
-           "fusegemm_sum_rows_float16")
+           "fusegemm_sum_rows_float16", "fusegemm_spread_rows")
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
@@ -24,21 +24,21 @@ def test_permutation_kernels_compile_clean(arch):
         res = Cubin(cub.data).resources(name)
         threads = permute._ROUTE_THREADS if name == "fusegemm_route_rows" else permute._THREADS
         assert res.local_bytes == 0 and res.max_threads == threads and res.registers <= 64, res
-    assert set(permute._SUMS.values()) == set(KERNELS[2:])
-    assert permute._PARAMS.size == 64 and permute._ROUTE.size == 64
+    assert set(permute._SUMS.values()) == set(KERNELS[2:5])
+    assert permute._PARAMS.size == 64 and permute._ROUTE.size == 64 and permute._SPREAD.size == 72
 
 
-def _gather_sass(arch, defines):
+def _gather_sass(arch, defines, kernel="fusegemm_gather_rows"):
     from fusegemm.runtime import disasm
     from fusegemm.runtime.cubin_info import Cubin
     from fusegemm.runtime.compile import compile_source
     # (the defines as SmallKernels.variant passes them to NVRTC)
-    cub = compile_source('#include "fusegemm/permute.cuh"\n', arch=arch, kernel="fusegemm_gather_rows",
+    cub = compile_source('#include "fusegemm/permute.cuh"\n', arch=arch, kernel=kernel,
                          extra=permute._KERNELS.variant(defines).defines)
-    res = Cubin(cub.data).resources("fusegemm_gather_rows")
+    res = Cubin(cub.data).resources(kernel)
     assert res.local_bytes == 0 and res.registers <= 64, res
     text = disasm.sass(cub.data)
-    body = text[text.index(".text.fusegemm_gather_rows:"):]
+    body = text[text.index(f".text.{kernel}:"):]
     body = body[:body.find(".text.", 1)] if ".text." in body[1:] else body   # this kernel's alone
     return [line.split(";")[0].split("*/")[-1].strip() for line in body.splitlines() if "/*" in line and ";" in line]
 
@@ -74,6 +74,19 @@ def test_gather_switches_keep_four_loads_in_flight_before_their_stores(arch):
         assert stores and all((".EF" in i) == streaming for i in stores), stores
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_token_order_gather_reads_each_token_once(arch):
+    """fusegemm_spread_rows: a token's group of four 16-byte vectors is loaded once and stored to
+    each of its k rows (streaming stores, as the row-order gather's), then the padding rows'
+    zeros; 0 local memory. On sm_90a the whole kernel has those 4 row loads (no load of the row
+    per destination); sm_100a's compiler makes several copies of the group loop (4 loads each)."""
+    sass = _gather_sass(arch, "", "fusegemm_spread_rows")
+    loads = sum("LDG.E.128" in i for i in sass)
+    assert loads == 4 if arch == "sm_90a" else loads % 4 == 0, [i for i in sass if "LDG" in i]
+    stores = [i for i in sass if "STG" in i]
+    assert len(stores) > 4 and all(".EF" in i and ".128" in i for i in stores), stores
+
+
 def test_cpu_tensors_take_torchs_route():
     x = torch.randn(8, 16).bfloat16()
     assert permute.gather_rows(x, torch.arange(8)) is None
@@ -90,7 +103,8 @@ def test_cpu_tensors_take_torchs_route():
 
 @pytest.mark.parametrize("op,args", [
     ("route_rows", lambda: (torch.tensor([[0, 2], [2, 1], [0, 1]]), 3, 1024)),
-    ("gather_rows", lambda: (torch.randn(8, 16), torch.tensor([3, -1, 0, 7]))),
+    ("gather_rows", lambda: (torch.randn(8, 16), torch.tensor([3, -1, 0, 7]), torch.tensor([[2], [-1], [-1], [0],
+                                                                                            [-1], [-1], [-1], [3]]))),
     ("sum_rows", lambda: (torch.randn(8, 16), torch.tensor([[0, 1], [5, 2], [7, 7]]))),
 ])
 def test_custom_ops_pass_opcheck(op, args):
@@ -100,7 +114,8 @@ def test_custom_ops_pass_opcheck(op, args):
 def test_custom_ops_agree_with_torch_on_the_cpu():
     x = torch.randn(8, 16)
     idx = torch.tensor([3, -1, 0, 7])
-    assert torch.equal(torch.ops.fusegemm.gather_rows(x, idx), routing._rows_of_tokens_torch(x, idx))
+    row_of = torch.tensor([[2], [-1], [-1], [0], [-1], [-1], [-1], [3]])
+    assert torch.equal(torch.ops.fusegemm.gather_rows(x, idx, row_of), routing._rows_of_tokens_torch(x, idx))
     pairs = torch.tensor([[0, 1], [5, 2]])
     assert torch.equal(torch.ops.fusegemm.sum_rows(x, pairs), x[pairs].sum(1))
 
@@ -143,3 +158,35 @@ def test_permutations_pack_their_launches(monkeypatch):
     assert permute._PARAMS.unpack(raw) == (rows.data_ptr(), out.data_ptr(), pairs.data_ptr(), 2, 5000, 16, 16, 1, 3)
     assert cfg.grid == (2, 1, 1)
     assert permute.sum_rows(rows[:, :0], pairs[:0]).shape == (0, 0) and len(calls) == 2   # no rows: no launch
+    # In token order (the routing's row_of beside the index): the 72-byte SpreadParams, k, and a
+    # grid over the tokens and the padding scan's 32-row items (10 tokens + 1 item for 4 rows).
+    row_of = torch.tensor([[2], [-1], [-1], [0], [-1], [-1], [-1], [-1], [-1], [1]])
+    out = permute.gather_rows(x, idx, row_of)
+    kernel, cfg, raw, _ = calls[-1]
+    assert kernel == "fusegemm_spread_rows" and out.shape == (4, 16)
+    assert permute._SPREAD.unpack(raw) == (x.data_ptr(), out.data_ptr(), idx.data_ptr(), 4, 10, 96, 64, 4, 1,
+                                           row_of.data_ptr())
+    assert cfg.grid == (11, 1, 1)
+    assert permute.gather_rows(x, idx, row_of[:5]) is None   # not one entry per token: torch's route
+
+
+def test_the_layers_gathers_pass_row_of_in_token_order_only(monkeypatch):
+    """routing.TOKEN_ORDER (off until a GPU has run the token-order kernel): the layer's gather and
+    its backward's (the combine's gradient) hand the kernel the routing's row_of only when it is
+    on; the values are the same either way."""
+    seen = []
+
+    def spy(x, token_of_row, row_of):
+        seen.append(row_of)
+        return routing._rows_of_tokens_torch(x, token_of_row)
+    monkeypatch.setattr(routing, "_rows_of_tokens", spy)
+    x = torch.randn(8, 16, requires_grad=True)
+    r = routing.route(torch.randn(8, 4), 2)
+    off = routing.gather(x, r)
+    routing.combine(torch.randn(r.rows, 16, requires_grad=True), r).sum().backward()
+    assert len(seen) == 2 and all(s is None for s in seen)
+    monkeypatch.setattr(routing, "TOKEN_ORDER", True)
+    on = routing.gather(x, r)
+    routing.combine(torch.randn(r.rows, 16, requires_grad=True), r).sum().backward()
+    assert len(seen) == 4 and all(s is r.row_of for s in seen[2:])
+    assert torch.equal(on, off)

@@ -2,6 +2,9 @@
 //
 //   fusegemm_gather_rows : dst row r = src row index[r], zeros where index[r] is outside
 //                          [0, src_rows) (the routing's padding rows read token -1).
+//   fusegemm_spread_rows : the same rows in token order: src row t read once and stored to its k
+//                          rows row_of[t, 0..k-1], then the rows whose index is outside
+//                          [0, src_rows) zeroed (index and row_of: the routing's inverse pair).
 //   fusegemm_sum_rows_*  : dst row t = the sum of src rows index[t * k + j], j = 0 .. k-1, in that
 //                          order, in FP32, rounded once to the element type (the combine: each
 //                          token's k expert rows; deterministic, no atomics).
@@ -115,6 +118,59 @@ FUSEGEMM_DEVICE void gather_rows(const PermuteParams& p) {
     for (int v = threadIdx.x; v < p.vecs; v += blockDim.x) store_row_vec(out, v, load_row_vec(p, s, v));
   }
 #endif
+}
+
+// The gather in token order (fusegemm_spread_rows). gather_rows walks the rows in expert order
+// and reads a token's row once for every row that names it: k reads of each token, far apart in
+// the walk (its rows sit in k experts' ranges). At dsv3 (x: 4096 x 7168 BF16, 59 MB, above the
+// H200's 50 MB L2; top-k 8) each of those reads came from DRAM: 940 MB moved for 529 MB of rows
+// (0.24 ms a call in the graphed layer's profile, bench/results/moe_layer_h200_graph_gaps.json;
+// 4.0 TB/s as bench/permute.py counts the bytes). Here each token's row is read once, its vectors
+// held in registers, and stored to its k rows; a second kind of work item then zeroes the rows no
+// token names (kSpreadScan rows an item, one index load each). Same bytes in every row.
+struct SpreadParams {
+  PermuteParams p;            // index: the token of each of the p.rows rows; src_rows: tokens
+  const long long* row_of;    // (src_rows, k): the rows of each token (outside [0, rows): none)
+};
+static_assert(sizeof(SpreadParams) == 72, "fusegemm/permute.py packs these 72 bytes");
+
+constexpr int kSpreadScan = 32;
+
+FUSEGEMM_DEVICE void spread_rows(const SpreadParams& q) {
+  const PermuteParams& p = q.p;
+  const long long scans = (p.rows + kSpreadScan - 1) / kSpreadScan;
+  const int step = int(blockDim.x);
+  for (long long it = blockIdx.x; it < p.src_rows + scans; it += gridDim.x) {
+    if (it < p.src_rows) {   // token `it`: one read of its row, k stores
+      const uint4* src = reinterpret_cast<const uint4*>(p.src + it * p.src_ld);
+      const long long* rows = q.row_of + it * p.k;
+      for (int v0 = threadIdx.x; v0 < p.vecs; v0 += kGatherVecs * step) {
+        uint4 u[kGatherVecs];
+#pragma unroll
+        for (int i = 0; i < kGatherVecs; ++i) {
+          if (v0 + i * step < p.vecs) u[i] = __ldg(src + v0 + i * step);
+        }
+        for (int j = 0; j < p.k; ++j) {
+          const long long r = __ldg(rows + j);   // (the block's k indices: L1 after the first pass)
+          if (r < 0 || r >= p.rows) continue;    // uniform
+          uint4* out = reinterpret_cast<uint4*>(p.dst + r * p.dst_ld);
+#pragma unroll
+          for (int i = 0; i < kGatherVecs; ++i) {
+            if (v0 + i * step < p.vecs) store_row_vec(out, v0 + i * step, u[i]);
+          }
+        }
+      }
+    } else {                 // kSpreadScan rows: zero those no token's row lands in
+      const long long r0 = (it - p.src_rows) * kSpreadScan;
+      const long long r1 = min(r0 + kSpreadScan, p.rows);
+      for (long long r = r0; r < r1; ++r) {
+        const long long s = __ldg(p.index + r);
+        if (s >= 0 && s < p.src_rows) continue;   // uniform: a token's row
+        uint4* out = reinterpret_cast<uint4*>(p.dst + r * p.dst_ld);
+        for (int v = threadIdx.x; v < p.vecs; v += step) store_row_vec(out, v, make_uint4(0u, 0u, 0u, 0u));
+      }
+    }
+  }
 }
 
 // FP32 lanes of a 16-byte vector of T, and back.
@@ -284,6 +340,10 @@ fusegemm_route_rows(const __grid_constant__ fusegemm::RouteParams p) {
 extern "C" __global__ void __launch_bounds__(fusegemm::kPermuteThreads)
 fusegemm_gather_rows(const __grid_constant__ fusegemm::PermuteParams p) {
   fusegemm::gather_rows(p);
+}
+extern "C" __global__ void __launch_bounds__(fusegemm::kPermuteThreads)
+fusegemm_spread_rows(const __grid_constant__ fusegemm::SpreadParams p) {
+  fusegemm::spread_rows(p);
 }
 extern "C" __global__ void __launch_bounds__(fusegemm::kPermuteThreads)
 fusegemm_sum_rows_float32(const __grid_constant__ fusegemm::PermuteParams p) {
