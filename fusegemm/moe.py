@@ -797,8 +797,10 @@ class RoutedMLPFunction(torch.autograd.Function):
     index (``a_gather``) and fc1's weight gradient reads them again (``b_gather``); the
     backward's dSwiGLU GEMM and fc2's weight gradient read the output gradient's token rows the
     same way, and neither x nor the output gradient is permuted into (R, H) rows (without it,
-    both are, by the one-pass gather kernel). Every GEMM takes the routing's ``row_ends`` and
-    skips the tiles (and K-grouped k-blocks) of the 256-row padding. Output: (T, H), each token's
+    both are, by the one-pass gather kernel; in token order with ``routing.TOKEN_ORDER``). With
+    ``SWAPPED_WGRAD`` as well, fc1's weight gradient reads x as A instead (the module's note on
+    it). Every GEMM takes the routing's ``row_ends`` and skips the tiles (and K-grouped k-blocks)
+    of the 256-row padding. Output: (T, H), each token's
     sum over its k expert rows (fusegemm/permute.py's combine), equal to :class:`ExpertMLPFunction`
     on the gathered rows followed by :func:`fusegemm.routing.combine` (the same kernels on the
     same values); the x gradient likewise sums fc1's data-gradient rows. Eager CUDA (sm_90a)

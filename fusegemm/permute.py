@@ -27,6 +27,7 @@ _MAX_BLOCKS = 4096          # grid-stride over rows
 _PARAMS = struct.Struct("<QQQqqqqii")
 # SpreadParams: PermuteParams, then row_of (72 bytes).
 _SPREAD = struct.Struct("<QQQqqqqiiQ")
+_SPREAD_SCAN = 32           # kSpreadScan: rows per item of the padding scan
 # RouteParams: experts, offsets, row_of, token_of_row, n, rows, num_experts, k, row_ends (64 bytes).
 _ROUTE = struct.Struct("<QQQQqqiiQ")
 _ROUTE_MAX_EXPERTS = 256    # kRouteMaxExperts
@@ -54,9 +55,6 @@ def _launch(name: str, src: Any, dst: Any, index: Any, k: int, row_of: Any = Non
     items = src.shape[0] + -(-rows // _SPREAD_SCAN)    # the tokens, then the padding scan's items
     return _KERNELS.run_on(src, name, (min(items, _MAX_BLOCKS), 1, 1), (_THREADS, 1, 1),
                            _SPREAD.pack(*fields, row_of.data_ptr()))
-
-
-_SPREAD_SCAN = 32           # kSpreadScan
 
 
 def gather_rows(x: Any, index: Any, row_of: Any = None) -> Any:

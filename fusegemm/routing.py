@@ -249,6 +249,8 @@ def _token_rows(x: Tensor, token_of_row: Tensor, row_of: Tensor) -> Tensor:
     """(R, H): row i is ``x[token_of_row[i]]``, zeros for padding (the routing's gather, on its
     kernel where it serves the tensors: in token order with ``TOKEN_ORDER``)."""
     return _rows_of_tokens(x, token_of_row, row_of if TOKEN_ORDER else None)
+
+
 _sum_rows = _OnDevice(
     "sum_rows", "(Tensor rows, Tensor row_of) -> Tensor", permute.sum_rows, _sum_rows_torch,
     lambda rows, row_of: rows.new_empty((row_of.shape[0], rows.shape[1])))

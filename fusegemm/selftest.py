@@ -510,7 +510,8 @@ def _run_wgrad(case: dict[str, Any], device: str = "cuda:0") -> tuple[float, boo
         scale[e * m:(e + 1) * m] = alpha * (a64[start:start + size].T @ b64[start:start + size])
         start += size
     if op.d_major_m:   # (the reference's D is each expert's transpose already)
-        scale = scale.reshape(len(sizes), m, n).transpose(0, 2, 1).reshape(-1, m)
+        from .ops.engine import _blocks_transposed
+        scale = _blocks_transposed(scale, len(sizes))
     err, ok = _compare(out["d"], ref, scale, case.get("d_dtype", "bfloat16"))
     return err, ok, f"L={len(sizes)}, T={t}"
 
