@@ -31,7 +31,8 @@ Outputs of each gathered or scattered kernel and its plain run are checked bit-e
 ``wgrad_swapped_gathered``, against ``wgrad_swapped_pre_permuted``), and the layer's candidate:
 the same gathered kernel storing D M-major (``cd_major="m"``: D_e^T, so dW1 lands as (L, 2F, H)
 like ``wgrad_pre_permuted``'s), ``wgrad_swapped_dt_gathered``, whose ratio to
-``wgrad_pre_permuted`` is the one issue 33 asks about (>= 0.95x).
+``wgrad_pre_permuted`` is the one issue 33 asks about (>= 0.95x); ``wgrad_swapped_dt_pre_permuted``
+(the same store on pre-permuted rows) gives the M-major store's own cost.
 
     python bench/gathered.py [--layers dsv3-8,mixtral,qwen3] [--also NAME=DEFINES] [--wgrad-swapped] [--out FILE]
 """
@@ -130,11 +131,13 @@ def bench_layer(name: str, args) -> dict:
         methods["wgrad_swapped_pre_permuted"] = lambda: sp(rows, dg, r.padded_offsets)
         # The candidate: D_e^T stored (M-major), dW1 as the layer's (L, 2F, H). Its sums are the
         # pre-permuted kernel's products in swapped WGMMA roles: compared, not asked to be equal.
-        sdt = Op("grouped_gemm_wgrad", a_gather=True, cd_major="m", **axes)
+        sdt, pdt = Op("grouped_gemm_wgrad", a_gather=True, cd_major="m", **axes), Op("grouped_gemm_wgrad", cd_major="m",
+                                                                                    **axes)
         dw_dt = sdt(x, dg, r.padded_offsets, dy_index=idx)["d"].float()
         dw_ref = wp(dg, rows, r.padded_offsets)["d"].float()
         swapped_dt_diff = ((dw_dt - dw_ref).norm() / dw_ref.norm().clamp(min=1e-30)).item()
         methods["wgrad_swapped_dt_gathered"] = lambda: sdt(x, dg, r.padded_offsets, dy_index=idx)
+        methods["wgrad_swapped_dt_pre_permuted"] = lambda: pdt(rows, dg, r.padded_offsets)   # the store's own cost
     for tag, defines in args.also_pairs:   # the gathered and scattered ops built again (A/B switches)
         with nvrtc_defines(defines):
             g_also = Op("grouped_gemm", a_gather=True, **axes).compile()
@@ -162,6 +165,9 @@ def bench_layer(name: str, args) -> dict:
         row["wgrad_swapped_dt_rel_diff_vs_pre_permuted"] = swapped_dt_diff
         row["wgrad_swapped_dt_gathered_vs_wgrad_pre_permuted"] = (row["wgrad_pre_permuted_ms"] /
                                                                   row["wgrad_swapped_dt_gathered_ms"])
+        # The M-major store against the N-major one, both on pre-permuted rows.
+        row["wgrad_swapped_dt_store_vs_n_major"] = (row["wgrad_swapped_pre_permuted_ms"] /
+                                                    row["wgrad_swapped_dt_pre_permuted_ms"])
     for tag, _ in args.also_pairs:
         row[f"gathered_{tag}_vs_pre_permuted"] = row["pre_permuted_ms"] / row[f"gathered_{tag}_ms"]
         row[f"scattered_{tag}_vs_fc2"] = row["fc2_ms"] / row[f"scattered_{tag}_ms"]
