@@ -453,8 +453,9 @@ def check_rule(choice: dict[str, Any], resolved: Any, family: str) -> None:
     the axis otherwise. Scattered outputs are stored row by row (sm_90a: from the fragment path;
     sm_100a: the engine's staged rows), for element-wise rules only (a paired, quantizing or
     reducing rule's stores go through blocks and scale factors laid out by problem row). A
-    K-grouped M-major D (``cd_major`` m) is the fragment path's D stored column by column: an
-    element-wise rule whose one output is D, with no column or element input."""
+    K-grouped M-major D (``cd_major`` m) is D stored column by column (sm_90a: from the fragment;
+    sm_100a: the engine's rows): an element-wise rule whose one output is D, with no column or
+    element input."""
     if choice.get("d_scatter") and not resolved.elementwise:
         raise UnsupportedError("d_scatter: got True; allowed for element-wise epilogues only (no gate/up pairing, "
                                "quantization or reduction; 16/32-bit outputs): their rows are stored whole, where "
@@ -466,9 +467,9 @@ def check_rule(choice: dict[str, Any], resolved: Any, family: str) -> None:
             raise UnsupportedError(f"cd_major: got 'm' for an epilogue with outputs {outputs}"
                                    + (f" and column/element inputs {laid_out}" if laid_out else "")
                                    + ("" if resolved.elementwise else ", not element-wise")
-                                   + "; allowed: an element-wise epilogue whose one output is d, with expert, row "
-                                     "or scalar inputs only (the K-grouped kernel stores an M-major D column by "
-                                     "column from its fragment; cd_major n stores any epilogue)", axis="cd_major")
+                                   + "; allowed: an element-wise epilogue whose one output is d, with expert or "
+                                     "scalar inputs only (the K-grouped kernels store an M-major D column by "
+                                     "column; cd_major n stores any epilogue)", axis="cd_major")
 
 
 def status(family: str, arch: str) -> str:
