@@ -171,6 +171,7 @@ def test_swapped_gathered_weight_gradient(torch):
     WGMMAs with the operands' roles swapped: equal within the FP32 accumulation's bound (and the
     padding rows, index -1, read zeros)."""
     from fusegemm import KGroupedGemm
+    from fusegemm.routing import _rows_of_tokens_torch
     g = torch.Generator(device="cuda").manual_seed(9)
     tokens, hidden, two_f = 700, 384, 256
     padded = [512, 0, 256, 768]
@@ -178,8 +179,7 @@ def test_swapped_gathered_weight_gradient(torch):
     off = torch.tensor(padded, device="cuda").cumsum(0).to(torch.int32)
     x_tok = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
     idx = torch.randint(-1, tokens, (t,), generator=g, device="cuda", dtype=torch.int32)
-    rows = torch.where((idx >= 0)[:, None], x_tok[idx.long().clamp(min=0)], torch.zeros((), device="cuda",
-                                                                                          dtype=x_tok.dtype))
+    rows = _rows_of_tokens_torch(x_tok, idx.long())     # the layer's gather (zeros for -1)
     dg = torch.randn(t, two_f, generator=g, device="cuda").bfloat16()
     dg[idx < 0] = 0                        # (the layer's padding rows hold zeros in both operands)
     got = KGroupedGemm("grouped_gemm_wgrad", d_dtype="float32", a_gather=True, cd_major="m")(

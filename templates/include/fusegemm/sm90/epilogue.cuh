@@ -467,6 +467,9 @@ struct WgmmaEpilogue {
     }
   }
 
+  // One output of the warp's 16 rows, chunk by chunk: Store stages it (StoreC / StoreD row by
+  // row from out's row 0; StoreT, kDMajorM's D, column by column from out = the warp's first row
+  // of column 0 in the M-major output) and flushes it.
   template <class Out, class Store, bool kIsC, class Params>
   static __device__ void store_output(const Params& p, const Rule& rule, uint32_t buf,
                                       Out* out, int64_t ld, int row0, int n0,
@@ -497,35 +500,12 @@ struct WgmmaEpilogue {
       __syncwarp();
       if constexpr (kScatter) {
         Store::flush_rows(buf, out + chunk_col, ld, dst.row, p.n - chunk_col, lane);
+      } else if constexpr (fusegemm::is_same_v<Store, StoreT>) {
+        // kDMajorM's D: out is the warp's first row of column 0 in the M-major output (run())
+        Store::flush(buf, out + static_cast<int64_t>(chunk_col) * ld, ld, p.n - chunk_col, lane);
       } else {
         Store::flush(buf, out + static_cast<int64_t>(row0) * ld + chunk_col, ld, p.n - chunk_col, lane);
       }
-    }
-  }
-
-  // kDMajorM's staged D (store_output's, transposed): the warp's 16 rows (row0.., of expert
-  // `expert`'s M) chunk by chunk into output rows expert * N + n.
-  template <class Params>
-  static __device__ void store_transposed(const Params& p, const Rule& rule, uint32_t buf, int expert, int row0,
-                                          int n0, const typename Rule::RowIn& r0in,
-                                          const typename Rule::RowIn& r1in, int lane, const float (&acc)[kAccum]) {
-    const int r0 = lane / 4, cq = (lane % 4) * 2;
-    ElementD* out = reinterpret_cast<ElementD*>(p.d_out) + static_cast<int64_t>(expert) * p.n * p.ldd +
-                    (row0 - expert * p.m_rows);
-#pragma unroll
-    for (int c = 0; c < kTileN / StoreT::kCols; ++c) {
-      const int chunk_col = n0 + c * StoreT::kCols;
-      if (chunk_col >= p.n) break;  // warp-uniform: the rest of the tile is past N
-      __syncwarp();                 // previous flush has finished reading the buffer
-#pragma unroll
-      for (int jj = 0; jj < StoreT::kCols / 8; ++jj) {
-        typename Rule::Out o[4];
-        apply_group(p, rule, row0 + r0, chunk_col + jj * 8 + cq, r0in, r1in, acc, c * (StoreT::kCols / 8) + jj, o);
-        StoreT::put(buf, r0, jj * 8 + cq, o[0].d, o[1].d);
-        StoreT::put(buf, r0 + 8, jj * 8 + cq, o[2].d, o[3].d);
-      }
-      __syncwarp();
-      StoreT::flush(buf, out + static_cast<int64_t>(chunk_col) * p.ldd, p.ldd, p.n - chunk_col, lane);
     }
   }
 
@@ -545,8 +525,11 @@ struct WgmmaEpilogue {
                                                p.ldc, row0, n0, pre.r0in, pre.r1in, lane, acc, pre.dst);
         }
       }
-      if constexpr (kDMajorM) {
-        store_transposed(p, pre.rule, buf, expert, row0, n0, pre.r0in, pre.r1in, lane, acc);
+      if constexpr (kDMajorM) {   // D_e^T: column n of the tile at output row expert * N + n
+        ElementD* out = reinterpret_cast<ElementD*>(p.d_out) + static_cast<int64_t>(expert) * p.n * p.ldd +
+                        (row0 - expert * p.m_rows);
+        store_output<ElementD, StoreT, false>(p, pre.rule, buf, out, p.ldd, row0, n0, pre.r0in, pre.r1in, lane, acc,
+                                              pre.dst);
       } else if constexpr (Rule::kHasD) {
         store_output<ElementD, StoreD, false>(p, pre.rule, buf, reinterpret_cast<ElementD*>(p.d_out),
                                               p.ldd, row0, n0, pre.r0in, pre.r1in, lane, acc, pre.dst);
