@@ -26,7 +26,10 @@ same rounds, the block without the routing's row ends and the same layer through
 ``fusegemm.moe.RoutedMLPFunction`` (with the row ends, without them, with gathered loads as well,
 and with fc1's weight gradient swapped, ``moe.SWAPPED_WGRAD``: X gathered as A, D stored M-major):
 ``<variant>_ms``, its speedup over torch and its largest difference from the block's output.
-``--also token-order`` times the block with its gathers in token order (``routing.TOKEN_ORDER``).
+``--also token-order`` times the block with its gathers in token order (``routing.TOKEN_ORDER``),
+``--also unzeroed-padding`` with its GEMMs' unwritten padding rows left unzeroed
+(``moe.UNZEROED_PADDING``: four tail-zeroing launches less), ``--also token-order-unzeroed``
+with both.
 ``--also fp8-block`` times the block with its expert MLP on the blockwise FP8 recipe
 (``recipe="fp8_block"``, the same weights; its difference is the recipe's rounding).
 """
@@ -57,6 +60,19 @@ class TokenOrder:
 
     def __call__(self, x, logits):
         return self.block(x, logits)
+
+
+class UnzeroedPadding(TokenOrder):
+    """``block`` itself with ``fusegemm.moe.UNZEROED_PADDING`` set around the step."""
+
+    token_order = False
+    unzeroed = True
+
+
+class TokenOrderUnzeroed(TokenOrder):
+    """Both: token-order gathers and unzeroed padding."""
+
+    unzeroed = True
 
 
 class BlockNoEnds:
@@ -109,6 +125,7 @@ def fp8_block_layer(block):
 
 # --also: each variant's layer on the block
 VARIANTS = {"block-no-ends": BlockNoEnds, "fp8-block": fp8_block_layer, "token-order": TokenOrder,
+            "unzeroed-padding": UnzeroedPadding, "token-order-unzeroed": TokenOrderUnzeroed,
             "routed": lambda b: RoutedLayer(b, ends=True, gathered=False),
             "routed-no-ends": lambda b: RoutedLayer(b, ends=False, gathered=False),
             "routed-gathered": lambda b: RoutedLayer(b, ends=True, gathered=True),
@@ -117,17 +134,19 @@ VARIANTS = {"block-no-ends": BlockNoEnds, "fp8-block": fp8_block_layer, "token-o
 
 @contextlib.contextmanager
 def _loads(layer):
-    """``moe.GATHERED_LOADS``, ``moe.SWAPPED_WGRAD`` and ``routing.TOKEN_ORDER`` as ``layer`` asks
-    (a RoutedLayer's ``gathered`` and ``swapped``, a TokenOrder's ``token_order``), reset after."""
+    """``moe.GATHERED_LOADS``, ``moe.SWAPPED_WGRAD``, ``moe.UNZEROED_PADDING`` and
+    ``routing.TOKEN_ORDER`` as ``layer`` asks (a RoutedLayer's ``gathered`` and ``swapped``, a
+    TokenOrder's ``token_order``, an UnzeroedPadding's ``unzeroed``), reset after."""
     import fusegemm.moe as moe
     import fusegemm.routing as routing
     moe.GATHERED_LOADS = getattr(layer, "gathered", False)
     moe.SWAPPED_WGRAD = getattr(layer, "swapped", False)
     routing.TOKEN_ORDER = getattr(layer, "token_order", False)
+    moe.UNZEROED_PADDING = getattr(layer, "unzeroed", False)
     try:
         yield
     finally:
-        moe.GATHERED_LOADS = moe.SWAPPED_WGRAD = routing.TOKEN_ORDER = False
+        moe.GATHERED_LOADS = moe.SWAPPED_WGRAD = routing.TOKEN_ORDER = moe.UNZEROED_PADDING = False
 
 
 class TorchLayer:

@@ -301,27 +301,30 @@ class _Fusegemm:
     def _ones(w: Tensor) -> Tensor:
         return torch.ones(w.shape[0], device=w.device)
 
-    def fc1(self, x: Tensor, off: Tensor, rows: list, w1: Tensor, prob: Tensor, ends: Tensor | None = None
-            ) -> tuple[Tensor, Tensor]:
+    # ``tail`` (the BF16 GEMMs): False leaves the output rows no tile writes unzeroed (past the
+    # last offset, and the padding tiles the row ends skip): ExpertMLPFunction's ``tail``.
+    def fc1(self, x: Tensor, off: Tensor, rows: list, w1: Tensor, prob: Tensor, ends: Tensor | None = None,
+            tail: bool = True) -> tuple[Tensor, Tensor]:
         """One kernel: the SwiGLU epilogue stores h and, with generate_c, the pre-activations g."""
         from .torch_library import epilogue_gemm
         out = epilogue_gemm("grouped_gemm_swiglu", x, off, w1, inputs={"alpha": self._ones(w1), "prob": prob.float()},
-                            row_ends=ends, d_dtype="bfloat16", generate_c=True, c_dtype="bfloat16")
+                            row_ends=ends, tail=tail, d_dtype="bfloat16", generate_c=True, c_dtype="bfloat16")
         return out["c"], out["d"]
 
-    def gemm(self, x: Tensor, off: Tensor, rows: list, w: Tensor, b_major: str = "k", ends: Tensor | None = None
-             ) -> Tensor:
+    def gemm(self, x: Tensor, off: Tensor, rows: list, w: Tensor, b_major: str = "k", ends: Tensor | None = None,
+             tail: bool = True) -> Tensor:
         from .torch_library import epilogue_gemm
-        return epilogue_gemm("grouped_gemm", x, off, w, inputs={"alpha": self._ones(w)}, row_ends=ends,
+        return epilogue_gemm("grouped_gemm", x, off, w, inputs={"alpha": self._ones(w)}, row_ends=ends, tail=tail,
                              b_major=b_major)["d"]
 
-    def dgrad(self, dg: Tensor, off: Tensor, rows: list, w1: Tensor, ends: Tensor | None = None) -> Tensor:
+    def dgrad(self, dg: Tensor, off: Tensor, rows: list, w1: Tensor, ends: Tensor | None = None,
+              tail: bool = True) -> Tensor:
         """fc1's data gradient dG @ w1: w1 read as an N-major B where the arch's kernel can."""
         from .torch_library import weight_as_b
-        return self.gemm(dg, off, rows, *weight_as_b(w1), ends=ends)
+        return self.gemm(dg, off, rows, *weight_as_b(w1), ends=ends, tail=tail)
 
     def dswiglu(self, dy: Tensor, off: Tensor, rows: list, w2: Tensor, g: Tensor, prob: Tensor,
-                ends: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                ends: Tensor | None = None, tail: bool = True) -> tuple[Tensor, Tensor]:
         """One kernel: fc2's data gradient with the dSwiGLU epilogue (specs/grouped_gemm_dswiglu_bf16.yaml)
         writes dG interleaved and accumulates dprob."""
         from .torch_library import device_ordinal, epilogue_gemm, weight_as_b
@@ -329,7 +332,7 @@ class _Fusegemm:
         tile = _dswiglu_tile("bf16", device_ordinal(dy.device), g.shape[1] // 2)
         out = epilogue_gemm("grouped_gemm_dswiglu_bf16", dy, off, b,
                             inputs={"alpha": self._ones(w2), "prob": prob.float(), "c": g}, row_ends=ends,
-                            b_major=major, **dict(tile))
+                            tail=tail, b_major=major, **dict(tile))
         return out["d"], out["dprob"]
 
     # MXFP8 recipe
@@ -465,6 +468,41 @@ def _dswiglu_tile(recipe: str, index: int, f: int) -> tuple:
     return tuple(sorted(pick(f).items())) if pick is not None else ()
 
 
+# Whether MoEBlock lets its BF16 GEMMs leave the padding rows that no tile writes unzeroed
+# (ExpertMLPFunction's ``tail=False``, where _padding_unread allows it): the tail-zeroing launches
+# cost 0.11 ms of the graphed dsv3-32 step on the H200 (bench/results/moe_layer_h200_graph_gaps.json,
+# four fusegemm_zero_tail launches). Written 2026-12-05 without a GPU: off until
+# tests/gpu/test_moe_layer_gpu.py and bench/moe_layer.py --also unzeroed-padding have run.
+UNZEROED_PADDING = False
+
+
+def _padding_unread(backend: str, wgrad: str, row_ends: Tensor | None, x: Tensor, w1: Tensor) -> bool:
+    """Whether the BF16 layer's kernels read none of the padding rows its GEMMs leave unwritten
+    when they skip the tail zeroing, so that those may hold anything.
+
+    The rows in question: past the last offset (read by no kernel: every one walks the offsets),
+    and each expert's 64-row blocks after the one holding its last token, whose tiles the sm_90a
+    kernels skip with the row ends. Every GEMM of the layer is row-wise (an output row reads its
+    own input row), and every sm_90a M tile is a multiple of 64 rows from the expert's first row,
+    so the rows of the blocks that hold a token are written (zero in the padding: x's padding is)
+    and the rest may be arbitrary in every output after them too. What reads padding rows beyond
+    that: the weight gradients. fusegemm's K-grouped kernel reduces over 64-row k-blocks up to the
+    last token's (scheduler.cuh kgrouped_k_range, kTileK 64), written rows only; torch's
+    ``_grouped_mm`` reads each expert's whole range. So: the fusegemm backend's BF16 recipe on
+    sm_90a, with row ends, and both weight gradients on the K-grouped kernel (``wgrad`` fusegemm,
+    or auto where it fits). The combine and the gather's backward read the routed rows only."""
+    if (backend != "fusegemm" or row_ends is None or x.device.type != "cuda" or wgrad == "torch"
+            or torch.compiler.is_compiling()):    # (traced: the zeroing kept, no device queries)
+        return False
+    from .ops.device import device_arch
+    from .torch_library import _kgrouped_fits, device_ordinal
+    dev = device_ordinal(x.device)
+    if device_arch(dev) != "sm_90a":
+        return False
+    m, hidden, f2 = x.shape[0], x.shape[1], w1.shape[1]
+    return wgrad == "fusegemm" or (_kgrouped_fits(f2, hidden, m, dev) and _kgrouped_fits(hidden, f2 // 2, m, dev))
+
+
 def _zero_tail(y: Tensor, off: Tensor) -> Tensor:
     """Rows at or past padded_offsets[-1] as zeros, without a sync; ``y`` (M, ...) of any rank."""
     valid = torch.arange(y.shape[0], device=y.device) < off[-1]
@@ -497,9 +535,10 @@ class ExpertMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w2: Tensor,
                 backend: str = "fusegemm", recipe: str = "bf16", stats: dict | None = None,
-                wgrad: str = "auto", row_ends: Tensor | None = None, weights_q: tuple | None = None) -> Tensor:
+                wgrad: str = "auto", row_ends: Tensor | None = None, weights_q: tuple | None = None,
+                tail: bool = True) -> Tensor:
         """The layer's forward (``ExpertMLPFunction.apply(x, padded_offsets, prob, w1, w2, backend, recipe,
-        stats, wgrad, row_ends, weights_q)``).
+        stats, wgrad, row_ends, weights_q, tail)``).
 
         Parameters
         ----------
@@ -535,6 +574,12 @@ class ExpertMLPFunction(torch.autograd.Function):
             sw1^T), (w2q, sw2), (w2q^T, sw2^T))`` as :func:`fusegemm.quantize.quantize_128x128`
             with ``transposed=True`` gives them (:class:`ExpertMLP`'s ``weight_cache``); None:
             quantized here.
+        tail : bool
+            False: the BF16 GEMMs may leave their output rows in the padding that no tile writes
+            unzeroed, where no kernel after them reads those rows (:func:`_padding_unread`): the
+            rows past the last offset and the padding tiles the row ends skip. The output ``y``
+            and the x gradient then hold arbitrary values there (:class:`MoEBlock` reads only
+            its routed rows). True (default): those rows are zero.
         """
         be = _BACKENDS[backend]
         from .torch_library import WGRAD_KERNELS
@@ -549,8 +594,9 @@ class ExpertMLPFunction(torch.autograd.Function):
         ctx.backend, ctx.recipe, ctx.stats = backend, recipe, stats
         ctx.wgrad = wgrad
         if recipe == "bf16":
-            g, h = be.fc1(x, padded_offsets, rows, w1, prob, ends=row_ends)
-            y = be.gemm(h, padded_offsets, rows, w2, ends=row_ends)
+            ctx.tail = {} if tail or not _padding_unread(backend, wgrad, row_ends, x, w1) else {"tail": False}
+            g, h = be.fc1(x, padded_offsets, rows, w1, prob, ends=row_ends, **ctx.tail)
+            y = be.gemm(h, padded_offsets, rows, w2, ends=row_ends, **ctx.tail)
             ctx.save_for_backward(x, padded_offsets, prob, w1, w2, g, h, row_ends)
             return y
         if recipe == "fp8_block":
@@ -583,8 +629,8 @@ class ExpertMLPFunction(torch.autograd.Function):
         if ctx.recipe == "bf16":
             h, ends = rest
             # (with row ends, dy's padding rows are read as zeros: the combine's gradient has none)
-            dg, dprob = be.dswiglu(dy, off, rows, w2, g, prob, ends=ends)
-            dx = be.dgrad(dg, off, rows, w1, ends=ends)
+            dg, dprob = be.dswiglu(dy, off, rows, w2, g, prob, ends=ends, **ctx.tail)
+            dx = be.dgrad(dg, off, rows, w1, ends=ends, **ctx.tail)
             dw1 = be.wgrad(dg, x, off, rows, w1, ctx.wgrad, ends=ends)
             dw2 = be.wgrad(dy, h, off, rows, w2, ctx.wgrad, ends=ends)
         elif ctx.recipe == "fp8_block":
@@ -613,7 +659,7 @@ class ExpertMLPFunction(torch.autograd.Function):
             h = dequantize_mx(*rest).to(x.dtype)
             dw1 = be.wgrad(dg, _dequant_col(x, x.dtype), off, rows, w1, ctx.wgrad)
             dw2 = be.wgrad(_dequant_col(dy, x.dtype), _dequant_col(h, x.dtype), off, rows, w2, ctx.wgrad)
-        return dx, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None, None, None, None, None, None
+        return dx, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None, None, None, None, None, None, None
 
 
 class ExpertMLP(torch.nn.Module):
@@ -735,11 +781,16 @@ class ExpertMLP(torch.nn.Module):
             256 within ``x``'s rows.
             The fusegemm backend's kernels check the values with FUSEGEMM_VALIDATE_OFFSETS.
         """
+        return self._apply(x, padded_offsets, prob, row_ends)
+
+    def _apply(self, x: Tensor, padded_offsets: Tensor, prob: Tensor, row_ends: Tensor | None,
+               tail: bool = True) -> Tensor:
+        """:meth:`forward`; ``tail`` as :class:`ExpertMLPFunction`'s (MoEBlock's rows)."""
         _check_inputs(x, padded_offsets, prob, self.w1, self.w2, row_ends)
         if self.backend == "torch":
             _check_aligned(padded_offsets)
         return ExpertMLPFunction.apply(x, padded_offsets, prob, self.w1, self.w2, self.backend, self.recipe,
-                                       self.amax, self.wgrad, row_ends, self._weights_q())
+                                       self.amax, self.wgrad, row_ends, self._weights_q(), tail)
 
     def _weights_q(self) -> tuple | None:
         """weight_cache: the fp8_block quantizations of w1 and w2 (each with its transposed copy),
@@ -936,5 +987,7 @@ class MoEBlock(torch.nn.Module):
         r = route(logits, self.top_k, normalize=self.normalize)
         # The row ends let the GEMMs skip the 256-row padding's tiles. (RoutedMLPFunction, the
         # same layer with the permutation inside the GEMMs as well, measured slower on the H200:
-        # see its docstring.)
-        return combine(self.mlp(gather(x, r), r.padded_offsets, row_probs(r), r.row_ends), r)
+        # see its docstring.) The combine reads the routed rows only, so with UNZEROED_PADDING
+        # the padding rows no tile writes are left as they are where nothing reads them.
+        rows = self.mlp._apply(gather(x, r), r.padded_offsets, row_probs(r), r.row_ends, tail=not UNZEROED_PADDING)
+        return combine(rows, r)

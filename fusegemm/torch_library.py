@@ -50,7 +50,7 @@ def _epilogue_op(spec: str, axes: str, device: int):
     return op
 
 
-def _epilogue_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, fake, row_ends=None):
+def _epilogue_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, fake, row_ends=None, tail=True):
     import contextlib
 
     from .ops.prepared import dry_run
@@ -59,20 +59,21 @@ def _epilogue_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inp
         raise ValueError(f"input_names: got {len(names)} names for {len(inputs)} tensors; allowed: one each")
     op = _epilogue_op(spec, axes, a.device.index or 0)
     with dry_run() if fake else contextlib.nullcontext():
-        out = op(a, padded_offsets, b, b_ptrs=b_ptrs, n=n, row_ends=row_ends, inputs=dict(zip(names, inputs)))
+        out = op(a, padded_offsets, b, b_ptrs=b_ptrs, n=n, row_ends=row_ends, inputs=dict(zip(names, inputs)),
+                 tail=tail)
     return list(out.values())
 
 
 @torch.library.custom_op("fusegemm::epilogue_gemm", mutates_args=())
 def _epilogue_gemm(spec: str, axes: str, a: Tensor, padded_offsets: Tensor, b: Optional[Tensor],
                    b_ptrs: Optional[Tensor], n: Optional[int], input_names: str,
-                   inputs: list[Tensor], row_ends: Optional[Tensor] = None) -> list[Tensor]:
-    return _epilogue_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, False, row_ends)
+                   inputs: list[Tensor], row_ends: Optional[Tensor] = None, tail: bool = True) -> list[Tensor]:
+    return _epilogue_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, False, row_ends, tail)
 
 
 @_epilogue_gemm.register_fake
-def _epilogue_gemm_fake(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, row_ends=None):
-    return _epilogue_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, True, row_ends)
+def _epilogue_gemm_fake(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, row_ends=None, tail=True):
+    return _epilogue_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, True, row_ends, tail)
 
 
 _PLANS: dict[tuple, tuple[str, tuple[str, ...]]] = {}
@@ -95,7 +96,8 @@ def _epilogue_plan(spec: str, axes: tuple, device: int) -> tuple[str, tuple[str,
 
 def epilogue_gemm(spec: str, a: Tensor, padded_offsets: Tensor, b: Optional[Tensor] = None, *,
                   b_ptrs: Optional[Tensor] = None, n: Optional[int] = None,
-                  inputs: Optional[dict] = None, row_ends: Optional[Tensor] = None, **axes) -> dict:
+                  inputs: Optional[dict] = None, row_ends: Optional[Tensor] = None, tail: bool = True,
+                  **axes) -> dict:
     """``torch.ops.fusegemm.epilogue_gemm``: ``fusegemm.EpilogueGemm(spec, **axes)(a, padded_offsets,
     b, inputs=inputs)`` as a custom op (traceable by ``torch.compile``). Returns the epilogue's
     outputs by name (FP8/FP4 outputs as raw bytes, SF buffers physical, as EpilogueGemm returns
@@ -121,6 +123,10 @@ def epilogue_gemm(spec: str, a: Tensor, padded_offsets: Tensor, b: Optional[Tens
         Where each expert's tokens end inside its padded range (:attr:`fusegemm.routing.Routing.row_ends`):
         the rows after it must be zero in ``a``; their tiles are skipped and the outputs' rows
         there come back zero (``fusegemm.Op``'s ``row_ends``).
+    tail : bool
+        Zero the outputs' rows that no tile writes: those at or past the last offset and, with
+        ``row_ends``, the skipped tiles' (``fusegemm.Op``'s ``tail``). False leaves them
+        unwritten (one launch less) for a caller that reads none of them.
     **axes
         Variant choices (``d_dtype="float8_e4m3fn"``, tiles...), as for ``EpilogueGemm``.
     """
@@ -129,12 +135,13 @@ def epilogue_gemm(spec: str, a: Tensor, padded_offsets: Tensor, b: Optional[Tens
     tensors = [v if isinstance(v, Tensor) else torch.full((1,), float(v), device=a.device) for v in given.values()]
     run = _epilogue_call if _eager(a, a, b, *tensors) else _epilogue_op_call
     return dict(zip(names, run(str(spec), axes_json, a, padded_offsets, b, b_ptrs, n, ",".join(given), tensors, False,
-                               row_ends)))
+                               row_ends, tail)))
 
 
-def _epilogue_op_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, fake, row_ends=None):
+def _epilogue_op_call(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs, fake, row_ends=None,
+                      tail=True):
     return torch.ops.fusegemm.epilogue_gemm(spec, axes, a, padded_offsets, b, b_ptrs, n, input_names, inputs,
-                                            row_ends)
+                                            row_ends, tail)
 
 
 def _eager(lead: Any, *tensors: Any) -> bool:

@@ -160,6 +160,48 @@ def test_row_ends_change_no_value_of_the_block(top_k, experts, recipe):
             assert torch.equal(got, want), (name, _rel(got, want))
 
 
+def _nan_filled_cache(mib: int = 512) -> None:
+    """Leave torch's caching allocator holding freed blocks full of NaN, so that an output the
+    kernels are meant to write in full, but do not, shows NaN where it would otherwise show
+    whatever an earlier test left (often zeros)."""
+    junk = [torch.full((mib << 18,), float("nan"), device="cuda") for _ in range(4)]   # 4 x mib MiB
+    del junk
+
+
+@pytest.mark.parametrize("top_k,experts,wgrad", [(2, 8, "auto"), (8, 32, "auto"), (8, 32, "fusegemm"),
+                                                 (2, 8, "torch")])
+def test_unzeroed_padding_changes_no_value_of_the_block(top_k, experts, wgrad, monkeypatch):
+    """moe.UNZEROED_PADDING: the BF16 GEMMs leave the padding rows no tile writes unzeroed where
+    moe._padding_unread finds that nothing reads them (the K-grouped weight gradients; with
+    wgrad="torch" they stay zeroed, torch's _grouped_mm reads every row). The caching allocator
+    is first filled with NaN, so a padding row that some kernel does read shows up as NaN in a
+    gradient: output and every gradient are bit for bit the zeroed run's (dlogits within 1e-5:
+    dprob's atomic sums), with an empty expert."""
+    _sm90a_only()
+    g = torch.Generator(device="cuda").manual_seed(12)
+    tokens, hidden, inter = 1100, 256, 384
+    x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
+    logits = torch.randn(tokens, experts, generator=g, device="cuda")
+    logits[:, 1] = -1e4
+    dy = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
+    block = moe.MoEBlock(hidden, inter, experts, top_k, wgrad=wgrad, device="cuda",
+                         generator=torch.Generator().manual_seed(13))
+    r = routing.route(logits, top_k)
+    left = moe._padding_unread("fusegemm", wgrad, r.row_ends, routing.gather(x, r), block.mlp.w1)
+    assert left == (wgrad != "torch"), "the K-grouped kernel fits these shapes"
+    out = {}
+    for unzeroed in (False, True):
+        monkeypatch.setattr(moe, "UNZEROED_PADDING", unzeroed)
+        _nan_filled_cache()
+        out[unzeroed] = _step(block, x, logits, dy)
+    for name, got, want in zip(("y", "dx", "dlogits", "dw1", "dw2"), out[True], out[False]):
+        assert torch.isfinite(got.float()).all(), name
+        if name == "dlogits":
+            assert _rel(got, want) <= 1e-5, (name, _rel(got, want))
+        else:
+            assert torch.equal(got, want), (name, _rel(got, want))
+
+
 def test_routing_runs_in_a_cuda_graph():
     """route, gather, row_probs and combine captured once, replayed on new logits and tokens:
     the same rows as an eager call (nothing in them synchronises with the host)."""

@@ -272,3 +272,59 @@ def test_weight_cache_quantizes_once_per_weight_version(monkeypatch):
         assert moe.ExpertMLP(2, 128, 64, **{"recipe": "fp8_block", **kw})._weights_q() is None
     with pytest.raises(ArgumentError, match="weight_cache"):
         moe.ExpertMLP(2, 128, 64, recipe="fp8_block", weight_cache=1)
+
+
+def test_padding_is_left_unzeroed_only_where_no_kernel_reads_it(monkeypatch):
+    """moe._padding_unread: the BF16 layer may leave its GEMMs' unwritten padding rows unzeroed
+    only on the fusegemm backend, on sm_90a (every M tile a multiple of the K-grouped kernel's
+    64-row k-block), with row ends, and with both weight gradients on the K-grouped kernel
+    (torch's _grouped_mm reads every row of an expert's range)."""
+    from types import SimpleNamespace
+    arch = {"now": "sm_90a"}
+    monkeypatch.setattr("fusegemm.ops.device.device_arch", lambda d: arch["now"])
+    cuda = torch.device("cuda", 0)
+    x = SimpleNamespace(device=cuda, shape=(4096 * 8 + 32 * 256, 7168))       # dsv3-32's rows
+    w1 = SimpleNamespace(shape=(32, 4096, 7168))
+    ends = torch.zeros(32, dtype=torch.int32)
+    assert moe._padding_unread("fusegemm", "auto", ends, x, w1)
+    assert moe._padding_unread("fusegemm", "fusegemm", ends, x, w1)
+    assert not moe._padding_unread("fusegemm", "torch", ends, x, w1)
+    assert not moe._padding_unread("fusegemm", "auto", None, x, w1)
+    assert not moe._padding_unread("torch", "auto", ends, x, w1)
+    assert not moe._padding_unread("fusegemm", "auto", ends, SimpleNamespace(device=torch.device("cpu"),
+                                                                            shape=x.shape), w1)
+    odd = SimpleNamespace(shape=(32, 4096 + 64, 7168))      # 2F not whole wgrad tiles: auto picks torch's kernel
+    assert not moe._padding_unread("fusegemm", "auto", ends, x, odd)
+    arch["now"] = "sm_100a"
+    assert not moe._padding_unread("fusegemm", "auto", ends, x, w1)
+
+
+def test_tail_reaches_the_four_bf16_gemms_and_only_them(monkeypatch):
+    """ExpertMLPFunction's ``tail=False`` (where _padding_unread allows it) reaches fc1, fc2, the
+    dSwiGLU GEMM and fc1's data gradient, not the weight gradients; by default no GEMM gets it.
+    (The backend's calls recorded around the torch backend, whose GEMMs take no ``tail``.)"""
+    torch_be, seen = moe._BACKENDS["torch"], []
+
+    class Recording:
+        def __getattr__(self, name):
+            fn = getattr(torch_be, name)
+
+            def call(*a, tail=True, **kw):
+                seen.append((name, tail))
+                return fn(*a, **kw)
+            return call
+    monkeypatch.setitem(moe._BACKENDS, "torch", Recording())
+    monkeypatch.setattr(moe, "_padding_unread", lambda *a: True)
+    g = torch.Generator().manual_seed(5)
+    off = torch.tensor([2, 2, 5], dtype=torch.int32)
+    x = torch.randn(6, 4, generator=g, requires_grad=True)
+    prob = torch.rand(6, generator=g)
+    w1 = torch.randn(3, 64, 4, generator=g, requires_grad=True)
+    w2 = torch.randn(3, 4, 32, generator=g, requires_grad=True)
+    ends = torch.tensor([1, 2, 4], dtype=torch.int32)
+    for tail in (True, False):
+        seen.clear()
+        moe.ExpertMLPFunction.apply(x, off, prob, w1, w2, "torch", "bf16", None, "auto", ends, None,
+                                    tail).sum().backward()
+        assert sorted(n for n, t in seen if not t) == ([] if tail else ["dgrad", "dswiglu", "fc1", "gemm"]), seen
+        assert {n for n, _ in seen} == {"fc1", "gemm", "dswiglu", "dgrad", "wgrad"}, seen
