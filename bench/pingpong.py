@@ -8,6 +8,10 @@ other's mainloop; fusegemm/sm90/grouped_gemm.cuh). For each op and shape it time
 * ``c128x256`` (every op's default), ``pp64x256`` and ``pp64x128`` (ping-pong);
 * ``1wg64x256``: TILE_M 64 built with one consumer warpgroup (``-DFUSEGEMM_SM90_PINGPONG=0``,
   what TILE_M 64 was before ping-pong), the baseline the schedule replaces;
+* ``c128x256_cl2``, ``pp64x256_cl2``, ``pp64x128_cl2``: the same tiles in clusters of two CTAs
+  along M, each B k-block multicast to both (half B's L2-to-SM traffic: a 64 x 256 tile reads
+  320 rows of operands per k-step for 64 x 256 outputs, 1.67x a 128 x 256 tile's bytes per
+  FLOP); not for the K-grouped weight gradient, whose spec has no clusters;
 * the peer where there is one: ``torch._grouped_mm`` for the plain and K-grouped GEMMs.
 
 Ops (``--shapes`` names ``op:shape``):
@@ -53,7 +57,8 @@ GEMM = {**SHAPES, "dsv3-32-l-fc2": (32, 32768, 7168, 2048), "dsv3-32-l-dgrad": (
 ALL = ([f"gemm:{s}" for s in GEMM] + [f"wgrad:{s}" for s in WGRAD]
        + [f"{op}:{s}" for op in ("dswiglu", "swiglu") for s in LAYERS])
 CONFIGS = {"c128x256": (128, 256, ""), "pp64x256": (64, 256, ""), "pp64x128": (64, 128, ""),
-           "1wg64x256": (64, 256, "-DFUSEGEMM_SM90_PINGPONG=0")}
+           "1wg64x256": (64, 256, "-DFUSEGEMM_SM90_PINGPONG=0"),
+           "c128x256_cl2": (128, 256, "", 2), "pp64x256_cl2": (64, 256, "", 2), "pp64x128_cl2": (64, 128, "", 2)}
 DEFAULT = "c128x256"
 
 
@@ -66,10 +71,12 @@ def _methods(config, args) -> dict:
     """The run's configurations (args.picked, each again per args.also_pairs) as timed callables."""
     out = {}
     for key in args.picked:
-        tm, tn, extra = CONFIGS[key]
-        out[key] = config(tm, tn, extra)
+        tm, tn, extra, cm = (*CONFIGS[key], 1)[:4]
+        if cm != 1 and not getattr(config, "clusters", True):
+            continue
+        out[key] = config(tm, tn, extra, cm)
         for name, defines in args.also_pairs:
-            out[f"{key}_{name}"] = config(tm, tn, (extra + " " + defines).strip())
+            out[f"{key}_{name}"] = config(tm, tn, (extra + " " + defines).strip(), cm)
     return out
 
 
@@ -90,10 +97,11 @@ def _gemm(torch, shape, dist, args):
     prob = torch.rand((m, 1, 1), generator=g, device="cuda")
     b_view = b.permute(1, 2, 0)
 
-    def config(tm, tn, extra):
+    def config(tm, tn, extra, cm=1):
         d = torch.empty((m, n, 1), dtype=torch.bfloat16, device="cuda")
-        op = _build(lambda: GroupedGemm(a, None, d, off, alpha, b_view, None, prob, mma_tiler_mn=(tm, tn)).compile(),
-                    extra)
+        cl = {"cluster_shape_mn": (cm, 1)} if cm != 1 else {}
+        op = _build(lambda: GroupedGemm(a, None, d, off, alpha, b_view, None, prob, mma_tiler_mn=(tm, tn),
+                                        **cl).compile(), extra)
 
         def call():
             op.execute(a, None, d, off, alpha, b_view, None, prob)
@@ -116,9 +124,10 @@ def _wgrad(torch, shape, dist, args):
     x = torch.randn(t, n, generator=g, device="cuda").bfloat16()
     off = _offsets(torch, sizes)
 
-    def config(tm, tn, extra):
+    def config(tm, tn, extra, cm=1):
         op = _build(lambda: KGroupedGemm("grouped_gemm_wgrad", tile_m=tm, tile_n=tn).compile(), extra)
         return lambda: op(dy, x, off)["d"]
+    config.clusters = False
     methods = _methods(config, args)
     methods["torch_grouped_mm"] = lambda: torch._grouped_mm(dy.t(), x, offs=off)
     return methods, {}, 2.0 * t * mm * n, {"experts": experts, "tokens": t, "m": mm, "n": n}
@@ -154,8 +163,9 @@ def _fused(torch, op_name, shape, dist, args):
     from fusegemm import EpilogueGemm
     spec, axes, a, off, b, inputs, m, n, k = fused_problem(torch, op_name, shape, dist)
 
-    def config(tm, tn, extra):
-        op = _build(lambda: EpilogueGemm(spec, tile_m=tm, tile_n=tn, **axes).compile(), extra)
+    def config(tm, tn, extra, cm=1):
+        cl = {"cluster_m": cm} if cm != 1 else {}
+        op = _build(lambda: EpilogueGemm(spec, tile_m=tm, tile_n=tn, **cl, **axes).compile(), extra)
         return lambda: op(a, off, b, inputs=inputs)["d"]
     methods = _methods(config, args)
     return methods, {}, 2.0 * m * n * k, {"experts": LAYERS[shape][0], "rows": m, "n": n, "k": k}
@@ -209,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     args.picked = [DEFAULT] + [c for c in picked if c != DEFAULT]
     args.also_pairs = also_builds(args)
     header = {"benchmark": "sm_90a consumer schedules: cooperative 128-row tiles vs ping-pong 64-row tiles",
-              "default": DEFAULT, "configs": {k: {"tile": v[:2], "nvrtc_extra": v[2]} for k, v in CONFIGS.items() if k in args.picked},
+              "default": DEFAULT,
+              "configs": {k: {"tile": v[:2], "nvrtc_extra": v[2], "cluster_m": (*v, 1)[3]}
+                          for k, v in CONFIGS.items() if k in args.picked},
               "also": dict(args.also_pairs)}
     return run(args, bench_shape, _summary, header, shapes=ALL)
 
