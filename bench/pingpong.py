@@ -12,6 +12,9 @@ other's mainloop; fusegemm/sm90/grouped_gemm.cuh). For each op and shape it time
   along M, each B k-block multicast to both (half B's L2-to-SM traffic: a 64 x 256 tile reads
   320 rows of operands per k-step for 64 x 256 outputs, 1.67x a 128 x 256 tile's bytes per
   FLOP); not for the K-grouped weight gradient, whose spec has no clusters;
+* ``c128x128`` (cooperative) and ``pp128x128``: TILE_M 128 as ping-pong, each warpgroup a whole
+  128 x 128 tile (``-DFUSEGEMM_SM90_PINGPONG_128=1``: 256 operand rows per 128 x 128 outputs, 20%
+  fewer L2 bytes per FLOP than ``pp64x256``; the K-grouped kernel stays cooperative under it);
 * the peer where there is one: ``torch._grouped_mm`` for the plain and K-grouped GEMMs.
 
 Ops (``--shapes`` names ``op:shape``):
@@ -58,7 +61,8 @@ ALL = ([f"gemm:{s}" for s in GEMM] + [f"wgrad:{s}" for s in WGRAD]
        + [f"{op}:{s}" for op in ("dswiglu", "swiglu") for s in LAYERS])
 CONFIGS = {"c128x256": (128, 256, ""), "pp64x256": (64, 256, ""), "pp64x128": (64, 128, ""),
            "1wg64x256": (64, 256, "-DFUSEGEMM_SM90_PINGPONG=0"),
-           "c128x256_cl2": (128, 256, "", 2), "pp64x256_cl2": (64, 256, "", 2), "pp64x128_cl2": (64, 128, "", 2)}
+           "c128x256_cl2": (128, 256, "", 2), "pp64x256_cl2": (64, 256, "", 2), "pp64x128_cl2": (64, 128, "", 2),
+           "c128x128": (128, 128, ""), "pp128x128": (128, 128, "-DFUSEGEMM_SM90_PINGPONG_128=1")}
 DEFAULT = "c128x256"
 
 

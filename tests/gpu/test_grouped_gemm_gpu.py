@@ -239,6 +239,26 @@ def test_pingpong_short_k_many_tiles(k, tile, dynamic, discrete):
     verify(pb, c, d, "bfloat16", "bfloat16", False, f"ping-pong k={k} tile {tile} dynamic={dynamic}")
 
 
+# Ping-pong at TILE_M 128 (FUSEGEMM_SM90_PINGPONG_128=1, an A/B switch; fusegemm/sm90/grouped_gemm.cuh):
+# each warpgroup a whole 128 x 128 tile, two m64 WGMMAs per k-step into two accumulator halves,
+# the epilogue run per half. Short and long K, an N tail, empty experts, both schedulers,
+# discrete weights, bias and C, a 2x1 cluster.
+@pytest.mark.parametrize("k,dynamic,discrete,generate_c,cluster", [
+    (64, False, False, False, None), (1000, False, False, True, None), (200, True, False, False, None),
+    (520, False, True, True, None), (1000, False, False, False, (2, 1))])
+def test_pingpong_128_rows_per_warpgroup(k, dynamic, discrete, generate_c, cluster):
+    from fusegemm.runtime import config
+    sizes = [2048, 0, 4096, 256, 1792, 0, 3840, 512]
+    pb = make_problem(sizes, 1000, k, bias="float32" if generate_c else None, discrete=discrete, seed=19)
+    with config.override(FUSEGEMM_NVRTC_EXTRA="-DFUSEGEMM_SM90_PINGPONG_128=1"):
+        op, c, d = run_class(pb, tile=(128, 128), dynamic=dynamic, generate_c=generate_c, cluster=cluster)
+    from fusegemm.ops.device import device_arch
+    if device_arch(0) == "sm_90a":
+        assert op._launcher.contract.threads == 384
+    verify(pb, c, d, "bfloat16", "bfloat16", generate_c,
+           f"ping-pong 128 k={k} dynamic={dynamic} discrete={discrete} cluster={cluster}")
+
+
 # Deferred D stores (the default cooperative 128 x 256 tile on sm_90a): a tile's D is stored
 # during the next tile's first k-blocks and the last one's at the kernel's end. Several tiles per
 # CTA (460 tiles), K of 1, 4 and 9 k-blocks (fewer k-blocks than the 4 column chunks included),

@@ -95,6 +95,24 @@
 #define FUSEGEMM_SM90_PINGPONG 1
 #endif
 
+// TILE_M 128 as ping-pong too (1): each consumer warpgroup takes a whole 128-row tile, two m64
+// WGMMAs per k-step into two accumulator halves, and runs the epilogue on one half, then the
+// other, while the other warpgroup's mainloop runs (CUTLASS's ping-pong with a 128 x 128 tile).
+// Why: the 64 x 256 ping-pong tile reads 320 operand rows from L2 per 64 x 256 outputs; a
+// 128 x 128 tile reads 256 per 128 x 128, 20% fewer bytes per FLOP, with the same 128
+// accumulators per thread. Nsight Compute had the 64 x 256 dSwiGLU at 80-83% of L2 throughput
+// (bench/results/ncu_h200_dswiglu_mixtral_frag_elem_at.json), and it runs at 495-560 TFLOP/s on
+// the MoE layers' shapes where the plain GEMM's cooperative 128 x 256 runs 650-700
+// (bench/results/pingpong_h200_layer_shapes.json). M-grouped tiles without stream-K (the
+// K-grouped kernel's A chunks and the stream-K fix-up are laid out per 64-row warpgroup).
+// 0: TILE_M 128 is cooperative (the default); an A/B switch through FUSEGEMM_NVRTC_EXTRA
+// (bench/pingpong.py --also pp128=-DFUSEGEMM_SM90_PINGPONG_128=1 on its c128x128 configuration). TILE_N
+// 128 only: two halves of 128 columns are 256 accumulators a thread (spilled).
+// Written 2026-12-06 on a CPU machine: not yet run on a GPU.
+#ifndef FUSEGEMM_SM90_PINGPONG_128
+#define FUSEGEMM_SM90_PINGPONG_128 0
+#endif
+
 // Gathered operands (cp.async, fusegemm/gather.cuh): who makes the copies visible to WGMMA's
 // async proxy. L >= 1: the producer lanes, L stages late (wait for the copies of the stage L
 // before the newest, fence.proxy.async, arrive on its full barrier), so the consumers' k-loop is
@@ -236,12 +254,17 @@ struct GroupedGemmKernel {
 
   // Ping-pong (TILE_M 64, above; FUSEGEMM_SM90_PINGPONG 0 builds the measured baseline instead:
   // one consumer warpgroup).
-  static constexpr bool kPingPong = FUSEGEMM_SM90_PINGPONG && kTileM == 64;
+  static constexpr bool kPingPong128 =
+      FUSEGEMM_SM90_PINGPONG && FUSEGEMM_SM90_PINGPONG_128 && kTileM == 128 && kTileN == 128 && !kKGrouped &&
+      !stream_k_of<Config>(0);
+  static constexpr bool kPingPong = FUSEGEMM_SM90_PINGPONG && (kTileM == 64 || kPingPong128);
   static constexpr int kConsumerWGs = kPingPong ? 2 : kTileM / 64;
   static constexpr int kStageWGs = kPingPong ? 1 : kConsumerWGs;  // warpgroups reading a stage
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
-  static constexpr int kAccum = kTileN / 2;  // FP32 accumulators per consumer thread
+  // 64-row halves of a consumer warpgroup's share of a tile: one m64 WGMMA each per k-step.
+  static constexpr int kHalves = kPingPong128 ? 2 : 1;
+  static constexpr int kAccum = kTileN / 2;  // FP32 accumulators per consumer thread and half
 
   // Shared memory plan (offsets from the 1024-aligned dynamic smem base).
   static constexpr int kABytes = kTileM * kTileK * 2;
@@ -265,8 +288,10 @@ struct GroupedGemmKernel {
   // problem's (M, N) (the gradient of X^T dY's swapped roles: X gathered as A, on the M side).
   static constexpr bool kDMajorM = d_major_m_of<Config>(0);
   static_assert(!kDMajorM || kKGrouped, "an M-major D: K-grouped problems (the registry's limits)");
+  // (kAheadOk: the load-ahead's registers are there except beside the stream-K walk and, with
+  // kPingPong128, beside the other half's accumulators: dSwiGLU spilled 8 bytes with it.)
   using Epi = WgmmaEpilogue<64 * kConsumerWGs, kTileN, Rule, ElementC, ElementD, Engine, false, false, kDefer, kPingPong,
-                            FUSEGEMM_SM90_ENGINE_WARPS, kScatterD, !stream_k_of<Config>(0), kDMajorM>;
+                            FUSEGEMM_SM90_ENGINE_WARPS, kScatterD, !stream_k_of<Config>(0) && !kPingPong128, kDMajorM>;
   static constexpr int kEpiBytes = Epi::kBytes;
   // Stream-K (above): a ring entry also carries its piece's k-block range and the CTAs whose
   // partials a head piece adds (a second int4 per slot). The one producer thread keeps its walk
@@ -853,6 +878,7 @@ struct GroupedGemmKernel {
     bool turn = wg == 0;  // ping-pong: the next ring tile is this warpgroup's
     bool first_turn = wg == 0;  // warpgroup 0's first mainloop waits for nobody
     float acc[kAccum];
+    float acc1[kHalves == 2 ? kAccum : 1];   // kPingPong128: the tile's second 64 rows
     typename Epi::Partials part;
     part.reset();
     typename Epi::Deferred pending;   // the previous tile's D (kDeferD)
@@ -910,10 +936,14 @@ struct GroupedGemmKernel {
       const int prefetch_kb = FUSEGEMM_SM90_EPI_PREFETCH > 0 ? max(num_k_blocks - FUSEGEMM_SM90_EPI_PREFETCH, 0) : -1;
       // One k-block: wait for its stage, issue its WGMMAs, release the stage before it.
       auto k_step = [&](int kb) {
-        if (kb == prefetch_kb && stores_tile) Epi::prefetch(p, tile_row0(p, t) - row_shift, t.z * kTileN, warp, lane);
+        if (kb == prefetch_kb && stores_tile) {
+#pragma unroll
+          for (int h = 0; h < kHalves; ++h) Epi::prefetch(p, tile_row0(p, t) + 64 * h - row_shift, t.z * kTileN, warp, lane);
+        }
         mbar_wait(&full[stage], phase);
         if constexpr (kGathers && !kGatherLag) fence_async_shared();   // cp.async's writes, read by WGMMA
         fence_acc(acc);
+        if constexpr (kHalves == 2) fence_acc(acc1);
         cute::warpgroup_arrive();
         // Descriptor address field is in 16-byte units: stage offsets and the 32-byte K
         // step are added to the low word directly.
@@ -922,9 +952,14 @@ struct GroupedGemmKernel {
 #pragma unroll
         for (int k = 0; k < kTileK / 16; ++k) {
           gmma_64xN<kTileN, kBMn, kAMn>(da + kDescStepKA * k, db + kDescStepK * k, acc, (kb > 0 || k > 0) ? 1 : 0);
+          if constexpr (kHalves == 2) {   // rows 64.. of the stage's A: 64 K-major rows of 128 bytes on
+            gmma_64xN<kTileN, kBMn, kAMn>(da + ((64 * 128) >> 4) + kDescStepKA * k, db + kDescStepK * k, acc1,
+                                          (kb > 0 || k > 0) ? 1 : 0);
+          }
         }
         cute::warpgroup_commit_batch();
         fence_acc(acc);
+        if constexpr (kHalves == 2) fence_acc(acc1);
         // Keep one batch in flight; the one before it has finished reading its stage.
         cute::warpgroup_wait<1>();
         if (kb > 0 && lane == 0) release_stage(&empty[prev_stage], commit_mask, me, warp % 4);
@@ -969,6 +1004,7 @@ struct GroupedGemmKernel {
       if constexpr (kPingPong) named_barrier_arrive(kOrderBarrier + (wg ^ 1), 256);
       cute::warpgroup_wait<0>();
       fence_acc(acc);
+      if constexpr (kHalves == 2) fence_acc(acc1);
       if (num_k_blocks > 0 && lane == 0) release_stage(&empty[prev_stage], commit_mask, me, warp % 4);
       if constexpr (kStreamK) {
         if (sk_fix != 0) stream_k_fixup(p, partial, fixup_first(sk_fix), fixup_last(sk_fix), wg, acc);
@@ -986,6 +1022,13 @@ struct GroupedGemmKernel {
           Epi::compute(p, pre, tile_row0(p, t), t.z * kTileN, warp, lane, acc, pending);
         } else {
           Epi::run(p, smem + kOffEpi, t.x, tile_row0(p, t) - row_shift, t.z * kTileN, wg, warp, lane, acc, part);
+          // kPingPong128: the second half as if it were the tile of rows 64.. (the epilogue places
+          // a warpgroup's fragment at m0 + 64 wg; its staging buffers are this warpgroup's, free
+          // again when a run returns).
+          if constexpr (kHalves == 2) {
+            Epi::run(p, smem + kOffEpi, t.x, tile_row0(p, t) + 64 - row_shift, t.z * kTileN, wg, warp, lane, acc1,
+                     part);
+          }
         }
       }
     }
