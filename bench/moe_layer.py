@@ -136,17 +136,20 @@ VARIANTS = {"block-no-ends": BlockNoEnds, "fp8-block": fp8_block_layer, "token-o
 def _loads(layer):
     """``moe.GATHERED_LOADS``, ``moe.SWAPPED_WGRAD``, ``moe.UNZEROED_PADDING`` and
     ``routing.TOKEN_ORDER`` as ``layer`` asks (a RoutedLayer's ``gathered`` and ``swapped``, a
-    TokenOrder's ``token_order``, an UnzeroedPadding's ``unzeroed``), reset after."""
+    TokenOrder's ``token_order``, an UnzeroedPadding's ``unzeroed``; what a layer does not name
+    keeps the module's value), restored after."""
     import fusegemm.moe as moe
     import fusegemm.routing as routing
-    moe.GATHERED_LOADS = getattr(layer, "gathered", False)
-    moe.SWAPPED_WGRAD = getattr(layer, "swapped", False)
-    routing.TOKEN_ORDER = getattr(layer, "token_order", False)
-    moe.UNZEROED_PADDING = getattr(layer, "unzeroed", False)
+    switches = {(moe, "GATHERED_LOADS"): "gathered", (moe, "SWAPPED_WGRAD"): "swapped",
+                (routing, "TOKEN_ORDER"): "token_order", (moe, "UNZEROED_PADDING"): "unzeroed"}
+    before = {key: getattr(*key) for key in switches}
+    for (mod, name), attr in switches.items():   # (a layer that names none: the modules' defaults)
+        setattr(mod, name, getattr(layer, attr, before[(mod, name)]))
     try:
         yield
     finally:
-        moe.GATHERED_LOADS = moe.SWAPPED_WGRAD = routing.TOKEN_ORDER = moe.UNZEROED_PADDING = False
+        for (mod, name), value in before.items():
+            setattr(mod, name, value)
 
 
 class TorchLayer:
