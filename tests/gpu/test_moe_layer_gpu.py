@@ -130,19 +130,35 @@ def test_gathers_in_token_order_change_no_value_of_the_block(top_k, monkeypatch)
                 assert torch.equal(got, want), (path, name, _rel(got, want))
 
 
+def _batch(seed: int, experts: int, tokens: int = 1100, hidden: int = 256) -> tuple:
+    """x, logits (expert 1 picked by nobody) and the output gradient of one seeded batch."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
+    logits = torch.randn(tokens, experts, generator=g, device="cuda")
+    logits[:, 1] = -1e4
+    dy = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
+    return x, logits, dy
+
+
+def _assert_same_values(got_all, want_all):
+    """(y, dx, dlogits, dw1, dw2) bit for bit, the logits' gradient within 1e-5 (dprob's atomic
+    sums), every value finite."""
+    for name, got, want in zip(("y", "dx", "dlogits", "dw1", "dw2"), got_all, want_all):
+        assert torch.isfinite(got.float()).all(), name
+        if name == "dlogits":
+            assert _rel(got, want) <= 1e-5, (name, _rel(got, want))
+        else:
+            assert torch.equal(got, want), (name, _rel(got, want))
+
+
 @pytest.mark.parametrize("top_k,experts,recipe", [(2, 8, "bf16"), (8, 32, "bf16"), (8, 32, "fp8_block")])
 def test_row_ends_change_no_value_of_the_block(top_k, experts, recipe):
     """MoEBlock passes the routing's row ends to its GEMMs (the compacted tile walk skips the
     padding's tiles, the K-grouped weight gradients its k-blocks; fp8_block: the FP8 weight
     gradients its 128-token blocks): output and every gradient equal the same layer without them
     bit for bit (the logits' gradient within 1e-5: dprob's atomic sums), with an empty expert."""
-    g = torch.Generator(device="cuda").manual_seed(8)
-    tokens, hidden, inter = 1100, 256, 384
-    x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
-    logits = torch.randn(tokens, experts, generator=g, device="cuda")
-    logits[:, 1] = -1e4
-    dy = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
-    block = moe.MoEBlock(hidden, inter, experts, top_k, device="cuda", recipe=recipe,
+    x, logits, dy = _batch(8, experts)
+    block = moe.MoEBlock(x.shape[1], 384, experts, top_k, device="cuda", recipe=recipe,
                          generator=torch.Generator().manual_seed(9))
     out = {}
     for ends in (True, False):
@@ -153,11 +169,7 @@ def test_row_ends_change_no_value_of_the_block(top_k, experts, recipe):
                                       r.row_ends if ends else None), r)
         (y.float() * dy.float()).sum().backward()
         out[ends] = (y, xi.grad, zi.grad, block.mlp.w1.grad, block.mlp.w2.grad)
-    for name, got, want in zip(("y", "dx", "dlogits", "dw1", "dw2"), out[True], out[False]):
-        if name == "dlogits":
-            assert _rel(got, want) <= 1e-5, (name, _rel(got, want))
-        else:
-            assert torch.equal(got, want), (name, _rel(got, want))
+    _assert_same_values(out[True], out[False])
 
 
 def _nan_filled_cache(mib: int = 512) -> None:
@@ -178,13 +190,8 @@ def test_unzeroed_padding_changes_no_value_of_the_block(top_k, experts, wgrad, m
     gradient: output and every gradient are bit for bit the zeroed run's (dlogits within 1e-5:
     dprob's atomic sums), with an empty expert."""
     _sm90a_only()
-    g = torch.Generator(device="cuda").manual_seed(12)
-    tokens, hidden, inter = 1100, 256, 384
-    x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
-    logits = torch.randn(tokens, experts, generator=g, device="cuda")
-    logits[:, 1] = -1e4
-    dy = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
-    block = moe.MoEBlock(hidden, inter, experts, top_k, wgrad=wgrad, device="cuda",
+    x, logits, dy = _batch(12, experts)
+    block = moe.MoEBlock(x.shape[1], 384, experts, top_k, wgrad=wgrad, device="cuda",
                          generator=torch.Generator().manual_seed(13))
     r = routing.route(logits, top_k)
     left = moe._padding_unread("fusegemm", wgrad, r.row_ends, routing.gather(x, r), block.mlp.w1)
@@ -194,12 +201,7 @@ def test_unzeroed_padding_changes_no_value_of_the_block(top_k, experts, wgrad, m
         monkeypatch.setattr(moe, "UNZEROED_PADDING", unzeroed)
         _nan_filled_cache()
         out[unzeroed] = _step(block, x, logits, dy)
-    for name, got, want in zip(("y", "dx", "dlogits", "dw1", "dw2"), out[True], out[False]):
-        assert torch.isfinite(got.float()).all(), name
-        if name == "dlogits":
-            assert _rel(got, want) <= 1e-5, (name, _rel(got, want))
-        else:
-            assert torch.equal(got, want), (name, _rel(got, want))
+    _assert_same_values(out[True], out[False])
 
 
 def test_routing_runs_in_a_cuda_graph():
