@@ -471,8 +471,11 @@ def _dswiglu_tile(recipe: str, index: int, f: int) -> tuple:
 # Whether MoEBlock lets its BF16 GEMMs leave the padding rows that no tile writes unzeroed
 # (ExpertMLPFunction's ``tail=False``, where _padding_unread allows it): the tail-zeroing launches
 # cost 0.11 ms of the graphed dsv3-32 step on the H200 (bench/results/moe_layer_h200_graph_gaps.json,
-# four fusegemm_zero_tail launches). Written 2026-12-05 without a GPU: off until
-# tests/gpu/test_moe_layer_gpu.py and bench/moe_layer.py --also unzeroed-padding have run.
+# four fusegemm_zero_tail launches). Bit for bit the zeroed layer on a NaN-filled allocator
+# (tests/gpu/test_moe_layer_gpu.py, H100, 2026-12-06). Off: the graphed step with it was not
+# measurably faster (dsv3-32: 15.29 / 15.46 / 15.41 ms against 15.67 / 15.13 / 15.36 in three runs,
+# mixtral 14.58 against 14.78, dsv3-8 14.26 against 14.00; bench/results/moe_layer_h100_flags_*.json:
+# run-to-run noise of 2-3% hides its 0.7%), and its rule rests on tile invariants (_padding_unread).
 UNZEROED_PADDING = False
 
 
@@ -834,11 +837,12 @@ def _gather_op(spec: str, device: int, **axes) -> "Op":  # noqa: F821
 GATHERED_LOADS = False
 # With GATHERED_LOADS: fc1's weight gradient as the swapped product dW1_e = (X_e^T dG_e)^T, X's
 # token rows gathered as A (half the gathered bytes of b_gather's stage) and D stored M-major
-# (specs/grouped_gemm_wgrad.yaml cd_major m), where the K-grouped kernel fits. Written
-# 2026-12-05 without a GPU (the M-major D is first-run gated, registry.UNEXECUTED_MODES); the
-# H200 decides it: bench/gathered.py --wgrad-swapped, bench/moe_layer.py --also
-# routed-gathered-swapped. The products are b_gather's, summed with the WGMMA roles swapped: equal
-# within the FP32 accumulation's bound, not bit for bit.
+# (specs/grouped_gemm_wgrad.yaml cd_major m), where the K-grouped kernel fits. The products are
+# b_gather's, summed with the WGMMA roles swapped: equal within the FP32 accumulation's bound, not
+# bit for bit (tests/gpu/test_moe_layer_gpu.py, H100, 2026-12-06). Off: with its M-major store it
+# ran at 0.88x (dsv3-8) and 0.79x (mixtral) of the weight gradient on pre-permuted rows, where
+# b_gather ran 1.00x and 0.84x in the same run (bench/results/gathered_h100_swapped.json; the
+# M-major store itself 1.01x and 0.90x of the N-major one).
 SWAPPED_WGRAD = False
 
 

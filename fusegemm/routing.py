@@ -240,8 +240,12 @@ _rows_of_tokens = _OnDevice(
 
 # Whether the layer's gathers (x in the forward, dy in the backward) run in token order
 # (permute.gather_rows with row_of: each token's row read once, stored to its k rows) rather than
-# row order (read once per row: k times, from DRAM at dsv3's x). Written 2026-12-05 without a GPU:
-# off until tests/gpu/test_permute_gpu.py has run it (bench/permute.py times both in one run).
+# row order (read once per row: k times, from DRAM at dsv3's x). Bit for bit the row-order gather
+# (tests/gpu/test_permute_gpu.py and test_moe_layer_gpu.py, H100, 2026-12-06). Alone it is 1.42x as
+# fast at dsv3 with 32 experts and 1.00x with 8 (bench/results/permute_h100_token_order.json); in
+# the graphed layer's step it was no faster (dsv3-32: 15.57 / 15.41 / 15.79 ms against 15.67 /
+# 15.13 / 15.36 in three runs, mixtral 15.23 against 14.78, dsv3-8 14.17 against 14.00;
+# bench/results/moe_layer_h100_flags_*.json), so it stays off.
 TOKEN_ORDER = False
 
 

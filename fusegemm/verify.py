@@ -4,8 +4,8 @@ fusegemm's sm_100a kernels are compiled and statically checked, but no Blackwell
 them in the project's own tests (``fusegemm/base/archs.py``: ``executed=False``); a family just
 added may likewise not have run on an executed arch yet (its registry row: ``executed=False``,
 generator/registry.py), and a mode of an executed kernel may not have run yet
-(``registry.UNEXECUTED_MODES``: the K-grouped kernel's M-major D, ``cd_major`` m, written without a
-GPU on 2026-12-05; the sm_90a stream-K scheduler stood there until the H200 ran it). One family's
+(``registry.UNEXECUTED_MODES``: empty today; the sm_90a stream-K scheduler and the K-grouped
+kernel's M-major D stood there until a GPU ran them). One family's
 kernel takes different paths for different tiles, clusters, CTA pairs, schedulers, operand
 layouts, scaling recipes and weight modes, so a pass on one configuration says little about
 another. The gate therefore works per **configuration class**

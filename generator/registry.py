@@ -428,14 +428,10 @@ def executed(family: str, arch: str) -> bool:
 # whose cases read A, dY or X through an index, fusegemm/selftest.py. The sm_90a stream-K scheduler
 # stood here from its writing until tests/gpu/test_stream_k_gpu.py passed on the H200 on
 # 2026-12-05. The blockwise kernel's ping-pong tiles, tile_m 64, stood here from their writing until
-# tests/gpu/test_blockwise_pingpong_gpu.py passed on the H200, 26 cases, on 2026-12-05.)
-UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {
-    # Written 2026-12-05 on a CPU machine (compiled, 0 spills, stmatrix.trans staging checked in the
-    # SASS); tests/gpu/test_wgrad_gpu.py's M-major cases wait for a GPU.
-    ("kgrouped", "sm_90a"): (("cd_major", "m", "the K-grouped kernel's M-major D (D_e^T stored column by column, "
-                                               "fusegemm/epilogue.cuh WarpTransposedStore) has not run on a GPU "
-                                               "yet"),),
-}
+# tests/gpu/test_blockwise_pingpong_gpu.py passed on the H200, 26 cases, on 2026-12-05. The K-grouped
+# kernel's M-major D, cd_major m, stood here from its writing on 2026-12-05 until
+# tests/gpu/test_wgrad_gpu.py's M-major cases passed on an H100 (sm_90a) on 2026-12-06.)
+UNEXECUTED_MODES: dict[tuple[str, str], tuple[tuple[str, Any, str], ...]] = {}
 
 
 def unexecuted_mode(family: str, arch: str, choice: dict[str, Any]) -> str | None:
