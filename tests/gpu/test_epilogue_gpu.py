@@ -581,18 +581,6 @@ def test_swiglu_gemm_stores_the_pre_activations(torch, n, tile_n, c_dtype):
         assert not out[name][valid:].any(), name
 
 
-def _poison(torch, shapes_dtypes):
-    """Free blocks of the caching allocator full of 0xFF bytes (NaN in every float format), one
-    per (shape, dtype): the next allocations of those sizes reuse them. Returns their addresses."""
-    junk = [torch.empty(shape, dtype=dtype, device="cuda") for shape, dtype in shapes_dtypes]
-    for t in junk:
-        t.view(torch.uint8).fill_(255)
-    ptrs = {t.data_ptr() for t in junk}
-    torch.cuda.synchronize()
-    del junk
-    return ptrs
-
-
 def test_row_outputs_are_whole_on_reused_memory(torch):
     """C and D are allocated uninitialised (fusegemm/ops/tail.py): the kernel stores every row
     below padded_offsets[-1] and the tail kernel zeroes the rows past it, also when the allocator
@@ -610,7 +598,8 @@ def test_row_outputs_are_whole_on_reused_memory(torch):
     ac, oc, bc = a.cuda(), offsets.cuda(), b.cuda()
     inputs = {"alpha": alpha.cuda(), "prob": prob.cuda()}
     op(ac, oc, bc, inputs=inputs)                 # loads everything; its outputs are freed
-    ptrs = _poison(torch, [((m, n), torch.bfloat16), ((m, n // 2), torch.bfloat16)])
+    from op_helpers import poison_free_blocks   # (tests/gpu/op_helpers.py)
+    ptrs = poison_free_blocks([((m, n), torch.bfloat16), ((m, n // 2), torch.bfloat16)])
     out = op(ac, oc, bc, inputs=inputs)
     torch.cuda.synchronize()
     assert {out["c"].data_ptr(), out["d"].data_ptr()} <= ptrs, "the outputs did not reuse the poisoned blocks"

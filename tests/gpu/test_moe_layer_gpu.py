@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fusegemm import moe, routing  # noqa: E402
+from op_helpers import poison_free_blocks  # noqa: E402  (tests/gpu/op_helpers.py)
 
 pytestmark = pytest.mark.gpu
 
@@ -172,14 +173,6 @@ def test_row_ends_change_no_value_of_the_block(top_k, experts, recipe):
     _assert_same_values(out[True], out[False])
 
 
-def _nan_filled_cache(mib: int = 512) -> None:
-    """Leave torch's caching allocator holding freed blocks full of NaN, so that an output the
-    kernels are meant to write in full, but do not, shows NaN where it would otherwise show
-    whatever an earlier test left (often zeros)."""
-    junk = [torch.full((mib << 18,), float("nan"), device="cuda") for _ in range(4)]   # 4 x mib MiB
-    del junk
-
-
 @pytest.mark.parametrize("top_k,experts,wgrad", [(2, 8, "auto"), (8, 32, "auto"), (8, 32, "fusegemm"),
                                                  (2, 8, "torch")])
 def test_unzeroed_padding_changes_no_value_of_the_block(top_k, experts, wgrad, monkeypatch):
@@ -199,7 +192,7 @@ def test_unzeroed_padding_changes_no_value_of_the_block(top_k, experts, wgrad, m
     out = {}
     for unzeroed in (False, True):
         monkeypatch.setattr(moe, "UNZEROED_PADDING", unzeroed)
-        _nan_filled_cache()
+        poison_free_blocks([((512 << 20,), torch.uint8)] * 4)   # 2 GiB of NaN bytes, split by the step's allocations
         out[unzeroed] = _step(block, x, logits, dy)
     _assert_same_values(out[True], out[False])
 
