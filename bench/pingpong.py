@@ -59,10 +59,11 @@ GEMM = {**SHAPES, "dsv3-32-l-fc2": (32, 32768, 7168, 2048), "dsv3-32-l-dgrad": (
         "mixtral-l-fc2": (8, 8192, 4096, 14336), "mixtral-l-dgrad": (8, 8192, 4096, 28672)}
 ALL = ([f"gemm:{s}" for s in GEMM] + [f"wgrad:{s}" for s in WGRAD]
        + [f"{op}:{s}" for op in ("dswiglu", "swiglu") for s in LAYERS])
-CONFIGS = {"c128x256": (128, 256, ""), "pp64x256": (64, 256, ""), "pp64x128": (64, 128, ""),
-           "1wg64x256": (64, 256, "-DFUSEGEMM_SM90_PINGPONG=0"),
+# name: (tile_m, tile_n, NVRTC defines, cluster_m)
+CONFIGS = {"c128x256": (128, 256, "", 1), "pp64x256": (64, 256, "", 1), "pp64x128": (64, 128, "", 1),
+           "1wg64x256": (64, 256, "-DFUSEGEMM_SM90_PINGPONG=0", 1),
            "c128x256_cl2": (128, 256, "", 2), "pp64x256_cl2": (64, 256, "", 2), "pp64x128_cl2": (64, 128, "", 2),
-           "c128x128": (128, 128, ""), "pp128x128": (128, 128, "-DFUSEGEMM_SM90_PINGPONG_128=1")}
+           "c128x128": (128, 128, "", 1), "pp128x128": (128, 128, "-DFUSEGEMM_SM90_PINGPONG_128=1", 1)}
 DEFAULT = "c128x256"
 
 
@@ -71,12 +72,13 @@ def _build(make, extra: str):
         return make()
 
 
-def _methods(config, args) -> dict:
-    """The run's configurations (args.picked, each again per args.also_pairs) as timed callables."""
+def _methods(config, args, clusters: bool = True) -> dict:
+    """The run's configurations (args.picked, each again per args.also_pairs) as timed callables;
+    without ``clusters``, those with a cluster are left out."""
     out = {}
     for key in args.picked:
-        tm, tn, extra, cm = (*CONFIGS[key], 1)[:4]
-        if cm != 1 and not getattr(config, "clusters", True):
+        tm, tn, extra, cm = CONFIGS[key]
+        if cm != 1 and not clusters:
             continue
         out[key] = config(tm, tn, extra, cm)
         for name, defines in args.also_pairs:
@@ -131,8 +133,7 @@ def _wgrad(torch, shape, dist, args):
     def config(tm, tn, extra, cm=1):
         op = _build(lambda: KGroupedGemm("grouped_gemm_wgrad", tile_m=tm, tile_n=tn).compile(), extra)
         return lambda: op(dy, x, off)["d"]
-    config.clusters = False
-    methods = _methods(config, args)
+    methods = _methods(config, args, clusters=False)   # (the K-grouped spec has no clusters)
     methods["torch_grouped_mm"] = lambda: torch._grouped_mm(dy.t(), x, offs=off)
     return methods, {}, 2.0 * t * mm * n, {"experts": experts, "tokens": t, "m": mm, "n": n}
 
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     args.also_pairs = also_builds(args)
     header = {"benchmark": "sm_90a consumer schedules: cooperative 128-row tiles vs ping-pong 64-row tiles",
               "default": DEFAULT,
-              "configs": {k: {"tile": v[:2], "nvrtc_extra": v[2], "cluster_m": (*v, 1)[3]}
+              "configs": {k: {"tile": v[:2], "nvrtc_extra": v[2], "cluster_m": v[3]}
                           for k, v in CONFIGS.items() if k in args.picked},
               "also": dict(args.also_pairs)}
     return run(args, bench_shape, _summary, header, shapes=ALL)
