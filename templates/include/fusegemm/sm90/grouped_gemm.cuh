@@ -884,6 +884,10 @@ struct GroupedGemmKernel {
     bool first_turn = wg == 0;  // warpgroup 0's first mainloop waits for nobody
     float acc[kAccum];
     float acc1[kHalves == 2 ? kAccum : 1];   // kPingPong128: the tile's second 64 rows
+    auto fence_accs = [&] {   // every accumulator this warpgroup's WGMMAs write
+      fence_acc(acc);
+      if constexpr (kHalves == 2) fence_acc(acc1);
+    };
     typename Epi::Partials part;
     part.reset();
     typename Epi::Deferred pending;   // the previous tile's D (kDeferD)
@@ -947,8 +951,7 @@ struct GroupedGemmKernel {
         }
         mbar_wait(&full[stage], phase);
         if constexpr (kGathers && !kGatherLag) fence_async_shared();   // cp.async's writes, read by WGMMA
-        fence_acc(acc);
-        if constexpr (kHalves == 2) fence_acc(acc1);
+        fence_accs();
         cute::warpgroup_arrive();
         // Descriptor address field is in 16-byte units: stage offsets and the 32-byte K
         // step are added to the low word directly.
@@ -963,8 +966,7 @@ struct GroupedGemmKernel {
           }
         }
         cute::warpgroup_commit_batch();
-        fence_acc(acc);
-        if constexpr (kHalves == 2) fence_acc(acc1);
+        fence_accs();
         // Keep one batch in flight; the one before it has finished reading its stage.
         cute::warpgroup_wait<1>();
         if (kb > 0 && lane == 0) release_stage(&empty[prev_stage], commit_mask, me, warp % 4);
@@ -1008,8 +1010,7 @@ struct GroupedGemmKernel {
       stagger_release();
       if constexpr (kPingPong) named_barrier_arrive(kOrderBarrier + (wg ^ 1), 256);
       cute::warpgroup_wait<0>();
-      fence_acc(acc);
-      if constexpr (kHalves == 2) fence_acc(acc1);
+      fence_accs();
       if (num_k_blocks > 0 && lane == 0) release_stage(&empty[prev_stage], commit_mask, me, warp % 4);
       if constexpr (kStreamK) {
         if (sk_fix != 0) stream_k_fixup(p, partial, fixup_first(sk_fix), fixup_last(sk_fix), wg, acc);
