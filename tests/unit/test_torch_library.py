@@ -178,6 +178,32 @@ def test_row_ends_reach_the_op_through_the_faces(monkeypatch):
             fg.grouped_wgrad(dy, x, off, "fusegemm", row_ends=bad)
 
 
+def test_tail_reaches_the_engine_through_the_custom_op(monkeypatch):
+    """``tail`` given to ``epilogue_gemm`` crosses its custom op's schema to the engine's call
+    (traced on fake CUDA tensors; the engine's own tests show what it does with it): False where
+    given, True by default."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    monkeypatch.setattr("fusegemm.ops.device.device_arch", lambda d: "sm_90a")
+    seen, engine_op = [], fg._epilogue_op
+
+    class Recording:   # the engine's op, its calls' tail noted
+        def __init__(self, *args):
+            self.op = engine_op(*args)
+
+        def __getattr__(self, name):
+            return getattr(self.op, name)
+
+        def __call__(self, *a, **kw):
+            seen.append(kw.get("tail"))
+            return self.op(*a, **kw)
+    monkeypatch.setattr(fg, "_epilogue_op", Recording)
+    with FakeTensorMode():
+        a, off, b, inputs = _swiglu_operands()
+        fg.epilogue_gemm("grouped_gemm_swiglu", a, off, b, inputs=inputs, d_dtype="bfloat16", tail=False)
+        fg.epilogue_gemm("grouped_gemm_swiglu", a, off, b, inputs=inputs, d_dtype="bfloat16")
+    assert seen == [False, True], seen
+
+
 def test_spec_op_names_its_inputs_one_to_one():
     with pytest.raises(ValueError, match="input_names: got 2 names for 1 tensors"):
         fg._epilogue_call("grouped_gemm_swiglu", "{}", torch.empty(1), None, None, None, None, "alpha,prob",
