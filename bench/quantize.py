@@ -5,7 +5,9 @@ prints JSON.
 
 Each row: both results compared bit for bit before timing (a difference stops the run), the
 times, the bytes the kernel must move (source read once, FP8 values and float32 scales written)
-over its time as GB/s, and the speed-up over torch's route.
+over its time as GB/s, and the speed-up over torch's route; ``copy_gb_s`` is a plain copy of the
+source in the same rounds (its read and write over its time): what the device's memory gives a
+pass that moves 4 bytes a value, as the weights' and the paired quantizations do.
 
     python bench/quantize.py [--out bench/results/quantize_h200.json]
     python bench/quantize.py --also sync=-DFUSEGEMM_QUANTIZE_STAGE_ASYNC=0
