@@ -17,10 +17,11 @@ weights): what one kernel does that the other does not, on the rows where they d
 ``bf16_grouped_cMxN`` is the same row on an M x N cluster (TMA multicast: the cluster kernel).
 
     ncu ... --section SourceCounters python bench/ncu_one_op.py {dswiglu_layer,gemm_layer} \\
-        [mixtral-l|dsv3-32-l] [TILE_M]
+        [mixtral-l|dsv3-32-l] [TILE_M] [CLUSTER_M]
 
 ``dswiglu_layer`` is the MoE layer's fc2 data gradient with dSwiGLU as bench/pingpong.py times it
-(routed rows, tile TILE_M x 256, default 64: ping-pong, the layer's; w2 read N-major), and
+(routed rows, tile TILE_M x 256, default 64: ping-pong, the layer's; w2 read N-major; CLUSTER_M 2:
+on 2 x 1 clusters, B multicast), and
 ``gemm_layer`` the plain BF16 GEMM of the same shape and tiles (w2 copied K-major): what the
 epilogue costs beside the mainloop (bench/results/ncu_h100_qwen3_clusters_dswiglu_source.json,
 ncu_h200_dswiglu_mixtral_frag_elem_at.json).
@@ -91,9 +92,10 @@ def bf16_calls(which: str, shape: str) -> None:
     print("done", which, shape)
 
 
-def layer_dgrad_calls(which: str, layer: str, tile_m: int) -> None:
+def layer_dgrad_calls(which: str, layer: str, tile_m: int, cluster_m: int = 1) -> None:
     """The layer's fc2 data gradient (bench/pingpong.py's dswiglu rows, routed: its
-    fused_problem), with dSwiGLU or as the plain grouped GEMM, three launches."""
+    fused_problem), with dSwiGLU or as the plain grouped GEMM, three launches (dSwiGLU on a
+    ``cluster_m`` x 1 cluster when it is 2: pingpong.py's ``_cl2`` configurations)."""
     import torch
 
     from fusegemm import EpilogueGemm
@@ -101,7 +103,7 @@ def layer_dgrad_calls(which: str, layer: str, tile_m: int) -> None:
     from pingpong import fused_problem
     spec, axes, a, off, b, inputs, m, f, _ = fused_problem(torch, "dswiglu", layer, "routed")
     if which == "dswiglu_layer":
-        op = EpilogueGemm(spec, tile_m=tile_m, tile_n=256, **axes).compile()
+        op = EpilogueGemm(spec, tile_m=tile_m, tile_n=256, **{**axes, "cluster_m": cluster_m}).compile()
         call = lambda: op(a, off, b, inputs=inputs)   # noqa: E731
     else:
         one, p3 = inputs["alpha"], inputs["prob"].view(m, 1, 1)
@@ -113,12 +115,12 @@ def layer_dgrad_calls(which: str, layer: str, tile_m: int) -> None:
     for _ in range(3):
         call()
     torch.cuda.synchronize()
-    print("done", which, layer, tile_m, m)
+    print("done", which, layer, tile_m, cluster_m, m)
 
 
-def main(which: str, shape: str | None = None, tile_m: str = "64") -> None:
+def main(which: str, shape: str | None = None, tile_m: str = "64", cluster_m: str = "1") -> None:
     if which in ("dswiglu_layer", "gemm_layer"):
-        return layer_dgrad_calls(which, shape or "mixtral-l", int(tile_m))
+        return layer_dgrad_calls(which, shape or "mixtral-l", int(tile_m), int(cluster_m))
     if which in ("gathered", "pre_permuted", "wgrad_gathered", "wgrad_pre_permuted"):
         return routed_fc1_calls(which, shape or "dsv3-8")
     if which in ("bf16_grouped", "cublas_dense") or which.startswith("bf16_grouped_c"):
