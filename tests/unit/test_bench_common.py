@@ -228,3 +228,39 @@ def test_the_quantize_bench_sizes_the_weights_by_experts(monkeypatch):
                     "w2_128x128_t": (32, bench.HIDDEN, bench.INTER), "x_both": (bench.TOKENS, bench.HIDDEN)}
     with pytest.raises(SystemExit):
         bench.main(["--experts", "0"])
+
+
+def test_ncu_regions_splits_the_samples_at_the_hgmmas_and_the_rule(tmp_path):
+    """bench/ncu_regions.py: samples from 60 SASS lines before the first HGMMA to 40 after the
+    last count as the mainloop, those within 400 lines of the rule's MUFU.EX2 as the epilogue,
+    the rest as other; the k-step's full-barrier wait is its try-wait plus the branch after it,
+    as a share of the mainloop's samples; BAR.SYNC samples are the named-barrier waits. A dump
+    without a SASS table is refused by name."""
+    bench = bench_module("ncu_regions")
+    hdr = ["Address", "Source", "Warp Stall Sampling (All Samples)", "stall_long_sb", "stall_wait",
+           "stall_long_sb (Not Issued)"]
+    # lines 0..599: BAR.SYNC (5 samples) and NOPs (1, a wait each); 600 try-wait, 601 its branch,
+    # 602 the HGMMA; 603..702 FMULs (1, a wait each); 703 the MUFU.EX2 (40, waits).
+    sass = [("BAR.SYNC R1, 0x100", 5, 0, 0)] + [("NOP", 1, 0, 1)] * 599
+    sass += [("SYNCS.PHASECHK.TRANS64.TRYWAIT P2, [R1], R4", 10, 10, 0), ("@!P2 BRA 0x10", 30, 30, 0),
+             ("HGMMA.64x256x16.F32.BF16 R24", 20, 0, 20)]
+    sass += [("FMUL R1, R2, R3", 1, 0, 1)] * 100 + [("MUFU.EX2 R1, R1", 40, 0, 40)]
+    lines = ["==PROF== Connected", '"Kernel Name","fg_grouped_gemm"', ",".join(f'"{h}"' for h in hdr)]
+    lines += [",".join(f'"{v}"' for v in (hex(16 * i), s, n, lsb, w, 0)) for i, (s, n, lsb, w) in enumerate(sass)]
+    path = tmp_path / "src.csv"
+    path.write_text("\n".join(lines) + "\n")
+    out = bench.summary(str(path))
+    regions = out["regions"]
+    mainloop = 58 + 10 + 30 + 20 + 40        # NOPs 542..599, try-wait, branch, HGMMA, FMULs 603..642
+    epilogue = 239 + 60 + 40                 # NOPs 303..541, FMULs 643..702, the MUFU
+    other = 5 + 302                          # BAR.SYNC, NOPs 1..302
+    assert out["samples"] == mainloop + epilogue + other
+    for name, n in (("mainloop", mainloop), ("epilogue", epilogue), ("other", other)):
+        assert regions[name]["share_of_samples_pct"] == round(100 * n / out["samples"], 1), name
+    assert out["k_step_full_wait_pct_of_mainloop"] == round(100 * 40 / mainloop, 1)
+    assert out["named_barrier_wait_samples"] == 5
+    assert regions["epilogue"]["stall_share_pct"] == {"wait": 100.0, "long_sb": 0.0}
+    assert regions["mainloop"]["stall_share_pct"]["long_sb"] == round(100 * 40 / mainloop, 1)
+    (tmp_path / "bad.csv").write_text("nothing\n")
+    with pytest.raises(SystemExit, match="no SASS table"):
+        bench.summary(str(tmp_path / "bad.csv"))
