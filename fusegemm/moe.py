@@ -475,7 +475,9 @@ def _dswiglu_tile(recipe: str, index: int, f: int) -> tuple:
 # (tests/gpu/test_moe_layer_gpu.py, H100, 2026-12-06). Off: the graphed step with it was not
 # measurably faster (dsv3-32: 15.29 / 15.46 / 15.41 ms against 15.67 / 15.13 / 15.36 in three runs,
 # mixtral 14.58 against 14.78, dsv3-8 14.26 against 14.00; bench/results/moe_layer_h100_flags_*.json:
-# run-to-run noise of 2-3% hides its 0.7%), and its rule rests on tile invariants (_padding_unread).
+# run-to-run noise of 2-3% hides its 0.7%; a fourth run, 5 interleaved rounds of all four layers,
+# bench/results/moe_layer_h100_unzeroed_5rounds.json: 1% faster at dsv3-32 and mixtral, 6% at qwen3,
+# 2% slower at dsv3-8, as in the first runs), and its rule rests on tile invariants (_padding_unread).
 UNZEROED_PADDING = False
 
 
