@@ -46,6 +46,7 @@ def _weights(experts: int) -> None:
 
 
 def _methods(name, torch):
+    """(the case's methods by name, its source tensor, the bytes the kernel reads, its outputs)."""
     from fusegemm import quantize as qz
     from fusegemm.formats import torch_blockwise as bw
     _, shape, kind = CASES[name]
@@ -54,17 +55,17 @@ def _methods(name, torch):
     if kind == "fp8":
         hq, sh = bw.quantize_1x128(src)
         return ({"fusegemm": lambda: qz.requantize_wgrad(hq, sh),
-                 "torch": lambda: bw.quantize_wgrad(bw.dequantize_1x128(hq, sh).to(torch.bfloat16)), "source": hq},
-                hq.numel() + sh.numel() * 4, 1)
+                 "torch": lambda: bw.quantize_wgrad(bw.dequantize_1x128(hq, sh).to(torch.bfloat16))},
+                hq, hq.numel() + sh.numel() * 4, 1)
     if name.endswith("_both"):
         return ({"fusegemm": lambda: qz.quantize_both(src),
-                 "torch": lambda: (bw.quantize_1x128(src), bw.quantize_wgrad(src)), "source": src}, src.numel() * 2, 2)
+                 "torch": lambda: (bw.quantize_1x128(src), bw.quantize_wgrad(src))}, src, src.numel() * 2, 2)
     if name.endswith("_1x128"):
-        return ({"fusegemm": lambda: qz.quantize_1x128(src), "torch": lambda: bw.quantize_1x128(src), "source": src},
-                src.numel() * 2, 1)
+        return ({"fusegemm": lambda: qz.quantize_1x128(src), "torch": lambda: bw.quantize_1x128(src)},
+                src, src.numel() * 2, 1)
     return ({"fusegemm": lambda: qz.quantize_128x128(src, transposed=True),
-             "torch": lambda: (lambda q, s: ((q, s), bw.transposed_128x128(q, s)))(*bw.quantize_128x128(src)),
-             "source": src}, src.numel() * 2, 2)
+             "torch": lambda: (lambda q, s: ((q, s), bw.transposed_128x128(q, s)))(*bw.quantize_128x128(src))},
+            src, src.numel() * 2, 2)
 
 
 def _flat(result):
@@ -85,8 +86,7 @@ def bench_case(name: str, args) -> dict:
     import torch
 
     from fusegemm import quantize as qz
-    methods, read_bytes, copies = _methods(name, torch)
-    src = methods.pop("source")
+    methods, src, read_bytes, copies = _methods(name, torch)
     for also, kernels in also_small_kernels(qz, qz._SOURCES.values(), args, _BUILDS).items():
         methods[also] = with_small_kernels(qz, kernels, methods["fusegemm"])
     want = _flat(methods["torch"]())
