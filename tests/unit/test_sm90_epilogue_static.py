@@ -270,3 +270,19 @@ def test_bf16_inputs_unpack_without_permutes():
     assert Cubin(cub.data).resources(src.symbol).local_bytes == 0
     prmt = disasm.count_prefix(disasm.sass_histogram(cub.data), "PRMT")
     assert prmt < 32, prmt
+
+
+@pytest.mark.parametrize("coupling", [2, 1, 0])
+def test_bench_cluster_coupling_builds(coupling):
+    """bench/pingpong.py's cluster A/B (FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING): 2, the default, multicasts
+    B and releases stages to the peer CTA (a remote arrive); 1 keeps the remote releases and loads B per
+    CTA; 0 has neither. Each build must be what its timing is said to measure."""
+    if not disasm.available():
+        pytest.skip("nvdisasm is not installed")
+    extra = () if coupling == 2 else (f"-DFUSEGEMM_SM90_BENCH_CLUSTER_COUPLING={coupling}",)
+    _, cub = _compile("grouped_gemm", dict(tile_m=128, tile_n=256, cluster_m=2), extra)
+    h = disasm.sass_histogram(cub.data)
+    multicast = sum(n for op, n in h.items() if op.startswith("UTMALDG") and "MULTICAST" in op.split("."))
+    remote = sum(n for op, n in h.items() if op.startswith("SYNCS.ARRIVE") and "RED" in op.split("."))
+    assert (multicast > 0, remote > 0) == (coupling == 2, coupling >= 1), (coupling, multicast, remote)
+    assert disasm.count_prefix(h, "UTMALDG") > 0

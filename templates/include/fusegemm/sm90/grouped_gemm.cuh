@@ -170,6 +170,15 @@
 #define FUSEGEMM_SM90_COMPACT_ROW_ENDS 1
 #endif
 
+// Measurement only, the cluster kernel: 2 multicasts shared operands and releases each stage to
+// every CTA its multicasts reach (the protocol of fusegemm/cluster.cuh); 1 loads every operand
+// per CTA but keeps those releases (the coupling without the multicast); 0 loads per CTA and
+// releases its own stages only (a cluster launch with no coupling). Separates what a cluster
+// costs in the barrier protocol from what its multicast saves.
+#ifndef FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING
+#define FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING 2
+#endif
+
 
 namespace fusegemm {
 namespace sm90 {
@@ -505,7 +514,7 @@ struct GroupedGemmKernel {
       if (smem_u32(smem) % 1024 != 0) __trap();
       for (int s = 0; s < kStages; ++s) {
         mbar_init(&full[s], kFullArrivals);
-        mbar_init(&empty[s], kReleasesPerCta * geom.empty_count());
+        mbar_init(&empty[s], kReleasesPerCta * (FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING ? geom.empty_count() : 1u));
       }
       for (int s = 0; s < kTileRing; ++s) {
         mbar_init(&tile_full[s], 1);
@@ -567,7 +576,8 @@ struct GroupedGemmKernel {
                              p.n};
     // A is shared along cluster N (same M tile), B along cluster M when the block's M tiles
     // belong to one expert (ClusterTile::share_b).
-    const Share share_a{geom.a_group() > 1, geom.a_group(), geom.a_member(), geom.a_mask()};
+    const Share share_a{geom.a_group() > 1 && FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING == 2, geom.a_group(),
+                        geom.a_member(), geom.a_mask()};
     // Every M-grouped tile's k-blocks, hoisted out of the tile loop (K-grouped tiles take theirs
     // from k_range per tile); the M-grouped SASS is the one measured before K-grouping existed.
     const int k_blocks_all = kKGrouped ? 0 : k_range(p, 0).y;
@@ -798,7 +808,8 @@ struct GroupedGemmKernel {
   static __device__ void load_stage_sliced(const Params& p, uint8_t* smem, const Geom& geom, int stage,
                                            uint64_t* bar, const CUtensorMap* tmap_b, const Tile& t, int kb,
                                            const Share& share_a) {
-    const Share share_b{t.share_b && geom.b_group() > 1, geom.b_group(), geom.b_member(), geom.b_mask()};
+    const Share share_b{t.share_b && geom.b_group() > 1 && FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING == 2,
+                        geom.b_group(), geom.b_member(), geom.b_mask()};
     const int m0 = t.m_block * kTileM, n0 = t.n_block * kTileN, k0 = kb * kTileK;
     uint8_t* sa = smem + kOffA + stage * kABytes;
     uint8_t* sb = smem + kOffB + stage * kBBytes;
@@ -837,7 +848,9 @@ struct GroupedGemmKernel {
   // arrivals of a 2x2 cluster go out in parallel. Other kernels release per consumer warp.
   static constexpr int kReleasesPerCta = kClusters ? kStageWGs : 4 * kStageWGs;
   static __device__ void release_stage(uint64_t* empty_s, uint16_t mask, uint32_t me, int warp_in_group) {
-    if constexpr (kClusters) {
+    if constexpr (kClusters && !FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING) {
+      if (warp_in_group == 0) mbar_arrive(empty_s);   // (its own stage only: the A/B build above)
+    } else if constexpr (kClusters) {
       uint32_t m = mask;
       for (int j = 0; j < warp_in_group && m != 0; ++j) m &= m - 1;   // drop the first warp_in_group CTAs
       if (m != 0) {
