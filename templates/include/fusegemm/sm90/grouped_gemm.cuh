@@ -174,7 +174,11 @@
 // every CTA its multicasts reach (the protocol of fusegemm/cluster.cuh); 1 loads every operand
 // per CTA but keeps those releases (the coupling without the multicast); 0 loads per CTA and
 // releases its own stages only (a cluster launch with no coupling). Separates what a cluster
-// costs in the barrier protocol from what its multicast saves.
+// costs in the barrier protocol from what its multicast saves. H100, 2026-12-06 (bench/pingpong.py
+// --also, three rounds, bench/results/pingpong_h100_cluster_coupling.json), ping-pong 64 x 256 at
+// mixtral's routed shape: dSwiGLU (N-major B) 1x1 2.070 ms, 2x1 coupled without multicast 2.254,
+// with it 3.190; the plain GEMM (K-major B) 1.580 / 1.832 / 1.832. The coupling costs, and the
+// N-major chunks' multicast costs more: the layer runs 1x1 (README, "Ping-pong 64x256 with ...").
 #ifndef FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING
 #define FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING 2
 #endif
