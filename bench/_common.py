@@ -112,18 +112,31 @@ def watchdog(what: str, seconds: float, stop=os._exit):
         timer.cancel()
 
 
-def interleaved_ms(methods: dict, args, timer=time_ms) -> dict[str, float]:
+def interleaved_ms(methods: dict, args, timer=time_ms, rounds_out: dict | None = None) -> dict[str, float]:
     """Every method timed in each of ``args.rounds`` interleaved rounds; the median over all
     samples. Clocks and neighbours drift during a run, and interleaving keeps that drift out of
     the ratios. Each method's round runs under :func:`watchdog` (``args.hang_s``). ``timer``:
-    :func:`time_ms` (each call's latency) or :func:`queued_ms` (calls back to back)."""
-    samples: dict[str, list[float]] = {key: [] for key in methods}
+    :func:`time_ms` (each call's latency) or :func:`queued_ms` (calls back to back).
+    ``rounds_out``, when given, receives each method's per-round times (for paired ratios:
+    :func:`round_ratios`)."""
+    samples: dict[str, list[float]] = {key: [] for key in methods} if rounds_out is None else rounds_out
+    samples.update({key: [] for key in methods})
     hang_s = getattr(args, "hang_s", HANG_S)
     for r in range(args.rounds):
         for key, fn in methods.items():
             with watchdog(f"method {key!r} (round {r + 1})", hang_s):
                 samples[key].append(timer(fn, args.warmup, args.iters))
     return {key: statistics.median(v) for key, v in samples.items()}
+
+
+def round_ratios(rounds: dict[str, list[float]], num: str, den: str) -> dict[str, float]:
+    """The ratio rounds[num][r] / rounds[den][r] of each interleaved round (two methods timed side
+    by side in the same round share its clocks): their median, min and max, the spread a ratio of
+    medians hides (on a power-capped board the clocks move by more than a kernel's gain)."""
+    r = [a / b for a, b in zip(rounds[num], rounds[den])]
+    if not r:
+        raise ValueError(f"round_ratios: no rounds of {num!r} and {den!r}")
+    return {"median": statistics.median(r), "min": min(r), "max": max(r)}
 
 
 def _add_hang_argument(ap: argparse.ArgumentParser) -> None:

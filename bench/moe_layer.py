@@ -6,7 +6,10 @@ sorted by expert (``argsort``, ``index_select``), ``torch._grouped_mm`` for fc1 
 SwiGLU between them, and ``index_add_`` back into token order. Both read the same weights and
 routing logits. One step: ``y = layer(x, logits)``, ``y.backward(dy)`` (gradients of x, the
 logits and both weights). Times are CUDA-event medians over interleaved rounds; ``speedup`` is
-torch_ms / fusegemm_ms; peak memory is ``torch.cuda.max_memory_allocated`` over one step of each.
+torch_ms / fusegemm_ms, ``speedup_vs_torch_rounds`` each round's own ratio (median, min, max: the
+spread a clock-capped board puts between rounds; each ``--also`` variant's against the block likewise,
+``V_vs_fusegemm_rounds``, above 1 when the variant is faster); peak memory is
+``torch.cuda.max_memory_allocated`` over one step of each.
 Issue 33's target: >= 1.5x on these layers (``MoEBlock`` gathers and combines with one-pass
 permutation kernels, fusegemm/permute.py, each the other's backward; its GEMMs read permuted
 rows: ``fusegemm.moe.RoutedMLPFunction``, the gathered-operand variant, measured slower).
@@ -38,7 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from _common import interleaved_ms, kernel_table, run_layers
+from _common import interleaved_ms, kernel_table, round_ratios, run_layers
 
 # name: (experts, tokens, hidden, intermediate, top_k)
 LAYERS = {
@@ -218,7 +221,8 @@ def bench_layer(name: str, args) -> dict:
     eager = methods
     if args.graph:      # after the eager peaks: a graph's pool is allocated once, at capture
         methods = {key: _graphed(run) for key, run in methods.items()}
-    for key, ms in interleaved_ms(methods, args).items():
+    rounds: dict[str, list[float]] = {}
+    for key, ms in interleaved_ms(methods, args, rounds_out=rounds).items():
         row[f"{key}_ms"] = ms
     if args.host:
         for key, run in eager.items():
@@ -229,8 +233,11 @@ def bench_layer(name: str, args) -> dict:
         for key, run in (methods if args.graph else eager).items():
             row[f"{key}_kernels"] = kernel_table(run)
     row["speedup_vs_torch"] = row["torch_ms"] / row["fusegemm_ms"]
+    # Each round's own ratio (both timed under that round's clocks): the median and the range.
+    row["speedup_vs_torch_rounds"] = round_ratios(rounds, "torch", "fusegemm")
     for v in args.also:
         row[f"{v}_vs_torch"] = row["torch_ms"] / row[f"{v}_ms"]
+        row[f"{v}_vs_fusegemm_rounds"] = round_ratios(rounds, "fusegemm", v)
     torch.cuda.empty_cache()
     return row
 
@@ -311,7 +318,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"{ours['kernel_ms_per_step']:.2f} / {peer['kernel_ms_per_step']:.2f} ms, GPU idle "
                      f"{ours['idle_ms_per_step']:.2f} / {peer['idle_ms_per_step']:.2f} ms")
         also = "".join(f"  {v} {r[v + '_ms']:.2f} ms x{r[v + '_vs_torch']:.2f}" for v in args.also)
-        return (f"fusegemm {r['fusegemm_ms']:.2f} ms  torch {r['torch_ms']:.2f} ms  x{r['speedup_vs_torch']:.2f}  "
+        rr = r["speedup_vs_torch_rounds"]
+        return (f"fusegemm {r['fusegemm_ms']:.2f} ms  torch {r['torch_ms']:.2f} ms  x{r['speedup_vs_torch']:.2f} "
+                f"(rounds x{rr['min']:.2f}-{rr['max']:.2f})  "
                 f"peak {r['fusegemm_peak_gib']:.1f} / {r['torch_peak_gib']:.1f} GiB" + also + split)
     return run_layers(args, LAYERS, bench_layer, summary,
                       "MoE layer forward + backward step (routing, gather, expert MLP, combine) vs torch",

@@ -264,3 +264,19 @@ def test_ncu_regions_splits_the_samples_at_the_hgmmas_and_the_rule(tmp_path):
     (tmp_path / "bad.csv").write_text("nothing\n")
     with pytest.raises(SystemExit, match="no SASS table"):
         bench.summary(str(tmp_path / "bad.csv"))
+
+
+def test_round_ratios_pair_the_methods_round_by_round():
+    """interleaved_ms hands back each method's per-round times when asked, and round_ratios pairs
+    two methods within each round: a clock that drifts between rounds moves both, not their ratio."""
+    common = bench_module("_common")
+    clock = iter([10.0, 5.0, 20.0, 10.0, 12.0, 4.0])   # rounds: (a, b) = (10, 5), (20, 10), (12, 4)
+    rounds: dict = {}
+    args = argparse.Namespace(rounds=3, warmup=0, iters=1, hang_s=0)
+    med = common.interleaved_ms({"a": None, "b": None}, args, timer=lambda fn, w, i: next(clock),
+                                rounds_out=rounds)
+    assert rounds == {"a": [10.0, 20.0, 12.0], "b": [5.0, 10.0, 4.0]}
+    assert med == {"a": 12.0, "b": 5.0}
+    assert common.round_ratios(rounds, "a", "b") == {"median": 2.0, "min": 2.0, "max": 3.0}
+    with pytest.raises(ValueError, match="no rounds"):
+        common.round_ratios({"a": [], "b": []}, "a", "b")
