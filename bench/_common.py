@@ -119,14 +119,14 @@ def interleaved_ms(methods: dict, args, timer=time_ms, rounds_out: dict | None =
     :func:`time_ms` (each call's latency) or :func:`queued_ms` (calls back to back).
     ``rounds_out``, when given, receives each method's per-round times (for paired ratios:
     :func:`round_ratios`)."""
-    samples: dict[str, list[float]] = {key: [] for key in methods} if rounds_out is None else rounds_out
+    samples: dict[str, list[float]] = {} if rounds_out is None else rounds_out
     samples.update({key: [] for key in methods})
     hang_s = getattr(args, "hang_s", HANG_S)
     for r in range(args.rounds):
         for key, fn in methods.items():
             with watchdog(f"method {key!r} (round {r + 1})", hang_s):
                 samples[key].append(timer(fn, args.warmup, args.iters))
-    return {key: statistics.median(v) for key, v in samples.items()}
+    return {key: statistics.median(samples[key]) for key in methods}
 
 
 def round_ratios(rounds: dict[str, list[float]], num: str, den: str) -> dict[str, float]:
