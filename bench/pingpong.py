@@ -35,7 +35,9 @@ Every configuration's output is compared with the default's (``max_abs_diff_vs_d
 GEMM configurations accumulate each element in the same order, so 0 except for dprob's
 atomics), and the K-grouped peer's with the default's (torch._grouped_mm applies no alpha or
 prob to the plain GEMM: not compared). Reported: ms per configuration and each one's
-speed-up over the default (default_ms / ms).
+speed-up over the default (default_ms / ms), and that ratio per interleaved round
+(``speedup_vs_default_rounds``: median, min, max; a power-capped board's clocks move between
+rounds by more than many A/B switches gain).
 
     python bench/pingpong.py [--out bench/results/pingpong_h200.json] [--shapes gemm:dsv3-fc1,...]
 """
@@ -44,7 +46,7 @@ from __future__ import annotations
 import argparse
 
 from _common import (SHAPES, add_also_argument, add_run_arguments, also_builds, expert_sizes, interleaved_ms,
-                     nvrtc_defines, run)
+                     nvrtc_defines, round_ratios, run)
 
 WGRAD = {"dsv3-fc1-w": (8, 16384, 4096, 7168), "dsv3-fc2-w": (8, 16384, 7168, 2048),
          "dsv3-32-fc1-w": (32, 16384, 4096, 7168), "mixtral-fc1-w": (8, 16384, 28672, 4096),
@@ -191,10 +193,13 @@ def bench_shape(name: str, dist: str, args) -> dict:
         key: float((fn().float() - ref).abs().max()) for key, fn in methods.items()
         if key != DEFAULT and key not in skip}
     del ref
-    ms = interleaved_ms(methods, args)
+    rounds: dict[str, list[float]] = {}
+    ms = interleaved_ms(methods, args, rounds_out=rounds)
     row["ms"] = ms
     row["tflops"] = {key: flops / v / 1e9 for key, v in ms.items()}
     row["speedup_vs_default"] = {key: ms[DEFAULT] / v for key, v in ms.items() if key != DEFAULT}
+    # Each round's own ratio (the two builds under that round's clocks): median, min, max.
+    row["speedup_vs_default_rounds"] = {key: round_ratios(rounds, DEFAULT, key) for key in ms if key != DEFAULT}
     best = min((k for k in ms if k != "torch_grouped_mm"), key=ms.get)
     row["best_config"] = best
     if "torch_grouped_mm" in ms:

@@ -280,3 +280,22 @@ def test_round_ratios_pair_the_methods_round_by_round():
     assert common.round_ratios(rounds, "a", "b") == {"median": 2.0, "min": 2.0, "max": 3.0}
     with pytest.raises(ValueError, match="no rounds"):
         common.round_ratios({"a": [], "b": []}, "a", "b")
+
+
+def test_pingpong_reports_each_rounds_ratio_to_the_default(monkeypatch):
+    """bench/pingpong.py's row: the ratio of medians and, per configuration, the per-round ratio
+    against the default (the same round's default time over the configuration's)."""
+    torch = pytest.importorskip("torch")
+    bench = bench_module("pingpong")
+    out = torch.zeros(4)
+    methods = {bench.DEFAULT: lambda: out, "pp64x256": lambda: out}
+    monkeypatch.setattr(bench, "_gemm", lambda torch, shape, dist, args: (dict(methods), {}, 1e9, {}))
+    per_round = {bench.DEFAULT: [2.0, 4.0, 3.0], "pp64x256": [1.0, 4.0, 2.0]}
+
+    def fake_interleaved(ms, args, rounds_out=None):
+        rounds_out.update({k: list(per_round[k]) for k in ms})
+        return {k: sorted(v)[1] for k, v in per_round.items()}
+    monkeypatch.setattr(bench, "interleaved_ms", fake_interleaved)
+    row = bench.bench_shape("gemm:dsv3-fc1", "balanced", argparse.Namespace())
+    assert row["speedup_vs_default"] == {"pp64x256": 1.5}
+    assert row["speedup_vs_default_rounds"] == {"pp64x256": {"median": 1.5, "min": 1.0, "max": 2.0}}
