@@ -286,3 +286,23 @@ def test_bench_cluster_coupling_builds(coupling):
     remote = sum(n for op, n in h.items() if op.startswith("SYNCS.ARRIVE") and "RED" in op.split("."))
     assert (multicast > 0, remote > 0) == (coupling == 2, coupling >= 1), (coupling, multicast, remote)
     assert disasm.count_prefix(h, "UTMALDG") > 0
+
+
+@pytest.mark.parametrize("spec,axes", [
+    ("grouped_gemm_dswiglu_bf16", dict(tile_m=64, tile_n=256, b_major="n", cluster_m=2)),
+    ("grouped_gemm", dict(tile_m=128, tile_n=256, b_major="n", cluster_m=2, weight_mode="discrete")),
+], ids=["dswiglu_pp64_2x1", "discrete_128_2x1"])
+def test_cluster_n_major_b_in_k_halves(spec, axes):
+    """FUSEGEMM_SM90_CLUSTER_BMN_SPLIT_K=1 shares the cluster kernel's N-major B by K halves: the
+    tensor map's K box halves (the host reads it from the contract), every chunk's half is a load
+    of its own (twice the default's TMA loads of B), and nothing spills."""
+    src, cub = _compile(spec, axes)
+    _, split = _compile(spec, axes, ("-DFUSEGEMM_SM90_CLUSTER_BMN_SPLIT_K=1",))
+    base, half = Cubin(cub.data), Cubin(split.data)
+    assert (base.contract(src.symbol).box_b_outer, half.contract(src.symbol).box_b_outer) == (64, 32)
+    assert half.contract(src.symbol).box_b_inner == 64 and half.resources(src.symbol).local_bytes == 0
+    if not disasm.available():
+        pytest.skip("nvdisasm is not installed: the contract checked, the SASS not")
+    h0, h1 = disasm.sass_histogram(cub.data), disasm.sass_histogram(split.data)
+    loads = lambda h: sum(n for op, n in h.items() if op.startswith("UTMALDG"))   # noqa: E731
+    assert loads(h1) > loads(h0), (h0, h1)

@@ -182,6 +182,15 @@
 #ifndef FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING
 #define FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING 2
 #endif
+// The cluster kernel's N-major B (an A/B switch, not yet timed): 0 shares it by whole 64-column
+// chunks (member j of the share group issues chunks j, j + 2; the layout measured above); 1 by
+// K halves, as the sm_100a kernels and CUTLASS slice an MN-major operand: member j issues rows
+// 32 j .. 32 j + 31 of every chunk (4 KB boxes), so each CTA reads whole 512-byte row segments of
+// w2, as the 1x1 kernel does, where the chunk split hands each CTA alternate 128-byte pieces of
+// every segment. The tensor map's K box follows (kBoxBOuter, read by the host).
+#ifndef FUSEGEMM_SM90_CLUSTER_BMN_SPLIT_K
+#define FUSEGEMM_SM90_CLUSTER_BMN_SPLIT_K 0
+#endif
 
 
 namespace fusegemm {
@@ -385,7 +394,10 @@ struct GroupedGemmKernel {
   static_assert(kSliceRowsA % 8 == 0 && kSliceRowsB % 8 == 0, "slices are whole 8-row SW128 atoms");
   static constexpr int kBoxAInner = kAMn ? 64 : kTileK, kBoxAOuter = kGatherA ? 1 : kAMn ? kTileK : kSliceRowsA;
   static constexpr int kAChunks = kAMn ? kTileM / 64 : 1;  // A loads per stage
-  static constexpr int kBoxBInner = kBMn ? 64 : kTileK, kBoxBOuter = kGatherB ? 1 : kBMn ? kTileK : kSliceRowsB;
+  // (FUSEGEMM_SM90_CLUSTER_BMN_SPLIT_K: an N-major B of the cluster kernel in K halves.)
+  static constexpr bool kBMnSplitK = kBMn && kClusters && FUSEGEMM_SM90_CLUSTER_BMN_SPLIT_K;
+  static constexpr int kBoxBInner = kBMn ? 64 : kTileK,
+                       kBoxBOuter = kGatherB ? 1 : kBMnSplitK ? kTileK / kSlices : kBMn ? kTileK : kSliceRowsB;
   static constexpr int kBChunks = kBMn ? kTileN / 64 : 1;  // B loads per stage
   static constexpr int kSwizzleA = 128, kSwizzleB = 128;
   static constexpr int kTmaDtypeA = TmaDtype<ElementA>::value, kTmaDtypeB = TmaDtype<ElementB>::value;
@@ -826,14 +838,18 @@ struct GroupedGemmKernel {
         tma_load_2d_multicast(&p.tma_a, bar, dst, k0, m0 + i * kSliceRowsA, share_a.mask);
       }
     }
-    // K-major: slice i is rows n0 + i * kSliceRowsB of 64 K; N-major: chunk i (64 N x 64 K).
-    constexpr int kBParts = kBMn ? kBChunks : kSlices;
+    // K-major: slice i is rows n0 + i * kSliceRowsB of 64 K; N-major: chunk i (64 N x 64 K), or
+    // (kBMnSplitK) part i is K half i % kSlices of chunk i / kSlices, so that member j's parts are
+    // half j of every chunk.
+    constexpr int kBParts = kBMnSplitK ? kBChunks * kSlices : kBMn ? kBChunks : kSlices;
     static_assert(kBParts >= kSlices, "every member of a B share group loads a part of each stage");
+    constexpr int kHalfK = kTileK / kSlices;
 #pragma unroll
     for (int i = 0; i < kBParts; ++i) {
       if (share_b.shared && !share_b.issues_slice(i)) continue;
-      uint8_t* dst = kBMn ? sb + i * kMnChunkBytes : sb + i * kSliceRowsB * 128;
-      const int c0 = kBMn ? n0 + 64 * i : k0, c1 = kBMn ? k0 : n0 + i * kSliceRowsB;
+      const int chunk = kBMnSplitK ? i / kSlices : i, half = kBMnSplitK ? i % kSlices : 0;
+      uint8_t* dst = kBMn ? sb + chunk * kMnChunkBytes + half * kHalfK * 128 : sb + i * kSliceRowsB * 128;
+      const int c0 = kBMn ? n0 + 64 * chunk : k0, c1 = kBMn ? k0 + half * kHalfK : n0 + i * kSliceRowsB;
       if constexpr (Config::kDiscreteB) {
         if (share_b.shared) tma_load_2d_multicast(tmap_b, bar, dst, c0, c1, share_b.mask);
         else tma_load_2d(tmap_b, bar, dst, c0, c1);
