@@ -253,6 +253,10 @@ struct GroupedGemmKernel {
   static_assert(!kClusters || (!kKGrouped && !Config::kDynamicSched),
                 "clusters: M-grouped problems, static scheduling (the registry's limits)");
   static constexpr int kSlices = kClusters ? 2 : 1;
+  // FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING (measurement only): whether shared operands are
+  // multicast, and whether stages are released to the peers (else each CTA releases its own).
+  static constexpr bool kMulticasts = FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING == 2;
+  static constexpr bool kPeerReleases = FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING >= 1;
   static_assert(kMcSlices % kSlices == 0, "slices of a box");
   // Gathered A (above); K-grouped: gathered token rows of dY (kGatherA) and/or X (kGatherB).
   static constexpr bool kGatherA = gather_of<Config>(0);
@@ -530,7 +534,7 @@ struct GroupedGemmKernel {
       if (smem_u32(smem) % 1024 != 0) __trap();
       for (int s = 0; s < kStages; ++s) {
         mbar_init(&full[s], kFullArrivals);
-        mbar_init(&empty[s], kReleasesPerCta * (FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING ? geom.empty_count() : 1u));
+        mbar_init(&empty[s], kReleasesPerCta * (kPeerReleases ? geom.empty_count() : 1u));
       }
       for (int s = 0; s < kTileRing; ++s) {
         mbar_init(&tile_full[s], 1);
@@ -592,8 +596,7 @@ struct GroupedGemmKernel {
                              p.n};
     // A is shared along cluster N (same M tile), B along cluster M when the block's M tiles
     // belong to one expert (ClusterTile::share_b).
-    const Share share_a{geom.a_group() > 1 && FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING == 2, geom.a_group(),
-                        geom.a_member(), geom.a_mask()};
+    const Share share_a{geom.a_group() > 1 && kMulticasts, geom.a_group(), geom.a_member(), geom.a_mask()};
     // Every M-grouped tile's k-blocks, hoisted out of the tile loop (K-grouped tiles take theirs
     // from k_range per tile); the M-grouped SASS is the one measured before K-grouping existed.
     const int k_blocks_all = kKGrouped ? 0 : k_range(p, 0).y;
@@ -824,8 +827,8 @@ struct GroupedGemmKernel {
   static __device__ void load_stage_sliced(const Params& p, uint8_t* smem, const Geom& geom, int stage,
                                            uint64_t* bar, const CUtensorMap* tmap_b, const Tile& t, int kb,
                                            const Share& share_a) {
-    const Share share_b{t.share_b && geom.b_group() > 1 && FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING == 2,
-                        geom.b_group(), geom.b_member(), geom.b_mask()};
+    const Share share_b{t.share_b && geom.b_group() > 1 && kMulticasts, geom.b_group(), geom.b_member(),
+                        geom.b_mask()};
     const int m0 = t.m_block * kTileM, n0 = t.n_block * kTileN, k0 = kb * kTileK;
     uint8_t* sa = smem + kOffA + stage * kABytes;
     uint8_t* sb = smem + kOffB + stage * kBBytes;
@@ -868,7 +871,7 @@ struct GroupedGemmKernel {
   // arrivals of a 2x2 cluster go out in parallel. Other kernels release per consumer warp.
   static constexpr int kReleasesPerCta = kClusters ? kStageWGs : 4 * kStageWGs;
   static __device__ void release_stage(uint64_t* empty_s, uint16_t mask, uint32_t me, int warp_in_group) {
-    if constexpr (kClusters && !FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING) {
+    if constexpr (kClusters && !kPeerReleases) {
       if (warp_in_group == 0) mbar_arrive(empty_s);   // (its own stage only: the A/B build above)
     } else if constexpr (kClusters) {
       uint32_t m = mask;
