@@ -31,15 +31,20 @@ FEW_TILE_SHAPES = {
 }
 
 
-def expert_sizes(experts: int, tokens: int, dist: str, seed: int = 0) -> list[int]:
+def expert_tokens(experts: int, tokens: int, dist: str, seed: int = 0) -> list[float]:
+    """Each expert's share of ``tokens`` rows under ``dist`` (seeded): equal ("balanced"), uniform
+    random routing ("routed", whole rows), or a Dirichlet draw (any other name)."""
     import numpy as np
     if dist == "balanced":
-        raw = [tokens / experts] * experts
-    elif dist == "routed":   # uniform random routing, as the MoE layer benchmarks' random logits give
-        raw = list(np.random.default_rng(seed).multinomial(tokens, [1 / experts] * experts))
-    else:
-        raw = list(np.random.default_rng(seed).dirichlet(np.ones(experts)) * tokens)
-    return [int(-(-r // 256) * 256) for r in raw]
+        return [tokens / experts] * experts
+    if dist == "routed":   # uniform random routing, as the MoE layer benchmarks' random logits give
+        return [int(r) for r in np.random.default_rng(seed).multinomial(tokens, [1 / experts] * experts)]
+    return list(np.random.default_rng(seed).dirichlet(np.ones(experts)) * tokens)
+
+
+def expert_sizes(experts: int, tokens: int, dist: str, seed: int = 0) -> list[int]:
+    """:func:`expert_tokens` padded to multiples of 256 rows, as the MoE routing pads them."""
+    return [int(-(-r // 256) * 256) for r in expert_tokens(experts, tokens, dist, seed)]
 
 
 def time_ms(fn, warmup: int, iters: int) -> float:

@@ -27,6 +27,13 @@ Ops (``--shapes`` names ``op:shape``):
   (8 experts, hidden 7168, intermediate 2048), a qwen3-like one (32, 2048, 768) and mixtral's
   (8, 4096, 14336).
 
+``--row-ends`` (``--dists routed``) calls the fusegemm ops as the MoE layer does: with row ends
+(each expert's tokens inside its 256-row padded range, ``row_ends=``) and the padding rows of A,
+prob and C zero; the plain GEMM then runs on the layer's op (``EpilogueGemm`` on seed 001's spec).
+The padding's whole tiles are skipped; what is left of it is each expert's last tile
+(``bench/results/pingpong_h100_idle_padding.json``: a build that idled a cooperative warpgroup on its
+half of that tile when the half was all padding ran 0.69-1.01x the default's speed).
+
 ``--configs`` picks a subset of these (the default always runs); ``--also NAME=DEFINES``
 (repeatable) builds every picked configuration again with those NVRTC defines (a header's A/B
 switch), timed as CONFIG_NAME.
@@ -45,8 +52,8 @@ from __future__ import annotations
 
 import argparse
 
-from _common import (SHAPES, add_also_argument, add_run_arguments, also_builds, expert_sizes, interleaved_ms,
-                     nvrtc_defines, round_ratios, run)
+from _common import (SHAPES, add_also_argument, add_run_arguments, also_builds, expert_sizes, expert_tokens,
+                     interleaved_ms, nvrtc_defines, round_ratios, run)
 
 WGRAD = {"dsv3-fc1-w": (8, 16384, 4096, 7168), "dsv3-fc2-w": (8, 16384, 7168, 2048),
          "dsv3-32-fc1-w": (32, 16384, 4096, 7168), "mixtral-fc1-w": (8, 16384, 28672, 4096),
@@ -92,6 +99,21 @@ def _offsets(torch, sizes):
     return torch.tensor([sum(sizes[: i + 1]) for i in range(len(sizes))], dtype=torch.int32, device="cuda")
 
 
+def _row_ends(torch, args, experts, tokens, dist, sizes, *rows):
+    """With --row-ends: each expert's row end (int32, on the rows' device), the padding rows of ``rows``
+    (tensors whose first dimension is the problem's rows) zeroed; else None."""
+    if not args.row_ends:
+        return None
+    if dist != "routed":
+        raise SystemExit(f"--row-ends: got --dists {dist}; allowed: routed (the layer's padding)")
+    counts = expert_tokens(experts, tokens, dist)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    for t in rows:
+        for s, c, z in zip(starts, counts, sizes):
+            t[s + c: s + z].zero_()
+    return torch.tensor([s + c for s, c in zip(starts, counts)], dtype=torch.int32, device=rows[0].device)
+
+
 def _gemm(torch, shape, dist, args):
     from fusegemm.presets import GroupedGemm
     experts, tokens, n, k = GEMM[shape]
@@ -104,8 +126,15 @@ def _gemm(torch, shape, dist, args):
     alpha = torch.rand((experts,), generator=g, device="cuda") + 0.5
     prob = torch.rand((m, 1, 1), generator=g, device="cuda")
     b_view = b.permute(1, 2, 0)
+    ends = _row_ends(torch, args, experts, tokens, dist, sizes, a, prob)
 
     def config(tm, tn, extra, cm=1):
+        if ends is not None:   # the layer's op: EpilogueGemm on seed 001's spec, with row ends
+            from fusegemm import EpilogueGemm
+            ins = {"alpha": alpha, "prob": prob[:, 0, 0]}
+            cl = {"cluster_m": cm} if cm != 1 else {}
+            eop = _build(lambda: EpilogueGemm("grouped_gemm", tile_m=tm, tile_n=tn, **cl).compile(), extra)
+            return lambda: eop(a[..., 0], off, b, inputs=ins, row_ends=ends)["d"]
         d = torch.empty((m, n, 1), dtype=torch.bfloat16, device="cuda")
         cl = {"cluster_shape_mn": (cm, 1)} if cm != 1 else {}
         op = _build(lambda: GroupedGemm(a, None, d, off, alpha, b_view, None, prob, mma_tiler_mn=(tm, tn),
@@ -131,10 +160,12 @@ def _wgrad(torch, shape, dist, args):
     dy = torch.randn(t, mm, generator=g, device="cuda").bfloat16()
     x = torch.randn(t, n, generator=g, device="cuda").bfloat16()
     off = _offsets(torch, sizes)
+    ends = _row_ends(torch, args, experts, tokens, dist, sizes, dy, x)
+    kw = {"row_ends": ends} if ends is not None else {}
 
     def config(tm, tn, extra, cm=1):
         op = _build(lambda: KGroupedGemm("grouped_gemm_wgrad", tile_m=tm, tile_n=tn).compile(), extra)
-        return lambda: op(dy, x, off)["d"]
+        return lambda: op(dy, x, off, **kw)["d"]
     methods = _methods(config, args, clusters=False)   # (the K-grouped spec has no clusters)
     methods["torch_grouped_mm"] = lambda: torch._grouped_mm(dy.t(), x, offs=off)
     return methods, {}, 2.0 * t * mm * n, {"experts": experts, "tokens": t, "m": mm, "n": n}
@@ -169,11 +200,16 @@ def fused_problem(torch, op_name, shape, dist):
 def _fused(torch, op_name, shape, dist, args):
     from fusegemm import EpilogueGemm
     spec, axes, a, off, b, inputs, m, n, k = fused_problem(torch, op_name, shape, dist)
+    experts, tokens = LAYERS[shape][:2]
+    sizes = expert_sizes(experts, tokens, dist)
+    zeroed = [a, inputs["prob"]] + ([inputs["c"]] if "c" in inputs else [])
+    ends = _row_ends(torch, args, experts, tokens, dist, sizes, *zeroed)
+    kw = {"row_ends": ends} if ends is not None else {}
 
     def config(tm, tn, extra, cm=1):
         cl = {"cluster_m": cm} if cm != 1 else {}
         op = _build(lambda: EpilogueGemm(spec, tile_m=tm, tile_n=tn, **cl, **axes).compile(), extra)
-        return lambda: op(a, off, b, inputs=inputs)["d"]
+        return lambda: op(a, off, b, inputs=inputs, **kw)["d"]
     methods = _methods(config, args)
     return methods, {}, 2.0 * m * n * k, {"experts": LAYERS[shape][0], "rows": m, "n": n, "k": k}
 
@@ -221,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS),
                     help=f"comma list of {', '.join(CONFIGS)} ({DEFAULT} always runs)")
     add_also_argument(ap)
+    ap.add_argument("--row-ends", action="store_true",
+                    help="(--dists routed) the ops get the layer's row ends and zero padding rows")
     args = ap.parse_args(argv)
     picked = [c for c in args.configs.split(",") if c]
     unknown = [c for c in picked if c not in CONFIGS]
@@ -232,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
               "default": DEFAULT,
               "configs": {k: {"tile": v[:2], "nvrtc_extra": v[2], "cluster_m": v[3]}
                           for k, v in CONFIGS.items() if k in args.picked},
-              "also": dict(args.also_pairs)}
+              "also": dict(args.also_pairs), "row_ends": args.row_ends}
     return run(args, bench_shape, _summary, header, shapes=ALL)
 
 

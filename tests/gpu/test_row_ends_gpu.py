@@ -4,7 +4,9 @@ expert's row end. Every row of a tile that holds a token equals the op without r
 bit; the rows of the other tiles come back zero (the tail kernel zeroes them before the launch);
 the K-grouped result is unchanged where the padding rows are zero, as an MoE layer's are.
 Ragged experts, an empty one, row ends on a tile boundary and inside a tile; 160 experts over
-several bands of the raster; row ends outside their expert's range (clamped to it)."""
+several bands of the raster; row ends outside their expert's range (clamped to it). The cluster
+kernel runs every tile (no compacted walk); its tiles past the row end come back zero from the zero
+rows."""
 from __future__ import annotations
 
 import pytest
@@ -51,7 +53,8 @@ PROBLEMS = {"ragged": (TOKENS, None), "many": (_many(), None), "outside": (TOKEN
 @pytest.mark.parametrize("problem", list(PROBLEMS))
 @pytest.mark.parametrize("axes", [dict(tile_m=128, tile_n=256), dict(tile_m=64, tile_n=128),
                                   dict(tile_m=128, tile_n=256, scheduler="dynamic"),
-                                  dict(tile_m=128, tile_n=256, a_gather=True)],
+                                  dict(tile_m=128, tile_n=256, a_gather=True),
+                                  dict(tile_m=128, tile_n=256, cluster_m=2)],
                          ids=lambda a: ".".join(map(str, a.values())))
 def test_grouped_tiles_past_the_row_end_are_skipped_and_zero(axes, problem):
     tokens, shift = PROBLEMS[problem]

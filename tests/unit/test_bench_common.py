@@ -299,3 +299,29 @@ def test_pingpong_reports_each_rounds_ratio_to_the_default(monkeypatch):
     row = bench.bench_shape("gemm:dsv3-fc1", "balanced", argparse.Namespace())
     assert row["speedup_vs_default"] == {"pp64x256": 1.5}
     assert row["speedup_vs_default_rounds"] == {"pp64x256": {"median": 1.5, "min": 1.0, "max": 2.0}}
+
+
+def test_pingpong_row_ends_zero_the_padding_as_the_layer_does():
+    """--row-ends: each expert's row end is where its routed tokens end inside its 256-row padded
+    range, and the padding rows of every operand passed are zeroed (the ops' contract); the other
+    dists and the flag off leave the operands alone."""
+    torch = pytest.importorskip("torch")
+    bench = bench_module("pingpong")
+    common = bench_module("_common")
+    experts, tokens = 4, 1000
+    counts = common.expert_tokens(experts, tokens, "routed")
+    sizes = common.expert_sizes(experts, tokens, "routed")
+    assert sum(counts) == tokens and all(s % 256 == 0 and s >= c for s, c in zip(sizes, counts))
+    a, prob = torch.ones(sum(sizes), 3), torch.ones(sum(sizes))
+    args = argparse.Namespace(row_ends=True)
+    ends = bench._row_ends(torch, args, experts, tokens, "routed", sizes, a, prob)
+    starts = [sum(sizes[:i]) for i in range(experts)]
+    assert ends.dtype == torch.int32 and ends.tolist() == [s + c for s, c in zip(starts, counts)]
+    keep = torch.zeros(sum(sizes), dtype=torch.bool)
+    for s, c in zip(starts, counts):
+        keep[s: s + c] = True
+    assert bool((a[keep] == 1).all()) and bool((a[~keep] == 0).all()) and bool((prob[~keep] == 0).all())
+    assert int((~keep).sum()) == sum(sizes) - tokens
+    assert bench._row_ends(torch, argparse.Namespace(row_ends=False), experts, tokens, "routed", sizes, a) is None
+    with pytest.raises(SystemExit, match="--row-ends"):
+        bench._row_ends(torch, args, experts, tokens, "balanced", sizes, a)

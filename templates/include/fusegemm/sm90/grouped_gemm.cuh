@@ -182,12 +182,14 @@
 #ifndef FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING
 #define FUSEGEMM_SM90_BENCH_CLUSTER_COUPLING 2
 #endif
-// The cluster kernel's N-major B (an A/B switch, not yet timed): 0 shares it by whole 64-column
+// The cluster kernel's N-major B (an A/B switch): 0 shares it by whole 64-column
 // chunks (member j of the share group issues chunks j, j + 2; the layout measured above); 1 by
 // K halves, as the sm_100a kernels and CUTLASS slice an MN-major operand: member j issues rows
 // 32 j .. 32 j + 31 of every chunk (4 KB boxes), so each CTA reads whole 512-byte row segments of
 // w2, as the 1x1 kernel does, where the chunk split hands each CTA alternate 128-byte pieces of
-// every segment. The tensor map's K box follows (kBoxBOuter, read by the host).
+// every segment. The tensor map's K box follows (kBoxBOuter, read by the host). H100, 2026-12-06
+// (bench/results/pingpong_h100_cluster_ksplit.json, bit-equal): 1 ran the 2x1 ping-pong dSwiGLU
+// 1.40x slower than 0 (mixtral 4.274 against 3.054 ms; 1x1 1.939), so 0 stays.
 #ifndef FUSEGEMM_SM90_CLUSTER_BMN_SPLIT_K
 #define FUSEGEMM_SM90_CLUSTER_BMN_SPLIT_K 0
 #endif
