@@ -27,6 +27,10 @@ problem order (the >= 0.95x baseline).
 
 Outputs of each gathered or scattered kernel and its plain run are checked bit-equal before timing.
 
+``--stored`` adds ``gathered_stored``: the gathered kernel storing the rows it gathered as well
+(``a_gather_store=True``: ``a_rows``, the rows a weight gradient reads next), against
+``gather_then_gemm`` (which writes the same rows) and ``gathered``.
+
 ``--wgrad-swapped`` adds the weight gradient with the roles swapped (dW1^T = X^T dG: X gathered as A,
 ``wgrad_swapped_gathered``, against ``wgrad_swapped_pre_permuted``), and the layer's candidate:
 the same gathered kernel storing D M-major (``cd_major="m"``: D_e^T, so dW1 lands as (L, 2F, H)
@@ -138,6 +142,14 @@ def bench_layer(name: str, args) -> dict:
         swapped_dt_diff = ((dw_dt - dw_ref).norm() / dw_ref.norm().clamp(min=1e-30)).item()
         methods["wgrad_swapped_dt_gathered"] = lambda: sdt(x, dg, r.padded_offsets, dy_index=idx)
         methods["wgrad_swapped_dt_pre_permuted"] = lambda: pdt(rows, dg, r.padded_offsets)   # the store's own cost
+    if args.stored:
+        # The gathered kernel storing the rows it gathered (a_gather_store: a_rows, what a weight
+        # gradient reads next), against the gather kernel followed by the GEMM, which writes them too.
+        st = Op("grouped_gemm", a_gather=True, a_gather_store=True, **axes)
+        o = st(x, r.padded_offsets, w, a_index=idx, inputs=ins)
+        stored_equal = torch.equal(o["d"], plain(rows, r.padded_offsets, w, inputs=ins)["d"]) and torch.equal(
+            o["a_rows"], rows)
+        methods["gathered_stored"] = lambda: st(x, r.padded_offsets, w, a_index=idx, inputs=ins)
     for tag, defines in args.also_pairs:   # the gathered and scattered ops built again (A/B switches)
         with nvrtc_defines(defines):
             g_also = Op("grouped_gemm", a_gather=True, **axes).compile()
@@ -168,6 +180,11 @@ def bench_layer(name: str, args) -> dict:
         # The M-major store against the N-major one, both on pre-permuted rows.
         row["wgrad_swapped_dt_store_vs_n_major"] = (row["wgrad_swapped_pre_permuted_ms"] /
                                                     row["wgrad_swapped_dt_pre_permuted_ms"])
+    if args.stored:
+        row["gathered_stored_equals_pre_permuted_and_rows"] = stored_equal
+        row["gathered_stored_vs_gather_then_gemm"] = row["gather_then_gemm_ms"] / row["gathered_stored_ms"]
+        row["gathered_stored_vs_pre_permuted"] = row["pre_permuted_ms"] / row["gathered_stored_ms"]
+        row["gathered_stored_vs_gathered"] = row["gathered_ms"] / row["gathered_stored_ms"]
     for tag, _ in args.also_pairs:
         row[f"gathered_{tag}_vs_pre_permuted"] = row["pre_permuted_ms"] / row[f"gathered_{tag}_ms"]
         row[f"scattered_{tag}_vs_fc2"] = row["fc2_ms"] / row[f"scattered_{tag}_ms"]
@@ -180,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     add_also_argument(ap)
     ap.add_argument("--wgrad-swapped", action="store_true",
                     help="also time the weight gradient with X gathered on the M side (dW1^T = X^T dG)")
+    ap.add_argument("--stored", action="store_true",
+                    help="also time the gathered GEMM storing the rows it gathered (a_gather_store)")
     args = ap.parse_args(argv)
     args.also_pairs = also_builds(args)
     return run_layers(args, LAYERS, bench_layer,

@@ -27,7 +27,9 @@ and cProfile's top functions by own time.
 ``--also block-no-ends,routed,routed-no-ends,routed-gathered,routed-gathered-swapped`` times, in the
 same rounds, the block without the routing's row ends and the same layer through
 ``fusegemm.moe.RoutedMLPFunction`` (with the row ends, without them, with gathered loads as well,
-and with fc1's weight gradient swapped, ``moe.SWAPPED_WGRAD``: X gathered as A, D stored M-major):
+and with fc1's weight gradient swapped, ``moe.SWAPPED_WGRAD``: X gathered as A, D stored M-major;
+``routed-stored``: fc1 and the dSwiGLU GEMM gather their rows and store them for the weight gradients,
+``moe.STORED_GATHERS``; ``routed-stored-forward``: fc1 only):
 ``<variant>_ms``, its speedup over torch and its largest difference from the block's output.
 ``--also token-order`` times the block with its gathers in token order (``routing.TOKEN_ORDER``),
 ``--also unzeroed-padding`` with its GEMMs' unwritten padding rows left unzeroed
@@ -98,10 +100,10 @@ class RoutedLayer:
     """``block``'s layer through ``RoutedMLPFunction`` (the permutation and padding inside the
     GEMMs); ``ends``: pass the routing's row ends; ``gathered``: ``moe.GATHERED_LOADS`` for the call
     (set around forward and backward by :func:`bench_layer`'s step); ``swapped``:
-    ``moe.SWAPPED_WGRAD`` likewise."""
+    ``moe.SWAPPED_WGRAD`` likewise, ``stored``: ``moe.STORED_GATHERS``."""
 
-    def __init__(self, block, ends: bool, gathered: bool, swapped: bool = False):
-        self.block, self.ends, self.gathered, self.swapped = block, ends, gathered, swapped
+    def __init__(self, block, ends: bool, gathered: bool, swapped: bool = False, stored: bool | str = False):
+        self.block, self.ends, self.gathered, self.swapped, self.stored = block, ends, gathered, swapped, stored
 
     def __call__(self, x, logits):
         from fusegemm.moe import RoutedMLPFunction
@@ -132,18 +134,21 @@ VARIANTS = {"block-no-ends": BlockNoEnds, "fp8-block": fp8_block_layer, "token-o
             "routed": lambda b: RoutedLayer(b, ends=True, gathered=False),
             "routed-no-ends": lambda b: RoutedLayer(b, ends=False, gathered=False),
             "routed-gathered": lambda b: RoutedLayer(b, ends=True, gathered=True),
-            "routed-gathered-swapped": lambda b: RoutedLayer(b, ends=True, gathered=True, swapped=True)}
+            "routed-gathered-swapped": lambda b: RoutedLayer(b, ends=True, gathered=True, swapped=True),
+            "routed-stored": lambda b: RoutedLayer(b, ends=True, gathered=False, stored=True),
+            "routed-stored-forward": lambda b: RoutedLayer(b, ends=True, gathered=False, stored="forward")}
 
 
 @contextlib.contextmanager
 def _loads(layer):
-    """``moe.GATHERED_LOADS``, ``moe.SWAPPED_WGRAD``, ``moe.UNZEROED_PADDING`` and
+    """``moe.GATHERED_LOADS``, ``moe.SWAPPED_WGRAD``, ``moe.STORED_GATHERS``, ``moe.UNZEROED_PADDING`` and
     ``routing.TOKEN_ORDER`` as ``layer`` asks (a RoutedLayer's ``gathered`` and ``swapped``, a
     TokenOrder's ``token_order``, an UnzeroedPadding's ``unzeroed``; what a layer does not name
     keeps the module's value), restored after."""
     import fusegemm.moe as moe
     import fusegemm.routing as routing
     switches = {(moe, "GATHERED_LOADS"): "gathered", (moe, "SWAPPED_WGRAD"): "swapped",
+                (moe, "STORED_GATHERS"): "stored",
                 (routing, "TOKEN_ORDER"): "token_order", (moe, "UNZEROED_PADDING"): "unzeroed"}
     before = {key: getattr(*key) for key in switches}
     for (mod, name), attr in switches.items():   # (a layer that names none: the modules' defaults)

@@ -846,6 +846,17 @@ GATHERED_LOADS = False
 # b_gather ran 1.00x and 0.84x in the same run (bench/results/gathered_h100_swapped.json; the
 # M-major store itself 1.01x and 0.90x of the N-major one).
 SWAPPED_WGRAD = False
+# Stored gathers (a_gather_store): fc1 reads x's token rows through the index and stores the rows it
+# gathered (the op's a_rows, in problem order), and the backward's dSwiGLU GEMM does the same for dy;
+# the weight gradients read the stored rows, so no permutation kernel runs and no GEMM reads gathered
+# K-grouped operands (the slow gathered mode). Takes precedence over GATHERED_LOADS. "forward": fc1's
+# only (the backward permutes dy with the gather kernel). Bit-equal to the permuted path
+# (tests/gpu/test_moe_layer_gpu.py); off: on an H100 (2026-12-06, bench/moe_layer.py --graph, same
+# rounds, bench/results/moe_layer_h100_stored*.json) the step ran 0.92-0.93x (dsv3, 32 experts)
+# and 0.97-1.02x (mixtral) of the block's, fc1 only 1.00x / 0.96x: at 32 experts the gathered fc1 took
+# 3.19-3.32 ms against 2.80 on permuted rows and the gathered ping-pong dSwiGLU 2.71 against 1.63,
+# more than the 0.66 ms of gathers saved.
+STORED_GATHERS: bool | str = False
 
 
 class RoutedMLPFunction(torch.autograd.Function):
@@ -856,7 +867,9 @@ class RoutedMLPFunction(torch.autograd.Function):
     same way, and neither x nor the output gradient is permuted into (R, H) rows (without it,
     both are, by the one-pass gather kernel; in token order with ``routing.TOKEN_ORDER``). With
     ``SWAPPED_WGRAD`` as well, fc1's weight gradient reads x as A instead (the module's note on
-    it). Every GEMM takes the routing's ``row_ends`` and skips the tiles (and K-grouped k-blocks)
+    it). With ``STORED_GATHERS`` fc1 and the dSwiGLU GEMM gather their token rows and store them
+    (``a_gather_store``), and both weight gradients read the stored rows. Every GEMM takes the
+    routing's ``row_ends`` and skips the tiles (and K-grouped k-blocks)
     of the 256-row padding. Output: (T, H), each token's
     sum over its k expert rows (fusegemm/permute.py's combine), equal to :class:`ExpertMLPFunction`
     on the gathered rows followed by :func:`fusegemm.routing.combine` (the same kernels on the
@@ -896,9 +909,13 @@ class RoutedMLPFunction(torch.autograd.Function):
         dev = x.device.index or 0
         idx = token_of_row.to(torch.int32)
         ones = torch.ones(w1.shape[0], device=x.device)
-        fc1 = _gather_op("grouped_gemm_swiglu", dev, a_gather=GATHERED_LOADS, d_dtype="bfloat16", generate_c=True,
-                         c_dtype="bfloat16")
-        if GATHERED_LOADS:
+        stored = bool(STORED_GATHERS)
+        fc1 = _gather_op("grouped_gemm_swiglu", dev, a_gather=GATHERED_LOADS or stored, d_dtype="bfloat16",
+                         generate_c=True, c_dtype="bfloat16", **({"a_gather_store": True} if stored else {}))
+        if stored:   # the rows fc1 gathered, kept for fc1's weight gradient in place of x
+            out = fc1(x, padded_offsets, w1, a_index=idx, row_ends=row_ends, inputs={"alpha": ones, "prob": prob})
+            x = out["a_rows"]
+        elif GATHERED_LOADS:
             out = fc1(x, padded_offsets, w1, a_index=idx, row_ends=row_ends, inputs={"alpha": ones, "prob": prob})
         else:   # x's rows permuted first (kept for fc1's weight gradient in place of x)
             x = _token_rows(x, token_of_row, row_of)
@@ -906,7 +923,7 @@ class RoutedMLPFunction(torch.autograd.Function):
         g, h = out["c"], out["d"]
         y = _gather_op("grouped_gemm", dev)(h, padded_offsets, w2, row_ends=row_ends, inputs={"alpha": ones})["d"]
         ctx.save_for_backward(x, idx, token_of_row, row_of, padded_offsets, row_ends, prob, w1, w2, g, h)
-        ctx.wgrad = wgrad
+        ctx.wgrad, ctx.stored = wgrad, STORED_GATHERS is True
         return _sum_rows(y, row_of)
 
     @staticmethod
@@ -917,13 +934,19 @@ class RoutedMLPFunction(torch.autograd.Function):
         dev = x.device.index or 0
         ones = torch.ones(w1.shape[0], device=x.device)
         # dy (T, H): read through idx (padding rows: -1, zeros), or permuted first
-        dy = dy.to(x.dtype).contiguous() if GATHERED_LOADS else _token_rows(dy.to(x.dtype), token_of_row, row_of)
-        through = {"a_index": idx} if GATHERED_LOADS else {}
+        stored = ctx.stored
+        gathered = GATHERED_LOADS and not stored
+        dy = (dy.to(x.dtype).contiguous() if gathered or stored
+              else _token_rows(dy.to(x.dtype), token_of_row, row_of))
+        through = {"a_index": idx} if gathered or stored else {}
         b2, major2 = weight_as_b(w2)
-        dsw = _gather_op("grouped_gemm_dswiglu_bf16", dev, a_gather=GATHERED_LOADS, b_major=major2,
-                         **dict(_dswiglu_tile("bf16", dev, g.shape[1] // 2)))
+        dsw = _gather_op("grouped_gemm_dswiglu_bf16", dev, a_gather=gathered or stored, b_major=major2,
+                         **dict(_dswiglu_tile("bf16", dev, g.shape[1] // 2)),
+                         **({"a_gather_store": True} if stored else {}))
         out = dsw(dy, off, b2, row_ends=ends, inputs={"alpha": ones, "prob": prob, "c": g}, **through)
         dg, dprob = out["d"], out["dprob"]
+        if stored:
+            dy = out["a_rows"]   # the rows the dSwiGLU GEMM gathered, for fc2's weight gradient
         b1, major1 = weight_as_b(w1)
         dx = _sum_rows(_gather_op("grouped_gemm", dev, b_major=major1)(dg, off, b1, row_ends=ends,
                                                                        inputs={"alpha": ones})["d"], row_of)
@@ -937,13 +960,13 @@ class RoutedMLPFunction(torch.autograd.Function):
             a = _token_rows(a, token_of_row, row_of) if a_gathered else a
             b = _token_rows(b, token_of_row, row_of) if b_gathered else b
             return grouped_wgrad(a, b, off, ctx.wgrad).to(like.dtype)
-        if GATHERED_LOADS and SWAPPED_WGRAD and ctx.wgrad != "torch" and _kgrouped_fits(x.shape[1], dg.shape[1],
-                                                                                        g.shape[0], dev):
+        if gathered and SWAPPED_WGRAD and ctx.wgrad != "torch" and _kgrouped_fits(x.shape[1], dg.shape[1],
+                                                                                  g.shape[0], dev):
             op = _gather_op("grouped_gemm_wgrad", dev, a_gather=True, cd_major="m")
             dw1 = op(x, dg, off, row_ends=ends, dy_index=idx)["d"].to(w1.dtype)
         else:
-            dw1 = wgrad(dg, x, w1, False, GATHERED_LOADS)
-        dw2 = wgrad(dy, h, w2, GATHERED_LOADS, False)
+            dw1 = wgrad(dg, x, w1, False, gathered)
+        dw2 = wgrad(dy, h, w2, gathered, False)
         return dx, None, None, None, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None
 
 

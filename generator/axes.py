@@ -65,6 +65,8 @@ AXES: dict[str, Axis] = {a.name: a for a in (
     Axis("b_major", ("k", "n"), "B contiguous dimension"),
     Axis("a_gather", None, "gathered A: problem row r reads row a_index[r] of A (K-grouped: dY's token rows)",
          "bool"),
+    Axis("a_gather_store", None, "gathered A stored as well: the rows the kernel gathered, in problem order, an "
+         "output a_rows (M, K)", "bool"),
     Axis("b_gather", None, "K-grouped, gathered X: token row t reads row b_index[t] of X", "bool"),
     Axis("d_scatter", None, "scattered outputs: problem row r's C and D rows are written to row d_index[r] of "
          "(d_rows, N) outputs", "bool"),
@@ -90,7 +92,8 @@ AXES: dict[str, Axis] = {a.name: a for a in (
 NEUTRAL: dict[str, Any] = {
     "ab_dtype": "bfloat16", "sf_dtype": "none", "sf_vec_size": 0, "c_dtype": "none",
     "d_dtype": "none", "bias_dtype": "none", "prob_dtype": "float32", "weight_mode": "dense", "a_major": "k",
-    "b_major": "k", "a_gather": False, "b_gather": False, "d_scatter": False, "cd_major": "n", "scheduler": "static",
+    "b_major": "k", "a_gather": False, "a_gather_store": False, "b_gather": False, "d_scatter": False,
+    "cd_major": "n", "scheduler": "static",
     "generate_c": False,
     "generate_dbias": False, "discrete_col_sfd": False, "sfd_vec_size": 32, "sfd_pow2": False, "vector_f32": False,
     "tanh_clamp_scale": "none",

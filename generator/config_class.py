@@ -13,8 +13,8 @@ from . import registry
 
 
 # The operand modes a class records (ConfigClass.operands), in slug order, and their words.
-_OPERAND_WORDS = {"a_gather": "gathered A", "b_gather": "gathered B", "d_scatter": "scattered outputs",
-                  "d_m_major": "M-major D"}
+_OPERAND_WORDS = {"a_gather": "gathered A", "a_gather_store": "gathered A stored", "b_gather": "gathered B",
+                  "d_scatter": "scattered outputs", "d_m_major": "M-major D"}
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ class ConfigClass:
         ``dense`` or ``discrete`` (per-expert pointers).
     operands : tuple of str
         The operand modes that change the loads or the stores: ``a_gather`` (A's rows through an
-        index), ``b_gather`` (the K-grouped X's token rows through an index) and ``d_scatter``
+        index), ``a_gather_store`` (those rows stored as well, the op's ``a_rows``), ``b_gather``
+        (the K-grouped X's token rows through an index) and ``d_scatter``
         (C and D rows stored through an index), ``d_m_major`` (the K-grouped kernel's D_e^T,
         ``cd_major`` m: stored column by column); empty for whole rows.
     """

@@ -210,11 +210,18 @@ _SM100_SCALED_GATHER = (
     *_SM100_GATHER,   # (its clusters: none for the 1-CTA tiles above)
 )
 
+# Gathered A stored as well (a_gather_store: output a_rows, the gathered rows in problem order):
+# the sm_90a kernel's consumers store each A stage of a tile's first N block through tma_a with a
+# TMA store (fusegemm/sm90/grouped_gemm.cuh kStoreA), so that a weight gradient reads the rows
+# without a permutation kernel. The sm_100a kernel's gather4 stages are not stored yet.
+_SM100_NO_GATHER_STORE = Limit("a_gather_store", (False,), "storing the gathered A rows (a_rows) is the sm_90a "
+                                                           "kernel's; sm_100a gathers A without storing it")
+
 _SM100_ROWS = (
     _row("grouped", "sm_100a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
          "GroupedGemmKernel", _GROUPED_BF16 + _VECTOR_F32,
          rule=SPEC_RULE,
-         limits=(*_SM100_GATHER, _NO_GATHER_B, _SFD_MX_ONLY, _NO_STREAM_K)),
+         limits=(*_SM100_GATHER, _NO_GATHER_B, _SFD_MX_ONLY, _NO_STREAM_K, _SM100_NO_GATHER_STORE)),
     # The tcgen05 kernel with per-tile K ranges (Config::kKGrouped): no Blackwell GPU has run it
     # (executed=False: its first launch runs the family's selftest cases on the device,
     # fusegemm/verify.py).
@@ -278,6 +285,11 @@ _SM90_STREAM_K = _no_clusters("stream-K splits a tile's k-blocks between CTAs: n
 # kernel's sliced multicast loads have no such path.
 _SM90_GATHER = _no_clusters("gathered A loads rows per CTA: no clusters", when=(("a_gather", True),))
 
+# Gathered A stored as well (a_gather_store, the op's a_rows): a whole tile's consumer stores its A
+# stages by their k-block; a stream-K piece holds part of a tile's k-blocks (not written).
+_SM90_GATHER_STORE = Limit("scheduler", ("static", "dynamic"), "storing the gathered A rows (a_gather_store) "
+                           "takes whole tiles: not the stream-K remainder", when=(("a_gather_store", True),))
+
 # The two consumer warpgroups of the BF16 kernel (fusegemm/sm90/grouped_gemm.cuh) and of the
 # blockwise kernel (sm90/blockwise_promote.cuh): both on one 128-row tile (cooperative), or each on
 # 64-row tiles of its own, in turn (ping-pong: one's epilogue overlaps the other's mainloop). 256
@@ -323,8 +335,9 @@ _SM90_BLOCKWISE_GATHER = (
 
 _SM90_ROWS = (
     _row("grouped", "sm_90a", "grouped_gemm.cu.j2", "grouped_gemm.cuh",
-         "GroupedGemmKernel", _GROUPED_BF16 + LAUNCH_AXES, rule=SPEC_RULE,
-         limits=(_SM90_TILE_M, *_SM90_CLUSTERS, *_SM90_STREAM_K, *_SM90_GATHER, _NO_GATHER_B, _SM90_SFD_1X128_TILE),
+         "GroupedGemmKernel", _GROUPED_BF16 + ("a_gather_store",) + LAUNCH_AXES, rule=SPEC_RULE,
+         limits=(_SM90_TILE_M, *_SM90_CLUSTERS, *_SM90_STREAM_K, *_SM90_GATHER, _NO_GATHER_B, _SM90_SFD_1X128_TILE,
+                 _SM90_GATHER_STORE),
          runs_as=_SM90_SCALAR_F32),
     # K-grouped weight gradients on the BF16 kernel (Config::kKGrouped): token-major operands,
     # one K range per expert.

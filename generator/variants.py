@@ -34,6 +34,7 @@ class Variant:
     a_major: str
     b_major: str
     a_gather: bool
+    a_gather_store: bool
     b_gather: bool
     d_scatter: bool
     cd_major: str
@@ -110,6 +111,7 @@ _NAME_PARTS = (
     ("a_major", lambda v: f"a{v}"),
     ("b_major", lambda v: f"b{v}"),
     ("a_gather", lambda v: "gather" if v else ""),
+    ("a_gather_store", lambda v: "gstore" if v else ""),
     ("b_gather", lambda v: "bgather" if v else ""),
     ("d_scatter", lambda v: "scatter" if v else ""),
     ("cd_major", lambda v: f"cd{v}"),

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Mapping
 
 from ..base.archs import arch_of_capability, supported_capabilities
 from ..base.errors import UnsupportedError
@@ -48,18 +48,21 @@ def alloc(shape: tuple[int, ...], dtype: str, device: int) -> Any:
 
 
 def alloc_outputs(resolved: Any, n_acc: int, m_rows: int, experts: int, device: Any, *,
-                  rows_written: bool = False, out_rows: int | None = None) -> dict[str, Any]:
+                  rows_written: bool = False, out_rows: int | None = None,
+                  extra: Mapping[str, tuple] | None = None) -> dict[str, Any]:
     """The buffers a resolved epilogue writes (``Resolved.buffers``), as torch tensors on
     ``device`` filled with their initial values (amax -inf, the rest 0). ``rows_written``: the
     row buffers (``Resolved.row_buffers``: C, D, D_col) are left uninitialised, for a kernel
     that stores every one of their rows (K-grouped) or a caller that zeroes the rest
     (fusegemm/ops/tail.py): filling them first cost up to 22% of a GEMM's time on the H200.
-    ``out_rows``: the row buffers' rows where they are not the problem's (scattered outputs)."""
+    ``out_rows``: the row buffers' rows where they are not the problem's (scattered outputs).
+    ``extra``: more row buffers by name, (shape, storage dtype, fill) (an operand mode's outputs)."""
     torch = _torch()
-    rows = resolved.row_buffers() if rows_written else ()
+    rows = (*resolved.row_buffers(), *(extra or {})) if rows_written else ()
+    buffers = {**resolved.buffers(n_acc, m_rows, experts, out_rows), **(extra or {})}
     return {name: (torch.empty(shape, dtype=getattr(torch, store), device=device) if name in rows
                    else torch.full(shape, fill, dtype=getattr(torch, store), device=device))
-            for name, (shape, store, fill) in resolved.buffers(n_acc, m_rows, experts, out_rows).items()}
+            for name, (shape, store, fill) in buffers.items()}
 
 
 def record_stream(t: Any, stream: int) -> None:

@@ -55,7 +55,7 @@ from .kscaled_operands import KSCall, parse_kscaled
 from .loaded_kernel import LoadedKernel
 from .outputs import check_no_overlap, native_output
 from .prepared import Prepared, addresses, is_dry, pattern
-from .prepared_launch import DEVICE_OPERANDS, LEAD, PreparedLaunch, device_str, pitched
+from .prepared_launch import A_ROWS, DEVICE_OPERANDS, LEAD, PreparedLaunch, device_str, pitched
 from .scaled_layouts import E8M0_NAMES, host_copies, host_operands, kernel_choices
 from .scaled_operands import SF_AXIS, ab_axis, parse_batched, parse_scaled
 
@@ -131,6 +131,11 @@ class Op(PreparedLaunch):
         self._host_prep = bool(self.host_copies or self.e8m0_scales or self.blockwise_mx)
         self.epilogue = self.spec.epilogue.resolve(self.variant.choices)
         self._rows = self.epilogue.row_buffers()
+        # A gathered A stored as well (a_gather_store): the rows the kernel gathered, in problem
+        # order, one more row output (zeroed past the last offset and the row ends as C and D).
+        self.a_rows_out = bool(getattr(self.variant, "a_gather_store", False))
+        if self.a_rows_out:
+            self._rows += (A_ROWS,)
         # Row-tiled classes (grouped BF16 and block-scaled grouped share the scheduler and the
         # epilogue's stores): their row outputs are allocated uninitialised, the kernel stores
         # every row below the last offset and the tail kernel zeroes the rest (ops/tail.py).
@@ -252,7 +257,10 @@ class Op(PreparedLaunch):
             position or keyword, with ``b_ptrs`` / ``sfb_ptrs`` / ``n`` for discrete weights, and
             ``a_index`` for a BF16 grouped op built with ``a_gather=True`` (gathered A: int32
             (M,), problem row r reads row ``a_index[r]`` of a token-major ``a_tensor`` (T, K);
-            an index outside [0, T) reads zeros; sm_90a) or a block-scaled grouped op built with
+            an index outside [0, T) reads zeros; sm_90a; built with ``a_gather_store=True`` as
+            well, the result also holds ``a_rows`` (M, K): the rows gathered, in problem order,
+            for a later GEMM on the same rows, such as a weight gradient, without a permutation
+            kernel; rows past the last offset and past the row ends are zero) or a block-scaled grouped op built with
             ``a_gather=True`` (the same for FP8 A, and row r's scales are those of A's row
             ``a_index[r]``: the blockwise recipe's ``sfa_tensor`` (T, ceil(K/128)), T-contiguous,
             on sm_90a; MXFP8 scale atoms of A's T rows, or the recipe's E8M0 (T, ceil(K/128)), on
@@ -301,7 +309,7 @@ class Op(PreparedLaunch):
         device = self._check_devices(call, deferred)
         rows_written = (self.tail_zeroed or self.k_grouped) and not is_dry()
         out = alloc_outputs(self.epilogue, *self._dims(call), device_str(call.a, device),
-                            rows_written=rows_written, out_rows=self._out_rows(call))
+                            rows_written=rows_written, out_rows=self._out_rows(call), extra=self._extra_buffers(call))
         if not is_dry():   # a fake implementation's trace: outputs allocated, nothing launched
             self.compile(tail=tail)
             e, ptrs = self._prepare(key, flat, operands, operand_kw, given, call, values, keep, deferred,
@@ -413,7 +421,8 @@ class Op(PreparedLaunch):
         for name, (shape, store, _) in self._buffers(call).items():
             x, nm = outputs.get(name), names.get(name, f"outputs[{name!r}]")
             if x is not None or required:
-                out[name] = (name in rows and pitched(x, nm, shape, store)) or native_output(
+                # (a_rows, a stored gathered A: dense rows, the load box's map)
+                out[name] = (name in rows and name != A_ROWS and pitched(x, nm, shape, store)) or native_output(
                     x, nm, shape, store, m_major_view=name == "sfd_row" and self._sfd_1x128 is not None)
         return out
 
@@ -452,8 +461,16 @@ class Op(PreparedLaunch):
         return call.d_rows if self.variant.d_scatter else None
 
     def _buffers(self, call: Any) -> dict[str, tuple[tuple[int, ...], str, float]]:
-        """(shape, storage dtype, initial value) of every buffer the epilogue writes for ``call``."""
-        return self.epilogue.buffers(*self._dims(call), self._out_rows(call))
+        """(shape, storage dtype, initial value) of every buffer the kernel writes for ``call``: the
+        epilogue's, and the operand modes' (:meth:`_extra_buffers`)."""
+        return {**self.epilogue.buffers(*self._dims(call), self._out_rows(call)), **self._extra_buffers(call)}
+
+    def _extra_buffers(self, call: Any) -> dict[str, tuple[tuple[int, ...], str, float]]:
+        """The outputs of operand modes, not of the epilogue: a stored gathered A's ``a_rows``
+        (M, K), the rows in problem order (an index outside A: zeros)."""
+        if not self.a_rows_out:
+            return {}
+        return {A_ROWS: ((call.m, call.k), "bfloat16", 0.0)}
 
     def _inputs(self, given: Mapping[str, Any], call: Any, deferred: list, names: Mapping[str, str] | None = None,
                 align: Mapping[str, int] | None = None) -> tuple[dict[str, int], list[Any]]:

@@ -10,6 +10,7 @@ call's addresses (``_values_at``), so the path a repeat call takes is the one ev
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any, Mapping
 
 from .. import arguments as args
@@ -151,7 +152,7 @@ class PreparedLaunch:
         call = _rebased(e.call, e.rebase, ptrs)
         out = {name: ptrs[i] for name, i in e.outs}
         _, _, values = _PLANS[self.kind](self, call, ln, out)
-        values.update(self.epilogue.buffer_params(out, call.n))
+        values.update(self.epilogue.buffer_params({k: v for k, v in out.items() if k != A_ROWS}, call.n))
         if self.kind == "batched" and self.variant.cd_major == "m":
             values["ldc"] = call.m   # C is (L, N, M): rows of M elements
         if self.d_major_m:
@@ -262,6 +263,9 @@ def device_str(a: Any, device: int) -> str:
     return f"cuda:{device}" if kind == "cuda" else (kind if index < 0 else f"{kind}:{index}")
 
 
+# A stored gathered A's output (a_gather_store): the rows in problem order, written through tma_a.
+A_ROWS = "a_rows"
+
 # The first operand's name and base alignment, and the other operands checked for device and
 # alignment: (argument name, attribute of the call, bytes).
 LEAD = {"grouped": ("a_tensor", 16), "kgrouped": ("dy_tensor", 16), "scaled": ("a_tensor", 16),
@@ -287,7 +291,11 @@ def _plan_grouped(op: Any, call: Any, ln: LoadedKernel, out: Mapping[str, int]) 
     if s.m < op.variant.tile_m:
         # No row tile: M is a multiple of 256, so M = 0 and the row outputs have no rows to zero.
         return None
-    return ln.grid(s), s, {**ln.maps(s, call.a.ptr, call.b.ptr if call.b is not None else 0), **ln.scalars(s),
+    # A gathered A loads through cp.async, never tma_a; stored (a_rows), tma_a is the map of the
+    # a_rows output's dense (M, K) rows, into which the kernel stores each A stage.
+    a_map = (dataclasses.replace(s, a_ld=s.k, a_rows=s.m), out[A_ROWS]) if A_ROWS in out else (s, call.a.ptr)
+    maps = ln.maps(*a_map, call.b.ptr if call.b is not None else 0)
+    return ln.grid(s), s, {**maps, **ln.scalars(s),
                            "b_ptrs": call.b_ptrs.ptr if call.b_ptrs is not None else 0,
                            "a_index": call.a_index.ptr if call.a_index is not None else 0,
                            "d_index": call.d_index.ptr if call.d_index is not None else 0,

@@ -77,14 +77,16 @@ def _sm90a_only():
 
 
 @pytest.mark.parametrize("top_k,wgrad", [(1, "auto"), (8, "auto"), (2, "torch")])
-@pytest.mark.parametrize("gathered", [False, True])
+@pytest.mark.parametrize("gathered", [False, True, "stored"])
 def test_routed_mlp_is_bit_equal_to_the_permuted_block(top_k, wgrad, gathered, monkeypatch):
     """RoutedMLPFunction (the routing's row ends skip the padding's tiles; with GATHERED_LOADS the
-    GEMMs read x's and dy's token rows through the index): output and every gradient equal the
+    GEMMs read x's and dy's token rows through the index; with STORED_GATHERS fc1 and the dSwiGLU
+    GEMM do, and store the rows for the weight gradients): output and every gradient equal the
     block's permuted path bit for bit (the same kernels on the same values; the logits' gradient
     within 1e-5, dprob's atomic sums), with an empty expert and padding rows."""
     _sm90a_only()
-    monkeypatch.setattr(moe, "GATHERED_LOADS", gathered)
+    monkeypatch.setattr(moe, "GATHERED_LOADS", gathered is True)
+    monkeypatch.setattr(moe, "STORED_GATHERS", gathered == "stored")
     out = _routed_and_permuted(top_k, wgrad)
     for name, got, want in zip(("y", "dx", "dlogits", "dw1", "dw2"), out["routed"], out["permuted"]):
         if name == "dlogits":   # dprob sums N tiles with atomics: their order varies run to run

@@ -27,11 +27,11 @@ def test_list_json():
     # (1 tile of 3, 1 cluster of 9 of the declared grouped_gemm surface)...
     g90, g100 = rows[("grouped_gemm", "sm_90a")], rows[("grouped_gemm", "sm_100a")]
     # sm_100a implements all of it (N-major B and scattered outputs included) but gathered A in
-    # clusters beyond a 2-CTA tile's pair (its gather4 loads fill each CTA's own stage) and the
-    # stream-K scheduler (the sm_90a kernel's)
+    # clusters beyond a 2-CTA tile's pair (its gather4 loads fill each CTA's own stage), the
+    # stream-K scheduler and the stored gathered A (the sm_90a kernel's)
     from fusegemm.generator.spec import find_spec
     from fusegemm.generator.variants import surface
-    sm90_only = sum(c["scheduler"] == "streamk"
+    sm90_only = sum(c["scheduler"] == "streamk" or c["a_gather_store"]
                     or c["a_gather"] and c["cluster_n"] * c["cluster_m"] > (2 if c["tile_m"] == 256 else 1)
                     for c in surface(find_spec("grouped_gemm"), "sm_100a"))
     assert g90["declared"] == g100["declared"] == g100["implemented"] + sm90_only and sm90_only > 0

@@ -81,7 +81,7 @@ CASES = [
     ("name/file mismatch", lambda t: t.replace("name: demo", "name: other"),
      "demo.yaml:2: name: 'other' must match the file name 'demo'"),
     ("unknown axis", lambda t: t.replace("  tile_n: [256]", "  tile_k: [64]"),
-     "demo.yaml:17: choices.tile_k: unknown key; allowed: a_gather, a_major, ab_dtype, arch, b_gather, b_major, bias_dtype, "
+     "demo.yaml:17: choices.tile_k: unknown key; allowed: a_gather, a_gather_store, a_major, ab_dtype, arch, b_gather, b_major, bias_dtype, "
      "c_dtype, cd_major, cluster_m, cluster_n, d_dtype, d_scatter, discrete_col_sfd, generate_c, generate_dbias, "
      "prob_dtype, scheduler, sf_dtype, sf_vec_size, sfd_pow2, sfd_vec_size, tanh_clamp_scale, tile_m, tile_n, vector_f32, "
      "weight_mode"),
@@ -90,7 +90,7 @@ CASES = [
     ("default outside choices", lambda t: t.replace("  d_dtype: bfloat16", "  d_dtype: float16"),
      "demo.yaml:25: defaults.d_dtype: 'float16' is not among this spec's choices; allowed: bfloat16, float32"),
     ("constraint on unknown axis", lambda t: t.replace("then: {cluster_m: [2]}", "then: {cluster_k: [2]}"),
-     "demo.yaml:22: constraints[0].then.cluster_k: unknown key; allowed: a_gather, a_major, ab_dtype, arch, b_gather, b_major, "
+     "demo.yaml:22: constraints[0].then.cluster_k: unknown key; allowed: a_gather, a_gather_store, a_major, ab_dtype, arch, b_gather, b_major, "
      "bias_dtype, c_dtype, cd_major, cluster_m, cluster_n, d_dtype, d_scatter, discrete_col_sfd, generate_c, generate_dbias, "
      "prob_dtype, scheduler, sf_dtype, sf_vec_size, sfd_pow2, sfd_vec_size, tanh_clamp_scale, tile_m, tile_n, vector_f32, "
      "weight_mode"),

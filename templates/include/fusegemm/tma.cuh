@@ -19,7 +19,7 @@
 //   mbar_try_wait(bar, parity) -> bool   one probe
 //   tma_load_2d / tma_load_3d            global -> shared tile, completes on `bar` (tx bytes)
 //   tma_load_2d_multicast                same, delivered to every CTA in `cta_mask`
-//   tma_store_2d / tma_store_commit / tma_store_wait<N>   shared -> global
+//   tma_store_2d / tma_store_commit / tma_store_wait<N> / tma_store_drain   shared -> global
 //   fence_async_shared()                 order generic smem writes before async-proxy reads
 //   prefetch_tmap(desc)                  warm the descriptor cache
 //   named_barrier_sync(id, threads)      bar.sync on a hardware barrier other than 0
@@ -232,6 +232,9 @@ template <int N>
 FUSEGEMM_DEVICE void tma_store_wait() {
   asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
 }
+
+// Wait until every committed store group of this thread has completed (its writes performed).
+FUSEGEMM_DEVICE void tma_store_drain() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
 // Generic-proxy smem writes (st.shared, stmatrix) that TMA or the tensor cores read next.
 FUSEGEMM_DEVICE void fence_async_shared() {

@@ -217,6 +217,11 @@ template <class C>
 constexpr auto scatter_of(int) -> decltype(C::kScatterD, bool()) { return C::kScatterD; }
 template <class C>
 constexpr bool scatter_of(long) { return false; }
+// Config::kStoreA, false where the generated Config does not declare it.
+template <class C>
+constexpr auto store_a_of(int) -> decltype(C::kStoreA, bool()) { return C::kStoreA; }
+template <class C>
+constexpr bool store_a_of(long) { return false; }
 // Config::kStreamK, false where the generated Config does not declare it.
 template <class C>
 constexpr auto stream_k_of(int) -> decltype(C::kStreamK, bool()) { return C::kStreamK; }
@@ -262,6 +267,11 @@ struct GroupedGemmKernel {
   static_assert(kMcSlices % kSlices == 0, "slices of a box");
   // Gathered A (above); K-grouped: gathered token rows of dY (kGatherA) and/or X (kGatherB).
   static constexpr bool kGatherA = gather_of<Config>(0);
+  // Gathered A stored as well (Config::kStoreA, the op's a_rows output): the consumers of a tile's
+  // first N block store each A stage, the rows as the copying warps gathered them, through tma_a
+  // (encoded over a_rows; a gathered A never loads through it), so that a weight gradient reads
+  // the rows in problem order without a permutation kernel of its own.
+  static constexpr bool kStoreA = store_a_of<Config>(0);
   static constexpr bool kGatherB = gather_b_of<Config>(0);
   static_assert(!kGatherA || !kClusters, "gathered A: no clusters (the registry's limits)");
   static_assert(!kGatherB || kKGrouped, "gathered B: K-grouped problems (B is token rows only there)");
@@ -332,6 +342,8 @@ struct GroupedGemmKernel {
   // local memory), and 56 (the gathering producers', which walk in registers, a copy per lane)
   // leave the consumers 224, with which the SwiGLU and dSwiGLU epilogues spilled.
   static constexpr bool kStreamK = stream_k_of<Config>(0);
+  static_assert(!kStoreA || (kGatherA && !kKGrouped && !kStreamK && !kClusters),
+                "stored gathered A: M-grouped, gathered, whole tiles, no clusters (the registry's limits)");
   static_assert(!kStreamK || (!kKGrouped && !kClusters && !Config::kDynamicSched),
                 "stream-K: M-grouped problems, no clusters, its own static walk (the registry's limits)");
   static constexpr bool kSmemWalk = kStreamK && !kGathers;
@@ -398,7 +410,10 @@ struct GroupedGemmKernel {
   // slice lands where the unsliced box would have put it; an N-major B is shared by chunks.
   static constexpr int kSliceRowsA = kTileM / kSlices, kSliceRowsB = kTileN / kSlices;
   static_assert(kSliceRowsA % 8 == 0 && kSliceRowsB % 8 == 0, "slices are whole 8-row SW128 atoms");
-  static constexpr int kBoxAInner = kAMn ? 64 : kTileK, kBoxAOuter = kGatherA ? 1 : kAMn ? kTileK : kSliceRowsA;
+  // (Gathered A: a map of one-row boxes, encoded and never read; kStoreA: a_rows' map, whose box is
+  // a whole stage of the tile's rows, the store's.)
+  static constexpr int kBoxAInner = kAMn ? 64 : kTileK,
+                       kBoxAOuter = kStoreA ? kTileM : kGatherA ? 1 : kAMn ? kTileK : kSliceRowsA;
   static constexpr int kAChunks = kAMn ? kTileM / 64 : 1;  // A loads per stage
   // (FUSEGEMM_SM90_CLUSTER_BMN_SPLIT_K: an N-major B of the cluster kernel in K halves.)
   static constexpr bool kBMnSplitK = kBMn && kClusters && FUSEGEMM_SM90_CLUSTER_BMN_SPLIT_K;
@@ -979,6 +994,9 @@ struct GroupedGemmKernel {
         if (!first_turn) named_barrier_sync(kOrderBarrier + wg, 256);   // its mainloop came first
         first_turn = false;
       }
+      // kStoreA: one thread of the warpgroup that owns the tile's first 64 rows (cooperative:
+      // warpgroup 0's stage holds all 128) stores each stage's A rows of the tile's first N block.
+      const bool store_a = kStoreA && stores_tile && t.z == 0 && (kPingPong || wg == 0) && warp % 4 == 0 && lane == 0;
       int prev_stage = 0;
       const int prefetch_kb = FUSEGEMM_SM90_EPI_PREFETCH > 0 ? max(num_k_blocks - FUSEGEMM_SM90_EPI_PREFETCH, 0) : -1;
       // One k-block: wait for its stage, issue its WGMMAs, release the stage before it.
@@ -989,6 +1007,12 @@ struct GroupedGemmKernel {
         }
         mbar_wait(&full[stage], phase);
         if constexpr (kGathers && !kGatherLag) fence_async_shared();   // cp.async's writes, read by WGMMA
+        if constexpr (kStoreA) {
+          if (store_a) {   // the stage's gathered rows, published to the async proxy as for WGMMA
+            tma_store_2d(&p.tma_a, smem + kOffA + stage * kABytes, kb * kTileK, tile_row0(p, t));
+            tma_store_commit();
+          }
+        }
         fence_accs();
         cute::warpgroup_arrive();
         // Descriptor address field is in 16-byte units: stage offsets and the 32-byte K
@@ -1007,6 +1031,10 @@ struct GroupedGemmKernel {
         fence_accs();
         // Keep one batch in flight; the one before it has finished reading its stage.
         cute::warpgroup_wait<1>();
+        // (kStoreA: the stage before is released once its store has read it.)
+        if constexpr (kStoreA) {
+          if (store_a) tma_store_wait<1>();
+        }
         if (kb > 0 && lane == 0) release_stage(&empty[prev_stage], commit_mask, me, warp % 4);
         prev_stage = stage;
         if (++stage == kStages) { stage = 0; phase ^= 1; }
@@ -1049,6 +1077,9 @@ struct GroupedGemmKernel {
       if constexpr (kPingPong) named_barrier_arrive(kOrderBarrier + (wg ^ 1), 256);
       cute::warpgroup_wait<0>();
       fence_accs();
+      if constexpr (kStoreA) {
+        if (store_a) tma_store_wait<0>();
+      }
       if (num_k_blocks > 0 && lane == 0) release_stage(&empty[prev_stage], commit_mask, me, warp % 4);
       if constexpr (kStreamK) {
         if (sk_fix != 0) stream_k_fixup(p, partial, fixup_first(sk_fix), fixup_last(sk_fix), wg, acc);
@@ -1079,6 +1110,7 @@ struct GroupedGemmKernel {
     stagger_release();
     if constexpr (Epi::kDeferD) Epi::drain(p, epi_buf, pending, lane);
     Epi::finish(part, p, warp, lane);
+    if constexpr (kStoreA) tma_store_drain();   // a_rows written before the kernel ends
   }
 
   // Stream-K fix-up (fusegemm/stream_k.cuh) of a piece's accumulators: a partial goes to this
