@@ -122,6 +122,24 @@ def test_sm90_gathered_copies_take_a_few_instructions_each(session_cache, spec, 
     assert (first[-1] - first[0] + 1) / copies <= 6, ops[first[0]:first[-1] + 1]
 
 
+def test_sm90_gathered_64_row_tiles_copy_with_every_warp():
+    """FUSEGEMM_SM90_GATHER_ROWS_16 (default 1): a 64-row tile's gathered stage is copied by the
+    producer warpgroup's four warps, 16 rows each, four cp.async a lane (LDGSTS sites: 4, against 8
+    for two warps of 32 rows), its full barrier counting every copying lane; 0 spills either way."""
+    from fusegemm.runtime import disasm
+    from fusegemm.runtime.compile import compile_source
+    src = render(make_variant("grouped_gemm", arch="sm_90a", a_gather=True, **{**BF16, "tile_m": 64, "tile_n": 128}))
+    sites = {}
+    for flag in ("1", "0"):
+        cub = compile_source(src.text, arch="sm_90a", kernel=src.symbol,
+                             extra=(f"-DFUSEGEMM_SM90_GATHER_ROWS_16={flag}",))
+        assert Cubin(cub.data).resources(src.symbol).local_bytes == 0, flag
+        if disasm.available():
+            sites[flag] = disasm.count_prefix(disasm.sass_histogram(cub.data), "LDGSTS")
+    if sites:
+        assert sites == {"1": 4, "0": 8}, sites
+
+
 def test_sm90_gathered_a_publishes_early_where_measured_faster(session_cache):
     """FUSEGEMM_SM90_GATHER_EARLY: the M-grouped gathered kernel's copying lanes test the next
     stage's empty barrier without waiting (mbarrier.test_wait: SYNCS.PHASECHK without TRYWAIT)

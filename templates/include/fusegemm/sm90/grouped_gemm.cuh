@@ -153,6 +153,18 @@
 #define FUSEGEMM_SM90_GATHER_WARPS 4
 #endif
 
+// Gathered A in 64-row tiles (ping-pong): 1 has every copying warp take 16 rows of a stage (four
+// warps, each lane holding its rows' offsets for the tile), 0 two warps of 32 rows (the shares
+// the 128-row tiles take; an A/B switch). A ping-pong k-step issues half a cooperative one's MMAs,
+// so with 32-row shares each copying warp must issue its copies twice as fast. H100, 2026-12-06
+// (bench/moe_layer.py --profile, one process per build, bench/results/moe_layer_h100_stored_rows*.json):
+// the layer's gathered dSwiGLU (64 x 256, dy gathered and stored) 2.47 against 2.52 ms at dsv3 with
+// 32 experts and 2.29 against 2.63 ms at mixtral; the same kernel on permuted rows takes 1.56-1.60
+// and 1.98: the gathered ping-pong tile stays slow for another reason.
+#ifndef FUSEGEMM_SM90_GATHER_ROWS_16
+#define FUSEGEMM_SM90_GATHER_ROWS_16 1
+#endif
+
 // Deferred D (1): the cooperative tile's D (element-wise rules with a 16-bit D, no C, no column
 // input; WgmmaEpilogue::kDeferD) is stored while the next tile's first k-blocks run on the
 // tensor cores, and the epilogue's inputs are loaded before the last k-block. 0 stores D between
@@ -278,17 +290,20 @@ struct GroupedGemmKernel {
   static constexpr bool kGathers = kGatherA || kGatherB;
   // Warps copying gathered rows (FUSEGEMM_SM90_GATHER_WARPS): M-grouped at most one per 32 rows
   // of the tile; one under dynamic scheduling.
+  // (FUSEGEMM_SM90_GATHER_ROWS_16: 16-row shares in 64-row tiles.)
+  static constexpr int kMinShareRows = FUSEGEMM_SM90_GATHER_ROWS_16 && Config::kTileM == 64 ? 16 : 32;
   static constexpr int kGatherWarps =
       !kGathers || Config::kDynamicSched ? 1
       : kKGrouped ? FUSEGEMM_SM90_GATHER_WARPS
-      : (FUSEGEMM_SM90_GATHER_WARPS < Config::kTileM / 32 ? FUSEGEMM_SM90_GATHER_WARPS : Config::kTileM / 32);
+      : (FUSEGEMM_SM90_GATHER_WARPS < Config::kTileM / kMinShareRows ? FUSEGEMM_SM90_GATHER_WARPS
+                                                                      : Config::kTileM / kMinShareRows);
   static_assert(kGatherWarps >= 1 && kGatherWarps <= 4, "the producer warpgroup's warps");
   // M-grouped: each copying warp's share of a tile's rows, whose source offsets a lane holds for
-  // the whole tile when the share is 32 rows (fusegemm/gather.cuh GatherRows); K-grouped: each
+  // the whole tile when the share is 32 or 16 rows (fusegemm/gather.cuh GatherRows); K-grouped: each
   // warp's share of a k-block's 64 token rows (of every chunk).
   static constexpr int kShareRows = Config::kTileM / kGatherWarps;
-  static constexpr bool kHoldsRows = kShareRows == 32;
-  static_assert(kKGrouped || kShareRows % 32 == 0, "whole 32-row shares");
+  static constexpr bool kHoldsRows = kShareRows == 32 || kShareRows == 16;
+  static_assert(kKGrouped || kShareRows % kMinShareRows == 0, "whole shares");
   static constexpr int kKShare = 64 / kGatherWarps;
   static_assert(!kKGrouped || kKShare * kGatherWarps == 64, "K-grouped: equal shares of a k-block's 64 rows");
   // K-grouped: a gathered operand's rows are fetched a k-block ahead, except with both operands
@@ -697,12 +712,12 @@ struct GroupedGemmKernel {
 
       const int m0 = t.m_block * kTileM;
       const int n0 = t.n_block * kTileN;
-      // Gathered A: this warp's 32 rows of the tile, as offsets into A held for the whole tile
+      // Gathered A: this warp's 32 (or 16) rows of the tile, as offsets into A held for the whole tile
       // (rows past m_rows read zeros); a larger share (one copying warp: dynamic scheduling) is
       // read per k-block.
-      GatherRows<8> a_rows;
+      GatherRows<(kHoldsRows ? kShareRows : 32) / 4> a_rows;
       if constexpr (kGatherA && !kKGrouped && kHoldsRows) {
-        const int row0 = m0 + gwarp * 32;
+        const int row0 = m0 + gwarp * kShareRows;
         a_rows.load(src_a, reinterpret_cast<const int*>(p.a_index), row0, p.m_rows - row0, lane);
       }
       int k0 = 0, num_k_blocks = k_blocks_all;
