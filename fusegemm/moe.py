@@ -852,10 +852,10 @@ SWAPPED_WGRAD = False
 # K-grouped operands (the slow gathered mode). Takes precedence over GATHERED_LOADS. "forward": fc1's
 # only (the backward permutes dy with the gather kernel). Bit-equal to the permuted path
 # (tests/gpu/test_moe_layer_gpu.py); off: on an H100 (2026-12-06, bench/moe_layer.py --graph, same
-# rounds, bench/results/moe_layer_h100_stored*.json) the step ran 0.92-0.93x (dsv3, 32 experts)
-# and 0.97-1.02x (mixtral) of the block's, fc1 only 1.00x / 0.96x: at 32 experts the gathered fc1 took
-# 3.19-3.32 ms against 2.80 on permuted rows and the gathered ping-pong dSwiGLU 2.71 against 1.63,
-# more than the 0.66 ms of gathers saved.
+# rounds, bench/results/moe_layer_h100_stored_profile.json) the step ran 0.93x (dsv3, 32 experts) and
+# 0.92x (mixtral) of the block's, fc1 only 0.98x / 0.99x: at 32 experts the stored fc1 took 3.06-3.35
+# ms against 2.89 on permuted rows (the rows' store is what costs) and the gathered ping-pong dSwiGLU
+# 2.75 against 1.77, more than the 0.67 ms of gathers saved (README, "The gathered rows stored as well").
 STORED_GATHERS: bool | str = False
 
 

@@ -285,10 +285,12 @@ _SM90_STREAM_K = _no_clusters("stream-K splits a tile's k-blocks between CTAs: n
 # kernel's sliced multicast loads have no such path.
 _SM90_GATHER = _no_clusters("gathered A loads rows per CTA: no clusters", when=(("a_gather", True),))
 
-# Gathered A stored as well (a_gather_store, the op's a_rows): a whole tile's consumer stores its A
-# stages by their k-block; a stream-K piece holds part of a tile's k-blocks (not written).
-_SM90_GATHER_STORE = Limit("scheduler", ("static", "dynamic"), "storing the gathered A rows (a_gather_store) "
-                           "takes whole tiles: not the stream-K remainder", when=(("a_gather_store", True),))
+# Gathered A stored as well (a_gather_store, the op's a_rows): each copying warp stores its share
+# of the stages it gathered; the static walk only.
+_SM90_GATHER_STORE = Limit("scheduler", ("static",), "storing the gathered A rows (a_gather_store): each of the "
+                           "copying warps stores the share it holds for the tile, in the static walk (the dynamic "
+                           "claim has one copying warp; stream-K pieces hold part of a tile)",
+                           when=(("a_gather_store", True),))
 
 # The two consumer warpgroups of the BF16 kernel (fusegemm/sm90/grouped_gemm.cuh) and of the
 # blockwise kernel (sm90/blockwise_promote.cuh): both on one 128-row tile (cooperative), or each on

@@ -2,8 +2,8 @@
 for bit, row ``a_index[r]`` of A in each problem row r (zeros for an index outside A, the padding's
 -1 included), zeros past the last offset and past the row ends; every other output equals the same
 op's without the store (dprob within its atomic sums' order). Ragged and empty experts, cooperative
-and ping-pong tiles, both schedulers, the plain, SwiGLU and dSwiGLU epilogues, with and without row
-ends, and an op reused on new indices."""
+and ping-pong tiles, the plain, SwiGLU and dSwiGLU epilogues, with and without row ends, and an op
+reused on new indices."""
 from __future__ import annotations
 
 import pytest
@@ -19,7 +19,6 @@ pytestmark = pytest.mark.gpu
 CASES = [
     ("grouped_gemm", dict(tile_m=128, tile_n=256)),
     ("grouped_gemm", dict(tile_m=64, tile_n=128)),
-    ("grouped_gemm", dict(tile_m=128, tile_n=256, scheduler="dynamic")),
     ("grouped_gemm_swiglu", dict(tile_m=128, tile_n=256, d_dtype="bfloat16", generate_c=True)),
     ("grouped_gemm_dswiglu_bf16", dict(tile_m=64, tile_n=256, b_major="n")),
 ]

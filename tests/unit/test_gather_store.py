@@ -1,8 +1,8 @@
 """A gathered A stored as well (``a_gather_store``: the op's ``a_rows``, the rows the kernel gathered,
 in problem order) on the CPU: the axis reaches the sm_90a grouped source and is refused, with the
-reason, where nothing implements it (sm_100a, without ``a_gather``, the stream-K remainder, the
-families that do not offer it); the three specs that offer it compile with 0 spills, one TMA store
-site per consumer k-step site and the load box a whole stage of rows; ``fusegemm.Op`` sizes
+reason, where nothing implements it (sm_100a, without ``a_gather``, a scheduler but the static walk, the
+families that do not offer it); the three specs that offer it compile with 0 spills, TMA stores in
+the copying warps and the box a warp's share of a stage; ``fusegemm.Op`` sizes
 ``a_rows`` (M, K), zeroes its tail with C and D and maps it as tma_a. On the GPU
 (tests/gpu/test_gather_store_gpu.py): a_rows equals the index's rows, every other output the same
 op's without the store."""
@@ -43,9 +43,10 @@ def test_the_axis_reaches_the_sm90_source_and_is_refused_elsewhere():
     with pytest.raises(UnsupportedError, match=r"a_gather_store.*sm_90a kernel's; sm_100a gathers A"):
         registry.resolve("grouped_gemm", "sm_100a", {"a_gather": True, "a_gather_store": True, "tile_m": 128,
                                                      "cluster_m": 1, "cluster_n": 1})
-    with pytest.raises(UnsupportedError, match=r"takes whole tiles: not the stream-K remainder"):
-        registry.resolve("grouped_gemm", "sm_90a", {"a_gather": True, "a_gather_store": True, "scheduler": "streamk",
-                                                    "tile_m": 128, "cluster_m": 1, "cluster_n": 1})
+    for sched in ("streamk", "dynamic"):
+        with pytest.raises(UnsupportedError, match=r"a_gather_store.*in the static walk"):
+            registry.resolve("grouped_gemm", "sm_90a", {"a_gather": True, "a_gather_store": True, "scheduler": sched,
+                                                        "tile_m": 128, "cluster_m": 1, "cluster_n": 1})
     with pytest.raises(UnsupportedError, match="does not offer this axis"):
         make_variant("grouped_gemm_wgrad", arch="sm_90a", a_gather=True, a_gather_store=True)
 
@@ -61,15 +62,17 @@ def test_a_stored_gathered_variant_is_a_class_of_its_own():
 @pytest.mark.parametrize("spec,axes", SPECS, ids=lambda x: x if isinstance(x, str) else ".".join(map(str, x.values())))
 def test_stored_gathered_kernels_compile_with_a_store_per_k_step(session_cache, spec, axes):
     """The store build: 0 spills, no ptxas advisory, TMA stores (UTMASTG) where the build without
-    the store has none, the same WGMMA sites, and the contract's A box a whole stage of the tile's
-    rows (the host encodes a_rows' map with it; the gathered build's map keeps one-row boxes)."""
+    the store has none (issued by the copying producer warps, off the consumers' WGMMA path), the
+    same WGMMA sites, and the contract's A box a copying warp's share of a stage (a quarter of the
+    tile's rows: four copying warps; the host encodes a_rows' map with it; the gathered build's map
+    keeps one-row boxes)."""
     full = {**BF16, **axes}
     store = pipeline.get_kernel(make_variant(spec, arch="sm_90a", a_gather=True, a_gather_store=True, **full),
                                 session_cache)
     plain = pipeline.get_kernel(make_variant(spec, arch="sm_90a", a_gather=True, **full), session_cache)
     assert Cubin(store.cubin).resources(store.kernel_name).local_bytes == 0
     assert store.advisories == ()
-    assert (store.contract.box_a_inner, store.contract.box_a_outer) == (64, full["tile_m"])
+    assert (store.contract.box_a_inner, store.contract.box_a_outer) == (64, full["tile_m"] // 4)
     assert (plain.contract.box_a_inner, plain.contract.box_a_outer) == (64, 1)
     assert store.contract.smem_bytes == plain.contract.smem_bytes
     if not disasm.available():

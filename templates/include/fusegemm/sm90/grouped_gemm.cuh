@@ -157,7 +157,7 @@
 // warps, each lane holding its rows' offsets for the tile), 0 two warps of 32 rows (the shares
 // the 128-row tiles take; an A/B switch). A ping-pong k-step issues half a cooperative one's MMAs,
 // so with 32-row shares each copying warp must issue its copies twice as fast. H100, 2026-12-06
-// (bench/moe_layer.py --profile, one process per build, bench/results/moe_layer_h100_stored_rows*.json):
+// (bench/moe_layer.py --profile, one process per build, bench/results/moe_layer_h100_stored_consumer_rows*.json):
 // the layer's gathered dSwiGLU (64 x 256, dy gathered and stored) 2.47 against 2.52 ms at dsv3 with
 // 32 experts and 2.29 against 2.63 ms at mixtral; the same kernel on permuted rows takes 1.56-1.60
 // and 1.98: the gathered ping-pong tile stays slow for another reason.
@@ -279,10 +279,12 @@ struct GroupedGemmKernel {
   static_assert(kMcSlices % kSlices == 0, "slices of a box");
   // Gathered A (above); K-grouped: gathered token rows of dY (kGatherA) and/or X (kGatherB).
   static constexpr bool kGatherA = gather_of<Config>(0);
-  // Gathered A stored as well (Config::kStoreA, the op's a_rows output): the consumers of a tile's
-  // first N block store each A stage, the rows as the copying warps gathered them, through tma_a
-  // (encoded over a_rows; a gathered A never loads through it), so that a weight gradient reads
-  // the rows in problem order without a permutation kernel of its own.
+  // Gathered A stored as well (Config::kStoreA, the op's a_rows output): in a tile's first N block
+  // each copying warp stores its share of every A stage it gathered, once the stage is published,
+  // through tma_a (encoded over a_rows; a gathered A never loads through it), so that a weight
+  // gradient reads the rows in problem order without a permutation kernel of its own. (Stored by
+  // a consumer instead, the store's wait before the stage's release held the warpgroup's WGMMAs:
+  // the layer's fc1 at 32 experts ran 0.85x of the kernel on permuted rows, H100, 2026-12-06.)
   static constexpr bool kStoreA = store_a_of<Config>(0);
   static constexpr bool kGatherB = gather_b_of<Config>(0);
   static_assert(!kGatherA || !kClusters, "gathered A: no clusters (the registry's limits)");
@@ -382,6 +384,8 @@ struct GroupedGemmKernel {
   static constexpr int kLag = !kGathers ? 0
                               : FUSEGEMM_SM90_GATHER_LAG < kStages - 2 ? FUSEGEMM_SM90_GATHER_LAG : kStages - 2;
   static constexpr bool kGatherLag = kLag > 0;
+  static_assert(!kStoreA || (kHoldsRows && kLag == 1 && kStages >= 3),
+                "stored gathered A: held rows, published one stage late, three stages or more");
   static constexpr bool kEarly = kGatherLag && !kKGrouped && FUSEGEMM_SM90_GATHER_EARLY;
   static_assert(kLag < kTileRing, "lagging stages of more tiles than ring slots");
 
@@ -426,9 +430,9 @@ struct GroupedGemmKernel {
   static constexpr int kSliceRowsA = kTileM / kSlices, kSliceRowsB = kTileN / kSlices;
   static_assert(kSliceRowsA % 8 == 0 && kSliceRowsB % 8 == 0, "slices are whole 8-row SW128 atoms");
   // (Gathered A: a map of one-row boxes, encoded and never read; kStoreA: a_rows' map, whose box is
-  // a whole stage of the tile's rows, the store's.)
+  // a copying warp's share of a stage, the store's.)
   static constexpr int kBoxAInner = kAMn ? 64 : kTileK,
-                       kBoxAOuter = kStoreA ? kTileM : kGatherA ? 1 : kAMn ? kTileK : kSliceRowsA;
+                       kBoxAOuter = kStoreA ? kShareRows : kGatherA ? 1 : kAMn ? kTileK : kSliceRowsA;
   static constexpr int kAChunks = kAMn ? kTileM / 64 : 1;  // A loads per stage
   // (FUSEGEMM_SM90_CLUSTER_BMN_SPLIT_K: an N-major B of the cluster kernel in K halves.)
   static constexpr bool kBMnSplitK = kBMn && kClusters && FUSEGEMM_SM90_CLUSTER_BMN_SPLIT_K;
@@ -658,9 +662,34 @@ struct GroupedGemmKernel {
     // kLag stages after it is issued (fusegemm/gather.cuh GatherPublisher, the blockwise kernel's
     // too); publish() publishes them all now.
     GatherPublisher<kStages, (kLag > 0 ? kLag : 1)> pub;
+    // kStoreA: the one stage not yet published (lag 1), its k-block and the share's first row when
+    // it is to be stored (-1: not). Lane 0 commits one bulk group per published stage (empty where
+    // nothing is stored), so the groups run in stage order: when stage s is refilled, the stages
+    // published after it are the kStages - 2 before the pending one, and waiting until at most
+    // that many groups read shared memory is waiting for s's store alone (a wait for every store
+    // before each refill held the copying warps on the store of the stage just published).
+    int st_stage = -1, st_kb = 0, st_row0 = -1;
+    auto store_published = [&]() {   // after the pending stage's publication: its share to a_rows
+      if constexpr (kStoreA) {
+        if (st_stage >= 0) {
+          if (st_row0 >= 0) __syncwarp();   // (every lane's copies landed and fenced: published)
+          if (lane == 0) {
+            if (st_row0 >= 0) {
+              tma_store_2d(&p.tma_a, smem + kOffA + st_stage * kABytes + gwarp * kShareRows * 128, st_kb * kTileK,
+                           st_row0);
+            }
+            tma_store_commit();
+          }
+        }
+        st_stage = -1;
+      }
+    };
     auto publish = [&](bool all) {
       if constexpr (kGatherLag) {
-        if (all) pub.flush(full);
+        if (all) {
+          pub.flush(full);
+          store_published();
+        }
       }
     };
     while (true) {
@@ -754,6 +783,10 @@ struct GroupedGemmKernel {
           if (pub.pending > 0 && !mbar_test_wait(&empty[stage], phase ^ 1)) publish(true);
         }
         mbar_wait(&empty[stage], phase ^ 1);
+        if constexpr (kStoreA) {   // this stage's store (if any) has read it (above)
+          if (lane == 0) tma_store_wait<kStages - 2>();
+          __syncwarp();
+        }
         if constexpr (Config::kDiscreteB) {
           // Rewrite only here, after the empty wait (see kTmapSlots).
           if (lead && kb == kb_first && t.expert != tmap_expert) {
@@ -796,7 +829,13 @@ struct GroupedGemmKernel {
           if (lead) load_b(&full[stage], smem + kOffB + stage * kBBytes, tmap_b, n0, kb, t.expert);
         }
         if constexpr (kGatherLag) {
-          pub.issued(stage, full);
+          pub.issued(stage, full);   // (lag 1: publishes the stage before, if any)
+          if constexpr (kStoreA) {
+            store_published();
+            st_stage = stage;
+            st_kb = kb;
+            st_row0 = t.n_block == 0 ? m0 + gwarp * kShareRows : -1;
+          }
         } else if constexpr (kGathers) {
           cp_async_arrive_noinc(&full[stage]);   // every lane: its copies landed
         }
@@ -805,6 +844,9 @@ struct GroupedGemmKernel {
       // A tile without k-blocks (a K-grouped expert without tokens) publishes now: the next
       // tile's ring wait may need the tiles that the lagging stages belong to.
       if (num_k_blocks == 0) publish(true);
+    }
+    if constexpr (kStoreA) {
+      if (lane == 0) tma_store_drain();   // a_rows written before the kernel ends
     }
   }
 
@@ -1009,9 +1051,6 @@ struct GroupedGemmKernel {
         if (!first_turn) named_barrier_sync(kOrderBarrier + wg, 256);   // its mainloop came first
         first_turn = false;
       }
-      // kStoreA: one thread of the warpgroup that owns the tile's first 64 rows (cooperative:
-      // warpgroup 0's stage holds all 128) stores each stage's A rows of the tile's first N block.
-      const bool store_a = kStoreA && stores_tile && t.z == 0 && (kPingPong || wg == 0) && warp % 4 == 0 && lane == 0;
       int prev_stage = 0;
       const int prefetch_kb = FUSEGEMM_SM90_EPI_PREFETCH > 0 ? max(num_k_blocks - FUSEGEMM_SM90_EPI_PREFETCH, 0) : -1;
       // One k-block: wait for its stage, issue its WGMMAs, release the stage before it.
@@ -1022,12 +1061,6 @@ struct GroupedGemmKernel {
         }
         mbar_wait(&full[stage], phase);
         if constexpr (kGathers && !kGatherLag) fence_async_shared();   // cp.async's writes, read by WGMMA
-        if constexpr (kStoreA) {
-          if (store_a) {   // the stage's gathered rows, published to the async proxy as for WGMMA
-            tma_store_2d(&p.tma_a, smem + kOffA + stage * kABytes, kb * kTileK, tile_row0(p, t));
-            tma_store_commit();
-          }
-        }
         fence_accs();
         cute::warpgroup_arrive();
         // Descriptor address field is in 16-byte units: stage offsets and the 32-byte K
@@ -1046,10 +1079,6 @@ struct GroupedGemmKernel {
         fence_accs();
         // Keep one batch in flight; the one before it has finished reading its stage.
         cute::warpgroup_wait<1>();
-        // (kStoreA: the stage before is released once its store has read it.)
-        if constexpr (kStoreA) {
-          if (store_a) tma_store_wait<1>();
-        }
         if (kb > 0 && lane == 0) release_stage(&empty[prev_stage], commit_mask, me, warp % 4);
         prev_stage = stage;
         if (++stage == kStages) { stage = 0; phase ^= 1; }
@@ -1092,9 +1121,6 @@ struct GroupedGemmKernel {
       if constexpr (kPingPong) named_barrier_arrive(kOrderBarrier + (wg ^ 1), 256);
       cute::warpgroup_wait<0>();
       fence_accs();
-      if constexpr (kStoreA) {
-        if (store_a) tma_store_wait<0>();
-      }
       if (num_k_blocks > 0 && lane == 0) release_stage(&empty[prev_stage], commit_mask, me, warp % 4);
       if constexpr (kStreamK) {
         if (sk_fix != 0) stream_k_fixup(p, partial, fixup_first(sk_fix), fixup_last(sk_fix), wg, acc);
@@ -1125,7 +1151,6 @@ struct GroupedGemmKernel {
     stagger_release();
     if constexpr (Epi::kDeferD) Epi::drain(p, epi_buf, pending, lane);
     Epi::finish(part, p, warp, lane);
-    if constexpr (kStoreA) tma_store_drain();   // a_rows written before the kernel ends
   }
 
   // Stream-K fix-up (fusegemm/stream_k.cuh) of a piece's accumulators: a partial goes to this
