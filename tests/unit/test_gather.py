@@ -174,13 +174,19 @@ def test_sm90_gathered_sources_past_32_bit_offsets_are_refused():
     assert _gather_source("b", big, "x_tensor", "sm_100a")["b_gather_rows"] == (1 << 23) + 1
 
 
+def gathered_operands(t=300, m=512, n=256, k=64):
+    """A gathered grouped op's CPU operands: A's t token rows (t, k), two experts' (2, n, k) weights,
+    offsets of m rows and an (m,) index of padding (-1)."""
+    a = torch.zeros((t, k), dtype=torch.bfloat16)
+    b = torch.zeros((2, n, k), dtype=torch.bfloat16)
+    off = torch.tensor([m // 2, m], dtype=torch.int32)
+    return a, b, off, torch.full((m,), -1, dtype=torch.int32)
+
+
 def test_op_parses_a_index_and_maps_a_by_its_own_rows(no_device):  # noqa: F811
     op = Op("grouped_gemm", arch="sm_90a", a_gather=True)
-    t, m, n, k, l = 300, 512, 256, 64, 2
-    a = torch.zeros((t, k), dtype=torch.bfloat16)
-    b = torch.zeros((l, n, k), dtype=torch.bfloat16)
-    off = torch.tensor([256, 512], dtype=torch.int32)
-    idx = torch.full((m,), -1, dtype=torch.int32)
+    t, m, k = 300, 512, 64
+    a, b, off, idx = gathered_operands(t, m, 256, k)
     call = op._parse((a, off, b), {"a_index": idx})
     assert (call.m, call.a_rows, call.k) == (m, t, k)
     from fusegemm.ops.grouped_operands import shape_of

@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 
 from fusegemm.ops.engine import Op  # noqa: E402
 
+from test_gather import gathered_operands  # noqa: E402
 from test_op import _Launcher, no_device  # noqa: E402,F401
 
 BF16 = dict(tile_m=128, tile_n=256, cluster_m=1, cluster_n=1)
@@ -84,11 +85,8 @@ def test_stored_gathered_kernels_compile_with_a_store_per_k_step(session_cache, 
 
 def test_op_sizes_a_rows_zeroes_its_tail_and_maps_it_as_tma_a(no_device):  # noqa: F811
     op = Op("grouped_gemm", arch="sm_90a", a_gather=True, a_gather_store=True)
-    t, m, n, k, l = 300, 512, 256, 64, 2
-    a = torch.zeros((t, k), dtype=torch.bfloat16)
-    b = torch.zeros((l, n, k), dtype=torch.bfloat16)
-    off = torch.tensor([256, 512], dtype=torch.int32)
-    idx = torch.full((m,), -1, dtype=torch.int32)
+    t, m, k = 300, 512, 64
+    a, b, off, idx = gathered_operands(t, m, 256, k)
     call = op._parse((a, off, b), {"a_index": idx})
     assert op._buffers(call)["a_rows"] == ((m, k), "bfloat16", 0.0)
     assert "a_rows" in op._rows   # zeroed past the last offset and the row ends, as C and D
