@@ -161,6 +161,13 @@
 // the layer's gathered dSwiGLU (64 x 256, dy gathered and stored) 2.47 against 2.52 ms at dsv3 with
 // 32 experts and 2.29 against 2.63 ms at mixtral; the same kernel on permuted rows takes 1.56-1.60
 // and 1.98: the gathered ping-pong tile stays slow for another reason.
+// Stored gathered A (kStoreA): the a_rows stores' L2 policy, 1 evict-first (as the gather kernel's
+// stores: the rows are read back long after), 0 normal (A/B switch). H100, 2026-12-06, the layer's fc1
+// at dsv3 with 32 experts: 0.932x against 0.934x of the kernel on permuted rows, no measurable change.
+#ifndef FUSEGEMM_SM90_STORE_A_EVICT_FIRST
+#define FUSEGEMM_SM90_STORE_A_EVICT_FIRST 1
+#endif
+
 #ifndef FUSEGEMM_SM90_GATHER_ROWS_16
 #define FUSEGEMM_SM90_GATHER_ROWS_16 1
 #endif
@@ -286,6 +293,9 @@ struct GroupedGemmKernel {
   // a consumer instead, the store's wait before the stage's release held the warpgroup's WGMMAs:
   // the layer's fc1 at 32 experts ran 0.85x of the kernel on permuted rows, H100, 2026-12-06.)
   static constexpr bool kStoreA = store_a_of<Config>(0);
+  // (The stored rows' L2 policy: FUSEGEMM_SM90_STORE_A_EVICT_FIRST 1 evict-first, as the gather
+  // kernel's stores, since a weight gradient reads them back long after; 0 the normal policy.)
+  static constexpr CacheHint kStoreHint = FUSEGEMM_SM90_STORE_A_EVICT_FIRST ? CacheHint::kEvictFirst : CacheHint::kNormal;
   static constexpr bool kGatherB = gather_b_of<Config>(0);
   static_assert(!kGatherA || !kClusters, "gathered A: no clusters (the registry's limits)");
   static_assert(!kGatherB || kKGrouped, "gathered B: K-grouped problems (B is token rows only there)");
@@ -676,7 +686,7 @@ struct GroupedGemmKernel {
           if (lane == 0) {
             if (st_row0 >= 0) {
               tma_store_2d(&p.tma_a, smem + kOffA + st_stage * kABytes + gwarp * kShareRows * 128, st_kb * kTileK,
-                           st_row0);
+                           st_row0, kStoreHint);
             }
             tma_store_commit();
           }
