@@ -912,11 +912,10 @@ class RoutedMLPFunction(torch.autograd.Function):
         stored = bool(STORED_GATHERS)
         fc1 = _gather_op("grouped_gemm_swiglu", dev, a_gather=GATHERED_LOADS or stored, d_dtype="bfloat16",
                          generate_c=True, c_dtype="bfloat16", **({"a_gather_store": True} if stored else {}))
-        if stored:   # the rows fc1 gathered, kept for fc1's weight gradient in place of x
+        if GATHERED_LOADS or stored:
             out = fc1(x, padded_offsets, w1, a_index=idx, row_ends=row_ends, inputs={"alpha": ones, "prob": prob})
-            x = out["a_rows"]
-        elif GATHERED_LOADS:
-            out = fc1(x, padded_offsets, w1, a_index=idx, row_ends=row_ends, inputs={"alpha": ones, "prob": prob})
+            if stored:   # the rows fc1 gathered, kept for fc1's weight gradient in place of x
+                x = out["a_rows"]
         else:   # x's rows permuted first (kept for fc1's weight gradient in place of x)
             x = _token_rows(x, token_of_row, row_of)
             out = fc1(x, padded_offsets, w1, row_ends=row_ends, inputs={"alpha": ones, "prob": prob})
@@ -936,11 +935,11 @@ class RoutedMLPFunction(torch.autograd.Function):
         # dy (T, H): read through idx (padding rows: -1, zeros), or permuted first
         stored = ctx.stored
         gathered = GATHERED_LOADS and not stored
-        dy = (dy.to(x.dtype).contiguous() if gathered or stored
-              else _token_rows(dy.to(x.dtype), token_of_row, row_of))
-        through = {"a_index": idx} if gathered or stored else {}
+        through_index = gathered or stored   # the dSwiGLU GEMM reads dy's token rows itself
+        dy = dy.to(x.dtype).contiguous() if through_index else _token_rows(dy.to(x.dtype), token_of_row, row_of)
+        through = {"a_index": idx} if through_index else {}
         b2, major2 = weight_as_b(w2)
-        dsw = _gather_op("grouped_gemm_dswiglu_bf16", dev, a_gather=gathered or stored, b_major=major2,
+        dsw = _gather_op("grouped_gemm_dswiglu_bf16", dev, a_gather=through_index, b_major=major2,
                          **dict(_dswiglu_tile("bf16", dev, g.shape[1] // 2)),
                          **({"a_gather_store": True} if stored else {}))
         out = dsw(dy, off, b2, row_ends=ends, inputs={"alpha": ones, "prob": prob, "c": g}, **through)

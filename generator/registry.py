@@ -211,9 +211,10 @@ _SM100_SCALED_GATHER = (
 )
 
 # Gathered A stored as well (a_gather_store: output a_rows, the gathered rows in problem order):
-# the sm_90a kernel's consumers store each A stage of a tile's first N block through tma_a with a
-# TMA store (fusegemm/sm90/grouped_gemm.cuh kStoreA), so that a weight gradient reads the rows
-# without a permutation kernel. The sm_100a kernel's gather4 stages are not stored yet.
+# the sm_90a kernel's copying producer warps store their shares of each A stage of a tile's first
+# N block through tma_a with a TMA store (fusegemm/sm90/grouped_gemm.cuh kStoreA), so that a weight
+# gradient reads the rows without a permutation kernel. The sm_100a kernel's gather4 stages are not
+# stored yet.
 _SM100_NO_GATHER_STORE = Limit("a_gather_store", (False,), "storing the gathered A rows (a_rows) is the sm_90a "
                                                            "kernel's; sm_100a gathers A without storing it")
 

@@ -133,7 +133,7 @@ class Op(PreparedLaunch):
         self._rows = self.epilogue.row_buffers()
         # A gathered A stored as well (a_gather_store): the rows the kernel gathered, in problem
         # order, one more row output (zeroed past the last offset and the row ends as C and D).
-        self.a_rows_out = bool(getattr(self.variant, "a_gather_store", False))
+        self.a_rows_out = self.variant.a_gather_store
         if self.a_rows_out:
             self._rows += (A_ROWS,)
         # Row-tiled classes (grouped BF16 and block-scaled grouped share the scheduler and the

@@ -125,7 +125,7 @@ def test_sm90_gathered_copies_take_a_few_instructions_each(session_cache, spec, 
 def test_sm90_gathered_64_row_tiles_copy_with_every_warp():
     """FUSEGEMM_SM90_GATHER_ROWS_16 (default 1): a 64-row tile's gathered stage is copied by the
     producer warpgroup's four warps, 16 rows each, four cp.async a lane (LDGSTS sites: 4, against 8
-    for two warps of 32 rows), its full barrier counting every copying lane; 0 spills either way."""
+    for two warps of 32 rows); 0 spills either way."""
     from fusegemm.runtime import disasm
     from fusegemm.runtime.compile import compile_source
     src = render(make_variant("grouped_gemm", arch="sm_90a", a_gather=True, **{**BF16, "tile_m": 64, "tile_n": 128}))
