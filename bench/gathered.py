@@ -31,6 +31,13 @@ Outputs of each gathered or scattered kernel and its plain run are checked bit-e
 (``a_gather_store=True``: ``a_rows``, the rows a weight gradient reads next), against
 ``gather_then_gemm`` (which writes the same rows) and ``gathered``.
 
+``--dswiglu`` adds the layer's fc2 data gradient with dSwiGLU (``specs/grouped_gemm_dswiglu_bf16.yaml``,
+w2 read N-major, C the fc1 pre-activations): dy's token rows read through the index against the rows
+permuted beforehand, on the ping-pong 64 x 256 tile the layer runs (``dswiglu_pp64x256_*``) and the
+cooperative 128 x 256 tile (``dswiglu_c128x256_*``); with ``--also``, the ping-pong tile's gathered
+kernel of each build too. ``--also NAME=DEFINES`` builds the gathered fc1, the scattered fc2 and the
+gathered weight gradient again under the defines (``gathered_NAME``, ``scattered_NAME``, ``wgrad_gathered_NAME``).
+
 ``--wgrad-swapped`` adds the weight gradient with the roles swapped (dW1^T = X^T dG: X gathered as A,
 ``wgrad_swapped_gathered``, against ``wgrad_swapped_pre_permuted``), and the layer's candidate:
 the same gathered kernel storing D M-major (``cd_major="m"``: D_e^T, so dW1 lands as (L, 2F, H)
@@ -38,7 +45,8 @@ like ``wgrad_pre_permuted``'s), ``wgrad_swapped_dt_gathered``, whose ratio to
 ``wgrad_pre_permuted`` is the one issue 33 asks about (>= 0.95x); ``wgrad_swapped_dt_pre_permuted``
 (the same store on pre-permuted rows) gives the M-major store's own cost.
 
-    python bench/gathered.py [--layers dsv3-8,mixtral,qwen3] [--also NAME=DEFINES] [--wgrad-swapped] [--out FILE]
+    python bench/gathered.py [--layers dsv3-8,mixtral,qwen3] [--also NAME=DEFINES] [--wgrad-swapped] [--stored]
+                             [--dswiglu] [--out FILE]
 """
 from __future__ import annotations
 
@@ -67,6 +75,21 @@ def routed_fc1(name: str):
     r = routing.route(torch.randn(tokens, experts, generator=g, device="cuda"), top_k)
     ins = {"alpha": torch.ones(experts, device="cuda")}
     return g, x, w, r, r.token_of_row.int(), permute.gather_rows(x, r.token_of_row), ins
+
+
+def routed_dswiglu(name: str, g, r):
+    """Layer ``name``'s fc2 data gradient with dSwiGLU on routing ``r`` (generator ``g`` goes on):
+    dy (T, H), its rows permuted beforehand, w2 (E, H, F) as an N-major B view (E, F, H), and the
+    epilogue's inputs (C: the fc1 pre-activations (R, 2F); prob: each row's weight)."""
+    import torch
+
+    from fusegemm import permute
+    experts, tokens, k, n, _ = LAYERS[name]
+    dy = torch.randn(tokens, k, generator=g, device="cuda").bfloat16()
+    w2n = (torch.randn(experts, k, n // 2, generator=g, device="cuda") * k ** -0.5).bfloat16().transpose(1, 2)
+    inputs = {"alpha": torch.ones(experts, device="cuda"), "prob": torch.rand(r.rows, generator=g, device="cuda"),
+              "c": torch.randn(r.rows, n, generator=g, device="cuda").bfloat16()}
+    return dy, permute.gather_rows(dy, r.token_of_row), w2n, inputs
 
 
 def bench_layer(name: str, args) -> dict:
@@ -150,13 +173,38 @@ def bench_layer(name: str, args) -> dict:
         stored_equal = torch.equal(o["d"], plain(rows, r.padded_offsets, w, inputs=ins)["d"]) and torch.equal(
             o["a_rows"], rows)
         methods["gathered_stored"] = lambda: st(x, r.padded_offsets, w, a_index=idx, inputs=ins)
+    dswiglu_equal = {}
+    if args.dswiglu:
+        dy, dy_rows, w2n, dins = routed_dswiglu(name, g, r)
+        for tag, tile in (("pp64x256", dict(tile_m=64, tile_n=256)), ("c128x256", dict(tile_m=128, tile_n=256))):
+            dgo = Op("grouped_gemm_dswiglu_bf16", a_gather=True, b_major="n", **tile)
+            dpo = Op("grouped_gemm_dswiglu_bf16", b_major="n", **tile)
+            og = dgo(dy, r.padded_offsets, w2n, a_index=idx, inputs=dins)
+            op_ = dpo(dy_rows, r.padded_offsets, w2n, inputs=dins)
+            # (dprob sums the N tiles' partial sums with atomics, in an order that varies: compared by value)
+            dswiglu_equal[tag] = torch.equal(og["d"], op_["d"]) and bool(
+                torch.allclose(og["dprob"], op_["dprob"], rtol=1e-5, atol=1e-6))
+            if tag == "pp64x256":
+                dswiglu_ref = op_
+            methods[f"dswiglu_{tag}_gathered"] = lambda dgo=dgo: dgo(dy, r.padded_offsets, w2n, a_index=idx,
+                                                                     inputs=dins)
+            methods[f"dswiglu_{tag}_pre_permuted"] = lambda dpo=dpo: dpo(dy_rows, r.padded_offsets, w2n, inputs=dins)
     for tag, defines in args.also_pairs:   # the gathered and scattered ops built again (A/B switches)
         with nvrtc_defines(defines):
             g_also = Op("grouped_gemm", a_gather=True, **axes).compile()
             s_also = Op("grouped_gemm", d_scatter=True, **axes).compile()
+            w_also = Op("grouped_gemm_wgrad", b_gather=True, **axes).compile()
+        methods[f"wgrad_gathered_{tag}"] = lambda w_also=w_also: w_also(dg, x, r.padded_offsets, x_index=idx)
         methods[f"gathered_{tag}"] = lambda g_also=g_also: g_also(x, r.padded_offsets, w, a_index=idx, inputs=ins)
         methods[f"scattered_{tag}"] = lambda s_also=s_also: s_also(h, r.padded_offsets, w2, d_index=d_index,
                                                                      d_rows=slots, inputs=ins)
+        if args.dswiglu:   # and the gathered dSwiGLU's ping-pong tile, checked against its plain run first
+            with nvrtc_defines(defines):
+                d_also = Op("grouped_gemm_dswiglu_bf16", a_gather=True, b_major="n", tile_m=64, tile_n=256).compile()
+            o_also = d_also(dy, r.padded_offsets, w2n, a_index=idx, inputs=dins)
+            dswiglu_equal[f"pp64x256_{tag}"] = torch.equal(o_also["d"], dswiglu_ref["d"])
+            methods[f"dswiglu_pp64x256_gathered_{tag}"] = lambda d_also=d_also: d_also(dy, r.padded_offsets, w2n,
+                                                                                       a_index=idx, inputs=dins)
     row = {"layer": name, "experts": experts, "tokens": tokens, "k": k, "n": n, "top_k": top_k, "rows": r.rows,
            "gathered_equals_pre_permuted": equal, "wgrad_gathered_equals_pre_permuted": wequal,
            "scattered_equals_fc2_placed": sequal, "fp8_gathered_equals_pre_permuted": equal8}
@@ -185,8 +233,14 @@ def bench_layer(name: str, args) -> dict:
         row["gathered_stored_vs_gather_then_gemm"] = row["gather_then_gemm_ms"] / row["gathered_stored_ms"]
         row["gathered_stored_vs_pre_permuted"] = row["pre_permuted_ms"] / row["gathered_stored_ms"]
         row["gathered_stored_vs_gathered"] = row["gathered_ms"] / row["gathered_stored_ms"]
+    for tag, same in dswiglu_equal.items():   # (tag: a tile, or a tile and an --also build)
+        tile, _, also = tag.partition("_")
+        name = f"dswiglu_{tile}_gathered" + (f"_{also}" if also else "")
+        row[f"{name}_equals_pre_permuted"] = same
+        row[f"{name}_vs_pre_permuted"] = row[f"dswiglu_{tile}_pre_permuted_ms"] / row[f"{name}_ms"]
     for tag, _ in args.also_pairs:
         row[f"gathered_{tag}_vs_pre_permuted"] = row["pre_permuted_ms"] / row[f"gathered_{tag}_ms"]
+        row[f"wgrad_gathered_{tag}_vs_pre_permuted"] = row["wgrad_pre_permuted_ms"] / row[f"wgrad_gathered_{tag}_ms"]
         row[f"scattered_{tag}_vs_fc2"] = row["fc2_ms"] / row[f"scattered_{tag}_ms"]
     return row
 
@@ -199,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time the weight gradient with X gathered on the M side (dW1^T = X^T dG)")
     ap.add_argument("--stored", action="store_true",
                     help="also time the gathered GEMM storing the rows it gathered (a_gather_store)")
+    ap.add_argument("--dswiglu", action="store_true",
+                    help="also time the layer's dSwiGLU GEMM with dy gathered (ping-pong 64 x 256 and 128 x 256)")
     args = ap.parse_args(argv)
     args.also_pairs = also_builds(args)
     return run_layers(args, LAYERS, bench_layer,

@@ -1,13 +1,15 @@
 """One op launched three times on one of its shapes, for a profiler; prints nothing but a line at
 the end. The blockwise ops of bench/blockscaled.py (balanced experts), or the routed layer's fc1 as
 bench/gathered.py runs it (BF16, tile 128 x 256: ``gathered`` reads x through the routing's index,
-``pre_permuted`` the rows gathered beforehand; SHAPE a layer of bench/gathered.py):
+``pre_permuted`` the rows gathered beforehand; SHAPE a layer of bench/gathered.py), or its dSwiGLU
+data gradient (``dswiglu_*``: dy gathered or permuted, tile TILE_M x 256, default 64: ping-pong):
 
     ncu --clock-control none -k regex:fg_grouped --launch-skip 2 --launch-count 1 --set full \\
         -o OUT python bench/ncu_one_op.py {quant_bw,gemm_bw,dswiglu_bw,srelu_bw,dswiglu_bw_pp,srelu_bw_pp} \\
         [SHAPE]
     ncu ... python bench/ncu_one_op.py {gathered,pre_permuted} [dsv3-8|mixtral|qwen3]
     ncu ... python bench/ncu_one_op.py {wgrad_gathered,wgrad_pre_permuted} [dsv3-8|mixtral|qwen3]
+    ncu ... python bench/ncu_one_op.py {dswiglu_gathered,dswiglu_pre_permuted} [dsv3-8|mixtral|qwen3] [TILE_M]
     ncu -k regex:'fg_grouped|nvjet' ... python bench/ncu_one_op.py {bf16_grouped,cublas_dense} [qwen3-fc1]
     ncu ... python bench/ncu_one_op.py bf16_grouped_c2x1 [qwen3-fc1]
 
@@ -37,16 +39,24 @@ from _common import SHAPES, expert_sizes
 from blockscaled import quantize_1x128, quantize_128x128
 
 
-def routed_fc1_calls(which: str, layer: str) -> None:
-    """The layer's fc1 of bench/gathered.py, gathered or on pre-permuted rows, or its weight
-    gradient (``wgrad_gathered``: X's token rows through the index), three launches."""
+def routed_fc1_calls(which: str, layer: str, tile_m: int = 64) -> None:
+    """The layer's fc1 of bench/gathered.py, gathered or on pre-permuted rows, its weight
+    gradient (``wgrad_gathered``: X's token rows through the index), or its fc2 data gradient with
+    dSwiGLU (``dswiglu_gathered``: dy's token rows through the index, tile ``tile_m`` x 256), three
+    launches."""
     import torch
 
     from fusegemm.ops.engine import Op
-    from gathered import routed_fc1
+    from gathered import routed_dswiglu, routed_fc1
     g, x, w, r, idx, rows, ins = routed_fc1(layer)
     axes = dict(tile_m=128, tile_n=256)
-    if which.startswith("wgrad"):
+    if which.startswith("dswiglu"):
+        dy, dy_rows, w2n, dins = routed_dswiglu(layer, g, r)
+        gathered = which == "dswiglu_gathered"
+        op = Op("grouped_gemm_dswiglu_bf16", a_gather=gathered, b_major="n", tile_m=tile_m, tile_n=256).compile()
+        through = {"a_index": idx} if gathered else {}
+        call = lambda: op(dy if gathered else dy_rows, r.padded_offsets, w2n, inputs=dins, **through)   # noqa: E731
+    elif which.startswith("wgrad"):
         dg = torch.randn(r.rows, w.shape[1], generator=g, device="cuda").bfloat16()
         if which == "wgrad_gathered":
             op = Op("grouped_gemm_wgrad", b_gather=True, **axes).compile()
@@ -123,6 +133,8 @@ def main(which: str, shape: str | None = None, tile_m: str = "64", cluster_m: st
         return layer_dgrad_calls(which, shape or "mixtral-l", int(tile_m), int(cluster_m))
     if which in ("gathered", "pre_permuted", "wgrad_gathered", "wgrad_pre_permuted"):
         return routed_fc1_calls(which, shape or "dsv3-8")
+    if which in ("dswiglu_gathered", "dswiglu_pre_permuted"):
+        return routed_fc1_calls(which, shape or "mixtral", int(tile_m))
     if which in ("bf16_grouped", "cublas_dense") or which.startswith("bf16_grouped_c"):
         return bf16_calls(which, shape or "qwen3-fc1")
     shape = shape or "dsv3-fc2"

@@ -856,7 +856,27 @@ SWAPPED_WGRAD = False
 # 0.92x (mixtral) of the block's, fc1 only 0.98x / 0.99x: at 32 experts the stored fc1 took 3.06-3.35
 # ms against 2.89 on permuted rows (the rows' store is what costs) and the gathered ping-pong dSwiGLU
 # 2.75 against 1.77, more than the 0.67 ms of gathers saved (README, "The gathered rows stored as well").
+# With the gathered dSwiGLU on the cooperative tile (below), still off: two processes of 15 rounds (H100,
+# 2026-12-06, bench/results/moe_layer_h100_gathered_coop_{1,2}.json), against the block in the same
+# rounds, stored 0.98x / 0.98x at dsv3-32 and 0.97x / 0.97x at mixtral, GATHERED_LOADS 0.98x / 0.98x and
+# 0.95x / 0.96x; this function on permuted rows itself 0.97x / 0.96x and 0.96x / 0.95x.
 STORED_GATHERS: bool | str = False
+# The dSwiGLU GEMM with dy gathered (GATHERED_LOADS, STORED_GATHERS) runs the spec's cooperative
+# 128 x 256 tile, not the block's 64-row ping-pong one. H100, 2026-12-06 (bench/gathered.py --dswiglu,
+# same run, three rounds, bench/results/gathered_h100_dswiglu.json): gathered, the ping-pong tile ran
+# 2.66 / 2.35 ms at mixtral / dsv3-8 (0.74x / 0.68x of itself on permuted rows), the cooperative one
+# 2.38 / 1.83 ms (0.93x / 1.00x). Nsight Compute on the ping-pong pair (mixtral): the consumers wait
+# on a stage's full barrier in 64% of their mainloop samples (40% on permuted rows) while the copying
+# warps find the next stage still in use before 70% of their k-blocks: every stage is in flight and
+# the copies land later than the consumers come back for them. Publishing the copies sooner did not
+# cure it (the same run, bench/results/gathered_h100_dswiglu_lag.json, mixtral / dsv3-8 / qwen3, of the
+# ping-pong tile on permuted rows): one stage late (the default) 0.71x / 0.70x / 0.89x; cp.async's own
+# mbarrier arrivals (FUSEGEMM_SM90_GATHER_LAG=0) 0.74x / 0.74x / 1.01x; two or three stages late
+# without the early publication 0.73x / 0.73x / 0.97x and 0.67x / 0.65x / 0.90x.
+def _routed_dswiglu_tile(gathered: bool, device: int, f: int) -> dict:
+    """The dSwiGLU GEMM's tile axes in :class:`RoutedMLPFunction` (intermediate size ``f`` on
+    device ``device``): none (the spec's cooperative tile) with dy gathered, else the block's."""
+    return {} if gathered else dict(_dswiglu_tile("bf16", device, f))
 
 
 class RoutedMLPFunction(torch.autograd.Function):
@@ -940,7 +960,7 @@ class RoutedMLPFunction(torch.autograd.Function):
         through = {"a_index": idx} if through_index else {}
         b2, major2 = weight_as_b(w2)
         dsw = _gather_op("grouped_gemm_dswiglu_bf16", dev, a_gather=through_index, b_major=major2,
-                         **dict(_dswiglu_tile("bf16", dev, g.shape[1] // 2)),
+                         **_routed_dswiglu_tile(through_index, dev, g.shape[1] // 2),
                          **({"a_gather_store": True} if stored else {}))
         out = dsw(dy, off, b2, row_ends=ends, inputs={"alpha": ones, "prob": prob, "c": g}, **through)
         dg, dprob = out["d"], out["dprob"]
