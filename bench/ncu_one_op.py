@@ -21,9 +21,10 @@ weights): what one kernel does that the other does not, on the rows where they d
     ncu ... --section SourceCounters python bench/ncu_one_op.py {dswiglu_layer,gemm_layer} \\
         [mixtral-l|dsv3-32-l] [TILE_M] [CLUSTER_M]
 
-``dswiglu_layer`` is the MoE layer's fc2 data gradient with dSwiGLU as bench/pingpong.py times it
-(routed rows, tile TILE_M x 256, default 64: ping-pong, the layer's; w2 read N-major; CLUSTER_M 2:
-on 2 x 1 clusters, B multicast), and
+``swiglu_layer`` (``python bench/ncu_one_op.py swiglu_layer [dsv3-32-l|mixtral-l]``) is the layer's fc1
+with SwiGLU on its routed rows (128 x 256, as the layer runs it); ``dswiglu_layer`` is the MoE
+layer's fc2 data gradient with dSwiGLU as bench/pingpong.py times it (routed rows, tile TILE_M x 256,
+default 64: ping-pong, the layer's; w2 read N-major; CLUSTER_M 2: on 2 x 1 clusters, B multicast), and
 ``gemm_layer`` the plain BF16 GEMM of the same shape and tiles (w2 copied K-major): what the
 epilogue costs beside the mainloop (bench/results/ncu_h100_qwen3_clusters_dswiglu_source.json,
 ncu_h200_dswiglu_mixtral_frag_elem_at.json).
@@ -102,6 +103,21 @@ def bf16_calls(which: str, shape: str) -> None:
     print("done", which, shape)
 
 
+def layer_fc1_calls(layer: str) -> None:
+    """The layer's fc1 with SwiGLU and the pre-activations (bench/pingpong.py's swiglu rows, routed:
+    its fused_problem; the cooperative 128 x 256 tile the layer runs), three launches."""
+    import torch
+
+    from fusegemm import EpilogueGemm
+    from pingpong import fused_problem
+    spec, axes, a, off, b, inputs, m, n, _ = fused_problem(torch, "swiglu", layer, "routed")
+    op = EpilogueGemm(spec, tile_m=128, tile_n=256, **axes).compile()
+    for _ in range(3):
+        op(a, off, b, inputs=inputs)
+    torch.cuda.synchronize()
+    print("done swiglu_layer", layer, m, n)
+
+
 def layer_dgrad_calls(which: str, layer: str, tile_m: int, cluster_m: int = 1) -> None:
     """The layer's fc2 data gradient (bench/pingpong.py's dswiglu rows, routed: its
     fused_problem), with dSwiGLU or as the plain grouped GEMM, three launches (dSwiGLU on a
@@ -129,6 +145,8 @@ def layer_dgrad_calls(which: str, layer: str, tile_m: int, cluster_m: int = 1) -
 
 
 def main(which: str, shape: str | None = None, tile_m: str = "64", cluster_m: str = "1") -> None:
+    if which == "swiglu_layer":
+        return layer_fc1_calls(shape or "dsv3-32-l")
     if which in ("dswiglu_layer", "gemm_layer"):
         return layer_dgrad_calls(which, shape or "mixtral-l", int(tile_m), int(cluster_m))
     if which in ("gathered", "pre_permuted", "wgrad_gathered", "wgrad_pre_permuted"):
