@@ -35,6 +35,9 @@ and with fc1's weight gradient swapped, ``moe.SWAPPED_WGRAD``: X gathered as A, 
 ``--also unzeroed-padding`` with its GEMMs' unwritten padding rows left unzeroed
 (``moe.UNZEROED_PADDING``: four tail-zeroing launches less), ``--also token-order-unzeroed``
 with both.
+``--also block-again`` times the block itself a second time: a null control, whose ratio to the block
+in the same rounds (``block-again_vs_fusegemm_rounds``) is what the method's noise and a variant's place
+in the round alone give.
 ``--also fp8-block`` times the block with its expert MLP on the blockwise FP8 recipe
 (``recipe="fp8_block"``, the same weights; its difference is the recipe's rounding).
 """
@@ -129,7 +132,7 @@ def fp8_block_layer(block):
 
 
 # --also: each variant's layer on the block
-VARIANTS = {"block-no-ends": BlockNoEnds, "fp8-block": fp8_block_layer, "token-order": TokenOrder,
+VARIANTS = {"block-again": lambda b: b, "block-no-ends": BlockNoEnds, "fp8-block": fp8_block_layer, "token-order": TokenOrder,
             "unzeroed-padding": UnzeroedPadding, "token-order-unzeroed": TokenOrderUnzeroed,
             "routed": lambda b: RoutedLayer(b, ends=True, gathered=False),
             "routed-no-ends": lambda b: RoutedLayer(b, ends=False, gathered=False),

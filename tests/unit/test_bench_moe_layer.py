@@ -51,3 +51,11 @@ def test_the_fp8_block_variant_is_the_block_on_fp8_operands():
     assert 1e-3 < rel < 0.1, rel
     got.sum().backward()
     assert block.mlp.w1.grad is not None and block.mlp.w2.grad is not None and x.grad is not None
+
+
+def test_the_null_control_is_the_block_itself():
+    """--also block-again times the very module the block row times (the same parameters and
+    kernels), so its ratio to the block is the method's own spread."""
+    from fusegemm.moe import MoEBlock
+    block = MoEBlock(32, 64, 4, 2, backend="torch", generator=torch.Generator().manual_seed(1))
+    assert _bench().VARIANTS["block-again"](block) is block
