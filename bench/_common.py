@@ -120,17 +120,23 @@ def watchdog(what: str, seconds: float, stop=os._exit):
 def interleaved_ms(methods: dict, args, timer=time_ms, rounds_out: dict | None = None) -> dict[str, float]:
     """Every method timed in each of ``args.rounds`` interleaved rounds; the median over all
     samples. Clocks and neighbours drift during a run, and interleaving keeps that drift out of
-    the ratios. Each method's round runs under :func:`watchdog` (``args.hang_s``). ``timer``:
+    the ratios. Round r starts at method r (mod the methods), so that over the rounds every method
+    takes every place in the order: a method's place alone moved its time by 4% (H100, 2026-12-06,
+    bench/moe_layer.py's null control ``--also block-again``, the block timed twice in fixed
+    order: 0.96x of itself at dsv3 and mixtral, 1.00x at qwen3; bench/results/moe_layer_h100_null_fixed_order.json).
+    Each method's round runs under :func:`watchdog` (``args.hang_s``). ``timer``:
     :func:`time_ms` (each call's latency) or :func:`queued_ms` (calls back to back).
     ``rounds_out``, when given, receives each method's per-round times (for paired ratios:
     :func:`round_ratios`)."""
     samples: dict[str, list[float]] = {} if rounds_out is None else rounds_out
     samples.update({key: [] for key in methods})
     hang_s = getattr(args, "hang_s", HANG_S)
+    keys = list(methods)
     for r in range(args.rounds):
-        for key, fn in methods.items():
+        start = r % len(keys) if keys else 0
+        for key in keys[start:] + keys[:start]:
             with watchdog(f"method {key!r} (round {r + 1})", hang_s):
-                samples[key].append(timer(fn, args.warmup, args.iters))
+                samples[key].append(timer(methods[key], args.warmup, args.iters))
     return {key: statistics.median(samples[key]) for key in methods}
 
 

@@ -270,16 +270,26 @@ def test_round_ratios_pair_the_methods_round_by_round():
     """interleaved_ms hands back each method's per-round times when asked, and round_ratios pairs
     two methods within each round: a clock that drifts between rounds moves both, not their ratio."""
     common = bench_module("_common")
-    clock = iter([10.0, 5.0, 20.0, 10.0, 12.0, 4.0])   # rounds: (a, b) = (10, 5), (20, 10), (12, 4)
+    clocks = {"a": iter([10.0, 20.0, 12.0]), "b": iter([5.0, 10.0, 4.0])}   # rounds (a, b): (10, 5), (20, 10), (12, 4)
     rounds: dict = {}
     args = argparse.Namespace(rounds=3, warmup=0, iters=1, hang_s=0)
-    med = common.interleaved_ms({"a": None, "b": None}, args, timer=lambda fn, w, i: next(clock),
+    med = common.interleaved_ms({"a": "a", "b": "b"}, args, timer=lambda fn, w, i: next(clocks[fn]),
                                 rounds_out=rounds)
     assert rounds == {"a": [10.0, 20.0, 12.0], "b": [5.0, 10.0, 4.0]}
     assert med == {"a": 12.0, "b": 5.0}
     assert common.round_ratios(rounds, "a", "b") == {"median": 2.0, "min": 2.0, "max": 3.0}
     with pytest.raises(ValueError, match="no rounds"):
         common.round_ratios({"a": [], "b": []}, "a", "b")
+
+
+def test_interleaved_rounds_rotate_the_methods_order():
+    """Round r starts at method r (mod the methods): over the rounds each method takes each place
+    (a method's place in a fixed order moved its time by 4% on the H100)."""
+    common = bench_module("_common")
+    calls = []
+    args = argparse.Namespace(rounds=4, warmup=0, iters=1, hang_s=0)
+    common.interleaved_ms({"a": "a", "b": "b", "c": "c"}, args, timer=lambda fn, w, i: calls.append(fn) or 1.0)
+    assert "".join(calls) == "abc" "bca" "cab" "abc"
 
 
 def test_pingpong_reports_each_rounds_ratio_to_the_default(monkeypatch):
