@@ -38,6 +38,7 @@ with both.
 ``--also block-again`` times the block itself a second time: a null control, whose ratio to the block
 in the same rounds (``block-again_vs_fusegemm_rounds``) is what the method's noise and a variant's place
 in the round alone give.
+``--also block-gathered`` times ``MoEBlock(loads="gathered")`` on the block's parameters.
 ``--also fp8-block`` times the block with its expert MLP on the blockwise FP8 recipe
 (``recipe="fp8_block"``, the same weights; its difference is the recipe's rounding).
 """
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 
 from _common import interleaved_ms, kernel_table, round_ratios, run_layers
 
@@ -132,7 +134,14 @@ def fp8_block_layer(block):
 
 
 # --also: each variant's layer on the block
-VARIANTS = {"block-again": lambda b: b, "block-no-ends": BlockNoEnds, "fp8-block": fp8_block_layer, "token-order": TokenOrder,
+def gathered_block(block):
+    """The block with ``loads="gathered"`` (its own parameters): RoutedMLPFunction's gathered kernels."""
+    layer = copy.copy(block)   # (shares the submodules, so the parameters and their gradients)
+    layer.loads = "gathered"
+    return layer
+
+
+VARIANTS = {"block-again": lambda b: b, "block-gathered": gathered_block, "block-no-ends": BlockNoEnds, "fp8-block": fp8_block_layer, "token-order": TokenOrder,
             "unzeroed-padding": UnzeroedPadding, "token-order-unzeroed": TokenOrderUnzeroed,
             "routed": lambda b: RoutedLayer(b, ends=True, gathered=False),
             "routed-no-ends": lambda b: RoutedLayer(b, ends=False, gathered=False),

@@ -95,6 +95,30 @@ def test_routed_mlp_is_bit_equal_to_the_permuted_block(top_k, wgrad, gathered, m
             assert torch.equal(got, want), (name, _rel(got, want))
 
 
+@pytest.mark.parametrize("top_k", [1, 8])
+def test_moe_block_with_gathered_loads_is_bit_equal_to_its_permuted_path(top_k):
+    """MoEBlock(loads="gathered") runs RoutedMLPFunction's gathered kernels (no gather kernel in
+    the step) and gives the permuted block's output and gradients bit for bit (the logits'
+    gradient within 1e-5: dprob's atomic sums), with an expert nobody picks."""
+    _sm90a_only()
+    x, logits, dy = _step_inputs(tokens=900, experts=8, seed=7)
+    logits[:, 3] = -1e4
+    out = {}
+    for loads in ("permuted", "gathered"):
+        block = moe.MoEBlock(256, 384, 8, top_k, device="cuda", generator=torch.Generator().manual_seed(6),
+                             loads=loads)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            out[loads] = _step(block, x, logits, dy)
+            torch.cuda.synchronize()
+        calls = [e.name for e in prof.events() if "gather_rows" in e.name]
+        assert bool(calls) == (loads == "permuted"), (loads, calls)
+    for name, got, want in zip(("y", "dx", "dlogits", "dw1", "dw2"), out["gathered"], out["permuted"]):
+        if name == "dlogits":
+            assert _rel(got, want) <= 1e-5, (name, _rel(got, want))
+        else:
+            assert torch.equal(got, want), (name, _rel(got, want))
+
+
 @pytest.mark.parametrize("top_k", [2, 8])
 def test_routed_mlp_with_the_swapped_weight_gradient(top_k, monkeypatch):
     """GATHERED_LOADS with SWAPPED_WGRAD: fc1's weight gradient as (X^T dG)^T, X's token rows
@@ -242,12 +266,14 @@ def _step(block, x, logits, dy):
     return y.detach(), xi.grad, zi.grad, block.mlp.w1.grad, block.mlp.w2.grad
 
 
-def test_moe_block_under_torch_compile_fullgraph():
+@pytest.mark.parametrize("loads", ["permuted", "gathered"])
+def test_moe_block_under_torch_compile_fullgraph(loads):
     """The whole layer traced by torch.compile(fullgraph=True) (routing, the expert MLP's custom
     ops and its autograd.Function, the weight gradient's op), forward and backward: the same
-    numbers as eager."""
+    numbers as eager (loads="gathered": eager runs the gathered kernels, the compiled step the
+    permuted path)."""
     x, logits, dy = _step_inputs()
-    block = moe.MoEBlock(256, 256, 8, 2, device="cuda", generator=torch.Generator().manual_seed(4))
+    block = moe.MoEBlock(256, 256, 8, 2, device="cuda", generator=torch.Generator().manual_seed(4), loads=loads)
     eager = _step(block, x, logits, dy)
     block.forward = torch.compile(block.forward, fullgraph=True)
     compiled = _step(block, x, logits, dy)
@@ -255,11 +281,12 @@ def test_moe_block_under_torch_compile_fullgraph():
         assert _rel(got, want) <= 1e-3, (name, _rel(got, want))
 
 
-def test_moe_block_step_in_a_cuda_graph():
+@pytest.mark.parametrize("loads", ["permuted", "gathered"])
+def test_moe_block_step_in_a_cuda_graph(loads):
     """Forward and backward of the whole layer captured once and replayed on new tokens and
     logits: nothing in the step synchronises with the host or allocates outside the graph."""
     x, logits, dy = _step_inputs()
-    block = moe.MoEBlock(256, 256, 8, 2, device="cuda", generator=torch.Generator().manual_seed(4))
+    block = moe.MoEBlock(256, 256, 8, 2, device="cuda", generator=torch.Generator().manual_seed(4), loads=loads)
     xs, zs = x.clone().requires_grad_(), logits.clone().requires_grad_()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

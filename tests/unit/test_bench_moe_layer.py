@@ -59,3 +59,12 @@ def test_the_null_control_is_the_block_itself():
     from fusegemm.moe import MoEBlock
     block = MoEBlock(32, 64, 4, 2, backend="torch", generator=torch.Generator().manual_seed(1))
     assert _bench().VARIANTS["block-again"](block) is block
+
+
+def test_the_gathered_variant_is_the_block_with_gathered_loads():
+    """--also block-gathered: the block's own parameters (its gradients land on them), loads="gathered"."""
+    from fusegemm.moe import MoEBlock
+    block = MoEBlock(32, 64, 4, 2, backend="torch", generator=torch.Generator().manual_seed(1))
+    layer = _bench().VARIANTS["block-gathered"](block)
+    assert layer.loads == "gathered" and block.loads == "permuted"
+    assert layer.mlp.w1 is block.mlp.w1 and layer.mlp.w2 is block.mlp.w2

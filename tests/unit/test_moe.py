@@ -342,3 +342,23 @@ def test_routed_dswiglu_runs_the_cooperative_tile_when_dy_is_gathered(monkeypatc
     assert moe._routed_dswiglu_tile(True, 0, 2048) == {}
     default = make_variant("grouped_gemm_dswiglu_bf16", arch="sm_90a", a_gather=True, b_major="n")
     assert (default.tile_m, default.tile_n) == (128, 256)
+
+
+def test_moe_block_loads_is_checked_and_falls_back_where_the_gathered_path_does_not_run():
+    """MoEBlock(loads=...): anything but "permuted" or "gathered" is an ArgumentError naming
+    ``loads``; "gathered" runs RoutedMLPFunction only on the fusegemm backend's bf16 recipe on an
+    sm_90a GPU, outside torch.compile, so on the CPU it is the permuted block, value for value."""
+    from fusegemm.base.errors import ArgumentError
+    with pytest.raises(ArgumentError, match="loads"):
+        moe.MoEBlock(32, 64, 4, 2, backend="torch", loads="scattered")
+    x = torch.randn(50, 32, generator=torch.Generator().manual_seed(0))
+    logits = torch.randn(50, 4, generator=torch.Generator().manual_seed(1))
+    out = {}
+    for loads in ("permuted", "gathered"):
+        block = moe.MoEBlock(32, 64, 4, 2, backend="torch", dtype=torch.float32, loads=loads,
+                             generator=torch.Generator().manual_seed(2))
+        assert block._gathered_runs(x) is False
+        out[loads] = block(x, logits)
+    assert torch.equal(out["permuted"], out["gathered"])
+    with pytest.raises(ArgumentError, match="loads"):
+        moe.RoutedMLPFunction.apply(x, *([None] * 7), "auto", "sideways")
