@@ -859,7 +859,11 @@ SWAPPED_WGRAD = False
 # With the gathered dSwiGLU on the cooperative tile (below), still off: two processes of 15 rounds (H100,
 # 2026-12-06, bench/results/moe_layer_h100_gathered_coop_{1,2}.json), against the block in the same
 # rounds, stored 0.98x / 0.98x at dsv3-32 and 0.97x / 0.97x at mixtral, GATHERED_LOADS 0.98x / 0.98x and
-# 0.95x / 0.96x; this function on permuted rows itself 0.97x / 0.96x and 0.96x / 0.95x.
+# 0.95x / 0.96x; this function on permuted rows itself 0.97x / 0.96x and 0.96x / 0.95x. (Those rounds ran
+# the methods in a fixed order, which put any variant about 4% behind the block: the block timed twice
+# gave 0.96x. With rotating rounds, 12 of them, bench/results/moe_layer_h100_rotated_variants.json: stored
+# 0.99x / 0.98x / 0.99x / 1.03x at dsv3-8 / dsv3-32 / mixtral / qwen3, the null control 1.01x / 0.98x /
+# 0.97x / 1.01x: level, a little ahead at qwen3.)
 STORED_GATHERS: bool | str = False
 # The dSwiGLU GEMM with dy gathered (GATHERED_LOADS, STORED_GATHERS) runs the spec's cooperative
 # 128 x 256 tile, not the block's 64-row ping-pong one. H100, 2026-12-06 (bench/gathered.py --dswiglu,
@@ -896,14 +900,14 @@ class RoutedMLPFunction(torch.autograd.Function):
     same values); the x gradient likewise sums fc1's data-gradient rows. Eager CUDA (sm_90a)
     only: the ops are called directly, without custom-op faces.
 
-    :class:`MoEBlock` runs the same row ends on its permuted rows, and does not run this: on
-    the H200 (bench/moe_layer.py --also, same run, 2026-12-03) the layer's step took 15.71 ms
-    with it against 15.53 ms for the block at dsv3 with 32 experts (16.68 and 15.99 ms without the
-    row ends), 15.89 against 15.54 ms at mixtral. The row ends skip the padding's tiles through a
+    :class:`MoEBlock` runs the same row ends on its permuted rows, and this function with the
+    gathered loads when built with ``loads="gathered"``. On permuted rows this function is the
+    block's step (1.000x / 1.002x at qwen3 / dsv3-32 on an H100 with rotating rounds, 2026-12-06;
+    the H200 figures of 2026-12-03, 15.71 against 15.53 ms at dsv3-32, came from fixed-order
+    rounds, which favoured the block). The row ends skip the padding's tiles through a
     compacted tile walk (fusegemm/scheduler.cuh); skipping them inside the full walk had made the
     step slower (16.39 against 15.44 ms), most likely because the CTAs that skipped ran ahead
-    into later raster bands. The gathered loads (``GATHERED_LOADS``) are slower still (each
-    gathered GEMM runs a few percent under the same kernel on permuted rows).
+    into later raster bands.
     """
 
     @staticmethod
@@ -1020,7 +1024,7 @@ class MoEBlock(torch.nn.Module):
         fusegemm backend, the bf16 recipe, an sm_90a GPU, eager or CUDA-graphed (under
         ``torch.compile`` the block runs its permuted path, whose values are the same). Measured
         on an H100 (2026-12-06, graphed, rounds rotating the order, bench/moe_layer.py
-        --also routed-gathered): 1.065x the permuted step at a qwen3-like layer (128 experts,
+        --also block-gathered): 1.06x the permuted step at a qwen3-like layer (128 experts,
         top-k 8, hidden 2048), within the noise at the dsv3- and mixtral-like layers.
     """
 
