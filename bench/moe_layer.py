@@ -141,7 +141,8 @@ def gathered_block(block):
     return layer
 
 
-VARIANTS = {"block-again": lambda b: b, "block-gathered": gathered_block, "block-no-ends": BlockNoEnds, "fp8-block": fp8_block_layer, "token-order": TokenOrder,
+VARIANTS = {"block-again": lambda b: b, "block-gathered": gathered_block, "block-no-ends": BlockNoEnds,
+            "fp8-block": fp8_block_layer, "token-order": TokenOrder,
             "unzeroed-padding": UnzeroedPadding, "token-order-unzeroed": TokenOrderUnzeroed,
             "routed": lambda b: RoutedLayer(b, ends=True, gathered=False),
             "routed-no-ends": lambda b: RoutedLayer(b, ends=False, gathered=False),
