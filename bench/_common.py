@@ -117,6 +117,13 @@ def watchdog(what: str, seconds: float, stop=os._exit):
         timer.cancel()
 
 
+def round_order(methods, r: int) -> list:
+    """The methods' order in round ``r``: the keys rotated to start at key r (mod their count)."""
+    keys = list(methods)
+    start = r % len(keys) if keys else 0
+    return keys[start:] + keys[:start]
+
+
 def interleaved_ms(methods: dict, args, timer=time_ms, rounds_out: dict | None = None) -> dict[str, float]:
     """Every method timed in each of ``args.rounds`` interleaved rounds; the median over all
     samples. Clocks and neighbours drift during a run, and interleaving keeps that drift out of
@@ -131,10 +138,8 @@ def interleaved_ms(methods: dict, args, timer=time_ms, rounds_out: dict | None =
     samples: dict[str, list[float]] = {} if rounds_out is None else rounds_out
     samples.update({key: [] for key in methods})
     hang_s = getattr(args, "hang_s", HANG_S)
-    keys = list(methods)
     for r in range(args.rounds):
-        start = r % len(keys) if keys else 0
-        for key in keys[start:] + keys[:start]:
+        for key in round_order(methods, r):
             with watchdog(f"method {key!r} (round {r + 1})", hang_s):
                 samples[key].append(timer(methods[key], args.warmup, args.iters))
     return {key: statistics.median(samples[key]) for key in methods}

@@ -32,7 +32,7 @@ import platform
 import statistics
 import time
 
-from _common import emit_json
+from _common import emit_json, round_order
 
 
 def per_call_us(fn, calls: int) -> float:
@@ -132,9 +132,9 @@ def main() -> int:
         for _ in range(20):
             fn()
     samples: dict[str, list[float]] = {key: [] for key in methods}
-    for _ in range(args.rounds):
-        for key, fn in methods.items():
-            samples[key].append(per_call_us(fn, args.calls))
+    for r in range(args.rounds):
+        for key in round_order(methods, r):   # (rotated: no method always first)
+            samples[key].append(per_call_us(methods[key], args.calls))
     us = {key: round(statistics.median(v), 2) for key, v in samples.items()}
     gpu_us = {}
     for key in ("class_execute", "torch_grouped_mm"):
