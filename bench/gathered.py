@@ -235,9 +235,9 @@ def bench_layer(name: str, args) -> dict:
         row["gathered_stored_vs_gathered"] = row["gathered_ms"] / row["gathered_stored_ms"]
     for tag, same in dswiglu_equal.items():   # (tag: a tile, or a tile and an --also build)
         tile, _, also = tag.partition("_")
-        name = f"dswiglu_{tile}_gathered" + (f"_{also}" if also else "")
-        row[f"{name}_equals_pre_permuted"] = same
-        row[f"{name}_vs_pre_permuted"] = row[f"dswiglu_{tile}_pre_permuted_ms"] / row[f"{name}_ms"]
+        key = f"dswiglu_{tile}_gathered" + (f"_{also}" if also else "")
+        row[f"{key}_equals_pre_permuted"] = same
+        row[f"{key}_vs_pre_permuted"] = row[f"dswiglu_{tile}_pre_permuted_ms"] / row[f"{key}_ms"]
     for tag, _ in args.also_pairs:
         row[f"gathered_{tag}_vs_pre_permuted"] = row["pre_permuted_ms"] / row[f"gathered_{tag}_ms"]
         row[f"wgrad_gathered_{tag}_vs_pre_permuted"] = row["wgrad_pre_permuted_ms"] / row[f"wgrad_gathered_{tag}_ms"]

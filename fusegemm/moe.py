@@ -1059,10 +1059,9 @@ class MoEBlock(torch.nn.Module):
         if self.loads == "gathered" and self._gathered_runs(x):
             return RoutedMLPFunction.apply(x, r.token_of_row, r.row_of, r.padded_offsets, r.row_ends, row_probs(r),
                                            self.mlp.w1, self.mlp.w2, self.mlp.wgrad, "gathered")
-        # The row ends let the GEMMs skip the 256-row padding's tiles. (RoutedMLPFunction, the
-        # same layer with the permutation inside the GEMMs as well, measured slower on the H200:
-        # see its docstring.) The combine reads the routed rows only, so with UNZEROED_PADDING
-        # the padding rows no tile writes are left as they are where nothing reads them.
+        # The row ends let the GEMMs skip the 256-row padding's tiles. The combine reads the routed
+        # rows only, so with UNZEROED_PADDING the padding rows no tile writes are left as they are
+        # where nothing reads them.
         rows = self.mlp._apply(gather(x, r), r.padded_offsets, row_probs(r), r.row_ends, tail=not UNZEROED_PADDING)
         return combine(rows, r)
 
