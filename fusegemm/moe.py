@@ -37,11 +37,13 @@ are one-pass permutation kernels (fusegemm/permute.py), each the other's backwar
 (deterministic, no atomics). The routing's row ends (where each expert's tokens end inside its
 256-row padded range) reach every GEMM: the sm_90a kernels leave the padding's tiles out of their
 tile walk and the weight gradients its k-blocks. :class:`RoutedMLPFunction` is the same layer with
-the permutation inside the GEMMs as well (gathered operands): bit-equal, measured slower today,
-so the block does not run it. H200 (bench/results/moe_layer_h200_row_ends.json), the whole
-layer's forward + backward step against a plain torch layer in the same run: 1.42x (dsv3, 8
-experts), 1.39x (dsv3, 32), 1.38x (mixtral), 1.77x (qwen3, 128 experts); with both steps in CUDA
-graphs 1.46x, 1.40x, 1.38x, 1.96x.
+the permutation inside the GEMMs as well (gathered operands): bit-equal, what the block runs with
+``loads="gathered"`` (1.06x the step at a qwen3-like layer on an H100, level elsewhere). The whole
+layer's forward + backward step against a plain torch layer in the same run, both CUDA-graphed, on
+an H100 with the rounds rotating the methods' order (bench/results/moe_layer_h100_rotated_headline.json):
+1.46x (dsv3, 8 experts), 1.44x (dsv3, 32), 1.46x (mixtral), 1.80x (qwen3, 128 experts). (The H200's
+1.46x / 1.40x / 1.38x / 1.96x of 2026-12-03 came from rounds in a fixed order, which favoured the
+block by about 4% at the big layers.)
 """
 from __future__ import annotations
 
