@@ -48,19 +48,25 @@ def alloc(shape: tuple[int, ...], dtype: str, device: int) -> Any:
 
 
 def alloc_outputs(resolved: Any, n_acc: int, m_rows: int, experts: int, device: Any, *,
-                  rows_written: bool = False, out_rows: int | None = None,
-                  extra: Mapping[str, tuple] | None = None) -> dict[str, Any]:
+                  rows_written: bool = False, out_rows: int | None = None) -> dict[str, Any]:
     """The buffers a resolved epilogue writes (``Resolved.buffers``), as torch tensors on
     ``device`` filled with their initial values (amax -inf, the rest 0). ``rows_written``: the
     row buffers (``Resolved.row_buffers``: C, D, D_col) are left uninitialised, for a kernel
     that stores every one of their rows (K-grouped) or a caller that zeroes the rest
     (fusegemm/ops/tail.py): filling them first cost up to 22% of a GEMM's time on the H200.
-    ``out_rows``: the row buffers' rows where they are not the problem's (scattered outputs).
-    ``extra``: more row buffers by name, (shape, storage dtype, fill) (an operand mode's outputs)."""
+    ``out_rows``: the row buffers' rows where they are not the problem's (scattered outputs)."""
+    return alloc_buffers(resolved.buffers(n_acc, m_rows, experts, out_rows), resolved.row_buffers(), device,
+                         rows_written=rows_written)
+
+
+def alloc_buffers(buffers: Mapping[str, tuple], rows: tuple[str, ...], device: Any, *,
+                  rows_written: bool = False) -> dict[str, Any]:
+    """Torch tensors on ``device`` for ``buffers`` (name: (shape, storage dtype, fill)), filled
+    with their fill values, except the row buffers named in ``rows`` when ``rows_written``
+    (left uninitialised: :func:`alloc_outputs`)."""
     torch = _torch()
-    rows = (*resolved.row_buffers(), *(extra or {})) if rows_written else ()
-    buffers = {**resolved.buffers(n_acc, m_rows, experts, out_rows), **(extra or {})}
-    return {name: (torch.empty(shape, dtype=getattr(torch, store), device=device) if name in rows
+    empty = rows if rows_written else ()
+    return {name: (torch.empty(shape, dtype=getattr(torch, store), device=device) if name in empty
                    else torch.full(shape, fill, dtype=getattr(torch, store), device=device))
             for name, (shape, store, fill) in buffers.items()}
 

@@ -48,7 +48,7 @@ from ..tupledict import TupleDict
 from . import arg_checks as checks
 from . import device as _device
 from . import tail as _tail
-from .device import alloc, alloc_outputs
+from .device import alloc, alloc_buffers
 from .grouped_operands import parse_call
 from .kgrouped_operands import KCall, parse_kgrouped
 from .kscaled_operands import KSCall, parse_kscaled
@@ -308,8 +308,7 @@ class Op(PreparedLaunch):
         values, keep = self._inputs(given, call, deferred, input_names, align)
         device = self._check_devices(call, deferred)
         rows_written = (self.tail_zeroed or self.k_grouped) and not is_dry()
-        out = alloc_outputs(self.epilogue, *self._dims(call), device_str(call.a, device),
-                            rows_written=rows_written, out_rows=self._out_rows(call), extra=self._extra_buffers(call))
+        out = alloc_buffers(self._buffers(call), self._rows, device_str(call.a, device), rows_written=rows_written)
         if not is_dry():   # a fake implementation's trace: outputs allocated, nothing launched
             self.compile(tail=tail)
             e, ptrs = self._prepare(key, flat, operands, operand_kw, given, call, values, keep, deferred,
