@@ -161,15 +161,15 @@
 // the layer's gathered dSwiGLU (64 x 256, dy gathered and stored) 2.47 against 2.52 ms at dsv3 with
 // 32 experts and 2.29 against 2.63 ms at mixtral; the same kernel on permuted rows takes 1.56-1.60
 // and 1.98: the gathered ping-pong tile stays slow for another reason.
+#ifndef FUSEGEMM_SM90_GATHER_ROWS_16
+#define FUSEGEMM_SM90_GATHER_ROWS_16 1
+#endif
+
 // Stored gathered A (kStoreA): the a_rows stores' L2 policy, 1 evict-first (as the gather kernel's
 // stores: the rows are read back long after), 0 normal (A/B switch). H100, 2026-12-06, the layer's fc1
 // at dsv3 with 32 experts: 0.932x against 0.934x of the kernel on permuted rows, no measurable change.
 #ifndef FUSEGEMM_SM90_STORE_A_EVICT_FIRST
 #define FUSEGEMM_SM90_STORE_A_EVICT_FIRST 1
-#endif
-
-#ifndef FUSEGEMM_SM90_GATHER_ROWS_16
-#define FUSEGEMM_SM90_GATHER_ROWS_16 1
 #endif
 
 // Deferred D (1): the cooperative tile's D (element-wise rules with a 16-bit D, no C, no column
