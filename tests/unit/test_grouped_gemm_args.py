@@ -191,7 +191,7 @@ def test_wrapper_rejects(case, kw, exc, msg):
 @pytest.mark.parametrize("case,kw,exc,msg", MOCKED_CASES, ids=[c[0] for c in MOCKED_CASES])
 def test_wrapper_rejects_after_device_checks(fake_cuda, monkeypatch, case, kw, exc, msg):
     if exc is None:  # 8-byte aligned pointer table is legal: must get past validation
-        monkeypatch.setattr(engine_mod, "alloc_outputs", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("passed")))
+        monkeypatch.setattr(engine_mod, "alloc_buffers", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("passed")))
         with pytest.raises(RuntimeError, match="passed"):
             grouped_gemm(**kw)
         return
