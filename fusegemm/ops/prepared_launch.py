@@ -192,9 +192,14 @@ class PreparedLaunch:
             for bits, i, words in e.resets:
                 _memset32(ptrs[i], bits, words, stream)
         if zero and self.variant.d_scatter:
-            # Scattered outputs: the rows no index names are zero (the whole buffers, first).
-            for t in (zero[k] for k in self._rows if k in zero and zero[k].numel()):
-                _memset32(t.data_ptr(), 0, t.numel() * t.element_size() // 4, stream)
+            # Scattered outputs: the rows no index names are zero (those rows alone, or where the
+            # small kernels cannot serve the buffers, the whole buffers first).
+            bufs = [zero[k] for k in self._rows if k in zero and zero[k].numel()]
+            c, at = e.call, dict(e.rebase)
+            if not _tail.zero_unnamed(bufs, ptrs[at["d_index"]], c.d_rows, ptrs[e.offsets], c.l, c.m, stream,
+                                      self.device, ptrs[e.row_ends] if e.row_ends is not None else 0):
+                for t in bufs:
+                    _memset32(t.data_ptr(), 0, t.numel() * t.element_size() // 4, stream)
             zero = None
         if e.empty:
             return   # no row tile (an empty A): nothing to map or launch; outputs hold their fills

@@ -133,6 +133,37 @@ def test_execute_and_tail_false_leave_unnamed_rows_as_they_were():
         assert torch.equal(lazy[named], want[named]), seed
 
 
+def test_unnamed_rows_read_zero_on_reused_memory_and_past_the_row_ends():
+    """The rows no stored problem row names are zeroed by the small kernels (fusegemm/zero_tail.cuh
+    mark_named and zero_unnamed), not by a fill of the whole buffers: on a block just freed full of
+    NaN they read zero, among them the rows named only by problem rows past their expert's row end
+    (whose tiles the kernel may skip; their A rows are zero, as padding is), and every other row is
+    the plain kernel's; again on a second call of the memoised pattern with another index."""
+    op = Op("grouped_gemm", d_scatter=True, **TILE)
+    rows = (300, 0, 513, 1)
+    for seed in (11, 12):
+        a, idx, off, w, d_rows = _problem(seed, rows=rows)
+        starts = [0] + off.tolist()[:-1]
+        ends = [s + min(r, 100) for s, r in zip(starts, rows)]
+        for e, o in zip(ends, off.tolist()):
+            a[e:o] = 0
+        inputs = {"alpha": torch.rand(off.shape[0], device="cuda") + 0.5}
+        want = _placed(Op("grouped_gemm", **TILE)(a, off, w, inputs=inputs)["d"], idx, d_rows)
+        poison = torch.full((d_rows, w.shape[1]), float("nan"), dtype=torch.bfloat16, device="cuda")
+        poisoned = poison.data_ptr()
+        del poison
+        got = op(a, off, w, d_index=idx, d_rows=d_rows, row_ends=torch.tensor(ends, dtype=torch.int32, device="cuda"),
+                 inputs=inputs)["d"]
+        torch.cuda.synchronize()
+        assert got.data_ptr() == poisoned, "the allocator did not hand the NaN block back: the case tests nothing"
+        past = torch.zeros(d_rows, dtype=torch.bool, device="cuda")   # rows named only past a row end
+        for s, e, o in zip(starts, ends, off.tolist()):
+            named = idx[e:o]
+            past[named[(named >= 0) & (named < d_rows)].long()] = True
+        assert bool(past.any()) and bool((want[past] == 0).all())
+        assert torch.equal(got, want), seed
+
+
 def test_the_torch_op_scatters_under_torch_compile():
     """``torch.ops.fusegemm.<name>`` of the scattered variant: d_index a tensor operand and d_rows an
     int, traced by torch.compile(fullgraph=True) (its fake sizes the outputs by d_rows)."""

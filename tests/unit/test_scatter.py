@@ -200,10 +200,11 @@ def test_d_index_and_d_rows_are_refused_where_they_do_not_belong():
         scattered._parse((a, off, b), {"d_index": idx[:256], "d_rows": 4})
 
 
-def test_scattered_outputs_are_zeroed_whole_not_their_tail(monkeypatch, no_device):  # noqa: F811
-    """__call__'s scattered C and D: the whole buffers are zeroed on the launch stream before the
-    launch (the rows no index names come back zero), and the tail kernel is not run on them (their
-    rows are not the problem's); tail=False leaves them unwritten."""
+def test_scattered_outputs_zero_their_unnamed_rows_not_their_tail(monkeypatch, no_device):  # noqa: F811
+    """__call__'s scattered C and D: the rows no index names are zeroed on the launch stream before
+    the launch (tail.zero_unnamed, given d_index, d_rows, the offsets, L, M and the row ends; the
+    whole buffers where its kernels cannot serve them), and the tail kernel is not run on them
+    (their rows are not the problem's); tail=False leaves them unwritten."""
     from fusegemm.ops import prepared_launch
     from fusegemm.runtime import load
 
@@ -235,16 +236,24 @@ def test_scattered_outputs_are_zeroed_whole_not_their_tail(monkeypatch, no_devic
     assert tuple(out["d"].shape) == (300, 256) and launches == [{"d": (300, 256)}]
     op(a, off, b, d_index=idx, d_rows=300, inputs={"alpha": torch.ones(2)}, tail=False)
     assert launches[-1] is None
-    # The launch half: scattered row buffers memset whole (words = bytes / 4), no tail kernel.
+    # The launch half: the unnamed rows zeroed by the small kernels, no tail kernel; where they
+    # cannot serve the buffers, the buffers memset whole (words = bytes / 4).
     monkeypatch.undo()
     d = torch.empty((300, 256), dtype=torch.bfloat16)
     monkeypatch.setattr(load, "driver", lambda: _Driver())
     monkeypatch.setattr(load, "check", lambda r, what: None)
     monkeypatch.setattr(load, "thread_context", lambda device: None)
     monkeypatch.setattr(prepared_launch._tail, "zero_tail", lambda *a, **k: tails.append(a))
-    entry = type("E", (), {"empty": True, "resets": ()})()
-    prepared_launch.PreparedLaunch._run(op, entry, (), None, 0, zero={"d": d})
-    assert memsets == [(d.data_ptr(), 0, 300 * 256 * 2 // 4)] and tails == []
+    unnamed = []
+    for served, ends in ((True, None), (False, 3)):
+        monkeypatch.setattr(prepared_launch._tail, "zero_unnamed",
+                            lambda *a, served=served, **k: unnamed.append(a) or served)
+        call = type("C", (), {"d_rows": 300, "l": 2, "m": 512})()
+        entry = type("E", (), {"empty": True, "resets": (), "call": call, "rebase": (("a", 0), ("d_index", 2)),
+                               "offsets": 1, "row_ends": ends})()
+        prepared_launch.PreparedLaunch._run(op, entry, (0xA0, 0xB0, 0xC0, 0xD0), None, 7, zero={"d": d})
+        assert unnamed[-1] == ([d], 0xC0, 300, 0xB0, 2, 512, 7, op.device, 0xD0 if ends else 0)
+        assert memsets == ([] if served else [(d.data_ptr(), 0, 300 * 256 * 2 // 4)]) and tails == []
 
 
 @pytest.mark.parametrize("axes", [dict(), dict(bias_dtype="bfloat16", generate_c=True, c_dtype="float32")])

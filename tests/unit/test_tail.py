@@ -95,6 +95,70 @@ def test_zero_tail_packs_one_launch_per_four_buffers(monkeypatch):
     assert tail._PARAMS.unpack(calls[0][1])[8:] == (0x1234, 7, m, 0x5678)
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_scattered_outputs_kernels_compile_clean(arch):
+    """The scattered outputs' two kernels (the named rows' mask, the unnamed rows' zeros) come from
+    the tail's header: 0 local memory, 256 threads, the 112-byte ZeroUnnamedParams tail.py packs."""
+    from fusegemm.ops import tail
+    from fusegemm.runtime.compile import compile_source
+    from fusegemm.runtime.cubin_info import Cubin
+    cub = compile_source('#include "fusegemm/zero_tail.cuh"\n', arch=arch, kernel="fusegemm_zero_unnamed")
+    for name in ("fusegemm_mark_named", "fusegemm_zero_unnamed"):
+        res = Cubin(cub.data).resources(name)
+        assert res.local_bytes == 0 and res.max_threads == tail._THREADS, (name, res)
+    assert tail._UNNAMED.size == 112
+
+
+def test_zero_unnamed_clears_a_mask_and_launches_mark_then_zero(monkeypatch):
+    """zero_unnamed: a mask of ceil(d_rows / 32) words zeroed on the stream, then the mark kernel
+    over the problem's rows and the zero kernel over the output rows (a warp a row, blockIdx.y the
+    buffer), both with the same parameter bytes (buffers, row bytes, index, offsets, row ends, mask,
+    L, M, d_rows); no mark launch without problem rows; False (nothing done) where a buffer's rows
+    are not 16-byte whole, more than four buffers are given or the kernels are unavailable."""
+    from fusegemm.ops import device as device_mod
+    from fusegemm.ops import tail
+    from fusegemm.runtime import launch as launch_mod
+    from fusegemm.runtime import load
+    calls, memsets = [], []
+
+    class _Driver:
+        def cuMemsetD32Async(self, ptr, value, words, stream):
+            memsets.append((ptr, value, words, stream))
+            return (0,)
+    monkeypatch.setattr(load, "driver", lambda: _Driver())
+    monkeypatch.setattr(load, "check", lambda r, what: None)
+    monkeypatch.setattr(device_mod, "record_stream", lambda t, stream: None)
+    monkeypatch.setattr(tail._KERNELS, "function", lambda device, name: name)
+    monkeypatch.setattr(tail._KERNELS, "_launches", {})
+    monkeypatch.setattr(launch_mod, "prepare", lambda kernel, cfg: lambda params, stream: calls.append(
+        (kernel, cfg, bytes(params._data.raw), stream)))
+    rows = 300
+    bufs = [torch.ones(rows, 64, dtype=torch.bfloat16), torch.ones(rows, 8, dtype=torch.float32)]
+    assert tail.zero_unnamed(bufs, 0x1000, rows, 0x2000, 3, 768, 99, 0, row_ends_ptr=0x3000)
+    assert all(b.all() for b in bufs)                    # nothing zeroed on the host
+    (mask, value, words, stream), = memsets
+    assert value == 0 and words == 10 and stream == 99   # ceil(300 / 32)
+    assert [c[0] for c in calls] == ["fusegemm_mark_named", "fusegemm_zero_unnamed"]
+    mark, zero = calls
+    assert mark[1].grid == (3, 1, 1) and zero[1].grid == (38, 2, 1)   # 768 / 256 rows; 300 / 8 warps
+    assert mark[2] == zero[2] and mark[3] == zero[3] == 99
+    fields = tail._UNNAMED.unpack(mark[2])
+    assert fields[:4] == (bufs[0].data_ptr(), bufs[1].data_ptr(), 0, 0)
+    assert fields[4:8] == (128, 32, 0, 0)
+    assert fields[8:11] == (0x1000, 0x2000, 0x3000) and fields[11] == mask
+    assert fields[12:] == (3, 768, rows, 0)
+    calls.clear()
+    assert tail.zero_unnamed(bufs[:1], 0x1000, rows, 0x2000, 3, 0, 99, 0)
+    assert [c[0] for c in calls] == ["fusegemm_zero_unnamed"]   # no problem rows: nothing named
+    calls.clear()
+    odd = torch.ones(rows, 3, dtype=torch.bfloat16)
+    assert not tail.zero_unnamed([odd], 0x1000, rows, 0x2000, 3, 768, 99, 0)
+    assert not tail.zero_unnamed([bufs[0]] * 5, 0x1000, rows, 0x2000, 3, 768, 99, 0)
+    monkeypatch.setattr(tail._KERNELS, "function", lambda device, name: None)
+    assert not tail.zero_unnamed(bufs, 0x1000, rows, 0x2000, 3, 768, 99, 0)
+    assert calls == [] and odd.all()
+
+
 def test_zero_tail_without_its_kernel_zeroes_whole_buffers(monkeypatch):
     """No NVRTC (a process running from a kernel bundle only): every buffer is zero-filled whole,
     as the ops did before, and nothing is launched."""
@@ -130,13 +194,14 @@ def test_a_failed_compile_is_remembered_and_means_whole_fills(monkeypatch, caplo
 
 
 def test_epilogue_gemm_compile_loads_the_tail_kernel_once(monkeypatch):
-    """EpilogueGemm.compile() loads the tail kernel with its own (a first call inside a CUDA-graph
-    capture then loads no module); later compile() calls, which every call makes, do not."""
+    """EpilogueGemm.compile() loads the tail kernel and the scattered outputs' two with its own (a
+    first call inside a CUDA-graph capture then loads no module); later compile() calls, which
+    every call makes, do not."""
     from fusegemm import EpilogueGemm
     from fusegemm.ops import engine, tail
     loads = []
     monkeypatch.setattr(engine.LoadedKernel, "build", classmethod(lambda cls, v, d: "launcher"))
-    monkeypatch.setattr(tail, "_kernel", lambda device: loads.append(device) or "kernel")
+    monkeypatch.setattr(tail._KERNELS, "function", lambda device, name: loads.append((device, name)) or "kernel")
     op = EpilogueGemm("grouped_gemm", arch="sm_90a", device=3)
     assert op.compile() is op and op.compile() is op
-    assert loads == [3]
+    assert loads == [(3, tail._KERNEL), (3, "fusegemm_mark_named"), (3, "fusegemm_zero_unnamed")]

@@ -60,7 +60,75 @@ FUSEGEMM_DEVICE void zero_tail(const ZeroTailParams& p) {
   }
 }
 
+// Scattered outputs (d_scatter): problem row r's C and D rows go to row index[r] of (d_rows, N)
+// buffers, and the rows no stored problem row names must read zero. Filling whole buffers before
+// the launch cost 0.16 ms of a 1.65 ms GEMM at the dsv3 layer's fc2 (470 MB; H100,
+// bench/gathered.py), where the routing names every row; so one kernel marks the named rows in a
+// bitmask (zeroed by the host first) and a second zeroes the others' rows, reading the mask alone
+// for a named row. A row counts as named only where the GEMM surely stores its source: below
+// valid_m and, with row ends, below its expert's row end (a kernel may skip the tiles past it);
+// rows zeroed here that a tile stores after all are overwritten by the launch that follows.
+struct ZeroUnnamedParams {
+  static constexpr int kMaxBuffers = ZeroTailParams::kMaxBuffers;
+  unsigned char* base[kMaxBuffers];   // d_rows rows each; unused entries: row_bytes 0
+  long long row_bytes[kMaxBuffers];   // multiples of 16
+  const int* index;                   // d_index (m_rows,): the output row of each problem row
+  const int* offsets;                 // padded_offsets (L,)
+  const int* row_ends;                // optional (L,)
+  unsigned* named;                    // ceil(d_rows / 32) words, zero on entry to the mark kernel
+  int num_experts;
+  int m_rows;
+  int d_rows;
+  int pad_;
+};
+static_assert(sizeof(ZeroUnnamedParams) == 112, "fusegemm/ops/tail.py packs these 112 bytes");
+
+// The expert whose rows hold row r: the first e with offsets[e] > r (offsets unchecked: any e in
+// [0, L) for offsets that do not rise; a row wrongly left unnamed is only zeroed once more).
+FUSEGEMM_DEVICE int expert_of_row(const int* offsets, int experts, int r) {
+  int lo = 0, hi = experts - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (__ldg(offsets + mid) > r) hi = mid; else lo = mid + 1;
+  }
+  return lo;
+}
+
+FUSEGEMM_DEVICE void mark_named(const ZeroUnnamedParams& p) {
+  if (p.num_experts <= 0) return;
+  const int valid = min(max(__ldg(p.offsets + p.num_experts - 1), 0), p.m_rows);
+  for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < valid; r += gridDim.x * blockDim.x) {
+    if (p.row_ends != nullptr && r >= __ldg(p.row_ends + expert_of_row(p.offsets, p.num_experts, r))) continue;
+    const int to = __ldg(p.index + r);
+    if (static_cast<unsigned>(to) < static_cast<unsigned>(p.d_rows)) atomicOr(p.named + (to >> 5), 1u << (to & 31));
+  }
+}
+
+// A warp per output row (grid-stride over rows, blockIdx.y: the buffer): the mask's word, and
+// for an unnamed row the row's 16-byte pieces.
+FUSEGEMM_DEVICE void zero_unnamed(const ZeroUnnamedParams& p) {
+  const int b = blockIdx.y;
+  const long long row_bytes = p.row_bytes[b];
+  if (row_bytes == 0) return;
+  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int row = blockIdx.x * warps + threadIdx.x / 32; row < p.d_rows; row += gridDim.x * warps) {
+    if ((p.named[row >> 5] >> (row & 31)) & 1u) continue;   // warp-uniform
+    unsigned char* at = p.base[b] + row * row_bytes;
+    for (long long i = 16ll * lane; i < row_bytes; i += 16 * 32) {
+      *reinterpret_cast<uint4*>(at + i) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+}
+
 }  // namespace fusegemm
+
+extern "C" __global__ void __launch_bounds__(256) fusegemm_mark_named(const __grid_constant__ fusegemm::ZeroUnnamedParams p) {
+  fusegemm::mark_named(p);
+}
+
+extern "C" __global__ void __launch_bounds__(256) fusegemm_zero_unnamed(const __grid_constant__ fusegemm::ZeroUnnamedParams p) {
+  fusegemm::zero_unnamed(p);
+}
 
 extern "C" __global__ void __launch_bounds__(256) fusegemm_zero_tail(const __grid_constant__ fusegemm::ZeroTailParams p) {
   fusegemm::zero_tail(p);
