@@ -39,7 +39,9 @@ w2 read N-major, C the fc1 pre-activations): dy's token rows read through the in
 permuted beforehand, on the ping-pong 64 x 256 tile the layer runs (``dswiglu_pp64x256_*``) and the
 cooperative 128 x 256 tile (``dswiglu_c128x256_*``); with ``--also``, the ping-pong tile's gathered
 kernel of each build too. ``--also NAME=DEFINES`` builds the gathered fc1, the scattered fc2 and the
-gathered weight gradient again under the defines (``gathered_NAME``, ``scattered_NAME``, ``wgrad_gathered_NAME``).
+gathered weight gradient again under the defines (``gathered_NAME``, ``scattered_NAME``, ``wgrad_gathered_NAME``;
+with ``--wgrad-swapped`` the M-major store's kernels too, ``wgrad_swapped_dt_{gathered,pre_permuted}_NAME``, checked
+bit-equal to the default build's).
 
 ``--wgrad-swapped`` adds the weight gradient with the roles swapped (dW1^T = X^T dG: X gathered as A,
 ``wgrad_swapped_gathered``, against ``wgrad_swapped_pre_permuted``), and the layer's candidate:
@@ -167,7 +169,8 @@ def bench_layer(name: str, args) -> dict:
         # pre-permuted kernel's products in swapped WGMMA roles: compared, not asked to be equal.
         sdt, pdt = Op("grouped_gemm_wgrad", a_gather=True, cd_major="m", **axes), Op("grouped_gemm_wgrad", cd_major="m",
                                                                                     **axes)
-        dw_dt = sdt(x, dg, r.padded_offsets, dy_index=idx)["d"].float()
+        dw_dt_out = sdt(x, dg, r.padded_offsets, dy_index=idx)["d"]
+        dw_dt = dw_dt_out.float()
         dw_ref = wp(dg, rows, r.padded_offsets)["d"].float()
         swapped_dt_diff = ((dw_dt - dw_ref).norm() / dw_ref.norm().clamp(min=1e-30)).item()
         methods["wgrad_swapped_dt_gathered"] = lambda: sdt(x, dg, r.padded_offsets, dy_index=idx)
@@ -180,7 +183,7 @@ def bench_layer(name: str, args) -> dict:
         stored_equal = torch.equal(o["d"], plain(rows, r.padded_offsets, w, inputs=ins)["d"]) and torch.equal(
             o["a_rows"], rows)
         methods["gathered_stored"] = lambda: st(x, r.padded_offsets, w, a_index=idx, inputs=ins)
-    dswiglu_equal, dswiglu_dprob_err = {}, {}
+    dswiglu_equal, dswiglu_dprob_err, dt_equal = {}, {}, {}
     if args.dswiglu:
         dy, dy_rows, w2n, dins = routed_dswiglu(name, g, r)
         for tag, tile in (("pp64x256", dict(tile_m=64, tile_n=256)), ("c128x256", dict(tile_m=128, tile_n=256))):
@@ -208,6 +211,15 @@ def bench_layer(name: str, args) -> dict:
         methods[f"gathered_{tag}"] = lambda g_also=g_also: g_also(x, r.padded_offsets, w, a_index=idx, inputs=ins)
         methods[f"scattered_{tag}"] = lambda s_also=s_also: s_also(h, r.padded_offsets, w2, d_index=d_index,
                                                                      d_rows=slots, inputs=ins)
+        if args.wgrad_swapped:   # and the M-major store's two kernels, checked against the default build
+            with nvrtc_defines(defines):
+                sdt_also = Op("grouped_gemm_wgrad", a_gather=True, cd_major="m", **axes).compile()
+                pdt_also = Op("grouped_gemm_wgrad", cd_major="m", **axes).compile()
+            dt_equal[tag] = (torch.equal(sdt_also(x, dg, r.padded_offsets, dy_index=idx)["d"], dw_dt_out)
+                             and torch.equal(pdt_also(rows, dg, r.padded_offsets)["d"],
+                                             pdt(rows, dg, r.padded_offsets)["d"]))
+            methods[f"wgrad_swapped_dt_gathered_{tag}"] = lambda o=sdt_also: o(x, dg, r.padded_offsets, dy_index=idx)
+            methods[f"wgrad_swapped_dt_pre_permuted_{tag}"] = lambda o=pdt_also: o(rows, dg, r.padded_offsets)
         if args.dswiglu:   # and the gathered dSwiGLU's ping-pong tile, checked against its plain run first
             with nvrtc_defines(defines):
                 d_also = Op("grouped_gemm_dswiglu_bf16", a_gather=True, b_major="n", tile_m=64, tile_n=256).compile()
@@ -255,6 +267,12 @@ def bench_layer(name: str, args) -> dict:
         row[f"gathered_{tag}_vs_pre_permuted"] = row["pre_permuted_ms"] / row[f"gathered_{tag}_ms"]
         row[f"wgrad_gathered_{tag}_vs_pre_permuted"] = row["wgrad_pre_permuted_ms"] / row[f"wgrad_gathered_{tag}_ms"]
         row[f"scattered_{tag}_vs_fc2"] = row["fc2_ms"] / row[f"scattered_{tag}_ms"]
+        if args.wgrad_swapped:
+            row[f"wgrad_swapped_dt_{tag}_equals_default"] = dt_equal[tag]
+            row[f"wgrad_swapped_dt_gathered_{tag}_vs_wgrad_pre_permuted"] = (
+                row["wgrad_pre_permuted_ms"] / row[f"wgrad_swapped_dt_gathered_{tag}_ms"])
+            row[f"wgrad_swapped_dt_store_{tag}_vs_n_major"] = (row["wgrad_swapped_pre_permuted_ms"] /
+                                                              row[f"wgrad_swapped_dt_pre_permuted_{tag}_ms"])
     return row
 
 

@@ -846,7 +846,10 @@ GATHERED_LOADS = False
 # bit for bit (tests/gpu/test_moe_layer_gpu.py, H100, 2026-12-06). Off: with its M-major store it
 # ran at 0.88x (dsv3-8) and 0.79x (mixtral) of the weight gradient on pre-permuted rows, where
 # b_gather ran 1.00x and 0.84x in the same run (bench/results/gathered_h100_swapped.json; the
-# M-major store itself 1.01x and 0.90x of the N-major one).
+# M-major store itself 1.01x and 0.90x of the N-major one). With the M-major store staged by the
+# whole tile (FUSEGEMM_SM90_DT_TILE_STORE; the store itself 0.99x / 1.01x / 0.91x of the N-major
+# one at mixtral / dsv3-8 / qwen3): 0.87x / 0.90x / 0.89x, b_gather 0.88x / 0.94x / 0.86x in the
+# same rounds (H100, 2026-12-06, bench/results/gathered_h100_dt_tile_store.json). Still off.
 SWAPPED_WGRAD = False
 # Stored gathers (a_gather_store): fc1 reads x's token rows through the index and stores the rows it
 # gathered (the op's a_rows, in problem order), and the backward's dSwiGLU GEMM does the same for dy;

@@ -145,8 +145,9 @@ M_MAJOR_CASES = [  # (tokens per expert, M, N, tile_m, tile_n, d_dtype)
 @pytest.mark.parametrize("case", M_MAJOR_CASES, ids=lambda c: "-".join(map(str, [c[0], *c[1:]])).replace(" ", ""))
 def test_m_major_d_is_the_n_major_kernels_transpose(torch, case):
     """cd_major m stores D_e^T, (L, N, M): bit for bit the N-major kernel's D transposed (the same
-    accumulation; only the stores differ: WarpTransposedStore), and within the reference's bound;
-    zeros for an expert without tokens, on an output allocated uninitialised."""
+    accumulation; only the stores differ: TileTransposedStore for the deferred BF16 D, else
+    WarpTransposedStore), and within the reference's bound; zeros for an expert without tokens, on
+    an output allocated uninitialised."""
     from fusegemm import KGroupedGemm
     tokens, m, n, tm, tn, d_dtype = case
     dy, x, off, alpha = _problem(torch, tokens, m, n, seed=6)

@@ -239,11 +239,13 @@ def test_m_major_d_is_each_experts_transpose():
                                   dict(tile_n=128)],
                          ids=lambda a: ".".join(f"{k}={v}" for k, v in a.items()) or "default")
 def test_m_major_kernel_compiles_clean(axes):
-    """The M-major D's stores (fusegemm/epilogue.cuh WarpTransposedStore): 0 spills, only 16-byte
-    global stores (each staged column a whole output row segment); the cooperative BF16 kernel's
-    deferred D staged by stmatrix.trans (STSM .MT88: four 8 x 8 matrices transposed per
-    instruction), the staged paths (FP32 D, ping-pong tiles) by element stores. The N-major
-    kernel's source does not see the mode."""
+    """The M-major D's stores (fusegemm/epilogue.cuh WarpTransposedStore, TileTransposedStore): 0
+    spills, only 16-byte global stores (each staged column a whole output row segment); the
+    cooperative BF16 kernel's deferred D staged by stmatrix.trans (STSM .MT88: four 8 x 8 matrices
+    transposed per instruction) by the tile's eight warps together, between syncs of named barrier
+    8 for its 256 threads (FUSEGEMM_SM90_DT_TILE_STORE; with 0, per warp, no such barrier), the
+    staged paths (FP32 D, ping-pong tiles) by element stores. The N-major kernel's source does not
+    see the mode."""
     from fusegemm.generator.render import render
     from fusegemm.generator.variants import make_variant
     from fusegemm.runtime import disasm
@@ -261,6 +263,12 @@ def test_m_major_kernel_compiles_clean(axes):
     stmatrix = disasm.count_prefix(hist, "STSM.16.MT88")
     deferred = axes.get("d_dtype", "bfloat16") == "bfloat16" and axes.get("tile_m", 128) == 128
     assert (stmatrix > 0) == deferred, (stmatrix, axes)
+    tile_syncs = disasm.sass(cub.data).count("BAR.SYNC.DEFER_BLOCKING 0x8, 0x100")
+    assert (tile_syncs > 0) == deferred, (tile_syncs, axes)
+    if deferred:   # the A/B baseline: each warp's own pieces, no tile barrier
+        base = compile_source(src.text, arch="sm_90a", kernel=src.symbol, extra=("-DFUSEGEMM_SM90_DT_TILE_STORE=0",))
+        assert "BAR.SYNC.DEFER_BLOCKING 0x8" not in disasm.sass(base.data)
+        assert Cubin(base.data).resources(src.symbol).local_bytes == 0
 
 
 @pytest.mark.parametrize("cd_major", ["n", "m"])

@@ -472,6 +472,51 @@ struct WarpTransposedStore {
 };
 
 // ---------------------------------------------------------------------------------------
+// Tile-staged transposed store (kDMajorM's deferred 16-bit D on the cooperative 128-row tile,
+// FUSEGEMM_SM90_DT_TILE_STORE): the eight consumer warps stage their 16 rows of a 64-column
+// chunk together, column by column, as [64 columns][128 rows] (256 bytes a column), and each warp
+// then writes eight whole columns: 256 contiguous bytes of an output row per column, two rows a
+// store instruction. WarpTransposedStore writes each column as eight 32-byte pieces from eight
+// warps, sixteen output rows a store instruction. A column's 16-byte vectors are XOR-swizzled by
+// the column's index mod 8, so stmatrix.trans's eight columns of a matrix and the flush's 512-byte
+// reads spread over the banks. 16 KB: the consumer warps' eight staging buffers taken together.
+// ---------------------------------------------------------------------------------------
+template <class T>
+struct TileTransposedStore {
+  static constexpr int kElem = Cvt<T>::kBytes;
+  static_assert(kElem == 2, "stmatrix stores 16-bit elements");
+  static constexpr int kRows = 128;                     // the tile's M
+  static constexpr int kCols = 64;                      // a chunk's columns (the row store's 128 bytes)
+  static constexpr int kColBytes = kRows * kElem;       // one staged column: 256 bytes
+  static constexpr int kBytes = kCols * kColBytes;      // 16 KB
+  static constexpr int kWarps = 8;
+
+  // Shared address of element (row m, column n): vector m / 8 of column n, swizzled.
+  FUSEGEMM_DEVICE static uint32_t at(uint32_t buf, int m, int n) {
+    return buf + n * kColBytes + (((m >> 3) ^ (n & 7)) << 4) + (m & 7) * kElem;
+  }
+  // Four 8 x 8 fragment matrices of packed 16-bit pairs, transposed into their staged columns
+  // (lane 8 i + j: the address of column j of matrix i).
+  FUSEGEMM_DEVICE static void put_trans4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0),
+                 "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+  }
+  // Warp `warp`'s eight columns 8 warp.. (those below cols_valid): column n to gbase + n * ld,
+  // lanes 0-15 one column and 16-31 the next, 16 bytes each.
+  FUSEGEMM_DEVICE static void flush(uint32_t buf, T* gbase, int64_t ld, int cols_valid, int warp, int lane) {
+    const int v = lane & 15;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int n = 8 * warp + 2 * i + (lane >> 4);
+      if (n < cols_valid) {
+        st_global_v4(gbase + n * ld + v * (16 / kElem), ld_shared_v4(buf + n * kColBytes + ((v ^ (n & 7)) << 4)));
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------
 // Fragment block store: one warp stages 16 rows x 32 columns of one output (a WGMMA fragment's
 // block of the sm_90a frag_blocks path) and writes them as 16-byte vectors, 64 (2-byte T) or 128
 // (4-byte T) contiguous bytes per row. The pitch keeps the fragment's pair stores conflict-free:

@@ -117,6 +117,16 @@
 #ifndef FUSEGEMM_SM90_ENGINE_WARPS
 #define FUSEGEMM_SM90_ENGINE_WARPS 4
 #endif
+// The K-grouped weight gradient's M-major D (cd_major m), deferred and 16-bit, on the cooperative
+// 128-row tile: 1 stages each 64-column chunk of the whole tile in shared memory (named barrier
+// kDTileBarrier around it, the two warpgroups' eight warps) and writes each output row's 128 M
+// values as 256 contiguous bytes (epi::TileTransposedStore); 0 has each warp write its 16 rows of
+// every column as a 32-byte piece (epi::WarpTransposedStore, the measured baseline; an A/B switch
+// through FUSEGEMM_NVRTC_EXTRA). The M-major store had cost 6-15% of the N-major one's speed
+// (H100, 2026-12-06, bench/gathered.py --wgrad-swapped, wgrad_swapped_dt_store_vs_n_major).
+#ifndef FUSEGEMM_SM90_DT_TILE_STORE
+#define FUSEGEMM_SM90_DT_TILE_STORE 1
+#endif
 // How the engine path stages accumulators where the engine is branch-free
 // (FUSEGEMM_ENGINE_BRANCHLESS and a rule it applies to): 1 writes each fragment pair as one 8-byte
 // store and the engine reads its row four values at a time (16-byte loads; rows padded to a
@@ -331,6 +341,15 @@ struct WgmmaEpilogue {
   static constexpr bool kDeferD = kDefer && kFragment && Rule::kHasD && !Rule::kHasC && epi::Cvt<
       fusegemm::conditional_t<kFragment, ElementD, float>>::kBytes == 2 && __is_empty(typename Rule::ElemIn);
   static constexpr int kChunks = kTileN / StoreD::kCols;    // chunks of a warp's 16 rows
+  // FUSEGEMM_SM90_DT_TILE_STORE: the deferred M-major D of the cooperative 128-row tile staged by
+  // its eight warps together (epi::TileTransposedStore, in their eight buffers taken together),
+  // between two syncs of named barrier kDTileBarrier (the stores come at the same k-blocks of both
+  // warpgroups' mainloops, which wait on the same stages).
+  static constexpr bool kTileT = FUSEGEMM_SM90_DT_TILE_STORE && kDMajorM && kDeferD && kConsumerWarps == 8 &&
+                                 !kOverlapped;
+  static constexpr uint32_t kDTileBarrier = 8;   // (1-2: the engine path, 3-7: the kernel's)
+  static_assert(!kTileT || (StoreD::kCols == 64 && kConsumerWarps * kEpiWarpBytes >= 128 * 64 * 2),
+                "the tile's transposed chunk: 64 columns of 128 rows in the warps' buffers");
   static constexpr int kPairsPerChunk = 2 * (StoreD::kCols / 8);
   // kScatter: the output rows of the staged rows a lane stores (WarpStagedStore::flush_rows: rows
   // lane / 8 + 4 i of the warp's 16), -1 where nothing is stored.
@@ -414,7 +433,25 @@ struct WgmmaEpilogue {
   static __device__ void store_chunk(const Params& p, uint32_t buf, const Deferred& d, int lane) {
     const int chunk_col = d.n0 + c * StoreD::kCols;
     if (d.row0 < 0 || chunk_col >= p.n) return;   // warp-uniform
-    if constexpr (kDMajorM) {
+    if constexpr (kTileT) {
+      using TT = epi::TileTransposedStore<ElementD>;
+      const int warp = (d.row0 >> 4) & 7;   // d.row0: the tile's first row in its expert + 16 warp
+      const uint32_t tile_buf = buf - warp * kEpiWarpBytes;   // warp 0's: the eight buffers together
+      // Lane 8 i + j addresses column j of fragment matrix i (the warp path's matrices below, at
+      // the warp's rows 16 warp.. of the tile).
+      const int i = lane / 8;
+      const uint32_t at = TT::at(tile_buf, 16 * warp + 8 * (i % 2), 8 * (i / 2) + lane % 8);
+      named_barrier_sync(kDTileBarrier, 256);   // every warp has flushed the previous chunk
+#pragma unroll
+      for (int jj = 0; jj < TT::kCols / 8; jj += 2) {
+        const uint32_t* v = d.v + c * kPairsPerChunk + 2 * jj;
+        TT::put_trans4(at + jj * 8 * TT::kColBytes, v[0], v[1], v[2], v[3]);
+      }
+      named_barrier_sync(kDTileBarrier, 256);   // the tile's chunk is staged
+      TT::flush(tile_buf, reinterpret_cast<ElementD*>(p.d_out) + static_cast<int64_t>(d.t_row + chunk_col) * p.ldd +
+                              (d.row0 - 16 * warp), p.ldd, p.n - chunk_col, warp, lane);
+      return;
+    } else if constexpr (kDMajorM) {
       // Lane 8 i + j addresses column j of fragment matrix i: rows 8 (i % 2).., columns
       // 8 (jj + i / 2).. of the chunk, whose pairs are d.v[.. + 2 (jj + i / 2) + i % 2].
       const int i = lane / 8;
