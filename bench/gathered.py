@@ -25,7 +25,8 @@ the problem to slot ``token * top_k + j`` of a (tokens * top_k, hidden) output (
 ``d_index=``: the combine then sums contiguous rows; the op zeroes the rows no index names, here
 none: fusegemm/ops/tail.py ``zero_unnamed``), ``fc2`` the same kernel writing rows in problem order
 (the >= 0.95x baseline); ``scattered_whole_fill`` the scattered kernel into a caller's buffer
-zeroed whole first (``execute``), what the op did before ``zero_unnamed``.
+zeroed whole first (``execute``), what the op did before ``zero_unnamed``; ``scattered_k_major`` the
+same slots laid out (top_k, tokens, hidden), slot ``j * tokens + token``.
 
 Outputs of each gathered or scattered kernel and its plain run are checked bit-equal before timing
 (the dSwiGLU GEMM's dprob, summed by atomics in a varying order: within 1e-5 of its largest value).
@@ -50,14 +51,19 @@ like ``wgrad_pre_permuted``'s), ``wgrad_swapped_dt_gathered``, whose ratio to
 ``wgrad_pre_permuted`` is the one issue 33 asks about (>= 0.95x); ``wgrad_swapped_dt_pre_permuted``
 (the same store on pre-permuted rows) gives the M-major store's own cost.
 
+``--queued`` times each round's calls back to back between one pair of events (the GPU's time per
+call while the host runs ahead, as in a layer's step) instead of each call's latency, which also
+counts the host's time to issue a call.
+
     python bench/gathered.py [--layers dsv3-8,mixtral,qwen3] [--also NAME=DEFINES] [--wgrad-swapped] [--stored]
-                             [--dswiglu] [--out FILE]
+                             [--dswiglu] [--queued] [--out FILE]
 """
 from __future__ import annotations
 
 import argparse
 
-from _common import add_also_argument, add_layer_arguments, also_builds, interleaved_ms, nvrtc_defines, run_layers
+from _common import (add_also_argument, add_layer_arguments, also_builds, interleaved_ms, nvrtc_defines, queued_ms,
+                     round_ratios, run_layers, time_ms)
 
 # name: (experts, tokens, K (hidden), N (2 x intermediate), top_k)
 LAYERS = {
@@ -117,6 +123,11 @@ def bench_layer(name: str, args) -> dict:
     slots = tokens * top_k
     d_index = torch.full((r.rows,), -1, dtype=torch.int32, device="cuda")
     d_index[r.row_of.reshape(-1)] = torch.arange(slots, dtype=torch.int32, device="cuda")
+    # The same slots k-major, (top_k, tokens, hidden): slot j * tokens + t, so that an expert's rows
+    # (tokens in order, each at its own j) land in top_k bands of consecutive rows, not top_k rows apart.
+    d_index_km = torch.full((r.rows,), -1, dtype=torch.int32, device="cuda")
+    d_index_km[r.row_of.reshape(-1)] = torch.arange(slots, dtype=torch.int32, device="cuda").view(top_k, tokens).t(
+    ).reshape(-1)
     scattered = Op("grouped_gemm", d_scatter=True, **axes)
     y = plain(h, r.padded_offsets, w2, inputs=ins)["d"]
     sequal = torch.equal(scattered(h, r.padded_offsets, w2, d_index=d_index, d_rows=slots, inputs=ins)["d"],
@@ -130,6 +141,7 @@ def bench_layer(name: str, args) -> dict:
         "wgrad_pre_permuted": lambda: wp(dg, rows, r.padded_offsets),
         "scattered": lambda: scattered(h, r.padded_offsets, w2, d_index=d_index, d_rows=slots, inputs=ins),
         "fc2": lambda: plain(h, r.padded_offsets, w2, inputs=ins),
+        "scattered_k_major": lambda: scattered(h, r.padded_offsets, w2, d_index=d_index_km, d_rows=slots, inputs=ins),
         "scattered_whole_fill": lambda: (filled.zero_(), scattered.execute(h, r.padded_offsets, w2, d_index=d_index,
                                                                            d_rows=slots, outputs={"d": filled},
                                                                            inputs=ins)),
@@ -230,8 +242,16 @@ def bench_layer(name: str, args) -> dict:
     row = {"layer": name, "experts": experts, "tokens": tokens, "k": k, "n": n, "top_k": top_k, "rows": r.rows,
            "gathered_equals_pre_permuted": equal, "wgrad_gathered_equals_pre_permuted": wequal,
            "scattered_equals_fc2_placed": sequal, "fp8_gathered_equals_pre_permuted": equal8}
-    for key, ms in interleaved_ms(methods, args).items():
+    rounds: dict = {}
+    row["timer"] = "queued" if args.queued else "latency"
+    for key, ms in interleaved_ms(methods, args, timer=queued_ms if args.queued else time_ms,
+                                  rounds_out=rounds).items():
         row[f"{key}_ms"] = ms
+    # Paired per-round ratios (median, min, max) of the bars' comparisons: this board's clocks move
+    # by more than the effects measured here, and a round's two methods share its clocks.
+    for num, den in (("pre_permuted", "gathered"), ("wgrad_pre_permuted", "wgrad_gathered"), ("fc2", "scattered"),
+                     ("fc2", "scattered_k_major")):
+        row[f"{den}_vs_{num}_rounds"] = round_ratios(rounds, num, den)
     flops = 2.0 * tokens * top_k * k * n
     row["gathered_tflops"] = flops / row["gathered_ms"] / 1e9
     row["gathered_vs_pre_permuted"] = row["pre_permuted_ms"] / row["gathered_ms"]
@@ -239,6 +259,7 @@ def bench_layer(name: str, args) -> dict:
     row["wgrad_gathered_vs_pre_permuted"] = row["wgrad_pre_permuted_ms"] / row["wgrad_gathered_ms"]
     row["scattered_vs_fc2"] = row["fc2_ms"] / row["scattered_ms"]
     row["scattered_whole_fill_vs_fc2"] = row["fc2_ms"] / row["scattered_whole_fill_ms"]
+    row["scattered_k_major_vs_fc2"] = row["fc2_ms"] / row["scattered_k_major_ms"]
     row["fp8_gathered_vs_pre_permuted"] = row["fp8_pre_permuted_ms"] / row["fp8_gathered_ms"]
     if args.wgrad_swapped:
         row["wgrad_swapped_gathered_equals_pre_permuted"] = swapped_equal
@@ -284,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time the weight gradient with X gathered on the M side (dW1^T = X^T dG)")
     ap.add_argument("--stored", action="store_true",
                     help="also time the gathered GEMM storing the rows it gathered (a_gather_store)")
+    ap.add_argument("--queued", action="store_true",
+                    help="time each round's calls back to back (the GPU's time per call when the host runs ahead) "
+                         "instead of each call's latency")
     ap.add_argument("--dswiglu", action="store_true",
                     help="also time the layer's dSwiGLU GEMM with dy gathered (ping-pong 64 x 256 and 128 x 256)")
     args = ap.parse_args(argv)
