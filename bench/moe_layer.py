@@ -9,10 +9,11 @@ logits and both weights). Times are CUDA-event medians over interleaved rounds; 
 torch_ms / fusegemm_ms, ``speedup_vs_torch_rounds`` each round's own ratio (median, min, max: the
 spread a clock-capped board puts between rounds; each ``--also`` variant's against the block likewise,
 ``V_vs_fusegemm_rounds``, above 1 when the variant is faster); peak memory is
-``torch.cuda.max_memory_allocated`` over one step of each.
-Issue 33's target: >= 1.5x on these layers (``MoEBlock`` gathers and combines with one-pass
-permutation kernels, fusegemm/permute.py, each the other's backward; its GEMMs read permuted
-rows: ``fusegemm.moe.RoutedMLPFunction``, the gathered-operand variant, measured slower).
+``torch.cuda.max_memory_allocated`` over one step of each, every method's gradients cleared first.
+Issue 33's target: >= 1.5x on these layers (``MoEBlock`` on sm_90a reads the token rows through
+the routing's index inside its GEMMs, ``loads="gathered"``, ``fusegemm.moe.RoutedMLPFunction``, and
+combines with a one-pass kernel; ``loads="permuted"`` gathers the rows first with the permutation
+kernel, fusegemm/permute.py).
 
     python bench/moe_layer.py [--layers dsv3-8,dsv3-32,mixtral,qwen3] [--graph] [--out FILE]
 
@@ -38,7 +39,8 @@ with both.
 ``--also block-again`` times the block itself a second time: a null control, whose ratio to the block
 in the same rounds (``block-again_vs_fusegemm_rounds``) is what the method's noise and a variant's place
 in the round alone give.
-``--also block-gathered`` times ``MoEBlock(loads="gathered")`` on the block's parameters.
+``--also block-permuted`` / ``block-gathered`` time ``MoEBlock(loads="permuted")`` / ``loads="gathered"``
+(the default since 2026-12-06) on the block's parameters.
 ``--also fp8-block`` times the block with its expert MLP on the blockwise FP8 recipe
 (``recipe="fp8_block"``, the same weights; its difference is the recipe's rounding).
 """
@@ -60,20 +62,20 @@ LAYERS = {
 
 
 class TokenOrder:
-    """``block`` itself with its gathers (x forward, dy backward) in token order
-    (``fusegemm.routing.TOKEN_ORDER``, set around the step by :func:`_loads`)."""
+    """``block`` on its permuted path (``loads="permuted"``) with its gathers (x forward, dy
+    backward) in token order (``fusegemm.routing.TOKEN_ORDER``, set around the step by :func:`_loads`)."""
 
     token_order = True
 
     def __init__(self, block):
-        self.block = block
+        self.block = with_loads(block, "permuted")
 
     def __call__(self, x, logits):
         return self.block(x, logits)
 
 
 class UnzeroedPadding(TokenOrder):
-    """``block`` itself with ``fusegemm.moe.UNZEROED_PADDING`` set around the step."""
+    """``block`` on its permuted path with ``fusegemm.moe.UNZEROED_PADDING`` set around the step."""
 
     token_order = False
     unzeroed = True
@@ -134,14 +136,16 @@ def fp8_block_layer(block):
 
 
 # --also: each variant's layer on the block
-def gathered_block(block):
-    """The block with ``loads="gathered"`` (its own parameters): RoutedMLPFunction's gathered kernels."""
+def with_loads(block, loads: str):
+    """The block with ``loads`` (its own parameters): "gathered", RoutedMLPFunction's gathered
+    kernels (the default); "permuted", the gather kernel and the GEMMs on permuted rows."""
     layer = copy.copy(block)   # (shares the submodules, so the parameters and their gradients)
-    layer.loads = "gathered"
+    layer.loads = loads
     return layer
 
 
-VARIANTS = {"block-again": lambda b: b, "block-gathered": gathered_block, "block-no-ends": BlockNoEnds,
+VARIANTS = {"block-again": lambda b: b, "block-gathered": lambda b: with_loads(b, "gathered"),
+            "block-permuted": lambda b: with_loads(b, "permuted"), "block-no-ends": BlockNoEnds,
             "fp8-block": fp8_block_layer, "token-order": TokenOrder,
             "unzeroed-padding": UnzeroedPadding, "token-order-unzeroed": TokenOrderUnzeroed,
             "routed": lambda b: RoutedLayer(b, ends=True, gathered=False),
@@ -230,7 +234,13 @@ def bench_layer(name: str, args) -> dict:
         methods[v] = step(layer, (ours.mlp.w1, ours.mlp.w2))
         with torch.no_grad(), _loads(layer):
             row[f"{v}_max_abs_diff_vs_fusegemm"] = float((layer(x, logits).float() - yo).abs().max())
+    everyone = (x, logits, ours.mlp.w1, ours.mlp.w2, w1, w2)
     for key, run in methods.items():
+        # Every method's gradients cleared first, not only this one's: a step's peak would
+        # otherwise count the gradients an earlier method left (both layers' weights' at dsv3
+        # with 32 experts, 2.6 GiB, charged to torch and to every variant before 2026-12-06).
+        for p in everyone:
+            p.grad = None
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         run()

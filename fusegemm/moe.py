@@ -37,11 +37,14 @@ are one-pass permutation kernels (fusegemm/permute.py), each the other's backwar
 (deterministic, no atomics). The routing's row ends (where each expert's tokens end inside its
 256-row padded range) reach every GEMM: the sm_90a kernels leave the padding's tiles out of their
 tile walk and the weight gradients its k-blocks. :class:`RoutedMLPFunction` is the same layer with
-the permutation inside the GEMMs as well (gathered operands): bit-equal, what the block runs with
-``loads="gathered"`` (1.06x the step at a qwen3-like layer on an H100, level elsewhere). The whole
+the permutation inside the GEMMs as well (gathered operands): bit-equal, what the block runs by
+default where it can (``loads="gathered"``: 1.06x the permuted step at a qwen3-like layer on an
+H100, level elsewhere, and a lower peak at every layer measured). The whole
 layer's forward + backward step against a plain torch layer in the same run, both CUDA-graphed, on
 an H100 with the rounds rotating the methods' order (bench/results/moe_layer_h100_rotated_headline.json):
-1.46x (dsv3, 8 experts), 1.44x (dsv3, 32), 1.46x (mixtral), 1.80x (qwen3, 128 experts). (The H200's
+1.46x (dsv3, 8 experts), 1.44x (dsv3, 32), 1.46x (mixtral), 1.80x (qwen3, 128 experts) on permuted
+rows; with the gathered loads 1.44x / 1.45x / 1.43x / 1.92x (bench/results/moe_layer_h100_fair_peaks.json,
+the permuted block 1.50x / 1.44x / 1.46x / 1.82x in the same rounds). (The H200's
 1.46x / 1.40x / 1.38x / 1.96x of 2026-12-03 came from rounds in a fixed order, which favoured the
 block by about 4% at the big layers.)
 """
@@ -1021,22 +1024,27 @@ class MoEBlock(torch.nn.Module):
         Renormalize each token's k routing weights to sum to 1.
     dtype, backend, recipe, wgrad, device, generator
         As :class:`fusegemm.moe.ExpertMLP` (``backend="torch"`` runs on any device).
-    loads : {"permuted", "gathered"}
-        How the expert GEMMs read the tokens. "permuted" (default): a gather kernel permutes x (and
-        the output gradient) into expert-sorted rows first. "gathered": the GEMMs read the token
-        rows through the routing's index themselves (:class:`RoutedMLPFunction` with gathered
-        operands: no permuted copies, the same values bit for bit) where that path runs: the
-        fusegemm backend, the bf16 recipe, an sm_90a GPU, eager or CUDA-graphed (under
-        ``torch.compile`` the block runs its permuted path, whose values are the same). Measured
-        on an H100 (2026-12-06, graphed, rounds rotating the order, bench/moe_layer.py
-        --also block-gathered): 1.06x the permuted step at a qwen3-like layer (128 experts,
-        top-k 8, hidden 2048), within the noise at the dsv3- and mixtral-like layers.
+    loads : {"gathered", "permuted"}
+        How the expert GEMMs read the tokens. "gathered" (default): the GEMMs read the token rows
+        through the routing's index themselves (:class:`RoutedMLPFunction` with gathered
+        operands: no permuted copies) where that path runs: the fusegemm backend, the bf16
+        recipe, an sm_90a GPU, eager or CUDA-graphed; elsewhere, and under ``torch.compile``, the
+        block runs its permuted path. "permuted": a gather kernel permutes x (and the output
+        gradient) into expert-sorted rows first, always. Both give the same values bit for bit
+        (the logits' gradient within 1e-5: dprob's atomic sums). Measured on an H100
+        (2026-12-06, graphed, rounds rotating the order, every method's gradients cleared before
+        its peak; bench/moe_layer.py --also block-again,block-permuted,
+        bench/results/moe_layer_h100_fair_peaks.json): the gathered step 1.06x the permuted one
+        at a qwen3-like layer (128 experts, top-k 8, hidden 2048) and within the noise at the
+        dsv3- and mixtral-like layers, with a lower peak (3.98 against 4.71 GiB at qwen3, 9.10
+        against 10.68 at dsv3 with 32 experts, 3.07 against 4.41 with 8, 9.49 against 9.70 at
+        mixtral).
     """
 
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, *, normalize: bool = False,
                  dtype: torch.dtype = torch.bfloat16, backend: str = "fusegemm", recipe: str = "bf16",
                  wgrad: str = "auto", device=None, generator: torch.Generator | None = None,
-                 loads: str = "permuted") -> None:
+                 loads: str = "gathered") -> None:
         super().__init__()
         check_choice(top_k, experts, normalize)
         if loads not in ("permuted", "gathered"):

@@ -61,10 +61,16 @@ def test_the_null_control_is_the_block_itself():
     assert _bench().VARIANTS["block-again"](block) is block
 
 
-def test_the_gathered_variant_is_the_block_with_gathered_loads():
-    """--also block-gathered: the block's own parameters (its gradients land on them), loads="gathered"."""
+@pytest.mark.parametrize("variant,loads,base", [("block-gathered", "gathered", "permuted"),
+                                                ("block-permuted", "permuted", "gathered")])
+def test_the_loads_variants_are_the_block_with_its_loads_set(variant, loads, base):
+    """--also block-gathered / block-permuted: the block's own parameters (its gradients land on
+    them) with loads set; the block itself keeps its own; the token-order and unzeroed-padding
+    variants run the permuted path, whose gathers their switches change."""
     from fusegemm.moe import MoEBlock
-    block = MoEBlock(32, 64, 4, 2, backend="torch", generator=torch.Generator().manual_seed(1))
-    layer = _bench().VARIANTS["block-gathered"](block)
-    assert layer.loads == "gathered" and block.loads == "permuted"
+    block = MoEBlock(32, 64, 4, 2, backend="torch", generator=torch.Generator().manual_seed(1), loads=base)
+    layer = _bench().VARIANTS[variant](block)
+    assert layer.loads == loads and block.loads == base
     assert layer.mlp.w1 is block.mlp.w1 and layer.mlp.w2 is block.mlp.w2
+    for name in ("token-order", "unzeroed-padding", "token-order-unzeroed"):
+        assert _bench().VARIANTS[name](block).block.loads == "permuted", name

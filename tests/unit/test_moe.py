@@ -345,10 +345,12 @@ def test_routed_dswiglu_runs_the_cooperative_tile_when_dy_is_gathered(monkeypatc
 
 
 def test_moe_block_loads_is_checked_and_falls_back_where_the_gathered_path_does_not_run():
-    """MoEBlock(loads=...): anything but "permuted" or "gathered" is an ArgumentError naming
-    ``loads``; "gathered" runs RoutedMLPFunction only on the fusegemm backend's bf16 recipe on an
-    sm_90a GPU, outside torch.compile, so on the CPU it is the permuted block, value for value."""
+    """MoEBlock(loads=...): "gathered" by default; anything but "permuted" or "gathered" is an
+    ArgumentError naming ``loads``; "gathered" runs RoutedMLPFunction only on the fusegemm
+    backend's bf16 recipe on an sm_90a GPU, outside torch.compile, so on the CPU it is the
+    permuted block, value for value."""
     from fusegemm.base.errors import ArgumentError
+    assert moe.MoEBlock(32, 64, 4, 2, backend="torch").loads == "gathered"
     with pytest.raises(ArgumentError, match="loads"):
         moe.MoEBlock(32, 64, 4, 2, backend="torch", loads="scattered")
     x = torch.randn(50, 32, generator=torch.Generator().manual_seed(0))
