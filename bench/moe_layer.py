@@ -201,6 +201,24 @@ class TorchLayer:
         return torch.zeros_like(x).index_add_(0, tokens, y)
 
 
+def step_peaks(methods: dict, tensors, memory) -> dict[str, float]:
+    """Each method's peak allocated memory (GiB) over one step, taken with ``memory``'s counters
+    (``torch.cuda``), with the gradients of every tensor in ``tensors`` cleared first, not only
+    the method's own: a step's peak would otherwise count the gradients an earlier method left
+    (both layers' weights' at dsv3 with 32 experts, 2.6 GiB, charged to torch and to every variant
+    before 2026-12-06)."""
+    peaks = {}
+    for key, run in methods.items():
+        for t in tensors:
+            t.grad = None
+        memory.synchronize()
+        memory.reset_peak_memory_stats()
+        run()
+        memory.synchronize()
+        peaks[key] = memory.max_memory_allocated() / 2 ** 30
+    return peaks
+
+
 def bench_layer(name: str, args) -> dict:
     import torch
 
@@ -234,18 +252,8 @@ def bench_layer(name: str, args) -> dict:
         methods[v] = step(layer, (ours.mlp.w1, ours.mlp.w2))
         with torch.no_grad(), _loads(layer):
             row[f"{v}_max_abs_diff_vs_fusegemm"] = float((layer(x, logits).float() - yo).abs().max())
-    everyone = (x, logits, ours.mlp.w1, ours.mlp.w2, w1, w2)
-    for key, run in methods.items():
-        # Every method's gradients cleared first, not only this one's: a step's peak would
-        # otherwise count the gradients an earlier method left (both layers' weights' at dsv3
-        # with 32 experts, 2.6 GiB, charged to torch and to every variant before 2026-12-06).
-        for p in everyone:
-            p.grad = None
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        run()
-        torch.cuda.synchronize()
-        row[f"{key}_peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+    for key, gib in step_peaks(methods, (x, logits, ours.mlp.w1, ours.mlp.w2, w1, w2), torch.cuda).items():
+        row[f"{key}_peak_gib"] = gib
     eager = methods
     if args.graph:      # after the eager peaks: a graph's pool is allocated once, at capture
         methods = {key: _graphed(run) for key, run in methods.items()}

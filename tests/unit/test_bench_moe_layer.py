@@ -74,3 +74,35 @@ def test_the_loads_variants_are_the_block_with_its_loads_set(variant, loads, bas
     assert layer.mlp.w1 is block.mlp.w1 and layer.mlp.w2 is block.mlp.w2
     for name in ("token-order", "unzeroed-padding", "token-order-unzeroed"):
         assert _bench().VARIANTS[name](block).block.loads == "permuted", name
+
+
+def test_each_methods_peak_is_taken_with_every_methods_gradients_cleared():
+    """step_peaks: a method's peak does not count the gradients an earlier method left on its own
+    parameters (the torch layer's and the variants' peaks had counted the block's before
+    2026-12-06); each method's counters are reset before its step."""
+    class Param:   # a parameter whose gradient is its size in bytes
+        grad = None
+    ours, peer = Param(), Param()
+
+    class Memory:   # the bytes of the gradients alive, its peak since the last reset
+        peak = 0
+
+        def live(self):
+            return sum(t.grad for t in (ours, peer) if t.grad is not None)
+
+        def synchronize(self):
+            self.peak = max(self.peak, self.live())
+
+        def reset_peak_memory_stats(self):
+            self.peak = self.live()
+
+        def max_memory_allocated(self):
+            return self.peak
+
+    def step(param, size):
+        def run():
+            param.grad = size
+        return run
+    methods = {"block": step(ours, 2 ** 32), "torch": step(peer, 2 ** 29)}
+    peaks = _bench().step_peaks(methods, (ours, peer), Memory())
+    assert peaks == {"block": 4.0, "torch": 0.5}   # GiB: each its own gradient alone
