@@ -29,8 +29,9 @@ the reference the tests hold the fusegemm backend to, and what ``gradcheck`` dif
 
 :class:`MoEBlock` is the whole layer around it: router logits and token-major ``x`` in,
 token-major output out. It routes (:func:`fusegemm.routing.route`: top-k and the padded
-expert-sorted permutation on the device, no host synchronisation), gathers the tokens into those
-rows, runs the expert MLP (each row's routing weight applied by the fused SwiGLU), and sums each
+expert-sorted permutation on the device, no host synchronisation), runs the expert MLP on those
+rows (each row's routing weight applied by the fused SwiGLU; on sm_90a its GEMMs read the token
+rows through the routing's index, elsewhere a gather kernel permutes them first), and sums each
 token's k rows back (:func:`fusegemm.routing.combine`). Autograd carries the gradients of ``x``,
 of the logits (through dprob, the softmax and top-k) and of both weights. The gather and combine
 are one-pass permutation kernels (fusegemm/permute.py), each the other's backward
