@@ -840,8 +840,11 @@ def _gather_op(spec: str, device: int, **axes) -> "Op":  # noqa: F821
 # (bench/results/gathered_h200_early.json): the gathered fc1 ran at 0.96-1.00x of the kernel on
 # pre-permuted rows (1.00-1.10x of gather + GEMM) and the gathered K-grouped weight gradient at
 # 0.84-0.93x, and the layer's step with every GEMM gathered (bench/moe_layer.py --also, same run)
-# was 5-6% slower than the permuted path (bench/results/moe_layer_h200_gathered_loads.json): the
-# permuted path stays. (Both bit-equal on the H200: tests/gpu/test_moe_layer_gpu.py.)
+# was 5-6% slower than the permuted path (bench/results/moe_layer_h200_gathered_loads.json), in
+# rounds of a fixed order that favoured the permuted block by about 4%. This flag is the function's
+# default when a call passes no ``loads``; MoEBlock passes its own (``loads="gathered"`` by
+# default since 2026-12-06: level with the permuted step on an H100 at the dsv3 and mixtral
+# layers, 1.06x at qwen3's, a lower peak). (Both bit-equal: tests/gpu/test_moe_layer_gpu.py.)
 GATHERED_LOADS = False
 # With GATHERED_LOADS: fc1's weight gradient as the swapped product dW1_e = (X_e^T dG_e)^T, X's
 # token rows gathered as A (half the gathered bytes of b_gather's stage) and D stored M-major
