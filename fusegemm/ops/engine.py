@@ -203,15 +203,16 @@ class Op(PreparedLaunch):
         Parameters
         ----------
         tail : bool
-            Also load the tail-zeroing kernel that the grouped class's calls launch, so that a
-            first call inside a CUDA-graph capture loads no module (False: a face that only
-            executes into caller outputs, which launches none).
+            Also load the tail-zeroing kernel that the grouped class's calls launch (and, with
+            scattered outputs, the unnamed rows' kernels), so that a first call inside a
+            CUDA-graph capture loads no module (False: a face that only executes into caller
+            outputs, which launches none).
         """
         if self._launcher is None and not is_dry():
             self.check_support()
             self._launcher = LoadedKernel.build(self.kernel_variant, self.device)
             if self.tail_zeroed and tail:
-                _tail.prepare(self.device)
+                _tail.prepare(self.device, scattered=self.variant.d_scatter)
         return self
 
     @property

@@ -30,6 +30,7 @@ from .small_kernels import SmallKernels
 __all__ = ["prepare", "zero_tail", "zero_unnamed"]
 
 _KERNEL = "fusegemm_zero_tail"
+_UNNAMED_KERNELS = ("fusegemm_mark_named", "fusegemm_zero_unnamed")   # scattered outputs' (zero_unnamed)
 _KERNELS = SmallKernels("fusegemm/zero_tail.cuh", "the tail-zeroing kernel", "outputs are zero-filled whole")
 _MAX_BUFFERS = 4           # ZeroTailParams::kMaxBuffers
 _THREADS = 256             # the kernel's __launch_bounds__
@@ -46,18 +47,33 @@ def _kernel(device: int) -> Any:
     return _KERNELS.function(device, _KERNEL)
 
 
-def prepare(device: int) -> bool:
-    """Compile and load the kernels for ``device`` (the tail's and the scattered outputs') ahead
-    of the first call (the ops do it when they compile: a module load has no place inside a
-    CUDA-graph capture). False where they are unavailable and outputs will be zero-filled whole.
+def _rows16(b: Any, rows: int) -> int:
+    """The bytes of each of ``b``'s ``rows`` rows where the kernels can zero them with 16-byte
+    stores (a contiguous, 16-byte aligned buffer of 16-byte whole rows), else 0."""
+    rb = b.numel() * b.element_size() // rows
+    return rb if rb % 16 == 0 and b.data_ptr() % 16 == 0 and b.is_contiguous() else 0
+
+
+def _four(values: list) -> list:
+    """``values`` padded with zeros to the parameter structs' kMaxBuffers entries."""
+    return values + [0] * (_MAX_BUFFERS - len(values))
+
+
+def prepare(device: int, scattered: bool = False) -> bool:
+    """Compile and load the tail kernel for ``device`` ahead of the first call, and the scattered
+    outputs' two with ``scattered`` (the ops do it when they compile: a module load has no place
+    inside a CUDA-graph capture). False where they are unavailable and outputs will be zero-filled
+    whole.
 
     Parameters
     ----------
     device : int
         CUDA ordinal.
+    scattered : bool
+        Also the kernels of :func:`zero_unnamed` (an op with scattered outputs).
     """
-    return all(_KERNELS.function(device, name) is not None
-               for name in (_KERNEL, "fusegemm_mark_named", "fusegemm_zero_unnamed"))
+    names = (_KERNEL, *_UNNAMED_KERNELS) if scattered else (_KERNEL,)
+    return all(_KERNELS.function(device, name) is not None for name in names)
 
 
 def zero_tail(buffers: Iterable[Any], offsets_ptr: int, experts: int, m_rows: int, stream: int,
@@ -89,9 +105,8 @@ def zero_tail(buffers: Iterable[Any], offsets_ptr: int, experts: int, m_rows: in
         return
     direct, whole = [], []
     for b in bufs:
-        rb = b.numel() * b.element_size() // m_rows
-        ok = rb % 16 == 0 and b.data_ptr() % 16 == 0 and b.is_contiguous()
-        (direct if ok else whole).append((b, rb))
+        rb = _rows16(b, m_rows)
+        (direct if rb else whole).append((b, rb))
     if direct and _kernel(device) is None:
         whole += direct
         direct = []
@@ -99,8 +114,8 @@ def zero_tail(buffers: Iterable[Any], offsets_ptr: int, experts: int, m_rows: in
         b.zero_()   # torch's fill on torch's current stream, before the op's launch (as before)
     for i in range(0, len(direct), _MAX_BUFFERS):
         group = direct[i:i + _MAX_BUFFERS]
-        base = [b.data_ptr() for b, _ in group] + [0] * (_MAX_BUFFERS - len(group))
-        row_bytes = [rb for _, rb in group] + [0] * (_MAX_BUFFERS - len(group))
+        base = _four([b.data_ptr() for b, _ in group])
+        row_bytes = _four([rb for _, rb in group])
         blocks = min(_MAX_BLOCKS, max(1, -(-max(row_bytes) * m_rows // (16 * _THREADS))))
         _KERNELS.launch(device, _KERNEL, (blocks, len(group), 1), (_THREADS, 1, 1),
                         _PARAMS.pack(*base, *row_bytes, offsets_ptr, experts, m_rows, row_ends_ptr), stream)
@@ -136,22 +151,20 @@ def zero_unnamed(buffers: Iterable[Any], index_ptr: int, d_rows: int, offsets_pt
     bufs = [b for b in buffers if b.numel()]
     if not bufs or d_rows == 0:
         return True
-    if len(bufs) > _MAX_BUFFERS or any(b.data_ptr() % 16 or not b.is_contiguous() or
-                                       (b.numel() * b.element_size() // d_rows) % 16 for b in bufs):
+    row_bytes = [_rows16(b, d_rows) for b in bufs]
+    if len(bufs) > _MAX_BUFFERS or not all(row_bytes):
         return False
-    if any(_KERNELS.function(device, k) is None for k in ("fusegemm_mark_named", "fusegemm_zero_unnamed")):
+    if any(_KERNELS.function(device, k) is None for k in _UNNAMED_KERNELS):
         return False
+    mark, zero = _UNNAMED_KERNELS
     words = -(-d_rows // 32)
     named = torch.empty(words, dtype=torch.int32, device=bufs[0].device)
     _device.record_stream(named, stream)   # (freed by the allocator after this stream's work)
     _load.check(_load.driver().cuMemsetD32Async(named.data_ptr(), 0, words, stream), "cuMemsetD32Async")
-    base = [b.data_ptr() for b in bufs] + [0] * (_MAX_BUFFERS - len(bufs))
-    row_bytes = [b.numel() * b.element_size() // d_rows for b in bufs] + [0] * (_MAX_BUFFERS - len(bufs))
-    raw = _UNNAMED.pack(*base, *row_bytes, index_ptr, offsets_ptr, row_ends_ptr, named.data_ptr(), experts, m_rows,
-                        d_rows, 0)
+    raw = _UNNAMED.pack(*_four([b.data_ptr() for b in bufs]), *_four(row_bytes), index_ptr, offsets_ptr, row_ends_ptr,
+                        named.data_ptr(), experts, m_rows, d_rows, 0)
     if m_rows > 0 and experts > 0:
-        _KERNELS.launch(device, "fusegemm_mark_named", (min(_MAX_BLOCKS, -(-m_rows // _THREADS)), 1, 1),
-                        (_THREADS, 1, 1), raw, stream)
-    _KERNELS.launch(device, "fusegemm_zero_unnamed", (min(_MAX_BLOCKS, -(-d_rows // (_THREADS // 32))), len(bufs), 1),
-                    (_THREADS, 1, 1), raw, stream)
+        _KERNELS.launch(device, mark, (min(_MAX_BLOCKS, -(-m_rows // _THREADS)), 1, 1), (_THREADS, 1, 1), raw, stream)
+    _KERNELS.launch(device, zero, (min(_MAX_BLOCKS, -(-d_rows // (_THREADS // 32))), len(bufs), 1), (_THREADS, 1, 1),
+                    raw, stream)
     return True

@@ -194,14 +194,18 @@ def test_a_failed_compile_is_remembered_and_means_whole_fills(monkeypatch, caplo
 
 
 def test_epilogue_gemm_compile_loads_the_tail_kernel_once(monkeypatch):
-    """EpilogueGemm.compile() loads the tail kernel and the scattered outputs' two with its own (a
-    first call inside a CUDA-graph capture then loads no module); later compile() calls, which
-    every call makes, do not."""
+    """EpilogueGemm.compile() loads the tail kernel with its own, and an op with scattered outputs
+    the unnamed rows' two as well (a first call inside a CUDA-graph capture then loads no module);
+    later compile() calls, which every call makes, do not."""
     from fusegemm import EpilogueGemm
     from fusegemm.ops import engine, tail
     loads = []
     monkeypatch.setattr(engine.LoadedKernel, "build", classmethod(lambda cls, v, d: "launcher"))
     monkeypatch.setattr(tail._KERNELS, "function", lambda device, name: loads.append((device, name)) or "kernel")
     op = EpilogueGemm("grouped_gemm", arch="sm_90a", device=3)
+    assert op.compile() is op and op.compile() is op
+    assert loads == [(3, tail._KERNEL)]
+    loads.clear()
+    op = EpilogueGemm("grouped_gemm", arch="sm_90a", device=3, d_scatter=True)
     assert op.compile() is op and op.compile() is op
     assert loads == [(3, tail._KERNEL), (3, "fusegemm_mark_named"), (3, "fusegemm_zero_unnamed")]
