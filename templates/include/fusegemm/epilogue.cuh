@@ -405,6 +405,14 @@ struct WarpStagedStore {
   }
 };
 
+// Four 8 x 8 matrices of packed 16-bit pairs (a WGMMA fragment's), transposed into shared memory:
+// lane 8 i + j gives the address of column j of matrix i (the transposed stores below).
+FUSEGEMM_DEVICE void stmatrix_trans_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // ---------------------------------------------------------------------------------------
 // Warp-staged transposed store (an M-major output: row n of the output holds column n of the
 // problem, its M values contiguous; the K-grouped weight gradient's cd_major m). One warp's 16
@@ -451,9 +459,7 @@ struct WarpTransposedStore {
   // lane 8 i + j gives the address of column j of matrix i (stmatrix.trans).
   FUSEGEMM_DEVICE static void put_trans4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
     static_assert(kElem == 2, "stmatrix stores 16-bit elements");
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0),
-                 "r"(r1), "r"(r2), "r"(r3)
-                 : "memory");
+    stmatrix_trans_x4(addr, r0, r1, r2, r3);
   }
 
   // gbase: output element (m 0, n 0) of the chunk, output row n at gbase + n * ld; staged columns
@@ -498,9 +504,7 @@ struct TileTransposedStore {
   // Four 8 x 8 fragment matrices of packed 16-bit pairs, transposed into their staged columns
   // (lane 8 i + j: the address of column j of matrix i).
   FUSEGEMM_DEVICE static void put_trans4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0),
-                 "r"(r1), "r"(r2), "r"(r3)
-                 : "memory");
+    stmatrix_trans_x4(addr, r0, r1, r2, r3);
   }
   // Warp `warp`'s eight columns 8 warp.. (those below cols_valid): column n to gbase + n * ld,
   // lanes 0-15 one column and 16-31 the next, 16 bytes each.
