@@ -121,13 +121,16 @@ def bench_layer(name: str, args) -> dict:
     h = torch.randn(r.rows, n // 2, generator=g, device="cuda").bfloat16()
     w2 = (torch.randn(experts, k, n // 2, generator=g, device="cuda") * (n // 2) ** -0.5).bfloat16()
     slots = tokens * top_k
-    d_index = torch.full((r.rows,), -1, dtype=torch.int32, device="cuda")
-    d_index[r.row_of.reshape(-1)] = torch.arange(slots, dtype=torch.int32, device="cuda")
+
+    def slot_index(slot_of_pair):   # problem row -> output slot of its (token, j) pair; padding -1
+        d = torch.full((r.rows,), -1, dtype=torch.int32, device="cuda")
+        d[r.row_of.reshape(-1)] = slot_of_pair
+        return d
+    pairs = torch.arange(slots, dtype=torch.int32, device="cuda")   # (token, j) pairs in token-major order
+    d_index = slot_index(pairs)
     # The same slots k-major, (top_k, tokens, hidden): slot j * tokens + t, so that an expert's rows
     # (tokens in order, each at its own j) land in top_k bands of consecutive rows, not top_k rows apart.
-    d_index_km = torch.full((r.rows,), -1, dtype=torch.int32, device="cuda")
-    d_index_km[r.row_of.reshape(-1)] = torch.arange(slots, dtype=torch.int32, device="cuda").view(top_k, tokens).t(
-    ).reshape(-1)
+    d_index_km = slot_index(pairs.view(top_k, tokens).t().reshape(-1))
     scattered = Op("grouped_gemm", d_scatter=True, **axes)
     y = plain(h, r.padded_offsets, w2, inputs=ins)["d"]
     sequal = torch.equal(scattered(h, r.padded_offsets, w2, d_index=d_index, d_rows=slots, inputs=ins)["d"],
@@ -182,6 +185,7 @@ def bench_layer(name: str, args) -> dict:
         sdt, pdt = Op("grouped_gemm_wgrad", a_gather=True, cd_major="m", **axes), Op("grouped_gemm_wgrad", cd_major="m",
                                                                                     **axes)
         dw_dt_out = sdt(x, dg, r.padded_offsets, dy_index=idx)["d"]
+        dw_dt_pre_out = pdt(rows, dg, r.padded_offsets)["d"]   # (the --also builds' references)
         dw_dt = dw_dt_out.float()
         dw_ref = wp(dg, rows, r.padded_offsets)["d"].float()
         swapped_dt_diff = ((dw_dt - dw_ref).norm() / dw_ref.norm().clamp(min=1e-30)).item()
@@ -228,8 +232,7 @@ def bench_layer(name: str, args) -> dict:
                 sdt_also = Op("grouped_gemm_wgrad", a_gather=True, cd_major="m", **axes).compile()
                 pdt_also = Op("grouped_gemm_wgrad", cd_major="m", **axes).compile()
             dt_equal[tag] = (torch.equal(sdt_also(x, dg, r.padded_offsets, dy_index=idx)["d"], dw_dt_out)
-                             and torch.equal(pdt_also(rows, dg, r.padded_offsets)["d"],
-                                             pdt(rows, dg, r.padded_offsets)["d"]))
+                             and torch.equal(pdt_also(rows, dg, r.padded_offsets)["d"], dw_dt_pre_out))
             methods[f"wgrad_swapped_dt_gathered_{tag}"] = lambda o=sdt_also: o(x, dg, r.padded_offsets, dy_index=idx)
             methods[f"wgrad_swapped_dt_pre_permuted_{tag}"] = lambda o=pdt_also: o(rows, dg, r.padded_offsets)
         if args.dswiglu:   # and the gathered dSwiGLU's ping-pong tile, checked against its plain run first
