@@ -120,6 +120,45 @@ def test_a_gathered_op_reused_on_new_indices_and_tokens():
         assert torch.equal(got, want), seed
 
 
+@pytest.mark.parametrize("ends", [False, True], ids=["no-ends", "row-ends"])
+@pytest.mark.parametrize("axes", [dict(a_gather=True), dict(b_gather=True), dict(b_gather=True, tile_m=64, tile_n=128)],
+                         ids=lambda a: ".".join(map(str, a)))
+def test_kgrouped_gathered_tiles_of_several_experts_per_cta(axes, ends):
+    """More tiles than SMs, so that each CTA walks tiles of two or three experts (the test above runs
+    one tile a CTA): the copying lanes' token rows follow each tile's K range across experts, bit-equal
+    to the kernel on rows gathered beforehand, with ragged, short (one k-block) and empty experts, and
+    with the row ends, which shorten the K ranges."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    tokens, m, n = 900, 512, 1024
+    counts = [700, 0, 64, 1, 300, 0, 513, 256, 90, 0, 1000, 5]   # 16 or 32 tiles an expert: 192+ tiles
+    padded = [-(-c // 256) * 256 for c in counts]
+    off = torch.tensor(padded, device="cuda").cumsum(0).to(torch.int32)
+    t = sum(padded)
+    idx = torch.full((t,), -1, dtype=torch.int32, device="cuda")
+    start = 0
+    for c, p in zip(counts, padded):
+        idx[start:start + c] = torch.randint(0, tokens, (c,), generator=g, device="cuda", dtype=torch.int32)
+        start += p
+    row_ends = (off - torch.tensor(padded, device="cuda", dtype=torch.int32)
+                + torch.tensor(counts, device="cuda", dtype=torch.int32)) if ends else None
+    dy_tok = torch.randn(tokens, m, generator=g, device="cuda").bfloat16()
+    x_tok = torch.randn(tokens, n, generator=g, device="cuda").bfloat16()
+    tiles = {"tile_m": axes.get("tile_m", 128), "tile_n": axes.get("tile_n", 256)}
+    op = Op("grouped_gemm_wgrad", d_dtype="float32", **{k: v for k, v in axes.items() if k.endswith("gather")}, **tiles)
+    plain = Op("grouped_gemm_wgrad", d_dtype="float32", **tiles)
+    dy_rows, x_rows = _gathered_rows(dy_tok, idx), _gathered_rows(x_tok, idx)
+    kw, dy_arg, x_arg = {"row_ends": row_ends}, dy_rows, x_rows
+    if axes.get("a_gather"):
+        dy_arg, kw["dy_index"] = dy_tok, idx
+    if axes.get("b_gather"):
+        x_arg, kw["x_index"] = x_tok, idx
+    got = op(dy_arg, x_arg, off, **kw)["d"]
+    want = plain(dy_rows, x_rows, off)["d"]
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+    assert want[4].abs().sum() > 0 and not want[1].any()
+
+
 @pytest.mark.parametrize("axes", [dict(a_gather=True), dict(b_gather=True), dict(a_gather=True, b_gather=True),
                                   dict(b_gather=True, tile_m=64, tile_n=128)], ids=lambda a: ".".join(map(str, a)))
 def test_kgrouped_gathered_token_rows_equal_the_kernel_on_pre_gathered_rows(axes):

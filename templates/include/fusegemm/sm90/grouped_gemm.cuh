@@ -139,7 +139,10 @@
 // 0.82x / 0.93x of pre-permuted rows against 0.84x / 0.85x / 0.93x (qwen3 / mixtral / dsv3-8, five
 // rounds), and again lags 0 and 2 (0.86x / 0.85x / 0.92x and 0.78x / 0.79x / 0.90x): not kept.
 // Nsight Compute, qwen3 and mixtral: the copying warps wait on their own copies' completion more
-// than on free stages; L2 hit rates 87% / 92% (pre-permuted rows: 83% / 92%).)
+// than on free stages; L2 hit rates 87% / 92% (pre-permuted rows: 83% / 92%). H100, 2026-12-06: the
+// next tile's K range and first token rows fetched during the tile before (the static walk's next
+// tile is known), 0.97-1.03x of this: not kept; README, "Three more tries at the K-grouped gathered
+// operand".)
 #ifndef FUSEGEMM_SM90_GATHER_EARLY
 #define FUSEGEMM_SM90_GATHER_EARLY 1
 #endif
