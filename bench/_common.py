@@ -118,19 +118,38 @@ def watchdog(what: str, seconds: float, stop=os._exit):
 
 
 def round_order(methods, r: int) -> list:
-    """The methods' order in round ``r``: the keys rotated to start at key r (mod their count)."""
+    """The methods' order in round ``r``: row r (mod the rows) of a Williams design, a Latin square
+    whose rows also balance who runs right before whom. Over its n rows (2n for an odd count n of
+    methods) every method takes every place equally often and follows every other method equally
+    often. A rotation alone (round r starting at method r) keeps each method's predecessor: on an
+    H100 (2026-12-06, bench/moe_layer.py's null control, mixtral) the block timed again right after
+    the torch layer in every round ran 0.944x-0.962x of itself in four processes, whichever order
+    the graphs were captured in (bench/results/moe_layer_h100_capture_order_*.json)."""
     keys = list(methods)
-    start = r % len(keys) if keys else 0
-    return keys[start:] + keys[:start]
+    n = len(keys)
+    if n <= 1:
+        return keys
+    first, lo, hi = [0], 1, n - 1   # 0, 1, n-1, 2, n-2, ...: the design's first row
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [[(f + i) % n for f in first] for i in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return [keys[j] for j in rows[r % len(rows)]]
 
 
 def interleaved_ms(methods: dict, args, timer=time_ms, rounds_out: dict | None = None) -> dict[str, float]:
     """Every method timed in each of ``args.rounds`` interleaved rounds; the median over all
     samples. Clocks and neighbours drift during a run, and interleaving keeps that drift out of
-    the ratios. Round r starts at method r (mod the methods), so that over the rounds every method
-    takes every place in the order: a method's place alone moved its time by 4% (H100, 2026-12-06,
-    bench/moe_layer.py's null control ``--also block-again``, the block timed twice in fixed
-    order: 0.96x of itself at dsv3 and mixtral, 1.00x at qwen3; bench/results/moe_layer_h100_null_fixed_order.json).
+    the ratios. Round r runs the methods in :func:`round_order`'s row r, so that over the rounds every
+    method takes every place in the order and follows every other method: a method's place alone moved its
+    time by 4% (H100, 2026-12-06, bench/moe_layer.py's null control ``--also block-again``, the block timed
+    twice in fixed order: 0.96x of itself at dsv3 and mixtral, 1.00x at qwen3;
+    bench/results/moe_layer_h100_null_fixed_order.json), and so did the method run before it (round_order).
     Each method's round runs under :func:`watchdog` (``args.hang_s``). ``timer``:
     :func:`time_ms` (each call's latency) or :func:`queued_ms` (calls back to back).
     ``rounds_out``, when given, receives each method's per-round times (for paired ratios:

@@ -133,7 +133,7 @@ def main() -> int:
             fn()
     samples: dict[str, list[float]] = {key: [] for key in methods}
     for r in range(args.rounds):
-        for key in round_order(methods, r):   # (rotated: no method always first)
+        for key in round_order(methods, r):   # (no method always first, nor always after the same one)
             samples[key].append(per_call_us(methods[key], args.calls))
     us = {key: round(statistics.median(v), 2) for key, v in samples.items()}
     gpu_us = {}

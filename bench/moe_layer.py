@@ -40,7 +40,8 @@ with both.
 in the same rounds (``block-again_vs_fusegemm_rounds``) is what the method's noise and a variant's place
 in the round alone give.
 ``--also block-permuted`` / ``block-gathered`` time ``MoEBlock(loads="permuted")`` / ``loads="gathered"``
-(the default since 2026-12-06) on the block's parameters.
+on the block's parameters (the block itself: ``loads="auto"``, the default).
+``--capture-reverse`` (with ``--graph``) captures the methods' graphs in reverse order.
 ``--also fp8-block`` times the block with its expert MLP on the blockwise FP8 recipe
 (``recipe="fp8_block"``, the same weights; its difference is the recipe's rounding).
 """
@@ -138,7 +139,8 @@ def fp8_block_layer(block):
 # --also: each variant's layer on the block
 def with_loads(block, loads: str):
     """The block with ``loads`` (its own parameters): "gathered", RoutedMLPFunction's gathered
-    kernels (the default); "permuted", the gather kernel and the GEMMs on permuted rows."""
+    kernels; "permuted", the gather kernel and the GEMMs on permuted rows ("auto", the default,
+    picks one by the intermediate size)."""
     layer = copy.copy(block)   # (shares the submodules, so the parameters and their gradients)
     layer.loads = loads
     return layer
@@ -256,7 +258,10 @@ def bench_layer(name: str, args) -> dict:
         row[f"{key}_peak_gib"] = gib
     eager = methods
     if args.graph:      # after the eager peaks: a graph's pool is allocated once, at capture
-        methods = {key: _graphed(run) for key, run in methods.items()}
+        # (--capture-reverse: the last method's graph captured first, the timing order unchanged)
+        order = list(methods)[::-1] if args.capture_reverse else list(methods)
+        graphs = {key: _graphed(methods[key]) for key in order}
+        methods = {key: graphs[key] for key in methods}
     rounds: dict[str, list[float]] = {}
     for key, ms in interleaved_ms(methods, args, rounds_out=rounds).items():
         row[f"{key}_ms"] = ms
@@ -332,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--graph", action="store_true", help="time both steps as CUDA-graph replays (no host gaps)")
+    ap.add_argument("--capture-reverse", action="store_true",
+                    help="with --graph, capture the methods' graphs in reverse order (the null control's "
+                         "offset against capture order: bench/results/moe_layer_h100_capture_order_*.json)")
     ap.add_argument("--profile", action="store_true",
                     help="add each layer's kernel-time table (torch.profiler; eager steps, or the replays "
                          "with --graph) to the JSON")

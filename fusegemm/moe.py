@@ -39,13 +39,17 @@ are one-pass permutation kernels (fusegemm/permute.py), each the other's backwar
 256-row padded range) reach every GEMM: the sm_90a kernels leave the padding's tiles out of their
 tile walk and the weight gradients its k-blocks. :class:`RoutedMLPFunction` is the same layer with
 the permutation inside the GEMMs as well (gathered operands): bit-equal, what the block runs by
-default where it can (``loads="gathered"``: 1.06x the permuted step at a qwen3-like layer on an
-H100, level elsewhere, and a lower peak at every layer measured). The whole
+default where it can below an intermediate size of 4096 (``loads="auto"``; 1.06x the permuted step
+at a qwen3-like layer on an H100, level at the dsv3-like ones, and a lower peak at every layer
+measured; at a mixtral-like layer the permuted step is 1.05x faster, and auto takes it). The whole
 layer's forward + backward step against a plain torch layer in the same run, both CUDA-graphed, on
 an H100 with the rounds rotating the methods' order (bench/results/moe_layer_h100_rotated_headline.json):
 1.46x (dsv3, 8 experts), 1.44x (dsv3, 32), 1.46x (mixtral), 1.80x (qwen3, 128 experts) on permuted
 rows; with the gathered loads 1.44x / 1.45x / 1.43x / 1.92x (bench/results/moe_layer_h100_fair_peaks.json,
-the permuted block 1.50x / 1.44x / 1.46x / 1.82x in the same rounds). (The H200's
+the permuted block 1.50x / 1.44x / 1.46x / 1.82x in the same rounds). Rounds that also balance which
+method runs before which (a Williams design; the rotation had always run the null control right after
+the torch layer, 4-5% slower) gave 1.47x / 1.40x / 1.41x / 1.93x with the gathered loads, and with
+``loads="auto"`` 1.48x at mixtral (bench/results/moe_layer_h100_williams*.json). (The H200's
 1.46x / 1.40x / 1.38x / 1.96x of 2026-12-03 came from rounds in a fixed order, which favoured the
 block by about 4% at the big layers.)
 """
@@ -842,9 +846,9 @@ def _gather_op(spec: str, device: int, **axes) -> "Op":  # noqa: F821
 # 0.84-0.93x, and the layer's step with every GEMM gathered (bench/moe_layer.py --also, same run)
 # was 5-6% slower than the permuted path (bench/results/moe_layer_h200_gathered_loads.json), in
 # rounds of a fixed order that favoured the permuted block by about 4%. This flag is the function's
-# default when a call passes no ``loads``; MoEBlock passes its own (``loads="gathered"`` by
-# default since 2026-12-06: level with the permuted step on an H100 at the dsv3 and mixtral
-# layers, 1.06x at qwen3's, a lower peak). (Both bit-equal: tests/gpu/test_moe_layer_gpu.py.)
+# default when a call passes no ``loads``; MoEBlock passes its own (``loads="auto"`` by default:
+# gathered below PERMUTED_MIN_INTERMEDIATE, where it is level with the permuted step on an H100 at
+# the dsv3 layers, 1.06x at qwen3's, with a lower peak). (Both bit-equal: tests/gpu/test_moe_layer_gpu.py.)
 GATHERED_LOADS = False
 # With GATHERED_LOADS: fc1's weight gradient as the swapped product dW1_e = (X_e^T dG_e)^T, X's
 # token rows gathered as A (half the gathered bytes of b_gather's stage) and D stored M-major
@@ -1011,6 +1015,16 @@ class RoutedMLPFunction(torch.autograd.Function):
         return dx, None, None, None, None, _zero_tail(dprob.to(prob.dtype), off), dw1, dw2, None, None
 
 
+# MoEBlock(loads="auto"): the permuted path from this intermediate size F up. The permutation copies
+# R x H rows of x forward and of dy backward, while the GEMMs' work per row grows with F; where F is
+# wide the copies cost less than what the gathered kernels lose (the K-grouped gathered operand,
+# 0.86-0.95x of pre-permuted rows, and the dSwiGLU GEMM's cooperative tile instead of the ping-pong
+# one). H100, 2026-12-06, graphed, rounds in a Williams design (bench/results/moe_layer_h100_williams.json):
+# permuted / gathered 1.047x at F 14336 (mixtral-like), 1.027x and 0.997x at F 2048 (dsv3-like, 32 and
+# 8 experts; nulls 1.015x and 1.010x), 0.940x at F 768 (qwen3-like).
+PERMUTED_MIN_INTERMEDIATE = 4096
+
+
 class MoEBlock(torch.nn.Module):
     """An MoE layer of ``experts`` SwiGLU experts, ``top_k`` per token.
 
@@ -1028,31 +1042,33 @@ class MoEBlock(torch.nn.Module):
         Renormalize each token's k routing weights to sum to 1.
     dtype, backend, recipe, wgrad, device, generator
         As :class:`fusegemm.moe.ExpertMLP` (``backend="torch"`` runs on any device).
-    loads : {"gathered", "permuted"}
-        How the expert GEMMs read the tokens. "gathered" (default): the GEMMs read the token rows
-        through the routing's index themselves (:class:`RoutedMLPFunction` with gathered
-        operands: no permuted copies) where that path runs: the fusegemm backend, the bf16
-        recipe, an sm_90a GPU, eager or CUDA-graphed; elsewhere, and under ``torch.compile``, the
-        block runs its permuted path. "permuted": a gather kernel permutes x (and the output
-        gradient) into expert-sorted rows first, always. Both give the same values bit for bit
-        (the logits' gradient within 1e-5: dprob's atomic sums). Measured on an H100
-        (2026-12-06, graphed, rounds rotating the order, every method's gradients cleared before
-        its peak; bench/moe_layer.py --also block-again,block-permuted,
-        bench/results/moe_layer_h100_fair_peaks.json): the gathered step 1.06x the permuted one
-        at a qwen3-like layer (128 experts, top-k 8, hidden 2048) and within the noise at the
-        dsv3- and mixtral-like layers, with a lower peak (3.98 against 4.71 GiB at qwen3, 9.10
+    loads : {"auto", "gathered", "permuted"}
+        How the expert GEMMs read the tokens. "gathered": the GEMMs read the token rows through
+        the routing's index themselves (:class:`RoutedMLPFunction` with gathered operands: no
+        permuted copies) where that path runs: the fusegemm backend, the bf16 recipe, an sm_90a
+        GPU, eager or CUDA-graphed; elsewhere, and under ``torch.compile``, the block runs its
+        permuted path. "permuted": a gather kernel permutes x (and the output gradient) into
+        expert-sorted rows first, always. "auto" (default): "permuted" where the intermediate
+        size is at least :data:`PERMUTED_MIN_INTERMEDIATE`, else "gathered". Every choice gives
+        the same values bit for bit (the logits' gradient within 1e-5: dprob's atomic sums).
+        Measured on an H100 (2026-12-06, graphed, each round's order a row of a Williams design,
+        bench/moe_layer.py --also block-again,block-permuted,
+        bench/results/moe_layer_h100_williams.json): the permuted step 1.047x the gathered one at
+        a mixtral-like layer (intermediate 14336, top-k 2; the null control 0.997x), 0.94x at a
+        qwen3-like one (128 experts, top-k 8, intermediate 768), level at the dsv3-like ones
+        (intermediate 2048); the gathered step peaks lower (3.98 against 4.71 GiB at qwen3, 9.10
         against 10.68 at dsv3 with 32 experts, 3.07 against 4.41 with 8, 9.49 against 9.70 at
-        mixtral).
+        mixtral: bench/results/moe_layer_h100_fair_peaks.json).
     """
 
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, *, normalize: bool = False,
                  dtype: torch.dtype = torch.bfloat16, backend: str = "fusegemm", recipe: str = "bf16",
                  wgrad: str = "auto", device=None, generator: torch.Generator | None = None,
-                 loads: str = "gathered") -> None:
+                 loads: str = "auto") -> None:
         super().__init__()
         check_choice(top_k, experts, normalize)
-        if loads not in ("permuted", "gathered"):
-            raise ArgumentError("loads", loads, "'permuted' or 'gathered'")
+        if loads not in ("auto", "permuted", "gathered"):
+            raise ArgumentError("loads", loads, "'auto', 'permuted' or 'gathered'")
         self.top_k, self.normalize, self.loads = top_k, normalize, loads
         self.mlp = ExpertMLP(experts, hidden, intermediate, dtype=dtype, backend=backend, recipe=recipe,
                              wgrad=wgrad, device=device, generator=generator)
@@ -1073,7 +1089,7 @@ class MoEBlock(torch.nn.Module):
             raise ArgumentError("x.shape", got, f"(T, {hidden}): token-major, the hidden size")
         check_logits(logits, x.shape[0], experts)
         r = route(logits, self.top_k, normalize=self.normalize)
-        if self.loads == "gathered" and self._gathered_runs(x):
+        if self.resolved_loads() == "gathered" and self._gathered_runs(x):
             return RoutedMLPFunction.apply(x, r.token_of_row, r.row_of, r.padded_offsets, r.row_ends, row_probs(r),
                                            self.mlp.w1, self.mlp.w2, self.mlp.wgrad, "gathered")
         # The row ends let the GEMMs skip the 256-row padding's tiles. The combine reads the routed
@@ -1081,6 +1097,13 @@ class MoEBlock(torch.nn.Module):
         # where nothing reads them.
         rows = self.mlp._apply(gather(x, r), r.padded_offsets, row_probs(r), r.row_ends, tail=not UNZEROED_PADDING)
         return combine(rows, r)
+
+    def resolved_loads(self) -> str:
+        """The loads the block asks for: its ``loads``, with "auto" resolved by the intermediate size
+        (``"permuted"`` from :data:`PERMUTED_MIN_INTERMEDIATE` up, else ``"gathered"``)."""
+        if self.loads != "auto":
+            return self.loads
+        return "permuted" if self.mlp.w2.shape[2] >= PERMUTED_MIN_INTERMEDIATE else "gathered"
 
     def _gathered_runs(self, x: Tensor) -> bool:
         """Whether ``loads="gathered"`` runs its path for ``x``: RoutedMLPFunction's kernels are

@@ -119,6 +119,20 @@ def test_moe_block_with_gathered_loads_is_bit_equal_to_its_permuted_path(top_k):
             assert torch.equal(got, want), (name, _rel(got, want))
 
 
+def test_moe_block_auto_loads_follow_the_intermediate_size():
+    """MoEBlock's default loads="auto": the gathered kernels (no gather kernel in the step) below
+    moe.PERMUTED_MIN_INTERMEDIATE, the permuted path (gather kernels) from it up."""
+    _sm90a_only()
+    x, logits, dy = _step_inputs(tokens=300, experts=2, seed=8)
+    for inter, permuted in ((moe.PERMUTED_MIN_INTERMEDIATE - 256, False), (moe.PERMUTED_MIN_INTERMEDIATE, True)):
+        block = moe.MoEBlock(256, inter, 2, 1, device="cuda", generator=torch.Generator().manual_seed(6))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            _step(block, x, logits, dy)
+            torch.cuda.synchronize()
+        calls = [e.name for e in prof.events() if "gather_rows" in e.name]
+        assert bool(calls) == permuted, (inter, calls)
+
+
 @pytest.mark.parametrize("top_k", [2, 8])
 def test_routed_mlp_with_the_swapped_weight_gradient(top_k, monkeypatch):
     """GATHERED_LOADS with SWAPPED_WGRAD: fc1's weight gradient as (X^T dG)^T, X's token rows

@@ -282,14 +282,25 @@ def test_round_ratios_pair_the_methods_round_by_round():
         common.round_ratios({"a": [], "b": []}, "a", "b")
 
 
-def test_interleaved_rounds_rotate_the_methods_order():
-    """Round r starts at method r (mod the methods): over the rounds each method takes each place
-    (a method's place in a fixed order moved its time by 4% on the H100)."""
+def test_interleaved_rounds_balance_places_and_predecessors():
+    """Round r runs row r of a Williams design: over its rows each method takes each place equally often
+    and follows each other method equally often (a method's place in a fixed order moved its time by 4%
+    on the H100, and so did the method before it under a rotation, which keeps every predecessor)."""
+    from collections import Counter
+    from itertools import permutations
     common = bench_module("_common")
     calls = []
-    args = argparse.Namespace(rounds=4, warmup=0, iters=1, hang_s=0)
+    args = argparse.Namespace(rounds=7, warmup=0, iters=1, hang_s=0)
     common.interleaved_ms({"a": "a", "b": "b", "c": "c"}, args, timer=lambda fn, w, i: calls.append(fn) or 1.0)
-    assert "".join(calls) == "abc" "bca" "cab" "abc"
+    assert "".join(calls) == "abc" "bca" "cab" "cba" "acb" "bac" "abc"   # odd: the rows and their mirrors
+    for n in range(1, 9):
+        keys = [chr(ord("a") + i) for i in range(n)]
+        rows = [common.round_order(keys, r) for r in range(2 * n if n % 2 else n)]
+        assert all(sorted(row) == keys for row in rows)
+        places = Counter((i, k) for row in rows for i, k in enumerate(row))
+        after = Counter(pair for row in rows for pair in zip(row, row[1:]))
+        assert len(set(places.values())) == 1 and len(places) == n * n, (n, places)
+        assert set(after) == set(permutations(keys, 2)) and len(set(after.values())) <= 1, (n, after)
 
 
 def test_pingpong_reports_each_rounds_ratio_to_the_default(monkeypatch):

@@ -345,13 +345,19 @@ def test_routed_dswiglu_runs_the_cooperative_tile_when_dy_is_gathered(monkeypatc
 
 
 def test_moe_block_loads_is_checked_and_falls_back_where_the_gathered_path_does_not_run():
-    """MoEBlock(loads=...): "gathered" by default; anything but "permuted" or "gathered" is an
-    ArgumentError naming ``loads``; "gathered" runs RoutedMLPFunction only on the fusegemm
-    backend's bf16 recipe on an sm_90a GPU, outside torch.compile, so on the CPU it is the
-    permuted block, value for value."""
+    """MoEBlock(loads=...): "auto" by default, "permuted" from PERMUTED_MIN_INTERMEDIATE up and
+    "gathered" below; anything but "auto", "permuted" or "gathered" is an ArgumentError naming
+    ``loads``; "gathered" runs RoutedMLPFunction only on the fusegemm backend's bf16 recipe on an
+    sm_90a GPU, outside torch.compile, so on the CPU it is the permuted block, value for value."""
     from fusegemm.base.errors import ArgumentError
-    assert moe.MoEBlock(32, 64, 4, 2, backend="torch").loads == "gathered"
-    with pytest.raises(ArgumentError, match="loads"):
+    block = moe.MoEBlock(32, 64, 4, 2, backend="torch")
+    assert block.loads == "auto" and block.resolved_loads() == "gathered"
+    wide = moe.MoEBlock(16, moe.PERMUTED_MIN_INTERMEDIATE, 2, 1, backend="torch", dtype=torch.float32)
+    assert wide.resolved_loads() == "permuted"
+    narrow = moe.MoEBlock(16, moe.PERMUTED_MIN_INTERMEDIATE - 32, 2, 1, backend="torch", dtype=torch.float32)
+    assert narrow.resolved_loads() == "gathered"
+    assert moe.MoEBlock(32, 64, 4, 2, backend="torch", loads="permuted").resolved_loads() == "permuted"
+    with pytest.raises(ArgumentError, match="loads.*'auto', 'permuted' or 'gathered'"):
         moe.MoEBlock(32, 64, 4, 2, backend="torch", loads="scattered")
     x = torch.randn(50, 32, generator=torch.Generator().manual_seed(0))
     logits = torch.randn(50, 4, generator=torch.Generator().manual_seed(1))
