@@ -143,20 +143,27 @@ def test_kgrouped_gathered_tiles_of_several_experts_per_cta(axes, ends):
                 + torch.tensor(counts, device="cuda", dtype=torch.int32)) if ends else None
     dy_tok = torch.randn(tokens, m, generator=g, device="cuda").bfloat16()
     x_tok = torch.randn(tokens, n, generator=g, device="cuda").bfloat16()
+    got, want = _kgrouped_gathered_and_plain(axes, dy_tok, x_tok, idx, idx, off, row_ends=row_ends)
+    assert torch.equal(got, want)
+    assert want[4].abs().sum() > 0 and not want[1].any()
+
+
+def _kgrouped_gathered_and_plain(axes, dy_tok, x_tok, dy_idx, x_idx, off, **kw):
+    """The K-grouped weight gradient (FP32 D) with the operands ``axes`` gathers read through their
+    indices, and the plain kernel on the rows gathered beforehand: (got, want)."""
     tiles = {"tile_m": axes.get("tile_m", 128), "tile_n": axes.get("tile_n", 256)}
     op = Op("grouped_gemm_wgrad", d_dtype="float32", **{k: v for k, v in axes.items() if k.endswith("gather")}, **tiles)
     plain = Op("grouped_gemm_wgrad", d_dtype="float32", **tiles)
-    dy_rows, x_rows = _gathered_rows(dy_tok, idx), _gathered_rows(x_tok, idx)
-    kw, dy_arg, x_arg = {"row_ends": row_ends}, dy_rows, x_rows
+    dy_rows, x_rows = _gathered_rows(dy_tok, dy_idx), _gathered_rows(x_tok, x_idx)
+    dy_arg, x_arg = dy_rows, x_rows
     if axes.get("a_gather"):
-        dy_arg, kw["dy_index"] = dy_tok, idx
+        dy_arg, kw["dy_index"] = dy_tok, dy_idx
     if axes.get("b_gather"):
-        x_arg, kw["x_index"] = x_tok, idx
+        x_arg, kw["x_index"] = x_tok, x_idx
     got = op(dy_arg, x_arg, off, **kw)["d"]
     want = plain(dy_rows, x_rows, off)["d"]
     torch.cuda.synchronize()
-    assert torch.equal(got, want)
-    assert want[4].abs().sum() > 0 and not want[1].any()
+    return got, want
 
 
 @pytest.mark.parametrize("axes", [dict(a_gather=True), dict(b_gather=True), dict(a_gather=True, b_gather=True),
@@ -175,18 +182,6 @@ def test_kgrouped_gathered_token_rows_equal_the_kernel_on_pre_gathered_rows(axes
     dy_idx = torch.randint(-1, tokens, (t,), generator=g, device="cuda", dtype=torch.int32)
     x_idx = torch.randint(-1, tokens + 3, (t,), generator=g, device="cuda", dtype=torch.int32)
     dy_idx[5], x_idx[6] = tokens + 100, -(2 ** 30)
-    tiles = {"tile_m": axes.get("tile_m", 128), "tile_n": axes.get("tile_n", 256)}
-    op = Op("grouped_gemm_wgrad", d_dtype="float32", **{k: v for k, v in axes.items() if k.endswith("gather")}, **tiles)
-    plain = Op("grouped_gemm_wgrad", d_dtype="float32", **tiles)
-    dy_rows, x_rows = _gathered_rows(dy_tok, dy_idx), _gathered_rows(x_tok, x_idx)
-    kw = {}
-    dy_arg, x_arg = dy_rows, x_rows
-    if axes.get("a_gather"):
-        dy_arg, kw["dy_index"] = dy_tok, dy_idx
-    if axes.get("b_gather"):
-        x_arg, kw["x_index"] = x_tok, x_idx
-    got = op(dy_arg, x_arg, off, **kw)["d"]
-    want = plain(dy_rows, x_rows, off)["d"]
-    torch.cuda.synchronize()
+    got, want = _kgrouped_gathered_and_plain(axes, dy_tok, x_tok, dy_idx, x_idx, off)
     assert torch.equal(got, want)
     assert not want[1].any()                                      # the expert without tokens: zeros
