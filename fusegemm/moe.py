@@ -1021,7 +1021,8 @@ class RoutedMLPFunction(torch.autograd.Function):
 # 0.86-0.95x of pre-permuted rows, and the dSwiGLU GEMM's cooperative tile instead of the ping-pong
 # one). H100, 2026-12-06, graphed, rounds in a Williams design (bench/results/moe_layer_h100_williams.json):
 # permuted / gathered 1.047x at F 14336 (mixtral-like), 1.027x and 0.997x at F 2048 (dsv3-like, 32 and
-# 8 experts; nulls 1.015x and 1.010x), 0.940x at F 768 (qwen3-like).
+# 8 experts; nulls 1.015x and 1.010x), 0.940x at F 768 (qwen3-like). (4096 lies between the level
+# F 2048 and the F 14336 that gains; no layer in between was measured.)
 PERMUTED_MIN_INTERMEDIATE = 4096
 
 
