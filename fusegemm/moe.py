@@ -1088,7 +1088,14 @@ class MoEBlock(torch.nn.Module):
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != hidden:
             got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ArgumentError("x.shape", got, f"(T, {hidden}): token-major, the hidden size")
+        w1 = self.mlp.w1
+        if x.dtype != w1.dtype:
+            raise ArgumentError("x.dtype", x.dtype, f"{w1.dtype}: the expert weights' dtype")
+        if x.device != w1.device:
+            raise ArgumentError("x.device", x.device, f"{w1.device}: the expert weights' device")
         check_logits(logits, x.shape[0], experts)
+        if logits.device != x.device:
+            raise ArgumentError("logits.device", logits.device, f"{x.device}: x's device")
         r = route(logits, self.top_k, normalize=self.normalize)
         if self.resolved_loads() == "gathered" and self._gathered_runs(x):
             return RoutedMLPFunction.apply(x, r.token_of_row, r.row_of, r.padded_offsets, r.row_ends, row_probs(r),
