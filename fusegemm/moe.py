@@ -172,7 +172,7 @@ def _expert_rows(padded_offsets: Tensor, m: int | None = None) -> list[tuple[int
 
 def _check_inputs(x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w2: Tensor,
                   row_ends: Tensor | None = None) -> None:
-    """The shapes of the layer's inputs against its weights (no host copy, no sync): a mistake
+    """The shapes, dtype and devices of the layer's inputs against its weights (no host copy, no sync): a mistake
     is an ArgumentError naming the argument, not an error from inside a matmul or a kernel."""
     experts, two_f, hidden = w1.shape
     if w2.shape != (experts, hidden, two_f // 2):
@@ -180,6 +180,12 @@ def _check_inputs(x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w
                             f"(L, 2F, H) = {tuple(w1.shape)}")
     if x.dim() != 2 or x.shape[1] != hidden:
         raise ArgumentError("x.shape", tuple(x.shape), f"(M, {hidden}): {hidden} is the layer's hidden size")
+    if x.dtype != w1.dtype:
+        raise ArgumentError("x.dtype", x.dtype, f"{w1.dtype}: the expert weights' dtype")
+    if x.device != w1.device:
+        raise ArgumentError("x.device", x.device, f"{w1.device}: the expert weights' device")
+    if isinstance(prob, Tensor) and prob.device != x.device:
+        raise ArgumentError("prob.device", prob.device, f"{x.device}: x's device")
     if padded_offsets.shape != (experts,):
         raise ArgumentError("padded_offsets.shape", tuple(padded_offsets.shape),
                             f"({experts},): one end row per expert")
