@@ -88,7 +88,8 @@ def interleave_gate_up(w_gate: Tensor, w_up: Tensor, block: int = BLOCK) -> Tens
         raise ValueError(f"w_gate/w_up: got {tuple(w_gate.shape)} and {tuple(w_up.shape)}; allowed: equal "
                          f"(L, F, H) shapes with F a multiple of {block}")
     l, f, h = w_gate.shape
-    return torch.stack((w_gate.view(l, f // block, block, h), w_up.view(l, f // block, block, h)), 2).reshape(l, 2 * f, h)
+    pair = (w_gate.view(l, f // block, block, h), w_up.view(l, f // block, block, h))
+    return torch.stack(pair, 2).reshape(l, 2 * f, h)
 
 
 def split_gate_up(t: Tensor, block: int = BLOCK) -> tuple[Tensor, Tensor]:
