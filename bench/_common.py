@@ -117,6 +117,26 @@ def watchdog(what: str, seconds: float, stop=os._exit):
         timer.cancel()
 
 
+def prebuild(ops, what: str = "kernels") -> None:
+    """Compile the kernels of ``ops`` (``fusegemm.Op`` instances, built or not) into the disk cache
+    in parallel worker processes (``fusegemm.build``: FUSEGEMM_JOBS, else every CPU) before their
+    first calls, which would compile them one after another: on a fresh GPU machine a benchmark of
+    a dozen blockwise kernels spent minutes of its device time in NVRTC, serially. Kernels the
+    cache holds are read, not rebuilt; a kernel that fails to compile is reported on stderr and
+    left to its first call, which raises the compile error itself."""
+    from fusegemm import build
+    from fusegemm.runtime import config
+    start = time.perf_counter()
+    rows = build.build([op.kernel_variant for op in ops], jobs=config.jobs())
+    for r in rows:
+        if not r.ok:
+            print(f"bench: prebuild of {r.name} failed: {r.error.splitlines()[0] if r.error else '?'}",
+                  file=sys.stderr)
+    built = sum(1 for r in rows if r.ok and not r.cached)
+    print(f"bench: {what}: {built} compiled, {sum(1 for r in rows if r.cached)} cached, "
+          f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+
+
 def round_order(methods, r: int) -> list:
     """The methods' order in round ``r``: row r (mod the rows) of a Williams design, a Latin square
     whose rows also balance who runs right before whom. Over its n rows (2n for an odd count n of

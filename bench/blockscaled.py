@@ -48,7 +48,7 @@ from __future__ import annotations
 import argparse
 
 from _common import (SHAPES, add_also_argument, add_run_arguments, also_builds, expert_sizes, interleaved_ms,
-                     nvrtc_defines, run)
+                     nvrtc_defines, prebuild, run)
 
 DEFAULT_SHAPES = ",".join(SHAPES)
 E4M3_MAX = 448.0
@@ -192,6 +192,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
     nmajor = fusegemm.Op("grouped_gemm_dswiglu", b_major="n", **bw)
     methods["dswiglu_bw_nmajor"] = lambda: nmajor(a_bw, sfa_bw, offsets, b_bw_n, sfb_bw, inputs=bw_inputs["dswiglu_bw"])
     ops["dswiglu_bw_nmajor"] = ("dswiglu_bw", nmajor)
+    prebuild([op for _, op in ops.values()], f"{name} blockwise kernels")   # in parallel, before the first call
     from fusegemm.ops.scaled_layouts import k_major_operands   # the copy alone
     methods["nmajor_b_copy"] = lambda: k_major_operands(nmajor, (a_bw, sfa_bw, offsets, b_bw_n, sfb_bw), {}, None)[0]
     blockwise = tuple(ops)

@@ -62,8 +62,8 @@ from __future__ import annotations
 
 import argparse
 
-from _common import (add_also_argument, add_layer_arguments, also_builds, interleaved_ms, nvrtc_defines, queued_ms,
-                     round_ratios, run_layers, time_ms)
+from _common import (add_also_argument, add_layer_arguments, also_builds, interleaved_ms, nvrtc_defines, prebuild,
+                     queued_ms, round_ratios, run_layers, time_ms)
 
 # name: (experts, tokens, K (hidden), N (2 x intermediate), top_k)
 LAYERS = {
@@ -107,15 +107,35 @@ def bench_layer(name: str, args) -> dict:
     import torch
 
     from fusegemm import permute
+    from fusegemm.moe import _RECIPE_OPS
     from fusegemm.ops.engine import Op
     experts, tokens, k, n, top_k = LAYERS[name]
     g, x, w, r, idx, rows, ins = routed_fc1(name)
     axes = dict(tile_m=128, tile_n=256)
     gathered, plain = Op("grouped_gemm", a_gather=True, **axes), Op("grouped_gemm", **axes)
+    wg, wp = Op("grouped_gemm_wgrad", b_gather=True, **axes), Op("grouped_gemm_wgrad", **axes)
+    scattered = Op("grouped_gemm", d_scatter=True, **axes)
+    spec8, axes8 = _RECIPE_OPS["fc1"]
+    g8, p8 = Op(spec8, a_gather=True, **axes8), Op(spec8, **axes8)
+    optional = []   # the kernels of the asked-for extras (--wgrad-swapped, --stored, --dswiglu)
+    if args.wgrad_swapped:
+        sg, sp = Op("grouped_gemm_wgrad", a_gather=True, **axes), Op("grouped_gemm_wgrad", **axes)   # (sp: wp's kernel)
+        sdt = Op("grouped_gemm_wgrad", a_gather=True, cd_major="m", **axes)
+        pdt = Op("grouped_gemm_wgrad", cd_major="m", **axes)
+        optional += [sg, sdt, pdt]
+    if args.stored:
+        st = Op("grouped_gemm", a_gather=True, a_gather_store=True, **axes)
+        optional.append(st)
+    dswiglu_ops = {}
+    if args.dswiglu:
+        for tag, tile in (("pp64x256", dict(tile_m=64, tile_n=256)), ("c128x256", dict(tile_m=128, tile_n=256))):
+            dswiglu_ops[tag] = (Op("grouped_gemm_dswiglu_bf16", a_gather=True, b_major="n", **tile),
+                                Op("grouped_gemm_dswiglu_bf16", b_major="n", **tile))
+            optional += dswiglu_ops[tag]
+    prebuild([gathered, plain, wg, wp, scattered, g8, p8, *optional], f"{name} kernels")   # in parallel, first
     equal = torch.equal(gathered(x, r.padded_offsets, w, a_index=idx, inputs=ins)["d"],
                         plain(rows, r.padded_offsets, w, inputs=ins)["d"])
     dg = torch.randn(r.rows, n, generator=g, device="cuda").bfloat16()      # fc1's output gradient rows
-    wg, wp = Op("grouped_gemm_wgrad", b_gather=True, **axes), Op("grouped_gemm_wgrad", **axes)
     wequal = torch.equal(wg(dg, x, r.padded_offsets, x_index=idx)["d"], wp(dg, rows, r.padded_offsets)["d"])
     # fc2 (rows, F) @ w2 (E, H, F) with its rows scattered to their (token, j) slots.
     h = torch.randn(r.rows, n // 2, generator=g, device="cuda").bfloat16()
@@ -131,7 +151,6 @@ def bench_layer(name: str, args) -> dict:
     # The same slots k-major, (top_k, tokens, hidden): slot j * tokens + t, so that an expert's rows
     # (tokens in order, each at its own j) land in top_k bands of consecutive rows, not top_k rows apart.
     d_index_km = slot_index(pairs.view(top_k, tokens).t().reshape(-1))
-    scattered = Op("grouped_gemm", d_scatter=True, **axes)
     y = plain(h, r.padded_offsets, w2, inputs=ins)["d"]
     sequal = torch.equal(scattered(h, r.padded_offsets, w2, d_index=d_index, d_rows=slots, inputs=ins)["d"],
                          y[r.row_of.reshape(-1)])
@@ -152,9 +171,7 @@ def bench_layer(name: str, args) -> dict:
     # The blockwise FP8 fc1: x quantized 1x128 per token, its rows and scales gathered beforehand
     # for the plain kernel (padding rows: zero bytes and zero scales, as the gathered loads read).
     from fusegemm.formats import blockwise_sfa_layout
-    from fusegemm.moe import _RECIPE_OPS
     from fusegemm.quantize import quantize_128x128, quantize_1x128
-    spec8, axes8 = _RECIPE_OPS["fc1"]
     xq, sx = quantize_1x128(x)
     wq, sw = quantize_128x128(w)
     pad = (idx < 0)[:, None]
@@ -162,7 +179,6 @@ def bench_layer(name: str, args) -> dict:
     srows8 = blockwise_sfa_layout(torch.where(pad, 0.0, sx[idx.long().clamp(0)]))
     ins8 = {"alpha": torch.ones(experts, device="cuda"), "prob": torch.ones(r.rows, device="cuda"),
             "norm_const": torch.ones(1, device="cuda")}
-    g8, p8 = Op(spec8, a_gather=True, **axes8), Op(spec8, **axes8)
     o8g, o8p = g8(xq, sx, r.padded_offsets, wq, sw, a_index=idx, inputs=ins8), p8(rows8, srows8, r.padded_offsets, wq,
                                                                                   sw, inputs=ins8)
     raw = lambda t: t.view(torch.uint8) if t.element_size() == 1 else t   # noqa: E731 (FP8: compare bytes)
@@ -176,14 +192,11 @@ def bench_layer(name: str, args) -> dict:
         # on pre-permuted rows: whether the gathered loads' cost follows their bytes (the
         # gathered / pre-permuted ratio held at 0.86-0.93 at every tile shape on the H100,
         # 2026-12-05). The layer would then need D stored transposed.
-        sg, sp = Op("grouped_gemm_wgrad", a_gather=True, **axes), Op("grouped_gemm_wgrad", **axes)
         swapped_equal = torch.equal(sg(x, dg, r.padded_offsets, dy_index=idx)["d"], sp(rows, dg, r.padded_offsets)["d"])
         methods["wgrad_swapped_gathered"] = lambda: sg(x, dg, r.padded_offsets, dy_index=idx)
         methods["wgrad_swapped_pre_permuted"] = lambda: sp(rows, dg, r.padded_offsets)
         # The candidate: D_e^T stored (M-major), dW1 as the layer's (L, 2F, H). Its sums are the
         # pre-permuted kernel's products in swapped WGMMA roles: compared, not asked to be equal.
-        sdt, pdt = Op("grouped_gemm_wgrad", a_gather=True, cd_major="m", **axes), Op("grouped_gemm_wgrad", cd_major="m",
-                                                                                    **axes)
         dw_dt_out = sdt(x, dg, r.padded_offsets, dy_index=idx)["d"]
         dw_dt_pre_out = pdt(rows, dg, r.padded_offsets)["d"]   # (the --also builds' references)
         dw_dt = dw_dt_out.float()
@@ -194,7 +207,6 @@ def bench_layer(name: str, args) -> dict:
     if args.stored:
         # The gathered kernel storing the rows it gathered (a_gather_store: a_rows, what a weight
         # gradient reads next), against the gather kernel followed by the GEMM, which writes them too.
-        st = Op("grouped_gemm", a_gather=True, a_gather_store=True, **axes)
         o = st(x, r.padded_offsets, w, a_index=idx, inputs=ins)
         stored_equal = torch.equal(o["d"], plain(rows, r.padded_offsets, w, inputs=ins)["d"]) and torch.equal(
             o["a_rows"], rows)
@@ -202,9 +214,7 @@ def bench_layer(name: str, args) -> dict:
     dswiglu_equal, dswiglu_dprob_err, dt_equal = {}, {}, {}
     if args.dswiglu:
         dy, dy_rows, w2n, dins = routed_dswiglu(name, g, r)
-        for tag, tile in (("pp64x256", dict(tile_m=64, tile_n=256)), ("c128x256", dict(tile_m=128, tile_n=256))):
-            dgo = Op("grouped_gemm_dswiglu_bf16", a_gather=True, b_major="n", **tile)
-            dpo = Op("grouped_gemm_dswiglu_bf16", b_major="n", **tile)
+        for tag, (dgo, dpo) in dswiglu_ops.items():
             og = dgo(dy, r.padded_offsets, w2n, a_index=idx, inputs=dins)
             op_ = dpo(dy_rows, r.padded_offsets, w2n, inputs=dins)
             # dprob sums the N tiles' partial sums with atomics, in an order that varies: compared by

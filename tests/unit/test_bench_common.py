@@ -346,3 +346,33 @@ def test_pingpong_row_ends_zero_the_padding_as_the_layer_does():
     assert bench._row_ends(torch, argparse.Namespace(row_ends=False), experts, tokens, "routed", sizes, a) is None
     with pytest.raises(SystemExit, match="--row-ends"):
         bench._row_ends(torch, args, experts, tokens, "balanced", sizes, a)
+
+
+def test_prebuild_compiles_the_ops_kernels_in_parallel_and_reports_failures(monkeypatch, capsys):
+    """bench/_common.prebuild hands every op's kernel variant to fusegemm.build at once, with
+    FUSEGEMM_JOBS workers (a fresh GPU machine compiled a benchmark's kernels one call at a time),
+    names a kernel that failed (its first call raises the error itself) and sums up on stderr."""
+    from fusegemm import build
+    from fusegemm.generator.variants import make_variant
+    from fusegemm.runtime import config
+    common = bench_module("_common")
+    v1 = make_variant("grouped_gemm", arch="sm_90a", tile_m=128, tile_n=256)
+    v2 = make_variant("grouped_gemm_wgrad", arch="sm_90a")
+    seen = {}
+
+    def fake_build(vs, *, jobs=1, **kw):
+        seen["names"], seen["jobs"] = [v.readable for v in vs], jobs
+        ok = build.BuildResult(name="k1", spec="grouped_gemm", arch="sm_90a", ok=True, cached=False, seconds=1.0)
+        hit = build.BuildResult(name="k2", spec="grouped_gemm", arch="sm_90a", ok=True, cached=True, seconds=0.0)
+        bad = build.BuildResult(name="k3", spec="grouped_gemm_wgrad", arch="sm_90a", ok=False, cached=False,
+                                seconds=0.5, error="NVRTC: error: something\nmore")
+        return [ok, hit, bad]
+
+    monkeypatch.setattr(build, "build", fake_build)
+    ops = [type("FakeOp", (), {"kernel_variant": v})() for v in (v1, v2)]
+    with config.override(FUSEGEMM_JOBS="3"):
+        common.prebuild(ops, "dsv3 kernels")
+    assert seen == {"names": [v1.readable, v2.readable], "jobs": 3}
+    err = capsys.readouterr().err
+    assert "prebuild of k3 failed: NVRTC: error: something\n" in err
+    assert "bench: dsv3 kernels: 1 compiled, 1 cached," in err
