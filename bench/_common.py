@@ -127,7 +127,12 @@ def prebuild(ops, what: str = "kernels") -> None:
     from fusegemm import build
     from fusegemm.runtime import config
     start = time.perf_counter()
-    rows = build.build([op.kernel_variant for op in ops], jobs=config.jobs())
+    try:
+        rows = build.build([op.kernel_variant for op in ops], jobs=config.jobs())
+    except Exception as exc:   # (a broken worker pool, e.g. a __main__ the workers cannot import)
+        print(f"bench: {what}: prebuild failed ({type(exc).__name__}: {exc}); each compiles at its first call",
+              file=sys.stderr, flush=True)
+        return
     for r in rows:
         if not r.ok:
             print(f"bench: prebuild of {r.name} failed: {r.error.splitlines()[0] if r.error else '?'}",

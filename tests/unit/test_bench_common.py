@@ -376,3 +376,7 @@ def test_prebuild_compiles_the_ops_kernels_in_parallel_and_reports_failures(monk
     err = capsys.readouterr().err
     assert "prebuild of k3 failed: NVRTC: error: something\n" in err
     assert "bench: dsv3 kernels: 1 compiled, 1 cached," in err
+    # a pool that breaks leaves the kernels to their first calls, with a line on stderr, no exception
+    monkeypatch.setattr(build, "build", lambda vs, **kw: (_ for _ in ()).throw(RuntimeError("pool broke")))
+    common.prebuild(ops, "qwen3 kernels")
+    assert "bench: qwen3 kernels: prebuild failed (RuntimeError: pool broke)" in capsys.readouterr().err
