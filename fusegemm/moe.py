@@ -171,6 +171,14 @@ def _expert_rows(padded_offsets: Tensor, m: int | None = None) -> list[tuple[int
     return list(zip([0] + ends[:-1], ends))
 
 
+def _check_like_weights(x: Tensor, w1: Tensor) -> None:
+    """``x``'s dtype and device against the expert weights' (MoEBlock's tokens, the MLP's rows)."""
+    if x.dtype != w1.dtype:
+        raise ArgumentError("x.dtype", x.dtype, f"{w1.dtype}: the expert weights' dtype")
+    if x.device != w1.device:
+        raise ArgumentError("x.device", x.device, f"{w1.device}: the expert weights' device")
+
+
 def _check_inputs(x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w2: Tensor,
                   row_ends: Tensor | None = None) -> None:
     """The shapes, dtype and devices of the layer's inputs against its weights (no host copy, no sync): a mistake
@@ -181,10 +189,7 @@ def _check_inputs(x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w
                             f"(L, 2F, H) = {tuple(w1.shape)}")
     if x.dim() != 2 or x.shape[1] != hidden:
         raise ArgumentError("x.shape", tuple(x.shape), f"(M, {hidden}): {hidden} is the layer's hidden size")
-    if x.dtype != w1.dtype:
-        raise ArgumentError("x.dtype", x.dtype, f"{w1.dtype}: the expert weights' dtype")
-    if x.device != w1.device:
-        raise ArgumentError("x.device", x.device, f"{w1.device}: the expert weights' device")
+    _check_like_weights(x, w1)
     if isinstance(prob, Tensor) and prob.device != x.device:
         raise ArgumentError("prob.device", prob.device, f"{x.device}: x's device")
     if padded_offsets.shape != (experts,):
@@ -1095,11 +1100,7 @@ class MoEBlock(torch.nn.Module):
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != hidden:
             got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ArgumentError("x.shape", got, f"(T, {hidden}): token-major, the hidden size")
-        w1 = self.mlp.w1
-        if x.dtype != w1.dtype:
-            raise ArgumentError("x.dtype", x.dtype, f"{w1.dtype}: the expert weights' dtype")
-        if x.device != w1.device:
-            raise ArgumentError("x.device", x.device, f"{w1.device}: the expert weights' device")
+        _check_like_weights(x, self.mlp.w1)
         check_logits(logits, x.shape[0], experts)
         if logits.device != x.device:
             raise ArgumentError("logits.device", logits.device, f"{x.device}: x's device")

@@ -38,6 +38,11 @@ def check(result, what: str):
     return result[1] if len(result) == 2 else result[1:]
 
 
+def memset32(ptr: int, bits: int, words: int, stream: int) -> None:
+    """``words`` 32-bit words at device address ``ptr`` set to ``bits``, on ``stream``."""
+    check(driver().cuMemsetD32Async(ptr, bits, words, stream), "cuMemsetD32Async")
+
+
 _init_lock = threading.Lock()
 _initialized = False
 

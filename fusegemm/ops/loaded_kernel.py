@@ -121,7 +121,7 @@ class LoadedKernel:
         graph replays and concurrent calls never share it."""
         if not self.needs_scratch(discrete):
             return {}
-        from ..runtime.load import check, driver
+        from ..runtime.load import memset32
         slots = grid * self.contract.tmap_slot_stride if discrete else 0
         flags = -(-4 * grid // 128) * 128 if self.stream_k else 0
         partials = grid * self.tile[0] * self.tile[1] * 4 if self.stream_k else 0
@@ -131,14 +131,14 @@ class LoadedKernel:
         base = ws.data_ptr()
         out: dict[str, int] = {}
         if self.dynamic:
-            check(driver().cuMemsetD32Async(base, 0, 1, stream), "cuMemsetD32Async")
+            memset32(base, 0, 1, stream)
             out["sched_counter"] = base
         if slots:
             out["tmap_workspace"] = base + 128
         if self.stream_k:
             out["sk_flags"] = base + 128 + 128 * slots
             out["sk_partials"] = out["sk_flags"] + flags
-            check(driver().cuMemsetD32Async(out["sk_flags"], 0, grid, stream), "cuMemsetD32Async")
+            memset32(out["sk_flags"], 0, grid, stream)
         self._local.ws = ws   # alive until the next call of this thread (the allocator is stream-ordered)
         return out
 

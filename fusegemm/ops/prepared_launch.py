@@ -190,7 +190,7 @@ class PreparedLaunch:
                 args.offsets_values(host, c.t if self.k_grouped else c.m, _OFFSET_ROWS.get(self.kind, "a_tensor"))
         if reset:
             for bits, i, words in e.resets:
-                _memset32(ptrs[i], bits, words, stream)
+                _load.memset32(ptrs[i], bits, words, stream)
         if zero and self.variant.d_scatter:
             # Scattered outputs: the rows no index names are zero (those rows alone, or where the
             # small kernels cannot serve the buffers, the whole buffers first).
@@ -199,7 +199,7 @@ class PreparedLaunch:
             if not _tail.zero_unnamed(bufs, ptrs[at["d_index"]], c.d_rows, ptrs[e.offsets], c.l, c.m, stream,
                                       self.device, ptrs[e.row_ends] if e.row_ends is not None else 0):
                 for t in bufs:
-                    _memset32(t.data_ptr(), 0, t.numel() * t.element_size() // 4, stream)
+                    _load.memset32(t.data_ptr(), 0, t.numel() * t.element_size() // 4, stream)
             zero = None
         if e.empty:
             return   # no row tile (an empty A): nothing to map or launch; outputs hold their fills
@@ -222,11 +222,6 @@ class PreparedLaunch:
             ln.launch({**ready, **ln.workspace(e.grid, e.discrete, stream, current_stream is not None)}, e.grid, stream)
         else:
             e.go(ready, stream)
-
-
-def _memset32(ptr: int, bits: int, words: int, stream: int) -> None:
-    """``words`` 32-bit words at device address ``ptr`` set to ``bits``, on ``stream``."""
-    _load.check(_load.driver().cuMemsetD32Async(ptr, bits, words, stream), "cuMemsetD32Async")
 
 
 def pitched(x: Any, name: str, shape: tuple[int, ...], store: str) -> Any:

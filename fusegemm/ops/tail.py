@@ -160,7 +160,7 @@ def zero_unnamed(buffers: Iterable[Any], index_ptr: int, d_rows: int, offsets_pt
     words = -(-d_rows // 32)
     named = torch.empty(words, dtype=torch.int32, device=bufs[0].device)
     _device.record_stream(named, stream)   # (freed by the allocator after this stream's work)
-    _load.check(_load.driver().cuMemsetD32Async(named.data_ptr(), 0, words, stream), "cuMemsetD32Async")
+    _load.memset32(named.data_ptr(), 0, words, stream)
     raw = _UNNAMED.pack(*_four([b.data_ptr() for b in bufs]), *_four(row_bytes), index_ptr, offsets_ptr, row_ends_ptr,
                         named.data_ptr(), experts, m_rows, d_rows, 0)
     if m_rows > 0 and experts > 0:
