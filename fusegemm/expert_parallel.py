@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from .moe import ExpertMLP
-from .routing import check_choice, check_logits
+from .routing import check_choice, token_rows
 from .routing import top_k as _top_k
 
 __all__ = ["ExpertParallelMLP", "ExpertParallelMoEBlock", "dispatch", "combine", "Plan"]
@@ -258,11 +258,13 @@ class ExpertParallelMoEBlock(torch.nn.Module):
 
         Parameters
         ----------
-        x : (T, H) tensor
-            This rank's tokens, in the expert weights' dtype.
-        logits : (T, E) float tensor
-            The router's logits for each of them, over all E experts.
+        x : (T, H) tensor, or (..., H)
+            This rank's tokens, in the expert weights' dtype (leading dimensions flattened into T;
+            the output has x's shape).
+        logits : (T, E) float tensor, or (..., E)
+            The router's logits for each of them, over all E experts (x's leading shape).
         """
-        check_logits(logits, x.shape[0], self.mlp.experts_per_rank * _group_size(self.mlp.group)[0])
-        probs, experts = _top_k(logits, self.top_k, normalize=self.normalize)
-        return self.mlp(x, experts, probs)
+        hidden = self.mlp.local.w1.shape[2]
+        x2, logits2, lead = token_rows(x, logits, hidden, self.mlp.experts_per_rank * _group_size(self.mlp.group)[0])
+        probs, experts = _top_k(logits2, self.top_k, normalize=self.normalize)
+        return self.mlp(x2, experts, probs).reshape(*lead, hidden)

@@ -64,7 +64,7 @@ from . import quantize as qz
 from .base.errors import ArgumentError
 from .formats import torch_blockwise as bw
 from .formats.torch_mx import dequantize_mx, kernel_view, pack_sf, quantize_mx, unpack_sf
-from .routing import check_choice, check_logits, combine, gather, route, row_probs
+from .routing import check_choice, combine, gather, route, row_probs, token_rows
 
 __all__ = ["ExpertMLP", "ExpertMLPFunction", "MoEBlock", "RECIPES", "RoutedMLPFunction", "interleave_gate_up",
            "split_gate_up", "join_gate_up", "swiglu_backward"]
@@ -1087,23 +1087,25 @@ class MoEBlock(torch.nn.Module):
                              wgrad=wgrad, device=device, generator=generator)
 
     def forward(self, x: Tensor, logits: Tensor) -> Tensor:
-        """The layer on token-major ``x``.
+        """The layer on the tokens ``x``.
 
         Parameters
         ----------
-        x : (T, H) tensor
-            The tokens, in the expert weights' dtype.
-        logits : (T, E) float tensor
-            The router's logits for each token.
+        x : (T, H) tensor, or (..., H)
+            The tokens, in the expert weights' dtype; leading dimensions (e.g. batch, sequence)
+            are flattened into T, and the output has x's shape.
+        logits : (T, E) float tensor, or (..., E)
+            The router's logits for each token (the same leading shape as x).
         """
         experts, hidden = self.mlp.w1.shape[0], self.mlp.w1.shape[2]
-        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != hidden:
-            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ArgumentError("x.shape", got, f"(T, {hidden}): token-major, the hidden size")
-        _check_like_weights(x, self.mlp.w1)
-        check_logits(logits, x.shape[0], experts)
-        if logits.device != x.device:
-            raise ArgumentError("logits.device", logits.device, f"{x.device}: x's device")
+        x2, logits2, lead = token_rows(x, logits, hidden, experts)
+        _check_like_weights(x2, self.mlp.w1)
+        if logits2.device != x2.device:
+            raise ArgumentError("logits.device", logits2.device, f"{x2.device}: x's device")
+        return self._rows(x2, logits2).reshape(*lead, hidden)
+
+    def _rows(self, x: Tensor, logits: Tensor) -> Tensor:
+        """The layer on token rows x (T, H) and their logits (T, E)."""
         r = route(logits, self.top_k, normalize=self.normalize)
         if self.resolved_loads() == "gathered" and self._gathered_runs(x):
             return RoutedMLPFunction.apply(x, r.token_of_row, r.row_of, r.padded_offsets, r.row_ends, row_probs(r),

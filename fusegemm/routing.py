@@ -31,7 +31,8 @@ from .arguments import M_ALIGNED
 from .base.errors import ArgumentError
 from . import permute
 
-__all__ = ["Routing", "route", "top_k", "gather", "row_probs", "combine", "padded_rows", "check_choice", "check_logits"]
+__all__ = ["Routing", "route", "top_k", "gather", "row_probs", "combine", "padded_rows", "check_choice", "check_logits",
+           "token_rows"]
 
 
 @dataclass(frozen=True)
@@ -118,15 +119,16 @@ def check_choice(top_k: object, experts: object, normalize: object) -> None:
     normalize : bool
         Whether routing weights are renormalized.
     """
-    in_range = isinstance(experts, int) and isinstance(top_k, int) and 1 <= top_k <= experts
-    if isinstance(top_k, bool) or not in_range:
+    if isinstance(experts, bool) or not isinstance(experts, int) or experts < 1:
+        raise ArgumentError("experts", repr(experts), "an int of at least 1")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= experts:
         raise ArgumentError("top_k", repr(top_k), f"an int from 1 to experts ({experts!r})")
     if not isinstance(normalize, bool):
         raise ArgumentError("normalize", repr(normalize), "True or False")
 
 
 
-def check_logits(logits: object, tokens: int, experts: int) -> None:
+def check_logits(logits: object, tokens: int | tuple, experts: int) -> None:
     """Refuse router ``logits`` that are not a (tokens, experts) tensor, naming ``logits.shape``
     (an MoE layer's forward, before it routes).
 
@@ -134,14 +136,41 @@ def check_logits(logits: object, tokens: int, experts: int) -> None:
     ----------
     logits : tensor
         The router's logits.
-    tokens : int
-        T, the layer's tokens.
+    tokens : int or tuple of int
+        T, the layer's tokens, or the tokens' leading shape (x's shape without its last dimension).
     experts : int
         E, the experts routed over.
     """
-    if not isinstance(logits, Tensor) or tuple(logits.shape) != (tokens, experts):
+    lead = tuple(tokens) if isinstance(tokens, tuple) else (tokens,)
+    want = (*lead, experts)
+    if not isinstance(logits, Tensor) or tuple(logits.shape) != want:
         got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-        raise ArgumentError("logits.shape", got, f"({tokens}, {experts}): one row per token, one column per expert")
+        raise ArgumentError("logits.shape", got,
+                            f"{want}: one row per token (x's leading shape), one column per expert")
+
+
+def token_rows(x: object, logits: object, hidden: int, experts: int) -> tuple[Tensor, Tensor, tuple]:
+    """``x`` (..., H) and its router ``logits`` (..., E) as token rows (T, H) and (T, E), and the
+    tokens' leading shape, to give the layer's output x's shape back (``y.view(*lead, H)``).
+    Refuses, naming the argument, an x whose last dimension is not ``hidden`` and logits whose
+    shape is not x's leading shape and ``experts`` (an MoE layer's forward, before it routes).
+
+    Parameters
+    ----------
+    x : (..., H) tensor
+        The tokens: (T, H), or e.g. (batch, sequence, H).
+    logits : (..., E) tensor
+        The router's logits, one row per token.
+    hidden, experts : int
+        H and E.
+    """
+    if not isinstance(x, Tensor) or x.dim() == 0 or x.shape[-1] != hidden:
+        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ArgumentError("x.shape", got,
+                            f"(..., {hidden}): the tokens (any leading dimensions), then the hidden size")
+    lead = tuple(x.shape[:-1])
+    check_logits(logits, lead, experts)
+    return x.reshape(-1, hidden), logits.reshape(-1, experts), lead
 
 def route(logits: Tensor, top_k: int, *, normalize: bool = False) -> Routing:
     """Top-``top_k`` routing of ``logits`` (T, E) into expert-sorted rows padded per expert.

@@ -144,12 +144,38 @@ def test_moe_block_matches_a_plain_torch_layer_with_every_gradient(top_k, normal
 
 def test_moe_block_refuses_shapes_with_the_argument_named():
     block = MoEBlock(16, 64, 4, 2, dtype=torch.float64, backend="torch")
-    with pytest.raises(ArgumentError, match=r"^x.shape: got \(5, 8\); allowed: \(T, 16\)"):
+    with pytest.raises(ArgumentError, match=r"^x.shape: got \(5, 8\); allowed: \(\.\.\., 16\)"):
         block(torch.zeros(5, 8, dtype=torch.float64), torch.zeros(5, 4))
     with pytest.raises(ArgumentError, match=r"^logits.shape: got \(5, 3\); allowed: \(5, 4\)"):
         block(torch.zeros(5, 16, dtype=torch.float64), torch.zeros(5, 3))
     with pytest.raises(ArgumentError, match=r"^top_k: got 5; allowed: an int from 1 to experts \(4\)"):
         MoEBlock(16, 64, 4, 5, backend="torch")
+    with pytest.raises(ArgumentError, match=r"^experts: got 0; allowed: an int of at least 1"):
+        MoEBlock(16, 64, 0, 1, backend="torch")
+    with pytest.raises(ArgumentError, match=r"^logits.shape: got \(6, 4\); allowed: \(2, 3, 4\)"):
+        block(torch.zeros(2, 3, 16, dtype=torch.float64), torch.zeros(6, 4))
+
+
+def test_moe_block_takes_leading_dimensions_as_tokens():
+    """x (batch, sequence, H) and logits (batch, sequence, E), as a transformer passes them: the
+    block's output has x's shape and every value and gradient is the flattened call's, bit for bit."""
+    torch.manual_seed(3)
+    block = MoEBlock(16, 64, 4, 2, dtype=torch.float64, backend="torch")
+    x = torch.randn(2, 3, 16, dtype=torch.float64, requires_grad=True)
+    logits = torch.randn(2, 3, 4, requires_grad=True)
+    dy = torch.randn(2, 3, 16, dtype=torch.float64)
+    y = block(x, logits)
+    (y * dy).sum().backward()
+    x2 = x.detach().reshape(6, 16).requires_grad_(True)
+    z2 = logits.detach().reshape(6, 4).requires_grad_(True)
+    w_grads = (block.mlp.w1.grad.clone(), block.mlp.w2.grad.clone())
+    block.zero_grad()
+    y2 = block(x2, z2)
+    (y2 * dy.reshape(6, 16)).sum().backward()
+    assert y.shape == (2, 3, 16)
+    assert torch.equal(y.detach().reshape(6, 16), y2.detach())
+    assert torch.equal(x.grad.reshape(6, 16), x2.grad) and torch.equal(logits.grad.reshape(6, 4), z2.grad)
+    assert torch.equal(w_grads[0], block.mlp.w1.grad) and torch.equal(w_grads[1], block.mlp.w2.grad)
 
 
 def test_a_batch_without_tokens():
