@@ -263,6 +263,24 @@ def test_routing_runs_in_a_cuda_graph():
     torch.testing.assert_close(y, top_k * x, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("loads", ["permuted", "gathered"])
+def test_moe_block_on_batch_sequence_tokens(loads):
+    """x (batch, sequence, H) and logits (batch, sequence, E): the output has x's shape, and it
+    and every gradient are the flattened call's bit for bit (the logits' within 1e-5: dprob's
+    atomic sums), on both loads."""
+    x, logits, dy = _step_inputs(tokens=600, experts=8, seed=9)
+    block = moe.MoEBlock(256, 384, 8, 2, device="cuda", generator=torch.Generator().manual_seed(6), loads=loads)
+    flat = _step(block, x, logits, dy)
+    batched = _step(block, x.view(4, 150, 256), logits.view(4, 150, 8), dy.view(4, 150, 256))
+    assert batched[0].shape == (4, 150, 256) and batched[1].shape == (4, 150, 256) and batched[2].shape == (4, 150, 8)
+    for name, got, want in zip(("y", "dx", "dlogits", "dw1", "dw2"), batched, flat):
+        got = got.reshape(want.shape)
+        if name == "dlogits":
+            assert _rel(got, want) <= 1e-5, (name, _rel(got, want))
+        else:
+            assert torch.equal(got, want), (name, _rel(got, want))
+
+
 def _step_inputs(tokens=600, hidden=256, experts=8, seed=5):
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
