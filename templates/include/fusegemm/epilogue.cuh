@@ -299,12 +299,30 @@ template <class T> FUSEGEMM_DEVICE uint32_t cvt_narrow2(float a, float b) {
   }
 }
 
+// The epilogues' output stores (st_global_v4: every vector store of C, D, D_col and the K-grouped
+// outputs) as streaming, evict-first in L2 (st.global.cs, as the gather kernel's rows,
+// FUSEGEMM_PERMUTE_STREAM_STORES): 1; the default policy: 0 (the measured baseline). A kernel never
+// reads its outputs back, and at the MoE shapes they outgrow L2 (the blockwise GEMM's bf16 D: 235 MB
+// at dsv3-fc2, 1.9 GB at mixtral-fc1, against 50 MB of L2) while its operands' reuse lives there:
+// the blockwise GEMM's epilogue cost 25% / 18% of the mainloop's time at those shapes and 1.4% at
+// dsv3-fc1, whose D is 134 MB and whose tiles are 3.5x longer (H200,
+// bench/results/blockscaled_h200_no_epilogue.json). An A/B switch through FUSEGEMM_NVRTC_EXTRA
+// (bench/blockscaled.py --also cs=-DFUSEGEMM_EPI_STORE_CS=1). Not measured yet.
+#ifndef FUSEGEMM_EPI_STORE_CS
+#define FUSEGEMM_EPI_STORE_CS 0
+#endif
+
 // One 16-byte global store (addr 16-byte aligned). Written out because NVRTC, not seeing the
 // alignment of a computed column offset, split `*reinterpret_cast<uint4*>(p) = v` into four
 // 4-byte stores in the engine's and the fragment blocks' flushes (4x the store requests).
 FUSEGEMM_DEVICE void st_global_v4(const void* addr, const uint4& v) {
+#if FUSEGEMM_EPI_STORE_CS
+  asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+#else
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
+#endif
 }
 
 // One 16-byte shared-memory load (addr 16-byte aligned): WarpStagedStore's flushes read their
