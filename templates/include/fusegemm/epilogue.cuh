@@ -299,23 +299,17 @@ template <class T> FUSEGEMM_DEVICE uint32_t cvt_narrow2(float a, float b) {
   }
 }
 
-// The epilogues' output stores (st_global_v4: every vector store of C, D, D_col and the K-grouped
-// outputs) as streaming, evict-first in L2 (st.global.cs, as the gather kernel's rows,
-// FUSEGEMM_PERMUTE_STREAM_STORES): 1; the default policy: 0 (the measured baseline). A kernel never
-// reads its outputs back, and at the MoE shapes they outgrow L2 (the blockwise GEMM's bf16 D: 235 MB
-// at dsv3-fc2, 1.9 GB at mixtral-fc1, against 50 MB of L2) while its operands' reuse lives there:
-// the blockwise GEMM's epilogue cost 25% / 18% of the mainloop's time at those shapes and 1.4% at
-// dsv3-fc1, whose D is 134 MB and whose tiles are 3.5x longer (H200,
-// bench/results/blockscaled_h200_no_epilogue.json). An A/B switch through FUSEGEMM_NVRTC_EXTRA
-// (bench/blockscaled.py --also cs=-DFUSEGEMM_EPI_STORE_CS=1). Not measured yet.
-#ifndef FUSEGEMM_EPI_STORE_CS
-#define FUSEGEMM_EPI_STORE_CS 0
-#endif
-
 // Benchmark only: 1 drops the epilogues' vector stores at run time (a store happens only where its
 // 16 bytes hold one unlikely pattern; the output is not a result), so that every instruction that
 // forms and stages them still runs: the stores' own cost, beside FUSEGEMM_SM90_BENCH_NO_EPILOGUE's
-// (no epilogue at all).
+// (no epilogue at all; the engine's build with FP8 D and both SFDs spills 24 bytes under the data
+// test, tests/unit/test_store_policy.py, so its figure understates its stores). H100, 2026-12-06 (bench/results/blockscaled_h100_williams_stores.json,
+// pingpong_h100_store_policy.json): the blockwise ops 0.95-1.06x faster without their stores (dSwiGLU
+// with FP8 D 1.05-1.15x), where the whole epilogue costs 1.13-1.18x (the GEMM) to 2.3-2.4x (dSwiGLU)
+// at dsv3-fc2 (blockscaled_h100_williams_noepi.json); the layer's BF16 GEMMs 0.91-1.04x. So the
+// epilogues' time is not their stores. Stores marked evict-first in L2 (st.global.cs, an A/B switch
+// measured the same day and removed) ran 0.96-1.07x on the blockwise ops and 0.94-1.02x on the
+// layer's GEMMs: L2 pollution by the outputs is not it either.
 #ifndef FUSEGEMM_BENCH_NO_STORE
 #define FUSEGEMM_BENCH_NO_STORE 0
 #endif
@@ -327,13 +321,8 @@ FUSEGEMM_DEVICE void st_global_v4(const void* addr, const uint4& v) {
 #if FUSEGEMM_BENCH_NO_STORE
   if ((v.x ^ v.y ^ v.z ^ v.w) != 0x5a17c3e9u) return;
 #endif
-#if FUSEGEMM_EPI_STORE_CS
-  asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-#else
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
-#endif
 }
 
 // One 16-byte shared-memory load (addr 16-byte aligned): WarpStagedStore's flushes read their
