@@ -93,3 +93,10 @@ def test_expert_parallel_block_refuses_with_the_argument_named():
     with pytest.raises(ArgumentError, match=r"^logits\.shape: got \(3, 5\); allowed: \(3, 4\)"):
         block(torch.zeros(3, 8, dtype=torch.float64), torch.zeros(3, 5))
     assert block(torch.zeros(3, 8, dtype=torch.float64), torch.zeros(3, 4)).shape == (3, 8)
+    with pytest.raises(ArgumentError, match=r"^x\.shape: got \(3, 7\); allowed: \(\.\.\., 8\)"):
+        block(torch.zeros(3, 7, dtype=torch.float64), torch.zeros(3, 4))
+    # (batch, sequence, H) tokens: the output has x's shape and the flattened call's values.
+    torch.manual_seed(2)
+    x, logits = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 3, 4)
+    y = block(x, logits)
+    assert y.shape == (2, 3, 8) and torch.equal(y.reshape(6, 8), block(x.reshape(6, 8), logits.reshape(6, 4)))
