@@ -99,6 +99,13 @@
 #define FUSEGEMM_SM90_BW_TWO_TEMPS 0
 #endif
 
+// Measurement only (kShareA below): 1 lets every rule's 256-column tile share each stage's A
+// between its two halves, dSwiGLU included, whose epilogue then spills; 0 runs paired and
+// row-summing rules as two 128-column passes over K (the default).
+#ifndef FUSEGEMM_SM90_BW_SHARE_A_ALL
+#define FUSEGEMM_SM90_BW_SHARE_A_ALL 0
+#endif
+
 namespace fusegemm {
 namespace sm90 {
 
@@ -161,8 +168,12 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   // sums: dSwiGLU spills 136 bytes) run the halves as two passes over K instead.
   // 1x128 output scales (Rule::kSfdVec 128) need the whole tile in one epilogue (kOneEpi below),
   // so their rules share A with a paired C too (SwiGLU forward with C: no spill).
-  static constexpr bool kShareA = !kEpiWG && kTileN == 256 && !Rule::kPairedD && !Rule::kRowSum &&
-                                  (!Rule::kPairedC || (Rule::kSfdVec == 128 && Rule::kQuantRowD));
+  // FUSEGEMM_SM90_BW_SHARE_A_ALL (measurement A/B switch, off): every rule shares A, paired and
+  // row-summing ones too (spilling, see above), to time what the second pass over K costs them.
+  static constexpr bool kShareA = !kEpiWG && kTileN == 256 &&
+                                  (FUSEGEMM_SM90_BW_SHARE_A_ALL ||
+                                   (!Rule::kPairedD && !Rule::kRowSum &&
+                                    (!Rule::kPairedC || (Rule::kSfdVec == 128 && Rule::kQuantRowD))));
   static constexpr int kHalves = kShareA ? kTileN / kMmaN : 1;   // halves per stage
   static constexpr int kPasses = kTileN / (kHalves * kMmaN);
   static constexpr int kTileK = 128;                // K elements (= bytes) per stage: one scale block
