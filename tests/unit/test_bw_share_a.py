@@ -2,7 +2,7 @@
 measurement switch, off): the blockwise kernel's paired and row-summing rules share each stage's A
 between the 256-column tile's halves instead of running them as two passes over K. Each build
 compiles for sm_90a and differs from the default; the SwiGLU forward with an FP8 D keeps 0 local
-memory, dSwiGLU spills no more than the 144 bytes measured when the switch was written."""
+memory with its pre-activations C (a paired output), dSwiGLU spills no more than the 144 bytes measured when the switch was written."""
 from __future__ import annotations
 
 import pytest
@@ -25,7 +25,7 @@ def _build(spec: str, axes: dict, extra: str, cache):
 
 
 @pytest.mark.parametrize("spec,axes,spill", [("grouped_gemm_dswiglu", BLOCKWISE, 144),
-                                             ("grouped_gemm_glu_mx", dict(BLOCKWISE, d_dtype="float8_e4m3fn"), 0)])
+                                             ("grouped_gemm_glu_mx", dict(BLOCKWISE, d_dtype="float8_e4m3fn", generate_c=True), 0)])
 def test_shared_a_builds_of_paired_rules(spec, axes, spill, session_cache):
     t0, r0 = _build(spec, axes, "", session_cache)
     t1, r1 = _build(spec, axes, "-DFUSEGEMM_SM90_BW_SHARE_A_ALL=1", session_cache)

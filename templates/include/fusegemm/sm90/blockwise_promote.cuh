@@ -100,8 +100,10 @@
 #endif
 
 // Measurement only (kShareA below): 1 lets every rule's 256-column tile share each stage's A
-// between its two halves, dSwiGLU included, whose epilogue then spills; 0 runs paired and
-// row-summing rules as two 128-column passes over K (the default).
+// between its two halves: dSwiGLU (144 bytes spilled) and the SwiGLU forward with C and an FP8 D
+// quantized per 32 columns (no spill) included; 0 runs paired and row-summing rules as two
+// 128-column passes over K (the default). At dsv3-fc2 dSwiGLU's mainloop alone runs 1.12-1.16x
+// BF16 against the shared-A GEMM's 1.42-1.49x (H100, bench/results/blockscaled_h100_williams_noepi.json).
 #ifndef FUSEGEMM_SM90_BW_SHARE_A_ALL
 #define FUSEGEMM_SM90_BW_SHARE_A_ALL 0
 #endif
