@@ -100,10 +100,10 @@
 #endif
 
 // Measurement only (kShareA below): 1 lets every rule's 256-column tile share each stage's A
-// between its two halves: dSwiGLU (144 bytes spilled) and the SwiGLU forward with C and an FP8 D
-// quantized per 32 columns (no spill) included; 0 runs paired and row-summing rules as two
-// 128-column passes over K (the default). At dsv3-fc2 dSwiGLU's mainloop alone runs 1.12-1.16x
-// BF16 against the shared-A GEMM's 1.42-1.49x (H100, bench/results/blockscaled_h100_williams_noepi.json).
+// between its two halves, dSwiGLU (144 bytes spilled) included; 0 runs paired-output and
+// row-summing rules as two 128-column passes over K (the default). At dsv3-fc2 dSwiGLU's mainloop
+// alone runs 1.12-1.16x BF16 against the shared-A GEMM's 1.42-1.49x (H100,
+// bench/results/blockscaled_h100_williams_noepi.json), but with the switch the whole op ran 0.56-0.90x.
 #ifndef FUSEGEMM_SM90_BW_SHARE_A_ALL
 #define FUSEGEMM_SM90_BW_SHARE_A_ALL 0
 #endif
@@ -167,15 +167,20 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   // A 256-column tile runs its two 128-column halves on each stage's one A (48 KB of loads per 4M
   // FMAs, not 64 KB as two passes), holding both halves' accumulators: 192 floats per thread. Rules
   // whose epilogue needs more registers than the second half leaves (gate/up-paired outputs, row
-  // sums: dSwiGLU spills 136 bytes) run the halves as two passes over K instead.
-  // 1x128 output scales (Rule::kSfdVec 128) need the whole tile in one epilogue (kOneEpi below),
-  // so their rules share A with a paired C too (SwiGLU forward with C: no spill).
+  // sums: dSwiGLU spills 144 bytes) run the halves as two passes over K instead.
+  // A paired C with a D quantized along rows (the SwiGLU forward with C and an FP8 D: 1x128 scales,
+  // which need the whole tile in one epilogue, kOneEpi below, or MX scales per 32 columns) shares A
+  // without spilling. For the MX form that was measured on an H100 (2026-12-06, seventeenth session,
+  // bench/blockscaled.py --also sa=-DFUSEGEMM_SM90_BW_SHARE_A_ALL=1, four rounds, bit-equal,
+  // bench/results/blockscaled_h100_share_a.json): 1.05-1.20x the two passes' speed on the four
+  // shapes; before, only the 1x128 form shared A.
   // FUSEGEMM_SM90_BW_SHARE_A_ALL (measurement A/B switch, off): every rule shares A, paired and
-  // row-summing ones too (spilling, see above), to time what the second pass over K costs them.
+  // row-summing ones too (spilling, see above), to time what the second pass over K costs them:
+  // dSwiGLU with FP8 D ran 0.56-0.90x the two passes' speed (its 144 bytes of spills are the
+  // epilogue's, on every tile), so it keeps them.
   static constexpr bool kShareA = !kEpiWG && kTileN == 256 &&
                                   (FUSEGEMM_SM90_BW_SHARE_A_ALL ||
-                                   (!Rule::kPairedD && !Rule::kRowSum &&
-                                    (!Rule::kPairedC || (Rule::kSfdVec == 128 && Rule::kQuantRowD))));
+                                   (!Rule::kPairedD && !Rule::kRowSum && (!Rule::kPairedC || Rule::kQuantRowD)));
   static constexpr int kHalves = kShareA ? kTileN / kMmaN : 1;   // halves per stage
   static constexpr int kPasses = kTileN / (kHalves * kMmaN);
   static constexpr int kTileK = 128;                // K elements (= bytes) per stage: one scale block
