@@ -19,7 +19,8 @@ from the same BF16 tensors:
   spec with bf16 D: the GEMM and alpha),
   ``glu_bw`` (SwiGLU, bf16 D), ``glu_bw_fp8`` (e4m3 D + SFD_row), ``glu_bw_fp8_1x128`` (e4m3 D with
   the recipe's own 1x128 FP32 row scales, fc2's A as it is) and ``*_c`` (with C, the training
-  forward); ``dswiglu_bw_nmajor``:
+  forward; ``glu_bw_c``: bf16 D), ``dglu_bw`` and ``dsrelu_bw`` (the dGLU and dsReLU backward rules,
+  bf16 D, dprob and amax); ``dswiglu_bw_nmajor``:
   dSwiGLU on N-major B, which the op copies K-major on each call (timed with it; ``nmajor_b_copy``:
   the copy alone).
 * torch peers:
@@ -166,7 +167,12 @@ def bench_shape(name: str, dist: str, args) -> dict:
             "glu_bw_fp8_1x128": ("grouped_gemm_glu_mx", dict(d_dtype="float8_e4m3fn", sfd_vec_size=128)),
             "glu_bw_fp8_c": ("grouped_gemm_glu_mx", dict(d_dtype="float8_e4m3fn", generate_c=True)),
             "glu_bw_fp8_1x128_c": ("grouped_gemm_glu_mx", dict(d_dtype="float8_e4m3fn", sfd_vec_size=128,
-                                                                generate_c=True))}
+                                                                generate_c=True)),
+            # bf16 D: the SwiGLU forward with C, and the backward rules dGLU (the dSwiGLU math,
+            # grouped_gemm_dglu_mx) and dsReLU (grouped_gemm_dsrelu_mx) with dprob and amax
+            "glu_bw_c": ("grouped_gemm_glu_mx", dict(generate_c=True)),
+            "dglu_bw": ("grouped_gemm_dglu_mx", {}),
+            "dsrelu_bw": ("grouped_gemm_dsrelu_mx", {})}
     # method -> (the op's key in `made`, the op); --also: each op again, built with its defines
     ops = {key: (key, fusegemm.Op(spec, **bw, **axes)) for key, (spec, axes) in made.items()}
     for name, defines in args.also_pairs:
@@ -184,6 +190,10 @@ def bench_shape(name: str, dist: str, args) -> dict:
         bw_inputs[key] = bw_inputs[base]
     for key in ("glu_bw_fp8_1x128", "glu_bw_fp8_c", "glu_bw_fp8_1x128_c"):
         bw_inputs[key] = bw_inputs["glu_bw_fp8"]
+    bw_inputs["glu_bw_c"] = bw_inputs["glu_bw"]
+    bw_inputs["dglu_bw"] = bw_inputs["dswiglu_bw"]
+    c_srelu = c_fwd[:, :n].contiguous()   # dsReLU's C: the forward's (M, N) pre-activation
+    bw_inputs["dsrelu_bw"] = {"alpha": alpha, "prob": prob, "c": c_srelu, "norm_const": norm_const}
     for key, (base, op) in ops.items():
         methods[key] = (lambda op=op, ins=bw_inputs[base]: op(a_bw, sfa_bw, offsets, b_bw, sfb_bw, inputs=ins))
     # dSwiGLU on N-major B (seed 000's other layout): the op copies B K-major on each call first
