@@ -127,7 +127,6 @@ def check_choice(top_k: object, experts: object, normalize: object) -> None:
         raise ArgumentError("normalize", repr(normalize), "True or False")
 
 
-
 def check_logits(logits: object, tokens: int | tuple, experts: int) -> None:
     """Refuse router ``logits`` that are not a (tokens, experts) tensor, naming ``logits.shape``
     (an MoE layer's forward, before it routes).
@@ -151,7 +150,7 @@ def check_logits(logits: object, tokens: int | tuple, experts: int) -> None:
 
 def token_rows(x: object, logits: object, hidden: int, experts: int) -> tuple[Tensor, Tensor, tuple]:
     """``x`` (..., H) and its router ``logits`` (..., E) as token rows (T, H) and (T, E), and the
-    tokens' leading shape, to give the layer's output x's shape back (``y.view(*lead, H)``).
+    tokens' leading shape, to give the layer's output x's shape back (``y.reshape(*lead, H)``).
     Refuses, naming the argument, an x whose last dimension is not ``hidden`` and logits whose
     shape is not x's leading shape and ``experts`` (an MoE layer's forward, before it routes).
 
@@ -171,6 +170,7 @@ def token_rows(x: object, logits: object, hidden: int, experts: int) -> tuple[Te
     lead = tuple(x.shape[:-1])
     check_logits(logits, lead, experts)
     return x.reshape(-1, hidden), logits.reshape(-1, experts), lead
+
 
 def route(logits: Tensor, top_k: int, *, normalize: bool = False) -> Routing:
     """Top-``top_k`` routing of ``logits`` (T, E) into expert-sorted rows padded per expert.

@@ -302,14 +302,15 @@ template <class T> FUSEGEMM_DEVICE uint32_t cvt_narrow2(float a, float b) {
 // Benchmark only: 1 drops the epilogues' vector stores at run time (a store happens only where its
 // 16 bytes hold one unlikely pattern; the output is not a result), so that every instruction that
 // forms and stages them still runs: the stores' own cost, beside FUSEGEMM_SM90_BENCH_NO_EPILOGUE's
-// (no epilogue at all; the engine's build with FP8 D and both SFDs spills 24 bytes under the data
-// test, tests/unit/test_store_policy.py, so its figure understates its stores). H100, 2026-12-06 (bench/results/blockscaled_h100_williams_stores.json,
-// pingpong_h100_store_policy.json): the blockwise ops 0.95-1.06x faster without their stores (dSwiGLU
-// with FP8 D 1.05-1.15x), where the whole epilogue costs 1.13-1.18x (the GEMM) to 2.3-2.4x (dSwiGLU)
-// at dsv3-fc2 (blockscaled_h100_williams_noepi.json); the layer's BF16 GEMMs 0.91-1.04x. So the
-// epilogues' time is not their stores. Stores marked evict-first in L2 (st.global.cs, an A/B switch
-// measured the same day and removed) ran 0.96-1.07x on the blockwise ops and 0.94-1.02x on the
-// layer's GEMMs: L2 pollution by the outputs is not it either.
+// (no epilogue at all). The engine's build with FP8 D and both SFDs spills 24 bytes under the data
+// test (tests/unit/test_store_policy.py), so its figure understates its stores. H100, 2026-12-06
+// (bench/results/blockscaled_h100_williams_stores.json, pingpong_h100_store_policy.json): the
+// blockwise ops 0.95-1.06x faster without their stores (dSwiGLU with FP8 D 1.05-1.15x), where the
+// whole epilogue costs 1.13-1.18x (the GEMM) to 2.3-2.4x (dSwiGLU) at dsv3-fc2
+// (blockscaled_h100_williams_noepi.json); the layer's BF16 GEMMs 0.91-1.04x. So the epilogues' time
+// is not their stores. Stores marked evict-first in L2 (st.global.cs, an A/B switch measured the same
+// day and removed) ran 0.96-1.07x on the blockwise ops and 0.94-1.02x on the layer's GEMMs: L2
+// pollution by the outputs is not it either.
 #ifndef FUSEGEMM_BENCH_NO_STORE
 #define FUSEGEMM_BENCH_NO_STORE 0
 #endif
