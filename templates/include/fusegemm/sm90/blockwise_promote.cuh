@@ -174,10 +174,8 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   // bench/blockscaled.py --also sa=-DFUSEGEMM_SM90_BW_SHARE_A_ALL=1, four rounds, bit-equal,
   // bench/results/blockscaled_h100_share_a.json): 1.05-1.20x the two passes' speed on the four
   // shapes; before, only the 1x128 form shared A.
-  // FUSEGEMM_SM90_BW_SHARE_A_ALL (measurement A/B switch, off): every rule shares A, paired and
-  // row-summing ones too (spilling, see above), to time what the second pass over K costs them:
-  // dSwiGLU with FP8 D ran 0.56-0.90x the two passes' speed (its 144 bytes of spills are the
-  // epilogue's, on every tile), so it keeps them.
+  // FUSEGEMM_SM90_BW_SHARE_A_ALL (above) makes every rule share A, to time what the second pass
+  // costs the others (dSwiGLU keeps it: its spills are the epilogue's, on every tile).
   static constexpr bool kShareA = !kEpiWG && kTileN == 256 &&
                                   (FUSEGEMM_SM90_BW_SHARE_A_ALL ||
                                    (!Rule::kPairedD && !Rule::kRowSum && (!Rule::kPairedC || Rule::kQuantRowD)));
