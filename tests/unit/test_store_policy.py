@@ -24,21 +24,23 @@ CASES = [("grouped_gemm_quant", dict(BLOCKWISE, d_dtype="bfloat16")),
          ("grouped_gemm_dswiglu_bf16", dict(tile_m=64, b_major="n"))]
 
 
-def _stores(spec: str, axes: dict, extra: str, cache) -> tuple[dict, object]:
+def _stores(spec: str, axes: dict, extra: str, cache) -> tuple[dict, object, str]:
     with config.override(FUSEGEMM_NVRTC_EXTRA=extra):
         b = pipeline.get_kernel(make_variant(find_spec(spec), arch="sm_90a", **axes), cache)
+    text = disasm.sass(b.cubin)
     stg: dict[str, int] = {}
-    for op in re.findall(r"\bSTG(?:\.[A-Z0-9]+)*", disasm.sass(b.cubin)):
+    for op in re.findall(r"\bSTG(?:\.[A-Z0-9]+)*", text):
         stg[op] = stg.get(op, 0) + 1
-    return stg, Cubin(b.cubin).resources(b.kernel_name)
+    return stg, Cubin(b.cubin).resources(b.kernel_name), text
 
 
 @pytest.mark.parametrize("spec,axes", CASES, ids=[f"{s}-{a.get('d_dtype', a.get('tile_m', 'default'))}"
                                                    for s, a in CASES])
 def test_the_no_store_build_keeps_every_store_and_its_resources(spec, axes, session_cache):
-    base, r0 = _stores(spec, axes, "", session_cache)
-    nost, r1 = _stores(spec, axes, "-DFUSEGEMM_BENCH_NO_STORE=1", session_cache)
+    base, r0, t0 = _stores(spec, axes, "", session_cache)
+    nost, r1, t1 = _stores(spec, axes, "-DFUSEGEMM_BENCH_NO_STORE=1", session_cache)
     assert base.get("STG.E.128", 0) > 0 and nost == base, (base, nost)
+    assert t1 != t0   # the guard is there
     # The engine's build with FP8 D and both SFDs spills 24 bytes under the data test (its
     # no-store figure understates what its stores cost); the others spill nothing.
     assert r1.registers == r0.registers and r0.local_bytes == 0
