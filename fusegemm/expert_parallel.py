@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .moe import ExpertMLP
+from .moe import ExpertMLP, check_block_rows
 from .routing import check_choice, token_rows
 from .routing import top_k as _top_k
 
@@ -266,5 +266,6 @@ class ExpertParallelMoEBlock(torch.nn.Module):
         """
         hidden = self.mlp.local.w1.shape[2]
         x2, logits2, lead = token_rows(x, logits, hidden, self.mlp.experts_per_rank * _group_size(self.mlp.group)[0])
+        check_block_rows(x2, logits2, self.mlp.local.w1)
         probs, experts = _top_k(logits2, self.top_k, normalize=self.normalize)
         return self.mlp(x2, experts, probs).reshape(*lead, hidden)

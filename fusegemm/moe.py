@@ -179,6 +179,16 @@ def _check_like_weights(x: Tensor, w1: Tensor) -> None:
         raise ArgumentError("x.device", x.device, f"{w1.device}: the expert weights' device")
 
 
+def check_block_rows(x: Tensor, logits: Tensor, w1: Tensor) -> None:
+    """An MoE block's token rows and their logits (after :func:`fusegemm.routing.token_rows` has
+    checked the shapes) against the expert weights: x's dtype and device, then the logits' device.
+    MoEBlock and ExpertParallelMoEBlock call it before they route, so a mismatch is named, not an
+    error from inside the top-k or a matmul."""
+    _check_like_weights(x, w1)
+    if logits.device != x.device:
+        raise ArgumentError("logits.device", logits.device, f"{x.device}: x's device")
+
+
 def _check_inputs(x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w2: Tensor,
                   row_ends: Tensor | None = None) -> None:
     """The shapes, dtype and devices of the layer's inputs against its weights (no host copy, no sync): a mistake
@@ -1099,9 +1109,7 @@ class MoEBlock(torch.nn.Module):
         """
         experts, hidden = self.mlp.w1.shape[0], self.mlp.w1.shape[2]
         x2, logits2, lead = token_rows(x, logits, hidden, experts)
-        _check_like_weights(x2, self.mlp.w1)
-        if logits2.device != x2.device:
-            raise ArgumentError("logits.device", logits2.device, f"{x2.device}: x's device")
+        check_block_rows(x2, logits2, self.mlp.w1)
         return self._rows(x2, logits2).reshape(*lead, hidden)
 
     def _rows(self, x: Tensor, logits: Tensor) -> Tensor:
