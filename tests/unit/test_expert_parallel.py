@@ -95,15 +95,6 @@ def test_expert_parallel_block_refuses_with_the_argument_named():
     assert block(torch.zeros(3, 8, dtype=torch.float64), torch.zeros(3, 4)).shape == (3, 8)
     with pytest.raises(ArgumentError, match=r"^x\.shape: got \(3, 7\); allowed: \(\.\.\., 8\)"):
         block(torch.zeros(3, 7, dtype=torch.float64), torch.zeros(3, 4))
-    # x in another dtype or on another device than the weights, logits on another device than x:
-    # named before the routing runs, as MoEBlock names them
-    x64, lg = torch.zeros(3, 8, dtype=torch.float64), torch.zeros(3, 4)
-    with pytest.raises(ArgumentError, match=r"^x\.dtype: got torch\.float32; allowed: torch\.float64"):
-        block(x64.float(), lg)
-    with pytest.raises(ArgumentError, match=r"^x\.device: got meta; allowed: cpu"):
-        block(x64.to("meta"), lg)
-    with pytest.raises(ArgumentError, match=r"^logits\.device: got meta; allowed: cpu"):
-        block(x64, lg.to("meta"))
     # (batch, sequence, H) tokens: the output has x's shape and the flattened call's values.
     torch.manual_seed(2)
     x, logits = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 3, 4)

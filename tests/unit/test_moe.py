@@ -364,16 +364,6 @@ def test_moe_block_loads_is_checked_and_falls_back_where_the_gathered_path_does_
     assert moe.MoEBlock(32, 64, 4, 2, backend="torch", loads="permuted").resolved_loads() == "permuted"
     with pytest.raises(ArgumentError, match="loads.*'auto', 'permuted' or 'gathered'"):
         moe.MoEBlock(32, 64, 4, 2, backend="torch", loads="scattered")
-    # x and logits that do not fit the weights are named before anything runs (not torch's own errors
-    # from inside the matmuls)
-    f32 = moe.MoEBlock(32, 64, 4, 2, backend="torch", dtype=torch.float32)
-    x32, lg = torch.randn(10, 32), torch.randn(10, 4)
-    with pytest.raises(ArgumentError, match=r"x\.dtype: got torch\.float64; allowed: torch\.float32"):
-        f32(x32.double(), lg)
-    with pytest.raises(ArgumentError, match=r"x\.device: got meta; allowed: cpu"):
-        f32(x32.to("meta"), lg)
-    with pytest.raises(ArgumentError, match=r"logits\.device: got meta; allowed: cpu"):
-        f32(x32, lg.to("meta"))
     x = torch.randn(50, 32, generator=torch.Generator().manual_seed(0))
     logits = torch.randn(50, 4, generator=torch.Generator().manual_seed(1))
     out = {}

@@ -156,6 +156,25 @@ def test_moe_block_refuses_shapes_with_the_argument_named():
         block(torch.zeros(2, 3, 16, dtype=torch.float64), torch.zeros(6, 4))
 
 
+@pytest.mark.parametrize("block_class", ["MoEBlock", "ExpertParallelMoEBlock"])
+def test_blocks_name_dtype_and_device_mismatches(block_class):
+    """x in another dtype or on another device than the expert weights, logits on another device
+    than x: both blocks name the argument before they route (moe.check_block_rows), not torch's
+    own error from inside the top-k or a matmul."""
+    from fusegemm.expert_parallel import ExpertParallelMoEBlock
+    cls = {"MoEBlock": MoEBlock, "ExpertParallelMoEBlock": ExpertParallelMoEBlock}[block_class]
+    block = cls(16, 64, 4, 2, dtype=torch.float64, backend="torch")
+    x, logits = torch.zeros(5, 16, dtype=torch.float64), torch.zeros(5, 4)
+    weights = "the expert weights'"
+    with pytest.raises(ArgumentError, match=rf"^x\.dtype: got torch\.float32; allowed: torch\.float64: {weights}"):
+        block(x.float(), logits)
+    with pytest.raises(ArgumentError, match=rf"^x\.device: got meta; allowed: cpu: {weights} device$"):
+        block(x.to("meta"), logits)
+    with pytest.raises(ArgumentError, match=r"^logits\.device: got meta; allowed: cpu: x's device$"):
+        block(x, logits.to("meta"))
+    assert block(x, logits).shape == (5, 16)
+
+
 def test_moe_block_takes_leading_dimensions_as_tokens():
     """x (batch, sequence, H) and logits (batch, sequence, E), as a transformer passes them: the
     block's output has x's shape and every value and gradient is the flattened call's, bit for bit."""
