@@ -19,7 +19,8 @@ largest magnitude (the recipe's quantization error, not a kernel error).
 Every fusegemm result is checked against torch._grouped_mm before it is timed. ``--also
 NAME=DEFINES`` (repeatable) times the op built with a header's A/B switch as well (e.g.
 ``--also staged=-DFUSEGEMM_SM90_DEFER_STORE=0``), the FP8 one too (``NAME_fp8``, with whether its
-D is bit-equal to ``fusegemm_fp8``'s).
+D is bit-equal to ``fusegemm_fp8``'s). ``--fp8-tile-n 128`` times the FP8 kernel (and each --also
+build of it) at tile N 128 as well (``fusegemm_fp8_n128``, ``NAME_fp8_n128``).
 
     python bench/wgrad.py [--out bench/results/wgrad_h200.json]
 """
@@ -78,11 +79,21 @@ def bench_shape(name: str, dist: str, args) -> dict:
         del ref, got
         methods["fusegemm_fp8"] = lambda: op8(*q, off)
         methods["fusegemm_fp8_quant"] = lambda: op8(*quantize_wgrad(dy), *quantize_wgrad(x), off)
-        for key, defines in also_builds(args):   # the FP8 kernel's A/B switches (sm90/blockwise_promote.cuh)
-            with nvrtc_defines(defines):
-                other8 = Op("grouped_gemm_wgrad_fp8").compile()
-            row[f"{key}_fp8_equal_to_fusegemm_fp8"] = bool(torch.equal(other8(*q, off)["d"], op8(*q, off)["d"]))
-            methods[f"{key}_fp8"] = (lambda other8=other8: other8(*q, off))
+        # --fp8-tile-n: the FP8 kernel at other tile widths too (suffix _n<N>), and each --also
+        # build at them; every one checked bit for bit against fusegemm_fp8 (the same sums per element)
+        for tile_n in [None, *args.fp8_tile_n]:
+            sfx = f"_n{tile_n}" if tile_n else ""
+            axes = {"tile_n": tile_n} if tile_n else {}
+            if tile_n:
+                op_n = Op("grouped_gemm_wgrad_fp8", **axes).compile()
+                row[f"fp8{sfx}_equal_to_fusegemm_fp8"] = bool(torch.equal(op_n(*q, off)["d"], op8(*q, off)["d"]))
+                methods[f"fusegemm_fp8{sfx}"] = (lambda op_n=op_n: op_n(*q, off))
+            for key, defines in also_builds(args):   # the FP8 kernel's A/B switches (sm90/blockwise_promote.cuh)
+                with nvrtc_defines(defines):
+                    other8 = Op("grouped_gemm_wgrad_fp8", **axes).compile()
+                row[f"{key}_fp8{sfx}_equal_to_fusegemm_fp8"] = bool(torch.equal(other8(*q, off)["d"],
+                                                                                op8(*q, off)["d"]))
+                methods[f"{key}_fp8{sfx}"] = (lambda other8=other8: other8(*q, off))
     if dist == "balanced":
         dyb, xb = dy.view(experts, t // experts, m), x.view(experts, t // experts, n)
         methods["cublas_bmm"] = lambda: torch.bmm(dyb.transpose(1, 2), xb)
@@ -94,9 +105,11 @@ def bench_shape(name: str, dist: str, args) -> dict:
             row[f"{key}_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row[f"{key}_ms"]
     for key, _ in also_builds(args):
         row[f"{key}_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row[f"{key}_ms"]
-        if f"{key}_fp8_ms" in row:
-            row[f"{key}_fp8_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row[f"{key}_fp8_ms"]
-            row[f"{key}_fp8_speed_vs_fusegemm_fp8"] = row["fusegemm_fp8_ms"] / row[f"{key}_fp8_ms"]
+    for key in [f"{k}_fp8{sfx}" for k in ["fusegemm", *(a for a, _ in also_builds(args))]
+                for sfx in ["", *(f"_n{n}" for n in args.fp8_tile_n)]]:
+        if f"{key}_ms" in row and key != "fusegemm_fp8":
+            row[f"{key}_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row[f"{key}_ms"]
+            row[f"{key}_speed_vs_fusegemm_fp8"] = row["fusegemm_fp8_ms"] / row[f"{key}_ms"]
     if "fusegemm_whole_fill_ms" in row:
         row["whole_fill_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row["fusegemm_whole_fill_ms"]
     if "cublas_bmm_ms" in row:
@@ -120,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                          "fusegemm/ops/tail.py)")
     ap.add_argument("--fp8", action=argparse.BooleanOptionalAction, default=True,
                     help="also time the blockwise recipe's FP8 weight gradient (default: on)")
+    ap.add_argument("--fp8-tile-n", type=lambda v: [int(x) for x in v.split(",") if x], default=[],
+                    metavar="N[,N]", help="also time the FP8 weight gradient at these tile widths (e.g. 128)")
     add_also_argument(ap)
     args = ap.parse_args(argv)
     also_builds(args)   # refuse a malformed --also before any work
