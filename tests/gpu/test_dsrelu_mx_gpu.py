@@ -70,13 +70,16 @@ def _dsrelu64(a64, b64, sizes, ins):
     return np.concatenate(out)
 
 
-@pytest.mark.parametrize("recipe,sizes,n,k,tile_n,discrete", [
-    ("mx", [256, 0, 512], 256, 320, 256, False),      # an empty expert, a K tail of the 128-K stage
-    ("mx", [512, 256], 384, 256, 128, True),           # discrete weights, tile N 128
-    ("blockwise", [256, 0, 512], 320, 384, 256, False),   # an N tail of the 256-column tile
+@pytest.mark.parametrize("recipe,sizes,n,k,tile_n,discrete,dbias", [
+    ("mx", [256, 0, 512], 256, 320, 256, False, True),      # an empty expert, a K tail of the 128-K stage
+    ("mx", [512, 256], 384, 256, 128, True, True),           # discrete weights, tile N 128
+    ("blockwise", [256, 0, 512], 320, 384, 256, False, True),   # an N tail of the 256-column tile
+    # without dbias: the build whose two halves share each stage's A (sm90/blockwise_promote.cuh kShareA)
+    ("blockwise", [256, 0, 512], 320, 384, 256, False, False),
+    ("blockwise", [512, 256], 384, 256, 256, True, False),
 ])
-def test_bf16_d_dprob_dbias_and_amax(recipe, sizes, n, k, tile_n, discrete):
-    got, ref, ins, a64, b64 = _run(sizes, n, k, recipe, discrete=discrete, tile_n=tile_n, generate_dbias=True)
+def test_bf16_d_dprob_dbias_and_amax(recipe, sizes, n, k, tile_n, discrete, dbias):
+    got, ref, ins, a64, b64 = _run(sizes, n, k, recipe, discrete=discrete, tile_n=tile_n, generate_dbias=dbias)
     valid = sum(sizes)
     d = got["d_row_tensor"].float().cpu().numpy()
     assert d.shape == (valid, n) and got["sfd_row_tensor"] is None and got["d_col_tensor"] is None
@@ -84,7 +87,11 @@ def test_bf16_d_dprob_dbias_and_amax(recipe, sizes, n, k, tile_n, discrete):
     assert problem is None, (problem, err)
     want = _dsrelu64(a64, b64, sizes, ins)
     assert np.abs(d - want).max() <= 2 ** -7 * np.abs(want).max()
+    if not dbias:
+        assert got["dbias_tensor"] is None and ref["dbias"] is None
     for name, key in (("dprob", "dprob_tensor"), ("dbias", "dbias_tensor"), ("amax", "amax_tensor")):
+        if name == "dbias" and not dbias:
+            continue
         r = np.asarray(ref[name], np.float64).reshape(-1)
         g = got[key].double().cpu().numpy().reshape(-1)
         r, g = (r[:valid], g[:valid]) if name == "dprob" else (r, g)
@@ -92,7 +99,8 @@ def test_bf16_d_dprob_dbias_and_amax(recipe, sizes, n, k, tile_n, discrete):
         assert np.array_equal(np.isfinite(g), finite) and np.array_equal(g[~finite], r[~finite]), name
         assert np.abs(g[finite] - r[finite]).max(initial=0.0) <= 1e-5 * max(np.abs(r[finite]).max(initial=0.0),
                                                                                1e-30), name
-    assert got["dbias_tensor"].reshape(len(sizes), n)[1].abs().max() == 0 if sizes[1] == 0 else True
+    if dbias and sizes[1] == 0:
+        assert got["dbias_tensor"].reshape(len(sizes), n)[1].abs().max() == 0
 
 
 @pytest.mark.parametrize("recipe,discrete_col_sfd", [("mx", False), ("mx", True), ("blockwise", False)])

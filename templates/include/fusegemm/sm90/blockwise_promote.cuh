@@ -52,6 +52,12 @@
 // tile N 256: 1.01-1.05x of tile N 128 without them). Fewer scale loads need fewer distinct
 // columns per thread, which the WGMMA fragment fixes, or a coarser scale for one operand
 // (a recipe change). bench/results/wgrad_fp8_promotion_h200_ab.json has the figures.
+// The epilogue matters where an expert's K is short: at dsv3 with 32 experts (512 tokens, four
+// k-blocks a tile) the kernel without an epilogue ran about 1.2x (at 8 experts 1.0x; H100,
+// 2026-12-06, bench/wgrad.py --also, bench/results/wgrad_h100_defer_noepi.json). Not kept: the
+// BF16 kernel's deferred D (a pass's packed D stored under the next pass's first k-blocks), which
+// fits the registers beside one 128-column half only: tile N 128 with it ran 0.92-1.0x tile N 128
+// without, itself 0.90-0.95x tile N 256 (bit-equal; eight rounds, wgrad_h100_defer_8rounds.json).
 //
 // Host contract (fusegemm/ops/scaled_operands.py blockwise_maps encodes the maps):
 //   tma_a, tma_b  as the MXFP8 kernel's
@@ -106,18 +112,6 @@
 // bench/results/blockscaled_h100_williams_noepi.json), but with the switch the whole op ran 0.56-0.90x.
 #ifndef FUSEGEMM_SM90_BW_SHARE_A_ALL
 #define FUSEGEMM_SM90_BW_SHARE_A_ALL 0
-#endif
-
-// 1: a 128-column pass's D (element-wise rules with a 16-bit D and no C or element input:
-// WgmmaEpilogue::kDeferD) is kept packed in registers and stored while the next pass's first
-// k-blocks run on the tensor cores, chunk c after k-block c's WGMMAs are issued, as the BF16
-// kernel's FUSEGEMM_SM90_DEFER_STORE does. For the K-grouped weight gradient, whose experts'
-// short K (512 tokens at dsv3 with 32 experts: four k-blocks) leaves the tensor cores idle
-// through every tile's 64 KB of D. Passes of one 128-column half and one temporary set only
-// (tile N 128): beside a 256-column tile's two halves and its temporary set, the 64 registers of
-// a pending half do not fit. 0: D is stored between the passes (the A/B baseline).
-#ifndef FUSEGEMM_SM90_BW_DEFER_STORE
-#define FUSEGEMM_SM90_BW_DEFER_STORE 0
 #endif
 
 namespace fusegemm {
@@ -186,11 +180,19 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   // bench/blockscaled.py --also sa=-DFUSEGEMM_SM90_BW_SHARE_A_ALL=1, four rounds, bit-equal,
   // bench/results/blockscaled_h100_share_a.json): 1.05-1.20x the two passes' speed on the four
   // shapes; before, only the 1x128 form shared A.
+  // With a 16-bit D, so do the SwiGLU forward with C and dsReLU (its dprob a row sum): measured on
+  // an H100 (2026-12-06, eighteenth session, the switch below, bit-equal, 0 spills) at 1.06-1.19x
+  // and 1.01-1.14x their two passes' speed on the four shapes (three rounds, both distributions;
+  // eight rounds at dsv3-fc2 / mixtral-fc1: 1.16 / 1.09x and 1.10 / 1.05x; bench/results/
+  // blockscaled_h100_share_a_rules*.json). dGLU with a bf16 D measured 0.95-1.10x: it keeps its
+  // passes, as do paired outputs and column sums (dbias) generally.
   // FUSEGEMM_SM90_BW_SHARE_A_ALL (above) makes every rule share A, to time what the second pass
   // costs the others (dSwiGLU keeps it: its spills are the epilogue's, on every tile).
-  static constexpr bool kShareA = !kEpiWG && kTileN == 256 &&
-                                  (FUSEGEMM_SM90_BW_SHARE_A_ALL ||
-                                   (!Rule::kPairedD && !Rule::kRowSum && (!Rule::kPairedC || Rule::kQuantRowD)));
+  static constexpr bool kShareA =
+      !kEpiWG && kTileN == 256 &&
+      (FUSEGEMM_SM90_BW_SHARE_A_ALL ||
+       (!Rule::kPairedD && !Rule::kRowSum && (!Rule::kPairedC || Rule::kQuantRowD)) ||
+       (!Rule::kPairedD && !Rule::kColSum && epi::out_bits<ElementD>() == 16));
   static constexpr int kHalves = kShareA ? kTileN / kMmaN : 1;   // halves per stage
   static constexpr int kPasses = kTileN / (kHalves * kMmaN);
   static constexpr int kTileK = 128;                // K elements (= bytes) per stage: one scale block
@@ -222,12 +224,10 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   // 1x128 output scales (the rule's kSfdVec 128): a 128-column group of a paired accumulator's
   // D spans both halves, so a tile that holds both runs one epilogue over its 256 columns.
   static constexpr bool kOneEpi = kShareA && Rule::kSfdVec == 128 && Rule::kQuantRowD;
-  // Deferred D (FUSEGEMM_SM90_BW_DEFER_STORE above): one half per pass, one temporary set.
-  static constexpr bool kDefer = FUSEGEMM_SM90_BW_DEFER_STORE && kHalves == 1 && kTemps == 1 && !kEpiWG && !kPingPong;
   // Ping-pong: the epilogue sees a 128-row tile whose rows 64 wg.. are warpgroup wg's (each
   // passes its own tile's first row less 64 wg), as in the BF16 kernel.
   using Epi = WgmmaEpilogue<64 * kConsumerWGs, kOneEpi ? kHalves * kMmaN : kMmaN, Rule, ElementC, ElementD, Engine,
-                            kBatched, kScaledForceEngine<Config>, kDefer, kPingPong, kEngineWarps>;
+                            kBatched, kScaledForceEngine<Config>, false, kPingPong, kEngineWarps>;
   using EpiWG = EpilogueWarpgroup<kMmaN, Rule, Engine, kBatched>;
   static_assert(!kEpiWG || (kTileM == 128 && kHalves == 1), "the epilogue warpgroup takes 128 x 128 passes");
 
@@ -527,12 +527,11 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   // behind a stage of WGMMAs. halves: the halves inside N (the last tile's second may not be):
   // the others' scales stay 0 and are never read.
   // on_block(kb): called before each block's full wait (blocks before kb have completed).
-  // on_issued(kb): after the block's last WGMMAs are issued, while they run.
-  template <class OnBlock, class OnIssued>
+  template <class OnBlock>
   FUSEGEMM_DEVICE static void mainloop(const Bars& b, const uint8_t* smem, uint64_t da0, uint64_t db0,
                                        int num_k_blocks, int row0, const float* const (&sfb)[kHalves], int halves,
                                        int& stage, uint32_t& phase, float (&acc)[kHalves][kAccum],
-                                       float (&t)[kAccum], const OnBlock& on_block, const OnIssued& on_issued) {
+                                       float (&t)[kAccum], const OnBlock& on_block) {
     float sb_next[kHalves];
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {
@@ -565,7 +564,6 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
                                        fusegemm::make_integer_sequence<int, kAccum>{});
         }
         cute::warpgroup_commit_batch();
-        if (h == kHalves - 1) on_issued(kb);
         const float s0 = a0 * sb[h], s1 = a1 * sb[h];
         cute::warpgroup_wait<0>();
         fence_acc(t);
@@ -703,9 +701,6 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
     float acc[kHalves][kAccum], t[kTemps][kAccum];
     typename Epi::Partials part;
     part.reset();
-    typename Epi::Deferred pending;   // kDeferD: the previous pass's D, not yet stored
-    typename Epi::Pre pre;            // kDeferD: this pass's epilogue inputs
-    const uint32_t epi_buf = Epi::warp_buf(smem + kOffEpi, warp);
     uint32_t acc_phase = 0;   // kEpiWG: passes handed over, mod 2
     bool turn = wg == 0;        // ping-pong: the next ring tile is this warpgroup's
     bool first_turn = wg == 0;  // ... and warpgroup 0's first mainloop waits for nobody
@@ -745,10 +740,6 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
         // The tile's first output row: K-grouped, expert e's (M, N) block is rows e M.. of (L M, N).
         const int m0 = (kKGrouped ? tile.x * p.m_rows : 0) + tile.y * kTileM - row_shift;
         auto on_block = [&](int kb) {
-          // Deferred D: the pass's row and expert inputs load under its last k-block's WGMMAs.
-          if constexpr (Epi::kDeferD) {
-            if (kb == tile_k_blocks - 1) pre = Epi::preload(p, tile.x, m0, warp, lane);
-          }
           if (kb == prefetch_kb) {
             if constexpr (kOneEpi) {
               Epi::prefetch(p, m0, n0, warp, lane);
@@ -767,21 +758,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
           mainloop2(b, smem, da0, db0, tile_k_blocks, row0, sfb[0], stage, phase, acc[0], t[0], t[1], on_block,
                     on_issued);
         } else {
-          // Deferred D: the previous pass's chunk kb while k-block kb's WGMMAs run; the chunks a
-          // short K range leaves (fewer k-blocks than chunks) after the mainloop.
-          auto on_issued = [&](int kb) {
-            if constexpr (Epi::kDeferD) Epi::store_chunk_at(kb, p, epi_buf, pending, lane);
-          };
-          mainloop(b, smem, da0, db0, tile_k_blocks, row0, sfb, halves, stage, phase, acc, t[0], on_block,
-                   on_issued);
-          if constexpr (Epi::kDeferD) {
-#pragma unroll
-            for (int c = 0; c < Epi::kChunks; ++c) {
-              if (c >= tile_k_blocks) Epi::store_chunk_at(c, p, epi_buf, pending, lane);
-            }
-            pending.row0 = -1;
-            if (tile_k_blocks == 0) pre = Epi::preload(p, tile.x, m0, warp, lane);
-          }
+          mainloop(b, smem, da0, db0, tile_k_blocks, row0, sfb, halves, stage, phase, acc, t[0], on_block);
         }
         if constexpr (kEpiWG) {
           // Hand the pass to the epilogue warpgroup once it has read the previous one.
@@ -792,9 +769,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
           continue;
         }
         if (FUSEGEMM_SM90_BENCH_NO_EPILOGUE && acc[0][0] != -1.0f) continue;
-        if constexpr (Epi::kDeferD) {
-          Epi::compute(p, pre, m0, n0, warp, lane, acc[0], pending);
-        } else if constexpr (kOneEpi) {
+        if constexpr (kOneEpi) {
           // Both halves as one fragment (register renames, no copies after allocation).
           float all[kHalves * kAccum];
 #pragma unroll
@@ -814,7 +789,6 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
         }
       }
     }
-    if constexpr (Epi::kDeferD) Epi::drain(p, epi_buf, pending, lane);
     if constexpr (!kEpiWG) Epi::finish(part, p, warp, lane);
   }
 
