@@ -58,6 +58,9 @@
 // BF16 kernel's deferred D (a pass's packed D stored under the next pass's first k-blocks), which
 // fits the registers beside one 128-column half only: tile N 128 with it ran 0.92-1.0x tile N 128
 // without, itself 0.90-0.95x tile N 256 (bit-equal; eight rounds, wgrad_h100_defer_8rounds.json).
+// Of the 1.2x, the global stores alone are about 1.12x (FUSEGEMM_BENCH_NO_STORE, eight rounds,
+// wgrad_h100_nostore_8rounds.json: 1.13x at dsv3-32, 1.03-1.07x at dsv3-8, against a null build's
+// 0.97-1.03x), which stores that leave through TMA from the staging buffers might hide.
 //
 // Host contract (fusegemm/ops/scaled_operands.py blockwise_maps encodes the maps):
 //   tma_a, tma_b  as the MXFP8 kernel's
