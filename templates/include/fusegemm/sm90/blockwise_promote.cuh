@@ -184,7 +184,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   // bench/results/blockscaled_h100_share_a.json): 1.05-1.20x the two passes' speed on the four
   // shapes; before, only the 1x128 form shared A.
   // With a 16-bit D, so do the SwiGLU forward with C and dsReLU (its dprob a row sum): measured on
-  // an H100 (2026-12-06, eighteenth session, the switch below, bit-equal, 0 spills) at 1.06-1.19x
+  // an H100 (2026-12-06, eighteenth session, SHARE_A_ALL builds, bit-equal, 0 spills) at 1.06-1.19x
   // and 1.01-1.14x their two passes' speed on the four shapes (three rounds, both distributions;
   // eight rounds at dsv3-fc2 / mixtral-fc1: 1.16 / 1.09x and 1.10 / 1.05x; bench/results/
   // blockscaled_h100_share_a_rules*.json). dGLU with a bf16 D measured 0.95-1.10x: it keeps its
