@@ -3,8 +3,8 @@ reads row ``a_index[r]`` of a token-major FP8 A and of its 1x128 scales, copied 
 warpgroup's cp.async; fusegemm/sm90/blockwise_promote.cuh) on the H200: every output bit-equal to
 the same kernel run on the rows and scales gathered beforehand (zeros for padding indices, for
 indices past A's rows and for negative ones), on ragged and empty experts, with FP8 and BF16 D,
-paired gate/up epilogues and discrete weights. dSwiGLU's dprob is an atomic FP32 sum over column
-tiles (its order varies between runs): within 1e-5 of its largest magnitude."""
+paired gate/up epilogues and discrete weights. dSwiGLU's and dsReLU's dprob is an atomic FP32 sum
+over column tiles (its order varies between runs): within 1e-5 of its largest magnitude."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,6 +24,9 @@ CASES = [
     ("grouped_gemm_srelu", {"weight_mode": "discrete"}),
     ("grouped_gemm_dswiglu", {}),
     ("grouped_gemm_glu_mx", {"d_dtype": "bfloat16"}),
+    # bf16 D rules whose 256-column tile shares A between its halves since 2026-12-06 (kShareA)
+    ("grouped_gemm_glu_mx", {"d_dtype": "bfloat16", "generate_c": True}),
+    ("grouped_gemm_dsrelu_mx", {}),
 ]
 
 
@@ -61,6 +64,8 @@ def _inputs(spec, p, seed):
     if spec == "grouped_gemm_dswiglu":
         ins["beta"] = torch.rand(p["l"], generator=g, device="cuda") + 0.5
         ins["c"] = torch.randn(p["m"], 2 * p["n"], generator=g, device="cuda").bfloat16()
+    if spec == "grouped_gemm_dsrelu_mx":   # the forward's (M, N) pre-activation
+        ins["c"] = torch.randn(p["m"], p["n"], generator=g, device="cuda").bfloat16()
     return ins
 
 
