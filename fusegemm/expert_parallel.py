@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .moe import ExpertMLP, check_block_rows
-from .routing import check_choice, token_rows
+from .moe import ExpertMLP, block_rows
+from .routing import check_choice
 from .routing import top_k as _top_k
 
 __all__ = ["ExpertParallelMLP", "ExpertParallelMoEBlock", "dispatch", "combine", "Plan"]
@@ -264,8 +264,7 @@ class ExpertParallelMoEBlock(torch.nn.Module):
         logits : (T, E) float tensor, or (..., E)
             The router's logits for each of them, over all E experts (x's leading shape).
         """
-        hidden = self.mlp.local.w1.shape[2]
-        x2, logits2, lead = token_rows(x, logits, hidden, self.mlp.experts_per_rank * _group_size(self.mlp.group)[0])
-        check_block_rows(x2, logits2, self.mlp.local.w1)
-        probs, experts = _top_k(logits2, self.top_k, normalize=self.normalize)
-        return self.mlp(x2, experts, probs).reshape(*lead, hidden)
+        experts = self.mlp.experts_per_rank * _group_size(self.mlp.group)[0]
+        x2, logits2, lead = block_rows(x, logits, self.mlp.local.w1, experts)
+        probs, chosen = _top_k(logits2, self.top_k, normalize=self.normalize)
+        return self.mlp(x2, chosen, probs).reshape(*lead, x2.shape[1])

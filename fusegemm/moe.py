@@ -179,14 +179,17 @@ def _check_like_weights(x: Tensor, w1: Tensor) -> None:
         raise ArgumentError("x.device", x.device, f"{w1.device}: the expert weights' device")
 
 
-def check_block_rows(x: Tensor, logits: Tensor, w1: Tensor) -> None:
-    """An MoE block's token rows and their logits (after :func:`fusegemm.routing.token_rows` has
-    checked the shapes) against the expert weights: x's dtype and device, then the logits' device.
-    MoEBlock and ExpertParallelMoEBlock call it before they route, so a mismatch is named, not an
-    error from inside the top-k or a matmul."""
-    _check_like_weights(x, w1)
-    if logits.device != x.device:
-        raise ArgumentError("logits.device", logits.device, f"{x.device}: x's device")
+def block_rows(x: object, logits: object, w1: Tensor, experts: int) -> tuple[Tensor, Tensor, tuple]:
+    """An MoE block's tokens x (..., H) and router logits (..., E) as token rows (T, H) and (T, E)
+    and the tokens' leading shape (:func:`fusegemm.routing.token_rows`, which checks the shapes),
+    checked against the expert weights w1 (L, 2F, H): x's dtype and device, then the logits'
+    device. MoEBlock and ExpertParallelMoEBlock call it before they route, so a mismatch is named,
+    not an error from inside the top-k or a matmul."""
+    x2, logits2, lead = token_rows(x, logits, w1.shape[2], experts)
+    _check_like_weights(x2, w1)
+    if logits2.device != x2.device:
+        raise ArgumentError("logits.device", logits2.device, f"{x2.device}: x's device")
+    return x2, logits2, lead
 
 
 def _check_inputs(x: Tensor, padded_offsets: Tensor, prob: Tensor, w1: Tensor, w2: Tensor,
@@ -1107,10 +1110,8 @@ class MoEBlock(torch.nn.Module):
         logits : (T, E) float tensor, or (..., E)
             The router's logits for each token (the same leading shape as x).
         """
-        experts, hidden = self.mlp.w1.shape[0], self.mlp.w1.shape[2]
-        x2, logits2, lead = token_rows(x, logits, hidden, experts)
-        check_block_rows(x2, logits2, self.mlp.w1)
-        return self._rows(x2, logits2).reshape(*lead, hidden)
+        x2, logits2, lead = block_rows(x, logits, self.mlp.w1, self.mlp.w1.shape[0])
+        return self._rows(x2, logits2).reshape(*lead, x2.shape[1])
 
     def _rows(self, x: Tensor, logits: Tensor) -> Tensor:
         """The layer on token rows x (T, H) and their logits (T, E)."""

@@ -159,7 +159,7 @@ def test_moe_block_refuses_shapes_with_the_argument_named():
 @pytest.mark.parametrize("block_class", ["MoEBlock", "ExpertParallelMoEBlock"])
 def test_blocks_name_dtype_and_device_mismatches(block_class):
     """x in another dtype or on another device than the expert weights, logits on another device
-    than x: both blocks name the argument before they route (moe.check_block_rows), not torch's
+    than x: both blocks name the argument before they route (moe.block_rows), not torch's
     own error from inside the top-k or a matmul."""
     from fusegemm.expert_parallel import ExpertParallelMoEBlock
     cls = {"MoEBlock": MoEBlock, "ExpertParallelMoEBlock": ExpertParallelMoEBlock}[block_class]
