@@ -194,8 +194,8 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr bool kShareA =
       !kEpiWG && kTileN == 256 &&
       (FUSEGEMM_SM90_BW_SHARE_A_ALL ||
-       (!Rule::kPairedD && !Rule::kRowSum && (!Rule::kPairedC || Rule::kQuantRowD)) ||
-       (!Rule::kPairedD && !Rule::kColSum && epi::out_bits<ElementD>() == 16));
+       (!Rule::kPairedD && ((!Rule::kRowSum && (!Rule::kPairedC || Rule::kQuantRowD)) ||
+                            (!Rule::kColSum && epi::out_bits<ElementD>() == 16))));
   static constexpr int kHalves = kShareA ? kTileN / kMmaN : 1;   // halves per stage
   static constexpr int kPasses = kTileN / (kHalves * kMmaN);
   static constexpr int kTileK = 128;                // K elements (= bytes) per stage: one scale block
