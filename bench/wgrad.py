@@ -68,15 +68,16 @@ def bench_shape(name: str, dist: str, args) -> dict:
         methods[key] = (lambda other=other: other(dy, x, off))
     if args.fill_ab:   # D zero-filled before the GEMM, as before fusegemm/ops/tail.py
         methods["fusegemm_whole_fill"] = whole_fill(lambda: op(dy, x, off))
+    fp8_builds: list[str] = []   # the FP8 kernel's other builds (--fp8-tile-n, --also), timed against fusegemm_fp8
     if args.fp8:
         from fusegemm import Op
         from fusegemm.formats.torch_blockwise import quantize_wgrad
         op8 = Op("grouped_gemm_wgrad_fp8").compile()
         q = (*quantize_wgrad(dy), *quantize_wgrad(x))
+        d8 = op8(*q, off)["d"]
         ref = torch._grouped_mm(dy.t(), x, offs=off).float()
-        got = op8(*q, off)["d"].float()
-        row["fp8_max_diff_vs_torch_bf16_rel_to_max"] = float((got - ref).abs().max() / ref.abs().max())
-        del ref, got
+        row["fp8_max_diff_vs_torch_bf16_rel_to_max"] = float((d8.float() - ref).abs().max() / ref.abs().max())
+        del ref
         methods["fusegemm_fp8"] = lambda: op8(*q, off)
         methods["fusegemm_fp8_quant"] = lambda: op8(*quantize_wgrad(dy), *quantize_wgrad(x), off)
         # --fp8-tile-n: the FP8 kernel at other tile widths too (suffix _n<N>), and each --also
@@ -84,16 +85,15 @@ def bench_shape(name: str, dist: str, args) -> dict:
         for tile_n in [None, *args.fp8_tile_n]:
             sfx = f"_n{tile_n}" if tile_n else ""
             axes = {"tile_n": tile_n} if tile_n else {}
-            if tile_n:
-                op_n = Op("grouped_gemm_wgrad_fp8", **axes).compile()
-                row[f"fp8{sfx}_equal_to_fusegemm_fp8"] = bool(torch.equal(op_n(*q, off)["d"], op8(*q, off)["d"]))
-                methods[f"fusegemm_fp8{sfx}"] = (lambda op_n=op_n: op_n(*q, off))
-            for key, defines in also_builds(args):   # the FP8 kernel's A/B switches (sm90/blockwise_promote.cuh)
+            builds = [("fusegemm", "")] if tile_n else []
+            builds += also_builds(args)   # the FP8 kernel's A/B switches (sm90/blockwise_promote.cuh)
+            for key, defines in builds:
                 with nvrtc_defines(defines):
                     other8 = Op("grouped_gemm_wgrad_fp8", **axes).compile()
-                row[f"{key}_fp8{sfx}_equal_to_fusegemm_fp8"] = bool(torch.equal(other8(*q, off)["d"],
-                                                                                op8(*q, off)["d"]))
+                equal_key = f"fp8{sfx}" if key == "fusegemm" else f"{key}_fp8{sfx}"
+                row[f"{equal_key}_equal_to_fusegemm_fp8"] = bool(torch.equal(other8(*q, off)["d"], d8))
                 methods[f"{key}_fp8{sfx}"] = (lambda other8=other8: other8(*q, off))
+                fp8_builds.append(f"{key}_fp8{sfx}")
     if dist == "balanced":
         dyb, xb = dy.view(experts, t // experts, m), x.view(experts, t // experts, n)
         methods["cublas_bmm"] = lambda: torch.bmm(dyb.transpose(1, 2), xb)
@@ -105,11 +105,9 @@ def bench_shape(name: str, dist: str, args) -> dict:
             row[f"{key}_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row[f"{key}_ms"]
     for key, _ in also_builds(args):
         row[f"{key}_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row[f"{key}_ms"]
-    for key in [f"{k}_fp8{sfx}" for k in ["fusegemm", *(a for a, _ in also_builds(args))]
-                for sfx in ["", *(f"_n{n}" for n in args.fp8_tile_n)]]:
-        if f"{key}_ms" in row and key != "fusegemm_fp8":
-            row[f"{key}_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row[f"{key}_ms"]
-            row[f"{key}_speed_vs_fusegemm_fp8"] = row["fusegemm_fp8_ms"] / row[f"{key}_ms"]
+    for key in fp8_builds:
+        row[f"{key}_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row[f"{key}_ms"]
+        row[f"{key}_speed_vs_fusegemm_fp8"] = row["fusegemm_fp8_ms"] / row[f"{key}_ms"]
     if "fusegemm_whole_fill_ms" in row:
         row["whole_fill_ratio_vs_torch_grouped_mm"] = row["torch_grouped_mm_ms"] / row["fusegemm_whole_fill_ms"]
     if "cublas_bmm_ms" in row:
