@@ -11,21 +11,13 @@ from __future__ import annotations
 
 import pytest
 
-from fusegemm import pipeline
-from fusegemm.generator.spec import find_spec
-from fusegemm.generator.variants import make_variant
-from fusegemm.runtime import config, disasm
-from fusegemm.runtime.cubin_info import Cubin
+from fusegemm.runtime import disasm
+
+from _switches import switch_build  # (tests/unit/_switches.py)
 
 pytestmark = pytest.mark.skipif(not disasm.available(), reason="needs nvdisasm (the nvidia-cuda-nvdisasm wheel)")
 
 BLOCKWISE = dict(sf_dtype="float32", sf_vec_size=128)
-
-
-def _build(spec: str, axes: dict, extra: str, cache):
-    with config.override(FUSEGEMM_NVRTC_EXTRA=extra):
-        b = pipeline.get_kernel(make_variant(find_spec(spec), arch="sm_90a", **axes), cache)
-    return disasm.sass(b.cubin), Cubin(b.cubin).resources(b.kernel_name)
 
 
 @pytest.mark.parametrize("spec,axes,spill,shared", [
@@ -37,7 +29,7 @@ def _build(spec: str, axes: dict, extra: str, cache):
     ("grouped_gemm_dsrelu_mx", dict(BLOCKWISE, generate_dbias=True), 0, False),
     ("grouped_gemm_dglu_mx", BLOCKWISE, 0, False)])
 def test_shared_a_builds_of_paired_rules(spec, axes, spill, shared, session_cache):
-    t0, r0 = _build(spec, axes, "", session_cache)
-    t1, r1 = _build(spec, axes, "-DFUSEGEMM_SM90_BW_SHARE_A_ALL=1", session_cache)
+    t0, r0, _, _ = switch_build(spec, axes, "", session_cache)
+    t1, r1, _, _ = switch_build(spec, axes, "-DFUSEGEMM_SM90_BW_SHARE_A_ALL=1", session_cache)
     assert r0.local_bytes == 0 and r1.local_bytes <= spill, (r0, r1)
     assert (t1 == t0) == shared

@@ -20,11 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from fusegemm import pipeline
-from fusegemm.generator.spec import find_spec
-from fusegemm.generator.variants import make_variant
-from fusegemm.runtime import config, disasm
-from fusegemm.runtime.cubin_info import Cubin
+from fusegemm.runtime import disasm
+
+from _switches import switch_build  # (tests/unit/_switches.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
 from scaled_problems import RECIPES  # noqa: E402  (tests/gpu/scaled_problems.py)
@@ -41,10 +39,8 @@ CASES += [(s, "sm_100a", a) for s, a in SM100_CASES]
 
 def _build(spec: str, arch: str, axes: dict, extra: str, cache):
     """(SASS histogram, resources, SASS text, host contract)."""
-    with config.override(FUSEGEMM_NVRTC_EXTRA=extra):
-        b = pipeline.get_kernel(make_variant(find_spec(spec), arch=arch, **axes), cache)
-    text, cubin = disasm.sass(b.cubin), Cubin(b.cubin)
-    return disasm.histogram(text), cubin.resources(b.kernel_name), text, cubin.contract(b.kernel_name)
+    text, resources, cubin, name = switch_build(spec, axes, extra, cache, arch)
+    return disasm.histogram(text), resources, text, cubin.contract(name)
 
 
 def _normalized(text: str) -> str:

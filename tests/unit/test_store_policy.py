@@ -9,11 +9,9 @@ import re
 
 import pytest
 
-from fusegemm import pipeline
-from fusegemm.generator.spec import find_spec
-from fusegemm.generator.variants import make_variant
-from fusegemm.runtime import config, disasm
-from fusegemm.runtime.cubin_info import Cubin
+from fusegemm.runtime import disasm
+
+from _switches import switch_build  # (tests/unit/_switches.py)
 
 pytestmark = pytest.mark.skipif(not disasm.available(), reason="needs nvdisasm (the nvidia-cuda-nvdisasm wheel)")
 
@@ -25,13 +23,11 @@ CASES = [("grouped_gemm_quant", dict(BLOCKWISE, d_dtype="bfloat16")),
 
 
 def _stores(spec: str, axes: dict, extra: str, cache) -> tuple[dict, object, str]:
-    with config.override(FUSEGEMM_NVRTC_EXTRA=extra):
-        b = pipeline.get_kernel(make_variant(find_spec(spec), arch="sm_90a", **axes), cache)
-    text = disasm.sass(b.cubin)
+    text, resources, _, _ = switch_build(spec, axes, extra, cache)
     stg: dict[str, int] = {}
     for op in re.findall(r"\bSTG(?:\.[A-Z0-9]+)*", text):
         stg[op] = stg.get(op, 0) + 1
-    return stg, Cubin(b.cubin).resources(b.kernel_name), text
+    return stg, resources, text
 
 
 @pytest.mark.parametrize("spec,axes", CASES, ids=[f"{s}-{a.get('d_dtype', a.get('tile_m', 'default'))}"
