@@ -138,3 +138,49 @@ def test_execute_into_a_caller_buffer():
     op.execute(*dev, outputs={"d": buf})
     torch.cuda.synchronize()
     assert torch.equal(buf, out.reshape(256, 256))
+
+
+TMA_D = "-DFUSEGEMM_SM90_BW_TMA_STORE_D=1"   # D through TMA stores (blockwise_promote.cuh kTmaD)
+
+
+def _tma_op(bufs, **axes):
+    from fusegemm.runtime import config
+    with config.override(FUSEGEMM_NVRTC_EXTRA=f"{TMA_D} -DFUSEGEMM_SM90_TMA_D_BUFS={bufs}"):
+        op = fusegemm.Op("grouped_gemm_wgrad_fp8", **axes).compile()
+    assert op._launcher.contract.box_d_inner > 0   # the build stores D through its map
+    return op
+
+
+@pytest.mark.parametrize("bufs", [1, 2, 4])
+@pytest.mark.parametrize("tokens,m,n,axes", EXACT)
+def test_tma_stored_d_against_the_interpreter(tokens, m, n, axes, bufs):
+    """D through TMA stores, one, two or four staging buffers per warp: bit for bit the
+    interpreter's (N tails clipped by the map, empty experts' zeros, fp32 and bf16 D)."""
+    ab = axes.get("ab_dtype", "float8_e4m3fn")
+    a, sfa, b, sfb, off, alpha = _exact(tokens, m, n, len(tokens) + m + n, ab)
+    op = _tma_op(bufs, **axes)
+    out = op(*_dev(a, sfa, b, sfb, off), inputs={"alpha": alpha.cuda()})
+    torch.cuda.synchronize()
+    ref = op.reference(a, sfa, b, sfb, off, inputs={"alpha": alpha})
+    err, problem = compare_outputs({"d": np.asarray(ref["d"])}, {"d": out["d"].reshape(len(tokens) * m, n)},
+                                   exact=True)
+    assert problem is None, (problem, err)
+
+
+def test_tma_stored_d_into_a_caller_buffer_with_a_pitch_and_realistic_values():
+    """execute() into a caller's buffer (the map at its address) and normal values quantized on the
+    device: the TMA build's D equals the default build's bit for bit."""
+    g = torch.Generator().manual_seed(8)
+    tokens, m, n = [640, 0, 1024, 128], 256, 328
+    t_all = sum(tokens)
+    a, sfa = quantize_wgrad(torch.randn(t_all, m, generator=g).to(torch.bfloat16).cuda())
+    b, sfb = quantize_wgrad(torch.randn(t_all, n, generator=g).to(torch.bfloat16).cuda())
+    off = torch.tensor(np.cumsum(tokens), dtype=torch.int32).cuda()
+    want = fusegemm.Op("grouped_gemm_wgrad_fp8")(a, sfa, b, sfb, off)["d"]
+    op = _tma_op(2)
+    got = op(a, sfa, b, sfb, off)["d"]
+    buf = torch.full((4 * m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    op.execute(a, sfa, b, sfb, off, outputs={"d": buf})
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+    assert torch.equal(buf, want.reshape(4 * m, n))

@@ -11,19 +11,19 @@ from fusegemm.runtime import disasm
 from fusegemm.runtime.compile import compile_source
 from fusegemm.runtime.cubin_info import Cubin, CubinFormatError
 
-SRC = """
-extern "C" __device__ __attribute__((used)) const int spill_contract[22] = {
-    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22};
-extern "C" __device__ __attribute__((used)) const int plain_contract[4] = {256, 4096, 2, 1};
-extern "C" __global__ void __launch_bounds__(256, 1) spill(float* p, int i) {
+SRC = f"""
+extern "C" __device__ __attribute__((used)) const int spill_contract[{len(FIELDS)}] = {{
+    {", ".join(str(i) for i in range(1, len(FIELDS) + 1))}}};
+extern "C" __device__ __attribute__((used)) const int plain_contract[4] = {{256, 4096, 2, 1}};
+extern "C" __global__ void __launch_bounds__(256, 1) spill(float* p, int i) {{
   __shared__ float s[300];
   float loc[64];
   for (int j = 0; j < 64; j++) loc[j] = p[j * threadIdx.x];
   s[threadIdx.x] = loc[i & 63];
   __syncthreads();
   p[threadIdx.x] = s[(threadIdx.x + 1) % 256];
-}
-extern "C" __global__ void plain(float* p) { p[threadIdx.x] = 1.f; }
+}}
+extern "C" __global__ void plain(float* p) {{ p[threadIdx.x] = 1.f; }}
 """
 
 needs_disasm = pytest.mark.skipif(not disasm.available(),
@@ -45,9 +45,9 @@ def test_resources(cubin):
     assert c.resources("plain").local_bytes == 0
     # The contract is read field by field in the order of fusegemm/base/contract.py ...
     got = c.contract("spill").__dict__
-    assert list(got) == [name for name, _ in FIELDS] and list(got.values()) == list(range(1, 23))
+    assert list(got) == [name for name, _ in FIELDS] and list(got.values()) == list(range(1, len(FIELDS) + 1))
     # ... and an export of another length (a cubin built against another field list) is refused.
-    with pytest.raises(CubinFormatError, match=r"symbol 'plain_contract' holds 16 bytes; expected 22"):
+    with pytest.raises(CubinFormatError, match=rf"symbol 'plain_contract' holds 16 bytes; expected {len(FIELDS)}"):
         c.contract("plain")
 
 

@@ -117,6 +117,15 @@
 #define FUSEGEMM_SM90_BW_SHARE_A_ALL 0
 #endif
 
+// 1: the K-grouped weight gradient's D leaves through TMA stores (WgmmaEpilogue's kTmaD: each
+// warp stages 16 x 64-byte chunks in FUSEGEMM_SM90_TMA_D_BUFS swizzled buffers and its lane 0 stores
+// them with one instruction each; a D tensor map in the host contract), so the consumers return to
+// the next tile's mainloop while the output drains. 0: each warp writes its staged rows with 16-byte
+// vector stores (the measured baseline; an A/B switch through FUSEGEMM_NVRTC_EXTRA).
+#ifndef FUSEGEMM_SM90_BW_TMA_STORE_D
+#define FUSEGEMM_SM90_BW_TMA_STORE_D 0
+#endif
+
 namespace fusegemm {
 namespace sm90 {
 
@@ -229,8 +238,13 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr bool kOneEpi = kShareA && Rule::kSfdVec == 128 && Rule::kQuantRowD;
   // Ping-pong: the epilogue sees a 128-row tile whose rows 64 wg.. are warpgroup wg's (each
   // passes its own tile's first row less 64 wg), as in the BF16 kernel.
+  // D through TMA stores (FUSEGEMM_SM90_BW_TMA_STORE_D): the K-grouped weight gradient's rule, D alone.
+  static constexpr bool kTmaD =
+      FUSEGEMM_SM90_BW_TMA_STORE_D && kKGrouped && Rule::kHasD && !Rule::kHasC &&
+      EpiPath<Rule, ElementC, ElementD, Config::kCMajorM, kBatched, kScaledForceEngine<Config>>::kFragment;
   using Epi = WgmmaEpilogue<64 * kConsumerWGs, kOneEpi ? kHalves * kMmaN : kMmaN, Rule, ElementC, ElementD, Engine,
-                            kBatched, kScaledForceEngine<Config>, false, kPingPong, kEngineWarps>;
+                            kBatched, kScaledForceEngine<Config>, false, kPingPong, kEngineWarps, false, true, false,
+                            kTmaD>;
   using EpiWG = EpilogueWarpgroup<kMmaN, Rule, Engine, kBatched>;
   static_assert(!kEpiWG || (kTileM == 128 && kHalves == 1), "the epilogue warpgroup takes 128 x 128 passes");
 
@@ -243,8 +257,9 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kTileRing = 4;
   static constexpr int kSmemLimit = 232448 - 1024;
   static constexpr int kEpiBytes = kEpiWG ? EpiWG::kBytes : Epi::kBytes;
+  static constexpr int kEpiAlign = kTmaD ? 1024 : 16;   // TMA-staged D: swizzled 1 KB buffers
   static constexpr int kFixedBytes =
-      kEpiBytes + 127 + 2 * 128 + 16 * kTileRing + 8 * (2 * 8 + 2 * kTileRing + 2 * kEpiWGs);
+      kEpiBytes + (kEpiAlign - 16) + 127 + 2 * 128 + 16 * kTileRing + 8 * (2 * 8 + 2 * kTileRing + 2 * kEpiWGs);
   static constexpr int kMaxStages = (kSmemLimit - kFixedBytes) / (kABytes + kBBytes + kSfStageBytes);
   static constexpr int kStages = kMaxStages > 8 ? 8 : kMaxStages;
   static_assert(kStages >= 3, "not enough shared memory for a 3-stage pipeline");
@@ -252,7 +267,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kOffA = 0;
   static constexpr int kOffB = kOffA + kStages * kABytes;
   static constexpr int kOffSf = kOffB + kStages * kBBytes;
-  static constexpr int kOffEpi = kOffSf + kStages * kSfStageBytes;
+  static constexpr int kOffEpi = (kOffSf + kStages * kSfStageBytes + kEpiAlign - 1) / kEpiAlign * kEpiAlign;
   static constexpr int kOffTmap = (kOffEpi + kEpiBytes + 127) / 128 * 128;  // B map staging (one of two slots)
   static constexpr int kOffRing = kOffTmap + 2 * 128;
   static constexpr int kOffBars = kOffRing + 16 * kTileRing;
@@ -284,6 +299,9 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kSwizzleA = 128, kSwizzleB = 128;
   // Scale maps: one 128-K block per SFA box (kBoxAOuter rows); no SFB map (sf_box_nb 0).
   static constexpr int kSfBoxK = 1, kSfBoxNB = 0;
+  // D's store map (kTmaD): the (rows, N) output in the epilogue's staged chunks.
+  static constexpr int kBoxDInner = kTmaD ? Epi::StoreDT::kCols : 0, kBoxDOuter = kTmaD ? Epi::StoreDT::kRows : 0;
+  static constexpr int kSwizzleD = kTmaD ? Epi::StoreDT::kSwizzle : 0;
   // What a stage's TMA loads bring (gathered A and its scales arrive through cp.async), and the
   // full barrier's arrivals: the loading lane, plus every copying lane's publication.
   static constexpr uint32_t kTxBytes = kGatherA ? kBBytes : kABytes + kBBytes + kSfStageBytes;
