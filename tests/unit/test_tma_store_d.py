@@ -39,13 +39,3 @@ def test_staging_buffers_and_pipeline_stages(bufs, stages, session_cache):
     smem = cubin.contract(name).smem_bytes
     assert res.local_bytes == 0
     assert stages * stage + 8 * 1024 * bufs <= smem < (stages + 1) * stage, smem
-
-
-def test_stmatrix_staging_of_a_16_bit_d(session_cache):
-    """FUSEGEMM_SM90_TMA_D_STMATRIX stages a bf16 D with stmatrix (two per chunk, eight chunks a tile
-    per warp: 8 STSM where there were 32 STS), spilling nothing; an fp32 D keeps its stores."""
-    import re
-    stm = f"{SWITCH} -DFUSEGEMM_SM90_TMA_D_STMATRIX=1"
-    for axes, want in (({}, 8), ({"d_dtype": "float32"}, 0)):
-        sass, res, _, _ = switch_build("grouped_gemm_wgrad_fp8", axes, stm, session_cache)
-        assert res.local_bytes == 0 and len(re.findall(r"\bSTSM", sass)) == want, axes

@@ -424,14 +424,6 @@ struct WarpStagedStore {
   }
 };
 
-// Four 8 x 8 matrices of packed 16-bit pairs (a WGMMA fragment's) into shared memory, rows as they
-// are: lane 8 i + j gives the address of row j of matrix i (TmaStagedStore::put4).
-FUSEGEMM_DEVICE void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
-               "r"(r2), "r"(r3)
-               : "memory");
-}
-
 // ---------------------------------------------------------------------------------------
 // TMA-staged row store: one warp's 16 rows x 64 bytes of an output (a chunk: 32 16-bit or 16
 // 32-bit columns) in one of kBufs 1 KB buffers, laid out as the D tensor map's box {kCols, 16}
@@ -460,13 +452,6 @@ struct TmaStagedStore {
   }
   FUSEGEMM_DEVICE static void put(uint32_t buf, int row, int col, float a, float b) {
     st_shared2<T>(at(buf, row, col), a, b);
-  }
-  // Four 8 x 8 matrices of packed 16-bit pairs (a WGMMA fragment's: lane t holds row t / 4, columns
-  // 2 (t % 4)..) with one stmatrix: lane 8 i + j gives the address of row j of matrix i, a whole
-  // swizzled 16-byte vector (at()); each matrix's eight rows fall in distinct banks.
-  FUSEGEMM_DEVICE static void put4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-    static_assert(kElem == 2, "stmatrix stores 16-bit elements");
-    stmatrix_x4(addr, r0, r1, r2, r3);
   }
 };
 

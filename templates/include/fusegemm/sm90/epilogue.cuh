@@ -145,11 +145,6 @@
 #ifndef FUSEGEMM_SM90_TMA_D_BUFS
 #define FUSEGEMM_SM90_TMA_D_BUFS 2
 #endif
-// 1: a 16-bit D is staged for its TMA stores with stmatrix (two per 16 x 32 chunk, four 8 x 8
-// matrices each) instead of 32-bit shared stores (eight per chunk); the same bytes. An A/B switch.
-#ifndef FUSEGEMM_SM90_TMA_D_STMATRIX
-#define FUSEGEMM_SM90_TMA_D_STMATRIX 0
-#endif
 
 namespace fusegemm {
 namespace sm90 {
@@ -585,34 +580,13 @@ struct WgmmaEpilogue {
       const uint32_t slot = buf + (c % StoreDT::kBufs) * StoreDT::kBufBytes;
       if (lane == 0) tma_store_wait<StoreDT::kBufs - 1>();
       __syncwarp();
-      if constexpr (FUSEGEMM_SM90_TMA_D_STMATRIX && StoreDT::kElem == 2) {
-        // Lane 8 i + j: row j of matrix i, i.e. rows 8 (i % 2).. of column group jj = 2 q + i / 2.
-        const int i = lane / 8;
-        const uint32_t at = StoreDT::at(slot, 8 * (i % 2) + lane % 8, 8 * (i / 2));
 #pragma unroll
-        for (int q = 0; q < kCols / 16; ++q) {
-          uint32_t v[4];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int jj = 2 * q + h;
-            typename Rule::Out o[4];
-            apply_group(p, rule, row0 + r0, chunk_col + jj * 8 + cq, r0in, r1in, acc, c * (kCols / 8) + jj, o);
-            v[2 * h] = epi::Cvt<ElementD>::pack2(o[0].d, o[1].d);
-            v[2 * h + 1] = epi::Cvt<ElementD>::pack2(o[2].d, o[3].d);
-          }
-          // Column group 2 q + i / 2 is 16 (2 q) bytes further: vector index XOR the row's swizzle,
-          // so the 32-byte step flips bit 5 of the address, as the swizzle's XOR of 2 q does.
-          StoreDT::put4(at ^ (q * 32), v[0], v[1], v[2], v[3]);
-        }
-      } else {
-#pragma unroll
-        for (int jj = 0; jj < kCols / 8; ++jj) {
-          const int j = c * (kCols / 8) + jj;
-          typename Rule::Out o[4];
-          apply_group(p, rule, row0 + r0, chunk_col + jj * 8 + cq, r0in, r1in, acc, j, o);
-          StoreDT::put(slot, r0, jj * 8 + cq, o[0].d, o[1].d);
-          StoreDT::put(slot, r0 + 8, jj * 8 + cq, o[2].d, o[3].d);
-        }
+      for (int jj = 0; jj < kCols / 8; ++jj) {
+        const int j = c * (kCols / 8) + jj;
+        typename Rule::Out o[4];
+        apply_group(p, rule, row0 + r0, chunk_col + jj * 8 + cq, r0in, r1in, acc, j, o);
+        StoreDT::put(slot, r0, jj * 8 + cq, o[0].d, o[1].d);
+        StoreDT::put(slot, r0 + 8, jj * 8 + cq, o[2].d, o[3].d);
       }
       fence_async_shared();
       __syncwarp();
