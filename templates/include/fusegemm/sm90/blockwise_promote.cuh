@@ -60,7 +60,12 @@
 // without, itself 0.90-0.95x tile N 256 (bit-equal; eight rounds, wgrad_h100_defer_8rounds.json).
 // Of the 1.2x, the global stores alone are about 1.12x (FUSEGEMM_BENCH_NO_STORE, eight rounds,
 // wgrad_h100_nostore_8rounds.json: 1.13x at dsv3-32, 1.03-1.07x at dsv3-8, against a null build's
-// 0.97-1.03x), which stores that leave through TMA from the staging buffers might hide.
+// 0.97-1.03x), which stores that leave through TMA from the staging buffers might hide. They do not:
+// FUSEGEMM_SM90_BW_TMA_STORE_D (below; bit-equal) ran 1.04-1.11x in one eight-round run and 0.90-1.00x
+// of a null build's speed in the next (H100, 2026-12-06, wgrad_h100_tma_d*.json), the dsv3-32 fp8_block
+// step 8.01 ms against 7.97 without. Taking the stores off the warps does not take their bytes off the
+// memory system: at dsv3-32 a tile's 64 KB of D is a third of the 192 KB of operands it reads from L2
+// (5.5 GB of loads and 1.9 GB of D per call, in about 1.6 ms), where at dsv3-8 it is a twelfth.
 //
 // Host contract (fusegemm/ops/scaled_operands.py blockwise_maps encodes the maps):
 //   tma_a, tma_b  as the MXFP8 kernel's
@@ -121,7 +126,9 @@
 // warp stages 16 x 64-byte chunks in FUSEGEMM_SM90_TMA_D_BUFS swizzled buffers and its lane 0 stores
 // them with one instruction each; a D tensor map in the host contract), so the consumers return to
 // the next tile's mainloop while the output drains. 0: each warp writes its staged rows with 16-byte
-// vector stores (the measured baseline; an A/B switch through FUSEGEMM_NVRTC_EXTRA).
+// vector stores (the measured baseline; an A/B switch through FUSEGEMM_NVRTC_EXTRA). Not faster (the
+// K-grouped note above): 0.88-1.11x over two runs of three shapes; one buffer per warp 0.995-1.07x,
+// four (three pipeline stages) 0.97-1.01x, a bf16 D staged by stmatrix 0.97-1.01x (removed).
 #ifndef FUSEGEMM_SM90_BW_TMA_STORE_D
 #define FUSEGEMM_SM90_BW_TMA_STORE_D 0
 #endif
