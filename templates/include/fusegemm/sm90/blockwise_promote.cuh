@@ -243,12 +243,12 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   // 1x128 output scales (the rule's kSfdVec 128): a 128-column group of a paired accumulator's
   // D spans both halves, so a tile that holds both runs one epilogue over its 256 columns.
   static constexpr bool kOneEpi = kShareA && Rule::kSfdVec == 128 && Rule::kQuantRowD;
-  // Ping-pong: the epilogue sees a 128-row tile whose rows 64 wg.. are warpgroup wg's (each
-  // passes its own tile's first row less 64 wg), as in the BF16 kernel.
   // D through TMA stores (FUSEGEMM_SM90_BW_TMA_STORE_D): the K-grouped weight gradient's rule, D alone.
   static constexpr bool kTmaD =
       FUSEGEMM_SM90_BW_TMA_STORE_D && kKGrouped && Rule::kHasD && !Rule::kHasC &&
       EpiPath<Rule, ElementC, ElementD, Config::kCMajorM, kBatched, kScaledForceEngine<Config>>::kFragment;
+  // Ping-pong: the epilogue sees a 128-row tile whose rows 64 wg.. are warpgroup wg's (each
+  // passes its own tile's first row less 64 wg), as in the BF16 kernel.
   using Epi = WgmmaEpilogue<64 * kConsumerWGs, kOneEpi ? kHalves * kMmaN : kMmaN, Rule, ElementC, ElementD, Engine,
                             kBatched, kScaledForceEngine<Config>, false, kPingPong, kEngineWarps, false, true, false,
                             kTmaD>;
