@@ -49,9 +49,6 @@ class KernelContract:
     tmem_cols: int = _f("kTmemCols", "TMEM columns allocated per CTA (0: no TMEM)")
     sf_box_k: int = _f("kSfBoxK", "scale-factor maps: 512-byte SF atoms along K per box (0: no scales)")
     sf_box_nb: int = _f("kSfBoxNB", "SFB map: SF atoms along N per box (SFA: always 1)")
-    box_d_inner: int = _f("kBoxDInner", "TMA store box of D: elements per row (0: D is not stored through TMA)")
-    box_d_outer: int = _f("kBoxDOuter", "TMA store box of D: rows per store")
-    swizzle_d: int = _f("kSwizzleD", "shared-memory swizzle span of D's store boxes, bytes")
 
 
 # (field, kernel constant) in export order.

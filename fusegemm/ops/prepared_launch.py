@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from .. import arguments as args
 from ..base.dtypes import DTYPES
-from ..base.errors import ToolchainError, UnsupportedError
+from ..base.errors import UnsupportedError
 from ..generator.params import GROUPED_PARAMS
 from ..runtime import config as _config
 from ..runtime import load as _load
@@ -161,21 +161,7 @@ class PreparedLaunch:
         for slot, i in e.slots:
             values[slot] = ptrs[i]
         values.update({"offsets": ptrs[e.offsets] if e.offsets is not None else 0, "rcp_max": self.rcp_max})
-        if ln.contract.box_d_inner:
-            values["tma_d"] = self._d_map(call, values)
         return values
-
-    def _d_map(self, call: Any, values: Mapping[str, Any]) -> bytes:
-        """The store map of D for a kernel whose contract says D leaves through TMA (``box_d_*``):
-        the (rows, N) output at ``d_out`` with row pitch ``ldd``, in the kernel's box and swizzle
-        (the map clips the box at N and at the last row)."""
-        ln = self._launcher
-        c, d = ln.contract, self.epilogue.in_slot("d")
-        if d is None:
-            raise ToolchainError(f"{self.spec.name}: the kernel stores D through TMA but the epilogue has no D output")
-        cols, rows, _ = self._dims(call)
-        return ln.tmaps.tiled(values["d_out"], d.dtype, (cols, rows), (values["ldd"] * DTYPES[d.dtype].itemsize,),
-                              (c.box_d_inner, c.box_d_outer), c.swizzle_d)
 
     def _launch_values(self, call: Any, out: Mapping[str, int], inputs: Mapping[str, int] | None = None
                       ) -> dict[str, Any]:

@@ -39,8 +39,7 @@ def _contract(**over):
     base = dict(threads=384, smem_bytes=1, min_cluster_m=1, min_cluster_n=1, max_cluster_ctas=1, ctas_per_tile=1,
                 tile_m=128, tile_n=256, tile_k=128, m_aligned=256, box_a_inner=128, box_a_outer=128,
                 box_b_inner=128, box_b_outer=128, swizzle_a=128, swizzle_b=128, tma_dtype_a=0, tma_dtype_b=0,
-                tmap_slot_stride=0, tmem_cols=0, sf_box_k=1, sf_box_nb=1, box_d_inner=0, box_d_outer=0,
-                swizzle_d=0)
+                tmap_slot_stride=0, tmem_cols=0, sf_box_k=1, sf_box_nb=1)
     base.update(over)
     return KernelContract(**base)
 
@@ -108,29 +107,3 @@ def test_compare_outputs_can_fail():
     bf = TupleDict(d=np.array([256.0], np.float32).astype(ml_dtypes.bfloat16))
     assert compare_outputs(bf, TupleDict(d=torch.tensor([258.0], dtype=torch.bfloat16)), exact=False)[1] is None
     assert compare_outputs(bf, TupleDict(d=torch.tensor([260.0], dtype=torch.bfloat16)), exact=False)[1] is not None
-
-
-@pytest.mark.parametrize("d_dtype,box", [("bfloat16", (32, 16, 64)), ("float32", (16, 16, 64)), ("bfloat16", None)])
-def test_kgrouped_d_store_map_follows_the_contract(d_dtype, box):
-    """A K-grouped kernel whose contract states a D store box (FUSEGEMM_SM90_BW_TMA_STORE_D) gets
-    ``tma_d`` over its (L * M, N) output at d_out, rows ldd elements apart, in that box and swizzle;
-    one that states none gets no map."""
-    import fusegemm
-    from fusegemm.selftest import wgrad_fp8_problem
-    from fusegemm.formats import blockwise_sfa_layout
-    a, sfa, b, sfb, off, _ = wgrad_fp8_problem([256, 0, 300], 256, 200, 1, "float8_e4m3fn")
-    op = fusegemm.Op("grouped_gemm_wgrad_fp8", arch="sm_90a", d_dtype=d_dtype)
-    call = op._parse((a, blockwise_sfa_layout(sfa), b, blockwise_sfa_layout(sfb), off), {})
-    over = dict(zip(("box_d_inner", "box_d_outer", "swizzle_d"), box)) if box else {}
-    ln = _Launcher(_contract(**over))
-    ln.tile, ln.cluster, ln.sms = (128, 256), (1, 1), 132
-    op._launcher = ln
-    v = op._launch_values(call, {"d": 4096})
-    d_maps = [c for c in ln.tmaps.calls if c["address"] == 4096]
-    if box is None:
-        assert d_maps == [] and "tma_d" not in v
-        return
-    item = 2 if d_dtype == "bfloat16" else 4
-    assert d_maps == [dict(address=4096, dtype=d_dtype, shape=(200, 3 * 256), strides=(200 * item,),
-                           box=box[:2], swizzle=box[2])]
-    assert v["tma_d"] == b"\0" * 128 and v["d_out"] == 4096 and v["ldd"] == 200

@@ -46,7 +46,7 @@ class _Launcher:
             threads=384, smem_bytes=1, min_cluster_m=1, min_cluster_n=1, max_cluster_ctas=2, ctas_per_tile=1,
             tile_m=128, tile_n=256, tile_k=64, m_aligned=256, box_a_inner=64, box_a_outer=128, box_b_inner=64,
             box_b_outer=128, swizzle_a=128, swizzle_b=128, tma_dtype_a=0, tma_dtype_b=0, tmap_slot_stride=0,
-            tmem_cols=0, sf_box_k=1, sf_box_nb=1, box_d_inner=0, box_d_outer=0, swizzle_d=0)
+            tmem_cols=0, sf_box_k=1, sf_box_nb=1)
         self.tmaps, self.tile, self.cluster, self.sms, self.tma_dtype = _Maps(), (128, 256), (1, 1), 132, "bfloat16"
         self.launched = None
 

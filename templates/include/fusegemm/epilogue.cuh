@@ -424,37 +424,6 @@ struct WarpStagedStore {
   }
 };
 
-// ---------------------------------------------------------------------------------------
-// TMA-staged row store: one warp's 16 rows x 64 bytes of an output (a chunk: 32 16-bit or 16
-// 32-bit columns) in one of kBufs 1 KB buffers, laid out as the D tensor map's box {kCols, 16}
-// with the 64-byte swizzle (16-byte vector v of row r at v ^ ((r / 2) % 4)), so that a fragment's
-// pair stores (8 rows x 4 lanes) spread over the 32 banks. The warp's lane 0 sends each staged
-// chunk to global memory with one TMA store (the caller: fence, issue, commit) and waits before it
-// rewrites a buffer until the store that read it last is done reading (kBufs - 1 newer stores may
-// still be in flight). Buffers must be 1 KB aligned: the swizzle is a function of the address.
-// ---------------------------------------------------------------------------------------
-template <class T, int kBufCount = 2>
-struct TmaStagedStore {
-  static constexpr int kElem = Cvt<T>::kBytes;
-  static constexpr int kRowBytes = 64;
-  static constexpr int kCols = kRowBytes / kElem;
-  static constexpr int kRows = 16;
-  static constexpr int kBufBytes = kRows * kRowBytes;
-  static constexpr int kBufs = kBufCount;
-  static constexpr int kBytes = kBufs * kBufBytes;
-  static constexpr int kSwizzle = 64;   // the map's CU_TENSOR_MAP_SWIZZLE_64B
-  static_assert(kElem == 2 || kElem == 4, "16- and 32-bit outputs");
-
-  // Shared address of element (row, col) of buffer `buf`: rows r and r + 8 share the swizzle.
-  FUSEGEMM_DEVICE static uint32_t at(uint32_t buf, int row, int col) {
-    const int byte = col * kElem;
-    return buf + row * kRowBytes + ((((byte >> 4) ^ (row >> 1)) & 3) << 4) + (byte & 15);
-  }
-  FUSEGEMM_DEVICE static void put(uint32_t buf, int row, int col, float a, float b) {
-    st_shared2<T>(at(buf, row, col), a, b);
-  }
-};
-
 // Four 8 x 8 matrices of packed 16-bit pairs (a WGMMA fragment's), transposed into shared memory:
 // lane 8 i + j gives the address of column j of matrix i (the transposed stores below).
 FUSEGEMM_DEVICE void stmatrix_trans_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {

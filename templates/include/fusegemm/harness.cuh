@@ -21,8 +21,7 @@ namespace fusegemm::harness {
   static constexpr int kTileK = 0, kMAligned = fusegemm::kMAligned;                             \
   static constexpr int kBoxAInner = 0, kBoxAOuter = 0, kBoxBInner = 0, kBoxBOuter = 0;         \
   static constexpr int kSwizzleA = 0, kSwizzleB = 0, kTmaDtypeA = 0, kTmaDtypeB = 0;           \
-  static constexpr int kTmapSlotStride = 0, kTmemCols = 0, kSfBoxK = 0, kSfBoxNB = 0;           \
-  static constexpr int kBoxDInner = 0, kBoxDOuter = 0, kSwizzleD = 0;
+  static constexpr int kTmapSlotStride = 0, kTmemCols = 0, kSfBoxK = 0, kSfBoxNB = 0;
 
 // Expert owning global row `row` (padded_offsets, cumulative ends).
 FUSEGEMM_DEVICE int expert_of_row(const int* offsets, int num_experts, int row) {

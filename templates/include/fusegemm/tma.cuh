@@ -224,12 +224,6 @@ FUSEGEMM_DEVICE void tma_store_2d(const CUtensorMap* desc, const void* smem, int
                ::"l"(desc), "r"(smem_u32(smem)), "r"(c0), "r"(c1) : "memory");
 }
 
-// The same from a shared-memory address (a staging buffer's, as the epilogue computes them).
-FUSEGEMM_DEVICE void tma_store_2d(const CUtensorMap* desc, uint32_t smem_addr, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
-               ::"l"(desc), "r"(smem_addr), "r"(c0), "r"(c1) : "memory");
-}
-
 // The same with an L2 policy (CacheHint): kEvictFirst for rows read back long after.
 FUSEGEMM_DEVICE void tma_store_2d(const CUtensorMap* desc, const void* smem, int c0, int c1, CacheHint hint) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3}], [%1], %4;"

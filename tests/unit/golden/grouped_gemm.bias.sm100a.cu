@@ -320,7 +320,7 @@ using Kernel = fusegemm::sm100::GroupedGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_043dac68faad_contract[25] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_971092284d03_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -343,12 +343,9 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_sm100a_043
     Kernel::kTmemCols,  // tmem_cols
     Kernel::kSfBoxK,  // sf_box_k
     Kernel::kSfBoxNB,  // sf_box_nb
-    Kernel::kBoxDInner,  // box_d_inner
-    Kernel::kBoxDOuter,  // box_d_outer
-    Kernel::kSwizzleD,  // swizzle_d
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_sm100a_043dac68faad(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_sm100a_971092284d03(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -311,7 +311,7 @@ using Kernel = fusegemm::sm90::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_glu_mx_sm90a_6098dcdab2eb_contract[25] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_glu_mx_sm90a_d2a5437c31f3_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -334,12 +334,9 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_glu_mx_sm9
     Kernel::kTmemCols,  // tmem_cols
     Kernel::kSfBoxK,  // sf_box_k
     Kernel::kSfBoxNB,  // sf_box_nb
-    Kernel::kBoxDInner,  // box_d_inner
-    Kernel::kBoxDOuter,  // box_d_outer
-    Kernel::kSwizzleD,  // swizzle_d
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_glu_mx_sm90a_6098dcdab2eb(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_glu_mx_sm90a_d2a5437c31f3(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

@@ -311,7 +311,7 @@ using Kernel = fusegemm::sm100::BlockScaledGemmKernel<fusegemm_gen::Config>;
 
 // Host<->device contract (fusegemm/base/contract.py): the runtime reads it from the cubin, so
 // the host never restates block size, shared memory, clusters, tiles, TMA boxes or workspaces.
-extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_quant_sm100a_9ed7b4ee84e9_contract[25] = {
+extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_quant_sm100a_55c51c529780_contract[22] = {
     Kernel::kThreads,  // threads
     Kernel::kSmemBytes,  // smem_bytes
     Kernel::kMinClusterM,  // min_cluster_m
@@ -334,12 +334,9 @@ extern "C" __device__ __attribute__((used)) const int fg_grouped_gemm_quant_sm10
     Kernel::kTmemCols,  // tmem_cols
     Kernel::kSfBoxK,  // sf_box_k
     Kernel::kSfBoxNB,  // sf_box_nb
-    Kernel::kBoxDInner,  // box_d_inner
-    Kernel::kBoxDOuter,  // box_d_outer
-    Kernel::kSwizzleD,  // swizzle_d
 };
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, 1)
-fg_grouped_gemm_quant_sm100a_9ed7b4ee84e9(const __grid_constant__ fusegemm_gen::Params params) {
+fg_grouped_gemm_quant_sm100a_55c51c529780(const __grid_constant__ fusegemm_gen::Params params) {
   Kernel::run(params);
 }

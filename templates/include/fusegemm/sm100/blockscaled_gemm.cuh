@@ -130,7 +130,6 @@ struct BlockScaledGemmKernel {
   static constexpr int kTmemCols = tmem_alloc_columns(kSfbCol + kSfbCols);
   // SF boxes (host contract): kSfKAtoms atoms along K; SFB kSfbMnAtoms along N, SFA one.
   static constexpr int kSfBoxK = kSfKAtoms, kSfBoxNB = kSfbMnAtoms;
-  static constexpr int kBoxDInner = 0, kBoxDOuter = 0, kSwizzleD = 0;   // D: the warps' stores
   static constexpr bool kCMajorM = Config::kCMajorM;
   static constexpr bool kKGrouped = Config::kKGrouped;
   static_assert(!kKGrouped || (kFp8 && kTileM == 128 && !Config::kBatched && !Config::kDiscreteB &&

@@ -90,7 +90,6 @@ struct GroupedGemmKernel {
   static constexpr int kAccCols = kAccStages * kTileN;
   static constexpr int kTmemCols = tmem_alloc_columns(kAccCols);
   static constexpr int kSfBoxK = 0, kSfBoxNB = 0;  // no scale factors
-  static constexpr int kBoxDInner = 0, kBoxDOuter = 0, kSwizzleD = 0;   // D: the warps' stores
   using Rule = typename Config::Rule;  // the epilogue rule generated from the spec
   // Scattered outputs (Config::kScatterD, M-grouped element-wise rules): C and D rows stored at
   // d_index (the engine's row stores, fusegemm/epilogue_block.cuh store_vals_rows).

@@ -138,7 +138,6 @@ struct BlockScaledPromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kBoxAInner = kTileK, kBoxAOuter = kTileM, kBoxBInner = kTileK, kBoxBOuter = kMmaN;
   static constexpr int kSwizzleA = 128, kSwizzleB = 128;
   static constexpr int kSfBoxK = 1, kSfBoxNB = 1;
-  static constexpr int kBoxDInner = 0, kBoxDOuter = 0, kSwizzleD = 0;   // D: the warps' stores
   static constexpr uint32_t kTxBytes = kABytes + kBBytes + kSfRawBytes;
 
   using Schedule = ScaledSchedule<kTileM, kTileN, kBatched>;

@@ -60,12 +60,17 @@
 // without, itself 0.90-0.95x tile N 256 (bit-equal; eight rounds, wgrad_h100_defer_8rounds.json).
 // Of the 1.2x, the global stores alone are about 1.12x (FUSEGEMM_BENCH_NO_STORE, eight rounds,
 // wgrad_h100_nostore_8rounds.json: 1.13x at dsv3-32, 1.03-1.07x at dsv3-8, against a null build's
-// 0.97-1.03x), which stores that leave through TMA from the staging buffers might hide. They do not:
-// FUSEGEMM_SM90_BW_TMA_STORE_D (below; bit-equal) ran 1.04-1.11x in one eight-round run and 0.90-1.00x
-// of a null build's speed in the next (H100, 2026-12-06, wgrad_h100_tma_d*.json), the dsv3-32 fp8_block
-// step 8.01 ms against 7.97 without. Taking the stores off the warps does not take their bytes off the
-// memory system: at dsv3-32 a tile's 64 KB of D is a third of the 192 KB of operands it reads from L2
-// (5.5 GB of loads and 1.9 GB of D per call, in about 1.6 ms), where at dsv3-8 it is a twelfth.
+// 0.97-1.03x). Tried and removed (bit-equal, 36 GPU tests): D through TMA stores, each warp staging
+// 16 x 64-byte chunks in two swizzled 1 KB buffers and its lane 0 sending each with one
+// cp.async.bulk.tensor through a D map from the host. Against the warps' stores it ran 1.04-1.11x in
+// one eight-round run, 0.88-1.00x of a null build's speed in the next, and 0.91-0.96x (null
+// 0.98x) in a twelve-round one, where the stores removed altogether ran only 0.95-1.02x; the
+// dsv3-32 fp8_block step took 8.01 ms with it, 7.97 ms without (H100, 2026-12-06,
+// bench/results/wgrad_h100_tma_d*.json, moe_mlp_h100_tma_d*.json; one buffer per warp, four, and
+// a bf16 D staged by stmatrix no better). At dsv3-32 a tile's 64 KB of D is a third of the 192 KB of
+// operands it reads from L2 for its four k-blocks (5.5 GB of loads, 1.9 GB of D per call in about
+// 1.6 ms): fewer operand bytes per tile (B multicast over a 2-CTA cluster along M: a third less) is
+// the lever left, not the stores' issue.
 //
 // Host contract (fusegemm/ops/scaled_operands.py blockwise_maps encodes the maps):
 //   tma_a, tma_b  as the MXFP8 kernel's
@@ -120,17 +125,6 @@
 // bench/results/blockscaled_h100_williams_noepi.json), but with the switch the whole op ran 0.56-0.90x.
 #ifndef FUSEGEMM_SM90_BW_SHARE_A_ALL
 #define FUSEGEMM_SM90_BW_SHARE_A_ALL 0
-#endif
-
-// 1: the K-grouped weight gradient's D leaves through TMA stores (WgmmaEpilogue's kTmaD: each
-// warp stages 16 x 64-byte chunks in FUSEGEMM_SM90_TMA_D_BUFS swizzled buffers and its lane 0 stores
-// them with one instruction each; a D tensor map in the host contract), so the consumers return to
-// the next tile's mainloop while the output drains. 0: each warp writes its staged rows with 16-byte
-// vector stores (the measured baseline; an A/B switch through FUSEGEMM_NVRTC_EXTRA). Not faster (the
-// K-grouped note above): 0.88-1.11x over two runs of three shapes; one buffer per warp 0.995-1.07x,
-// four (three pipeline stages) 0.97-1.01x, a bf16 D staged by stmatrix 0.97-1.01x (removed).
-#ifndef FUSEGEMM_SM90_BW_TMA_STORE_D
-#define FUSEGEMM_SM90_BW_TMA_STORE_D 0
 #endif
 
 namespace fusegemm {
@@ -243,15 +237,10 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   // 1x128 output scales (the rule's kSfdVec 128): a 128-column group of a paired accumulator's
   // D spans both halves, so a tile that holds both runs one epilogue over its 256 columns.
   static constexpr bool kOneEpi = kShareA && Rule::kSfdVec == 128 && Rule::kQuantRowD;
-  // D through TMA stores (FUSEGEMM_SM90_BW_TMA_STORE_D): the K-grouped weight gradient's rule, D alone.
-  static constexpr bool kTmaD =
-      FUSEGEMM_SM90_BW_TMA_STORE_D && kKGrouped && Rule::kHasD && !Rule::kHasC &&
-      EpiPath<Rule, ElementC, ElementD, Config::kCMajorM, kBatched, kScaledForceEngine<Config>>::kFragment;
   // Ping-pong: the epilogue sees a 128-row tile whose rows 64 wg.. are warpgroup wg's (each
   // passes its own tile's first row less 64 wg), as in the BF16 kernel.
   using Epi = WgmmaEpilogue<64 * kConsumerWGs, kOneEpi ? kHalves * kMmaN : kMmaN, Rule, ElementC, ElementD, Engine,
-                            kBatched, kScaledForceEngine<Config>, false, kPingPong, kEngineWarps, false, true, false,
-                            kTmaD>;
+                            kBatched, kScaledForceEngine<Config>, false, kPingPong, kEngineWarps>;
   using EpiWG = EpilogueWarpgroup<kMmaN, Rule, Engine, kBatched>;
   static_assert(!kEpiWG || (kTileM == 128 && kHalves == 1), "the epilogue warpgroup takes 128 x 128 passes");
 
@@ -264,9 +253,8 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kTileRing = 4;
   static constexpr int kSmemLimit = 232448 - 1024;
   static constexpr int kEpiBytes = kEpiWG ? EpiWG::kBytes : Epi::kBytes;
-  static constexpr int kEpiAlign = kTmaD ? 1024 : 16;   // TMA-staged D: swizzled 1 KB buffers
   static constexpr int kFixedBytes =
-      kEpiBytes + (kEpiAlign - 16) + 127 + 2 * 128 + 16 * kTileRing + 8 * (2 * 8 + 2 * kTileRing + 2 * kEpiWGs);
+      kEpiBytes + 127 + 2 * 128 + 16 * kTileRing + 8 * (2 * 8 + 2 * kTileRing + 2 * kEpiWGs);
   static constexpr int kMaxStages = (kSmemLimit - kFixedBytes) / (kABytes + kBBytes + kSfStageBytes);
   static constexpr int kStages = kMaxStages > 8 ? 8 : kMaxStages;
   static_assert(kStages >= 3, "not enough shared memory for a 3-stage pipeline");
@@ -274,7 +262,7 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kOffA = 0;
   static constexpr int kOffB = kOffA + kStages * kABytes;
   static constexpr int kOffSf = kOffB + kStages * kBBytes;
-  static constexpr int kOffEpi = (kOffSf + kStages * kSfStageBytes + kEpiAlign - 1) / kEpiAlign * kEpiAlign;
+  static constexpr int kOffEpi = kOffSf + kStages * kSfStageBytes;
   static constexpr int kOffTmap = (kOffEpi + kEpiBytes + 127) / 128 * 128;  // B map staging (one of two slots)
   static constexpr int kOffRing = kOffTmap + 2 * 128;
   static constexpr int kOffBars = kOffRing + 16 * kTileRing;
@@ -306,9 +294,6 @@ struct BlockwisePromoteKernel : ScaledHostContract<Config::kDiscreteB> {
   static constexpr int kSwizzleA = 128, kSwizzleB = 128;
   // Scale maps: one 128-K block per SFA box (kBoxAOuter rows); no SFB map (sf_box_nb 0).
   static constexpr int kSfBoxK = 1, kSfBoxNB = 0;
-  // D's store map (kTmaD): the (rows, N) output in the epilogue's staged chunks.
-  static constexpr int kBoxDInner = kTmaD ? Epi::StoreDT::kCols : 0, kBoxDOuter = kTmaD ? Epi::StoreDT::kRows : 0;
-  static constexpr int kSwizzleD = kTmaD ? Epi::StoreDT::kSwizzle : 0;
   // What a stage's TMA loads bring (gathered A and its scales arrive through cp.async), and the
   // full barrier's arrivals: the loading lane, plus every copying lane's publication.
   static constexpr uint32_t kTxBytes = kGatherA ? kBBytes : kABytes + kBBytes + kSfStageBytes;

@@ -140,11 +140,6 @@
 #ifndef FUSEGEMM_SM90_ENGINE_VEC_STAGE
 #define FUSEGEMM_SM90_ENGINE_VEC_STAGE 1
 #endif
-// Buffers per warp of D's TMA stores (WgmmaEpilogue's kTmaD): 1 KB each, a store's buffer rewritten
-// once the store kBufs - 1 chunks later is issued. 1, 2 or 4 (each call stores whole cycles).
-#ifndef FUSEGEMM_SM90_TMA_D_BUFS
-#define FUSEGEMM_SM90_TMA_D_BUFS 2
-#endif
 
 namespace fusegemm {
 namespace sm90 {
@@ -257,7 +252,7 @@ struct EngineStage {
 template <int kTileM, int kTileN, class Rule, class ElementC, class ElementD, class Engine,
           bool kBatched = false, bool kForceEngine = false, bool kDefer = false, bool kOverlapped = false,
           int kEngineWarps = FUSEGEMM_SM90_ENGINE_WARPS, bool kScatter = false, bool kAheadOk = true,
-          bool kDMajorM = false, bool kTmaD = false>
+          bool kDMajorM = false>
 struct WgmmaEpilogue {
   static constexpr int kConsumerWGs = kTileM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
@@ -298,16 +293,7 @@ struct WgmmaEpilogue {
                               StoreT::kBytes <= StoreD::kBytes),
                 "an M-major D: element-wise rules storing D alone, no column or element input (the registry's "
                 "check_rule), in the row store's chunks and buffer");
-  // kTmaD: D leaves through TMA stores (p.tma_d, a map over the (rows, N) output with StoreDT's
-  // box and swizzle; the kernel's contract states them) from StoreDT's buffers, so a warp stages
-  // a chunk, hands it to the TMA unit and goes on: its stores no longer wait in the LSU behind
-  // each other. Element-wise rules storing D alone (no C, nothing scattered or transposed).
-  using StoreDT = epi::TmaStagedStore<fusegemm::conditional_t<kFragment, ElementD, float>, FUSEGEMM_SM90_TMA_D_BUFS>;
-  static_assert(!kTmaD || (kFragment && Rule::kHasD && !Rule::kHasC && !kScatter && !kDMajorM && !kDefer &&
-                           !kBatched && (kTileN / StoreDT::kCols) % StoreDT::kBufs == 0),
-                "TMA stores of D: element-wise rules storing D alone, whole buffer cycles per call");
-  static constexpr int kEpiWarpBytes =
-      kTmaD ? StoreDT::kBytes : StoreC::kBytes > StoreD::kBytes ? StoreC::kBytes : StoreD::kBytes;
+  static constexpr int kEpiWarpBytes = StoreC::kBytes > StoreD::kBytes ? StoreC::kBytes : StoreD::kBytes;
   // The engine path stages [64 rows][kAccPitch] FP32 accumulators per warpgroup plus the engine's
   // buffers for its two active warps.
   static constexpr int kAccPerBlock = Rule::kPairedAcc ? 64 : 32;
@@ -560,46 +546,6 @@ struct WgmmaEpilogue {
     }
   }
 
-  // kTmaD: D of the warp's 16 rows (row0.. of the output) and the tile's columns n0.., chunk by
-  // chunk: lane 0 waits until chunk c's buffer has been read by the store before (kBufs chunks
-  // back), the warp stages the chunk, fences its writes for the async proxy and lane 0 stores it
-  // (the map clips columns past N). A call that ends before its last buffer (an N tail) waits for
-  // every read, so that the next call's first chunk finds buffer 0 free.
-  template <class Params>
-  static __device__ void store_tma_d(const Params& p, const Rule& rule, uint32_t buf, int row0, int n0,
-                                     const typename Rule::RowIn& r0in, const typename Rule::RowIn& r1in, int lane,
-                                     const float (&acc)[kAccum]) {
-    constexpr int kCols = StoreDT::kCols;
-    const int r0 = lane / 4;
-    const int cq = (lane % 4) * 2;
-    int stored = 0;
-#pragma unroll
-    for (int c = 0; c < kTileN / kCols; ++c) {
-      const int chunk_col = n0 + c * kCols;
-      if (chunk_col >= p.n) break;  // warp-uniform: the rest of the tile is past N
-      const uint32_t slot = buf + (c % StoreDT::kBufs) * StoreDT::kBufBytes;
-      if (lane == 0) tma_store_wait<StoreDT::kBufs - 1>();
-      __syncwarp();
-#pragma unroll
-      for (int jj = 0; jj < kCols / 8; ++jj) {
-        const int j = c * (kCols / 8) + jj;
-        typename Rule::Out o[4];
-        apply_group(p, rule, row0 + r0, chunk_col + jj * 8 + cq, r0in, r1in, acc, j, o);
-        StoreDT::put(slot, r0, jj * 8 + cq, o[0].d, o[1].d);
-        StoreDT::put(slot, r0 + 8, jj * 8 + cq, o[2].d, o[3].d);
-      }
-      fence_async_shared();
-      __syncwarp();
-      // (FUSEGEMM_BENCH_NO_STORE: a data-dependent skip, as st_global_v4's)
-      if (lane == 0 && (!FUSEGEMM_BENCH_NO_STORE || acc[0] == 0x1.5a17c3p+77f)) {
-        tma_store_2d(&p.tma_d, slot, chunk_col, row0);
-        tma_store_commit();
-      }
-      ++stored;
-    }
-    if (stored % StoreDT::kBufs != 0 && lane == 0) tma_store_wait<0>();
-  }
-
   // The fragment of tile rows m0.. (of the problem, or of batch `expert` when kBatched) and
   // columns n0.. . part: the warp's running reductions (the engine path flushes per tile; the
   // kernel calls finish() once at its end).
@@ -616,9 +562,7 @@ struct WgmmaEpilogue {
                                                p.ldc, row0, n0, pre.r0in, pre.r1in, lane, acc, pre.dst);
         }
       }
-      if constexpr (kTmaD) {
-        store_tma_d(p, pre.rule, buf, row0, n0, pre.r0in, pre.r1in, lane, acc);
-      } else if constexpr (kDMajorM) {   // D_e^T: column n of the tile at output row expert * N + n
+      if constexpr (kDMajorM) {   // D_e^T: column n of the tile at output row expert * N + n
         ElementD* out = reinterpret_cast<ElementD*>(p.d_out) + static_cast<int64_t>(expert) * p.n * p.ldd +
                         (row0 - expert * p.m_rows);
         store_output<ElementD, StoreT, false>(p, pre.rule, buf, out, p.ldd, row0, n0, pre.r0in, pre.r1in, lane, acc,
@@ -649,8 +593,6 @@ struct WgmmaEpilogue {
   static __device__ void finish(Partials& part, const Params& p, int warp, int lane) {
     if constexpr (kFragBlocks) {
       Engine::flush_end(part, p, lane);
-    } else if constexpr (kTmaD) {
-      if (lane == 0) tma_store_drain();   // D written, and its buffers read, before the CTA ends
     } else if constexpr (!kFragment) {
       if (warp % 4 < 2 * kEngineBlocks) Engine::flush_end(part, p, lane);
     }

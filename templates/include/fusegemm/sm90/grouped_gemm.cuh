@@ -456,7 +456,6 @@ struct GroupedGemmKernel {
   static constexpr int kTmaDtypeA = TmaDtype<ElementA>::value, kTmaDtypeB = TmaDtype<ElementB>::value;
   static constexpr int kTmapSlotStride = Config::kDiscreteB ? kTmapSlotsPerCta : 0;
   static constexpr int kTmemCols = 0, kSfBoxK = 0, kSfBoxNB = 0;
-  static constexpr int kBoxDInner = 0, kBoxDOuter = 0, kSwizzleD = 0;   // D: the warps' stores
 
   // K-grouped: (expert, M block, N block) tiles of the (L, M, N) output, M = p.m_rows. Clusters:
   // blocks of cluster tiles (a 1x1 cluster walks exactly GroupedScheduler's tile order).
