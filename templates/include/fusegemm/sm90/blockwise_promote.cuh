@@ -58,9 +58,9 @@
 // BF16 kernel's deferred D (a pass's packed D stored under the next pass's first k-blocks), which
 // fits the registers beside one 128-column half only: tile N 128 with it ran 0.92-1.0x tile N 128
 // without, itself 0.90-0.95x tile N 256 (bit-equal; eight rounds, wgrad_h100_defer_8rounds.json).
-// Of the 1.2x, the global stores alone are about 1.12x (FUSEGEMM_BENCH_NO_STORE, eight rounds,
+// Of the 1.2x, the global stores alone seemed about 1.12x (FUSEGEMM_BENCH_NO_STORE, eight rounds,
 // wgrad_h100_nostore_8rounds.json: 1.13x at dsv3-32, 1.03-1.07x at dsv3-8, against a null build's
-// 0.97-1.03x). Tried and removed (bit-equal, 36 GPU tests): D through TMA stores, each warp staging
+// 0.97-1.03x), which a twelve-round run (below) did not repeat. Tried and removed (bit-equal, 36 GPU tests): D through TMA stores, each warp staging
 // 16 x 64-byte chunks in two swizzled 1 KB buffers and its lane 0 sending each with one
 // cp.async.bulk.tensor through a D map from the host. Against the warps' stores it ran 1.04-1.11x in
 // one eight-round run, 0.88-1.00x of a null build's speed in the next, and 0.91-0.96x (null
