@@ -35,8 +35,8 @@ def _dev(a, sfa, b, sfb, off):
 EXACT = [  # (tokens per expert, M, N, axes)
     ([256, 0, 700, 100], 256, 192, {}),                                   # ragged + empty, N tail
     ([512, 300], 128, 200, {"tile_n": 128, "d_dtype": "float32"}),        # N tail at tile N 128
-    ([256, 0, 700, 100], 256, 200, {"tile_n": 128}),                      # bf16 D at tile N 128 (the deferred
-                                                                          # store's build), empty expert, N tail
+    ([256, 0, 700, 100], 256, 200, {"tile_n": 128}),                      # bf16 D at tile N 128 (bench/wgrad.py
+                                                                          # --fp8-tile-n), empty expert, N tail
     ([1000, 0, 0], 384, 256, {"ab_dtype": "float8_e5m2"}),                # L experts, two empty
     ([0, 0], 128, 128, {"d_dtype": "float32"}),                           # no tokens at all: zeros
     ([2048], 256, 512, {}),                                               # L = 1, 16 k-blocks

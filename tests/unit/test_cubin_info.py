@@ -11,19 +11,20 @@ from fusegemm.runtime import disasm
 from fusegemm.runtime.compile import compile_source
 from fusegemm.runtime.cubin_info import Cubin, CubinFormatError
 
-SRC = f"""
-extern "C" __device__ __attribute__((used)) const int spill_contract[{len(FIELDS)}] = {{
-    {", ".join(str(i) for i in range(1, len(FIELDS) + 1))}}};
-extern "C" __device__ __attribute__((used)) const int plain_contract[4] = {{256, 4096, 2, 1}};
-extern "C" __global__ void __launch_bounds__(256, 1) spill(float* p, int i) {{
+# A contract export as long as the field list (values 1, 2, ...), and one of another length.
+CONTRACT = (f'extern "C" __device__ __attribute__((used)) const int spill_contract[{len(FIELDS)}] = '
+            f'{{{", ".join(str(i) for i in range(1, len(FIELDS) + 1))}}};')
+SRC = CONTRACT + """
+extern "C" __device__ __attribute__((used)) const int plain_contract[4] = {256, 4096, 2, 1};
+extern "C" __global__ void __launch_bounds__(256, 1) spill(float* p, int i) {
   __shared__ float s[300];
   float loc[64];
   for (int j = 0; j < 64; j++) loc[j] = p[j * threadIdx.x];
   s[threadIdx.x] = loc[i & 63];
   __syncthreads();
   p[threadIdx.x] = s[(threadIdx.x + 1) % 256];
-}}
-extern "C" __global__ void plain(float* p) {{ p[threadIdx.x] = 1.f; }}
+}
+extern "C" __global__ void plain(float* p) { p[threadIdx.x] = 1.f; }
 """
 
 needs_disasm = pytest.mark.skipif(not disasm.available(),

@@ -60,17 +60,19 @@
 // without, itself 0.90-0.95x tile N 256 (bit-equal; eight rounds, wgrad_h100_defer_8rounds.json).
 // Of the 1.2x, the global stores alone seemed about 1.12x (FUSEGEMM_BENCH_NO_STORE, eight rounds,
 // wgrad_h100_nostore_8rounds.json: 1.13x at dsv3-32, 1.03-1.07x at dsv3-8, against a null build's
-// 0.97-1.03x), which a twelve-round run (below) did not repeat. Tried and removed (bit-equal, 36 GPU tests): D through TMA stores, each warp staging
-// 16 x 64-byte chunks in two swizzled 1 KB buffers and its lane 0 sending each with one
-// cp.async.bulk.tensor through a D map from the host. Against the warps' stores it ran 1.04-1.11x in
-// one eight-round run, 0.88-1.00x of a null build's speed in the next, and 0.91-0.96x (null
-// 0.98x) in a twelve-round one, where the stores removed altogether ran only 0.95-1.02x; the
-// dsv3-32 fp8_block step took 8.01 ms with it, 7.97 ms without (H100, 2026-12-06,
-// bench/results/wgrad_h100_tma_d*.json, moe_mlp_h100_tma_d*.json; one buffer per warp, four, and
-// a bf16 D staged by stmatrix no better). At dsv3-32 a tile's 64 KB of D is a third of the 192 KB of
-// operands it reads from L2 for its four k-blocks (5.5 GB of loads, 1.9 GB of D per call in about
-// 1.6 ms): fewer operand bytes per tile (B multicast over a 2-CTA cluster along M: a third less) is
-// the lever left, not the stores' issue.
+// 0.97-1.03x), which a twelve-round run (below) did not repeat.
+// Tried and removed (bit-equal, 36 GPU tests): D through TMA stores, each warp staging 16 x 64-byte
+// chunks in two swizzled 1 KB buffers and its lane 0 sending each with one cp.async.bulk.tensor
+// through a D map from the host. Against the warps' stores it ran 1.04-1.11x in one eight-round run,
+// 0.88-0.99x (0.90-1.00x of a null build's speed) in the next, and 0.91-0.96x (the null build 0.98x)
+// in a twelve-round one, where the stores removed altogether ran only 0.95-1.02x; the dsv3-32
+// fp8_block step took 8.01 ms with it, 7.97 ms without (H100, 2026-12-06,
+// bench/results/wgrad_h100_tma_d*.json, moe_mlp_h100_tma_d*.json; one buffer per warp, four, and a
+// bf16 D staged by stmatrix no better). What costs is the bytes, not their issue: the step's profile
+// (moe_mlp_h100_fp8_block_profile.json) has both weight gradients 0.57 ms slower at 32 experts than
+// at 8 for the same FLOPs (D 2.8 GB against 0.7 GB), and at dsv3-32 a tile reads 192 KB of operands
+// from L2 for its four k-blocks beside its 64 KB of D (5.5 GB and 1.9 GB per call in about 1.6 ms),
+// a third of which B multicast over a 2-CTA cluster along M would save.
 //
 // Host contract (fusegemm/ops/scaled_operands.py blockwise_maps encodes the maps):
 //   tma_a, tma_b  as the MXFP8 kernel's
