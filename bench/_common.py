@@ -412,6 +412,46 @@ def kernel_table(run, steps: int = 3, top: int = 12) -> dict:
             **device_gaps(spans, steps, top)}
 
 
+def kernel_calls(run, steps: int = 3, min_ms: float = 0.0) -> list:
+    """torch.profiler over ``steps`` steps of ``run`` (after one unprofiled step): the device
+    operations of one step in launch order, each as (ms, name), the median of its ``steps``
+    launches, those under ``min_ms`` left out. Which call is which role (fc1, its data gradient,
+    ...) is read from the order, where ``kernel_table``'s totals by name merge a kernel's calls
+    (torch's layer runs three CUTLASS kernels twice each)."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    spans = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+             if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start]
+    return launch_order(spans, steps, min_ms)
+
+
+def launch_order(spans, steps: int, min_ms: float = 0.0, name_chars: int = 120) -> list:
+    """``spans`` (start, end, name in microseconds) of ``steps`` equal steps as one step's
+    operations in order of start, each (ms, name) with the median of its ``steps`` durations
+    (operation i of the step is operation i of every step); those under ``min_ms`` left out."""
+    order = sorted(spans)
+    if not order or len(order) % steps:
+        raise RuntimeError(f"kernel_calls: {len(order)} device operations over {steps} steps: the steps differ")
+    per = len(order) // steps
+    calls = []
+    for i in range(per):
+        names = {order[i + s * per][2] for s in range(steps)}
+        if len(names) > 1:
+            raise RuntimeError(f"kernel_calls: operation {i} of a step is {sorted(names)} in different steps")
+        times = sorted(order[i + s * per][1] - order[i + s * per][0] for s in range(steps))
+        ms = times[len(times) // 2] / 1e3
+        if ms >= min_ms:
+            calls.append((ms, order[i][2][:name_chars]))
+    return calls
+
+
 def device_gaps(spans, steps: int, top: int = 12, name_chars: int = 60) -> dict:
     """Where the GPU idles between its own operations: ``spans`` are the device's (start, end,
     name) in microseconds (kernels, copies, fills, from any number of streams). Returns the idle

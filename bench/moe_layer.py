@@ -23,6 +23,8 @@ GPU time without the host's launch gaps, what a framework that captures its step
 ``--graph``), the GEMM kernels' share of it and the top kernels (torch.profiler), and the time
 no device operation covers (``idle_ms_per_step``) with the transitions it falls between
 (``top_gaps``: previous -> next operation).
+``--calls`` adds each method's kernels of one eager step in launch order (``<method>_calls``: ms and
+name, the median of three steps), where ``--profile``'s totals by name merge a kernel's calls.
 ``--host`` adds each method's host time to issue one eager step (the GPU kept busy ahead of it)
 and cProfile's top functions by own time.
 ``--also block-no-ends,routed,routed-no-ends,routed-gathered,routed-gathered-swapped`` times, in the
@@ -51,7 +53,7 @@ import argparse
 import contextlib
 import copy
 
-from _common import interleaved_ms, kernel_table, round_ratios, run_layers
+from _common import interleaved_ms, kernel_calls, kernel_table, round_ratios, run_layers
 
 # name: (experts, tokens, hidden, intermediate, top_k)
 LAYERS = {
@@ -273,6 +275,9 @@ def bench_layer(name: str, args) -> dict:
         # kernels' times under the timing's sustained load).
         for key, run in (methods if args.graph else eager).items():
             row[f"{key}_kernels"] = kernel_table(run)
+    if args.calls:      # eager steps: a graph replay's kernels are one operation to the profiler's order
+        for key, run in eager.items():
+            row[f"{key}_calls"] = kernel_calls(run, min_ms=0.01)
     row["speedup_vs_torch"] = row["torch_ms"] / row["fusegemm_ms"]
     # Each round's own ratio (both timed under that round's clocks): the median and the range.
     row["speedup_vs_torch_rounds"] = round_ratios(rounds, "torch", "fusegemm")
@@ -343,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="add each layer's kernel-time table (torch.profiler; eager steps, or the replays "
                          "with --graph) to the JSON")
+    ap.add_argument("--calls", action="store_true",
+                    help="add each method's kernels of one eager step in launch order (ms, name; 10 us and "
+                         "up), so that each GEMM can be set beside the peer's of the same role")
     ap.add_argument("--host", action="store_true",
                     help="add each method's host time to issue an eager step and its cProfile top functions")
     ap.add_argument("--also", default="", help="variants timed beside the block in the same rounds: "

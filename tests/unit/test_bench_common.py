@@ -182,6 +182,22 @@ class _FakeEvent:
         return float(end.at - self.at)   # "ms": the calls issued between the two records
 
 
+def test_launch_order_gives_one_steps_calls_with_their_median_times():
+    """kernel_calls: operation i of a step is the i-th start of every step; its time is the
+    median over the steps, short ones are left out, and steps that differ are refused."""
+    common = _common()
+    # Two operations a step, three steps (microseconds): "a" 100/300/200 us, "b" 5 us each.
+    spans = [(0, 100, "a"), (150, 155, "b"), (1000, 1300, "a"), (1400, 1405, "b"), (2000, 2200, "a"),
+             (2300, 2305, "b")]
+    assert common.launch_order(spans[::-1], steps=3) == [(0.2, "a"), (0.005, "b")]
+    assert common.launch_order(spans, steps=3, min_ms=0.01) == [(0.2, "a")]
+    with pytest.raises(RuntimeError, match="steps differ"):
+        common.launch_order(spans[:-1], steps=3)
+    swapped = spans[:4] + [(2000, 2005, "b"), (2300, 2500, "a")]
+    with pytest.raises(RuntimeError, match="operation 0"):
+        common.launch_order(swapped, steps=3)
+
+
 def test_queued_ms_times_the_calls_back_to_back(monkeypatch):
     """queued_ms: one pair of events around the timed calls (not one per call, as time_ms), no
     wait between them, and the time per call."""
