@@ -275,7 +275,7 @@ def bench_layer(name: str, args) -> dict:
         # kernels' times under the timing's sustained load).
         for key, run in (methods if args.graph else eager).items():
             row[f"{key}_kernels"] = kernel_table(run)
-    if args.calls:      # eager steps: a graph replay's kernels are one operation to the profiler's order
+    if args.calls:      # eager steps, with --graph too (the host's launch gaps between them: nearer full clock)
         for key, run in eager.items():
             row[f"{key}_calls"] = kernel_calls(run, min_ms=0.01)
     row["speedup_vs_torch"] = row["torch_ms"] / row["fusegemm_ms"]
