@@ -452,6 +452,60 @@ def launch_order(spans, steps: int, min_ms: float = 0.0, name_chars: int = 120) 
     return calls
 
 
+def sustained_load(run, seconds: float, sample_ms: int = 50) -> dict:
+    """``run`` (one step) back to back for ``seconds``, after a second of idle, while nvidia-smi
+    samples the SM clock and the board's power every ``sample_ms``: the step's time under that
+    method's own sustained load (CUDA events over the window) and :func:`smi_summary` of the
+    samples. A power-capped board lowers its clock to the load: methods timed in interleaved
+    rounds share one clock state, this gives each its own."""
+    import subprocess
+    import tempfile
+
+    import torch
+    torch.cuda.synchronize()
+    time.sleep(1.0)
+    with tempfile.TemporaryFile("w+") as log:
+        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                                f"--loop-ms={sample_ms}"], stdout=log, stderr=subprocess.DEVNULL)
+        try:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0, steps = time.perf_counter(), 0
+            start.record()
+            while time.perf_counter() - t0 < seconds:
+                for _ in range(10):
+                    run()
+                steps += 10
+                torch.cuda.synchronize()
+            end.record()
+            torch.cuda.synchronize()
+        finally:
+            smi.terminate()
+            smi.wait()
+        log.seek(0)
+        samples = log.read()
+    return {"ms_per_step": start.elapsed_time(end) / steps, "steps": steps, **smi_summary(samples)}
+
+
+def smi_summary(text: str, settle: float = 1 / 3) -> dict:
+    """nvidia-smi's "clock, power" lines (MHz, W; lines that are not two numbers skipped) with the
+    first ``settle`` of them left out (the clock's descent into the load): their count, the SM
+    clock's median and minimum, the power's median and maximum."""
+    rows = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            rows.append((float(parts[0]), float(parts[1])) if len(parts) == 2 else None)
+        except ValueError:
+            continue
+    rows = [r for r in rows if r is not None]
+    rows = rows[int(len(rows) * settle):]
+    if not rows:
+        return {"samples": 0}
+    clocks, power = [c for c, _ in rows], [w for _, w in rows]
+    return {"samples": len(rows), "sm_mhz_median": statistics.median(clocks), "sm_mhz_min": min(clocks),
+            "power_w_median": statistics.median(power), "power_w_max": max(power)}
+
+
 def device_gaps(spans, steps: int, top: int = 12, name_chars: int = 60) -> dict:
     """Where the GPU idles between its own operations: ``spans`` are the device's (start, end,
     name) in microseconds (kernels, copies, fills, from any number of streams). Returns the idle

@@ -25,6 +25,10 @@ no device operation covers (``idle_ms_per_step``) with the transitions it falls 
 (``top_gaps``: previous -> next operation).
 ``--calls`` adds each method's kernels of one eager step in launch order (``<method>_calls``: ms and
 name, the median of three steps), where ``--profile``'s totals by name merge a kernel's calls.
+``--power SECONDS`` runs each method alone for that long after the rounds (graphed with ``--graph``) while
+nvidia-smi samples the SM clock and the board's power (``<method>_sustained``: ms per step, the clock's median
+and minimum, the power's median and maximum, the first third of the samples left out). The rounds share one
+clock state between the methods; on a power-capped board each method's own load sets a clock of its own.
 ``--host`` adds each method's host time to issue one eager step (the GPU kept busy ahead of it)
 and cProfile's top functions by own time.
 ``--also block-no-ends,routed,routed-no-ends,routed-gathered,routed-gathered-swapped`` times, in the
@@ -53,7 +57,7 @@ import argparse
 import contextlib
 import copy
 
-from _common import interleaved_ms, kernel_calls, kernel_table, round_ratios, run_layers
+from _common import interleaved_ms, kernel_calls, kernel_table, round_ratios, run_layers, sustained_load
 
 # name: (experts, tokens, hidden, intermediate, top_k)
 LAYERS = {
@@ -278,6 +282,9 @@ def bench_layer(name: str, args) -> dict:
     if args.calls:      # eager steps, with --graph too (the host's launch gaps between them: nearer full clock)
         for key, run in eager.items():
             row[f"{key}_calls"] = kernel_calls(run, min_ms=0.01)
+    if args.power:      # each method alone (replays with --graph), after the rounds and the tables
+        for key, run in methods.items():
+            row[f"{key}_sustained"] = sustained_load(run, args.power)
     row["speedup_vs_torch"] = row["torch_ms"] / row["fusegemm_ms"]
     # Each round's own ratio (both timed under that round's clocks): the median and the range.
     row["speedup_vs_torch_rounds"] = round_ratios(rounds, "torch", "fusegemm")
@@ -351,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", action="store_true",
                     help="add each method's kernels of one eager step in launch order (ms, name; 10 us and "
                          "up), so that each GEMM can be set beside the peer's of the same role")
+    ap.add_argument("--power", type=float, default=0.0, metavar="SECONDS",
+                    help="run each method alone, back to back, for SECONDS while nvidia-smi samples the SM "
+                         "clock and the board's power: each method's step time under its own sustained load")
     ap.add_argument("--host", action="store_true",
                     help="add each method's host time to issue an eager step and its cProfile top functions")
     ap.add_argument("--also", default="", help="variants timed beside the block in the same rounds: "
@@ -358,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     args.also = [v for v in args.also.split(",") if v]
+    if args.power < 0:
+        ap.error(f"--power: got {args.power}; allowed: seconds >= 0 (0: none)")
     for v in args.also:
         if v not in VARIANTS:
             ap.error(f"--also: got {v!r}; allowed: {', '.join(VARIANTS)}")
@@ -370,6 +382,10 @@ def main(argv: list[str] | None = None) -> int:
                      f"{ours['kernel_ms_per_step']:.2f} / {peer['kernel_ms_per_step']:.2f} ms, GPU idle "
                      f"{ours['idle_ms_per_step']:.2f} / {peer['idle_ms_per_step']:.2f} ms")
         also = "".join(f"  {v} {r[v + '_ms']:.2f} ms x{r[v + '_vs_torch']:.2f}" for v in args.also)
+        if args.power:
+            ours, peer = r["fusegemm_sustained"], r["torch_sustained"]
+            split += (f"  sustained {ours['ms_per_step']:.2f} / {peer['ms_per_step']:.2f} ms at "
+                      f"{ours.get('sm_mhz_median', 0):.0f} / {peer.get('sm_mhz_median', 0):.0f} MHz")
         rr = r["speedup_vs_torch_rounds"]
         return (f"fusegemm {r['fusegemm_ms']:.2f} ms  torch {r['torch_ms']:.2f} ms  x{r['speedup_vs_torch']:.2f} "
                 f"(rounds x{rr['min']:.2f}-{rr['max']:.2f})  "

@@ -198,6 +198,18 @@ def test_launch_order_gives_one_steps_calls_with_their_median_times():
         common.launch_order(swapped, steps=3)
 
 
+def test_smi_summary_settles_then_takes_medians():
+    """sustained_load's nvidia-smi samples: lines that are not two numbers are skipped, the first
+    third (the clock's descent into the load) is left out, and the rest summarised."""
+    common = _common()
+    text = "1980, 150.0\n[N/A], 12\n1980, 400.0\n1755, 690.5\n1500, 699.0\n1410, 700.0\n1500, 698.0\n\n"
+    got = common.smi_summary(text)
+    assert got == {"samples": 4, "sm_mhz_median": 1500.0, "sm_mhz_min": 1410.0,
+                   "power_w_median": 698.5, "power_w_max": 700.0}
+    assert common.smi_summary("", settle=0.0) == {"samples": 0}
+    assert common.smi_summary("1800, 300\n", settle=0.0)["sm_mhz_median"] == 1800.0
+
+
 def test_queued_ms_times_the_calls_back_to_back(monkeypatch):
     """queued_ms: one pair of events around the timed calls (not one per call, as time_ms), no
     wait between them, and the time per call."""
