@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -452,58 +453,66 @@ def launch_order(spans, steps: int, min_ms: float = 0.0, name_chars: int = 120) 
     return calls
 
 
-def sustained_load(run, seconds: float, sample_ms: int = 50) -> dict:
-    """``run`` (one step) back to back for ``seconds``, after a second of idle, while nvidia-smi
-    samples the SM clock and the board's power every ``sample_ms``: the step's time under that
-    method's own sustained load (CUDA events over the window) and :func:`smi_summary` of the
-    samples. A power-capped board lowers its clock to the load: methods timed in interleaved
-    rounds share one clock state, this gives each its own."""
-    import subprocess
-    import tempfile
-
-    import torch
-    torch.cuda.synchronize()
-    time.sleep(1.0)
-    with tempfile.TemporaryFile("w+") as log:
-        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                                f"--loop-ms={sample_ms}"], stdout=log, stderr=subprocess.DEVNULL)
-        try:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            t0, steps = time.perf_counter(), 0
-            start.record()
-            while time.perf_counter() - t0 < seconds:
-                for _ in range(10):
-                    run()
-                steps += 10
-                torch.cuda.synchronize()
-            end.record()
-            torch.cuda.synchronize()
-        finally:
-            smi.terminate()
-            smi.wait()
-        log.seek(0)
-        samples = log.read()
-    return {"ms_per_step": start.elapsed_time(end) / steps, "steps": steps, **smi_summary(samples)}
+# What sustained() asks nvidia-smi for every 50 ms.
+SMI_QUERY = "timestamp,clocks.sm,power.draw,clocks_event_reasons.active"
 
 
-def smi_summary(text: str, settle: float = 1 / 3) -> dict:
-    """nvidia-smi's "clock, power" lines (MHz, W; lines that are not two numbers skipped) with the
-    first ``settle`` of them left out (the clock's descent into the load): their count, the SM
-    clock's median and minimum, the power's median and maximum."""
-    rows = []
-    for line in text.splitlines():
+def parse_smi(text: str) -> list[tuple[float, float, float, str]]:
+    """(unix time, SM MHz, watts, reasons) per nvidia-smi CSV line; unparsable lines skipped."""
+    out = []
+    for line in text.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4:
+            continue
         try:
-            rows.append((float(parts[0]), float(parts[1])) if len(parts) == 2 else None)
+            stamp, frac = parts[0].split(".")
+            t = time.mktime(time.strptime(stamp, "%Y/%m/%d %H:%M:%S")) + float("0." + frac)
+            out.append((t, float(parts[1]), float(parts[2]), parts[3]))
         except ValueError:
             continue
-    rows = [r for r in rows if r is not None]
-    rows = rows[int(len(rows) * settle):]
-    if not rows:
-        return {"samples": 0}
-    clocks, power = [c for c, _ in rows], [w for _, w in rows]
-    return {"samples": len(rows), "sm_mhz_median": statistics.median(clocks), "sm_mhz_min": min(clocks),
-            "power_w_median": statistics.median(power), "power_w_max": max(power)}
+    return out
+
+
+def sustained(methods: dict, seconds: float) -> dict[str, dict]:
+    """Each method alone for ``seconds`` under nvidia-smi sampling: ms per launch (CUDA events
+    over the window), mean SM clock and power over the window less its first 0.8 s, and the
+    clock-event reasons seen. Clock fields are None without nvidia-smi."""
+    import torch
+    try:
+        smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits",
+                                "-lms", "50"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    except OSError:
+        smi = None
+    time.sleep(0.5)
+    windows = {}
+    for key, fn in methods.items():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0, launches = time.time(), 0
+        start.record()
+        while time.time() - t0 < seconds:
+            for _ in range(5):
+                fn()
+            launches += 5
+            torch.cuda.synchronize()
+        end.record()
+        end.synchronize()
+        windows[key] = (t0 + 0.8, time.time(), start.elapsed_time(end) / launches)
+        time.sleep(0.3)
+    samples = []
+    if smi is not None:
+        smi.terminate()
+        samples = parse_smi(smi.communicate()[0])
+    out = {}
+    for key, (a, b, ms) in windows.items():
+        w = [s for s in samples if a <= s[0] <= b]
+        out[key] = {"ms": ms, "samples": len(w),
+                    "sm_mhz": statistics.mean(s[1] for s in w) if w else None,
+                    "watts": statistics.mean(s[2] for s in w) if w else None,
+                    "clock_event_reasons": sorted({s[3] for s in w})}
+    return out
 
 
 def device_gaps(spans, steps: int, top: int = 12, name_chars: int = 60) -> dict:

@@ -27,74 +27,12 @@ header's A/B switch (e.g. ``--also staged=-DFUSEGEMM_SM90_DEFER_STORE=0``), time
 from __future__ import annotations
 
 import argparse
-import statistics
-import subprocess
-import time
 
 from _common import (SHAPES, add_also_argument, add_run_arguments, also_builds, expert_sizes, interleaved_ms,
-                     nvrtc_defines, run)
+                     nvrtc_defines, run, sustained)
 
 NO_EPILOGUE = "-DFUSEGEMM_SM90_BENCH_NO_EPILOGUE=1"
 FLOP_PER_CLOCK_PER_SM = 4096   # sm_90 dense BF16 tensor-core throughput
-QUERY = "timestamp,clocks.sm,power.draw,clocks_event_reasons.active"
-
-
-def _parse_smi(text: str) -> list[tuple[float, float, float, str]]:
-    """(unix time, SM MHz, watts, reasons) per nvidia-smi CSV line; unparsable lines skipped."""
-    out = []
-    for line in text.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 4:
-            continue
-        try:
-            stamp, frac = parts[0].split(".")
-            t = time.mktime(time.strptime(stamp, "%Y/%m/%d %H:%M:%S")) + float("0." + frac)
-            out.append((t, float(parts[1]), float(parts[2]), parts[3]))
-        except ValueError:
-            continue
-    return out
-
-
-def sustained(methods: dict, seconds: float) -> dict[str, dict]:
-    """Each method alone for ``seconds`` under nvidia-smi sampling: ms per launch (CUDA events
-    over the window), mean SM clock and power over the window less its first 0.8 s, and the
-    clock-event reasons seen. Clock fields are None without nvidia-smi."""
-    import torch
-    try:
-        smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
-                                "-lms", "50"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    except OSError:
-        smi = None
-    time.sleep(0.5)
-    windows = {}
-    for key, fn in methods.items():
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t0, launches = time.time(), 0
-        start.record()
-        while time.time() - t0 < seconds:
-            for _ in range(5):
-                fn()
-            launches += 5
-            torch.cuda.synchronize()
-        end.record()
-        end.synchronize()
-        windows[key] = (t0 + 0.8, time.time(), start.elapsed_time(end) / launches)
-        time.sleep(0.3)
-    samples = []
-    if smi is not None:
-        smi.terminate()
-        samples = _parse_smi(smi.communicate()[0])
-    out = {}
-    for key, (a, b, ms) in windows.items():
-        w = [s for s in samples if a <= s[0] <= b]
-        out[key] = {"ms": ms, "samples": len(w),
-                    "sm_mhz": statistics.mean(s[1] for s in w) if w else None,
-                    "watts": statistics.mean(s[2] for s in w) if w else None,
-                    "clock_event_reasons": sorted({s[3] for s in w})}
-    return out
 
 
 def bench_shape(name: str, dist: str, args) -> dict:

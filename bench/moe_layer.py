@@ -26,9 +26,10 @@ no device operation covers (``idle_ms_per_step``) with the transitions it falls 
 ``--calls`` adds each method's kernels of one eager step in launch order (``<method>_calls``: ms and
 name, the median of three steps), where ``--profile``'s totals by name merge a kernel's calls.
 ``--power SECONDS`` runs each method alone for that long after the rounds (graphed with ``--graph``) while
-nvidia-smi samples the SM clock and the board's power (``<method>_sustained``: ms per step, the clock's median
-and minimum, the power's median and maximum, the first third of the samples left out). The rounds share one
-clock state between the methods; on a power-capped board each method's own load sets a clock of its own.
+nvidia-smi samples the SM clock, the board's power and the clock-event reasons (``<method>_sustained``:
+``_common.sustained``, bench/ceiling.py's windows: ms per step, the mean clock and power past the window's first
+0.8 s, the reasons seen). The rounds share one clock state between the methods; on a power-capped board each
+method's own load sets a clock of its own.
 ``--host`` adds each method's host time to issue one eager step (the GPU kept busy ahead of it)
 and cProfile's top functions by own time.
 ``--also block-no-ends,routed,routed-no-ends,routed-gathered,routed-gathered-swapped`` times, in the
@@ -57,7 +58,7 @@ import argparse
 import contextlib
 import copy
 
-from _common import interleaved_ms, kernel_calls, kernel_table, round_ratios, run_layers, sustained_load
+from _common import interleaved_ms, kernel_calls, kernel_table, round_ratios, run_layers, sustained
 
 # name: (experts, tokens, hidden, intermediate, top_k)
 LAYERS = {
@@ -283,8 +284,8 @@ def bench_layer(name: str, args) -> dict:
         for key, run in eager.items():
             row[f"{key}_calls"] = kernel_calls(run, min_ms=0.01)
     if args.power:      # each method alone (replays with --graph), after the rounds and the tables
-        for key, run in methods.items():
-            row[f"{key}_sustained"] = sustained_load(run, args.power)
+        for key, window in sustained(methods, args.power).items():
+            row[f"{key}_sustained"] = window
     row["speedup_vs_torch"] = row["torch_ms"] / row["fusegemm_ms"]
     # Each round's own ratio (both timed under that round's clocks): the median and the range.
     row["speedup_vs_torch_rounds"] = round_ratios(rounds, "torch", "fusegemm")
@@ -384,8 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         also = "".join(f"  {v} {r[v + '_ms']:.2f} ms x{r[v + '_vs_torch']:.2f}" for v in args.also)
         if args.power:
             ours, peer = r["fusegemm_sustained"], r["torch_sustained"]
-            split += (f"  sustained {ours['ms_per_step']:.2f} / {peer['ms_per_step']:.2f} ms at "
-                      f"{ours.get('sm_mhz_median', 0):.0f} / {peer.get('sm_mhz_median', 0):.0f} MHz")
+            split += (f"  alone {ours['ms']:.2f} / {peer['ms']:.2f} ms at {ours['sm_mhz'] or 0:.0f} / "
+                      f"{peer['sm_mhz'] or 0:.0f} MHz, {ours['watts'] or 0:.0f} / {peer['watts'] or 0:.0f} W")
         rr = r["speedup_vs_torch_rounds"]
         return (f"fusegemm {r['fusegemm_ms']:.2f} ms  torch {r['torch_ms']:.2f} ms  x{r['speedup_vs_torch']:.2f} "
                 f"(rounds x{rr['min']:.2f}-{rr['max']:.2f})  "

@@ -198,16 +198,19 @@ def test_launch_order_gives_one_steps_calls_with_their_median_times():
         common.launch_order(swapped, steps=3)
 
 
-def test_smi_summary_settles_then_takes_medians():
-    """sustained_load's nvidia-smi samples: lines that are not two numbers are skipped, the first
-    third (the clock's descent into the load) is left out, and the rest summarised."""
+def test_parse_smi_reads_the_samples_sustained_windows_take():
+    """sustained()'s nvidia-smi lines (bench/ceiling.py and moe_layer.py --power): the time stamp
+    with its fraction, clock, power and reasons; lines of another shape or with a field that is
+    not a number ("[N/A]") are skipped."""
     common = _common()
-    text = "1980, 150.0\n[N/A], 12\n1980, 400.0\n1755, 690.5\n1500, 699.0\n1410, 700.0\n1500, 698.0\n\n"
-    got = common.smi_summary(text)
-    assert got == {"samples": 4, "sm_mhz_median": 1500.0, "sm_mhz_min": 1410.0,
-                   "power_w_median": 698.5, "power_w_max": 700.0}
-    assert common.smi_summary("", settle=0.0) == {"samples": 0}
-    assert common.smi_summary("1800, 300\n", settle=0.0)["sm_mhz_median"] == 1800.0
+    text = ("2026/12/06 21:00:00.250, 1515, 690.12, 0x0000000000000004\n"
+            "2026/12/06 21:00:00.300, [N/A], 690.0, 0x0\n"
+            "garbage\n"
+            "2026/12/06 21:00:01.050, 1980, 150.5, 0x0000000000000000\n")
+    got = common.parse_smi(text)
+    assert [(c, w, r) for _, c, w, r in got] == [(1515.0, 690.12, "0x0000000000000004"),
+                                                (1980.0, 150.5, "0x0000000000000000")]
+    assert got[1][0] - got[0][0] == pytest.approx(0.8)
 
 
 def test_queued_ms_times_the_calls_back_to_back(monkeypatch):
