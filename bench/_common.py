@@ -388,10 +388,31 @@ def kernel_table(run, steps: int = 3, top: int = 12) -> dict:
     (:func:`device_gaps`). The wall time under the profiler minus the kernels' is not that idle
     time: it also holds the host's start and the profiler's own cost (a graphed dsv3-32 step,
     H200: 0.77 ms of it, the GPU idle 0.02 ms)."""
-    import time
+    prof, wall = _profiled(run, steps)
+    events = sorted((e for e in prof.key_averages() if e.self_device_time_total > 0),
+                    key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in events) / steps / 1e3
+    # GEMM kernels: fusegemm's (fg_*) and torch's grouped GEMMs (CUTLASS); the rest is everything around them.
+    gemm = sum(e.self_device_time_total for e in events if e.key.startswith("fg_") or "cutlass" in e.key) / steps / 1e3
+    return {"wall_ms_per_step": wall, "kernel_ms_per_step": total, "gemm_ms_per_step": gemm,
+            "top": [(e.self_device_time_total / steps / 1e3, e.count // steps, e.key[:120]) for e in events[:top]],
+            **device_gaps(_device_spans(prof), steps, top)}
 
+
+def kernel_calls(run, steps: int = 3, min_ms: float = 0.0) -> list:
+    """torch.profiler over ``steps`` steps of ``run`` (after one unprofiled step): the device
+    operations of one step in launch order, each as (ms, name), the median of its ``steps``
+    launches, those under ``min_ms`` left out. Which call is which role (fc1, its data gradient,
+    ...) is read from the order, where ``kernel_table``'s totals by name merge a kernel's calls
+    (torch's layer runs three CUTLASS kernels twice each)."""
+    prof, _ = _profiled(run, steps)
+    return launch_order(_device_spans(prof), steps, min_ms)
+
+
+def _profiled(run, steps: int):
+    """torch.profiler (CUDA activity) over ``steps`` steps of ``run`` after one unprofiled step:
+    the profile and the wall time per step under it (ms)."""
     import torch
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     run()
     torch.cuda.synchronize()
@@ -401,36 +422,14 @@ def kernel_table(run, steps: int = 3, top: int = 12) -> dict:
             run()
         torch.cuda.synchronize()
         wall = (time.perf_counter() - start) * 1e3 / steps
-    events = sorted((e for e in prof.key_averages() if e.self_device_time_total > 0),
-                    key=lambda e: -e.self_device_time_total)
-    total = sum(e.self_device_time_total for e in events) / steps / 1e3
-    # GEMM kernels: fusegemm's (fg_*) and torch's grouped GEMMs (CUTLASS); the rest is everything around them.
-    gemm = sum(e.self_device_time_total for e in events if e.key.startswith("fg_") or "cutlass" in e.key) / steps / 1e3
-    spans = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-             if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start]
-    return {"wall_ms_per_step": wall, "kernel_ms_per_step": total, "gemm_ms_per_step": gemm,
-            "top": [(e.self_device_time_total / steps / 1e3, e.count // steps, e.key[:120]) for e in events[:top]],
-            **device_gaps(spans, steps, top)}
+    return prof, wall
 
 
-def kernel_calls(run, steps: int = 3, min_ms: float = 0.0) -> list:
-    """torch.profiler over ``steps`` steps of ``run`` (after one unprofiled step): the device
-    operations of one step in launch order, each as (ms, name), the median of its ``steps``
-    launches, those under ``min_ms`` left out. Which call is which role (fc1, its data gradient,
-    ...) is read from the order, where ``kernel_table``'s totals by name merge a kernel's calls
-    (torch's layer runs three CUTLASS kernels twice each)."""
-    import torch
+def _device_spans(prof) -> list:
+    """The profile's device operations as (start, end, name), microseconds."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-    run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            run()
-        torch.cuda.synchronize()
-    spans = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-             if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start]
-    return launch_order(spans, steps, min_ms)
+    return [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+            if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start]
 
 
 def launch_order(spans, steps: int, min_ms: float = 0.0, name_chars: int = 120) -> list:

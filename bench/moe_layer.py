@@ -280,7 +280,7 @@ def bench_layer(name: str, args) -> dict:
         # kernels' times under the timing's sustained load).
         for key, run in (methods if args.graph else eager).items():
             row[f"{key}_kernels"] = kernel_table(run)
-    if args.calls:      # eager steps, with --graph too (the host's launch gaps between them: nearer full clock)
+    if args.calls:      # eager steps, with --graph too (how the results under bench/results were taken)
         for key, run in eager.items():
             row[f"{key}_calls"] = kernel_calls(run, min_ms=0.01)
     if args.power:      # each method alone (replays with --graph), after the rounds and the tables
