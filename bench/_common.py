@@ -474,8 +474,8 @@ def parse_smi(text: str) -> list[tuple[float, float, float, str]]:
 
 def sustained(methods: dict, seconds: float) -> dict[str, dict]:
     """Each method alone for ``seconds`` under nvidia-smi sampling: ms per launch (CUDA events
-    over the window), mean SM clock and power over the window less its first 0.8 s, and the
-    clock-event reasons seen. Clock fields are None without nvidia-smi."""
+    over the window) and :func:`window_stats` of the samples in the window less its first 0.8 s.
+    Clock fields are None without nvidia-smi."""
     import torch
     try:
         smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits",
@@ -504,14 +504,39 @@ def sustained(methods: dict, seconds: float) -> dict[str, dict]:
     if smi is not None:
         smi.terminate()
         samples = parse_smi(smi.communicate()[0])
-    out = {}
-    for key, (a, b, ms) in windows.items():
-        w = [s for s in samples if a <= s[0] <= b]
-        out[key] = {"ms": ms, "samples": len(w),
-                    "sm_mhz": statistics.mean(s[1] for s in w) if w else None,
-                    "watts": statistics.mean(s[2] for s in w) if w else None,
-                    "clock_event_reasons": sorted({s[3] for s in w})}
-    return out
+    return {key: window_stats([s for s in samples if a <= s[0] <= b], ms) for key, (a, b, ms) in windows.items()}
+
+
+# clocks_event_reasons bits (nvml's nvmlClocksEventReason*): the board's own power limit (SwPowerCap),
+# and the slowdowns besides it (HwSlowdown, SwThermalSlowdown, HwThermalSlowdown, HwPowerBrakeSlowdown).
+SW_POWER_CAP, SLOWDOWNS = 0x4, 0x8 | 0x20 | 0x40 | 0x80
+
+
+def _reason_bits(text: str) -> int:
+    """nvidia-smi's clocks_event_reasons.active ("0x0000000000000004") as an int; 0 if unreadable."""
+    try:
+        return int(text, 16)
+    except ValueError:
+        return 0
+
+
+def window_stats(samples: list[tuple[float, float, float, str]], ms: float) -> dict:
+    """One sustained window's figures from its nvidia-smi ``samples`` (parse_smi's tuples) and
+    its ``ms`` per launch: the mean and median SM clock, the mean power, the energy of one
+    launch at that power (``joules``: what a power-capped board trades for time), the share of
+    samples in which the power cap held the clock down and in which a thermal or hardware slowdown
+    did, and the reasons seen. The clock and power fields are None without samples."""
+    w = samples
+    bits = [_reason_bits(s[3]) for s in w]
+    watts = statistics.mean(s[2] for s in w) if w else None
+    return {"ms": ms, "samples": len(w),
+            "sm_mhz": statistics.mean(s[1] for s in w) if w else None,
+            "sm_mhz_median": statistics.median(s[1] for s in w) if w else None,
+            "watts": watts,
+            "joules": watts * ms / 1000 if w else None,
+            "power_capped": sum(1 for b in bits if b & SW_POWER_CAP) / len(w) if w else None,
+            "slowdown": sum(1 for b in bits if b & SLOWDOWNS) / len(w) if w else None,
+            "clock_event_reasons": sorted({s[3] for s in w})}
 
 
 def device_gaps(spans, steps: int, top: int = 12, name_chars: int = 60) -> dict:

@@ -27,9 +27,10 @@ no device operation covers (``idle_ms_per_step``) with the transitions it falls 
 name, the median of three steps), where ``--profile``'s totals by name merge a kernel's calls.
 ``--power SECONDS`` runs each method alone for that long after the rounds (graphed with ``--graph``) while
 nvidia-smi samples the SM clock, the board's power and the clock-event reasons (``<method>_sustained``:
-``_common.sustained``, bench/ceiling.py's windows: ms per step, the mean clock and power past the window's first
-0.8 s, the reasons seen). The rounds share one clock state between the methods; on a power-capped board each
-method's own load sets a clock of its own.
+``_common.sustained``, bench/ceiling.py's windows: ms per step, the clock and power past the window's first
+0.8 s, the energy of a step at that power, the share of samples the power cap held, the reasons seen). The
+rounds share one clock state between the methods; on a power-capped board each method's own load sets a clock
+of its own.
 ``--host`` adds each method's host time to issue one eager step (the GPU kept busy ahead of it)
 and cProfile's top functions by own time.
 ``--also block-no-ends,routed,routed-no-ends,routed-gathered,routed-gathered-swapped`` times, in the
@@ -386,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.power:
             ours, peer = r["fusegemm_sustained"], r["torch_sustained"]
             split += (f"  alone {ours['ms']:.2f} / {peer['ms']:.2f} ms at {ours['sm_mhz'] or 0:.0f} / "
-                      f"{peer['sm_mhz'] or 0:.0f} MHz, {ours['watts'] or 0:.0f} / {peer['watts'] or 0:.0f} W")
+                      f"{peer['sm_mhz'] or 0:.0f} MHz, {ours['watts'] or 0:.0f} / {peer['watts'] or 0:.0f} W, "
+                      f"{ours['joules'] or 0:.2f} / {peer['joules'] or 0:.2f} J a step, power-capped "
+                      f"{ours['power_capped'] or 0:.0%} / {peer['power_capped'] or 0:.0%} of the samples")
         rr = r["speedup_vs_torch_rounds"]
         return (f"fusegemm {r['fusegemm_ms']:.2f} ms  torch {r['torch_ms']:.2f} ms  x{r['speedup_vs_torch']:.2f} "
                 f"(rounds x{rr['min']:.2f}-{rr['max']:.2f})  "

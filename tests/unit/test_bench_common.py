@@ -213,6 +213,27 @@ def test_parse_smi_reads_the_samples_sustained_windows_take():
     assert got[1][0] - got[0][0] == pytest.approx(0.8)
 
 
+def test_window_stats_gives_energy_and_the_power_cap_share():
+    """window_stats (sustained()'s figures per method): mean and median clock, mean power, the
+    energy of one launch at that power, the share of samples whose reasons hold the power cap
+    bit (0x4) and a slowdown bit (thermal or hardware); unreadable reasons count as none; no
+    samples give None, not zero."""
+    common = _common()
+    samples = [(0.0, 1500.0, 700.0, "0x0000000000000004"), (0.1, 1600.0, 690.0, "0x0000000000000044"),
+               (0.2, 1980.0, 400.0, "0x0000000000000000"), (0.3, 1700.0, 610.0, "[N/A]")]
+    got = common.window_stats(samples, ms=15.0)
+    assert got["samples"] == 4 and got["ms"] == 15.0
+    assert got["sm_mhz"] == pytest.approx(1695.0) and got["sm_mhz_median"] == pytest.approx(1650.0)
+    assert got["watts"] == pytest.approx(600.0)
+    assert got["joules"] == pytest.approx(9.0)          # 600 W for 15 ms
+    assert got["power_capped"] == pytest.approx(0.5)    # 0x4 and 0x44
+    assert got["slowdown"] == pytest.approx(0.25)       # 0x40: hardware thermal
+    assert got["clock_event_reasons"] == sorted({s[3] for s in samples})
+    none = common.window_stats([], ms=15.0)
+    assert none["ms"] == 15.0 and none["samples"] == 0
+    assert all(none[k] is None for k in ("sm_mhz", "sm_mhz_median", "watts", "joules", "power_capped", "slowdown"))
+
+
 def test_queued_ms_times_the_calls_back_to_back(monkeypatch):
     """queued_ms: one pair of events around the timed calls (not one per call, as time_ms), no
     wait between them, and the time per call."""
