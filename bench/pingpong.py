@@ -46,6 +46,10 @@ speed-up over the default (default_ms / ms), and that ratio per interleaved roun
 (``speedup_vs_default_rounds``: median, min, max; a power-capped board's clocks move between
 rounds by more than many A/B switches gain).
 
+``--power SECONDS`` then runs each configuration alone for that long under nvidia-smi sampling
+(``sustained``: ms per call, clock, watts, joules per call, the share of samples the power cap held;
+``joules_vs_default``): on a power-capped board a kernel's time follows its energy per call.
+
     python bench/pingpong.py [--out bench/results/pingpong_h200.json] [--shapes gemm:dsv3-fc1,...]
 """
 from __future__ import annotations
@@ -53,7 +57,7 @@ from __future__ import annotations
 import argparse
 
 from _common import (SHAPES, add_also_argument, add_run_arguments, also_builds, expert_sizes, expert_tokens,
-                     interleaved_ms, nvrtc_defines, round_ratios, run)
+                     interleaved_ms, nvrtc_defines, round_ratios, run, sustained)
 
 WGRAD = {"dsv3-fc1-w": (8, 16384, 4096, 7168), "dsv3-fc2-w": (8, 16384, 7168, 2048),
          "dsv3-32-fc1-w": (32, 16384, 4096, 7168), "mixtral-fc1-w": (8, 16384, 28672, 4096),
@@ -241,6 +245,11 @@ def bench_shape(name: str, dist: str, args) -> dict:
     if "torch_grouped_mm" in ms:
         row["best_vs_torch"] = ms["torch_grouped_mm"] / ms[best]
         row["default_vs_torch"] = ms["torch_grouped_mm"] / ms[DEFAULT]
+    if args.power:   # each configuration alone, after the rounds: its clock, power and energy per call
+        row["sustained"] = sustained(methods, args.power)
+        row["joules_vs_default"] = {key: w["joules"] / row["sustained"][DEFAULT]["joules"]
+                                    for key, w in row["sustained"].items()
+                                    if key != DEFAULT and w["joules"] and row["sustained"][DEFAULT]["joules"]}
     methods.clear()
     torch.cuda.empty_cache()
     return row
@@ -248,6 +257,9 @@ def bench_shape(name: str, dist: str, args) -> dict:
 
 def _summary(r: dict) -> str:
     s = "  ".join(f"{k} {v:.3f}" for k, v in r["ms"].items())
+    if "sustained" in r:
+        s += "  alone: " + "  ".join(f"{k} {w['ms']:.3f} ms {w['watts'] or 0:.0f} W {w['joules'] or 0:.3f} J"
+                                     for k, w in r["sustained"].items())
     return f"{s}  best {r['best_config']}"
 
 
@@ -259,7 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     add_also_argument(ap)
     ap.add_argument("--row-ends", action="store_true",
                     help="(--dists routed) the ops get the layer's row ends and zero padding rows")
+    ap.add_argument("--power", type=float, default=0.0, metavar="SECONDS",
+                    help="after the rounds, each configuration alone for SECONDS under nvidia-smi sampling "
+                         "(bench/_common.py sustained: ms, clock, watts and joules per call; 0: none)")
     args = ap.parse_args(argv)
+    if args.power < 0:
+        ap.error(f"--power: got {args.power}; allowed: seconds >= 0 (0: none)")
     picked = [c for c in args.configs.split(",") if c]
     unknown = [c for c in picked if c not in CONFIGS]
     if unknown:

@@ -369,9 +369,23 @@ def test_pingpong_reports_each_rounds_ratio_to_the_default(monkeypatch):
         rounds_out.update({k: list(per_round[k]) for k in ms})
         return {k: sorted(v)[1] for k, v in per_round.items()}
     monkeypatch.setattr(bench, "interleaved_ms", fake_interleaved)
-    row = bench.bench_shape("gemm:dsv3-fc1", "balanced", argparse.Namespace())
+    row = bench.bench_shape("gemm:dsv3-fc1", "balanced", argparse.Namespace(power=0))
     assert row["speedup_vs_default"] == {"pp64x256": 1.5}
     assert row["speedup_vs_default_rounds"] == {"pp64x256": {"median": 1.5, "min": 1.0, "max": 2.0}}
+    assert "sustained" not in row
+
+    # --power: each configuration alone after the rounds; energy per call against the default's
+    seen = []
+
+    def fake_sustained(ms, seconds):
+        seen.append((sorted(ms), seconds))
+        return {bench.DEFAULT: {"ms": 2.0, "watts": 600.0, "joules": 1.2},
+                "pp64x256": {"ms": 1.0, "watts": 900.0, "joules": 0.9}}
+    monkeypatch.setattr(bench, "sustained", fake_sustained)
+    row = bench.bench_shape("gemm:dsv3-fc1", "balanced", argparse.Namespace(power=2.5))
+    assert seen == [(sorted(methods), 2.5)]
+    assert row["joules_vs_default"] == {"pp64x256": pytest.approx(0.75)}
+    assert "alone: " in bench._summary(row)
 
 
 def test_pingpong_row_ends_zero_the_padding_as_the_layer_does():
