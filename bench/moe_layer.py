@@ -287,6 +287,9 @@ def bench_layer(name: str, args) -> dict:
     if args.power:      # each method alone (replays with --graph), after the rounds and the tables
         for key, window in sustained(methods, args.power).items():
             row[f"{key}_sustained"] = window
+        # At the power cap a step's time is its energy over the cap: this ratio is what the speed-up can be.
+        ours, peer = row["fusegemm_sustained"]["joules"], row["torch_sustained"]["joules"]
+        row["torch_joules_over_fusegemm"] = peer / ours if ours and peer else None
     row["speedup_vs_torch"] = row["torch_ms"] / row["fusegemm_ms"]
     # Each round's own ratio (both timed under that round's clocks): the median and the range.
     row["speedup_vs_torch_rounds"] = round_ratios(rounds, "torch", "fusegemm")
