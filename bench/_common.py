@@ -507,6 +507,34 @@ def sustained(methods: dict, seconds: float) -> dict[str, dict]:
     return {key: window_stats([s for s in samples if a <= s[0] <= b], ms) for key, (a, b, ms) in windows.items()}
 
 
+def add_power_argument(ap: argparse.ArgumentParser, what: str = "method") -> None:
+    """``--power SECONDS``: after the rounds, each {what} alone for that long under nvidia-smi
+    sampling (:func:`sustained`); 0 (the default) for none. A negative value is refused."""
+    ap.add_argument("--power", type=_seconds, default=0.0, metavar="SECONDS",
+                    help=f"after the rounds, each {what} alone for SECONDS under nvidia-smi sampling (ms, clock, "
+                         f"watts, joules per call; on a power-capped board the time follows the joules; 0: none)")
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"got {text}; allowed: seconds >= 0 (0: none)")
+    return value
+
+
+_seconds.__name__ = "seconds"   # (argparse names the type in its message for a non-number)
+
+
+def power_rows(methods: dict, seconds: float, base: str, label: str | None = None) -> dict:
+    """:func:`sustained` windows of ``methods`` (``sustained``) and each one's joules per call
+    over ``base``'s (``joules_vs_<label>``, label defaulting to base; only where both have samples)."""
+    windows = sustained(methods, seconds)
+    ref = windows[base]["joules"]
+    return {"sustained": windows,
+            f"joules_vs_{label or base}": {key: w["joules"] / ref for key, w in windows.items()
+                                           if key != base and w["joules"] and ref}}
+
+
 # clocks_event_reasons bits (nvml's nvmlClocksEventReason*): the board's own power limit (SwPowerCap),
 # and the slowdowns besides it (HwSlowdown, SwThermalSlowdown, HwThermalSlowdown, HwPowerBrakeSlowdown).
 SW_POWER_CAP, SLOWDOWNS = 0x4, 0x8 | 0x20 | 0x40 | 0x80

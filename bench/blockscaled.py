@@ -43,13 +43,16 @@ sums by atomics across tiles); ``--blockwise-only`` times the blockwise ops and 
 
     python bench/blockscaled.py [--out bench/results/blockscaled_h200.json]
     python bench/blockscaled.py --blockwise-only --also w2=-DFUSEGEMM_SM90_ENGINE_WARPS=2
+
+``--power SECONDS`` then runs each method alone under nvidia-smi sampling (``sustained``: ms, clock,
+watts and joules per call; ``joules_vs_bf16_grouped_mm``: each method's joules over BF16 torch's).
 """
 from __future__ import annotations
 
 import argparse
 
-from _common import (SHAPES, add_also_argument, add_run_arguments, also_builds, expert_sizes, interleaved_ms,
-                     nvrtc_defines, prebuild, run)
+from _common import (SHAPES, add_also_argument, add_power_argument, add_run_arguments, also_builds, expert_sizes,
+                     interleaved_ms, nvrtc_defines, power_rows, prebuild, run)
 
 DEFAULT_SHAPES = ",".join(SHAPES)
 E4M3_MAX = 448.0
@@ -288,6 +291,8 @@ def bench_shape(name: str, dist: str, args) -> dict:
 
     for key, ms in interleaved_ms(methods, args).items():
         row[f"{key}_ms"], row[f"{key}_tflops"] = ms, flops / ms / 1e9
+    if args.power:   # each method alone after the rounds: clock, power, joules per call against BF16 torch's
+        row.update(power_rows(methods, args.power, "torch_bf16_grouped_mm", "bf16_grouped_mm"))
     for key in blockwise:
         row[f"{key}_vs_bf16_grouped_mm"] = row["torch_bf16_grouped_mm_ms"] / row[f"{key}_ms"]
         if "torch_fp8_scaled_grouped_mm_ms" in row:
@@ -324,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     add_also_argument(ap)
     ap.add_argument("--blockwise-only", action="store_true",
                     help="time the blockwise ops and the torch GEMMs only (no MXFP8 or unfused methods)")
+    add_power_argument(ap)
     args = ap.parse_args(argv)
     args.also_pairs = also_builds(args)
     return run(args, bench_shape, _summary,

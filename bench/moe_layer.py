@@ -59,7 +59,7 @@ import argparse
 import contextlib
 import copy
 
-from _common import interleaved_ms, kernel_calls, kernel_table, round_ratios, run_layers, sustained
+from _common import add_power_argument, interleaved_ms, kernel_calls, kernel_table, power_rows, round_ratios, run_layers
 
 # name: (experts, tokens, hidden, intermediate, top_k)
 LAYERS = {
@@ -285,11 +285,12 @@ def bench_layer(name: str, args) -> dict:
         for key, run in eager.items():
             row[f"{key}_calls"] = kernel_calls(run, min_ms=0.01)
     if args.power:      # each method alone (replays with --graph), after the rounds and the tables
-        for key, window in sustained(methods, args.power).items():
+        power = power_rows(methods, args.power, "fusegemm")
+        for key, window in power["sustained"].items():
             row[f"{key}_sustained"] = window
         # At the power cap a step's time is its energy over the cap: this ratio is what the speed-up can be.
-        ours, peer = row["fusegemm_sustained"]["joules"], row["torch_sustained"]["joules"]
-        row["torch_joules_over_fusegemm"] = peer / ours if ours and peer else None
+        ratio = power["joules_vs_fusegemm"].get("torch")
+        row["torch_joules_over_fusegemm"] = ratio
     row["speedup_vs_torch"] = row["torch_ms"] / row["fusegemm_ms"]
     # Each round's own ratio (both timed under that round's clocks): the median and the range.
     row["speedup_vs_torch_rounds"] = round_ratios(rounds, "torch", "fusegemm")
@@ -363,9 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", action="store_true",
                     help="add each method's kernels of one eager step in launch order (ms, name; 10 us and "
                          "up), so that each GEMM can be set beside the peer's of the same role")
-    ap.add_argument("--power", type=float, default=0.0, metavar="SECONDS",
-                    help="run each method alone, back to back, for SECONDS while nvidia-smi samples the SM "
-                         "clock and the board's power: each method's step time under its own sustained load")
+    add_power_argument(ap)
     ap.add_argument("--host", action="store_true",
                     help="add each method's host time to issue an eager step and its cProfile top functions")
     ap.add_argument("--also", default="", help="variants timed beside the block in the same rounds: "
@@ -373,8 +372,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     args.also = [v for v in args.also.split(",") if v]
-    if args.power < 0:
-        ap.error(f"--power: got {args.power}; allowed: seconds >= 0 (0: none)")
     for v in args.also:
         if v not in VARIANTS:
             ap.error(f"--also: got {v!r}; allowed: {', '.join(VARIANTS)}")

@@ -56,8 +56,8 @@ from __future__ import annotations
 
 import argparse
 
-from _common import (SHAPES, add_also_argument, add_run_arguments, also_builds, expert_sizes, expert_tokens,
-                     interleaved_ms, nvrtc_defines, round_ratios, run, sustained)
+from _common import (SHAPES, add_also_argument, add_power_argument, add_run_arguments, also_builds, expert_sizes,
+                     expert_tokens, interleaved_ms, nvrtc_defines, power_rows, round_ratios, run)
 
 WGRAD = {"dsv3-fc1-w": (8, 16384, 4096, 7168), "dsv3-fc2-w": (8, 16384, 7168, 2048),
          "dsv3-32-fc1-w": (32, 16384, 4096, 7168), "mixtral-fc1-w": (8, 16384, 28672, 4096),
@@ -246,10 +246,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
         row["best_vs_torch"] = ms["torch_grouped_mm"] / ms[best]
         row["default_vs_torch"] = ms["torch_grouped_mm"] / ms[DEFAULT]
     if args.power:   # each configuration alone, after the rounds: its clock, power and energy per call
-        row["sustained"] = sustained(methods, args.power)
-        row["joules_vs_default"] = {key: w["joules"] / row["sustained"][DEFAULT]["joules"]
-                                    for key, w in row["sustained"].items()
-                                    if key != DEFAULT and w["joules"] and row["sustained"][DEFAULT]["joules"]}
+        row.update(power_rows(methods, args.power, DEFAULT, "default"))
     methods.clear()
     torch.cuda.empty_cache()
     return row
@@ -271,12 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     add_also_argument(ap)
     ap.add_argument("--row-ends", action="store_true",
                     help="(--dists routed) the ops get the layer's row ends and zero padding rows")
-    ap.add_argument("--power", type=float, default=0.0, metavar="SECONDS",
-                    help="after the rounds, each configuration alone for SECONDS under nvidia-smi sampling "
-                         "(bench/_common.py sustained: ms, clock, watts and joules per call; 0: none)")
+    add_power_argument(ap, "configuration")
     args = ap.parse_args(argv)
-    if args.power < 0:
-        ap.error(f"--power: got {args.power}; allowed: seconds >= 0 (0: none)")
     picked = [c for c in args.configs.split(",") if c]
     unknown = [c for c in picked if c not in CONFIGS]
     if unknown:

@@ -234,6 +234,25 @@ def test_window_stats_gives_energy_and_the_power_cap_share():
     assert all(none[k] is None for k in ("sm_mhz", "sm_mhz_median", "watts", "joules", "power_capped", "slowdown"))
 
 
+def test_power_option_and_rows(monkeypatch, capsys):
+    """--power (moe_layer, pingpong, blockscaled): seconds >= 0, 0 by default, a negative value
+    or a non-number refused naming the option; power_rows gives each method's joules over the
+    base's, leaving out a method without samples."""
+    common = _common()
+    ap = argparse.ArgumentParser(prog="b")
+    common.add_power_argument(ap)
+    assert ap.parse_args([]).power == 0.0 and ap.parse_args(["--power", "2.5"]).power == 2.5
+    for bad in ("-1", "x"):
+        with pytest.raises(SystemExit):
+            ap.parse_args(["--power", bad])
+        err = capsys.readouterr().err
+        assert "--power" in err and ("seconds >= 0" in err or "seconds value" in err), err
+    monkeypatch.setattr(common, "sustained", lambda methods, seconds: {
+        "a": {"joules": 2.0}, "b": {"joules": 3.0}, "c": {"joules": None}})
+    got = common.power_rows({"a": None, "b": None, "c": None}, 1.0, "a", "ours")
+    assert got["joules_vs_ours"] == {"b": pytest.approx(1.5)} and set(got["sustained"]) == {"a", "b", "c"}
+
+
 def test_queued_ms_times_the_calls_back_to_back(monkeypatch):
     """queued_ms: one pair of events around the timed calls (not one per call, as time_ms), no
     wait between them, and the time per call."""
@@ -381,7 +400,7 @@ def test_pingpong_reports_each_rounds_ratio_to_the_default(monkeypatch):
         seen.append((sorted(ms), seconds))
         return {bench.DEFAULT: {"ms": 2.0, "watts": 600.0, "joules": 1.2},
                 "pp64x256": {"ms": 1.0, "watts": 900.0, "joules": 0.9}}
-    monkeypatch.setattr(bench, "sustained", fake_sustained)
+    monkeypatch.setitem(bench.power_rows.__globals__, "sustained", fake_sustained)   # (power_rows' sampler)
     row = bench.bench_shape("gemm:dsv3-fc1", "balanced", argparse.Namespace(power=2.5))
     assert seen == [(sorted(methods), 2.5)]
     assert row["joules_vs_default"] == {"pp64x256": pytest.approx(0.75)}
