@@ -45,7 +45,7 @@ sums by atomics across tiles); ``--blockwise-only`` times the blockwise ops and 
     python bench/blockscaled.py --blockwise-only --also w2=-DFUSEGEMM_SM90_ENGINE_WARPS=2
 
 ``--power SECONDS`` then runs each method alone under nvidia-smi sampling (``sustained``: ms, clock,
-watts and joules per call; ``joules_vs_bf16_grouped_mm``: each method's joules over BF16 torch's).
+watts and joules per call; ``joules_vs_torch_bf16``: each method's joules over BF16 torch's).
 """
 from __future__ import annotations
 
@@ -292,7 +292,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
     for key, ms in interleaved_ms(methods, args).items():
         row[f"{key}_ms"], row[f"{key}_tflops"] = ms, flops / ms / 1e9
     if args.power:   # each method alone after the rounds: clock, power, joules per call against BF16 torch's
-        row.update(power_rows(methods, args.power, "torch_bf16_grouped_mm", "bf16_grouped_mm"))
+        row.update(power_rows(methods, args.power, "torch_bf16_grouped_mm", "torch_bf16"))
     for key in blockwise:
         row[f"{key}_vs_bf16_grouped_mm"] = row["torch_bf16_grouped_mm_ms"] / row[f"{key}_ms"]
         if "torch_fp8_scaled_grouped_mm_ms" in row:
@@ -309,8 +309,15 @@ def bench_shape(name: str, dist: str, args) -> dict:
 
 
 def _summary(r: dict) -> str:
+    joules = r.get("joules_vs_torch_bf16")
+    power = ("  joules / BF16 torch's: " + " ".join(f"{k} {v:.2f}" for k, v in joules.items())) if joules else ""
+    return _timing_summary(r) + power
+
+
+def _timing_summary(r: dict) -> str:
     if "srelu_tflops" not in r:      # --blockwise-only
-        return " ".join(f"{k[:-10]} x{v:.2f}" for k, v in r.items() if k.endswith("_vs_bf16_grouped_mm"))
+        return " ".join(f"{k[:-10]} x{v:.2f}" for k, v in r.items()
+                        if k.endswith("_vs_bf16_grouped_mm") and isinstance(v, float))
     return (f"blockwise: gemm {r['gemm_bw_tflops']:.0f} quant {r['quant_bw_tflops']:.0f} srelu "
             f"{r['srelu_bw_tflops']:.0f}/{r['srelu_bw_n128_tflops']:.0f} dswiglu {r['dswiglu_bw_tflops']:.0f} "
             f"glu {r['glu_bw_tflops']:.0f}/{r['glu_bw_fp8_tflops']:.0f} (x{r['glu_bw_vs_bf16_grouped_mm']:.2f}) "

@@ -253,6 +253,20 @@ def test_power_option_and_rows(monkeypatch, capsys):
     assert got["joules_vs_ours"] == {"b": pytest.approx(1.5)} and set(got["sustained"]) == {"a", "b", "c"}
 
 
+def test_blockscaled_summary_with_power_rows():
+    """bench/blockscaled.py's line per row with --blockwise-only and --power: the speed-ups over
+    BF16 torch, then each method's joules over BF16 torch's (the power rows' dict, whose key also
+    ends in a method suffix, is not read as a speed-up)."""
+    bench = bench_module("blockscaled")
+    row = {"gemm_bw_vs_bf16_grouped_mm": 1.25, "quant_bw_vs_bf16_grouped_mm": 1.5,
+           "sustained": {"gemm_bw": {"joules": 1.0}}, "joules_vs_torch_bf16": {"gemm_bw": 0.8, "quant_bw": 0.9}}
+    line = bench._summary(row)
+    assert "x1.25" in line and "x1.50" in line
+    assert line.endswith("joules / BF16 torch's: gemm_bw 0.80 quant_bw 0.90")
+    del row["joules_vs_torch_bf16"]
+    assert "joules" not in bench._summary(row)
+
+
 def test_queued_ms_times_the_calls_back_to_back(monkeypatch):
     """queued_ms: one pair of events around the timed calls (not one per call, as time_ms), no
     wait between them, and the time per call."""
