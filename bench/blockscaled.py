@@ -55,6 +55,8 @@ from _common import (SHAPES, add_also_argument, add_power_argument, add_run_argu
                      interleaved_ms, nvrtc_defines, power_rows, prebuild, run)
 
 DEFAULT_SHAPES = ",".join(SHAPES)
+# --power: each method's joules over BF16 torch's, as row["joules_vs_" + POWER_LABEL]
+POWER_LABEL = "torch_bf16"
 E4M3_MAX = 448.0
 
 
@@ -292,7 +294,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
     for key, ms in interleaved_ms(methods, args).items():
         row[f"{key}_ms"], row[f"{key}_tflops"] = ms, flops / ms / 1e9
     if args.power:   # each method alone after the rounds: clock, power, joules per call against BF16 torch's
-        row.update(power_rows(methods, args.power, "torch_bf16_grouped_mm", "torch_bf16"))
+        row.update(power_rows(methods, args.power, "torch_bf16_grouped_mm", POWER_LABEL))
     for key in blockwise:
         row[f"{key}_vs_bf16_grouped_mm"] = row["torch_bf16_grouped_mm_ms"] / row[f"{key}_ms"]
         if "torch_fp8_scaled_grouped_mm_ms" in row:
@@ -309,7 +311,7 @@ def bench_shape(name: str, dist: str, args) -> dict:
 
 
 def _summary(r: dict) -> str:
-    joules = r.get("joules_vs_torch_bf16")
+    joules = r.get("joules_vs_" + POWER_LABEL)
     power = ("  joules / BF16 torch's: " + " ".join(f"{k} {v:.2f}" for k, v in joules.items())) if joules else ""
     return _timing_summary(r) + power
 
