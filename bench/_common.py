@@ -508,8 +508,9 @@ def sustained(methods: dict, seconds: float) -> dict[str, dict]:
 
 
 def add_power_argument(ap: argparse.ArgumentParser, what: str = "method") -> None:
-    """``--power SECONDS``: after the rounds, each {what} alone for that long under nvidia-smi
-    sampling (:func:`sustained`); 0 (the default) for none. A negative value is refused."""
+    """``--power SECONDS``: after the rounds, each ``what`` (a method, a configuration) alone for
+    that long under nvidia-smi sampling (:func:`sustained`); 0 (the default) for none. A negative
+    value is refused."""
     ap.add_argument("--power", type=_seconds, default=0.0, metavar="SECONDS",
                     help=f"after the rounds, each {what} alone for SECONDS under nvidia-smi sampling (ms, clock, "
                          f"watts, joules per call; on a power-capped board the time follows the joules; 0: none)")

@@ -288,9 +288,8 @@ def bench_layer(name: str, args) -> dict:
         power = power_rows(methods, args.power, "fusegemm")
         for key, window in power["sustained"].items():
             row[f"{key}_sustained"] = window
-        # At the power cap a step's time is its energy over the cap: this ratio is what the speed-up can be.
-        ratio = power["joules_vs_fusegemm"].get("torch")
-        row["torch_joules_over_fusegemm"] = ratio
+        # At the power cap a step's time is its energy over the cap, so the speed-up follows this ratio.
+        row["torch_joules_over_fusegemm"] = power["joules_vs_fusegemm"].get("torch")
     row["speedup_vs_torch"] = row["torch_ms"] / row["fusegemm_ms"]
     # Each round's own ratio (both timed under that round's clocks): the median and the range.
     row["speedup_vs_torch_rounds"] = round_ratios(rounds, "torch", "fusegemm")
