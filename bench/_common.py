@@ -555,17 +555,15 @@ def window_stats(samples: list[tuple[float, float, float, str]], ms: float) -> d
     launch at that power (``joules``: what a power-capped board trades for time), the share of
     samples in which the power cap held the clock down and in which a thermal or hardware slowdown
     did, and the reasons seen. The clock and power fields are None without samples."""
-    w = samples
-    bits = [_reason_bits(s[3]) for s in w]
-    watts = statistics.mean(s[2] for s in w) if w else None
-    return {"ms": ms, "samples": len(w),
-            "sm_mhz": statistics.mean(s[1] for s in w) if w else None,
-            "sm_mhz_median": statistics.median(s[1] for s in w) if w else None,
-            "watts": watts,
-            "joules": watts * ms / 1000 if w else None,
-            "power_capped": sum(1 for b in bits if b & SW_POWER_CAP) / len(w) if w else None,
-            "slowdown": sum(1 for b in bits if b & SLOWDOWNS) / len(w) if w else None,
-            "clock_event_reasons": sorted({s[3] for s in w})}
+    out = {"ms": ms, "samples": len(samples), "clock_event_reasons": sorted({s[3] for s in samples})}
+    if not samples:
+        return {**out, **dict.fromkeys(("sm_mhz", "sm_mhz_median", "watts", "joules", "power_capped", "slowdown"))}
+    bits = [_reason_bits(s[3]) for s in samples]
+    watts = statistics.mean(s[2] for s in samples)
+    return {**out, "sm_mhz": statistics.mean(s[1] for s in samples),
+            "sm_mhz_median": statistics.median(s[1] for s in samples), "watts": watts, "joules": watts * ms / 1000,
+            "power_capped": sum(1 for b in bits if b & SW_POWER_CAP) / len(bits),
+            "slowdown": sum(1 for b in bits if b & SLOWDOWNS) / len(bits)}
 
 
 def device_gaps(spans, steps: int, top: int = 12, name_chars: int = 60) -> dict:
