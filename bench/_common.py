@@ -511,19 +511,20 @@ def add_power_argument(ap: argparse.ArgumentParser, what: str = "method") -> Non
     """``--power SECONDS``: after the rounds, each ``what`` (a method, a configuration) alone for
     that long under nvidia-smi sampling (:func:`sustained`); 0 (the default) for none. A negative
     value is refused."""
-    ap.add_argument("--power", type=_seconds, default=0.0, metavar="SECONDS",
+    ap.add_argument("--power", type=seconds_type, default=0.0, metavar="SECONDS",
                     help=f"after the rounds, each {what} alone for SECONDS under nvidia-smi sampling (ms, clock, "
                          f"watts, joules per call; on a power-capped board the time follows the joules; 0: none)")
 
 
-def _seconds(text: str) -> float:
+def seconds_type(text: str) -> float:
+    """argparse type of a duration option (``--power``, ceiling.py's ``--seconds``): a float >= 0."""
     value = float(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"got {text}; allowed: seconds >= 0 (0: none)")
     return value
 
 
-_seconds.__name__ = "seconds"   # (argparse names the type in its message for a non-number)
+seconds_type.__name__ = "seconds"   # (argparse names the type in its message for a non-number)
 
 
 def power_rows(methods: dict, seconds: float, base: str, label: str | None = None) -> dict:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 
 from _common import (SHAPES, add_also_argument, add_run_arguments, also_builds, expert_sizes, interleaved_ms,
-                     nvrtc_defines, run, sustained)
+                     nvrtc_defines, run, seconds_type, sustained)
 
 NO_EPILOGUE = "-DFUSEGEMM_SM90_BENCH_NO_EPILOGUE=1"
 FLOP_PER_CLOCK_PER_SM = 4096   # sm_90 dense BF16 tensor-core throughput
@@ -98,7 +98,7 @@ def _summary(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_run_arguments(ap, ",".join(SHAPES))
-    ap.add_argument("--seconds", type=float, default=2.0,
+    ap.add_argument("--seconds", type=seconds_type, default=2.0,
                     help="sustained window per method under nvidia-smi sampling (0: none)")
     add_also_argument(ap)
     args = ap.parse_args(argv)
