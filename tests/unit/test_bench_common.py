@@ -253,15 +253,15 @@ def test_power_option_and_rows(monkeypatch, capsys):
     assert got["joules_vs_ours"] == {"b": pytest.approx(1.5)} and set(got["sustained"]) == {"a", "b", "c"}
 
 
-
 def test_ceiling_seconds_refuses_a_negative_window(capsys):
     """bench/ceiling.py's --seconds takes the same type as --power: a negative window is refused
-    naming the option before any work (it used to skip the sampling silently); 0 still means none."""
+    naming the option before any work (it used to skip the sampling silently)."""
     ceiling = bench_module("ceiling")
     with pytest.raises(SystemExit):
         ceiling.main(["--seconds", "-1"])
     err = capsys.readouterr().err
     assert "--seconds" in err and "seconds >= 0" in err, err
+
 
 def test_blockscaled_summary_with_power_rows():
     """bench/blockscaled.py's line per row with --blockwise-only and --power: the speed-ups over
